@@ -1,0 +1,60 @@
+# zinf — make targets. `make demo` runs the main job; `make test` runs the tests.
+GO        ?= go
+BIN       := bin
+PKGS      := ./...
+TESTFLAGS ?= -race -count=1 -timeout 15m
+DEMO_DIR  ?=
+
+.PHONY: all build test test-short bench bench-io demo lint fmt vet doctor tune clean gpu-tests stress
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/zinf ./cmd/zinf
+
+# The whole suite: vet, formatting, then every test with the race detector.
+test: lint
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+test-short: lint
+	$(GO) test -short -count=1 $(PKGS)
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# Go benchmarks (engine bytes/s and allocs/op, pool, conversions).
+bench:
+	$(GO) test -run=NONE -bench=. -benchmem -count=1 ./aio/ ./buffers/
+
+# zinf io vs fio on the same 1 GiB file, interleaved (see BENCHMARKS.md).
+bench-io: build
+	./scripts/bench-io.sh
+
+stress:
+	ZINF_STRESS=1 $(GO) test -race -count=1 -timeout 60m -run 'Stress|Differential' ./...
+
+demo: build
+	./scripts/demo.sh $(DEMO_DIR)
+
+doctor: build
+	./$(BIN)/zinf doctor --path $${TMPDIR:-/tmp}
+
+tune: build
+	./$(BIN)/zinf tune --path $${TMPDIR:-/tmp}
+
+# Test binaries for a GPU machine (run there with ZINF_GPU_TESTS=1).
+gpu-tests:
+	mkdir -p .gpu
+	$(GO) test -c -o .gpu/gds.test ./gds/
+	$(GO) test -c -o .gpu/cuda.test ./accel/cuda/
+	$(GO) build -o .gpu/zinf ./cmd/zinf
+
+clean:
+	rm -rf $(BIN) .gpu

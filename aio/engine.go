@@ -1,0 +1,106 @@
+package aio
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+)
+
+// Engine moves bytes between host buffers and Files asynchronously.
+//
+// Submit, Open and the sync helpers may be called from any goroutine. Close
+// is called once; it waits for in-flight requests to finish, then releases
+// the rings. Requests submitted after Close fail with ErrClosed.
+type Engine interface {
+	// Name returns the concrete backend: "uring", "libaio" or "posix".
+	Name() string
+	// Options returns the engine's effective options (defaults filled).
+	Options() Options
+	// Open opens a file with the engine's O_DIRECT policy (see OpenFile).
+	Open(path string, flag int, perm os.FileMode) (*File, error)
+	// Submit starts r. The caller owns r and r.Buf until r.Wait returns
+	// (or r.Done reports true); neither may be touched before. Submit
+	// returns an error (and starts nothing) for invalid requests: a nil or
+	// closed file, an empty buffer, a negative offset, or a misaligned
+	// O_DIRECT request (ErrAlignment). A Request may be reused after Wait.
+	Submit(r *Request) error
+	// ReadAt and WriteAt are synchronous conveniences: Submit then Wait.
+	ReadAt(ctx context.Context, f *File, buf []byte, off int64) (int, error)
+	WriteAt(ctx context.Context, f *File, buf []byte, off int64) (int, error)
+	// Stats returns cumulative counters.
+	Stats() Stats
+	// Close drains in-flight requests and releases the engine.
+	Close() error
+}
+
+// Stats are cumulative engine counters.
+type Stats struct {
+	ReadOps, WriteOps     int64 // requests completed
+	ReadBytes, WriteBytes int64 // bytes moved
+	Pieces                int64 // pieces issued (including resubmissions)
+	Retries               int64 // EINTR/EAGAIN retries
+	ShortTransfers        int64 // short completions continued
+	Errors                int64 // requests that failed
+}
+
+// Request is one read or write: Op, File, Offset and Buf are set by the
+// caller before Submit. It doubles as the request's ticket: Wait returns the
+// bytes moved and the error. The zero value plus those four fields is ready
+// to submit; reuse after Wait allocates nothing.
+type Request struct {
+	Op     Op
+	File   *File
+	Offset int64
+	Buf    []byte
+
+	// Set by the engine.
+	done    chan struct{} // created once per Request, reused
+	pending atomic.Int32  // slices not yet finished
+	moved   atomic.Int64  // bytes completed
+	errSet  atomic.Bool
+	err     error
+	state   atomic.Int32 // 0 idle, 1 in flight, 2 done (not waited)
+	slices  []slice      // per-worker parts, reused across submissions
+}
+
+// Wait blocks until the request completes and returns the bytes moved and,
+// on failure, an *OpError. Calling Wait on a request that was never
+// submitted returns 0, nil.
+func (r *Request) Wait() (int64, error) {
+	if r.state.Load() == 0 {
+		return 0, nil
+	}
+	<-r.done
+	r.state.Store(0)
+	return r.moved.Load(), r.err
+}
+
+// WaitContext is Wait that gives up when ctx is done. The request is still
+// in flight then: the caller must call Wait before reusing r or r.Buf.
+func (r *Request) WaitContext(ctx context.Context) (int64, error) {
+	if r.state.Load() == 0 {
+		return 0, nil
+	}
+	select {
+	case <-r.done:
+		r.state.Store(0)
+		return r.moved.Load(), r.err
+	case <-ctx.Done():
+		return r.moved.Load(), ctx.Err()
+	}
+}
+
+// Done reports whether the request has completed (without consuming it).
+func (r *Request) Done() bool {
+	if r.state.Load() == 0 {
+		return true
+	}
+	select {
+	case <-r.done:
+		// Put the token back so Wait still returns.
+		r.done <- struct{}{}
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,273 @@
+package aio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// engine is the one Engine implementation: backend-independent request
+// handling over per-worker rings.
+type engine struct {
+	opts    Options
+	name    string
+	workers []*worker
+	dones   []chan struct{}
+
+	mu       sync.RWMutex // guards closed against concurrent Submit
+	closed   bool
+	inflight sync.WaitGroup
+	next     atomic.Uint32 // round-robin start worker for small requests
+
+	readOps, writeOps, readBytes, writeBytes atomic.Int64
+	pieces, retries, shorts, errs            atomic.Int64
+
+	reqPool sync.Pool // *Request for ReadAt/WriteAt
+}
+
+var _ Engine = (*engine)(nil)
+
+// New builds an Engine from opts (defaults filled, then validated). With
+// Backend "auto" it tries uring, libaio and posix in that order and logs
+// which it chose and why the others were skipped.
+func New(opts Options) (Engine, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Backend != BackendAuto {
+		return newEngine(opts, opts.Backend)
+	}
+	var skipped []error
+	for _, b := range Backends {
+		e, err := newEngine(opts, b)
+		if err == nil {
+			if len(skipped) > 0 {
+				opts.Logger.Info("aio: auto chose backend "+b, "skipped", errors.Join(skipped...).Error())
+			} else {
+				opts.Logger.Debug("aio: auto chose backend " + b)
+			}
+			return e, nil
+		}
+		skipped = append(skipped, fmt.Errorf("%s: %w", b, err))
+	}
+	return nil, fmt.Errorf("aio: no backend works: %w", errors.Join(skipped...))
+}
+
+// Available reports whether backend can run here: nil, or an error wrapping
+// ErrUnavailable that says why.
+func Available(backend string) error {
+	switch backend {
+	case BackendUring:
+		return uringAvailable()
+	case BackendLibaio:
+		return libaioAvailable()
+	case BackendPosix, BackendAuto:
+		return nil
+	}
+	return fmt.Errorf("aio: backend %q is unknown (allowed: auto, uring, libaio, posix): %w", backend, ErrUnavailable)
+}
+
+func ringFor(backend string) (newRingFunc, error) {
+	switch backend {
+	case BackendUring:
+		return newUringRing, uringAvailable()
+	case BackendLibaio:
+		return newLibaioRing, libaioAvailable()
+	case BackendPosix:
+		return newPosixRing, nil
+	}
+	return nil, fmt.Errorf("aio: backend %q is unknown (allowed: auto, uring, libaio, posix)", backend)
+}
+
+func newEngine(opts Options, backend string) (*engine, error) {
+	nr, err := ringFor(backend)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{opts: opts, name: backend}
+	e.opts.Backend = backend
+	e.reqPool.New = func() any { return new(Request) }
+	for i := 0; i < opts.IntraOpParallelism; i++ {
+		w := newWorker(e)
+		ready := make(chan error, 1)
+		done := make(chan struct{})
+		go w.run(nr, ready, done)
+		if err := <-ready; err != nil {
+			e.stopWorkers()
+			return nil, fmt.Errorf("aio: %s: creating ring %d of %d: %w", backend, i+1, opts.IntraOpParallelism, err)
+		}
+		e.workers = append(e.workers, w)
+		e.dones = append(e.dones, done)
+	}
+	return e, nil
+}
+
+func (e *engine) stopWorkers() {
+	for i, w := range e.workers {
+		close(w.stop)
+		<-e.dones[i]
+	}
+	e.workers = nil
+	e.dones = nil
+}
+
+func (e *engine) Name() string     { return e.name }
+func (e *engine) Options() Options { return e.opts }
+
+func (e *engine) Open(path string, flag int, perm os.FileMode) (*File, error) {
+	return OpenFile(path, flag, perm, e.opts.Direct, e.opts.Logger)
+}
+
+// errInvalid builds the error for a request rejected before any I/O.
+func (e *engine) errInvalid(r *Request, cause error) error {
+	path := ""
+	direct := false
+	if r.File != nil {
+		path, direct = r.File.path, r.File.direct
+	}
+	return &OpError{Op: r.Op.String(), Path: path, Offset: r.Offset, Bytes: len(r.Buf), Direct: direct, Backend: e.name, Err: cause}
+}
+
+func (e *engine) Submit(r *Request) error {
+	if r.File == nil {
+		return e.errInvalid(r, errors.New("nil file"))
+	}
+	if len(r.Buf) == 0 {
+		return e.errInvalid(r, errors.New("empty buffer"))
+	}
+	if r.Offset < 0 {
+		return e.errInvalid(r, errors.New("negative offset"))
+	}
+	if r.Op != OpRead && r.Op != OpWrite {
+		return e.errInvalid(r, fmt.Errorf("unknown op %d", r.Op))
+	}
+	if f := r.File; f.direct {
+		a := int64(f.align)
+		addr := int64(uintptr(unsafe.Pointer(&r.Buf[0])))
+		if r.Offset%a != 0 || int64(len(r.Buf))%a != 0 || addr%a != 0 || int64(e.opts.BlockSizeBytes)%a != 0 {
+			return e.errInvalid(r, fmt.Errorf("%w: offset %d, length %d, buffer address %#x and block size %d must all be multiples of %d",
+				ErrAlignment, r.Offset, len(r.Buf), addr, e.opts.BlockSizeBytes, a))
+		}
+	}
+	if !r.state.CompareAndSwap(0, 1) {
+		return e.errInvalid(r, errors.New("request already in flight (Wait before reusing it)"))
+	}
+	e.mu.RLock()
+	if e.closed {
+		e.mu.RUnlock()
+		r.state.Store(0)
+		return e.errInvalid(r, ErrClosed)
+	}
+	e.inflight.Add(1)
+	e.mu.RUnlock()
+	if err := r.File.acquire(); err != nil {
+		e.inflight.Done()
+		r.state.Store(0)
+		return e.errInvalid(r, err)
+	}
+	if r.done == nil {
+		r.done = make(chan struct{}, 1)
+	}
+	r.moved.Store(0)
+	r.errSet.Store(false)
+	r.err = nil
+
+	// Split into at most IntraOpParallelism contiguous slices of whole
+	// blocks, one per worker.
+	bs := e.opts.BlockSizeBytes
+	n := len(r.Buf)
+	blocks := (n + bs - 1) / bs
+	nw := min(len(e.workers), blocks)
+	if cap(r.slices) < nw {
+		r.slices = make([]slice, nw, len(e.workers))
+	}
+	r.slices = r.slices[:nw]
+	per := (blocks + nw - 1) / nw * bs
+	nw = (n + per - 1) / per // drop slices that would be empty
+	r.slices = r.slices[:nw]
+	r.pending.Store(int32(nw))
+	start := int(e.next.Add(1))
+	for i := 0; i < nw; i++ {
+		lo := i * per
+		hi := min(lo+per, n)
+		r.slices[i] = slice{req: r, off: r.Offset + int64(lo), buf: r.Buf[lo:hi]}
+		e.workers[(start+i)%len(e.workers)].queue <- &r.slices[i]
+	}
+	return nil
+}
+
+// finish completes a request (called by the worker that retired its last
+// slice).
+func (e *engine) finish(r *Request) {
+	moved := r.moved.Load()
+	if r.errSet.Load() {
+		e.errs.Add(1)
+		if oe, ok := r.err.(*OpError); ok {
+			oe.Done = moved
+		}
+	} else if r.Op == OpRead {
+		e.readOps.Add(1)
+		e.readBytes.Add(moved)
+	} else {
+		e.writeOps.Add(1)
+		e.writeBytes.Add(moved)
+	}
+	r.File.release()
+	r.state.Store(2)
+	r.done <- struct{}{}
+	e.inflight.Done()
+}
+
+func (e *engine) do(ctx context.Context, op Op, f *File, buf []byte, off int64) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	r := e.reqPool.Get().(*Request)
+	r.Op, r.File, r.Buf, r.Offset = op, f, buf, off
+	if err := e.Submit(r); err != nil {
+		r.File, r.Buf = nil, nil
+		e.reqPool.Put(r)
+		return 0, err
+	}
+	// The buffer belongs to the kernel until completion, so the wait is not
+	// abandoned on ctx cancellation; requests are bounded in size.
+	n, err := r.Wait()
+	r.File, r.Buf = nil, nil
+	e.reqPool.Put(r)
+	return int(n), err
+}
+
+func (e *engine) ReadAt(ctx context.Context, f *File, buf []byte, off int64) (int, error) {
+	return e.do(ctx, OpRead, f, buf, off)
+}
+
+func (e *engine) WriteAt(ctx context.Context, f *File, buf []byte, off int64) (int, error) {
+	return e.do(ctx, OpWrite, f, buf, off)
+}
+
+func (e *engine) Stats() Stats {
+	return Stats{
+		ReadOps: e.readOps.Load(), WriteOps: e.writeOps.Load(),
+		ReadBytes: e.readBytes.Load(), WriteBytes: e.writeBytes.Load(),
+		Pieces: e.pieces.Load(), Retries: e.retries.Load(),
+		ShortTransfers: e.shorts.Load(), Errors: e.errs.Load(),
+	}
+}
+
+func (e *engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.inflight.Wait()
+	e.stopWorkers()
+	return nil
+}

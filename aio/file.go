@@ -1,0 +1,246 @@
+package aio
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// File is a file opened for tensor I/O. It stays open across requests and
+// is safe for concurrent use. Close waits for no one: it marks the file
+// closing, and the descriptor is released when the last in-flight request
+// on it completes.
+type File struct {
+	fd     int
+	path   string
+	direct bool
+	align  int
+
+	mu       sync.Mutex
+	refs     int  // in-flight requests
+	closing  bool // Close called
+	closed   bool // fd released
+	closeErr error
+}
+
+// openFn is the open(2) used by OpenFile; tests replace it to simulate a
+// filesystem without O_DIRECT.
+var openFn = unix.Open
+
+// OpenFile opens path (flag as os.OpenFile: os.O_RDWR|os.O_CREATE, ...)
+// applying the O_DIRECT policy. With DirectOptional, a filesystem that
+// refuses O_DIRECT yields a buffered file and one warning on log (which may
+// be nil). With DirectRequired it yields an error matching ErrNoDirect that
+// names the path.
+func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log *slog.Logger) (*File, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	flag |= unix.O_CLOEXEC
+	if policy == DirectOff {
+		fd, err := openFn(path, flag, uint32(perm.Perm()))
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return &File{fd: fd, path: path, align: 1}, nil
+	}
+	fd, err := openFn(path, flag|unix.O_DIRECT, uint32(perm.Perm()))
+	if err == nil {
+		align, aerr := directAlignment(fd, path)
+		if aerr != nil {
+			unix.Close(fd)
+			return nil, aerr
+		}
+		return &File{fd: fd, path: path, direct: true, align: align}, nil
+	}
+	if !errors.Is(err, unix.EINVAL) {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	if policy == DirectRequired {
+		return nil, fmt.Errorf("aio: open %s: the filesystem (%s) refuses O_DIRECT and the policy is \"required\" (set it to \"optional\" to fall back to buffered I/O, or put the swap files on a filesystem with O_DIRECT such as ext4 or xfs): %w",
+			path, fsName(filepath.Dir(path)), ErrNoDirect)
+	}
+	fd, err = openFn(path, flag, uint32(perm.Perm()))
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	warnNoDirectOnce(log, filepath.Dir(path))
+	return &File{fd: fd, path: path, align: 1}, nil
+}
+
+var noDirectWarned sync.Map // dir -> struct{}
+
+func warnNoDirectOnce(log *slog.Logger, dir string) {
+	if _, loaded := noDirectWarned.LoadOrStore(dir, struct{}{}); loaded {
+		return
+	}
+	log.Warn("aio: filesystem refuses O_DIRECT; falling back to buffered I/O (policy \"optional\"); throughput will include page-cache copies",
+		"dir", dir, "fs", fsName(dir))
+}
+
+// fsName returns the filesystem type name of dir, for messages.
+func fsName(dir string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "unknown"
+	}
+	switch uint32(st.Type) {
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.RAMFS_MAGIC:
+		return "ramfs"
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	case unix.NFS_SUPER_MAGIC:
+		return "nfs"
+	case unix.FUSE_SUPER_MAGIC:
+		return "fuse"
+	}
+	return fmt.Sprintf("0x%x", uint32(st.Type))
+}
+
+// directAlignment returns the alignment O_DIRECT transfers on fd need: the
+// larger of statx's DIO offset and memory alignments where the kernel reports
+// them, else the device's logical block size, else the filesystem block size.
+func directAlignment(fd int, path string) (int, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx); err == nil &&
+		stx.Mask&unix.STATX_DIOALIGN != 0 && stx.Dio_offset_align > 0 {
+		return int(max(stx.Dio_offset_align, stx.Dio_mem_align)), nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if n := logicalBlockSize(uint32(unix.Major(st.Dev)), uint32(unix.Minor(st.Dev))); n > 0 {
+		return n, nil
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err == nil && sfs.Bsize > 0 {
+		return int(sfs.Bsize), nil
+	}
+	return 0, fmt.Errorf("aio: %s: cannot determine O_DIRECT alignment (no statx DIO info, no block device, no statfs)", path)
+}
+
+// logicalBlockSize reads the device's logical block size from sysfs (for a
+// partition, from its parent disk). It returns 0 when unknown.
+func logicalBlockSize(maj, mnr uint32) int {
+	base := fmt.Sprintf("/sys/dev/block/%d:%d", maj, mnr)
+	for _, p := range []string{base + "/queue/logical_block_size", base + "/../queue/logical_block_size"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 0
+}
+
+// Path returns the file's path.
+func (f *File) Path() string { return f.path }
+
+// Direct reports whether the file was opened with O_DIRECT.
+func (f *File) Direct() bool { return f.direct }
+
+// Alignment returns the alignment O_DIRECT transfers need (1 when not
+// O_DIRECT): offsets, lengths and buffer addresses must be multiples of it.
+func (f *File) Alignment() int { return f.align }
+
+// Fd returns the descriptor, for backends and diagnostics. It is valid until
+// Close.
+func (f *File) Fd() int { return f.fd }
+
+// Size returns the file's current size.
+func (f *File) Size() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(f.fd, &st); err != nil {
+		return 0, &os.PathError{Op: "fstat", Path: f.path, Err: err}
+	}
+	return st.Size, nil
+}
+
+// Allocate reserves size bytes of disk for the file (fallocate), so later
+// writes cannot fail for lack of space. It falls back to Truncate where the
+// filesystem has no fallocate.
+func (f *File) Allocate(size int64) error {
+	err := unix.Fallocate(f.fd, 0, 0, size)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		return f.Truncate(size)
+	}
+	return &os.PathError{Op: "fallocate", Path: f.path, Err: err}
+}
+
+// Truncate sets the file's size.
+func (f *File) Truncate(size int64) error {
+	if err := unix.Ftruncate(f.fd, size); err != nil {
+		return &os.PathError{Op: "truncate", Path: f.path, Err: err}
+	}
+	return nil
+}
+
+// Sync flushes the file's data to the device (fdatasync).
+func (f *File) Sync() error {
+	if err := unix.Fdatasync(f.fd); err != nil {
+		return &os.PathError{Op: "fdatasync", Path: f.path, Err: err}
+	}
+	return nil
+}
+
+// acquire takes a reference for an in-flight request.
+func (f *File) acquire() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closing {
+		return ErrClosed
+	}
+	f.refs++
+	return nil
+}
+
+// release drops a reference; the last one after Close releases the fd.
+func (f *File) release() {
+	f.mu.Lock()
+	f.refs--
+	if f.refs == 0 && f.closing && !f.closed {
+		f.closed = true
+		f.closeErr = unix.Close(f.fd)
+	}
+	f.mu.Unlock()
+}
+
+// Close marks the file closed. The descriptor is released now if no request
+// is in flight, else when the last one completes. Close is idempotent.
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closing {
+		return nil
+	}
+	f.closing = true
+	if f.refs == 0 {
+		f.closed = true
+		f.closeErr = unix.Close(f.fd)
+		if f.closeErr != nil {
+			return &os.PathError{Op: "close", Path: f.path, Err: f.closeErr}
+		}
+	}
+	return nil
+}
