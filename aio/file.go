@@ -244,3 +244,27 @@ func (f *File) Close() error {
 	}
 	return nil
 }
+
+// ProbeDir returns the O_DIRECT alignment files in dir get under policy,
+// and whether O_DIRECT works there. It opens an unnamed O_TMPFILE where the
+// filesystem supports it, else a named probe file that is removed, so
+// nothing is left behind. With DirectOff it returns 1, false.
+func ProbeDir(dir string, policy DirectPolicy) (align int, direct bool, err error) {
+	if policy == DirectOff {
+		return 1, false, nil
+	}
+	fd, err := openFn(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		defer unix.Close(fd)
+		a, err := directAlignment(fd, dir)
+		return a, err == nil, err
+	}
+	p := filepath.Join(dir, fmt.Sprintf(".zinf-probe-%d", os.Getpid()))
+	f, err := OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600, policy, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return 0, false, err
+	}
+	defer os.Remove(p)
+	defer f.Close()
+	return f.Alignment(), f.Direct(), nil
+}

@@ -1,0 +1,436 @@
+package config
+
+import (
+	_ "embed"
+	"path/filepath"
+)
+
+// Config is one zinf config: the DeepSpeed keys zinf acts on plus zinf's own
+// section. Parse and Load fill every field, defaults included; Default
+// returns the embedded demo config. A Config built by hand should start from
+// one of those, since the zero values of several fields are invalid (a zero
+// queue depth, for one).
+//
+// The doc comment of each field names its JSON key and default; the package
+// documentation has the same as one table.
+type Config struct {
+	// ZeroOptimization is "zero_optimization": ZeRO stage and offload.
+	ZeroOptimization Zero
+	// AIO is the top-level "aio" section: how swaps are issued.
+	AIO AIO
+	// Zinf is the "zinf" section: what DeepSpeed's config does not express.
+	Zinf Zinf
+	// Optimizer is "optimizer": type and hyper-parameters.
+	Optimizer Optimizer
+	// BF16 is "bf16.enabled" (old name "bfloat16.enabled"). Default false.
+	BF16 bool
+	// FP16 is "fp16.enabled". Default false. At most one of BF16 and FP16.
+	FP16 bool
+	// GradientAccumulationSteps is "gradient_accumulation_steps": micro-steps
+	// whose gradients are summed before one optimizer step. Default 1.
+	GradientAccumulationSteps int
+	// MicroBatch is "train_micro_batch_size_per_gpu". Default 1.
+	MicroBatch int
+
+	// Warnings holds notices about a config that was nonetheless accepted:
+	// old key names, deprecated forms, Hugging Face "auto" values, and one
+	// line listing the DeepSpeed keys zinf accepted but does not act on.
+	// Parse fills it; it is never written back out.
+	Warnings []string
+	// Ignored lists, as dotted paths, the DeepSpeed keys that were accepted
+	// but are not acted on (the same keys as the "ignored" warning).
+	Ignored []string
+	// Source is the path the config was loaded from; empty for Parse and
+	// Default.
+	Source string
+	// envProblems holds RANK / WORLD_SIZE values that could not be read;
+	// Validate reports them.
+	envProblems []Problem
+}
+
+// Zero is the "zero_optimization" section. DeepSpeed's defaults apply.
+type Zero struct {
+	// Stage is "stage", the ZeRO stage 0..3. Default 0. Parameter offload
+	// and NVMe optimizer offload need stage 3; CPU optimizer offload needs
+	// stage 1 or more.
+	Stage int
+	// SubGroupSize is "sub_group_size": parameters (elements, not bytes) per
+	// optimizer sub-group, the unit the optimizer swapper reads, updates and
+	// writes back. Default 1e9.
+	SubGroupSize int64
+	// OffloadParam is "offload_param".
+	OffloadParam OffloadParam
+	// OffloadOptimizer is "offload_optimizer".
+	OffloadOptimizer OffloadOptimizer
+}
+
+// OffloadDevice says where offloaded tensors live.
+type OffloadDevice string
+
+// The offload devices DeepSpeed defines and zinf supports.
+const (
+	OffloadNone OffloadDevice = "none" // stay on the accelerator
+	OffloadCPU  OffloadDevice = "cpu"  // host memory
+	OffloadNVMe OffloadDevice = "nvme" // swap files under nvme_path
+)
+
+// OffloadParam is "zero_optimization.offload_param": where ZeRO-3
+// partitioned parameters live.
+type OffloadParam struct {
+	// Device is "device": none, cpu or nvme. Default none.
+	Device OffloadDevice
+	// NVMePath is "nvme_path", the directory for parameter swap files.
+	// Required when Device is nvme, unless zinf.nvme_paths is set. Default
+	// empty.
+	NVMePath string
+	// BufferCount is "buffer_count": pinned buffers for parameter swaps.
+	// Default 5.
+	BufferCount int
+	// BufferSize is "buffer_size": elements per parameter swap buffer.
+	// Default 1e8.
+	BufferSize int64
+	// MaxInCPU is "max_in_cpu": parameter elements kept in pinned host
+	// memory in front of NVMe. Default 1e9.
+	MaxInCPU int64
+	// PinMemory is "pin_memory": page-locked host buffers. Default false.
+	PinMemory bool
+}
+
+// OffloadOptimizer is "zero_optimization.offload_optimizer": where fp32
+// master weights and optimizer state live.
+type OffloadOptimizer struct {
+	// Device is "device": none, cpu or nvme. Default none.
+	Device OffloadDevice
+	// NVMePath is "nvme_path", the directory for optimizer swap files.
+	// Required when Device is nvme, unless zinf.nvme_paths is set. Default
+	// empty.
+	NVMePath string
+	// BufferCount is "buffer_count": pinned buffers for optimizer swaps.
+	// DeepSpeed advises at least the tensors per parameter (4 for Adam:
+	// weight, gradient, exp_avg, exp_avg_sq). Default 4.
+	BufferCount int
+	// PinMemory is "pin_memory". Default false.
+	PinMemory bool
+	// PipelineRead is "pipeline_read": read sub-group i+1 while updating i.
+	// Default false. See Zinf.PipelineDepth for how zinf uses it.
+	PipelineRead bool
+	// PipelineWrite is "pipeline_write": write sub-group i-1 while
+	// updating i. Default false. See Zinf.PipelineDepth.
+	PipelineWrite bool
+	// FastInit is "fast_init": initialize optimizer state on NVMe without
+	// staging it through host memory first. Default false.
+	FastInit bool
+	// Ratio is "ratio": the fraction of optimizer state offloaded, in
+	// (0, 1]; below 1 needs stage 3. Default 1.
+	Ratio float64
+}
+
+// AIO is the top-level "aio" section, as DeepSpeed's DeepNVMe reads it.
+type AIO struct {
+	// BlockSize is "block_size": bytes per I/O request a large swap is
+	// split into. A power of two or a multiple of 4096. Default 1MiB.
+	BlockSize Size
+	// QueueDepth is "queue_depth": requests kept in flight per ring or
+	// worker, 1..4096. Default 8.
+	QueueDepth int
+	// IntraOpParallelism is "intra_op_parallelism" (old name
+	// "thread_count", read with a warning): rings or workers one swap is
+	// spread over, 1..64. Default 1.
+	IntraOpParallelism int
+	// SingleSubmit is "single_submit": submit requests one at a time
+	// instead of in batches. Default false.
+	SingleSubmit bool
+	// OverlapEvents is "overlap_events": submit new requests while reaping
+	// completions. Default true.
+	OverlapEvents bool
+	// UseGDS is "use_gds": DeepSpeed's GPUDirect Storage switch. When
+	// zinf.gds is absent, true means zinf.gds "auto". Default false.
+	UseGDS bool
+}
+
+// DirectMode is the O_DIRECT policy for swap files.
+type DirectMode string
+
+// The O_DIRECT policies.
+const (
+	DirectRequired DirectMode = "required" // fail if O_DIRECT cannot be used
+	DirectOptional DirectMode = "optional" // probe, fall back with a warning
+	DirectOff      DirectMode = "off"      // buffered I/O through the page cache
+)
+
+// Backend names an aio engine.
+type Backend string
+
+// The aio backends.
+const (
+	BackendAuto   Backend = "auto"   // the best that works here
+	BackendURing  Backend = "uring"  // io_uring
+	BackendLibaio Backend = "libaio" // Linux kernel AIO
+	BackendPosix  Backend = "posix"  // goroutines doing pread/pwrite
+)
+
+// GDSMode is zinf's GPUDirect Storage policy.
+type GDSMode string
+
+// The GDS policies.
+const (
+	GDSOff      GDSMode = "off"      // bounce through pinned host memory
+	GDSAuto     GDSMode = "auto"     // cuFile when available, else bounce
+	GDSRequired GDSMode = "required" // fail if cuFile is unavailable
+)
+
+// Device names the accelerator implementation.
+type Device string
+
+// The devices.
+const (
+	DeviceAuto Device = "auto" // CUDA when a GPU works, else sim
+	DeviceSim  Device = "sim"  // host memory with a capacity budget
+	DeviceCUDA Device = "cuda" // a real GPU through libcudart
+)
+
+// DefaultSimGPUBytes is the GPU tier capacity used for the simulated device
+// when zinf.tiers.gpu_bytes is 0.
+const DefaultSimGPUBytes = GiB
+
+// Zinf is the "zinf" section: zinf's additions to DeepSpeed's schema.
+// DeepSpeed ignores unknown top-level keys, so one file can serve both.
+type Zinf struct {
+	// Tiers is "tiers": capacities.
+	Tiers Tiers
+	// NVMePaths is "nvme_paths": directories swap files are striped over.
+	// Default empty: use the offload nvme_path keys (see Config.NVMePaths).
+	NVMePaths []string
+	// Checksums is "checksums": checksum every swapped-out tensor and verify
+	// it on swap-in. Default true.
+	Checksums bool
+	// Direct is "direct": O_DIRECT policy. Default optional.
+	Direct DirectMode
+	// Backend is "backend": aio engine. Default auto.
+	Backend Backend
+	// PipelineDepth is "pipeline_depth", 0..16: sub-groups the optimizer
+	// reads ahead of and writes behind the one it updates; 0 runs read,
+	// update and write in sequence. When absent it is 1, except 0 when
+	// offload_optimizer sets both pipeline_read and pipeline_write to false
+	// explicitly (DeepSpeed's unpipelined swapper). Pipelining never
+	// changes results, only overlap.
+	PipelineDepth int
+	// GDS is "gds": GPUDirect Storage policy. When absent it is auto if
+	// aio.use_gds is true, else off.
+	GDS GDSMode
+	// Device is "device": accelerator implementation. Default auto.
+	Device Device
+	// Rank is "rank": this process's data-parallel rank. When absent it is
+	// read from the RANK environment variable, else 0.
+	Rank int
+	// WorldSize is "world_size": data-parallel processes. When absent it is
+	// read from the WORLD_SIZE environment variable, else 1.
+	WorldSize int
+	// SwapFileBytes is "swap_file_bytes": size each swap file is
+	// preallocated to. Default 0: files grow as tensors are added.
+	SwapFileBytes Size
+	// PrefetchDepth is "prefetch_depth": layers fetched ahead of use.
+	// Default 0: the policy decides from measured bandwidth.
+	PrefetchDepth int
+}
+
+// Tiers is "zinf.tiers": memory budgets per tier.
+type Tiers struct {
+	// GPUBytes is "gpu_bytes": the GPU tier capacity. Default 0: the
+	// device's free memory for cuda, DefaultSimGPUBytes for sim (see
+	// Config.GPUBytes).
+	GPUBytes Size
+	// CPUPinnedBytes is "cpu_pinned_bytes": the pinned host buffer pool
+	// budget. Default 256MiB.
+	CPUPinnedBytes Size
+}
+
+// OptimizerType names an optimizer.
+type OptimizerType string
+
+// The optimizers zinf implements. Config files may spell them in any case,
+// as DeepSpeed allows; Parse stores these spellings.
+const (
+	OptimizerAdam  OptimizerType = "Adam"
+	OptimizerAdamW OptimizerType = "AdamW"
+)
+
+// Optimizer is the "optimizer" section. The defaults are PyTorch's and
+// DeepSpeed's Adam defaults.
+type Optimizer struct {
+	// Type is "type": Adam or AdamW. Default Adam.
+	Type OptimizerType
+	// LR is "params.lr", >= 0. Default 1e-3.
+	LR float64
+	// Betas is "params.betas", each in [0, 1). Default [0.9, 0.999].
+	Betas [2]float64
+	// Eps is "params.eps", > 0. Default 1e-8.
+	Eps float64
+	// WeightDecay is "params.weight_decay", >= 0. Default 0.
+	WeightDecay float64
+	// AdamWMode is "params.adam_w_mode". As in DeepSpeed, whose Adam
+	// defaults to decoupled weight decay, type Adam with AdamWMode true
+	// behaves as AdamW. Default true. See DecoupledWeightDecay.
+	AdamWMode bool
+}
+
+// DecoupledWeightDecay reports whether weight decay is applied to the
+// weights directly (AdamW) rather than added to the gradient (classic Adam
+// with L2): true for type AdamW, and for type Adam with adam_w_mode true.
+func (o Optimizer) DecoupledWeightDecay() bool {
+	return o.Type == OptimizerAdamW || o.AdamWMode
+}
+
+// defaults returns a Config holding every documented default, before any
+// file or environment is read.
+func defaults() *Config {
+	return &Config{
+		ZeroOptimization: Zero{
+			Stage:        0,
+			SubGroupSize: 1e9,
+			OffloadParam: OffloadParam{
+				Device:      OffloadNone,
+				BufferCount: 5,
+				BufferSize:  1e8,
+				MaxInCPU:    1e9,
+			},
+			OffloadOptimizer: OffloadOptimizer{
+				Device:      OffloadNone,
+				BufferCount: 4,
+				Ratio:       1,
+			},
+		},
+		AIO: AIO{
+			BlockSize:          MiB,
+			QueueDepth:         8,
+			IntraOpParallelism: 1,
+			OverlapEvents:      true,
+		},
+		Zinf: Zinf{
+			Tiers:         Tiers{CPUPinnedBytes: 256 * MiB},
+			Checksums:     true,
+			Direct:        DirectOptional,
+			Backend:       BackendAuto,
+			PipelineDepth: 1,
+			GDS:           GDSOff,
+			Device:        DeviceAuto,
+			WorldSize:     1,
+		},
+		Optimizer: Optimizer{
+			Type:      OptimizerAdam,
+			LR:        1e-3,
+			Betas:     [2]float64{0.9, 0.999},
+			Eps:       1e-8,
+			AdamWMode: true,
+		},
+		GradientAccumulationSteps: 1,
+		MicroBatch:                1,
+	}
+}
+
+//go:embed default.json
+var defaultJSON []byte
+
+// DefaultJSON returns a copy of the embedded default config file, the one
+// Default parses.
+func DefaultJSON() []byte { return append([]byte(nil), defaultJSON...) }
+
+// Default returns the embedded default config used by `make demo` and the
+// examples: the simulated device, ZeRO stage 3 with parameters and optimizer
+// state offloaded to NVMe, and sizes small enough for a laptop.
+//
+// Its nvme_path keys are empty on purpose: the caller supplies a scratch
+// directory (usually a temporary one) with SetScratchDir. Until then
+// Validate reports the missing paths.
+//
+// Rank and world size come from RANK and WORLD_SIZE as for any config.
+func Default() *Config {
+	c, problems, _ := decode(defaultJSON)
+	if len(problems) != 0 {
+		// The file is part of the binary and covered by tests.
+		panic("config: embedded default.json is broken: " + (&Error{Problems: problems}).Error())
+	}
+	return c
+}
+
+// NeedsScratchDir reports whether an offload device is nvme with no
+// directory to put swap files in: neither its nvme_path nor zinf.nvme_paths
+// is set.
+func (c *Config) NeedsScratchDir() bool {
+	if len(c.Zinf.NVMePaths) > 0 {
+		return false
+	}
+	z := &c.ZeroOptimization
+	return z.OffloadParam.Device == OffloadNVMe && z.OffloadParam.NVMePath == "" ||
+		z.OffloadOptimizer.Device == OffloadNVMe && z.OffloadOptimizer.NVMePath == ""
+}
+
+// SetScratchDir fills dir into every empty nvme_path of an offload section
+// whose device is nvme, when zinf.nvme_paths is not set. It is how the
+// caller of Default supplies the directory for swap files.
+func (c *Config) SetScratchDir(dir string) {
+	if len(c.Zinf.NVMePaths) > 0 {
+		return
+	}
+	z := &c.ZeroOptimization
+	if z.OffloadParam.Device == OffloadNVMe && z.OffloadParam.NVMePath == "" {
+		z.OffloadParam.NVMePath = dir
+	}
+	if z.OffloadOptimizer.Device == OffloadNVMe && z.OffloadOptimizer.NVMePath == "" {
+		z.OffloadOptimizer.NVMePath = dir
+	}
+}
+
+// NVMePaths returns the directories swap files are striped over: zinf.nvme_paths
+// when set, else the nvme_path of each offload section whose device is nvme
+// (parameters first), without duplicates. The result is a fresh slice; it is
+// empty when nothing is offloaded to NVMe.
+func (c *Config) NVMePaths() []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(p string) {
+		if p == "" {
+			return
+		}
+		k := filepath.Clean(p)
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, p)
+		}
+	}
+	if len(c.Zinf.NVMePaths) > 0 {
+		for _, p := range c.Zinf.NVMePaths {
+			add(p)
+		}
+		return out
+	}
+	z := &c.ZeroOptimization
+	if z.OffloadParam.Device == OffloadNVMe {
+		add(z.OffloadParam.NVMePath)
+	}
+	if z.OffloadOptimizer.Device == OffloadNVMe {
+		add(z.OffloadOptimizer.NVMePath)
+	}
+	return out
+}
+
+// RankWorld returns this process's rank and the world size: zinf.rank and
+// zinf.world_size, which Parse resolves from the RANK and WORLD_SIZE
+// environment variables when the file does not set them.
+func (c *Config) RankWorld() (rank, world int) {
+	return c.Zinf.Rank, c.Zinf.WorldSize
+}
+
+// GPUBytes returns the GPU tier capacity to use: zinf.tiers.gpu_bytes when
+// set; otherwise deviceFreeBytes when the caller knows it (a real GPU's free
+// memory); otherwise DefaultSimGPUBytes.
+func (c *Config) GPUBytes(deviceFreeBytes int64) int64 {
+	switch {
+	case c.Zinf.Tiers.GPUBytes > 0:
+		return int64(c.Zinf.Tiers.GPUBytes)
+	case deviceFreeBytes > 0:
+		return deviceFreeBytes
+	default:
+		return int64(DefaultSimGPUBytes)
+	}
+}

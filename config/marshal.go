@@ -1,0 +1,191 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// The wire types fix the key names and order of what MarshalJSON writes.
+// They hold every value explicitly, derived ones included (pipeline_depth,
+// gds, rank, world_size), so that parsing the output gives back the same
+// Config whatever the environment.
+
+type wireConfig struct {
+	TrainMicroBatch           int           `json:"train_micro_batch_size_per_gpu"`
+	GradientAccumulationSteps int           `json:"gradient_accumulation_steps"`
+	Optimizer                 wireOptimizer `json:"optimizer"`
+	FP16                      wireEnabled   `json:"fp16"`
+	BF16                      wireEnabled   `json:"bf16"`
+	ZeroOptimization          wireZero      `json:"zero_optimization"`
+	AIO                       wireAIO       `json:"aio"`
+	Zinf                      wireZinf      `json:"zinf"`
+}
+
+type wireOptimizer struct {
+	Type   OptimizerType `json:"type"`
+	Params struct {
+		LR          float64    `json:"lr"`
+		Betas       [2]float64 `json:"betas"`
+		Eps         float64    `json:"eps"`
+		WeightDecay float64    `json:"weight_decay"`
+		AdamWMode   bool       `json:"adam_w_mode"`
+	} `json:"params"`
+}
+
+type wireEnabled struct {
+	Enabled bool `json:"enabled"`
+}
+
+type wireZero struct {
+	Stage            int                  `json:"stage"`
+	SubGroupSize     int64                `json:"sub_group_size"`
+	OffloadParam     wireOffloadParam     `json:"offload_param"`
+	OffloadOptimizer wireOffloadOptimizer `json:"offload_optimizer"`
+}
+
+type wireOffloadParam struct {
+	Device      OffloadDevice `json:"device"`
+	NVMePath    string        `json:"nvme_path"`
+	BufferCount int           `json:"buffer_count"`
+	BufferSize  int64         `json:"buffer_size"`
+	MaxInCPU    int64         `json:"max_in_cpu"`
+	PinMemory   bool          `json:"pin_memory"`
+}
+
+type wireOffloadOptimizer struct {
+	Device        OffloadDevice `json:"device"`
+	NVMePath      string        `json:"nvme_path"`
+	BufferCount   int           `json:"buffer_count"`
+	PinMemory     bool          `json:"pin_memory"`
+	PipelineRead  bool          `json:"pipeline_read"`
+	PipelineWrite bool          `json:"pipeline_write"`
+	FastInit      bool          `json:"fast_init"`
+	Ratio         float64       `json:"ratio"`
+}
+
+type wireAIO struct {
+	BlockSize          Size `json:"block_size"`
+	QueueDepth         int  `json:"queue_depth"`
+	IntraOpParallelism int  `json:"intra_op_parallelism"`
+	SingleSubmit       bool `json:"single_submit"`
+	OverlapEvents      bool `json:"overlap_events"`
+	UseGDS             bool `json:"use_gds"`
+}
+
+type wireZinf struct {
+	Tiers struct {
+		GPUBytes       Size `json:"gpu_bytes"`
+		CPUPinnedBytes Size `json:"cpu_pinned_bytes"`
+	} `json:"tiers"`
+	NVMePaths     []string   `json:"nvme_paths,omitempty"`
+	Checksums     bool       `json:"checksums"`
+	Direct        DirectMode `json:"direct"`
+	Backend       Backend    `json:"backend"`
+	PipelineDepth int        `json:"pipeline_depth"`
+	GDS           GDSMode    `json:"gds"`
+	Device        Device     `json:"device"`
+	Rank          int        `json:"rank"`
+	WorldSize     int        `json:"world_size"`
+	SwapFileBytes Size       `json:"swap_file_bytes"`
+	PrefetchDepth int        `json:"prefetch_depth"`
+}
+
+func aioWire(a AIO) wireAIO {
+	return wireAIO{
+		BlockSize:          a.BlockSize,
+		QueueDepth:         a.QueueDepth,
+		IntraOpParallelism: a.IntraOpParallelism,
+		SingleSubmit:       a.SingleSubmit,
+		OverlapEvents:      a.OverlapEvents,
+		UseGDS:             a.UseGDS,
+	}
+}
+
+// MarshalJSON writes the config as a complete config file that Parse reads
+// back to an equal Config: every key zinf acts on, with its effective value,
+// under DeepSpeed's key names, plus the "zinf" section. Sizes are written as
+// numbers of bytes. Warnings, ignored keys and Source are not written.
+func (c *Config) MarshalJSON() ([]byte, error) {
+	var w wireConfig
+	w.TrainMicroBatch = c.MicroBatch
+	w.GradientAccumulationSteps = c.GradientAccumulationSteps
+	w.Optimizer.Type = c.Optimizer.Type
+	w.Optimizer.Params.LR = c.Optimizer.LR
+	w.Optimizer.Params.Betas = c.Optimizer.Betas
+	w.Optimizer.Params.Eps = c.Optimizer.Eps
+	w.Optimizer.Params.WeightDecay = c.Optimizer.WeightDecay
+	w.Optimizer.Params.AdamWMode = c.Optimizer.AdamWMode
+	w.FP16.Enabled = c.FP16
+	w.BF16.Enabled = c.BF16
+	z := c.ZeroOptimization
+	w.ZeroOptimization = wireZero{
+		Stage:        z.Stage,
+		SubGroupSize: z.SubGroupSize,
+		OffloadParam: wireOffloadParam(z.OffloadParam),
+		OffloadOptimizer: wireOffloadOptimizer{
+			Device:        z.OffloadOptimizer.Device,
+			NVMePath:      z.OffloadOptimizer.NVMePath,
+			BufferCount:   z.OffloadOptimizer.BufferCount,
+			PinMemory:     z.OffloadOptimizer.PinMemory,
+			PipelineRead:  z.OffloadOptimizer.PipelineRead,
+			PipelineWrite: z.OffloadOptimizer.PipelineWrite,
+			FastInit:      z.OffloadOptimizer.FastInit,
+			Ratio:         z.OffloadOptimizer.Ratio,
+		},
+	}
+	w.AIO = aioWire(c.AIO)
+	zi := c.Zinf
+	w.Zinf.Tiers.GPUBytes = zi.Tiers.GPUBytes
+	w.Zinf.Tiers.CPUPinnedBytes = zi.Tiers.CPUPinnedBytes
+	w.Zinf.NVMePaths = zi.NVMePaths
+	w.Zinf.Checksums = zi.Checksums
+	w.Zinf.Direct = zi.Direct
+	w.Zinf.Backend = zi.Backend
+	w.Zinf.PipelineDepth = zi.PipelineDepth
+	w.Zinf.GDS = zi.GDS
+	w.Zinf.Device = zi.Device
+	w.Zinf.Rank = zi.Rank
+	w.Zinf.WorldSize = zi.WorldSize
+	w.Zinf.SwapFileBytes = zi.SwapFileBytes
+	w.Zinf.PrefetchDepth = zi.PrefetchDepth
+	return marshalIndent(w)
+}
+
+// AIOSection renders a as a config fragment, the form `zinf tune` prints:
+//
+//	{
+//	  "aio": {
+//	    "block_size": 1048576,
+//	    "queue_depth": 8,
+//	    "intra_op_parallelism": 1,
+//	    "single_submit": false,
+//	    "overlap_events": true,
+//	    "use_gds": false
+//	  }
+//	}
+//
+// Keys are DeepSpeed's (intra_op_parallelism, not the old thread_count),
+// numbers are JSON numbers and switches JSON booleans, so the fragment can be
+// pasted into a ds_config.json and is itself a config Parse accepts. It
+// returns an *Error when a breaks the aio rules of Validate.
+func AIOSection(a AIO) ([]byte, error) {
+	c := defaults()
+	c.AIO = a
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return marshalIndent(struct {
+		AIO wireAIO `json:"aio"`
+	}{aioWire(a)})
+}
+
+func marshalIndent(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

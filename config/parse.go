@@ -1,0 +1,806 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Load reads the config file at path and parses it. Errors name the file:
+// a read failure is the *os.PathError, anything else an *Error whose Source
+// is path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		if e, ok := err.(*Error); ok {
+			e.Source = path
+		}
+		return nil, err
+	}
+	c.Source = path
+	return c, nil
+}
+
+// Parse reads a config from JSON text, applies the defaults and validates
+// the result. The JSON must be strictly valid (a syntax error is reported
+// with its line and column) and its top level an object.
+//
+// Every key is sorted into one of three kinds (see the package
+// documentation): keys zinf reads are parsed and checked; DeepSpeed keys zinf
+// does not act on are accepted and listed in Config.Ignored and a warning;
+// any other key is a problem, with a "did you mean" suggestion when one is
+// close. Parse reports every problem at once as an *Error: unknown and
+// duplicate keys, wrong types, out-of-range values and broken cross-field
+// rules (those of Validate).
+func Parse(data []byte) (*Config, error) {
+	c, problems, written := decode(data)
+	if c != nil {
+		if err := c.Validate(); err != nil {
+			for _, p := range err.(*Error).Problems {
+				// Point at the key in the file and quote it as written.
+				if n, ok := written.nodes[p.Key]; ok {
+					p.Line, p.Column = position(written.data, n.off)
+					if n.kind != kObject && n.kind != kArray {
+						p.Value = n.raw
+					}
+				}
+				problems = append(problems, p)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		// File order first; problems with no place in the file (values
+		// from the environment, defaults that break a rule) last.
+		sort.SliceStable(problems, func(i, j int) bool {
+			pi, pj := problems[i], problems[j]
+			if (pi.Line == 0) != (pj.Line == 0) {
+				return pj.Line == 0
+			}
+			return pi.Line < pj.Line || pi.Line == pj.Line && pi.Column < pj.Column
+		})
+		return nil, &Error{Problems: problems}
+	}
+	return c, nil
+}
+
+// written records what a file set: the value node of every dotted key
+// written (not null), and the text they point into.
+type written struct {
+	nodes map[string]*node
+	data  []byte
+}
+
+// decode builds the Config for data without running Validate. A nil Config
+// means the text was not a JSON object.
+func decode(data []byte) (*Config, []Problem, written) {
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // editors on Windows add a BOM
+	root, syn := buildTree(data)
+	if syn != nil {
+		return nil, []Problem{*syn}, written{}
+	}
+	if root.kind != kObject {
+		line, col := position(data, root.off)
+		return nil, []Problem{{Msg: "a config must be a JSON object, not " + root.kind.String(), Line: line, Column: col}}, written{}
+	}
+	c := defaults()
+	specs := schema(c)
+	d := &decoder{c: c, data: data, set: map[string]*node{}, index: keyIndex(specs)}
+	d.object(root, "", specs)
+	d.resolve()
+	if len(d.ignored) > 0 {
+		d.c.Ignored = d.ignored
+		d.warnings = append(d.warnings, "ignored (DeepSpeed key not used by zinf): "+strings.Join(d.ignored, ", "))
+	}
+	d.c.Warnings = d.warnings
+	return d.c, d.problems, written{nodes: d.set, data: data}
+}
+
+// decoder carries the state of one decode.
+type decoder struct {
+	c        *Config
+	data     []byte
+	problems []Problem
+	warnings []string
+	ignored  []string
+	set      map[string]*node    // dotted key -> its value, for keys written in the file
+	deferred []func()            // readers' effects that depend on keys read later
+	index    map[string][]string // key name -> dotted paths of every known key with that name
+}
+
+// reader reads the value n of the dotted key into the Config under decode,
+// or records a problem.
+type reader = func(d *decoder, n *node, key string)
+
+// spec describes one key of the schema.
+type spec struct {
+	name string
+	// set reads a leaf value. It is not called for JSON null, which means
+	// "use the default" everywhere.
+	set reader
+	// fields are the keys of a section read strictly; walked when set is
+	// nil, and listed for suggestions either way.
+	fields []spec
+	// ignored marks a DeepSpeed key zinf accepts without acting on it; its
+	// value is not inspected.
+	ignored bool
+}
+
+func leaf(name string, set reader) spec {
+	return spec{name: name, set: set}
+}
+
+func section(name string, fields ...spec) spec { return spec{name: name, fields: fields} }
+
+func ignore(names ...string) []spec {
+	out := make([]spec, len(names))
+	for i, n := range names {
+		out[i] = spec{name: n, ignored: true}
+	}
+	return out
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// object walks an object node against specs.
+func (d *decoder) object(n *node, path string, specs []spec) {
+	if n.kind == kNull {
+		return
+	}
+	if n.kind != kObject {
+		d.typeProblem(n, path, kObject.String())
+		return
+	}
+	seen := map[string]bool{}
+	for _, m := range n.members {
+		key := join(path, m.key)
+		if seen[m.key] {
+			d.problemAt(m.keyOff, Problem{Key: key, Msg: "is written more than once"})
+			continue
+		}
+		seen[m.key] = true
+		s := findSpec(specs, m.key)
+		if s == nil {
+			d.unknown(m, path, specs)
+			continue
+		}
+		if m.val.kind != kNull {
+			d.set[key] = m.val
+		}
+		switch {
+		case s.ignored:
+			d.ignored = append(d.ignored, key)
+		case s.set != nil:
+			if m.val.kind != kNull {
+				s.set(d, m.val, key)
+			}
+		default:
+			d.object(m.val, key, s.fields)
+		}
+	}
+}
+
+func findSpec(specs []spec, name string) *spec {
+	for i := range specs {
+		if specs[i].name == name {
+			return &specs[i]
+		}
+	}
+	return nil
+}
+
+// unknown reports a key no schema knows, with the closest known key.
+func (d *decoder) unknown(m member, path string, specs []spec) {
+	p := Problem{Key: join(path, m.key), Msg: "unknown key"}
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.name
+	}
+	if best := closest(m.key, names); best != "" {
+		p.Msg += fmt.Sprintf(" (did you mean %q?)", join(path, best))
+	} else if elsewhere := d.index[m.key]; len(elsewhere) > 0 {
+		p.Msg += fmt.Sprintf(" here (did you mean %q?)", elsewhere[0])
+	} else if len(names) <= 16 {
+		p.Allowed = strings.Join(names, ", ")
+	}
+	d.problemAt(m.keyOff, p)
+}
+
+func (d *decoder) problemAt(off int, p Problem) {
+	p.Line, p.Column = position(d.data, off)
+	d.problems = append(d.problems, p)
+}
+
+func (d *decoder) valueProblem(n *node, key, msg, allowed string) {
+	d.problemAt(n.off, Problem{Key: key, Value: n.raw, Msg: msg, Allowed: allowed})
+}
+
+func (d *decoder) typeProblem(n *node, key, want string) {
+	d.valueProblem(n, key, "is "+n.kind.String()+", not "+want, allowedFor(key))
+}
+
+func (d *decoder) warn(format string, args ...any) {
+	d.warnings = append(d.warnings, fmt.Sprintf(format, args...))
+}
+
+// isAuto reports whether n is the string "auto", which Hugging Face's
+// DeepSpeed integration replaces before DeepSpeed reads the file. zinf reads
+// it as "the default" and says so.
+func (d *decoder) isAuto(n *node, key, def string) bool {
+	if n.kind == kString && n.str == "auto" {
+		d.warn(`%s: "auto" is filled in by the Hugging Face integration; zinf uses its default %s`, key, def)
+		return true
+	}
+	return false
+}
+
+// integral reads a JSON number that must be a whole number in [lo, hi]. It
+// accepts exponent forms (1e9), as DeepSpeed configs use them for counts.
+func (d *decoder) integral(n *node, key string, lo, hi int64) (int64, bool) {
+	if n.kind != kNumber {
+		d.typeProblem(n, key, "an integer")
+		return 0, false
+	}
+	r, err := parseDecimal(n.str)
+	if err == errSizeRange {
+		d.valueProblem(n, key, "is out of range", "")
+		return 0, false
+	}
+	if err != nil || !r.IsInt() {
+		d.valueProblem(n, key, "is not an integer", "")
+		return 0, false
+	}
+	if !r.Num().IsInt64() || r.Num().Int64() < lo || r.Num().Int64() > hi {
+		allowed := allowedFor(key)
+		if allowed == "" {
+			allowed = rangeText(lo, hi)
+		}
+		d.valueProblem(n, key, "is out of range", allowed)
+		return 0, false
+	}
+	return r.Num().Int64(), true
+}
+
+func rangeText(lo, hi int64) string {
+	switch {
+	case hi == math.MaxInt64 || hi == math.MaxInt32:
+		return fmt.Sprintf(">= %d", lo)
+	default:
+		return fmt.Sprintf("%d..%d", lo, hi)
+	}
+}
+
+// The readers below store a value when it has the right type and leave the
+// default in place otherwise; range and enum checks belong to Validate, so
+// that a Config built in code is checked the same way.
+
+func intInto(p *int) reader {
+	return func(d *decoder, n *node, key string) {
+		if v, ok := d.integral(n, key, math.MinInt32, math.MaxInt32); ok {
+			*p = int(v)
+		}
+	}
+}
+
+func countInto(p *int64) reader {
+	return func(d *decoder, n *node, key string) {
+		if v, ok := d.integral(n, key, math.MinInt64, math.MaxInt64); ok {
+			*p = v
+		}
+	}
+}
+
+func sizeInto(p *Size) reader {
+	return func(d *decoder, n *node, key string) {
+		const allowed = `a byte count: a number or a string such as "64MiB", "4GiB", "1.5GB"`
+		var v int64
+		var err error
+		switch n.kind {
+		case kNumber:
+			v, err = parseSize(n.str)
+		case kString:
+			v, err = parseSize(n.str)
+		default:
+			d.valueProblem(n, key, "is "+n.kind.String()+", not a size", allowed)
+			return
+		}
+		switch err {
+		case nil:
+			*p = Size(v)
+		case errSizeRange:
+			d.valueProblem(n, key, "is out of range", ">= 0 and < 8EiB")
+		case errSizeFraction:
+			d.valueProblem(n, key, "is not a whole number of bytes", "")
+		default:
+			d.valueProblem(n, key, "is not a size", allowed)
+		}
+	}
+}
+
+func boolInto(p *bool) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind != kBool {
+			d.typeProblem(n, key, "a boolean (true or false)")
+			return
+		}
+		*p = n.b
+	}
+}
+
+func floatInto(p *float64) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind != kNumber {
+			d.typeProblem(n, key, "a number")
+			return
+		}
+		v, err := strconv.ParseFloat(n.str, 64)
+		if err != nil {
+			d.valueProblem(n, key, "is out of range", "a finite number")
+			return
+		}
+		*p = v
+	}
+}
+
+func stringInto[T ~string](p *T) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind != kString {
+			d.typeProblem(n, key, "a string")
+			return
+		}
+		*p = T(n.str)
+	}
+}
+
+// autoable wraps a reader so that it also accepts Hugging Face's "auto".
+func autoable(def string, read reader) reader {
+	return func(d *decoder, n *node, key string) {
+		if !d.isAuto(n, key, def) {
+			read(d, n, key)
+		}
+	}
+}
+
+// stringsInto reads an array of strings.
+func stringsInto(p *[]string) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind != kArray {
+			d.typeProblem(n, key, "an array of strings")
+			return
+		}
+		out := make([]string, 0, len(n.elems))
+		ok := true
+		for i, e := range n.elems {
+			if e.kind != kString {
+				d.typeProblem(e, fmt.Sprintf("%s[%d]", key, i), "a string")
+				ok = false
+				continue
+			}
+			d.set[fmt.Sprintf("%s[%d]", key, i)] = e
+			out = append(out, e.str)
+		}
+		if ok {
+			if len(out) == 0 {
+				out = nil // [] and absent mean the same
+			}
+			*p = out
+		}
+	}
+}
+
+// mustBool accepts a DeepSpeed switch zinf does not implement, as long as it
+// holds the one value zinf behaves as.
+func mustBool(want bool, why string) reader {
+	return func(d *decoder, n *node, key string) {
+		var v bool
+		boolInto(&v)(d, n, key)
+		if n.kind == kBool && v != want {
+			d.valueProblem(n, key, why, strconv.FormatBool(want))
+		}
+	}
+}
+
+// schema returns the keys zinf knows, with readers that fill c. It is built
+// per decode because the readers close over the Config being filled.
+func schema(c *Config) []spec {
+	offloadParam := section("offload_param",
+		leaf("device", stringInto(&c.ZeroOptimization.OffloadParam.Device)),
+		leaf("nvme_path", stringInto(&c.ZeroOptimization.OffloadParam.NVMePath)),
+		leaf("buffer_count", intInto(&c.ZeroOptimization.OffloadParam.BufferCount)),
+		leaf("buffer_size", countInto(&c.ZeroOptimization.OffloadParam.BufferSize)),
+		leaf("max_in_cpu", countInto(&c.ZeroOptimization.OffloadParam.MaxInCPU)),
+		leaf("pin_memory", boolInto(&c.ZeroOptimization.OffloadParam.PinMemory)),
+	)
+	offloadOptimizer := section("offload_optimizer",
+		leaf("device", stringInto(&c.ZeroOptimization.OffloadOptimizer.Device)),
+		leaf("nvme_path", stringInto(&c.ZeroOptimization.OffloadOptimizer.NVMePath)),
+		leaf("buffer_count", intInto(&c.ZeroOptimization.OffloadOptimizer.BufferCount)),
+		leaf("pin_memory", boolInto(&c.ZeroOptimization.OffloadOptimizer.PinMemory)),
+		leaf("pipeline_read", boolInto(&c.ZeroOptimization.OffloadOptimizer.PipelineRead)),
+		leaf("pipeline_write", boolInto(&c.ZeroOptimization.OffloadOptimizer.PipelineWrite)),
+		leaf("fast_init", boolInto(&c.ZeroOptimization.OffloadOptimizer.FastInit)),
+		leaf("ratio", floatInto(&c.ZeroOptimization.OffloadOptimizer.Ratio)),
+	)
+	zero := append([]spec{
+		leaf("stage", intInto(&c.ZeroOptimization.Stage)),
+		leaf("sub_group_size", countInto(&c.ZeroOptimization.SubGroupSize)),
+		offloadParam,
+		offloadOptimizer,
+		// Deprecated spellings of the offload sections, read as DeepSpeed does.
+		leaf("cpu_offload", deprecatedOffload("offload_optimizer")),
+		leaf("cpu_offload_param", deprecatedOffload("offload_param")),
+		leaf("cpu_offload_use_pin_memory", deprecatedPin),
+	}, ignore(
+		"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+		"allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
+		"load_from_fp32_weights", "elastic_checkpoint", "round_robin_gradients",
+		"ignore_unused_parameters", "legacy_stage1",
+		"stage3_prefetch_bucket_size", "prefetch_bucket_size",
+		"stage3_param_persistence_threshold", "param_persistence_threshold",
+		"stage3_model_persistence_threshold", "model_persistence_threshold",
+		"stage3_max_live_parameters", "max_live_parameters",
+		"stage3_max_reuse_distance", "max_reuse_distance",
+		"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+		"stage3_gather_fp16_weights_on_model_save",
+		"stage3_module_granularity_threshold", "module_granularity_threshold",
+		"stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+		"zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+		"zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
+		"mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+		"override_module_apply", "log_trace_cache_warnings",
+	)...)
+
+	aio := section("aio",
+		leaf("block_size", sizeInto(&c.AIO.BlockSize)),
+		leaf("queue_depth", intInto(&c.AIO.QueueDepth)),
+		leaf("intra_op_parallelism", intInto(&c.AIO.IntraOpParallelism)),
+		leaf("thread_count", threadCount),
+		leaf("single_submit", boolInto(&c.AIO.SingleSubmit)),
+		leaf("overlap_events", boolInto(&c.AIO.OverlapEvents)),
+		leaf("use_gds", boolInto(&c.AIO.UseGDS)),
+	)
+
+	optimizer := section("optimizer",
+		leaf("type", optimizerType),
+		section("params", append([]spec{
+			leaf("lr", autoable("1e-3", floatInto(&c.Optimizer.LR))),
+			leaf("betas", autoable("[0.9, 0.999]", betasInto(&c.Optimizer.Betas))),
+			leaf("eps", autoable("1e-8", floatInto(&c.Optimizer.Eps))),
+			leaf("weight_decay", autoable("0", floatInto(&c.Optimizer.WeightDecay))),
+			leaf("adam_w_mode", boolInto(&c.Optimizer.AdamWMode)),
+			leaf("amsgrad", mustBool(false, "is not supported by zinf")),
+			leaf("bias_correction", mustBool(true, "is not supported by zinf (it always corrects bias)")),
+		}, ignore("torch_adam", "fused")...)...),
+		spec{name: "legacy_fusion", ignored: true},
+	)
+
+	fp16 := section("fp16", append([]spec{
+		leaf("enabled", autoable("false", boolInto(&c.FP16))),
+	}, ignore("auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+		"consecutive_hysteresis", "min_loss_scale", "fused_mode", "fp16_master_weights_and_grads")...)...)
+	bf16Fields := append([]spec{
+		leaf("enabled", autoable("false", boolInto(&c.BF16))),
+	}, ignore("immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+		"bf16_optimizer_states")...)
+	bf16 := section("bf16", bf16Fields...)
+	bfloat16 := spec{name: "bfloat16", set: func(d *decoder, n *node, key string) {
+		d.warn("bfloat16 is DeepSpeed's old name for bf16; read as bf16")
+		d.object(n, key, bf16Fields)
+	}}
+
+	zinf := section("zinf",
+		section("tiers",
+			leaf("gpu_bytes", sizeInto(&c.Zinf.Tiers.GPUBytes)),
+			leaf("cpu_pinned_bytes", sizeInto(&c.Zinf.Tiers.CPUPinnedBytes)),
+		),
+		leaf("nvme_paths", stringsInto(&c.Zinf.NVMePaths)),
+		leaf("checksums", boolInto(&c.Zinf.Checksums)),
+		leaf("direct", stringInto(&c.Zinf.Direct)),
+		leaf("backend", stringInto(&c.Zinf.Backend)),
+		leaf("pipeline_depth", intInto(&c.Zinf.PipelineDepth)),
+		leaf("gds", stringInto(&c.Zinf.GDS)),
+		leaf("device", stringInto(&c.Zinf.Device)),
+		leaf("rank", intInto(&c.Zinf.Rank)),
+		leaf("world_size", intInto(&c.Zinf.WorldSize)),
+		leaf("swap_file_bytes", sizeInto(&c.Zinf.SwapFileBytes)),
+		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
+	)
+
+	return append([]spec{
+		{name: "zero_optimization", set: zeroSection(zero), fields: zero},
+		aio,
+		optimizer,
+		fp16,
+		bf16,
+		bfloat16,
+		leaf("gradient_accumulation_steps", autoable("1", intInto(&c.GradientAccumulationSteps))),
+		leaf("train_micro_batch_size_per_gpu", autoable("1", intInto(&c.MicroBatch))),
+		zinf,
+	}, ignore(
+		// DeepSpeed's other top-level keys, accepted whole: zinf runs its own
+		// training loop, so batch bookkeeping, schedulers, logging, monitors
+		// and communication settings have nothing to act on.
+		"train_batch_size", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
+		"scheduler", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+		"sparse_gradients", "fp32_allreduce", "communication_data_type", "seq_parallel_comm_data_type",
+		"disable_allgather", "amp", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+		"tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler",
+		"activation_checkpointing", "sparse_attention", "eigenvalue", "progressive_layer_drop",
+		"curriculum_learning", "data_efficiency", "compression_training", "checkpoint", "data_types",
+		"dataloader_drop_last", "elasticity", "autotuning", "pipeline", "nebula", "hybrid_engine",
+		"graph_harvesting", "use_data_before_expert_parallelism", "vocabulary_size", "quantize_training",
+		"weight_quantization", "compile", "timers", "torch_autocast", "tensor_parallel",
+		"sequence_parallel_size", "gradient_accumulation_dtype", "train_batch_size_per_gpu",
+		"mp_size", "zenflow",
+	)...)
+}
+
+// zeroSection reads "zero_optimization", which DeepSpeed also accepts in an
+// old form: a bare boolean meaning stage 1 (true) or 0 (false).
+func zeroSection(fields []spec) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind == kBool {
+			stage := 0
+			if n.b {
+				stage = 1
+			}
+			d.c.ZeroOptimization.Stage = stage
+			d.warn(`zero_optimization: a boolean is DeepSpeed's deprecated form; read as {"stage": %d}`, stage)
+			return
+		}
+		d.object(n, key, fields)
+	}
+}
+
+// deprecatedOffload reads DeepSpeed's old "cpu_offload" / "cpu_offload_param"
+// switches: true means the section's device is cpu, unless the section
+// itself is written (then the section wins, as in DeepSpeed).
+func deprecatedOffload(sectionName string) reader {
+	return func(d *decoder, n *node, key string) {
+		var on bool
+		boolInto(&on)(d, n, key)
+		if n.kind != kBool {
+			return
+		}
+		d.warn("%s is deprecated; read as zero_optimization.%s.device %q (write that instead)",
+			key, sectionName, map[bool]string{true: "cpu", false: "none"}[on])
+		d.deferred = append(d.deferred, func() {
+			if _, written := d.set["zero_optimization."+sectionName]; written || !on {
+				return
+			}
+			if sectionName == "offload_param" {
+				d.c.ZeroOptimization.OffloadParam.Device = OffloadCPU
+			} else {
+				d.c.ZeroOptimization.OffloadOptimizer.Device = OffloadCPU
+			}
+		})
+	}
+}
+
+// deprecatedPin reads "cpu_offload_use_pin_memory": pin_memory for the
+// offload sections that do not set it themselves.
+func deprecatedPin(d *decoder, n *node, key string) {
+	var pin bool
+	boolInto(&pin)(d, n, key)
+	if n.kind != kBool {
+		return
+	}
+	d.warn("%s is deprecated; read as pin_memory %t of the offload sections (write that instead)", key, pin)
+	d.deferred = append(d.deferred, func() {
+		z := &d.c.ZeroOptimization
+		if _, ok := d.set["zero_optimization.offload_param.pin_memory"]; !ok {
+			z.OffloadParam.PinMemory = pin
+		}
+		if _, ok := d.set["zero_optimization.offload_optimizer.pin_memory"]; !ok {
+			z.OffloadOptimizer.PinMemory = pin
+		}
+	})
+}
+
+// threadCount reads aio.thread_count, DeepSpeed's old name for
+// intra_op_parallelism.
+func threadCount(d *decoder, n *node, key string) {
+	v, ok := d.integral(n, key, math.MinInt32, math.MaxInt32)
+	if !ok {
+		return
+	}
+	d.warn("aio.thread_count is DeepSpeed's old name for aio.intra_op_parallelism; read as intra_op_parallelism %d", v)
+	d.deferred = append(d.deferred, func() {
+		if _, both := d.set["aio.intra_op_parallelism"]; !both {
+			d.c.AIO.IntraOpParallelism = int(v)
+		}
+	})
+}
+
+// optimizerType reads "optimizer.type" case-insensitively, as DeepSpeed
+// does, and stores zinf's spelling.
+func optimizerType(d *decoder, n *node, key string) {
+	if n.kind != kString {
+		d.typeProblem(n, key, "a string")
+		return
+	}
+	switch strings.ToLower(n.str) {
+	case "adam":
+		d.c.Optimizer.Type = OptimizerAdam
+	case "adamw":
+		d.c.Optimizer.Type = OptimizerAdamW
+	default:
+		// Keep it, so Validate reports it with the allowed values.
+		d.c.Optimizer.Type = OptimizerType(n.str)
+	}
+}
+
+// betasInto reads [beta1, beta2].
+func betasInto(p *[2]float64) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind != kArray || len(n.elems) != 2 {
+			d.valueProblem(n, key, "is not a pair of numbers", "[beta1, beta2], each in [0, 1)")
+			return
+		}
+		var v [2]float64
+		before := len(d.problems)
+		for i, e := range n.elems {
+			elemKey := fmt.Sprintf("%s[%d]", key, i)
+			d.set[elemKey] = e
+			floatInto(&v[i])(d, e, elemKey)
+		}
+		if len(d.problems) == before {
+			*p = v
+		}
+	}
+}
+
+// resolve applies the rules that depend on more than one key or on the
+// environment, after every key has been read.
+func (d *decoder) resolve() {
+	for _, f := range d.deferred {
+		f()
+	}
+	c := d.c
+	oo := c.ZeroOptimization.OffloadOptimizer
+	if _, ok := d.set["zinf.pipeline_depth"]; !ok {
+		_, r := d.set["zero_optimization.offload_optimizer.pipeline_read"]
+		_, w := d.set["zero_optimization.offload_optimizer.pipeline_write"]
+		if r && w && !oo.PipelineRead && !oo.PipelineWrite {
+			c.Zinf.PipelineDepth = 0
+		}
+	}
+	if _, ok := d.set["zinf.gds"]; !ok {
+		if c.AIO.UseGDS {
+			c.Zinf.GDS = GDSAuto
+		}
+	} else if c.AIO.UseGDS && c.Zinf.GDS == GDSOff {
+		d.warn(`aio.use_gds is true but zinf.gds is "off": GPUDirect Storage is not used`)
+	}
+	d.fromEnv("zinf.rank", "RANK", &c.Zinf.Rank)
+	d.fromEnv("zinf.world_size", "WORLD_SIZE", &c.Zinf.WorldSize)
+	if len(c.Zinf.NVMePaths) > 0 {
+		z := c.ZeroOptimization
+		for _, p := range []struct {
+			key, path string
+			dev       OffloadDevice
+		}{
+			{"zero_optimization.offload_param.nvme_path", z.OffloadParam.NVMePath, z.OffloadParam.Device},
+			{"zero_optimization.offload_optimizer.nvme_path", z.OffloadOptimizer.NVMePath, z.OffloadOptimizer.Device},
+		} {
+			if p.dev == OffloadNVMe && p.path != "" && !contains(c.Zinf.NVMePaths, p.path) {
+				d.warn("%s %q is not used: zinf.nvme_paths takes precedence", p.key, p.path)
+			}
+		}
+	}
+	for _, pair := range [][2]string{{"bfloat16", "bf16"}, {"aio.thread_count", "aio.intra_op_parallelism"}} {
+		if n, both := d.set[pair[0]]; both {
+			if _, ok := d.set[pair[1]]; ok {
+				d.valueProblem(n, pair[0], "is the old name of "+pair[1]+"; write only "+pair[1], "")
+			}
+		}
+	}
+}
+
+// fromEnv fills an integer the file did not set from an environment
+// variable, as torchrun and the DeepSpeed launcher export RANK and
+// WORLD_SIZE.
+func (d *decoder) fromEnv(key, env string, p *int) {
+	if _, ok := d.set[key]; ok {
+		return
+	}
+	s, ok := os.LookupEnv(env)
+	if !ok || strings.TrimSpace(s) == "" {
+		return
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || v < 0 || v > math.MaxInt32 {
+		// Kept on the Config so that Validate reports it, for Default too.
+		d.c.envProblems = append(d.c.envProblems, Problem{Key: key, Value: strconv.Quote(s),
+			Msg: "(from $" + env + ") is not a non-negative integer"})
+		return
+	}
+	*p = v
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// keyIndex maps each key name to the dotted paths where the schema has it,
+// for suggesting the right section for a key written in the wrong one.
+func keyIndex(specs []spec) map[string][]string {
+	idx := map[string][]string{}
+	var walk func(path string, specs []spec)
+	walk = func(path string, specs []spec) {
+		for _, s := range specs {
+			p := join(path, s.name)
+			idx[s.name] = append(idx[s.name], p)
+			walk(p, s.fields)
+		}
+	}
+	walk("", specs)
+	return idx
+}
+
+// closest returns the candidate nearest to key, or "" when none is near
+// enough to be a likely typo. Case, '-' and '_' differences count as near.
+func closest(key string, candidates []string) string {
+	if len(key) > 64 {
+		return ""
+	}
+	norm := func(s string) string {
+		return strings.NewReplacer("_", "", "-", "", " ", "").Replace(strings.ToLower(s))
+	}
+	nk := norm(key)
+	limit := min(max(len(key)/3, 1), 3)
+	best, bestDist := "", limit+1
+	for _, c := range candidates {
+		if norm(c) == nk {
+			return c
+		}
+		if dist := editDistance(strings.ToLower(key), c); dist < bestDist {
+			best, bestDist = c, dist
+		}
+	}
+	return best
+}
+
+// editDistance is the optimal-string-alignment distance: insertions,
+// deletions, substitutions and transpositions of neighbours each cost 1.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev2 := make([]int, len(rb)+1)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(rb)]
+}

@@ -1,0 +1,223 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Validate checks every field and the rules between fields, and returns an
+// *Error listing all problems at once, or nil. Parse and Load call it; call
+// it again after changing a Config in code.
+//
+// Beyond each field's type, range and allowed words (see the reference
+// table in the package documentation), it enforces:
+//   - offload_param needs ZeRO stage 3 (DeepSpeed's rule); offload_optimizer
+//     needs stage 1 or more, and stage 3 for nvme or for a ratio below 1;
+//   - an offload device "nvme" needs a directory: its nvme_path or
+//     zinf.nvme_paths;
+//   - rank < world_size;
+//   - fp16 and bf16 are not both enabled;
+//   - zinf.gds "required" needs a device that can be CUDA and O_DIRECT not
+//     turned off.
+func (c *Config) Validate() error {
+	var k checker
+	z := &c.ZeroOptimization
+	k.limit("zero_optimization.stage", int64(z.Stage))
+	k.limit("zero_optimization.sub_group_size", z.SubGroupSize)
+
+	// offload_param.
+	op := &z.OffloadParam
+	k.enum("zero_optimization.offload_param.device", string(op.Device))
+	if op.Device == OffloadCPU || op.Device == OffloadNVMe {
+		if z.Stage != 3 {
+			k.add("zero_optimization.offload_param.device", strconv.Quote(string(op.Device)),
+				fmt.Sprintf("needs zero_optimization.stage 3 (stage is %d)", z.Stage), "")
+		}
+	}
+	c.checkPath(&k, "offload_param", op.Device, op.NVMePath)
+	k.limit("zero_optimization.offload_param.buffer_count", int64(op.BufferCount))
+	k.limit("zero_optimization.offload_param.buffer_size", op.BufferSize)
+	k.limit("zero_optimization.offload_param.max_in_cpu", op.MaxInCPU)
+
+	// offload_optimizer.
+	oo := &z.OffloadOptimizer
+	k.enum("zero_optimization.offload_optimizer.device", string(oo.Device))
+	switch {
+	case oo.Device == OffloadNVMe && z.Stage != 3:
+		k.add("zero_optimization.offload_optimizer.device", strconv.Quote(string(oo.Device)),
+			fmt.Sprintf("needs zero_optimization.stage 3 (stage is %d)", z.Stage), "")
+	case oo.Device == OffloadCPU && z.Stage == 0:
+		k.add("zero_optimization.offload_optimizer.device", strconv.Quote(string(oo.Device)),
+			"needs zero_optimization.stage 1, 2 or 3 (stage is 0)", "")
+	}
+	c.checkPath(&k, "offload_optimizer", oo.Device, oo.NVMePath)
+	k.limit("zero_optimization.offload_optimizer.buffer_count", int64(oo.BufferCount))
+	if !(oo.Ratio > 0 && oo.Ratio <= 1) {
+		k.add("zero_optimization.offload_optimizer.ratio", formatFloat(oo.Ratio), "is out of range", "greater than 0, at most 1")
+	} else if oo.Ratio < 1 && z.Stage != 3 {
+		k.add("zero_optimization.offload_optimizer.ratio", formatFloat(oo.Ratio),
+			fmt.Sprintf("below 1 needs zero_optimization.stage 3 (stage is %d)", z.Stage), "")
+	}
+
+	// aio.
+	a := &c.AIO
+	if bs := int64(a.BlockSize); bs <= 0 || bs%4096 != 0 && bs&(bs-1) != 0 {
+		k.add("aio.block_size", strconv.FormatInt(bs, 10), "is not allowed", "a power of two or a multiple of 4096")
+	}
+	k.limit("aio.queue_depth", int64(a.QueueDepth))
+	k.limit("aio.intra_op_parallelism", int64(a.IntraOpParallelism))
+
+	// optimizer and training.
+	o := &c.Optimizer
+	k.enum("optimizer.type", string(o.Type))
+	if !(o.LR >= 0) || math.IsInf(o.LR, 0) {
+		k.add("optimizer.params.lr", formatFloat(o.LR), "is out of range", ">= 0")
+	}
+	for i, b := range o.Betas {
+		if !(b >= 0 && b < 1) {
+			k.add(fmt.Sprintf("optimizer.params.betas[%d]", i), formatFloat(b), "is out of range", ">= 0 and < 1")
+		}
+	}
+	if !(o.Eps > 0) || math.IsInf(o.Eps, 0) {
+		k.add("optimizer.params.eps", formatFloat(o.Eps), "is out of range", "> 0")
+	}
+	if !(o.WeightDecay >= 0) || math.IsInf(o.WeightDecay, 0) {
+		k.add("optimizer.params.weight_decay", formatFloat(o.WeightDecay), "is out of range", ">= 0")
+	}
+	if c.BF16 && c.FP16 {
+		k.add("bf16.enabled", "true", "conflicts with fp16.enabled true", "at most one of bf16 and fp16")
+	}
+	k.limit("gradient_accumulation_steps", int64(c.GradientAccumulationSteps))
+	k.limit("train_micro_batch_size_per_gpu", int64(c.MicroBatch))
+
+	// zinf.
+	zi := &c.Zinf
+	k.limit("zinf.tiers.gpu_bytes", int64(zi.Tiers.GPUBytes))
+	k.limit("zinf.tiers.cpu_pinned_bytes", int64(zi.Tiers.CPUPinnedBytes))
+	seen := map[string]bool{}
+	for i, p := range zi.NVMePaths {
+		key := fmt.Sprintf("zinf.nvme_paths[%d]", i)
+		switch {
+		case strings.TrimSpace(p) == "":
+			k.add(key, strconv.Quote(p), "is empty", "a directory")
+		case seen[filepath.Clean(p)]:
+			k.add(key, strconv.Quote(p), "is listed twice", "")
+		}
+		seen[filepath.Clean(p)] = true
+	}
+	k.enum("zinf.direct", string(zi.Direct))
+	k.enum("zinf.backend", string(zi.Backend))
+	k.limit("zinf.pipeline_depth", int64(zi.PipelineDepth))
+	k.enum("zinf.gds", string(zi.GDS))
+	k.enum("zinf.device", string(zi.Device))
+	if zi.GDS == GDSRequired {
+		if zi.Device == DeviceSim {
+			k.add("zinf.gds", strconv.Quote(string(zi.GDS)), `needs a CUDA device (zinf.device is "sim")`, "")
+		}
+		if zi.Direct == DirectOff {
+			k.add("zinf.gds", strconv.Quote(string(zi.GDS)), `needs O_DIRECT (zinf.direct is "off")`, "")
+		}
+	}
+	k.problems = append(k.problems, c.envProblems...)
+	k.limit("zinf.world_size", int64(zi.WorldSize))
+	switch {
+	case zi.Rank < 0:
+		k.limit("zinf.rank", int64(zi.Rank))
+	case zi.WorldSize >= 1 && zi.Rank >= zi.WorldSize:
+		k.add("zinf.rank", strconv.Itoa(zi.Rank), fmt.Sprintf("is not below zinf.world_size %d", zi.WorldSize),
+			rangeText(0, int64(zi.WorldSize)-1))
+	}
+	k.limit("zinf.swap_file_bytes", int64(zi.SwapFileBytes))
+	k.limit("zinf.prefetch_depth", int64(zi.PrefetchDepth))
+
+	return errorOf("", k.problems)
+}
+
+var devices = []string{string(OffloadNone), string(OffloadCPU), string(OffloadNVMe)}
+
+// intLimits holds the inclusive range of each integer key; Validate checks
+// it and the decoder quotes it when a value has the wrong type.
+var intLimits = map[string][2]int64{
+	"zero_optimization.stage":                          {0, 3},
+	"zero_optimization.sub_group_size":                 {1, math.MaxInt64},
+	"zero_optimization.offload_param.buffer_count":     {1, math.MaxInt32},
+	"zero_optimization.offload_param.buffer_size":      {1, math.MaxInt64},
+	"zero_optimization.offload_param.max_in_cpu":       {0, math.MaxInt64},
+	"zero_optimization.offload_optimizer.buffer_count": {1, math.MaxInt32},
+	"aio.queue_depth":                                  {1, 4096},
+	"aio.intra_op_parallelism":                         {1, 64},
+	"gradient_accumulation_steps":                      {1, math.MaxInt32},
+	"train_micro_batch_size_per_gpu":                   {1, math.MaxInt32},
+	"zinf.tiers.gpu_bytes":                             {0, math.MaxInt64},
+	"zinf.tiers.cpu_pinned_bytes":                      {1, math.MaxInt64},
+	"zinf.pipeline_depth":                              {0, 16},
+	"zinf.world_size":                                  {1, math.MaxInt32},
+	"zinf.rank":                                        {0, math.MaxInt32},
+	"zinf.swap_file_bytes":                             {0, math.MaxInt64},
+	"zinf.prefetch_depth":                              {0, 1024},
+}
+
+// enumValues holds the words each string key allows.
+var enumValues = map[string][]string{
+	"zero_optimization.offload_param.device":     devices,
+	"zero_optimization.offload_optimizer.device": devices,
+	"optimizer.type": {string(OptimizerAdam), string(OptimizerAdamW)},
+	"zinf.direct":    {string(DirectRequired), string(DirectOptional), string(DirectOff)},
+	"zinf.backend":   {string(BackendAuto), string(BackendURing), string(BackendLibaio), string(BackendPosix)},
+	"zinf.gds":       {string(GDSOff), string(GDSAuto), string(GDSRequired)},
+	"zinf.device":    {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
+}
+
+// allowedFor describes what key accepts, for messages about a value of the
+// wrong type.
+func allowedFor(key string) string {
+	if l, ok := intLimits[key]; ok {
+		return rangeText(l[0], l[1])
+	}
+	if e, ok := enumValues[key]; ok {
+		return strings.Join(e, ", ")
+	}
+	return ""
+}
+
+// checkPath enforces that an nvme offload has somewhere to put its files.
+func (c *Config) checkPath(k *checker, sectionName string, dev OffloadDevice, path string) {
+	if dev != OffloadNVMe || path != "" || len(c.Zinf.NVMePaths) > 0 {
+		return
+	}
+	k.add("zero_optimization."+sectionName+".nvme_path", `""`,
+		`is empty but device is "nvme"`, "a directory, here or in zinf.nvme_paths")
+}
+
+// checker collects problems found by Validate.
+type checker struct{ problems []Problem }
+
+func (k *checker) add(key, value, msg, allowed string) {
+	k.problems = append(k.problems, Problem{Key: key, Value: value, Msg: msg, Allowed: allowed})
+}
+
+func (k *checker) limit(key string, v int64) {
+	l := intLimits[key]
+	k.intRange(key, v, l[0], l[1])
+}
+
+func (k *checker) intRange(key string, v, lo, hi int64) {
+	if v < lo || v > hi {
+		k.add(key, strconv.FormatInt(v, 10), "is out of range", rangeText(lo, hi))
+	}
+}
+
+func (k *checker) enum(key, v string) {
+	allowed := enumValues[key]
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	k.add(key, strconv.Quote(v), "is not allowed", strings.Join(allowed, ", "))
+}
+
+func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

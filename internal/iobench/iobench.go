@@ -1,0 +1,313 @@
+// Package iobench measures zinf's I/O engine on a path the way DeepNVMe's
+// ds_io does: one pinned buffer, one file, a whole-file read or write per
+// loop through the aio engine, bandwidth per loop and its median, min and
+// max. It backs `zinf io` and `zinf tune`; the naive mode (os.File writes +
+// fsync, reads after dropping the page cache) is there for contrast.
+package iobench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+)
+
+// Options describe one measurement.
+type Options struct {
+	// Dir is the directory the file lives in. Required: it must exist and be
+	// writable.
+	Dir string
+	// SizeBytes is the file and buffer size. Required, > 0.
+	SizeBytes int64
+	// Op is "read" or "write".
+	Op string
+	// Engine configures the aio engine (backend, block size, queue depth,
+	// parallelism, submit/overlap modes, O_DIRECT policy).
+	Engine aio.Options
+	// Loops is how many timed passes to run (default 5); Warmup untimed
+	// passes before them (default 1).
+	Loops, Warmup int
+	// FileName defaults to zinf-io-<size>.dat.
+	FileName string
+	// Keep leaves the file in place (reads reuse it across runs).
+	Keep bool
+	// Naive uses plain os.File I/O instead of the engine: writes through
+	// the page cache followed by fsync; reads after dropping the page cache
+	// (needs root; otherwise reads are reported as cached).
+	Naive bool
+	// Progress receives one line per loop (nil: silent).
+	Progress io.Writer
+	// Logger receives engine warnings.
+	Logger *slog.Logger
+}
+
+// Result is one measurement. GB is 1e9 bytes.
+type Result struct {
+	Op          string    `json:"op"`
+	Backend     string    `json:"backend"`
+	Bytes       int64     `json:"bytes"`
+	Loops       int       `json:"loops"`
+	BlockSize   int       `json:"block_size"`
+	QueueDepth  int       `json:"queue_depth"`
+	Parallel    int       `json:"parallel"`
+	SingleSub   bool      `json:"single_submit"`
+	Overlap     bool      `json:"overlap_events"`
+	Direct      bool      `json:"direct"`
+	Pinned      bool      `json:"pinned"`
+	Path        string    `json:"path"`
+	GBps        []float64 `json:"gbps"`
+	GBpsMedian  float64   `json:"gbps_median"`
+	GBpsMin     float64   `json:"gbps_min"`
+	GBpsMax     float64   `json:"gbps_max"`
+	CacheNote   string    `json:"note,omitempty"`
+	AlignBytes  int       `json:"align_bytes"`
+	ElapsedSecs float64   `json:"elapsed_seconds"`
+}
+
+// Check validates o without touching the disk beyond a probe: every problem
+// is reported at once, before anything is written.
+func (o *Options) Check() error {
+	var errs []error
+	if o.Dir == "" {
+		errs = append(errs, errors.New("--path is required: a directory on the device to measure"))
+	} else if st, err := os.Stat(o.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("--path %q: %w", o.Dir, err))
+	} else if !st.IsDir() {
+		errs = append(errs, fmt.Errorf("--path %q is not a directory", o.Dir))
+	} else if err := unix.Access(o.Dir, unix.W_OK); err != nil {
+		errs = append(errs, fmt.Errorf("--path %q is not writable: %w", o.Dir, err))
+	}
+	if o.SizeBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--size %d is invalid: it must be positive (e.g. 1GiB, 64MiB)", o.SizeBytes))
+	}
+	if o.Op != "read" && o.Op != "write" {
+		errs = append(errs, fmt.Errorf("--op %q is invalid (allowed: read, write)", o.Op))
+	}
+	if o.Loops < 0 || o.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("--loops %d / --warmup %d must not be negative", o.Loops, o.Warmup))
+	}
+	eo := o.Engine
+	eo.EnsureDefaults()
+	if err := eo.Validate(); err != nil {
+		errs = append(errs, err)
+	} else if err := aio.Available(eo.Backend); err != nil && !o.Naive {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 && eo.Direct != aio.DirectOff && !o.Naive {
+		align, _, err := aio.ProbeDir(o.Dir, eo.Direct)
+		if err != nil {
+			errs = append(errs, err)
+		} else if align > 1 && (eo.BlockSizeBytes%align != 0 || o.SizeBytes%int64(align) != 0) {
+			errs = append(errs, fmt.Errorf("--block-size %d and --size %d must be multiples of the O_DIRECT alignment %d of %s (or use --direct off)",
+				eo.BlockSizeBytes, o.SizeBytes, align, o.Dir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Run performs the measurement.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Loops == 0 {
+		o.Loops = 5
+	}
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Engine.EnsureDefaults()
+	if o.Engine.Logger == nil {
+		o.Engine.Logger = o.Logger
+	}
+	if o.FileName == "" {
+		o.FileName = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
+	}
+	path := filepath.Join(o.Dir, o.FileName)
+	if o.Naive {
+		return runNaive(ctx, o, path)
+	}
+	e, err := aio.New(o.Engine)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	// One pinned buffer of the whole size, as ds_io uses.
+	capBytes := int64(1) << bits.Len64(uint64(o.SizeBytes-1))
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: max(capBytes, 1<<20), Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	buf, err := pool.Acquire(ctx, int(o.SizeBytes), buffers.PurposeStaging)
+	if err != nil {
+		return nil, err
+	}
+	defer buf.Release()
+	data := buf.Bytes()
+	for i := 0; i+8 <= len(data); i += 4096 {
+		data[i] = byte(i >> 12)
+	}
+	_, statErr := os.Stat(path)
+	existed := statErr == nil
+	f, err := e.Open(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if !o.Keep && !existed {
+		defer os.Remove(path)
+	}
+	res := &Result{Op: o.Op, Backend: e.Name(), Bytes: o.SizeBytes, Loops: o.Loops, BlockSize: o.Engine.BlockSizeBytes,
+		QueueDepth: o.Engine.QueueDepth, Parallel: o.Engine.IntraOpParallelism, SingleSub: o.Engine.SingleSubmit,
+		Overlap: !o.Engine.SerialEvents, Direct: f.Direct(), Pinned: pool.Pinned(), Path: path, AlignBytes: f.Alignment()}
+	if o.Op == "read" {
+		// Reads use a file created and filled once.
+		if sz, _ := f.Size(); sz < o.SizeBytes {
+			if _, err := e.WriteAt(ctx, f, data, 0); err != nil {
+				return nil, fmt.Errorf("filling %s for reads: %w", path, err)
+			}
+			if err := f.Sync(); err != nil {
+				return nil, err
+			}
+		}
+		if !f.Direct() {
+			res.CacheNote = "buffered reads: may be served from the page cache"
+		}
+	}
+	start := time.Now()
+	for i := 0; i < o.Warmup+o.Loops; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		var n int
+		if o.Op == "read" {
+			n, err = e.ReadAt(ctx, f, data, 0)
+		} else {
+			n, err = e.WriteAt(ctx, f, data, 0)
+			if err == nil && !f.Direct() {
+				err = f.Sync() // buffered writes count only once on the device
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		el := time.Since(t0).Seconds()
+		if i < o.Warmup {
+			continue
+		}
+		g := float64(n) / el / 1e9
+		res.GBps = append(res.GBps, g)
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "  %s loop %d/%d: %.3f GB/s (%d bytes in %.3fs)\n", o.Op, i-o.Warmup+1, o.Loops, g, n, el)
+		}
+	}
+	res.ElapsedSecs = time.Since(start).Seconds()
+	res.summarize()
+	return res, nil
+}
+
+func (r *Result) summarize() {
+	s := slices.Clone(r.GBps)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return
+	}
+	r.GBpsMin, r.GBpsMax = s[0], s[len(s)-1]
+	r.GBpsMedian = Median(s)
+}
+
+// Median returns the median of v (the mean of the middle two for even
+// lengths); 0 for none.
+func Median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[m]
+	}
+	return (s[m-1] + s[m]) / 2
+}
+
+// runNaive is the contrast: what a Go program gets from os.File with no
+// engine. Writes go through the page cache and are fsync'ed; reads drop the
+// page cache first (root only).
+func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
+	data := make([]byte, o.SizeBytes)
+	for i := 0; i < len(data); i += 4096 {
+		data[i] = byte(i >> 12)
+	}
+	_, statErr := os.Stat(path)
+	existed := statErr == nil
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if !o.Keep && !existed {
+		defer os.Remove(path)
+	}
+	res := &Result{Op: o.Op, Backend: "naive-go", Bytes: o.SizeBytes, Loops: o.Loops, Path: path, AlignBytes: 1}
+	if o.Op == "read" {
+		if st, _ := f.Stat(); st.Size() < o.SizeBytes {
+			if _, err := f.WriteAt(data, 0); err != nil {
+				return nil, err
+			}
+			if err := f.Sync(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i := 0; i < o.Warmup+o.Loops; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if o.Op == "read" && dropCaches() != nil {
+			res.CacheNote = "could not drop the page cache (not root): reads may be cached"
+		}
+		t0 := time.Now()
+		if o.Op == "read" {
+			_, err = f.ReadAt(data, 0)
+		} else {
+			_, err = f.WriteAt(data, 0)
+			if err == nil {
+				err = f.Sync()
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		el := time.Since(t0).Seconds()
+		if i < o.Warmup {
+			continue
+		}
+		g := float64(o.SizeBytes) / el / 1e9
+		res.GBps = append(res.GBps, g)
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "  naive %s loop %d/%d: %.3f GB/s\n", o.Op, i-o.Warmup+1, o.Loops, g)
+		}
+	}
+	res.summarize()
+	return res, nil
+}
+
+// dropCaches asks the kernel to drop clean page-cache pages (root only).
+func dropCaches() error {
+	unix.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+}
