@@ -1,6 +1,7 @@
 package aio
 
 import (
+	"errors"
 	"runtime"
 	"syscall"
 	"time"
@@ -186,7 +187,8 @@ func (w *worker) submit() {
 	if err := w.ring.submit(); err != nil {
 		w.e.opts.Logger.Error("aio: ring submit failed", "backend", w.e.name, "err", err)
 		errno := syscall.EIO
-		if en, ok := err.(syscall.Errno); ok {
+		var en syscall.Errno
+		if errors.As(err, &en) {
 			errno = en
 		}
 		for _, tok := range w.unsub {

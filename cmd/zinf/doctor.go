@@ -1,0 +1,38 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"strings"
+
+	"github.com/zinfio/zinf/internal/doctor"
+)
+
+func init() {
+	register("doctor", "report what this machine supports (io_uring, libaio, O_DIRECT, memlock, CUDA, cuFile)", runDoctor)
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+var _ flag.Value = (*multiFlag)(nil)
+
+func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("doctor", stderr)
+	var paths multiFlag
+	var asJSON bool
+	fs.Var(&paths, "path", "a swap directory to check (repeatable)")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	r := doctor.Run(paths)
+	if asJSON {
+		return json.NewEncoder(stdout).Encode(r)
+	}
+	return r.Write(stdout)
+}

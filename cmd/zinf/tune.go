@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/iobench"
+)
+
+func init() {
+	register("tune", "sweep I/O settings on a path and emit the best config section (like ds_nvme_tune)", runTune)
+}
+
+func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("tune", stderr)
+	var (
+		t                       iobench.TuneOptions
+		backends, bss, qds, pps string
+		direct                  string
+	)
+	fs.StringVar(&t.Dir, "path", "", "directory on the device to tune (required)")
+	sizeVar(fs, &t.SizeBytes, "size", 256<<20, "bytes per run")
+	fs.IntVar(&t.Loops, "loops", 3, "timed loops per run")
+	fs.StringVar(&backends, "backends", "", "comma-separated backends (default: every available one)")
+	fs.StringVar(&bss, "block-sizes", "128KiB,256KiB,1MiB,4MiB", "comma-separated block sizes")
+	fs.StringVar(&qds, "queue-depths", "4,8,32,64", "comma-separated queue depths")
+	fs.StringVar(&pps, "parallel", "1,2", "comma-separated intra-op parallelism values")
+	fs.StringVar(&direct, "direct", "optional", "O_DIRECT policy: required, optional, off")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if t.Direct, err = aio.ParseDirectPolicy(direct); err != nil {
+		return err
+	}
+	if backends != "" {
+		t.Backends = strings.Split(backends, ",")
+	}
+	if t.BlockSizes, err = parseList(bss, "--block-sizes", config.ParseSize); err != nil {
+		return err
+	}
+	atoi := func(s string) (int64, error) { n, err := strconv.Atoi(s); return int64(n), err }
+	if t.Depths, err = parseList(qds, "--queue-depths", atoi); err != nil {
+		return err
+	}
+	if t.Parallel, err = parseList(pps, "--parallel", atoi); err != nil {
+		return err
+	}
+	t.Progress = stderr
+	fmt.Fprintf(stderr, "tuning %s: this runs a read and a write of %s per configuration and takes minutes\n", t.Dir, config.Size(t.SizeBytes))
+	res, err := iobench.Tune(ctx, t)
+	if err != nil {
+		return err
+	}
+	if err := res.WriteTable(stdout); err != nil {
+		return err
+	}
+	b := res.Best
+	fmt.Fprintf(stdout, "\nbest: backend %s, block %d, queue depth %d, parallel %d, single_submit %v, overlap_events %v: read %.3f GB/s, write %.3f GB/s\n\n",
+		b.Backend, b.BlockSize, b.QueueDepth, b.Parallel, b.SingleSubmit, b.Overlap, b.ReadGBps, b.WriteGBps)
+	sec, err := res.ConfigSection()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "config section that reproduces it:")
+	_, err = stdout.Write(sec)
+	return err
+}
+
+func parseList(s, flagName string, parse func(string) (int64, error)) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := parse(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s: %q is not a positive value", flagName, f)
+		}
+		out = append(out, int(n))
+	}
+	return out, nil
+}

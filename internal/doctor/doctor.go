@@ -1,0 +1,133 @@
+// Package doctor reports what this machine supports for zinf and why: the
+// I/O backends, O_DIRECT and alignment per path, free space, the memlock
+// limit that decides whether pinned memory can be locked, CPUs, and the GPU
+// side (CUDA driver, device, cuFile). It backs `zinf doctor`.
+package doctor
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/accel/cuda"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
+)
+
+// Check is one line of the report.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// Report is the whole diagnosis.
+type Report struct {
+	Checks []Check `json:"checks"`
+}
+
+func (r *Report) add(name string, ok bool, format string, args ...any) {
+	r.Checks = append(r.Checks, Check{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+}
+
+// Run diagnoses the machine for the given swap paths.
+func Run(paths []string) *Report {
+	r := &Report{}
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	r.add("system", true, "%s %s, %s, %d CPUs", unix.ByteSliceToString(uts.Sysname[:]), unix.ByteSliceToString(uts.Release[:]), runtime.Version(), runtime.NumCPU())
+	for _, b := range aio.Backends {
+		if err := aio.Available(b); err != nil {
+			r.add("backend "+b, false, "%v", err)
+		} else {
+			r.add("backend "+b, true, "available")
+		}
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err == nil {
+		if lim.Cur == unix.RLIM_INFINITY {
+			r.add("memlock", true, "unlimited: the pinned pool can be locked")
+		} else {
+			detail := fmt.Sprintf("limit %s (hard %s)", config.Size(int64(lim.Cur)), hard(lim.Max))
+			capOK := os.Geteuid() == 0
+			if capOK {
+				detail += "; running as root (CAP_IPC_LOCK): locking is allowed regardless"
+			} else {
+				detail += "; a larger pinned pool runs unpinned with a warning — raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity"
+			}
+			r.add("memlock", capOK || lim.Cur >= 1<<30, "%s", detail)
+		}
+	}
+	for _, p := range paths {
+		r.path(p)
+	}
+	if info, err := cuda.Probe(cuda.Options{}); err != nil {
+		r.add("cuda", false, "%v", err)
+	} else {
+		r.add("cuda", true, "device %d: %s, %s total, %s free, driver CUDA %s (%s)", info.Ordinal, info.Name,
+			config.Size(info.TotalBytes), config.Size(info.FreeBytes), info.DriverVersionString(), info.Library)
+	}
+	if err := gds.Available(gds.Options{Paths: paths}); err != nil {
+		r.add("cufile", false, "%v", err)
+	} else {
+		r.add("cufile", true, "GPUDirect Storage available")
+	}
+	return r
+}
+
+func hard(v uint64) string {
+	if v == unix.RLIM_INFINITY {
+		return "unlimited"
+	}
+	return config.Size(int64(v)).String()
+}
+
+func (r *Report) path(p string) {
+	name := "path " + p
+	st, err := os.Stat(p)
+	if err != nil {
+		r.add(name, false, "%v", err)
+		return
+	}
+	if !st.IsDir() {
+		r.add(name, false, "not a directory")
+		return
+	}
+	if err := unix.Access(p, unix.W_OK); err != nil {
+		r.add(name, false, "not writable: %v", err)
+		return
+	}
+	var sfs unix.Statfs_t
+	free := "?"
+	if unix.Statfs(p, &sfs) == nil {
+		free = config.Size(int64(sfs.Bavail) * sfs.Bsize).String()
+	}
+	align, direct, err := aio.ProbeDir(p, aio.DirectOptional)
+	switch {
+	case err != nil:
+		r.add(name, false, "probe failed: %v", err)
+	case direct:
+		r.add(name, true, "O_DIRECT yes, alignment %d bytes, %s free", align, free)
+	default:
+		r.add(name, false, "O_DIRECT no (buffered fallback under policy \"optional\"; \"required\" fails), %s free", free)
+	}
+}
+
+// Write prints the report as a table.
+func (r *Report) Write(w io.Writer) error {
+	for _, c := range r.Checks {
+		mark := "ok  "
+		if !c.OK {
+			mark = "no  "
+		}
+		if _, err := fmt.Fprintf(w, "%s %-16s %s\n", mark, c.Name, strings.TrimSpace(c.Detail)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

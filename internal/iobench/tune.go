@@ -1,0 +1,200 @@
+package iobench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+)
+
+// TuneOptions describe a sweep, like DeepNVMe's ds_nvme_tune.
+type TuneOptions struct {
+	Dir        string
+	SizeBytes  int64 // per run; default 256 MiB
+	Loops      int   // timed loops per run; default 3
+	Backends   []string
+	BlockSizes []int // default 128 KiB, 256 KiB, 1 MiB, 4 MiB
+	Depths     []int // default 4, 8, 32, 64
+	Parallel   []int // default 1, 2
+	Direct     aio.DirectPolicy
+	// Progress receives a line per run with an estimate of the time left.
+	Progress io.Writer
+}
+
+// TuneRow is one configuration's read and write medians.
+type TuneRow struct {
+	Backend      string
+	BlockSize    int
+	QueueDepth   int
+	Parallel     int
+	SingleSubmit bool
+	Overlap      bool
+	ReadGBps     float64
+	WriteGBps    float64
+}
+
+// Score is the geometric mean of read and write bandwidth: a configuration
+// must be good at both to win.
+func (r TuneRow) Score() float64 { return math.Sqrt(r.ReadGBps * r.WriteGBps) }
+
+// TuneResult is the sweep's table and its best row.
+type TuneResult struct {
+	Rows []TuneRow
+	Best TuneRow
+}
+
+func (t *TuneOptions) defaults() {
+	if t.SizeBytes == 0 {
+		t.SizeBytes = 256 << 20
+	}
+	if t.Loops == 0 {
+		t.Loops = 3
+	}
+	if len(t.Backends) == 0 {
+		for _, b := range aio.Backends {
+			if aio.Available(b) == nil {
+				t.Backends = append(t.Backends, b)
+			}
+		}
+	}
+	if len(t.BlockSizes) == 0 {
+		t.BlockSizes = []int{128 << 10, 256 << 10, 1 << 20, 4 << 20}
+	}
+	if len(t.Depths) == 0 {
+		t.Depths = []int{4, 8, 32, 64}
+	}
+	if len(t.Parallel) == 0 {
+		t.Parallel = []int{1, 2}
+	}
+}
+
+// Tune sweeps in two stages: block size x queue depth per backend (one
+// worker, batched submits, overlapped events), then, for each backend's
+// best, parallelism x single-submit x overlap-events. Each run measures a
+// read and a write of SizeBytes.
+func Tune(ctx context.Context, t TuneOptions) (*TuneResult, error) {
+	t.defaults()
+	probe := Options{Dir: t.Dir, SizeBytes: t.SizeBytes, Op: "read", Engine: aio.Options{Direct: t.Direct, BlockSizeBytes: t.BlockSizes[0]}}
+	if err := probe.Check(); err != nil {
+		return nil, err
+	}
+	type cfg struct {
+		backend       string
+		bs, qd, par   int
+		single, noOvl bool
+	}
+	total := len(t.Backends)*len(t.BlockSizes)*len(t.Depths) + len(t.Backends)*(len(t.Parallel)*4-1)
+	done := 0
+	start := time.Now()
+	res := &TuneResult{}
+	file := filepath.Join(t.Dir, fmt.Sprintf("zinf-tune-%d.dat", os.Getpid()))
+	defer os.Remove(file)
+	measure := func(c cfg) (TuneRow, error) {
+		row := TuneRow{Backend: c.backend, BlockSize: c.bs, QueueDepth: c.qd, Parallel: c.par, SingleSubmit: c.single, Overlap: !c.noOvl}
+		for _, op := range []string{"write", "read"} {
+			o := Options{Dir: t.Dir, SizeBytes: t.SizeBytes, Op: op, Loops: t.Loops, Warmup: 1, Keep: true, FileName: filepath.Base(file),
+				Engine: aio.Options{Backend: c.backend, BlockSizeBytes: c.bs, QueueDepth: c.qd, IntraOpParallelism: c.par,
+					SingleSubmit: c.single, SerialEvents: c.noOvl, Direct: t.Direct}}
+			r, err := Run(ctx, o)
+			if err != nil {
+				return row, fmt.Errorf("%s bs=%d qd=%d par=%d: %w", c.backend, c.bs, c.qd, c.par, err)
+			}
+			if op == "read" {
+				row.ReadGBps = r.GBpsMedian
+			} else {
+				row.WriteGBps = r.GBpsMedian
+			}
+		}
+		done++
+		if t.Progress != nil {
+			el := time.Since(start)
+			left := time.Duration(float64(el) / float64(done) * float64(total-done))
+			fmt.Fprintf(t.Progress, "[%3d/%d] %-6s bs=%-7d qd=%-3d par=%d single=%-5v overlap=%-5v read %6.3f GB/s  write %6.3f GB/s  (about %s left)\n",
+				done, total, c.backend, c.bs, c.qd, c.par, c.single, !c.noOvl, row.ReadGBps, row.WriteGBps, left.Round(time.Second))
+		}
+		res.Rows = append(res.Rows, row)
+		return row, nil
+	}
+	for _, b := range t.Backends {
+		var best TuneRow
+		for _, bs := range t.BlockSizes {
+			for _, qd := range t.Depths {
+				row, err := measure(cfg{backend: b, bs: bs, qd: qd, par: 1})
+				if err != nil {
+					return nil, err
+				}
+				if row.Score() > best.Score() {
+					best = row
+				}
+			}
+		}
+		for _, par := range t.Parallel {
+			for _, single := range []bool{false, true} {
+				for _, noOvl := range []bool{false, true} {
+					if par == 1 && !single && !noOvl {
+						continue // measured in stage 1
+					}
+					if _, err := measure(cfg{backend: b, bs: best.BlockSize, qd: best.QueueDepth, par: par, single: single, noOvl: noOvl}); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+	}
+	for _, r := range res.Rows {
+		if r.Score() > res.Best.Score() {
+			res.Best = r
+		}
+	}
+	return res, nil
+}
+
+// WriteTable prints the rows, best first.
+func (r *TuneResult) WriteTable(w io.Writer) error {
+	rows := append([]TuneRow(nil), r.Rows...)
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Score() > rows[j].Score() })
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\tblock\tqd\tparallel\tsingle_submit\toverlap_events\tread GB/s\twrite GB/s\tscore\t")
+	for _, x := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%v\t%v\t%.3f\t%.3f\t%.3f\t\n", x.Backend, x.BlockSize, x.QueueDepth, x.Parallel, x.SingleSubmit, x.Overlap, x.ReadGBps, x.WriteGBps, x.Score())
+	}
+	return tw.Flush()
+}
+
+// ConfigSection renders the config that reproduces the best row: the
+// DeepSpeed "aio" section plus zinf's backend choice, with exact keys and
+// JSON types.
+func (r *TuneResult) ConfigSection() ([]byte, error) {
+	b := r.Best
+	a := config.Default().AIO
+	a.BlockSize = config.Size(b.BlockSize)
+	a.QueueDepth = b.QueueDepth
+	a.IntraOpParallelism = b.Parallel
+	a.SingleSubmit = b.SingleSubmit
+	a.OverlapEvents = b.Overlap
+	sec, err := config.AIOSection(a)
+	if err != nil {
+		return nil, err
+	}
+	var sections map[string]json.RawMessage
+	if err := json.Unmarshal(sec, &sections); err != nil {
+		return nil, err
+	}
+	raw := fmt.Sprintf(`{"aio": %s, "zinf": {"backend": %q}}`, sections["aio"], b.Backend)
+	var out bytes.Buffer
+	if err := json.Indent(&out, []byte(raw), "", "  "); err != nil {
+		return nil, err
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
+}
