@@ -1,0 +1,198 @@
+package iobench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/zinfio/zinf/aio"
+)
+
+// CompareOptions describe a zinf-versus-fio comparison on one file.
+type CompareOptions struct {
+	Dir        string
+	SizeBytes  int64 // default 1 GiB
+	BlockSize  int   // default 1 MiB
+	QueueDepth int   // default 32
+	Rounds     int   // interleaved rounds; default 5
+	FioPath    string
+	Progress   io.Writer
+}
+
+// Pair is one line of the comparison: zinf's backend against fio's engine
+// for one op, with the per-round figures and their medians (GB/s).
+type Pair struct {
+	Op        string
+	Zinf, Fio string // "uring" vs "io_uring", ...; Fio empty for contrast rows
+	ZinfGBps  []float64
+	FioGBps   []float64
+}
+
+// Ratio is median(zinf) / median(fio).
+func (p Pair) Ratio() float64 {
+	f := Median(p.FioGBps)
+	if f == 0 {
+		return 0
+	}
+	return Median(p.ZinfGBps) / f
+}
+
+// CompareResult holds every pair.
+type CompareResult struct {
+	Opts  CompareOptions
+	Pairs []*Pair
+	When  time.Time
+}
+
+// FioBandwidth runs one fio job on file and returns its bandwidth in GB/s.
+func FioBandwidth(ctx context.Context, fio, file string, op, engine string, size int64, bs, qd int) (float64, error) {
+	args := []string{"--name=zinf-compare", "--filename=" + file, "--size=" + strconv.FormatInt(size, 10),
+		"--rw=" + op, "--bs=" + strconv.Itoa(bs), "--iodepth=" + strconv.Itoa(qd), "--direct=1",
+		"--ioengine=" + engine, "--numjobs=1", "--output-format=json"}
+	cmd := exec.CommandContext(ctx, fio, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("fio %v: %w: %s", args, err, errb.String())
+	}
+	var rep struct {
+		Jobs []struct {
+			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
+			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+		} `json:"jobs"`
+	}
+	// fio may print warnings before the JSON object.
+	data := out.Bytes()
+	if i := bytes.IndexByte(data, '{'); i > 0 {
+		data = data[i:]
+	}
+	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Jobs) == 0 {
+		return 0, fmt.Errorf("fio: unreadable JSON output (%v): %.200s", err, out.String())
+	}
+	bw := rep.Jobs[0].Read.BwBytes
+	if op == "write" {
+		bw = rep.Jobs[0].Write.BwBytes
+	}
+	return bw / 1e9, nil
+}
+
+// Compare interleaves zinf and fio runs on the same file: per round, per
+// backend pair (uring/io_uring, libaio/libaio), per op, zinf then fio; then
+// zinf posix and naive Go for contrast.
+func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
+	if o.SizeBytes == 0 {
+		o.SizeBytes = 1 << 30
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = 1 << 20
+	}
+	if o.QueueDepth == 0 {
+		o.QueueDepth = 32
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 5
+	}
+	if o.FioPath == "" {
+		p, err := exec.LookPath("fio")
+		if err != nil {
+			return nil, fmt.Errorf("fio not found on PATH (apt-get install -y fio): %w", err)
+		}
+		o.FioPath = p
+	}
+	name := fmt.Sprintf("zinf-compare-%d.dat", o.SizeBytes)
+	file := filepath.Join(o.Dir, name)
+	defer os.Remove(file)
+	res := &CompareResult{Opts: o, When: time.Now()}
+	pairs := map[string]*Pair{}
+	get := func(op, z, f string) *Pair {
+		k := op + z + f
+		if p, ok := pairs[k]; ok {
+			return p
+		}
+		p := &Pair{Op: op, Zinf: z, Fio: f}
+		pairs[k] = p
+		res.Pairs = append(res.Pairs, p)
+		return p
+	}
+	zinf := func(op, backend string, naive bool) (float64, error) {
+		r, err := Run(ctx, Options{Dir: o.Dir, SizeBytes: o.SizeBytes, Op: op, Loops: 1, Warmup: 0, Keep: true, FileName: name, Naive: naive,
+			Engine: aio.Options{Backend: backend, BlockSizeBytes: o.BlockSize, QueueDepth: o.QueueDepth, Direct: aio.DirectRequired}})
+		if err != nil {
+			return 0, err
+		}
+		return r.GBpsMedian, nil
+	}
+	engines := [][2]string{{aio.BackendUring, "io_uring"}, {aio.BackendLibaio, "libaio"}}
+	for round := 1; round <= o.Rounds; round++ {
+		for _, op := range []string{"write", "read"} {
+			for _, e := range engines {
+				z, err := zinf(op, e[0], false)
+				if err != nil {
+					return nil, err
+				}
+				f, err := FioBandwidth(ctx, o.FioPath, file, op, e[1], o.SizeBytes, o.BlockSize, o.QueueDepth)
+				if err != nil {
+					return nil, err
+				}
+				p := get(op, e[0], e[1])
+				p.ZinfGBps = append(p.ZinfGBps, z)
+				p.FioGBps = append(p.FioGBps, f)
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "round %d/%d %-5s zinf %-6s %.3f GB/s   fio %-8s %.3f GB/s\n", round, o.Rounds, op, e[0], z, e[1], f)
+				}
+			}
+			for _, c := range []struct {
+				name  string
+				naive bool
+			}{{aio.BackendPosix, false}, {"naive-go", true}} {
+				z, err := zinf(op, aio.BackendPosix, c.naive)
+				if err != nil {
+					return nil, err
+				}
+				p := get(op, c.name, "")
+				p.ZinfGBps = append(p.ZinfGBps, z)
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "round %d/%d %-5s %-12s %.3f GB/s\n", round, o.Rounds, op, c.name, z)
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+// WriteTable prints medians, min..max and ratios.
+func (r *CompareResult) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "file %s x %d interleaved rounds, block %d, queue depth %d, O_DIRECT; GB = 1e9 bytes\n",
+		filepath.Join(r.Opts.Dir, "zinf-compare-*.dat"), r.Opts.Rounds, r.Opts.BlockSize, r.Opts.QueueDepth)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "op\tzinf\tmedian GB/s\t(min..max)\tfio\tmedian GB/s\t(min..max)\tzinf/fio")
+	for _, p := range r.Pairs {
+		zmin, zmax := minMax(p.ZinfGBps)
+		if p.Fio == "" {
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t-\t-\t-\t-\n", p.Op, p.Zinf, Median(p.ZinfGBps), zmin, zmax)
+			continue
+		}
+		fmin, fmax := minMax(p.FioGBps)
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t%s\t%.3f\t(%.3f..%.3f)\t%.3f\n", p.Op, p.Zinf, Median(p.ZinfGBps), zmin, zmax, p.Fio, Median(p.FioGBps), fmin, fmax, p.Ratio())
+	}
+	return tw.Flush()
+}
+
+func minMax(v []float64) (float64, float64) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	lo, hi := v[0], v[0]
+	for _, x := range v {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return lo, hi
+}
