@@ -65,8 +65,12 @@ func FioBandwidth(ctx context.Context, fio, file string, op, engine string, size
 	}
 	var rep struct {
 		Jobs []struct {
-			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
-			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+			Read struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
 		} `json:"jobs"`
 	}
 	// fio may print warnings before the JSON object.
