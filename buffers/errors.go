@@ -1,0 +1,44 @@
+package buffers
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors; test for them with errors.Is.
+var (
+	// ErrClosed is returned by Acquire after Close, and to Acquire calls
+	// that were waiting when Close ran.
+	ErrClosed = errors.New("buffers: pool closed")
+	// ErrTooLarge is returned by Acquire for a size that can never be
+	// served: larger than the capacity, or than the largest buffer the
+	// arena can hold (Pool.MaxBufferBytes).
+	ErrTooLarge = errors.New("buffers: request larger than the pool can ever hold")
+	// ErrInvalidSize is returned by Acquire for a size <= 0, and
+	// ErrInvalidPurpose for a purpose outside [0, NumPurposes).
+	ErrInvalidSize    = errors.New("buffers: invalid buffer size")
+	ErrInvalidPurpose = errors.New("buffers: invalid purpose")
+	// ErrPinned is wrapped by NewPool when the arena cannot be mlock'ed
+	// under PinRequired; the error names RLIMIT_MEMLOCK and the bytes wanted.
+	ErrPinned = errors.New("buffers: cannot pin host memory")
+	// ErrOutstanding is wrapped by Close when buffers are still held (a
+	// leak); the error names how many and their purposes.
+	ErrOutstanding = errors.New("buffers: buffers still outstanding")
+)
+
+// AcquireError is returned by Acquire and says which request failed and why.
+// Err is one of the sentinels above, or the context's error.
+type AcquireError struct {
+	Size    int
+	Purpose Purpose
+	Err     error
+}
+
+func (e *AcquireError) Error() string {
+	// The sentinels carry the package prefix already; say it once.
+	return fmt.Sprintf("buffers: acquire %d bytes for %s: %s", e.Size, e.Purpose,
+		strings.TrimPrefix(fmt.Sprint(e.Err), "buffers: "))
+}
+
+func (e *AcquireError) Unwrap() error { return e.Err }
