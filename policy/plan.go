@@ -1,0 +1,773 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/zinfio/zinf/swapper"
+)
+
+// Usage counts tensors and their bytes.
+type Usage struct {
+	Tensors int
+	Bytes   int64
+}
+
+// Placement is the outcome of Plan: where each tensor lives, the pinned
+// buffers the swaps need, how far ahead parameters are fetched, and the
+// predicted step time.
+type Placement struct {
+	// Tier maps every tensor of the inventory to its home tier.
+	Tier map[string]swapper.Tier
+	// BytesPerTier sums the tensors homed on each tier. Swap buffers and the
+	// GPU working set are not tensors: see PinnedBytes and GPUWorkingBytes.
+	BytesPerTier map[swapper.Tier]int64
+	// PerKind breaks BytesPerTier down by kind.
+	PerKind map[Kind]map[swapper.Tier]Usage
+	// Offloaded is, per kind present, the fraction of its bytes not on the
+	// GPU.
+	Offloaded map[Kind]float64
+
+	// ParamBufferCount pinned buffers of ParamBufferBytes each receive
+	// parameters swapped in from NVMe: one layer in use plus PrefetchDepth
+	// layers ahead. Both are 0 when no parameter lives on NVMe.
+	ParamBufferCount int
+	ParamBufferBytes int64
+	// OptimizerBufferCount pinned buffers of OptimizerBufferBytes each stage
+	// optimizer states and gradients swapped to and from NVMe. Both are 0
+	// when none lives on NVMe.
+	OptimizerBufferCount int
+	OptimizerBufferBytes int64
+	// ParamCacheBytes is the part of the CPU tier holding parameters that
+	// offload_param.device "nvme" would otherwise swap (max_in_cpu).
+	ParamCacheBytes int64
+	// PinnedBytes is the pinned host memory the placement uses: CPU-tier
+	// tensors plus every swap buffer. It never exceeds Tiers.CPUBytes.
+	PinnedBytes int64
+	// GPUWorkingBytes is GPU memory for offloaded tensors in use: two layers
+	// of offloaded parameters (the one computing and the next arriving) and
+	// one layer of offloaded gradients before they are copied out.
+	// BytesPerTier[TierGPU]+GPUWorkingBytes never exceeds Tiers.GPUBytes.
+	GPUWorkingBytes int64
+
+	// PrefetchDepth is how many layers ahead of the one computing the
+	// offloaded parameters are fetched.
+	PrefetchDepth int
+	// PrefetchBudgetBytes bounds the bytes fetched but not yet in use:
+	// the parameter buffers beyond those of the layer in use.
+	PrefetchBudgetBytes int64
+
+	// Predicted is the predicted step time.
+	Predicted StepPrediction
+	// Notes explain decisions that differ from the hints, and warnings.
+	Notes []string
+
+	// Tiers and Hints are the inputs; Layers the layer count used.
+	Tiers  Tiers
+	Hints  Hints
+	Layers int
+
+	inv  []Tensor // sorted by Order, then Name
+	size map[string]int64
+}
+
+// SizeOf returns the bytes of a tensor of the planned inventory, or 0 for
+// a name it does not list.
+func (p *Placement) SizeOf(name string) int64 {
+	return p.size[name]
+}
+
+// NVMeParamsByLayer returns, per layer, the names of the parameters homed
+// on NVMe in order of use: the layers argument of NewScheduler.
+func (p *Placement) NVMeParamsByLayer() [][]string {
+	out := make([][]string, p.Layers)
+	for _, t := range p.inv {
+		if t.Kind == Param && p.Tier[t.Name] == swapper.TierNVMe {
+			out[t.Layer] = append(out[t.Layer], t.Name)
+		}
+	}
+	return out
+}
+
+// Optimizer tensor names end in one of these; a gradient in gradSuffix.
+// Tensors sharing the stem belong to one parameter's optimizer group, so
+// they are offloaded together when Hints.Ratio < 1.
+var optimSuffixes = []string{".master", ".exp_avg_sq", ".exp_avg"}
+
+const gradSuffix = ".grad"
+
+// owner returns the name of the parameter a tensor belongs to.
+func owner(t Tensor) string {
+	switch t.Kind {
+	case OptimState:
+		for _, s := range optimSuffixes {
+			if strings.HasSuffix(t.Name, s) {
+				return strings.TrimSuffix(t.Name, s)
+			}
+		}
+	case Grad:
+		return strings.TrimSuffix(t.Name, gradSuffix)
+	}
+	return t.Name
+}
+
+func parseDevice(key, v string) (swapper.Tier, error) {
+	switch v {
+	case "", DeviceNone:
+		return swapper.TierGPU, nil
+	case DeviceCPU:
+		return swapper.TierCPU, nil
+	case DeviceNVMe:
+		return swapper.TierNVMe, nil
+	}
+	return 0, invalidf("%s %q: want none, cpu or nvme", key, v)
+}
+
+func validFloat(key string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return invalidf("%s %v: want a finite number >= 0", key, v)
+	}
+	return nil
+}
+
+func validate(t Tiers, inv []Tensor, h Hints) error {
+	var errs []string
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+		}
+	}
+	if t.GPUBytes < 0 {
+		add(invalidf("tiers GPUBytes %d: want >= 0", t.GPUBytes))
+	}
+	if t.CPUBytes < 0 {
+		add(invalidf("tiers CPUBytes %d: want >= 0", t.CPUBytes))
+	}
+	add(validFloat("tiers NVMeReadBps", t.NVMeReadBps))
+	add(validFloat("tiers NVMeWriteBps", t.NVMeWriteBps))
+	add(validFloat("tiers PCIeBps", t.PCIeBps))
+	if t.NVMePaths < 0 {
+		add(invalidf("tiers NVMePaths %d: want >= 0", t.NVMePaths))
+	}
+	_, err := parseDevice("offload_param.device", h.ParamDevice)
+	add(err)
+	_, err = parseDevice("offload_optimizer.device", h.OptimizerDevice)
+	add(err)
+	if h.MaxInCPUBytes < 0 {
+		add(invalidf("offload_param.max_in_cpu %d bytes: want >= 0", h.MaxInCPUBytes))
+	}
+	if h.ParamBufferCount < 0 || h.ParamBufferCount > math.MaxInt32 {
+		add(invalidf("offload_param.buffer_count %d: want 0 (the policy decides) or a positive count", h.ParamBufferCount))
+	}
+	if h.ParamBufferBytes < 0 {
+		add(invalidf("offload_param.buffer_size %d bytes: want 0 (the policy decides) or a positive size", h.ParamBufferBytes))
+	}
+	if h.OptimizerBufferCount < 0 || h.OptimizerBufferCount > math.MaxInt32 {
+		add(invalidf("offload_optimizer.buffer_count %d: want 0 (the policy decides) or a positive count", h.OptimizerBufferCount))
+	}
+	if math.IsNaN(h.Ratio) || h.Ratio < 0 || h.Ratio > 1 {
+		add(invalidf("offload_optimizer.ratio %v: want a fraction in (0, 1] (0 = 1)", h.Ratio))
+	}
+	if h.PrefetchDepth < 0 {
+		add(invalidf("prefetch depth %d: want 0 (the policy decides) or a positive count", h.PrefetchDepth))
+	}
+	add(validFloat("compute seconds per layer", h.ComputeSecondsPerLayer))
+	if h.Layers < 0 || h.Layers > MaxLayers {
+		add(invalidf("layers %d: want 0..%d (0 = from the inventory)", h.Layers, MaxLayers))
+	}
+	if h.MaxInCPUBytes > MaxBytes || h.ParamBufferBytes > MaxBytes {
+		add(invalidf("offload_param sizes max_in_cpu %d, buffer_size %d bytes: want at most %d", h.MaxInCPUBytes, h.ParamBufferBytes, MaxBytes))
+	}
+	var total int64
+	seen := make(map[string]bool, len(inv))
+	for i, x := range inv {
+		switch {
+		case x.Name == "":
+			add(invalidf("tensor %d has no name", i))
+		case seen[x.Name]:
+			add(invalidf("tensor %q is listed twice", x.Name))
+		case x.Bytes < 0 || x.Bytes > MaxBytes:
+			add(invalidf("tensor %q: bytes %d: want 0..%d", x.Name, x.Bytes, MaxBytes))
+		case x.Kind >= numKinds:
+			add(invalidf("tensor %q: kind %d: want Param, Grad or OptimState", x.Name, x.Kind))
+		case x.Layer < 0 || x.Layer >= MaxLayers:
+			add(invalidf("tensor %q: layer %d: want 0..%d", x.Name, x.Layer, MaxLayers-1))
+		case h.Layers > 0 && x.Layer >= h.Layers:
+			add(invalidf("tensor %q: layer %d: the hints say %d layers", x.Name, x.Layer, h.Layers))
+		}
+		seen[x.Name] = true
+		if x.Bytes > 0 && x.Bytes <= MaxBytes {
+			total = min(total+x.Bytes, MaxBytes+1)
+		}
+	}
+	if total > MaxBytes {
+		add(invalidf("inventory holds more than %d bytes", MaxBytes))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// planner carries Plan's state between its steps.
+type planner struct {
+	t     Tiers
+	h     Hints
+	inv   []Tensor // sorted by Order, then Name
+	tier  []swapper.Tier
+	L     int
+	notes []string
+}
+
+func (pl *planner) notef(format string, args ...any) {
+	pl.notes = append(pl.notes, fmt.Sprintf(format, args...))
+}
+
+// Plan decides where each tensor of inv lives, how many pinned buffers the
+// NVMe swaps get, how far ahead parameters are prefetched, and predicts the
+// step time.
+//
+// Rules, in order:
+//
+//  1. Parameters go where Hints.ParamDevice says; optimizer states and
+//     gradients where Hints.OptimizerDevice says, for the fraction Ratio of
+//     the optimizer state bytes (whole parameters' groups, first used
+//     first, until at least Ratio is offloaded); the rest stays on the GPU.
+//  2. The GPU must hold its tensors plus the working set of offloaded
+//     tensors in use (see Placement.GPUWorkingBytes); if not, Plan returns
+//     a *CapacityError (errors.Is ErrNoFit). Nothing moves off the GPU
+//     unless the hints say so.
+//  3. Pinned host memory must hold the CPU-tier tensors plus the minimum
+//     swap buffers: one layer's parameters (one buffer per NVMe parameter
+//     of the largest layer, each the size of the largest NVMe parameter)
+//     and one parameter's optimizer group. If not, a *CapacityError.
+//  4. The prefetch depth is the hint, or the smallest depth whose exposed
+//     I/O is as low as any depth gives (a simulation of Scheduler over the
+//     NVMe and PCIe bandwidths and the compute time per layer). Parameter
+//     buffers grow to hold it; the depth and the buffer counts shrink,
+//     down to the minimum, to fit the pinned budget, with a note.
+//  5. Optimizer buffers default to three groups (read ahead, update,
+//     write behind), shrunk to fit.
+//  6. What is left of the pinned budget caches parameters in front of NVMe,
+//     up to Hints.MaxInCPUBytes, first used first.
+func Plan(t Tiers, inv []Tensor, h Hints) (*Placement, error) {
+	if err := validate(t, inv, h); err != nil {
+		return nil, err
+	}
+	pl := &planner{t: t, h: h}
+	pl.inv = append([]Tensor(nil), inv...)
+	sort.SliceStable(pl.inv, func(i, j int) bool {
+		if pl.inv[i].Order != pl.inv[j].Order {
+			return pl.inv[i].Order < pl.inv[j].Order
+		}
+		return pl.inv[i].Name < pl.inv[j].Name
+	})
+	pl.L = h.Layers
+	for _, x := range pl.inv {
+		if x.Layer+1 > pl.L {
+			pl.L = x.Layer + 1
+		}
+	}
+	return pl.plan()
+}
+
+func (pl *planner) plan() (*Placement, error) {
+	paramTier, _ := parseDevice("", pl.h.ParamDevice)
+	optTier, _ := parseDevice("", pl.h.OptimizerDevice)
+	ratio := pl.h.Ratio
+	if ratio == 0 {
+		ratio = 1
+	}
+
+	// Rule 1: homes.
+	pl.tier = make([]swapper.Tier, len(pl.inv))
+	offloadedGroup := pl.optimizerGroups(optTier, ratio)
+	for i, x := range pl.inv {
+		switch {
+		case x.Kind == Param:
+			pl.tier[i] = paramTier
+		case offloadedGroup[owner(x)]:
+			pl.tier[i] = optTier
+		default:
+			pl.tier[i] = swapper.TierGPU
+		}
+	}
+
+	// Rule 2: the GPU.
+	var gpuBytes [numKinds]int64
+	offParam := make([]int64, pl.L)
+	offGrad := make([]int64, pl.L)
+	for i, x := range pl.inv {
+		if pl.tier[i] == swapper.TierGPU {
+			gpuBytes[x.Kind] += x.Bytes
+			continue
+		}
+		switch x.Kind {
+		case Param:
+			offParam[x.Layer] += x.Bytes
+		case Grad:
+			offGrad[x.Layer] += x.Bytes
+		}
+	}
+	working := 2*maxOf(offParam) + maxOf(offGrad)
+	gpuNeed := gpuBytes[Param] + gpuBytes[Grad] + gpuBytes[OptimState] + working
+	if gpuNeed > pl.t.GPUBytes {
+		return nil, &CapacityError{
+			Tier: swapper.TierGPU,
+			What: fmt.Sprintf("parameters %s + gradients %s + optimizer states %s kept on GPU + working set %s",
+				FormatBytes(gpuBytes[Param]), FormatBytes(gpuBytes[Grad]), FormatBytes(gpuBytes[OptimState]), FormatBytes(working)),
+			NeedBytes: gpuNeed,
+			HaveBytes: pl.t.GPUBytes,
+			Hint:      gpuHint(pl.h, paramTier, optTier, ratio),
+		}
+	}
+
+	// Rule 3: the minimum pinned memory.
+	var cpuTensors int64
+	for i, x := range pl.inv {
+		if pl.tier[i] == swapper.TierCPU {
+			cpuTensors += x.Bytes
+		}
+	}
+	pb := pl.paramBuffers(true)
+	ob := pl.optimizerBuffers()
+	minPinned := cpuTensors + mulSat(int64(pb.perLayer), pb.bytes) + mulSat(int64(ob.perGroup), ob.bytes)
+	if minPinned > pl.t.CPUBytes {
+		return nil, &CapacityError{
+			Tier: swapper.TierCPU,
+			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group)",
+				FormatBytes(cpuTensors), pb.perLayer, FormatBytes(pb.bytes), ob.perGroup, FormatBytes(ob.bytes)),
+			NeedBytes: minPinned,
+			HaveBytes: pl.t.CPUBytes,
+			Hint:      cpuHint(cpuTensors),
+		}
+	}
+
+	// Rule 4: prefetch depth and parameter buffers.
+	model := pl.model()
+	depth := 0
+	if paramTier != swapper.TierGPU && pl.L > 1 {
+		maxDepth := pl.L - 1
+		if paramTier == swapper.TierCPU {
+			maxDepth = 1 // the GPU working set double-buffers
+		}
+		switch {
+		case pl.h.PrefetchDepth > 0:
+			depth = pl.h.PrefetchDepth
+			if depth > maxDepth {
+				pl.notef("prefetch depth %d capped at %d: %s", depth, maxDepth, depthCapWhy(paramTier, pl.L))
+				depth = maxDepth
+			}
+		case paramTier == swapper.TierNVMe && pl.t.NVMeReadBps == 0:
+			depth = min(DefaultPrefetchDepth, maxDepth)
+			pl.notef("prefetch depth %d by default: the NVMe read bandwidth is unknown", depth)
+		default:
+			depth = model.autoDepth(maxDepth)
+		}
+	}
+	paramCount := 0
+	if pb.perLayer > 0 {
+		want := (depth + 1) * pb.perLayer
+		if pl.h.ParamBufferCount > 0 {
+			want = int(pl.h.ParamBufferCount)
+			if want < pb.perLayer {
+				pl.notef("offload_param.buffer_count %d raised to %d: the largest layer has %d parameters on NVMe, one buffer each",
+					want, pb.perLayer, pb.perLayer)
+				want = pb.perLayer
+			}
+		}
+		avail := pl.t.CPUBytes - cpuTensors - int64(ob.perGroup)*ob.bytes
+		fit := int(min(avail/pb.bytes, math.MaxInt32))
+		paramCount = want
+		if fit < want {
+			paramCount = fit
+			pl.notef("parameter buffers cut from %d to %d x %s to fit the %s pinned budget",
+				want, paramCount, FormatBytes(pb.bytes), FormatBytes(pl.t.CPUBytes))
+		}
+		if d := paramCount/pb.perLayer - 1; d < depth {
+			pl.notef("prefetch depth %d reduced to %d: %d parameter buffers hold %s",
+				depth, d, paramCount, plural(paramCount/pb.perLayer, "layer"))
+			depth = d
+		}
+	}
+
+	// Rule 5: optimizer buffers.
+	optCount := 0
+	if ob.perGroup > 0 {
+		want := 3 * ob.perGroup
+		if pl.h.OptimizerBufferCount > 0 {
+			want = pl.h.OptimizerBufferCount
+			if want < ob.perGroup {
+				pl.notef("offload_optimizer.buffer_count %d raised to %d: one parameter's group has %d tensors on NVMe, one buffer each",
+					want, ob.perGroup, ob.perGroup)
+				want = ob.perGroup
+			}
+		}
+		avail := pl.t.CPUBytes - cpuTensors - int64(paramCount)*pb.bytes
+		fit := int(min(avail/ob.bytes, math.MaxInt32))
+		optCount = want
+		if fit < want {
+			optCount = fit
+			pl.notef("optimizer buffers cut from %d to %d x %s to fit the %s pinned budget",
+				want, optCount, FormatBytes(ob.bytes), FormatBytes(pl.t.CPUBytes))
+		}
+	}
+
+	// Rule 6: the CPU cache in front of NVMe.
+	var cacheBytes int64
+	if paramTier == swapper.TierNVMe && pl.h.MaxInCPUBytes > 0 {
+		budget := pl.h.MaxInCPUBytes
+		avail := pl.t.CPUBytes - cpuTensors - int64(paramCount)*pb.bytes - int64(optCount)*ob.bytes
+		cut := avail < budget
+		if cut {
+			budget = avail
+		}
+		for i, x := range pl.inv {
+			if x.Kind != Param {
+				continue
+			}
+			if cacheBytes+x.Bytes > budget {
+				break
+			}
+			cacheBytes += x.Bytes
+			pl.tier[i] = swapper.TierCPU
+		}
+		if cut {
+			pl.notef("max_in_cpu cache cut from %s to %s: %s of the %s pinned budget is left after the buffers",
+				FormatBytes(pl.h.MaxInCPUBytes), FormatBytes(cacheBytes), FormatBytes(avail), FormatBytes(pl.t.CPUBytes))
+		}
+		// Fewer parameters left to swap: the buffers shrink to match.
+		after := pl.paramBuffers(false)
+		switch {
+		case after.perLayer == 0:
+			if paramCount > 0 {
+				pl.notef("every parameter fits in the max_in_cpu cache: no parameter swaps")
+			}
+			paramCount, depth = 0, 0
+			pb = after
+		case pl.h.ParamBufferCount == 0:
+			paramCount = (depth + 1) * after.perLayer
+			pb = after
+		default:
+			pb.perLayer = after.perLayer
+		}
+		model = pl.model()
+	}
+
+	p := &Placement{
+		Tier:                 make(map[string]swapper.Tier, len(pl.inv)),
+		BytesPerTier:         map[swapper.Tier]int64{},
+		PerKind:              map[Kind]map[swapper.Tier]Usage{},
+		Offloaded:            map[Kind]float64{},
+		ParamBufferCount:     paramCount,
+		OptimizerBufferCount: optCount,
+		ParamCacheBytes:      cacheBytes,
+		GPUWorkingBytes:      working,
+		PrefetchDepth:        depth,
+		Tiers:                pl.t,
+		Hints:                pl.h,
+		Layers:               pl.L,
+		inv:                  pl.inv,
+		size:                 make(map[string]int64, len(pl.inv)),
+	}
+	if paramCount > 0 {
+		p.ParamBufferBytes = pb.bytes
+		p.PrefetchBudgetBytes = int64(paramCount-pb.perLayer) * pb.bytes
+	}
+	if optCount > 0 {
+		p.OptimizerBufferBytes = ob.bytes
+	}
+	var kindTotal, kindOff [numKinds]int64
+	for i, x := range pl.inv {
+		tier := pl.tier[i]
+		p.Tier[x.Name] = tier
+		p.size[x.Name] = x.Bytes
+		p.BytesPerTier[tier] += x.Bytes
+		m := p.PerKind[x.Kind]
+		if m == nil {
+			m = map[swapper.Tier]Usage{}
+			p.PerKind[x.Kind] = m
+		}
+		u := m[tier]
+		u.Tensors++
+		u.Bytes += x.Bytes
+		m[tier] = u
+		kindTotal[x.Kind] += x.Bytes
+		if tier != swapper.TierGPU {
+			kindOff[x.Kind] += x.Bytes
+		}
+	}
+	for k := range p.PerKind {
+		if kindTotal[k] > 0 {
+			p.Offloaded[k] = float64(kindOff[k]) / float64(kindTotal[k])
+		}
+	}
+	p.PinnedBytes = p.BytesPerTier[swapper.TierCPU] +
+		int64(p.ParamBufferCount)*p.ParamBufferBytes + int64(p.OptimizerBufferCount)*p.OptimizerBufferBytes
+
+	if optTier != swapper.TierGPU && ratio < 1 {
+		pl.notef("offload_optimizer.ratio %g: %.1f%% of optimizer state bytes on %s, the rest on GPU",
+			ratio, 100*p.Offloaded[OptimState], optTier)
+	}
+	if optTier == swapper.TierGPU && pl.h.Ratio != 0 && pl.h.Ratio != 1 {
+		pl.notef("offload_optimizer.ratio %g ignored: offload_optimizer.device is none", pl.h.Ratio)
+	}
+	if paramTier != swapper.TierNVMe && pl.h.MaxInCPUBytes > 0 {
+		pl.notef("max_in_cpu ignored: it caches parameters in front of NVMe, and offload_param.device is %s", deviceWord(paramTier))
+	}
+	p.Predicted = model.predict(depth)
+	pl.predictionNotes(p)
+	p.Notes = pl.notes
+	return p, nil
+}
+
+func deviceWord(t swapper.Tier) string {
+	if t == swapper.TierGPU {
+		return DeviceNone
+	}
+	return t.String()
+}
+
+func depthCapWhy(paramTier swapper.Tier, layers int) string {
+	if paramTier == swapper.TierCPU {
+		return "parameters in pinned memory are copied to the GPU one layer ahead (double buffering)"
+	}
+	return fmt.Sprintf("the model has %d layers", layers)
+}
+
+func cpuHint(cpuTensors int64) string {
+	if cpuTensors > 0 {
+		return `raise zinf.tiers.cpu_pinned_bytes, or set the offload devices now "cpu" to "nvme"`
+	}
+	return "raise zinf.tiers.cpu_pinned_bytes"
+}
+
+func gpuHint(h Hints, paramTier, optTier swapper.Tier, ratio float64) string {
+	var s []string
+	if paramTier == swapper.TierGPU {
+		s = append(s, `set offload_param.device to "cpu" or "nvme"`)
+	}
+	if optTier == swapper.TierGPU {
+		s = append(s, `set offload_optimizer.device to "cpu" or "nvme"`)
+	} else if ratio < 1 {
+		s = append(s, "raise offload_optimizer.ratio")
+	}
+	if len(s) == 0 {
+		return "raise zinf.tiers.gpu_bytes"
+	}
+	return strings.Join(s, ", ")
+}
+
+// optimizerGroups returns the owners whose optimizer states and gradients
+// are offloaded: all of them at ratio 1, else whole groups in order of
+// first use until at least ratio of the optimizer state bytes are.
+func (pl *planner) optimizerGroups(optTier swapper.Tier, ratio float64) map[string]bool {
+	out := map[string]bool{}
+	if optTier == swapper.TierGPU {
+		return out
+	}
+	type group struct {
+		name  string
+		bytes int64
+	}
+	var groups []*group
+	byName := map[string]*group{}
+	var total int64
+	for _, x := range pl.inv { // in order of use
+		if x.Kind == Param {
+			continue
+		}
+		o := owner(x)
+		g := byName[o]
+		if g == nil {
+			g = &group{name: o}
+			byName[o] = g
+			groups = append(groups, g)
+		}
+		if x.Kind == OptimState {
+			g.bytes += x.Bytes
+			total += x.Bytes
+		}
+	}
+	target := ratio * float64(total)
+	var off int64
+	for _, g := range groups {
+		if ratio < 1 && float64(off) >= target {
+			break
+		}
+		out[g.name] = true
+		off += g.bytes
+	}
+	return out
+}
+
+type paramBufs struct {
+	perLayer int   // NVMe parameters in the layer with the most
+	bytes    int64 // one buffer
+}
+
+// paramBuffers sizes the parameter swap buffers over the parameters now on
+// NVMe. With hint, an explicit buffer_size smaller than a parameter is
+// raised, with a note.
+func (pl *planner) paramBuffers(hint bool) paramBufs {
+	count := make([]int, pl.L)
+	var b paramBufs
+	for i, x := range pl.inv {
+		if x.Kind != Param || pl.tier[i] != swapper.TierNVMe {
+			continue
+		}
+		count[x.Layer]++
+		b.perLayer = max(b.perLayer, count[x.Layer])
+		b.bytes = max(b.bytes, x.Bytes)
+	}
+	if b.perLayer == 0 {
+		return paramBufs{}
+	}
+	if hb := pl.h.ParamBufferBytes; hb > 0 {
+		if hb < b.bytes {
+			if hint {
+				pl.notef("offload_param.buffer_size %s raised to %s: the largest parameter on NVMe",
+					FormatBytes(hb), FormatBytes(b.bytes))
+			}
+		} else {
+			b.bytes = hb
+		}
+	}
+	b.bytes = max(b.bytes, 1)
+	return b
+}
+
+type optBufs struct {
+	perGroup int   // NVMe tensors in the largest optimizer group
+	bytes    int64 // one buffer
+}
+
+func (pl *planner) optimizerBuffers() optBufs {
+	count := map[string]int{}
+	var b optBufs
+	for i, x := range pl.inv {
+		if x.Kind == Param || pl.tier[i] != swapper.TierNVMe {
+			continue
+		}
+		o := owner(x)
+		count[o]++
+		b.perGroup = max(b.perGroup, count[o])
+		b.bytes = max(b.bytes, x.Bytes)
+	}
+	if b.perGroup > 0 {
+		b.bytes = max(b.bytes, 1)
+	}
+	return b
+}
+
+func maxOf(xs []int64) int64 {
+	var m int64
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+func rate(bytes int64, bps float64) float64 {
+	if bytes == 0 || bps <= 0 {
+		return 0
+	}
+	return float64(bytes) / bps
+}
+
+// model gathers the per-layer I/O times of the current homes.
+func (pl *planner) model() *stepModel {
+	m := &stepModel{
+		layers:    pl.L,
+		compute:   pl.h.ComputeSecondsPerLayer,
+		fetch:     make([]float64, pl.L),
+		gradWrite: make([]float64, pl.L),
+	}
+	nvmeParam := make([]int64, pl.L)
+	hostParam := make([]int64, pl.L)
+	nvmeGrad := make([]int64, pl.L)
+	hostGrad := make([]int64, pl.L)
+	ownerTier := map[string]swapper.Tier{}
+	var optRead, optWrite, crossing int64
+	for i, x := range pl.inv {
+		tier := pl.tier[i]
+		switch x.Kind {
+		case Param:
+			if tier != swapper.TierGPU {
+				hostParam[x.Layer] += x.Bytes
+			}
+			if tier == swapper.TierNVMe {
+				nvmeParam[x.Layer] += x.Bytes
+				optWrite += x.Bytes // the updated parameter is written back
+			}
+		case Grad:
+			if tier != swapper.TierGPU {
+				hostGrad[x.Layer] += x.Bytes
+			}
+			if tier == swapper.TierNVMe {
+				nvmeGrad[x.Layer] += x.Bytes
+				optRead += x.Bytes
+			}
+		case OptimState:
+			ownerTier[owner(x)] = tier
+			if tier == swapper.TierNVMe {
+				optRead += x.Bytes
+				optWrite += x.Bytes
+			}
+		}
+	}
+	// An updated parameter crosses PCIe when it and its optimizer state
+	// are on different sides of it.
+	for i, x := range pl.inv {
+		if x.Kind != Param {
+			continue
+		}
+		ot, ok := ownerTier[x.Name]
+		if ok && (ot == swapper.TierGPU) != (pl.tier[i] == swapper.TierGPU) {
+			crossing += x.Bytes
+		}
+	}
+	for l := 0; l < pl.L; l++ {
+		m.fetch[l] = rate(nvmeParam[l], pl.t.NVMeReadBps) + rate(hostParam[l], pl.t.PCIeBps)
+		m.gradWrite[l] = rate(nvmeGrad[l], pl.t.NVMeWriteBps) + rate(hostGrad[l], pl.t.PCIeBps)
+	}
+	m.optimizerS = rate(optRead, pl.t.NVMeReadBps) + rate(optWrite, pl.t.NVMeWriteBps) + rate(crossing, pl.t.PCIeBps)
+	return m
+}
+
+func (pl *planner) predictionNotes(p *Placement) {
+	anyNVMe := p.BytesPerTier[swapper.TierNVMe] > 0
+	if anyNVMe && pl.t.NVMeReadBps == 0 {
+		pl.notef("NVMe read bandwidth unknown: NVMe read time not predicted")
+	}
+	if anyNVMe && pl.t.NVMeWriteBps == 0 {
+		pl.notef("NVMe write bandwidth unknown: NVMe write time not predicted")
+	}
+	if pl.h.ComputeSecondsPerLayer == 0 && pl.L > 0 {
+		pl.notef("compute time per layer not given: the prediction counts I/O only and nothing is hidden")
+		return
+	}
+	pr := p.Predicted
+	if pr.ParamIO > 0 && pr.ExposedParamIO*10 > pr.ParamIO*3 {
+		pl.notef("parameter I/O mostly exposed (%s of %s): reading a layer takes longer than computing it; more NVMe bandwidth (paths) or max_in_cpu would help",
+			FormatDuration(pr.ExposedParamIO), FormatDuration(pr.ParamIO))
+	}
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// mulSat returns a*b for a, b >= 0, or MaxBytes+1 when that is larger: a
+// hinted buffer size times a count must not wrap around.
+func mulSat(a, b int64) int64 {
+	if a != 0 && b > (MaxBytes+1)/a {
+		return MaxBytes + 1
+	}
+	return min(a*b, MaxBytes+1)
+}

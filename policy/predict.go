@@ -1,0 +1,205 @@
+package policy
+
+import (
+	"math"
+	"time"
+)
+
+// Compute split between the passes: the backward pass computes the
+// gradients with respect to both the inputs and the weights, twice the
+// forward pass's work, so a layer's forward+backward time is split 1:2.
+const (
+	forwardShare  = 1.0 / 3
+	backwardShare = 2.0 / 3
+)
+
+// maxAutoDepth bounds the depth the policy searches (and the config's
+// zinf.prefetch_depth range): beyond it the search costs more than it can
+// save.
+const maxAutoDepth = 1024
+
+// DefaultPrefetchDepth is the depth used when the NVMe read bandwidth is
+// unknown and the depth cannot be sized from it.
+const DefaultPrefetchDepth = 2
+
+// StepPrediction is the predicted time of one training step (one forward,
+// one backward pass and one optimizer step).
+type StepPrediction struct {
+	// Compute is forward+backward compute over all layers.
+	Compute time.Duration
+	// ParamIO is the time to bring offloaded parameters in for both passes
+	// (NVMe reads and host-to-device copies), hidden or not.
+	ParamIO time.Duration
+	// ExposedParamIO is the part of ParamIO compute waits for.
+	ExposedParamIO time.Duration
+	// GradIO is the write-behind of offloaded gradients during backward.
+	GradIO time.Duration
+	// ExposedGradIO is the part of GradIO still running when backward ends.
+	ExposedGradIO time.Duration
+	// OptimizerIO is the optimizer step's traffic: offloaded states and
+	// gradients read and states written at NVMe bandwidth, updated
+	// parameters written back, and the copies across PCIe. The optimizer's
+	// arithmetic is not modelled.
+	OptimizerIO time.Duration
+	// Total is Compute + ExposedParamIO + ExposedGradIO + OptimizerIO.
+	Total time.Duration
+	// Phases breaks Total down: forward, backward, optimizer.
+	Phases []Phase
+}
+
+// Phase is one phase of a step.
+type Phase struct {
+	Name string
+	// Compute is the phase's compute time.
+	Compute time.Duration
+	// IO is the phase's I/O time, hidden or not.
+	IO time.Duration
+	// Exposed is the I/O time the phase waits for.
+	Exposed time.Duration
+	// Total is Compute + Exposed.
+	Total time.Duration
+}
+
+// passResult is the outcome of simulating one pass, in seconds.
+type passResult struct {
+	io      float64 // fetch and write time issued in the pass
+	exposed float64 // time compute waited on fetches
+	drain   float64 // time writes ran past the end of the pass
+}
+
+// simulatePass models one pass the way Scheduler runs it. Reads (parameter
+// fetches) and writes (gradient write-behind) are two FIFO streams, each at
+// its own bandwidth. Begin(j) fetches layer j on demand if it was not
+// prefetched, waits for it, then queues the fetches of the next depth
+// layers; the layer then computes for compute seconds and queues its
+// write-behind. Compute waits only while the read stream is busy, so the
+// exposed time never exceeds the fetch time.
+func simulatePass(order []int, fetch, write []float64, compute float64, depth int) passResult {
+	var r passResult
+	now, readFree, writeFree := 0.0, 0.0, 0.0
+	done := make([]float64, len(order))
+	issued := 0 // positions [0, issued) have been queued
+	issue := func(pos int) {
+		l := order[pos]
+		readFree = math.Max(readFree, now) + fetch[l]
+		done[pos] = readFree
+		r.io += fetch[l]
+		issued = pos + 1
+	}
+	for j := range order {
+		if issued <= j {
+			issue(j) // demand miss
+		}
+		if wait := done[j] - now; wait > 0 {
+			r.exposed += wait
+			now = done[j]
+		}
+		for k := issued; k < len(order) && k <= j+depth; k++ {
+			issue(k)
+		}
+		now += compute
+		if write != nil {
+			if w := write[order[j]]; w > 0 {
+				writeFree = math.Max(writeFree, now) + w
+				r.io += w
+			}
+		}
+	}
+	if writeFree > now {
+		r.drain = writeFree - now
+	}
+	return r
+}
+
+// stepModel holds the per-layer times a prediction is made from.
+type stepModel struct {
+	layers     int
+	compute    float64   // seconds per layer, forward+backward
+	fetch      []float64 // seconds to bring a layer's offloaded params in
+	gradWrite  []float64 // seconds to move a layer's offloaded grads out
+	optimizerS float64   // optimizer step I/O seconds
+}
+
+func (m *stepModel) passes(depth int) (fwd, bwd passResult) {
+	forward := make([]int, m.layers)
+	backward := make([]int, m.layers)
+	for i := range forward {
+		forward[i] = i
+		backward[i] = m.layers - 1 - i
+	}
+	fwd = simulatePass(forward, m.fetch, nil, m.compute*forwardShare, depth)
+	bwd = simulatePass(backward, m.fetch, m.gradWrite, m.compute*backwardShare, depth)
+	return fwd, bwd
+}
+
+func (m *stepModel) exposed(depth int) float64 {
+	f, b := m.passes(depth)
+	return f.exposed + b.exposed + b.drain
+}
+
+// autoDepth returns the smallest depth in [1, maxDepth] whose exposed I/O
+// is as small as the deepest prefetch allows: deeper would only hold more
+// pinned memory.
+func (m *stepModel) autoDepth(maxDepth int) int {
+	if maxDepth > maxAutoDepth {
+		maxDepth = maxAutoDepth
+	}
+	if maxDepth < 1 {
+		return 0
+	}
+	best := m.exposed(maxDepth)
+	tol := 1e-9 + 1e-9*best
+	// Exposure never grows with depth: a deeper window queues every fetch
+	// no later, in the same FIFO order, so every fetch completes, every
+	// layer starts and every write is queued no later, and the pass ends
+	// no later. Binary search for the first depth that reaches the best.
+	lo, hi := 0, maxDepth // exposed(lo) > best+tol (or lo = 0), exposed(hi) <= best+tol
+	for lo+1 < hi {
+		mid := lo + (hi-lo)/2
+		if m.exposed(mid) <= best+tol {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+func seconds(s float64) time.Duration {
+	if s <= 0 || math.IsNaN(s) {
+		return 0
+	}
+	if s > float64(math.MaxInt64)/float64(time.Second) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(math.Round(s * float64(time.Second)))
+}
+
+func (m *stepModel) predict(depth int) StepPrediction {
+	f, b := m.passes(depth)
+	fc := seconds(m.compute * forwardShare * float64(m.layers))
+	bc := seconds(m.compute * backwardShare * float64(m.layers))
+	var sumFetch, sumWrite float64
+	for i := 0; i < m.layers; i++ {
+		sumFetch += m.fetch[i]
+		sumWrite += m.gradWrite[i]
+	}
+	p := StepPrediction{
+		Compute:        fc + bc,
+		ParamIO:        seconds(2 * sumFetch),
+		ExposedParamIO: seconds(f.exposed) + seconds(b.exposed),
+		GradIO:         seconds(sumWrite),
+		ExposedGradIO:  seconds(b.drain),
+		OptimizerIO:    seconds(m.optimizerS),
+	}
+	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.OptimizerIO
+	p.Phases = []Phase{
+		{Name: "forward", Compute: fc, IO: seconds(f.io), Exposed: seconds(f.exposed)},
+		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain)},
+		{Name: "optimizer", IO: p.OptimizerIO, Exposed: p.OptimizerIO},
+	}
+	for i := range p.Phases {
+		p.Phases[i].Total = p.Phases[i].Compute + p.Phases[i].Exposed
+	}
+	return p
+}
