@@ -1,0 +1,150 @@
+package optimizer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Hyper holds Adam's hyperparameters. Zero fields take the defaults listed
+// below (EnsureDefaults), as DeepSpeed's and PyTorch's Adam do; a literal
+// zero Beta1, Beta2 or Eps therefore cannot be expressed (use a tiny value).
+type Hyper struct {
+	// LR is the learning rate. Default 1e-3.
+	LR float32
+	// Beta1 is the decay of the first moment (exp_avg). Default 0.9.
+	Beta1 float32
+	// Beta2 is the decay of the second moment (exp_avg_sq). Default 0.999.
+	Beta2 float32
+	// Eps is added to the denominator for numerical stability. Default 1e-8.
+	Eps float32
+	// WeightDecay is the decay coefficient. Default 0 (none).
+	WeightDecay float32
+	// AdamW selects decoupled weight decay (the parameter is scaled by
+	// 1-LR*WeightDecay before the update) instead of L2 regularisation (the
+	// decay term added to the gradient). Default false, as in DeepSpeed's
+	// DeepSpeedCPUAdam(adamw_mode=False) and torch.optim.Adam.
+	AdamW bool
+}
+
+// Default hyperparameters (torch.optim.Adam's).
+const (
+	DefaultLR    float32 = 1e-3
+	DefaultBeta1 float32 = 0.9
+	DefaultBeta2 float32 = 0.999
+	DefaultEps   float32 = 1e-8
+)
+
+// EnsureDefaults fills the zero fields of h with their documented defaults.
+func (h *Hyper) EnsureDefaults() {
+	if h.LR == 0 {
+		h.LR = DefaultLR
+	}
+	if h.Beta1 == 0 {
+		h.Beta1 = DefaultBeta1
+	}
+	if h.Beta2 == 0 {
+		h.Beta2 = DefaultBeta2
+	}
+	if h.Eps == 0 {
+		h.Eps = DefaultEps
+	}
+}
+
+// Validate reports every invalid field of h at once. Zero fields are valid
+// (they mean the default).
+func (h *Hyper) Validate() error {
+	var errs []error
+	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
+	if !finite(h.LR) || h.LR < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.LR = %v: must be a finite number > 0 (0 means %v)", h.LR, DefaultLR))
+	}
+	if !finite(h.Beta1) || h.Beta1 < 0 || h.Beta1 >= 1 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Beta1 = %v: must be in [0, 1) (0 means %v)", h.Beta1, DefaultBeta1))
+	}
+	if !finite(h.Beta2) || h.Beta2 < 0 || h.Beta2 >= 1 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Beta2 = %v: must be in [0, 1) (0 means %v)", h.Beta2, DefaultBeta2))
+	}
+	if !finite(h.Eps) || h.Eps < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Eps = %v: must be a finite number > 0 (0 means %v)", h.Eps, DefaultEps))
+	}
+	if !finite(h.WeightDecay) || h.WeightDecay < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.WeightDecay = %v: must be a finite number >= 0", h.WeightDecay))
+	}
+	return errors.Join(errs...)
+}
+
+// Adam applies one Adam (or AdamW) step, number step (1-based), to the
+// parameters p in place, given the gradients g and the moments m (exp_avg)
+// and v (exp_avg_sq), which it also updates in place. Zero fields of h take
+// their defaults. It is the one update rule of zinf: the NVMe-backed
+// Optimizer and any in-memory reference loop call this function, so their
+// results agree bit for bit.
+//
+// All arithmetic is float32, each operation rounded on its own (explicit
+// conversions keep the compiler from fusing a multiply and an add into an
+// FMA, so the result is the same on every architecture). With t = step:
+//
+//	bc1      = 1 - float32(Beta1^t)          // powers in float64 (math.Pow), rounded once
+//	bc2sqrt  = float32(sqrt(1 - float32(Beta2^t)))
+//	stepSize = LR / bc1
+//	for each i:
+//	    gi = g[i]
+//	    if WeightDecay != 0 && !AdamW: gi = gi + WeightDecay*p[i]       // L2
+//	    if WeightDecay != 0 &&  AdamW: p[i] = p[i] * (1 - LR*WeightDecay) // decoupled
+//	    m[i]  = Beta1*m[i] + (1-Beta1)*gi
+//	    v[i]  = Beta2*v[i] + ((1-Beta2)*gi)*gi
+//	    denom = sqrt(v[i])/bc2sqrt + Eps     // sqrt correctly rounded to float32
+//	    p[i]  = p[i] - stepSize*(m[i]/denom)
+//
+// which is torch.optim.Adam's formula. Elements are independent, so
+// updating a tensor in several chunks gives the same bits as updating it
+// whole.
+//
+// g, m and v must have at least len(p) elements and step must be >= 1;
+// anything else is a programming error and panics (like copy into a short
+// slice would), because the signature has no error to return.
+func Adam(p, g, m, v []float32, step int, h Hyper) {
+	n := len(p)
+	if len(g) < n || len(m) < n || len(v) < n {
+		panic(fmt.Sprintf("optimizer.Adam: %d parameters but %d gradients, %d exp_avg, %d exp_avg_sq", n, len(g), len(m), len(v)))
+	}
+	if step < 1 {
+		panic(fmt.Sprintf("optimizer.Adam: step %d: steps are numbered from 1", step))
+	}
+	h.EnsureDefaults()
+	b1, b2, eps := h.Beta1, h.Beta2, h.Eps
+	c1, c2 := 1-b1, 1-b2
+	bc1 := 1 - float32(math.Pow(float64(b1), float64(step)))
+	bc2sqrt := sqrt32(1 - float32(math.Pow(float64(b2), float64(step))))
+	stepSize := h.LR / bc1
+	var l2 float32
+	decay := float32(1)
+	if h.WeightDecay != 0 {
+		if h.AdamW {
+			decay = 1 - float32(h.LR*h.WeightDecay)
+		} else {
+			l2 = h.WeightDecay
+		}
+	}
+	g, m, v = g[:n], m[:n], v[:n] // lets the compiler drop bounds checks
+	for i := range p {
+		pi, gi := p[i], g[i]
+		if l2 != 0 {
+			gi = gi + float32(l2*pi)
+		}
+		if decay != 1 {
+			pi = float32(pi * decay)
+		}
+		mi := float32(b1*m[i]) + float32(c1*gi)
+		vi := float32(b2*v[i]) + float32(float32(c2*gi)*gi)
+		denom := float32(sqrt32(vi)/bc2sqrt) + eps
+		pi = pi - float32(stepSize*float32(mi/denom))
+		p[i], m[i], v[i] = pi, mi, vi
+	}
+}
+
+// sqrt32 is the correctly rounded float32 square root: the float64 root of
+// a float32 is exact enough (53 >= 2*24+2 bits) that rounding it once more
+// gives the correctly rounded result.
+func sqrt32(x float32) float32 { return float32(math.Sqrt(float64(x))) }

@@ -1,0 +1,61 @@
+// Package optimizer is zinf's optimizer swapper: it keeps this rank's fp32
+// master weights and Adam's exp_avg and exp_avg_sq for every parameter
+// partition on NVMe (a swapper.Store) or in pinned memory, and takes Adam
+// steps by streaming them through a few pinned buffers, like DeepSpeed
+// ZeRO-Infinity's optimizer swapper. Models whose optimizer states are many
+// times the pinned pool work: the pool bounds the memory, not the model.
+//
+// # Use
+//
+//	opt, err := optimizer.New(optimizer.Options{
+//		Store: store, Pool: pool, Params: paramSwapper, Grads: gradSwapper,
+//		SubGroupSize: 1 << 20, PipelineDepth: 2,
+//		Hyper: optimizer.Hyper{LR: 1e-4},
+//	})
+//	for _, p := range partitions {
+//		opt.Register(p.Name, p.Values) // copied; states written to NVMe
+//	}
+//	for step := range steps {
+//		// forward/backward fill the grad swapper ...
+//		if err := opt.Step(ctx); err != nil {
+//			// nothing changed: fix the cause (free space) and call Step again
+//		}
+//	}
+//
+// # Sub-groups and the pipeline
+//
+// A tensor's partition is cut into sub-groups of at most SubGroupSize
+// elements; each sub-group's states are one record of 12 bytes per element
+// (master | exp_avg | exp_avg_sq) in the store. Step runs, per sub-group in
+// registration order, read (state record from the store, the tensor's
+// gradient from Grads once per tensor) / update (Adam, in place in the
+// pinned buffer) / write (the record back under a staging name, and the
+// tensor's new master to Params.StageUpdate after its last sub-group). With
+// PipelineDepth k >= 1 up to k sub-groups are read ahead and up to k writes
+// are in flight behind the update; BufferCount caps the buffer sets in use
+// and the pool's backpressure does the rest, so a small pool makes the
+// pipeline wait, never fail.
+//
+// Pinned memory in use during a step is at most min(BufferCount, 2k+1)
+// records plus, for the tensor being stepped, its gradient partition and
+// (when it has several sub-groups) its new master partition, 4 bytes per
+// element each, since GradSource and ParamSink work on whole partitions.
+//
+// # Transactions
+//
+// A step is all or nothing: new records are staged and renamed over the old
+// ones with one atomic Store.Rename only after every write succeeded, and
+// Params.CommitUpdates publishes the parameters at the same point. Any
+// failure (ENOSPC, EIO, a checksum mismatch, a cancelled context) leaves
+// states, parameters and the step counter as they were, so retrying the
+// step after the fault gives bit-for-bit the fault-free result. The price
+// is disk space: during a step the store holds old and new records. With
+// states in pinned memory (Store nil) the price is memory: every sub-group
+// keeps two copies (24 bytes per element).
+//
+// # Arithmetic
+//
+// Adam is exported and is the only update rule: an in-memory reference loop
+// that calls it on whole tensors produces exactly the bits the swapper
+// produces, whatever the sub-group size or pipeline depth.
+package optimizer

@@ -1,0 +1,460 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/zinfio/zinf/buffers"
+)
+
+// Optimizer holds, per registered tensor, this rank's fp32 master partition
+// and Adam's exp_avg and exp_avg_sq, split into sub-groups, on NVMe (or in
+// pinned memory), and steps them with a read-ahead / update / write-behind
+// pipeline. Register, LoadState, ReadState, Step and Close are serialised
+// (one runs at a time); Names, StepCount and Stats may be called at any
+// time from any goroutine. Close is called once.
+type Optimizer struct {
+	opts Options
+
+	// opMu serialises the operations that touch states.
+	opMu   sync.Mutex
+	closed bool
+
+	// mu guards the fields below, which readers see between operations.
+	mu      sync.Mutex
+	tensors []*tensor
+	byName  map[string]*tensor
+	sgs     []*subGroup // every sub-group, in registration order
+	step    int
+	stats   Stats
+}
+
+// tensor is one registered parameter partition.
+type tensor struct {
+	name string
+	n    int         // elements in the partition
+	sgs  []*subGroup // its sub-groups, in order
+}
+
+// subGroup is a chunk [off, off+n) of a tensor's partition. Its states are
+// one record of 3n float32s, master | exp_avg | exp_avg_sq, stored under key
+// (NVMe) or held in mem[cur] (pinned memory).
+type subGroup struct {
+	t      *tensor
+	j      int // index within the tensor
+	off, n int
+	key    string
+	mem    [2]*buffers.Buffer // Store == nil: the current record and the one a step builds
+	cur    int
+}
+
+// recordBytes is the byte length of a sub-group's state record.
+func (sg *subGroup) recordBytes() int { return 3 * 4 * sg.n }
+
+// staged and prev name a sub-group's record while a step is being committed.
+func (sg *subGroup) staged() string { return sg.key + "~staged" }
+func (sg *subGroup) prev() string   { return sg.key + "~prev" }
+
+// Stats are an optimizer's counters.
+type Stats struct {
+	Tensors    int   // registered tensors
+	SubGroups  int   // sub-groups over all tensors
+	Elements   int64 // parameter elements over all tensors
+	StateBytes int64 // bytes of master + exp_avg + exp_avg_sq (12 per element)
+
+	Steps       int64     // committed steps
+	FailedSteps int64     // Step calls that returned an error
+	Last        StepStats // the last Step, failed or not
+	Total       StepStats // sums over every Step call
+}
+
+// StepStats describe one Step (or, summed, many).
+type StepStats struct {
+	Step      int  // the step number attempted (in Total: the last one)
+	Committed bool // whether it was committed (in Total: the last one)
+	SubGroups int  // sub-groups updated
+	// BytesRead and BytesWritten count optimizer-state bytes moved from and
+	// to the store (0 with states in pinned memory); GradBytes the gradient
+	// bytes read from Grads.
+	BytesRead, BytesWritten, GradBytes int64
+	// Elapsed is the wall time of Step. Compute is the time spent in Adam
+	// and copies on the update goroutine; ReadWait the time it waited for
+	// read-ahead (buffers, state reads, gradients); WriteWait the time it
+	// waited to start a write-behind (or, at depth 0, for the write and the
+	// staged parameter write to finish); Commit the time of the final
+	// rename and Params.CommitUpdates. Compute/Elapsed near 1 means the
+	// I/O was hidden.
+	Elapsed, Compute, ReadWait, WriteWait, Commit time.Duration
+}
+
+func (s *StepStats) add(o StepStats) {
+	s.Step, s.Committed = o.Step, o.Committed
+	s.SubGroups += o.SubGroups
+	s.BytesRead += o.BytesRead
+	s.BytesWritten += o.BytesWritten
+	s.GradBytes += o.GradBytes
+	s.Elapsed += o.Elapsed
+	s.Compute += o.Compute
+	s.ReadWait += o.ReadWait
+	s.WriteWait += o.WriteWait
+	s.Commit += o.Commit
+}
+
+// New returns an Optimizer with no tensors. opts is copied, defaulted
+// (EnsureDefaults) and validated.
+func New(opts Options) (*Optimizer, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	return &Optimizer{opts: opts, byName: make(map[string]*tensor)}, nil
+}
+
+// Options returns the optimizer's effective options (defaults filled).
+func (o *Optimizer) Options() Options { return o.opts }
+
+// Register adds this rank's fp32 partition of a parameter: master is copied
+// as the master weights, exp_avg and exp_avg_sq start at zero, and the
+// states are written to the store (or to pinned memory) before Register
+// returns. Tensors are stepped in registration order. It blocks while the
+// pool is exhausted (with a Store), and fails with ErrPoolTooSmall when the
+// pool can never hold what one step of this tensor needs: its gradient and,
+// when it spans several sub-groups, its new master (4 bytes per element
+// each), plus one sub-group record (12 bytes per element). A tensor
+// registered after steps were taken starts with the shared step counter's
+// bias correction.
+func (o *Optimizer) Register(name string, master []float32) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	fail := func(err error) error { return &Error{Op: "register", Tensor: name, SubGroup: -1, Err: err} }
+	if o.closed {
+		return fail(ErrClosed)
+	}
+	if name == "" {
+		return fail(errors.New("empty tensor name"))
+	}
+	if len(master) == 0 {
+		return fail(fmt.Errorf("%w: empty partition", ErrLength))
+	}
+	o.mu.Lock()
+	_, dup := o.byName[name]
+	o.mu.Unlock()
+	if dup {
+		return fail(ErrRegistered)
+	}
+	t := &tensor{name: name, n: len(master)}
+	for j, off := 0, 0; off < t.n; j, off = j+1, off+o.opts.SubGroupSize {
+		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: min(o.opts.SubGroupSize, t.n-off),
+			key: fmt.Sprintf("%s/%s#%d", o.opts.Prefix, name, j)})
+	}
+	if err := o.checkPool(t); err != nil {
+		return fail(err)
+	}
+	if err := o.writeInitial(t, master); err != nil {
+		return fail(err)
+	}
+	o.mu.Lock()
+	o.tensors = append(o.tensors, t)
+	o.byName[name] = t
+	o.sgs = append(o.sgs, t.sgs...)
+	o.stats.Tensors++
+	o.stats.SubGroups += len(t.sgs)
+	o.stats.Elements += int64(t.n)
+	o.stats.StateBytes += 12 * int64(t.n)
+	o.mu.Unlock()
+	return nil
+}
+
+// bufBytes is the pool request for a buffer of n bytes that the store may
+// read or write: padded to the store's alignment.
+func (o *Optimizer) bufBytes(n int) int {
+	if o.opts.Store == nil {
+		return n
+	}
+	return int(o.opts.Store.PaddedLen(int64(n)))
+}
+
+// checkPool refuses a tensor whose step could never get its buffers, so a
+// Step cannot wait forever on a pool that is simply too small.
+func (o *Optimizer) checkPool(t *tensor) error {
+	p := o.opts.Pool
+	granule := int64(p.MinBufferBytes())
+	size := func(n int) int64 { return (int64(n) + granule - 1) / granule * granule }
+	var need int64
+	check := func(what string, n int) error {
+		if n > p.MaxBufferBytes() {
+			return fmt.Errorf("%w: %s needs a %d-byte buffer; the largest the pool (%d bytes) holds is %d%s",
+				ErrPoolTooSmall, what, n, p.CapacityBytes(), p.MaxBufferBytes(), hint(what))
+		}
+		need += size(n)
+		return nil
+	}
+	if err := check("the gradient partition", o.bufBytes(4*t.n)); err != nil {
+		return err
+	}
+	if len(t.sgs) > 1 {
+		if err := check("the new master partition", o.bufBytes(4*t.n)); err != nil {
+			return err
+		}
+	}
+	if o.opts.Store != nil {
+		if err := check("a sub-group's states", o.bufBytes(t.sgs[0].recordBytes())); err != nil {
+			return err
+		}
+	} else {
+		// Both copies of every record stay in the pool (TryAcquire at
+		// registration tells whether they fit next to other tensors').
+		for _, sg := range t.sgs {
+			for range 2 {
+				if err := check("a sub-group's states", sg.recordBytes()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if need > p.CapacityBytes() {
+		return fmt.Errorf("%w: one step of this tensor (%d elements, %d sub-groups) needs %d bytes of pinned memory at once; the pool has %d",
+			ErrPoolTooSmall, t.n, len(t.sgs), need, p.CapacityBytes())
+	}
+	return nil
+}
+
+func hint(what string) string {
+	if what == "a sub-group's states" {
+		return " (lower SubGroupSize)"
+	}
+	return " (gradients and staged masters are whole partitions)"
+}
+
+// writeInitial stores [master | 0 | 0] for every sub-group of t. On failure
+// nothing of t is left behind.
+func (o *Optimizer) writeInitial(t *tensor, master []float32) error {
+	return o.writeStates(context.Background(), t, master, nil, nil, false)
+}
+
+// writeStates writes the given states (nil moments mean zeros) for every
+// sub-group of t. With a store the records go to the current names
+// directly (fresh is true at Register) or, when replacing existing states,
+// to staging names renamed at once at the end, so a failure leaves t as it
+// was. In pinned memory the records are acquired (fresh) or overwritten.
+func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, expAvgSq []float32, replace bool) error {
+	fill := func(rec []float32, sg *subGroup) {
+		n := sg.n
+		copy(rec[:n], master[sg.off:sg.off+n])
+		if expAvg != nil {
+			copy(rec[n:2*n], expAvg[sg.off:sg.off+n])
+			copy(rec[2*n:3*n], expAvgSq[sg.off:sg.off+n])
+		} else {
+			clear(rec[n : 3*n])
+		}
+	}
+	st := o.opts.Store
+	if st == nil {
+		if replace {
+			for _, sg := range t.sgs {
+				fill(sg.mem[sg.cur].Float32(), sg)
+			}
+			return nil
+		}
+		for _, sg := range t.sgs {
+			for k := range sg.mem {
+				b, ok := o.opts.Pool.TryAcquire(sg.recordBytes(), buffers.PurposeOptimizer)
+				if !ok {
+					releaseMem(t)
+					return fmt.Errorf("%w: no %d bytes free for sub-group %d's states in pinned memory (states kept in memory take 24 bytes per element; free: %d bytes)",
+						ErrPoolTooSmall, sg.recordBytes(), sg.j, o.opts.Pool.Stats().FreeBytes)
+				}
+				sg.mem[k] = b
+			}
+			fill(sg.mem[0].Float32(), sg)
+		}
+		return nil
+	}
+	var written []string
+	undo := func() {
+		for _, k := range written {
+			st.Delete(k)
+		}
+	}
+	for _, sg := range t.sgs {
+		b, err := o.opts.Pool.Acquire(ctx, o.bufBytes(sg.recordBytes()), buffers.PurposeOptimizer)
+		if err != nil {
+			undo()
+			return err
+		}
+		rec := b.Bytes()[:sg.recordBytes()]
+		fill(buffers.Float32Bytes(rec), sg)
+		key := sg.key
+		if replace {
+			key = sg.staged()
+		}
+		err = st.Write(ctx, key, rec)
+		b.Release()
+		if err != nil {
+			undo()
+			return err
+		}
+		written = append(written, key)
+	}
+	if replace {
+		pairs := make([][2]string, len(t.sgs))
+		for i, sg := range t.sgs {
+			pairs[i] = [2]string{sg.staged(), sg.key}
+		}
+		if err := st.Rename(pairs...); err != nil {
+			undo()
+			return err
+		}
+	}
+	return nil
+}
+
+func releaseMem(t *tensor) {
+	for _, sg := range t.sgs {
+		for k, b := range sg.mem {
+			if b != nil {
+				b.Release()
+				sg.mem[k] = nil
+			}
+		}
+	}
+}
+
+// Names returns the registered tensor names, in registration order.
+func (o *Optimizer) Names() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, len(o.tensors))
+	for i, t := range o.tensors {
+		out[i] = t.name
+	}
+	return out
+}
+
+// StepCount returns the number of committed steps (or the step loaded by
+// LoadState, plus the steps committed since).
+func (o *Optimizer) StepCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.step
+}
+
+// Stats returns a snapshot of the optimizer's counters.
+func (o *Optimizer) Stats() Stats {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stats
+}
+
+func (o *Optimizer) lookup(name string) (*tensor, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t, ok := o.byName[name]
+	return t, ok
+}
+
+// ReadState returns copies of a tensor's master weights, exp_avg and
+// exp_avg_sq as of the last committed step, for verification and
+// checkpoints. The slices are freshly allocated and belong to the caller.
+func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	fail := func(sg int, err error) error {
+		return &Error{Op: "read-state", Tensor: name, SubGroup: sg, Err: err}
+	}
+	if o.closed {
+		return nil, nil, nil, fail(-1, ErrClosed)
+	}
+	t, ok := o.lookup(name)
+	if !ok {
+		return nil, nil, nil, fail(-1, ErrNotRegistered)
+	}
+	master, expAvg, expAvgSq = make([]float32, t.n), make([]float32, t.n), make([]float32, t.n)
+	out := func(rec []float32, sg *subGroup) {
+		n := sg.n
+		copy(master[sg.off:], rec[:n])
+		copy(expAvg[sg.off:], rec[n:2*n])
+		copy(expAvgSq[sg.off:], rec[2*n:3*n])
+	}
+	for _, sg := range t.sgs {
+		if o.opts.Store == nil {
+			out(sg.mem[sg.cur].Float32(), sg)
+			continue
+		}
+		b, err := o.opts.Pool.Acquire(ctx, o.bufBytes(sg.recordBytes()), buffers.PurposeOptimizer)
+		if err != nil {
+			return nil, nil, nil, fail(sg.j, err)
+		}
+		rec := b.Bytes()[:sg.recordBytes()]
+		if err := o.opts.Store.Read(ctx, sg.key, rec); err != nil {
+			b.Release()
+			return nil, nil, nil, fail(sg.j, err)
+		}
+		out(buffers.Float32Bytes(rec), sg)
+		b.Release()
+	}
+	return master, expAvg, expAvgSq, nil
+}
+
+// LoadState replaces a registered tensor's states (from a checkpoint) and
+// sets the step counter, which all tensors share, to step: load every
+// tensor with the checkpoint's step. The three slices must have the
+// tensor's partition length. With a store the new states are staged and
+// renamed at once, so a failure leaves the tensor's states as they were.
+func (o *Optimizer) LoadState(ctx context.Context, name string, master, expAvg, expAvgSq []float32, step int) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	fail := func(err error) error { return &Error{Op: "load", Tensor: name, SubGroup: -1, Err: err} }
+	if o.closed {
+		return fail(ErrClosed)
+	}
+	t, ok := o.lookup(name)
+	if !ok {
+		return fail(ErrNotRegistered)
+	}
+	if len(master) != t.n || len(expAvg) != t.n || len(expAvgSq) != t.n {
+		return fail(fmt.Errorf("%w: the partition has %d elements; got master %d, exp_avg %d, exp_avg_sq %d",
+			ErrLength, t.n, len(master), len(expAvg), len(expAvgSq)))
+	}
+	if step < 0 {
+		return fail(fmt.Errorf("step %d is negative", step))
+	}
+	if err := o.writeStates(ctx, t, master, expAvg, expAvgSq, true); err != nil {
+		return fail(err)
+	}
+	o.mu.Lock()
+	o.step = step
+	o.mu.Unlock()
+	return nil
+}
+
+// Close drops the optimizer's states: their records are deleted from the
+// store (the Store itself stays open: it belongs to the caller) or their
+// pinned buffers released. Later calls fail with ErrClosed.
+func (o *Optimizer) Close() error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if o.closed {
+		return ErrClosed
+	}
+	o.closed = true
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, t := range o.tensors {
+		if o.opts.Store == nil {
+			releaseMem(t)
+			continue
+		}
+		for _, sg := range t.sgs {
+			o.opts.Store.Delete(sg.key)
+			o.opts.Store.Delete(sg.staged())
+			o.opts.Store.Delete(sg.prev())
+		}
+	}
+	o.opts.Logger.Debug("optimizer: closed", slog.Int("tensors", len(o.tensors)), slog.Int("steps", o.step))
+	return nil
+}

@@ -1,0 +1,196 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// Waiter is an operation in flight; Wait blocks until it is done and
+// returns its outcome. It is an alias of the unnamed interface so that any
+// package whose methods return interface{ Wait() error } (or an alias of
+// it) satisfies ParamSink without importing this package; *swapper.Pending
+// is one. A package with its own named waiter type is adapted by SinkOf.
+type Waiter = interface{ Wait() error }
+
+var (
+	_ Waiter    = (*swapper.Pending)(nil)
+	_ ParamSink = sinkAdapter[Waiter]{}
+)
+
+// ParamSink receives the updated parameters of a step: the param swapper
+// (swapper/param) implements it.
+//
+// StageUpdate is called once per tensor per step, from the goroutine that
+// runs Step, with the tensor's whole new fp32 partition. The sink converts
+// it to the parameter dtype and writes it somewhere invisible to readers
+// until CommitUpdates. values is owned by the optimizer and stays valid and
+// unchanged until the returned Waiter's Wait returns (so the sink may read
+// it asynchronously); the sink must not keep it longer. Wait is called
+// exactly once, from another goroutine.
+//
+// After every StageUpdate of a step succeeded, CommitUpdates makes them all
+// visible at once; on failure it must leave the previous parameters in
+// place. DiscardUpdates drops whatever was staged since the last commit;
+// the optimizer calls it when a step fails and after a failed commit. No
+// two of these methods are called concurrently by one Optimizer.
+type ParamSink interface {
+	StageUpdate(ctx context.Context, name string, values []float32) (Waiter, error)
+	CommitUpdates() error
+	DiscardUpdates()
+}
+
+// Stager is a ParamSink whose StageUpdate returns its own waiter type W
+// instead of Waiter: Go matches method results by identical type, so a
+// swapper that declares "type Waiter interface{ Wait() error }" (as
+// swapper/param does) is a Stager[param.Waiter] but not a ParamSink.
+// SinkOf bridges the two.
+type Stager[W Waiter] interface {
+	StageUpdate(ctx context.Context, name string, values []float32) (W, error)
+	CommitUpdates() error
+	DiscardUpdates()
+}
+
+// SinkOf adapts s to a ParamSink, for example
+// optimizer.SinkOf[param.Waiter](paramSwapper).
+func SinkOf[W Waiter](s Stager[W]) ParamSink { return sinkAdapter[W]{s} }
+
+type sinkAdapter[W Waiter] struct{ s Stager[W] }
+
+func (a sinkAdapter[W]) StageUpdate(ctx context.Context, name string, values []float32) (Waiter, error) {
+	w, err := a.s.StageUpdate(ctx, name, values)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (a sinkAdapter[W]) CommitUpdates() error { return a.s.CommitUpdates() }
+func (a sinkAdapter[W]) DiscardUpdates()      { a.s.DiscardUpdates() }
+
+// GradSource provides the gradient partitions at the optimizer step: the
+// grad swapper (swapper/grad) implements it. Read fills dst, whose length
+// is the tensor's partition length, with the gradient of the named tensor.
+// It is called once per tensor per Step attempt, from one goroutine at a
+// time (not the one running Step when PipelineDepth > 0), and must return
+// the same values when a failed Step is retried.
+type GradSource interface {
+	Read(ctx context.Context, name string, dst []float32) error
+}
+
+// Defaults used by EnsureDefaults.
+const (
+	// DefaultSubGroupSize is DeepSpeed's zero_optimization.sub_group_size
+	// default (1e9 elements). Real runs choose it so that a few sub-groups'
+	// states (12 bytes per element) fit the pinned pool.
+	DefaultSubGroupSize = 1_000_000_000
+	// DefaultBufferCount is DeepSpeed's offload_optimizer.buffer_count
+	// default; EnsureDefaults raises it to 2*PipelineDepth+1 when the
+	// pipeline wants more.
+	DefaultBufferCount = 4
+	// DefaultPrefix names the optimizer's tensors in the store.
+	DefaultPrefix = "optimizer"
+)
+
+// Options configure an Optimizer. The zero value of each field means its
+// documented default (EnsureDefaults); Pool and Grads are required.
+type Options struct {
+	// Store keeps the optimizer states on NVMe (offload_optimizer.device
+	// "nvme"). Nil keeps them in pinned memory from Pool instead
+	// (offload_optimizer.device "cpu"); then each sub-group holds two state
+	// copies (the current one and the one a step builds, swapped at commit
+	// so a failed step changes nothing), 24 bytes per element.
+	Store *swapper.Store
+	// Pool provides every pinned buffer the optimizer uses. Required.
+	Pool *buffers.Pool
+	// Params receives each step's new master weights (staged, then
+	// committed with the step). Nil: the parameters are not written back
+	// (a test or a benchmark of the optimizer alone).
+	Params ParamSink
+	// Grads provides the gradients at each step. Required.
+	Grads GradSource
+	// SubGroupSize is the most elements per sub-group, the unit the step
+	// pipeline reads, updates and writes (DeepSpeed's sub_group_size). A
+	// sub-group is a consecutive chunk of one tensor's partition: a larger
+	// tensor is split into several sub-groups (the last one shorter), and
+	// tensors never share one. Default DefaultSubGroupSize.
+	SubGroupSize int
+	// PipelineDepth is k in "read sub-group i+k ahead while updating i and
+	// keep up to k writes of earlier sub-groups in flight behind". 0 (the
+	// default) runs read, update and write one sub-group at a time on the
+	// caller's goroutine.
+	PipelineDepth int
+	// BufferCount is the number of pinned sub-group buffer sets the step
+	// may hold at once (DeepSpeed's offload_optimizer.buffer_count). The
+	// pipeline wants 2*PipelineDepth+1 (one updating, k read ahead, k being
+	// written); with fewer it waits for a set to be written back before it
+	// reads the next (backpressure), so 1 works at any depth. Default
+	// max(DefaultBufferCount, 2*PipelineDepth+1).
+	BufferCount int
+	// Hyper are Adam's hyperparameters; zero fields take their defaults.
+	Hyper Hyper
+	// Prefix names the optimizer's tensors in the store: sub-group j of
+	// tensor w is "<Prefix>/w#j". Default DefaultPrefix. Give each
+	// Optimizer sharing a Store its own prefix.
+	Prefix string
+	// Logger receives step failures and rollback problems. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// EnsureDefaults fills the zero fields of o with their documented defaults.
+func (o *Options) EnsureDefaults() {
+	if o.SubGroupSize == 0 {
+		o.SubGroupSize = DefaultSubGroupSize
+	}
+	if o.BufferCount == 0 {
+		o.BufferCount = max(DefaultBufferCount, 2*o.PipelineDepth+1)
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Hyper.EnsureDefaults()
+}
+
+// Validate reports every problem with o at once, naming the field, its
+// value and what is allowed.
+func (o *Options) Validate() error {
+	var errs []error
+	bad := func(field string, value any, allowed string) {
+		errs = append(errs, fmt.Errorf("optimizer: Options.%s = %v: %s", field, value, allowed))
+	}
+	if o.Pool == nil {
+		bad("Pool", nil, "required: the pinned pool every sub-group buffer comes from")
+	}
+	if o.Grads == nil {
+		bad("Grads", nil, "required: the source of the gradients at each step")
+	}
+	if o.SubGroupSize < 0 {
+		bad("SubGroupSize", o.SubGroupSize, fmt.Sprintf("must be >= 1 (0 means %d)", DefaultSubGroupSize))
+	}
+	if o.PipelineDepth < 0 {
+		bad("PipelineDepth", o.PipelineDepth, "must be >= 0 (0 means no overlap)")
+	}
+	if o.BufferCount < 0 {
+		bad("BufferCount", o.BufferCount, "must be >= 1 (0 means max(4, 2*PipelineDepth+1))")
+	}
+	if err := o.Hyper.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.Store != nil && o.Pool != nil {
+		// Pool buffers start at multiples of the granule; the store's
+		// transfers need its device alignment.
+		if a := o.Store.Alignment(); int64(o.Pool.MinBufferBytes())%a != 0 {
+			bad("Pool", fmt.Sprintf("granule %d", o.Pool.MinBufferBytes()),
+				fmt.Sprintf("the pool's MinBufferBytes must be a multiple of the store's alignment (%d)", a))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,473 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zinfio/zinf/buffers"
+)
+
+// Step takes one Adam step over every sub-group, in registration order.
+//
+// Each sub-group's record (master, exp_avg, exp_avg_sq) is read from the
+// store into a pinned buffer, the tensor's gradient is read from Grads
+// (once per tensor), Adam updates the record in place, and the record is
+// written back under a staging name; when the last sub-group of a tensor is
+// done, its whole new master partition goes to Params.StageUpdate. With
+// PipelineDepth k >= 1 a reader goroutine keeps k sub-groups read ahead and
+// a writer goroutine waits for up to k write-behinds, while the caller's
+// goroutine runs the updates; BufferCount and the pool bound the pinned
+// memory in use (backpressure, never an error).
+//
+// Step is transactional. Only when every sub-group is written and staged
+// are the new records renamed over the old ones, in one atomic
+// Store.Rename, and Params.CommitUpdates called (if that fails the rename
+// is undone). On any error (a full disk on a write-behind, an I/O error or
+// checksum mismatch on a read, a failing Grads or Params, ctx cancelled)
+// Step waits for everything in flight, deletes the staged records, calls
+// Params.DiscardUpdates, leaves the step counter as it was and returns an
+// *Error naming the tensor and sub-group: the states on NVMe and in memory
+// are unchanged, and calling Step again once the fault has cleared gives
+// exactly the result a fault-free step would have. While a step runs, the
+// store holds both versions of every record (twice the states' disk
+// space).
+func (o *Optimizer) Step(ctx context.Context) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	o.mu.Lock()
+	stepNo := o.step + 1
+	sgs := o.sgs[:len(o.sgs):len(o.sgs)]
+	o.mu.Unlock()
+	if o.closed {
+		return &Error{Op: "step", SubGroup: -1, Step: stepNo, Err: ErrClosed}
+	}
+	if err := ctx.Err(); err != nil {
+		return &Error{Op: "step", SubGroup: -1, Step: stepNo, Err: err}
+	}
+	start := time.Now()
+	r := &stepRun{o: o, step: stepNo, sgs: sgs, depth: o.opts.PipelineDepth,
+		tokens: make(chan struct{}, o.opts.BufferCount)}
+	r.ctx, r.cancel = context.WithCancel(ctx)
+	r.run()
+	r.cancel()
+	err := r.err
+	if err == nil {
+		t := time.Now()
+		err = o.commit(r)
+		r.commit = time.Since(t)
+	} else {
+		o.abort(r)
+	}
+	st := r.stepStats(err == nil)
+	st.Elapsed = time.Since(start)
+
+	o.mu.Lock()
+	if err == nil {
+		o.step = stepNo
+		o.stats.Steps++
+	} else {
+		o.stats.FailedSteps++
+	}
+	o.stats.Last = st
+	o.stats.Total.add(st)
+	o.mu.Unlock()
+	if err != nil {
+		o.opts.Logger.Warn("optimizer: step failed; states and parameters unchanged", slog.Int("step", stepNo), slog.Any("error", err))
+		return err
+	}
+	o.opts.Logger.Debug("optimizer: step committed", slog.Int("step", stepNo), slog.Int("sub_groups", st.SubGroups),
+		slog.Int64("bytes_read", st.BytesRead), slog.Int64("bytes_written", st.BytesWritten),
+		slog.Duration("elapsed", st.Elapsed), slog.Duration("compute", st.Compute))
+	return nil
+}
+
+// stepRun is one Step attempt.
+type stepRun struct {
+	o      *Optimizer
+	ctx    context.Context // cancelled at the first failure
+	cancel context.CancelFunc
+	step   int
+	sgs    []*subGroup
+	depth  int
+
+	tokens chan struct{} // one per buffer set in use (BufferCount)
+	wslots chan struct{} // one per write-behind in flight (depth > 0)
+
+	mu  sync.Mutex
+	err error // the first failure
+
+	subGroups, bytesRead, bytesWritten, gradBytes atomic.Int64
+	// Touched by the update goroutine only.
+	compute, readWait, writeWait, commit time.Duration
+}
+
+// item is one sub-group on its way through the pipeline, with everything
+// it holds; retire gives all of it back, whatever happened.
+type item struct {
+	sg           *subGroup
+	failed       bool // read-ahead did not complete: no update
+	token, wslot bool
+	rec          *buffers.Buffer // the record's buffer (with a store)
+	state        []float32       // master | exp_avg | exp_avg_sq
+	grad, master *buffers.Buffer // references to the tensor's gradient and new-master buffers
+	read         Waiter
+	readDone     bool
+	write, stage Waiter
+}
+
+// tensorBufs are the read-ahead's own references to the buffers of the
+// tensor it is reading, held until its last sub-group is read ahead.
+type tensorBufs struct{ grad, master *buffers.Buffer }
+
+func (tb *tensorBufs) release() {
+	if tb.grad != nil {
+		tb.grad.Release()
+		tb.grad = nil
+	}
+	if tb.master != nil {
+		tb.master.Release()
+		tb.master = nil
+	}
+}
+
+func (r *stepRun) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	} else {
+		r.o.opts.Logger.Debug("optimizer: further step error", slog.Any("error", err))
+	}
+	r.mu.Unlock()
+	r.cancel()
+}
+
+func (r *stepRun) failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err != nil
+}
+
+func (r *stepRun) wrap(op string, sg *subGroup, whole bool, err error) error {
+	j := sg.j
+	if whole {
+		j = -1
+	}
+	return &Error{Op: op, Tensor: sg.t.name, SubGroup: j, SubGroups: len(sg.t.sgs), Step: r.step, Err: err}
+}
+
+func (r *stepRun) stepStats(committed bool) StepStats {
+	return StepStats{Step: r.step, Committed: committed, SubGroups: int(r.subGroups.Load()),
+		BytesRead: r.bytesRead.Load(), BytesWritten: r.bytesWritten.Load(), GradBytes: r.gradBytes.Load(),
+		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Commit: r.commit}
+}
+
+func last(sg *subGroup) bool { return sg.j == len(sg.t.sgs)-1 }
+
+// run drives every sub-group through read-ahead, update and retire, and
+// returns once nothing is in flight and every buffer is back.
+func (r *stepRun) run() {
+	if r.depth == 0 {
+		var tb tensorBufs
+		defer tb.release()
+		for _, sg := range r.sgs {
+			if err := r.ctx.Err(); err != nil {
+				r.fail(r.wrap("read-ahead", sg, false, err))
+				return
+			}
+			t := time.Now()
+			it, err := r.prefetch(sg, &tb)
+			r.readWait += time.Since(t)
+			if err != nil {
+				it.failed = true
+				r.fail(err)
+			}
+			r.update(it)
+			t = time.Now()
+			r.retire(it)
+			r.writeWait += time.Since(t)
+			if r.failed() {
+				return
+			}
+			if last(sg) {
+				tb.release()
+			}
+		}
+		return
+	}
+
+	k := r.depth
+	ready := make(chan *item, k)    // read ahead, waiting for the update
+	ahead := make(chan struct{}, k) // bounds ready plus the one being read to k
+	done := make(chan *item, k)     // updated, waiting for write-behind
+	r.wslots = make(chan struct{}, k)
+	var wg sync.WaitGroup
+	wg.Go(func() { // read-ahead
+		defer close(ready)
+		var tb tensorBufs
+		defer tb.release()
+		for _, sg := range r.sgs {
+			select {
+			case ahead <- struct{}{}:
+			case <-r.ctx.Done():
+				r.fail(r.wrap("read-ahead", sg, false, r.ctx.Err()))
+				return
+			}
+			it, err := r.prefetch(sg, &tb)
+			if err != nil {
+				it.failed = true
+				r.fail(err)
+			}
+			ready <- it // the update loop drains ready to the end, failed or not
+			if err != nil {
+				return
+			}
+			if last(sg) {
+				tb.release()
+			}
+		}
+	})
+	wg.Go(func() { // write-behind
+		for it := range done {
+			r.retire(it)
+		}
+	})
+	for {
+		t := time.Now()
+		it, ok := <-ready
+		r.readWait += time.Since(t)
+		if !ok {
+			break
+		}
+		<-ahead
+		r.update(it)
+		t = time.Now()
+		done <- it
+		r.writeWait += time.Since(t)
+	}
+	close(done)
+	wg.Wait()
+}
+
+// prefetch takes a buffer set for sg and starts reading its record; for a
+// tensor's first sub-group it also acquires the tensor's gradient (and
+// new-master) buffers and reads the gradient. It always returns an item
+// holding whatever it acquired, for retire to give back.
+func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
+	o := r.o
+	it := &item{sg: sg}
+	select {
+	case r.tokens <- struct{}{}:
+		it.token = true
+	case <-r.ctx.Done():
+		return it, r.wrap("read-ahead", sg, false, r.ctx.Err())
+	}
+	t := sg.t
+	pool := o.opts.Pool
+	if sg.j == 0 {
+		tb.release()
+		b, err := pool.Acquire(r.ctx, o.bufBytes(4*t.n), buffers.PurposeOptimizer)
+		if err != nil {
+			return it, r.wrap("read-ahead", sg, false, err)
+		}
+		tb.grad = b
+		if len(t.sgs) > 1 {
+			b, err := pool.Acquire(r.ctx, o.bufBytes(4*t.n), buffers.PurposeOptimizer)
+			if err != nil {
+				return it, r.wrap("read-ahead", sg, false, err)
+			}
+			tb.master = b
+		}
+	}
+	if tb.grad == nil {
+		// Only a broken invariant gets here: sub-groups run in order.
+		panic("optimizer: gradient buffer missing for a tensor's later sub-group")
+	}
+	tb.grad.Retain()
+	it.grad = tb.grad
+	if tb.master != nil {
+		tb.master.Retain()
+		it.master = tb.master
+	}
+	if st := o.opts.Store; st != nil {
+		rb := sg.recordBytes()
+		b, err := pool.Acquire(r.ctx, o.bufBytes(rb), buffers.PurposeOptimizer)
+		if err != nil {
+			return it, r.wrap("read-ahead", sg, false, err)
+		}
+		it.rec = b
+		it.state = buffers.Float32Bytes(b.Bytes()[:rb])
+		p, err := st.ReadAsync(sg.key, b.Bytes()[:rb])
+		if err != nil {
+			return it, r.wrap("read-ahead", sg, false, err)
+		}
+		it.read = p
+	} else {
+		// The step builds the other copy; the current one stays as it is
+		// until commit.
+		next := sg.mem[1-sg.cur].Float32()
+		copy(next, sg.mem[sg.cur].Float32())
+		it.state = next
+	}
+	if sg.j == 0 {
+		if err := o.opts.Grads.Read(r.ctx, t.name, tb.grad.Float32()[:t.n]); err != nil {
+			return it, r.wrap("grad", sg, true, err)
+		}
+		r.gradBytes.Add(4 * int64(t.n))
+	}
+	return it, nil
+}
+
+// update waits for it's read, applies Adam, starts the write-behind and,
+// after a tensor's last sub-group, stages the tensor's new master. It runs
+// on the caller's goroutine and does nothing once the step has failed.
+func (r *stepRun) update(it *item) {
+	if it.failed || r.failed() {
+		return
+	}
+	o := r.o
+	sg, t, n := it.sg, it.sg.t, it.sg.n
+	if it.read != nil {
+		start := time.Now()
+		err := it.read.Wait()
+		it.readDone = true
+		r.readWait += time.Since(start)
+		if err != nil {
+			r.fail(r.wrap("read-ahead", sg, false, err))
+			return
+		}
+		r.bytesRead.Add(int64(sg.recordBytes()))
+	}
+	start := time.Now()
+	p, m, v := it.state[:n], it.state[n:2*n], it.state[2*n:3*n]
+	Adam(p, it.grad.Float32()[sg.off:sg.off+n], m, v, r.step, o.opts.Hyper)
+	if it.master != nil {
+		copy(it.master.Float32()[sg.off:sg.off+n], p)
+	}
+	r.compute += time.Since(start)
+	r.subGroups.Add(1)
+
+	if st := o.opts.Store; st != nil {
+		start := time.Now()
+		if r.wslots != nil {
+			r.wslots <- struct{}{} // at most k writes in flight; the writer frees slots
+			it.wslot = true
+		}
+		w, err := st.WriteAsync(sg.staged(), it.rec.Bytes()[:sg.recordBytes()])
+		r.writeWait += time.Since(start)
+		if err != nil {
+			r.fail(r.wrap("write-behind", sg, false, err))
+			return
+		}
+		it.write = w
+	}
+	if last(sg) && o.opts.Params != nil {
+		vals := p
+		if it.master != nil {
+			vals = it.master.Float32()[:t.n]
+		}
+		w, err := o.opts.Params.StageUpdate(r.ctx, t.name, vals)
+		if err != nil {
+			r.fail(r.wrap("stage", sg, true, err))
+			return
+		}
+		it.stage = w
+	}
+}
+
+// retire waits for everything it started and gives back what it holds.
+func (r *stepRun) retire(it *item) {
+	sg := it.sg
+	if it.read != nil && !it.readDone {
+		// Skipped after another failure; the outcome no longer matters,
+		// but the buffer may not be reused while the read runs.
+		_ = it.read.Wait()
+	}
+	if it.write != nil {
+		if err := it.write.Wait(); err != nil {
+			r.fail(r.wrap("write-behind", sg, false, err))
+		} else {
+			r.bytesWritten.Add(int64(sg.recordBytes()))
+		}
+	}
+	if it.stage != nil {
+		if err := it.stage.Wait(); err != nil {
+			r.fail(r.wrap("stage", sg, true, err))
+		}
+	}
+	for _, b := range []*buffers.Buffer{it.rec, it.grad, it.master} {
+		if b != nil {
+			b.Release()
+		}
+	}
+	if it.wslot {
+		<-r.wslots
+	}
+	if it.token {
+		<-r.tokens
+	}
+}
+
+// commit publishes a step whose every sub-group was written and staged.
+// The store's rename keeps the old records under prev names until
+// Params.CommitUpdates has succeeded, so a failing commit can be undone.
+func (o *Optimizer) commit(r *stepRun) error {
+	fail := func(err error) error { return &Error{Op: "commit", SubGroup: -1, Step: r.step, Err: err} }
+	params := o.opts.Params
+	st := o.opts.Store
+	if st == nil {
+		if params != nil {
+			if err := params.CommitUpdates(); err != nil {
+				params.DiscardUpdates()
+				return fail(err)
+			}
+		}
+		for _, sg := range r.sgs {
+			sg.cur = 1 - sg.cur
+		}
+		return nil
+	}
+	pairs := make([][2]string, 0, 2*len(r.sgs))
+	for _, sg := range r.sgs {
+		pairs = append(pairs, [2]string{sg.key, sg.prev()}, [2]string{sg.staged(), sg.key})
+	}
+	if err := st.Rename(pairs...); err != nil {
+		o.abort(r)
+		return fail(err)
+	}
+	if params != nil {
+		if err := params.CommitUpdates(); err != nil {
+			back := make([][2]string, 0, 2*len(r.sgs))
+			for _, sg := range r.sgs {
+				back = append(back, [2]string{sg.key, sg.staged()}, [2]string{sg.prev(), sg.key})
+			}
+			if rerr := st.Rename(back...); rerr != nil {
+				o.opts.Logger.Error("optimizer: parameters failed to commit and the optimizer states could not be rolled back: states are one step ahead of the parameters",
+					slog.Int("step", r.step), slog.Any("commit_error", err), slog.Any("rollback_error", rerr))
+				params.DiscardUpdates()
+				return fail(errors.Join(err, rerr))
+			}
+			o.abort(r)
+			return fail(err)
+		}
+	}
+	for _, sg := range r.sgs {
+		st.Delete(sg.prev())
+	}
+	return nil
+}
+
+// abort drops what a failed step staged.
+func (o *Optimizer) abort(r *stepRun) {
+	if st := o.opts.Store; st != nil {
+		for _, sg := range r.sgs {
+			st.Delete(sg.staged())
+		}
+	}
+	if o.opts.Params != nil {
+		o.opts.Params.DiscardUpdates()
+	}
+}
