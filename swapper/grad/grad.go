@@ -1,0 +1,570 @@
+package grad
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrClosed: the swapper was closed.
+	ErrClosed = errors.New("grad: swapper closed")
+	// ErrUnknown: no gradient of that name was registered.
+	ErrUnknown = errors.New("grad: gradient not registered")
+)
+
+// DefaultKeyPrefix prefixes gradient names in the store, so that a store
+// shared with the parameter swapper keeps them apart.
+const DefaultKeyPrefix = "grad/"
+
+// Options configure a Swapper. Zero fields take the documented defaults.
+type Options struct {
+	// Store receives the gradients written behind. Default nil: every
+	// gradient stays in pinned memory.
+	Store *swapper.Store
+	// Pool provides the pinned buffers (purpose gradients). Required.
+	Pool *buffers.Pool
+	// Logger, default slog.Default().
+	Logger *slog.Logger
+	// KeepInCPUBytes keeps gradients in pinned memory instead of NVMe
+	// while the budget allows, in registration order. Default 0.
+	KeepInCPUBytes int64
+	// KeyPrefix prefixes a gradient's name to form its store key. Default
+	// DefaultKeyPrefix ("grad/").
+	KeyPrefix string
+}
+
+// EnsureDefaults fills the zero fields of o with their defaults.
+func (o *Options) EnsureDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = DefaultKeyPrefix
+	}
+}
+
+// Validate reports every invalid field, joined.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Pool == nil {
+		errs = append(errs, errors.New("grad: Options.Pool = nil: required (the pinned gradient buffers)"))
+	}
+	if o.KeepInCPUBytes < 0 {
+		errs = append(errs, fmt.Errorf("grad: Options.KeepInCPUBytes = %d: must be >= 0 (0 means write every gradient to the store)", o.KeepInCPUBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// Waiter is an operation in progress; Wait blocks until it is done and
+// returns its outcome. Wait may be called more than once, from any
+// goroutine.
+type Waiter interface{ Wait() error }
+
+// Stats are a swapper's cumulative counters and current gauges.
+type Stats struct {
+	BytesWritten, BytesRead int64 // to and from the store
+	Writes, Reads           int64 // completed store writes and reads
+	WriteErrors             int64 // failed write-behinds
+	Retries                 int64 // writes of a pinned copy re-issued by Flush after a failure
+	WriteWait               time.Duration
+	// Gauges.
+	PinnedBytes int64 // pinned memory held now (kept gradients, copies awaiting their write)
+	KeptBytes   int64 // KeepInCPUBytes budget given to kept gradients
+	Pending     int   // write-behinds in flight
+}
+
+// tensor is one gradient partition. Its mutable fields are guarded by
+// Swapper.mu; op orders the operations on it.
+type tensor struct {
+	name, key string
+	n, bytes  int
+	keep      bool // kept in pinned memory, never written to the store
+	op        chan struct{}
+
+	buf        *buffers.Buffer // pinned copy; the truth while dirty
+	has        bool            // accumulated since Zero
+	dirty      bool            // the pinned copy is newer than the store
+	write      *write          // write-behind in flight
+	unreported error           // a failed write, until an operation reports it
+}
+
+// write is one write-behind; done is closed when it finished (its
+// failure, if any, is in tensor.unreported by then).
+type write struct{ done chan struct{} }
+
+func (t *tensor) lock(ctx context.Context) error {
+	select {
+	case t.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return &swapper.TensorError{Op: "gradient", Tensor: t.name, Err: ctx.Err()}
+	}
+}
+
+func (t *tensor) unlock() { <-t.op }
+
+// Swapper accumulates gradient partitions and writes them behind.
+type Swapper struct {
+	opts  Options
+	store *swapper.Store
+	pool  *buffers.Pool
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // operations, write-behinds and ReadAsync in flight
+
+	mu      sync.Mutex
+	tensors map[string]*tensor
+	kept    int64
+	closed  bool
+	stats   Stats
+
+	writeWait atomic.Int64
+}
+
+// New validates opts and returns a Swapper.
+func New(opts Options) (*Swapper, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Swapper{opts: opts, store: opts.Store, pool: opts.Pool, ctx: ctx, cancel: cancel, tensors: make(map[string]*tensor)}, nil
+}
+
+// Register declares a gradient partition of numel float32 elements (this
+// rank's partition length). It is kept in pinned memory when there is no
+// store or while KeepInCPUBytes allows.
+func (s *Swapper) Register(name string, numel int) error {
+	if name == "" || numel < 0 {
+		return fmt.Errorf("grad: register %q: need a name and numel >= 0 (got %d)", name, numel)
+	}
+	t := &tensor{name: name, key: s.opts.KeyPrefix + name, n: numel, bytes: 4 * numel, op: make(chan struct{}, 1)}
+	if size := s.bufSize(t); size > s.pool.MaxBufferBytes() {
+		return fmt.Errorf("grad: register %q: a %d-byte gradient needs a buffer larger than the pool's largest (%d bytes)", name, size, s.pool.MaxBufferBytes())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if _, dup := s.tensors[name]; dup {
+		return fmt.Errorf("grad: register %q: already registered", name)
+	}
+	if s.store == nil {
+		t.keep = true
+	} else if t.bytes > 0 && s.kept+int64(t.bytes) <= s.opts.KeepInCPUBytes {
+		t.keep = true
+		s.kept += int64(t.bytes)
+	}
+	s.tensors[name] = t
+	return nil
+}
+
+// bufSize is the pinned buffer a gradient needs: its bytes, padded to the
+// store's alignment when it is written there.
+func (s *Swapper) bufSize(t *tensor) int {
+	if s.store == nil || t.bytes == 0 {
+		return t.bytes
+	}
+	return int(s.store.PaddedLen(int64(t.bytes)))
+}
+
+// begin looks name up and registers an operation that Close waits for;
+// the caller calls end. ctx is also cancelled by Close.
+func (s *Swapper) begin(ctx context.Context, op, name string) (t *tensor, _ context.Context, end func(), err error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, nil, nil, &swapper.TensorError{Op: op, Tensor: name, Err: ErrClosed}
+	}
+	t, ok := s.tensors[name]
+	if !ok {
+		s.mu.Unlock()
+		return nil, nil, nil, &swapper.TensorError{Op: op, Tensor: name, Err: ErrUnknown}
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return t, ctx, func() { stop(); cancel(); s.wg.Done() }, nil
+}
+
+// settle waits for t's write-behind (t.op held) and returns a failure not
+// yet reported, which it thereby reports.
+func (s *Swapper) settle(ctx context.Context, t *tensor) error {
+	s.mu.Lock()
+	w := t.write
+	s.mu.Unlock()
+	if w != nil {
+		start := time.Now()
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			return &swapper.TensorError{Op: "gradient", Tensor: t.name, Err: ctx.Err()}
+		}
+		s.writeWait.Add(int64(time.Since(start)))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := t.unreported
+	t.unreported = nil
+	return err
+}
+
+// startWrite writes t's pinned copy buf behind (t.op held, no write in
+// flight). A failure is kept for the next operation to report; the pinned
+// copy stays until a write succeeds.
+func (s *Swapper) startWrite(t *tensor, buf *buffers.Buffer) {
+	p, err := s.store.WriteAsync(t.key, buf.Bytes()[:t.bytes])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.stats.WriteErrors++
+		t.unreported = s.named("swap-out", t, err)
+		return
+	}
+	w := &write{done: make(chan struct{})}
+	t.write = w
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		err := p.Wait()
+		s.mu.Lock()
+		t.write = nil
+		if err != nil {
+			err = s.named("swap-out", t, err)
+			s.stats.WriteErrors++
+			t.unreported = err
+		} else {
+			s.stats.Writes++
+			s.stats.BytesWritten += int64(t.bytes)
+			t.dirty = false
+			if !t.keep {
+				t.buf.Release() // on disk now: give the memory back
+				t.buf = nil
+			}
+		}
+		s.mu.Unlock()
+		close(w.done)
+	}()
+}
+
+// named makes err name t, unless it already does (store errors name the
+// store key, which contains the tensor's name).
+func (s *Swapper) named(op string, t *tensor, err error) error {
+	var te *swapper.TensorError
+	if errors.As(err, &te) {
+		return err
+	}
+	return &swapper.TensorError{Op: op, Tensor: t.name, Err: err}
+}
+
+// Accumulate adds a micro-step's gradient (the partition, numel long) to
+// name's sum: the first call after Zero stores grad exactly, later ones add
+// it element by element in float32. It returns once the sum is in pinned
+// memory; the store write is behind. If the previous write of name failed
+// and no one reported it yet, Accumulate returns that error and does NOT
+// add grad (the sum so far is intact; retry the call).
+func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
+	t, ctx, end, err := s.begin(ctx, "accumulate", name)
+	if err != nil {
+		return err
+	}
+	defer end()
+	if len(grad) != t.n {
+		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(grad), t.n)}
+	}
+	if t.n == 0 {
+		return nil
+	}
+	if err := t.lock(ctx); err != nil {
+		return err
+	}
+	defer t.unlock()
+	if err := s.settle(ctx, t); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	buf, has := t.buf, t.has
+	s.mu.Unlock()
+	if buf == nil {
+		if buf, err = s.pool.Acquire(ctx, s.bufSize(t), buffers.PurposeGradients); err != nil {
+			return s.named("accumulate", t, err)
+		}
+		if has { // read-modify-write: the sum so far is only on disk
+			if err := s.readStore(ctx, t, buf); err != nil {
+				buf.Release()
+				return err
+			}
+		}
+	}
+	acc := buf.Float32()[:t.n]
+	if !has {
+		copy(acc, grad)
+	} else {
+		for i, g := range grad {
+			acc[i] = acc[i] + g
+		}
+	}
+	s.mu.Lock()
+	t.buf, t.has = buf, true
+	t.dirty = !t.keep
+	s.mu.Unlock()
+	if !t.keep {
+		s.startWrite(t, buf)
+	}
+	return nil
+}
+
+// readStore reads t's stored sum into buf.
+func (s *Swapper) readStore(ctx context.Context, t *tensor, buf *buffers.Buffer) error {
+	if err := s.store.Read(ctx, t.key, buf.Bytes()[:t.bytes]); err != nil {
+		return s.named("swap-in", t, err)
+	}
+	s.mu.Lock()
+	s.stats.Reads++
+	s.stats.BytesRead += int64(t.bytes)
+	s.mu.Unlock()
+	return nil
+}
+
+// Flush waits for every write-behind and returns the first failure
+// (naming its tensor; with a count of the others). Pinned copies whose
+// failure was already reported are written again, so after space returns
+// a second Flush succeeds.
+func (s *Swapper) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.wg.Add(1)
+	ts := make([]*tensor, 0, len(s.tensors))
+	for _, t := range s.tensors {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	slices.SortFunc(ts, func(a, b *tensor) int { return strings.Compare(a.name, b.name) })
+
+	var errs []error
+	var retried []*tensor
+	for _, t := range ts {
+		if err := t.lock(ctx); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		s.mu.Lock()
+		retry := t.write == nil && t.unreported == nil && t.dirty && !t.keep
+		buf := t.buf
+		if retry {
+			s.stats.Retries++
+		}
+		s.mu.Unlock()
+		if retry {
+			s.startWrite(t, buf)
+			retried = append(retried, t)
+		} else {
+			if err := s.settle(ctx, t); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		t.unlock()
+	}
+	for _, t := range retried {
+		if err := t.lock(ctx); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := s.settle(ctx, t); err != nil {
+			errs = append(errs, err)
+		}
+		t.unlock()
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("%w (and %d more gradient writes failed)", errs[0], len(errs)-1)
+}
+
+// Read copies name's accumulated gradient into dst (numel long), after
+// waiting for its write-behind; a write failure not yet reported is
+// returned instead. A gradient not accumulated since Zero reads as zeros.
+func (s *Swapper) Read(ctx context.Context, name string, dst []float32) error {
+	t, ctx, end, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return err
+	}
+	defer end()
+	return s.read(ctx, t, dst)
+}
+
+func (s *Swapper) read(ctx context.Context, t *tensor, dst []float32) error {
+	if len(dst) != t.n {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: fmt.Errorf("destination has %d elements, the partition %d", len(dst), t.n)}
+	}
+	if t.n == 0 {
+		return nil
+	}
+	if err := t.lock(ctx); err != nil {
+		return err
+	}
+	defer t.unlock()
+	if err := s.settle(ctx, t); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	buf, has := t.buf, t.has
+	s.mu.Unlock()
+	switch {
+	case !has:
+		clear(dst)
+	case buf != nil:
+		copy(dst, buf.Float32()[:t.n])
+	default:
+		b, err := s.pool.Acquire(ctx, s.bufSize(t), buffers.PurposeGradients)
+		if err != nil {
+			return s.named("read", t, err)
+		}
+		defer b.Release()
+		if err := s.readStore(ctx, t, b); err != nil {
+			return err
+		}
+		copy(dst, b.Float32()[:t.n])
+	}
+	return nil
+}
+
+// readOp is a ReadAsync in flight.
+type readOp struct {
+	done chan struct{}
+	err  error
+}
+
+func (r *readOp) Wait() error {
+	<-r.done
+	return r.err
+}
+
+// ReadAsync starts Read(name, dst) and returns at once, for the
+// optimizer's read-ahead pipeline; dst must not be touched until Wait
+// returns. Argument errors are returned at once, the rest by Wait.
+func (s *Swapper) ReadAsync(name string, dst []float32) (Waiter, error) {
+	t, ctx, end, err := s.begin(context.Background(), "read", name)
+	if err != nil {
+		return nil, err
+	}
+	if len(dst) != t.n {
+		end()
+		return nil, &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("destination has %d elements, the partition %d", len(dst), t.n)}
+	}
+	r := &readOp{done: make(chan struct{})}
+	go func() {
+		defer end()
+		r.err = s.read(ctx, t, dst)
+		close(r.done)
+	}()
+	return r, nil
+}
+
+// Zero forgets every accumulated gradient (after a successful optimizer
+// step): writes still in flight are waited for and their outcome dropped,
+// stored copies deleted, pinned copies of stored gradients given back.
+// Kept gradients keep their buffers for the next step.
+func (s *Swapper) Zero() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	ts := make([]*tensor, 0, len(s.tensors))
+	for _, t := range s.tensors {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	defer s.wg.Done()
+	for _, t := range ts {
+		t.op <- struct{}{}
+		s.mu.Lock()
+		w := t.write
+		s.mu.Unlock()
+		if w != nil {
+			<-w.done
+		}
+		s.mu.Lock()
+		t.has, t.dirty, t.unreported = false, false, nil
+		if t.buf != nil && !t.keep {
+			t.buf.Release()
+			t.buf = nil
+		}
+		s.mu.Unlock()
+		if s.store != nil && !t.keep {
+			s.store.Delete(t.key)
+		}
+		t.unlock()
+	}
+}
+
+// Stats returns the counters and gauges.
+func (s *Swapper) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.WriteWait = time.Duration(s.writeWait.Load())
+	st.KeptBytes = s.kept
+	for _, t := range s.tensors {
+		if t.buf != nil {
+			st.PinnedBytes += int64(t.buf.Cap())
+		}
+		if t.write != nil {
+			st.Pending++
+		}
+	}
+	return st
+}
+
+// Close waits for operations and write-behinds in flight, then gives back
+// every pinned buffer and deletes the gradients from the store (they are
+// scratch). Later calls fail with ErrClosed; Close is idempotent.
+func (s *Swapper) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.cancel()
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.tensors {
+		if t.buf != nil {
+			t.buf.Release()
+			t.buf = nil
+		}
+		if s.store != nil && !t.keep {
+			s.store.Delete(t.key)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+package param
+
+import (
+	"context"
+
+	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// cacheEntry is a CPU-cache value: one reference on a pinned copy of a
+// partition at generation gen. The reference is dropped by OnExit, which
+// ristretto calls for every value that leaves the cache (eviction,
+// rejection, Del, replacement, Clear, Close).
+type cacheEntry struct {
+	name string
+	blk  *block
+	gen  uint64
+}
+
+// cacheLocked returns the CPU cache, creating it on first use, when the
+// registered tensors are known: ristretto wants about ten counters per item
+// it will hold.
+func (s *Swapper) cacheLocked() *ristretto.Cache[string, *cacheEntry] {
+	if s.cache != nil || s.opts.MaxInCPUBytes == 0 || s.closed {
+		return s.cache
+	}
+	items := int64(0)
+	for _, t := range s.tensors {
+		if t.tier == swapper.TierNVMe && t.n > 0 {
+			items++
+		}
+	}
+	c, err := ristretto.NewCache(&ristretto.Config[string, *cacheEntry]{
+		NumCounters:        max(10*items, 100),
+		MaxCost:            s.opts.MaxInCPUBytes,
+		BufferItems:        64, // ristretto's recommended Get buffer
+		IgnoreInternalCost: true,
+		OnExit: func(e *cacheEntry) {
+			if e != nil {
+				s.cachedBytes.Add(-e.blk.bytes)
+				e.blk.release()
+			}
+		},
+	})
+	if err != nil {
+		s.log.Error("param: creating the CPU cache failed; continuing without it", "err", err)
+		s.opts.MaxInCPUBytes = 0
+		return nil
+	}
+	s.cache = c
+	return c
+}
+
+// cachePutLocked hands blk's reference (generation gen) to the CPU cache,
+// or drops it when there is no cache or the cache refuses it.
+func (s *Swapper) cachePutLocked(t *tensor, blk *block, gen uint64) {
+	c := s.cacheLocked()
+	if c == nil || blk.buf == nil || blk.bytes > s.opts.MaxInCPUBytes {
+		blk.release()
+		return
+	}
+	if e, ok := c.Get(t.name); ok && e.blk == blk {
+		blk.release() // already cached (it was a cache hit)
+		return
+	}
+	s.cachedBytes.Add(blk.bytes)
+	if !c.Set(t.name, &cacheEntry{name: t.name, blk: blk, gen: gen}, blk.bytes) {
+		// Dropped before admission: OnExit will not run for it.
+		s.cachedBytes.Add(-blk.bytes)
+		blk.release()
+	}
+}
+
+// cacheLookup returns a reference on t's current copy from the CPU cache.
+func (s *Swapper) cacheLookup(t *tensor) (*block, uint64, bool) {
+	s.mu.Lock()
+	c, gen := s.cache, t.gen
+	s.mu.Unlock()
+	if c == nil {
+		return nil, 0, false
+	}
+	e, ok := c.Get(t.name)
+	if !ok || e == nil || e.gen != gen || !e.blk.tryRetain() {
+		return nil, 0, false
+	}
+	return e.blk, e.gen, true
+}
+
+// shrinkCache evicts cache entries worth at least need bytes (fewer if the
+// cache holds less), so a swap-in can have their pool memory. It reports
+// whether it evicted anything.
+func (s *Swapper) shrinkCache(need int64) bool {
+	s.mu.Lock()
+	c := s.cache
+	s.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	var names []string
+	freed := int64(0)
+	c.IterValues(func(e *cacheEntry) bool {
+		if e == nil {
+			return false
+		}
+		names = append(names, e.name)
+		freed += e.blk.bytes
+		return freed >= need
+	})
+	for _, n := range names {
+		c.Del(n)
+	}
+	return len(names) > 0
+}
+
+// acquireBuffer takes a pool buffer for staging an update. When the pool is
+// dry it first evicts CPU-cache entries (their memory is the pool's), then
+// waits.
+func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.Purpose) (*buffers.Buffer, error) {
+	if b, ok := s.pool.TryAcquire(size, purpose); ok {
+		return b, nil
+	}
+	if s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
+		if b, ok := s.pool.TryAcquire(size, purpose); ok {
+			return b, nil
+		}
+	}
+	return s.pool.Acquire(ctx, size, purpose)
+}

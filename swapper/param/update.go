@@ -1,0 +1,285 @@
+package param
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/zinfio/zinf/accel"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// staged is a new version of a partition, written aside: for NVMe under a
+// staging key of the store (key), for CPU and GPU tiers in a new copy
+// (blk). done is closed when it is complete; err is set before.
+type staged struct {
+	t    *tensor
+	key  string
+	blk  *block
+	done chan struct{}
+	err  error
+}
+
+// Wait blocks until the staged write is on disk (NVMe) and returns its
+// error; CPU and GPU updates are complete when StageUpdate returns.
+func (st *staged) Wait() error {
+	<-st.done
+	return st.err
+}
+
+func (st *staged) disposeBlock() {
+	if st.blk != nil {
+		st.blk.release()
+		st.blk = nil
+	}
+}
+
+type doneWaiter struct{}
+
+func (doneWaiter) Wait() error { return nil }
+
+// prepare converts values and writes them aside as a new version of t:
+// NVMe to store key key (asynchronously, copy-on-write), CPU to a new pool
+// buffer, GPU to a new device allocation. The caller holds a Close count
+// (begin), so the write's goroutine may add its own.
+func (s *Swapper) prepare(ctx context.Context, t *tensor, values []float32, key string) (*staged, error) {
+	st := &staged{t: t, done: make(chan struct{})}
+	switch t.tier {
+	case swapper.TierNVMe:
+		buf, err := s.acquireBuffer(ctx, int(s.store.PaddedLen(int64(t.bytes))), buffers.PurposeParams)
+		if err != nil {
+			return nil, &swapper.TensorError{Op: "swap-out", Tensor: t.name, Err: err}
+		}
+		b := buf.Bytes()[:t.bytes]
+		encode(s.opts.DType, b, values)
+		p, err := s.store.WriteAsync(key, b)
+		if err != nil {
+			buf.Release()
+			return nil, err
+		}
+		st.key = key
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			err := p.Wait()
+			buf.Release() // the store has the bytes, or kept the old version
+			s.mu.Lock()
+			if err == nil {
+				s.stats.BytesWritten += int64(t.bytes)
+			}
+			s.mu.Unlock()
+			st.err = err
+			close(st.done)
+		}()
+		return st, nil
+	case swapper.TierCPU:
+		buf, err := s.acquireBuffer(ctx, t.bytes, buffers.PurposeParams)
+		if err != nil {
+			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
+		}
+		encode(s.opts.DType, buf.Bytes(), values)
+		st.blk = hostBlock(buf)
+	default: // TierGPU
+		mem, err := s.dev.Alloc(int64(t.bytes))
+		if err != nil {
+			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
+		}
+		blk := deviceBlock(s.dev, mem, s.log)
+		stage, err := s.acquireBuffer(ctx, t.bytes, buffers.PurposeStaging)
+		if err != nil {
+			blk.release()
+			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
+		}
+		encode(s.opts.DType, stage.Bytes(), values)
+		err = s.deviceCopy(func(str accel.Stream) error {
+			return s.dev.CopyToDevice(str, mem, 0, stage.Bytes())
+		})
+		stage.Release()
+		if err != nil {
+			blk.release()
+			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
+		}
+		st.blk = blk
+	}
+	close(st.done)
+	return st, nil
+}
+
+// installLocked makes st (complete, successful; for NVMe already renamed
+// to the tensor's key) t's current version.
+func (s *Swapper) installLocked(t *tensor, st *staged) {
+	t.gen++
+	t.inited = true
+	t.failed = nil // about an older version
+	if t.tier == swapper.TierNVMe {
+		s.invalidateLocked(t)
+		return
+	}
+	old := t.cur
+	t.cur, st.blk = st.blk, nil
+	if old != nil {
+		old.release() // readers holding it finish with the old values
+	}
+}
+
+// invalidateLocked forgets every copy of t older than t.gen: the cache
+// entry goes, and a resident copy or a swap-in in flight is swapped in
+// again, so that later reads see the new values.
+func (s *Swapper) invalidateLocked(t *tensor) {
+	if s.cache != nil {
+		s.cache.Del(t.name)
+	}
+	switch t.state {
+	case Resident:
+		if t.n == 0 {
+			return
+		}
+		_, prefetched := s.unclaimed[t]
+		s.claimLocked(t)
+		blk := t.res
+		t.res, t.state = nil, OnNVMe
+		s.gate.release()
+		blk.release()
+		// A copy in use is fetched again as if waited for (not preemptible).
+		s.startFlightLocked(t, !prefetched)
+	case InFlight:
+		demand := t.flight.demand
+		s.dropFlightLocked(t)
+		s.startFlightLocked(t, demand)
+	}
+}
+
+// dispose throws a staged version away once its write is done.
+func (s *Swapper) dispose(st *staged) {
+	<-st.done
+	if st.key != "" && st.key != st.t.key {
+		s.store.Delete(st.key)
+	}
+	st.disposeBlock()
+}
+
+// StageUpdate converts values (fp32, PartitionLen long: the optimizer's
+// new partition) to the dtype and writes it aside; nothing is visible until
+// CommitUpdates. An NVMe update is an asynchronous copy-on-write to a
+// staging key: the returned Waiter reports when it is on disk (an ENOSPC
+// or I/O error surfaces there and from CommitUpdates). CPU and GPU updates
+// are held in new buffers and complete on return. Staging a tensor again
+// replaces its earlier staged update.
+func (s *Swapper) StageUpdate(ctx context.Context, name string, values []float32) (Waiter, error) {
+	t, ctx, done, err := s.begin(ctx, "stage", name)
+	if err != nil {
+		return nil, err
+	}
+	defer s.wg.Done()
+	defer done()
+	if len(values) != t.n {
+		return nil, &swapper.TensorError{Op: "stage", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(values), t.n)}
+	}
+	if t.n == 0 {
+		return doneWaiter{}, nil
+	}
+	s.mu.Lock()
+	s.stageSeq++
+	key := fmt.Sprintf("%s%s%d", t.key, stagingMark, s.stageSeq)
+	s.mu.Unlock()
+	st, err := s.prepare(ctx, t, values, key)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.dispose(st)
+		return nil, &swapper.TensorError{Op: "stage", Tensor: name, Err: ErrClosed}
+	}
+	old := t.staged
+	t.staged = st
+	s.mu.Unlock()
+	if old != nil {
+		s.dispose(old)
+	}
+	return st, nil
+}
+
+// CommitUpdates makes every staged update current at once. It waits for
+// the staged writes; if any failed it changes nothing and returns their
+// errors (each naming its tensor): call DiscardUpdates and stage again.
+// Otherwise NVMe versions are renamed into place in one atomic store
+// operation, CPU and GPU copies are swapped, and resident copies, swap-ins
+// in flight and CPU-cache entries of the updated tensors are invalidated
+// (resident ones are swapped in again), so later reads see the new values.
+func (s *Swapper) CommitUpdates() error {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	var snap []*staged
+	for _, t := range s.tensors {
+		if t.staged != nil {
+			snap = append(snap, t.staged)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, st := range snap {
+		if err := st.Wait(); err != nil {
+			errs = append(errs, fmt.Errorf("staged update of %q: %w", st.t.name, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("param: commit refused, no parameter changed (discard the updates and stage them again): %w", errors.Join(errs...))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	var pairs [][2]string
+	live := snap[:0]
+	for _, st := range snap {
+		if st.t.staged != st {
+			continue // replaced by a newer StageUpdate meanwhile: next commit
+		}
+		live = append(live, st)
+		if st.key != "" {
+			pairs = append(pairs, [2]string{st.key, st.t.key})
+		}
+	}
+	if len(pairs) > 0 {
+		if err := s.store.Rename(pairs...); err != nil {
+			return fmt.Errorf("param: commit refused, no parameter changed: %w", err)
+		}
+	}
+	for _, st := range live {
+		st.t.staged = nil
+		s.installLocked(st.t, st)
+	}
+	if len(live) > 0 {
+		s.stats.Commits++
+	}
+	return nil
+}
+
+// DiscardUpdates drops every staged update (after a failed optimizer
+// step): staged writes are waited for and deleted, staged buffers freed.
+// The current values are untouched.
+func (s *Swapper) DiscardUpdates() {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.mu.Lock()
+	var snap []*staged
+	for _, t := range s.tensors {
+		if t.staged != nil {
+			snap = append(snap, t.staged)
+			t.staged = nil
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range snap {
+		s.dispose(st)
+	}
+}
