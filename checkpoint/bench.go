@@ -1,0 +1,210 @@
+package checkpoint
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// BenchResult is the outcome of SaveBench or NaiveSaveBench.
+type BenchResult struct {
+	Bytes   int64   // checkpoint bytes written (all files)
+	Seconds float64 // wall time of the save, commit and fsyncs included
+	GBps    float64 // Bytes / Seconds / 1e9
+	// Backend and Direct describe the engine (empty for the naive writer).
+	Backend string
+	Direct  bool
+}
+
+func (r BenchResult) String() string {
+	d := ""
+	if r.Backend != "" {
+		d = fmt.Sprintf(" (backend %s, O_DIRECT %v)", r.Backend, r.Direct)
+	}
+	return fmt.Sprintf("%d bytes in %.3f s: %.2f GB/s%s", r.Bytes, r.Seconds, r.GBps, d)
+}
+
+// benchTensorBytes is the size of each synthetic tensor: large, like a
+// transformer layer's weights.
+const benchTensorBytes = 64 << 20
+
+// benchState builds a synthetic single-rank state of about totalBytes:
+// float32 tensors spread over files (one per Parallel writer, at least one),
+// whose bytes are copied out of a 1 MiB random pattern, so producing them
+// costs a memcpy, as copying from a real tensor would, without holding
+// totalBytes in memory.
+func benchState(totalBytes int64, files int) State {
+	pattern := make([]byte, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < len(pattern); i += 8 {
+		binary.LittleEndian.PutUint64(pattern[i:], rng.Uint64())
+	}
+	read := func(_ context.Context, dst []byte, off int64) error {
+		for len(dst) > 0 {
+			p := off % int64(len(pattern))
+			n := copy(dst, pattern[p:])
+			dst = dst[n:]
+			off += int64(n)
+		}
+		return nil
+	}
+	files = max(files, 1)
+	tf := make([]TensorFile, files)
+	for i := range tf {
+		tf[i].Name = fmt.Sprintf("bench-%02d.safetensors", i)
+	}
+	for i, left := 0, totalBytes; left > 0; i++ {
+		n := min(left, benchTensorBytes) / 4 * 4
+		if n == 0 {
+			break
+		}
+		t := FromFunc(fmt.Sprintf("layer.%d.weight", i), swapper.Float32, []int64{n / 4}, n, read)
+		tf[i%files].Tensors = append(tf[i%files].Tensors, t)
+		left -= n
+	}
+	return State{Step: 1, Ranks: []RankState{{Rank: 0, Files: tf}}}
+}
+
+// SaveBench measures Save on about totalBytes of synthetic float32 tensors
+// written under dir (created if missing), with opts (Overwrite is forced,
+// KeepLast ignored). The Writer's engine and pinned memory are set up by a
+// small warm-up save first, as in a training job that keeps its Writer, so
+// the figure is the save itself: staging, O_DIRECT writes, fdatasyncs, the
+// manifests and the commit. The checkpoint is removed afterwards.
+func SaveBench(ctx context.Context, dir string, totalBytes int64, opts SaveOptions) (BenchResult, error) {
+	if totalBytes <= 0 {
+		return BenchResult{}, invalidf("totalBytes %d must be positive", totalBytes)
+	}
+	opts.EnsureDefaults()
+	opts.Overwrite, opts.KeepLast = true, 0
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return BenchResult{}, err
+	}
+	w := NewWriter()
+	defer w.Close()
+	files := opts.Parallel
+	warm := filepath.Join(dir, "zinf-savebench-warmup")
+	if _, err := w.Save(ctx, warm, benchState(int64(files)*int64(opts.StagingBytes), files), opts); err != nil {
+		return BenchResult{}, err
+	}
+	os.RemoveAll(warm)
+	target := filepath.Join(dir, "zinf-savebench")
+	st := benchState(totalBytes, files)
+	t0 := time.Now()
+	m, err := w.Save(ctx, target, st, opts)
+	secs := time.Since(t0).Seconds()
+	if err != nil {
+		return BenchResult{}, err
+	}
+	defer os.RemoveAll(target)
+	var n int64
+	for _, rm := range m.RankManifests {
+		for _, f := range rm.Files {
+			n += f.Bytes
+		}
+	}
+	res := BenchResult{Bytes: n, Seconds: secs, GBps: float64(n) / secs / 1e9}
+	eng := opts.Engine
+	if eng == nil {
+		eng = w.engine
+	}
+	if eng != nil {
+		res.Backend = eng.Name()
+		res.Direct = aioDirect(eng, dir)
+	}
+	return res, nil
+}
+
+// aioDirect reports whether eng gets O_DIRECT on files in dir (a probe
+// file, removed).
+func aioDirect(eng aio.Engine, dir string) bool {
+	path := filepath.Join(dir, ".zinf-savebench-probe")
+	f, err := eng.Open(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return false
+	}
+	defer os.Remove(path)
+	defer f.Close()
+	return f.Direct()
+}
+
+// NaiveSaveBench measures the obvious Go way to write the same checkpoint
+// (for comparison with SaveBench): each file through a bufio.Writer on an
+// os.File, tensors encoded with encoding/binary, then fsync, sequentially.
+// The files are removed afterwards.
+func NaiveSaveBench(ctx context.Context, dir string, totalBytes int64) (BenchResult, error) {
+	if totalBytes <= 0 {
+		return BenchResult{}, invalidf("totalBytes %d must be positive", totalBytes)
+	}
+	target := filepath.Join(dir, "zinf-savebench-naive")
+	os.RemoveAll(target)
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return BenchResult{}, err
+	}
+	defer os.RemoveAll(target)
+	st := benchState(totalBytes, 1)
+	// The naive writer holds the tensors as []float32 in the Go heap.
+	var tensors [][]float32
+	for _, t := range st.Ranks[0].Files[0].Tensors {
+		v := make([]float32, t.Bytes/4)
+		var word [4]byte
+		for i := range v {
+			if err := t.Read(ctx, word[:], int64(4*i)); err != nil {
+				return BenchResult{}, err
+			}
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(word[:]))
+		}
+		tensors = append(tensors, v)
+	}
+	t0 := time.Now()
+	n, err := naiveWrite(filepath.Join(target, "naive.safetensors"), tensors)
+	secs := time.Since(t0).Seconds()
+	if err != nil {
+		return BenchResult{}, err
+	}
+	return BenchResult{Bytes: n, Seconds: secs, GBps: float64(n) / secs / 1e9}, nil
+}
+
+// naiveWrite writes a safetensors-like file the obvious way: bufio over
+// os.File, binary.Write per tensor, fsync.
+func naiveWrite(path string, tensors [][]float32) (int64, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	header := []byte(`{"__metadata__":{"format":"pt"}}`)
+	for len(header)%8 != 0 {
+		header = append(header, ' ')
+	}
+	if err := binary.Write(bw, binary.LittleEndian, uint64(len(header))); err != nil {
+		return 0, err
+	}
+	if _, err := bw.Write(header); err != nil {
+		return 0, err
+	}
+	n := int64(8 + len(header))
+	for _, t := range tensors {
+		if err := binary.Write(bw, binary.LittleEndian, t); err != nil {
+			return 0, err
+		}
+		n += int64(4 * len(t))
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, err
+	}
+	if err := f.Sync(); err != nil {
+		return 0, err
+	}
+	return n, f.Close()
+}

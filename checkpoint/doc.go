@@ -1,0 +1,85 @@
+// Package checkpoint saves and loads zinf training checkpoints the way
+// DeepSpeed's FastPersist does: each file is streamed through a few pinned
+// staging buffers into O_DIRECT writes issued by the aio engine, several
+// files at once, at close to the disk's bandwidth, with no whole tensor
+// ever staged in the Go heap. The files are safetensors, so other tools
+// read them; a manifest with a CRC-32C per tensor makes every byte
+// checkable; a commit by rename makes a checkpoint appear whole or not at
+// all.
+//
+// # Layout
+//
+//	<root>/step-000100/                  a committed checkpoint (the name is the caller's)
+//	    checkpoint.json                  index: format, version, step, world size, config,
+//	                                     model shape, user metadata, ranks (+ manifest CRCs)
+//	    rank-00000/
+//	        manifest.json                the rank's files (size, header CRC) and tensors
+//	                                     (file, dtype, shape, offset, size, CRC-32C)
+//	        params.safetensors           caller-named files: 8-byte header length, JSON
+//	        optimizer.safetensors        header padded to 8 bytes, then the tensors
+//	    rank-00001/ ...
+//	<root>/.tmp-step-000200-<random>/    a save in progress (or a crashed one)
+//	<root>/.tmp-step-000200-<random>.lock    its writer's lock (pid, host, start time)
+//
+// # Saving
+//
+//	st := checkpoint.State{Step: 100, Config: cfgJSON, Ranks: []checkpoint.RankState{{
+//		Rank: 0,
+//		Files: []checkpoint.TensorFile{
+//			{Name: "params.safetensors", Tensors: []checkpoint.Tensor{
+//				checkpoint.FromBytes("layer.0.weight", swapper.BFloat16, []int64{4096, 4096}, w0),
+//				checkpoint.FromStore(store, "layer.0.weight.fp32", swapper.Float32, []int64{4096, 4096}),
+//			}},
+//		},
+//	}}}
+//	m, err := checkpoint.Save(ctx, "/ckpt/step-000100", st, checkpoint.SaveOptions{KeepLast: 3})
+//
+// A Writer keeps its engine and pinned memory between saves. A Saver saves
+// asynchronously: SaveAsync copies the state into a pinned snapshot and
+// returns; Handle.Wait reports the commit. At most one asynchronous save is
+// in flight; the next SaveAsync waits for it (see Saver for the memory it
+// holds).
+//
+// # Crash safety
+//
+// A save writes everything under <root>/.tmp-<name>-<random>: the files
+// (each fdatasync'ed after its last write and the truncation of its
+// alignment padding), each rank's manifest.json (fsync'ed, then its
+// directory), then checkpoint.json (fsync'ed, then the directory). Only
+// then is the directory renamed to <root>/<name> (renameat2 with
+// RENAME_NOREPLACE, or RENAME_EXCHANGE to replace under Overwrite), and
+// the root fsync'ed. A checkpoint is committed exactly when
+// <root>/<name>/checkpoint.json exists; Latest and List only look at
+// non-hidden directories with one. Whatever instant a writer dies, the
+// new name either does not exist or names a complete, durable checkpoint,
+// and no older checkpoint has been touched (KeepLast deletes only after the
+// commit, by renaming victims to hidden names first).
+//
+// Telling a live writer's temporary directory from a crashed one's: before
+// creating its directory a writer creates <dir>.lock and holds an flock on
+// it until the directory is gone (committed or removed). The kernel drops
+// a dead process's flock, SIGKILL included. Each save first removes every
+// ".tmp-" directory whose lock file is missing or can be locked, i.e. whose
+// writer is dead; a directory whose lock is held is never touched.
+//
+// # Loading
+//
+// Open (or OpenRank, ListRanks) checks format, version and completeness;
+// Reader.ReadTensor reads one tensor with O_DIRECT and checks its CRC-32C;
+// Verify and Inspect check every byte. Errors wrap ErrNotCheckpoint,
+// ErrVersion, ErrCorrupt or ErrShape and name the directory, file and
+// tensor concerned.
+//
+// # Caveats
+//
+// swapper.Store reads whole tensors only, so a FromStore tensor is read
+// into one pinned buffer of its (padded) size before it is streamed: a
+// store tensor costs its size in pinned memory while its file is written.
+// A ranged read on the store (ReadRange(ctx, name, off, dst) at aligned
+// offsets, which its chunk layout allows) would let the writer stream it
+// in staging-sized pieces instead.
+//
+// All ranks of a checkpoint are saved by one Save call (ranks simulated in
+// one process). Multi-process jobs would need a barrier before the commit;
+// the layout (one directory per rank, one rename for all) is ready for it.
+package checkpoint

@@ -1,0 +1,481 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+)
+
+// SaverOptions configure a Saver. The zero value is usable.
+type SaverOptions struct {
+	// MaxSnapshotBytes caps the pinned memory one snapshot may take (see
+	// Saver). A state whose snapshot would be larger fails at once with
+	// ErrSnapshotTooLarge, before anything is copied; use a synchronous
+	// Save for it. Default 0: no cap (the snapshot is as large as the
+	// checkpoint).
+	MaxSnapshotBytes int64
+	// Logger, default slog.Default().
+	Logger *slog.Logger
+}
+
+// Saver saves checkpoints asynchronously: SaveAsync takes a consistent
+// snapshot of the state and returns; the snapshot drains to disk while
+// training continues.
+//
+// Memory: the snapshot is the checkpoint's files laid out back to back
+// (each starting at a 4 KiB-aligned position) in StagingBytes chunks of
+// pinned memory from the Saver's own pool, so it costs the checkpoint's
+// total size rounded up to one chunk, plus, while it is being taken, one
+// pinned buffer per file copied at once for a FromStore tensor. Writes
+// start while the snapshot is still being copied (each piece as soon as it
+// is copied); each chunk is written straight from the snapshot with
+// O_DIRECT (no second copy) and returned to the pool once written, so the
+// snapshot shrinks as the save drains. The pool is kept for the next save
+// (it is remapped only when a bigger one is needed) and freed by Close.
+// MaxSnapshotBytes bounds it.
+//
+// At most one save is in flight: SaveAsync first waits for the previous
+// save to finish (backpressure: a job that checkpoints faster than the disk
+// drains slows down instead of piling up snapshots); if its context ends
+// while waiting, it returns an error wrapping ErrSaveInFlight and the
+// context's error. Methods are safe for concurrent use; Close is called
+// once.
+type Saver struct {
+	opts    SaverOptions
+	slot    chan struct{} // holds a token while a save is in flight
+	closing chan struct{} // closed by Close
+
+	mu     sync.Mutex
+	engine aio.Engine
+	pool   *buffers.Pool // snapshot chunks
+	bounce *buffers.Pool // FromStore tensors while snapshotting
+	cur    *Handle
+	closed bool
+}
+
+// NewSaver returns a Saver. Its engine and pools are made on first use.
+func NewSaver(opts SaverOptions) *Saver {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Saver{opts: opts, slot: make(chan struct{}, 1), closing: make(chan struct{})}
+}
+
+// Handle is one asynchronous save.
+type Handle struct {
+	dir      string
+	done     chan struct{}
+	m        *Manifest
+	err      error
+	snapshot time.Duration
+	bytes    int64
+}
+
+// Done is closed when the save has finished, committed or failed.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Wait blocks until the save has finished and returns its manifest (the
+// checkpoint is committed and durable) or the error that stopped it (then
+// nothing was committed and the temporary directory is removed).
+func (h *Handle) Wait() (*Manifest, error) {
+	<-h.done
+	return h.m, h.err
+}
+
+// Dir is the checkpoint directory being written.
+func (h *Handle) Dir() string { return h.dir }
+
+// SnapshotDuration is how long SaveAsync took to copy the state, i.e. how
+// long the training loop was held.
+func (h *Handle) SnapshotDuration() time.Duration { return h.snapshot }
+
+// SnapshotBytes is the pinned memory the snapshot holds at its start.
+func (h *Handle) SnapshotBytes() int64 { return h.bytes }
+
+// InFlight reports whether a save is still draining.
+func (s *Saver) InFlight() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return false
+	}
+	select {
+	case <-s.cur.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Close waits for the save in flight, then frees the Saver's pinned memory
+// and engine.
+func (s *Saver) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.slot <- struct{}{} // the in-flight save, if any, gives it back when done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, p := range []*buffers.Pool{s.pool, s.bounce} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	if s.engine != nil {
+		errs = append(errs, s.engine.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// snapFile is one file's place in the snapshot stream.
+type snapFile struct {
+	pf     *plannedFile
+	f      *aio.File
+	start  int64         // stream offset of the file's byte 0
+	padded int64         // length rounded up to the alignment
+	ready  chan struct{} // one token per segment copied, in order
+}
+
+// segments is the number of chunk pieces the file's range spans.
+func (f *snapFile) segments(chunk int64) int {
+	if f.padded == 0 {
+		return 0
+	}
+	return int((f.start+f.padded-1)/chunk - f.start/chunk + 1)
+}
+
+// SaveAsync takes a snapshot of state and returns a Handle while the
+// snapshot is written to the checkpoint dir in the background, exactly as
+// Save would write it (same layout, same commit, same KeepLast). When it
+// returns, the tensors' sources may change: the checkpoint holds the bytes
+// they had during SaveAsync. FromStore tensors are read from the store
+// during SaveAsync for the same reason.
+//
+// ctx governs the whole save, background included: cancelling it aborts
+// the save (nothing is committed). Errors found before the snapshot is
+// taken (invalid state, an existing checkpoint, no memory) are returned
+// here; later ones by Handle.Wait.
+func (s *Saver) SaveAsync(ctx context.Context, dir string, state State, opts SaveOptions) (*Handle, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	if err := state.validate(); err != nil {
+		return nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	root, name, err := splitDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	p, err := makePlan(name, &state)
+	if err != nil {
+		return nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	select {
+	case <-s.closing:
+		return nil, &Error{Op: "save", Path: dir, Err: ErrClosed}
+	default:
+	}
+	select {
+	case s.slot <- struct{}{}:
+	case <-s.closing:
+		return nil, &Error{Op: "save", Path: dir, Err: ErrClosed}
+	case <-ctx.Done():
+		return nil, &Error{Op: "save", Path: dir, Err: fmt.Errorf("%w: %w", ErrSaveInFlight, ctx.Err())}
+	}
+	h, err := s.start(ctx, root, name, p, opts)
+	if err != nil {
+		<-s.slot
+		return nil, err
+	}
+	return h, nil
+}
+
+// start runs with the slot held; on success the background goroutine
+// gives it back.
+func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts SaveOptions) (*Handle, error) {
+	t0 := time.Now()
+	dir := filepath.Join(root, name)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, &Error{Op: "save", Path: dir, Err: ErrClosed}
+	}
+	eng := opts.Engine
+	if eng == nil {
+		if s.engine == nil {
+			var err error
+			if s.engine, err = newDefaultEngine(s.opts.Logger); err != nil {
+				s.mu.Unlock()
+				return nil, &Error{Op: "save", Path: dir, Err: err}
+			}
+		}
+		eng = s.engine
+	}
+	s.mu.Unlock()
+
+	// Stale directories are cleaned in the background, before the commit.
+	tx, err := begin(root, name, opts.Overwrite, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	files, align, err := openFiles(eng, tx.tmp, p)
+	fail := func(err error) (*Handle, error) {
+		closeFiles(files)
+		tx.abort()
+		return nil, err
+	}
+	if err != nil {
+		return fail(err)
+	}
+	chunk := int64(opts.StagingBytes)
+	align = max(align, 4096)
+	if chunk%align != 0 {
+		return fail(&Error{Op: "save", Path: tx.tmp, Err: invalidf("StagingBytes %d is not a multiple of the O_DIRECT alignment %d", chunk, align)})
+	}
+	// Lay the files out back to back, each at an aligned stream offset, so
+	// every write is aligned and comes straight from the snapshot.
+	sf := make([]snapFile, len(p.files))
+	var pos int64
+	for i, pf := range p.files {
+		sf[i] = snapFile{pf: pf, f: files[i], start: pos, padded: roundUp(pf.length, align)}
+		pos += sf[i].padded
+	}
+	nChunks := (pos + chunk - 1) / chunk
+	need := nChunks * chunk
+	if s.opts.MaxSnapshotBytes > 0 && need > s.opts.MaxSnapshotBytes {
+		return fail(&Error{Op: "save", Path: dir, Err: fmt.Errorf("%w: %d bytes needed (%d of checkpoint in %d chunks of %d), MaxSnapshotBytes is %d",
+			ErrSnapshotTooLarge, need, p.total, nChunks, chunk, s.opts.MaxSnapshotBytes)})
+	}
+	s.mu.Lock()
+	// Every chunk takes a power-of-two block of the buddy allocator, so
+	// nChunks such blocks always fit without fragmentation.
+	pool, err := growPool(&s.pool, nChunks*int64(ceilPow2(uint64(chunk))), int(align), chunk, s.opts.Logger)
+	var bounce *buffers.Pool
+	if err == nil {
+		bounce, err = storeBouncePool(&s.bounce, p, opts)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return fail(&Error{Op: "save", Path: dir, Err: err})
+	}
+	chunks := make([]*buffers.Buffer, nChunks)
+	refs := make([]atomic.Int32, nChunks)
+	releaseAll := func() {
+		for i, c := range chunks {
+			if c != nil && refs[i].Load() > 0 {
+				c.Release()
+			}
+		}
+	}
+	for i := range chunks {
+		// The pool is the Saver's own and the previous save has finished,
+		// so all of it is free: never block here.
+		b, ok := pool.TryAcquire(int(chunk), buffers.PurposeCheckpoint)
+		if !ok {
+			releaseAll()
+			return fail(&Error{Op: "save", Path: dir, Err: fmt.Errorf("checkpoint: internal error: snapshot chunk %d of %d not available from a pool of %d bytes", i, nChunks, pool.CapacityBytes())})
+		}
+		chunks[i] = b
+		refs[i].Store(1) // dropped below once the files' references are counted
+	}
+	for _, f := range sf {
+		for c := f.start / chunk; c*chunk < f.start+f.padded; c++ {
+			refs[c].Add(1)
+		}
+	}
+	// Writes start at once: each file's writer submits a segment as soon as
+	// its copy is done, so the disk works while the snapshot is taken.
+	for i := range sf {
+		sf[i].ready = make(chan struct{}, sf[i].segments(chunk))
+	}
+	drainCtx, cancelDrain := context.WithCancel(ctx)
+	snapOK := make(chan bool, 1) // the copy's outcome, for the background
+	drained := make(chan struct{})
+	h := &Handle{dir: dir, done: make(chan struct{}), bytes: need}
+	go func() {
+		derr := s.drain(drainCtx, eng, tx, sf, chunks, refs, chunk, opts)
+		if !<-snapOK {
+			close(drained) // start cleans up and returns the copy's error
+			return
+		}
+		defer func() { <-s.slot }()
+		defer close(h.done)
+		defer cancelDrain()
+		if derr == nil {
+			h.m, h.err = s.finish(ctx, tx, p, opts)
+		} else {
+			h.err = derr
+		}
+		releaseAll()
+		closeFiles(files)
+		if h.err != nil {
+			tx.abort()
+		}
+	}()
+
+	// Copy: each file's bytes into its stream range, Parallel files at once.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	for i := range sf {
+		f := &sf[i]
+		g.Go(func() error {
+			fl := newFiller(f.pf, bounce)
+			defer fl.close()
+			return forSegments(chunks, chunk, f.start, f.start+f.padded, func(seg []byte, lo int64) error {
+				if err := gctx.Err(); err != nil {
+					return err
+				}
+				fileOff := lo - f.start
+				n := min(int64(len(seg)), max(0, f.pf.length-fileOff))
+				if err := fl.fill(gctx, seg[:n]); err != nil {
+					return err
+				}
+				clear(seg[n:]) // alignment padding
+				f.ready <- struct{}{}
+				return nil
+			})
+		})
+	}
+	if err := g.Wait(); err != nil {
+		cancelDrain()
+		snapOK <- false
+		<-drained // nothing in flight any more
+		releaseAll()
+		var ce *Error
+		if !errors.As(err, &ce) {
+			err = &Error{Op: "save", Path: dir, Err: err}
+		}
+		return fail(err)
+	}
+	h.snapshot = time.Since(t0)
+	for i := range chunks {
+		if refs[i].Add(-1) == 0 {
+			chunks[i].Release() // every write from it is already done
+		}
+	}
+	s.mu.Lock()
+	s.cur = h
+	s.mu.Unlock()
+	snapOK <- true
+	return h, nil
+}
+
+// forSegments calls fn for each piece of stream range [lo, hi) that lies
+// in one chunk, in order, with the piece's stream offset.
+func forSegments(chunks []*buffers.Buffer, chunk, lo, hi int64, fn func(seg []byte, lo int64) error) error {
+	for pos := lo; pos < hi; {
+		c := pos / chunk
+		end := min(hi, (c+1)*chunk)
+		mem := chunks[c].Bytes()
+		if err := fn(mem[pos-c*chunk:end-c*chunk], pos); err != nil {
+			return err
+		}
+		pos = end
+	}
+	return nil
+}
+
+// drain writes the snapshot: each file's segments in order as their copy
+// completes, up to StagingBuffers requests in flight per file, Parallel
+// files at once; each chunk is released once every write from it is done.
+// Each file is then truncated to its length, fdatasync'ed and closed.
+func (s *Saver) drain(ctx context.Context, eng aio.Engine, tx *txn, sf []snapFile,
+	chunks []*buffers.Buffer, refs []atomic.Int32, chunk int64, opts SaveOptions) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	for i := range sf {
+		f := &sf[i]
+		g.Go(func() error {
+			path := filepath.Join(tx.tmp, f.pf.relPath)
+			n := opts.StagingBuffers
+			reqs := make([]aio.Request, n)
+			chunkOf := make([]int64, n)
+			busy := make([]bool, n)
+			wait := func(i int) error {
+				if !busy[i] {
+					return nil
+				}
+				busy[i] = false
+				_, err := reqs[i].Wait()
+				if refs[chunkOf[i]].Add(-1) == 0 {
+					chunks[chunkOf[i]].Release()
+				}
+				return err
+			}
+			k := 0
+			err := forSegments(chunks, chunk, f.start, f.start+f.padded, func(seg []byte, lo int64) error {
+				i := k % n
+				k++
+				if err := wait(i); err != nil {
+					return err
+				}
+				select {
+				case <-f.ready: // copied
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				if uintptr(unsafe.Pointer(&seg[0]))%uintptr(f.f.Alignment()) != 0 {
+					return fmt.Errorf("snapshot chunk not aligned to %d", f.f.Alignment())
+				}
+				r := &reqs[i]
+				r.Op, r.File, r.Offset, r.Buf = aio.OpWrite, f.f, lo-f.start, seg
+				if err := eng.Submit(r); err != nil {
+					return err
+				}
+				chunkOf[i] = lo / chunk
+				busy[i] = true
+				return nil
+			})
+			for i := range reqs {
+				if werr := wait(i); werr != nil && err == nil {
+					err = werr
+				}
+			}
+			if err != nil {
+				var ce *Error
+				if errors.As(err, &ce) {
+					return err
+				}
+				return &Error{Op: "save", Path: path, Err: err}
+			}
+			return finishFile(f.f, f.pf, path, f.padded)
+		})
+	}
+	return g.Wait()
+}
+
+// finish writes the manifests, cleans stale directories and commits.
+func (s *Saver) finish(ctx context.Context, tx *txn, p *plan, opts SaveOptions) (*Manifest, error) {
+	m, err := writeManifests(tx.tmp, p)
+	if err != nil {
+		return nil, err
+	}
+	cleanStale(tx.root, opts.Logger)
+	if err := ctx.Err(); err != nil {
+		return nil, &Error{Op: "save", Path: tx.final, Err: err}
+	}
+	if err := tx.commit(); err != nil {
+		return nil, err
+	}
+	m.Dir = tx.final
+	retain(tx.root, tx.name, opts.KeepLast, opts.Logger)
+	return m, nil
+}
