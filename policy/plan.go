@@ -333,12 +333,23 @@ func (pl *planner) plan() (*Placement, error) {
 	}
 	pb := pl.paramBuffers(true)
 	ob := pl.optimizerBuffers()
-	minPinned := cpuTensors + mulSat(int64(pb.perLayer), pb.bytes) + mulSat(int64(ob.perGroup), ob.bytes)
+	// Gradients written behind to NVMe hold a pinned copy each while their
+	// write is in flight, and the next one accumulates meanwhile: two
+	// buffers of the largest offloaded gradient.
+	var gradBuf int64
+	for i, x := range pl.inv {
+		if x.Kind == Grad && pl.tier[i] == swapper.TierNVMe {
+			gradBuf = max(gradBuf, x.Bytes)
+		}
+	}
+	// zinf's pinned pool is a buddy allocator: a buffer occupies a
+	// power-of-two block, so the minimum counts blocks, not bytes.
+	minPinned := cpuTensors + mulSat(int64(pb.perLayer), blockOf(pb.bytes)) + mulSat(int64(ob.perGroup), blockOf(ob.bytes)) + 2*blockOf(gradBuf)
 	if minPinned > pl.t.CPUBytes {
 		return nil, &CapacityError{
 			Tier: swapper.TierCPU,
-			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group)",
-				FormatBytes(cpuTensors), pb.perLayer, FormatBytes(pb.bytes), ob.perGroup, FormatBytes(ob.bytes)),
+			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group) + gradient write-behind buffers 2 x %s, each buffer rounded up to a power-of-two pool block",
+				FormatBytes(cpuTensors), pb.perLayer, FormatBytes(pb.bytes), ob.perGroup, FormatBytes(ob.bytes), FormatBytes(gradBuf)),
 			NeedBytes: minPinned,
 			HaveBytes: pl.t.CPUBytes,
 			Hint:      cpuHint(cpuTensors),
@@ -378,8 +389,8 @@ func (pl *planner) plan() (*Placement, error) {
 				want = pb.perLayer
 			}
 		}
-		avail := pl.t.CPUBytes - cpuTensors - int64(ob.perGroup)*ob.bytes
-		fit := int(min(avail/pb.bytes, math.MaxInt32))
+		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(ob.perGroup)*blockOf(ob.bytes)
+		fit := int(min(avail/blockOf(pb.bytes), math.MaxInt32))
 		paramCount = want
 		if fit < want {
 			paramCount = fit
@@ -405,8 +416,8 @@ func (pl *planner) plan() (*Placement, error) {
 				want = ob.perGroup
 			}
 		}
-		avail := pl.t.CPUBytes - cpuTensors - int64(paramCount)*pb.bytes
-		fit := int(min(avail/ob.bytes, math.MaxInt32))
+		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(paramCount)*blockOf(pb.bytes)
+		fit := int(min(avail/blockOf(ob.bytes), math.MaxInt32))
 		optCount = want
 		if fit < want {
 			optCount = fit
@@ -419,7 +430,7 @@ func (pl *planner) plan() (*Placement, error) {
 	var cacheBytes int64
 	if paramTier == swapper.TierNVMe && pl.h.MaxInCPUBytes > 0 {
 		budget := pl.h.MaxInCPUBytes
-		avail := pl.t.CPUBytes - cpuTensors - int64(paramCount)*pb.bytes - int64(optCount)*ob.bytes
+		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(paramCount)*blockOf(pb.bytes) - int64(optCount)*blockOf(ob.bytes)
 		cut := avail < budget
 		if cut {
 			budget = avail
@@ -656,6 +667,11 @@ func (pl *planner) optimizerBuffers() optBufs {
 		b.perGroup = max(b.perGroup, count[o])
 		b.bytes = max(b.bytes, x.Bytes)
 	}
+	// The optimizer streams states one sub-group at a time, so a buffer
+	// holds at most a sub-group of fp32 elements.
+	if sg := pl.h.SubGroupElems; sg > 0 {
+		b.bytes = min(b.bytes, sg*4)
+	}
 	if b.perGroup > 0 {
 		b.bytes = max(b.bytes, 1)
 	}
@@ -770,4 +786,20 @@ func mulSat(a, b int64) int64 {
 		return MaxBytes + 1
 	}
 	return min(a*b, MaxBytes+1)
+}
+
+// PoolBlockBytes is the pinned-pool block a buffer of n bytes occupies in
+// zinf's buddy-allocated pool: the next power of two, at least 4 KiB.
+// Budgets for buffers held at the same time must count blocks.
+func PoolBlockBytes(n int64) int64 { return blockOf(n) }
+
+func blockOf(n int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	b := int64(4096)
+	for b < n && b < MaxBytes {
+		b <<= 1
+	}
+	return b
 }

@@ -120,7 +120,7 @@ func TestPlanCapacityError(t *testing.T) {
 		t.Errorf("message: %v", err)
 	}
 	// The same on NVMe fits a GPU that holds two layers of working set.
-	p, err := Plan(Tiers{GPUBytes: 2000, CPUBytes: 1000}, inv, Hints{ParamDevice: "nvme"})
+	p, err := Plan(Tiers{GPUBytes: 2000, CPUBytes: 4096}, inv, Hints{ParamDevice: "nvme"})
 	if err != nil || p.Tier["w"] != swapper.TierNVMe || p.ParamBufferCount != 1 || p.PrefetchDepth != 0 {
 		t.Fatalf("p = %+v, err = %v", p, err)
 	}

@@ -117,6 +117,10 @@ type Hints struct {
 	// ComputeSecondsPerLayer is the forward+backward compute time of one
 	// layer, used to size the prefetch depth and predict the step time.
 	ComputeSecondsPerLayer float64
+	// SubGroupElems is the optimizer's sub-group size in elements
+	// (zero_optimization.sub_group_size): optimizer buffers hold at most
+	// one sub-group. 0 = whole tensors.
+	SubGroupElems int64
 	// Layers is the number of layers. 0 = one more than the largest
 	// Tensor.Layer of the inventory.
 	Layers int

@@ -1,0 +1,317 @@
+// Package train is zinf's simulated training example: a layered model with
+// real float32 forward and backward passes and Adam, whose parameters,
+// gradients and optimizer states live where a zinf config says (GPU, CPU or
+// NVMe), moved by overlapped swaps. With Verify it runs the same loop fully
+// in memory too and compares the final weights and optimizer states bit for
+// bit. `zinf train` and `make demo` run it.
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// Options configure a run.
+type Options struct {
+	// Config describes the tiers; its NVMe paths must be set. World size,
+	// dtype (bf16/fp16 enabled), gradient accumulation steps and Adam's
+	// hyperparameters come from it.
+	Config *config.Config
+	// Spec is the model. Its DType is taken from the config.
+	Spec Spec
+	// Steps is the number of optimizer steps (default 5).
+	Steps int
+	// Verify also trains in memory and compares bit for bit.
+	Verify bool
+	// ComputePerLayer is simulated accelerator time per layer per pass.
+	ComputePerLayer time.Duration
+	// PrefetchDepth overrides the policy's prefetch depth when > 0.
+	PrefetchDepth int
+	// Progress receives a line per step and the plan (nil: silent).
+	Progress io.Writer
+	// Logger for runtime warnings.
+	Logger *slog.Logger
+	// Faults is injected into every rank's engine (tests).
+	Faults aio.FaultHook
+	// OnStep, when set, is called after each step (tests use it to inject
+	// faults between steps); an error stops the run.
+	OnStep func(step int) error
+	// OnStepError, when set, decides whether a failed optimizer step is
+	// retried (after the caller freed space, say). Without it a failed step
+	// ends the run with its error.
+	OnStepError func(step int, err error) bool
+}
+
+// Result is what a run measured. JSON names are the CLI's --json fields.
+type Result struct {
+	Steps          int       `json:"steps"`
+	Params         int64     `json:"params"`
+	StateBytes     int64     `json:"state_bytes"`
+	World          int       `json:"world_size"`
+	DType          string    `json:"dtype"`
+	BitwiseEqual   *bool     `json:"bitwise_equal"`
+	Mismatch       string    `json:"mismatch,omitempty"`
+	StepMsMedian   float64   `json:"step_ms_median"`
+	IOWaitMsMedian float64   `json:"io_wait_ms_median"`
+	ComputeMs      float64   `json:"compute_ms_per_step"`
+	BytesRead      int64     `json:"bytes_read"`
+	BytesWritten   int64     `json:"bytes_written"`
+	ReadGBps       float64   `json:"read_gbps"`
+	WriteGBps      float64   `json:"write_gbps"`
+	PeakRSSBytes   int64     `json:"peak_rss_bytes"`
+	PinnedBytes    int64     `json:"pinned_bytes"`
+	PinnedLocked   bool      `json:"pinned_locked"`
+	FinalLoss      float32   `json:"final_loss"`
+	PrefetchDepth  int       `json:"prefetch_depth"`
+	DemandMisses   int64     `json:"demand_misses"`
+	Backend        string    `json:"backend"`
+	StepMs         []float64 `json:"step_ms"`
+	OptimizerMs    []float64 `json:"optimizer_ms"`
+	PredictedMs    float64   `json:"predicted_step_ms"`
+}
+
+// StateBytes is the model state: params in their dtype, fp32 gradients,
+// and fp32 master + two Adam moments.
+func (s Spec) StateBytes() int64 {
+	n := s.ParamCount()
+	return n*int64(s.DType.Size()) + n*4 + n*12
+}
+
+// Run trains as configured and, with Verify, against the in-memory
+// reference.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Config == nil {
+		return nil, errors.New("train: no config")
+	}
+	if o.Steps == 0 {
+		o.Steps = 5
+	}
+	if o.Steps < 0 {
+		return nil, fmt.Errorf("train: steps %d must be positive", o.Steps)
+	}
+	cfg := o.Config
+	spec := o.Spec
+	spec.DType = swapper.Float32
+	if cfg.BF16 {
+		spec.DType = swapper.BFloat16
+	} else if cfg.FP16 {
+		spec.DType = swapper.Float16
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	_, world := cfg.RankWorld()
+	micro := max(cfg.GradientAccumulationSteps, 1)
+	res := &Result{Steps: o.Steps, Params: spec.ParamCount(), StateBytes: spec.StateBytes(), World: world, DType: spec.DType.String()}
+
+	// One runtime per simulated rank, each with its own pool, engine,
+	// device and swap directories.
+	var rts []*zinf.Runtime
+	defer func() {
+		for _, rt := range rts {
+			rt.Close()
+		}
+	}()
+	for r := 0; r < world; r++ {
+		rt, err := zinf.Open(cfg, zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults})
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		rts = append(rts, rt)
+	}
+	res.Backend = rts[0].Engine.Name()
+	pl, err := plan(cfg, spec, world, o.ComputePerLayer)
+	if err != nil {
+		return nil, err
+	}
+	depth := pl.PrefetchDepth
+	if o.PrefetchDepth > 0 {
+		depth = o.PrefetchDepth
+	}
+	res.PrefetchDepth = depth
+	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step\n",
+			spec.Layers, spec.Width, human(float64(res.Params)), config.Size(res.StateBytes), spec.DType, world, micro)
+		pl.WriteTable(o.Progress)
+		fmt.Fprintln(o.Progress)
+	}
+	be, err := newZinfBackend(ctx, spec, rts, pl, depth)
+	if err != nil {
+		return nil, err
+	}
+	var ioWaits []float64
+	var last zinf.Metrics
+	lastWait := time.Duration(0)
+	t0 := time.Now()
+	err = runLoop(ctx, spec, be, loopOptions{Steps: o.Steps, Micro: micro, World: world, ComputePerLayer: o.ComputePerLayer,
+		OnStepError: o.OnStepError,
+		OnStep: func(step int, loss float32, d time.Duration) error {
+			m := metrics(rts)
+			w := be.ioWait - lastWait
+			lastWait = be.ioWait
+			res.StepMs = append(res.StepMs, float64(d)/1e6)
+			ioWaits = append(ioWaits, float64(w)/1e6)
+			res.FinalLoss = loss
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s\n", step+1, o.Steps, loss,
+					float64(d)/1e6, float64(w)/1e6, config.Size(m.BytesRead-last.BytesRead), config.Size(m.BytesWritten-last.BytesWritten))
+			}
+			last = m
+			if o.OnStep != nil {
+				return o.OnStep(step)
+			}
+			return nil
+		}})
+	if err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(t0).Seconds()
+	m := metrics(rts)
+	res.BytesRead, res.BytesWritten = m.BytesRead, m.BytesWritten
+	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/elapsed/1e9, float64(m.BytesWritten)/elapsed/1e9
+	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
+	res.StepMsMedian = median(res.StepMs)
+	res.IOWaitMsMedian = median(ioWaits)
+	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
+	for _, s := range be.scheds {
+		res.DemandMisses += int64(s.Stats().DemandMisses)
+	}
+	res.PeakRSSBytes = peakRSS()
+	if !o.Verify {
+		return res, nil
+	}
+	ref := newMemBackend(spec, zinf.Hyper(cfg))
+	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: world}); err != nil {
+		return nil, fmt.Errorf("reference run: %w", err)
+	}
+	eq, why, err := compare(ctx, spec, be, ref)
+	if err != nil {
+		return nil, fmt.Errorf("comparing with the reference: %w", err)
+	}
+	res.BitwiseEqual = &eq
+	res.Mismatch = why
+	return res, nil
+}
+
+// plan asks the policy where each tensor lives.
+func plan(cfg *config.Config, spec Spec, world int, compute time.Duration) (*policy.Placement, error) {
+	return zinf.PlanFor(cfg, policy.ModelSpec{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, World: world, DType: spec.DType}, compute)
+}
+
+func metrics(rts []*zinf.Runtime) zinf.Metrics {
+	var m zinf.Metrics
+	for i, rt := range rts {
+		x := rt.Metrics()
+		m.BytesRead += x.BytesRead
+		m.BytesWritten += x.BytesWritten
+		m.PinnedBytes += x.PinnedBytes
+		m.Pinned = x.Pinned && (i == 0 || m.Pinned)
+	}
+	return m
+}
+
+// compare checks final compute weights and optimizer states bit for bit.
+func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (bool, string, error) {
+	for _, n := range spec.ParamNames() {
+		got := make([]float32, spec.Numel(n))
+		if err := be.fetch(ctx, n, got); err != nil {
+			return false, "", err
+		}
+		if i, ok := sameBits(got, ref.compute[n]); !ok {
+			return false, fmt.Sprintf("param %s element %d: %v vs reference %v", n, i, got[i], ref.compute[n][i]), nil
+		}
+		for r, rt := range be.rts {
+			lo, hi := rt.Partition(n)
+			if lo == hi {
+				continue
+			}
+			master, m, v, err := rt.Optimizer.ReadState(ctx, n)
+			if err != nil {
+				return false, "", fmt.Errorf("rank %d: %w", r, err)
+			}
+			for _, c := range []struct {
+				what      string
+				got, want []float32
+			}{{"master", master, ref.master[n][lo:hi]}, {"exp_avg", m, ref.m[n][lo:hi]}, {"exp_avg_sq", v, ref.v[n][lo:hi]}} {
+				if i, ok := sameBits(c.got, c.want); !ok {
+					return false, fmt.Sprintf("rank %d %s.%s element %d: %v vs reference %v", r, n, c.what, lo+i, c.got[i], c.want[i]), nil
+				}
+			}
+		}
+	}
+	return true, "", nil
+}
+
+func sameBits(a, b []float32) (int, bool) {
+	if len(a) != len(b) {
+		return 0, false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i, false
+		}
+	}
+	return 0, true
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func human(n float64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", n/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2fM", n/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fK", n/1e3)
+	}
+	return fmt.Sprintf("%.0f", n)
+}
+
+// peakRSS reads the process's peak resident set (VmHWM).
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,326 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/swapper"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testConfig is the embedded default with swap files under t's temp dirs,
+// params always swapped from NVMe (no max_in_cpu cache), small pools.
+func testConfig(t *testing.T, mutate func(c *config.Config)) *config.Config {
+	t.Helper()
+	c := config.Default()
+	c.SetScratchDir(t.TempDir())
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.Zinf.Tiers.CPUPinnedBytes = 16 << 20
+	c.GradientAccumulationSteps = 2
+	if mutate != nil {
+		mutate(c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("test config: %v", err)
+	}
+	return c
+}
+
+var smallSpec = Spec{Layers: 3, Width: 48, Batch: 4, Seed: 7}
+
+// TestBitForBit trains with everything offloaded and checks the final
+// weights and optimizer states equal in-memory training bit for bit,
+// across the settings that change how bytes move.
+func TestBitForBit(t *testing.T) {
+	type tc struct {
+		name   string
+		mutate func(c *config.Config)
+	}
+	cases := []tc{
+		{"depth0", func(c *config.Config) { c.Zinf.PipelineDepth = 0 }},
+		{"depth1", func(c *config.Config) { c.Zinf.PipelineDepth = 1 }},
+		{"depth3", func(c *config.Config) { c.Zinf.PipelineDepth = 3 }},
+		{"min-buffers", func(c *config.Config) {
+			// One layer's params (weight + bias) must be resident together:
+			// 2 is the smallest param buffer count that can work; 1 for the
+			// optimizer. Exhaustion waits.
+			c.ZeroOptimization.OffloadParam.BufferCount = 2
+			c.ZeroOptimization.OffloadOptimizer.BufferCount = 1
+			c.Zinf.PipelineDepth = 3
+		}},
+		{"two-paths-striped", func(c *config.Config) { c.Zinf.NVMePaths = []string{t.TempDir(), t.TempDir()} }},
+		{"checksums-off", func(c *config.Config) { c.Zinf.Checksums = false }},
+		{"checksums-on", func(c *config.Config) { c.Zinf.Checksums = true }},
+		{"bf16", func(c *config.Config) { c.BF16 = true }},
+		{"fp16", func(c *config.Config) { c.FP16 = true }},
+		{"world4", func(c *config.Config) { c.Zinf.WorldSize = 4 }},
+		{"world4-bf16-striped", func(c *config.Config) {
+			c.Zinf.WorldSize = 4
+			c.BF16 = true
+			c.Zinf.NVMePaths = []string{t.TempDir(), t.TempDir()}
+		}},
+		{"params-cpu-optimizer-nvme", func(c *config.Config) { c.ZeroOptimization.OffloadParam.Device = config.OffloadCPU }},
+		{"max-in-cpu-cache", func(c *config.Config) { c.ZeroOptimization.OffloadParam.MaxInCPU = 2 * 48 * 48 }},
+		{"optimizer-cpu", func(c *config.Config) { c.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU }},
+	}
+	for _, b := range aio.Backends {
+		b := b
+		cases = append(cases, tc{"backend-" + b, func(c *config.Config) { c.Zinf.Backend = config.Backend(b) }})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t, c.mutate)
+			res, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: 3, Verify: true, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.BitwiseEqual == nil || !*res.BitwiseEqual {
+				t.Fatalf("offloaded training differs from in-memory training: %s", res.Mismatch)
+			}
+			if cfg.ZeroOptimization.OffloadOptimizer.Device == config.OffloadNVMe && (res.BytesRead == 0 || res.BytesWritten == 0) {
+				t.Fatalf("nothing moved through NVMe: read %d, written %d", res.BytesRead, res.BytesWritten)
+			}
+		})
+	}
+}
+
+// TestReferenceDetectsDifference makes sure the comparison can fail: a
+// run with different hyperparameters must not compare equal.
+func TestReferenceDetectsDifference(t *testing.T) {
+	cfg := testConfig(t, nil)
+	spec := smallSpec
+	spec.DType = 0
+	rts, be := setup(t, cfg, spec)
+	_ = rts
+	if err := runLoop(context.Background(), spec, be, loopOptions{Steps: 2, Micro: 1, World: 1}); err != nil {
+		t.Fatal(err)
+	}
+	h := zinf.Hyper(cfg)
+	h.LR *= 1.0001
+	ref := newMemBackend(spec, h)
+	if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: 2, Micro: 1, World: 1}); err != nil {
+		t.Fatal(err)
+	}
+	eq, why, err := compare(context.Background(), spec, be, ref)
+	if err != nil || eq || why == "" {
+		t.Fatalf("a different learning rate compared equal (err %v)", err)
+	}
+}
+
+// setup opens one runtime per rank and the offloaded backend.
+func setup(t *testing.T, cfg *config.Config, spec Spec, opts ...zinf.Options) ([]*zinf.Runtime, *zinfBackend) {
+	t.Helper()
+	_, world := cfg.RankWorld()
+	var rts []*zinf.Runtime
+	for r := 0; r < world; r++ {
+		o := zinf.Options{Logger: quiet, Rank: r, WorldSize: world}
+		if len(opts) > 0 {
+			o.Faults = opts[0].Faults
+		}
+		rt, err := zinf.Open(cfg, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		rts = append(rts, rt)
+	}
+	pl, err := plan(cfg, spec, world, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, err := newZinfBackend(context.Background(), spec, rts, pl, pl.PrefetchDepth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rts, be
+}
+
+// snapshot reads every parameter's compute values and every rank's
+// optimizer state.
+func snapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string][]float32{}
+	for _, n := range spec.ParamNames() {
+		v := make([]float32, spec.Numel(n))
+		if err := be.fetch(ctx, n, v); err != nil {
+			t.Fatal(err)
+		}
+		out[n] = v
+		for r, rt := range be.rts {
+			m, a, s, err := rt.Optimizer.ReadState(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[fmt.Sprintf("%d/%s.master", r, n)] = m
+			out[fmt.Sprintf("%d/%s.exp_avg", r, n)] = a
+			out[fmt.Sprintf("%d/%s.exp_avg_sq", r, n)] = s
+		}
+	}
+	return out
+}
+
+func sameSnapshot(a, b map[string][]float32) string {
+	for k, v := range a {
+		w := b[k]
+		if len(v) != len(w) {
+			return k
+		}
+		for i := range v {
+			if math.Float32bits(v[i]) != math.Float32bits(w[i]) {
+				return fmt.Sprintf("%s[%d]", k, i)
+			}
+		}
+	}
+	return ""
+}
+
+// TestENOSPCDuringStep injects ENOSPC into the optimizer's and the params'
+// swap-outs during a step: the step returns the error, weights and states
+// are unchanged, and after space returns the run goes on and still equals
+// in-memory training bit for bit.
+func TestENOSPCDuringStep(t *testing.T) {
+	for _, target := range []string{"/zinf-optim-", "/zinf-param-", "/zinf-grad-"} {
+		t.Run(strings.Trim(target, "/-"), func(t *testing.T) {
+			cfg := testConfig(t, func(c *config.Config) { c.Zinf.WorldSize = 2; c.Zinf.PipelineDepth = 2 })
+			spec := smallSpec
+			inj := faults.New(3)
+			_, be := setup(t, cfg, spec, zinf.Options{Faults: inj})
+			const steps, faultAt = 4, 2
+			var before map[string][]float32
+			failures := 0
+			err := runLoop(context.Background(), spec, be, loopOptions{Steps: steps, Micro: 2, World: 2,
+				OnStep: func(step int, _ float32, _ time.Duration) error {
+					if step == faultAt-1 {
+						before = snapshot(t, spec, be)
+						inj.Add(faults.Rule{Kind: faults.Writes, PathContains: target, Err: syscall.ENOSPC})
+					}
+					return nil
+				},
+				OnStepError: func(step int, err error) bool {
+					failures++
+					t.Logf("step %d: %v", step, err)
+					if step != faultAt || !errors.Is(err, aio.ErrNoSpace) {
+						t.Errorf("step %d failed with %v; want ENOSPC at step %d", step, err, faultAt)
+						return false
+					}
+					if !strings.Contains(err.Error(), "layer") {
+						t.Errorf("error does not name the tensor: %v", err)
+					}
+					if d := sameSnapshot(before, snapshot(t, spec, be)); d != "" {
+						t.Errorf("state changed by the failed step at %s", d)
+					}
+					inj.Clear() // space returns
+					return failures < 100
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Every failed swap-out is reported once (a gradient write-behind
+			// per tensor and rank), so there is at least one failure.
+			if failures == 0 || inj.Hits() == 0 {
+				t.Fatalf("no failure surfaced (fault hits %d)", inj.Hits())
+			}
+			ref := newMemBackend(spec, zinf.Hyper(cfg))
+			if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: steps, Micro: 2, World: 2}); err != nil {
+				t.Fatal(err)
+			}
+			if eq, why, err := compare(context.Background(), spec, be, ref); err != nil || !eq {
+				t.Fatalf("after recovery: equal=%v %s %v", eq, why, err)
+			}
+		})
+	}
+}
+
+// TestEIOOnSwapInNamesTensor: a read error on a parameter's swap-in
+// surfaces from the layer barrier with the tensor's name.
+func TestEIOOnSwapInNamesTensor(t *testing.T) {
+	cfg := testConfig(t, nil)
+	inj := faults.New(5)
+	_, be := setup(t, cfg, smallSpec, zinf.Options{Faults: inj})
+	err := runLoop(context.Background(), smallSpec, be, loopOptions{Steps: 3, Micro: 1, World: 1,
+		OnStep: func(step int, _ float32, _ time.Duration) error {
+			inj.Add(faults.Rule{Kind: faults.Reads, PathContains: "/zinf-param-", Err: syscall.EIO})
+			return nil
+		}})
+	if !errors.Is(err, aio.ErrIO) || !strings.Contains(err.Error(), `tensor "layer0`) {
+		t.Fatalf("want EIO naming a layer tensor, got %v", err)
+	}
+}
+
+// TestCorruptExtentCaught flips one byte of a parameter's swap extent on
+// disk: the next swap-in fails its checksum and names the tensor.
+func TestCorruptExtentCaught(t *testing.T) {
+	cfg := testConfig(t, func(c *config.Config) { c.Zinf.Checksums = true })
+	rts, be := setup(t, cfg, smallSpec)
+	err := runLoop(context.Background(), smallSpec, be, loopOptions{Steps: 2, Micro: 1, World: 1,
+		OnStep: func(step int, _ float32, _ time.Duration) error {
+			if step == 0 {
+				st := rts[0].ParamStore
+				path, off, err := st.Locate(rts[0].Params.StoreKey(WeightName(1)), 100)
+				if err != nil {
+					return err
+				}
+				flipByte(t, path, off)
+			}
+			return nil
+		}})
+	if !errors.Is(err, swapper.ErrChecksum) || !strings.Contains(err.Error(), WeightName(1)) {
+		t.Fatalf("want a checksum error naming %s, got %v", WeightName(1), err)
+	}
+}
+
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := []byte{0}
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x10
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStatesLargerThanPinnedBudget trains a model whose states are more
+// than 4x the pinned pool, to completion and bit-exact.
+func TestStatesLargerThanPinnedBudget(t *testing.T) {
+	spec := Spec{Layers: 8, Width: 768, Batch: 2, Seed: 3}
+	cfg := testConfig(t, func(c *config.Config) {
+		c.Zinf.Tiers.CPUPinnedBytes = 20 << 20
+		c.ZeroOptimization.SubGroupSize = 64 << 10
+		c.ZeroOptimization.OffloadParam.BufferSize = 768 * 768
+		c.GradientAccumulationSteps = 1
+	})
+	if st := spec.StateBytes(); st < 4*int64(cfg.Zinf.Tiers.CPUPinnedBytes) {
+		t.Fatalf("test model too small: %d bytes of state for a %d-byte pool", st, cfg.Zinf.Tiers.CPUPinnedBytes)
+	}
+	res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: 2, Verify: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !*res.BitwiseEqual {
+		t.Fatal(res.Mismatch)
+	}
+	t.Logf("state %d bytes, pinned %d bytes, peak RSS %d bytes", res.StateBytes, res.PinnedBytes, res.PeakRSSBytes)
+}
