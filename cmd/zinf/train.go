@@ -11,6 +11,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/policy"
 )
 
 func init() {
@@ -99,14 +100,14 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
-	fmt.Fprintf(w, "\nsummary: %d steps, %d params (%s of state), world size %d, %s, backend %s\n", r.Steps, r.Params, config.Size(r.StateBytes), r.World, r.DType, r.Backend)
+	fmt.Fprintf(w, "\nsummary: %d steps, %d params (%s of state), world size %d, %s, backend %s\n", r.Steps, r.Params, policy.FormatBytes(r.StateBytes), r.World, r.DType, r.Backend)
 	fmt.Fprintf(w, "  step time median %.1f ms (policy predicted %.1f ms), io-wait median %.1f ms, prefetch depth %d, demand misses %d\n",
 		r.StepMsMedian, r.PredictedMs, r.IOWaitMsMedian, r.PrefetchDepth, r.DemandMisses)
 	if r.ComputeMs > 0 {
 		fmt.Fprintf(w, "  overlap: simulated compute %.1f ms per step; step / compute = %.3f\n", r.ComputeMs, r.StepMsMedian/r.ComputeMs)
 	}
-	fmt.Fprintf(w, "  NVMe: read %s (%.3f GB/s), written %s (%.3f GB/s)\n", config.Size(r.BytesRead), r.ReadGBps, config.Size(r.BytesWritten), r.WriteGBps)
-	fmt.Fprintf(w, "  memory: peak RSS %s, pinned pool %s (locked: %v)\n", config.Size(r.PeakRSSBytes), config.Size(r.PinnedBytes), r.PinnedLocked)
+	fmt.Fprintf(w, "  NVMe: read %s (%.3f GB/s), written %s (%.3f GB/s)\n", policy.FormatBytes(r.BytesRead), r.ReadGBps, policy.FormatBytes(r.BytesWritten), r.WriteGBps)
+	fmt.Fprintf(w, "  memory: peak RSS %s, pinned pool %s (locked: %v)\n", policy.FormatBytes(r.PeakRSSBytes), policy.FormatBytes(r.PinnedBytes), r.PinnedLocked)
 	switch {
 	case r.BitwiseEqual == nil:
 		if verify {

@@ -25,6 +25,13 @@ type zinfBackend struct {
 	stepped []bool
 	// accumulated does the same for the gradient hand-off in progress.
 	accumulated []bool
+	// optSteps records each optimizer step call: duration and NVMe bytes.
+	optSteps []optStep
+}
+
+type optStep struct {
+	d             time.Duration
+	read, written int64
 }
 
 func (b *zinfBackend) startPass(order []int) {
@@ -103,7 +110,13 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 
 func (b *zinfBackend) step(ctx context.Context) error {
 	t0 := time.Now()
-	defer func() { b.ioWait += time.Since(t0) }()
+	before := metrics(b.rts)
+	defer func() {
+		d := time.Since(t0)
+		b.ioWait += d
+		after := metrics(b.rts)
+		b.optSteps = append(b.optSteps, optStep{d: d, read: after.BytesRead - before.BytesRead, written: after.BytesWritten - before.BytesWritten})
+	}()
 	if b.stepped == nil {
 		b.stepped = make([]bool, len(b.rts))
 	}

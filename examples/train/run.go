@@ -81,8 +81,13 @@ type Result struct {
 	DemandMisses   int64     `json:"demand_misses"`
 	Backend        string    `json:"backend"`
 	StepMs         []float64 `json:"step_ms"`
-	OptimizerMs    []float64 `json:"optimizer_ms"`
-	PredictedMs    float64   `json:"predicted_step_ms"`
+	// The optimizer step alone (all ranks): time, and NVMe bytes it moved
+	// (states, gradients read back, params written back).
+	OptimizerMs       []float64 `json:"optimizer_ms"`
+	OptimizerMsMedian float64   `json:"optimizer_ms_median"`
+	OptimizerRead     int64     `json:"optimizer_bytes_read_per_step"`
+	OptimizerWritten  int64     `json:"optimizer_bytes_written_per_step"`
+	PredictedMs       float64   `json:"predicted_step_ms"`
 }
 
 // StateBytes is the model state: params in their dtype, fp32 gradients,
@@ -151,7 +156,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step\n",
-			spec.Layers, spec.Width, human(float64(res.Params)), config.Size(res.StateBytes), spec.DType, world, micro)
+			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, world, micro)
 		pl.WriteTable(o.Progress)
 		fmt.Fprintln(o.Progress)
 	}
@@ -174,7 +179,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.FinalLoss = loss
 			if o.Progress != nil {
 				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s\n", step+1, o.Steps, loss,
-					float64(d)/1e6, float64(w)/1e6, config.Size(m.BytesRead-last.BytesRead), config.Size(m.BytesWritten-last.BytesWritten))
+					float64(d)/1e6, float64(w)/1e6, policy.FormatBytes(m.BytesRead-last.BytesRead), policy.FormatBytes(m.BytesWritten-last.BytesWritten))
 			}
 			last = m
 			if o.OnStep != nil {
@@ -196,6 +201,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for _, s := range be.scheds {
 		res.DemandMisses += int64(s.Stats().DemandMisses)
 	}
+	for _, st := range be.optSteps {
+		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
+		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
+	}
+	res.OptimizerMsMedian = median(res.OptimizerMs)
 	res.PeakRSSBytes = peakRSS()
 	if !o.Verify {
 		return res, nil

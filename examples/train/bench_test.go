@@ -1,0 +1,130 @@
+package train
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/iobench"
+)
+
+// benchDir is where benchmark swap files go: $ZINF_BENCH_DIR, else a temp
+// dir on the default disk.
+func benchDir(b *testing.B) string {
+	if d := os.Getenv("ZINF_BENCH_DIR"); d != "" {
+		return d
+	}
+	return b.TempDir()
+}
+
+func benchInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func benchConfig(b *testing.B, dir string) *config.Config {
+	c := config.Default()
+	c.SetScratchDir(dir)
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.ZeroOptimization.OffloadParam.BufferSize = 1
+	c.Zinf.Tiers.CPUPinnedBytes = 256 << 20
+	c.Zinf.Checksums = true
+	c.Zinf.PipelineDepth = 2
+	c.AIO.QueueDepth = 32
+	c.ZeroOptimization.SubGroupSize = 1 << 20
+	if err := c.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// BenchmarkOverlap compares the step time of offloaded training with the
+// compute-only step (the same loop in memory with the same simulated
+// compute) when simulated compute per layer exceeds the I/O per layer.
+// It reports step/compute-only as the metric "x-compute-only" (median of
+// the steps after the first). ZINF_BENCH_COMPUTE_MS sets the compute per
+// layer per pass (default 20), ZINF_BENCH_WIDTH the width (default 512).
+func BenchmarkOverlap(b *testing.B) {
+	spec := Spec{Layers: 8, Width: benchInt("ZINF_BENCH_WIDTH", 512), Batch: 4, Seed: 1}
+	compute := time.Duration(benchInt("ZINF_BENCH_COMPUTE_MS", 20)) * time.Millisecond
+	steps := 6
+	for i := 0; i < b.N; i++ {
+		cfg := benchConfig(b, benchDir(b))
+		res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: steps, ComputePerLayer: compute, Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Compute-only: the same loop, same compute, tensors in memory.
+		ref := newMemBackend(spec, zinf.Hyper(cfg))
+		var refMs []float64
+		if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: steps, Micro: 1, World: 1, ComputePerLayer: compute,
+			OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {
+			b.Fatal(err)
+		}
+		off := median(res.StepMs[1:])
+		co := median(refMs[1:])
+		ioPerLayerMs := float64(res.BytesRead+res.BytesWritten) / float64(steps) / float64(spec.Layers) / 1e6 // MB per layer per step
+		b.ReportMetric(off, "step-ms")
+		b.ReportMetric(co, "compute-only-ms")
+		b.ReportMetric(off/co, "x-compute-only")
+		b.ReportMetric(ioPerLayerMs, "io-MB/layer")
+		b.ReportMetric(res.OptimizerMsMedian, "optimizer-ms")
+	}
+}
+
+// BenchmarkOptimizerVsIO runs the optimizer step with no simulated compute
+// and compares the rate it moves its bytes at with the rate `zinf io`
+// read and write bandwidths on the same path predict for those bytes
+// (time = read bytes / read bandwidth + written bytes / write bandwidth).
+// Metric "x-io-predicted" is achieved/predicted (medians).
+func BenchmarkOptimizerVsIO(b *testing.B) {
+	width := benchInt("ZINF_BENCH_WIDTH", 1024)
+	rounds := benchInt("ZINF_BENCH_ROUNDS", 3)
+	spec := Spec{Layers: 8, Width: width, Batch: 1, Seed: 1}
+	for i := 0; i < b.N; i++ {
+		dir := benchDir(b)
+		cfg := benchConfig(b, dir)
+		eo := zinf.EngineOptions(cfg, quiet, nil)
+		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
+		// Interleaved rounds: zinf io write, zinf io read, then training
+		// whose optimizer steps are timed; medians over rounds.
+		for round := 0; round < rounds; round++ {
+			var rbw, wbw float64
+			for _, op := range []string{"write", "read"} {
+				r, err := iobench.Run(context.Background(), iobench.Options{Dir: dir, SizeBytes: 256 << 20, Op: op, Loops: 3, Warmup: 1, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if op == "read" {
+					rbw = r.GBpsMedian
+				} else {
+					wbw = r.GBpsMedian
+				}
+			}
+			os.Remove(dir + "/bench-io.dat")
+			res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: 4, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms := median(res.OptimizerMs[1:])
+			pred := (float64(res.OptimizerRead)/rbw + float64(res.OptimizerWritten)/wbw) / 1e6
+			readBW, writeBW, optMs, predMs = append(readBW, rbw), append(writeBW, wbw), append(optMs, ms), append(predMs, pred)
+			optGBps = append(optGBps, float64(res.OptimizerRead+res.OptimizerWritten)/ms/1e6)
+			ratio = append(ratio, pred/ms)
+			b.Logf("round %d: io read %.3f GB/s, write %.3f GB/s; optimizer %.1f ms for %d+%d bytes (%.3f GB/s), predicted %.1f ms: %.3f",
+				round+1, rbw, wbw, ms, res.OptimizerRead, res.OptimizerWritten, optGBps[len(optGBps)-1], pred, pred/ms)
+		}
+		b.ReportMetric(median(readBW), "io-read-GB/s")
+		b.ReportMetric(median(writeBW), "io-write-GB/s")
+		b.ReportMetric(median(optGBps), "optimizer-GB/s")
+		b.ReportMetric(median(optMs), "optimizer-ms")
+		b.ReportMetric(median(predMs), "predicted-ms")
+		b.ReportMetric(median(ratio), "x-io-predicted")
+	}
+}
