@@ -104,12 +104,25 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	if o.Rounds == 0 {
 		o.Rounds = 5
 	}
+	if o.Rounds < 0 {
+		return nil, fmt.Errorf("--rounds %d is invalid: it must be at least 1", o.Rounds)
+	}
 	if o.FioPath == "" {
 		p, err := exec.LookPath("fio")
 		if err != nil {
 			return nil, fmt.Errorf("fio not found on PATH (apt-get install -y fio): %w", err)
 		}
 		o.FioPath = p
+	} else if p, err := exec.LookPath(o.FioPath); err != nil {
+		return nil, fmt.Errorf("--fio %q: %w", o.FioPath, err)
+	} else {
+		o.FioPath = p
+	}
+	// Everything is checked before the first byte is written.
+	check := Options{Dir: o.Dir, SizeBytes: o.SizeBytes, Op: "write",
+		Engine: aio.Options{Backend: aio.BackendPosix, BlockSizeBytes: o.BlockSize, QueueDepth: o.QueueDepth, Direct: aio.DirectRequired}}
+	if err := check.Check(); err != nil {
+		return nil, err
 	}
 	name := fmt.Sprintf("zinf-compare-%d.dat", o.SizeBytes)
 	file := filepath.Join(o.Dir, name)
@@ -134,7 +147,23 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 		}
 		return r.GBpsMedian, nil
 	}
-	engines := [][2]string{{aio.BackendUring, "io_uring"}, {aio.BackendLibaio, "libaio"}}
+	// Lay the file out once, untimed, so that no tool's first write pays
+	// for block allocation (O_DIRECT writes that extend a file or fill
+	// unwritten extents are serialized by the filesystem).
+	if _, err := zinf("write", aio.BackendAuto, false); err != nil {
+		return nil, err
+	}
+	var engines [][2]string
+	for _, e := range [][2]string{{aio.BackendUring, "io_uring"}, {aio.BackendLibaio, "libaio"}} {
+		if err := aio.Available(e[0]); err != nil {
+			// A kernel or sandbox without the backend still gets the rest.
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "skipping %s: %v\n", e[0], err)
+			}
+			continue
+		}
+		engines = append(engines, e)
+	}
 	for round := 1; round <= o.Rounds; round++ {
 		for _, op := range []string{"write", "read"} {
 			for _, e := range engines {
