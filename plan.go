@@ -15,10 +15,15 @@ const (
 	DefaultNVMeWriteBps = 1.5e9
 )
 
-// TiersFor maps a config's tiers to the policy's view of them.
-func TiersFor(cfg *config.Config) policy.Tiers {
+// TiersFor maps a config's tiers to the policy's view of them. Given the
+// runtimes opened with cfg, the GPU tier is the device memory they have (a
+// CUDA device's capacity when zinf.tiers.gpu_bytes is unset; see
+// Runtime.GPUCapacityBytes) and the CPU tier leaves out the pinned staging
+// buffers their device I/O holds; without them it is what the config says.
+func TiersFor(cfg *config.Config, rts ...*Runtime) policy.Tiers {
 	paths := len(cfg.NVMePaths())
-	return policy.Tiers{GPUBytes: cfg.GPUBytes(0), CPUBytes: int64(cfg.Zinf.Tiers.CPUPinnedBytes),
+	gpuBytes, cpuBytes := tierBytes(cfg, rts)
+	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
 		NVMeReadBps: DefaultNVMeReadBps * float64(max(paths, 1)), NVMeWriteBps: DefaultNVMeWriteBps * float64(max(paths, 1)), NVMePaths: paths}
 }
 
@@ -34,11 +39,14 @@ func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) pol
 }
 
 // PlanFor places a model's tensors for this config: what lives on GPU, CPU
-// or NVMe, buffer counts, prefetch depth and the predicted step time.
-func PlanFor(cfg *config.Config, m policy.ModelSpec, computePerLayer time.Duration) (*policy.Placement, error) {
+// or NVMe, buffer counts, prefetch depth and the predicted step time. Pass
+// the runtimes opened with cfg, when there are any, so the plan counts the
+// memory they really have (see TiersFor): on a CUDA device without
+// zinf.tiers.gpu_bytes, the GPU tier is the device's memory.
+func PlanFor(cfg *config.Config, m policy.ModelSpec, computePerLayer time.Duration, rts ...*Runtime) (*policy.Placement, error) {
 	rank, _ := cfg.RankWorld()
 	if rank >= m.World {
 		rank = 0
 	}
-	return policy.Plan(TiersFor(cfg), m.Inventory(rank, m.World), HintsFor(cfg, m.Layers, computePerLayer))
+	return policy.Plan(TiersFor(cfg, rts...), m.Inventory(rank, m.World), HintsFor(cfg, m.Layers, computePerLayer))
 }

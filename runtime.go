@@ -13,6 +13,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -52,6 +53,12 @@ type Runtime struct {
 	Optimizer *optimizer.Optimizer
 	// Stores: nil where the config keeps that state in memory.
 	ParamStore, GradStore, OptimStore *swapper.Store
+	// DeviceIO moves bytes between files and device memory when the config
+	// selects GPUDirect Storage (zinf.gds "auto"/"required", aio.use_gds):
+	// cuFile, or the bounce path when "auto" falls back. Nil when zinf.gds
+	// is "off". See gpu.go.
+	DeviceIO             gds.DeviceIO
+	deviceIOStagingBytes int64
 
 	log        *slog.Logger
 	ownEngine  bool
@@ -118,6 +125,9 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 			break
 		}
 	}
+	if err := r.openDeviceIO(cfg, log); err != nil {
+		return nil, err
+	}
 	zo := cfg.ZeroOptimization
 	store := func(name string, paths []string) (*swapper.Store, error) {
 		s, err := swapper.OpenStore(swapper.StoreOptions{Paths: paths, Engine: r.Engine, Name: fmt.Sprintf("%s-rank%d", name, rank),
@@ -143,7 +153,10 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: rank, WorldSize: world,
 		DType: dtype, MaxInCPUBytes: zo.OffloadParam.MaxInCPU * int64(dtype.Size()), // max_in_cpu counts elements, as in DeepSpeed
-		BufferCount: zo.OffloadParam.BufferCount, Logger: log})
+		BufferCount: zo.OffloadParam.BufferCount, Logger: log,
+		// With GDS selected (aio.use_gds / zinf.gds), NVMe partitions are
+		// swapped into device memory through DeviceIO, as DeepSpeed does.
+		DeviceIO: r.DeviceIO})
 	if err != nil {
 		return nil, fmt.Errorf("zinf: param swapper: %w", err)
 	}
@@ -327,6 +340,7 @@ func (r *Runtime) Close() error {
 			add("store", s.Close())
 		}
 	}
+	add("device I/O", r.closeDeviceIO())
 	if r.ownEngine && r.Engine != nil {
 		add("engine", r.Engine.Close())
 	}

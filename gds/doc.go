@@ -74,5 +74,6 @@
 //     writes sharing an alignment block must be ordered by the caller.
 //   - Tests run the bindings against stand-in libraries built from
 //     testdata/cufile_standin.c and accel/cuda/testdata/cuda_standin.c;
-//     the real-GPU tests run with ZINF_GPU_TESTS=1.
+//     the real-GPU tests run with ZINF_GPU_TESTS=1 (GPU_TESTING.md has
+//     the whole plan for a GPU machine).
 package gds

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/zinfio/zinf/internal/iobench"
 )
@@ -19,6 +21,7 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o      iobench.Options
 		ef     engineFlags
 		asJSON bool
+		g      gpuFlags
 	)
 	fs.StringVar(&o.Dir, "path", "", "directory on the device to measure (required)")
 	sizeVar(fs, &o.SizeBytes, "size", 1<<30, "file and buffer size (e.g. 1GiB, 64MiB)")
@@ -30,6 +33,7 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.Naive, "naive", false, "plain os.File I/O (+fsync; reads after dropping the page cache) for contrast")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object")
 	ef.register(fs)
+	g.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -44,6 +48,17 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !asJSON {
 		o.Progress = stderr
 	}
+	if g.gds {
+		g.gpu = true // GPUDirect Storage moves data into device memory
+	}
+	if !g.gpu {
+		if err := g.hostOnly(fs); err != nil {
+			return err
+		}
+	} else {
+		return runIOGPU(ctx, iobench.GPUOptions{Options: o, Device: g.device, GDS: g.gds, BounceBlockBytes: g.bounceBlock, Verify: g.verify},
+			asJSON, stdout)
+	}
 	res, err := iobench.Run(ctx, o)
 	if err != nil {
 		return err
@@ -56,6 +71,72 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "GB/s: median %.3f  min %.3f  max %.3f\n", res.GBpsMedian, res.GBpsMin, res.GBpsMax)
 	if res.CacheNote != "" {
 		fmt.Fprintln(stdout, "note:", res.CacheNote)
+	}
+	return nil
+}
+
+// gpuFlags select a device measurement (ds_io's --gpu and --use_gds).
+type gpuFlags struct {
+	gpu, gds, verify bool
+	device           string
+	bounceBlock      int64
+}
+
+func (g *gpuFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&g.gpu, "gpu", false, "move the bytes to and from device memory: NVMe -> pinned host buffer -> device and back (the bounce path)")
+	fs.BoolVar(&g.gds, "gds", false, "with --gpu: GPUDirect Storage (cuFile), NVMe <-> device directly; fails if it is unavailable here (implies --gpu)")
+	fs.StringVar(&g.device, "device", iobench.DeviceAuto, "with --gpu: auto (CUDA when a GPU works, else the simulated device), sim, or cuda")
+	sizeVar(fs, &g.bounceBlock, "bounce-block", 0, "with --gpu: bounce staging piece size (default block-size x queue-depth, at most --size)")
+	fs.BoolVar(&g.verify, "verify", false, "with --gpu: check the bytes after the loops (writes: file and a read back into the cleared buffer; reads: device vs file)")
+}
+
+// hostOnly rejects the device flags without --gpu.
+func (g *gpuFlags) hostOnly(fs *flag.FlagSet) error {
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "device", "bounce-block", "verify":
+			set = append(set, "--"+f.Name)
+		}
+	})
+	if len(set) > 0 {
+		return fmt.Errorf("%s apply to device measurements: add --gpu", strings.Join(set, ", "))
+	}
+	return nil
+}
+
+func runIOGPU(ctx context.Context, o iobench.GPUOptions, asJSON bool, stdout io.Writer) error {
+	res, err := iobench.RunGPU(ctx, o)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(stdout).Encode(res)
+	}
+	dev := res.Device + " (" + res.DeviceName + ")"
+	if res.Device == iobench.DeviceSim {
+		dev = "sim (SIMULATED in host memory, not a GPU)"
+	}
+	path := "bounce (NVMe -> pinned host buffer -> device)"
+	if res.Mode == "gds" {
+		path = "gds (GPUDirect Storage: NVMe <-> device, no host copy)"
+	}
+	fmt.Fprintf(stdout, "%s %s: %d bytes x %d loops, device %s, mode %s\n", res.Op, res.Path, res.Bytes, res.Loops, dev, path)
+	if res.Mode == "gds" {
+		fmt.Fprintf(stdout, "cuFile: block %d, parallel %d, O_DIRECT %v (align %d)\n", res.BlockSize, res.Parallel, res.Direct, res.AlignBytes)
+	} else {
+		fmt.Fprintf(stdout, "backend %s, block %d, qd %d, parallel %d, O_DIRECT %v (align %d), staging %d x %d bytes, pinned %v\n",
+			res.Backend, res.BlockSize, res.QueueDepth, res.Parallel, res.Direct, res.AlignBytes, 2*res.BouncePar, res.BounceBlock, res.Pinned)
+	}
+	fmt.Fprintf(stdout, "GB/s: median %.3f  min %.3f  max %.3f\n", res.GBpsMedian, res.GBpsMin, res.GBpsMax)
+	if res.DeviceNote != "" {
+		fmt.Fprintln(stdout, "note:", res.DeviceNote)
+	}
+	if res.CacheNote != "" {
+		fmt.Fprintln(stdout, "note:", res.CacheNote)
+	}
+	if res.Verified != nil {
+		fmt.Fprintln(stdout, "verified: the bytes on the device match the file")
 	}
 	return nil
 }

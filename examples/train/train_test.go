@@ -76,6 +76,9 @@ func TestBitForBit(t *testing.T) {
 		{"params-cpu-optimizer-nvme", func(c *config.Config) { c.ZeroOptimization.OffloadParam.Device = config.OffloadCPU }},
 		{"max-in-cpu-cache", func(c *config.Config) { c.ZeroOptimization.OffloadParam.MaxInCPU = 2 * 48 * 48 }},
 		{"optimizer-cpu", func(c *config.Config) { c.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU }},
+		// aio.use_gds: params swapped into (simulated) device memory through
+		// the bounce path, since there is no cuFile here.
+		{"use-gds-device-swap", func(c *config.Config) { c.AIO.UseGDS = true; c.Zinf.GDS = config.GDSAuto }},
 	}
 	for _, b := range aio.Backends {
 		b := b

@@ -49,6 +49,20 @@
 // uses it. When the pool runs dry, a swap-in evicts cached partitions
 // before it waits.
 //
+// # Device-resident swap-ins
+//
+// With Options.DeviceIO (DeepSpeed's use_gds for parameters), an NVMe
+// partition swaps into device memory instead of a pinned buffer: the swap-in
+// allocates it on Options.Device and reads it from the swap files with the
+// DeviceIO, by GPUDirect Storage (gds.Engine) or through pinned staging
+// buffers (gds.Bounce, which works with the simulated device too).
+// ReadFloat32 copies it device -> host. Slots, prefetching, preemption and
+// updates work as for pinned copies; a full device makes a swap-in wait
+// while partitions this swapper holds may still be released, and fail with
+// a clear error otherwise. The store's checksums are not verified on these
+// swap-ins (the bytes never pass through host memory), and the CPU cache
+// holds no device copies.
+//
 // # Updates
 //
 // Parameters change only at an optimizer step, and a step either happens

@@ -136,6 +136,10 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 		s.land(t, f, nil, 0, false, err)
 		return
 	}
+	if s.opts.DeviceIO != nil {
+		s.flyDevice(t, f) // the CPU cache holds no device copies
+		return
+	}
 	if blk, gen, ok := s.cacheLookup(t); ok {
 		s.mu.Lock()
 		s.stats.CacheHits++

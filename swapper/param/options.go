@@ -7,6 +7,7 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -37,6 +38,18 @@ type Options struct {
 	// the pool. Swap-ins beyond it wait for a Release; they never fail for
 	// it.
 	BufferCount int
+	// DeviceIO, when set, makes NVMe partitions swap into device memory
+	// instead of pinned host buffers (DeepSpeed's use_gds for parameters):
+	// a swap-in allocates the padded partition on Device and reads it from
+	// the swap files with DeviceIO (GPUDirect Storage, or the bounce path
+	// through pinned staging buffers), and ReadFloat32 copies it device ->
+	// host. It must have been built over Device. Caveats: the store's
+	// checksums are not verified on these swap-ins (the bytes do not pass
+	// through host memory; writes still record them), the CPU cache
+	// (MaxInCPUBytes) holds no device copies, and a full device is
+	// backpressure while swapped-in partitions may be released, else an
+	// error. Default nil: pinned host buffers.
+	DeviceIO gds.DeviceIO
 	// KeyPrefix prefixes every tensor name to form its store key, so that
 	// several swappers can share one store. Default "" (the key is the
 	// name).
@@ -80,6 +93,9 @@ func (o *Options) Validate() error {
 		bad("MaxInCPUBytes", o.MaxInCPUBytes, "must be >= 0 (0 means no CPU cache)")
 	} else if o.Pool != nil && o.MaxInCPUBytes > o.Pool.CapacityBytes() {
 		bad("MaxInCPUBytes", o.MaxInCPUBytes, fmt.Sprintf("must not exceed the pool's capacity (%d bytes): the cache lives in pool memory", o.Pool.CapacityBytes()))
+	}
+	if o.DeviceIO != nil && o.Device == nil {
+		bad("DeviceIO", o.DeviceIO.Mode(), "needs Device, the device it moves bytes to")
 	}
 	if o.BufferCount < 0 {
 		bad("BufferCount", o.BufferCount, "must be >= 0 (0 means bounded only by the pool)")

@@ -78,7 +78,7 @@ type Stats struct {
 	IOWait       time.Duration // time Wait spent blocked on swap-ins
 	// Gauges.
 	ResidentBytes int64 // pinned bytes of resident NVMe partitions and CPU-tier partitions
-	DeviceBytes   int64 // device bytes of GPU-tier partitions
+	DeviceBytes   int64 // device bytes of GPU-tier partitions and of NVMe partitions resident on the device (Options.DeviceIO)
 	CachedBytes   int64 // pinned bytes held by the CPU cache
 	InFlight      int   // NVMe swap-ins requested and not finished
 	SlotsInUse    int   // BufferCount slots held (resident or in flight)
@@ -130,6 +130,7 @@ type Swapper struct {
 
 	mu        sync.Mutex
 	tensors   map[string]*tensor
+	dfiles    deviceFiles          // swap files opened for Options.DeviceIO
 	flights   map[*flight]*tensor  // swap-ins not yet landed
 	unclaimed map[*tensor]struct{} // resident by prefetch, not yet waited for or read: preemptible
 	closed    bool
@@ -595,7 +596,11 @@ func (s *Swapper) Stats() Stats {
 	st := s.stats
 	for _, t := range s.tensors {
 		if t.res != nil {
-			st.ResidentBytes += t.res.bytes
+			if t.res.mem != nil {
+				st.DeviceBytes += t.res.bytes
+			} else {
+				st.ResidentBytes += t.res.bytes
+			}
 		}
 		if t.cur != nil {
 			if t.cur.mem != nil {
@@ -664,5 +669,5 @@ func (s *Swapper) Close() error {
 	if c != nil {
 		c.Close() // evicts every entry: OnExit drops the cache's references
 	}
-	return nil
+	return s.dfiles.close()
 }

@@ -1,0 +1,155 @@
+package zinf
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/zinfio/zinf/accel/cuda"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
+)
+
+// GDSMode returns the GPUDirect Storage mode the config selects: zinf.gds
+// ("off", "auto" or "required"), or, when that is empty (a Config built in
+// code rather than parsed), "auto" if aio.use_gds is true and "off"
+// otherwise. Parsing already maps use_gds to "auto" when zinf.gds is absent.
+func GDSMode(cfg *config.Config) string {
+	switch m := cfg.Zinf.GDS; {
+	case m != "":
+		return string(m)
+	case cfg.AIO.UseGDS:
+		return gds.ModeAuto
+	}
+	return gds.ModeOff
+}
+
+// GDSOptions maps the config's aio section to the cuFile engine's options:
+// pieces of aio.block_size (rounded up to a multiple of 4096, as cuFile
+// and O_DIRECT need), aio.intra_op_parallelism of them in flight, the
+// O_DIRECT policy of zinf.direct, and the swap directories for
+// Available's filesystem check.
+func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
+	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
+		Direct: d, Paths: cfg.NVMePaths(), Logger: log}
+}
+
+// BounceOptions maps the config's aio section to the bounce path's
+// options: staging buffers of aio.block_size (rounded up to a multiple of
+// 4096), aio.intra_op_parallelism slots, each holding two of them.
+func BounceOptions(cfg *config.Config, log *slog.Logger) gds.BounceOptions {
+	return gds.BounceOptions{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
+		Logger: log}
+}
+
+func roundUp4K(n int64) int64 { return max((n+4095)/4096*4096, 4096) }
+
+// openDeviceIO builds r.DeviceIO when the config selects GPUDirect Storage
+// (GDSMode "auto" or "required"); with "off" it leaves it nil and device
+// transfers take the bounce path through the pinned pool, as they always
+// did. It needs r.Pool, r.Engine and r.Device.
+//
+//   - "auto": cuFile when r.Device is a CUDA device and gds.Available says
+//     it works; otherwise the bounce path (NVMe -> pinned host buffer ->
+//     device) with exactly one warning saying why.
+//   - "required": cuFile, or an error carrying Available's diagnosis, and
+//     Open fails.
+//
+// The bounce path holds 2 x aio.intra_op_parallelism staging buffers of
+// aio.block_size from the pool for the Runtime's life; TiersFor counts
+// them out of the CPU tier.
+func (r *Runtime) openDeviceIO(cfg *config.Config, log *slog.Logger) error {
+	mode, err := gds.ParseMode(GDSMode(cfg))
+	if err != nil {
+		return fmt.Errorf("zinf: zinf.gds: %w", err)
+	}
+	if mode == gds.ModeOff {
+		return nil
+	}
+	opts := gds.SelectOptions{GDS: GDSOptions(cfg, log), Bounce: BounceOptions(cfg, log), AIO: r.Engine, Pool: r.Pool, Logger: log}
+	selectMode := mode
+	if _, isCUDA := r.Device.(*cuda.Device); !isCUDA {
+		// GPUDirect Storage moves data into GPU memory only. Say what this
+		// machine lacks for it (Available's diagnosis: the cuFile library,
+		// a GPU, the nvidia-fs driver, the filesystem), which is more use
+		// than "the device is simulated".
+		reason := gds.Available(opts.GDS)
+		if reason == nil {
+			reason = fmt.Errorf("gds: device %s is not a CUDA device; GPUDirect Storage moves data to GPU memory only (set zinf.device to \"cuda\" or \"auto\"): %w",
+				r.Device.Name(), gds.ErrUnavailable)
+		}
+		if mode == gds.ModeRequired {
+			return fmt.Errorf("zinf: zinf.gds is \"required\" but GPUDirect Storage cannot be used with device %s: %w", r.Device.Name(), reason)
+		}
+		log.Warn("zinf: zinf.gds is \"auto\" but GPUDirect Storage is unavailable; device transfers use the bounce path (NVMe -> pinned host buffer -> device)",
+			"device", r.Device.Name(), "reason", reason.Error())
+		selectMode = gds.ModeOff
+	}
+	before := r.Pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging]
+	dio, err := gds.Select(selectMode, r.Device, opts)
+	if err != nil {
+		if mode == gds.ModeRequired {
+			return fmt.Errorf("zinf: zinf.gds is \"required\": %w", err)
+		}
+		return fmt.Errorf("zinf: zinf.gds is %q: building the bounce path: %w", mode, err)
+	}
+	r.DeviceIO = dio
+	r.deviceIOStagingBytes = r.Pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging] - before
+	log.Debug("zinf: device I/O ready", "mode", dio.Mode(), "device", r.Device.Name(), "staging_bytes", r.deviceIOStagingBytes)
+	return nil
+}
+
+// closeDeviceIO closes r.DeviceIO: it must run after the swappers that use
+// it and before the engine, pool and device it was built over.
+func (r *Runtime) closeDeviceIO() error {
+	if r.DeviceIO == nil {
+		return nil
+	}
+	err := r.DeviceIO.Close()
+	r.DeviceIO = nil
+	r.deviceIOStagingBytes = 0
+	return err
+}
+
+// GPUCapacityBytes is the GPU tier's capacity, what placement may put on
+// the device: zinf.tiers.gpu_bytes when set; otherwise, on a CUDA device,
+// the device's capacity (the memory free on it when it was opened); on the
+// simulated device, config.DefaultSimGPUBytes.
+func (r *Runtime) GPUCapacityBytes() int64 {
+	var deviceBytes int64
+	if d, ok := r.Device.(*cuda.Device); ok {
+		deviceBytes = d.CapacityBytes()
+	}
+	return r.Config.GPUBytes(deviceBytes)
+}
+
+// DeviceIOMode returns r.DeviceIO's mode ("gds" or "bounce"), or "off"
+// when the config does not select GPUDirect Storage (no DeviceIO).
+func (r *Runtime) DeviceIOMode() string {
+	if r.DeviceIO == nil {
+		return gds.ModeOff
+	}
+	return r.DeviceIO.Mode()
+}
+
+// tierBytes returns the GPU and pinned-CPU capacities that runtimes opened
+// with cfg give placement: the smallest GPU capacity among them, and the
+// pinned pool less the most any of them holds for device I/O staging.
+func tierBytes(cfg *config.Config, rts []*Runtime) (gpuBytes, cpuBytes int64) {
+	gpuBytes, cpuBytes = cfg.GPUBytes(0), int64(cfg.Zinf.Tiers.CPUPinnedBytes)
+	var staging int64
+	first := true
+	for _, rt := range rts {
+		if rt == nil {
+			continue
+		}
+		if g := rt.GPUCapacityBytes(); first || g < gpuBytes {
+			gpuBytes = g
+		}
+		first = false
+		staging = max(staging, rt.deviceIOStagingBytes)
+	}
+	return gpuBytes, max(cpuBytes-staging, 0)
+}
