@@ -121,3 +121,7 @@ func (f *File) finishClose() error {
 	f.mu.Unlock()
 	return err
 }
+
+// AIO returns the underlying aio file (path, O_DIRECT state, alignment,
+// Sync), for code that handles both paths alike.
+func (f *File) AIO() *aio.File { return f.af }

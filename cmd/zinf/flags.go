@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 
@@ -53,15 +54,42 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.direct, "direct", "optional", "O_DIRECT policy: required, optional, off")
 }
 
+// options converts the flags, reporting every invalid one at once. Zero is
+// rejected rather than passed on, where aio would read it as "default".
 func (e *engineFlags) options() (aio.Options, error) {
+	var errs []error
 	d, err := aio.ParseDirectPolicy(e.direct)
 	if err != nil {
-		return aio.Options{}, fmt.Errorf("--direct: %w", err)
+		errs = append(errs, fmt.Errorf("--direct: %w", err))
 	}
 	if e.blockSize <= 0 || e.blockSize > 1<<30 {
-		return aio.Options{}, fmt.Errorf("--block-size %d is invalid (allowed: 4KiB .. 1GiB)", e.blockSize)
+		errs = append(errs, fmt.Errorf("--block-size %d is invalid (allowed: a power of two or a multiple of 4KiB, at most 1GiB)", e.blockSize))
+	}
+	if e.queueDepth <= 0 {
+		errs = append(errs, fmt.Errorf("--queue-depth %d is invalid (allowed: 1..%d)", e.queueDepth, aio.MaxQueueDepth))
+	}
+	if e.parallel <= 0 {
+		errs = append(errs, fmt.Errorf("--parallel %d is invalid (allowed: 1..%d)", e.parallel, aio.MaxIntraOpParallelism))
+	}
+	if len(errs) > 0 {
+		return aio.Options{}, errors.Join(errs...)
 	}
 	o := aio.Options{Backend: e.backend, BlockSizeBytes: int(e.blockSize), QueueDepth: e.queueDepth,
 		IntraOpParallelism: e.parallel, SingleSubmit: e.singleSubmit, SerialEvents: e.serialEvents, Direct: d}
 	return o, nil
+}
+
+// positive and notNegative check a numeric flag, naming it.
+func positive[T int | float64](flagName string, v T) error {
+	if v <= 0 {
+		return fmt.Errorf("%s %v is invalid: it must be at least 1", flagName, v)
+	}
+	return nil
+}
+
+func notNegative[T int | float64](flagName string, v T) error {
+	if v < 0 {
+		return fmt.Errorf("%s %v is invalid: it must not be negative", flagName, v)
+	}
+	return nil
 }

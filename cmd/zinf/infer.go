@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -39,6 +40,10 @@ func runInfer(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.Spec.Seed = seed
+	if err := errors.Join(positive("--batches", o.Batches), positive("--prefetch", o.Prefetch),
+		notNegative("--compute-ms-per-layer", computeMs)); err != nil {
+		return err
+	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
 	if err != nil {
 		return err

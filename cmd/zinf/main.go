@@ -47,11 +47,18 @@ func usage(w io.Writer) {
 
 // run is main without os.Exit, for tests: it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) < 1 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stdout)
-		if len(args) < 1 {
-			return 2
+	if len(args) < 1 {
+		// A usage error: the text goes where errors go.
+		usage(stderr)
+		return 2
+	}
+	if len(args) == 2 && args[0] == "help" {
+		if _, ok := commands[args[1]]; ok {
+			args = []string{args[1], "-h"} // zinf help io == zinf io -h
 		}
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
 		return 0
 	}
 	cmd, ok := commands[args[0]]

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -75,6 +76,11 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	spec.Seed = seed
+	// Zero would silently mean "the default" below the command line.
+	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth),
+		notNegative("--compute-ms-per-layer", computeMs)); err != nil {
+		return err
+	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
 	if err != nil {
 		return err

@@ -36,10 +36,12 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	var err error
 	if t.Direct, err = aio.ParseDirectPolicy(direct); err != nil {
-		return err
+		return fmt.Errorf("--direct: %w", err)
 	}
 	if backends != "" {
-		t.Backends = strings.Split(backends, ",")
+		for _, b := range strings.Split(backends, ",") {
+			t.Backends = append(t.Backends, strings.TrimSpace(b))
+		}
 	}
 	if t.BlockSizes, err = parseList(bss, "--block-sizes", config.ParseSize); err != nil {
 		return err
@@ -49,6 +51,18 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if t.Parallel, err = parseList(pps, "--parallel", atoi); err != nil {
+		return err
+	}
+	// Zero would silently mean "the default" below the command line.
+	if t.SizeBytes <= 0 {
+		return fmt.Errorf("--size %d is invalid: it must be positive (e.g. 256MiB)", t.SizeBytes)
+	}
+	if t.Loops <= 0 {
+		return fmt.Errorf("--loops %d is invalid: it must be at least 1", t.Loops)
+	}
+	// The whole grid is checked before the first run, not when a bad value
+	// is reached minutes later.
+	if err := t.Check(); err != nil {
 		return err
 	}
 	t.Progress = stderr

@@ -46,12 +46,18 @@ type Result struct {
 	IOWaitMs      float64 `json:"io_wait_ms"`
 	BytesRead     int64   `json:"bytes_read"`
 	DemandMisses  int     `json:"demand_misses"`
+	// Outputs are the last layer's activations, one Batch x Width slice per
+	// batch, for callers that check them against their own reference.
+	Outputs [][]float32 `json:"-"`
 }
 
 // Run streams the model's layers from NVMe for each batch.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Config == nil {
 		return nil, errors.New("infer: no config")
+	}
+	if o.Batches < 0 || o.Prefetch < 0 || o.ComputePerLayer < 0 {
+		return nil, fmt.Errorf("infer: batches %d, prefetch %d and compute per layer %v must not be negative", o.Batches, o.Prefetch, o.ComputePerLayer)
 	}
 	if o.Batches == 0 {
 		o.Batches = 4
@@ -137,6 +143,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			fmt.Fprintf(o.Progress, "batch %d/%d: %.1f ms\n", bi+1, o.Batches, float64(d)/1e6)
 		}
 	}
+	res.Outputs = outputs
 	res.BatchMsMedian = medianOf(times)
 	res.IOWaitMs = float64(wait) / 1e6
 	res.DemandMisses = int(sched.Stats().DemandMisses)

@@ -190,8 +190,8 @@ func (r *Rule) shortLen(p aio.PieceInfo) int {
 		return 0
 	}
 	a := max(p.Align, 1)
-	n = n / a * a
-	if n <= 0 || n >= p.Len {
+	n = max(n/a*a, a) // at least one unit: a zero-length transfer reads as EOF
+	if n >= p.Len {
 		return 0
 	}
 	return n

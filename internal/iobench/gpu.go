@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
@@ -226,51 +225,13 @@ func RunGPU(ctx context.Context, o GPUOptions) (*GPUResult, error) {
 	if o.GDS {
 		res.QueueDepth, res.SingleSub, res.Overlap = 0, false, false // aio knobs; cuFile has none of them
 	}
-	if o.Op == "read" {
-		// Reads use a file created and filled once, from the device buffer.
-		if sz, _ := f.Size(); sz < o.SizeBytes {
-			if _, err := dio.WriteFromDevice(ctx, f, m, 0, 0, o.SizeBytes); err != nil {
-				return nil, fmt.Errorf("filling %s for reads: %w", path, err)
-			}
-			if err := f.Sync(); err != nil {
-				return nil, err
-			}
-		}
-		if !f.Direct() {
-			res.CacheNote = "buffered reads: may be served from the page cache"
-		}
+	err = measure(ctx, o.Options, &res.Result, res.Mode+" ", f.AIO(), transfer{
+		read:  func(ctx context.Context) (int64, error) { return dio.ReadToDevice(ctx, f, m, 0, 0, o.SizeBytes) },
+		write: func(ctx context.Context) (int64, error) { return dio.WriteFromDevice(ctx, f, m, 0, 0, o.SizeBytes) },
+	})
+	if err != nil {
+		return nil, err
 	}
-
-	start := time.Now()
-	for i := 0; i < o.Warmup+o.Loops; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		t0 := time.Now()
-		var n int64
-		if o.Op == "read" {
-			n, err = dio.ReadToDevice(ctx, f, m, 0, 0, o.SizeBytes)
-		} else {
-			n, err = dio.WriteFromDevice(ctx, f, m, 0, 0, o.SizeBytes)
-			if err == nil && !f.Direct() {
-				err = f.Sync() // buffered writes count only once on the device
-			}
-		}
-		if err != nil {
-			return nil, err
-		}
-		el := time.Since(t0).Seconds()
-		if i < o.Warmup {
-			continue
-		}
-		g := float64(n) / el / 1e9
-		res.GBps = append(res.GBps, g)
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "  %s %s loop %d/%d: %.3f GB/s (%d bytes in %.3fs)\n", res.Mode, o.Op, i-o.Warmup+1, o.Loops, g, n, el)
-		}
-	}
-	res.ElapsedSecs = time.Since(start).Seconds()
-	res.summarize()
 
 	if o.Verify {
 		if err := verifyGPU(ctx, o, dev, dio, f, m, path); err != nil {

@@ -94,15 +94,22 @@ func (o *Options) Check() error {
 	if o.Op != "read" && o.Op != "write" {
 		errs = append(errs, fmt.Errorf("--op %q is invalid (allowed: read, write)", o.Op))
 	}
-	if o.Loops < 0 || o.Warmup < 0 {
-		errs = append(errs, fmt.Errorf("--loops %d / --warmup %d must not be negative", o.Loops, o.Warmup))
+	if o.Loops < 0 {
+		errs = append(errs, fmt.Errorf("--loops %d is invalid: it must not be negative", o.Loops))
+	}
+	if o.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("--warmup %d is invalid: it must not be negative", o.Warmup))
+	}
+	if o.FileName != "" && (o.FileName != filepath.Base(o.FileName) || o.FileName == "." || o.FileName == "..") {
+		// A name with a separator could write outside --path.
+		errs = append(errs, fmt.Errorf("--file %q is invalid: it must be a plain file name inside --path", o.FileName))
 	}
 	eo := o.Engine
 	eo.EnsureDefaults()
-	if err := eo.Validate(); err != nil {
-		errs = append(errs, err)
+	if engineErrs := engineProblems(eo); len(engineErrs) > 0 {
+		errs = append(errs, engineErrs...)
 	} else if err := aio.Available(eo.Backend); err != nil && !o.Naive {
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("--backend %s: %w", eo.Backend, err))
 	}
 	if len(errs) == 0 && eo.Direct != aio.DirectOff && !o.Naive {
 		align, _, err := aio.ProbeDir(o.Dir, eo.Direct)
@@ -114,6 +121,39 @@ func (o *Options) Check() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// engineProblems validates the engine options one field at a time, with
+// aio's own rules, and names each problem by the flag that sets the field,
+// so a user sees which flag to fix.
+func engineProblems(eo aio.Options) []error {
+	base := aio.Options{Backend: aio.BackendAuto, BlockSizeBytes: aio.DefaultBlockSizeBytes,
+		QueueDepth: aio.DefaultQueueDepth, IntraOpParallelism: aio.DefaultIntraOpParallelism}
+	fields := []struct {
+		flag string
+		set  func(*aio.Options)
+	}{
+		{"--backend", func(o *aio.Options) { o.Backend = eo.Backend }},
+		{"--block-size", func(o *aio.Options) { o.BlockSizeBytes = eo.BlockSizeBytes }},
+		{"--queue-depth", func(o *aio.Options) { o.QueueDepth = eo.QueueDepth }},
+		{"--parallel", func(o *aio.Options) { o.IntraOpParallelism = eo.IntraOpParallelism }},
+		{"--direct", func(o *aio.Options) { o.Direct = eo.Direct }},
+	}
+	var errs []error
+	for _, f := range fields {
+		o := base
+		f.set(&o)
+		if err := o.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.flag, err))
+		}
+	}
+	if len(errs) == 0 {
+		// Cross-field rules, if aio ever has any.
+		if err := eo.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // Run performs the measurement.
@@ -172,14 +212,33 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Op: o.Op, Backend: e.Name(), Bytes: o.SizeBytes, Loops: o.Loops, BlockSize: o.Engine.BlockSizeBytes,
 		QueueDepth: o.Engine.QueueDepth, Parallel: o.Engine.IntraOpParallelism, SingleSub: o.Engine.SingleSubmit,
 		Overlap: !o.Engine.SerialEvents, Direct: f.Direct(), Pinned: pool.Pinned(), Path: path, AlignBytes: f.Alignment()}
+	err = measure(ctx, o, res, "", f, transfer{
+		read:  func(ctx context.Context) (int64, error) { n, err := e.ReadAt(ctx, f, data, 0); return int64(n), err },
+		write: func(ctx context.Context) (int64, error) { n, err := e.WriteAt(ctx, f, data, 0); return int64(n), err },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// transfer moves the whole buffer once in each direction.
+type transfer struct {
+	read, write func(ctx context.Context) (int64, error)
+}
+
+// measure fills the file for reads (once), then runs the warmup and timed
+// loops of o.Op through t, recording GB/s per loop in res. label prefixes
+// progress lines.
+func measure(ctx context.Context, o Options, res *Result, label string, f *aio.File, t transfer) error {
 	if o.Op == "read" {
 		// Reads use a file created and filled once.
 		if sz, _ := f.Size(); sz < o.SizeBytes {
-			if _, err := e.WriteAt(ctx, f, data, 0); err != nil {
-				return nil, fmt.Errorf("filling %s for reads: %w", path, err)
+			if _, err := t.write(ctx); err != nil {
+				return fmt.Errorf("filling %s for reads: %w", f.Path(), err)
 			}
 			if err := f.Sync(); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if !f.Direct() {
@@ -189,20 +248,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	start := time.Now()
 	for i := 0; i < o.Warmup+o.Loops; i++ {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		t0 := time.Now()
-		var n int
+		var n int64
+		var err error
 		if o.Op == "read" {
-			n, err = e.ReadAt(ctx, f, data, 0)
+			n, err = t.read(ctx)
 		} else {
-			n, err = e.WriteAt(ctx, f, data, 0)
+			n, err = t.write(ctx)
 			if err == nil && !f.Direct() {
 				err = f.Sync() // buffered writes count only once on the device
 			}
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		el := time.Since(t0).Seconds()
 		if i < o.Warmup {
@@ -211,12 +271,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		g := float64(n) / el / 1e9
 		res.GBps = append(res.GBps, g)
 		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "  %s loop %d/%d: %.3f GB/s (%d bytes in %.3fs)\n", o.Op, i-o.Warmup+1, o.Loops, g, n, el)
+			fmt.Fprintf(o.Progress, "  %s%s loop %d/%d: %.3f GB/s (%d bytes in %.3fs)\n", label, o.Op, i-o.Warmup+1, o.Loops, g, n, el)
 		}
 	}
 	res.ElapsedSecs = time.Since(start).Seconds()
 	res.summarize()
-	return res, nil
+	return nil
 }
 
 func (r *Result) summarize() {
@@ -273,6 +333,7 @@ func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
 			}
 		}
 	}
+	start := time.Now()
 	for i := 0; i < o.Warmup+o.Loops; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -302,6 +363,7 @@ func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
 			fmt.Fprintf(o.Progress, "  naive %s loop %d/%d: %.3f GB/s\n", o.Op, i-o.Warmup+1, o.Loops, g)
 		}
 	}
+	res.ElapsedSecs = time.Since(start).Seconds()
 	res.summarize()
 	return res, nil
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -78,22 +80,93 @@ func (t *TuneOptions) defaults() {
 	}
 }
 
+// Check validates the whole sweep before anything is written: the path,
+// the size, the loops and every value of the grid (backends known and
+// available here, block sizes valid and multiples of the path's O_DIRECT
+// alignment, queue depths and parallelism in range), reporting every
+// problem at once. Zero fields are checked with their defaults.
+func (t *TuneOptions) Check() error {
+	c := *t
+	c.defaults()
+	var errs []error
+	if c.Loops < 0 {
+		errs = append(errs, fmt.Errorf("--loops %d is invalid: it must be at least 1", c.Loops))
+	}
+	for _, b := range c.Backends {
+		switch b {
+		case aio.BackendAuto, aio.BackendUring, aio.BackendLibaio, aio.BackendPosix:
+			if err := aio.Available(b); err != nil {
+				errs = append(errs, fmt.Errorf("--backends: %s: %w", b, err))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--backends: %q is unknown (allowed: %s)", b, strings.Join(aio.Backends, ", ")))
+		}
+	}
+	for _, bs := range c.BlockSizes {
+		if bs > 1<<30 {
+			errs = append(errs, fmt.Errorf("--block-sizes: %d is too large (at most 1GiB)", bs))
+		} else if err := (&aio.Options{Backend: aio.BackendAuto, BlockSizeBytes: bs, QueueDepth: 1, IntraOpParallelism: 1}).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--block-sizes: %w", err))
+		}
+	}
+	for _, qd := range c.Depths {
+		if qd < 1 || qd > aio.MaxQueueDepth {
+			errs = append(errs, fmt.Errorf("--queue-depths: %d is invalid (allowed: 1..%d)", qd, aio.MaxQueueDepth))
+		}
+	}
+	for _, p := range c.Parallel {
+		if p < 1 || p > aio.MaxIntraOpParallelism {
+			errs = append(errs, fmt.Errorf("--parallel: %d is invalid (allowed: 1..%d)", p, aio.MaxIntraOpParallelism))
+		}
+	}
+	// The path, the size and the direct policy, without the block size
+	// (checked against the alignment below, each one by name).
+	probe := Options{Dir: c.Dir, SizeBytes: c.SizeBytes, Op: "read", Engine: aio.Options{Backend: aio.BackendPosix, Direct: aio.DirectOff}}
+	if err := probe.Check(); err != nil {
+		errs = append(errs, err)
+	} else if c.Direct != aio.DirectOff {
+		align, _, err := aio.ProbeDir(c.Dir, c.Direct)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case align > 1:
+			if c.SizeBytes%int64(align) != 0 {
+				errs = append(errs, fmt.Errorf("--size %d must be a multiple of the O_DIRECT alignment %d of %s (or use --direct off)", c.SizeBytes, align, c.Dir))
+			}
+			for _, bs := range c.BlockSizes {
+				if bs > 0 && bs%align != 0 {
+					errs = append(errs, fmt.Errorf("--block-sizes: %d must be a multiple of the O_DIRECT alignment %d of %s (or use --direct off)", bs, align, c.Dir))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Tune sweeps in two stages: block size x queue depth per backend (one
 // worker, batched submits, overlapped events), then, for each backend's
 // best, parallelism x single-submit x overlap-events. Each run measures a
 // read and a write of SizeBytes.
 func Tune(ctx context.Context, t TuneOptions) (*TuneResult, error) {
-	t.defaults()
-	probe := Options{Dir: t.Dir, SizeBytes: t.SizeBytes, Op: "read", Engine: aio.Options{Direct: t.Direct, BlockSizeBytes: t.BlockSizes[0]}}
-	if err := probe.Check(); err != nil {
+	if err := t.Check(); err != nil {
 		return nil, err
 	}
+	t.defaults()
 	type cfg struct {
 		backend       string
 		bs, qd, par   int
 		single, noOvl bool
 	}
-	total := len(t.Backends)*len(t.BlockSizes)*len(t.Depths) + len(t.Backends)*(len(t.Parallel)*4-1)
+	// Stage 2 measures 4 submit/overlap variants per parallelism value, less
+	// the one stage 1 already measured when the list holds 1.
+	stage2 := 0
+	for _, p := range t.Parallel {
+		stage2 += 4
+		if p == 1 {
+			stage2--
+		}
+	}
+	total := len(t.Backends)*len(t.BlockSizes)*len(t.Depths) + len(t.Backends)*stage2
 	done := 0
 	start := time.Now()
 	res := &TuneResult{}
