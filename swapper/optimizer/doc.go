@@ -27,7 +27,7 @@
 // A tensor's partition is cut into sub-groups of at most SubGroupSize
 // elements; each sub-group's states are one record of 12 bytes per element
 // (master | exp_avg | exp_avg_sq) in the store. Step runs, per sub-group in
-// registration order, read (state record from the store, the tensor's
+// registration order (a transaction: in hand-over order), read (state record from the store, the tensor's
 // gradient from Grads once per tensor) / update (Adam, in place in the
 // pinned buffer) / write (the record back under a staging name, and the
 // tensor's new master to Params.StageUpdate after its last sub-group). With
@@ -40,6 +40,26 @@
 // records plus, for the tensor being stepped, its gradient partition and
 // (when it has several sub-groups) its new master partition, 4 bytes per
 // element each, since GradSource and ParamSink work on whole partitions.
+//
+// # Overlapping the step with the backward pass
+//
+// A tensor's update depends on nothing but its own gradient and states, so
+// it may start as soon as its gradient is final. BeginStep opens the step;
+// during the backward pass of the last micro-step the training loop hands
+// each tensor over as its gradient is done (last layer first), and the
+// pipeline steps it in the background while backward goes on:
+//
+//	txn, err := opt.BeginStep(ctx)
+//	defer txn.Abort() // no-op once committed
+//	for _, layer := range reversed(layers) {
+//		layer.Backward()
+//		txn.Tensor(layer.Name) // returns at once
+//	}
+//	err = txn.Commit(ctx) // steps the rest, waits, commits atomically
+//
+// The result is bit for bit Step's, whatever the order, and the failure
+// semantics are Step's: a failure at any time makes Commit discard
+// everything and return it. Step itself is BeginStep + Commit.
 //
 // # Transactions
 //

@@ -17,6 +17,12 @@ var (
 	ErrLength = errors.New("optimizer: length mismatch")
 	// ErrPoolTooSmall: the pool can never hold the buffers a tensor needs.
 	ErrPoolTooSmall = errors.New("optimizer: pinned pool too small")
+	// ErrStepOpen: a step transaction (BeginStep) is open.
+	ErrStepOpen = errors.New("optimizer: a step transaction is open")
+	// ErrStepEnded: the step transaction was committed or aborted already.
+	ErrStepEnded = errors.New("optimizer: step transaction already ended")
+	// ErrHandedOver: the tensor was handed over in this step already.
+	ErrHandedOver = errors.New("optimizer: tensor already handed over in this step")
 )
 
 // Error describes a failed optimizer operation: what was being done, to
@@ -24,7 +30,9 @@ var (
 // the cause, so errors.Is(err, aio.ErrNoSpace), swapper.ErrChecksum,
 // context.Canceled and the like work through it.
 type Error struct {
-	// Op is what failed: "register", "load", "read-state", "read-ahead"
+	// Op is what failed: "register", "load", "read-state", "step" (the
+	// step as a whole: closed, a transaction open or ended, cancelled
+	// between tensors), "hand-over" (StepTxn.Tensor), "read-ahead"
 	// (acquiring buffers, reading states), "grad" (reading gradients),
 	// "update", "write-behind", "stage" (Params.StageUpdate), "commit".
 	Op string
@@ -35,7 +43,7 @@ type Error struct {
 	SubGroup int
 	// SubGroups is the tensor's number of sub-groups (0 when unknown).
 	SubGroups int
-	// Step is the step being taken (1-based), 0 outside Step.
+	// Step is the step being taken (1-based), 0 outside a step.
 	Step int
 	// Err is the cause.
 	Err error

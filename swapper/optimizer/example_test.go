@@ -55,3 +55,61 @@ func Example() {
 	// Output:
 	// step 3: master [0.7000 -1.3000 -0.3000] exp_avg [0.1355 0.1355 0.1355]
 }
+
+// ExampleOptimizer_BeginStep overlaps a step with the backward pass: each
+// layer's tensor is handed over as soon as its gradient is final (last
+// layer first) and is stepped in the background; Commit steps the rest and
+// commits. The result is exactly Step's.
+func ExampleOptimizer_BeginStep() {
+	ctx := context.Background()
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 1 << 20, Pin: buffers.PinOff})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	opt, err := optimizer.New(optimizer.Options{
+		Pool:          pool,
+		Grads:         constGrads(0.5),
+		Hyper:         optimizer.Hyper{LR: 0.1},
+		PipelineDepth: 1,
+		Logger:        slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer opt.Close()
+	layers := []string{"layer0", "layer1", "layer2"}
+	for _, name := range layers {
+		if err := opt.Register(name, []float32{1, -1}); err != nil {
+			panic(err)
+		}
+	}
+	txn, err := opt.BeginStep(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer txn.Abort() // does nothing once committed
+	for i := len(layers) - 1; i >= 1; i-- {
+		// ... backward of layers[i] ...
+		if err := txn.Tensor(layers[i]); err != nil {
+			break // the step failed in the background; Commit reports it
+		}
+	}
+	// layer0 is not handed over: Commit steps it.
+	if err := txn.Commit(ctx); err != nil {
+		panic(err)
+	}
+	for _, name := range layers {
+		master, _, _, err := opt.ReadState(ctx, name)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: %.4f\n", name, master)
+	}
+	fmt.Println("handed over:", opt.Stats().Last.HandedOver, "step:", opt.StepCount())
+	// Output:
+	// layer0: [0.9000 -1.1000]
+	// layer1: [0.9000 -1.1000]
+	// layer2: [0.9000 -1.1000]
+	// handed over: 2 step: 1
+}

@@ -2,11 +2,13 @@ package optimizer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -222,6 +224,9 @@ type rig struct {
 	grads *fakeGrads
 	opt   *optimizer.Optimizer
 	md    *model
+	// txnOrder, when set, makes step a transaction (BeginStep, Tensor for
+	// each name it returns, in order, then Commit) instead of Step.
+	txnOrder func() []string
 }
 
 func newRig(t testing.TB, cfg rigConfig) *rig {
@@ -302,7 +307,34 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 // step gives the optimizer the gradients of its next step and runs it.
 func (r *rig) step(ctx context.Context) error {
 	r.grads.set(r.md.grads(r.opt.StepCount() + 1))
+	if r.txnOrder != nil {
+		return r.txnStep(ctx, r.txnOrder())
+	}
 	return r.opt.Step(ctx)
+}
+
+// txnStep takes the step as a transaction, handing the named tensors over
+// as a backward pass would, and commits. A hand-over that reports the
+// step's background failure ends the hand-overs; Commit returns it.
+func (r *rig) txnStep(ctx context.Context, order []string) error {
+	r.t.Helper()
+	txn, err := r.opt.BeginStep(ctx)
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		if err := txn.Tensor(name); err != nil {
+			var oe *optimizer.Error
+			if errors.As(err, &oe) && oe.Op == "hand-over" {
+				r.t.Errorf("Tensor(%s) refused: %v", name, err)
+				txn.Abort()
+				return err
+			}
+			break
+		}
+		runtime.Gosched() // the backward pass of the next layer
+	}
+	return txn.Commit(ctx)
 }
 
 // mustStep steps both the optimizer and the reference.

@@ -14,8 +14,10 @@ import (
 // Optimizer holds, per registered tensor, this rank's fp32 master partition
 // and Adam's exp_avg and exp_avg_sq, split into sub-groups, on NVMe (or in
 // pinned memory), and steps them with a read-ahead / update / write-behind
-// pipeline. Register, LoadState, ReadState, Step and Close are serialised
-// (one runs at a time); Names, StepCount and Stats may be called at any
+// pipeline. Register, LoadState, ReadState, Step, BeginStep and Close are
+// serialised (one runs at a time); while a transaction from BeginStep is
+// open, ReadState still works, Close aborts the transaction, and the others
+// fail with ErrStepOpen. Names, StepCount and Stats may be called at any
 // time from any goroutine. Close is called once.
 type Optimizer struct {
 	opts Options
@@ -23,6 +25,7 @@ type Optimizer struct {
 	// opMu serialises the operations that touch states.
 	opMu   sync.Mutex
 	closed bool
+	txn    *StepTxn // the open step transaction, nil when none
 
 	// mu guards the fields below, which readers see between operations.
 	mu      sync.Mutex
@@ -66,13 +69,15 @@ type Stats struct {
 	Elements   int64 // parameter elements over all tensors
 	StateBytes int64 // bytes of master + exp_avg + exp_avg_sq (12 per element)
 
-	Steps       int64     // committed steps
-	FailedSteps int64     // Step calls that returned an error
-	Last        StepStats // the last Step, failed or not
-	Total       StepStats // sums over every Step call
+	Steps        int64     // committed steps
+	FailedSteps  int64     // Step and StepTxn.Commit calls that returned an error
+	AbortedSteps int64     // transactions ended by StepTxn.Abort or Close
+	Last         StepStats // the last step, committed, failed or aborted
+	Total        StepStats // sums over every step
 }
 
-// StepStats describe one Step (or, summed, many).
+// StepStats describe one step, taken by Step or a transaction (or, summed,
+// many).
 type StepStats struct {
 	Step      int  // the step number attempted (in Total: the last one)
 	Committed bool // whether it was committed (in Total: the last one)
@@ -81,14 +86,25 @@ type StepStats struct {
 	// to the store (0 with states in pinned memory); GradBytes the gradient
 	// bytes read from Grads.
 	BytesRead, BytesWritten, GradBytes int64
-	// Elapsed is the wall time of Step. Compute is the time spent in Adam
-	// and copies on the update goroutine; ReadWait the time it waited for
+	// HandedOver counts the tensors handed over with StepTxn.Tensor
+	// before Commit (0 for Step).
+	HandedOver int
+	// Elapsed is the wall time of Step, or of a transaction from BeginStep
+	// to the end of Commit or Abort. Compute is the time spent in Adam and
+	// copies on the update goroutine; ReadWait the time it waited for
 	// read-ahead (buffers, state reads, gradients); WriteWait the time it
 	// waited to start a write-behind (or, at depth 0, for the write and the
-	// staged parameter write to finish); Commit the time of the final
-	// rename and Params.CommitUpdates. Compute/Elapsed near 1 means the
-	// I/O was hidden.
-	Elapsed, Compute, ReadWait, WriteWait, Commit time.Duration
+	// staged parameter write to finish); Idle the time it waited for the
+	// next tensor to be handed over (a transaction's pipeline waiting for
+	// the backward pass); Commit the time of the final rename and
+	// Params.CommitUpdates. Compute/(Elapsed-Idle) near 1 means the I/O
+	// was hidden.
+	//
+	// Drain is the time Commit waited for the pipeline to finish: with
+	// Step nearly all of Elapsed, with a transaction overlapping the
+	// backward pass the part of the step that the backward pass did not
+	// hide.
+	Elapsed, Compute, ReadWait, WriteWait, Idle, Commit, Drain time.Duration
 }
 
 func (s *StepStats) add(o StepStats) {
@@ -101,7 +117,10 @@ func (s *StepStats) add(o StepStats) {
 	s.Compute += o.Compute
 	s.ReadWait += o.ReadWait
 	s.WriteWait += o.WriteWait
+	s.Idle += o.Idle
 	s.Commit += o.Commit
+	s.Drain += o.Drain
+	s.HandedOver += o.HandedOver
 }
 
 // New returns an Optimizer with no tensors. opts is copied, defaulted
@@ -120,7 +139,8 @@ func (o *Optimizer) Options() Options { return o.opts }
 // Register adds this rank's fp32 partition of a parameter: master is copied
 // as the master weights, exp_avg and exp_avg_sq start at zero, and the
 // states are written to the store (or to pinned memory) before Register
-// returns. Tensors are stepped in registration order. It blocks while the
+// returns. Step steps tensors in registration order (a transaction in the
+// order they are handed over). It blocks while the
 // pool is exhausted (with a Store), and fails with ErrPoolTooSmall when the
 // pool can never hold what one step of this tensor needs: its gradient and,
 // when it spans several sub-groups, its new master (4 bytes per element
@@ -133,6 +153,9 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	fail := func(err error) error { return &Error{Op: "register", Tensor: name, SubGroup: -1, Err: err} }
 	if o.closed {
 		return fail(ErrClosed)
+	}
+	if o.txn != nil {
+		return fail(ErrStepOpen)
 	}
 	if name == "" {
 		return fail(errors.New("empty tensor name"))
@@ -359,7 +382,8 @@ func (o *Optimizer) lookup(name string) (*tensor, bool) {
 
 // ReadState returns copies of a tensor's master weights, exp_avg and
 // exp_avg_sq as of the last committed step, for verification and
-// checkpoints. The slices are freshly allocated and belong to the caller.
+// checkpoints; during an open step transaction too. The slices are freshly
+// allocated and belong to the caller.
 func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
@@ -412,6 +436,9 @@ func (o *Optimizer) LoadState(ctx context.Context, name string, master, expAvg, 
 	if o.closed {
 		return fail(ErrClosed)
 	}
+	if o.txn != nil {
+		return fail(ErrStepOpen)
+	}
 	t, ok := o.lookup(name)
 	if !ok {
 		return fail(ErrNotRegistered)
@@ -434,12 +461,17 @@ func (o *Optimizer) LoadState(ctx context.Context, name string, master, expAvg, 
 
 // Close drops the optimizer's states: their records are deleted from the
 // store (the Store itself stays open: it belongs to the caller) or their
-// pinned buffers released. Later calls fail with ErrClosed.
+// pinned buffers released. An open step transaction is aborted first
+// (waiting for its I/O in flight); its Commit then fails with ErrClosed.
+// Later calls fail with ErrClosed.
 func (o *Optimizer) Close() error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
 	if o.closed {
 		return ErrClosed
+	}
+	if o.txn != nil {
+		o.txn.abortForClose()
 	}
 	o.closed = true
 	o.mu.Lock()

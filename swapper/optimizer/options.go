@@ -25,8 +25,10 @@ var (
 // ParamSink receives the updated parameters of a step: the param swapper
 // (swapper/param) implements it.
 //
-// StageUpdate is called once per tensor per step, from the goroutine that
-// runs Step, with the tensor's whole new fp32 partition. The sink converts
+// StageUpdate is called once per tensor per step, from the step's update
+// goroutine (not Step's caller; with a StepTxn, while the caller's backward
+// pass may still be reading parameters), with the tensor's whole new fp32
+// partition, in the order the tensors are stepped. The sink converts
 // it to the parameter dtype and writes it somewhere invisible to readers
 // until CommitUpdates. values is owned by the optimizer and stays valid and
 // unchanged until the returned Waiter's Wait returns (so the sink may read
@@ -75,9 +77,11 @@ func (a sinkAdapter[W]) DiscardUpdates()      { a.s.DiscardUpdates() }
 // GradSource provides the gradient partitions at the optimizer step: the
 // grad swapper (swapper/grad) implements it. Read fills dst, whose length
 // is the tensor's partition length, with the gradient of the named tensor.
-// It is called once per tensor per Step attempt, from one goroutine at a
-// time (not the one running Step when PipelineDepth > 0), and must return
-// the same values when a failed Step is retried.
+// It is called once per tensor per step attempt, from one of the step's
+// goroutines at a time (never Step's caller), and must return the same
+// values when a failed step is retried. With a StepTxn a tensor's Read
+// comes soon after StepTxn.Tensor handed it over, while the caller may
+// still be accumulating the gradients of tensors not handed over yet.
 type GradSource interface {
 	Read(ctx context.Context, name string, dst []float32) error
 }

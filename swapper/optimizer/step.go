@@ -12,6 +12,8 @@ import (
 )
 
 // Step takes one Adam step over every sub-group, in registration order.
+// It is BeginStep followed at once by Commit, with the optimizer held for
+// the whole step (Register, ReadState and the like wait for it).
 //
 // Each sub-group's record (master, exp_avg, exp_avg_sq) is read from the
 // store into a pinned buffer, the tensor's gradient is read from Grads
@@ -19,9 +21,9 @@ import (
 // written back under a staging name; when the last sub-group of a tensor is
 // done, its whole new master partition goes to Params.StageUpdate. With
 // PipelineDepth k >= 1 a reader goroutine keeps k sub-groups read ahead and
-// a writer goroutine waits for up to k write-behinds, while the caller's
-// goroutine runs the updates; BufferCount and the pool bound the pinned
-// memory in use (backpressure, never an error).
+// a writer goroutine waits for up to k write-behinds, while an update
+// goroutine runs Adam; BufferCount and the pool bound the pinned memory in
+// use (backpressure, never an error).
 //
 // Step is transactional. Only when every sub-group is written and staged
 // are the new records renamed over the old ones, in one atomic
@@ -34,65 +36,37 @@ import (
 // are unchanged, and calling Step again once the fault has cleared gives
 // exactly the result a fault-free step would have. While a step runs, the
 // store holds both versions of every record (twice the states' disk
-// space).
+// space). Step fails with ErrStepOpen while a transaction from BeginStep
+// is open.
 func (o *Optimizer) Step(ctx context.Context) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
-	o.mu.Lock()
-	stepNo := o.step + 1
-	sgs := o.sgs[:len(o.sgs):len(o.sgs)]
-	o.mu.Unlock()
-	if o.closed {
-		return &Error{Op: "step", SubGroup: -1, Step: stepNo, Err: ErrClosed}
-	}
-	if err := ctx.Err(); err != nil {
-		return &Error{Op: "step", SubGroup: -1, Step: stepNo, Err: err}
-	}
-	start := time.Now()
-	r := &stepRun{o: o, step: stepNo, sgs: sgs, depth: o.opts.PipelineDepth,
-		tokens: make(chan struct{}, o.opts.BufferCount)}
-	r.ctx, r.cancel = context.WithCancel(ctx)
-	r.run()
-	r.cancel()
-	err := r.err
-	if err == nil {
-		t := time.Now()
-		err = o.commit(r)
-		r.commit = time.Since(t)
-	} else {
-		o.abort(r)
-	}
-	st := r.stepStats(err == nil)
-	st.Elapsed = time.Since(start)
-
-	o.mu.Lock()
-	if err == nil {
-		o.step = stepNo
-		o.stats.Steps++
-	} else {
-		o.stats.FailedSteps++
-	}
-	o.stats.Last = st
-	o.stats.Total.add(st)
-	o.mu.Unlock()
+	txn, err := o.begin(ctx)
 	if err != nil {
-		o.opts.Logger.Warn("optimizer: step failed; states and parameters unchanged", slog.Int("step", stepNo), slog.Any("error", err))
 		return err
 	}
-	o.opts.Logger.Debug("optimizer: step committed", slog.Int("step", stepNo), slog.Int("sub_groups", st.SubGroups),
-		slog.Int64("bytes_read", st.BytesRead), slog.Int64("bytes_written", st.BytesWritten),
-		slog.Duration("elapsed", st.Elapsed), slog.Duration("compute", st.Compute))
-	return nil
+	return txn.commit(ctx, true)
 }
 
-// stepRun is one Step attempt.
+// stepRun is one step attempt: the pipeline of a StepTxn.
 type stepRun struct {
 	o      *Optimizer
-	ctx    context.Context // cancelled at the first failure
-	cancel context.CancelFunc
+	ctx    context.Context // cancelled at the first failure, by Abort and Close, and with Commit's ctx
+	cancel context.CancelCauseFunc
 	step   int
-	sgs    []*subGroup
-	depth  int
+	// tensors and sgs are every registered tensor and sub-group, in
+	// registration order: a committed step has updated all of them.
+	tensors []*tensor
+	sgs     []*subGroup
+	depth   int
+
+	// queue carries the tensors to step, in the order they are handed
+	// over. Its capacity is len(tensors) and each tensor is sent at most
+	// once, so a send never blocks. Commit and Abort close it.
+	queue chan *tensor
+	// done is closed when the pipeline has stopped: nothing in flight and
+	// every buffer given back.
+	done chan struct{}
 
 	tokens chan struct{} // one per buffer set in use (BufferCount)
 	wslots chan struct{} // one per write-behind in flight (depth > 0)
@@ -101,8 +75,8 @@ type stepRun struct {
 	err error // the first failure
 
 	subGroups, bytesRead, bytesWritten, gradBytes atomic.Int64
-	// Touched by the update goroutine only.
-	compute, readWait, writeWait, commit time.Duration
+	// Touched by the update goroutine only, read after done.
+	compute, readWait, writeWait, idle time.Duration
 }
 
 // item is one sub-group on its way through the pipeline, with everything
@@ -117,6 +91,9 @@ type item struct {
 	read         Waiter
 	readDone     bool
 	write, stage Waiter
+	// idleFrom and idleTo bound the time the pipeline waited for this
+	// sub-group's tensor to be handed over (zero when it did not wait).
+	idleFrom, idleTo time.Time
 }
 
 // tensorBufs are the read-ahead's own references to the buffers of the
@@ -142,14 +119,21 @@ func (r *stepRun) fail(err error) {
 		r.o.opts.Logger.Debug("optimizer: further step error", slog.Any("error", err))
 	}
 	r.mu.Unlock()
-	r.cancel()
+	r.cancel(err)
 }
 
-func (r *stepRun) failed() bool {
+func (r *stepRun) failed() bool { return r.firstErr() != nil }
+
+// firstErr returns the step's first failure, nil while there is none.
+func (r *stepRun) firstErr() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.err != nil
+	return r.err
 }
+
+// cause is the error a cancelled step's context reports: the first
+// failure, context.Canceled or DeadlineExceeded of the caller's context.
+func (r *stepRun) cause() error { return context.Cause(r.ctx) }
 
 func (r *stepRun) wrap(op string, sg *subGroup, whole bool, err error) error {
 	j := sg.j
@@ -159,44 +143,97 @@ func (r *stepRun) wrap(op string, sg *subGroup, whole bool, err error) error {
 	return &Error{Op: op, Tensor: sg.t.name, SubGroup: j, SubGroups: len(sg.t.sgs), Step: r.step, Err: err}
 }
 
+// stepStats are the pipeline's counters; call it after done.
 func (r *stepRun) stepStats(committed bool) StepStats {
 	return StepStats{Step: r.step, Committed: committed, SubGroups: int(r.subGroups.Load()),
 		BytesRead: r.bytesRead.Load(), BytesWritten: r.bytesWritten.Load(), GradBytes: r.gradBytes.Load(),
-		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Commit: r.commit}
+		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Idle: r.idle}
 }
 
 func last(sg *subGroup) bool { return sg.j == len(sg.t.sgs)-1 }
 
-// run drives every sub-group through read-ahead, update and retire, and
-// returns once nothing is in flight and every buffer is back.
+// next returns the next tensor handed over, waiting for one when there is
+// none yet; ok is false once the queue is closed and drained or the step
+// has failed. While it waits the pipeline holds no buffer: everything read
+// ahead before runs through update and write-behind without it. from and to
+// bound the wait (zero when it did not wait).
+func (r *stepRun) next() (t *tensor, from, to time.Time, ok bool) {
+	if r.failed() {
+		return nil, from, to, false
+	}
+	select {
+	case t, ok = <-r.queue:
+		return t, from, to, ok
+	default:
+	}
+	from = time.Now()
+	select {
+	case t, ok = <-r.queue:
+		return t, from, time.Now(), ok
+	case <-r.ctx.Done():
+		// No tensor is in hand: the caller cancelled between hand-overs.
+		r.fail(&Error{Op: "step", SubGroup: -1, Step: r.step, Err: r.cause()})
+		return nil, from, to, false
+	}
+}
+
+// waited splits a wait of the update goroutine, from start to now, for
+// item it into the part spent waiting for its tensor to be handed over
+// (idle) and the rest (read-ahead).
+func waited(start time.Time, it *item) (read, idle time.Duration) {
+	read = time.Since(start)
+	if it == nil || it.idleTo.IsZero() || !it.idleTo.After(start) {
+		return read, 0
+	}
+	from := it.idleFrom
+	if start.After(from) {
+		from = start
+	}
+	idle = min(it.idleTo.Sub(from), read)
+	return read - idle, idle
+}
+
+// run drives every sub-group of every tensor coming through the queue
+// through read-ahead, update and retire, on the goroutines of the step
+// (this one updates), and closes done once nothing is in flight and every
+// buffer is back.
 func (r *stepRun) run() {
+	defer close(r.done)
 	if r.depth == 0 {
 		var tb tensorBufs
 		defer tb.release()
-		for _, sg := range r.sgs {
-			if err := r.ctx.Err(); err != nil {
-				r.fail(r.wrap("read-ahead", sg, false, err))
+		for {
+			tn, from, to, ok := r.next()
+			if !ok {
 				return
 			}
-			t := time.Now()
-			it, err := r.prefetch(sg, &tb)
-			r.readWait += time.Since(t)
-			if err != nil {
-				it.failed = true
-				r.fail(err)
+			if !to.IsZero() {
+				r.idle += to.Sub(from)
 			}
-			r.update(it)
-			t = time.Now()
-			r.retire(it)
-			r.writeWait += time.Since(t)
-			if r.failed() {
-				return
-			}
-			if last(sg) {
-				tb.release()
+			for _, sg := range tn.sgs {
+				if err := r.ctx.Err(); err != nil {
+					r.fail(r.wrap("read-ahead", sg, false, r.cause()))
+					return
+				}
+				t := time.Now()
+				it, err := r.prefetch(sg, &tb)
+				r.readWait += time.Since(t)
+				if err != nil {
+					it.failed = true
+					r.fail(err)
+				}
+				r.update(it)
+				t = time.Now()
+				r.retire(it)
+				r.writeWait += time.Since(t)
+				if r.failed() {
+					return
+				}
+				if last(sg) {
+					tb.release()
+				}
 			}
 		}
-		return
 	}
 
 	k := r.depth
@@ -209,24 +246,33 @@ func (r *stepRun) run() {
 		defer close(ready)
 		var tb tensorBufs
 		defer tb.release()
-		for _, sg := range r.sgs {
-			select {
-			case ahead <- struct{}{}:
-			case <-r.ctx.Done():
-				r.fail(r.wrap("read-ahead", sg, false, r.ctx.Err()))
+		for {
+			tn, from, to, ok := r.next()
+			if !ok {
 				return
 			}
-			it, err := r.prefetch(sg, &tb)
-			if err != nil {
-				it.failed = true
-				r.fail(err)
-			}
-			ready <- it // the update loop drains ready to the end, failed or not
-			if err != nil {
-				return
-			}
-			if last(sg) {
-				tb.release()
+			for _, sg := range tn.sgs {
+				select {
+				case ahead <- struct{}{}:
+				case <-r.ctx.Done():
+					r.fail(r.wrap("read-ahead", sg, false, r.cause()))
+					return
+				}
+				it, err := r.prefetch(sg, &tb)
+				if sg.j == 0 {
+					it.idleFrom, it.idleTo = from, to
+				}
+				if err != nil {
+					it.failed = true
+					r.fail(err)
+				}
+				ready <- it // the update loop drains ready to the end, failed or not
+				if err != nil {
+					return
+				}
+				if last(sg) {
+					tb.release()
+				}
 			}
 		}
 	})
@@ -238,7 +284,9 @@ func (r *stepRun) run() {
 	for {
 		t := time.Now()
 		it, ok := <-ready
-		r.readWait += time.Since(t)
+		read, idle := waited(t, it)
+		r.readWait += read
+		r.idle += idle
 		if !ok {
 			break
 		}
@@ -263,7 +311,7 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	case r.tokens <- struct{}{}:
 		it.token = true
 	case <-r.ctx.Done():
-		return it, r.wrap("read-ahead", sg, false, r.ctx.Err())
+		return it, r.wrap("read-ahead", sg, false, r.cause())
 	}
 	t := sg.t
 	pool := o.opts.Pool
@@ -323,7 +371,7 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 
 // update waits for it's read, applies Adam, starts the write-behind and,
 // after a tensor's last sub-group, stages the tensor's new master. It runs
-// on the caller's goroutine and does nothing once the step has failed.
+// on the update goroutine and does nothing once the step has failed.
 func (r *stepRun) update(it *item) {
 	if it.failed || r.failed() {
 		return
