@@ -69,6 +69,8 @@ type Runtime struct {
 	stepCount  int
 	stepWaitNs int64
 	closed     bool
+	txn        *optimizer.StepTxn // the step StepTensor opened, until Step
+
 }
 
 // Open builds a Runtime from cfg. The config is validated first; every
@@ -253,17 +255,46 @@ func (r *Runtime) Partition(name string) (lo, hi int) {
 	return param.Partition(n, r.Rank, r.World)
 }
 
+// StepTensor hands a parameter whose gradient is final (its last
+// micro-step's Accumulate is done) to the optimizer now, so its update runs
+// in the background while the loop computes the rest of the backward pass.
+// The first call opens the step; Step commits it. Results are identical to
+// a plain Step: Adam works per element, and nothing is visible before the
+// commit. An error here is also returned by Step, which discards the step.
+func (r *Runtime) StepTensor(ctx context.Context, name string) error {
+	if r.txn == nil {
+		txn, err := r.Optimizer.BeginStep(ctx)
+		if err != nil {
+			return err
+		}
+		r.txn = txn
+	}
+	return r.txn.Tensor(name)
+}
+
 // Step runs the optimizer: waits for every gradient write-behind, updates
-// every sub-group (reading ahead, writing behind), commits the new params,
-// and clears gradients. It is all or nothing: on error (a full disk, an I/O
-// error, a checksum mismatch) nothing changed — params, states and
-// accumulated gradients are as before — and Step may be called again.
+// every sub-group not yet handed over with StepTensor (reading ahead,
+// writing behind), commits the new params, and clears gradients. It is all
+// or nothing: on error (a full disk, an I/O error, a checksum mismatch)
+// nothing changed — params, states and accumulated gradients are as
+// before — and Step may be called again.
 func (r *Runtime) Step(ctx context.Context) error {
 	t0 := time.Now()
+	txn := r.txn
+	r.txn = nil
 	if err := r.Grads.Flush(ctx); err != nil {
+		if txn != nil {
+			txn.Abort()
+		}
 		return fmt.Errorf("zinf: gradient write-behind: %w", err)
 	}
-	if err := r.Optimizer.Step(ctx); err != nil {
+	var err error
+	if txn != nil {
+		err = txn.Commit(ctx)
+	} else {
+		err = r.Optimizer.Step(ctx)
+	}
+	if err != nil {
 		return err
 	}
 	r.Grads.Zero()
@@ -325,6 +356,10 @@ func (r *Runtime) Close() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
+	}
+	if r.txn != nil {
+		r.txn.Abort()
+		r.txn = nil
 	}
 	if r.Optimizer != nil {
 		add("optimizer", r.Optimizer.Close())

@@ -58,6 +58,12 @@ type Placement struct {
 	// PrefetchBudgetBytes bounds the bytes fetched but not yet in use:
 	// the parameter buffers beyond those of the layer in use.
 	PrefetchBudgetBytes int64
+	// OverlapStep says whether the optimizer step may overlap the backward
+	// pass (each layer updated as soon as its gradient is final): true
+	// when backward's and the optimizer's pinned working sets, together
+	// OverlapStepBytes, fit the CPU budget.
+	OverlapStep      bool
+	OverlapStepBytes int64
 
 	// Predicted is the predicted step time.
 	Predicted StepPrediction
@@ -517,6 +523,30 @@ func (pl *planner) plan() (*Placement, error) {
 	}
 	p.PinnedBytes = p.BytesPerTier[swapper.TierCPU] +
 		int64(p.ParamBufferCount)*p.ParamBufferBytes + int64(p.OptimizerBufferCount)*p.OptimizerBufferBytes
+
+	// Overlapping the optimizer step with backward (each layer's update
+	// starts once its gradient is final) holds the optimizer's working set
+	// while backward still holds its own: decide it only when both fit.
+	var maxGrad, maxParam int64
+	for i, x := range pl.inv {
+		if pl.tier[i] == swapper.TierGPU {
+			continue
+		}
+		switch x.Kind {
+		case Grad:
+			maxGrad = max(maxGrad, x.Bytes)
+		case Param:
+			maxParam = max(maxParam, x.Bytes)
+		}
+	}
+	backward := p.BytesPerTier[swapper.TierCPU] + int64(p.ParamBufferCount)*blockOf(p.ParamBufferBytes) + 2*blockOf(gradBuf)
+	stepping := int64(p.OptimizerBufferCount)*blockOf(p.OptimizerBufferBytes) + 2*blockOf(maxGrad) + blockOf(maxParam)
+	p.OverlapStepBytes = backward + stepping
+	p.OverlapStep = optTier != swapper.TierGPU && p.OverlapStepBytes <= pl.t.CPUBytes
+	if optTier != swapper.TierGPU && !p.OverlapStep {
+		pl.notef("optimizer step runs after backward: overlapping it with backward needs %s of pinned memory, %s available",
+			FormatBytes(p.OverlapStepBytes), FormatBytes(pl.t.CPUBytes))
+	}
 
 	if optTier != swapper.TierGPU && ratio < 1 {
 		pl.notef("offload_optimizer.ratio %g: %.1f%% of optimizer state bytes on %s, the rest on GPU",

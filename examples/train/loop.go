@@ -26,11 +26,21 @@ type backend interface {
 	// startPass announces the order the next pass visits layers in, so
 	// prefetching can follow it.
 	startPass(order []int)
+	// handOver tells the backend layer l's gradients are final for this
+	// step (the last micro-step's backward passed it), so its optimizer
+	// update may start while backward goes on.
+	handOver(ctx context.Context, l int)
 }
 
 // loopOptions control the shared loop.
 type loopOptions struct {
 	Steps, Micro, World int
+	// OverlapStep starts each layer's optimizer update as soon as its last
+	// gradient is in, overlapping the step with the rest of backward.
+	OverlapStep bool
+	// Start is the index of the first step (a resumed run's data continues
+	// where the checkpointed run stopped); default 0.
+	Start int
 	// ComputePerLayer is simulated accelerator time per layer per pass
 	// (forward and backward each).
 	ComputePerLayer time.Duration
@@ -86,7 +96,7 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 			time.Sleep(o.ComputePerLayer)
 		}
 	}
-	for step := 0; step < o.Steps; step++ {
+	for step := o.Start; step < o.Start+o.Steps; step++ {
 		t0 := time.Now()
 		var loss float32
 		for m := 0; m < o.Micro; m++ {
@@ -142,6 +152,9 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 							return fmt.Errorf("step %d micro %d layer %d: %w", step, m, l, err)
 						}
 					}
+				}
+				if m == o.Micro-1 && o.OverlapStep {
+					b.handOver(ctx, l)
 				}
 				b.endLayer(l)
 			}

@@ -80,6 +80,16 @@ func (b *zinfBackend) fetch(ctx context.Context, name string, dst []float32) err
 	return b.gather(ctx, name, dst)
 }
 
+func (b *zinfBackend) handOver(ctx context.Context, l int) {
+	for _, rt := range b.rts {
+		for _, n := range []string{WeightName(l), BiasName(l)} {
+			// A failure here fails the step too, where it is handled (and
+			// the step retried as a whole); nothing is lost by going on.
+			_ = rt.StepTensor(ctx, n)
+		}
+	}
+}
+
 func (b *zinfBackend) endLayer(l int) {
 	for _, s := range b.scheds {
 		s.End(l)

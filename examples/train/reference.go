@@ -38,6 +38,7 @@ func newMemBackend(spec Spec, h optimizer.Hyper) *memBackend {
 func (b *memBackend) beginLayer(context.Context, int) error { return nil }
 func (b *memBackend) endLayer(int)                          {}
 func (b *memBackend) startPass([]int)                       {}
+func (b *memBackend) handOver(context.Context, int)         {}
 
 func (b *memBackend) gather(_ context.Context, name string, dst []float32) error {
 	copy(dst, b.compute[name])

@@ -40,6 +40,9 @@ type Options struct {
 	Verify bool
 	// ComputePerLayer is simulated accelerator time per layer per pass.
 	ComputePerLayer time.Duration
+	// SerialStep runs the optimizer step after backward instead of
+	// overlapping each layer's update with the rest of backward.
+	SerialStep bool
 	// PrefetchDepth overrides the policy's prefetch depth when > 0.
 	PrefetchDepth int
 	// Progress receives a line per step and the plan (nil: silent).
@@ -78,6 +81,7 @@ type Result struct {
 	PinnedLocked   bool      `json:"pinned_locked"`
 	FinalLoss      float32   `json:"final_loss"`
 	PrefetchDepth  int       `json:"prefetch_depth"`
+	OverlapStep    bool      `json:"overlap_step"`
 	DemandMisses   int64     `json:"demand_misses"`
 	Backend        string    `json:"backend"`
 	StepMs         []float64 `json:"step_ms"`
@@ -153,6 +157,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		depth = o.PrefetchDepth
 	}
 	res.PrefetchDepth = depth
+	res.OverlapStep = !o.SerialStep && pl.OverlapStep
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step\n",
@@ -169,7 +174,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	lastWait := time.Duration(0)
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Steps: o.Steps, Micro: micro, World: world, ComputePerLayer: o.ComputePerLayer,
-		OnStepError: o.OnStepError,
+		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := metrics(rts)
 			w := be.ioWait - lastWait

@@ -198,8 +198,12 @@ func sameSnapshot(a, b map[string][]float32) string {
 // are unchanged, and after space returns the run goes on and still equals
 // in-memory training bit for bit.
 func TestENOSPCDuringStep(t *testing.T) {
-	for _, target := range []string{"/zinf-optim-", "/zinf-param-", "/zinf-grad-"} {
-		t.Run(strings.Trim(target, "/-"), func(t *testing.T) {
+	for _, tc := range []struct {
+		target  string
+		overlap bool
+	}{{"/zinf-optim-", false}, {"/zinf-param-", false}, {"/zinf-grad-", false}, {"/zinf-optim-", true}, {"/zinf-param-", true}, {"/zinf-grad-", true}} {
+		target := tc.target
+		t.Run(fmt.Sprintf("%s/overlap=%v", strings.Trim(target, "/-"), tc.overlap), func(t *testing.T) {
 			cfg := testConfig(t, func(c *config.Config) { c.Zinf.WorldSize = 2; c.Zinf.PipelineDepth = 2 })
 			spec := smallSpec
 			inj := faults.New(3)
@@ -207,7 +211,7 @@ func TestENOSPCDuringStep(t *testing.T) {
 			const steps, faultAt = 4, 2
 			var before map[string][]float32
 			failures := 0
-			err := runLoop(context.Background(), spec, be, loopOptions{Steps: steps, Micro: 2, World: 2,
+			err := runLoop(context.Background(), spec, be, loopOptions{Steps: steps, Micro: 2, World: 2, OverlapStep: tc.overlap,
 				OnStep: func(step int, _ float32, _ time.Duration) error {
 					if step == faultAt-1 {
 						before = snapshot(t, spec, be)
@@ -225,8 +229,14 @@ func TestENOSPCDuringStep(t *testing.T) {
 					if !strings.Contains(err.Error(), "layer") {
 						t.Errorf("error does not name the tensor: %v", err)
 					}
-					if d := sameSnapshot(before, snapshot(t, spec, be)); d != "" {
-						t.Errorf("state changed by the failed step at %s", d)
+					// At the first failure no rank has stepped yet. (A later
+					// failure may come from a rank whose step was already
+					// running when space returned, after other ranks
+					// committed on the retry.)
+					if failures == 1 {
+						if d := sameSnapshot(before, snapshot(t, spec, be)); d != "" {
+							t.Errorf("state changed by the failed step at %s", d)
+						}
 					}
 					inj.Clear() // space returns
 					return failures < 100
