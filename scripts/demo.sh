@@ -11,7 +11,7 @@ if [ -z "$dir" ]; then
   trap 'rm -rf "$dir"' EXIT
 fi
 echo "== zinf demo: simulated training with parameters and optimizer states on NVMe (swap dir $dir)"
-./bin/zinf train --dir "$dir" --layers 8 --width 512 --steps 6 --verify --compute-ms-per-layer 2
+./bin/zinf train --dir "$dir" --layers 8 --width 512 --steps 6 --verify --compute-ms-per-layer 10
 echo
 echo "== zinf io: a 256 MiB write and read round trip through the engine on the same dir"
 ./bin/zinf io --path "$dir" --size 256MiB --op write --loops 3 --keep --file demo-io.dat 2>/dev/null

@@ -62,29 +62,32 @@ type Options struct {
 
 // Result is what a run measured. JSON names are the CLI's --json fields.
 type Result struct {
-	Steps          int       `json:"steps"`
-	Params         int64     `json:"params"`
-	StateBytes     int64     `json:"state_bytes"`
-	World          int       `json:"world_size"`
-	DType          string    `json:"dtype"`
-	BitwiseEqual   *bool     `json:"bitwise_equal"`
-	Mismatch       string    `json:"mismatch,omitempty"`
-	StepMsMedian   float64   `json:"step_ms_median"`
-	IOWaitMsMedian float64   `json:"io_wait_ms_median"`
-	ComputeMs      float64   `json:"compute_ms_per_step"`
-	BytesRead      int64     `json:"bytes_read"`
-	BytesWritten   int64     `json:"bytes_written"`
-	ReadGBps       float64   `json:"read_gbps"`
-	WriteGBps      float64   `json:"write_gbps"`
-	PeakRSSBytes   int64     `json:"peak_rss_bytes"`
-	PinnedBytes    int64     `json:"pinned_bytes"`
-	PinnedLocked   bool      `json:"pinned_locked"`
-	FinalLoss      float32   `json:"final_loss"`
-	PrefetchDepth  int       `json:"prefetch_depth"`
-	OverlapStep    bool      `json:"overlap_step"`
-	DemandMisses   int64     `json:"demand_misses"`
-	Backend        string    `json:"backend"`
-	StepMs         []float64 `json:"step_ms"`
+	Steps        int     `json:"steps"`
+	Params       int64   `json:"params"`
+	StateBytes   int64   `json:"state_bytes"`
+	World        int     `json:"world_size"`
+	DType        string  `json:"dtype"`
+	BitwiseEqual *bool   `json:"bitwise_equal"`
+	Mismatch     string  `json:"mismatch,omitempty"`
+	StepMsMedian float64 `json:"step_ms_median"`
+	// InMemoryStepMsMedian is the reference's step time (with Verify): the
+	// same loop and simulated compute with every tensor in memory.
+	InMemoryStepMsMedian float64   `json:"in_memory_step_ms_median,omitempty"`
+	IOWaitMsMedian       float64   `json:"io_wait_ms_median"`
+	ComputeMs            float64   `json:"compute_ms_per_step"`
+	BytesRead            int64     `json:"bytes_read"`
+	BytesWritten         int64     `json:"bytes_written"`
+	ReadGBps             float64   `json:"read_gbps"`
+	WriteGBps            float64   `json:"write_gbps"`
+	PeakRSSBytes         int64     `json:"peak_rss_bytes"`
+	PinnedBytes          int64     `json:"pinned_bytes"`
+	PinnedLocked         bool      `json:"pinned_locked"`
+	FinalLoss            float32   `json:"final_loss"`
+	PrefetchDepth        int       `json:"prefetch_depth"`
+	OverlapStep          bool      `json:"overlap_step"`
+	DemandMisses         int64     `json:"demand_misses"`
+	Backend              string    `json:"backend"`
+	StepMs               []float64 `json:"step_ms"`
 	// The optimizer step alone (all ranks): time, and NVMe bytes it moved
 	// (states, gradients read back, params written back).
 	OptimizerMs       []float64 `json:"optimizer_ms"`
@@ -215,14 +218,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if !o.Verify {
 		return res, nil
 	}
+	// The reference runs the same loop with the same simulated compute, all
+	// in memory: its step time is what the step would take if I/O were
+	// free, the yardstick for overlap.
 	ref := newMemBackend(spec, zinf.Hyper(cfg))
-	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: world}); err != nil {
+	var refMs []float64
+	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: world, ComputePerLayer: o.ComputePerLayer,
+		OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {
 		return nil, fmt.Errorf("reference run: %w", err)
 	}
 	eq, why, err := compare(ctx, spec, be, ref)
 	if err != nil {
 		return nil, fmt.Errorf("comparing with the reference: %w", err)
 	}
+	res.InMemoryStepMsMedian = median(refMs)
 	res.BitwiseEqual = &eq
 	res.Mismatch = why
 	return res, nil
