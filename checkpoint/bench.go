@@ -41,9 +41,17 @@ const benchTensorBytes = 64 << 20
 // float32 tensors spread over files (one per Parallel writer, at least one),
 // whose bytes are copied out of a 1 MiB random pattern, so producing them
 // costs a memcpy, as copying from a real tensor would, without holding
-// totalBytes in memory.
+// totalBytes in memory. The pattern stays in the CPU caches; see
+// benchStateWith.
 func benchState(totalBytes int64, files int) State {
-	pattern := make([]byte, 1<<20)
+	return benchStateWith(totalBytes, files, 1<<20)
+}
+
+// benchStateWith is benchState with a pattern of patternBytes (a multiple
+// of 8): one larger than the CPU caches makes producing a tensor read DRAM,
+// as copying a real tensor does.
+func benchStateWith(totalBytes int64, files, patternBytes int) State {
+	pattern := make([]byte, max(8, patternBytes/8*8))
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < len(pattern); i += 8 {
 		binary.LittleEndian.PutUint64(pattern[i:], rng.Uint64())

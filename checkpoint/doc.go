@@ -35,10 +35,15 @@
 //	m, err := checkpoint.Save(ctx, "/ckpt/step-000100", st, checkpoint.SaveOptions{KeepLast: 3})
 //
 // A Writer keeps its engine and pinned memory between saves. A Saver saves
-// asynchronously: SaveAsync copies the state into a pinned snapshot and
-// returns; Handle.Wait reports the commit. At most one asynchronous save is
-// in flight; the next SaveAsync waits for it (see Saver for the memory it
-// holds).
+// asynchronously: SaveAsync copies the in-memory tensors into a pinned
+// snapshot, pins the versions of the swap-store tensors (copy-on-write:
+// nothing is copied), and returns; Handle.Wait reports the commit. At most
+// one asynchronous save is in flight; the next SaveAsync waits for it (see
+// Saver for the memory it holds).
+//
+// CompareSave (zinf ckpt bench) measures Save against fio's O_DIRECT
+// write of the same shape on the same directory, the naive Go writer and
+// SaveAsync's stall, interleaved round by round.
 //
 // # Crash safety
 //
@@ -77,7 +82,10 @@
 // store tensor costs its size in pinned memory while its file is written.
 // A ranged read on the store (ReadRange(ctx, name, off, dst) at aligned
 // offsets, which its chunk layout allows) would let the writer stream it
-// in staging-sized pieces instead.
+// in staging-sized pieces instead. For the same reason a FromStoreRanges
+// tensor whose ranges take turns between store tensors (an optimizer's
+// three states across several sub-group records) reads each record once
+// per state.
 //
 // All ranks of a checkpoint are saved by one Save call (ranks simulated in
 // one process). Multi-process jobs would need a barrier before the commit;

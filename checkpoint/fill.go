@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
 )
 
 // filler produces a planned file's bytes in order (header, then each
@@ -19,7 +20,20 @@ type filler struct {
 	crc uint32
 
 	bounce *buffers.Pool   // pinned memory for FromStore tensors
-	cur    *buffers.Buffer // the current store tensor's bytes, when one is loaded
+	cur    *buffers.Buffer // a store tensor's bytes, when one is loaded
+	curSrc *swapper.Store  // ... from this store
+	curKey string          // ... under this name
+
+	// noCRC leaves the checksums to a crcTracker (SaveAsync computes them
+	// from its snapshot while it drains, so the copy that holds the caller
+	// is a plain copy).
+	noCRC bool
+	// SaveAsync fills a file in two passes: while it holds the caller,
+	// everything but the FromStore tensors (skipStore), whose versions it
+	// pins instead; while it drains, only those (storeOnly), read from the
+	// pinned versions (pins). Both leave the other bytes as they are.
+	skipStore, storeOnly bool
+	pins                 map[*swapper.Store]*swapper.Pinned
 }
 
 func newFiller(f *plannedFile, bounce *buffers.Pool) *filler {
@@ -32,8 +46,11 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 	f := fl.f
 	for len(dst) > 0 {
 		if h := int64(len(f.header)); fl.pos < h {
-			n := copy(dst, f.header[fl.pos:])
-			fl.pos += int64(n)
+			n := min(int64(len(dst)), h-fl.pos)
+			if !fl.storeOnly {
+				copy(dst, f.header[fl.pos:])
+			}
+			fl.pos += n
 			dst = dst[n:]
 			continue
 		}
@@ -50,17 +67,30 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 		off := fl.pos - pt.offset
 		n := min(int64(len(dst)), t.Bytes-off)
 		part := dst[:n]
+		if skip := t.store != nil && fl.skipStore || t.store == nil && fl.storeOnly; skip {
+			fl.pos += n
+			dst = dst[n:]
+			if off+n == t.Bytes {
+				fl.ti++
+			}
+			continue
+		}
 		if err := fl.read(ctx, t, part, off); err != nil {
 			return &Error{Op: "save", Path: f.relPath, Tensor: t.Name, Err: fmt.Errorf("reading bytes %d..%d of the source: %w", off, off+n, err)}
 		}
-		fl.crc = crc32.Update(fl.crc, castagnoli, part)
+		if !fl.noCRC {
+			fl.crc = crc32.Update(fl.crc, castagnoli, part)
+		}
 		fl.pos += n
 		dst = dst[n:]
 		if off+n == t.Bytes {
-			pt.crc = fl.crc
+			if !fl.noCRC {
+				pt.crc = fl.crc
+			}
 			fl.crc = 0
 			fl.ti++
-			fl.releaseCur()
+			// A loaded store tensor is kept: the next tensor may be
+			// another range of it (an optimizer record's next state).
 		}
 	}
 	return nil
@@ -71,29 +101,149 @@ func (fl *filler) read(ctx context.Context, t *Tensor, dst []byte, off int64) er
 	if t.store == nil {
 		return t.Read(ctx, dst, off)
 	}
-	if fl.cur == nil {
-		// The store reads whole tensors: load it once into pinned memory.
-		padded := t.store.PaddedLen(t.Bytes)
-		b, err := fl.bounce.Acquire(ctx, int(padded), buffers.PurposeCheckpoint)
-		if err != nil {
-			return err
+	for len(dst) > 0 {
+		k, in := t.rangeAt(off)
+		if k == len(t.ranges) {
+			return fmt.Errorf("checkpoint: internal error: read at %d past the tensor's %d bytes", off, t.Bytes)
 		}
-		if err := t.store.Read(ctx, t.storeName, b.Bytes()[:t.Bytes]); err != nil {
-			b.Release()
-			return err
+		r := t.ranges[k]
+		if fl.cur == nil || fl.curSrc != t.store || fl.curKey != r.Name {
+			// The store reads whole tensors: load it once into pinned
+			// memory.
+			fl.releaseCur()
+			n := t.storeLens[k]
+			b, err := fl.bounce.Acquire(ctx, int(t.store.PaddedLen(n)), buffers.PurposeCheckpoint)
+			if err != nil {
+				return err
+			}
+			read := t.store.Read
+			if pin := fl.pins[t.store]; pin != nil {
+				read = pin.Read // the version pinned by SaveAsync
+			}
+			if err := read(ctx, r.Name, b.Bytes()[:n]); err != nil {
+				b.Release()
+				return err
+			}
+			fl.cur, fl.curSrc, fl.curKey = b, t.store, r.Name
 		}
-		fl.cur = b
+		c := copy(dst, fl.cur.Bytes()[r.Off+in:r.Off+r.Len])
+		dst, off = dst[c:], off+int64(c)
 	}
-	copy(dst, fl.cur.Bytes()[off:])
 	return nil
 }
 
 func (fl *filler) releaseCur() {
 	if fl.cur != nil {
 		fl.cur.Release()
-		fl.cur = nil
+		fl.cur, fl.curSrc, fl.curKey = nil, nil, ""
 	}
 }
 
 // close releases what an interrupted fill still holds.
 func (fl *filler) close() { fl.releaseCur() }
+
+// crcTracker computes a planned file's tensor checksums from its bytes,
+// fed in order (SaveAsync's drain, from the snapshot).
+type crcTracker struct {
+	f   *plannedFile
+	ti  int
+	crc uint32
+}
+
+// feed takes file bytes [pos, pos+len(p)); consecutive calls continue
+// where the previous one stopped. Bytes past the file's end (alignment
+// padding) are ignored.
+func (c *crcTracker) feed(p []byte, pos int64) {
+	f := c.f
+	for len(p) > 0 && c.ti < len(f.tensors) {
+		pt := f.tensors[c.ti]
+		end := pt.offset + pt.t.Bytes
+		if pos >= end { // finished, or empty: the CRC of nothing is 0
+			pt.crc = c.crc
+			c.crc = 0
+			c.ti++
+			continue
+		}
+		if pos < pt.offset { // header, or the gap before the tensor
+			skip := min(int64(len(p)), pt.offset-pos)
+			p, pos = p[skip:], pos+skip
+			continue
+		}
+		n := min(int64(len(p)), end-pos)
+		c.crc = crc32.Update(c.crc, castagnoli, p[:n])
+		p, pos = p[n:], pos+n
+		if pos == end {
+			pt.crc = c.crc
+			c.crc = 0
+			c.ti++
+		}
+	}
+}
+
+// finish closes the trailing empty tensors.
+func (c *crcTracker) finish() {
+	for ; c.ti < len(c.f.tensors); c.ti++ {
+		c.f.tensors[c.ti].crc = c.crc
+		c.crc = 0
+	}
+}
+
+// pinStores pins the current version of every FromStore tensor of the
+// plan, one Pin per store, checking each still has the length FromStore
+// saw. On error nothing stays pinned.
+func pinStores(p *plan) (map[*swapper.Store]*swapper.Pinned, error) {
+	names := map[*swapper.Store][]string{}
+	var order []*swapper.Store
+	for _, pf := range p.files {
+		for _, pt := range pf.tensors {
+			if st := pt.t.store; st != nil {
+				if _, ok := names[st]; !ok {
+					order = append(order, st)
+				}
+				for _, r := range pt.t.ranges {
+					names[st] = append(names[st], r.Name)
+				}
+			}
+		}
+	}
+	pins := make(map[*swapper.Store]*swapper.Pinned, len(order))
+	fail := func(err error) (map[*swapper.Store]*swapper.Pinned, error) {
+		unpin(pins)
+		return nil, err
+	}
+	for _, st := range order {
+		pin, err := st.Pin(names[st]...)
+		if err != nil {
+			return fail(err)
+		}
+		pins[st] = pin
+	}
+	for _, pf := range p.files {
+		for _, pt := range pf.tensors {
+			if st := pt.t.store; st != nil {
+				for k, r := range pt.t.ranges {
+					if n, _ := pins[st].Len(r.Name); n != pt.t.storeLens[k] {
+						return fail(&Error{Op: "save", Path: pf.relPath, Tensor: pt.t.Name, Err: fmt.Errorf("store tensor %q is now %d bytes, %d when the Tensor was made", r.Name, n, pt.t.storeLens[k])})
+					}
+				}
+			}
+		}
+	}
+	return pins, nil
+}
+
+func unpin(pins map[*swapper.Store]*swapper.Pinned) {
+	for _, p := range pins {
+		p.Release()
+	}
+}
+
+// hasStore reports whether the file has a FromStore tensor.
+func (f *plannedFile) hasStore() bool {
+	for _, pt := range f.tensors {
+		if pt.t.store != nil && pt.t.Bytes > 0 {
+			return true
+		}
+	}
+	return false
+}

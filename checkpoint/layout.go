@@ -53,8 +53,8 @@ func makePlan(name string, st *State) (*plan, error) {
 			for ti := range f.Tensors {
 				t := &f.Tensors[ti]
 				pf.tensors = append(pf.tensors, &plannedTensor{t: t})
-				if t.store != nil {
-					p.maxStorePadded = max(p.maxStorePadded, t.store.PaddedLen(t.Bytes))
+				for _, n := range t.storeLens {
+					p.maxStorePadded = max(p.maxStorePadded, t.store.PaddedLen(n))
 				}
 			}
 			// Wider dtypes first so every tensor starts aligned to its

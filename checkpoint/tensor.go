@@ -39,11 +39,13 @@ type Tensor struct {
 	// returns.
 	Read func(ctx context.Context, dst []byte, off int64) error
 
-	// Set by FromStore: the writer reads the whole tensor from the store
-	// into a pinned buffer once instead of calling Read per chunk.
+	// Set by FromStore and FromStoreRanges: the writer reads each store
+	// tensor whole into a pinned buffer once instead of calling Read per
+	// chunk, and SaveAsync pins their versions instead of copying them.
 	store     *swapper.Store
-	storeName string
-	err       error // a construction error, reported by Save
+	ranges    []StoreRange // the tensor's bytes, in order
+	storeLens []int64      // the length of each range's store tensor when the Tensor was made
+	err       error        // a construction error, reported by Save
 }
 
 // FromBytes returns a Tensor whose bytes are data (not copied: data must
@@ -68,7 +70,8 @@ func FromFunc(name string, dtype swapper.DType, shape []int64, size int64,
 
 // FromStore returns a Tensor whose bytes are the current version of the
 // tensor name in store, saved under the same name (set the returned
-// Tensor's Name to save it under another).
+// Tensor's Name to save it under another). It is FromStoreRanges with one
+// range covering the whole store tensor.
 //
 // The store reads whole tensors only (Store.Read wants a buffer of the
 // tensor's full length), so the writer reads each store tensor in one piece
@@ -77,31 +80,91 @@ func FromFunc(name string, dtype swapper.DType, shape []int64, size int64,
 // written (one per file written in parallel), never Go heap. A ranged store
 // read would remove that cost; see the package documentation.
 //
+// SaveAsync does not copy store tensors: it pins their current versions
+// (swapper.Store.Pin: the store is copy-on-write, so later writes go to new
+// extents) and reads them while it drains, so they add nothing to the time
+// it holds the caller.
+//
 // The tensor's Read also works (tests, ad-hoc use) but reads the whole
 // tensor into a temporary pinned buffer on every call: slow, never used by
 // Save.
 func FromStore(store *swapper.Store, name string, dtype swapper.DType, shape []int64) Tensor {
-	storeName := name
-	t := Tensor{Name: name, DType: dtype, Shape: cloneShape(shape), store: store, storeName: storeName}
+	var n int64
+	if store != nil {
+		n, _ = store.Len(name)
+	}
+	return FromStoreRanges(store, name, dtype, shape, []StoreRange{{Name: name, Off: 0, Len: n}})
+}
+
+// StoreRange is bytes [Off, Off+Len) of the store tensor Name.
+type StoreRange struct {
+	Name     string
+	Off, Len int64
+}
+
+// FromStoreRanges returns a Tensor whose bytes are the given ranges of the
+// current versions of store tensors, back to back: for example one of the
+// states of an optimizer whose sub-group records interleave them. Each
+// store tensor is read whole (see FromStore), once per run of consecutive
+// ranges of it. SaveAsync pins the versions (see FromStore).
+func FromStoreRanges(store *swapper.Store, name string, dtype swapper.DType, shape []int64, ranges []StoreRange) Tensor {
+	t := Tensor{Name: name, DType: dtype, Shape: cloneShape(shape), store: store, ranges: append([]StoreRange(nil), ranges...)}
 	if store == nil {
 		t.err = errors.New("nil swap store")
 		return t
 	}
-	n, ok := store.Len(storeName)
-	if !ok {
-		t.err = fmt.Errorf("tensor %q is not in the swap store: %w", storeName, swapper.ErrNotFound)
-		return t
+	for _, r := range ranges {
+		n, ok := store.Len(r.Name)
+		if !ok {
+			t.err = fmt.Errorf("tensor %q is not in the swap store: %w", r.Name, swapper.ErrNotFound)
+			return t
+		}
+		if r.Off < 0 || r.Len < 0 || r.Off+r.Len > n {
+			t.err = fmt.Errorf("range [%d, %d) of store tensor %q, which has %d bytes", r.Off, r.Off+r.Len, r.Name, n)
+			return t
+		}
+		t.storeLens = append(t.storeLens, n)
+		t.Bytes += r.Len
 	}
-	t.Bytes = n
 	t.Read = func(ctx context.Context, dst []byte, off int64) error {
-		return readStoreRange(ctx, store, storeName, n, dst, off)
+		return t.readStoreSlow(ctx, dst, off)
 	}
 	return t
 }
 
-// readStoreRange is FromStore's slow Read: the whole tensor into a
-// throw-away pinned buffer, then the range out of it.
-func readStoreRange(ctx context.Context, store *swapper.Store, storeName string, n int64, dst []byte, off int64) error {
+// rangeAt returns the range holding byte off of the tensor and off's
+// offset within it.
+func (t *Tensor) rangeAt(off int64) (int, int64) {
+	for k, r := range t.ranges {
+		if off < r.Len {
+			return k, off
+		}
+		off -= r.Len
+	}
+	return len(t.ranges), off
+}
+
+// readStoreSlow is a store tensor's Read: each range's store tensor whole
+// into a throw-away pinned buffer, then the bytes out of it.
+func (t *Tensor) readStoreSlow(ctx context.Context, dst []byte, off int64) error {
+	for len(dst) > 0 {
+		k, in := t.rangeAt(off)
+		if k == len(t.ranges) {
+			return fmt.Errorf("read at %d past the tensor's %d bytes", off, t.Bytes)
+		}
+		r := t.ranges[k]
+		n, err := readStoreRange(ctx, t.store, r.Name, t.storeLens[k], dst[:min(int64(len(dst)), r.Len-in)], r.Off+in)
+		if err != nil {
+			return err
+		}
+		dst, off = dst[n:], off+int64(n)
+	}
+	return nil
+}
+
+// readStoreRange reads store tensor storeName (n bytes) whole into a
+// throw-away pinned buffer and copies bytes from off into dst.
+func readStoreRange(ctx context.Context, store *swapper.Store, storeName string, n int64, dst []byte, off int64) (int, error) {
 	padded := store.PaddedLen(n)
 	pool, err := buffers.NewPool(buffers.Options{
 		CapacityBytes:  int64(ceilPow2(uint64(padded))),
@@ -109,19 +172,18 @@ func readStoreRange(ctx context.Context, store *swapper.Store, storeName string,
 		Pin:            buffers.PinOff,
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer pool.Close()
 	b, err := pool.Acquire(ctx, int(padded), buffers.PurposeCheckpoint)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer b.Release()
 	if err := store.Read(ctx, storeName, b.Bytes()[:n]); err != nil {
-		return err
+		return 0, err
 	}
-	copy(dst, b.Bytes()[off:n])
-	return nil
+	return copy(dst, b.Bytes()[off:n]), nil
 }
 
 func cloneShape(s []int64) []int64 {

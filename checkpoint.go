@@ -1,0 +1,671 @@
+package zinf
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/param"
+)
+
+// Names of a training checkpoint's files and metadata keys. Every rank
+// directory holds the two files; keys starting with "zinf." in
+// CheckpointMeta.User are reserved for these.
+const (
+	// CheckpointParamsFile holds the rank's parameter partitions in the
+	// parameter dtype, each named by its parameter.
+	CheckpointParamsFile = "params.safetensors"
+	// CheckpointOptimizerFile holds the rank's fp32 optimizer partitions:
+	// "<param>.master", "<param>.exp_avg" and "<param>.exp_avg_sq".
+	CheckpointOptimizerFile = "optimizer.safetensors"
+
+	// metaKind marks a checkpoint written by CheckpointState (state-wide).
+	metaKind = "zinf.kind"
+	// kindTraining is its value (a version: a layout change bumps it).
+	kindTraining = "training/1"
+	// metaOptimizerStep is Adam's step count (state-wide).
+	metaOptimizerStep = "zinf.optimizer_step"
+	// metaParamDType is the parameter dtype (state-wide, for people).
+	metaParamDType = "zinf.param_dtype"
+	// metaPartitions is, per rank, a JSON object mapping each parameter to
+	// [lo, hi, numel]: the rank's element range of the flattened tensor.
+	metaPartitions = "zinf.partitions"
+)
+
+// Suffixes of the optimizer tensors of a parameter.
+var optimizerSuffixes = [3]string{".master", ".exp_avg", ".exp_avg_sq"}
+
+// CheckpointMeta is what a training checkpoint records besides the
+// tensors (SaveCheckpoint) and what LoadCheckpoint reports back.
+type CheckpointMeta struct {
+	// Step is the training step the checkpoint follows (the number of
+	// steps done); it orders checkpoints for checkpoint.Latest and
+	// SaveOptions.KeepLast, and is where a resumed loop continues. It is
+	// independent of the optimizer's step count, which is always saved.
+	Step int64
+	// ModelShape is each parameter's full (unpartitioned) shape. Default:
+	// {name: {numel}}. When given it must list exactly the registered
+	// parameters, each with as many elements as registered.
+	ModelShape map[string][]int64
+	// User is free-form metadata; keys starting with "zinf." are reserved.
+	User map[string]string
+}
+
+// CheckpointState describes the runtimes rts, one per rank of a
+// data-parallel job simulated in one process (rts[i].Rank == i, all with
+// world size len(rts) and the same registered parameters), as a
+// checkpoint.State for checkpoint.Save, a checkpoint.Writer (which keeps
+// its engine and pinned memory between saves) or checkpoint.Saver's
+// SaveAsync. SaveCheckpoint and SaveCheckpointAsync are the short forms.
+//
+// Each rank directory gets two files: CheckpointParamsFile with the rank's
+// partition of every parameter in the parameter dtype, named by the
+// parameter, and CheckpointOptimizerFile with its fp32 master,
+// exp_avg and exp_avg_sq partitions, named "<param>.master",
+// "<param>.exp_avg" and "<param>.exp_avg_sq". Partitions are 1-D tensors;
+// their element ranges [lo, hi) of the flattened full tensors are in each
+// rank's metadata, the optimizer's step count, the parameter dtype and the
+// config (as JSON) in the checkpoint's.
+//
+// The tensors are read when the state is saved, not here: call it and
+// save between optimizer steps, and do not step or close the runtimes
+// until checkpoint.Save returns (or SaveAsync has returned: it takes its
+// snapshot before). What lives in the swap stores (parameters on NVMe,
+// and the optimizer's sub-group records when offload_optimizer is nvme) is
+// streamed from the stores through pinned memory, never the Go heap, and
+// checkpoint.Saver pins those versions instead of copying them, so an
+// asynchronous save holds training only for what lives in memory. That is
+// copied: CPU- and GPU-tier parameters (read with ReadFloat32, one
+// partition in the Go heap at a time) and in-memory optimizer states
+// (Optimizer.ReadState, one parameter's three partitions in the Go heap per
+// file being written; fine for the simulated models).
+func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, error) {
+	names, numel, err := checkRanks(rts)
+	if err != nil {
+		return checkpoint.State{}, err
+	}
+	shape, err := modelShape(meta.ModelShape, names, numel)
+	if err != nil {
+		return checkpoint.State{}, err
+	}
+	var cfg []byte
+	if rts[0].Config != nil {
+		if cfg, err = rts[0].Config.MarshalJSON(); err != nil {
+			return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: encoding the config: %w", err)
+		}
+	}
+	user := make(map[string]string, len(meta.User)+3)
+	for k, v := range meta.User {
+		if isReserved(k) {
+			return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: user metadata key %q: keys starting with \"zinf.\" are reserved", k)
+		}
+		user[k] = v
+	}
+	step := rts[0].Optimizer.StepCount()
+	for _, rt := range rts[1:] {
+		if s := rt.Optimizer.StepCount(); s != step {
+			return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: rank %d has done %d optimizer steps, rank 0 %d: save between steps, after every rank stepped", rt.Rank, s, step)
+		}
+	}
+	user[metaKind] = kindTraining
+	user[metaOptimizerStep] = strconv.Itoa(step)
+	user[metaParamDType] = rts[0].DType.String()
+	st := checkpoint.State{Step: meta.Step, Config: cfg, ModelShape: shape, User: user}
+	for _, rt := range rts {
+		rs, err := rankState(rt, names, numel)
+		if err != nil {
+			return checkpoint.State{}, err
+		}
+		st.Ranks = append(st.Ranks, rs)
+	}
+	return st, nil
+}
+
+// SaveCheckpoint saves the runtimes' parameters and optimizer states as
+// the checkpoint dir (see CheckpointState for the layout and
+// checkpoint.Save for the commit): when it returns without error, the
+// checkpoint is complete and durable. Call it between optimizer steps.
+func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Manifest, error) {
+	st, err := CheckpointState(rts, meta)
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.Save(ctx, dir, st, opts)
+}
+
+// SaveCheckpointAsync is SaveCheckpoint through s: it returns once s has
+// taken a consistent snapshot of every rank (into its pinned memory, see
+// checkpoint.Saver), so training may step again at once; the snapshot
+// drains to disk in the background and Handle.Wait reports the commit.
+func SaveCheckpointAsync(ctx context.Context, s *checkpoint.Saver, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Handle, error) {
+	st, err := CheckpointState(rts, meta)
+	if err != nil {
+		return nil, err
+	}
+	return s.SaveAsync(ctx, dir, st, opts)
+}
+
+// registered returns the runtime's parameter names in registration order
+// and their full element counts.
+func (r *Runtime) registered() ([]string, map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.params), maps.Clone(r.numel)
+}
+
+// checkRanks checks that rts are the ranks 0..len-1 of one job with the
+// same parameters and returns them.
+func checkRanks(rts []*Runtime) ([]string, map[string]int, error) {
+	if len(rts) == 0 {
+		return nil, nil, errors.New("zinf: checkpoint: no runtimes")
+	}
+	var names []string
+	var numel map[string]int
+	for i, rt := range rts {
+		if rt == nil {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: runtime %d is nil", i)
+		}
+		if rt.closed {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: the runtime of rank %d is closed", i)
+		}
+		if rt.Rank != i || rt.World != len(rts) {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: runtime %d is rank %d of %d; pass every rank of the job, in rank order (%d runtimes)", i, rt.Rank, rt.World, len(rts))
+		}
+		if rt.DType != rts[0].DType {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: rank %d has parameter dtype %s, rank 0 %s", i, rt.DType, rts[0].DType)
+		}
+		n, m := rt.registered()
+		if i == 0 {
+			names, numel = n, m
+			continue
+		}
+		if !slices.Equal(n, names) {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: rank %d registered parameters %q, rank 0 %q", i, n, names)
+		}
+		for _, name := range names {
+			if m[name] != numel[name] {
+				return nil, nil, fmt.Errorf("zinf: checkpoint: parameter %q has %d elements on rank %d, %d on rank 0", name, m[name], i, numel[name])
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil, errors.New("zinf: checkpoint: no parameters registered")
+	}
+	return names, numel, nil
+}
+
+// modelShape returns given, checked against the registered parameters, or
+// the flat default.
+func modelShape(given map[string][]int64, names []string, numel map[string]int) (map[string][]int64, error) {
+	if given == nil {
+		out := make(map[string][]int64, len(names))
+		for _, n := range names {
+			out[n] = []int64{int64(numel[n])}
+		}
+		return out, nil
+	}
+	for _, n := range sortedNames(given) {
+		if _, ok := numel[n]; !ok {
+			return nil, &checkpoint.Error{Op: "save", Tensor: n, Err: fmt.Errorf("%w: CheckpointMeta.ModelShape has parameter %q (shape %v), the runtime did not register it", checkpoint.ErrShape, n, given[n])}
+		}
+	}
+	for _, n := range names {
+		s, ok := given[n]
+		if !ok {
+			return nil, &checkpoint.Error{Op: "save", Tensor: n, Err: fmt.Errorf("%w: CheckpointMeta.ModelShape lacks registered parameter %q", checkpoint.ErrShape, n)}
+		}
+		if e := elements(s); e != int64(numel[n]) {
+			return nil, &checkpoint.Error{Op: "save", Tensor: n, Err: fmt.Errorf("%w: CheckpointMeta.ModelShape gives %q shape %v (%d elements), the runtime registered %d", checkpoint.ErrShape, n, s, e, numel[n])}
+		}
+	}
+	return given, nil
+}
+
+// elements is the product of shape (-1 for a negative dimension).
+func elements(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return -1
+		}
+		n *= d
+	}
+	return n
+}
+
+func isReserved(k string) bool { return len(k) >= 5 && k[:5] == "zinf." }
+
+func sortedNames[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// rankState builds one rank's files with lazy sources.
+func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.RankState, error) {
+	parts := make(map[string][3]int, len(names))
+	params := checkpoint.TensorFile{Name: CheckpointParamsFile}
+	optim := checkpoint.TensorFile{Name: CheckpointOptimizerFile}
+	for _, name := range names {
+		lo, hi, err := rt.Params.PartitionRange(name)
+		if err != nil {
+			return checkpoint.RankState{}, fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
+		}
+		parts[name] = [3]int{lo, hi, numel[name]}
+		n := hi - lo
+		if n == 0 {
+			continue // nothing of it on this rank
+		}
+		params.Tensors = append(params.Tensors, paramTensor(rt, name, n))
+		if ts, ok := storedStates(rt, name, n); ok {
+			optim.Tensors = append(optim.Tensors, ts...)
+			continue
+		}
+		src := &stateSource{rt: rt, name: name}
+		for k, suffix := range optimizerSuffixes {
+			k := k
+			optim.Tensors = append(optim.Tensors, checkpoint.FromFunc(name+suffix, swapper.Float32, []int64{int64(n)}, 4*int64(n),
+				func(ctx context.Context, dst []byte, off int64) error { return src.read(ctx, k, dst, off) }))
+		}
+	}
+	pj, err := json.Marshal(parts)
+	if err != nil {
+		return checkpoint.RankState{}, err
+	}
+	return checkpoint.RankState{Rank: rt.Rank, Files: []checkpoint.TensorFile{params, optim},
+		User: map[string]string{metaPartitions: string(pj)}}, nil
+}
+
+// paramTensor is a rank's partition of name (n elements) in the param
+// dtype: straight from the param store when it lives on NVMe (the store
+// holds the committed version, in the dtype), else read through the
+// swapper and encoded, one partition in the Go heap while it is saved.
+func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
+	dt := rt.DType
+	size := int64(n * dt.Size())
+	if st := rt.ParamStore; st != nil {
+		key := rt.Params.StoreKey(name)
+		if l, ok := st.Len(key); ok && l == size {
+			t := checkpoint.FromStore(st, key, dt, []int64{int64(n)})
+			t.Name = name
+			return t
+		}
+	}
+	var cur []byte
+	return checkpoint.FromFunc(name, dt, []int64{int64(n)}, size, func(ctx context.Context, dst []byte, off int64) error {
+		if off == 0 || cur == nil {
+			v := make([]float32, n)
+			if err := rt.Params.ReadFloat32(ctx, name, v); err != nil {
+				return err
+			}
+			cur = make([]byte, size)
+			encodeDType(dt, cur, v)
+		}
+		copy(dst, cur[off:])
+		if off+int64(len(dst)) == size {
+			cur = nil
+		}
+		return nil
+	})
+}
+
+// storedStates returns the three optimizer tensors of name (a partition
+// of n elements) as ranges of the optimizer's sub-group records in its
+// store, laid out as the optimizer documents them (optimizer.Options:
+// sub-group j of tensor w is "<Prefix>/w#j", of at most SubGroupSize
+// elements, each record master | exp_avg | exp_avg_sq in fp32), so that
+// they stream from the store like the parameters and SaveAsync pins them
+// instead of copying. ok is false when the states are in memory or the
+// records are not as expected (then ReadState serves them).
+func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
+	st := rt.OptimStore
+	if st == nil {
+		return nil, false
+	}
+	o := rt.Optimizer.Options()
+	sgs := o.SubGroupSize
+	if sgs <= 0 {
+		return nil, false
+	}
+	var ranges [3][]checkpoint.StoreRange
+	for j, off := 0, 0; off < n; j, off = j+1, off+sgs {
+		m := int64(min(sgs, n-off))
+		key := fmt.Sprintf("%s/%s#%d", o.Prefix, name, j)
+		if l, ok := st.Len(key); !ok || l != 12*m {
+			return nil, false
+		}
+		for k := range ranges {
+			ranges[k] = append(ranges[k], checkpoint.StoreRange{Name: key, Off: int64(k) * 4 * m, Len: 4 * m})
+		}
+	}
+	out := make([]checkpoint.Tensor, 3)
+	for k, suffix := range optimizerSuffixes {
+		out[k] = checkpoint.FromStoreRanges(st, name+suffix, swapper.Float32, []int64{int64(n)}, ranges[k])
+	}
+	return out, true
+}
+
+// stateSource serves a parameter's three optimizer partitions from one
+// ReadState, dropping each once it has been read to its end.
+type stateSource struct {
+	rt   *Runtime
+	name string
+	mu   sync.Mutex
+	have [3][]float32
+}
+
+func (s *stateSource) read(ctx context.Context, k int, dst []byte, off int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.have[k] == nil {
+		m, a, v, err := s.rt.Optimizer.ReadState(ctx, s.name)
+		if err != nil {
+			return err
+		}
+		s.have = [3][]float32{m, a, v}
+	}
+	b := buffers.AsBytes(s.have[k])
+	copy(dst, b[off:])
+	if off+int64(len(dst)) == int64(len(b)) {
+		s.have[k] = nil // read to its end: the Go heap gets it back
+	}
+	return nil
+}
+
+// encodeDType converts src to dt's little-endian bytes in dst.
+func encodeDType(dt swapper.DType, dst []byte, src []float32) {
+	switch dt {
+	case swapper.BFloat16:
+		buffers.Float32ToBFloat16(buffers.BFloat16Bytes(dst), src)
+	case swapper.Float16:
+		buffers.Float32ToFloat16(buffers.Float16Bytes(dst), src)
+	default:
+		copy(buffers.Float32Bytes(dst), src)
+	}
+}
+
+// decodeDType converts len(dst) elements of dt in src to fp32.
+func decodeDType(dt swapper.DType, dst []float32, src []byte) {
+	switch dt {
+	case swapper.BFloat16:
+		buffers.BFloat16ToFloat32(dst, buffers.BFloat16Bytes(src))
+	case swapper.Float16:
+		buffers.Float16ToFloat32(dst, buffers.Float16Bytes(src))
+	default:
+		copy(dst, buffers.Float32Bytes(src))
+	}
+}
+
+// savedRank is one rank of a checkpoint being loaded.
+type savedRank struct {
+	r     *checkpoint.Reader
+	parts map[string][3]int
+}
+
+// LoadCheckpoint restores the training checkpoint dir (written by
+// SaveCheckpoint or SaveCheckpointAsync) into rts, every rank of a job in
+// rank order, whose parameters are already registered (RegisterParam, with
+// any initial values): the same names with the same element counts as the
+// checkpoint's. The world size may differ from the checkpoint's: each
+// parameter and optimizer state is rebuilt whole from the saved ranks'
+// partitions and each rank given its Partition of it (re-partitioning).
+// Parameters are staged and committed at once (Params.StageUpdate,
+// CommitUpdates); optimizer states are loaded with the saved step count
+// (Optimizer.LoadState). It returns the checkpoint's metadata; Step is
+// where training resumes. Call it between steps, with no gradient
+// accumulated.
+//
+// Before anything is changed, every rank's structure is checked: the
+// checkpoint kind, the parameter dtype (it must be the runtimes'), the
+// parameter names and element counts both ways, each tensor's dtype and
+// size and that the saved partitions cover each tensor exactly. A
+// mismatch returns an error naming the parameter (wrapping
+// checkpoint.ErrShape for a different model) and leaves the runtimes as
+// they were. Each tensor's CRC-32C is checked as it is read; a corrupt
+// parameter partition also leaves the runtimes untouched (its staged
+// updates are discarded), but a corrupt optimizer partition is found after
+// earlier parameters' optimizer states were loaded: the error names it
+// and the runtimes must be loaded again (checkpoint.Verify first makes
+// sure of the whole checkpoint).
+//
+// Memory: one parameter at a time, its full tensor is held in the Go heap
+// as fp32, four times (the parameter and the three optimizer states),
+// plus the checkpoint reader's pinned bounce buffers. That is a few MB for
+// the simulated models, and what re-partitioning from partitions needs
+// without ranged writes into the swappers.
+func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (CheckpointMeta, error) {
+	names, numel, err := checkRanks(rts)
+	if err != nil {
+		return CheckpointMeta{}, err
+	}
+	log := rts[0].log
+	if log == nil {
+		log = slog.Default()
+	}
+	ranks, err := checkpoint.ListRanks(dir)
+	if err != nil {
+		return CheckpointMeta{}, err
+	}
+	eng, err := aio.New(aio.Options{Backend: aio.BackendAuto, Direct: aio.DirectOptional, IntraOpParallelism: 2, Logger: log})
+	if err != nil {
+		return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: creating the I/O engine: %w", err)
+	}
+	defer eng.Close()
+	saved := make([]savedRank, len(ranks))
+	defer func() {
+		for _, s := range saved {
+			if s.r != nil {
+				s.r.Close()
+			}
+		}
+	}()
+	for i, ri := range ranks {
+		r, err := checkpoint.OpenWith(dir, ri.Rank, checkpoint.ReadOptions{Engine: eng, Logger: log})
+		if err != nil {
+			return CheckpointMeta{}, err
+		}
+		saved[i].r = r
+	}
+	meta0 := saved[0].r.Meta()
+	if meta0.User[metaKind] != kindTraining {
+		return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: not a zinf training checkpoint (metadata %s is %q, want %q): written by checkpoint.Save directly?",
+			checkpoint.ErrNotCheckpoint, metaKind, meta0.User[metaKind], kindTraining)}
+	}
+	optStep, err := strconv.Atoi(meta0.User[metaOptimizerStep])
+	if err != nil || optStep < 0 {
+		return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s = %q is not a step count", checkpoint.ErrCorrupt, metaOptimizerStep, meta0.User[metaOptimizerStep])}
+	}
+	dt := rts[0].DType
+	for i := range saved {
+		if err := checkSavedRank(&saved[i], names, numel, dt); err != nil {
+			return CheckpointMeta{}, err
+		}
+	}
+	for _, n := range names {
+		if err := checkCoverage(dir, saved, n, numel[n]); err != nil {
+			return CheckpointMeta{}, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return CheckpointMeta{}, err
+	}
+
+	// Parameters: staged on every rank, committed only once all are read.
+	committed := false
+	defer func() {
+		if !committed {
+			for _, rt := range rts {
+				rt.Params.DiscardUpdates()
+			}
+		}
+	}()
+	var waiters []param.Waiter
+	for _, n := range names {
+		full := make([]float32, numel[n])
+		var scratch []byte
+		for _, s := range saved {
+			p := s.parts[n]
+			if p[1] == p[0] {
+				continue
+			}
+			if dt == swapper.Float32 {
+				if err := s.r.ReadTensor(ctx, n, buffers.AsBytes(full[p[0]:p[1]])); err != nil {
+					return CheckpointMeta{}, err
+				}
+				continue
+			}
+			need := (p[1] - p[0]) * dt.Size()
+			if cap(scratch) < need {
+				scratch = make([]byte, need)
+			}
+			if err := s.r.ReadTensor(ctx, n, scratch[:need]); err != nil {
+				return CheckpointMeta{}, err
+			}
+			decodeDType(dt, full[p[0]:p[1]], scratch[:need])
+		}
+		for _, rt := range rts {
+			lo, hi := rt.Partition(n)
+			w, err := rt.Params.StageUpdate(ctx, n, full[lo:hi])
+			if err != nil {
+				return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: rank %d: staging %q: %w", rt.Rank, n, err)
+			}
+			waiters = append(waiters, w)
+		}
+	}
+	for _, w := range waiters {
+		if err := w.Wait(); err != nil {
+			return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: staging the parameters: %w", err)
+		}
+	}
+	// Optimizer states, one parameter at a time.
+	for _, n := range names {
+		var st [3][]float32
+		for k, suffix := range optimizerSuffixes {
+			st[k] = make([]float32, numel[n])
+			for _, s := range saved {
+				p := s.parts[n]
+				if p[1] == p[0] {
+					continue
+				}
+				if err := s.r.ReadTensor(ctx, n+suffix, buffers.AsBytes(st[k][p[0]:p[1]])); err != nil {
+					return CheckpointMeta{}, err
+				}
+			}
+		}
+		for _, rt := range rts {
+			lo, hi := rt.Partition(n)
+			if err := rt.Optimizer.LoadState(ctx, n, st[0][lo:hi], st[1][lo:hi], st[2][lo:hi], optStep); err != nil {
+				return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
+			}
+		}
+	}
+	for _, rt := range rts {
+		if err := rt.Params.CommitUpdates(); err != nil {
+			return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: rank %d: committing the parameters: %w", rt.Rank, err)
+		}
+	}
+	committed = true
+	out := CheckpointMeta{Step: meta0.Step, ModelShape: meta0.ModelShape, User: map[string]string{}}
+	for k, v := range meta0.User {
+		if !isReserved(k) {
+			out.User[k] = v
+		}
+	}
+	return out, nil
+}
+
+// checkSavedRank parses a saved rank's partitions and checks its tensors
+// against the runtimes' parameters (names and element counts both ways,
+// dtypes, sizes).
+func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType) error {
+	m := s.r.Meta()
+	fail := func(tensor string, err error) error {
+		return &checkpoint.Error{Op: "load", Path: m.RankDir, Tensor: tensor, Err: err}
+	}
+	if err := json.Unmarshal([]byte(m.User[metaPartitions]), &s.parts); err != nil {
+		return fail("", fmt.Errorf("%w: metadata %s of rank %d: %v", checkpoint.ErrCorrupt, metaPartitions, m.Rank, err))
+	}
+	for _, n := range names {
+		p, ok := s.parts[n]
+		if !ok {
+			return fail(n, fmt.Errorf("%w: the runtime has parameter %q (%d elements), the checkpoint does not", checkpoint.ErrShape, n, numel[n]))
+		}
+		if p[2] != numel[n] {
+			return fail(n, fmt.Errorf("%w: parameter %q has %d elements in the checkpoint, %d in the runtime", checkpoint.ErrShape, n, p[2], numel[n]))
+		}
+		if sh, ok := m.ModelShape[n]; ok && elements(sh) != int64(numel[n]) {
+			return fail(n, fmt.Errorf("%w: the checkpoint's model shape of %q is %v, the runtime has %d elements", checkpoint.ErrShape, n, sh, numel[n]))
+		}
+	}
+	for _, n := range sortedNames(s.parts) {
+		if _, ok := numel[n]; !ok {
+			return fail(n, fmt.Errorf("%w: the checkpoint has parameter %q (%d elements), the runtime did not register it", checkpoint.ErrShape, n, s.parts[n][2]))
+		}
+	}
+	for _, n := range names {
+		p := s.parts[n]
+		if p[0] < 0 || p[0] > p[1] || p[1] > p[2] {
+			return fail(n, fmt.Errorf("%w: rank %d partition [%d, %d) of %d elements", checkpoint.ErrCorrupt, m.Rank, p[0], p[1], p[2]))
+		}
+		elems := int64(p[1] - p[0])
+		if elems == 0 {
+			continue
+		}
+		want := []struct {
+			name string
+			dt   swapper.DType
+		}{{n, dt}, {n + optimizerSuffixes[0], swapper.Float32}, {n + optimizerSuffixes[1], swapper.Float32}, {n + optimizerSuffixes[2], swapper.Float32}}
+		for _, w := range want {
+			ti, err := s.r.Tensor(w.name)
+			if err != nil {
+				return fail(w.name, fmt.Errorf("%w: rank %d lacks tensor %q", checkpoint.ErrCorrupt, m.Rank, w.name))
+			}
+			if ti.DType != w.dt {
+				return fail(w.name, fmt.Errorf("tensor %q is %s in the checkpoint, the runtime needs %s (parameter dtype %s)", w.name, ti.DType, w.dt, dt))
+			}
+			if ti.Bytes != elems*int64(w.dt.Size()) {
+				return fail(w.name, fmt.Errorf("%w: tensor %q is %d bytes, its partition [%d, %d) needs %d", checkpoint.ErrCorrupt, w.name, ti.Bytes, p[0], p[1], elems*int64(w.dt.Size())))
+			}
+		}
+	}
+	return nil
+}
+
+// checkCoverage checks that the saved ranks' partitions of name tile
+// [0, numel) exactly.
+func checkCoverage(dir string, saved []savedRank, name string, numel int) error {
+	type span struct{ lo, hi, rank int }
+	var spans []span
+	for i, s := range saved {
+		p := s.parts[name]
+		if p[1] > p[0] {
+			spans = append(spans, span{p[0], p[1], i})
+		}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	pos := 0
+	for _, sp := range spans {
+		if sp.lo != pos {
+			return &checkpoint.Error{Op: "load", Path: dir, Tensor: name, Err: fmt.Errorf("%w: the saved partitions of %q leave a gap or overlap at element %d (rank %d starts at %d)", checkpoint.ErrCorrupt, name, pos, sp.rank, sp.lo)}
+		}
+		pos = sp.hi
+	}
+	if pos != numel {
+		return &checkpoint.Error{Op: "load", Path: dir, Tensor: name, Err: fmt.Errorf("%w: the saved partitions of %q cover %d of %d elements", checkpoint.ErrCorrupt, name, pos, numel)}
+	}
+	return nil
+}
