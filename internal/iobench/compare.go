@@ -89,7 +89,8 @@ func FioBandwidth(ctx context.Context, fio, file string, op, engine string, size
 }
 
 // Compare interleaves zinf and fio runs on the same file: per round, per
-// backend pair (uring/io_uring, libaio/libaio), per op, zinf then fio; then
+// backend pair (uring/io_uring, libaio/libaio), per op, zinf and fio (zinf
+// first in odd rounds, fio first in even ones); then
 // zinf posix and naive Go for contrast.
 func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	if o.SizeBytes == 0 {
@@ -167,12 +168,23 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	for round := 1; round <= o.Rounds; round++ {
 		for _, op := range []string{"write", "read"} {
 			for _, e := range engines {
-				z, err := zinf(op, e[0], false)
-				if err != nil {
+				// Alternate who goes first: on a virtual disk the host's
+				// cache and burst credits favour whichever run follows a
+				// warm-up, so a fixed order would bias the ratio.
+				var z, f float64
+				var err error
+				runZinf := func() { z, err = zinf(op, e[0], false) }
+				runFio := func() {
+					f, err = FioBandwidth(ctx, o.FioPath, file, op, e[1], o.SizeBytes, o.BlockSize, o.QueueDepth)
+				}
+				first, second := runZinf, runFio
+				if round%2 == 0 {
+					first, second = runFio, runZinf
+				}
+				if first(); err != nil {
 					return nil, err
 				}
-				f, err := FioBandwidth(ctx, o.FioPath, file, op, e[1], o.SizeBytes, o.BlockSize, o.QueueDepth)
-				if err != nil {
+				if second(); err != nil {
 					return nil, err
 				}
 				p := get(op, e[0], e[1])
