@@ -35,9 +35,9 @@ func benchConfig(b *testing.B, dir string) *config.Config {
 	c.ZeroOptimization.OffloadParam.BufferSize = 1
 	c.Zinf.Tiers.CPUPinnedBytes = 256 << 20
 	c.Zinf.Checksums = true
-	c.Zinf.PipelineDepth = 2
+	c.Zinf.PipelineDepth = benchInt("ZINF_BENCH_DEPTH", 2)
 	c.AIO.QueueDepth = 32
-	c.ZeroOptimization.SubGroupSize = 1 << 20
+	c.ZeroOptimization.SubGroupSize = int64(benchInt("ZINF_BENCH_SUBGROUP", 1<<20))
 	if err := c.Validate(); err != nil {
 		b.Fatal(err)
 	}
@@ -94,8 +94,9 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
 		// Interleaved rounds: zinf io write, zinf io read, then training
 		// whose optimizer steps are timed; medians over rounds.
-		for round := 0; round < rounds; round++ {
-			var rbw, wbw float64
+		// zinf io on the same path measures the device's read and write
+		// bandwidth; returns the medians of 3 loops each.
+		measureIO := func() (rbw, wbw float64) {
 			for _, op := range []string{"write", "read"} {
 				r, err := iobench.Run(context.Background(), iobench.Options{Dir: dir, SizeBytes: 256 << 20, Op: op, Loops: 3, Warmup: 1, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
 				if err != nil {
@@ -108,10 +109,20 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 				}
 			}
 			os.Remove(dir + "/bench-io.dat")
-			res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: 4, Logger: quiet})
+			return rbw, wbw
+		}
+		// Rounds of: zinf io, training (its optimizer steps timed), zinf
+		// io again; the prediction uses the mean of the bandwidths measured
+		// just before and just after, since this virtual disk changes speed
+		// from second to second. Medians over rounds.
+		for round := 0; round < rounds; round++ {
+			r1, w1 := measureIO()
+			res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: 4, Logger: quiet, SerialStep: true})
 			if err != nil {
 				b.Fatal(err)
 			}
+			r2, w2 := measureIO()
+			rbw, wbw := (r1+r2)/2, (w1+w2)/2
 			ms := median(res.OptimizerMs[1:])
 			pred := (float64(res.OptimizerRead)/rbw + float64(res.OptimizerWritten)/wbw) / 1e6
 			readBW, writeBW, optMs, predMs = append(readBW, rbw), append(writeBW, wbw), append(optMs, ms), append(predMs, pred)
