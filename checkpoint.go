@@ -313,7 +313,7 @@ func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 				return err
 			}
 			cur = make([]byte, size)
-			encodeDType(dt, cur, v)
+			swapper.Encode(dt, cur, v)
 		}
 		copy(dst, cur[off:])
 		if off+int64(len(dst)) == size {
@@ -324,33 +324,34 @@ func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 }
 
 // storedStates returns the three optimizer tensors of name (a partition
-// of n elements) as ranges of the optimizer's sub-group records in its
-// store, laid out as the optimizer documents them (optimizer.Options:
-// sub-group j of tensor w is "<Prefix>/w#j", of at most SubGroupSize
-// elements, each record master | exp_avg | exp_avg_sq in fp32), so that
-// they stream from the store like the parameters and SaveAsync pins them
-// instead of copying. ok is false when the states are in memory or the
-// records are not as expected (then ReadState serves them).
+// of n elements) as ranges of the optimizer's sub-group records in its store
+// (optimizer.StateRecords: each record is master | exp_avg | exp_avg_sq in
+// fp32), so that they stream from the store like the parameters and
+// SaveAsync pins them instead of copying. ok is false when the states are in
+// memory or the records are not as expected (then ReadState serves them).
 func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 	st := rt.OptimStore
 	if st == nil {
 		return nil, false
 	}
-	o := rt.Optimizer.Options()
-	sgs := o.SubGroupSize
-	if sgs <= 0 {
+	recs, ok := rt.Optimizer.StateRecords(name)
+	if !ok {
 		return nil, false
 	}
 	var ranges [3][]checkpoint.StoreRange
-	for j, off := 0, 0; off < n; j, off = j+1, off+sgs {
-		m := int64(min(sgs, n-off))
-		key := fmt.Sprintf("%s/%s#%d", o.Prefix, name, j)
-		if l, ok := st.Len(key); !ok || l != 12*m {
+	total := 0
+	for _, r := range recs {
+		m := int64(r.Elems)
+		if l, ok := st.Len(r.Key); !ok || l != 12*m {
 			return nil, false
 		}
 		for k := range ranges {
-			ranges[k] = append(ranges[k], checkpoint.StoreRange{Name: key, Off: int64(k) * 4 * m, Len: 4 * m})
+			ranges[k] = append(ranges[k], checkpoint.StoreRange{Name: r.Key, Off: int64(k) * 4 * m, Len: 4 * m})
 		}
+		total += r.Elems
+	}
+	if total != n {
+		return nil, false
 	}
 	out := make([]checkpoint.Tensor, 3)
 	for k, suffix := range optimizerSuffixes {
@@ -384,30 +385,6 @@ func (s *stateSource) read(ctx context.Context, k int, dst []byte, off int64) er
 		s.have[k] = nil // read to its end: the Go heap gets it back
 	}
 	return nil
-}
-
-// encodeDType converts src to dt's little-endian bytes in dst.
-func encodeDType(dt swapper.DType, dst []byte, src []float32) {
-	switch dt {
-	case swapper.BFloat16:
-		buffers.Float32ToBFloat16(buffers.BFloat16Bytes(dst), src)
-	case swapper.Float16:
-		buffers.Float32ToFloat16(buffers.Float16Bytes(dst), src)
-	default:
-		copy(buffers.Float32Bytes(dst), src)
-	}
-}
-
-// decodeDType converts len(dst) elements of dt in src to fp32.
-func decodeDType(dt swapper.DType, dst []float32, src []byte) {
-	switch dt {
-	case swapper.BFloat16:
-		buffers.BFloat16ToFloat32(dst, buffers.BFloat16Bytes(src))
-	case swapper.Float16:
-		buffers.Float16ToFloat32(dst, buffers.Float16Bytes(src))
-	default:
-		copy(dst, buffers.Float32Bytes(src))
-	}
 }
 
 // savedRank is one rank of a checkpoint being loaded.
@@ -535,7 +512,7 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 			if err := s.r.ReadTensor(ctx, n, scratch[:need]); err != nil {
 				return CheckpointMeta{}, err
 			}
-			decodeDType(dt, full[p[0]:p[1]], scratch[:need])
+			swapper.Decode(dt, full[p[0]:p[1]], scratch[:need])
 		}
 		for _, rt := range rts {
 			lo, hi := rt.Partition(n)

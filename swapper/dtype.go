@@ -1,6 +1,10 @@
 package swapper
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/zinfio/zinf/buffers"
+)
 
 // DType is the element type of a tensor in memory and on disk.
 type DType uint8
@@ -78,4 +82,29 @@ func (t Tier) String() string {
 		return "gpu"
 	}
 	return "nvme"
+}
+
+// Encode converts src (fp32) into dst as len(src) little-endian elements of
+// d; dst must hold len(src)*d.Size() bytes.
+func Encode(d DType, dst []byte, src []float32) {
+	switch d {
+	case BFloat16:
+		buffers.Float32ToBFloat16(buffers.BFloat16Bytes(dst), src)
+	case Float16:
+		buffers.Float32ToFloat16(buffers.Float16Bytes(dst), src)
+	default:
+		copy(buffers.Float32Bytes(dst), src)
+	}
+}
+
+// Decode converts len(dst) little-endian elements of d in src to fp32.
+func Decode(d DType, dst []float32, src []byte) {
+	switch d {
+	case BFloat16:
+		buffers.BFloat16ToFloat32(dst, buffers.BFloat16Bytes(src))
+	case Float16:
+		buffers.Float16ToFloat32(dst, buffers.Float16Bytes(src))
+	default:
+		copy(dst, buffers.Float32Bytes(src))
+	}
 }

@@ -490,3 +490,29 @@ func (o *Optimizer) Close() error {
 	o.opts.Logger.Debug("optimizer: closed", slog.Int("tensors", len(o.tensors)), slog.Int("steps", o.step))
 	return nil
 }
+
+// StateRecord is one sub-group's committed record in the optimizer's store:
+// Elems fp32 master values, then Elems of exp_avg, then Elems of
+// exp_avg_sq, under store key Key.
+type StateRecord struct {
+	Key   string
+	Elems int
+}
+
+// StateRecords lists the records holding name's committed states, in
+// element order, for readers that stream them straight from the store
+// (checkpoints pin and read them without going through ReadState). ok is
+// false when the states are kept in pinned memory or name is unknown.
+func (o *Optimizer) StateRecords(name string) (recs []StateRecord, ok bool) {
+	if o.opts.Store == nil {
+		return nil, false
+	}
+	t, found := o.lookup(name)
+	if !found {
+		return nil, false
+	}
+	for _, sg := range t.sgs {
+		recs = append(recs, StateRecord{Key: sg.key, Elems: sg.n})
+	}
+	return recs, true
+}
