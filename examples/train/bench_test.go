@@ -85,20 +85,30 @@ func BenchmarkOverlap(b *testing.B) {
 // Metric "x-io-predicted" is achieved/predicted (medians).
 func BenchmarkOptimizerVsIO(b *testing.B) {
 	width := benchInt("ZINF_BENCH_WIDTH", 1024)
-	rounds := benchInt("ZINF_BENCH_ROUNDS", 3)
+	rounds := benchInt("ZINF_BENCH_ROUNDS", 9)
 	spec := Spec{Layers: 8, Width: width, Batch: 1, Seed: 1}
+	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		dir := benchDir(b)
 		cfg := benchConfig(b, dir)
 		eo := zinf.EngineOptions(cfg, quiet, nil)
-		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
-		// Interleaved rounds: zinf io write, zinf io read, then training
-		// whose optimizer steps are timed; medians over rounds.
-		// zinf io on the same path measures the device's read and write
-		// bandwidth; returns the medians of 3 loops each.
+		rt, err := zinf.Open(cfg, zinf.Options{Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pl, err := plan(cfg, spec, 1, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		be, err := newZinfBackend(ctx, spec, []*zinf.Runtime{rt}, pl, pl.PrefetchDepth)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// zinf io on the same path: read and write bandwidth of a 128 MiB
+		// file, 2 loops each (medians).
 		measureIO := func() (rbw, wbw float64) {
 			for _, op := range []string{"write", "read"} {
-				r, err := iobench.Run(context.Background(), iobench.Options{Dir: dir, SizeBytes: 256 << 20, Op: op, Loops: 3, Warmup: 1, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
+				r, err := iobench.Run(ctx, iobench.Options{Dir: dir, SizeBytes: 128 << 20, Op: op, Loops: 2, Warmup: 0, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -108,29 +118,34 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 					wbw = r.GBpsMedian
 				}
 			}
-			os.Remove(dir + "/bench-io.dat")
 			return rbw, wbw
 		}
-		// Rounds of: zinf io, training (its optimizer steps timed), zinf
-		// io again; the prediction uses the mean of the bandwidths measured
-		// just before and just after, since this virtual disk changes speed
-		// from second to second. Medians over rounds.
-		for round := 0; round < rounds; round++ {
+		// This virtual disk changes speed from second to second, so each
+		// round pairs one training step (its optimizer step run after
+		// backward, timed alone) with zinf io just before and just after;
+		// the prediction uses the mean of the two. Medians over rounds.
+		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
+		for round := 0; round < rounds+1; round++ {
 			r1, w1 := measureIO()
-			res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: 4, Logger: quiet, SerialStep: true})
-			if err != nil {
+			if err := runLoop(ctx, spec, be, loopOptions{Steps: 1, Micro: 1, World: 1, Start: round}); err != nil {
 				b.Fatal(err)
 			}
 			r2, w2 := measureIO()
+			if round == 0 {
+				continue // the first step also writes every record for the first time
+			}
+			st := be.optSteps[len(be.optSteps)-1]
 			rbw, wbw := (r1+r2)/2, (w1+w2)/2
-			ms := median(res.OptimizerMs[1:])
-			pred := (float64(res.OptimizerRead)/rbw + float64(res.OptimizerWritten)/wbw) / 1e6
+			ms := float64(st.d) / 1e6
+			pred := (float64(st.read)/rbw + float64(st.written)/wbw) / 1e6
 			readBW, writeBW, optMs, predMs = append(readBW, rbw), append(writeBW, wbw), append(optMs, ms), append(predMs, pred)
-			optGBps = append(optGBps, float64(res.OptimizerRead+res.OptimizerWritten)/ms/1e6)
+			optGBps = append(optGBps, float64(st.read+st.written)/ms/1e6)
 			ratio = append(ratio, pred/ms)
 			b.Logf("round %d: io read %.3f GB/s, write %.3f GB/s; optimizer %.1f ms for %d+%d bytes (%.3f GB/s), predicted %.1f ms: %.3f",
-				round+1, rbw, wbw, ms, res.OptimizerRead, res.OptimizerWritten, optGBps[len(optGBps)-1], pred, pred/ms)
+				round, rbw, wbw, ms, st.read, st.written, optGBps[len(optGBps)-1], pred, pred/ms)
 		}
+		os.Remove(dir + "/bench-io.dat")
+		rt.Close()
 		b.ReportMetric(median(readBW), "io-read-GB/s")
 		b.ReportMetric(median(writeBW), "io-write-GB/s")
 		b.ReportMetric(median(optGBps), "optimizer-GB/s")
