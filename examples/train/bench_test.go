@@ -34,7 +34,7 @@ func benchConfig(b *testing.B, dir string) *config.Config {
 	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	c.ZeroOptimization.OffloadParam.BufferSize = 1
 	c.Zinf.Tiers.CPUPinnedBytes = 256 << 20
-	c.Zinf.Checksums = true
+	c.Zinf.Checksums = os.Getenv("ZINF_BENCH_CHECKSUMS") != "0"
 	c.Zinf.PipelineDepth = benchInt("ZINF_BENCH_DEPTH", 2)
 	c.AIO.QueueDepth = 32
 	c.ZeroOptimization.SubGroupSize = int64(benchInt("ZINF_BENCH_SUBGROUP", 1<<20))
