@@ -16,6 +16,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
 )
 
@@ -79,17 +80,30 @@ type CheckpointMeta struct {
 // config (as JSON) in the checkpoint's.
 //
 // The tensors are read when the state is saved, not here: call it and
-// save between optimizer steps, and do not step or close the runtimes
-// until checkpoint.Save returns (or SaveAsync has returned: it takes its
-// snapshot before). What lives in the swap stores (parameters on NVMe,
-// and the optimizer's sub-group records when offload_optimizer is nvme) is
-// streamed from the stores through pinned memory, never the Go heap, and
-// checkpoint.Saver pins those versions instead of copying them, so an
-// asynchronous save holds training only for what lives in memory. That is
-// copied: CPU- and GPU-tier parameters (read with ReadFloat32, one
-// partition in the Go heap at a time) and in-memory optimizer states
-// (Optimizer.ReadState, one parameter's three partitions in the Go heap per
-// file being written; fine for the simulated models).
+// save between optimizer steps, and do not step the runtimes until
+// checkpoint.Save returns (or SaveAsync has returned: it takes its
+// snapshot before); close them only once the save has finished
+// (Handle.Wait). Nothing is pinned until the state is saved, so a State
+// may be built and dropped freely. Every tensor streams through pinned
+// memory, never the Go heap, and checkpoint.Saver pins them all instead of
+// copying them, so an asynchronous save holds training for next to
+// nothing:
+//
+//   - what lives in the swap stores (parameters on NVMe, and the
+//     optimizer's sub-group records when offload_optimizer is nvme):
+//     the stores' copy-on-write versions are pinned (swapper.Store.Pin);
+//   - CPU-tier parameters and optimizer states kept in pinned memory
+//     (offload_optimizer cpu) are checkpoint.FromPinned tensors over
+//     copy-on-write snapshots (param.Swapper.Snapshot,
+//     optimizer.Optimizer.SnapshotStates): their buffers are held, and
+//     training's later commits and steps build new values in other
+//     buffers. While a save holds them they cost pinned memory from the
+//     runtime's pool twice over for what training has replaced meanwhile:
+//     a step that needs a fresh record while the pool is full waits for
+//     the save to drain (give zinf.tiers.cpu_pinned_bytes headroom of
+//     12 bytes per optimizer element to never wait);
+//   - GPU-tier parameters are copied to pinned host buffers when the save
+//     pins them (they are small in the simulated models).
 func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, error) {
 	names, numel, err := checkRanks(rts)
 	if err != nil {
@@ -145,9 +159,11 @@ func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta Checkp
 }
 
 // SaveCheckpointAsync is SaveCheckpoint through s: it returns once s has
-// taken a consistent snapshot of every rank (into its pinned memory, see
+// taken a consistent snapshot of every rank (pinning store versions and
+// copy-on-write buffers rather than copying, see CheckpointState and
 // checkpoint.Saver), so training may step again at once; the snapshot
 // drains to disk in the background and Handle.Wait reports the commit.
+// Close the runtimes only after Handle.Wait.
 func SaveCheckpointAsync(ctx context.Context, s *checkpoint.Saver, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Handle, error) {
 	st, err := CheckpointState(rts, meta)
 	if err != nil {
@@ -275,6 +291,10 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 			optim.Tensors = append(optim.Tensors, ts...)
 			continue
 		}
+		if rt.OptimStore == nil {
+			optim.Tensors = append(optim.Tensors, pinnedStates(rt, name, n)...)
+			continue
+		}
 		src := &stateSource{rt: rt, name: name}
 		for k, suffix := range optimizerSuffixes {
 			k := k
@@ -292,8 +312,10 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 
 // paramTensor is a rank's partition of name (n elements) in the param
 // dtype: straight from the param store when it lives on NVMe (the store
-// holds the committed version, in the dtype), else read through the
-// swapper and encoded, one partition in the Go heap while it is saved.
+// holds the committed version, in the dtype), else from the swapper's
+// copy-on-write snapshot of it (param.Swapper.Snapshot: a CPU-tier
+// partition's pinned buffer is held, not copied; a GPU-tier one is copied
+// to the host when the save pins it).
 func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 	dt := rt.DType
 	size := int64(n * dt.Size())
@@ -305,22 +327,35 @@ func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 			return t
 		}
 	}
-	var cur []byte
-	return checkpoint.FromFunc(name, dt, []int64{int64(n)}, size, func(ctx context.Context, dst []byte, off int64) error {
-		if off == 0 || cur == nil {
-			v := make([]float32, n)
-			if err := rt.Params.ReadFloat32(ctx, name, v); err != nil {
-				return err
-			}
-			cur = make([]byte, size)
-			swapper.Encode(dt, cur, v)
+	return checkpoint.FromPinned(name, dt, []int64{int64(n)}, size, func(ctx context.Context) ([][]byte, func(), error) {
+		snap, err := rt.Params.Snapshot(ctx, name)
+		if err != nil {
+			return nil, nil, err
 		}
-		copy(dst, cur[off:])
-		if off+int64(len(dst)) == size {
-			cur = nil
-		}
-		return nil
+		b, _ := snap.Bytes(name)
+		return [][]byte{b}, snap.Release, nil
 	})
+}
+
+// pinnedStates returns the three optimizer tensors of name (a partition of
+// n elements) when the states are kept in pinned memory, sourced from the
+// optimizer's copy-on-write snapshots (Optimizer.SnapshotStates: the
+// sub-groups' records are held, not copied, and later steps build new
+// records elsewhere), so SaveAsync pins them instead of copying.
+func pinnedStates(rt *Runtime, name string, n int) []checkpoint.Tensor {
+	out := make([]checkpoint.Tensor, 3)
+	for k, suffix := range optimizerSuffixes {
+		kind := optimizer.StateKind(k)
+		out[k] = checkpoint.FromPinned(name+suffix, swapper.Float32, []int64{int64(n)}, 4*int64(n), func(context.Context) ([][]byte, func(), error) {
+			snap, err := rt.Optimizer.SnapshotStates(name)
+			if err != nil {
+				return nil, nil, err
+			}
+			segs, _ := snap.Segments(name, kind)
+			return segs, snap.Release, nil
+		})
+	}
+	return out
 }
 
 // storedStates returns the three optimizer tensors of name (a partition
@@ -328,7 +363,8 @@ func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 // (optimizer.StateRecords: each record is master | exp_avg | exp_avg_sq in
 // fp32), so that they stream from the store like the parameters and
 // SaveAsync pins them instead of copying. ok is false when the states are in
-// memory or the records are not as expected (then ReadState serves them).
+// memory (pinnedStates serves them) or the records are not as expected
+// (then ReadState does).
 func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 	st := rt.OptimStore
 	if st == nil {
@@ -361,7 +397,8 @@ func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 }
 
 // stateSource serves a parameter's three optimizer partitions from one
-// ReadState, dropping each once it has been read to its end.
+// ReadState, dropping each once it has been read to its end: the fallback
+// for store records not laid out as storedStates expects.
 type stateSource struct {
 	rt   *Runtime
 	name string

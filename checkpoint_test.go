@@ -8,10 +8,16 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper"
@@ -19,13 +25,16 @@ import (
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// ckptParams are the test model: odd sizes, so partitions are uneven, on
-// both param tiers.
-var ckptParams = []struct {
+// ckptParam is one parameter of a test model.
+type ckptParam struct {
 	name  string
 	numel int
 	tier  swapper.Tier
-}{
+}
+
+// ckptParams are the test model: odd sizes, so partitions are uneven, on
+// both param tiers.
+var ckptParams = []ckptParam{
 	{"embed", 1001, swapper.TierNVMe},
 	{"block.0.w", 640, swapper.TierCPU},
 	{"block.0.b", 13, swapper.TierNVMe},
@@ -34,6 +43,12 @@ var ckptParams = []struct {
 // openRanks opens world runtimes with their own swap directories and
 // registers ckptParams with values from seed.
 func openRanks(t *testing.T, world int, dt swapper.DType, seed uint64, mutate ...func(*config.Config)) []*Runtime {
+	t.Helper()
+	return openRanksOf(t, ckptParams, world, dt, seed, mutate...)
+}
+
+// openRanksOf is openRanks with the model params.
+func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, seed uint64, mutate ...func(*config.Config)) []*Runtime {
 	t.Helper()
 	cfg := config.Default()
 	cfg.SetScratchDir(t.TempDir())
@@ -57,7 +72,7 @@ func openRanks(t *testing.T, world int, dt swapper.DType, seed uint64, mutate ..
 		rts = append(rts, rt)
 	}
 	rng := rand.New(rand.NewPCG(seed, 1))
-	for _, p := range ckptParams {
+	for _, p := range params {
 		master := make([]float32, p.numel)
 		for i := range master {
 			master[i] = rng.Float32()*2 - 1
@@ -80,9 +95,15 @@ type fullState struct {
 
 func gatherState(t *testing.T, rts []*Runtime) fullState {
 	t.Helper()
+	return gatherStateOf(t, rts, ckptParams)
+}
+
+// gatherStateOf is gatherState of the model params.
+func gatherStateOf(t *testing.T, rts []*Runtime, params []ckptParam) fullState {
+	t.Helper()
 	ctx := context.Background()
 	out := fullState{step: rts[0].Optimizer.StepCount(), t: map[string][]float32{}}
-	for _, p := range ckptParams {
+	for _, p := range params {
 		vals := make([][]float32, 4)
 		for k := range vals {
 			vals[k] = make([]float32, p.numel)
@@ -353,4 +374,298 @@ func TestCheckpointStateSavedTwice(t *testing.T) {
 			t.Fatalf("save %s: %s", name, d)
 		}
 	}
+}
+
+// pinnedParams is a model whose state is all in memory (with
+// optimizerInMemory): CPU-tier parameters and a small GPU-tier one.
+var pinnedParams = []ckptParam{
+	{"embed", 1001, swapper.TierCPU},
+	{"block.0.w", 640, swapper.TierCPU},
+	{"block.0.b", 13, swapper.TierGPU},
+}
+
+// trainSteps runs n training steps on every rank, with gradients from
+// seed (each rank its own: a data-parallel job before the all-reduce).
+func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n int) {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 3))
+	for range n {
+		for _, rt := range rts {
+			for _, p := range params {
+				lo, hi := rt.Partition(p.name)
+				g := make([]float32, hi-lo)
+				for i := range g {
+					g[i] = rng.Float32() - 0.5
+				}
+				if err := rt.Grads.Accumulate(ctx, p.name, g); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := rt.Step(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// outstanding is each rank's pool buffers outstanding.
+func outstanding(rts []*Runtime) []int64 {
+	out := make([]int64, len(rts))
+	for i, rt := range rts {
+		out[i] = rt.Pool.Stats().Outstanding
+	}
+	return out
+}
+
+// TestSaveCheckpointAsyncPinnedMemory: with every state in pinned memory
+// (CPU-tier params, optimizer states in memory), SaveCheckpointAsync pins
+// the copy-on-write buffers instead of copying them; training steps while
+// the save drains (its writes held back until then), and the checkpoint
+// holds, bit for bit, the state at the SaveCheckpointAsync call. The
+// snapshots' buffers go back to the runtimes' pools when the save is done,
+// and the runtimes close clean.
+func TestSaveCheckpointAsyncPinnedMemory(t *testing.T) {
+	ctx := context.Background()
+	rts := openRanksOf(t, pinnedParams, 2, swapper.BFloat16, 1, optimizerInMemory)
+	trainSteps(t, rts, pinnedParams, 7, 2)
+	base := outstanding(rts)
+	want := gatherStateOf(t, rts, pinnedParams)
+	gate := &writeGate{open: make(chan struct{})}
+	defer gate.release()
+	eng, err := aio.New(aio.Options{Direct: aio.DirectOptional, Faults: gate, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	s := checkpoint.NewSaver(checkpoint.SaverOptions{Logger: quietLog})
+	defer s.Close()
+	dir := filepath.Join(t.TempDir(), "step-000002")
+	// Small staging buffers, one per file: the drain stops at its first
+	// write, so most pinned bytes are read only after training moved on.
+	h, err := SaveCheckpointAsync(ctx, s, dir, rts, CheckpointMeta{Step: 2},
+		checkpoint.SaveOptions{Logger: quietLog, Engine: eng, StagingBytes: 4096, StagingBuffers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Training goes on while the save drains: three steps, so every
+	// optimizer record held by the save would have been written again.
+	trainSteps(t, rts, pinnedParams, 8, 3)
+	after := gatherStateOf(t, rts, pinnedParams)
+	for name, v := range after.t {
+		if want.diff(fullState{step: want.step, t: map[string][]float32{name: v}}) == "" {
+			t.Fatalf("test broken: training did not change %s", name)
+		}
+	}
+	select {
+	case <-h.Done():
+		t.Fatal("test broken: the save finished with its writes held")
+	default:
+	}
+	gate.release()
+	if _, err := h.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := outstanding(rts); !slices.Equal(got, base) {
+		t.Fatalf("pool buffers outstanding after the save %v, before it %v", got, base)
+	}
+	dst := openRanksOf(t, pinnedParams, 3, swapper.BFloat16, 2, optimizerInMemory)
+	if _, err := LoadCheckpoint(ctx, dir, dst); err != nil {
+		t.Fatal(err)
+	}
+	if d := want.diff(gatherStateOf(t, dst, pinnedParams)); d != "" {
+		t.Fatalf("the async checkpoint does not hold the state at SaveCheckpointAsync: %s", d)
+	}
+	// Resuming from it and training on matches the source trained on from
+	// the same point (same world size, same gradients).
+	again := openRanksOf(t, pinnedParams, 2, swapper.BFloat16, 3, optimizerInMemory)
+	if _, err := LoadCheckpoint(ctx, dir, again); err != nil {
+		t.Fatal(err)
+	}
+	trainSteps(t, again, pinnedParams, 8, 3)
+	if d := after.diff(gatherStateOf(t, again, pinnedParams)); d != "" {
+		t.Fatalf("resumed training differs from the original: %s", d)
+	}
+	for _, rt := range rts {
+		if err := rt.Close(); err != nil {
+			t.Fatalf("closing a rank after the save: %v", err)
+		}
+	}
+}
+
+// writeGate holds every write of an engine until released.
+type writeGate struct {
+	once sync.Once
+	open chan struct{}
+}
+
+func (g *writeGate) Before(p aio.PieceInfo) aio.Fault {
+	if p.Op == aio.OpWrite {
+		<-g.open
+	}
+	return aio.Fault{}
+}
+
+func (g *writeGate) release() { g.once.Do(func() { close(g.open) }) }
+
+// BenchmarkAsyncStallPinned measures how long SaveCheckpointAsync holds the
+// training loop when all of a runtime's state is in pinned memory
+// (CPU-tier bf16 parameters, optimizer states in memory), against the time
+// SaveCheckpoint takes, in interleaved rounds on one directory (default
+// /var/tmp, ZINF_BENCH_DIR), alternating which goes first. The checkpoint is
+// about ZINF_BENCH_BYTES bytes (default 2 GiB; 14 bytes per parameter
+// element: bf16 param + fp32 master, exp_avg, exp_avg_sq), the rounds
+// ZINF_BENCH_ROUNDS (default 3). A third variant, copy-async, saves the
+// same tensors as plain FromFunc sources, which SaveAsync copies into its
+// snapshot (what it did before the pinned-memory states were
+// copy-on-write). Run it with -benchtime=1x; medians are reported as
+// metrics (seconds) and logged per round.
+func BenchmarkAsyncStallPinned(b *testing.B) {
+	if testing.Short() {
+		b.Skip("allocates gigabytes and writes them to disk; skipped under -short")
+	}
+	total := envInt64(b, "ZINF_BENCH_BYTES", 2<<30)
+	rounds := int(envInt64(b, "ZINF_BENCH_ROUNDS", 3))
+	base := os.Getenv("ZINF_BENCH_DIR")
+	if base == "" {
+		base = "/var/tmp"
+	}
+	root, err := os.MkdirTemp(base, "zinf-bench-stall-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	ctx := context.Background()
+
+	const perTensor = 32 << 20 // elements
+	elems := total / 14
+	cfg := config.Default()
+	cfg.SetScratchDir(root)
+	cfg.BF16 = true
+	cfg.ZeroOptimization.OffloadParam.Device = config.OffloadCPU
+	cfg.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU
+	cfg.ZeroOptimization.SubGroupSize = 8 << 20
+	// Params (2 bytes, twice while a step stages them), both optimizer
+	// record copies (24), gradients (4) and a step's gradient and master
+	// buffers, plus slack.
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(elems*36 + 1<<30)
+	rt, err := Open(cfg, Options{Logger: quietLog})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close()
+	var n int64
+	for i := 0; n < elems; i++ {
+		m := min(perTensor, elems-n)
+		master := make([]float32, m)
+		for j := range master {
+			master[j] = float32(j%1000)/1000 - 0.5
+		}
+		if err := rt.RegisterParam(ctx, fmt.Sprintf("layer%02d.w", i), swapper.TierCPU, master); err != nil {
+			b.Fatal(err)
+		}
+		n += m
+	}
+	rts := []*Runtime{rt}
+	meta := CheckpointMeta{Step: 1}
+	opts := checkpoint.SaveOptions{Logger: quietLog}
+	s := checkpoint.NewSaver(checkpoint.SaverOptions{Logger: quietLog})
+	defer s.Close()
+	seq := 0
+	dirOf := func() string { seq++; return filepath.Join(root, fmt.Sprintf("ckpt-%03d", seq)) }
+	saveSync := func() float64 {
+		dir := dirOf()
+		t0 := time.Now()
+		if _, err := SaveCheckpoint(ctx, dir, rts, meta, opts); err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(t0).Seconds()
+		os.RemoveAll(dir)
+		return d
+	}
+	// saveAsync returns how long the caller was held; copy makes every
+	// tensor a FromFunc over the same source, which SaveAsync copies.
+	saveAsync := func(copy bool) float64 {
+		dir := dirOf()
+		t0 := time.Now()
+		var h *checkpoint.Handle
+		var err error
+		if copy {
+			var st checkpoint.State
+			if st, err = CheckpointState(rts, meta); err == nil {
+				for _, r := range st.Ranks {
+					for _, f := range r.Files {
+						for i, t := range f.Tensors {
+							f.Tensors[i] = checkpoint.FromFunc(t.Name, t.DType, t.Shape, t.Bytes, t.Read)
+						}
+					}
+				}
+				h, err = s.SaveAsync(ctx, dir, st, opts)
+			}
+		} else {
+			h, err = SaveCheckpointAsync(ctx, s, dir, rts, meta, opts)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		stall := time.Since(t0).Seconds()
+		if _, err := h.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		os.RemoveAll(dir)
+		return stall
+	}
+	// Warm-up, untimed: the Saver maps its snapshot pool, every page of the
+	// runtime's state is touched.
+	saveAsync(false)
+	saveSync()
+	b.Logf("state: %d elements in %d tensors; checkpoint %.2f GiB; dir %s", elems, (elems+perTensor-1)/perTensor, float64(elems*14)/(1<<30), base)
+
+	var syncs, stalls, copies []float64
+	for b.Loop() {
+		for r := range rounds {
+			var sy, st, cp float64
+			if r%2 == 0 {
+				sy, st, cp = saveSync(), saveAsync(false), saveAsync(true)
+			} else {
+				cp, st, sy = saveAsync(true), saveAsync(false), saveSync()
+			}
+			syncs, stalls, copies = append(syncs, sy), append(stalls, st), append(copies, cp)
+			b.Logf("round %d: SaveCheckpoint %.3f s; SaveCheckpointAsync held %.6f s (%.3f%%); copying SaveAsync held %.3f s (%.1f%%)",
+				r+1, sy, st, 100*st/sy, cp, 100*cp/sy)
+		}
+	}
+	sy, st, cp := median(syncs), median(stalls), median(copies)
+	b.Logf("medians of %d rounds: SaveCheckpoint %.3f s; SaveCheckpointAsync held %.6f s = %.3f%%; copying SaveAsync held %.3f s = %.1f%%",
+		len(syncs), sy, st, 100*st/sy, cp, 100*cp/sy)
+	b.ReportMetric(sy, "save-s")
+	b.ReportMetric(st, "stall-s")
+	b.ReportMetric(100*st/sy, "stall-%")
+	b.ReportMetric(cp, "copy-stall-s")
+	b.ReportMetric(100*cp/sy, "copy-stall-%")
+	b.ReportMetric(0, "ns/op") // one op is a whole set of rounds: not a useful figure
+}
+
+func envInt64(b *testing.B, key string, def int64) int64 {
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", key, v)
+	}
+	return n
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

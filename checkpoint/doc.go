@@ -36,8 +36,9 @@
 //
 // A Writer keeps its engine and pinned memory between saves. A Saver saves
 // asynchronously: SaveAsync copies the in-memory tensors into a pinned
-// snapshot, pins the versions of the swap-store tensors (copy-on-write:
-// nothing is copied), and returns; Handle.Wait reports the commit. At most
+// snapshot, pins the versions of the swap-store tensors and the bytes of
+// FromPinned tensors (copy-on-write: nothing is copied), and returns;
+// Handle.Wait reports the commit. At most
 // one asynchronous save is in flight; the next SaveAsync waits for it (see
 // Saver for the memory it holds).
 //

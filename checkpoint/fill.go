@@ -29,11 +29,19 @@ type filler struct {
 	// is a plain copy).
 	noCRC bool
 	// SaveAsync fills a file in two passes: while it holds the caller,
-	// everything but the FromStore tensors (skipStore), whose versions it
-	// pins instead; while it drains, only those (storeOnly), read from the
-	// pinned versions (pins). Both leave the other bytes as they are.
+	// everything but the FromStore and FromPinned tensors (skipStore),
+	// which it pins instead; while it drains, only those (storeOnly), read
+	// from the pinned store versions (pins) and pinned bytes (pinned). Both
+	// leave the other bytes as they are.
 	skipStore, storeOnly bool
 	pins                 map[*swapper.Store]*swapper.Pinned
+	pinned               map[*Tensor][][]byte
+
+	// Save's FromPinned tensor being read: pinned when its first byte is
+	// needed, released after its last (or by close).
+	pinT    *Tensor
+	pinSegs [][]byte
+	pinRel  func()
 }
 
 func newFiller(f *plannedFile, bounce *buffers.Pool) *filler {
@@ -67,7 +75,7 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 		off := fl.pos - pt.offset
 		n := min(int64(len(dst)), t.Bytes-off)
 		part := dst[:n]
-		if skip := t.store != nil && fl.skipStore || t.store == nil && fl.storeOnly; skip {
+		if deferred := t.deferred(); deferred && fl.skipStore || !deferred && fl.storeOnly {
 			fl.pos += n
 			dst = dst[n:]
 			if off+n == t.Bytes {
@@ -89,6 +97,9 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 			}
 			fl.crc = 0
 			fl.ti++
+			if fl.pinT == t {
+				fl.releasePin() // written out: the source may change again
+			}
 			// A loaded store tensor is kept: the next tensor may be
 			// another range of it (an optimizer record's next state).
 		}
@@ -98,6 +109,9 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 
 // read copies bytes [off, off+len(dst)) of t into dst.
 func (fl *filler) read(ctx context.Context, t *Tensor, dst []byte, off int64) error {
+	if t.pin != nil {
+		return fl.readPinned(ctx, t, dst, off)
+	}
 	if t.store == nil {
 		return t.Read(ctx, dst, off)
 	}
@@ -139,8 +153,38 @@ func (fl *filler) releaseCur() {
 	}
 }
 
+// readPinned copies bytes [off, off+len(dst)) of a FromPinned tensor:
+// from the bytes SaveAsync pinned, or (Save) from the tensor's source,
+// pinned now if it is not yet.
+func (fl *filler) readPinned(ctx context.Context, t *Tensor, dst []byte, off int64) error {
+	segs, ok := fl.pinned[t]
+	if !ok {
+		if fl.pinT != t {
+			fl.releasePin()
+			s, release, err := t.pinSegs(ctx)
+			if err != nil {
+				return err
+			}
+			fl.pinT, fl.pinSegs, fl.pinRel = t, s, release
+		}
+		segs = fl.pinSegs
+	}
+	copySegs(dst, segs, off)
+	return nil
+}
+
+func (fl *filler) releasePin() {
+	if fl.pinRel != nil {
+		fl.pinRel()
+	}
+	fl.pinT, fl.pinSegs, fl.pinRel = nil, nil, nil
+}
+
 // close releases what an interrupted fill still holds.
-func (fl *filler) close() { fl.releaseCur() }
+func (fl *filler) close() {
+	fl.releaseCur()
+	fl.releasePin()
+}
 
 // crcTracker computes a planned file's tensor checksums from its bytes,
 // fed in order (SaveAsync's drain, from the snapshot).
@@ -238,10 +282,44 @@ func unpin(pins map[*swapper.Store]*swapper.Pinned) {
 	}
 }
 
-// hasStore reports whether the file has a FromStore tensor.
-func (f *plannedFile) hasStore() bool {
+// pinTensors pins every non-empty FromPinned tensor of the plan (SaveAsync,
+// while it holds the caller) and returns their bytes and a function that
+// releases them all. On error nothing stays pinned.
+func pinTensors(ctx context.Context, p *plan) (map[*Tensor][][]byte, func(), error) {
+	out := map[*Tensor][][]byte{}
+	var rels []func()
+	releaseAll := func() {
+		for _, r := range rels {
+			r()
+		}
+	}
+	for _, pf := range p.files {
+		for _, pt := range pf.tensors {
+			t := pt.t
+			if t.pin == nil || t.Bytes == 0 {
+				continue
+			}
+			segs, release, err := t.pinSegs(ctx)
+			if err != nil {
+				releaseAll()
+				return nil, nil, &Error{Op: "save", Path: pf.relPath, Tensor: t.Name, Err: fmt.Errorf("pinning the source: %w", err)}
+			}
+			out[t] = segs
+			rels = append(rels, release)
+		}
+	}
+	return out, releaseAll, nil
+}
+
+// deferred reports whether SaveAsync pins the tensor instead of copying
+// it while it holds the caller (FromStore, FromStoreRanges, FromPinned).
+func (t *Tensor) deferred() bool { return t.store != nil || t.pin != nil }
+
+// hasDeferred reports whether the file has a non-empty tensor that
+// SaveAsync pins (see deferred).
+func (f *plannedFile) hasDeferred() bool {
 	for _, pt := range f.tensors {
-		if pt.t.store != nil && pt.t.Bytes > 0 {
+		if pt.t.deferred() && pt.t.Bytes > 0 {
 			return true
 		}
 	}

@@ -34,8 +34,8 @@ type SaverOptions struct {
 // snapshot of the state and returns; the snapshot drains to disk while
 // training continues.
 //
-// The snapshot is two things. Tensors in memory (FromBytes, FromFunc) are
-// copied, a plain memcpy, Parallel files at once; their checksums are
+// The snapshot is three things. Tensors in memory (FromBytes, FromFunc)
+// are copied, a plain memcpy, Parallel files at once; their checksums are
 // computed later, while the snapshot drains (CRC-32C is slower than the
 // copy), and the drain starts once the copy is done (see drain for why and
 // what it measured). Tensors in a
@@ -43,12 +43,15 @@ type SaverOptions struct {
 // pins their current versions (swapper.Store.Pin; the store is
 // copy-on-write, so training's later writes go to new extents) and the
 // drain reads them from there, so they cost SaveAsync next to nothing.
+// Tensors in copy-on-write memory (FromPinned) are not copied either:
+// SaveAsync calls their pin functions, the drain reads the bytes they hold
+// still and releases them when the save is done or has failed.
 //
 // Memory: the snapshot is the checkpoint's files laid out back to back
 // (each starting at a 4 KiB-aligned position) in StagingBytes chunks of
 // pinned memory from the Saver's own pool, so it costs the checkpoint's
-// total size rounded up to one chunk (pinned store tensors included: their
-// bytes land there when the drain reads them), plus, while draining, one
+// total size rounded up to one chunk (pinned store and FromPinned tensors
+// included: their bytes land there when the drain reads them), plus, while draining, one
 // pinned buffer per file written at once for the store tensor being read.
 // Each chunk is written straight from the snapshot with O_DIRECT (no
 // second copy) and returned to the pool once written, so the snapshot
@@ -168,8 +171,9 @@ type snapFile struct {
 // snapshot is written to the checkpoint dir in the background, exactly as
 // Save would write it (same layout, same commit, same KeepLast). When it
 // returns, the tensors' sources may change: the checkpoint holds the bytes
-// they had during SaveAsync. Store tensors' versions are pinned during
-// SaveAsync for the same reason (see Saver).
+// they had during SaveAsync. Store tensors' versions and FromPinned
+// tensors' bytes are pinned during SaveAsync for the same reason (see
+// Saver), and released when the save has finished (committed or failed).
 //
 // ctx governs the whole save, background included: cancelling it aborts
 // the save (nothing is committed). Errors found before the snapshot is
@@ -308,6 +312,15 @@ func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts Save
 	// store is copy-on-write, so training's later writes go elsewhere) and
 	// the drain reads them from there.
 	pins, err := pinStores(p)
+	var pinned map[*Tensor][][]byte
+	unpinTensors := func() {}
+	if err == nil {
+		// Likewise FromPinned tensors: their sources hold their bytes
+		// still until the drain has read them.
+		if pinned, unpinTensors, err = pinTensors(ctx, p); err != nil {
+			unpin(pins)
+		}
+	}
 	if err != nil {
 		releaseAll()
 		var ce *Error
@@ -322,8 +335,9 @@ func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts Save
 	drained := make(chan struct{})
 	h := &Handle{dir: dir, done: make(chan struct{}), bytes: need}
 	go func() {
-		derr := s.drain(drainCtx, eng, tx, sf, chunks, refs, chunk, snapDone, bounce, pins, opts)
+		derr := s.drain(drainCtx, eng, tx, sf, chunks, refs, chunk, snapDone, bounce, pins, pinned, opts)
 		unpin(pins)
+		unpinTensors()
 		if !<-snapOK {
 			close(drained) // start cleans up and returns the copy's error
 			return
@@ -351,7 +365,7 @@ func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts Save
 		g.Go(func() error {
 			fl := newFiller(f.pf, bounce)
 			fl.noCRC = true     // the drain computes them from the snapshot
-			fl.skipStore = true // pinned: the drain reads them
+			fl.skipStore = true // store and FromPinned tensors are pinned: the drain reads them
 			defer fl.close()
 			return forSegments(chunks, chunk, f.start, f.start+f.padded, func(seg []byte, lo int64) error {
 				if err := gctx.Err(); err != nil {
@@ -424,7 +438,7 @@ func forSegments(chunks []*buffers.Buffer, chunk, lo, hi int64, fn func(seg []by
 // the writes held back too, and the save was not slower to commit.
 func (s *Saver) drain(ctx context.Context, eng aio.Engine, tx *txn, sf []snapFile,
 	chunks []*buffers.Buffer, refs []atomic.Int32, chunk int64, snapDone <-chan struct{},
-	bounce *buffers.Pool, pins map[*swapper.Store]*swapper.Pinned, opts SaveOptions) error {
+	bounce *buffers.Pool, pins map[*swapper.Store]*swapper.Pinned, pinned map[*Tensor][][]byte, opts SaveOptions) error {
 	select {
 	case <-snapDone:
 	case <-ctx.Done():
@@ -452,12 +466,12 @@ func (s *Saver) drain(ctx context.Context, eng aio.Engine, tx *txn, sf []snapFil
 				return err
 			}
 			crc := crcTracker{f: f.pf}
-			// The pinned store tensors' bytes go into the snapshot here,
-			// just before their segment is written.
+			// The pinned store and FromPinned tensors' bytes go into the
+			// snapshot here, just before their segment is written.
 			var holes *filler
-			if f.pf.hasStore() {
+			if f.pf.hasDeferred() {
 				holes = newFiller(f.pf, bounce)
-				holes.noCRC, holes.storeOnly, holes.pins = true, true, pins
+				holes.noCRC, holes.storeOnly, holes.pins, holes.pinned = true, true, pins, pinned
 				defer holes.close()
 			}
 			k := 0

@@ -19,10 +19,12 @@ import (
 // source for its bytes. Tensors are named by the caller; the name is the key
 // in the safetensors file and the manifest, unique within a rank.
 //
-// The bytes come from Read, or, for a tensor made by FromStore, straight
-// from a swapper.Store. A Tensor never holds a copy of the data itself:
-// a synchronous Save streams it through the writer's staging buffers, an
-// asynchronous SaveAsync copies it once into its pinned snapshot.
+// The bytes come from Read; for a tensor made by FromStore, straight from
+// a swapper.Store; for one made by FromPinned, from memory its source
+// holds still. A Tensor never holds a copy of the data itself: a
+// synchronous Save streams it through the writer's staging buffers, an
+// asynchronous SaveAsync copies it once into its pinned snapshot (store
+// and pinned tensors: while it drains, from the versions it pinned).
 type Tensor struct {
 	Name  string
 	DType swapper.DType
@@ -45,7 +47,88 @@ type Tensor struct {
 	store     *swapper.Store
 	ranges    []StoreRange // the tensor's bytes, in order
 	storeLens []int64      // the length of each range's store tensor when the Tensor was made
-	err       error        // a construction error, reported by Save
+	// Set by FromPinned: the source's pin function.
+	pin PinFunc
+	err error // a construction error, reported by Save
+}
+
+// PinFunc holds a tensor's bytes still for a save and returns them: segs,
+// back to back, are the tensor's bytes (Tensor.Bytes in all), and they must
+// not change until release is called; after that they may change or go
+// away. It is called once per save of the tensor, with the save's context,
+// and may be called from any goroutine; release is called exactly once,
+// from any goroutine.
+type PinFunc func(ctx context.Context) (segs [][]byte, release func(), err error)
+
+// FromPinned returns a Tensor of size bytes whose source is memory that can
+// be held still without a copy: copy-on-write buffers such as the param
+// swapper's CPU-tier partitions (param.Swapper.Snapshot) or optimizer
+// states kept in pinned memory (optimizer.Optimizer.SnapshotStates), whose
+// owner writes new values to other buffers while a snapshot holds the old
+// ones.
+//
+// SaveAsync calls pin while it holds the caller (for the consistent
+// snapshot) and does not copy the bytes then: it reads them while it
+// drains and calls release when the save is done or has failed, so the
+// tensor costs it next to nothing, as a store tensor does. Save (and
+// Writer.Save) call pin when they reach the tensor and release once its
+// bytes are written out. A State holding FromPinned tensors pins nothing
+// until it is saved, so it may be built and dropped freely.
+//
+// The tensor's Read also works (ad-hoc use) but pins, copies and releases
+// on every call.
+func FromPinned(name string, dtype swapper.DType, shape []int64, size int64, pin PinFunc) Tensor {
+	t := Tensor{Name: name, DType: dtype, Shape: cloneShape(shape), Bytes: size, pin: pin}
+	if pin == nil {
+		t.err = errors.New("nil pin function")
+		return t
+	}
+	t.Read = func(ctx context.Context, dst []byte, off int64) error {
+		segs, release, err := t.pinSegs(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+		copySegs(dst, segs, off)
+		return nil
+	}
+	return t
+}
+
+// pinSegs pins a FromPinned tensor and checks what its source returned.
+func (t *Tensor) pinSegs(ctx context.Context) ([][]byte, func(), error) {
+	segs, release, err := t.pin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if release == nil {
+		release = func() {}
+	}
+	var n int64
+	for _, s := range segs {
+		n += int64(len(s))
+	}
+	if n != t.Bytes {
+		release()
+		return nil, nil, fmt.Errorf("the pinned source has %d bytes, the tensor %d", n, t.Bytes)
+	}
+	return segs, release, nil
+}
+
+// copySegs copies bytes [off, off+len(dst)) of segs, taken back to back,
+// into dst.
+func copySegs(dst []byte, segs [][]byte, off int64) {
+	for _, s := range segs {
+		if len(dst) == 0 {
+			return
+		}
+		if off >= int64(len(s)) {
+			off -= int64(len(s))
+			continue
+		}
+		c := copy(dst, s[off:])
+		dst, off = dst[c:], 0
+	}
 }
 
 // FromBytes returns a Tensor whose bytes are data (not copied: data must

@@ -71,7 +71,11 @@
 // step after the fault gives bit-for-bit the fault-free result. The price
 // is disk space: during a step the store holds old and new records. With
 // states in pinned memory (Store nil) the price is memory: every sub-group
-// keeps two copies (24 bytes per element).
+// keeps two copies (24 bytes per element). Those copies are copy-on-write
+// for SnapshotStates: a snapshot (for an asynchronous checkpoint) holds the
+// current records without copying them, and a later step that would
+// overwrite a held record builds its new one in a fresh pool buffer
+// instead, waiting for pool memory if there is none.
 //
 // # Arithmetic
 //

@@ -27,6 +27,11 @@ type Optimizer struct {
 	closed bool
 	txn    *StepTxn // the open step transaction, nil when none
 
+	// memMu guards the sub-groups' mem and held (states in pinned memory)
+	// against StateSnapshot.Release, which may run on any goroutine at any
+	// time.
+	memMu sync.Mutex
+
 	// mu guards the fields below, which readers see between operations.
 	mu      sync.Mutex
 	tensors []*tensor
@@ -53,6 +58,10 @@ type subGroup struct {
 	key    string
 	mem    [2]*buffers.Buffer // Store == nil: the current record and the one a step builds
 	cur    int
+	// held[k] counts the StateSnapshots holding mem[k] (guarded by
+	// Optimizer.memMu): a held record is never written again; a step or
+	// LoadState that would write it puts a fresh buffer in its place.
+	held [2]int
 }
 
 // recordBytes is the byte length of a sub-group's state record.
@@ -278,16 +287,13 @@ func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, 
 	st := o.opts.Store
 	if st == nil {
 		if replace {
-			for _, sg := range t.sgs {
-				fill(sg.mem[sg.cur].Float32(), sg)
-			}
-			return nil
+			return o.replaceInMemory(ctx, t, fill)
 		}
 		for _, sg := range t.sgs {
 			for k := range sg.mem {
 				b, ok := o.opts.Pool.TryAcquire(sg.recordBytes(), buffers.PurposeOptimizer)
 				if !ok {
-					releaseMem(t)
+					o.releaseMem(t)
 					return fmt.Errorf("%w: no %d bytes free for sub-group %d's states in pinned memory (states kept in memory take 24 bytes per element; free: %d bytes)",
 						ErrPoolTooSmall, sg.recordBytes(), sg.j, o.opts.Pool.Stats().FreeBytes)
 				}
@@ -336,13 +342,57 @@ func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, 
 	return nil
 }
 
-func releaseMem(t *tensor) {
+// replaceInMemory overwrites t's current records (states in pinned
+// memory) with fill. A record held by a StateSnapshot is not touched: a
+// fresh buffer replaces it, all of them acquired (waiting under ctx) before
+// anything changes, so a failure leaves t as it was.
+func (o *Optimizer) replaceInMemory(ctx context.Context, t *tensor, fill func([]float32, *subGroup)) error {
+	fresh := make([]*buffers.Buffer, len(t.sgs))
+	for i, sg := range t.sgs {
+		o.memMu.Lock()
+		held := sg.held[sg.cur] > 0
+		o.memMu.Unlock()
+		if !held {
+			continue
+		}
+		b, err := o.opts.Pool.Acquire(ctx, sg.recordBytes(), buffers.PurposeOptimizer)
+		if err != nil {
+			for _, b := range fresh {
+				if b != nil {
+					b.Release()
+				}
+			}
+			return err
+		}
+		fresh[i] = b
+	}
+	for i, sg := range t.sgs {
+		if fresh[i] == nil {
+			fill(sg.mem[sg.cur].Float32(), sg)
+			continue
+		}
+		fill(fresh[i].Float32(), sg)
+		o.memMu.Lock()
+		old := sg.mem[sg.cur]
+		sg.mem[sg.cur], sg.held[sg.cur] = fresh[i], 0
+		o.memMu.Unlock()
+		old.Release() // the sub-group's reference; the snapshots keep theirs
+	}
+	return nil
+}
+
+// releaseMem drops the sub-groups' references to their records (snapshots
+// keep theirs).
+func (o *Optimizer) releaseMem(t *tensor) {
+	o.memMu.Lock()
+	defer o.memMu.Unlock()
 	for _, sg := range t.sgs {
 		for k, b := range sg.mem {
 			if b != nil {
 				b.Release()
 				sg.mem[k] = nil
 			}
+			sg.held[k] = 0
 		}
 	}
 }
@@ -478,7 +528,7 @@ func (o *Optimizer) Close() error {
 	defer o.mu.Unlock()
 	for _, t := range o.tensors {
 		if o.opts.Store == nil {
-			releaseMem(t)
+			o.releaseMem(t)
 			continue
 		}
 		for _, sg := range t.sgs {

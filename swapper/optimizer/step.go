@@ -356,9 +356,12 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	} else {
 		// The step builds the other copy; the current one stays as it is
 		// until commit.
-		next := sg.mem[1-sg.cur].Float32()
-		copy(next, sg.mem[sg.cur].Float32())
-		it.state = next
+		next, err := o.nextRecord(r.ctx, sg)
+		if err != nil {
+			return it, r.wrap("read-ahead", sg, false, err)
+		}
+		copy(next.Float32(), sg.mem[sg.cur].Float32())
+		it.state = next.Float32()
 	}
 	if sg.j == 0 {
 		if err := o.opts.Grads.Read(r.ctx, t.name, tb.grad.Float32()[:t.n]); err != nil {
@@ -473,9 +476,11 @@ func (o *Optimizer) commit(r *stepRun) error {
 				return fail(err)
 			}
 		}
+		o.memMu.Lock()
 		for _, sg := range r.sgs {
 			sg.cur = 1 - sg.cur
 		}
+		o.memMu.Unlock()
 		return nil
 	}
 	pairs := make([][2]string, 0, 2*len(r.sgs))
@@ -518,4 +523,35 @@ func (o *Optimizer) abort(r *stepRun) {
 	if o.opts.Params != nil {
 		o.opts.Params.DiscardUpdates()
 	}
+}
+
+// nextRecord returns the buffer a step builds sg's new record in (states
+// in pinned memory): mem[1-cur], the record before the current one. When a
+// StateSnapshot still holds that one (a save taken two or more steps ago
+// is draining), it is left to the snapshot and a fresh buffer from the
+// pool takes its place, so snapshotted bytes never change. That buffer is
+// 12 bytes per element beyond the two copies Register reserved: when the
+// pool has none free the step waits for one (backpressure: typically
+// until the save has drained and released its snapshot) under ctx.
+func (o *Optimizer) nextRecord(ctx context.Context, sg *subGroup) (*buffers.Buffer, error) {
+	o.memMu.Lock()
+	k := 1 - sg.cur
+	b := sg.mem[k]
+	if b != nil && sg.held[k] == 0 {
+		o.memMu.Unlock()
+		return b, nil
+	}
+	sg.mem[k], sg.held[k] = nil, 0
+	o.memMu.Unlock()
+	if b != nil {
+		b.Release() // the sub-group's reference; the snapshots keep theirs
+	}
+	nb, err := o.opts.Pool.Acquire(ctx, sg.recordBytes(), buffers.PurposeOptimizer)
+	if err != nil {
+		return nil, err // mem[k] stays empty: the next step acquires it
+	}
+	o.memMu.Lock()
+	sg.mem[k] = nb
+	o.memMu.Unlock()
+	return nb, nil
 }

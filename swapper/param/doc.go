@@ -74,6 +74,17 @@
 // cache entries are never served again. DiscardUpdates throws the staged
 // updates away; the current values are untouched.
 //
+// # Snapshots
+//
+// Snapshot takes a consistent, read-only view of CPU- and GPU-tier
+// partitions for an asynchronous checkpoint. CPU-tier copies are
+// copy-on-write (a commit installs the staged buffer and never writes the
+// current one), so the snapshot only retains their current buffers: it
+// costs no copy, and the buffers a commit replaces stay allocated until
+// the snapshot is released. GPU-tier partitions are copied to host
+// buffers. NVMe partitions are not snapshotted here: their store pins its
+// own versions (swapper.Store.Pin).
+//
 // # Caveats
 //
 //   - The store key of a partition is its name prefixed by

@@ -29,6 +29,9 @@ var (
 	// ErrNotResident: ReadFloat32 of an NVMe partition that is neither
 	// resident, in flight nor cached: Prefetch or SwapIn it first.
 	ErrNotResident = errors.New("param: partition not swapped in")
+	// ErrNotInMemory: Snapshot of an NVMe-tier partition, which lives in
+	// the store (pin the store's version instead: swapper.Store.Pin).
+	ErrNotInMemory = errors.New("param: partition not kept in memory")
 )
 
 // State is where an NVMe partition is now. CPU and GPU tier partitions are

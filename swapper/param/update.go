@@ -116,10 +116,14 @@ func (s *Swapper) installLocked(t *tensor, st *staged) {
 		s.invalidateLocked(t)
 		return
 	}
+	// CPU and GPU copies are copy-on-write: the staged copy becomes the
+	// current one and the old one is never written again, so readers and
+	// snapshots (Snapshot) holding it keep the old values until they let
+	// go. Nothing may ever write t.cur in place.
 	old := t.cur
 	t.cur, st.blk = st.blk, nil
 	if old != nil {
-		old.release() // readers holding it finish with the old values
+		old.release()
 	}
 }
 
@@ -209,6 +213,8 @@ func (s *Swapper) StageUpdate(ctx context.Context, name string, values []float32
 // operation, CPU and GPU copies are swapped, and resident copies, swap-ins
 // in flight and CPU-cache entries of the updated tensors are invalidated
 // (resident ones are swapped in again), so later reads see the new values.
+// A replaced CPU or GPU copy is never written again: readers and snapshots
+// (Snapshot) holding it keep the old values until they release it.
 func (s *Swapper) CommitUpdates() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
