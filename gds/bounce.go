@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
-	"sync/atomic"
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/aio"
@@ -42,14 +40,9 @@ type Bounce struct {
 	slots chan *slot
 	all   []*slot
 
-	// life is held shared by every request and exclusively by Close.
-	life   sync.RWMutex
-	mu     sync.Mutex
-	closed bool
-	files  map[*File]struct{}
-
-	readOps, writeOps, readBytes, writeBytes atomic.Int64
-	pieces, errs                             atomic.Int64
+	lifecycle // mu also guards files
+	counters
+	files map[*File]struct{}
 }
 
 var _ DeviceIO = (*Bounce)(nil)
@@ -148,29 +141,6 @@ func (b *Bounce) releaseSlots() error {
 
 // Mode returns "bounce".
 func (b *Bounce) Mode() string { return NameBounce }
-
-// Stats returns cumulative counters (Pieces counts staged pieces).
-func (b *Bounce) Stats() aio.Stats {
-	return aio.Stats{
-		ReadOps: b.readOps.Load(), WriteOps: b.writeOps.Load(),
-		ReadBytes: b.readBytes.Load(), WriteBytes: b.writeBytes.Load(),
-		Pieces: b.pieces.Load(), Errors: b.errs.Load(),
-	}
-}
-
-func (b *Bounce) enter() error {
-	b.life.RLock()
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		b.life.RUnlock()
-		return aio.ErrClosed
-	}
-	return nil
-}
-
-func (b *Bounce) exit() { b.life.RUnlock() }
 
 // OpenFile opens path through the aio engine (with its O_DIRECT policy).
 func (b *Bounce) OpenFile(path string, flag int, perm os.FileMode) (*File, error) {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/zinfio/zinf/accel"
@@ -26,16 +24,10 @@ type Engine struct {
 	cf   cufile
 	opts Options
 
-	// life is held shared by every request and exclusively by Close.
-	life sync.RWMutex
-
-	mu     sync.Mutex // guards the fields below
-	closed bool
-	files  map[*File]struct{}
-	bufs   map[uintptr]int64 // registered device address -> bytes
-
-	readOps, writeOps, readBytes, writeBytes atomic.Int64
-	pieces, retries, shorts, errs            atomic.Int64
+	lifecycle // mu also guards files and bufs
+	counters
+	files map[*File]struct{}
+	bufs  map[uintptr]int64 // registered device address -> bytes
 }
 
 var _ DeviceIO = (*Engine)(nil)
@@ -137,30 +129,6 @@ func (e *Engine) Mode() string { return NameGDS }
 
 // Options returns the engine's effective options.
 func (e *Engine) Options() Options { return e.opts }
-
-// Stats returns cumulative counters.
-func (e *Engine) Stats() aio.Stats {
-	return aio.Stats{
-		ReadOps: e.readOps.Load(), WriteOps: e.writeOps.Load(),
-		ReadBytes: e.readBytes.Load(), WriteBytes: e.writeBytes.Load(),
-		Pieces: e.pieces.Load(), Retries: e.retries.Load(),
-		ShortTransfers: e.shorts.Load(), Errors: e.errs.Load(),
-	}
-}
-
-func (e *Engine) enter() error {
-	e.life.RLock()
-	e.mu.Lock()
-	closed := e.closed
-	e.mu.Unlock()
-	if closed {
-		e.life.RUnlock()
-		return aio.ErrClosed
-	}
-	return nil
-}
-
-func (e *Engine) exit() { e.life.RUnlock() }
 
 // OpenFile opens path (flag as os.OpenFile) with the O_DIRECT policy of
 // Options.Direct and registers it with cuFile (cuFileHandleRegister with an
