@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 
@@ -31,8 +32,19 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	r := doctor.Run(paths)
+	var err error
 	if asJSON {
-		return json.NewEncoder(stdout).Encode(r)
+		err = json.NewEncoder(stdout).Encode(r)
+	} else {
+		err = r.Write(stdout)
 	}
-	return r.Write(stdout)
+	if err != nil {
+		return err
+	}
+	// The report is printed whole; a swap path zinf cannot use at all
+	// makes the exit code non-zero so scripts notice.
+	if bad := r.Unusable(); len(bad) > 0 {
+		return fmt.Errorf("unusable swap path(s): %s", strings.Join(bad, ", "))
+	}
+	return nil
 }

@@ -20,8 +20,11 @@ type doctorCheck struct {
 func TestDoctorJSON(t *testing.T) {
 	dir := t.TempDir()
 	code, out, errs := runCLI(t, "doctor", "--path", dir, "--path", "/nonexistent", "--json")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, errs)
+	if code == 0 || !strings.Contains(errs, "unusable swap path(s): /nonexistent") {
+		t.Fatalf("an unusable path must make the exit code non-zero, naming it: exit %d:\n%s", code, errs)
+	}
+	if code, _, errs := runCLI(t, "doctor", "--path", dir, "--json"); code != 0 {
+		t.Fatalf("usable path: exit %d:\n%s", code, errs)
 	}
 	var rep struct {
 		Checks []doctorCheck `json:"checks"`
@@ -86,8 +89,8 @@ func TestDoctorJSON(t *testing.T) {
 func TestDoctorText(t *testing.T) {
 	dir := t.TempDir()
 	code, out, errs := runCLI(t, "doctor", "--path", dir, "--path", "/nonexistent")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, errs)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 for an unusable path:\n%s", code, errs)
 	}
 	wantAll(t, "report", out, "backend posix", "memlock", "path "+dir, "no   path /nonexistent", "cuda", "cufile")
 	if code, _, errs := runCLI(t, "doctor", "stray"); code == 0 || !strings.Contains(errs, "unexpected arguments") {

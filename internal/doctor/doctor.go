@@ -24,6 +24,9 @@ type Check struct {
 	Name   string `json:"name"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
+	// Unusable marks a swap path zinf cannot use at all (missing, not a
+	// directory, not writable); a path without O_DIRECT is only not OK.
+	Unusable bool `json:"unusable,omitempty"`
 }
 
 // Report is the whole diagnosis.
@@ -89,17 +92,21 @@ func hard(v uint64) string {
 
 func (r *Report) path(p string) {
 	name := "path " + p
+	unusable := func(format string, args ...any) {
+		r.add(name, false, format, args...)
+		r.Checks[len(r.Checks)-1].Unusable = true
+	}
 	st, err := os.Stat(p)
 	if err != nil {
-		r.add(name, false, "%v", err)
+		unusable("%v", err)
 		return
 	}
 	if !st.IsDir() {
-		r.add(name, false, "not a directory")
+		unusable("not a directory")
 		return
 	}
 	if err := unix.Access(p, unix.W_OK); err != nil {
-		r.add(name, false, "not writable: %v", err)
+		unusable("not writable: %v", err)
 		return
 	}
 	var sfs unix.Statfs_t
@@ -116,6 +123,17 @@ func (r *Report) path(p string) {
 	default:
 		r.add(name, false, "O_DIRECT no (buffered fallback under policy \"optional\"; \"required\" fails), %s free", free)
 	}
+}
+
+// Unusable returns the paths zinf cannot use at all.
+func (r *Report) Unusable() []string {
+	var out []string
+	for _, c := range r.Checks {
+		if c.Unusable {
+			out = append(out, strings.TrimPrefix(c.Name, "path "))
+		}
+	}
+	return out
 }
 
 // Write prints the report as a table.
