@@ -64,10 +64,16 @@ func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log 
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	if policy == DirectRequired {
+		if flag&unix.O_CREAT != 0 && flag&unix.O_EXCL != 0 {
+			os.Remove(path) // created by the refused open (see below); nothing must be left
+		}
 		return nil, fmt.Errorf("aio: open %s: the filesystem (%s) refuses O_DIRECT and the policy is \"required\" (set it to \"optional\" to fall back to buffered I/O, or put the swap files on a filesystem with O_DIRECT such as ext4 or xfs): %w",
 			path, fsName(filepath.Dir(path)), ErrNoDirect)
 	}
-	fd, err = openFn(path, flag, uint32(perm.Perm()))
+	// Some filesystems create the file before refusing O_DIRECT. With
+	// O_EXCL the refused open proves the file did not exist before, so the
+	// file there now is ours: open it without O_EXCL.
+	fd, err = openFn(path, flag&^unix.O_EXCL, uint32(perm.Perm()))
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -261,10 +267,12 @@ func ProbeDir(dir string, policy DirectPolicy) (align int, direct bool, err erro
 	}
 	p := filepath.Join(dir, fmt.Sprintf(".zinf-probe-%d", os.Getpid()))
 	f, err := OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600, policy, slog.New(slog.DiscardHandler))
+	// A filesystem may create the file before refusing O_DIRECT: remove
+	// the probe whatever the outcome.
+	defer os.Remove(p)
 	if err != nil {
 		return 0, false, err
 	}
-	defer os.Remove(p)
 	defer f.Close()
 	return f.Alignment(), f.Direct(), nil
 }

@@ -159,3 +159,22 @@ func TestReadOnlyAndMissing(t *testing.T) {
 		t.Fatalf("write to read-only fd: %v", err)
 	}
 }
+
+// TestProbeDirLeavesNothing: probing a directory without O_DIRECT under
+// the required policy fails and leaves no probe file behind.
+func TestProbeDirLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount ramfs here (%v); the named-probe path needs a filesystem without O_TMPFILE+O_DIRECT", err)
+	}
+	defer unix.Unmount(dir, 0)
+	if _, _, err := ProbeDir(dir, DirectRequired); !errors.Is(err, ErrNoDirect) {
+		t.Fatalf("want ErrNoDirect, got %v", err)
+	}
+	if align, direct, err := ProbeDir(dir, DirectOptional); err != nil || direct || align != 1 {
+		t.Fatalf("optional: align %d direct %v err %v", align, direct, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("probe left %d entries", len(ents))
+	}
+}

@@ -240,3 +240,48 @@ func TestStoreCloseRemovesScratch(t *testing.T) {
 		t.Fatalf("scratch left after Close: %v", ents)
 	}
 }
+
+// TestStoreOnFilesystemWithoutDirect: with the optional O_DIRECT policy a
+// swap store works on a filesystem that refuses O_DIRECT (ramfs, mounted
+// here), and with the required policy it fails saying why, leaving nothing.
+func TestStoreOnFilesystemWithoutDirect(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount ramfs here: %v", err)
+	}
+	defer syscall.Unmount(dir, 0)
+	for _, policy := range []aio.DirectPolicy{aio.DirectOptional, aio.DirectRequired} {
+		e, err := aio.New(aio.Options{Backend: aio.BackendPosix, Direct: policy, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{dir}, Engine: e, Checksums: true, Logger: quiet})
+		if policy == aio.DirectRequired {
+			if !errors.Is(err, aio.ErrNoDirect) {
+				t.Fatalf("required on ramfs: want ErrNoDirect, got %v", err)
+			}
+		} else {
+			if err != nil {
+				t.Fatalf("optional on ramfs: %v", err)
+			}
+			data := []byte("seventeen bytes!!")
+			pool, _ := buffers.NewPool(buffers.Options{CapacityBytes: 1 << 20, Logger: quiet})
+			b, _ := pool.Acquire(context.Background(), 4096, buffers.PurposeStaging)
+			copy(b.Bytes(), data)
+			if err := s.Write(context.Background(), "t", b.Bytes()[:len(data)]); err != nil {
+				t.Fatal(err)
+			}
+			clear(b.Bytes())
+			if err := s.Read(context.Background(), "t", b.Bytes()[:len(data)]); err != nil || !bytes.Equal(b.Bytes()[:len(data)], data) {
+				t.Fatalf("round trip on ramfs: %v", err)
+			}
+			b.Release()
+			s.Close()
+			pool.Close()
+		}
+		e.Close()
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("policy %s left %d entries", policy, len(ents))
+		}
+	}
+}
