@@ -180,20 +180,9 @@ type snapFile struct {
 // taken (invalid state, an existing checkpoint, no memory) are returned
 // here; later ones by Handle.Wait.
 func (s *Saver) SaveAsync(ctx context.Context, dir string, state State, opts SaveOptions) (*Handle, error) {
-	opts.EnsureDefaults()
-	if err := opts.Validate(); err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
-	}
-	if err := state.validate(); err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
-	}
-	root, name, err := splitDir(dir)
+	root, name, p, err := prepareSave(dir, &state, &opts)
 	if err != nil {
 		return nil, err
-	}
-	p, err := makePlan(name, &state)
-	if err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
 	}
 	select {
 	case <-s.closing:

@@ -82,20 +82,9 @@ func Save(ctx context.Context, dir string, state State, opts SaveOptions) (*Mani
 // *Error that says what failed. The tensors' sources must not change
 // until Save returns.
 func (w *Writer) Save(ctx context.Context, dir string, state State, opts SaveOptions) (*Manifest, error) {
-	opts.EnsureDefaults()
-	if err := opts.Validate(); err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
-	}
-	if err := state.validate(); err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
-	}
-	root, name, err := splitDir(dir)
+	root, name, p, err := prepareSave(dir, &state, &opts)
 	if err != nil {
 		return nil, err
-	}
-	p, err := makePlan(name, &state)
-	if err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -382,4 +371,24 @@ func rawConfig(b []byte) []byte {
 		return nil
 	}
 	return append([]byte(nil), b...)
+}
+
+// prepareSave is what Save and SaveAsync check and compute before writing:
+// the options (defaults filled), the state, the target's root and name,
+// and the file plan. Errors name the directory.
+func prepareSave(dir string, state *State, opts *SaveOptions) (root, name string, p *plan, err error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return "", "", nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	if err := state.validate(); err != nil {
+		return "", "", nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	if root, name, err = splitDir(dir); err != nil {
+		return "", "", nil, err
+	}
+	if p, err = makePlan(name, state); err != nil {
+		return "", "", nil, &Error{Op: "save", Path: dir, Err: err}
+	}
+	return root, name, p, nil
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -129,16 +128,7 @@ func RunGPU(ctx context.Context, o GPUOptions) (*GPUResult, error) {
 	if err := o.Check(); err != nil {
 		return nil, err
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	o.Engine.EnsureDefaults()
-	if o.Engine.Logger == nil {
-		o.Engine.Logger = o.Logger
-	}
-	if o.FileName == "" {
-		o.FileName = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
-	}
+	o.fill()
 	gopts := gds.Options{BlockSizeBytes: int64(o.Engine.BlockSizeBytes), Parallelism: min(o.Engine.IntraOpParallelism, gds.MaxParallelism),
 		Library: o.GDSLibrary, Direct: o.Engine.Direct, CUDA: o.CUDA, Paths: []string{o.Dir}, Logger: o.Logger}
 	if o.GDS {

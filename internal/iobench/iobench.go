@@ -156,14 +156,9 @@ func engineProblems(eo aio.Options) []error {
 	return errs
 }
 
-// Run performs the measurement.
-func Run(ctx context.Context, o Options) (*Result, error) {
-	if o.Loops == 0 {
-		o.Loops = 5
-	}
-	if err := o.Check(); err != nil {
-		return nil, err
-	}
+// fill sets the defaults Run and RunGPU share once Check has passed: the
+// logger (also the engine's), the engine's options and the file name.
+func (o *Options) fill() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -174,6 +169,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.FileName == "" {
 		o.FileName = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
 	}
+}
+
+// Run performs the measurement.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Loops == 0 {
+		o.Loops = 5
+	}
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	o.fill()
 	path := filepath.Join(o.Dir, o.FileName)
 	if o.Naive {
 		return runNaive(ctx, o, path)
