@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // ModelSpec describes the simulated model of zinf's examples: Layers dense
@@ -17,7 +17,7 @@ type ModelSpec struct {
 	// 1..MaxModelWidth).
 	Width int
 	// DType is the parameters' dtype. Default fp32.
-	DType swapper.DType
+	DType tensor.DType
 	// Batch is the samples per micro-step. Default 1.
 	Batch int
 	// World is the data-parallel world size the parameters are partitioned
@@ -43,7 +43,7 @@ const modelKeys = "layers, width, dtype, batch, world"
 // width are required; dtype (fp32, bf16, fp16) defaults to fp32, batch and
 // world to 1. An error names the key and what it allows.
 func ParseModelSpec(s string) (ModelSpec, error) {
-	m := ModelSpec{DType: swapper.Float32, Batch: 1, World: 1}
+	m := ModelSpec{DType: tensor.Float32, Batch: 1, World: 1}
 	seen := map[string]bool{}
 	if strings.TrimSpace(s) == "" {
 		return ModelSpec{}, invalidf("model spec is empty: want key=value pairs, e.g. layers=24,width=4096,dtype=bf16,batch=8,world=1")
@@ -80,7 +80,7 @@ func ParseModelSpec(s string) (ModelSpec, error) {
 		case "world":
 			m.World, err = intIn(1, MaxModelWorld)
 		case "dtype":
-			m.DType, err = swapper.ParseDType(val)
+			m.DType, err = tensor.ParseDType(val)
 			if err != nil {
 				err = invalidf("model spec: dtype=%q: want fp32, bf16 or fp16", val)
 			}

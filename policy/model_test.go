@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 func TestParseModelSpec(t *testing.T) {
@@ -13,7 +13,7 @@ func TestParseModelSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ModelSpec{Layers: 24, Width: 4096, DType: swapper.BFloat16, Batch: 8, World: 1}
+	want := ModelSpec{Layers: 24, Width: 4096, DType: tensor.BFloat16, Batch: 8, World: 1}
 	if m != want {
 		t.Fatalf("got %+v, want %+v", m, want)
 	}
@@ -21,7 +21,7 @@ func TestParseModelSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if (m != ModelSpec{Layers: 2, Width: 8, DType: swapper.Float32, Batch: 1, World: 1}) {
+	if (m != ModelSpec{Layers: 2, Width: 8, DType: tensor.Float32, Batch: 1, World: 1}) {
 		t.Fatalf("defaults: %+v", m)
 	}
 	if m.String() != "layers=2,width=8,dtype=fp32,batch=1,world=1" {
@@ -73,7 +73,7 @@ func FuzzParseModelSpec(f *testing.F) {
 }
 
 func TestInventory(t *testing.T) {
-	m := ModelSpec{Layers: 3, Width: 5, DType: swapper.BFloat16, Batch: 1, World: 1}
+	m := ModelSpec{Layers: 3, Width: 5, DType: tensor.BFloat16, Batch: 1, World: 1}
 	for _, world := range []int{1, 2, 4} {
 		inv := m.Inventory(1, world)
 		if len(inv) != 3*2*5 {

@@ -6,7 +6,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // Usage counts tensors and their bytes.
@@ -20,12 +20,12 @@ type Usage struct {
 // predicted step time.
 type Placement struct {
 	// Tier maps every tensor of the inventory to its home tier.
-	Tier map[string]swapper.Tier
+	Tier map[string]tensor.Tier
 	// BytesPerTier sums the tensors homed on each tier. Swap buffers and the
 	// GPU working set are not tensors: see PinnedBytes and GPUWorkingBytes.
-	BytesPerTier map[swapper.Tier]int64
+	BytesPerTier map[tensor.Tier]int64
 	// PerKind breaks BytesPerTier down by kind.
-	PerKind map[Kind]map[swapper.Tier]Usage
+	PerKind map[Kind]map[tensor.Tier]Usage
 	// Offloaded is, per kind present, the fraction of its bytes not on the
 	// GPU.
 	Offloaded map[Kind]float64
@@ -90,7 +90,7 @@ func (p *Placement) SizeOf(name string) int64 {
 func (p *Placement) NVMeParamsByLayer() [][]string {
 	out := make([][]string, p.Layers)
 	for _, t := range p.inv {
-		if t.Kind == Param && p.Tier[t.Name] == swapper.TierNVMe {
+		if t.Kind == Param && p.Tier[t.Name] == tensor.TierNVMe {
 			out[t.Layer] = append(out[t.Layer], t.Name)
 		}
 	}
@@ -119,14 +119,14 @@ func owner(t Tensor) string {
 	return t.Name
 }
 
-func parseDevice(key, v string) (swapper.Tier, error) {
+func parseDevice(key, v string) (tensor.Tier, error) {
 	switch v {
 	case "", DeviceNone:
-		return swapper.TierGPU, nil
+		return tensor.TierGPU, nil
 	case DeviceCPU:
-		return swapper.TierCPU, nil
+		return tensor.TierCPU, nil
 	case DeviceNVMe:
-		return swapper.TierNVMe, nil
+		return tensor.TierNVMe, nil
 	}
 	return 0, invalidf("%s %q: want none, cpu or nvme", key, v)
 }
@@ -222,7 +222,7 @@ type planner struct {
 	t     Tiers
 	h     Hints
 	inv   []Tensor // sorted by Order, then Name
-	tier  []swapper.Tier
+	tier  []tensor.Tier
 	L     int
 	notes []string
 }
@@ -288,7 +288,7 @@ func (pl *planner) plan() (*Placement, error) {
 	}
 
 	// Rule 1: homes.
-	pl.tier = make([]swapper.Tier, len(pl.inv))
+	pl.tier = make([]tensor.Tier, len(pl.inv))
 	offloadedGroup := pl.optimizerGroups(optTier, ratio)
 	for i, x := range pl.inv {
 		switch {
@@ -297,7 +297,7 @@ func (pl *planner) plan() (*Placement, error) {
 		case offloadedGroup[owner(x)]:
 			pl.tier[i] = optTier
 		default:
-			pl.tier[i] = swapper.TierGPU
+			pl.tier[i] = tensor.TierGPU
 		}
 	}
 
@@ -306,7 +306,7 @@ func (pl *planner) plan() (*Placement, error) {
 	offParam := make([]int64, pl.L)
 	offGrad := make([]int64, pl.L)
 	for i, x := range pl.inv {
-		if pl.tier[i] == swapper.TierGPU {
+		if pl.tier[i] == tensor.TierGPU {
 			gpuBytes[x.Kind] += x.Bytes
 			continue
 		}
@@ -321,7 +321,7 @@ func (pl *planner) plan() (*Placement, error) {
 	gpuNeed := gpuBytes[Param] + gpuBytes[Grad] + gpuBytes[OptimState] + working
 	if gpuNeed > pl.t.GPUBytes {
 		return nil, &CapacityError{
-			Tier: swapper.TierGPU,
+			Tier: tensor.TierGPU,
 			What: fmt.Sprintf("parameters %s + gradients %s + optimizer states %s kept on GPU + working set %s",
 				FormatBytes(gpuBytes[Param]), FormatBytes(gpuBytes[Grad]), FormatBytes(gpuBytes[OptimState]), FormatBytes(working)),
 			NeedBytes: gpuNeed,
@@ -333,7 +333,7 @@ func (pl *planner) plan() (*Placement, error) {
 	// Rule 3: the minimum pinned memory.
 	var cpuTensors int64
 	for i, x := range pl.inv {
-		if pl.tier[i] == swapper.TierCPU {
+		if pl.tier[i] == tensor.TierCPU {
 			cpuTensors += x.Bytes
 		}
 	}
@@ -344,7 +344,7 @@ func (pl *planner) plan() (*Placement, error) {
 	// buffers of the largest offloaded gradient.
 	var gradBuf int64
 	for i, x := range pl.inv {
-		if x.Kind == Grad && pl.tier[i] == swapper.TierNVMe {
+		if x.Kind == Grad && pl.tier[i] == tensor.TierNVMe {
 			gradBuf = max(gradBuf, x.Bytes)
 		}
 	}
@@ -353,7 +353,7 @@ func (pl *planner) plan() (*Placement, error) {
 	minPinned := cpuTensors + mulSat(int64(pb.perLayer), blockOf(pb.bytes)) + mulSat(int64(ob.perGroup), blockOf(ob.bytes)) + 2*blockOf(gradBuf)
 	if minPinned > pl.t.CPUBytes {
 		return nil, &CapacityError{
-			Tier: swapper.TierCPU,
+			Tier: tensor.TierCPU,
 			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group) + gradient write-behind buffers 2 x %s, each buffer rounded up to a power-of-two pool block",
 				FormatBytes(cpuTensors), pb.perLayer, FormatBytes(pb.bytes), ob.perGroup, FormatBytes(ob.bytes), FormatBytes(gradBuf)),
 			NeedBytes: minPinned,
@@ -365,9 +365,9 @@ func (pl *planner) plan() (*Placement, error) {
 	// Rule 4: prefetch depth and parameter buffers.
 	model := pl.model()
 	depth := 0
-	if paramTier != swapper.TierGPU && pl.L > 1 {
+	if paramTier != tensor.TierGPU && pl.L > 1 {
 		maxDepth := pl.L - 1
-		if paramTier == swapper.TierCPU {
+		if paramTier == tensor.TierCPU {
 			maxDepth = 1 // the GPU working set double-buffers
 		}
 		switch {
@@ -377,7 +377,7 @@ func (pl *planner) plan() (*Placement, error) {
 				pl.notef("prefetch depth %d capped at %d: %s", depth, maxDepth, depthCapWhy(paramTier, pl.L))
 				depth = maxDepth
 			}
-		case paramTier == swapper.TierNVMe && pl.t.NVMeReadBps == 0:
+		case paramTier == tensor.TierNVMe && pl.t.NVMeReadBps == 0:
 			depth = min(DefaultPrefetchDepth, maxDepth)
 			pl.notef("prefetch depth %d by default: the NVMe read bandwidth is unknown", depth)
 		default:
@@ -434,7 +434,7 @@ func (pl *planner) plan() (*Placement, error) {
 
 	// Rule 6: the CPU cache in front of NVMe.
 	var cacheBytes int64
-	if paramTier == swapper.TierNVMe && pl.h.MaxInCPUBytes > 0 {
+	if paramTier == tensor.TierNVMe && pl.h.MaxInCPUBytes > 0 {
 		budget := pl.h.MaxInCPUBytes
 		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(paramCount)*blockOf(pb.bytes) - int64(optCount)*blockOf(ob.bytes)
 		cut := avail < budget
@@ -449,7 +449,7 @@ func (pl *planner) plan() (*Placement, error) {
 				break
 			}
 			cacheBytes += x.Bytes
-			pl.tier[i] = swapper.TierCPU
+			pl.tier[i] = tensor.TierCPU
 		}
 		if cut {
 			pl.notef("max_in_cpu cache cut from %s to %s: %s of the %s pinned budget is left after the buffers",
@@ -474,9 +474,9 @@ func (pl *planner) plan() (*Placement, error) {
 	}
 
 	p := &Placement{
-		Tier:                 make(map[string]swapper.Tier, len(pl.inv)),
-		BytesPerTier:         map[swapper.Tier]int64{},
-		PerKind:              map[Kind]map[swapper.Tier]Usage{},
+		Tier:                 make(map[string]tensor.Tier, len(pl.inv)),
+		BytesPerTier:         map[tensor.Tier]int64{},
+		PerKind:              map[Kind]map[tensor.Tier]Usage{},
 		Offloaded:            map[Kind]float64{},
 		ParamBufferCount:     paramCount,
 		OptimizerBufferCount: optCount,
@@ -504,7 +504,7 @@ func (pl *planner) plan() (*Placement, error) {
 		p.BytesPerTier[tier] += x.Bytes
 		m := p.PerKind[x.Kind]
 		if m == nil {
-			m = map[swapper.Tier]Usage{}
+			m = map[tensor.Tier]Usage{}
 			p.PerKind[x.Kind] = m
 		}
 		u := m[tier]
@@ -512,7 +512,7 @@ func (pl *planner) plan() (*Placement, error) {
 		u.Bytes += x.Bytes
 		m[tier] = u
 		kindTotal[x.Kind] += x.Bytes
-		if tier != swapper.TierGPU {
+		if tier != tensor.TierGPU {
 			kindOff[x.Kind] += x.Bytes
 		}
 	}
@@ -521,7 +521,7 @@ func (pl *planner) plan() (*Placement, error) {
 			p.Offloaded[k] = float64(kindOff[k]) / float64(kindTotal[k])
 		}
 	}
-	p.PinnedBytes = p.BytesPerTier[swapper.TierCPU] +
+	p.PinnedBytes = p.BytesPerTier[tensor.TierCPU] +
 		int64(p.ParamBufferCount)*p.ParamBufferBytes + int64(p.OptimizerBufferCount)*p.OptimizerBufferBytes
 
 	// Overlapping the optimizer step with backward (each layer's update
@@ -529,7 +529,7 @@ func (pl *planner) plan() (*Placement, error) {
 	// while backward still holds its own: decide it only when both fit.
 	var maxGrad, maxParam int64
 	for i, x := range pl.inv {
-		if pl.tier[i] == swapper.TierGPU {
+		if pl.tier[i] == tensor.TierGPU {
 			continue
 		}
 		switch x.Kind {
@@ -539,23 +539,23 @@ func (pl *planner) plan() (*Placement, error) {
 			maxParam = max(maxParam, x.Bytes)
 		}
 	}
-	backward := p.BytesPerTier[swapper.TierCPU] + int64(p.ParamBufferCount)*blockOf(p.ParamBufferBytes) + 2*blockOf(gradBuf)
+	backward := p.BytesPerTier[tensor.TierCPU] + int64(p.ParamBufferCount)*blockOf(p.ParamBufferBytes) + 2*blockOf(gradBuf)
 	stepping := int64(p.OptimizerBufferCount)*blockOf(p.OptimizerBufferBytes) + 2*blockOf(maxGrad) + blockOf(maxParam)
 	p.OverlapStepBytes = backward + stepping
-	p.OverlapStep = optTier != swapper.TierGPU && p.OverlapStepBytes <= pl.t.CPUBytes
-	if optTier != swapper.TierGPU && !p.OverlapStep {
+	p.OverlapStep = optTier != tensor.TierGPU && p.OverlapStepBytes <= pl.t.CPUBytes
+	if optTier != tensor.TierGPU && !p.OverlapStep {
 		pl.notef("optimizer step runs after backward: overlapping it with backward needs %s of pinned memory, %s available",
 			FormatBytes(p.OverlapStepBytes), FormatBytes(pl.t.CPUBytes))
 	}
 
-	if optTier != swapper.TierGPU && ratio < 1 {
+	if optTier != tensor.TierGPU && ratio < 1 {
 		pl.notef("offload_optimizer.ratio %g: %.1f%% of optimizer state bytes on %s, the rest on GPU",
 			ratio, 100*p.Offloaded[OptimState], optTier)
 	}
-	if optTier == swapper.TierGPU && pl.h.Ratio != 0 && pl.h.Ratio != 1 {
+	if optTier == tensor.TierGPU && pl.h.Ratio != 0 && pl.h.Ratio != 1 {
 		pl.notef("offload_optimizer.ratio %g ignored: offload_optimizer.device is none", pl.h.Ratio)
 	}
-	if paramTier != swapper.TierNVMe && pl.h.MaxInCPUBytes > 0 {
+	if paramTier != tensor.TierNVMe && pl.h.MaxInCPUBytes > 0 {
 		pl.notef("max_in_cpu ignored: it caches parameters in front of NVMe, and offload_param.device is %s", deviceWord(paramTier))
 	}
 	p.Predicted = model.predict(depth)
@@ -564,15 +564,15 @@ func (pl *planner) plan() (*Placement, error) {
 	return p, nil
 }
 
-func deviceWord(t swapper.Tier) string {
-	if t == swapper.TierGPU {
+func deviceWord(t tensor.Tier) string {
+	if t == tensor.TierGPU {
 		return DeviceNone
 	}
 	return t.String()
 }
 
-func depthCapWhy(paramTier swapper.Tier, layers int) string {
-	if paramTier == swapper.TierCPU {
+func depthCapWhy(paramTier tensor.Tier, layers int) string {
+	if paramTier == tensor.TierCPU {
 		return "parameters in pinned memory are copied to the GPU one layer ahead (double buffering)"
 	}
 	return fmt.Sprintf("the model has %d layers", layers)
@@ -585,12 +585,12 @@ func cpuHint(cpuTensors int64) string {
 	return "raise zinf.tiers.cpu_pinned_bytes"
 }
 
-func gpuHint(h Hints, paramTier, optTier swapper.Tier, ratio float64) string {
+func gpuHint(h Hints, paramTier, optTier tensor.Tier, ratio float64) string {
 	var s []string
-	if paramTier == swapper.TierGPU {
+	if paramTier == tensor.TierGPU {
 		s = append(s, `set offload_param.device to "cpu" or "nvme"`)
 	}
-	if optTier == swapper.TierGPU {
+	if optTier == tensor.TierGPU {
 		s = append(s, `set offload_optimizer.device to "cpu" or "nvme"`)
 	} else if ratio < 1 {
 		s = append(s, "raise offload_optimizer.ratio")
@@ -604,9 +604,9 @@ func gpuHint(h Hints, paramTier, optTier swapper.Tier, ratio float64) string {
 // optimizerGroups returns the owners whose optimizer states and gradients
 // are offloaded: all of them at ratio 1, else whole groups in order of
 // first use until at least ratio of the optimizer state bytes are.
-func (pl *planner) optimizerGroups(optTier swapper.Tier, ratio float64) map[string]bool {
+func (pl *planner) optimizerGroups(optTier tensor.Tier, ratio float64) map[string]bool {
 	out := map[string]bool{}
-	if optTier == swapper.TierGPU {
+	if optTier == tensor.TierGPU {
 		return out
 	}
 	type group struct {
@@ -656,7 +656,7 @@ func (pl *planner) paramBuffers(hint bool) paramBufs {
 	count := make([]int, pl.L)
 	var b paramBufs
 	for i, x := range pl.inv {
-		if x.Kind != Param || pl.tier[i] != swapper.TierNVMe {
+		if x.Kind != Param || pl.tier[i] != tensor.TierNVMe {
 			continue
 		}
 		count[x.Layer]++
@@ -689,7 +689,7 @@ func (pl *planner) optimizerBuffers() optBufs {
 	count := map[string]int{}
 	var b optBufs
 	for i, x := range pl.inv {
-		if x.Kind == Param || pl.tier[i] != swapper.TierNVMe {
+		if x.Kind == Param || pl.tier[i] != tensor.TierNVMe {
 			continue
 		}
 		o := owner(x)
@@ -735,30 +735,30 @@ func (pl *planner) model() *stepModel {
 	hostParam := make([]int64, pl.L)
 	nvmeGrad := make([]int64, pl.L)
 	hostGrad := make([]int64, pl.L)
-	ownerTier := map[string]swapper.Tier{}
+	ownerTier := map[string]tensor.Tier{}
 	var optRead, optWrite, crossing int64
 	for i, x := range pl.inv {
 		tier := pl.tier[i]
 		switch x.Kind {
 		case Param:
-			if tier != swapper.TierGPU {
+			if tier != tensor.TierGPU {
 				hostParam[x.Layer] += x.Bytes
 			}
-			if tier == swapper.TierNVMe {
+			if tier == tensor.TierNVMe {
 				nvmeParam[x.Layer] += x.Bytes
 				optWrite += x.Bytes // the updated parameter is written back
 			}
 		case Grad:
-			if tier != swapper.TierGPU {
+			if tier != tensor.TierGPU {
 				hostGrad[x.Layer] += x.Bytes
 			}
-			if tier == swapper.TierNVMe {
+			if tier == tensor.TierNVMe {
 				nvmeGrad[x.Layer] += x.Bytes
 				optRead += x.Bytes
 			}
 		case OptimState:
 			ownerTier[owner(x)] = tier
-			if tier == swapper.TierNVMe {
+			if tier == tensor.TierNVMe {
 				optRead += x.Bytes
 				optWrite += x.Bytes
 			}
@@ -771,7 +771,7 @@ func (pl *planner) model() *stepModel {
 			continue
 		}
 		ot, ok := ownerTier[x.Name]
-		if ok && (ot == swapper.TierGPU) != (pl.tier[i] == swapper.TierGPU) {
+		if ok && (ot == tensor.TierGPU) != (pl.tier[i] == tensor.TierGPU) {
 			crossing += x.Bytes
 		}
 	}
@@ -784,7 +784,7 @@ func (pl *planner) model() *stepModel {
 }
 
 func (pl *planner) predictionNotes(p *Placement) {
-	anyNVMe := p.BytesPerTier[swapper.TierNVMe] > 0
+	anyNVMe := p.BytesPerTier[tensor.TierNVMe] > 0
 	if anyNVMe && pl.t.NVMeReadBps == 0 {
 		pl.notef("NVMe read bandwidth unknown: NVMe read time not predicted")
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -113,7 +113,7 @@ func TestPlanCapacityError(t *testing.T) {
 	inv := []Tensor{{Name: "w", Bytes: 1000, Kind: Param}}
 	_, err := Plan(Tiers{GPUBytes: 999}, inv, Hints{})
 	var ce *CapacityError
-	if !errors.As(err, &ce) || !errors.Is(err, ErrNoFit) || ce.Tier != swapper.TierGPU || ce.NeedBytes != 1000 || ce.HaveBytes != 999 {
+	if !errors.As(err, &ce) || !errors.Is(err, ErrNoFit) || ce.Tier != tensor.TierGPU || ce.NeedBytes != 1000 || ce.HaveBytes != 999 {
 		t.Fatalf("err = %v", err)
 	}
 	if !strings.Contains(err.Error(), "1000 bytes") || !strings.Contains(err.Error(), `offload_param.device to "cpu" or "nvme"`) {
@@ -121,7 +121,7 @@ func TestPlanCapacityError(t *testing.T) {
 	}
 	// The same on NVMe fits a GPU that holds two layers of working set.
 	p, err := Plan(Tiers{GPUBytes: 2000, CPUBytes: 4096}, inv, Hints{ParamDevice: "nvme"})
-	if err != nil || p.Tier["w"] != swapper.TierNVMe || p.ParamBufferCount != 1 || p.PrefetchDepth != 0 {
+	if err != nil || p.Tier["w"] != tensor.TierNVMe || p.ParamBufferCount != 1 || p.PrefetchDepth != 0 {
 		t.Fatalf("p = %+v, err = %v", p, err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // checkInvariants verifies what every placement promises, whatever its
@@ -31,12 +31,12 @@ func checkInvariants(t *testing.T, tiers Tiers, inv []Tensor, h Hints, p *Placem
 		}
 		if x.Kind == Param {
 			want, _ := parseDevice("", h.ParamDevice)
-			if tier != want && !(want == swapper.TierNVMe && tier == swapper.TierCPU) {
+			if tier != want && !(want == tensor.TierNVMe && tier == tensor.TierCPU) {
 				t.Errorf("param %q on %s, hints say %q", x.Name, tier, h.ParamDevice)
 			}
 		} else {
 			dev, _ := parseDevice("", h.OptimizerDevice)
-			if tier != dev && tier != swapper.TierGPU {
+			if tier != dev && tier != tensor.TierGPU {
 				t.Errorf("%s %q on %s, hints say %q", x.Kind, x.Name, tier, h.OptimizerDevice)
 			}
 		}
@@ -52,10 +52,10 @@ func checkInvariants(t *testing.T, tiers Tiers, inv []Tensor, h Hints, p *Placem
 	if perTier != sum || kindSum != sum {
 		t.Errorf("bytes: per tier %d, per kind %d, inventory %d", perTier, kindSum, sum)
 	}
-	if got := p.BytesPerTier[swapper.TierGPU] + p.GPUWorkingBytes; got > tiers.GPUBytes {
+	if got := p.BytesPerTier[tensor.TierGPU] + p.GPUWorkingBytes; got > tiers.GPUBytes {
 		t.Errorf("GPU use %d > capacity %d", got, tiers.GPUBytes)
 	}
-	pinned := p.BytesPerTier[swapper.TierCPU] + int64(p.ParamBufferCount)*p.ParamBufferBytes +
+	pinned := p.BytesPerTier[tensor.TierCPU] + int64(p.ParamBufferCount)*p.ParamBufferBytes +
 		int64(p.OptimizerBufferCount)*p.OptimizerBufferBytes
 	if pinned != p.PinnedBytes {
 		t.Errorf("PinnedBytes %d, parts sum to %d", p.PinnedBytes, pinned)
@@ -71,7 +71,7 @@ func checkInvariants(t *testing.T, tiers Tiers, inv []Tensor, h Hints, p *Placem
 	most := 0
 	var largest int64
 	for _, x := range inv {
-		if x.Kind == Param && p.Tier[x.Name] == swapper.TierNVMe {
+		if x.Kind == Param && p.Tier[x.Name] == tensor.TierNVMe {
 			perLayer[x.Layer]++
 			most = max(most, perLayer[x.Layer])
 			largest = max(largest, x.Bytes)
@@ -111,7 +111,7 @@ var devices = []string{"", "none", "cpu", "nvme"}
 func randomInputs(r *rand.Rand) (Tiers, []Tensor, Hints) {
 	var inv []Tensor
 	if r.Intn(3) > 0 {
-		spec := ModelSpec{Layers: 1 + r.Intn(12), Width: 1 + r.Intn(300), DType: swapper.DType(r.Intn(3)), Batch: 1, World: 1 + r.Intn(4)}
+		spec := ModelSpec{Layers: 1 + r.Intn(12), Width: 1 + r.Intn(300), DType: tensor.DType(r.Intn(3)), Batch: 1, World: 1 + r.Intn(4)}
 		inv = spec.Inventory(0, spec.World)
 	} else {
 		n := r.Intn(40)

@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // FormatDuration renders d for the plan table: "850 µs", "12.3 ms",
@@ -39,7 +39,7 @@ func percent(n, of int64) string {
 }
 
 // tierOrder is the order tiers are listed in: fastest first.
-var tierOrder = []swapper.Tier{swapper.TierGPU, swapper.TierCPU, swapper.TierNVMe}
+var tierOrder = []tensor.Tier{tensor.TierGPU, tensor.TierCPU, tensor.TierNVMe}
 
 // WriteTable renders the placement for people: the tiers, what each holds
 // by kind (tensors, bytes, share of the tier's capacity), the swap buffers,
@@ -67,9 +67,9 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	for _, tier := range tierOrder {
 		capacity := int64(-1)
 		switch tier {
-		case swapper.TierGPU:
+		case tensor.TierGPU:
 			capacity = t.GPUBytes
-		case swapper.TierCPU:
+		case tensor.TierCPU:
 			capacity = t.CPUBytes
 		}
 		var used int64
@@ -81,7 +81,7 @@ func (p *Placement) WriteTable(w io.Writer) error {
 				continue
 			}
 			label := k.String()
-			if k == Param && tier == swapper.TierCPU && p.ParamCacheBytes > 0 {
+			if k == Param && tier == tensor.TierCPU && p.ParamCacheBytes > 0 {
 				label = "param (max_in_cpu cache)"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", tier, label, u.Tensors, FormatBytes(u.Bytes), percent(u.Bytes, capacity))
@@ -95,11 +95,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 			rows++
 		}
 		switch tier {
-		case swapper.TierGPU:
+		case tensor.TierGPU:
 			if p.GPUWorkingBytes > 0 {
 				extra("working set", p.GPUWorkingBytes)
 			}
-		case swapper.TierCPU:
+		case tensor.TierCPU:
 			if p.ParamBufferCount > 0 {
 				extra(fmt.Sprintf("param buffers %d x %s", p.ParamBufferCount, FormatBytes(p.ParamBufferBytes)),
 					int64(p.ParamBufferCount)*p.ParamBufferBytes)

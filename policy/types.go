@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // Sentinel errors callers branch on.
@@ -135,7 +135,7 @@ const (
 
 // CapacityError says that a tier cannot hold what the hints ask for.
 type CapacityError struct {
-	Tier swapper.Tier
+	Tier tensor.Tier
 	// What is needed, in words, with its parts.
 	What string
 	// NeedBytes is what is needed; HaveBytes what the tier offers.

@@ -4,85 +4,37 @@ import (
 	"fmt"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/tensor"
 )
 
-// DType is the element type of a tensor in memory and on disk.
-type DType uint8
+// DType is the element type of a tensor; see package tensor.
+type DType = tensor.DType
 
+// The dtypes, as in package tensor.
 const (
-	// Float32 is IEEE binary32.
-	Float32 DType = iota
-	// BFloat16 is the upper half of a binary32.
-	BFloat16
-	// Float16 is IEEE binary16.
-	Float16
+	Float32  = tensor.Float32
+	BFloat16 = tensor.BFloat16
+	Float16  = tensor.Float16
 )
-
-// Size returns the bytes per element.
-func (d DType) Size() int {
-	if d == Float32 {
-		return 4
-	}
-	return 2
-}
-
-// String returns "fp32", "bf16" or "fp16".
-func (d DType) String() string {
-	switch d {
-	case BFloat16:
-		return "bf16"
-	case Float16:
-		return "fp16"
-	}
-	return "fp32"
-}
-
-// SafetensorsName returns the dtype's safetensors spelling (F32, BF16, F16).
-func (d DType) SafetensorsName() string {
-	switch d {
-	case BFloat16:
-		return "BF16"
-	case Float16:
-		return "F16"
-	}
-	return "F32"
-}
 
 // ParseDType reads "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16".
 func ParseDType(s string) (DType, error) {
-	switch s {
-	case "fp32", "float32", "f32", "F32":
-		return Float32, nil
-	case "bf16", "bfloat16", "BF16":
-		return BFloat16, nil
-	case "fp16", "float16", "half", "F16":
-		return Float16, nil
+	d, err := tensor.ParseDType(s)
+	if err != nil {
+		return 0, fmt.Errorf("swapper: %w", err)
 	}
-	return 0, fmt.Errorf("swapper: unknown dtype %q (allowed: fp32, bf16, fp16)", s)
+	return d, nil
 }
 
-// Tier is where a tensor lives.
-type Tier uint8
+// Tier is where a tensor lives; see package tensor.
+type Tier = tensor.Tier
 
+// The tiers, as in package tensor.
 const (
-	// TierNVMe: on NVMe, swapped in when used.
-	TierNVMe Tier = iota
-	// TierCPU: in pinned host memory for the whole run.
-	TierCPU
-	// TierGPU: in accelerator memory for the whole run.
-	TierGPU
+	TierNVMe = tensor.TierNVMe
+	TierCPU  = tensor.TierCPU
+	TierGPU  = tensor.TierGPU
 )
-
-// String returns "nvme", "cpu" or "gpu".
-func (t Tier) String() string {
-	switch t {
-	case TierCPU:
-		return "cpu"
-	case TierGPU:
-		return "gpu"
-	}
-	return "nvme"
-}
 
 // Encode converts src (fp32) into dst as len(src) little-endian elements of
 // d; dst must hold len(src)*d.Size() bytes.
