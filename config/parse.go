@@ -2,7 +2,9 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
@@ -10,13 +12,41 @@ import (
 	"strings"
 )
 
+// MaxFileBytes bounds a config file. Real configs are a few KiB; the bound
+// keeps a mistaken path (a device such as /dev/zero, a log file, a pipe that
+// never ends) from being read until memory runs out.
+const MaxFileBytes = 16 << 20
+
 // Load reads the config file at path and parses it. Errors name the file:
 // a read failure is the *os.PathError, anything else an *Error whose Source
-// is path.
+// is path. A file larger than MaxFileBytes is refused without reading more
+// than MaxFileBytes+1 bytes of it, whatever kind of file it is (a pipe or a
+// character device is read up to that bound; a directory is refused).
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("config: %w", &os.PathError{Op: "read", Path: path, Err: errors.New("is a directory, not a config file")})
+	}
+	// A regular file's size is known up front; anything else (a pipe, a
+	// device) is read through the same bound, one byte past it to tell
+	// "exactly the limit" from "more".
+	if st.Mode().IsRegular() && st.Size() > MaxFileBytes {
+		return nil, tooLarge(path, st.Size())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, tooLarge(path, -1)
 	}
 	c, err := Parse(data)
 	if err != nil {
@@ -29,6 +59,16 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
+// tooLarge is Load's error for a file over MaxFileBytes; size is -1 when
+// the file has no size to report (a pipe or a device).
+func tooLarge(path string, size int64) error {
+	msg := fmt.Sprintf("the file is larger than the %s limit for a config file", Size(MaxFileBytes))
+	if size >= 0 {
+		msg = fmt.Sprintf("the file holds %d bytes, more than the %s limit for a config file", size, Size(MaxFileBytes))
+	}
+	return &Error{Source: path, Problems: []Problem{{Msg: msg + "; is this the right file?"}}}
+}
+
 // Parse reads a config from JSON text, applies the defaults and validates
 // the result. The JSON must be strictly valid (a syntax error is reported
 // with its line and column) and its top level an object.
@@ -39,8 +79,14 @@ func Load(path string) (*Config, error) {
 // any other key is a problem, with a "did you mean" suggestion when one is
 // close. Parse reports every problem at once as an *Error: unknown and
 // duplicate keys, wrong types, out-of-range values and broken cross-field
-// rules (those of Validate).
+// rules (those of Validate). Data longer than MaxFileBytes is refused
+// before any of it is decoded.
 func Parse(data []byte) (*Config, error) {
+	if len(data) > MaxFileBytes {
+		// The same bound as Load, so that no caller can make Parse build a
+		// tree of unbounded size.
+		return nil, &Error{Problems: []Problem{{Msg: fmt.Sprintf("the config is %d bytes, more than the %s limit", len(data), Size(MaxFileBytes))}}}
+	}
 	c, problems, written := decode(data)
 	if c != nil {
 		if err := c.Validate(); err != nil {
