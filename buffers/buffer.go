@@ -24,6 +24,7 @@ import (
 // synchronized: the holders order their reads and writes themselves.
 type Buffer struct {
 	pool    *Pool
+	region  *region
 	data    []byte // len = requested size, cap = size class
 	unit    int32  // first granule in the arena
 	units   int32  // granules held

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Sentinel errors; test for them with errors.Is.
@@ -25,7 +26,28 @@ var (
 	// ErrOutstanding is wrapped by Close when buffers are still held (a
 	// leak); the error names how many and their purposes.
 	ErrOutstanding = errors.New("buffers: buffers still outstanding")
+	// ErrStalled is wrapped (as a *StallError) by Acquire when the region
+	// it waits on saw no release for Options.StallTimeout: every byte is
+	// held by buffers whose holders are not giving them back, typically
+	// because they wait themselves.
+	ErrStalled = errors.New("buffers: pool stalled")
 )
+
+// StallError is the cause of an Acquire failed by the stall watchdog. It
+// names the region, how long it saw no release, and what the whole pool's
+// memory was held for at that moment.
+type StallError struct {
+	Region  string
+	Stalled time.Duration
+	Holders string
+}
+
+func (e *StallError) Error() string {
+	return fmt.Sprintf("pool stalled: no buffer of the %s region released for %v; held: %s", e.Region, e.Stalled, e.Holders)
+}
+
+// Unwrap makes errors.Is(err, ErrStalled) hold.
+func (e *StallError) Unwrap() error { return ErrStalled }
 
 // AcquireError is returned by Acquire and says which request failed and why.
 // Err is one of the sentinels above, or the context's error.

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"os"
 	"strings"
+	"time"
 )
 
 // Purpose says what a buffer holds. The pool keeps its accounting (bytes in
@@ -92,6 +93,10 @@ const (
 	// granule) when Options.MinBufferBytes is zero: 4096, or the page size
 	// where pages are larger.
 	DefaultMinBufferBytes = 4096
+	// DefaultStallTimeout is Options.StallTimeout's default: far longer
+	// than any single transfer or update takes, so only a real deadlock —
+	// every byte held by holders that wait themselves — reaches it.
+	DefaultStallTimeout = 2 * time.Minute
 	// MaxMinBufferBytes bounds MinBufferBytes (1 GiB).
 	MaxMinBufferBytes = 1 << 30
 	// maxGranules bounds CapacityBytes/MinBufferBytes: the allocator keeps
@@ -122,6 +127,18 @@ type Options struct {
 	// Logger receives the unpinned-memory warning and misuse reports.
 	// Default slog.Default().
 	Logger *slog.Logger
+	// Reservations gives purposes their own region of the arena, in bytes
+	// (each rounded up to MinBufferBytes): a purpose with a reservation is
+	// served only from it, so its consumer can neither starve nor be starved
+	// by another. Purposes left at 0 share what the reservations leave.
+	// Their sum must not exceed the capacity. Default: none.
+	Reservations [NumPurposes]int64
+	// StallTimeout bounds how long an Acquire may wait while its region
+	// sees no release at all: then it fails with ErrStalled, naming what
+	// the pool's memory is held for. Default DefaultStallTimeout; a
+	// negative value turns the watchdog off (then only the caller's context
+	// bounds a wait).
+	StallTimeout time.Duration
 }
 
 func pageSize() int { return os.Getpagesize() }
@@ -140,6 +157,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = DefaultStallTimeout
 	}
 }
 
@@ -175,6 +195,11 @@ func (o *Options) Validate() error {
 					int64(maxGranules), granule))
 		} else if rounded := roundUp(o.CapacityBytes, granule); int64(int(rounded)) != rounded {
 			bad("CapacityBytes", o.CapacityBytes, "does not fit in this platform's address space")
+		}
+	}
+	for i, r := range o.Reservations {
+		if r < 0 {
+			bad(fmt.Sprintf("Reservations[%s]", Purpose(i)), r, "must be >= 0 (0 means served from the shared region)")
 		}
 	}
 	switch o.Pin {

@@ -8,28 +8,37 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pool hands out Buffers from one mmap'ed, optionally mlock'ed arena with a
 // fixed byte budget. All methods are safe for concurrent use. Close is called
 // once, after which Acquire fails with ErrClosed.
+//
+// The arena may be split into reservations (Options.Reservations): a
+// purpose with a reservation is served only from its own region of the
+// arena, with its own allocator and its own queue of waiters, so consumers
+// sized by a plan can never starve one another; purposes without one share
+// the rest. No wait is unbounded: a waiter that sees no release in its
+// region for Options.StallTimeout fails with ErrStalled and an error that
+// names what the region's buffers are held for.
 type Pool struct {
 	logger       *slog.Logger
 	mem          []byte // the arena; len == capacity
 	granuleShift uint   // log2(MinBufferBytes)
 	pinned       bool
 	misuses      atomic.Int64
+	stallTimeout time.Duration
+	stopWatch    chan struct{}
+	watchDone    chan struct{}
 
-	mu       sync.Mutex
-	alloc    *buddy
-	closed   bool
-	unmapped bool
-	// Waiting Acquire calls, oldest first. Service is strictly FIFO: while
-	// anyone waits, newcomers queue behind them, so a large request cannot be
-	// starved by a stream of small ones. waiterFree recycles waiter records.
-	waitHead, waitTail *waiter
-	waiting            int
-	waiterFree         *waiter
+	mu        sync.Mutex
+	regions   []*region            // shared first, then the reservations
+	byPurpose [NumPurposes]*region // the region each purpose is served from
+	closed    bool
+	unmapped  bool
+	// waiterFree recycles waiter records across regions.
+	waiterFree *waiter
 
 	inUse          [NumPurposes]int64
 	outstandingBy  [NumPurposes]int64
@@ -39,6 +48,29 @@ type Pool struct {
 	outstanding    int64
 	acquires       int64
 	waits          int64
+	waiting        int
+	stalls         int64
+}
+
+// region is one independently allocated part of the arena: the shared
+// region, or one purpose's reservation. Granule numbers in its buddy are
+// relative to base.
+type region struct {
+	name  string // "shared" or the purpose's name
+	base  int32  // first granule in the arena
+	alloc *buddy
+	// Waiting Acquire calls, oldest first. Service is strictly FIFO: while
+	// anyone waits, newcomers queue behind them, so a large request cannot be
+	// starved by a stream of small ones.
+	waitHead, waitTail *waiter
+	waiting            int
+	inUse              int64
+	outstanding        int64
+	// progress counts releases; lastProgress is when the last happened (or
+	// the first waiter queued on an idle region). The stall watchdog
+	// compares them with each waiter's start.
+	progress     uint64
+	lastProgress time.Time
 }
 
 // waiter is one blocked Acquire. ready (capacity 1) receives exactly one
@@ -51,6 +83,7 @@ type waiter struct {
 	purpose    Purpose
 	buf        *Buffer
 	err        error
+	since      time.Time
 	ready      chan struct{}
 	prev, next *waiter
 }
@@ -64,14 +97,18 @@ type Stats struct {
 	RequestedBytes       int64              // sum of Len() of outstanding buffers
 	PeakInUseBytes       int64              // high-water mark of InUseBytes
 	FreeBytes            int64              // CapacityBytes - InUseBytes
-	LargestFreeBytes     int64              // the largest buffer Acquire could get now
+	LargestFreeBytes     int64              // the largest buffer Acquire could get now (any region)
 	Outstanding          int64              // buffers acquired and not yet released
 	OutstandingByPurpose [NumPurposes]int64
-	Acquires             int64 // successful acquisitions, ever
-	Waits                int64 // Acquire calls that had to block, ever
-	Waiting              int   // Acquire calls blocked right now
-	Misuses              int64 // over-releases and retains after release
-	Pinned               bool  // whether the arena is mlock'ed
+	// ReservedBytes is each purpose's reservation (0: served from the
+	// shared region).
+	ReservedBytes [NumPurposes]int64
+	Acquires      int64 // successful acquisitions, ever
+	Waits         int64 // Acquire calls that had to block, ever
+	Waiting       int   // Acquire calls blocked right now
+	Stalls        int64 // Acquire calls failed with ErrStalled, ever
+	Misuses       int64 // over-releases and retains after release
+	Pinned        bool  // whether the arena is mlock'ed
 }
 
 // NewPool maps the arena and applies the pin policy. opts is copied,
@@ -83,6 +120,13 @@ func NewPool(opts Options) (*Pool, error) {
 	}
 	granule := int64(opts.MinBufferBytes)
 	capacity := roundUp(opts.CapacityBytes, granule)
+	var reserved int64
+	for _, r := range opts.Reservations {
+		reserved += roundUp(r, granule)
+	}
+	if reserved > capacity {
+		return nil, fmt.Errorf("buffers: Options.Reservations add up to %s: more than the capacity, %s", formatBytes(reserved), formatBytes(capacity))
+	}
 	mem, err := mapArena(int(capacity))
 	if err != nil {
 		return nil, fmt.Errorf("buffers: mmap %s arena: %w", formatBytes(capacity), err)
@@ -91,11 +135,35 @@ func NewPool(opts Options) (*Pool, error) {
 		logger:       opts.Logger,
 		mem:          mem,
 		granuleShift: uint(bits.TrailingZeros64(uint64(granule))),
-		alloc:        newBuddy(int32(capacity / granule)),
+		stallTimeout: opts.StallTimeout,
+	}
+	// The shared region takes what the reservations leave; each
+	// reservation follows in purpose order.
+	next := int32(0)
+	add := func(name string, units int32) *region {
+		r := &region{name: name, base: next}
+		if units > 0 {
+			r.alloc = newBuddy(units)
+		}
+		next += units
+		p.regions = append(p.regions, r)
+		return r
+	}
+	shared := add("shared", int32((capacity-reserved)/granule))
+	for i := range p.byPurpose {
+		if n := roundUp(opts.Reservations[i], granule); n > 0 {
+			p.byPurpose[i] = add(Purpose(i).String(), int32(n/granule))
+		} else {
+			p.byPurpose[i] = shared
+		}
 	}
 	if err := p.pin(opts.Pin, opts.Logger); err != nil {
 		_ = unmapArena(mem)
 		return nil, err
+	}
+	if p.stallTimeout > 0 {
+		p.stopWatch, p.watchDone = make(chan struct{}), make(chan struct{})
+		go p.watch()
 	}
 	return p, nil
 }
@@ -110,9 +178,71 @@ func (p *Pool) CapacityBytes() int64 { return int64(len(p.mem)) }
 // MinBufferBytes returns the allocation granule: every Cap() is a multiple.
 func (p *Pool) MinBufferBytes() int { return 1 << p.granuleShift }
 
-// MaxBufferBytes returns the largest size Acquire can ever serve: the
-// largest power-of-two multiple of MinBufferBytes within the capacity.
-func (p *Pool) MaxBufferBytes() int { return 1 << (p.granuleShift + uint(p.alloc.maxOrder)) }
+// MaxBufferBytes returns the largest size Acquire can ever serve for a
+// purpose served from the shared region: the largest power-of-two multiple
+// of MinBufferBytes within it. See MaxBufferBytesFor for a reservation.
+func (p *Pool) MaxBufferBytes() int { return p.maxBytes(p.regions[0]) }
+
+// MaxBufferBytesFor returns the largest size Acquire can ever serve for
+// purpose: the largest power-of-two multiple of MinBufferBytes within the
+// region it is served from.
+func (p *Pool) MaxBufferBytesFor(purpose Purpose) int {
+	if !purpose.Valid() {
+		return 0
+	}
+	return p.maxBytes(p.byPurpose[purpose])
+}
+
+func (p *Pool) maxBytes(r *region) int {
+	if r.alloc == nil {
+		return 0
+	}
+	return 1 << (p.granuleShift + uint(r.alloc.maxOrder))
+}
+
+// ReservedBytes returns purpose's reservation, or 0 when it is served from
+// the shared region.
+func (p *Pool) ReservedBytes(purpose Purpose) int64 {
+	if !purpose.Valid() || p.byPurpose[purpose] == p.regions[0] {
+		return 0
+	}
+	return p.regionBytes(p.byPurpose[purpose])
+}
+
+func (p *Pool) regionBytes(r *region) int64 {
+	if r.alloc == nil {
+		return 0
+	}
+	return int64(r.alloc.nUnits) << p.granuleShift
+}
+
+// BlockBytes returns the arena bytes a buffer of size bytes occupies once
+// acquired: size rounded up to the granule. See SpanBytes for what the
+// allocator needs free to hand it out.
+func (p *Pool) BlockBytes(size int64) int64 { return BlockBytes(size, p.MinBufferBytes()) }
+
+// BlockBytes is the pool's block rule: a buffer of size bytes occupies size
+// rounded up to a multiple of granule (the allocator returns the rest of
+// its power-of-two block at once). A size <= 0 occupies nothing.
+func BlockBytes(size int64, granule int) int64 {
+	if size <= 0 {
+		return 0
+	}
+	return roundUp(size, int64(granule))
+}
+
+// SpanBytes is the free, aligned power-of-two block the allocator must find
+// to hand out a buffer of size bytes (it keeps BlockBytes of it). A region
+// in which every buffer its consumer holds at once is counted at SpanBytes
+// can always serve that consumer once its own buffers are released, which
+// is how reservations are sized.
+func SpanBytes(size int64, granule int) int64 {
+	if size <= 0 {
+		return 0
+	}
+	units := (size + int64(granule) - 1) / int64(granule)
+	return int64(granule) << bits.Len64(uint64(units-1))
+}
 
 // Regions returns the arena's mapped memory, one region, so a GPU runtime
 // can register it once (cudaHostRegister) instead of per buffer. It returns
@@ -127,34 +257,43 @@ func (p *Pool) Regions() [][]byte {
 }
 
 // checkRequest turns size into granules, or says why it can never be served.
-func (p *Pool) checkRequest(size int, purpose Purpose) (int32, error) {
-	switch {
-	case !purpose.Valid():
-		return 0, &AcquireError{size, purpose, ErrInvalidPurpose}
-	case size <= 0:
-		return 0, &AcquireError{size, purpose, fmt.Errorf("%w: must be > 0", ErrInvalidSize)}
-	case int64(size) > int64(len(p.mem)):
-		return 0, &AcquireError{size, purpose, fmt.Errorf("%w: the capacity is %s",
-			ErrTooLarge, formatBytes(int64(len(p.mem))))}
-	case size > p.MaxBufferBytes():
-		return 0, &AcquireError{size, purpose, fmt.Errorf(
-			"%w: the largest buffer a %s arena holds is %s (use a power-of-two capacity to allow one buffer as large as the arena)",
-			ErrTooLarge, formatBytes(int64(len(p.mem))), formatBytes(int64(p.MaxBufferBytes())))}
+func (p *Pool) checkRequest(size int, purpose Purpose) (int32, *region, error) {
+	if !purpose.Valid() {
+		return 0, nil, &AcquireError{size, purpose, ErrInvalidPurpose}
 	}
-	return int32((int64(size) + int64(p.MinBufferBytes()) - 1) >> p.granuleShift), nil
+	r := p.byPurpose[purpose]
+	where := "the capacity"
+	if r != p.regions[0] {
+		where = "the " + purpose.String() + " reservation"
+	}
+	capBytes := p.regionBytes(r)
+	switch {
+	case size <= 0:
+		return 0, nil, &AcquireError{size, purpose, fmt.Errorf("%w: must be > 0", ErrInvalidSize)}
+	case int64(size) > capBytes:
+		return 0, nil, &AcquireError{size, purpose, fmt.Errorf("%w: %s is %s",
+			ErrTooLarge, where, formatBytes(capBytes))}
+	case size > p.maxBytes(r):
+		return 0, nil, &AcquireError{size, purpose, fmt.Errorf(
+			"%w: the largest buffer a %s region holds is %s (use a power-of-two capacity to allow one buffer as large as the region)",
+			ErrTooLarge, formatBytes(capBytes), formatBytes(int64(p.maxBytes(r))))}
+	}
+	return int32((int64(size) + int64(p.MinBufferBytes()) - 1) >> p.granuleShift), r, nil
 }
 
 // Acquire returns a buffer of size bytes for purpose, blocking while the
-// budget is spent (backpressure) until enough memory is released, ctx is
-// done, or the pool is closed. Waiters are served first come, first served.
-// It fails at once, without blocking, for a size <= 0 or one the pool can
-// never hold (ErrTooLarge), after Close (ErrClosed), and when ctx is already
-// done, even if memory is free. Errors are
+// budget of the purpose's region is spent (backpressure) until enough
+// memory is released, ctx is done, the pool is closed, or the region makes
+// no progress (no release) for Options.StallTimeout (ErrStalled, naming
+// what the region's buffers are held for). Waiters are served first come,
+// first served. It fails at once, without blocking, for a size <= 0 or one
+// the region can never hold (ErrTooLarge), after Close (ErrClosed), and
+// when ctx is already done, even if memory is free. Errors are
 // *AcquireError naming the size and purpose, wrapping the cause (a sentinel
 // or ctx.Err()). The buffer's memory is not zeroed: it holds whatever its
 // last user left.
 func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer, error) {
-	units, err := p.checkRequest(size, purpose)
+	units, r, err := p.checkRequest(size, purpose)
 	if err != nil {
 		return nil, err
 	}
@@ -167,13 +306,18 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 		p.mu.Unlock()
 		return nil, &AcquireError{size, purpose, ErrClosed}
 	}
-	if p.waitHead == nil && p.allocLocked(b, units, size, purpose) {
+	if r.waitHead == nil && p.allocLocked(r, b, units, size, purpose) {
 		p.mu.Unlock()
 		return b, nil
 	}
 	w := p.newWaiterLocked()
 	w.units, w.size, w.purpose, w.buf = units, size, purpose, b
-	p.enqueueLocked(w)
+	w.since = time.Now()
+	if r.waitHead == nil && r.lastProgress.Before(w.since) {
+		// An idle region's clock starts with its first waiter.
+		r.lastProgress = w.since
+	}
+	p.enqueueLocked(r, w)
 	p.waits++
 	p.mu.Unlock()
 
@@ -192,17 +336,18 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 	p.mu.Lock()
 	select {
 	case <-w.ready:
-		// Granted (or failed by Close) while ctx was being cancelled: the
-		// caller sees ctx's error, so give a granted buffer straight back.
+		// Granted (or failed by Close or the watchdog) while ctx was being
+		// cancelled: the caller sees ctx's error, so give a granted buffer
+		// straight back.
 		if w.err == nil {
 			b.refs.Store(0)
 			p.putLocked(b)
 		}
 	default:
-		wasHead := p.waitHead == w
-		p.dequeueLocked(w)
+		wasHead := r.waitHead == w
+		p.dequeueLocked(r, w)
 		if wasHead {
-			p.grantLocked() // those queued behind may fit now
+			p.grantLocked(r) // those queued behind may fit now
 		}
 	}
 	p.freeWaiterLocked(w)
@@ -211,36 +356,40 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 }
 
 // TryAcquire is Acquire without blocking: it returns false when the memory
-// is not free right now, when other Acquire calls are already waiting (they
-// keep their turn), when the size or purpose is invalid or too large, and
-// after Close.
+// is not free right now, when other Acquire calls are already waiting in
+// the purpose's region (they keep their turn), when the size or purpose is
+// invalid or too large, and after Close.
 func (p *Pool) TryAcquire(size int, purpose Purpose) (*Buffer, bool) {
-	units, err := p.checkRequest(size, purpose)
+	units, r, err := p.checkRequest(size, purpose)
 	if err != nil {
 		return nil, false
 	}
 	b := new(Buffer)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.waitHead != nil || !p.allocLocked(b, units, size, purpose) {
+	if p.closed || r.waitHead != nil || !p.allocLocked(r, b, units, size, purpose) {
 		return nil, false
 	}
 	return b, true
 }
 
-// allocLocked carves units granules for b and does the accounting.
-func (p *Pool) allocLocked(b *Buffer, units int32, size int, purpose Purpose) bool {
-	u, ok := p.alloc.alloc(units)
+// allocLocked carves units granules of region r for b and does the
+// accounting.
+func (p *Pool) allocLocked(r *region, b *Buffer, units int32, size int, purpose Purpose) bool {
+	u, ok := r.alloc.alloc(units)
 	if !ok {
 		return false
 	}
+	u += r.base
 	off := int64(u) << p.granuleShift
 	n := int64(units) << p.granuleShift
-	b.pool, b.unit, b.units, b.purpose = p, u, units, purpose
+	b.pool, b.region, b.unit, b.units, b.purpose = p, r, u, units, purpose
 	b.data = p.mem[off : off+int64(size) : off+n]
 	b.refs.Store(1)
 	p.inUse[purpose] += n
 	p.inUseTotal += n
+	r.inUse += n
+	r.outstanding++
 	p.requestedTotal += int64(size)
 	p.peak = max(p.peak, p.inUseTotal)
 	p.outstanding++
@@ -249,14 +398,14 @@ func (p *Pool) allocLocked(b *Buffer, units int32, size int, purpose Purpose) bo
 	return true
 }
 
-// grantLocked serves waiters in order while the oldest one fits.
-func (p *Pool) grantLocked() {
-	for w := p.waitHead; w != nil; w = p.waitHead {
-		if !p.alloc.canAlloc(w.units) {
+// grantLocked serves r's waiters in order while the oldest one fits.
+func (p *Pool) grantLocked(r *region) {
+	for w := r.waitHead; w != nil; w = r.waitHead {
+		if !r.alloc.canAlloc(w.units) {
 			return
 		}
-		p.allocLocked(w.buf, w.units, w.size, w.purpose)
-		p.dequeueLocked(w)
+		p.allocLocked(r, w.buf, w.units, w.size, w.purpose)
+		p.dequeueLocked(r, w)
 		w.ready <- struct{}{}
 	}
 }
@@ -269,15 +418,22 @@ func (p *Pool) put(b *Buffer) {
 }
 
 func (p *Pool) putLocked(b *Buffer) {
+	r := b.region
 	n := int64(b.units) << p.granuleShift
-	p.alloc.release(b.unit, b.units)
+	r.alloc.release(b.unit-r.base, b.units)
 	p.inUse[b.purpose] -= n
 	p.inUseTotal -= n
+	r.inUse -= n
+	r.outstanding--
+	r.progress++
+	if r.waitHead != nil {
+		r.lastProgress = time.Now()
+	}
 	p.requestedTotal -= int64(len(b.data))
 	p.outstanding--
 	p.outstandingBy[b.purpose]--
 	if !p.closed {
-		p.grantLocked()
+		p.grantLocked(r)
 		return
 	}
 	if p.outstanding == 0 && !p.unmapped {
@@ -288,6 +444,77 @@ func (p *Pool) putLocked(b *Buffer) {
 	}
 }
 
+// watch is the stall watchdog: it fails every waiter of a region that has
+// seen no release for stallTimeout since the waiter queued.
+func (p *Pool) watch() {
+	defer close(p.watchDone)
+	tick := time.NewTicker(max(p.stallTimeout/4, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stopWatch:
+			return
+		case now := <-tick.C:
+			p.mu.Lock()
+			for _, r := range p.regions {
+				if r.waitHead == nil || now.Sub(r.lastProgress) < p.stallTimeout || now.Sub(r.waitHead.since) < p.stallTimeout {
+					continue
+				}
+				err := &StallError{Region: r.name, Stalled: now.Sub(r.lastProgress).Round(time.Millisecond), Holders: p.holdersLocked()}
+				for w := r.waitHead; w != nil; w = r.waitHead {
+					p.dequeueLocked(r, w)
+					w.err = err
+					p.stalls++
+					w.ready <- struct{}{}
+				}
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+// Holders describes what the pool's memory is held for right now, region
+// by region: capacity, bytes and buffers held per purpose, and the waiting
+// requests. It is what ErrStalled reports.
+func (p *Pool) Holders() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holdersLocked()
+}
+
+func (p *Pool) holdersLocked() string {
+	var sb strings.Builder
+	for i, r := range p.regions {
+		if r.alloc == nil {
+			continue
+		}
+		if i > 0 || sb.Len() > 0 {
+			sb.WriteString("; ")
+		}
+		fmt.Fprintf(&sb, "%s region %s: %s in %d buffer(s)", r.name, formatBytes(p.regionBytes(r)), formatBytes(r.inUse), r.outstanding)
+		var held []string
+		for pu := range p.byPurpose {
+			if p.byPurpose[pu] == r && p.outstandingBy[pu] > 0 {
+				held = append(held, fmt.Sprintf("%s %s in %d", Purpose(pu), formatBytes(p.inUse[pu]), p.outstandingBy[pu]))
+			}
+		}
+		if len(held) > 0 {
+			fmt.Fprintf(&sb, " (%s)", strings.Join(held, ", "))
+		}
+		if r.waiting > 0 {
+			var ws []string
+			for w := r.waitHead; w != nil && len(ws) < 8; w = w.next {
+				ws = append(ws, fmt.Sprintf("%s for %s", formatBytes(int64(w.size)), w.purpose))
+			}
+			if r.waiting > len(ws) {
+				ws = append(ws, fmt.Sprintf("%d more", r.waiting-len(ws)))
+			}
+			fmt.Fprintf(&sb, ", %d waiting: %s", r.waiting, strings.Join(ws, ", "))
+		}
+	}
+	return sb.String()
+}
+
 // Close wakes every waiting Acquire with ErrClosed and unmaps the arena.
 // If buffers are still outstanding it returns an error wrapping
 // ErrOutstanding that names how many and for which purposes, and leaves the
@@ -296,16 +523,25 @@ func (p *Pool) putLocked(b *Buffer) {
 // Close is called once; a second call returns ErrClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return ErrClosed
 	}
 	p.closed = true
-	for w := p.waitHead; w != nil; w = p.waitHead {
-		p.dequeueLocked(w)
-		w.err = ErrClosed
-		w.ready <- struct{}{}
+	for _, r := range p.regions {
+		for w := r.waitHead; w != nil; w = r.waitHead {
+			p.dequeueLocked(r, w)
+			w.err = ErrClosed
+			w.ready <- struct{}{}
+		}
 	}
+	p.mu.Unlock()
+	if p.stopWatch != nil {
+		close(p.stopWatch)
+		<-p.watchDone
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.outstanding > 0 {
 		var parts []string
 		for i, c := range p.outstandingBy {
@@ -334,22 +570,34 @@ func (p *Pool) unmapLocked() error {
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{
+	st := Stats{
 		CapacityBytes:        int64(len(p.mem)),
 		InUseBytes:           p.inUseTotal,
 		InUseBytesByPurpose:  p.inUse,
 		RequestedBytes:       p.requestedTotal,
 		PeakInUseBytes:       p.peak,
-		FreeBytes:            p.alloc.freeUnits << p.granuleShift,
-		LargestFreeBytes:     p.alloc.largestFree() << p.granuleShift,
 		Outstanding:          p.outstanding,
 		OutstandingByPurpose: p.outstandingBy,
 		Acquires:             p.acquires,
 		Waits:                p.waits,
 		Waiting:              p.waiting,
+		Stalls:               p.stalls,
 		Misuses:              p.misuses.Load(),
 		Pinned:               p.pinned,
 	}
+	for _, r := range p.regions {
+		if r.alloc == nil {
+			continue
+		}
+		st.FreeBytes += r.alloc.freeUnits << p.granuleShift
+		st.LargestFreeBytes = max(st.LargestFreeBytes, r.alloc.largestFree()<<p.granuleShift)
+	}
+	for i, r := range p.byPurpose {
+		if r != p.regions[0] {
+			st.ReservedBytes[i] = p.regionBytes(r)
+		}
+	}
+	return st
 }
 
 func (p *Pool) newWaiterLocked() *waiter {
@@ -368,28 +616,30 @@ func (p *Pool) freeWaiterLocked(w *waiter) {
 	p.waiterFree = w
 }
 
-func (p *Pool) enqueueLocked(w *waiter) {
-	w.prev, w.next = p.waitTail, nil
-	if p.waitTail != nil {
-		p.waitTail.next = w
+func (p *Pool) enqueueLocked(r *region, w *waiter) {
+	w.prev, w.next = r.waitTail, nil
+	if r.waitTail != nil {
+		r.waitTail.next = w
 	} else {
-		p.waitHead = w
+		r.waitHead = w
 	}
-	p.waitTail = w
+	r.waitTail = w
+	r.waiting++
 	p.waiting++
 }
 
-func (p *Pool) dequeueLocked(w *waiter) {
+func (p *Pool) dequeueLocked(r *region, w *waiter) {
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
-		p.waitHead = w.next
+		r.waitHead = w.next
 	}
 	if w.next != nil {
 		w.next.prev = w.prev
 	} else {
-		p.waitTail = w.prev
+		r.waitTail = w.prev
 	}
 	w.prev, w.next = nil, nil
+	r.waiting--
 	p.waiting--
 }

@@ -163,7 +163,7 @@ func TestConcurrentStress(t *testing.T) {
 		}
 	}
 	p.mu.Lock()
-	err := p.alloc.checkInvariants()
+	err := p.regions[0].alloc.checkInvariants()
 	p.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,137 @@
+package buffers_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf/buffers"
+)
+
+// A purpose with a reservation is served from its own region: another
+// purpose filling the shared region cannot make it wait, and it cannot
+// take more than its share.
+func TestReservationsIsolatePurposes(t *testing.T) {
+	var res [buffers.NumPurposes]int64
+	res[buffers.PurposeOptimizer] = 64 << 10
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 128 << 10, Reservations: res, Pin: buffers.PinOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got := p.ReservedBytes(buffers.PurposeOptimizer); got != 64<<10 {
+		t.Fatalf("ReservedBytes = %d, want %d", got, 64<<10)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	shared, err := p.Acquire(ctx, 64<<10, buffers.PurposeParams) // the whole shared region
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Release()
+	if _, ok := p.TryAcquire(4096, buffers.PurposeGradients); ok {
+		t.Fatal("the shared region is full, yet a shared purpose got a buffer")
+	}
+	opt, err := p.Acquire(ctx, 64<<10, buffers.PurposeOptimizer)
+	if err != nil {
+		t.Fatalf("the optimizer's reservation is free but Acquire failed: %v", err)
+	}
+	opt.Release()
+	_, err = p.Acquire(ctx, 128<<10, buffers.PurposeOptimizer)
+	if !errors.Is(err, buffers.ErrTooLarge) || !strings.Contains(err.Error(), "optimizer reservation") {
+		t.Fatalf("a request above the reservation: got %v, want ErrTooLarge naming the reservation", err)
+	}
+	if st := p.Stats(); st.ReservedBytes[buffers.PurposeOptimizer] != 64<<10 || st.FreeBytes != 64<<10 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+func TestReservationsBeyondCapacityRefused(t *testing.T) {
+	var res [buffers.NumPurposes]int64
+	res[buffers.PurposeParams] = 96 << 10
+	res[buffers.PurposeGradients] = 64 << 10
+	_, err := buffers.NewPool(buffers.Options{CapacityBytes: 128 << 10, Reservations: res, Pin: buffers.PinOff})
+	if err == nil || !strings.Contains(err.Error(), "Reservations") {
+		t.Fatalf("got %v, want an error naming Options.Reservations", err)
+	}
+}
+
+// A waiter whose region sees no release fails with ErrStalled naming the
+// holders, even with a context that never ends.
+func TestStalledAcquireNamesHolders(t *testing.T) {
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 64 << 10, Pin: buffers.PinOff, StallTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	held, err := p.Acquire(context.Background(), 48<<10, buffers.PurposeGradients)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Acquire(context.Background(), 32<<10, buffers.PurposeOptimizer)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, buffers.ErrStalled) {
+			t.Fatalf("got %v, want ErrStalled", err)
+		}
+		for _, want := range []string{"gradients 48 KiB", "1 waiting", "32 KiB (32768 bytes) for optimizer"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("stall error %q does not name %q", err, want)
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Acquire still waiting after 10 s; holders: %s", p.Holders())
+	}
+	if p.Stats().Stalls != 1 {
+		t.Fatalf("Stalls = %d, want 1", p.Stats().Stalls)
+	}
+}
+
+// A waiter that sees releases keeps waiting past the stall timeout: the
+// watchdog fails only waits that make no progress.
+func TestSlowProgressIsNotAStall(t *testing.T) {
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 64 << 10, Pin: buffers.PinOff, StallTimeout: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var held []*buffers.Buffer
+	for range 16 {
+		b, err := p.Acquire(t.Context(), 4096, buffers.PurposeParams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, b)
+	}
+	go func() {
+		for _, b := range held {
+			time.Sleep(50 * time.Millisecond)
+			b.Release()
+		}
+	}()
+	b, err := p.Acquire(t.Context(), 64<<10, buffers.PurposeParams)
+	if err != nil {
+		t.Fatalf("a wait that saw releases every 50 ms failed: %v", err)
+	}
+	b.Release()
+}
+
+func TestBlockRule(t *testing.T) {
+	for _, c := range []struct{ size, block, span int64 }{
+		{0, 0, 0}, {1, 4096, 4096}, {4096, 4096, 4096}, {4097, 8192, 8192}, {3 * 4096, 3 * 4096, 4 * 4096}, {5*4096 + 1, 6 * 4096, 8 * 4096},
+	} {
+		if got := buffers.BlockBytes(c.size, 4096); got != c.block {
+			t.Errorf("BlockBytes(%d) = %d, want %d", c.size, got, c.block)
+		}
+		if got := buffers.SpanBytes(c.size, 4096); got != c.span {
+			t.Errorf("SpanBytes(%d) = %d, want %d", c.size, got, c.span)
+		}
+	}
+}
