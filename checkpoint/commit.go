@@ -14,15 +14,66 @@ import (
 )
 
 // Names in the checkpoint root. A writer's temporary directory is
-// <root>/.tmp-<name>-<random>, next to its lock file <dir>.lock; retention
-// moves victims to <root>/.tmp-del-<name>-<random> before removing them.
-// Everything starting with ".tmp-" is invisible to Latest and List.
+// <root>/.tmp-zinf-ckpt-<name>-<12 hex digits>, next to its lock file
+// <dir>.lock (created as <dir>.lock.init); retention and a replacing commit
+// move victims to <root>/.tmp-zinf-ckpt-del-<name>-<12 hex digits>, with a
+// lock file of their own, before removing them. Everything starting with
+// ".tmp-" is invisible to Latest and List, but only names of exactly this
+// shape whose lock file this package wrote are ever removed by a sweep: the
+// root may be shared with files that are not ours, and a directory a user
+// happened to name ".tmp-something" is theirs.
 const (
-	tmpPrefix  = ".tmp-"
-	delPrefix  = ".tmp-del-"
-	lockSuffix = ".lock"
-	initSuffix = ".init" // a lock file being created: <dir>.lock.init
+	tmpPrefix   = ".tmp-zinf-ckpt-"
+	delTag      = "del-"
+	lockSuffix  = ".lock"
+	initSuffix  = ".init" // a lock file being created: <dir>.lock.init
+	randomChars = 12      // hex digits of the random suffix
+	// lockMagic opens every lock file this package writes, so a sweep can
+	// tell its own lock files from a stranger's file of a similar name.
+	lockMagic = "zinf-checkpoint-lock v1\n"
 )
+
+// tempName is the base name of a new temporary entry for the checkpoint
+// name (a writer's directory, or with delTag prepended, a victim's).
+func tempName(name string) (string, error) {
+	suffix, err := randomSuffix()
+	if err != nil {
+		return "", err
+	}
+	return tmpPrefix + name + "-" + suffix, nil
+}
+
+// ownTempDirName reports whether base has exactly the shape of a temporary
+// directory name this package makes: the prefix, a non-empty name that
+// does not start with a dot, a dash and 12 lowercase hex digits.
+func ownTempDirName(base string) bool {
+	rest, ok := strings.CutPrefix(base, tmpPrefix)
+	if !ok || len(rest) < randomChars+2 || rest[0] == '.' || strings.ContainsAny(rest, "/\\") {
+		return false
+	}
+	if rest[len(rest)-randomChars-1] != '-' {
+		return false
+	}
+	for _, c := range rest[len(rest)-randomChars:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// ownLockName reports whether base is the name of a lock file this package
+// makes (<dir>.lock or <dir>.lock.init for an own temporary directory
+// name), and returns that directory name.
+func ownLockName(base string) (dir string, init bool, ok bool) {
+	if d, found := strings.CutSuffix(base, lockSuffix+initSuffix); found && ownTempDirName(d) {
+		return d, true, true
+	}
+	if d, found := strings.CutSuffix(base, lockSuffix); found && ownTempDirName(d) {
+		return d, false, true
+	}
+	return "", false, false
+}
 
 // testHookCommit, set only by tests (before any save starts), is called at
 // the commit's stages, so a crash test can kill a writer inside them.
@@ -55,44 +106,56 @@ func begin(root, name string, overwrite bool, log *slog.Logger) (*txn, error) {
 	if err := checkTarget(final, overwrite); err != nil {
 		return nil, err
 	}
-	suffix, err := randomSuffix()
+	base, err := tempName(name)
 	if err != nil {
 		return nil, err
 	}
 	t := &txn{root: root, name: name, final: final, overwrite: overwrite, log: log,
-		tmp: filepath.Join(root, tmpPrefix+name+"-"+suffix)}
+		tmp: filepath.Join(root, base)}
 	lf, err := createLock(t.tmp + lockSuffix)
 	if err != nil {
 		return nil, &Error{Op: "save", Path: root, Err: fmt.Errorf("creating the writer lock: %w", err)}
 	}
 	t.lock, t.lockPath = lf, t.tmp+lockSuffix
 	if err := os.Mkdir(t.tmp, 0o755); err != nil {
-		t.unlock()
+		t.unlock(true)
 		return nil, &Error{Op: "save", Path: t.tmp, Err: err}
 	}
 	return t, nil
 }
 
-// createLock creates the lock file path already flock'ed: it is created
-// and locked under the name path+".init" (which cleanStale removes only
-// when it can lock it) and then renamed to path, so no other writer ever
-// sees path unlocked while its owner lives. (Created directly, a cleaner
-// could lock and remove it between our create and our flock.)
+// createLock creates the lock file path already flock'ed and holding
+// lockMagic: it is created and locked under the name path+".init" and
+// then renamed to path, so no other writer ever sees path unlocked while
+// its owner lives. (Created directly, a cleaner could lock and remove it
+// between our create and our flock.) A sweep removes a ".init" file only
+// once it holds the lock and has read lockMagic in it, i.e. never between
+// our create and our write.
 func createLock(path string) (*os.File, error) {
 	init := path + initSuffix
 	lf, err := os.OpenFile(init, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	ok, err := tryLock(lf)
+	// A sweep may hold the lock for a moment (it locks, finds the file
+	// empty, lets go): retry briefly before calling it a conflict.
+	var ok bool
+	for try := 0; err == nil && !ok && try < 100; try++ {
+		if try > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		ok, err = tryLock(lf)
+	}
 	if err == nil && !ok {
 		err = errors.New("a fresh lock file is locked by someone else")
 	}
 	if err == nil {
 		host, _ := os.Hostname()
-		fmt.Fprintf(lf, "pid=%d host=%s started=%s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339Nano))
-		// Fails (ENOENT) only if a cleaner removed the .init file before we
-		// locked it; the save then fails rather than run unprotected.
+		_, err = fmt.Fprintf(lf, "%spid=%d host=%s started=%s\n", lockMagic, os.Getpid(), host, time.Now().UTC().Format(time.RFC3339Nano))
+	}
+	if err == nil {
+		// Fails (ENOENT) only if something removed the .init file; the
+		// save then fails rather than run unprotected.
 		err = os.Rename(init, path)
 	}
 	if err != nil {
@@ -153,22 +216,29 @@ func (t *txn) commit() error {
 		var ok bool
 		ok, err = renameExchange(t.tmp, t.final)
 		if err == nil && !ok {
-			// No RENAME_EXCHANGE: move the old one aside (a ".tmp-" name
-			// without a live lock: a crash here leaves it to cleanStale,
-			// with the new checkpoint complete in the other ".tmp-"
-			// directory; the name is briefly absent).
-			var suffix string
-			if suffix, err = randomSuffix(); err != nil {
-				return &Error{Op: "commit", Path: t.final, Err: err}
+			// No RENAME_EXCHANGE: move the old one aside, to a victim's
+			// name with a lock of its own (a crash here leaves it to a
+			// later sweep, with the new checkpoint complete in our own
+			// temporary directory; the name is briefly absent).
+			aside, al, lerr := lockedTemp(t.root, delTag+t.name)
+			if lerr != nil {
+				return &Error{Op: "commit", Path: t.final, Err: lerr}
 			}
-			aside := filepath.Join(t.root, delPrefix+t.name+"-"+suffix)
 			if err = os.Rename(t.final, aside); err == nil {
 				err = os.Rename(t.tmp, t.final)
 				if err != nil {
-					os.Rename(aside, t.final) // put the old one back
+					// Put the old one back. Should that fail too, it stays
+					// under its hidden name without a lock file, which no
+					// sweep removes: it may be the only copy.
+					if perr := os.Rename(aside, t.final); perr != nil {
+						t.log.Warn("checkpoint: could not put the replaced checkpoint back; it is kept under a hidden name", "path", aside, "want", t.final, "err", perr)
+					}
+					al.release(true)
 				} else {
-					os.RemoveAll(aside)
+					removeLocked(aside, al, t.log)
 				}
+			} else {
+				al.release(true)
 			}
 		} else if err == nil {
 			replaced = true // t.tmp now holds the old checkpoint
@@ -188,11 +258,14 @@ func (t *txn) commit() error {
 		return &Error{Op: "commit", Path: t.root, Err: err}
 	}
 	if replaced {
+		// t.tmp now holds the old checkpoint, still under our lock.
 		if err := os.RemoveAll(t.tmp); err != nil {
 			t.log.Warn("checkpoint: removing the replaced checkpoint failed; it is cleaned on the next save", "path", t.tmp, "err", err)
+			t.unlock(false)
+			return nil
 		}
 	}
-	t.unlock()
+	t.unlock(true)
 	return nil
 }
 
@@ -203,83 +276,167 @@ func (t *txn) abort() {
 	}
 	if err := os.RemoveAll(t.tmp); err != nil {
 		t.log.Warn("checkpoint: removing the temporary directory of a failed save failed; it is cleaned on the next save", "path", t.tmp, "err", err)
+		t.unlock(false)
+		return
 	}
-	t.unlock()
+	t.unlock(true)
 }
 
-// unlock removes the lock file (after the directory is gone) and drops
-// the flock.
-func (t *txn) unlock() {
+// unlock drops the flock, and removes the lock file when removeFile (the
+// directory is gone). A directory that is still there keeps its lock file,
+// unheld: that is what lets a later sweep prove it stale and remove it.
+func (t *txn) unlock(removeFile bool) {
 	if t.lock == nil {
 		return
 	}
-	os.Remove(t.lockPath)
-	t.lock.Close()
+	l := heldLock{f: t.lock, path: t.lockPath}
+	l.release(removeFile)
 	t.lock = nil
 }
 
-// cleanStale removes the temporary directories (and orphaned lock files)
-// of writers that died: those whose lock file is missing or not held. A
-// live writer's directory is never touched. Problems are logged, not
-// returned: they never fail a save.
+// heldLock is a lock file this package created and holds.
+type heldLock struct {
+	f    *os.File
+	path string
+}
+
+// release drops the flock; removeFile removes the lock file first (only
+// once what it guards is gone).
+func (l *heldLock) release(removeFile bool) {
+	if removeFile {
+		os.Remove(l.path)
+	}
+	l.f.Close()
+}
+
+// lockedTemp picks a new temporary name under root for name and creates
+// its lock file, held; the caller then creates (or renames something to)
+// the returned path.
+func lockedTemp(root, name string) (string, *heldLock, error) {
+	base, err := tempName(name)
+	if err != nil {
+		return "", nil, err
+	}
+	path := filepath.Join(root, base)
+	lf, err := createLock(path + lockSuffix)
+	if err != nil {
+		return "", nil, fmt.Errorf("creating the lock of %s: %w", path, err)
+	}
+	return path, &heldLock{f: lf, path: path + lockSuffix}, nil
+}
+
+// removeLocked removes the directory dir guarded by l, then its lock; if
+// the removal fails the lock file stays (unheld) so a later sweep retries.
+func removeLocked(dir string, l *heldLock, log *slog.Logger) {
+	if err := os.RemoveAll(dir); err != nil {
+		log.Warn("checkpoint: removing a checkpoint failed; the next save retries", "path", dir, "err", err)
+		l.release(false)
+		return
+	}
+	l.release(true)
+}
+
+// lockState is what a sweep found about a lock file.
+type lockState int
+
+const (
+	lockMissing lockState = iota // no such file
+	lockHeld                     // a live process holds it
+	lockForeign                  // not a regular file holding lockMagic
+	lockStale                    // ours and not held: we hold it now
+)
+
+// claimLock tries to take over the lock file path. It returns lockStale,
+// with the file open and locked (the caller closes it), only when path is
+// a regular file that nobody holds, that starts with lockMagic, and that
+// is still the file at path once locked (not replaced meanwhile).
+func claimLock(path string) (*os.File, lockState) {
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, lockMissing
+	}
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, lockForeign
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, lockForeign
+	}
+	ok, err := tryLock(f)
+	if err != nil || !ok {
+		f.Close()
+		if err != nil {
+			return nil, lockForeign
+		}
+		return nil, lockHeld
+	}
+	magic := make([]byte, len(lockMagic))
+	n, _ := f.ReadAt(magic, 0)
+	fst, ferr := f.Stat()
+	pst, perr := os.Lstat(path)
+	if n != len(magic) || string(magic) != lockMagic || ferr != nil || perr != nil || !os.SameFile(fst, pst) {
+		f.Close()
+		return nil, lockForeign
+	}
+	return f, lockStale
+}
+
+// cleanStale removes what writers that died left in root, and nothing
+// else: an entry is removed only if its name has exactly the shape this
+// package gives its temporary directories and lock files (see tempName)
+// and its lock file, written by this package (lockMagic), is held by no
+// live process (the kernel drops a dead process's flock, SIGKILL
+// included). A live writer's directory is never touched; an entry of that
+// shape without a usable lock file of ours is left and mentioned; any
+// other entry (a user's ".tmp-notes", say) is not looked at. Problems are
+// logged, not returned: they never fail a save.
 func cleanStale(root string, log *slog.Logger) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return
 	}
-	// unheld opens path and reports whether nobody holds its lock; the
-	// caller closes f (which then holds it) when ok.
-	unheld := func(path string) (*os.File, bool) {
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			return nil, false
-		}
-		if held, err := tryLock(f); err != nil || !held {
-			f.Close()
-			return nil, false
-		}
-		return f, true
-	}
-	remove := func(dir, why string) {
-		if err := os.RemoveAll(dir); err != nil {
-			log.Warn("checkpoint: removing a stale temporary directory failed", "path", dir, "why", why, "err", err)
-			return
-		}
-		log.Info("checkpoint: removed a stale temporary directory", "path", dir, "why", why)
-	}
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasPrefix(name, tmpPrefix) {
-			continue
+			continue // not a name this package makes
 		}
 		path := filepath.Join(root, name)
-		switch {
-		case e.IsDir():
-			lockPath := path + lockSuffix
-			if _, err := os.Lstat(lockPath); errors.Is(err, os.ErrNotExist) {
-				// A retention victim, or a writer that died after
-				// removing its lock (never happens) or whose cleaner died.
-				remove(path, "no lock file")
+		if ownTempDirName(name) {
+			if !e.IsDir() {
+				log.Info("checkpoint: left an entry with a temporary directory's name that is not a directory", "path", path)
 				continue
 			}
-			if f, ok := unheld(lockPath); ok {
-				remove(path, "its writer is gone (lock not held)")
-				os.Remove(lockPath)
-				f.Close()
-			}
-		case strings.HasSuffix(name, lockSuffix+initSuffix), strings.HasSuffix(name, lockSuffix):
-			// A lock whose directory is gone (or not made yet): removed
-			// once nobody holds it. One with a directory is handled with
-			// the directory.
-			if strings.HasSuffix(name, lockSuffix) {
-				if _, err := os.Lstat(strings.TrimSuffix(path, lockSuffix)); err == nil {
+			f, state := claimLock(path + lockSuffix)
+			switch state {
+			case lockHeld:
+				// A live writer's (or a retention in progress).
+			case lockMissing, lockForeign:
+				log.Info("checkpoint: left a temporary directory without a lock file of ours; remove it by hand if no writer uses it", "path", path)
+			case lockStale:
+				if err := os.RemoveAll(path); err != nil {
+					log.Warn("checkpoint: removing a stale temporary directory failed", "path", path, "err", err)
+					f.Close()
 					continue
 				}
-			}
-			if f, ok := unheld(path); ok {
-				os.Remove(path)
+				log.Info("checkpoint: removed the temporary directory of a writer that is gone", "path", path)
+				os.Remove(path + lockSuffix)
 				f.Close()
 			}
+			continue
+		}
+		dir, _, ok := ownLockName(name)
+		if !ok {
+			log.Debug("checkpoint: left an entry whose name is not one this package makes", "path", path)
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(root, dir)); err == nil {
+			continue // handled with its directory
+		}
+		// A lock whose directory is gone (or was never made): removed
+		// once it is provably ours and unheld.
+		if f, state := claimLock(path); state == lockStale {
+			os.Remove(path)
+			f.Close()
 		}
 	}
 }
@@ -359,8 +516,10 @@ func Latest(root string) (string, error) {
 
 // retain deletes all but the newest keep committed checkpoints under root,
 // never the one just written. Each victim is first renamed to a hidden
-// ".tmp-del-" name, so it disappears from Latest at once and a crash
-// mid-removal leaves only a directory the next save cleans.
+// victim's name (".tmp-zinf-ckpt-del-...") whose lock file is created and
+// held first, so it disappears from Latest at once and a crash mid-removal
+// leaves a directory with an unheld lock, which the next save's sweep
+// removes.
 func retain(root, justWritten string, keep int, log *slog.Logger) {
 	if keep <= 0 {
 		return
@@ -376,18 +535,23 @@ func retain(root, justWritten string, keep int, log *slog.Logger) {
 			victims = append(victims, c)
 		}
 	}
-	var trash []string
+	type victim struct {
+		dir  string
+		lock *heldLock
+	}
+	var trash []victim
 	for _, v := range victims {
-		suffix, err := randomSuffix()
+		to, lock, err := lockedTemp(root, delTag+v.Name)
 		if err != nil {
-			return
-		}
-		to := filepath.Join(root, delPrefix+v.Name+"-"+suffix)
-		if err := os.Rename(v.Dir, to); err != nil {
 			log.Warn("checkpoint: retention could not remove a checkpoint", "path", v.Dir, "err", err)
 			continue
 		}
-		trash = append(trash, to)
+		if err := os.Rename(v.Dir, to); err != nil {
+			lock.release(true)
+			log.Warn("checkpoint: retention could not remove a checkpoint", "path", v.Dir, "err", err)
+			continue
+		}
+		trash = append(trash, victim{to, lock})
 	}
 	if len(trash) == 0 {
 		return
@@ -395,9 +559,7 @@ func retain(root, justWritten string, keep int, log *slog.Logger) {
 	if err := syncDir(root); err != nil {
 		log.Warn("checkpoint: fsync of the checkpoint root failed", "root", root, "err", err)
 	}
-	for _, d := range trash {
-		if err := os.RemoveAll(d); err != nil {
-			log.Warn("checkpoint: retention could not remove a checkpoint; the next save retries", "path", d, "err", err)
-		}
+	for _, v := range trash {
+		removeLocked(v.dir, v.lock, log)
 	}
 }

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(crashHelperEnv); v != "" {
 		os.Exit(crashHelper(v))
 	}
+	if v := os.Getenv(writerHelperEnv); v != "" {
+		os.Exit(writerHelper(v))
+	}
 	os.Exit(m.Run())
 }
 
@@ -257,14 +260,12 @@ func TestLiveWriterNotCleaned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, _ := filepath.Glob(filepath.Join(root, ".tmp-step-000001-*"))
+	live, _ := filepath.Glob(filepath.Join(root, tmpPrefix+"step-000001-*"))
 	if len(live) != 2 { // the directory and its lock
 		t.Fatalf("temporary entries %v", live)
 	}
-	// A stale one from a "crashed" writer: a directory with an unheld lock.
-	stale := filepath.Join(root, ".tmp-step-000000-dead")
-	os.Mkdir(stale, 0o755)
-	os.WriteFile(stale+lockSuffix, []byte("pid=1\n"), 0o644)
+	// A stale one from a writer process killed mid-save.
+	stale, _ := startWriterHelper(t, root, "step-000000", true)
 	// Another writer saves (and cleans) meanwhile, with KeepLast 1.
 	if _, err := Save(context.Background(), filepath.Join(root, "step-000002"), stateOf(2, specs, fromMemory), SaveOptions{KeepLast: 1}); err != nil {
 		t.Fatal(err)

@@ -18,8 +18,9 @@
 //	        params.safetensors           caller-named files: 8-byte header length, JSON
 //	        optimizer.safetensors        header padded to 8 bytes, then the tensors
 //	    rank-00001/ ...
-//	<root>/.tmp-step-000200-<random>/    a save in progress (or a crashed one)
-//	<root>/.tmp-step-000200-<random>.lock    its writer's lock (pid, host, start time)
+//	<root>/.tmp-zinf-ckpt-step-000200-<12 hex>/        a save in progress (or a crashed one)
+//	<root>/.tmp-zinf-ckpt-step-000200-<12 hex>.lock    its writer's lock (a magic line,
+//	                                                   pid, host, start time)
 //
 // # Saving
 //
@@ -48,7 +49,7 @@
 //
 // # Crash safety
 //
-// A save writes everything under <root>/.tmp-<name>-<random>: the files
+// A save writes everything under <root>/.tmp-zinf-ckpt-<name>-<random>: the files
 // (each fdatasync'ed after its last write and the truncation of its
 // alignment padding), each rank's manifest.json (fsync'ed, then its
 // directory), then checkpoint.json (fsync'ed, then the directory). Only
@@ -62,11 +63,17 @@
 // commit, by renaming victims to hidden names first).
 //
 // Telling a live writer's temporary directory from a crashed one's: before
-// creating its directory a writer creates <dir>.lock and holds an flock on
-// it until the directory is gone (committed or removed). The kernel drops
-// a dead process's flock, SIGKILL included. Each save first removes every
-// ".tmp-" directory whose lock file is missing or can be locked, i.e. whose
-// writer is dead; a directory whose lock is held is never touched.
+// creating its directory a writer creates <dir>.lock, starting with a magic
+// line, and holds an flock on it until the directory is gone (committed or
+// removed). The kernel drops a dead process's flock, SIGKILL included.
+// Each save first sweeps the root, and removes exactly the entries that a
+// writer of this package left when it died: a directory whose name has
+// the exact shape ".tmp-zinf-ckpt-<name>-<12 hex digits>" and whose lock
+// file is one this package wrote (the magic line) and is held by nobody,
+// and such lock files whose directory is gone. A directory whose lock is
+// held is never touched; one of that shape without a lock file of ours is
+// left and logged; anything else in the root, ".tmp-" names a user chose
+// included, is never looked at.
 //
 // # Loading
 //

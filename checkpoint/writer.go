@@ -71,13 +71,14 @@ func Save(ctx context.Context, dir string, state State, opts SaveOptions) (*Mani
 // StagingBytes into O_DIRECT writes (the last one padded to the alignment,
 // then the file truncated to its true length), Parallel files at a time,
 // each fdatasync'ed. The files, the rank manifests and checkpoint.json go
-// into a temporary directory <root>/.tmp-<name>-<random>, which is fsync'ed
+// into a temporary directory <root>/.tmp-zinf-ckpt-<name>-<random>, which is fsync'ed
 // and renamed to <root>/<name>; the root is fsync'ed last. Until that
 // rename nothing of the new checkpoint is visible under its name, so a
 // crash at any point leaves the previous checkpoints as they were.
 //
-// Before writing, temporary directories of crashed writers in root are
-// removed (see the package documentation); after committing, KeepLast
+// Before writing, the temporary directories of this package's writers
+// that died are removed from root, and nothing else (see the package
+// documentation); after committing, KeepLast
 // applies. A failed save removes its temporary directory and returns an
 // *Error that says what failed. The tensors' sources must not change
 // until Save returns.
