@@ -13,5 +13,13 @@
 // buffers (buffers.Buffer): their capacity covers the tensor rounded up to
 // the device alignment, and the store zeroes that padding before writing.
 // Scratch files live in a directory the store creates under each path and
-// are removed by Close.
+// are removed by Close. The directory holds a lock file the store keeps
+// flock'ed while it lives; a process that dies without Close (kill -9, an
+// OOM kill) leaves its directory unlocked, and the next OpenStore in that
+// path reports and removes it (StoreOptions.KeepStale keeps it; FindStale
+// lists such directories without touching them).
+//
+// DiskBytes says how much disk a store needs for a set of tensors, an
+// upper bound its allocator keeps, and CheckFreeSpace compares that with
+// what the paths' filesystems have free.
 package swapper

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/zinfio/zinf/aio"
@@ -57,6 +59,18 @@ type StoreOptions struct {
 	// swap file at open, so later swap-outs cannot run out of space midway.
 	// Default 0: files grow as needed.
 	ReserveBytes int64
+	// KeepStale keeps the swap space of runs that are gone instead of
+	// removing it. OpenStore always looks in each path for run directories
+	// that a store left when its process died (kill -9, OOM kill, power
+	// loss on a persistent path) and logs each with its size; by default it
+	// removes them, because nothing can read them (the map from tensors to
+	// extents lived in the dead process) and every crash would otherwise
+	// leak the whole swap footprint until the disk fills. Set KeepStale to
+	// keep them for a post-mortem look at their bytes. Only directories
+	// with the name shape this package gives run directories and a lock
+	// file of ours that no live process holds are ever considered (see
+	// FindStale). Default false.
+	KeepStale bool
 	// Logger, default slog.Default().
 	Logger *slog.Logger
 }
@@ -67,6 +81,7 @@ type StoreOptions struct {
 type Store struct {
 	opts   StoreOptions
 	dirs   []string
+	locks  []*os.File // one per dir, flock'ed while the store lives
 	files  []*aio.File
 	allocs []*extentAlloc
 	align  int64
@@ -86,6 +101,10 @@ type StoreStats struct {
 	WriteErrors, ReadErrors int64
 	ChecksumFailures        int64
 	LiveBytes               int64 // padded bytes of current versions
+	// FileBytes is the length the swap files have reached, summed over
+	// paths: the disk space the extents span (files never shrink while the
+	// store is open). DiskBytes bounds it.
+	FileBytes int64
 }
 
 // version is one on-disk copy of a tensor.
@@ -100,7 +119,11 @@ type version struct {
 
 type extent struct{ off, len int64 }
 
-// OpenStore creates the scratch directories and swap files.
+// OpenStore creates the scratch directories and swap files. In each path
+// it first looks for the swap space of runs that are gone and reports and
+// removes it (see StoreOptions.KeepStale and FindStale). Each scratch
+// directory holds a lock file that the store keeps flock'ed until Close, so
+// other stores can tell it from a dead run's.
 func OpenStore(opts StoreOptions) (*Store, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("swapper: StoreOptions.Engine is required")
@@ -110,6 +133,9 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 	}
 	if opts.Name == "" {
 		opts.Name = "swap"
+	}
+	if strings.ContainsAny(opts.Name, "/\x00") {
+		return nil, fmt.Errorf("swapper: StoreOptions.Name %q must not contain a slash or NUL", opts.Name)
 	}
 	if opts.StripeBytes == 0 {
 		opts.StripeBytes = 1 << 20
@@ -126,12 +152,19 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 			s.Close()
 			return nil, err
 		}
-		dir, err := os.MkdirTemp(p, fmt.Sprintf("zinf-%s-%d-", opts.Name, os.Getpid()))
+		sweepStale(p, opts.KeepStale, opts.Logger)
+		dir, err := os.MkdirTemp(p, fmt.Sprintf("%s%s-%d-", runDirPrefix, opts.Name, os.Getpid()))
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("swapper: creating scratch dir in %s: %w", p, err)
 		}
 		s.dirs = append(s.dirs, dir)
+		lock, err := createLock(dir)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("swapper: creating the run lock in %s: %w", dir, err)
+		}
+		s.locks = append(s.locks, lock)
 		f, err := opts.Engine.Open(filepath.Join(dir, fmt.Sprintf("swap.%d", i)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			s.Close()
@@ -213,7 +246,11 @@ func (s *Store) Names() []string {
 func (s *Store) Stats() StoreStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats
+	st := s.stats
+	for _, a := range s.allocs {
+		st.FileBytes += a.high
+	}
+	return st
 }
 
 // chunk is one stripe unit of a tensor: bytes [lo, hi) of the padded
@@ -254,6 +291,11 @@ type Pending struct {
 	buf    []byte
 	waited bool
 	err    error
+	// A ranged read (ReadRangeAsync) transfers bytes [from, to) of the
+	// version into buf and delivers [lo, hi) of them; a whole read has
+	// ranged false.
+	ranged           bool
+	from, to, lo, hi int64
 }
 
 // Wait blocks until the operation is done. For a write, success commits the
@@ -286,7 +328,11 @@ func (p *Pending) Wait() error {
 			s.stats.ReadErrors++
 		} else {
 			s.stats.Reads++
-			s.stats.BytesRead += p.v.length
+			if p.ranged {
+				s.stats.BytesRead += p.hi - p.lo
+			} else {
+				s.stats.BytesRead += p.v.length
+			}
 		}
 		s.unrefLocked(p.v)
 		s.mu.Unlock()
@@ -438,12 +484,106 @@ func (s *Store) ReadAsync(name string, b []byte) (*Pending, error) {
 	return p, nil
 }
 
+// rangeUnit is the granule ranged reads transfer in: the alignment, or
+// with checksums the stripe, so that every chunk read is read whole and
+// verified.
+func (s *Store) rangeUnit() int64 {
+	if s.opts.Checksums {
+		return s.stripe
+	}
+	return s.align
+}
+
+// RangeLen is the buffer capacity ReadRangeAsync needs to deliver bytes
+// [lo, hi) of a tensor: the range widened to the alignment (with
+// checksums, to whole stripe chunks, which are what a checksum covers).
+// It never exceeds roundUp(hi-lo) + one unit, whatever lo is.
+func (s *Store) RangeLen(lo, hi int64) int64 {
+	if hi <= lo {
+		return 0
+	}
+	u := s.rangeUnit()
+	return roundUp(hi, u) - lo/u*u
+}
+
+// ReadRange reads bytes [lo, hi) of name (see ReadRangeAsync) and waits.
+func (s *Store) ReadRange(ctx context.Context, name string, lo, hi int64, b []byte) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &TensorError{Op: "swap-in", Tensor: name, Err: err}
+	}
+	p, data, err := s.ReadRangeAsync(name, lo, hi, b)
+	if err != nil {
+		return nil, err
+	}
+	return data, p.Wait()
+}
+
+// ReadRangeAsync starts reading bytes [lo, hi) of the current version of
+// name straight into b, an aligned buffer (a pool buffer) of capacity at
+// least RangeLen(lo, hi): the aligned span around the range is read into
+// b from its start, and data is the part of b that will hold bytes
+// [lo, hi) once Wait returns nil. Checksums, when on, are verified by Wait
+// for every chunk read. 0 <= lo < hi <= the tensor's length.
+func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending, data []byte, _ error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: ErrClosed}
+	}
+	v, ok := s.tensors[name]
+	if !ok {
+		s.mu.Unlock()
+		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: ErrNotFound}
+	}
+	if lo < 0 || hi <= lo || hi > v.length {
+		s.mu.Unlock()
+		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: fmt.Errorf("byte range [%d, %d) is not a non-empty part of the tensor's %d bytes", lo, hi, v.length)}
+	}
+	u := s.rangeUnit()
+	from, to := lo/u*u, min(roundUp(hi, u), v.padded)
+	if int64(cap(b)) < to-from {
+		s.mu.Unlock()
+		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: fmt.Errorf("buffer capacity %d is below the %d bytes a read of [%d, %d) transfers (RangeLen)", cap(b), to-from, lo, hi)}
+	}
+	v.refs++
+	s.mu.Unlock()
+	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:to-from], ranged: true, from: from, to: to, lo: lo, hi: hi}
+	if len(s.files) == 1 {
+		p.reqs = []aio.Request{{Op: aio.OpRead, File: s.files[0], Offset: v.ext[0].off + from, Buf: p.buf}}
+	} else {
+		s.chunks(v, func(c chunk) {
+			a, z := max(c.lo, from), min(c.hi, to)
+			if a < z {
+				p.reqs = append(p.reqs, aio.Request{Op: aio.OpRead, File: s.files[c.p], Offset: c.off + (a - c.lo), Buf: p.buf[a-from : z-from]})
+			}
+		})
+	}
+	for i := range p.reqs {
+		if err := s.opts.Engine.Submit(&p.reqs[i]); err != nil {
+			for j := 0; j < i; j++ {
+				p.reqs[j].Wait()
+			}
+			p.reqs = nil
+			s.mu.Lock()
+			s.unrefLocked(v)
+			s.stats.ReadErrors++
+			s.mu.Unlock()
+			return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: err}
+		}
+	}
+	return p, b[lo-from : hi-from], nil
+}
+
 func (s *Store) verify(p *Pending) error {
 	i := 0
 	var bad error
+	from, to := int64(0), p.v.padded
+	if p.ranged {
+		from, to = p.from, p.to // whole chunks only: see RangeLen
+	}
 	s.chunks(p.v, func(c chunk) {
-		if bad == nil && c.lo < p.v.length {
-			got := crc32.Checksum(p.buf[c.lo:min(c.hi, p.v.length)], castagnoli)
+		if bad == nil && c.lo < p.v.length && c.lo >= from && c.hi <= to {
+			got := crc32.Checksum(p.buf[c.lo-from:min(c.hi, p.v.length)-from], castagnoli)
 			if got != p.v.sums[i] {
 				bad = &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",
 					ErrChecksum, c.lo, min(c.hi, p.v.length), s.files[c.p].Path(), c.off, got, p.v.sums[i])}
@@ -530,53 +670,70 @@ func (s *Store) Close() error {
 			errs = append(errs, fmt.Errorf("swapper: removing scratch dir %s: %w", d, err))
 		}
 	}
+	// The locks go last: a directory is never unlocked while it exists.
+	for _, l := range s.locks {
+		l.Close()
+	}
 	return errors.Join(errs...)
 }
 
-// extentAlloc hands out byte ranges of one swap file: first fit from a
-// coalescing free list, else the end of the file.
+// extentAlloc hands out byte ranges of one swap file by size class: a
+// freed extent is reused only for an extent of exactly its length (the
+// lowest such first), else the file grows at its end; extents freed at the
+// end give the end back.
+//
+// Why size classes rather than first fit: they bound the file. A class
+// gets a new extent only when every extent of that class is in use, so a
+// class never has more extents than it ever had live at once, and a store
+// holding at most V versions of tensors of padded sizes s_i never grows its
+// file beyond V*sum(s_i), which is what DiskBytes promises. First fit has
+// no such bound: holes left between tensors of other sizes push the end
+// out, and simulated swap patterns reach 1.9 times that figure. The
+// swappers rewrite tensors of fixed sizes, so exact reuse loses nothing
+// there.
 type extentAlloc struct {
-	end   int64
-	holes []extent // sorted by off, non-adjacent
+	end, high int64             // current end; the most it has been (the file length)
+	free      map[int64][]int64 // length -> offsets of free extents, ascending
+	freeEnds  map[int64]int64   // off+len -> len of every free extent
 }
 
 func (a *extentAlloc) alloc(n int64) int64 {
-	for i, f := range a.holes {
-		if f.len >= n {
-			off := f.off
-			if f.len == n {
-				a.holes = append(a.holes[:i], a.holes[i+1:]...)
-			} else {
-				a.holes[i] = extent{off: f.off + n, len: f.len - n}
-			}
-			return off
-		}
+	if offs := a.free[n]; len(offs) > 0 {
+		off := offs[0]
+		a.free[n] = offs[1:]
+		delete(a.freeEnds, off+n)
+		return off
 	}
 	off := a.end
 	a.end += n
+	a.high = max(a.high, a.end)
 	return off
 }
 
 func (a *extentAlloc) release(off, n int64) {
-	i := sort.Search(len(a.holes), func(i int) bool { return a.holes[i].off > off })
-	a.holes = append(a.holes, extent{})
-	copy(a.holes[i+1:], a.holes[i:])
-	a.holes[i] = extent{off: off, len: n}
-	// Coalesce with the next and the previous.
-	if i+1 < len(a.holes) && a.holes[i].off+a.holes[i].len == a.holes[i+1].off {
-		a.holes[i].len += a.holes[i+1].len
-		a.holes = append(a.holes[:i+1], a.holes[i+2:]...)
+	if off+n == a.end {
+		a.end = off
+		// Free extents now at the end give it back too.
+		for {
+			l, ok := a.freeEnds[a.end]
+			if !ok {
+				return
+			}
+			delete(a.freeEnds, a.end)
+			a.end -= l
+			offs := a.free[l]
+			if i, found := slices.BinarySearch(offs, a.end); found {
+				a.free[l] = slices.Delete(offs, i, i+1)
+			}
+		}
 	}
-	if i > 0 && a.holes[i-1].off+a.holes[i-1].len == a.holes[i].off {
-		a.holes[i-1].len += a.holes[i].len
-		a.holes = append(a.holes[:i], a.holes[i+1:]...)
-		i--
+	if a.free == nil {
+		a.free, a.freeEnds = make(map[int64][]int64), make(map[int64]int64)
 	}
-	// Give the tail back to the end of file.
-	if last := len(a.holes) - 1; last >= 0 && a.holes[last].off+a.holes[last].len == a.end {
-		a.end = a.holes[last].off
-		a.holes = a.holes[:last]
-	}
+	offs := a.free[n]
+	i, _ := slices.BinarySearch(offs, off)
+	a.free[n] = slices.Insert(offs, i, off)
+	a.freeEnds[off+n] = n
 }
 
 // Rename atomically makes each from name the current version of its to
