@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/internal/stats"
 )
 
 // CompareOptions describe a zinf-versus-fio comparison on one file.
@@ -38,11 +39,11 @@ type Pair struct {
 
 // Ratio is median(zinf) / median(fio).
 func (p Pair) Ratio() float64 {
-	f := Median(p.FioGBps)
+	f := stats.Median(p.FioGBps)
 	if f == 0 {
 		return 0
 	}
-	return Median(p.ZinfGBps) / f
+	return stats.Median(p.ZinfGBps) / f
 }
 
 // CompareResult holds every pair.
@@ -125,9 +126,16 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	if err := check.Check(); err != nil {
 		return nil, err
 	}
+	// Both tools rewrite the file many times, so it lives in a directory
+	// only this user can enter, created (and removed) by this run: a name
+	// planted in a shared --path can never be written through.
+	pdir, err := privateDir(o.Dir, "zinf-compare-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(pdir)
 	name := fmt.Sprintf("zinf-compare-%d.dat", o.SizeBytes)
-	file := filepath.Join(o.Dir, name)
-	defer os.Remove(file)
+	file := filepath.Join(pdir, name)
 	res := &CompareResult{Opts: o, When: time.Now()}
 	pairs := map[string]*Pair{}
 	get := func(op, z, f string) *Pair {
@@ -141,7 +149,7 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 		return p
 	}
 	zinf := func(op, backend string, naive bool) (float64, error) {
-		r, err := Run(ctx, Options{Dir: o.Dir, SizeBytes: o.SizeBytes, Op: op, Loops: 1, Warmup: 0, Keep: true, FileName: name, Naive: naive,
+		r, err := Run(ctx, Options{Dir: pdir, private: true, SizeBytes: o.SizeBytes, Op: op, Loops: 1, Warmup: 0, Keep: true, FileName: name, Naive: naive,
 			Engine: aio.Options{Backend: backend, BlockSizeBytes: o.BlockSize, QueueDepth: o.QueueDepth, Direct: aio.DirectRequired}})
 		if err != nil {
 			return 0, err
@@ -216,28 +224,17 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 // WriteTable prints medians, min..max and ratios.
 func (r *CompareResult) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "file %s x %d interleaved rounds, block %d, queue depth %d, O_DIRECT; GB = 1e9 bytes\n",
-		filepath.Join(r.Opts.Dir, "zinf-compare-*.dat"), r.Opts.Rounds, r.Opts.BlockSize, r.Opts.QueueDepth)
+		filepath.Join(r.Opts.Dir, "zinf-compare-*", "zinf-compare-*.dat"), r.Opts.Rounds, r.Opts.BlockSize, r.Opts.QueueDepth)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "op\tzinf\tmedian GB/s\t(min..max)\tfio\tmedian GB/s\t(min..max)\tzinf/fio")
 	for _, p := range r.Pairs {
-		zmin, zmax := minMax(p.ZinfGBps)
+		zmin, zmax := stats.MinMax(p.ZinfGBps)
 		if p.Fio == "" {
-			fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t-\t-\t-\t-\n", p.Op, p.Zinf, Median(p.ZinfGBps), zmin, zmax)
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t-\t-\t-\t-\n", p.Op, p.Zinf, stats.Median(p.ZinfGBps), zmin, zmax)
 			continue
 		}
-		fmin, fmax := minMax(p.FioGBps)
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t%s\t%.3f\t(%.3f..%.3f)\t%.3f\n", p.Op, p.Zinf, Median(p.ZinfGBps), zmin, zmax, p.Fio, Median(p.FioGBps), fmin, fmax, p.Ratio())
+		fmin, fmax := stats.MinMax(p.FioGBps)
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t(%.3f..%.3f)\t%s\t%.3f\t(%.3f..%.3f)\t%.3f\n", p.Op, p.Zinf, stats.Median(p.ZinfGBps), zmin, zmax, p.Fio, stats.Median(p.FioGBps), fmin, fmax, p.Ratio())
 	}
 	return tw.Flush()
-}
-
-func minMax(v []float64) (float64, float64) {
-	if len(v) == 0 {
-		return 0, 0
-	}
-	lo, hi := v[0], v[0]
-	for _, x := range v {
-		lo, hi = min(lo, x), max(hi, x)
-	}
-	return lo, hi
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/bits"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 
 	"github.com/zinfio/zinf/accel"
@@ -198,15 +197,20 @@ func RunGPU(ctx context.Context, o GPUOptions) (*GPUResult, error) {
 	}
 
 	path := filepath.Join(o.Dir, o.FileName)
-	_, statErr := os.Stat(path)
-	existed := statErr == nil
-	f, err := dio.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	if err != nil {
+		return nil, err
+	}
+	if !o.Keep {
+		defer df.remove()
+	}
+	f, err := dio.OpenFile(path, df.openFlags(), 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if !o.Keep && !existed {
-		defer os.Remove(path)
+	if err := df.check(f.AIO().Fd()); err != nil {
+		return nil, err
 	}
 	res.Op, res.Bytes, res.Loops, res.Path = o.Op, o.SizeBytes, o.Loops, path
 	res.BlockSize, res.QueueDepth, res.Parallel = o.Engine.BlockSizeBytes, o.Engine.QueueDepth, o.Engine.IntraOpParallelism
@@ -224,7 +228,7 @@ func RunGPU(ctx context.Context, o GPUOptions) (*GPUResult, error) {
 	}
 
 	if o.Verify {
-		if err := verifyGPU(ctx, o, dev, dio, f, m, path); err != nil {
+		if err := verifyGPU(ctx, o, dev, dio, f, m, df); err != nil {
 			return nil, err
 		}
 		ok := true
@@ -326,11 +330,11 @@ func chunked(dev accel.Device, size int64, fn func(st accel.Stream, buf []byte, 
 }
 
 // verifyGPU checks the bytes (see GPUOptions.Verify).
-func verifyGPU(ctx context.Context, o GPUOptions, dev accel.Device, dio gds.DeviceIO, f *gds.File, m accel.Mem, path string) error {
+func verifyGPU(ctx context.Context, o GPUOptions, dev accel.Device, dio gds.DeviceIO, f *gds.File, m accel.Mem, df *dataFile) error {
 	size := o.SizeBytes
 	if o.Op == "write" {
 		// The file holds what the device held ...
-		if err := compareFile(path, size); err != nil {
+		if err := compareFile(df, size); err != nil {
 			return fmt.Errorf("verify: after writing from the device: %w", err)
 		}
 		// ... and reading it back into the cleared buffer restores it.
@@ -341,12 +345,13 @@ func verifyGPU(ctx context.Context, o GPUOptions, dev accel.Device, dio gds.Devi
 			return fmt.Errorf("verify: reading back: %w", err)
 		}
 	}
-	return compareDevice(dev, m, path, size)
+	return compareDevice(dev, m, df, size)
 }
 
-// compareFile checks that the file at path starts with the pattern.
-func compareFile(path string, size int64) error {
-	file, err := os.Open(path)
+// compareFile checks that the data file starts with the pattern.
+func compareFile(df *dataFile, size int64) error {
+	path := df.path
+	file, err := df.openRead()
 	if err != nil {
 		return err
 	}
@@ -367,8 +372,9 @@ func compareFile(path string, size int64) error {
 }
 
 // compareDevice checks that m's first size bytes equal the file's.
-func compareDevice(dev accel.Device, m accel.Mem, path string, size int64) error {
-	file, err := os.Open(path)
+func compareDevice(dev accel.Device, m accel.Mem, df *dataFile, size int64) error {
+	path := df.path
+	file, err := df.openRead()
 	if err != nil {
 		return err
 	}

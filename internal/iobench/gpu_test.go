@@ -207,10 +207,14 @@ func TestCompareDeviceFindsMismatch(t *testing.T) {
 	if err := os.WriteFile(path, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := compareDevice(dev, m, path, size); err != nil {
+	df, err := claimDataFile(path, "read", size, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := compareDevice(dev, m, df, size); err != nil {
 		t.Fatalf("equal bytes: %v", err)
 	}
-	if err := compareFile(path, size); err != nil {
+	if err := compareFile(df, size); err != nil {
 		t.Fatalf("equal bytes: %v", err)
 	}
 	const bad = verifyChunkBytes + 77
@@ -218,10 +222,10 @@ func TestCompareDeviceFindsMismatch(t *testing.T) {
 	if err := os.WriteFile(path, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := compareDevice(dev, m, path, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", bad)) {
+	if err := compareDevice(dev, m, df, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", bad)) {
 		t.Errorf("compareDevice: %v, want a mismatch at %d", err, bad)
 	}
-	if err := compareFile(path, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", bad)) {
+	if err := compareFile(df, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", bad)) {
 		t.Errorf("compareFile: %v, want a mismatch at %d", err, bad)
 	}
 }

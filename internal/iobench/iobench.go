@@ -21,6 +21,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/stats"
 )
 
 // Options describe one measurement.
@@ -38,9 +39,12 @@ type Options struct {
 	// Loops is how many timed passes to run (default 5); Warmup untimed
 	// passes before them (default 1).
 	Loops, Warmup int
-	// FileName defaults to zinf-io-<size>.dat.
+	// FileName defaults to zinf-io-<size>.dat. Run creates it exclusively
+	// and never follows a link of that name; a regular file already there
+	// is reused for reads only (read-only, if it holds SizeBytes), and is
+	// an error for writes: Run writes and removes only files it created.
 	FileName string
-	// Keep leaves the file in place (reads reuse it across runs).
+	// Keep leaves a file Run created in place, for later reads to reuse.
 	Keep bool
 	// Naive uses plain os.File I/O instead of the engine: writes through
 	// the page cache followed by fsync; reads after dropping the page cache
@@ -50,6 +54,11 @@ type Options struct {
 	Progress io.Writer
 	// Logger receives engine warnings.
 	Logger *slog.Logger
+
+	// private says Dir is a directory this package created in this run
+	// for the data file (Tune, Compare), so an existing file there is one
+	// an earlier pass wrote and may be rewritten.
+	private bool
 }
 
 // Result is one measurement. GB is 1e9 bytes.
@@ -205,15 +214,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for i := 0; i+8 <= len(data); i += 4096 {
 		data[i] = byte(i >> 12)
 	}
-	_, statErr := os.Stat(path)
-	existed := statErr == nil
-	f, err := e.Open(path, os.O_RDWR|os.O_CREATE, 0o644)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	if err != nil {
+		return nil, err
+	}
+	if !o.Keep {
+		defer df.remove()
+	}
+	f, err := e.Open(path, df.openFlags(), 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if !o.Keep && !existed {
-		defer os.Remove(path)
+	if err := df.check(f.Fd()); err != nil {
+		return nil, err
 	}
 	res := &Result{Op: o.Op, Backend: e.Name(), Bytes: o.SizeBytes, Loops: o.Loops, BlockSize: o.Engine.BlockSizeBytes,
 		QueueDepth: o.Engine.QueueDepth, Parallel: o.Engine.IntraOpParallelism, SingleSub: o.Engine.SingleSubmit,
@@ -292,22 +306,7 @@ func (r *Result) summarize() {
 		return
 	}
 	r.GBpsMin, r.GBpsMax = s[0], s[len(s)-1]
-	r.GBpsMedian = Median(s)
-}
-
-// Median returns the median of v (the mean of the middle two for even
-// lengths); 0 for none.
-func Median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	m := len(s) / 2
-	if len(s)%2 == 1 {
-		return s[m]
-	}
-	return (s[m-1] + s[m]) / 2
+	r.GBpsMedian = stats.Median(s)
 }
 
 // runNaive is the contrast: what a Go program gets from os.File with no
@@ -318,15 +317,20 @@ func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
 	for i := 0; i < len(data); i += 4096 {
 		data[i] = byte(i >> 12)
 	}
-	_, statErr := os.Stat(path)
-	existed := statErr == nil
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	if err != nil {
+		return nil, err
+	}
+	if !o.Keep {
+		defer df.remove()
+	}
+	f, err := os.OpenFile(path, df.openFlags(), 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if !o.Keep && !existed {
-		defer os.Remove(path)
+	if err := df.check(int(f.Fd())); err != nil {
+		return nil, err
 	}
 	res := &Result{Op: o.Op, Backend: "naive-go", Bytes: o.SizeBytes, Loops: o.Loops, Path: path, AlignBytes: 1}
 	if o.Op == "read" {

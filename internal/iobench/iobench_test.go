@@ -233,28 +233,6 @@ func TestRunCanceled(t *testing.T) {
 	}
 }
 
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		in   []float64
-		want float64
-	}{
-		{nil, 0},
-		{[]float64{3}, 3},
-		{[]float64{3, 1}, 2},
-		{[]float64{5, 1, 3}, 3},
-		{[]float64{4, 1, 3, 2}, 2.5},
-		{[]float64{1, 1, 1, 9, 9}, 1},
-	} {
-		in := slices.Clone(tc.in)
-		if got := Median(in); got != tc.want {
-			t.Errorf("Median(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-		if !slices.Equal(in, tc.in) {
-			t.Errorf("Median reordered its input: %v -> %v", tc.in, in)
-		}
-	}
-}
-
 func tinyTune(dir string, progress *bytes.Buffer) TuneOptions {
 	return TuneOptions{Dir: dir, SizeBytes: 1 << 20, Loops: 1, Backends: []string{aio.BackendPosix},
 		BlockSizes: []int{256 << 10}, Depths: []int{4}, Parallel: []int{1}, Progress: progress}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -170,12 +169,18 @@ func Tune(ctx context.Context, t TuneOptions) (*TuneResult, error) {
 	done := 0
 	start := time.Now()
 	res := &TuneResult{}
-	file := filepath.Join(t.Dir, fmt.Sprintf("zinf-tune-%d.dat", os.Getpid()))
-	defer os.Remove(file)
+	// Every configuration rewrites the file, so it lives in a directory
+	// only this user can enter, created (and removed) by this run.
+	pdir, err := privateDir(t.Dir, "zinf-tune-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(pdir)
+	const file = "zinf-tune.dat"
 	measure := func(c cfg) (TuneRow, error) {
 		row := TuneRow{Backend: c.backend, BlockSize: c.bs, QueueDepth: c.qd, Parallel: c.par, SingleSubmit: c.single, Overlap: !c.noOvl}
 		for _, op := range []string{"write", "read"} {
-			o := Options{Dir: t.Dir, SizeBytes: t.SizeBytes, Op: op, Loops: t.Loops, Warmup: 1, Keep: true, FileName: filepath.Base(file),
+			o := Options{Dir: pdir, private: true, SizeBytes: t.SizeBytes, Op: op, Loops: t.Loops, Warmup: 1, Keep: true, FileName: file,
 				Engine: aio.Options{Backend: c.backend, BlockSizeBytes: c.bs, QueueDepth: c.qd, IntraOpParallelism: c.par,
 					SingleSubmit: c.single, SerialEvents: c.noOvl, Direct: t.Direct}}
 			r, err := Run(ctx, o)

@@ -1,0 +1,152 @@
+package iobench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// dataFile is the file a measurement reads or writes, and what zinf knows
+// about it. The directory it lives in may be shared with other users (a
+// scratch mount, /tmp), and its name is predictable, so another user can
+// plant a symbolic link or a file of that name before zinf runs. Every open
+// is therefore O_NOFOLLOW, a new file is created with O_EXCL, a file that
+// was there before is only ever read, and nothing is removed unless zinf
+// created it in this run and the name still refers to that file.
+type dataFile struct {
+	path string
+	// created: zinf created the file in this run (or it lies in a private
+	// directory zinf created in this run), so it may write and remove it.
+	created bool
+	// dev and ino identify the file claimed, so that a name swapped for
+	// another file between two opens is noticed instead of used.
+	dev, ino uint64
+	// size is the file's size when it was claimed.
+	size int64
+}
+
+// errNotOurs is matched by the errors that refuse a file zinf did not
+// create.
+var errNotOurs = errors.New("zinf writes and removes only files it created in this run")
+
+// claimDataFile creates path exclusively, or, when a regular file of that
+// name already exists, takes it for reading only: op "read" reuses it
+// read-only when it holds at least size bytes; any other case is an error
+// that says what is there and what to do. private says the file lies in a
+// directory zinf created in this run, where an existing file is one an
+// earlier pass of the same run made and may be rewritten.
+func claimDataFile(path, op string, size int64, private bool) (*dataFile, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		defer unix.Close(fd)
+		d := &dataFile{path: path, created: true}
+		if err := d.identify(fd); err != nil {
+			os.Remove(path) // created by the open above, so it is ours to remove
+			return nil, err
+		}
+		return d, nil
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		return nil, &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	// Something is there already. Look at the name itself, not what it
+	// points to.
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return nil, fmt.Errorf("%s is a symbolic link: zinf does not follow links for its data file (it could overwrite the link's target); remove the link or choose another --file or --path: %w", path, errNotOurs)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, fmt.Errorf("%s exists and is not a regular file: remove it or choose another --file or --path: %w", path, errNotOurs)
+	}
+	if private {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		defer unix.Close(fd)
+		d := &dataFile{path: path, created: true}
+		return d, d.identify(fd)
+	}
+	if op != "read" {
+		return nil, fmt.Errorf("%s already exists and zinf did not create it in this run, so it will not overwrite it: remove it, or choose another --file or --path: %w", path, errNotOurs)
+	}
+	if st.Size < size {
+		return nil, fmt.Errorf("%s already exists with %d bytes, fewer than --size %d, and zinf did not create it in this run, so it will not write to it: remove it, or run --op write --keep on a free name first: %w",
+			path, st.Size, size, errNotOurs)
+	}
+	return &dataFile{path: path, dev: uint64(st.Dev), ino: st.Ino, size: st.Size}, nil
+}
+
+// identify records the identity of the open file fd.
+func (d *dataFile) identify(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
+	}
+	d.dev, d.ino, d.size = uint64(st.Dev), st.Ino, st.Size
+	return nil
+}
+
+// openFlags are the flags to open the claimed file with: read-write for a
+// file zinf created, read-only for one it reuses; never following a link.
+func (d *dataFile) openFlags() int {
+	if d.created {
+		return os.O_RDWR | unix.O_NOFOLLOW
+	}
+	return os.O_RDONLY | unix.O_NOFOLLOW
+}
+
+// check verifies that fd, opened by name after the claim, is the claimed
+// file: a name swapped in between is refused rather than used.
+func (d *dataFile) check(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
+	}
+	if uint64(st.Dev) != d.dev || st.Ino != d.ino {
+		return fmt.Errorf("%s was replaced by another file while zinf was using it; nothing was written to the new one", d.path)
+	}
+	return nil
+}
+
+// openRead opens the claimed file for reading, checked as check does.
+func (d *dataFile) openRead() (*os.File, error) {
+	f, err := os.OpenFile(d.path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.check(int(f.Fd())); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// remove deletes the file if zinf created it and the name still refers to
+// it; anything else is left alone.
+func (d *dataFile) remove() {
+	if !d.created {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Lstat(d.path, &st) != nil || uint64(st.Dev) != d.dev || st.Ino != d.ino {
+		return
+	}
+	os.Remove(d.path)
+}
+
+// privateDir makes a directory only this user can enter inside dir, for
+// runs that rewrite one file many times (tune, bench-io): nobody else can
+// plant anything in it. The caller removes it with os.RemoveAll.
+func privateDir(dir, prefix string) (string, error) {
+	p, err := os.MkdirTemp(dir, prefix)
+	if err != nil {
+		return "", fmt.Errorf("--path %q: creating a private directory for the data file: %w", dir, err)
+	}
+	return p, nil
+}
