@@ -1,0 +1,186 @@
+package swapper
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+)
+
+// CopyOnWriteVersions is how many versions of each tensor the swappers
+// keep in a store at once in a training step: the current one and the new
+// one being written (param: the staged update until CommitUpdates; grad:
+// the write-behind of the next accumulation; optimizer: the "~staged"
+// record of every sub-group until the step commits, then "~prev" until it
+// is deleted, never three). Add one while a checkpoint pins store versions
+// across a step (Store.Pin, as checkpoint.SaveAsync does) or when a
+// parameter is staged again before its earlier staged update's write ends.
+const CopyOnWriteVersions = 2
+
+// DefaultDiskAlignment is the alignment DiskBytes assumes when it is given
+// none, before a store is open to say: 4 KiB, the largest logical block of
+// common NVMe drives (and so the largest padding per extent).
+const DefaultDiskAlignment = 4096
+
+// PathOverheadBytes is what a store takes on each path beyond its extents:
+// the run directory, its lock file, and rounding the swap file up to a
+// filesystem block; three blocks, covered for block sizes up to 16 KiB.
+const PathOverheadBytes = 64 << 10
+
+// DiskBytes returns how many bytes of free space each of o.Paths must have
+// for a store opened with o to hold tensors of the given logical sizes
+// (one entry per store key that lives at once: one per parameter or
+// gradient partition, one per optimizer sub-group record), with versions
+// copies of each (CopyOnWriteVersions; 0 means that) and extents padded to
+// alignment (the store's Alignment; 0 means DefaultDiskAlignment). It is an
+// upper bound on what the store's files really take: the store's allocator
+// never grows a file past versions times the padded extents striped onto
+// it (see extentAlloc), and the file is at least o.ReserveBytes long when
+// that is set. Paths that share a filesystem each need this much: pass
+// them all to CheckFreeSpace, which adds them up.
+//
+// The bound is tight when every version exists at once (the optimizer
+// holds two records of every sub-group until a step commits); the gradient
+// store, which writes a few tensors behind at a time, stays nearer one
+// copy. Zero and negative sizes take no space.
+func (o StoreOptions) DiskBytes(sizes []int64, alignment int64, versions int) int64 {
+	if alignment <= 0 {
+		alignment = DefaultDiskAlignment
+	}
+	if versions <= 0 {
+		versions = CopyOnWriteVersions
+	}
+	paths := max(len(o.Paths), 1)
+	stripe := o.StripeBytes
+	if stripe <= 0 {
+		stripe = 1 << 20
+	}
+	stripe = roundUp(stripe, alignment)
+	perPath := make([]int64, paths)
+	for _, n := range sizes {
+		if n <= 0 {
+			continue
+		}
+		padded := roundUp(n, alignment)
+		// As Store.extentSizes: stripe k of the tensor goes to path k mod
+		// paths; with one path the extent is the padded tensor.
+		full := padded / stripe
+		rest := padded % stripe
+		for p := range perPath {
+			chunks := full / int64(paths)
+			if int64(p) < full%int64(paths) {
+				chunks++
+			}
+			perPath[p] += chunks * stripe
+		}
+		if rest > 0 {
+			perPath[full%int64(paths)] += rest
+		}
+	}
+	var need int64
+	for _, b := range perPath {
+		need = max(need, max(int64(versions)*b, o.ReserveBytes))
+	}
+	return need + PathOverheadBytes
+}
+
+// DiskBytes is StoreOptions.DiskBytes for this store's paths, stripe and
+// alignment.
+func (s *Store) DiskBytes(sizes []int64, versions int) int64 {
+	o := s.opts
+	o.StripeBytes = s.stripe
+	return o.DiskBytes(sizes, s.align, versions)
+}
+
+// SpaceError says that a swap path has less free space than a store needs.
+// It matches aio.ErrNoSpace with errors.Is.
+type SpaceError struct {
+	// Path is the swap path; Shared lists the other paths given on the
+	// same filesystem, whose needs were added to it.
+	Path   string
+	Shared []string
+	// NeedBytes is what the paths on this filesystem need together;
+	// FreeBytes what it has free for an unprivileged writer.
+	NeedBytes, FreeBytes int64
+}
+
+func (e *SpaceError) Error() string {
+	shared := ""
+	if len(e.Shared) > 0 {
+		shared = fmt.Sprintf(" (with %s on the same filesystem)", strings.Join(e.Shared, ", "))
+	}
+	return fmt.Sprintf("swapper: NVMe path %q%s has %s (%d bytes) free, the swap stores need %s (%d bytes): free space there, add NVMe paths, or keep fewer tensors on NVMe",
+		e.Path, shared, config.Size(e.FreeBytes), e.FreeBytes, config.Size(e.NeedBytes), e.NeedBytes)
+}
+
+// Unwrap makes a SpaceError match aio.ErrNoSpace.
+func (e *SpaceError) Unwrap() error { return aio.ErrNoSpace }
+
+// CheckFreeSpace checks that each of paths has needBytes free (DiskBytes),
+// counting the paths that share a filesystem together. It returns nil or
+// an error naming each short path, the need and the free bytes (a
+// *SpaceError per filesystem, joined). A path on a filesystem that does
+// not report free space (ramfs) is not checked; a path that cannot be
+// examined fails with the reason.
+func CheckFreeSpace(paths []string, needBytes int64) error {
+	needs := make([]SpaceNeed, len(paths))
+	for i, p := range paths {
+		needs[i] = SpaceNeed{Path: p, Bytes: needBytes}
+	}
+	return CheckSpace(needs...)
+}
+
+// SpaceNeed is the free space one path must have, for CheckSpace.
+type SpaceNeed struct {
+	Path  string
+	Bytes int64
+}
+
+// CheckSpace is CheckFreeSpace for needs that differ per path (several
+// stores on different path lists): needs on the same filesystem are added
+// up, a path listed twice included.
+func CheckSpace(needs ...SpaceNeed) error {
+	type fsys struct {
+		first      string
+		others     []string
+		need, free int64
+		unreported bool
+	}
+	var order []uint64
+	byDev := map[uint64]*fsys{}
+	var errs []error
+	for _, n := range needs {
+		dev, free, reported, err := freeSpace(n.Path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("swapper: free space of NVMe path %q: %w", n.Path, err))
+			continue
+		}
+		f, ok := byDev[dev]
+		if !ok {
+			f = &fsys{first: n.Path, free: free, unreported: !reported}
+			byDev[dev] = f
+			order = append(order, dev)
+		} else if n.Path != f.first && !containsString(f.others, n.Path) {
+			f.others = append(f.others, n.Path)
+		}
+		f.need += max(n.Bytes, 0)
+	}
+	for _, dev := range order {
+		f := byDev[dev]
+		if !f.unreported && f.need > f.free {
+			errs = append(errs, &SpaceError{Path: f.first, Shared: f.others, NeedBytes: f.need, FreeBytes: f.free})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
