@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -451,6 +452,133 @@ func (s *Swapper) read(ctx context.Context, t *tensor, dst []float32) error {
 		copy(dst, b.Float32()[:t.n])
 	}
 	return nil
+}
+
+// RangeBufferBytes is the capacity of the buffer ReadRange needs for
+// elements [lo, hi) of a gradient: 4 bytes per element, widened to the
+// store's transfer unit around the range when gradients go to a store (see
+// swapper.Store.RangeLen). It is at most 4*(hi-lo) rounded up to that unit,
+// plus one unit.
+func (s *Swapper) RangeBufferBytes(lo, hi int) int {
+	if hi <= lo {
+		return 0
+	}
+	if s.store == nil {
+		return 4 * (hi - lo)
+	}
+	return int(max(s.store.RangeLen(4*int64(lo), 4*int64(hi)), 4*int64(hi-lo)))
+}
+
+// ReadRange reads elements [lo, hi) of name's accumulated gradient
+// straight into dst, the start of a pinned pool buffer of at least
+// RangeBufferBytes(lo, hi) bytes, after waiting for the gradient's
+// write-behind (a write failure not yet reported is returned instead). It
+// returns the part of dst holding the values: a gradient on the store is
+// read there directly (a ranged store read, no staging buffer), one kept in
+// pinned memory is copied, one not accumulated since Zero reads as zeros.
+// It takes no pinned memory of its own.
+func (s *Swapper) ReadRange(ctx context.Context, name string, lo, hi int, dst []byte) ([]float32, error) {
+	t, ctx, end, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	fail := func(err error) error { return &swapper.TensorError{Op: "read", Tensor: name, Err: err} }
+	if lo < 0 || hi < lo || hi > t.n {
+		return nil, fail(fmt.Errorf("range [%d, %d) is outside the partition's %d elements", lo, hi, t.n))
+	}
+	if need := s.RangeBufferBytes(lo, hi); len(dst) < need {
+		return nil, fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
+	}
+	if hi == lo {
+		return []float32{}, nil
+	}
+	if err := t.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	if err := s.settle(ctx, t); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	buf, has := t.buf, t.has
+	s.mu.Unlock()
+	switch {
+	case !has:
+		out := buffers.Float32Bytes(dst[:4*(hi-lo)])
+		clear(out)
+		return out, nil
+	case buf != nil:
+		out := buffers.Float32Bytes(dst[:4*(hi-lo)])
+		copy(out, buf.Float32()[lo:hi])
+		return out, nil
+	}
+	data, err := s.store.ReadRange(ctx, t.key, 4*int64(lo), 4*int64(hi), dst)
+	if err != nil {
+		return nil, s.named("swap-in", t, err)
+	}
+	s.mu.Lock()
+	s.stats.Reads++
+	s.stats.BytesRead += int64(len(data))
+	s.mu.Unlock()
+	return buffers.Float32Bytes(data), nil
+}
+
+// PinnedNeedBytes is the pinned memory a Swapper with opts needs for the
+// given partitions (in registration order) so that no operation can wait
+// forever on the pool: every gradient kept in pinned memory (all of them
+// without a Store; else while KeepInCPUBytes allows) holds its buffer for
+// good, and an Accumulate, Read or ReadAsync of another gradient takes one
+// buffer of that gradient's size, which its write-behind (or the read)
+// gives back without needing more memory. So the need is the kept buffers
+// plus the largest other one, each as the pool's allocator reserves it:
+// blockBytes maps a request to the bytes it takes (nil: the buddy blocks of
+// opts.Pool, see BlockBytes; with no Pool either, the request itself).
+// ReadRange takes no memory of its own. More memory only lets more
+// write-behinds overlap. Empty partitions cost nothing.
+func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {
+	if blockBytes == nil {
+		blockBytes = BlockBytes(opts.Pool)
+	}
+	var kept, other, keptBudget int64
+	for _, n := range partitionElems {
+		if n <= 0 {
+			continue
+		}
+		bytes := 4 * int64(n)
+		if opts.Store == nil {
+			kept += blockBytes(bytes)
+			continue
+		}
+		size := blockBytes(opts.Store.PaddedLen(bytes))
+		if keptBudget+bytes <= opts.KeepInCPUBytes {
+			keptBudget += bytes
+			kept += size
+			continue
+		}
+		other = max(other, size)
+	}
+	return kept + other
+}
+
+// BlockBytes returns the bytes p's buddy allocator reserves for a request
+// of n bytes, in the worst case of fragmentation: n rounded up to the
+// pool's granule (MinBufferBytes) and then to a power-of-two number of
+// granules. Sizing a pool as the sum of such blocks guarantees that the
+// requests fit whatever the order they are given back in. A nil pool gives
+// n itself.
+func BlockBytes(p *buffers.Pool) func(int64) int64 {
+	if p == nil {
+		return func(n int64) int64 { return n }
+	}
+	g := int64(p.MinBufferBytes())
+	return func(n int64) int64 {
+		if n <= 0 {
+			return 0
+		}
+		units := (n + g - 1) / g
+		return g << bits.Len64(uint64(units-1))
+	}
 }
 
 // readOp is a ReadAsync in flight.

@@ -12,11 +12,16 @@ import (
 // constGrads returns the same gradient for every element.
 type constGrads float32
 
-func (c constGrads) Read(_ context.Context, _ string, dst []float32) error {
-	for i := range dst {
-		dst[i] = float32(c)
+// RangeBufferBytes asks for exactly the range's bytes: the values are
+// written at the start of dst.
+func (c constGrads) RangeBufferBytes(lo, hi int) int { return 4 * (hi - lo) }
+
+func (c constGrads) ReadRange(_ context.Context, _ string, lo, hi int, dst []byte) ([]float32, error) {
+	g := buffers.Float32Bytes(dst[:4*(hi-lo)])
+	for i := range g {
+		g[i] = float32(c)
 	}
-	return nil
+	return g, nil
 }
 
 // Example takes three Adam steps on one tensor whose states are kept in

@@ -87,6 +87,66 @@ func (s *fakeSink) DiscardUpdates() {
 	s.discards++
 }
 
+// rangeSink is fakeSink as an optimizer.RangeSink: each range is copied
+// when its Waiter is waited for, and the tensor counts as staged once
+// every element arrived. Ranges out of order are recorded as errors.
+type rangeSink struct {
+	*fakeSink
+	partial map[string][]float32
+	got     map[string]int
+	next    map[string]int // the lo the next StageRange must have
+	errs    []string
+	ranges  int
+}
+
+func newRangeSink(s *fakeSink) *rangeSink {
+	return &rangeSink{fakeSink: s, partial: map[string][]float32{}, got: map[string]int{}, next: map[string]int{}}
+}
+
+func (s *rangeSink) StageRange(ctx context.Context, name string, lo, n int, values []float32) (optimizer.Waiter, error) {
+	s.mu.Lock()
+	hook := s.stageErr
+	s.stageCalls[name]++
+	s.ranges++
+	if lo != s.next[name] || lo+len(values) > n || len(values) == 0 {
+		s.errs = append(s.errs, fmt.Sprintf("%s: range [%d, %d) of %d, want lo %d", name, lo, lo+len(values), n, s.next[name]))
+	}
+	s.next[name] = (lo + len(values)) % n
+	if lo == 0 {
+		s.partial[name], s.got[name] = make([]float32, n), 0
+	}
+	part := s.partial[name]
+	s.mu.Unlock()
+	if hook != nil {
+		if err := hook(name); err != nil {
+			return nil, err
+		}
+	}
+	return waitFunc(func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		copy(part[lo:], values)
+		s.got[name] += len(values)
+		if s.got[name] == n {
+			s.staged[name] = part
+		}
+		return nil
+	}), nil
+}
+
+func (s *rangeSink) DiscardUpdates() {
+	s.fakeSink.DiscardUpdates()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.next)
+}
+
+func (s *rangeSink) rangeErrors() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.errs...)
+}
+
 // snapshot returns copies of the committed values.
 func (s *fakeSink) snapshot() map[string][]float32 {
 	s.mu.Lock()
@@ -114,7 +174,14 @@ func (f *fakeGrads) set(g map[string][]float32) {
 	f.mu.Unlock()
 }
 
-func (f *fakeGrads) Read(ctx context.Context, name string, dst []float32) error {
+// fakeSlack is the extra room the fake asks for and the offset it puts
+// the values at, as a source reading an aligned span around the range
+// would.
+const fakeSlack = 64
+
+func (f *fakeGrads) RangeBufferBytes(lo, hi int) int { return 4*(hi-lo) + fakeSlack }
+
+func (f *fakeGrads) ReadRange(ctx context.Context, name string, lo, hi int, dst []byte) ([]float32, error) {
 	f.mu.Lock()
 	hook := f.hook
 	src, ok := f.g[name]
@@ -122,17 +189,21 @@ func (f *fakeGrads) Read(ctx context.Context, name string, dst []float32) error 
 	f.mu.Unlock()
 	if hook != nil {
 		if err := hook(ctx, name); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	if !ok || len(src) != len(dst) {
-		return fmt.Errorf("fake grads: no gradient of length %d for %q", len(dst), name)
+	if !ok || hi > len(src) || lo < 0 || lo > hi {
+		return nil, fmt.Errorf("fake grads: no gradient range [%d, %d) for %q", lo, hi, name)
 	}
-	copy(dst, src)
-	return nil
+	if len(dst) < f.RangeBufferBytes(lo, hi) {
+		return nil, fmt.Errorf("fake grads: %d-byte destination for [%d, %d)", len(dst), lo, hi)
+	}
+	out := buffers.Float32Bytes(dst[fakeSlack : fakeSlack+4*(hi-lo)])
+	copy(out, src[lo:hi])
+	return out, nil
 }
 
 // spec is one tensor of a test model.
@@ -207,6 +278,9 @@ type rigConfig struct {
 	memory    bool // states in pinned memory (no store)
 	poolBytes int64
 	noParams  bool
+	// wholeSink gives the optimizer a plain ParamSink (whole tensors)
+	// instead of a RangeSink.
+	wholeSink bool
 	opts      optimizer.Options // SubGroupSize, PipelineDepth, BufferCount, Hyper
 	specs     []spec
 	seed      uint64
@@ -221,6 +295,7 @@ type rig struct {
 	store *swapper.Store
 	pool  *buffers.Pool
 	sink  *fakeSink
+	rsink *rangeSink // nil with wholeSink
 	grads *fakeGrads
 	opt   *optimizer.Optimizer
 	md    *model
@@ -283,7 +358,12 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 	}
 	opts.Store, opts.Pool, opts.Grads = r.store, pool, r.grads
 	if !cfg.noParams {
-		opts.Params = r.sink
+		if cfg.wholeSink {
+			opts.Params = r.sink
+		} else {
+			r.rsink = newRangeSink(r.sink)
+			opts.Params = r.rsink
+		}
 	}
 	opt, err := optimizer.New(opts)
 	if err != nil {
@@ -379,10 +459,15 @@ func (r *rig) check(label string) {
 					at(c.got, i), bits(c.got, i), at(c.want, i), bits(c.want, i))
 			}
 		}
-		if r.md.step > 0 && !r.cfg.noParams {
+		if r.md.step > 0 && !r.cfg.noParams && len(r.md.p[name]) > 0 {
 			if i := firstDiff(committed[name], r.md.p[name]); i >= 0 {
 				r.t.Fatalf("%s: committed param %s differs at %d", label, name, i)
 			}
+		}
+	}
+	if r.rsink != nil {
+		if errs := r.rsink.rangeErrors(); len(errs) > 0 {
+			r.t.Fatalf("%s: ranges staged out of order: %v", label, errs)
 		}
 	}
 	r.checkStoreClean(label)

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"sync"
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
 )
 
 // Optimizer holds, per registered tensor, this rank's fp32 master partition
@@ -21,6 +23,7 @@ import (
 // time from any goroutine. Close is called once.
 type Optimizer struct {
 	opts Options
+	sz   sizer // sizes the pinned buffers of sub-groups
 
 	// opMu serialises the operations that touch states.
 	opMu   sync.Mutex
@@ -139,7 +142,7 @@ func New(opts Options) (*Optimizer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Optimizer{opts: opts, byName: make(map[string]*tensor)}, nil
+	return &Optimizer{opts: opts, sz: newSizer(opts, nil), byName: make(map[string]*tensor)}, nil
 }
 
 // Options returns the optimizer's effective options (defaults filled).
@@ -149,13 +152,17 @@ func (o *Optimizer) Options() Options { return o.opts }
 // as the master weights, exp_avg and exp_avg_sq start at zero, and the
 // states are written to the store (or to pinned memory) before Register
 // returns. Step steps tensors in registration order (a transaction in the
-// order they are handed over). It blocks while the
-// pool is exhausted (with a Store), and fails with ErrPoolTooSmall when the
-// pool can never hold what one step of this tensor needs: its gradient and,
-// when it spans several sub-groups, its new master (4 bytes per element
-// each), plus one sub-group record (12 bytes per element). A tensor
-// registered after steps were taken starts with the shared step counter's
-// bias correction.
+// order they are handed over). It blocks while the pool is exhausted (with
+// a Store), and fails with ErrPoolTooSmall when the pool could never let a
+// step through: it must hold, beside the records kept in pinned memory
+// (without a Store), one sub-group's buffer (its record and gradient
+// slice; see PinnedNeedBytes). An empty partition (a rank that holds no
+// element of a small tensor) is legal and costs nothing: no record, no
+// buffer, no call to Grads or Params. Register is all or nothing: when it
+// fails (a pool too small, a store write failing), nothing of name is
+// left, in the store or in the pool, and name may be registered again. A
+// tensor registered after steps were taken starts with the shared step
+// counter's bias correction.
 func (o *Optimizer) Register(name string, master []float32) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
@@ -168,9 +175,6 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	}
 	if name == "" {
 		return fail(errors.New("empty tensor name"))
-	}
-	if len(master) == 0 {
-		return fail(fmt.Errorf("%w: empty partition", ErrLength))
 	}
 	o.mu.Lock()
 	_, dup := o.byName[name]
@@ -210,56 +214,158 @@ func (o *Optimizer) bufBytes(n int) int {
 	return int(o.opts.Store.PaddedLen(int64(n)))
 }
 
-// checkPool refuses a tensor whose step could never get its buffers, so a
-// Step cannot wait forever on a pool that is simply too small.
+// checkPool refuses a tensor with which a step could never get its
+// buffers, so a Step cannot wait forever on a pool that is simply too
+// small: the pool must hold the records kept in pinned memory and one
+// sub-group's buffer (a smaller pool than PinnedNeedBytes only makes the
+// pipeline wait).
 func (o *Optimizer) checkPool(t *tensor) error {
 	p := o.opts.Pool
-	granule := int64(p.MinBufferBytes())
-	size := func(n int) int64 { return (int64(n) + granule - 1) / granule * granule }
-	var need int64
-	check := func(what string, n int) error {
-		if n > p.MaxBufferBytes() {
-			return fmt.Errorf("%w: %s needs a %d-byte buffer; the largest the pool (%d bytes) holds is %d%s",
-				ErrPoolTooSmall, what, n, p.CapacityBytes(), p.MaxBufferBytes(), hint(what))
-		}
-		need += size(n)
-		return nil
+	o.mu.Lock()
+	parts := make([]int, 0, len(o.tensors)+1)
+	for _, x := range o.tensors {
+		parts = append(parts, x.n)
 	}
-	if err := check("the gradient partition", o.bufBytes(4*t.n)); err != nil {
-		return err
+	o.mu.Unlock()
+	parts = append(parts, t.n)
+	need := o.sz.need(parts)
+	if need.slot > int64(p.MaxBufferBytes()) {
+		return fmt.Errorf("%w: a sub-group's record and gradient need a %d-byte buffer; the largest the pool (%d bytes) holds is %d (lower SubGroupSize)",
+			ErrPoolTooSmall, need.slot, p.CapacityBytes(), p.MaxBufferBytes())
 	}
-	if len(t.sgs) > 1 {
-		if err := check("the new master partition", o.bufBytes(4*t.n)); err != nil {
-			return err
-		}
-	}
-	if o.opts.Store != nil {
-		if err := check("a sub-group's states", o.bufBytes(t.sgs[0].recordBytes())); err != nil {
-			return err
-		}
-	} else {
-		// Both copies of every record stay in the pool (TryAcquire at
-		// registration tells whether they fit next to other tensors').
-		for _, sg := range t.sgs {
-			for range 2 {
-				if err := check("a sub-group's states", sg.recordBytes()); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if need > p.CapacityBytes() {
-		return fmt.Errorf("%w: one step of this tensor (%d elements, %d sub-groups) needs %d bytes of pinned memory at once; the pool has %d",
-			ErrPoolTooSmall, t.n, len(t.sgs), need, p.CapacityBytes())
+	if minimum := need.resident + need.slotBlock; minimum > p.CapacityBytes() {
+		return fmt.Errorf("%w: a step of these tensors (%d elements in %d sub-groups) needs at least %d bytes of pinned memory (%d for records kept in memory, %d for one sub-group's buffer); the pool has %d",
+			ErrPoolTooSmall, t.n, len(t.sgs), minimum, need.resident, need.slotBlock, p.CapacityBytes())
 	}
 	return nil
 }
 
-func hint(what string) string {
-	if what == "a sub-group's states" {
-		return " (lower SubGroupSize)"
+// sizer computes the pinned buffers sub-groups take.
+type sizer struct {
+	store   *swapper.Store
+	grads   GradSource
+	granule int64
+	sgSize  int
+	block   func(int64) int64
+}
+
+// newSizer sizes for opts (defaulted); block nil means opts.Pool's blocks.
+func newSizer(opts Options, block func(int64) int64) sizer {
+	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, block: block}
+	switch {
+	case opts.Pool != nil:
+		z.granule = int64(opts.Pool.MinBufferBytes())
+	case opts.Store != nil:
+		z.granule = opts.Store.Alignment()
 	}
-	return " (gradients and staged masters are whole partitions)"
+	if z.block == nil {
+		z.block = BlockBytes(opts.Pool)
+	}
+	return z
+}
+
+// recRegion is the part of a sub-group's buffer its record is read into
+// (with a Store): padded for the store and rounded up to the pool's
+// granule, so the gradient slice after it starts as aligned as a pool
+// buffer does.
+func (z sizer) recRegion(n int) int64 {
+	if z.store == nil {
+		return 0
+	}
+	return roundUp(z.store.PaddedLen(12*int64(n)), z.granule)
+}
+
+// slot is the buffer a step takes for the sub-group [lo, hi) of a tensor:
+// its record region and the gradient source's range buffer.
+func (z sizer) slot(lo, hi int) int64 {
+	g := 4 * int64(hi-lo)
+	if z.grads != nil {
+		g = max(g, int64(z.grads.RangeBufferBytes(lo, hi)))
+	}
+	return z.recRegion(hi-lo) + g
+}
+
+// needs are the pinned memory of a set of tensors.
+type needs struct {
+	resident  int64 // blocks of the records kept in pinned memory (no Store)
+	slot      int64 // the largest sub-group buffer, in bytes requested
+	slotBlock int64 // the block it takes
+	subGroups int
+}
+
+func (z sizer) need(parts []int) needs {
+	var nd needs
+	for _, n := range parts {
+		for off := 0; off < n; off += z.sgSize {
+			m := min(z.sgSize, n-off)
+			nd.subGroups++
+			if z.store == nil {
+				nd.resident += 2 * z.block(12*int64(m))
+			}
+			s := z.slot(off, off+m)
+			nd.slot = max(nd.slot, s)
+			nd.slotBlock = max(nd.slotBlock, z.block(s))
+		}
+	}
+	return nd
+}
+
+func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+
+// inFlight is the most sub-groups a step holds buffers for at once: one
+// without a pipeline; with depth k, k read ahead, one updating and k
+// being written behind (the write slots bound the last), and never more
+// than BufferCount.
+func inFlight(opts Options) int {
+	if opts.PipelineDepth == 0 {
+		return 1
+	}
+	return min(opts.BufferCount, 2*opts.PipelineDepth+1)
+}
+
+// PinnedNeedBytes is the most pinned memory an optimizer with opts holds
+// at once for partitions of the given lengths (this rank's, in any order),
+// counted in the blocks the pool reserves (blockBytes maps a request's
+// bytes to the bytes it takes; nil means opts.Pool's buddy blocks, see
+// BlockBytes, or the request itself without a Pool). A pool of that size,
+// used by nothing else during the step, lets every step through without
+// waiting; the planner adds it to the other swappers' needs.
+//
+// It is independent of the largest tensor: a step holds, per sub-group in
+// flight (1 with PipelineDepth 0, else min(BufferCount,
+// 2*PipelineDepth+1)), one buffer with the sub-group's record (12 bytes per
+// element, with a Store) and its gradient slice (opts.Grads'
+// RangeBufferBytes, at least 4 bytes per element), and nothing per tensor:
+// new parameters go to a RangeSink sub-group by sub-group (to a plain
+// ParamSink a tensor of several sub-groups is assembled in ordinary,
+// unpinned memory). Without a Store the two copies of every record (24
+// bytes per element) stay in the pool besides. Not counted: buffers held
+// by StateSnapshots, which a step replaces with fresh ones (see
+// SnapshotStates). Empty partitions cost nothing.
+func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {
+	opts.EnsureDefaults()
+	z := newSizer(opts, blockBytes)
+	nd := z.need(partitionElems)
+	return nd.resident + int64(min(inFlight(opts), nd.subGroups))*nd.slotBlock
+}
+
+// BlockBytes returns the bytes p's buddy allocator reserves for a request
+// of n bytes, in the worst case of fragmentation: n rounded up to the
+// pool's granule (MinBufferBytes), then to a power-of-two number of
+// granules. A pool sized as the sum of such blocks holds the requests
+// whatever order they are given back in. A nil pool gives n itself.
+func BlockBytes(p *buffers.Pool) func(int64) int64 {
+	if p == nil {
+		return func(n int64) int64 { return max(n, 0) }
+	}
+	g := int64(p.MinBufferBytes())
+	return func(n int64) int64 {
+		if n <= 0 {
+			return 0
+		}
+		units := (n + g - 1) / g
+		return g << bits.Len64(uint64(units-1))
+	}
 }
 
 // writeInitial stores [master | 0 | 0] for every sub-group of t. On failure

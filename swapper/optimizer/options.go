@@ -33,7 +33,8 @@ var (
 // until CommitUpdates. values is owned by the optimizer and stays valid and
 // unchanged until the returned Waiter's Wait returns (so the sink may read
 // it asynchronously); the sink must not keep it longer. Wait is called
-// exactly once, from another goroutine.
+// exactly once, from another goroutine. A sink that also implements
+// RangeSink gets the values one sub-group at a time instead.
 //
 // After every StageUpdate of a step succeeded, CommitUpdates makes them all
 // visible at once; on failure it must leave the previous parameters in
@@ -44,6 +45,21 @@ type ParamSink interface {
 	StageUpdate(ctx context.Context, name string, values []float32) (Waiter, error)
 	CommitUpdates() error
 	DiscardUpdates()
+}
+
+// RangeSink is a ParamSink that takes a tensor's new partition in pieces,
+// so that the optimizer never assembles a whole tensor: StageRange is
+// called instead of StageUpdate, once per sub-group, with values for
+// elements [lo, lo+len(values)) of the partition of n elements. A tensor's
+// ranges come in ascending order, back to back, from lo = 0 to the one
+// ending at n (the last, after which the tensor's update is staged as
+// StageUpdate would have staged it), from the update goroutine; values
+// stays valid and unchanged until the returned Waiter's Wait returns. When
+// a step fails part way, DiscardUpdates drops the pieces staged so far.
+// Empty partitions get no call.
+type RangeSink interface {
+	ParamSink
+	StageRange(ctx context.Context, name string, lo, n int, values []float32) (Waiter, error)
 }
 
 // Stager is a ParamSink whose StageUpdate returns its own waiter type W
@@ -57,9 +73,20 @@ type Stager[W Waiter] interface {
 	DiscardUpdates()
 }
 
+// rangeStager is the StageRange of a Stager with its own waiter type.
+type rangeStager[W Waiter] interface {
+	StageRange(ctx context.Context, name string, lo, n int, values []float32) (W, error)
+}
+
 // SinkOf adapts s to a ParamSink, for example
-// optimizer.SinkOf[param.Waiter](paramSwapper).
-func SinkOf[W Waiter](s Stager[W]) ParamSink { return sinkAdapter[W]{s} }
+// optimizer.SinkOf[param.Waiter](paramSwapper). When s also has a
+// StageRange method (with W results), the ParamSink is a RangeSink.
+func SinkOf[W Waiter](s Stager[W]) ParamSink {
+	if rs, ok := s.(rangeStager[W]); ok {
+		return rangeSinkAdapter[W]{sinkAdapter[W]{s}, rs}
+	}
+	return sinkAdapter[W]{s}
+}
 
 type sinkAdapter[W Waiter] struct{ s Stager[W] }
 
@@ -74,16 +101,40 @@ func (a sinkAdapter[W]) StageUpdate(ctx context.Context, name string, values []f
 func (a sinkAdapter[W]) CommitUpdates() error { return a.s.CommitUpdates() }
 func (a sinkAdapter[W]) DiscardUpdates()      { a.s.DiscardUpdates() }
 
+type rangeSinkAdapter[W Waiter] struct {
+	sinkAdapter[W]
+	r rangeStager[W]
+}
+
+func (a rangeSinkAdapter[W]) StageRange(ctx context.Context, name string, lo, n int, values []float32) (Waiter, error) {
+	w, err := a.r.StageRange(ctx, name, lo, n, values)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
 // GradSource provides the gradient partitions at the optimizer step: the
-// grad swapper (swapper/grad) implements it. Read fills dst, whose length
-// is the tensor's partition length, with the gradient of the named tensor.
-// It is called once per tensor per step attempt, from one of the step's
-// goroutines at a time (never Step's caller), and must return the same
-// values when a failed step is retried. With a StepTxn a tensor's Read
-// comes soon after StepTxn.Tensor handed it over, while the caller may
+// grad swapper (swapper/grad) implements it. The optimizer reads each
+// sub-group's slice of a gradient straight into the pinned buffer the
+// sub-group's update uses, so its pinned memory is bounded by the
+// sub-group size, never by the largest tensor.
+//
+// ReadRange reads elements [lo, hi) of the named tensor's gradient into
+// dst, the start of a pinned pool buffer (aligned as pool buffers are) of
+// at least RangeBufferBytes(lo, hi) bytes, and returns the hi-lo values,
+// which must lie inside dst (a source reading from an aligned store reads
+// the aligned span around the range into dst and returns the part holding
+// the range). It is called once per sub-group per step attempt, from one
+// of the step's goroutines at a time (never Step's caller), and must return
+// the same values when a failed step is retried. With a StepTxn a tensor's
+// reads come soon after StepTxn.Tensor handed it over, while the caller may
 // still be accumulating the gradients of tensors not handed over yet.
+// RangeBufferBytes must not depend on anything but lo and hi and must be
+// at least 4*(hi-lo); PinnedNeedBytes counts it.
 type GradSource interface {
-	Read(ctx context.Context, name string, dst []float32) error
+	ReadRange(ctx context.Context, name string, lo, hi int, dst []byte) ([]float32, error)
+	RangeBufferBytes(lo, hi int) int
 }
 
 // Defaults used by EnsureDefaults.

@@ -3,6 +3,7 @@ package optimizer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -16,10 +17,12 @@ import (
 // the whole step (Register, ReadState and the like wait for it).
 //
 // Each sub-group's record (master, exp_avg, exp_avg_sq) is read from the
-// store into a pinned buffer, the tensor's gradient is read from Grads
-// (once per tensor), Adam updates the record in place, and the record is
-// written back under a staging name; when the last sub-group of a tensor is
-// done, its whole new master partition goes to Params.StageUpdate. With
+// store into a pinned buffer, the sub-group's slice of the gradient is read
+// from Grads into the same buffer (GradSource.ReadRange), Adam updates the
+// record in place, and the record is written back under a staging name;
+// its new master goes to Params.StageRange (a RangeSink) or, when the last
+// sub-group of a tensor is done, the tensor's whole new master partition to
+// Params.StageUpdate. With
 // PipelineDepth k >= 1 a reader goroutine keeps k sub-groups read ahead and
 // a writer goroutine waits for up to k write-behinds, while an update
 // goroutine runs Adam; BufferCount and the pool bound the pinned memory in
@@ -85,9 +88,15 @@ type item struct {
 	sg           *subGroup
 	failed       bool // read-ahead did not complete: no update
 	token, wslot bool
-	rec          *buffers.Buffer // the record's buffer (with a store)
-	state        []float32       // master | exp_avg | exp_avg_sq
-	grad, master *buffers.Buffer // references to the tensor's gradient and new-master buffers
+	// buf is the sub-group's pinned buffer: its record (with a store),
+	// then the gradient slice.
+	buf   *buffers.Buffer
+	state []float32 // master | exp_avg | exp_avg_sq
+	grad  []float32 // the sub-group's gradient, inside buf
+	// master is the tensor's whole new master, assembled in ordinary
+	// memory for a ParamSink that is not a RangeSink (nil otherwise and
+	// for a tensor of one sub-group).
+	master       []float32
 	read         Waiter
 	readDone     bool
 	write, stage Waiter
@@ -96,20 +105,11 @@ type item struct {
 	idleFrom, idleTo time.Time
 }
 
-// tensorBufs are the read-ahead's own references to the buffers of the
-// tensor it is reading, held until its last sub-group is read ahead.
-type tensorBufs struct{ grad, master *buffers.Buffer }
+// tensorBufs is what the read-ahead keeps for the tensor it is reading:
+// the new-master array its items share (see item.master).
+type tensorBufs struct{ master []float32 }
 
-func (tb *tensorBufs) release() {
-	if tb.grad != nil {
-		tb.grad.Release()
-		tb.grad = nil
-	}
-	if tb.master != nil {
-		tb.master.Release()
-		tb.master = nil
-	}
-}
+func (tb *tensorBufs) release() { tb.master = nil }
 
 func (r *stepRun) fail(err error) {
 	r.mu.Lock()
@@ -300,10 +300,9 @@ func (r *stepRun) run() {
 	wg.Wait()
 }
 
-// prefetch takes a buffer set for sg and starts reading its record; for a
-// tensor's first sub-group it also acquires the tensor's gradient (and
-// new-master) buffers and reads the gradient. It always returns an item
-// holding whatever it acquired, for retire to give back.
+// prefetch takes a buffer set for sg, starts reading its record and reads
+// its gradient slice into the same pinned buffer. It always returns an
+// item holding whatever it acquired, for retire to give back.
 func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	o := r.o
 	it := &item{sg: sg}
@@ -314,39 +313,23 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		return it, r.wrap("read-ahead", sg, false, r.cause())
 	}
 	t := sg.t
-	pool := o.opts.Pool
 	if sg.j == 0 {
 		tb.release()
-		b, err := pool.Acquire(r.ctx, o.bufBytes(4*t.n), buffers.PurposeOptimizer)
-		if err != nil {
-			return it, r.wrap("read-ahead", sg, false, err)
-		}
-		tb.grad = b
-		if len(t.sgs) > 1 {
-			b, err := pool.Acquire(r.ctx, o.bufBytes(4*t.n), buffers.PurposeOptimizer)
-			if err != nil {
-				return it, r.wrap("read-ahead", sg, false, err)
-			}
-			tb.master = b
+		if _, ranged := o.opts.Params.(RangeSink); !ranged && o.opts.Params != nil && len(t.sgs) > 1 {
+			tb.master = make([]float32, t.n)
 		}
 	}
-	if tb.grad == nil {
-		// Only a broken invariant gets here: sub-groups run in order.
-		panic("optimizer: gradient buffer missing for a tensor's later sub-group")
+	it.master = tb.master
+	z := o.sz
+	lo, hi := sg.off, sg.off+sg.n
+	b, err := o.opts.Pool.Acquire(r.ctx, int(z.slot(lo, hi)), buffers.PurposeOptimizer)
+	if err != nil {
+		return it, r.wrap("read-ahead", sg, false, err)
 	}
-	tb.grad.Retain()
-	it.grad = tb.grad
-	if tb.master != nil {
-		tb.master.Retain()
-		it.master = tb.master
-	}
+	it.buf = b
+	gradAt := z.recRegion(sg.n)
 	if st := o.opts.Store; st != nil {
 		rb := sg.recordBytes()
-		b, err := pool.Acquire(r.ctx, o.bufBytes(rb), buffers.PurposeOptimizer)
-		if err != nil {
-			return it, r.wrap("read-ahead", sg, false, err)
-		}
-		it.rec = b
 		it.state = buffers.Float32Bytes(b.Bytes()[:rb])
 		p, err := st.ReadAsync(sg.key, b.Bytes()[:rb])
 		if err != nil {
@@ -363,18 +346,22 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		copy(next.Float32(), sg.mem[sg.cur].Float32())
 		it.state = next.Float32()
 	}
-	if sg.j == 0 {
-		if err := o.opts.Grads.Read(r.ctx, t.name, tb.grad.Float32()[:t.n]); err != nil {
-			return it, r.wrap("grad", sg, true, err)
-		}
-		r.gradBytes.Add(4 * int64(t.n))
+	g, err := o.opts.Grads.ReadRange(r.ctx, t.name, lo, hi, b.Bytes()[gradAt:])
+	if err == nil && len(g) != sg.n {
+		err = fmt.Errorf("the gradient source returned %d values for elements [%d, %d)", len(g), lo, hi)
 	}
+	if err != nil {
+		return it, r.wrap("grad", sg, false, err)
+	}
+	it.grad = g
+	r.gradBytes.Add(4 * int64(sg.n))
 	return it, nil
 }
 
-// update waits for it's read, applies Adam, starts the write-behind and,
-// after a tensor's last sub-group, stages the tensor's new master. It runs
-// on the update goroutine and does nothing once the step has failed.
+// update waits for it's read, applies Adam, starts the write-behind and
+// stages the sub-group's new master (a RangeSink) or, after a tensor's
+// last sub-group, the tensor's. It runs on the update goroutine and does
+// nothing once the step has failed.
 func (r *stepRun) update(it *item) {
 	if it.failed || r.failed() {
 		return
@@ -394,20 +381,25 @@ func (r *stepRun) update(it *item) {
 	}
 	start := time.Now()
 	p, m, v := it.state[:n], it.state[n:2*n], it.state[2*n:3*n]
-	Adam(p, it.grad.Float32()[sg.off:sg.off+n], m, v, r.step, o.opts.Hyper)
+	Adam(p, it.grad, m, v, r.step, o.opts.Hyper)
 	if it.master != nil {
-		copy(it.master.Float32()[sg.off:sg.off+n], p)
+		copy(it.master[sg.off:sg.off+n], p)
 	}
 	r.compute += time.Since(start)
 	r.subGroups.Add(1)
 
+	if r.wslots != nil {
+		// At most k sub-groups past their update hold buffers (the writer
+		// frees slots), with or without a store: this bounds what
+		// PinnedNeedBytes counts.
+		start := time.Now()
+		r.wslots <- struct{}{}
+		it.wslot = true
+		r.writeWait += time.Since(start)
+	}
 	if st := o.opts.Store; st != nil {
 		start := time.Now()
-		if r.wslots != nil {
-			r.wslots <- struct{}{} // at most k writes in flight; the writer frees slots
-			it.wslot = true
-		}
-		w, err := st.WriteAsync(sg.staged(), it.rec.Bytes()[:sg.recordBytes()])
+		w, err := st.WriteAsync(sg.staged(), it.buf.Bytes()[:sg.recordBytes()])
 		r.writeWait += time.Since(start)
 		if err != nil {
 			r.fail(r.wrap("write-behind", sg, false, err))
@@ -415,12 +407,20 @@ func (r *stepRun) update(it *item) {
 		}
 		it.write = w
 	}
-	if last(sg) && o.opts.Params != nil {
+	params := o.opts.Params
+	if rs, ok := params.(RangeSink); ok {
+		w, err := rs.StageRange(r.ctx, t.name, sg.off, t.n, p)
+		if err != nil {
+			r.fail(r.wrap("stage", sg, false, err))
+			return
+		}
+		it.stage = w
+	} else if params != nil && last(sg) {
 		vals := p
 		if it.master != nil {
-			vals = it.master.Float32()[:t.n]
+			vals = it.master
 		}
-		w, err := o.opts.Params.StageUpdate(r.ctx, t.name, vals)
+		w, err := params.StageUpdate(r.ctx, t.name, vals)
 		if err != nil {
 			r.fail(r.wrap("stage", sg, true, err))
 			return
@@ -449,10 +449,8 @@ func (r *stepRun) retire(it *item) {
 			r.fail(r.wrap("stage", sg, true, err))
 		}
 	}
-	for _, b := range []*buffers.Buffer{it.rec, it.grad, it.master} {
-		if b != nil {
-			b.Release()
-		}
+	if it.buf != nil {
+		it.buf.Release()
 	}
 	if it.wslot {
 		<-r.wslots

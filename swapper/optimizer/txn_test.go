@@ -433,11 +433,11 @@ func TestTxnOverlap(t *testing.T) {
 		r.grads.mu.Lock()
 		reads := r.grads.reads
 		r.grads.mu.Unlock()
-		if reads == len(mixed) {
+		if reads == r.subGroups() { // one ranged read per sub-group
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d gradients read before Commit", reads, len(mixed))
+			t.Fatalf("%d of %d gradient slices read before Commit", reads, r.subGroups())
 		}
 		time.Sleep(time.Millisecond)
 	}
