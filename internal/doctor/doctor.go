@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/swapper"
 )
 
 // Check is one line of the report.
@@ -27,6 +28,9 @@ type Check struct {
 	// Unusable marks a swap path zinf cannot use at all (missing, not a
 	// directory, not writable); a path without O_DIRECT is only not OK.
 	Unusable bool `json:"unusable,omitempty"`
+	// Stale lists, on a "stale <path>" check, the swap space that runs
+	// which are gone left in the path (see swapper.FindStale).
+	Stale []swapper.StaleRun `json:"stale,omitempty"`
 }
 
 // Report is the whole diagnosis.
@@ -109,20 +113,67 @@ func (r *Report) path(p string) {
 		unusable("not writable: %v", err)
 		return
 	}
-	var sfs unix.Statfs_t
-	free := "?"
-	if unix.Statfs(p, &sfs) == nil {
-		free = config.Size(int64(sfs.Bavail) * sfs.Bsize).String()
-	}
+	space := spaceOf(p)
 	align, direct, err := aio.ProbeDir(p, aio.DirectOptional)
 	switch {
 	case err != nil:
 		r.add(name, false, "probe failed: %v", err)
 	case direct:
-		r.add(name, true, "O_DIRECT yes, alignment %d bytes, %s free", align, free)
+		r.add(name, true, "O_DIRECT yes, alignment %d bytes, %s", align, space)
 	default:
-		r.add(name, false, "O_DIRECT no (buffered fallback under policy \"optional\"; \"required\" fails), %s free", free)
+		r.add(name, false, "O_DIRECT no (buffered fallback under policy \"optional\"; \"required\" fails), %s", space)
 	}
+	r.stale(p)
+}
+
+// spaceOf says how much space p has and, for a RAM-backed filesystem, that
+// what is swapped there stays in memory: swapping to it saves no RAM.
+func spaceOf(p string) string {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(p, &sfs); err != nil {
+		return fmt.Sprintf("free space unknown (%v)", err)
+	}
+	free := config.Size(int64(sfs.Bavail) * sfs.Bsize)
+	switch {
+	case sfs.Type == unix.RAMFS_MAGIC:
+		return "RAM-backed (ramfs): data lives in memory and swapping there saves none; free space not reported (ramfs has no limit but RAM)"
+	case sfs.Type == unix.TMPFS_MAGIC:
+		return fmt.Sprintf("RAM-backed (tmpfs): data lives in memory (or swap) and swapping there saves none; %s free under the mount's size limit", free)
+	case sfs.Blocks == 0:
+		return "free space not reported by the filesystem"
+	}
+	return fmt.Sprintf("%s free", free)
+}
+
+// stale reports the swap space that dead runs left in p.
+func (r *Report) stale(p string) {
+	name := "stale " + p
+	runs, err := swapper.FindStale(p)
+	if err != nil {
+		r.add(name, false, "%v", err)
+		return
+	}
+	if len(runs) == 0 {
+		r.add(name, true, "no swap space left by runs that are gone")
+		return
+	}
+	host, _ := os.Hostname()
+	var total int64
+	var list []string
+	for _, s := range runs {
+		total += s.Bytes
+		who := fmt.Sprintf("pid %d", s.PID)
+		if s.PID == 0 {
+			who = "pid unknown"
+		}
+		if s.Host != "" && s.Host != host {
+			who += " on host " + s.Host + ", not removed automatically"
+		}
+		list = append(list, fmt.Sprintf("%s (%s, %s)", s.Dir, who, config.Size(s.Bytes)))
+	}
+	r.add(name, false, "%d run(s) that are gone left %s (%d bytes): %s; the next zinf run that opens a swap store in this path removes them",
+		len(runs), config.Size(total), total, strings.Join(list, ", "))
+	r.Checks[len(r.Checks)-1].Stale = runs
 }
 
 // Unusable returns the paths zinf cannot use at all.
