@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(writerHelperEnv); v != "" {
 		os.Exit(writerHelper(v))
 	}
+	if v := os.Getenv(memHelperEnv); v != "" {
+		os.Exit(memHelper(v))
+	}
 	os.Exit(m.Run())
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -25,13 +26,18 @@ const FormatName = "zinf-checkpoint"
 // changes only when an older reader could misread a newer checkpoint.
 const FormatVersion = 1
 
-// maxHeaderBytes bounds a safetensors header, as the safetensors library
-// does (100 MB), so a corrupt length cannot make a reader allocate the disk.
+// maxHeaderBytes bounds a safetensors header's JSON, as the safetensors
+// library does (100 MB), so a corrupt length cannot make a reader allocate
+// the disk. Every header length read from a file (the 8-byte prefix, a
+// manifest's header_bytes) is held against it before anything is
+// allocated.
 const maxHeaderBytes = 100 << 20
 
 // maxManifestBytes bounds manifest.json and checkpoint.json for the same
-// reason.
-const maxManifestBytes = 1 << 30
+// reason. Decoding JSON costs a small multiple of its size in memory, so
+// the bound is what a reader may spend, not what a disk may hold: 64 MiB
+// is some 250,000 tensors per rank, and the writer refuses to write more.
+const maxManifestBytes = 64 << 20
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -284,6 +290,9 @@ func writeJSONFile(path string, v any) ([]byte, error) {
 		return nil, err
 	}
 	b = append(b, '\n')
+	if len(b) > maxManifestBytes {
+		return nil, invalidf("%s would be %d bytes, more than the %d a reader accepts (too many tensors in one rank)", filepath.Base(path), len(b), maxManifestBytes)
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, err
@@ -301,6 +310,12 @@ func writeJSONFile(path string, v any) ([]byte, error) {
 
 // readSmallFile reads a manifest, refusing absurd sizes.
 func readSmallFile(path string) ([]byte, error) {
+	// Checked before opening too: opening a FIFO would block.
+	if st, err := os.Stat(path); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -310,12 +325,20 @@ func readSmallFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st.Size() > maxManifestBytes {
-		return nil, fmt.Errorf("%s is %d bytes, larger than any manifest", path, st.Size())
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
-	b := make([]byte, st.Size())
-	if _, err := f.ReadAt(b, 0); err != nil && st.Size() > 0 {
+	if st.Size() > maxManifestBytes {
+		return nil, fmt.Errorf("%s is %d bytes, more than the limit of %d for a manifest", path, st.Size(), maxManifestBytes)
+	}
+	// Read at most the limit (plus one byte to notice growth), whatever the
+	// file's size is by now.
+	b, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
+	if err != nil {
 		return nil, err
+	}
+	if len(b) > maxManifestBytes {
+		return nil, fmt.Errorf("%s grew past the limit of %d bytes for a manifest while being read", path, maxManifestBytes)
 	}
 	return b, nil
 }
@@ -469,6 +492,9 @@ func (m *RankManifest) check() error {
 		if f.HeaderBytes < 8 || f.HeaderBytes > f.Bytes {
 			return fmt.Errorf("file %q: header of %d bytes in a file of %d", f.Name, f.HeaderBytes, f.Bytes)
 		}
+		if f.HeaderBytes > 8+maxHeaderBytes {
+			return fmt.Errorf("file %q: header_bytes %d exceeds the safetensors header limit of %d (8 + %d)", f.Name, f.HeaderBytes, 8+maxHeaderBytes, maxHeaderBytes)
+		}
 		files[f.Name] = f
 	}
 	ends := make(map[string]int64, len(files))
@@ -498,6 +524,11 @@ func (m *RankManifest) check() error {
 		}
 		if t.Offset != ends[t.File] {
 			return fmt.Errorf("tensor %q: offset %d in %q, expected %d (tensors are contiguous in manifest order)", t.Name, t.Offset, t.File, ends[t.File])
+		}
+		// Offset is within [HeaderBytes, f.Bytes] here, so this cannot
+		// overflow, and no sum of sizes can wrap around to look right.
+		if t.Bytes > f.Bytes-t.Offset {
+			return fmt.Errorf("tensor %q: %d bytes at offset %d run past the end of %q (%d bytes)", t.Name, t.Bytes, t.Offset, t.File, f.Bytes)
 		}
 		ends[t.File] = t.Offset + t.Bytes
 	}

@@ -392,9 +392,12 @@ func (r *Reader) file(ctx context.Context, name string) (*openFile, error) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	if !of.checked {
-		h := make([]byte, 0, of.entry.HeaderBytes)
+		// A running checksum: the header is never held in memory here
+		// (its length, bounded when the manifest was read, is the
+		// manifest's word until this check passes).
+		var got uint32
 		err := r.stream(ctx, of, 0, of.entry.HeaderBytes, func(p []byte) error {
-			h = append(h, p...)
+			got = crc32.Update(got, castagnoli, p)
 			return nil
 		})
 		if err != nil {
@@ -403,7 +406,7 @@ func (r *Reader) file(ctx context.Context, name string) (*openFile, error) {
 			return nil, &Error{Op: "read", Path: of.path, Err: err}
 		}
 		of.checked = true
-		if got := crc32.Checksum(h, castagnoli); got != of.entry.HeaderCRC32C {
+		if got != of.entry.HeaderCRC32C {
 			of.headerErr = &Error{Op: "read", Path: of.path, Err: corruptf("the safetensors header of %s is damaged: crc32c %08x, the manifest says %08x",
 				of.entry.Name, got, of.entry.HeaderCRC32C)}
 		}

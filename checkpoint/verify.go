@@ -219,7 +219,9 @@ func (r *Reader) verifyFile(ctx context.Context, fe *FileEntry) ([]TensorResult,
 			tensors = append(tensors, &r.m.Tensors[i])
 		}
 	}
-	// Header: parse it and hold it against the manifest.
+	// Header: parse it and hold it against the manifest. HeaderBytes was
+	// bounded (maxHeaderBytes, and the file's real size) when the manifest
+	// was read.
 	hb := make([]byte, 0, fe.HeaderBytes)
 	if err := r.stream(ctx, of, 0, fe.HeaderBytes, func(p []byte) error { hb = append(hb, p...); return nil }); err != nil {
 		bad("", fmt.Errorf("reading the header: %w", err))
