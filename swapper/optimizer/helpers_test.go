@@ -284,6 +284,9 @@ type rigConfig struct {
 	opts      optimizer.Options // SubGroupSize, PipelineDepth, BufferCount, Hyper
 	specs     []spec
 	seed      uint64
+	// exactPool sizes the pool by optimizer.PinnedNeedBytes for specs
+	// (poolBytes is ignored).
+	exactPool bool
 }
 
 // rig is an optimizer with a real store and pool, fake params and grads,
@@ -316,16 +319,6 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 		cfg.poolBytes = 16 << 20
 	}
 	r := &rig{t: t, cfg: cfg, sink: newFakeSink(), grads: &fakeGrads{}}
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: cfg.poolBytes, Pin: buffers.PinOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.pool = pool
-	t.Cleanup(func() {
-		if err := pool.Close(); err != nil {
-			t.Errorf("pool: %v", err)
-		}
-	})
 	if !cfg.memory {
 		r.inj = faults.New(cfg.seed)
 		eng, err := aio.New(aio.Options{Backend: cfg.backend, Faults: r.inj})
@@ -356,7 +349,7 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	opts.Store, opts.Pool, opts.Grads = r.store, pool, r.grads
+	opts.Store, opts.Grads = r.store, r.grads
 	if !cfg.noParams {
 		if cfg.wholeSink {
 			opts.Params = r.sink
@@ -365,6 +358,21 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 			opts.Params = r.rsink
 		}
 	}
+	if cfg.exactPool {
+		cfg.poolBytes = exactNeed(t, opts, cfg.specs)
+		r.cfg.poolBytes = cfg.poolBytes
+	}
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: cfg.poolBytes, Pin: buffers.PinOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pool = pool
+	t.Cleanup(func() {
+		if err := pool.Close(); err != nil {
+			t.Errorf("pool: %v", err)
+		}
+	})
+	opts.Pool = pool
 	opt, err := optimizer.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -382,6 +390,23 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 		}
 	}
 	return r
+}
+
+// exactNeed is optimizer.PinnedNeedBytes for specs with a pool of the
+// default granule (a probe pool stands in for the one being sized).
+func exactNeed(t testing.TB, opts optimizer.Options, specs []spec) int64 {
+	t.Helper()
+	probe, err := buffers.NewPool(buffers.Options{CapacityBytes: 1 << 16, Pin: buffers.PinOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	opts.Pool = probe
+	parts := make([]int, len(specs))
+	for i, s := range specs {
+		parts[i] = s.n
+	}
+	return optimizer.PinnedNeedBytes(opts, parts, nil)
 }
 
 // step gives the optimizer the gradients of its next step and runs it.
