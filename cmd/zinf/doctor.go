@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register("doctor", "report what this machine supports (io_uring, libaio, O_DIRECT, memlock, CUDA, cuFile)", runDoctor)
+	register("doctor", "report what this machine supports (io_uring, libaio, O_DIRECT, memlock, CUDA, cuFile) and swap space left by runs that are gone", runDoctor)
 }
 
 type multiFlag []string
@@ -42,7 +42,8 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	// The report is printed whole; a swap path zinf cannot use at all
-	// makes the exit code non-zero so scripts notice.
+	// makes the exit code non-zero so scripts notice. Stale swap space
+	// does not: the next run in the path removes it.
 	if bad := r.Unusable(); len(bad) > 0 {
 		return fmt.Errorf("unusable swap path(s): %s", strings.Join(bad, ", "))
 	}

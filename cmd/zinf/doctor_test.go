@@ -1,14 +1,25 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
 )
 
 type doctorCheck struct {
@@ -95,5 +106,117 @@ func TestDoctorText(t *testing.T) {
 	wantAll(t, "report", out, "backend posix", "memlock", "path "+dir, "no   path /nonexistent", "cuda", "cufile")
 	if code, _, errs := runCLI(t, "doctor", "stray"); code == 0 || !strings.Contains(errs, "unexpected arguments") {
 		t.Fatalf("stray argument: exit %d:\n%s", code, errs)
+	}
+}
+
+const doctorChildEnv = "ZINF_DOCTOR_CHILD_SWAP_PATH"
+
+// TestDoctorChildStore is the child of TestDoctorStaleSwapSpace, not a
+// test by itself: it opens a swap store, writes, says "ready" and sleeps
+// until killed.
+func TestDoctorChildStore(t *testing.T) {
+	dir := os.Getenv(doctorChildEnv)
+	if dir == "" {
+		t.Skip("runs only as the child of TestDoctorStaleSwapSpace")
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
+	if err == nil {
+		var s *swapper.Store
+		s, err = swapper.OpenStore(swapper.StoreOptions{Paths: []string{dir}, Engine: e, Name: "optim-rank0", Logger: quiet})
+		if err == nil {
+			var pool *buffers.Pool
+			pool, err = buffers.NewPool(buffers.Options{CapacityBytes: 1 << 20, Logger: quiet})
+			if err == nil {
+				var b *buffers.Buffer
+				if b, err = pool.Acquire(context.Background(), 1<<20, buffers.PurposeStaging); err == nil {
+					err = s.Write(context.Background(), "m", b.Bytes()[:1<<20])
+				}
+			}
+		}
+	}
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(2)
+	}
+	fmt.Println("ready")
+	time.Sleep(time.Hour)
+}
+
+// TestDoctorStaleSwapSpace: after a zinf process holding a swap store is
+// SIGKILLed, `zinf doctor` lists what it left (path, pid, bytes) without
+// failing; once a new store has opened in the path, nothing is listed.
+func TestDoctorStaleSwapSpace(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDoctorChildStore$", "-test.count=1")
+	cmd.Env = append(os.Environ(), doctorChildEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(pipe).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child not ready (failed, or the watchdog fired): %q, %v", line, err)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	pid := cmd.Process.Pid
+
+	code, out, errs := runCLI(t, "doctor", "--path", dir, "--json")
+	if code != 0 {
+		t.Fatalf("stale swap space alone must not fail doctor: exit %d\n%s", code, errs)
+	}
+	var rep struct {
+		Checks []struct {
+			Name   string `json:"name"`
+			OK     bool   `json:"ok"`
+			Detail string `json:"detail"`
+			Stale  []struct {
+				Dir   string `json:"dir"`
+				PID   int    `json:"pid"`
+				Bytes int64  `json:"bytes"`
+			} `json:"stale"`
+		} `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	found := false
+	for _, c := range rep.Checks {
+		if c.Name != "stale "+dir {
+			continue
+		}
+		found = true
+		if c.OK || len(c.Stale) != 1 || c.Stale[0].PID != pid || c.Stale[0].Bytes < 1<<20 || !strings.HasPrefix(filepath.Base(c.Stale[0].Dir), fmt.Sprintf("zinf-optim-rank0-%d-", pid)) {
+			t.Fatalf("stale check %+v: want the killed run (pid %d) and its bytes", c, pid)
+		}
+	}
+	if !found {
+		t.Fatalf("no stale check for %s:\n%s", dir, out)
+	}
+	if _, text, _ := runCLI(t, "doctor", "--path", dir); !strings.Contains(text, "no   stale "+dir) || !strings.Contains(text, fmt.Sprintf("pid %d", pid)) {
+		t.Fatalf("text report does not list the stale run:\n%s", text)
+	}
+
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{dir}, Engine: e, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, text, _ := runCLI(t, "doctor", "--path", dir); !strings.Contains(text, "ok   stale "+dir) {
+		t.Fatalf("after a new store cleaned the path, doctor still lists stale space:\n%s", text)
 	}
 }
