@@ -43,7 +43,13 @@
 // # Memory
 //
 // Options.KeepInCPUBytes keeps gradients in pinned memory instead of NVMe
-// while the budget allows (decided at Register, in registration order);
-// with no Store every gradient is kept. Other gradients hold pinned memory
-// only while a write is in flight or failed, or during an operation.
+// while the budget allows (decided at Register, in registration order,
+// which also takes their buffers); with no Store every gradient is kept.
+// Other gradients hold pinned memory only while a write is in flight or
+// failed, or during an operation. PinnedNeedBytes is the pool a set of
+// partitions needs so that no operation can wait forever.
+//
+// The optimizer reads a gradient one sub-group at a time with ReadRange,
+// straight into its own pinned buffer (a ranged store read), so the step
+// adds no gradient-sized buffer.
 package grad

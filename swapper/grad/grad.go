@@ -145,8 +145,10 @@ func New(opts Options) (*Swapper, error) {
 }
 
 // Register declares a gradient partition of numel float32 elements (this
-// rank's partition length). It is kept in pinned memory when there is no
-// store or while KeepInCPUBytes allows.
+// rank's partition length; 0 is legal and costs nothing). It is kept in
+// pinned memory when there is no store or while KeepInCPUBytes allows; a
+// kept gradient's buffer is taken from the pool here, and Register fails,
+// registering nothing, when the pool has no room for it.
 func (s *Swapper) Register(name string, numel int) error {
 	if name == "" || numel < 0 {
 		return fmt.Errorf("grad: register %q: need a name and numel >= 0 (got %d)", name, numel)
@@ -163,10 +165,26 @@ func (s *Swapper) Register(name string, numel int) error {
 	if _, dup := s.tensors[name]; dup {
 		return fmt.Errorf("grad: register %q: already registered", name)
 	}
+	keptBudget := false
 	if s.store == nil {
 		t.keep = true
 	} else if t.bytes > 0 && s.kept+int64(t.bytes) <= s.opts.KeepInCPUBytes {
-		t.keep = true
+		t.keep, keptBudget = true, true
+	}
+	if t.keep && t.n > 0 {
+		// A kept gradient's buffer is taken now, in registration order,
+		// before any write-behind buffer comes and goes: taken later, it
+		// could land in the middle of the free memory and split the block
+		// the largest gradient needs (see PinnedNeedBytes). Register is
+		// all or nothing: without the buffer nothing is registered.
+		b, ok := s.pool.TryAcquire(s.bufSize(t), buffers.PurposeGradients)
+		if !ok {
+			return fmt.Errorf("grad: register %q: no %d bytes free in the pinned pool for a gradient kept in memory (free: %d bytes; raise the pool or lower KeepInCPUBytes)",
+				name, s.bufSize(t), s.pool.Stats().FreeBytes)
+		}
+		t.buf = b
+	}
+	if keptBudget {
 		s.kept += int64(t.bytes)
 	}
 	s.tensors[name] = t
