@@ -43,9 +43,9 @@
 // one asynchronous save is in flight; the next SaveAsync waits for it (see
 // Saver for the memory it holds).
 //
-// CompareSave (zinf ckpt bench) measures Save against fio's O_DIRECT
-// write of the same shape on the same directory, the naive Go writer and
-// SaveAsync's stall, interleaved round by round.
+// The zinf ckpt save-bench and bench commands measure Save against fio's
+// O_DIRECT write of the same shape on the same directory, the naive Go
+// writer and SaveAsync's stall, interleaved round by round.
 //
 // # Crash safety
 //

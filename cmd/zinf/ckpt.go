@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/internal/ckptbench"
 )
 
 func init() {
@@ -109,16 +110,16 @@ func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.SaveBench(ctx, dir, size, opts)
+	res, err := ckptbench.SaveBench(ctx, dir, size, opts)
 	if err != nil {
 		return err
 	}
 	out := struct {
-		Zinf  checkpoint.BenchResult  `json:"zinf"`
-		Naive *checkpoint.BenchResult `json:"naive,omitempty"`
+		Zinf  ckptbench.BenchResult  `json:"zinf"`
+		Naive *ckptbench.BenchResult `json:"naive,omitempty"`
 	}{Zinf: res}
 	if naive {
-		n, err := checkpoint.NaiveSaveBench(ctx, dir, size)
+		n, err := ckptbench.NaiveSaveBench(ctx, dir, size)
 		if err != nil {
 			return fmt.Errorf("naive: %w", err)
 		}
@@ -137,7 +138,7 @@ func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writ
 func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ckpt bench", stderr)
 	var (
-		o              checkpoint.CompareOptions
+		o              ckptbench.CompareOptions
 		sf             saveFlags
 		noNaive, noAsy bool
 		asJSON         bool
@@ -153,7 +154,7 @@ func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	sizeVar(fs, &ioBlock, "io-block-size", 0, "the engine's block size: the pieces a write is split into (default: --staging-bytes, one piece per write, as fio's blocks)")
 	fs.IntVar(&o.Engine.QueueDepth, "io-queue-depth", 0, "the engine's pieces in flight per worker (default: staging-buffers x parallel)")
 	fs.IntVar(&o.Engine.IntraOpParallelism, "io-parallel", 0, "the engine's workers (rings) (default 1)")
-	fs.StringVar(&o.Source, "source", checkpoint.SourceMemory, "where the tensors live: memory (copied by SaveAsync) or store (a swap store on --path: read back by Save, pinned by SaveAsync)")
+	fs.StringVar(&o.Source, "source", ckptbench.SourceMemory, "where the tensors live: memory (copied by SaveAsync) or store (a swap store on --path: read back by Save, pinned by SaveAsync)")
 	fs.BoolVar(&noNaive, "no-naive", false, "skip the naive Go writer")
 	fs.BoolVar(&noAsy, "no-async", false, "skip the asynchronous save")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object (progress still goes to stderr)")
@@ -178,7 +179,7 @@ func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	o.Engine.BlockSizeBytes = int(ioBlock)
 	o.Naive, o.Async = !noNaive, !noAsy
 	o.Progress = stderr
-	res, err := checkpoint.CompareSave(ctx, o)
+	res, err := ckptbench.CompareSave(ctx, o)
 	if err != nil {
 		return err
 	}

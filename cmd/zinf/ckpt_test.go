@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/internal/ckptbench"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -149,8 +150,8 @@ func TestCkptSaveBench(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	var res struct {
-		Zinf  checkpoint.BenchResult  `json:"zinf"`
-		Naive *checkpoint.BenchResult `json:"naive"`
+		Zinf  ckptbench.BenchResult  `json:"zinf"`
+		Naive *ckptbench.BenchResult `json:"naive"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Zinf.Bytes < 8<<20 || res.Zinf.GBps <= 0 || res.Naive == nil || res.Naive.GBps <= 0 {
 		t.Fatalf("save-bench --json: %v %q", err, out)

@@ -1,4 +1,10 @@
-package checkpoint
+// Package ckptbench measures checkpoint saves: SaveBench and
+// NaiveSaveBench (zinf ckpt save-bench) time one save of synthetic tensors,
+// CompareSave (zinf ckpt bench) holds Save against fio's O_DIRECT write of
+// the same shape on the same directory, the naive Go writer and
+// SaveAsync's stall, interleaved round by round. It uses only the
+// checkpoint package's public API.
+package ckptbench
 
 import (
 	"bufio"
@@ -12,6 +18,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -43,14 +50,14 @@ const benchTensorBytes = 64 << 20
 // costs a memcpy, as copying from a real tensor would, without holding
 // totalBytes in memory. The pattern stays in the CPU caches; see
 // benchStateWith.
-func benchState(totalBytes int64, files int) State {
+func benchState(totalBytes int64, files int) checkpoint.State {
 	return benchStateWith(totalBytes, files, 1<<20)
 }
 
 // benchStateWith is benchState with a pattern of patternBytes (a multiple
 // of 8): one larger than the CPU caches makes producing a tensor read DRAM,
 // as copying a real tensor does.
-func benchStateWith(totalBytes int64, files, patternBytes int) State {
+func benchStateWith(totalBytes int64, files, patternBytes int) checkpoint.State {
 	pattern := make([]byte, max(8, patternBytes/8*8))
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < len(pattern); i += 8 {
@@ -66,7 +73,7 @@ func benchStateWith(totalBytes int64, files, patternBytes int) State {
 		return nil
 	}
 	files = max(files, 1)
-	tf := make([]TensorFile, files)
+	tf := make([]checkpoint.TensorFile, files)
 	for i := range tf {
 		tf[i].Name = fmt.Sprintf("bench-%02d.safetensors", i)
 	}
@@ -75,11 +82,11 @@ func benchStateWith(totalBytes int64, files, patternBytes int) State {
 		if n == 0 {
 			break
 		}
-		t := FromFunc(fmt.Sprintf("layer.%d.weight", i), swapper.Float32, []int64{n / 4}, n, read)
+		t := checkpoint.FromFunc(fmt.Sprintf("layer.%d.weight", i), swapper.Float32, []int64{n / 4}, n, read)
 		tf[i%files].Tensors = append(tf[i%files].Tensors, t)
 		left -= n
 	}
-	return State{Step: 1, Ranks: []RankState{{Rank: 0, Files: tf}}}
+	return checkpoint.State{Step: 1, Ranks: []checkpoint.RankState{{Rank: 0, Files: tf}}}
 }
 
 // SaveBench measures Save on about totalBytes of synthetic float32 tensors
@@ -88,16 +95,27 @@ func benchStateWith(totalBytes int64, files, patternBytes int) State {
 // small warm-up save first, as in a training job that keeps its Writer, so
 // the figure is the save itself: staging, O_DIRECT writes, fdatasyncs, the
 // manifests and the commit. The checkpoint is removed afterwards.
-func SaveBench(ctx context.Context, dir string, totalBytes int64, opts SaveOptions) (BenchResult, error) {
+func SaveBench(ctx context.Context, dir string, totalBytes int64, opts checkpoint.SaveOptions) (BenchResult, error) {
 	if totalBytes <= 0 {
-		return BenchResult{}, invalidf("totalBytes %d must be positive", totalBytes)
+		return BenchResult{}, errorf("totalBytes %d must be positive", totalBytes)
 	}
 	opts.EnsureDefaults()
 	opts.Overwrite, opts.KeepLast = true, 0
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return BenchResult{}, err
 	}
-	w := NewWriter()
+	// The engine is made here rather than left to the Writer, so its
+	// backend can be reported.
+	eng := opts.Engine
+	if eng == nil {
+		var err error
+		if eng, err = aio.New(aio.Options{Backend: aio.BackendAuto, Direct: aio.DirectOptional, IntraOpParallelism: 2, Logger: opts.Logger}); err != nil {
+			return BenchResult{}, fmt.Errorf("ckptbench: creating the I/O engine: %w", err)
+		}
+		defer eng.Close()
+		opts.Engine = eng
+	}
+	w := checkpoint.NewWriter()
 	defer w.Close()
 	files := opts.Parallel
 	warm := filepath.Join(dir, "zinf-savebench-warmup")
@@ -120,16 +138,7 @@ func SaveBench(ctx context.Context, dir string, totalBytes int64, opts SaveOptio
 			n += f.Bytes
 		}
 	}
-	res := BenchResult{Bytes: n, Seconds: secs, GBps: float64(n) / secs / 1e9}
-	eng := opts.Engine
-	if eng == nil {
-		eng = w.engine
-	}
-	if eng != nil {
-		res.Backend = eng.Name()
-		res.Direct = aioDirect(eng, dir)
-	}
-	return res, nil
+	return BenchResult{Bytes: n, Seconds: secs, GBps: float64(n) / secs / 1e9, Backend: eng.Name(), Direct: aioDirect(eng, dir)}, nil
 }
 
 // aioDirect reports whether eng gets O_DIRECT on files in dir (a probe
@@ -151,7 +160,7 @@ func aioDirect(eng aio.Engine, dir string) bool {
 // The files are removed afterwards.
 func NaiveSaveBench(ctx context.Context, dir string, totalBytes int64) (BenchResult, error) {
 	if totalBytes <= 0 {
-		return BenchResult{}, invalidf("totalBytes %d must be positive", totalBytes)
+		return BenchResult{}, errorf("totalBytes %d must be positive", totalBytes)
 	}
 	target := filepath.Join(dir, "zinf-savebench-naive")
 	os.RemoveAll(target)
@@ -215,4 +224,10 @@ func naiveWrite(path string, tensors [][]float32) (int64, error) {
 		return 0, err
 	}
 	return n, f.Close()
+}
+
+// errorf builds an error wrapping checkpoint.ErrInvalid, as the checkpoint
+// package reports invalid options.
+func errorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", checkpoint.ErrInvalid, fmt.Sprintf(format, args...))
 }

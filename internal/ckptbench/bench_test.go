@@ -1,4 +1,4 @@
-package checkpoint
+package ckptbench
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -24,9 +25,9 @@ func benchTotalBytes() int64 {
 
 // benchTensors is total bytes of random float32 tensors of 32 MiB, in
 // memory, in two files.
-func benchTensors(total int64) (State, [][]float32) {
+func benchTensors(total int64) (checkpoint.State, [][]float32) {
 	rng := rand.NewChaCha8([32]byte{1})
-	var files = []TensorFile{{Name: "params.safetensors"}, {Name: "optimizer.safetensors"}}
+	var files = []checkpoint.TensorFile{{Name: "params.safetensors"}, {Name: "optimizer.safetensors"}}
 	var vals [][]float32
 	for i := 0; total > 0; i++ {
 		n := min(total, 32<<20) / 4
@@ -38,10 +39,10 @@ func benchTensors(total int64) (State, [][]float32) {
 			binary.LittleEndian.PutUint32(buf[4*j:], math.Float32bits(v[j]))
 		}
 		vals = append(vals, v)
-		files[i%2].Tensors = append(files[i%2].Tensors, FromBytes("layer."+strconv.Itoa(i), swapper.Float32, []int64{n}, buf))
+		files[i%2].Tensors = append(files[i%2].Tensors, checkpoint.FromBytes("layer."+strconv.Itoa(i), swapper.Float32, []int64{n}, buf))
 		total -= 4 * n
 	}
-	return State{Step: 1, Ranks: []RankState{{Files: files}}}, vals
+	return checkpoint.State{Step: 1, Ranks: []checkpoint.RankState{{Files: files}}}, vals
 }
 
 // BenchmarkSave compares writing one 256 MiB checkpoint (set
@@ -50,7 +51,7 @@ func benchTensors(total int64) (State, [][]float32) {
 // is until the commit) and with the naive Go way (encoding/binary through
 // bufio into an os.File, then fsync). Every variant fsyncs. Run:
 //
-//	go test -run=NONE -bench=Save -benchtime=10x ./checkpoint
+//	go test -run=NONE -bench=Save -benchtime=10x ./internal/ckptbench
 func BenchmarkSave(b *testing.B) {
 	if testing.Short() {
 		b.Skip("256 MiB benchmark skipped in -short mode")
@@ -60,13 +61,13 @@ func BenchmarkSave(b *testing.B) {
 	root := b.TempDir()
 	ctx := context.Background()
 	b.Run("zinf", func(b *testing.B) {
-		w := NewWriter()
+		w := checkpoint.NewWriter()
 		defer w.Close()
 		b.SetBytes(total)
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
 			dir := filepath.Join(root, "step-"+strconv.Itoa(i))
-			if _, err := w.Save(ctx, dir, st, SaveOptions{}); err != nil {
+			if _, err := w.Save(ctx, dir, st, checkpoint.SaveOptions{}); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
@@ -75,14 +76,14 @@ func BenchmarkSave(b *testing.B) {
 		}
 	})
 	b.Run("zinf-async", func(b *testing.B) {
-		s := NewSaver(SaverOptions{})
+		s := checkpoint.NewSaver(checkpoint.SaverOptions{})
 		defer s.Close()
 		b.SetBytes(total)
 		b.ReportAllocs()
 		var snap float64
 		for i := 0; i < b.N; i++ {
 			dir := filepath.Join(root, "async-"+strconv.Itoa(i))
-			h, err := s.SaveAsync(ctx, dir, st, SaveOptions{})
+			h, err := s.SaveAsync(ctx, dir, st, checkpoint.SaveOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -111,40 +112,10 @@ func BenchmarkSave(b *testing.B) {
 	})
 }
 
-// BenchmarkReadTensor reads the 256 MiB checkpoint back, tensor by tensor,
-// with checksums.
-func BenchmarkReadTensor(b *testing.B) {
-	if testing.Short() {
-		b.Skip("256 MiB benchmark skipped in -short mode")
-	}
-	total := benchTotalBytes()
-	st, _ := benchTensors(total)
-	dir := filepath.Join(b.TempDir(), "step-1")
-	if _, err := Save(context.Background(), dir, st, SaveOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	r, err := Open(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	dst := make([]byte, 32<<20)
-	b.SetBytes(total)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		for _, ti := range r.Tensors() {
-			if err := r.ReadTensor(context.Background(), ti.Name, dst[:ti.Bytes]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-}
-
 // SaveBench and NaiveSaveBench (the CLI's) run and report sane figures.
 func TestSaveBench(t *testing.T) {
 	dir := t.TempDir()
-	res, err := SaveBench(context.Background(), dir, 8<<20+6, SaveOptions{StagingBytes: 1 << 20})
+	res, err := SaveBench(context.Background(), dir, 8<<20+6, checkpoint.SaveOptions{StagingBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,8 @@
-package checkpoint
+package ckptbench
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -34,7 +35,7 @@ type CompareOptions struct {
 	// files written at once); defaults as in SaveOptions. fio runs the same
 	// shape: Parallel jobs, each writing its own file sequentially in
 	// StagingBytes blocks with StagingBuffers in flight.
-	Save SaveOptions
+	Save checkpoint.SaveOptions
 	// Engine configures the writer's engine (Direct is forced to
 	// required: the comparison is O_DIRECT against O_DIRECT). Zero fields:
 	// BlockSizeBytes = StagingBytes (a staging buffer goes out as one
@@ -115,13 +116,13 @@ type CompareResult struct {
 // (fdatasync or fsync), and each run's files are removed before the next.
 func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	if o.Dir == "" {
-		return nil, invalidf("CompareOptions.Dir is required")
+		return nil, errorf("CompareOptions.Dir is required")
 	}
 	if o.SizeBytes == 0 {
 		o.SizeBytes = 4 << 30
 	}
 	if o.SizeBytes < 0 {
-		return nil, invalidf("SizeBytes %d must be positive", o.SizeBytes)
+		return nil, errorf("SizeBytes %d must be positive", o.SizeBytes)
 	}
 	if o.Rounds == 0 {
 		o.Rounds = 3
@@ -134,7 +135,7 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 		o.Source = SourceMemory
 	case SourceMemory, SourceStore:
 	default:
-		return nil, invalidf("Source %q (allowed: %s, %s)", o.Source, SourceMemory, SourceStore)
+		return nil, errorf("Source %q (allowed: %s, %s)", o.Source, SourceMemory, SourceStore)
 	}
 	opts := o.Save
 	opts.EnsureDefaults()
@@ -158,7 +159,7 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 	}
 	eng, err := aio.New(eo)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: the writer's engine (O_DIRECT required): %w", err)
+		return nil, fmt.Errorf("ckptbench: the writer's engine (O_DIRECT required): %w", err)
 	}
 	defer eng.Close()
 	opts.Engine = eng
@@ -168,7 +169,7 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 			fioPath = "fio"
 		}
 		if fioPath, err = exec.LookPath(fioPath); err != nil {
-			return nil, fmt.Errorf("checkpoint: fio not found (apt-get install -y fio, or NoFio): %w", err)
+			return nil, fmt.Errorf("ckptbench: fio not found (apt-get install -y fio, or NoFio): %w", err)
 		}
 	}
 	fioEngine := o.FioEngine
@@ -200,11 +201,11 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 		defer closeStore()
 		state = st
 	}
-	w := NewWriter()
+	w := checkpoint.NewWriter()
 	defer w.Close()
-	var saver *Saver
+	var saver *checkpoint.Saver
 	if o.Async {
-		saver = NewSaver(SaverOptions{Logger: opts.Logger})
+		saver = checkpoint.NewSaver(checkpoint.SaverOptions{Logger: opts.Logger})
 		defer saver.Close()
 	}
 	// Warm-ups, untimed: the engine's rings, the Writer's and the Saver's
@@ -354,8 +355,10 @@ func joinArgs(a []string) string {
 // fioWrite runs fio shaped like the checkpoint writer: Parallel jobs, each
 // writing a fresh file of size/Parallel sequentially in StagingBytes
 // blocks, StagingBuffers deep, O_DIRECT, fsync'ed at the end, the files
-// unlinked afterwards. It returns the aggregate bandwidth.
-func fioWrite(ctx context.Context, fio, dir, engine string, size int64, opts SaveOptions) (float64, []string, error) {
+// unlinked afterwards. It returns the aggregate bandwidth (the group's
+// bytes over its runtime, which is the slowest job's and includes the
+// end_fsync).
+func fioWrite(ctx context.Context, fio, dir, engine string, size int64, opts checkpoint.SaveOptions) (float64, []string, error) {
 	per := size / int64(opts.Parallel) / int64(opts.StagingBytes) * int64(opts.StagingBytes)
 	if per == 0 {
 		per = int64(opts.StagingBytes)
@@ -365,41 +368,17 @@ func fioWrite(ctx context.Context, fio, dir, engine string, size int64, opts Sav
 		"--numjobs=" + strconv.Itoa(opts.Parallel), "--size=" + strconv.FormatInt(per, 10),
 		"--direct=1", "--ioengine=" + engine, "--end_fsync=1", "--fallocate=none", "--unlink=1",
 		"--group_reporting", "--output-format=json"}
-	cmd := exec.CommandContext(ctx, fio, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return 0, args, fmt.Errorf("fio %s: %w: %s", joinArgs(args), err, errb.String())
+	rep, err := iobench.RunFio(ctx, fio, args)
+	if err != nil {
+		return 0, args, err
 	}
-	var rep struct {
-		Jobs []struct {
-			Write struct {
-				IOBytes   float64 `json:"io_bytes"`
-				BwBytes   float64 `json:"bw_bytes"`
-				RuntimeMs float64 `json:"runtime"`
-			} `json:"write"`
-		} `json:"jobs"`
-	}
-	data := out.Bytes()
-	if i := bytes.IndexByte(data, '{'); i > 0 {
-		data = data[i:] // fio may print warnings first
-	}
-	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Jobs) == 0 {
-		return 0, args, fmt.Errorf("fio: unreadable JSON output (%v): %.200s", err, out.String())
-	}
-	// With group_reporting, the group's bytes over its runtime (the
-	// slowest job's, which includes the end_fsync).
-	j := rep.Jobs[0].Write
-	if j.RuntimeMs > 0 && j.IOBytes > 0 {
-		return j.IOBytes / (j.RuntimeMs / 1e3) / 1e9, args, nil
-	}
-	if j.BwBytes > 0 {
-		return j.BwBytes / 1e9, args, nil
+	if gbps := rep.Write.GBps(); gbps > 0 {
+		return gbps, args, nil
 	}
 	return 0, args, errors.New("fio reported no write bandwidth")
 }
 
-func manifestBytes(m *Manifest) int64 {
+func manifestBytes(m *checkpoint.Manifest) int64 {
 	var n int64
 	for _, rm := range m.RankManifests {
 		for _, f := range rm.Files {
@@ -411,7 +390,7 @@ func manifestBytes(m *Manifest) int64 {
 
 // naiveTensors materializes state's tensors as []float32 in the Go heap,
 // as the naive writer holds them.
-func naiveTensors(st State) [][]float32 {
+func naiveTensors(st checkpoint.State) [][]float32 {
 	var out [][]float32
 	for _, f := range st.Ranks[0].Files {
 		for _, t := range f.Tensors {
@@ -439,15 +418,15 @@ func median(v []float64) float64 {
 // storeState writes st's tensors into a new swap store under dir and
 // returns the same state with FromStore tensors, and a function that
 // closes (and removes) the store.
-func storeState(ctx context.Context, dir string, st State, log *slog.Logger) (State, func(), error) {
+func storeState(ctx context.Context, dir string, st checkpoint.State, log *slog.Logger) (checkpoint.State, func(), error) {
 	eng, err := aio.New(aio.Options{Backend: aio.BackendAuto, Direct: aio.DirectOptional, IntraOpParallelism: 2, Logger: log})
 	if err != nil {
-		return State{}, nil, err
+		return checkpoint.State{}, nil, err
 	}
 	store, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{dir}, Engine: eng, Name: "ckptbench", Logger: log})
 	if err != nil {
 		eng.Close()
-		return State{}, nil, err
+		return checkpoint.State{}, nil, err
 	}
 	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 2 * benchTensorBytes, MinBufferBytes: int(max(store.Alignment(), 4096)), Logger: log})
 	closeAll := func() {
@@ -459,18 +438,18 @@ func storeState(ctx context.Context, dir string, st State, log *slog.Logger) (St
 	}
 	if err != nil {
 		closeAll()
-		return State{}, nil, err
+		return checkpoint.State{}, nil, err
 	}
-	out := State{Step: st.Step}
+	out := checkpoint.State{Step: st.Step}
 	for _, r := range st.Ranks {
-		nr := RankState{Rank: r.Rank}
+		nr := checkpoint.RankState{Rank: r.Rank}
 		for _, f := range r.Files {
-			nf := TensorFile{Name: f.Name}
+			nf := checkpoint.TensorFile{Name: f.Name}
 			for _, t := range f.Tensors {
 				b, err := pool.Acquire(ctx, int(store.PaddedLen(t.Bytes)), buffers.PurposeCheckpoint)
 				if err != nil {
 					closeAll()
-					return State{}, nil, err
+					return checkpoint.State{}, nil, err
 				}
 				err = t.Read(ctx, b.Bytes()[:t.Bytes], 0)
 				if err == nil {
@@ -479,9 +458,9 @@ func storeState(ctx context.Context, dir string, st State, log *slog.Logger) (St
 				b.Release()
 				if err != nil {
 					closeAll()
-					return State{}, nil, err
+					return checkpoint.State{}, nil, err
 				}
-				nf.Tensors = append(nf.Tensors, FromStore(store, t.Name, t.DType, t.Shape))
+				nf.Tensors = append(nf.Tensors, checkpoint.FromStore(store, t.Name, t.DType, t.Shape))
 			}
 			nr.Files = append(nr.Files, nf)
 		}
