@@ -26,6 +26,29 @@
 // file's filesystem or device demands. Nothing unaligned is ever sent to an
 // O_DIRECT file: Submit rejects it with ErrAlignment before any I/O.
 //
+// No request is ever left waiting. Whatever a ring reports together with
+// an error, its completions are delivered first; then a completion for an
+// operation the ring did not hold is logged, counted
+// (Stats.StrayCompletions) and ignored; completions the kernel dropped
+// (an io_uring CQ overflow it could not even queue) fail exactly the
+// requests they belonged to with ErrCompletionLost once every other
+// operation is in, and the ring is replaced; a ring that refuses a
+// submission fails that batch's requests; and a ring that cannot be reaped
+// any more fails every request on it, then and later, with an error
+// matching ErrRingFailed that names the backend, the ring and the cause.
+// Close therefore always returns.
+//
+// # Testing every backend
+//
+// The tests run each capability on every backend the machine supports and
+// log, then leave out, those it does not. On CI a misfiring probe would
+// then quietly test posix alone, so the environment variable
+// ZINF_REQUIRE_BACKENDS (a comma-separated list such as
+// "uring,libaio,posix"; "gds" is also understood by the GPUDirect Storage
+// tests) makes a listed backend that is unavailable fail the test, with
+// the reason, instead of being skipped. The helper lives in
+// internal/testenv for the tests of every package.
+//
 // Handle offers DeepNVMe's API shape (sync/async pread and pwrite by path
 // with file offsets, Wait returning the number of completed requests) for
 // users coming from DeepSpeed.

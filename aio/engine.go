@@ -41,6 +41,13 @@ type Stats struct {
 	Retries               int64 // EINTR/EAGAIN retries
 	ShortTransfers        int64 // short completions continued
 	Errors                int64 // requests that failed
+	// StrayCompletions counts completions a ring returned for an
+	// operation it did not hold; they are logged and ignored.
+	StrayCompletions int64
+	// RingFailures counts ring-level failures: a refused submission, lost
+	// completions (CQ overflow), a ring that could not be reaped. Each also
+	// fails the requests it touched with an error matching ErrRingFailed.
+	RingFailures int64
 }
 
 // Request is one read or write: Op, File, Offset and Buf are set by the

@@ -25,6 +25,7 @@ type engine struct {
 
 	readOps, writeOps, readBytes, writeBytes atomic.Int64
 	pieces, retries, shorts, errs            atomic.Int64
+	strays, ringErrs                         atomic.Int64
 
 	reqPool sync.Pool // *Request for ReadAt/WriteAt
 }
@@ -85,6 +86,14 @@ func ringFor(backend string) (newRingFunc, error) {
 }
 
 func newEngine(opts Options, backend string) (*engine, error) {
+	return newEngineWrapped(opts, backend, nil)
+}
+
+// newEngineWrapped is newEngine with every ring passed through wrap (when
+// not nil) as it is created, replacements included. It is the ring-level
+// fault seam: tests wrap rings to inject CQ overflows, stray completions,
+// wait and submit errors; production code never sets it.
+func newEngineWrapped(opts Options, backend string, wrap func(worker int, r ring) ring) (*engine, error) {
 	nr, err := ringFor(backend)
 	if err != nil {
 		return nil, err
@@ -93,10 +102,21 @@ func newEngine(opts Options, backend string) (*engine, error) {
 	e.opts.Backend = backend
 	e.reqPool.New = func() any { return new(Request) }
 	for i := 0; i < opts.IntraOpParallelism; i++ {
-		w := newWorker(e)
+		newRing := nr
+		if wrap != nil {
+			id := i
+			newRing = func(entries int) (ring, error) {
+				r, err := nr(entries)
+				if err != nil {
+					return nil, err
+				}
+				return wrap(id, r), nil
+			}
+		}
+		w := newWorker(e, i, newRing)
 		ready := make(chan error, 1)
 		done := make(chan struct{})
-		go w.run(nr, ready, done)
+		go w.run(ready, done)
 		if err := <-ready; err != nil {
 			e.stopWorkers()
 			return nil, fmt.Errorf("aio: %s: creating ring %d of %d: %w", backend, i+1, opts.IntraOpParallelism, err)
@@ -256,6 +276,7 @@ func (e *engine) Stats() Stats {
 		ReadBytes: e.readBytes.Load(), WriteBytes: e.writeBytes.Load(),
 		Pieces: e.pieces.Load(), Retries: e.retries.Load(),
 		ShortTransfers: e.shorts.Load(), Errors: e.errs.Load(),
+		StrayCompletions: e.strays.Load(), RingFailures: e.ringErrs.Load(),
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -38,17 +39,11 @@ func alignedBuf(t testing.TB, n int) []byte {
 }
 
 // backends returns the backends that work here; every backend the machine
-// supports is tested (uring and libaio are enabled on the CI machine).
+// supports is tested (uring and libaio are enabled on the CI machine). A
+// backend listed in ZINF_REQUIRE_BACKENDS that is unavailable fails the
+// test instead of dropping out of the matrix.
 func backends(t testing.TB) []string {
-	var out []string
-	for _, b := range aio.Backends {
-		if err := aio.Available(b); err != nil {
-			t.Logf("backend %s unavailable here: %v", b, err)
-			continue
-		}
-		out = append(out, b)
-	}
-	return out
+	return testenv.Backends(t, aio.Backends, aio.Available)
 }
 
 func newEngine(t testing.TB, o aio.Options) aio.Engine {

@@ -24,6 +24,15 @@ var (
 	ErrShortTransfer = errors.New("aio: short transfer")
 	// ErrIO: the device reported an I/O error (EIO).
 	ErrIO = errors.New("aio: I/O error")
+	// ErrRingFailed: the request failed because of its ring (io_uring
+	// instance, AIO context or thread pool), not its file: the ring refused
+	// a submission, lost completions, or could not be reaped. The error
+	// names the backend, the ring and the cause.
+	ErrRingFailed = errors.New("aio: ring failed")
+	// ErrCompletionLost: the kernel dropped the completion of one of the
+	// request's operations (io_uring CQ overflow), so whether its bytes
+	// were moved is unknown. It comes wrapped with ErrRingFailed.
+	ErrCompletionLost = errors.New("aio: completion lost")
 )
 
 // OpError describes a failed request: the operation, the file, where, how

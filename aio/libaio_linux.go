@@ -1,6 +1,7 @@
 package aio
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -107,6 +108,12 @@ type libaioRing struct {
 
 	events []libaioEvent // io_getevents output
 	pollTS unix.Timespec // zero timeout: io_getevents returns at once
+
+	// deferred holds errors met where they cannot be returned (a failed
+	// poll inside submit, which must not report the batch it did hand to
+	// the kernel as refused; a stray event); the next wait returns them,
+	// after its completions.
+	deferred error
 
 	// The syscalls, replaceable by tests to inject partial submission,
 	// EAGAIN and EINTR.
@@ -246,7 +253,10 @@ func (r *libaioRing) submit() error {
 		}
 		n, err := r.reapToReady()
 		if err != nil {
-			return err
+			// Part of the queue is in the kernel already, so this is no
+			// refusal of the batch: wait reports it.
+			r.deferred = errors.Join(r.deferred, err)
+			return nil
 		}
 		if n == 0 {
 			return nil
@@ -280,7 +290,7 @@ func (r *libaioRing) flush() (again bool) {
 			// the kernel.
 			cb := r.queue[done]
 			done++
-			r.pushReady(r.finish(uint32(cb.data), -int64(errno)))
+			r.pushReady(r.finishQueued(uint32(cb.data), -int64(errno)))
 		}
 		if again {
 			break
@@ -299,7 +309,8 @@ func (r *libaioRing) flush() (again bool) {
 // at len(out)). Queued operations (left by submit after EAGAIN) are
 // submitted as soon as the kernel takes them. It is an error to wait for
 // more completions than there are operations outstanding. With an error,
-// the count returned still says how many entries of out are valid.
+// the count returned still says how many entries of out are valid; errors
+// met earlier (see deferred) are returned with the next completions.
 func (r *libaioRing) wait(minN int, out []completion) (int, error) {
 	if r.ctx == 0 {
 		return 0, ErrClosed
@@ -313,21 +324,30 @@ func (r *libaioRing) wait(minN int, out []completion) (int, error) {
 		}
 		got += r.popReady(out[got:])
 		if got == len(out) {
-			return got, nil
+			return got, r.takeDeferred()
 		}
 		need := minN - got
 		if r.inKernel == 0 {
 			if need <= 0 {
-				return got, nil
+				return got, r.takeDeferred()
 			}
 			if r.nq == 0 {
-				return got, fmt.Errorf("aio: libaio wait: %d more completions wanted but no operation is outstanding", need)
+				return got, errors.Join(r.takeDeferred(), fmt.Errorf("aio: libaio wait: %d more completions wanted but no operation is outstanding", need))
 			}
 			// The kernel refuses work while none of ours is in flight: its
 			// per-CPU slot accounting can lag briefly. Back off and retry,
-			// up to a bound, then give up (the operations stay queued).
+			// up to a bound, then complete the queued operations with
+			// EAGAIN: the core retries those a bounded number of times, so
+			// a kernel that never relents fails the requests instead of
+			// hanging them or breaking the ring.
 			if backoff > 100*time.Millisecond {
-				return got, fmt.Errorf("aio: libaio io_submit: the kernel keeps refusing %d queued operations with none in flight: %w", r.nq, unix.EAGAIN)
+				for _, cb := range r.queue[:r.nq] {
+					r.pushReady(r.finishQueued(uint32(cb.data), -int64(unix.EAGAIN)))
+				}
+				clear(r.queue[:r.nq])
+				r.nq = 0
+				backoff = 0
+				continue
 			}
 			backoff = max(2*backoff, 50*time.Microsecond)
 			time.Sleep(backoff)
@@ -337,25 +357,36 @@ func (r *libaioRing) wait(minN int, out []completion) (int, error) {
 		kmax := min(len(out)-got, r.inKernel)
 		n, err := r.reap(kmin, kmax)
 		if err != nil {
-			return got, err
+			return got, errors.Join(r.takeDeferred(), err)
 		}
 		for _, ev := range r.events[:n] {
-			out[got] = r.finish(uint32(ev.data), ev.res)
-			got++
+			if c, ok := r.finish(ev.data, ev.res); ok {
+				out[got] = c
+				got++
+			}
 		}
 		if got >= minN && (r.nq == 0 || n == 0) {
-			return got, nil
+			return got, r.takeDeferred()
 		}
 		// Below minN (a signal cut io_getevents short), or slots were freed
 		// for queued operations: go round again.
 	}
 }
 
+// takeDeferred returns and clears the errors kept for wait.
+func (r *libaioRing) takeDeferred() error {
+	err := r.deferred
+	r.deferred = nil
+	return err
+}
+
 // reapToReady polls for finished operations and keeps them for wait.
 func (r *libaioRing) reapToReady() (int, error) {
 	n, err := r.reap(0, r.inKernel)
 	for _, ev := range r.events[:n] {
-		r.pushReady(r.finish(uint32(ev.data), ev.res))
+		if c, ok := r.finish(ev.data, ev.res); ok {
+			r.pushReady(c)
+		}
 	}
 	return n, err
 }
@@ -390,12 +421,23 @@ func (r *libaioRing) reap(minNr, maxNr int) (int, error) {
 	}
 }
 
-// finish releases a token and builds its completion. The kernel caps one
-// read or write at MAX_RW_COUNT (2 GiB - 4 KiB), so res fits in an int32.
-func (r *libaioRing) finish(token uint32, res int64) completion {
-	if int64(token) >= int64(len(r.busy)) || !r.busy[token] {
-		panic(fmt.Sprintf("aio: libaio: completion for token %d that is not in flight", token))
+// finish releases the token of an event from the kernel and builds its
+// completion. An event for a token that is not in flight is discarded and
+// recorded for wait to report (ok is false); it was not one of ours, so
+// it does not count against inKernel either. The kernel caps one read or
+// write at MAX_RW_COUNT (2 GiB - 4 KiB), so res fits in an int32.
+func (r *libaioRing) finish(data uint64, res int64) (c completion, ok bool) {
+	if data >= uint64(len(r.busy)) || !r.busy[data] {
+		r.inKernel++
+		r.deferred = errors.Join(r.deferred, &strayError{backend: BackendLibaio, token: data})
+		return completion{}, false
 	}
+	return r.finishQueued(uint32(data), res), true
+}
+
+// finishQueued releases a token known to be in flight (one of the queue's)
+// and builds its completion.
+func (r *libaioRing) finishQueued(token uint32, res int64) completion {
 	r.busy[token] = false
 	r.bufs[token] = nil
 	return completion{token: token, res: int32(res)}

@@ -14,15 +14,16 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 // libaioTestRing returns a ring of the given capacity, closed at cleanup, or
-// skips the test where kernel AIO is unavailable.
+// skips the test where kernel AIO is unavailable (fails it when
+// ZINF_REQUIRE_BACKENDS lists libaio).
 func libaioTestRing(tb testing.TB, entries int) *libaioRing {
 	tb.Helper()
-	if err := libaioAvailable(); err != nil {
-		tb.Skipf("kernel AIO unavailable: %v", err)
-	}
+	testenv.SkipUnavailable(tb, BackendLibaio, libaioAvailable())
 	rg, err := newLibaioRing(entries)
 	if err != nil {
 		tb.Fatalf("newLibaioRing(%d): %v", entries, err)
@@ -138,6 +139,9 @@ func TestLibaioAvailable(t *testing.T) {
 		t.Fatalf("libaioAvailable: %v does not match ErrUnavailable", err)
 	}
 	t.Logf("libaioAvailable: %v", err)
+	if err != nil && testenv.Required(t, BackendLibaio) {
+		t.Fatalf("libaio is required (%s) but unavailable: %v", testenv.RequireBackendsEnv, err)
+	}
 }
 
 func TestLibaioSetupErrors(t *testing.T) {

@@ -495,7 +495,9 @@ func (r *uringRing) reap(out []completion) (int, error) {
 	for ; head != tail && n < len(out); head++ {
 		c := &r.cqes[head&r.cqMask]
 		if c.userData >= uint64(r.sqEntries) || !r.busy[c.userData] {
-			bad = fmt.Errorf("aio: io_uring completion for token %d, which is not in flight", c.userData)
+			// Not ours (or already reaped): discard it and say so; the
+			// core logs it and carries on.
+			bad = &strayError{backend: BackendUring, token: c.userData}
 			continue
 		}
 		tok := uint32(c.userData)
@@ -506,17 +508,22 @@ func (r *uringRing) reap(out []completion) (int, error) {
 		n++
 	}
 	atomic.StoreUint32(r.cqHead, head)
+	// With IORING_FEAT_NODROP (5.5+) the kernel keeps CQEs that do not fit
+	// in an overflow list and flushes them on GETEVENTS (wait enters the
+	// kernel whenever IORING_SQ_CQ_OVERFLOW is flagged); it only counts one
+	// as dropped when it could not even allocate that. A dropped
+	// completion's operation has finished but will never be reaped: it no
+	// longer counts as in flight (so close does not wait for it), and the
+	// core, told how many were lost, fails them once the rest are in and
+	// replaces the ring, whose busy tokens still include them.
+	if ov := atomic.LoadUint32(r.cqOverflow); ov != r.overflowSeen {
+		dropped := int(ov - r.overflowSeen)
+		r.overflowSeen = ov
+		r.inflight = max(0, r.inflight-dropped)
+		return n, errors.Join(bad, &lostError{backend: BackendUring, n: dropped})
+	}
 	if bad != nil {
 		return n, bad
-	}
-	// With IORING_FEAT_NODROP (5.5+) the kernel keeps CQEs that do not fit
-	// in an overflow list and flushes them on GETEVENTS; it only counts one
-	// as dropped when it could not even allocate that. A dropped completion
-	// leaves an operation the core would wait for forever, so it is fatal.
-	if ov := atomic.LoadUint32(r.cqOverflow); ov != r.overflowSeen {
-		dropped := ov - r.overflowSeen
-		r.overflowSeen = ov
-		return n, fmt.Errorf("aio: io_uring dropped %d completions (CQ overflow)", dropped)
 	}
 	return n, nil
 }
@@ -547,7 +554,12 @@ func (r *uringRing) close() error {
 	r.synth = r.synth[:0]
 	var scratch [64]completion
 	for r.inflight > 0 {
-		if _, err := r.wait(r.inflight, scratch[:]); err != nil {
+		_, err := r.wait(r.inflight, scratch[:])
+		var se *strayError
+		var le *lostError
+		if err != nil && !errors.As(err, &se) && !errors.As(err, &le) {
+			// Stray and lost completions only change what is counted as in
+			// flight; anything else means the ring cannot be drained.
 			return fmt.Errorf("aio: io_uring close with %d operations in flight: %w", r.inflight, err)
 		}
 	}

@@ -12,18 +12,19 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 // These tests drive the uring ring directly, without the engine core. Each
 // test that owns a ring holds runtime.LockOSThread, as the core's worker
 // does (uringNeedsLockedThread).
 
-// skipWithoutUring skips the test where io_uring cannot run.
+// skipWithoutUring skips the test where io_uring cannot run, or fails it
+// when ZINF_REQUIRE_BACKENDS lists uring.
 func skipWithoutUring(t testing.TB) {
 	t.Helper()
-	if err := uringAvailable(); err != nil {
-		t.Skipf("io_uring unavailable here: %v", err)
-	}
+	testenv.SkipUnavailable(t, BackendUring, uringAvailable())
 }
 
 // newTestUring opens a ring with the default setup tiers and closes it at
@@ -134,7 +135,7 @@ func TestUringAvailable(t *testing.T) {
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("uringAvailable error does not wrap ErrUnavailable: %v", err)
 		}
-		t.Skipf("io_uring unavailable: %v", err)
+		testenv.SkipUnavailable(t, BackendUring, err)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

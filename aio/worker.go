@@ -2,6 +2,7 @@ package aio
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"syscall"
 	"time"
@@ -29,37 +30,57 @@ type piece struct {
 	issued  int    // bytes asked for in the current submission
 	retries int
 	inUse   bool
+	// inRing is set while the ring holds the operation (prepped and not
+	// yet reaped), so a completion for a token the ring does not hold is
+	// recognised as stray instead of corrupting another piece.
+	inRing bool
+	// cause, when set, is the error a synthetic completion for this piece
+	// stands for (a ring that refused the submission); it is reported
+	// instead of the bare errno and never retried.
+	cause error
 }
 
 // worker owns one ring and keeps up to QueueDepth pieces in flight.
 type worker struct {
-	e      *engine
-	ring   ring
-	queue  chan *slice
-	stop   chan struct{}
-	pieces []piece
-	free   []uint32 // free tokens
-	active []*slice // slices with bytes left to issue, FIFO
-	comps  []completion
-	synth  []completion // fault-injected completions, delivered before real ones
-	batch  []completion // scratch copy of synth being handled
-	unsub  []uint32     // tokens prepped since the last submit
-	real   int          // operations handed to the ring and not yet reaped
+	e       *engine
+	id      int // index among the engine's workers, for messages
+	newRing newRingFunc
+	ring    ring
+	queue   chan *slice
+	stop    chan struct{}
+	pieces  []piece
+	free    []uint32 // free tokens
+	active  []*slice // slices with bytes left to issue, FIFO
+	comps   []completion
+	synth   []completion // fault-injected completions, delivered before real ones
+	batch   []completion // scratch copy of synth being handled
+	unsub   []uint32     // tokens prepped since the last submit
+	real    int          // operations handed to the ring and not yet reaped
+	// lost counts completions the ring reported dropped (a CQ overflow).
+	// While it is non-zero the worker issues nothing new and waits until
+	// only the lost operations remain in the ring, then fails exactly
+	// those and replaces the ring (see recoverLost).
+	lost int
+	// broken, once set, is the error every piece and slice on this worker
+	// fails with: its ring failed in a way that leaves nothing to recover.
+	broken error
 }
 
-func newWorker(e *engine) *worker {
+func newWorker(e *engine, id int, newRing newRingFunc) *worker {
 	qd := e.opts.QueueDepth
 	w := &worker{
-		e:      e,
-		queue:  make(chan *slice, 1024),
-		stop:   make(chan struct{}),
-		pieces: make([]piece, qd),
-		free:   make([]uint32, 0, qd),
-		active: make([]*slice, 0, 64),
-		comps:  make([]completion, qd),
-		synth:  make([]completion, 0, qd),
-		batch:  make([]completion, 0, qd),
-		unsub:  make([]uint32, 0, qd),
+		e:       e,
+		id:      id,
+		newRing: newRing,
+		queue:   make(chan *slice, 1024),
+		stop:    make(chan struct{}),
+		pieces:  make([]piece, qd),
+		free:    make([]uint32, 0, qd),
+		active:  make([]*slice, 0, 64),
+		comps:   make([]completion, qd),
+		synth:   make([]completion, 0, qd),
+		batch:   make([]completion, 0, qd),
+		unsub:   make([]uint32, 0, qd),
 	}
 	for i := qd - 1; i >= 0; i-- {
 		w.free = append(w.free, uint32(i))
@@ -68,21 +89,21 @@ func newWorker(e *engine) *worker {
 }
 
 // run is the worker's loop. ready receives the ring-creation result.
-func (w *worker) run(newRing newRingFunc, ready chan<- error, done chan<- struct{}) {
+func (w *worker) run(ready chan<- error, done chan<- struct{}) {
 	defer close(done)
 	// Rings with per-thread submission state (io_uring's single-issuer
 	// mode) need the goroutine to stay on one OS thread; a dedicated
 	// thread per worker costs little and keeps syscalls off other Ps.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	r, err := newRing(w.e.opts.QueueDepth)
+	r, err := w.newRing(w.e.opts.QueueDepth)
 	if err != nil {
 		ready <- err
 		return
 	}
 	w.ring = r
 	ready <- nil
-	defer r.close()
+	defer w.closeRing()
 	for {
 		inflight := len(w.pieces) - len(w.free)
 		if inflight == 0 && len(w.active) == 0 {
@@ -94,10 +115,36 @@ func (w *worker) run(newRing newRingFunc, ready chan<- error, done chan<- struct
 			}
 		}
 		w.drainQueue()
-		w.issue()
+		if w.broken != nil {
+			w.failActive()
+			continue
+		}
+		if w.lost == 0 {
+			w.issue()
+		}
 		w.submit()
 		w.reap()
+		if w.lost > 0 && w.real <= w.lost && len(w.synth) == 0 {
+			w.recoverLost()
+		}
 	}
+}
+
+// closeRing releases the worker's ring, logging a failure: there is no
+// caller left to return it to.
+func (w *worker) closeRing() {
+	if w.ring == nil {
+		return
+	}
+	if err := w.ring.close(); err != nil {
+		w.e.opts.Logger.Error("aio: closing ring failed", "backend", w.e.name, "ring", w.id+1, "err", err)
+	}
+	w.ring = nil
+}
+
+// ringError names this worker's ring and wraps cause under ErrRingFailed.
+func (w *worker) ringError(what string, cause error) error {
+	return fmt.Errorf("%w: %s ring %d of %d: %s: %w", ErrRingFailed, w.e.name, w.id+1, w.e.opts.IntraOpParallelism, what, cause)
 }
 
 // drainQueue moves newly queued slices to active without blocking.
@@ -150,6 +197,12 @@ func (w *worker) popActive() {
 // prep issues (or re-issues) the piece behind tok, consulting the fault hook.
 func (w *worker) prep(tok uint32) {
 	p := &w.pieces[tok]
+	if w.broken != nil {
+		// A continuation (short transfer, retry) of a piece whose ring has
+		// just failed: nothing can run it.
+		w.fail(tok, w.broken)
+		return
+	}
 	buf := p.buf
 	f := p.s.req.File
 	op := p.s.req.Op
@@ -168,6 +221,7 @@ func (w *worker) prep(tok uint32) {
 		}
 	}
 	p.issued = len(buf)
+	p.inRing = true
 	w.ring.prep(op, f.fd, buf, p.off, tok)
 	w.real++
 	w.unsub = append(w.unsub, tok)
@@ -178,21 +232,24 @@ func (w *worker) prep(tok uint32) {
 }
 
 // submit hands prepped pieces to the ring. Rings retry transient errors
-// themselves; a fatal error fails the pieces of this batch (they were not
-// accepted), so their requests return the error instead of hanging.
+// themselves and, by the ring contract, return an error only when they
+// accepted none of the batch; the batch's pieces then fail with that error
+// (as synthetic completions, handled by the next reap), so their requests
+// return it instead of hanging. The ring stays in use: a later batch may
+// succeed, and one that does not fails the same way.
 func (w *worker) submit() {
 	if len(w.unsub) == 0 {
 		return
 	}
 	if err := w.ring.submit(); err != nil {
-		w.e.opts.Logger.Error("aio: ring submit failed", "backend", w.e.name, "err", err)
-		errno := syscall.EIO
-		var en syscall.Errno
-		if errors.As(err, &en) {
-			errno = en
-		}
+		w.e.ringErrs.Add(1)
+		cause := w.ringError("submit", err)
+		w.e.opts.Logger.Error("aio: ring submit failed", "backend", w.e.name, "ring", w.id+1, "pieces", len(w.unsub), "err", err)
 		for _, tok := range w.unsub {
-			w.synth = append(w.synth, completion{token: tok, res: -int32(errno)})
+			p := &w.pieces[tok]
+			p.inRing = false
+			p.cause = cause
+			w.synth = append(w.synth, completion{token: tok, res: -int32(syscall.EIO)})
 			w.real--
 		}
 	}
@@ -210,7 +267,7 @@ func (w *worker) reap() {
 			w.complete(c)
 		}
 		w.submit()
-		if w.real == 0 {
+		if w.real == 0 || w.broken != nil {
 			return
 		}
 		// Poll real completions without blocking.
@@ -218,38 +275,165 @@ func (w *worker) reap() {
 		w.handleWait(n, err)
 		return
 	}
-	if w.real == 0 {
+	// Operations lost to a CQ overflow will never complete: wait only for
+	// the others.
+	want := w.real - w.lost
+	if want <= 0 {
 		return
 	}
 	min := 1
 	if w.e.opts.SerialEvents {
-		min = w.real
+		min = want
 	}
 	n, err := w.ring.wait(min, w.comps)
 	w.handleWait(n, err)
 }
 
+// handleWait processes what one ring wait returned. Every one of the n
+// completions is delivered first, whatever err is: a ring may return valid
+// completions together with an error, and dropping them would leave their
+// requests waiting forever. Then err is handled by kind:
+//
+//   - a stray completion (a token the ring does not hold) is logged,
+//     counted and otherwise ignored;
+//   - lost completions (a CQ overflow) are recorded; run stops issuing,
+//     lets every other operation complete, then fails the lost ones and
+//     replaces the ring (recoverLost);
+//   - anything else means the ring cannot be reaped any more: every piece
+//     on this worker, and every request that reaches it later, fails with
+//     an error naming the ring and the cause (breakRing).
 func (w *worker) handleWait(n int, err error) {
-	if err != nil {
-		// A ring that cannot reap is broken; nothing sensible remains but
-		// to report it. Back off briefly so a persistent error cannot spin.
-		w.e.opts.Logger.Error("aio: ring wait failed", "backend", w.e.name, "err", err)
-		time.Sleep(time.Millisecond)
+	for i := 0; i < n; i++ {
+		c := w.comps[i]
+		if int(c.token) >= len(w.pieces) || !w.pieces[c.token].inRing {
+			w.stray(uint64(c.token), nil)
+			continue
+		}
+		w.pieces[c.token].inRing = false
+		w.real--
+		w.complete(c)
+	}
+	if err == nil {
 		return
 	}
-	w.real -= n
-	for i := 0; i < n; i++ {
-		w.complete(w.comps[i])
+	if fatal := w.absorb(err); fatal != nil {
+		w.breakRing(w.ringError("wait", fatal))
+	}
+}
+
+// absorb handles the parts of a wait error the worker can live with (stray
+// and lost completions; a ring may report several joined) and returns the
+// rest, which is fatal, or nil.
+func (w *worker) absorb(err error) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var fatal []error
+		for _, e := range j.Unwrap() {
+			if f := w.absorb(e); f != nil {
+				fatal = append(fatal, f)
+			}
+		}
+		return errors.Join(fatal...)
+	}
+	var se *strayError
+	var le *lostError
+	switch {
+	case errors.As(err, &se):
+		w.stray(se.token, err)
+		return nil
+	case errors.As(err, &le):
+		w.e.ringErrs.Add(1)
+		w.lost += le.n
+		w.e.opts.Logger.Error("aio: ring lost completions; draining it, then failing the lost operations and replacing the ring",
+			"backend", w.e.name, "ring", w.id+1, "lost", le.n, "err", err)
+		return nil
+	}
+	return err
+}
+
+// stray records a completion for a token the ring does not hold.
+func (w *worker) stray(token uint64, err error) {
+	w.e.strays.Add(1)
+	if err == nil {
+		err = fmt.Errorf("completion for token %d, which is not in flight", token)
+	}
+	w.e.opts.Logger.Warn("aio: ignoring a stray completion", "backend", w.e.name, "ring", w.id+1, "token", token, "err", err)
+}
+
+// recoverLost runs when every operation left in the ring is one whose
+// completion was lost: their outcome is unknown, so they fail with an error
+// saying so, and the ring (whose bookkeeping still holds them) is replaced
+// by a fresh one. If no ring can be made, the worker breaks.
+func (w *worker) recoverLost() {
+	cause := w.ringError("recovering from a CQ overflow", fmt.Errorf("%w: %d operations finished but their results were dropped by the kernel, so whether they moved their bytes is unknown", ErrCompletionLost, w.lost))
+	for tok := range w.pieces {
+		p := &w.pieces[tok]
+		if p.inUse && p.inRing {
+			p.inRing = false
+			w.fail(uint32(tok), cause)
+		}
+	}
+	w.real = 0
+	w.lost = 0
+	w.closeRing()
+	r, err := w.newRing(w.e.opts.QueueDepth)
+	if err != nil {
+		w.breakRing(w.ringError("replacing the ring after a CQ overflow", err))
+		return
+	}
+	w.ring = r
+}
+
+// breakRing fails every piece and slice on this worker with cause and makes
+// every later slice fail the same way. The ring is not used again; it is
+// closed when the engine closes.
+func (w *worker) breakRing(cause error) {
+	if w.broken != nil {
+		return
+	}
+	w.e.ringErrs.Add(1)
+	w.broken = cause
+	w.e.opts.Logger.Error("aio: ring failed; failing its requests", "backend", w.e.name, "ring", w.id+1, "err", cause)
+	w.synth = w.synth[:0]
+	w.unsub = w.unsub[:0]
+	w.real = 0
+	w.lost = 0
+	for tok := range w.pieces {
+		p := &w.pieces[tok]
+		if p.inUse {
+			p.inRing = false
+			w.fail(uint32(tok), cause)
+		}
+	}
+	w.failActive()
+}
+
+// failActive fails the slices of a broken worker that have no piece in
+// flight (those with pieces were failed with them).
+func (w *worker) failActive() {
+	for len(w.active) > 0 {
+		s := w.active[0]
+		w.popActive()
+		s.failed = true
+		s.req.setErr(w.e.name, w.broken)
+		if s.outstanding == 0 {
+			w.finishSlice(s)
+		}
 	}
 }
 
 // complete applies one completion to its piece.
 func (w *worker) complete(c completion) {
 	p := &w.pieces[c.token]
+	if !p.inUse {
+		w.stray(uint64(c.token), nil)
+		return
+	}
 	s := p.s
 	req := s.req
 	res := int(c.res)
 	switch {
+	case p.cause != nil:
+		w.fail(c.token, p.cause)
 	case res < 0:
 		errno := syscall.Errno(-res)
 		if (errno == syscall.EINTR || errno == syscall.EAGAIN) && p.retries < maxRetries {
@@ -283,16 +467,21 @@ func (w *worker) complete(c completion) {
 // fail records the piece's error on its request and retires the piece.
 func (w *worker) fail(tok uint32, cause error) {
 	s := w.pieces[tok].s
-	req := s.req
 	s.failed = true
-	if req.errSet.CompareAndSwap(false, true) {
+	s.req.setErr(w.e.name, cause)
+	w.releasePiece(tok)
+}
+
+// setErr records the request's first failure; later ones are dropped (the
+// first is the cause, the rest are consequences).
+func (r *Request) setErr(backend string, cause error) {
+	if r.errSet.CompareAndSwap(false, true) {
 		// Written before pending reaches zero; read after done is signalled.
-		req.err = &OpError{
-			Op: req.Op.String(), Path: req.File.path, Offset: req.Offset, Bytes: len(req.Buf),
-			Done: req.moved.Load(), Direct: req.File.direct, Backend: w.e.name, Err: cause,
+		r.err = &OpError{
+			Op: r.Op.String(), Path: r.File.path, Offset: r.Offset, Bytes: len(r.Buf),
+			Done: r.moved.Load(), Direct: r.File.direct, Backend: backend, Err: cause,
 		}
 	}
-	w.releasePiece(tok)
 }
 
 // releasePiece frees tok and finishes its slice when nothing is left.
