@@ -27,19 +27,23 @@
 // A tensor's partition is cut into sub-groups of at most SubGroupSize
 // elements; each sub-group's states are one record of 12 bytes per element
 // (master | exp_avg | exp_avg_sq) in the store. Step runs, per sub-group in
-// registration order (a transaction: in hand-over order), read (state record from the store, the tensor's
-// gradient from Grads once per tensor) / update (Adam, in place in the
-// pinned buffer) / write (the record back under a staging name, and the
-// tensor's new master to Params.StageUpdate after its last sub-group). With
+// registration order (a transaction: in hand-over order), read (the state
+// record from the store and the sub-group's gradient slice from
+// Grads.ReadRange, both into one pinned buffer) / update (Adam, in place in
+// that buffer) / write (the record back under a staging name, and the new
+// master to Params: a RangeSink takes it sub-group by sub-group, a plain
+// ParamSink the whole tensor after its last sub-group). With
 // PipelineDepth k >= 1 up to k sub-groups are read ahead and up to k writes
 // are in flight behind the update; BufferCount caps the buffer sets in use
 // and the pool's backpressure does the rest, so a small pool makes the
 // pipeline wait, never fail.
 //
 // Pinned memory in use during a step is at most min(BufferCount, 2k+1)
-// records plus, for the tensor being stepped, its gradient partition and
-// (when it has several sub-groups) its new master partition, 4 bytes per
-// element each, since GradSource and ParamSink work on whole partitions.
+// sub-group buffers (one at depth 0), each a record and a gradient slice,
+// and nothing per tensor: it is bounded by SubGroupSize, never by the
+// largest tensor (for a plain ParamSink, a tensor of several sub-groups is
+// assembled in ordinary memory). PinnedNeedBytes is the exact figure, in
+// pool blocks, for the planner. Empty partitions cost nothing.
 //
 // # Overlapping the step with the backward pass
 //

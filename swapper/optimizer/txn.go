@@ -51,9 +51,9 @@ type StepTxn struct {
 //
 // ctx governs the transaction's background work until it ends: cancelling
 // it fails the step. Pinned memory stays within Step's bound; while it
-// waits for the next tensor the pipeline holds no buffer. Grads.Read of a
-// handed-over tensor runs while the caller may still be producing other
-// tensors' gradients, and Params.StageUpdate while the parameters are
+// waits for the next tensor the pipeline holds no buffer. Grads.ReadRange
+// of a handed-over tensor runs while the caller may still be producing
+// other tensors' gradients, and the Params staging while the parameters are
 // still being read: both are called from the transaction's goroutines.
 //
 // Only one transaction is open at a time: BeginStep while one is open
