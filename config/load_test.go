@@ -17,27 +17,28 @@ import (
 )
 
 // childEnv switches the test binary into a child that runs one test under
-// an address-space limit, so that a regression that reads without bound
+// a data-segment limit (RLIMIT_DATA: the heap and private mappings, which
+// the race detector's shadow memory does not count against), so that a regression that reads without bound
 // fails that child instead of exhausting the machine.
-const childEnv = "ZINF_CONFIG_TEST_AS_LIMIT"
+const childEnv = "ZINF_CONFIG_TEST_DATA_LIMIT"
 
 func TestMain(m *testing.M) {
 	if v := os.Getenv(childEnv); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err == nil {
-			err = unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: n, Max: n})
+			err = unix.Setrlimit(unix.RLIMIT_DATA, &unix.Rlimit{Cur: n, Max: n})
 		}
 		if err != nil {
-			os.Stderr.WriteString("setting the address-space limit: " + err.Error() + "\n")
+			os.Stderr.WriteString("setting the data-segment limit: " + err.Error() + "\n")
 			os.Exit(3)
 		}
 	}
 	os.Exit(m.Run())
 }
 
-// inChild reruns the named test in a child process limited to limit bytes
-// of address space and fails if the child fails. It reports whether the
-// caller is the child (and should run the body).
+// inChild reruns the named test in a child process whose data segment is
+// limited to limit bytes and fails if the child fails. It reports whether
+// the caller is the child (and should run the body).
 func inChild(t *testing.T, limit uint64) bool {
 	t.Helper()
 	if os.Getenv(childEnv) != "" {
@@ -47,7 +48,7 @@ func inChild(t *testing.T, limit uint64) bool {
 	cmd.Env = append(os.Environ(), childEnv+"="+strconv.FormatUint(limit, 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("child under a %d-byte address-space limit failed: %v\n%s", limit, err, out)
+		t.Fatalf("child under a %d-byte data-segment limit failed: %v\n%s", limit, err, out)
 	}
 	return false
 }

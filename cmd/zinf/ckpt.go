@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"os"
 	"sort"
 
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/internal/ckptbench"
 )
@@ -72,16 +75,53 @@ func (s *saveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.parallel, "parallel", checkpoint.DefaultParallel, "files written at once")
 }
 
+// Limits of the checkpoint writer's options (checkpoint.SaveOptions.Validate
+// holds the same), stated here so each message names the flag.
+const (
+	maxStagingBuffers = 1024
+	maxSaveParallel   = 256
+)
+
 func (s *saveFlags) options(log *slog.Logger) (checkpoint.SaveOptions, error) {
-	if s.stagingBytes <= 0 || s.stagingBytes > 1<<30 {
-		return checkpoint.SaveOptions{}, fmt.Errorf("--staging-bytes %d is invalid (allowed: a multiple of 4096 up to 1GiB)", s.stagingBytes)
+	// Zero would silently mean "the default" below the command line.
+	if err := errors.Join(sizeIn("--staging-bytes", s.stagingBytes, 4096, 1<<30), intIn("--staging-buffers", s.buffers, 1, maxStagingBuffers),
+		intIn("--parallel", s.parallel, 1, maxSaveParallel)); err != nil {
+		return checkpoint.SaveOptions{}, err
+	}
+	if s.stagingBytes%4096 != 0 {
+		return checkpoint.SaveOptions{}, fmt.Errorf("--staging-bytes %s is invalid (allowed: a multiple of 4KiB up to 1GiB)", sizeText(s.stagingBytes))
 	}
 	o := checkpoint.SaveOptions{StagingBytes: int(s.stagingBytes), StagingBuffers: s.buffers, Parallel: s.parallel, Logger: log}
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return o, err
 	}
+	// Every file being written holds its staging buffers at once.
+	staging := s.stagingBytes * int64(s.buffers) * int64(s.parallel)
+	if err := checkMemory("--staging-bytes", s.stagingBytes, staging,
+		fmt.Sprintf("the staging buffers (--staging-bytes x --staging-buffers %d x --parallel %d)", s.buffers, s.parallel)); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// benchDir makes a private directory for a checkpoint benchmark inside
+// --path: the benchmarks write and remove fixed names, which in a shared
+// directory could be another user's files or links. Only this directory,
+// created by this run, is removed afterwards.
+func benchDir(dir string) (string, func(), error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("--path %q: %w", dir, err)
+	}
+	if !st.IsDir() {
+		return "", nil, fmt.Errorf("--path %q is not a directory", dir)
+	}
+	p, err := os.MkdirTemp(dir, "zinf-ckpt-bench-")
+	if err != nil {
+		return "", nil, fmt.Errorf("--path %q: creating a private directory for the benchmark: %w", dir, err)
+	}
+	return p, func() { os.RemoveAll(p) }, nil
 }
 
 func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -103,14 +143,28 @@ func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writ
 	if dir == "" {
 		return errors.New("--path is required")
 	}
-	if size <= 0 {
-		return fmt.Errorf("--size %d must be positive", size)
+	if err := sizeIn("--size", size, 1, math.MaxInt64); err != nil {
+		return err
 	}
-	opts, err := sf.options(slog.New(slog.NewTextHandler(stderr, nil)))
+	opts, err := sf.options(cliLogger(stderr))
 	if err != nil {
 		return err
 	}
-	res, err := ckptbench.SaveBench(ctx, dir, size, opts)
+	// The checkpoint goes to disk; the naive writer holds it in memory.
+	if err := checkDisk("--size", size, size, dir); err != nil {
+		return err
+	}
+	if naive {
+		if err := checkMemory("--size", size, size, "the naive writer's tensors (held in memory)"); err != nil {
+			return err
+		}
+	}
+	bdir, cleanup, err := benchDir(dir)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	res, err := ckptbench.SaveBench(ctx, bdir, size, opts)
 	if err != nil {
 		return err
 	}
@@ -119,7 +173,7 @@ func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writ
 		Naive *ckptbench.BenchResult `json:"naive,omitempty"`
 	}{Zinf: res}
 	if naive {
-		n, err := ckptbench.NaiveSaveBench(ctx, dir, size)
+		n, err := ckptbench.NaiveSaveBench(ctx, bdir, size)
 		if err != nil {
 			return fmt.Errorf("naive: %w", err)
 		}
@@ -165,17 +219,37 @@ func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if o.Dir == "" {
 		return errors.New("--path is required")
 	}
-	if o.Rounds < 1 {
-		return fmt.Errorf("--rounds %d must be at least 1", o.Rounds)
-	}
-	var err error
-	if o.Save, err = sf.options(slog.New(slog.NewTextHandler(stderr, nil))); err != nil {
+	// Zero would silently mean "the default" below the command line; the
+	// engine flags default to 0 ("derive it"), so only an explicit 0 is
+	// refused there.
+	if err := errors.Join(sizeIn("--size", o.SizeBytes, 1, math.MaxInt64), intIn("--rounds", o.Rounds, 1, maxRounds),
+		sizeIn("--io-block-size", ioBlock, 0, 1<<30), intIn("--io-queue-depth", o.Engine.QueueDepth, 0, aio.MaxQueueDepth),
+		intIn("--io-parallel", o.Engine.IntraOpParallelism, 0, aio.MaxIntraOpParallelism),
+		noExplicitZero(fs, "io-block-size", "io-queue-depth", "io-parallel")); err != nil {
 		return err
 	}
-	if ioBlock < 0 || ioBlock > 1<<30 || o.Engine.QueueDepth < 0 || o.Engine.IntraOpParallelism < 0 {
-		return fmt.Errorf("--io-block-size %d, --io-queue-depth %d, --io-parallel %d: none may be negative (0: the default), block size at most 1GiB",
-			ioBlock, o.Engine.QueueDepth, o.Engine.IntraOpParallelism)
+	var err error
+	log := cliLogger(stderr)
+	if o.Save, err = sf.options(log); err != nil {
+		return err
 	}
+	// Each writer's checkpoint goes to disk in turn; the naive writer and
+	// the asynchronous save from memory hold a copy of it in memory.
+	if err := checkDisk("--size", o.SizeBytes, o.SizeBytes, o.Dir); err != nil {
+		return err
+	}
+	if !noNaive || !noAsy && o.Source == ckptbench.SourceMemory {
+		if err := checkMemory("--size", o.SizeBytes, o.SizeBytes, "the in-memory copy of the checkpoint (the naive writer's tensors and the asynchronous save's snapshot; --no-naive and --no-async skip them)"); err != nil {
+			return err
+		}
+	}
+	bdir, cleanup, err := benchDir(o.Dir)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	o.Dir = bdir
+	o.Engine.Logger = log
 	o.Engine.BlockSizeBytes = int(ioBlock)
 	o.Naive, o.Async = !noNaive, !noAsy
 	o.Progress = stderr

@@ -125,7 +125,7 @@ func TestCkptBadInput(t *testing.T) {
 		{"no-action", []string{"ckpt"}, "Usage"},
 		{"save-bench-no-path", []string{"ckpt", "save-bench"}, "--path is required"},
 		{"save-bench-bad-size", []string{"ckpt", "save-bench", "--path", foreign, "--size", "lots"}, "invalid value"},
-		{"save-bench-bad-staging", []string{"ckpt", "save-bench", "--path", foreign, "--size", "1MiB", "--staging-bytes", "1000"}, "StagingBytes"},
+		{"save-bench-bad-staging", []string{"ckpt", "save-bench", "--path", foreign, "--size", "1MiB", "--staging-bytes", "1000"}, "--staging-bytes 1000"},
 		{"bench-no-path", []string{"ckpt", "bench"}, "--path is required"},
 	} {
 		code, out, errs := runZinf(c.args...)

@@ -47,7 +47,9 @@ type engineFlags struct {
 func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.backend, "backend", aio.BackendAuto, "I/O backend: auto, uring, libaio, posix")
 	sizeVar(fs, &e.blockSize, "block-size", 1<<20, "I/O block size (e.g. 1MiB)")
-	fs.IntVar(&e.queueDepth, "queue-depth", 32, "pieces in flight per worker")
+	// The engine's and the config's default, so that a measurement without
+	// flags measures what training runs with.
+	fs.IntVar(&e.queueDepth, "queue-depth", aio.DefaultQueueDepth, "pieces in flight per worker")
 	fs.IntVar(&e.parallel, "parallel", 1, "intra-op parallelism: workers (rings) per request")
 	fs.BoolVar(&e.singleSubmit, "single-submit", false, "submit one piece per system call (DeepNVMe single_submit)")
 	fs.BoolVar(&e.serialEvents, "no-overlap-events", false, "wait for a whole batch before submitting the next (DeepNVMe overlap_events=false)")
@@ -65,11 +67,11 @@ func (e *engineFlags) options() (aio.Options, error) {
 	if e.blockSize <= 0 || e.blockSize > 1<<30 {
 		errs = append(errs, fmt.Errorf("--block-size %d is invalid (allowed: a power of two or a multiple of 4KiB, at most 1GiB)", e.blockSize))
 	}
-	if e.queueDepth <= 0 {
-		errs = append(errs, fmt.Errorf("--queue-depth %d is invalid (allowed: 1..%d)", e.queueDepth, aio.MaxQueueDepth))
+	if err := intIn("--queue-depth", e.queueDepth, 1, aio.MaxQueueDepth); err != nil {
+		errs = append(errs, err)
 	}
-	if e.parallel <= 0 {
-		errs = append(errs, fmt.Errorf("--parallel %d is invalid (allowed: 1..%d)", e.parallel, aio.MaxIntraOpParallelism))
+	if err := intIn("--parallel", e.parallel, 1, aio.MaxIntraOpParallelism); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return aio.Options{}, errors.Join(errs...)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"time"
 
 	"github.com/zinfio/zinf/examples/infer"
 )
@@ -40,8 +38,9 @@ func runInfer(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.Spec.Seed = seed
-	if err := errors.Join(positive("--batches", o.Batches), positive("--prefetch", o.Prefetch),
-		notNegative("--compute-ms-per-layer", computeMs)); err != nil {
+	compute, cerr := computeMsFlag(computeMs)
+	if err := errors.Join(positive("--batches", o.Batches), positive("--prefetch", o.Prefetch), cerr,
+		modelFlags(o.Spec.Layers, o.Spec.Width, o.Spec.Batch)); err != nil {
 		return err
 	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
@@ -50,8 +49,8 @@ func runInfer(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer cleanup()
 	o.Config = cfg
-	o.ComputePerLayer = time.Duration(computeMs * float64(time.Millisecond))
-	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	o.ComputePerLayer = compute
+	o.Logger = cliLogger(stderr)
 	if !asJSON {
 		o.Progress = stdout
 	}

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/zinfio/zinf/internal/iobench"
@@ -42,14 +44,21 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.Engine = eo
-	if o.Loops == 0 {
-		return fmt.Errorf("--loops must be at least 1")
+	if o.Loops <= 0 {
+		return fmt.Errorf("--loops %d is invalid: it must be at least 1", o.Loops)
 	}
-	if !asJSON {
-		o.Progress = stderr
+	if err := noExplicitZero(fs, "bounce-block"); err != nil {
+		return err
 	}
 	if g.gds {
 		g.gpu = true // GPUDirect Storage moves data into device memory
+	}
+	if err := ioResources(o, g); err != nil {
+		return err
+	}
+	o.Logger = cliLogger(stderr)
+	if !asJSON {
+		o.Progress = stderr
 	}
 	if !g.gpu {
 		if err := g.hostOnly(fs); err != nil {
@@ -139,4 +148,44 @@ func runIOGPU(ctx context.Context, o iobench.GPUOptions, asJSON bool, stdout io.
 		fmt.Fprintln(stdout, "verified: the bytes on the device match the file")
 	}
 	return nil
+}
+
+// ioResources checks --size against the memory the measurement holds and
+// the disk space its file takes, before anything is allocated or written.
+func ioResources(o iobench.Options, g gpuFlags) error {
+	if o.SizeBytes <= 0 {
+		return nil // Check names the flag and the allowed values
+	}
+	var need int64
+	var what string
+	switch {
+	case g.gpu && g.device == iobench.DeviceCUDA:
+		// The buffer lives in device memory; the host holds staging
+		// pieces only.
+	case g.gpu:
+		need, what = o.SizeBytes, "the device buffer (the simulated device lives in host memory)"
+	case o.Naive:
+		need, what = o.SizeBytes, "its buffer"
+	default:
+		// One pinned buffer of the whole size, in a pool rounded up to a
+		// power of two.
+		need, what = nextPow2(max(o.SizeBytes, 1<<20)), "its buffer (one pinned buffer of --size, in a pool rounded up to a power of two)"
+	}
+	if need > 0 {
+		if err := checkMemory("--size", o.SizeBytes, need, what); err != nil {
+			return err
+		}
+	}
+	if o.Op == "read" {
+		// A read reuses a file of that name holding --size bytes; only a
+		// missing one is created and filled.
+		name := o.FileName
+		if name == "" {
+			name = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
+		}
+		if st, err := os.Lstat(filepath.Join(o.Dir, name)); err == nil && st.Mode().IsRegular() && st.Size() >= o.SizeBytes {
+			return nil
+		}
+	}
+	return checkDisk("--size", o.SizeBytes, o.SizeBytes, o.Dir)
 }

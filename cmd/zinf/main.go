@@ -67,11 +67,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
+		}
+		// A run cut short by a signal exits as a process killed by it
+		// would (128 + the signal's number: 130 for SIGINT), whatever
+		// error the cancellation surfaced as, so scripts can tell an
+		// interruption from a failure.
+		var se signalError
+		if errors.As(context.Cause(ctx), &se) {
+			fmt.Fprintf(stderr, "zinf %s: interrupted by %v\n", args[0], se.sig)
+			return 128 + int(se.sig)
 		}
 		if !errors.Is(err, errUsage) {
 			fmt.Fprintf(stderr, "zinf %s: %v\n", args[0], err)
@@ -79,6 +88,36 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// signalError is the cause of a context cancelled by a signal.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
+
+// signalContext returns a context cancelled, with a signalError as its
+// cause, on SIGINT or SIGTERM; stop releases the signals.
+func signalContext() (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			if ss, ok := s.(syscall.Signal); ok {
+				cancel(signalError{ss})
+			} else {
+				cancel(nil)
+			}
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	}
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/policy"
@@ -24,6 +23,10 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	compute, err := computeMsFlag(computeMs)
+	if err != nil {
+		return err
+	}
 	m, err := policy.ParseModelSpec(model)
 	if err != nil {
 		return fmt.Errorf("--model: %w", err)
@@ -33,7 +36,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer cleanup()
-	p, err := zinf.PlanFor(cfg, m, time.Duration(computeMs*float64(time.Millisecond)))
+	p, err := zinf.PlanFor(cfg, m, compute)
 	if err != nil {
 		return err
 	}

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"time"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
@@ -77,8 +75,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	spec.Seed = seed
 	// Zero would silently mean "the default" below the command line.
-	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth),
-		notNegative("--compute-ms-per-layer", computeMs)); err != nil {
+	compute, cerr := computeMsFlag(computeMs)
+	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr,
+		modelFlags(spec.Layers, spec.Width, spec.Batch)); err != nil {
 		return err
 	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
@@ -87,8 +86,8 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer cleanup()
 	o.Config, o.Spec = cfg, spec
-	o.ComputePerLayer = time.Duration(computeMs * float64(time.Millisecond))
-	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	o.ComputePerLayer = compute
+	o.Logger = cliLogger(stderr)
 	if !quiet {
 		o.Progress = stderr
 		if !asJSON {
@@ -127,4 +126,18 @@ func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 		return fmt.Errorf("offloaded training differs from in-memory training: %s", r.Mismatch)
 	}
 	return nil
+}
+
+// modelFlags checks --layers, --width and --batch against the limits plan
+// applies to the same quantities, and the memory one layer takes: the
+// examples build the layer inventory and hold whole layers in memory.
+func modelFlags(layers, width, batch int) error {
+	errs := []error{intIn("--layers", layers, 1, policy.MaxModelLayers), intIn("--width", width, 1, policy.MaxModelWidth),
+		intIn("--batch", batch, 1, policy.MaxModelBatch)}
+	if errors.Join(errs...) != nil {
+		return errors.Join(errs...)
+	}
+	// A layer's fp32 weights, its gradient and two optimizer moments.
+	perLayer := int64(width) * int64(width) * 4 * 4
+	return checkMemory("--width", int64(width), perLayer, "one layer (fp32 weights, gradient and two optimizer moments of width x width)")
 }

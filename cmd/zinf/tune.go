@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -65,7 +66,12 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := t.Check(); err != nil {
 		return err
 	}
+	if err := errors.Join(checkMemory("--size", t.SizeBytes, nextPow2(max(t.SizeBytes, 1<<20)), "each run's buffer (one pinned buffer of --size, in a pool rounded up to a power of two)"),
+		checkDisk("--size", t.SizeBytes, t.SizeBytes, t.Dir)); err != nil {
+		return err
+	}
 	t.Progress = stderr
+	t.Logger = cliLogger(stderr)
 	fmt.Fprintf(stderr, "tuning %s: this runs a read and a write of %s per configuration and takes minutes\n", t.Dir, config.Size(t.SizeBytes))
 	res, err := iobench.Tune(ctx, t)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,10 +23,12 @@ type CompareOptions struct {
 	Dir        string
 	SizeBytes  int64 // default 1 GiB
 	BlockSize  int   // default 1 MiB
-	QueueDepth int   // default 32
+	QueueDepth int   // default aio.DefaultQueueDepth
 	Rounds     int   // interleaved rounds; default 5
 	FioPath    string
 	Progress   io.Writer
+	// Logger receives engine warnings (default slog.Default()).
+	Logger *slog.Logger
 }
 
 // Pair is one line of the comparison: zinf's backend against fio's engine
@@ -101,7 +104,7 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 		o.BlockSize = 1 << 20
 	}
 	if o.QueueDepth == 0 {
-		o.QueueDepth = 32
+		o.QueueDepth = aio.DefaultQueueDepth
 	}
 	if o.Rounds == 0 {
 		o.Rounds = 5
@@ -149,7 +152,7 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 		return p
 	}
 	zinf := func(op, backend string, naive bool) (float64, error) {
-		r, err := Run(ctx, Options{Dir: pdir, private: true, SizeBytes: o.SizeBytes, Op: op, Loops: 1, Warmup: 0, Keep: true, FileName: name, Naive: naive,
+		r, err := Run(ctx, Options{Dir: pdir, private: true, SizeBytes: o.SizeBytes, Op: op, Loops: 1, Warmup: 0, Keep: true, FileName: name, Naive: naive, Logger: o.Logger,
 			Engine: aio.Options{Backend: backend, BlockSizeBytes: o.BlockSize, QueueDepth: o.QueueDepth, Direct: aio.DirectRequired}})
 		if err != nil {
 			return 0, err

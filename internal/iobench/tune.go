@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"sort"
@@ -30,6 +31,8 @@ type TuneOptions struct {
 	Direct     aio.DirectPolicy
 	// Progress receives a line per run with an estimate of the time left.
 	Progress io.Writer
+	// Logger receives engine warnings (default slog.Default()).
+	Logger *slog.Logger
 }
 
 // TuneRow is one configuration's read and write medians.
@@ -180,7 +183,7 @@ func Tune(ctx context.Context, t TuneOptions) (*TuneResult, error) {
 	measure := func(c cfg) (TuneRow, error) {
 		row := TuneRow{Backend: c.backend, BlockSize: c.bs, QueueDepth: c.qd, Parallel: c.par, SingleSubmit: c.single, Overlap: !c.noOvl}
 		for _, op := range []string{"write", "read"} {
-			o := Options{Dir: pdir, private: true, SizeBytes: t.SizeBytes, Op: op, Loops: t.Loops, Warmup: 1, Keep: true, FileName: file,
+			o := Options{Dir: pdir, private: true, SizeBytes: t.SizeBytes, Op: op, Loops: t.Loops, Warmup: 1, Keep: true, FileName: file, Logger: t.Logger,
 				Engine: aio.Options{Backend: c.backend, BlockSizeBytes: c.bs, QueueDepth: c.qd, IntraOpParallelism: c.par,
 					SingleSubmit: c.single, SerialEvents: c.noOvl, Direct: t.Direct}}
 			r, err := Run(ctx, o)

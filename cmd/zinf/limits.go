@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/units"
+)
+
+// cliLogger is the one logger every subcommand hands to the packages it
+// runs, so that their warnings look the same whichever command printed
+// them: slog's text format on stderr, warnings and errors only.
+func cliLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// intIn checks that an integer flag lies in lo..hi, naming the flag, the
+// value and the range.
+func intIn(flagName string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s %d is invalid (allowed: %d..%d)", flagName, v, lo, hi)
+	}
+	return nil
+}
+
+// sizeIn checks that a size flag lies in lo..hi bytes.
+func sizeIn(flagName string, v, lo, hi int64) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s %s is invalid (allowed: %s..%s)", flagName, sizeText(v), config.Size(lo), config.Size(hi))
+	}
+	return nil
+}
+
+// sizeText renders a size flag's value as the user could have written it:
+// in binary units when it is a whole number of them (4GiB), else in bytes.
+func sizeText(v int64) string {
+	if v <= 0 || v%1024 != 0 {
+		return strconv.FormatInt(v, 10)
+	}
+	return config.Size(v).String()
+}
+
+// maxComputeMs bounds --compute-ms-per-layer: an hour of simulated compute
+// per layer is far beyond any use, and the bound keeps the conversion to a
+// time.Duration from overflowing.
+const maxComputeMs = 3600e3
+
+// computeMsFlag converts --compute-ms-per-layer to a duration, refusing
+// NaN, infinities, negative values and values past maxComputeMs by name
+// (NaN passes every ordered comparison, so it is checked first).
+func computeMsFlag(v float64) (time.Duration, error) {
+	const name = "--compute-ms-per-layer"
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxComputeMs {
+		return 0, fmt.Errorf("%s %v is invalid (allowed: a number of milliseconds from 0 to %g)", name, v, float64(maxComputeMs))
+	}
+	return time.Duration(v * float64(time.Millisecond)), nil
+}
+
+// noExplicitZero refuses any of the named flags set to 0 on the command
+// line. Those flags leave 0 as their default to mean "derive it from the
+// other flags", which the usage text says; writing 0 out is then almost
+// certainly a mistake, and accepting it would make 0 mean "default" here
+// while every other command rejects it.
+func noExplicitZero(fs *flag.FlagSet, names ...string) error {
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			if v := f.Value.String(); f.Name == n && (v == "0" || v == "0B") {
+				errs = append(errs, fmt.Errorf("--%s 0 is invalid: it must be at least 1 (leave the flag out for the default: %s)", n, f.Usage))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// memAvailable returns MemAvailable from /proc/meminfo in bytes: what the
+// kernel estimates can be allocated without swapping. ok is false when it
+// cannot be read (then no check is made rather than a guess).
+func memAvailable() (n int64, ok bool) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil || kb < 0 || kb > math.MaxInt64/1024 {
+				return 0, false
+			}
+			return kb * 1024, true
+		}
+	}
+	return 0, false
+}
+
+// checkMemory refuses a flag whose value needs more memory than is
+// available, naming the flag, the value, what it needs and the limit.
+func checkMemory(flagName string, value, need int64, what string) error {
+	avail, ok := memAvailable()
+	if !ok || need <= avail {
+		return nil
+	}
+	return fmt.Errorf("%s %s needs %s of memory for %s, more than the %s available (MemAvailable in /proc/meminfo): choose a smaller %s",
+		flagName, sizeText(value), units.FormatBytesExact(need), what, units.FormatBytesExact(avail), flagName)
+}
+
+// checkDisk refuses a flag whose value needs more free space in dir than
+// its filesystem has, naming the flag, the value and the space free.
+func checkDisk(flagName string, value, need int64, dir string) error {
+	var st unix.Statfs_t
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || unix.Statfs(dir, &st) != nil {
+		return nil // the path's own check reports what is wrong with it
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if st.Bsize > 0 && int64(st.Bavail) > math.MaxInt64/int64(st.Bsize) {
+		free = math.MaxInt64
+	}
+	if need <= free {
+		return nil
+	}
+	return fmt.Errorf("%s %s needs %s on %s, more than the %s free there: choose a smaller %s or another --path",
+		flagName, sizeText(value), units.FormatBytesExact(need), dir, units.FormatBytesExact(free), flagName)
+}
+
+// nextPow2 is the smallest power of two at least n (n > 0): the pinned pool
+// rounds its capacity up to one.
+func nextPow2(n int64) int64 {
+	p := int64(1)
+	for p < n && p < 1<<62 {
+		p <<= 1
+	}
+	return p
+}
