@@ -303,3 +303,29 @@ func TestQueueDepthDefault(t *testing.T) {
 		t.Fatalf("bench-io -h does not show the default queue depth %d:\n%s", aio.DefaultQueueDepth, errs)
 	}
 }
+
+// TestLogOnce: the one CLI logger prints in slog's text format and prints
+// a warning repeated word for word once (the buffered-I/O fallback on ramfs
+// used to print three times, once per engine opened there).
+func TestLogOnce(t *testing.T) {
+	var b bytes.Buffer
+	log := cliLogger(&b)
+	for range 3 {
+		log.Warn("aio: filesystem refuses O_DIRECT; falling back to buffered I/O", "dir", "/mnt/ram", "fs", "ramfs")
+		log.With("engine", "uring").Warn("same words, other engine")
+	}
+	log.Warn("aio: filesystem refuses O_DIRECT; falling back to buffered I/O", "dir", "/mnt/other", "fs", "ramfs")
+	log.Info("not shown")
+	out := b.String()
+	if n := strings.Count(out, "dir=/mnt/ram "); n != 1 {
+		t.Errorf("the repeated warning printed %d times, want once:\n%s", n, out)
+	}
+	for _, want := range []string{"level=WARN", "dir=/mnt/other", "engine=uring"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "engine=uring") != 1 || strings.Contains(out, "not shown") {
+		t.Errorf("unexpected lines:\n%s", out)
+	}
+}

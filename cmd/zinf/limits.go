@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,8 +25,39 @@ import (
 // cliLogger is the one logger every subcommand hands to the packages it
 // runs, so that their warnings look the same whichever command printed
 // them: slog's text format on stderr, warnings and errors only.
+// A warning repeated word for word (the same message and attributes, from
+// several engines opened on one directory, say) is printed once.
 func cliLogger(stderr io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h := slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
+	return slog.New(&onceHandler{Handler: h, seen: &sync.Map{}})
+}
+
+// onceHandler drops records identical to one already handled.
+type onceHandler struct {
+	slog.Handler
+	seen  *sync.Map // record key -> struct{}
+	attrs string    // attributes added by WithAttrs, part of the key
+}
+
+func (h *onceHandler) Handle(ctx context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\x00%s\x00%s", r.Level, r.Message, h.attrs)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, "\x00%s", a)
+		return true
+	})
+	if _, dup := h.seen.LoadOrStore(b.String(), struct{}{}); dup {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *onceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &onceHandler{Handler: h.Handler.WithAttrs(as), seen: h.seen, attrs: h.attrs + fmt.Sprint(as)}
+}
+
+func (h *onceHandler) WithGroup(name string) slog.Handler {
+	return &onceHandler{Handler: h.Handler.WithGroup(name), seen: h.seen, attrs: h.attrs + "/" + name}
 }
 
 // intIn checks that an integer flag lies in lo..hi, naming the flag, the
@@ -125,6 +158,11 @@ func checkDisk(flagName string, value, need int64, dir string) error {
 	var st unix.Statfs_t
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || unix.Statfs(dir, &st) != nil {
 		return nil // the path's own check reports what is wrong with it
+	}
+	if st.Blocks == 0 {
+		// No block accounting (ramfs): the filesystem reports 0 free
+		// however much it can hold, so there is no figure to check.
+		return nil
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
 	if st.Bsize > 0 && int64(st.Bavail) > math.MaxInt64/int64(st.Bsize) {
