@@ -3,6 +3,8 @@ package buffers
 import (
 	"fmt"
 	"log/slog"
+
+	"github.com/zinfio/zinf/internal/units"
 )
 
 // Seams for tests: root with CAP_IPC_LOCK may mlock regardless of
@@ -32,16 +34,7 @@ func describeMemlockLimit() string {
 
 // formatBytes renders n as "8 MiB (8388608 bytes)" or "512 bytes".
 func formatBytes(n int64) string {
-	const units = "KMGTPE"
-	if n < 1024 {
-		return fmt.Sprintf("%d bytes", n)
-	}
-	v, i := float64(n)/1024, 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.4g %ciB (%d bytes)", v, units[i], n)
+	return units.FormatBytesExact(n)
 }
 
 // pin applies the pin policy to the freshly mapped arena. Under PinAuto a

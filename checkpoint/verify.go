@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/zinfio/zinf/internal/units"
 )
 
 // Report is the outcome of Verify.
@@ -390,15 +392,5 @@ func sortedKeys(m map[string]string) []string {
 }
 
 func humanBytes(n int64) string {
-	switch {
-	case n < 0:
-		return "?"
-	case n < 1<<10:
-		return fmt.Sprintf("%d B", n)
-	case n < 1<<20:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	case n < 1<<30:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	return units.FormatBytes(n)
 }

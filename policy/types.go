@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/zinfio/zinf/internal/units"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -167,19 +168,5 @@ func invalidf(format string, args ...any) error {
 // FormatBytes renders n in binary units with one decimal ("1.5 GiB",
 // "512 B").
 func FormatBytes(n int64) string {
-	const unit = 1024
-	if n < 0 {
-		return "-" + FormatBytes(-n)
-	}
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v := float64(n) / unit
-	i := 0
-	for v >= unit && i < len(units)-1 {
-		v /= unit
-		i++
-	}
-	return fmt.Sprintf("%.1f %s", v, units[i])
+	return units.FormatBytes(n)
 }

@@ -12,12 +12,12 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )
@@ -176,13 +176,5 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 }
 
 func medianOf(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return stats.Median(v)
 }

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )
@@ -299,15 +299,7 @@ func sameBits(a, b []float32) (int, bool) {
 }
 
 func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return stats.Median(v)
 }
 
 func human(n float64) string {

@@ -19,6 +19,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -403,16 +404,7 @@ func naiveTensors(st checkpoint.State) [][]float32 {
 }
 
 func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	m := len(s) / 2
-	if len(s)%2 == 1 {
-		return s[m]
-	}
-	return (s[m-1] + s[m]) / 2
+	return stats.Median(v)
 }
 
 // storeState writes st's tensors into a new swap store under dir and

@@ -28,13 +28,20 @@ func FormatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %s", v, names[i])
 }
 
-// FormatBytesExact is FormatBytes followed by the exact count in
-// parentheses ("8.0 MiB (8388608 bytes)"), for messages where the reader may
-// need the precise figure (a limit, a request refused); counts under 1 KiB
-// are just "512 bytes".
+// FormatBytesExact renders n for messages where the reader may need the
+// precise figure (a limit, a request refused): up to four significant digits
+// in the largest binary unit, then the exact count ("8 MiB (8388608
+// bytes)", "1.5 GiB (1610612736 bytes)"); counts under 1 KiB are just "512
+// bytes".
 func FormatBytesExact(n int64) string {
-	if n >= 0 && n < 1024 {
+	const names = "KMGTPE"
+	if n < 1024 {
 		return fmt.Sprintf("%d bytes", n)
 	}
-	return fmt.Sprintf("%s (%d bytes)", FormatBytes(n), n)
+	v, i := float64(n)/1024, 0
+	for v >= 1024 && i < len(names)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.4g %ciB (%d bytes)", v, names[i], n)
 }

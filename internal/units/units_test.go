@@ -20,8 +20,11 @@ func TestFormatBytes(t *testing.T) {
 			t.Errorf("FormatBytes(%d) = %q, want %q", c.n, got, c.want)
 		}
 	}
-	if got := units.FormatBytesExact(8 << 20); got != "8.0 MiB (8388608 bytes)" {
+	if got := units.FormatBytesExact(8 << 20); got != "8 MiB (8388608 bytes)" {
 		t.Errorf("FormatBytesExact(8MiB) = %q", got)
+	}
+	if got := units.FormatBytesExact(3 << 29); got != "1.5 GiB (1610612736 bytes)" {
+		t.Errorf("FormatBytesExact(1.5GiB) = %q", got)
 	}
 	if got := units.FormatBytesExact(100); got != "100 bytes" {
 		t.Errorf("FormatBytesExact(100) = %q", got)
