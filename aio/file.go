@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -51,7 +49,7 @@ func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log 
 		}
 		return &File{fd: fd, path: path, align: 1}, nil
 	}
-	fd, err := openFn(path, flag|unix.O_DIRECT, uint32(perm.Perm()))
+	fd, err := openDirect(path, flag, uint32(perm.Perm()))
 	if err == nil {
 		align, aerr := directAlignment(fd, path)
 		if aerr != nil {
@@ -91,72 +89,6 @@ func warnNoDirectOnce(log *slog.Logger, dir string) {
 		"dir", dir, "fs", fsName(dir))
 }
 
-// fsName returns the filesystem type name of dir, for messages.
-func fsName(dir string) string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return "unknown"
-	}
-	switch uint32(st.Type) {
-	case unix.TMPFS_MAGIC:
-		return "tmpfs"
-	case unix.RAMFS_MAGIC:
-		return "ramfs"
-	case unix.EXT4_SUPER_MAGIC:
-		return "ext4"
-	case unix.XFS_SUPER_MAGIC:
-		return "xfs"
-	case unix.BTRFS_SUPER_MAGIC:
-		return "btrfs"
-	case unix.OVERLAYFS_SUPER_MAGIC:
-		return "overlayfs"
-	case unix.NFS_SUPER_MAGIC:
-		return "nfs"
-	case unix.FUSE_SUPER_MAGIC:
-		return "fuse"
-	}
-	return fmt.Sprintf("0x%x", uint32(st.Type))
-}
-
-// directAlignment returns the alignment O_DIRECT transfers on fd need: the
-// larger of statx's DIO offset and memory alignments where the kernel reports
-// them, else the device's logical block size, else the filesystem block size.
-func directAlignment(fd int, path string) (int, error) {
-	var stx unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx); err == nil &&
-		stx.Mask&unix.STATX_DIOALIGN != 0 && stx.Dio_offset_align > 0 {
-		return int(max(stx.Dio_offset_align, stx.Dio_mem_align)), nil
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, &os.PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if n := logicalBlockSize(uint32(unix.Major(st.Dev)), uint32(unix.Minor(st.Dev))); n > 0 {
-		return n, nil
-	}
-	var sfs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &sfs); err == nil && sfs.Bsize > 0 {
-		return int(sfs.Bsize), nil
-	}
-	return 0, fmt.Errorf("aio: %s: cannot determine O_DIRECT alignment (no statx DIO info, no block device, no statfs)", path)
-}
-
-// logicalBlockSize reads the device's logical block size from sysfs (for a
-// partition, from its parent disk). It returns 0 when unknown.
-func logicalBlockSize(maj, mnr uint32) int {
-	base := fmt.Sprintf("/sys/dev/block/%d:%d", maj, mnr)
-	for _, p := range []string{base + "/queue/logical_block_size", base + "/../queue/logical_block_size"} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
-			return n
-		}
-	}
-	return 0
-}
-
 // Path returns the file's path.
 func (f *File) Path() string { return f.path }
 
@@ -180,11 +112,12 @@ func (f *File) Size() (int64, error) {
 	return st.Size, nil
 }
 
-// Allocate reserves size bytes of disk for the file (fallocate), so later
-// writes cannot fail for lack of space. It falls back to Truncate where the
-// filesystem has no fallocate.
+// Allocate reserves size bytes of disk for the file (fallocate on Linux),
+// so later writes cannot fail for lack of space. It falls back to Truncate
+// where the filesystem or the system has no such call (which sets the size
+// without reserving the blocks).
 func (f *File) Allocate(size int64) error {
-	err := unix.Fallocate(f.fd, 0, 0, size)
+	err := fallocate(f.fd, size)
 	if err == nil {
 		return nil
 	}
@@ -202,10 +135,11 @@ func (f *File) Truncate(size int64) error {
 	return nil
 }
 
-// Sync flushes the file's data to the device (fdatasync).
+// Sync flushes the file's data to the device (fdatasync on Linux, fsync
+// elsewhere, F_FULLFSYNC on macOS, whose fsync leaves the drive's cache).
 func (f *File) Sync() error {
-	if err := unix.Fdatasync(f.fd); err != nil {
-		return &os.PathError{Op: "fdatasync", Path: f.path, Err: err}
+	if err := syncData(f.fd); err != nil {
+		return &os.PathError{Op: syncName, Path: f.path, Err: err}
 	}
 	return nil
 }
@@ -254,13 +188,13 @@ func (f *File) Close() error {
 // ProbeDir returns the O_DIRECT alignment files in dir get under policy,
 // and whether O_DIRECT works there. It opens an unnamed O_TMPFILE where the
 // filesystem supports it, else a named probe file that is removed, so
-// nothing is left behind. With DirectOff it returns 1, false.
+// nothing is left behind (unnamed files exist on Linux only). With
+// DirectOff it returns 1, false.
 func ProbeDir(dir string, policy DirectPolicy) (align int, direct bool, err error) {
 	if policy == DirectOff {
 		return 1, false, nil
 	}
-	fd, err := openFn(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
-	if err == nil {
+	if fd, err := openTmpDirect(dir); err == nil {
 		defer unix.Close(fd)
 		a, err := directAlignment(fd, dir)
 		return a, err == nil, err
