@@ -3,8 +3,6 @@
 package gds
 
 /*
-#cgo LDFLAGS: -ldl
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,52 +40,10 @@ typedef struct {
 	void *BatchIOSetUp; // probed only
 } zinf_cufile_api;
 
-// cufile.h maps cuFileDriverClose to cuFileDriverClose_v2 (since GDS 1.4);
-// older libraries export the plain name only.
-typedef struct { const char *name, *fallback; size_t off; int required; } zinf_cufile_sym;
-
-static const zinf_cufile_sym zinf_cufile_syms[] = {
-	{"cuFileDriverOpen", NULL, offsetof(zinf_cufile_api, DriverOpen), 1},
-	{"cuFileDriverClose_v2", "cuFileDriverClose", offsetof(zinf_cufile_api, DriverClose), 1},
-	{"cuFileHandleRegister", NULL, offsetof(zinf_cufile_api, HandleRegister), 1},
-	{"cuFileHandleDeregister", NULL, offsetof(zinf_cufile_api, HandleDeregister), 1},
-	{"cuFileBufRegister", NULL, offsetof(zinf_cufile_api, BufRegister), 1},
-	{"cuFileBufDeregister", NULL, offsetof(zinf_cufile_api, BufDeregister), 1},
-	{"cuFileRead", NULL, offsetof(zinf_cufile_api, Read), 1},
-	{"cuFileWrite", NULL, offsetof(zinf_cufile_api, Write), 1},
-	{"cuFileBatchIOSetUp", NULL, offsetof(zinf_cufile_api, BatchIOSetUp), 0},
-};
-
-static zinf_cufile_api *zinf_cufile_load(const char *path, const char **err, const char **missing) {
-	*err = NULL;
-	*missing = NULL;
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL) {
-		*err = dlerror();
-		return NULL;
-	}
-	zinf_cufile_api *api = calloc(1, sizeof *api);
-	if (api == NULL) {
-		*err = "out of memory";
-		dlclose(h);
-		return NULL;
-	}
-	for (size_t i = 0; i < sizeof zinf_cufile_syms / sizeof zinf_cufile_syms[0]; i++) {
-		const zinf_cufile_sym *s = &zinf_cufile_syms[i];
-		void *p = dlsym(h, s->name);
-		if (p == NULL && s->fallback != NULL) {
-			p = dlsym(h, s->fallback);
-		}
-		if (p == NULL && s->required) {
-			*missing = s->name;
-			free(api);
-			dlclose(h);
-			return NULL;
-		}
-		*(void **)((char *)api + s->off) = p;
-	}
-	return api;
-}
+// The loader (internal/dl) fills this struct as an array of pointers, one
+// per entry of cufileSymbols in order; the assertion keeps the two the
+// same length.
+_Static_assert(sizeof(zinf_cufile_api) == 9 * sizeof(void *), "zinf_cufile_api is 9 pointers");
 
 static CUfileError_t zinf_cufile_driver_open(zinf_cufile_api *a) { return a->DriverOpen(); }
 static CUfileError_t zinf_cufile_driver_close(zinf_cufile_api *a) { return a->DriverClose(); }
@@ -121,9 +77,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/zinfio/zinf/internal/dl"
 )
 
 type cgoCuFile struct {
@@ -131,32 +88,50 @@ type cgoCuFile struct {
 	api *C.zinf_cufile_api // C memory, never freed: see loadCuFile
 }
 
+// cufileSymbols are the library's entry points, in zinf_cufile_api's
+// order. cufile.h maps cuFileDriverClose to cuFileDriverClose_v2 (since GDS
+// 1.4); older libraries export the plain name only. The batch API is only
+// probed.
+var cufileSymbols = [...]dl.Symbol{
+	{Name: "cuFileDriverOpen", Required: true},
+	{Name: "cuFileDriverClose_v2", Fallback: "cuFileDriverClose", Required: true},
+	{Name: "cuFileHandleRegister", Required: true},
+	{Name: "cuFileHandleDeregister", Required: true},
+	{Name: "cuFileBufRegister", Required: true},
+	{Name: "cuFileBufDeregister", Required: true},
+	{Name: "cuFileRead", Required: true},
+	{Name: "cuFileWrite", Required: true},
+	{Name: "cuFileBatchIOSetUp"},
+}
+
+// The table the loader fills must be exactly zinf_cufile_api.
 var (
-	cufilesMu sync.Mutex
-	cufiles   = map[string]*cgoCuFile{}
+	_ [unsafe.Sizeof(C.zinf_cufile_api{}) - uintptr(len(cufileSymbols))*unsafe.Sizeof(uintptr(0))]struct{}
+	_ [uintptr(len(cufileSymbols))*unsafe.Sizeof(uintptr(0)) - unsafe.Sizeof(C.zinf_cufile_api{})]struct{}
 )
 
-// loadCuFile opens the cuFile library at path once per process; it is
-// never closed (libcufile starts threads that do not survive dlclose).
+// cufiles loads each cuFile library once per process, and never closes it
+// (libcufile starts threads that do not survive dlclose). One value per
+// path matters: the driver reference counts are kept per library.
+var cufiles = dl.NewCache(cufileSymbols[:], func(l *dl.Library) *cgoCuFile {
+	return &cgoCuFile{lib: l.Path(), api: (*C.zinf_cufile_api)(l.Table())}
+})
+
+// loadCuFile returns the cuFile library at path, loading it on first use.
 func loadCuFile(path string) (cufile, error) {
-	cufilesMu.Lock()
-	defer cufilesMu.Unlock()
-	if cf, ok := cufiles[path]; ok {
-		return cf, nil
-	}
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var cerr, missing *C.char
-	api := C.zinf_cufile_load(cpath, &cerr, &missing)
-	if api == nil {
-		if missing != nil {
-			return nil, unavailable(fmt.Errorf("gds: %s is not a usable cuFile library: it lacks %s", path, C.GoString(missing)))
+	cf, err := cufiles.Load(path)
+	if err != nil {
+		var missing *dl.MissingSymbolError
+		var open *dl.OpenError
+		switch {
+		case errors.As(err, &missing):
+			return nil, unavailable(fmt.Errorf("gds: %s is not a usable cuFile library: it lacks %s", path, missing.Symbol))
+		case errors.As(err, &open):
+			return nil, unavailable(fmt.Errorf("gds: cannot load the cuFile library %q (install GPUDirect Storage, e.g. the nvidia-gds or libcufile package, or set %s to its path): %s",
+				path, LibraryEnv, open.Reason))
 		}
-		return nil, unavailable(fmt.Errorf("gds: cannot load the cuFile library %q (install GPUDirect Storage, e.g. the nvidia-gds or libcufile package, or set %s to its path): %s",
-			path, LibraryEnv, C.GoString(cerr)))
+		return nil, unavailable(fmt.Errorf("gds: loading the cuFile library %q: %w", path, err))
 	}
-	cf := &cgoCuFile{lib: path, api: api}
-	cufiles[path] = cf
 	return cf, nil
 }
 

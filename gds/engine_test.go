@@ -10,9 +10,9 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/accel/cuda/cudatest"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/cudatest"
 )
 
 func openEngine(t *testing.T, s *standins, opts gds.Options) *gds.Engine {

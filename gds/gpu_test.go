@@ -11,6 +11,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 // The tests in this file need a real NVIDIA GPU and run only with
@@ -20,8 +21,9 @@ import (
 //
 // ZINF_GPU_TEST_DIR names the directory for the test files (an NVMe
 // filesystem, ideally; default a temporary directory). With
-// ZINF_GPU_TESTS_REQUIRE_GDS=1 the cuFile test fails, rather than skips,
-// when GPUDirect Storage is unavailable.
+// ZINF_GPU_TESTS_REQUIRE_GDS=1, or with "gds" in ZINF_REQUIRE_BACKENDS, the
+// cuFile test fails, rather than skips, when GPUDirect Storage is
+// unavailable.
 
 // gpuSizes go from 4 KiB to 1 GiB, aligned and not.
 var gpuSizes = []int64{4096, 4097, 1<<20 - 1, 1 << 20, 64<<20 + 512, 256<<20 - 4095, 1 << 30}
@@ -133,7 +135,7 @@ func TestGPUCuFileRoundTrip(t *testing.T) {
 		if os.Getenv("ZINF_GPU_TESTS_REQUIRE_GDS") == "1" {
 			t.Fatalf("GPUDirect Storage unavailable: %v", err)
 		}
-		t.Skipf("GPUDirect Storage unavailable: %v", err)
+		testenv.SkipUnavailable(t, "gds", err)
 	}
 	e, err := gds.Open(dev, opts)
 	if err != nil {

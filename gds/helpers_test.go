@@ -15,9 +15,9 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/accel/cuda/cudatest"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/cudatest"
 )
 
 // sizes are the request sizes the round-trip tests use: aligned and not,

@@ -3,8 +3,6 @@
 package cuda
 
 /*
-#cgo LDFLAGS: -ldl
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,68 +42,10 @@ typedef struct {
 	CUresult (*GetErrorString)(CUresult, const char **);
 } zinf_cuda_api;
 
-// The exported names: the _v2 entry points are what cuda.h's macros map the
-// plain names to since CUDA 3.2 (4.0 for streams, 11.0 for the primary
-// context release); the plain name is the fallback for older drivers.
-typedef struct { const char *name, *fallback; size_t off; int required; } zinf_cuda_sym;
-
-static const zinf_cuda_sym zinf_cuda_syms[] = {
-	{"cuInit", NULL, offsetof(zinf_cuda_api, Init), 1},
-	{"cuDriverGetVersion", NULL, offsetof(zinf_cuda_api, DriverGetVersion), 1},
-	{"cuDeviceGetCount", NULL, offsetof(zinf_cuda_api, DeviceGetCount), 1},
-	{"cuDeviceGet", NULL, offsetof(zinf_cuda_api, DeviceGet), 1},
-	{"cuDeviceGetName", NULL, offsetof(zinf_cuda_api, DeviceGetName), 1},
-	{"cuDeviceTotalMem_v2", "cuDeviceTotalMem", offsetof(zinf_cuda_api, DeviceTotalMem), 1},
-	{"cuDevicePrimaryCtxRetain", NULL, offsetof(zinf_cuda_api, PrimaryCtxRetain), 1},
-	{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", offsetof(zinf_cuda_api, PrimaryCtxRelease), 1},
-	{"cuCtxSetCurrent", NULL, offsetof(zinf_cuda_api, CtxSetCurrent), 1},
-	{"cuMemGetInfo_v2", NULL, offsetof(zinf_cuda_api, MemGetInfo), 1},
-	{"cuMemAlloc_v2", NULL, offsetof(zinf_cuda_api, MemAlloc), 1},
-	{"cuMemFree_v2", NULL, offsetof(zinf_cuda_api, MemFree), 1},
-	{"cuStreamCreate", NULL, offsetof(zinf_cuda_api, StreamCreate), 1},
-	{"cuStreamDestroy_v2", "cuStreamDestroy", offsetof(zinf_cuda_api, StreamDestroy), 1},
-	{"cuStreamSynchronize", NULL, offsetof(zinf_cuda_api, StreamSynchronize), 1},
-	{"cuMemcpyHtoDAsync_v2", NULL, offsetof(zinf_cuda_api, MemcpyHtoDAsync), 1},
-	{"cuMemcpyDtoHAsync_v2", NULL, offsetof(zinf_cuda_api, MemcpyDtoHAsync), 1},
-	{"cuMemHostRegister_v2", "cuMemHostRegister", offsetof(zinf_cuda_api, MemHostRegister), 1},
-	{"cuMemHostUnregister", NULL, offsetof(zinf_cuda_api, MemHostUnregister), 1},
-	{"cuGetErrorName", NULL, offsetof(zinf_cuda_api, GetErrorName), 0},
-	{"cuGetErrorString", NULL, offsetof(zinf_cuda_api, GetErrorString), 0},
-};
-
-// zinf_cuda_load opens path and resolves every entry point. On failure it
-// returns NULL and sets *err to the dlerror text or *missing to the first
-// required symbol the library lacks.
-static zinf_cuda_api *zinf_cuda_load(const char *path, const char **err, const char **missing) {
-	*err = NULL;
-	*missing = NULL;
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL) {
-		*err = dlerror();
-		return NULL;
-	}
-	zinf_cuda_api *api = calloc(1, sizeof *api);
-	if (api == NULL) {
-		*err = "out of memory";
-		dlclose(h);
-		return NULL;
-	}
-	for (size_t i = 0; i < sizeof zinf_cuda_syms / sizeof zinf_cuda_syms[0]; i++) {
-		const zinf_cuda_sym *s = &zinf_cuda_syms[i];
-		void *p = dlsym(h, s->name);
-		if (p == NULL && s->fallback != NULL) {
-			p = dlsym(h, s->fallback);
-		}
-		if (p == NULL && s->required) {
-			*missing = s->name;
-			free(api);
-			dlclose(h);
-			return NULL;
-		}
-		*(void **)((char *)api + s->off) = p;
-	}
-	return api;
-}
+// The loader (internal/dl) fills this struct as an array of pointers, one
+// per entry of cudaSymbols in driver order; the assertion keeps the two
+// the same length.
+_Static_assert(sizeof(zinf_cuda_api) == 21 * sizeof(void *), "zinf_cuda_api is 21 function pointers");
 
 // zinf_rc is a call's result and whether it failed making the context
 // current (step 1) or in the call itself (step 0).
@@ -187,9 +127,11 @@ static zinf_rc zinf_cu_host_unregister(zinf_cuda_api *a, uintptr_t ctx, void *p)
 import "C"
 
 import (
+	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
+
+	"github.com/zinfio/zinf/internal/dl"
 )
 
 // cgoDriver calls the driver library through the entry points dlsym found.
@@ -198,33 +140,62 @@ type cgoDriver struct {
 	api *C.zinf_cuda_api // C memory, never freed: see loadDriver
 }
 
+// cudaSymbols are the driver's entry points, in zinf_cuda_api's order. The
+// _v2 entry points are what cuda.h's macros map the plain names to since
+// CUDA 3.2 (4.0 for streams, 11.0 for the primary context release); the
+// plain name is the fallback for older drivers.
+var cudaSymbols = [...]dl.Symbol{
+	{Name: "cuInit", Required: true},
+	{Name: "cuDriverGetVersion", Required: true},
+	{Name: "cuDeviceGetCount", Required: true},
+	{Name: "cuDeviceGet", Required: true},
+	{Name: "cuDeviceGetName", Required: true},
+	{Name: "cuDeviceTotalMem_v2", Fallback: "cuDeviceTotalMem", Required: true},
+	{Name: "cuDevicePrimaryCtxRetain", Required: true},
+	{Name: "cuDevicePrimaryCtxRelease_v2", Fallback: "cuDevicePrimaryCtxRelease", Required: true},
+	{Name: "cuCtxSetCurrent", Required: true},
+	{Name: "cuMemGetInfo_v2", Required: true},
+	{Name: "cuMemAlloc_v2", Required: true},
+	{Name: "cuMemFree_v2", Required: true},
+	{Name: "cuStreamCreate", Required: true},
+	{Name: "cuStreamDestroy_v2", Fallback: "cuStreamDestroy", Required: true},
+	{Name: "cuStreamSynchronize", Required: true},
+	{Name: "cuMemcpyHtoDAsync_v2", Required: true},
+	{Name: "cuMemcpyDtoHAsync_v2", Required: true},
+	{Name: "cuMemHostRegister_v2", Fallback: "cuMemHostRegister", Required: true},
+	{Name: "cuMemHostUnregister", Required: true},
+	{Name: "cuGetErrorName"},
+	{Name: "cuGetErrorString"},
+}
+
+// The table the loader fills must be exactly zinf_cuda_api.
 var (
-	driversMu sync.Mutex
-	drivers   = map[string]*cgoDriver{}
+	_ [unsafe.Sizeof(C.zinf_cuda_api{}) - uintptr(len(cudaSymbols))*unsafe.Sizeof(uintptr(0))]struct{}
+	_ [uintptr(len(cudaSymbols))*unsafe.Sizeof(uintptr(0)) - unsafe.Sizeof(C.zinf_cuda_api{})]struct{}
 )
 
-// loadDriver opens the driver library at path once per process. Libraries
-// are never closed: the CUDA driver keeps threads and state that do not
-// survive dlclose, and a process opens at most a handful of them.
+// drivers loads each driver library once per process. Libraries are never
+// closed: the CUDA driver keeps threads and state that do not survive
+// dlclose, and a process opens at most a handful of them.
+var drivers = dl.NewCache(cudaSymbols[:], func(l *dl.Library) *cgoDriver {
+	return &cgoDriver{lib: l.Path(), api: (*C.zinf_cuda_api)(l.Table())}
+})
+
+// loadDriver returns the driver library at path, loading it on first use.
 func loadDriver(path string) (driver, error) {
-	driversMu.Lock()
-	defer driversMu.Unlock()
-	if d, ok := drivers[path]; ok {
-		return d, nil
-	}
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var cerr, missing *C.char
-	api := C.zinf_cuda_load(cpath, &cerr, &missing)
-	if api == nil {
-		if missing != nil {
-			return nil, unavailable(fmt.Errorf("cuda: %s is not a usable CUDA driver library: it lacks %s", path, C.GoString(missing)))
+	d, err := drivers.Load(path)
+	if err != nil {
+		var missing *dl.MissingSymbolError
+		var open *dl.OpenError
+		switch {
+		case errors.As(err, &missing):
+			return nil, unavailable(fmt.Errorf("cuda: %s is not a usable CUDA driver library: it lacks %s", path, missing.Symbol))
+		case errors.As(err, &open):
+			return nil, unavailable(fmt.Errorf("cuda: cannot load the CUDA driver library %q (is the NVIDIA driver installed? set %s to its path): %s",
+				path, LibraryEnv, open.Reason))
 		}
-		return nil, unavailable(fmt.Errorf("cuda: cannot load the CUDA driver library %q (is the NVIDIA driver installed? set %s to its path): %s",
-			path, LibraryEnv, C.GoString(cerr)))
+		return nil, unavailable(fmt.Errorf("cuda: loading the CUDA driver library %q: %w", path, err))
 	}
-	d := &cgoDriver{lib: path, api: api}
-	drivers[path] = d
 	return d, nil
 }
 

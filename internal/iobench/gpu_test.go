@@ -14,9 +14,9 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/accel/cuda/cudatest"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/cudatest"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

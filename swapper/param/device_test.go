@@ -11,10 +11,10 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/accel/cuda/cudatest"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/cudatest"
 	"github.com/zinfio/zinf/internal/faults"
 	"github.com/zinfio/zinf/swapper"
 )
