@@ -21,6 +21,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -29,19 +30,69 @@ var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 type ckptParam struct {
 	name  string
 	numel int
-	tier  swapper.Tier
+	layer int
+	// tier is where the test wants the parameter. The planner decides:
+	// openRanksOf sets offload_param.device and max_in_cpu so that it
+	// places the params as listed (NVMe, or CPU for the first params of an
+	// NVMe model through the max_in_cpu cache; all CPU; all GPU) and
+	// checks that it did.
+	tier swapper.Tier
 }
 
 // ckptParams are the test model: odd sizes, so partitions are uneven, on
-// both param tiers.
+// both param tiers (block.0.w, used first, is kept in pinned memory by
+// the max_in_cpu cache; the others are on NVMe).
 var ckptParams = []ckptParam{
-	{"embed", 1001, swapper.TierNVMe},
-	{"block.0.w", 640, swapper.TierCPU},
-	{"block.0.b", 13, swapper.TierNVMe},
+	{"block.0.w", 640, 0, swapper.TierCPU},
+	{"embed", 1001, 1, swapper.TierNVMe},
+	{"block.0.b", 13, 1, swapper.TierNVMe},
+}
+
+// modelOf is the Model of params.
+func modelOf(params []ckptParam) Model {
+	m := Model{}
+	for _, p := range params {
+		m.Tensors = append(m.Tensors, tensor.Desc{Name: p.name, Shape: []int{p.numel}, Layer: p.layer})
+	}
+	return m
+}
+
+// placeAs sets the config keys that make the planner place params as
+// listed: offload_param.device from the tiers, and for an NVMe model with
+// CPU-tier params (which must come first in layer order) a max_in_cpu of
+// exactly their largest partitions.
+func placeAs(t *testing.T, cfg *config.Config, params []ckptParam, world int) {
+	t.Helper()
+	var cpu, nvme, gpu bool
+	var cache int64
+	for _, p := range params {
+		switch p.tier {
+		case swapper.TierCPU:
+			cpu = true
+			cache += int64((p.numel + world - 1) / world)
+		case swapper.TierNVMe:
+			nvme = true
+		case swapper.TierGPU:
+			gpu = true
+		}
+	}
+	zo := &cfg.ZeroOptimization.OffloadParam
+	zo.MaxInCPU = 0
+	switch {
+	case nvme:
+		zo.Device = config.OffloadNVMe
+		zo.MaxInCPU = cache
+	case cpu && !gpu:
+		zo.Device = config.OffloadCPU
+	case gpu && !cpu:
+		zo.Device = config.OffloadNone
+	default:
+		t.Fatal("test model mixes CPU and GPU params: no config places it so")
+	}
 }
 
 // openRanks opens world runtimes with their own swap directories and
-// registers ckptParams with values from seed.
+// initializes ckptParams with values from seed.
 func openRanks(t *testing.T, world int, dt swapper.DType, seed uint64, mutate ...func(*config.Config)) []*Runtime {
 	t.Helper()
 	return openRanksOf(t, ckptParams, world, dt, seed, mutate...)
@@ -56,6 +107,7 @@ func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, 
 	cfg.ZeroOptimization.SubGroupSize = 300 // several sub-groups per partition
 	cfg.BF16 = dt == swapper.BFloat16
 	cfg.FP16 = dt == swapper.Float16
+	placeAs(t, cfg, params, world)
 	for _, m := range mutate {
 		m(cfg)
 	}
@@ -64,11 +116,16 @@ func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, 
 	}
 	var rts []*Runtime
 	for r := range world {
-		rt, err := Open(cfg, Options{Logger: quietLog, Rank: r, WorldSize: world})
+		rt, err := Open(cfg, modelOf(params), Options{Logger: quietLog, Rank: r, WorldSize: world})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { rt.Close() })
+		for _, p := range params {
+			if got := rt.Plan().Tier[p.name]; got != p.tier {
+				t.Fatalf("test setup: rank %d of %d: the plan put %s on %s, want %s", r, world, p.name, got, p.tier)
+			}
+		}
 		rts = append(rts, rt)
 	}
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -78,7 +135,7 @@ func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, 
 			master[i] = rng.Float32()*2 - 1
 		}
 		for _, rt := range rts {
-			if err := rt.RegisterParam(context.Background(), p.name, p.tier, master); err != nil {
+			if err := rt.Init(context.Background(), p.name, master); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -377,11 +434,20 @@ func TestCheckpointStateSavedTwice(t *testing.T) {
 }
 
 // pinnedParams is a model whose state is all in memory (with
-// optimizerInMemory): CPU-tier parameters and a small GPU-tier one.
+// optimizerInMemory): CPU-tier parameters (offload_param.device "cpu").
 var pinnedParams = []ckptParam{
-	{"embed", 1001, swapper.TierCPU},
-	{"block.0.w", 640, swapper.TierCPU},
-	{"block.0.b", 13, swapper.TierGPU},
+	{"embed", 1001, 0, swapper.TierCPU},
+	{"block.0.w", 640, 1, swapper.TierCPU},
+	{"block.0.b", 13, 1, swapper.TierCPU},
+}
+
+// gpuParams is pinnedParams with every parameter on the GPU tier
+// (offload_param.device "none"): the optimizer states are still in pinned
+// memory.
+var gpuParams = []ckptParam{
+	{"embed", 1001, 0, swapper.TierGPU},
+	{"block.0.w", 640, 1, swapper.TierGPU},
+	{"block.0.b", 13, 1, swapper.TierGPU},
 }
 
 // trainSteps runs n training steps on every rank, with gradients from
@@ -422,15 +488,22 @@ func outstanding(rts []*Runtime) []int64 {
 // (CPU-tier params, optimizer states in memory), SaveCheckpointAsync pins
 // the copy-on-write buffers instead of copying them; training steps while
 // the save drains (its writes held back until then), and the checkpoint
-// holds, bit for bit, the state at the SaveCheckpointAsync call. The
+// holds, bit for bit, the state at the SaveCheckpointAsync call (also with
+// the parameters on the GPU tier and only the optimizer states pinned). The
 // snapshots' buffers go back to the runtimes' pools when the save is done,
 // and the runtimes close clean.
 func TestSaveCheckpointAsyncPinnedMemory(t *testing.T) {
+	for name, params := range map[string][]ckptParam{"cpu": pinnedParams, "gpu": gpuParams} {
+		t.Run(name, func(t *testing.T) { testSaveAsyncPinned(t, params) })
+	}
+}
+
+func testSaveAsyncPinned(t *testing.T, params []ckptParam) {
 	ctx := context.Background()
-	rts := openRanksOf(t, pinnedParams, 2, swapper.BFloat16, 1, optimizerInMemory)
-	trainSteps(t, rts, pinnedParams, 7, 2)
+	rts := openRanksOf(t, params, 2, swapper.BFloat16, 1, optimizerInMemory)
+	trainSteps(t, rts, params, 7, 2)
 	base := outstanding(rts)
-	want := gatherStateOf(t, rts, pinnedParams)
+	want := gatherStateOf(t, rts, params)
 	gate := &writeGate{open: make(chan struct{})}
 	defer gate.release()
 	eng, err := aio.New(aio.Options{Direct: aio.DirectOptional, Faults: gate, Logger: quietLog})
@@ -450,8 +523,8 @@ func TestSaveCheckpointAsyncPinnedMemory(t *testing.T) {
 	}
 	// Training goes on while the save drains: three steps, so every
 	// optimizer record held by the save would have been written again.
-	trainSteps(t, rts, pinnedParams, 8, 3)
-	after := gatherStateOf(t, rts, pinnedParams)
+	trainSteps(t, rts, params, 8, 3)
+	after := gatherStateOf(t, rts, params)
 	for name, v := range after.t {
 		if want.diff(fullState{step: want.step, t: map[string][]float32{name: v}}) == "" {
 			t.Fatalf("test broken: training did not change %s", name)
@@ -469,21 +542,21 @@ func TestSaveCheckpointAsyncPinnedMemory(t *testing.T) {
 	if got := outstanding(rts); !slices.Equal(got, base) {
 		t.Fatalf("pool buffers outstanding after the save %v, before it %v", got, base)
 	}
-	dst := openRanksOf(t, pinnedParams, 3, swapper.BFloat16, 2, optimizerInMemory)
+	dst := openRanksOf(t, params, 3, swapper.BFloat16, 2, optimizerInMemory)
 	if _, err := LoadCheckpoint(ctx, dir, dst); err != nil {
 		t.Fatal(err)
 	}
-	if d := want.diff(gatherStateOf(t, dst, pinnedParams)); d != "" {
+	if d := want.diff(gatherStateOf(t, dst, params)); d != "" {
 		t.Fatalf("the async checkpoint does not hold the state at SaveCheckpointAsync: %s", d)
 	}
 	// Resuming from it and training on matches the source trained on from
 	// the same point (same world size, same gradients).
-	again := openRanksOf(t, pinnedParams, 2, swapper.BFloat16, 3, optimizerInMemory)
+	again := openRanksOf(t, params, 2, swapper.BFloat16, 3, optimizerInMemory)
 	if _, err := LoadCheckpoint(ctx, dir, again); err != nil {
 		t.Fatal(err)
 	}
-	trainSteps(t, again, pinnedParams, 8, 3)
-	if d := after.diff(gatherStateOf(t, again, pinnedParams)); d != "" {
+	trainSteps(t, again, params, 8, 3)
+	if d := after.diff(gatherStateOf(t, again, params)); d != "" {
 		t.Fatalf("resumed training differs from the original: %s", d)
 	}
 	for _, rt := range rts {
@@ -549,22 +622,24 @@ func BenchmarkAsyncStallPinned(b *testing.B) {
 	// record copies (24), gradients (4) and a step's gradient and master
 	// buffers, plus slack.
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(elems*36 + 1<<30)
-	rt, err := Open(cfg, Options{Logger: quietLog})
+	var model Model
+	for n := int64(0); n < elems; n += perTensor {
+		i := len(model.Tensors)
+		model.Tensors = append(model.Tensors, tensor.Desc{Name: fmt.Sprintf("layer%02d.w", i), Shape: []int{int(min(perTensor, elems-n))}, Layer: i})
+	}
+	rt, err := Open(cfg, model, Options{Logger: quietLog})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer rt.Close()
-	var n int64
-	for i := 0; n < elems; i++ {
-		m := min(perTensor, elems-n)
-		master := make([]float32, m)
+	for _, d := range model.Tensors {
+		master := make([]float32, d.Shape[0])
 		for j := range master {
 			master[j] = float32(j%1000)/1000 - 0.5
 		}
-		if err := rt.RegisterParam(ctx, fmt.Sprintf("layer%02d.w", i), swapper.TierCPU, master); err != nil {
+		if err := rt.Init(ctx, d.Name, master); err != nil {
 			b.Fatal(err)
 		}
-		n += m
 	}
 	rts := []*Runtime{rt}
 	meta := CheckpointMeta{Step: 1}

@@ -18,6 +18,7 @@ import (
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/internal/cudatest"
 	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // records collects log records.
@@ -70,6 +71,13 @@ func gpuConfig(t *testing.T, mode config.GDSMode) *config.Config {
 	return c
 }
 
+// gpuModel is a two-layer model for the device I/O tests: they check what
+// Open builds around it, not training.
+var gpuModel = LayeredModel(
+	[]tensor.Desc{{Name: "l0.w", Shape: []int{64, 16}}},
+	[]tensor.Desc{{Name: "l1.w", Shape: []int{16, 8}}, {Name: "l1.b", Shape: []int{8}}},
+)
+
 // newSim returns a simulated device closed at cleanup.
 func newSim(t *testing.T) *accel.Sim {
 	t.Helper()
@@ -91,7 +99,7 @@ func noCuFile(t *testing.T) string {
 
 func TestDeviceIOOff(t *testing.T) {
 	logs := &records{}
-	rt, err := Open(gpuConfig(t, config.GDSOff), Options{Logger: slog.New(logs), Device: newSim(t)})
+	rt, err := Open(gpuConfig(t, config.GDSOff), gpuModel, Options{Logger: slog.New(logs), Device: newSim(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +136,7 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 			cfg.Zinf.Tiers.CPUPinnedBytes = 16 << 20
 			logs := &records{}
 			sim := newSim(t)
-			rt, err := Open(cfg, Options{Logger: slog.New(logs), Device: sim})
+			rt, err := Open(cfg, gpuModel, Options{Logger: slog.New(logs), Device: sim})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,7 +231,7 @@ func TestDeviceIORequired(t *testing.T) {
 	noCuFile(t)
 	cfg := gpuConfig(t, config.GDSRequired)
 	logs := &records{}
-	rt, err := Open(cfg, Options{Logger: slog.New(logs), Device: newSim(t)})
+	rt, err := Open(cfg, gpuModel, Options{Logger: slog.New(logs), Device: newSim(t)})
 	if err == nil {
 		rt.Close()
 		t.Fatal("Open succeeded with zinf.gds required and no GPUDirect Storage")
@@ -276,7 +284,7 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 			t.Skipf("the cuFile stand-in cannot run here: %v", err)
 		}
 		logs := &records{}
-		rt, err := Open(cfg, Options{Logger: slog.New(logs), Device: dev})
+		rt, err := Open(cfg, gpuModel, Options{Logger: slog.New(logs), Device: dev})
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
@@ -311,7 +319,7 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 	// bounce path; required fails with Available's error.
 	lib := noCuFile(t)
 	logs := &records{}
-	rt, err := Open(gpuConfig(t, config.GDSAuto), Options{Logger: slog.New(logs), Device: dev})
+	rt, err := Open(gpuConfig(t, config.GDSAuto), gpuModel, Options{Logger: slog.New(logs), Device: dev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +333,7 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 	if err := rt.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	_, err = Open(gpuConfig(t, config.GDSRequired), Options{Logger: slog.New(&records{}), Device: dev})
+	_, err = Open(gpuConfig(t, config.GDSRequired), gpuModel, Options{Logger: slog.New(&records{}), Device: dev})
 	if !errors.Is(err, gds.ErrUnavailable) || !strings.Contains(err.Error(), `zinf.gds is "required"`) || !strings.Contains(err.Error(), lib) {
 		t.Errorf("required without cuFile: %v", err)
 	}
