@@ -14,10 +14,12 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // Options adjust Open beyond the config.
@@ -35,11 +37,32 @@ type Options struct {
 	Faults aio.FaultHook
 	// Rank and WorldSize, when WorldSize > 0, override the config's.
 	Rank, WorldSize int
+	// ComputePerLayer is the loop's compute time per layer and pass, in
+	// seconds, when known: the planner sizes the prefetch depth from it
+	// and predicts the step time. Default 0: one layer ahead.
+	ComputePerLayer float64
+	// PrefetchDepth, when > 0, overrides the planned prefetch depth
+	// (layers fetched ahead of use); -1 turns prefetching off.
+	PrefetchDepth int
+	// SerialStep runs the whole optimizer step in Step, even when the
+	// plan lets StepTensor overlap it with backward.
+	SerialStep bool
+	// Inference opens the runtime for forward passes only: Init stores
+	// the parameters and nothing else (no optimizer states, no gradient
+	// slots, no pinned memory for them); AccumulateGrad, StepTensor and
+	// Step are refused.
+	Inference bool
 }
 
-// Runtime is one rank's zinf: pool, engine, stores, device and swappers.
-// Its methods are safe for use by one training loop goroutine; the swappers
-// underneath are safe for concurrent use.
+// Runtime is one rank's zinf: it owns the placement, the prefetch
+// schedule and every pinned-memory decision for a Model, and speaks in
+// layers and steps (see BeginLayer, ReadParam, AccumulateGrad, StepTensor,
+// Step). Its loop methods are for one training-loop goroutine; Metrics
+// and Plan are safe from any goroutine.
+//
+// The exported fields are the layer below, for tools and tests: the pool,
+// engine, device, stores and the three swappers. A training loop needs
+// none of them.
 type Runtime struct {
 	Config    *config.Config
 	Rank      int
@@ -60,27 +83,43 @@ type Runtime struct {
 	DeviceIO             gds.DeviceIO
 	deviceIOStagingBytes int64
 
-	log        *slog.Logger
-	ownEngine  bool
-	ownDevice  bool
-	mu         sync.Mutex
+	log       *slog.Logger
+	ownEngine bool
+	ownDevice bool
+	model     *modelInfo
+	placement *policy.Placement
+	res       Reservations
+	sched     *policy.Scheduler
+	overlap   bool // StepTensor starts updates during backward
+	inference bool
+
+	mu         sync.Mutex // guards the fields below; Metrics reads them
 	params     []string
 	numel      map[string]int
+	inited     map[string]bool
 	stepCount  int
 	stepWaitNs int64
+	ioWaitNs   int64
 	closed     bool
 	txn        *optimizer.StepTxn // the step StepTensor opened, until Step
-
 }
 
-// Open builds a Runtime from cfg. The config is validated first; every
-// problem is reported. Nothing is left behind on failure: whatever was
-// built is closed again.
-func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
+// Open builds a Runtime for model from cfg: it validates both (every
+// problem is reported), plans placement and prefetch, sizes the pinned
+// pool by reservation — refusing, with a *PoolTooSmallError naming the
+// minimum and the key to change, a pool that cannot work — and opens the
+// engine, device, swap stores and swappers. Every tensor must then get its
+// initial values with Init. Nothing is left behind on failure: whatever
+// was built is closed again.
+func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
 	if cfg == nil {
 		return nil, errors.New("zinf: nil config")
 	}
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	mi, err := model.check()
+	if err != nil {
 		return nil, err
 	}
 	log := opts.Logger
@@ -95,7 +134,8 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", rank, world)
 	}
 	dtype := ParamDType(cfg)
-	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: dtype, log: log, numel: map[string]int{}}
+	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: dtype, log: log, model: mi, inference: opts.Inference,
+		numel: map[string]int{}, inited: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -103,10 +143,7 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 		}
 	}()
 	z := cfg.Zinf
-	r.Pool, err = buffers.NewPool(buffers.Options{CapacityBytes: int64(z.Tiers.CPUPinnedBytes), Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", z.Tiers.CPUPinnedBytes, err)
-	}
+	zo := cfg.ZeroOptimization
 	if r.Engine = opts.Engine; r.Engine == nil {
 		r.Engine, err = aio.New(EngineOptions(cfg, log, opts.Faults))
 		if err != nil {
@@ -114,23 +151,6 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 		}
 		r.ownEngine = true
 	}
-	if r.Device = opts.Device; r.Device == nil {
-		r.Device, err = openDevice(cfg, log)
-		if err != nil {
-			return nil, err
-		}
-		r.ownDevice = true
-	}
-	for _, reg := range r.Pool.Regions() {
-		if err := r.Device.RegisterHost(reg); err != nil {
-			log.Warn("zinf: could not register the pinned pool with the device; copies will be staged", "err", err)
-			break
-		}
-	}
-	if err := r.openDeviceIO(cfg, log); err != nil {
-		return nil, err
-	}
-	zo := cfg.ZeroOptimization
 	store := func(name string, paths []string) (*swapper.Store, error) {
 		s, err := swapper.OpenStore(swapper.StoreOptions{Paths: paths, Engine: r.Engine, Name: fmt.Sprintf("%s-rank%d", name, rank),
 			Checksums: z.Checksums, ReserveBytes: int64(z.SwapFileBytes), Logger: log})
@@ -153,8 +173,63 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 			return nil, err
 		}
 	}
+	// Plan: placement and prefetch, then the pool's reservations.
+	r.placement, err = planModel(cfg, mi, rank, world, opts.ComputePerLayer, nil)
+	if err != nil {
+		return nil, err
+	}
+	tiers := make(map[string]tensor.Tier, len(mi.descs))
+	for _, d := range mi.descs {
+		t, ok := r.placement.Tier[d.Name]
+		if !ok || (t == tensor.TierNVMe && r.ParamStore == nil) {
+			t = tensor.TierCPU
+		}
+		tiers[d.Name] = t
+	}
+	optOpts := optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth,
+		BufferCount: zo.OffloadOptimizer.BufferCount, Hyper: Hyper(cfg), Logger: log}
+	var bounce int64
+	if mode, _ := gds.ParseMode(GDSMode(cfg)); mode != gds.ModeOff {
+		bo := BounceOptions(cfg, log)
+		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(r.ParamStore, r.GradStore, r.OptimStore)))
+	}
+	r.res = reserve(reservationInput{cfg: cfg, mi: mi, rank: rank, world: world, dtype: dtype, tiers: tiers,
+		paramStore: r.ParamStore, gradStore: r.GradStore, optimStore: r.OptimStore, prefetch: r.placement.PrefetchDepth,
+		bounceBytes: bounce, optOpts: optOpts, inference: opts.Inference})
+	if r.res.PoolBytes < r.res.MinPoolBytes {
+		return nil, &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
+	}
+	if cfg.ZeroOptimization.OffloadParam.Device == config.OffloadNVMe && zo.OffloadParam.MaxInCPU*int64(dtype.Size()) > r.res.ParamCacheBytes {
+		log.Warn("zinf: zero_optimization.offload_param.max_in_cpu is larger than the pinned pool can spare; the parameter cache uses what fits",
+			"max_in_cpu_elements", zo.OffloadParam.MaxInCPU, "cache", config.Size(r.res.ParamCacheBytes).String())
+	}
+	var resv [buffers.NumPurposes]int64
+	resv[buffers.PurposeParams] = r.res.ParamsBytes()
+	resv[buffers.PurposeGradients] = r.res.GradBytes
+	resv[buffers.PurposeOptimizer] = r.res.OptimizerBytes
+	r.Pool, err = buffers.NewPool(buffers.Options{CapacityBytes: r.res.PoolBytes, MinBufferBytes: int(r.res.GranuleBytes),
+		Reservations: resv, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", z.Tiers.CPUPinnedBytes, err)
+	}
+	if r.Device = opts.Device; r.Device == nil {
+		r.Device, err = openDevice(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		r.ownDevice = true
+	}
+	for _, reg := range r.Pool.Regions() {
+		if err := r.Device.RegisterHost(reg); err != nil {
+			log.Warn("zinf: could not register the pinned pool with the device; copies will be staged", "err", err)
+			break
+		}
+	}
+	if err := r.openDeviceIO(cfg, log); err != nil {
+		return nil, err
+	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: rank, WorldSize: world,
-		DType: dtype, MaxInCPUBytes: zo.OffloadParam.MaxInCPU * int64(dtype.Size()), // max_in_cpu counts elements, as in DeepSpeed
+		DType: dtype, MaxInCPUBytes: r.res.ParamCacheBytes,
 		BufferCount: zo.OffloadParam.BufferCount, Logger: log,
 		// With GDS selected (aio.use_gds / zinf.gds), NVMe partitions are
 		// swapped into device memory through DeviceIO, as DeepSpeed does.
@@ -166,14 +241,73 @@ func Open(cfg *config.Config, opts Options) (rt *Runtime, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("zinf: gradient swapper: %w", err)
 	}
-	r.Optimizer, err = optimizer.New(optimizer.Options{Store: r.OptimStore, Pool: r.Pool, Params: optimizer.SinkOf[param.Waiter](r.Params), Grads: r.Grads,
-		SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth, BufferCount: zo.OffloadOptimizer.BufferCount,
-		Hyper: Hyper(cfg), Logger: log})
+	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.Pool, r.Grads
+	optOpts.Params = optimizer.SinkOf[param.Waiter](r.Params)
+	r.Optimizer, err = optimizer.New(optOpts)
 	if err != nil {
 		return nil, fmt.Errorf("zinf: optimizer swapper: %w", err)
 	}
+	for _, d := range mi.descs {
+		if err := r.Params.Register(d.Name, int(mi.numel[d.Name]), tiers[d.Name]); err != nil {
+			return nil, err
+		}
+	}
+	// The scheduler prefetches NVMe partitions in the order of use, within
+	// the prefetch window.
+	layers := make([][]string, len(mi.layers))
+	for l, names := range mi.layers {
+		for _, n := range names {
+			if tiers[n] == tensor.TierNVMe {
+				layers[l] = append(layers[l], n)
+			}
+		}
+	}
+	depth := r.placement.PrefetchDepth
+	switch {
+	case opts.PrefetchDepth > 0:
+		depth = opts.PrefetchDepth
+	case opts.PrefetchDepth < 0 || r.res.PrefetchBytes == 0:
+		depth = -1
+	}
+	granule := int(r.res.GranuleBytes)
+	size := func(name string) int64 {
+		n, err := r.Params.PartitionLen(name)
+		if err != nil || n == 0 {
+			return 0
+		}
+		return buffers.SpanBytes(r.ParamStore.PaddedLen(int64(n*dtype.Size())), granule)
+	}
+	budget := r.res.PrefetchBytes
+	if budget == 0 {
+		budget = -1 // unused: depth is off
+	}
+	if r.ParamStore != nil {
+		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: depth, BudgetBytes: budget, SizeOf: size})
+	} else {
+		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: -1, BudgetBytes: -1, SizeOf: func(string) int64 { return 0 }})
+	}
+	r.overlap = r.placement.OverlapStep && !opts.SerialStep
 	return r, nil
 }
+
+// planModel runs the policy over the model's inventory.
+func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLayer float64, rts []*Runtime) (*policy.Placement, error) {
+	dtype := ParamDType(cfg)
+	inv := policy.InventoryOf(mi.descs, mi.numel, dtype, world)
+	h := HintsFor(cfg, len(mi.layers), 0)
+	h.ComputeSecondsPerLayer = 2 * computePerLayer
+	return policy.Plan(TiersFor(cfg, rts...), inv, h)
+}
+
+// Plan returns the placement Open chose: each tensor's tier, the prefetch
+// depth, the predicted step.
+func (r *Runtime) Plan() *policy.Placement { return r.placement }
+
+// Reservations returns how the pinned pool is split.
+func (r *Runtime) Reservations() Reservations { return r.res }
+
+// partition is this rank's element range of a tensor of numel elements.
+func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }
 
 // EngineOptions maps the config's aio section and zinf's I/O keys to engine
 // options.
@@ -220,48 +354,223 @@ func openDevice(cfg *config.Config, log *slog.Logger) (accel.Device, error) {
 	return accel.NewSim(accel.SimOptions{CapacityBytes: gpu, Name: "sim"})
 }
 
-// RegisterParam registers a parameter of numel elements (the full tensor)
-// on tier, with its initial fp32 master values (the full tensor; this rank
-// keeps its partition): the param swapper stores the partition in the param
-// dtype, the optimizer keeps the fp32 master and Adam states, and the
-// gradient swapper gets a slot.
-func (r *Runtime) RegisterParam(ctx context.Context, name string, tier swapper.Tier, master []float32) error {
-	if err := r.Params.Register(name, len(master), tier); err != nil {
-		return err
+// Init sets a tensor's initial values: values is the FULL tensor in fp32
+// (this rank keeps its partition). The parameter is stored in the param
+// dtype on its planned tier, the optimizer keeps the fp32 master and zeroed
+// Adam states, and the gradient swapper gets a slot. It is all or nothing:
+// on error (a full disk, say) nothing of the tensor remains and Init may be
+// called again. Every tensor of the model must be initialized before its
+// layer is begun or a step is taken.
+func (r *Runtime) Init(ctx context.Context, name string, values []float32) error {
+	numel, ok := r.model.numel[name]
+	if !ok {
+		return fmt.Errorf("zinf: init %q: not a tensor of the model", name)
 	}
-	lo, hi := param.Partition(len(master), r.Rank, r.World)
-	part := master[lo:hi]
-	if err := r.Params.Init(ctx, name, part); err != nil {
-		return err
-	}
-	if err := r.Grads.Register(name, hi-lo); err != nil {
-		return err
-	}
-	if err := r.Optimizer.Register(name, part); err != nil {
-		return err
+	if int64(len(values)) != numel {
+		return fmt.Errorf("zinf: init %q: %d values for a tensor of %d elements", name, len(values), numel)
 	}
 	r.mu.Lock()
+	done := r.inited[name]
+	r.mu.Unlock()
+	if done {
+		return fmt.Errorf("zinf: init %q: already initialized", name)
+	}
+	lo, hi := partition(len(values), r.Rank, r.World)
+	part := values[lo:hi]
+	if err := r.Params.Init(ctx, name, part); err != nil {
+		return fmt.Errorf("zinf: init %q: %w", name, err)
+	}
+	if r.inference {
+		r.mu.Lock()
+		r.inited[name] = true
+		r.params = append(r.params, name)
+		r.numel[name] = len(values)
+		r.mu.Unlock()
+		return nil
+	}
+	// The optimizer writes the initial states (it may fail, e.g. a full
+	// disk, and then keeps nothing of the tensor); the gradient slot only
+	// checks sizes the reservations already cover, so it goes last.
+	if err := r.Optimizer.Register(name, part); err != nil {
+		return fmt.Errorf("zinf: init %q: %w", name, err)
+	}
+	if err := r.Grads.Register(name, hi-lo); err != nil {
+		return fmt.Errorf("zinf: init %q: %w", name, err)
+	}
+	r.mu.Lock()
+	r.inited[name] = true
 	r.params = append(r.params, name)
-	r.numel[name] = len(master)
+	r.numel[name] = len(values)
 	r.mu.Unlock()
 	return nil
 }
 
-// Partition returns this rank's element range of a registered parameter.
+// Partition returns this rank's element range of a tensor of the model.
 func (r *Runtime) Partition(name string) (lo, hi int) {
+	return partition(int(r.model.numel[name]), r.Rank, r.World)
+}
+
+// Layers returns the number of layers of the model.
+func (r *Runtime) Layers() int { return len(r.model.layers) }
+
+// LayerTensors returns the names of layer l's tensors, in model order.
+func (r *Runtime) LayerTensors(l int) []string {
+	if l < 0 || l >= len(r.model.layers) {
+		return nil
+	}
+	return append([]string(nil), r.model.layers[l]...)
+}
+
+// Forward announces a forward pass (layers 0, 1, ...), so that prefetching
+// follows it.
+func (r *Runtime) Forward() {
+	order := make([]int, len(r.model.layers))
+	for l := range order {
+		order[l] = l
+	}
+	r.sched.StartPass(order)
+}
+
+// Backward announces a backward pass (the last layer first).
+func (r *Runtime) Backward() {
+	L := len(r.model.layers)
+	order := make([]int, L)
+	for l := range order {
+		order[l] = L - 1 - l
+	}
+	r.sched.StartPass(order)
+}
+
+// Pass announces a pass visiting layers in order (for loops that are
+// neither plain forward nor backward).
+func (r *Runtime) Pass(order []int) { r.sched.StartPass(order) }
+
+// BeginLayer makes layer l's parameters readable: a barrier that waits for
+// their swap-in (a demand miss jumps the queue) and prefetches the layers
+// that follow in the pass within the prefetch window. Pair it with
+// EndLayer.
+func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
+	if l < 0 || l >= len(r.model.layers) {
+		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.layers)-1)
+	}
+	for _, n := range r.model.layers[l] {
+		r.mu.Lock()
+		ok := r.inited[n]
+		r.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("zinf: begin layer %d: tensor %q has no initial values (call Init)", l, n)
+		}
+	}
+	t0 := time.Now()
+	err := r.sched.Begin(ctx, l)
 	r.mu.Lock()
-	n := r.numel[name]
+	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()
-	return param.Partition(n, r.Rank, r.World)
+	if err != nil {
+		return fmt.Errorf("zinf: begin layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// EndLayer releases layer l's parameters (no write-back: parameters are
+// read-only between steps).
+func (r *Runtime) EndLayer(l int) {
+	if l >= 0 && l < len(r.model.layers) {
+		r.sched.End(l)
+	}
+}
+
+// ReadParam writes this rank's partition of a parameter, widened to fp32,
+// into dst[lo:hi] (see Partition); dst is the full tensor's length, so the
+// loop of every rank in one process can share it. The parameter's layer
+// must be begun.
+func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) error {
+	lo, hi, err := r.fullRange("read", name, len(dst))
+	if err != nil {
+		return err
+	}
+	return r.Params.ReadFloat32(ctx, name, dst[lo:hi])
+}
+
+// ReadParamBytes writes this rank's partition of a parameter, encoded in
+// dtype (little-endian), into dst[lo*size:hi*size]: the stored bytes as
+// they are when dtype is the param dtype, converted otherwise. dst holds
+// the full tensor in dtype.
+func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
+	if !dtype.Valid() {
+		return fmt.Errorf("zinf: read %q: unknown dtype %d", name, dtype)
+	}
+	sz := dtype.Size()
+	if len(dst)%sz != 0 {
+		return fmt.Errorf("zinf: read %q: %d bytes is not a whole number of %s elements", name, len(dst), dtype)
+	}
+	lo, hi, err := r.fullRange("read", name, len(dst)/sz)
+	if err != nil {
+		return err
+	}
+	out := dst[lo*sz : hi*sz]
+	if dtype == r.DType {
+		return r.Params.ReadBytes(ctx, name, out)
+	}
+	tmp := make([]float32, hi-lo)
+	if err := r.Params.ReadFloat32(ctx, name, tmp); err != nil {
+		return err
+	}
+	swapper.Encode(dtype, out, tmp)
+	return nil
+}
+
+// fullRange checks that n is the named tensor's full length and returns
+// this rank's range.
+func (r *Runtime) fullRange(op, name string, n int) (lo, hi int, err error) {
+	numel, ok := r.model.numel[name]
+	if !ok {
+		return 0, 0, fmt.Errorf("zinf: %s %q: not a tensor of the model", op, name)
+	}
+	if int64(n) != numel {
+		return 0, 0, fmt.Errorf("zinf: %s %q: buffer of %d elements for a tensor of %d (pass the full tensor; this rank uses its partition)", op, name, n, numel)
+	}
+	lo, hi = partition(int(numel), r.Rank, r.World)
+	return lo, hi, nil
+}
+
+// AccumulateGrad adds a micro-step's gradient of a parameter (the full
+// tensor, already reduced over ranks; this rank keeps its partition). It
+// is written behind: the call returns once the values are copied. A
+// failed call adds nothing and may be retried.
+func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) error {
+	if r.inference {
+		return errInference
+	}
+	lo, hi, err := r.fullRange("accumulate", name, len(g))
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err = r.Grads.Accumulate(ctx, name, g[lo:hi])
+	r.mu.Lock()
+	r.ioWaitNs += int64(time.Since(t0))
+	r.mu.Unlock()
+	return err
 }
 
 // StepTensor hands a parameter whose gradient is final (its last
-// micro-step's Accumulate is done) to the optimizer now, so its update runs
-// in the background while the loop computes the rest of the backward pass.
-// The first call opens the step; Step commits it. Results are identical to
-// a plain Step: Adam works per element, and nothing is visible before the
-// commit. An error here is also returned by Step, which discards the step.
+// micro-step's AccumulateGrad is done) to the optimizer now, so its update
+// runs in the background while the loop computes the rest of the backward
+// pass — when the plan found room for both working sets (Plan().OverlapStep);
+// otherwise the update waits for Step. Results are identical to a plain
+// Step: Adam works per element, and nothing is visible before the commit.
+// An error here is also returned by Step, which discards the step.
 func (r *Runtime) StepTensor(ctx context.Context, name string) error {
+	if r.inference {
+		return errInference
+	}
+	if !r.overlap {
+		if _, ok := r.model.numel[name]; !ok {
+			return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
+		}
+		return nil
+	}
 	if r.txn == nil {
 		txn, err := r.Optimizer.BeginStep(ctx)
 		if err != nil {
@@ -272,6 +581,17 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 	return r.txn.Tensor(name)
 }
 
+// StepLayer is StepTensor for every tensor of layer l.
+func (r *Runtime) StepLayer(ctx context.Context, l int) error {
+	var first error
+	for _, n := range r.LayerTensors(l) {
+		if err := r.StepTensor(ctx, n); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 // Step runs the optimizer: waits for every gradient write-behind, updates
 // every sub-group not yet handed over with StepTensor (reading ahead,
 // writing behind), commits the new params, and clears gradients. It is all
@@ -279,7 +599,18 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 // nothing changed — params, states and accumulated gradients are as
 // before — and Step may be called again.
 func (r *Runtime) Step(ctx context.Context) error {
+	if r.inference {
+		return errInference
+	}
 	t0 := time.Now()
+	r.mu.Lock()
+	for _, d := range r.model.descs {
+		if !r.inited[d.Name] {
+			r.mu.Unlock()
+			return fmt.Errorf("zinf: step: tensor %q has no initial values (call Init)", d.Name)
+		}
+	}
+	r.mu.Unlock()
 	txn := r.txn
 	r.txn = nil
 	if err := r.Grads.Flush(ctx); err != nil {
@@ -307,7 +638,15 @@ func (r *Runtime) Step(ctx context.Context) error {
 
 // Metrics is a snapshot of the runtime's counters.
 type Metrics struct {
-	Steps            int
+	Steps int
+	// IOWait is the time the loop spent blocked in BeginLayer and
+	// AccumulateGrad (waiting for swap-ins or write-behind).
+	IOWait time.Duration
+	// Reservations is how the pinned pool is split.
+	Reservations Reservations
+	// Schedule counts the prefetch scheduler's work (demand misses,
+	// prefetches).
+	Schedule         policy.SchedStats
 	BytesRead        int64 // from NVMe, all stores
 	BytesWritten     int64 // to NVMe, all stores
 	ReadOps          int64
@@ -326,7 +665,10 @@ type Metrics struct {
 // Metrics returns the counters.
 func (r *Runtime) Metrics() Metrics {
 	st := r.Pool.Stats()
-	m := Metrics{Steps: r.stepCount, PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
+	r.mu.Lock()
+	steps, ioWait := r.stepCount, time.Duration(r.ioWaitNs)
+	r.mu.Unlock()
+	m := Metrics{Steps: steps, IOWait: ioWait, Reservations: r.res, Schedule: r.sched.Stats(), PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
 		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats()}
 	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
 		if s != nil {
@@ -347,10 +689,16 @@ func (r *Runtime) Metrics() Metrics {
 // files, frees pinned memory and closes what Open built. It is idempotent
 // and returns every error met.
 func (r *Runtime) Close() error {
-	if r == nil || r.closed {
+	if r == nil {
 		return nil
 	}
+	r.mu.Lock()
+	closed := r.closed
 	r.closed = true
+	r.mu.Unlock()
+	if closed {
+		return nil
+	}
 	var errs []error
 	add := func(what string, err error) {
 		if err != nil {
@@ -406,4 +754,15 @@ func ParamDType(cfg *config.Config) swapper.DType {
 		return swapper.Float16
 	}
 	return swapper.Float32
+}
+
+var errInference = errors.New("zinf: the runtime was opened for inference (Options.Inference): it keeps no gradients or optimizer states")
+
+// ReadOptimizerState returns this rank's partition of a tensor's fp32
+// master weights and Adam moments, as of the last committed step.
+func (r *Runtime) ReadOptimizerState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
+	if _, ok := r.model.numel[name]; !ok {
+		return nil, nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
+	}
+	return r.Optimizer.ReadState(ctx, name)
 }

@@ -200,6 +200,15 @@ func (p *Pool) maxBytes(r *region) int {
 	return 1 << (p.granuleShift + uint(r.alloc.maxOrder))
 }
 
+// CapacityBytesFor returns the bytes of the region purpose is served
+// from: its reservation, or the shared region.
+func (p *Pool) CapacityBytesFor(purpose Purpose) int64 {
+	if !purpose.Valid() {
+		return 0
+	}
+	return p.regionBytes(p.byPurpose[purpose])
+}
+
 // ReservedBytes returns purpose's reservation, or 0 when it is served from
 // the shared region.
 func (p *Pool) ReservedBytes(purpose Purpose) int64 {

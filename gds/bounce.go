@@ -69,8 +69,8 @@ func NewBounce(dev accel.Device, eng aio.Engine, pool *buffers.Pool, opts Bounce
 	if dev == nil || eng == nil || pool == nil {
 		return nil, fmt.Errorf("gds bounce: a device, an aio engine and a buffers pool are required: %w", accel.ErrInvalid)
 	}
-	if opts.BlockSizeBytes > int64(pool.MaxBufferBytes()) {
-		return nil, fmt.Errorf("gds bounce: block size %d exceeds the largest buffer the pool can give (%d bytes)", opts.BlockSizeBytes, pool.MaxBufferBytes())
+	if maxBuf := int64(pool.MaxBufferBytesFor(buffers.PurposeStaging)); opts.BlockSizeBytes > maxBuf {
+		return nil, fmt.Errorf("gds bounce: block size %d exceeds the largest staging buffer the pool can give (%d bytes)", opts.BlockSizeBytes, maxBuf)
 	}
 	b := &Bounce{
 		dev:   dev,

@@ -4,7 +4,7 @@
 // prefetch depth, and a predicted step time; and a Scheduler that walks a
 // pass's layers, prefetching ahead of use within a byte budget.
 //
-// It depends on no other zinf package but swapper (for Tier and DType), so
+// It depends on no other zinf package but tensor (for Tier and DType), so
 // its decisions are plain functions of their inputs, tested with golden
 // files.
 //

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -170,6 +171,37 @@ func (m ModelSpec) Inventory(rank, world int) []Tensor {
 				out = append(out, Tensor{Name: fmt.Sprintf(names[i], l) + s, Bytes: partition(numel[i], world) * 4, Kind: OptimState, Layer: l, Order: order})
 				order++
 			}
+		}
+	}
+	return out
+}
+
+// InventoryOf is the inventory of a model given as tensor descriptions
+// (each with its full element count in numel, by name), for one rank of
+// world: every parameter in dtype, its fp32 gradient and its fp32 optimizer
+// states (master, exp_avg, exp_avg_sq), each sized as the rank's ZeRO-3
+// partition, in order of use: parameters in forward order, gradients in
+// backward order, then the optimizer states.
+func InventoryOf(descs []tensor.Desc, numel map[string]int64, dtype tensor.DType, world int) []Tensor {
+	world = max(world, 1)
+	ps := int64(dtype.Size())
+	out := make([]Tensor, 0, len(descs)*5)
+	byLayer := append([]tensor.Desc(nil), descs...)
+	sort.SliceStable(byLayer, func(i, j int) bool { return byLayer[i].Layer < byLayer[j].Layer })
+	order := 0
+	for _, d := range byLayer {
+		out = append(out, Tensor{Name: d.Name, Bytes: partition(numel[d.Name], world) * ps, Kind: Param, Layer: d.Layer, Order: order})
+		order++
+	}
+	for i := len(byLayer) - 1; i >= 0; i-- {
+		d := byLayer[i]
+		out = append(out, Tensor{Name: d.Name + gradSuffix, Bytes: partition(numel[d.Name], world) * 4, Kind: Grad, Layer: d.Layer, Order: order})
+		order++
+	}
+	for _, d := range byLayer {
+		for _, s := range []string{".master", ".exp_avg", ".exp_avg_sq"} {
+			out = append(out, Tensor{Name: d.Name + s, Bytes: partition(numel[d.Name], world) * 4, Kind: OptimState, Layer: d.Layer, Order: order})
+			order++
 		}
 	}
 	return out

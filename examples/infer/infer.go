@@ -18,7 +18,6 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
 	"github.com/zinfio/zinf/internal/stats"
-	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -74,31 +73,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	rt, err := zinf.Open(o.Config, zinf.Options{Logger: o.Logger, Rank: 0, WorldSize: 1})
+	rt, err := zinf.Open(o.Config, spec.Model(), zinf.Options{Logger: o.Logger, Rank: 0, WorldSize: 1, Inference: true,
+		PrefetchDepth: o.Prefetch, ComputePerLayer: o.ComputePerLayer.Seconds()})
 	if err != nil {
 		return nil, err
 	}
 	defer rt.Close()
-	tier := swapper.TierNVMe
-	if rt.ParamStore == nil {
-		tier = swapper.TierCPU
-	}
-	layers := make([][]string, spec.Layers)
-	for l := range spec.Layers {
-		for _, n := range []string{train.WeightName(l), train.BiasName(l)} {
-			if err := rt.Params.Register(n, spec.Numel(n), tier); err != nil {
-				return nil, err
-			}
-			if err := rt.Params.Init(ctx, n, spec.InitMaster(n)); err != nil {
-				return nil, err
-			}
-			if tier == swapper.TierNVMe {
-				layers[l] = append(layers[l], n)
-			}
+	for _, n := range spec.ParamNames() {
+		if err := rt.Init(ctx, n, spec.InitMaster(n)); err != nil {
+			return nil, err
 		}
 	}
-	size := func(name string) int64 { return int64(spec.Numel(name) * spec.DType.Size()) }
-	sched := policy.NewScheduler(nil, layers, rt.Params, policy.SchedulerOptions{Depth: o.Prefetch, BudgetBytes: rt.Pool.CapacityBytes() / 2, SizeOf: size})
 	W, B, L := spec.Width, spec.Batch, spec.Layers
 	w := make([]float32, W*W)
 	bias := make([]float32, W)
@@ -116,24 +101,24 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		t0 := time.Now()
 		x, _ := spec.Data(0, bi, 0)
 		copy(a, x)
-		sched.StartPass(order)
+		rt.Forward()
 		for l := 0; l < L; l++ {
 			tw := time.Now()
-			if err := sched.Begin(ctx, l); err != nil {
+			if err := rt.BeginLayer(ctx, l); err != nil {
 				return nil, fmt.Errorf("batch %d layer %d: %w", bi, l, err)
 			}
 			wait += time.Since(tw)
-			if err := rt.Params.ReadFloat32(ctx, train.WeightName(l), w); err != nil {
+			if err := rt.ReadParam(ctx, train.WeightName(l), w); err != nil {
 				return nil, err
 			}
-			if err := rt.Params.ReadFloat32(ctx, train.BiasName(l), bias); err != nil {
+			if err := rt.ReadParam(ctx, train.BiasName(l), bias); err != nil {
 				return nil, err
 			}
 			train.Forward(a, w, bias, z, next, B, W, l == L-1)
 			if o.ComputePerLayer > 0 {
 				time.Sleep(o.ComputePerLayer)
 			}
-			sched.End(l)
+			rt.EndLayer(l)
 			a, next = next, a
 		}
 		outputs = append(outputs, append([]float32(nil), a...))
@@ -146,10 +131,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.Outputs = outputs
 	res.BatchMsMedian = medianOf(times)
 	res.IOWaitMs = float64(wait) / 1e6
-	res.DemandMisses = int(sched.Stats().DemandMisses)
-	if rt.ParamStore != nil {
-		res.BytesRead = rt.ParamStore.Stats().BytesRead
-	}
+	m := rt.Metrics()
+	res.DemandMisses = int(m.Schedule.DemandMisses)
+	res.BytesRead = m.BytesRead
 	if !o.Verify {
 		return res, nil
 	}

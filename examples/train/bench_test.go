@@ -92,15 +92,11 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		dir := benchDir(b)
 		cfg := benchConfig(b, dir)
 		eo := zinf.EngineOptions(cfg, quiet, nil)
-		rt, err := zinf.Open(cfg, zinf.Options{Logger: quiet})
+		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
 		}
-		pl, err := plan(cfg, spec, 1, 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		be, err := newZinfBackend(ctx, spec, []*zinf.Runtime{rt}, pl, pl.PrefetchDepth)
+		be, err := newZinfBackend(ctx, spec, []*zinf.Runtime{rt})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -6,17 +6,26 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
-	"github.com/zinfio/zinf/policy"
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
+
+// Model describes spec's tensors for zinf.Open: per layer a Width x Width
+// weight and a Width bias.
+func (s Spec) Model() zinf.Model {
+	layers := make([][]tensor.Desc, s.Layers)
+	for l := range layers {
+		layers[l] = []tensor.Desc{{Name: WeightName(l), Shape: []int{s.Width, s.Width}}, {Name: BiasName(l), Shape: []int{s.Width}}}
+	}
+	return zinf.LayeredModel(layers...)
+}
 
 // zinfBackend keeps the model in zinf runtimes, one per simulated rank,
 // each with its own partition of every tensor and its own swap directory.
+// It uses only the runtime's loop API: the runtime plans, prefetches and
+// owns pinned memory.
 type zinfBackend struct {
-	spec   Spec
-	rts    []*zinf.Runtime
-	scheds []*policy.Scheduler
-	tiers  map[string]swapper.Tier
+	spec Spec
+	rts  []*zinf.Runtime
 	// Time the loop spent blocked on I/O: layer barriers, gradient hand-off
 	// (only blocks when write-behind is behind), and the optimizer's reads.
 	ioWait time.Duration
@@ -35,64 +44,43 @@ type optStep struct {
 }
 
 func (b *zinfBackend) startPass(order []int) {
-	for _, s := range b.scheds {
-		s.StartPass(order)
+	for _, rt := range b.rts {
+		rt.Pass(order)
 	}
 }
 
 func (b *zinfBackend) beginLayer(ctx context.Context, l int) error {
 	t0 := time.Now()
 	defer func() { b.ioWait += time.Since(t0) }()
-	for r, s := range b.scheds {
-		if err := s.Begin(ctx, l); err != nil {
+	for r, rt := range b.rts {
+		if err := rt.BeginLayer(ctx, l); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
 	return nil
 }
 
+// gather reads every rank's partition into dst (the full tensor).
 func (b *zinfBackend) gather(ctx context.Context, name string, dst []float32) error {
 	for r, rt := range b.rts {
-		lo, hi := rt.Partition(name)
-		if lo == hi {
-			continue
-		}
-		if err := rt.Params.ReadFloat32(ctx, name, dst[lo:hi]); err != nil {
+		if err := rt.ReadParam(ctx, name, dst); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
 	return nil
-}
-
-// fetch is gather outside the layer loop: it swaps the parameter in on
-// every rank, reads it, and releases it again.
-func (b *zinfBackend) fetch(ctx context.Context, name string, dst []float32) error {
-	for r, rt := range b.rts {
-		if err := rt.Params.SwapIn(ctx, name); err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
-		}
-	}
-	defer func() {
-		for _, rt := range b.rts {
-			rt.Params.Release(name)
-		}
-	}()
-	return b.gather(ctx, name, dst)
 }
 
 func (b *zinfBackend) handOver(ctx context.Context, l int) {
 	for _, rt := range b.rts {
-		for _, n := range []string{WeightName(l), BiasName(l)} {
-			// A failure here fails the step too, where it is handled (and
-			// the step retried as a whole); nothing is lost by going on.
-			_ = rt.StepTensor(ctx, n)
-		}
+		// A failure here fails the step too, where it is handled (and the
+		// step retried as a whole); nothing is lost by going on.
+		_ = rt.StepLayer(ctx, l)
 	}
 }
 
 func (b *zinfBackend) endLayer(l int) {
-	for _, s := range b.scheds {
-		s.End(l)
+	for _, rt := range b.rts {
+		rt.EndLayer(l)
 	}
 }
 
@@ -105,11 +93,10 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 	// As for step: a retry must not add the gradient twice on the ranks
 	// whose hand-off succeeded.
 	for r, rt := range b.rts {
-		lo, hi := rt.Partition(name)
-		if lo == hi || b.accumulated[r] {
+		if b.accumulated[r] {
 			continue
 		}
-		if err := rt.Grads.Accumulate(ctx, name, g[lo:hi]); err != nil {
+		if err := rt.AccumulateGrad(ctx, name, g); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 		b.accumulated[r] = true
@@ -145,45 +132,43 @@ func (b *zinfBackend) step(ctx context.Context) error {
 	return nil
 }
 
-// newZinfBackend registers the model's parameters in each runtime on the
-// tiers the placement chose, and builds a prefetch scheduler per rank.
-func newZinfBackend(ctx context.Context, spec Spec, rts []*zinf.Runtime, pl *policy.Placement, prefetch int) (*zinfBackend, error) {
-	b := &zinfBackend{spec: spec, rts: rts, tiers: map[string]swapper.Tier{}}
+// readAll reads every parameter's full compute values, layer by layer.
+func (b *zinfBackend) readAll(ctx context.Context, fn func(name string, v []float32) error) error {
+	order := make([]int, b.spec.Layers)
+	for l := range order {
+		order[l] = l
+	}
+	b.startPass(order)
+	for l := range order {
+		if err := b.beginLayer(ctx, l); err != nil {
+			return err
+		}
+		for _, n := range []string{WeightName(l), BiasName(l)} {
+			v := make([]float32, b.spec.Numel(n))
+			if err := b.gather(ctx, n, v); err != nil {
+				b.endLayer(l)
+				return err
+			}
+			if err := fn(n, v); err != nil {
+				b.endLayer(l)
+				return err
+			}
+		}
+		b.endLayer(l)
+	}
+	return nil
+}
+
+// newZinfBackend gives every rank's runtime the model's initial values.
+func newZinfBackend(ctx context.Context, spec Spec, rts []*zinf.Runtime) (*zinfBackend, error) {
+	b := &zinfBackend{spec: spec, rts: rts}
 	for _, n := range spec.ParamNames() {
-		tier, ok := pl.Tier[n]
-		if !ok {
-			tier = swapper.TierNVMe
-		}
-		if rts[0].ParamStore == nil && tier == swapper.TierNVMe {
-			tier = swapper.TierCPU
-		}
-		b.tiers[n] = tier
 		master := spec.InitMaster(n)
 		for r, rt := range rts {
-			if err := rt.RegisterParam(ctx, n, tier, master); err != nil {
-				return nil, fmt.Errorf("rank %d: registering %s: %w", r, n, err)
+			if err := rt.Init(ctx, n, master); err != nil {
+				return nil, fmt.Errorf("rank %d: %w", r, err)
 			}
 		}
-	}
-	layers := make([][]string, spec.Layers)
-	for l := range layers {
-		for _, n := range []string{WeightName(l), BiasName(l)} {
-			if b.tiers[n] == swapper.TierNVMe {
-				layers[l] = append(layers[l], n)
-			}
-		}
-	}
-	for _, rt := range rts {
-		rt := rt
-		size := func(name string) int64 {
-			n, err := rt.Params.PartitionLen(name)
-			if err != nil {
-				return 0
-			}
-			return policy.PoolBlockBytes(int64(n * rt.DType.Size()))
-		}
-		budget := rt.Pool.CapacityBytes() / 2
-		b.scheds = append(b.scheds, policy.NewScheduler(pl, layers, rt.Params, policy.SchedulerOptions{Depth: prefetch, BudgetBytes: budget, SizeOf: size}))
 	}
 	return b, nil
 }

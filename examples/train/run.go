@@ -144,20 +144,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}()
 	for r := 0; r < world; r++ {
-		rt, err := zinf.Open(cfg, zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults})
+		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults,
+			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
 		rts = append(rts, rt)
 	}
 	res.Backend = rts[0].Engine.Name()
-	pl, err := plan(cfg, spec, world, o.ComputePerLayer)
-	if err != nil {
-		return nil, err
-	}
+	pl := rts[0].Plan()
 	depth := pl.PrefetchDepth
 	if o.PrefetchDepth > 0 {
 		depth = o.PrefetchDepth
+	}
+	if rts[0].Reservations().PrefetchBytes == 0 {
+		depth = 0
 	}
 	res.PrefetchDepth = depth
 	res.OverlapStep = !o.SerialStep && pl.OverlapStep
@@ -166,9 +167,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step\n",
 			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, world, micro)
 		pl.WriteTable(o.Progress)
-		fmt.Fprintln(o.Progress)
+		fmt.Fprintf(o.Progress, "\npinned memory by reservation (rank 0):\n%s\n", rts[0].Reservations())
 	}
-	be, err := newZinfBackend(ctx, spec, rts, pl, depth)
+	be, err := newZinfBackend(ctx, spec, rts)
 	if err != nil {
 		return nil, err
 	}
@@ -206,8 +207,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.StepMsMedian = median(res.StepMs)
 	res.IOWaitMsMedian = median(ioWaits)
 	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
-	for _, s := range be.scheds {
-		res.DemandMisses += int64(s.Stats().DemandMisses)
+	for _, rt := range rts {
+		res.DemandMisses += int64(rt.Metrics().Schedule.DemandMisses)
 	}
 	for _, st := range be.optSteps {
 		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
@@ -237,11 +238,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// plan asks the policy where each tensor lives.
-func plan(cfg *config.Config, spec Spec, world int, compute time.Duration) (*policy.Placement, error) {
-	return zinf.PlanFor(cfg, policy.ModelSpec{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, World: world, DType: spec.DType}, compute)
-}
-
 func metrics(rts []*zinf.Runtime) zinf.Metrics {
 	var m zinf.Metrics
 	for i, rt := range rts {
@@ -256,20 +252,25 @@ func metrics(rts []*zinf.Runtime) zinf.Metrics {
 
 // compare checks final compute weights and optimizer states bit for bit.
 func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (bool, string, error) {
+	why := ""
+	if err := be.readAll(ctx, func(n string, got []float32) error {
+		if i, ok := sameBits(got, ref.compute[n]); !ok && why == "" {
+			why = fmt.Sprintf("param %s element %d: %v vs reference %v", n, i, got[i], ref.compute[n][i])
+		}
+		return nil
+	}); err != nil {
+		return false, "", err
+	}
+	if why != "" {
+		return false, why, nil
+	}
 	for _, n := range spec.ParamNames() {
-		got := make([]float32, spec.Numel(n))
-		if err := be.fetch(ctx, n, got); err != nil {
-			return false, "", err
-		}
-		if i, ok := sameBits(got, ref.compute[n]); !ok {
-			return false, fmt.Sprintf("param %s element %d: %v vs reference %v", n, i, got[i], ref.compute[n][i]), nil
-		}
 		for r, rt := range be.rts {
 			lo, hi := rt.Partition(n)
 			if lo == hi {
 				continue
 			}
-			master, m, v, err := rt.Optimizer.ReadState(ctx, n)
+			master, m, v, err := rt.ReadOptimizerState(ctx, n)
 			if err != nil {
 				return false, "", fmt.Errorf("rank %d: %w", r, err)
 			}

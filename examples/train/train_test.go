@@ -135,18 +135,14 @@ func setup(t *testing.T, cfg *config.Config, spec Spec, opts ...zinf.Options) ([
 		if len(opts) > 0 {
 			o.Faults = opts[0].Faults
 		}
-		rt, err := zinf.Open(cfg, o)
+		rt, err := zinf.Open(cfg, spec.Model(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { rt.Close() })
 		rts = append(rts, rt)
 	}
-	pl, err := plan(cfg, spec, world, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be, err := newZinfBackend(context.Background(), spec, rts, pl, pl.PrefetchDepth)
+	be, err := newZinfBackend(context.Background(), spec, rts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,14 +155,12 @@ func snapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string][]float32{}
+	if err := be.readAll(ctx, func(n string, v []float32) error { out[n] = v; return nil }); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range spec.ParamNames() {
-		v := make([]float32, spec.Numel(n))
-		if err := be.fetch(ctx, n, v); err != nil {
-			t.Fatal(err)
-		}
-		out[n] = v
 		for r, rt := range be.rts {
-			m, a, s, err := rt.Optimizer.ReadState(ctx, n)
+			m, a, s, err := rt.ReadOptimizerState(ctx, n)
 			if err != nil {
 				t.Fatal(err)
 			}

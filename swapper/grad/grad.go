@@ -154,8 +154,8 @@ func (s *Swapper) Register(name string, numel int) error {
 		return fmt.Errorf("grad: register %q: need a name and numel >= 0 (got %d)", name, numel)
 	}
 	t := &tensor{name: name, key: s.opts.KeyPrefix + name, n: numel, bytes: 4 * numel, op: make(chan struct{}, 1)}
-	if size := s.bufSize(t); size > s.pool.MaxBufferBytes() {
-		return fmt.Errorf("grad: register %q: a %d-byte gradient needs a buffer larger than the pool's largest (%d bytes)", name, size, s.pool.MaxBufferBytes())
+	if size, maxBuf := s.bufSize(t), s.pool.MaxBufferBytesFor(buffers.PurposeGradients); size > maxBuf {
+		return fmt.Errorf("grad: register %q: a %d-byte gradient needs a buffer larger than the pool's largest for gradients (%d bytes)", name, size, maxBuf)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -245,6 +245,69 @@ func (s *Swapper) settle(ctx context.Context, t *tensor) error {
 // startWrite writes t's pinned copy buf behind (t.op held, no write in
 // flight). A failure is kept for the next operation to report; the pinned
 // copy stays until a write succeeds.
+// acquire takes t's buffer. Gradient memory comes back only when a
+// write-behind completes; one that fails keeps its gradient's buffer (so
+// nothing is lost) until the failure is dealt with. So while the pool has
+// no room, acquire waits for the writes in flight, and returns the failure
+// of one instead of waiting for memory that would never come back.
+func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, error) {
+	for {
+		if b, ok := s.pool.TryAcquire(s.bufSize(t), buffers.PurposeGradients); ok {
+			return b, nil
+		}
+		s.mu.Lock()
+		var held *tensor
+		var inFlight *write
+		for _, o := range s.tensors {
+			switch {
+			case o == t || o.buf == nil:
+			case o.write != nil:
+				inFlight = o.write
+			case o.unreported != nil && held == nil:
+				held = o
+			}
+		}
+		if inFlight == nil && held != nil {
+			// Write the kept gradient again: when the cause is gone (space
+			// freed) its memory comes back; else the new failure is
+			// returned, and a retry tries once more.
+			held.unreported = nil
+			buf := held.buf
+			s.mu.Unlock()
+			s.startWrite(held, buf)
+			s.mu.Lock()
+			inFlight = held.write
+			if inFlight == nil { // the write could not even be issued
+				err := held.unreported
+				s.mu.Unlock()
+				return nil, s.named("accumulate", t, fmt.Errorf("no pinned memory while a failed write-behind keeps its gradient: %w", err))
+			}
+		}
+		s.mu.Unlock()
+		if inFlight != nil {
+			select {
+			case <-inFlight.done:
+			case <-ctx.Done():
+				return nil, s.named("accumulate", t, ctx.Err())
+			}
+			if held != nil {
+				s.mu.Lock()
+				err := held.unreported
+				s.mu.Unlock()
+				if err != nil {
+					return nil, s.named("accumulate", t, fmt.Errorf("no pinned memory while a failed write-behind keeps its gradient: %w", err))
+				}
+			}
+			continue
+		}
+		b, err := s.pool.Acquire(ctx, s.bufSize(t), buffers.PurposeGradients)
+		if err != nil {
+			return nil, s.named("accumulate", t, err)
+		}
+		return b, nil
+	}
+}
+
 func (s *Swapper) startWrite(t *tensor, buf *buffers.Buffer) {
 	p, err := s.store.WriteAsync(t.key, buf.Bytes()[:t.bytes])
 	s.mu.Lock()
@@ -319,8 +382,8 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 	buf, has := t.buf, t.has
 	s.mu.Unlock()
 	if buf == nil {
-		if buf, err = s.pool.Acquire(ctx, s.bufSize(t), buffers.PurposeGradients); err != nil {
-			return s.named("accumulate", t, err)
+		if buf, err = s.acquire(ctx, t); err != nil {
+			return err
 		}
 		if has { // read-modify-write: the sum so far is only on disk
 			if err := s.readStore(ctx, t, buf); err != nil {

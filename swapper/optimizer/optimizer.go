@@ -229,13 +229,14 @@ func (o *Optimizer) checkPool(t *tensor) error {
 	o.mu.Unlock()
 	parts = append(parts, t.n)
 	need := o.sz.need(parts)
-	if need.slot > int64(p.MaxBufferBytes()) {
+	maxBuf, capBytes := int64(p.MaxBufferBytesFor(buffers.PurposeOptimizer)), p.CapacityBytesFor(buffers.PurposeOptimizer)
+	if need.slot > maxBuf {
 		return fmt.Errorf("%w: a sub-group's record and gradient need a %d-byte buffer; the largest the pool (%d bytes) holds is %d (lower SubGroupSize)",
-			ErrPoolTooSmall, need.slot, p.CapacityBytes(), p.MaxBufferBytes())
+			ErrPoolTooSmall, need.slot, capBytes, maxBuf)
 	}
-	if minimum := need.resident + need.slotBlock; minimum > p.CapacityBytes() {
+	if minimum := need.resident + need.slotBlock; minimum > capBytes {
 		return fmt.Errorf("%w: a step of these tensors (%d elements in %d sub-groups) needs at least %d bytes of pinned memory (%d for records kept in memory, %d for one sub-group's buffer); the pool has %d",
-			ErrPoolTooSmall, t.n, len(t.sgs), minimum, need.resident, need.slotBlock, p.CapacityBytes())
+			ErrPoolTooSmall, t.n, len(t.sgs), minimum, need.resident, need.slotBlock, capBytes)
 	}
 	return nil
 }

@@ -91,8 +91,8 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxInCPUBytes < 0 {
 		bad("MaxInCPUBytes", o.MaxInCPUBytes, "must be >= 0 (0 means no CPU cache)")
-	} else if o.Pool != nil && o.MaxInCPUBytes > o.Pool.CapacityBytes() {
-		bad("MaxInCPUBytes", o.MaxInCPUBytes, fmt.Sprintf("must not exceed the pool's capacity (%d bytes): the cache lives in pool memory", o.Pool.CapacityBytes()))
+	} else if o.Pool != nil && o.MaxInCPUBytes > o.Pool.CapacityBytesFor(buffers.PurposeParams) {
+		bad("MaxInCPUBytes", o.MaxInCPUBytes, fmt.Sprintf("must not exceed the pool's memory for parameters (%d bytes): the cache lives in pool memory", o.Pool.CapacityBytesFor(buffers.PurposeParams)))
 	}
 	if o.DeviceIO != nil && o.Device == nil {
 		bad("DeviceIO", o.DeviceIO.Mode(), "needs Device, the device it moves bytes to")

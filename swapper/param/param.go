@@ -203,8 +203,8 @@ func (s *Swapper) Register(name string, numel int, tier swapper.Tier) error {
 	}
 	if t.n == 0 {
 		t.state = Resident // nothing to move
-	} else if need > int64(s.pool.MaxBufferBytes()) {
-		return fmt.Errorf("param: register %q: a %d-byte partition needs a buffer larger than the pool's largest (%d bytes)", name, need, s.pool.MaxBufferBytes())
+	} else if maxBuf := int64(s.pool.MaxBufferBytesFor(buffers.PurposeParams)); need > maxBuf {
+		return fmt.Errorf("param: register %q: a %d-byte partition needs a buffer larger than the pool's largest for parameters (%d bytes)", name, need, maxBuf)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -308,6 +308,73 @@ func (s *Swapper) Init(ctx context.Context, name string, values []float32) error
 		return &swapper.TensorError{Op: "init", Tensor: name, Err: ErrClosed}
 	}
 	s.installLocked(t, st)
+	return nil
+}
+
+// Unregister forgets name: its stored partition (NVMe) or copy (CPU, GPU)
+// is freed and the name may be registered again. It undoes a registration
+// whose later steps failed, so it refuses a partition that is resident or
+// in flight (swapped in and not released) or has a staged update.
+func (s *Swapper) Unregister(name string) error {
+	s.mu.Lock()
+	t, err := s.lookupLocked("unregister", name)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if t.tier == swapper.TierNVMe && t.n > 0 && t.state != OnNVMe {
+		s.mu.Unlock()
+		return &swapper.TensorError{Op: "unregister", Tensor: name, Err: fmt.Errorf("partition is %s; release it first", t.state)}
+	}
+	if t.staged != nil {
+		s.mu.Unlock()
+		return &swapper.TensorError{Op: "unregister", Tensor: name, Err: errors.New("an update is staged; commit or discard it first")}
+	}
+	delete(s.tensors, name)
+	if s.cache != nil {
+		s.cache.Del(t.name)
+	}
+	if t.cur != nil {
+		t.cur.release()
+		t.cur = nil
+	}
+	s.mu.Unlock()
+	if t.tier == swapper.TierNVMe && s.store != nil {
+		s.store.Delete(t.key)
+	}
+	return nil
+}
+
+// ReadBytes copies name's partition, encoded in the parameter dtype
+// (Options.DType, little-endian), into dst (PartitionLen x the dtype's size
+// bytes). Residency rules are ReadFloat32's.
+func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error {
+	t, ctx, done, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return err
+	}
+	defer s.wg.Done()
+	defer done()
+	if len(dst) != t.bytes {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("destination has %d bytes, the partition %d", len(dst), t.bytes)}
+	}
+	if t.n == 0 {
+		return nil
+	}
+	blk, err := s.acquireCurrent(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer blk.release()
+	if blk.buf != nil {
+		copy(dst, blk.buf.Bytes()[:t.bytes])
+		return nil
+	}
+	if err := s.deviceCopy(func(st accel.Stream) error {
+		return s.dev.CopyFromDevice(st, dst, blk.mem, 0)
+	}); err != nil {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	}
 	return nil
 }
 

@@ -65,7 +65,7 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("error does not name %s: %v", want, err)
 		}
 	}
-	if _, err := New(Options{Pool: pool, MaxInCPUBytes: 2 << 20}); err == nil || !strings.Contains(err.Error(), "capacity") {
+	if _, err := New(Options{Pool: pool, MaxInCPUBytes: 2 << 20}); err == nil || !strings.Contains(err.Error(), "pool's memory for parameters") {
 		t.Errorf("cache larger than the pool: %v", err)
 	}
 	s, err := New(Options{Pool: pool})

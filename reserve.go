@@ -1,0 +1,241 @@
+package zinf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/grad"
+	"github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// Reservations is how a Runtime splits its pinned pool: each consumer gets
+// its own region of the arena (see buffers.Options.Reservations), so no
+// consumer can wait on memory another holds. Every figure is in pool
+// bytes, counted with the pool's block rule (buffers.SpanBytes).
+type Reservations struct {
+	// ParamDemandBytes holds the largest layer's NVMe parameter
+	// partitions while the layer is in use (swapped in on demand).
+	ParamDemandBytes int64
+	// ParamResidentBytes holds CPU-tier parameter partitions, twice: the
+	// current copy and the one a step stages.
+	ParamResidentBytes int64
+	// ParamStageBytes holds new parameter values on their way to NVMe at a
+	// step.
+	ParamStageBytes int64
+	// PrefetchBytes is the parameter prefetch window (layers fetched ahead
+	// of use). It is what is left of the pool beyond every minimum, up to
+	// what the prefetch depth wants; 0 at the minimum pool.
+	PrefetchBytes int64
+	// ParamCacheBytes is offload_param.max_in_cpu as it fits: released
+	// partitions kept in pinned memory. It shares the prefetch window's
+	// memory and gives it back under pressure.
+	ParamCacheBytes int64
+	// GradBytes is the gradient write-behind: the gradients kept in pinned
+	// memory plus one in flight (grad.PinnedNeedBytes).
+	GradBytes int64
+	// OptimizerBytes is the optimizer's step pipeline: sub-group buffers
+	// in flight, and the states themselves when they live in pinned memory
+	// (optimizer.PinnedNeedBytes).
+	OptimizerBytes int64
+	// StagingBytes is shared staging: device copies and the bounce path of
+	// device I/O.
+	StagingBytes int64
+	// MinPoolBytes is the smallest zinf.tiers.cpu_pinned_bytes that works:
+	// the sum of every minimum above (the prefetch window and the cache
+	// are not minimums).
+	MinPoolBytes int64
+	// PoolBytes is the pool's capacity.
+	PoolBytes int64
+	// GranuleBytes is the pool's allocation granule.
+	GranuleBytes int64
+}
+
+// ParamsBytes is the parameter swapper's whole region.
+func (r Reservations) ParamsBytes() int64 {
+	return r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.PrefetchBytes
+}
+
+// String lists the reservations, one per line.
+func (r Reservations) String() string {
+	var sb strings.Builder
+	line := func(what string, n int64) {
+		fmt.Fprintf(&sb, "  %-38s %s\n", what, config.Size(n))
+	}
+	line("params: largest layer in use", r.ParamDemandBytes)
+	line("params: cpu tier (current + staged)", r.ParamResidentBytes)
+	line("params: staged updates to nvme", r.ParamStageBytes)
+	line("params: prefetch window (+ max_in_cpu)", r.PrefetchBytes)
+	line("gradients: write-behind", r.GradBytes)
+	line("optimizer: step pipeline", r.OptimizerBytes)
+	line("staging: device copies, bounce path", r.StagingBytes)
+	fmt.Fprintf(&sb, "  %-38s %s (zinf.tiers.cpu_pinned_bytes; this config has %s)\n", "minimum pool", config.Size(r.MinPoolBytes), config.Size(r.PoolBytes))
+	return sb.String()
+}
+
+// PoolTooSmallError says that the pinned pool cannot hold what the model
+// needs at the least; Open returns it before anything is built.
+type PoolTooSmallError struct {
+	Have, Need int64
+	Res        Reservations
+}
+
+// ErrPoolTooSmall is wrapped by PoolTooSmallError.
+var ErrPoolTooSmall = errors.New("zinf: pinned pool too small")
+
+func (e *PoolTooSmallError) Error() string {
+	return fmt.Sprintf("zinf: zinf.tiers.cpu_pinned_bytes = %s is too small for this model: the minimum is %s (%d bytes); raise zinf.tiers.cpu_pinned_bytes, or lower zero_optimization.sub_group_size or offload_optimizer.buffer_count. Reservations:\n%s",
+		config.Size(e.Have), config.Size(e.Need), e.Need, e.Res.String())
+}
+
+func (e *PoolTooSmallError) Unwrap() error { return ErrPoolTooSmall }
+
+// granuleBytes is the pinned pool's granule for cfg: the default size class,
+// raised to the swap stores' alignment (their transfers need it).
+func granuleBytes(stores ...*swapper.Store) int64 {
+	g := int64(max(buffers.DefaultMinBufferBytes, os.Getpagesize()))
+	for _, s := range stores {
+		if s != nil && s.Alignment() > g {
+			g = s.Alignment()
+		}
+	}
+	return g
+}
+
+// sizingGrads stands in for the gradient swapper while the pool that the
+// real one needs is being sized: the optimizer asks it only how large a
+// sub-group's gradient buffer is.
+type sizingGrads struct{ store *swapper.Store }
+
+func (g sizingGrads) ReadRange(context.Context, string, int, int, []byte) ([]float32, error) {
+	return nil, errors.New("zinf: internal: sizing stand-in read")
+}
+
+func (g sizingGrads) RangeBufferBytes(lo, hi int) int {
+	if hi <= lo {
+		return 0
+	}
+	if g.store == nil {
+		return 4 * (hi - lo)
+	}
+	return int(max(g.store.RangeLen(4*int64(lo), 4*int64(hi)), 4*int64(hi-lo)))
+}
+
+// reservationInput is what reserve needs of an opening runtime.
+type reservationInput struct {
+	cfg         *config.Config
+	mi          *modelInfo
+	rank, world int
+	dtype       tensor.DType
+	tiers       map[string]tensor.Tier
+	paramStore  *swapper.Store
+	gradStore   *swapper.Store
+	optimStore  *swapper.Store
+	prefetch    int // layers the plan would fetch ahead
+	bounceBytes int64
+	optOpts     optimizer.Options
+	inference   bool
+}
+
+// reserve computes the reservations for in, giving what the pool has
+// beyond the minimums to the prefetch window and the parameter cache.
+func reserve(in reservationInput) Reservations {
+	granule := granuleBytes(in.paramStore, in.gradStore, in.optimStore)
+	span := func(n int64) int64 { return buffers.SpanBytes(n, int(granule)) }
+	r := Reservations{GranuleBytes: granule, PoolBytes: int64(in.cfg.Zinf.Tiers.CPUPinnedBytes)}
+	elem := int64(in.dtype.Size())
+	part := func(name string) int64 {
+		lo, hi := partition(int(in.mi.numel[name]), in.rank, in.world)
+		return int64(hi - lo)
+	}
+	padded := func(n int64) int64 {
+		if in.paramStore != nil {
+			return in.paramStore.PaddedLen(n)
+		}
+		return n
+	}
+	var maxNVMe, maxGPU, layerMax int64
+	for _, names := range in.mi.layers {
+		var layer int64
+		for _, n := range names {
+			b := part(n) * elem
+			if b == 0 {
+				continue
+			}
+			switch in.tiers[n] {
+			case tensor.TierNVMe:
+				s := span(padded(b))
+				layer += s
+				maxNVMe = max(maxNVMe, s)
+			case tensor.TierCPU:
+				r.ParamResidentBytes += 2 * span(b)
+			case tensor.TierGPU:
+				maxGPU = max(maxGPU, span(b))
+			}
+		}
+		layerMax = max(layerMax, layer)
+	}
+	r.ParamDemandBytes = layerMax
+	if maxNVMe > 0 && !in.inference {
+		// New values on their way to NVMe hold a buffer only until their
+		// write completes, which needs nothing else: one tensor's worth
+		// keeps the step going (more would only overlap more writes).
+		r.ParamStageBytes = maxNVMe
+	}
+	var parts []int
+	for _, d := range in.mi.descs {
+		parts = append(parts, int(part(d.Name)))
+	}
+	if !in.inference {
+		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore}, parts, span)
+		oo := in.optOpts
+		oo.Store = in.optimStore
+		oo.Grads = sizingGrads{in.gradStore}
+		r.OptimizerBytes = optimizer.PinnedNeedBytes(oo, parts, span)
+	}
+	r.StagingBytes = span(maxGPU) + in.bounceBytes
+	if in.bounceBytes > 0 {
+		// Partitions swapped into device memory are read back through a
+		// staging buffer.
+		r.StagingBytes += maxNVMe
+	}
+	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes
+	if r.PoolBytes > r.MinPoolBytes {
+		// The rest goes to the parameters: prefetching and the cache.
+		r.PrefetchBytes = r.PoolBytes - r.MinPoolBytes
+		r.PrefetchBytes -= r.PrefetchBytes % granule
+		if maxInCPU := in.cfg.ZeroOptimization.OffloadParam.MaxInCPU * elem; maxInCPU > 0 && in.cfg.ZeroOptimization.OffloadParam.Device == config.OffloadNVMe {
+			r.ParamCacheBytes = min(maxInCPU, r.PrefetchBytes)
+		}
+	}
+	return r
+}
+
+// optimizerInFlight is the number of sub-groups the optimizer's step
+// holds at once.
+func optimizerInFlight(o optimizer.Options) int {
+	o.EnsureDefaults()
+	if o.PipelineDepth == 0 {
+		return 1
+	}
+	return min(o.BufferCount, 2*o.PipelineDepth+1)
+}
+
+// PlanModel places a model's tensors for cfg as Open would for rank 0 (or
+// the config's rank), without opening anything: tiers, prefetch and the
+// predicted step. See Runtime.Plan for the reservations of an open
+// runtime.
+func PlanModel(cfg *config.Config, m Model, rank, world int, computePerLayer float64) (*policy.Placement, error) {
+	mi, err := m.check()
+	if err != nil {
+		return nil, err
+	}
+	return planModel(cfg, mi, rank, world, computePerLayer, nil)
+}
