@@ -15,6 +15,10 @@ type Model struct {
 	// numbered from 0 in forward order, and a layer may hold any number of
 	// tensors (an empty layer is allowed and costs nothing).
 	Tensors []tensor.Desc
+	// Layers is the number of layers, when more than the last tensor's
+	// layer + 1 (trailing layers without offloaded tensors). Default 0:
+	// one more than the largest Desc.Layer.
+	Layers int
 }
 
 // MaxModelTensors bounds Model.Tensors: far above real models, and small
@@ -24,7 +28,7 @@ const MaxModelTensors = 1 << 22
 // LayeredModel builds a Model from layers in forward order: each tensor's
 // Layer is set to its layer's index.
 func LayeredModel(layers ...[]tensor.Desc) Model {
-	var m Model
+	m := Model{Layers: len(layers)}
 	for l, ts := range layers {
 		for _, t := range ts {
 			t.Layer = l
@@ -77,7 +81,10 @@ func (m Model) check() (*modelInfo, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	mi.layers = make([][]string, maxLayer+1)
+	if m.Layers < 0 || m.Layers > MaxModelTensors {
+		return nil, fmt.Errorf("zinf: model: Layers = %d (allowed: 0..%d)", m.Layers, MaxModelTensors)
+	}
+	mi.layers = make([][]string, max(maxLayer+1, m.Layers))
 	for _, d := range m.Tensors {
 		mi.layers[d.Layer] = append(mi.layers[d.Layer], d.Name)
 	}

@@ -296,7 +296,14 @@ func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLay
 	inv := policy.InventoryOf(mi.descs, mi.numel, dtype, world)
 	h := HintsFor(cfg, len(mi.layers), 0)
 	h.ComputeSecondsPerLayer = 2 * computePerLayer
-	return policy.Plan(TiersFor(cfg, rts...), inv, h)
+	// Pinned memory is the reservations' to judge (Open refuses a pool
+	// below their minimum, naming it); the policy places tensors and sizes
+	// prefetch without a pinned budget of its own, and buffer counts come
+	// from the reservations, not from buffer_count x buffer_size.
+	h.ParamBufferCount, h.ParamBufferBytes, h.OptimizerBufferCount = 0, 0, 0
+	tiers := TiersFor(cfg, rts...)
+	tiers.CPUBytes = policy.MaxBytes
+	return policy.Plan(tiers, inv, h)
 }
 
 // Plan returns the placement Open chose: each tensor's tier, the prefetch
