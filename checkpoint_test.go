@@ -452,9 +452,12 @@ var gpuParams = []ckptParam{
 
 // trainSteps runs n training steps on every rank, with gradients from
 // seed (each rank its own: a data-parallel job before the all-reduce).
+// Each step must finish within 30 s: a step that waits longer fails
+// the test with what the ranks' pools hold.
 func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n int) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	rng := rand.New(rand.NewPCG(seed, 3))
 	for range n {
 		for _, rt := range rts {
@@ -469,10 +472,22 @@ func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n
 				}
 			}
 			if err := rt.Step(ctx); err != nil {
+				if ctx.Err() != nil {
+					t.Fatalf("rank %d: step: %v; the pools hold:\n%s", rt.Rank, err, holders(rts))
+				}
 				t.Fatal(err)
 			}
 		}
 	}
+}
+
+// holders describes what each rank's pinned pool holds.
+func holders(rts []*Runtime) string {
+	var sb strings.Builder
+	for _, rt := range rts {
+		fmt.Fprintf(&sb, "rank %d: %s\n", rt.Rank, rt.Pool.Holders())
+	}
+	return sb.String()
 }
 
 // outstanding is each rank's pool buffers outstanding.
@@ -499,7 +514,10 @@ func TestSaveCheckpointAsyncPinnedMemory(t *testing.T) {
 }
 
 func testSaveAsyncPinned(t *testing.T, params []ckptParam) {
-	ctx := context.Background()
+	// A watchdog: the save and the training beside it must not stall on
+	// pinned memory; when they do, the error says what the pools hold.
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	defer cancel()
 	rts := openRanksOf(t, params, 2, swapper.BFloat16, 1, optimizerInMemory)
 	trainSteps(t, rts, params, 7, 2)
 	base := outstanding(rts)
@@ -513,13 +531,14 @@ func testSaveAsyncPinned(t *testing.T, params []ckptParam) {
 	defer eng.Close()
 	s := checkpoint.NewSaver(checkpoint.SaverOptions{Logger: quietLog})
 	defer s.Close()
+	defer gate.release() // before closing the saver, which waits for the held writes
 	dir := filepath.Join(t.TempDir(), "step-000002")
 	// Small staging buffers, one per file: the drain stops at its first
 	// write, so most pinned bytes are read only after training moved on.
 	h, err := SaveCheckpointAsync(ctx, s, dir, rts, CheckpointMeta{Step: 2},
 		checkpoint.SaveOptions{Logger: quietLog, Engine: eng, StagingBytes: 4096, StagingBuffers: 1})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v; the pools hold:\n%s", err, holders(rts))
 	}
 	// Training goes on while the save drains: three steps, so every
 	// optimizer record held by the save would have been written again.
