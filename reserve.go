@@ -161,7 +161,7 @@ func reserve(in reservationInput) Reservations {
 		}
 		return n
 	}
-	var maxNVMe, maxGPU, layerMax int64
+	var maxNVMe, maxGPU, layerMax, gpuSnap int64
 	for _, names := range in.mi.layers {
 		var layer int64
 		for _, n := range names {
@@ -178,6 +178,7 @@ func reserve(in reservationInput) Reservations {
 				r.ParamResidentBytes += 2 * span(b)
 			case tensor.TierGPU:
 				maxGPU = max(maxGPU, span(b))
+				gpuSnap += span(b)
 			}
 		}
 		layerMax = max(layerMax, layer)
@@ -199,8 +200,23 @@ func reserve(in reservationInput) Reservations {
 		oo.Store = in.optimStore
 		oo.Grads = sizingGrads{in.gradStore}
 		r.OptimizerBytes = optimizer.PinnedNeedBytes(oo, parts, span)
+		if in.optimStore == nil {
+			// An asynchronous checkpoint pins the committed state records
+			// while the next step builds new ones: one more copy of each.
+			sg := max(oo.SubGroupSize, 1)
+			if sg == 0 || oo.SubGroupSize == 0 {
+				sg = optimizer.DefaultSubGroupSize
+			}
+			for _, n := range parts {
+				for off := 0; off < n; off += sg {
+					r.OptimizerBytes += span(12 * int64(min(sg, n-off)))
+				}
+			}
+		}
 	}
-	r.StagingBytes = span(maxGPU) + in.bounceBytes
+	// Device copies stage one partition; an asynchronous checkpoint
+	// snapshots every GPU-tier partition into host memory.
+	r.StagingBytes = span(maxGPU) + gpuSnap + in.bounceBytes
 	if in.bounceBytes > 0 {
 		// Partitions swapped into device memory are read back through a
 		// staging buffer.

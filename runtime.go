@@ -230,7 +230,10 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: rank, WorldSize: world,
 		DType: dtype, MaxInCPUBytes: r.res.ParamCacheBytes,
-		BufferCount: zo.OffloadParam.BufferCount, Logger: log,
+		// The reservations bound parameter memory; a slot count below the
+		// tensors of one layer would deadlock its barrier, so
+		// offload_param.buffer_count is not a limit here.
+		BufferCount: 0, Logger: log,
 		// With GDS selected (aio.use_gds / zinf.gds), NVMe partitions are
 		// swapped into device memory through DeviceIO, as DeepSpeed does.
 		DeviceIO: r.DeviceIO})
