@@ -304,6 +304,9 @@ func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLay
 	// prefetch without a pinned budget of its own, and buffer counts come
 	// from the reservations, not from buffer_count x buffer_size.
 	h.ParamBufferCount, h.ParamBufferBytes, h.OptimizerBufferCount = 0, 0, 0
+	// max_in_cpu is the parameter swapper's cache, inside the parameters'
+	// reservation, not tensors homed on the CPU tier.
+	h.MaxInCPUBytes = 0
 	tiers := TiersFor(cfg, rts...)
 	tiers.CPUBytes = policy.MaxBytes
 	return policy.Plan(tiers, inv, h)
