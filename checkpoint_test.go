@@ -32,18 +32,17 @@ type ckptParam struct {
 	numel int
 	layer int
 	// tier is where the test wants the parameter. The planner decides:
-	// openRanksOf sets offload_param.device and max_in_cpu so that it
-	// places the params as listed (NVMe, or CPU for the first params of an
-	// NVMe model through the max_in_cpu cache; all CPU; all GPU) and
-	// checks that it did.
+	// openRanksOf sets offload_param.device so that it places the params
+	// as listed (all NVMe, all CPU or all GPU: max_in_cpu is the parameter
+	// swapper's cache in front of NVMe, not a tier of its own) and checks
+	// that it did.
 	tier swapper.Tier
 }
 
 // ckptParams are the test model: odd sizes, so partitions are uneven, on
-// both param tiers (block.0.w, used first, is kept in pinned memory by
-// the max_in_cpu cache; the others are on NVMe).
+// NVMe, with block.0.w (used first) small enough for the max_in_cpu cache.
 var ckptParams = []ckptParam{
-	{"block.0.w", 640, 0, swapper.TierCPU},
+	{"block.0.w", 640, 0, swapper.TierNVMe},
 	{"embed", 1001, 1, swapper.TierNVMe},
 	{"block.0.b", 13, 1, swapper.TierNVMe},
 }
@@ -58,18 +57,15 @@ func modelOf(params []ckptParam) Model {
 }
 
 // placeAs sets the config keys that make the planner place params as
-// listed: offload_param.device from the tiers, and for an NVMe model with
-// CPU-tier params (which must come first in layer order) a max_in_cpu of
-// exactly their largest partitions.
+// listed: offload_param.device from the (single) tier, and for an NVMe
+// model a max_in_cpu cache that holds the first parameter's partition.
 func placeAs(t *testing.T, cfg *config.Config, params []ckptParam, world int) {
 	t.Helper()
 	var cpu, nvme, gpu bool
-	var cache int64
 	for _, p := range params {
 		switch p.tier {
 		case swapper.TierCPU:
 			cpu = true
-			cache += int64((p.numel + world - 1) / world)
 		case swapper.TierNVMe:
 			nvme = true
 		case swapper.TierGPU:
@@ -77,17 +73,19 @@ func placeAs(t *testing.T, cfg *config.Config, params []ckptParam, world int) {
 		}
 	}
 	zo := &cfg.ZeroOptimization.OffloadParam
-	zo.MaxInCPU = 0
 	switch {
-	case nvme:
+	case nvme && !cpu && !gpu:
 		zo.Device = config.OffloadNVMe
-		zo.MaxInCPU = cache
-	case cpu && !gpu:
+		// The first parameter's partition fits the cache in front of NVMe.
+		zo.MaxInCPU = int64((params[0].numel + world - 1) / world)
+	case cpu && !gpu && !nvme:
 		zo.Device = config.OffloadCPU
-	case gpu && !cpu:
+		zo.MaxInCPU = 0
+	case gpu && !cpu && !nvme:
 		zo.Device = config.OffloadNone
+		zo.MaxInCPU = 0
 	default:
-		t.Fatal("test model mixes CPU and GPU params: no config places it so")
+		t.Fatal("test model mixes parameter tiers: no config places it so")
 	}
 }
 

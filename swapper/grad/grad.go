@@ -270,17 +270,43 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 		if inFlight == nil && held != nil {
 			// Write the kept gradient again: when the cause is gone (space
 			// freed) its memory comes back; else the new failure is
-			// returned, and a retry tries once more.
+			// returned, and a retry tries once more. The rewrite needs
+			// held's operation lock (no Accumulate may change the buffer
+			// under the write); when another operation has it, that one
+			// reports the failure and lets go, so look again shortly.
+			select {
+			case held.op <- struct{}{}:
+			default:
+				s.mu.Unlock()
+				select {
+				case <-time.After(time.Millisecond):
+				case <-ctx.Done():
+					return nil, s.named("accumulate", t, ctx.Err())
+				}
+				continue
+			}
+			if held.write != nil || held.unreported == nil || held.buf == nil {
+				held.unlock() // changed while we looked: look again
+				s.mu.Unlock()
+				continue
+			}
 			held.unreported = nil
 			buf := held.buf
 			s.mu.Unlock()
 			s.startWrite(held, buf)
+			held.unlock()
 			s.mu.Lock()
 			inFlight = held.write
-			if inFlight == nil { // the write could not even be issued
+			if inFlight == nil {
+				// Either the write could not even be issued, or it was
+				// and has already finished. Only a failure is reported;
+				// a success gave the memory back, so acquire again.
 				err := held.unreported
 				s.mu.Unlock()
-				return nil, s.named("accumulate", t, fmt.Errorf("no pinned memory while a failed write-behind keeps its gradient: %w", err))
+				if err != nil {
+					return nil, s.named("accumulate", t, fmt.Errorf("no pinned memory while a failed write-behind keeps its gradient: %w", err))
+				}
+				continue
 			}
 		}
 		s.mu.Unlock()
