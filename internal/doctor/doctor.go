@@ -60,7 +60,7 @@ func Run(paths []string) *Report {
 		if lim.Cur == unix.RLIM_INFINITY {
 			r.add("memlock", true, "unlimited: the pinned pool can be locked")
 		} else {
-			detail := fmt.Sprintf("limit %s (hard %s)", config.Size(int64(lim.Cur)), hard(lim.Max))
+			detail := fmt.Sprintf("limit %s (hard %s)", config.Size(int64(lim.Cur)), hard(uint64(lim.Max)))
 			capOK := os.Geteuid() == 0
 			if capOK {
 				detail += "; running as root (CAP_IPC_LOCK): locking is allowed regardless"
@@ -133,13 +133,14 @@ func spaceOf(p string) string {
 	if err := unix.Statfs(p, &sfs); err != nil {
 		return fmt.Sprintf("free space unknown (%v)", err)
 	}
-	free := config.Size(int64(sfs.Bavail) * sfs.Bsize)
-	switch {
-	case sfs.Type == unix.RAMFS_MAGIC:
+	free := config.Size(int64(sfs.Bavail) * int64(sfs.Bsize))
+	switch ramBacked(&sfs) {
+	case "ramfs":
 		return "RAM-backed (ramfs): data lives in memory and swapping there saves none; free space not reported (ramfs has no limit but RAM)"
-	case sfs.Type == unix.TMPFS_MAGIC:
+	case "tmpfs":
 		return fmt.Sprintf("RAM-backed (tmpfs): data lives in memory (or swap) and swapping there saves none; %s free under the mount's size limit", free)
-	case sfs.Blocks == 0:
+	}
+	if sfs.Blocks == 0 {
 		return "free space not reported by the filesystem"
 	}
 	return fmt.Sprintf("%s free", free)

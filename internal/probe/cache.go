@@ -134,7 +134,7 @@ func fsKey(path string) (string, error) {
 	if err := unix.Statfs(path, &sfs); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("dev=%d:%d fs=0x%x", unix.Major(st.Dev), unix.Minor(st.Dev), uint64(sfs.Type)), nil
+	return fmt.Sprintf("dev=%d:%d fs=0x%x", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)), uint64(sfs.Type)), nil
 }
 
 // readCache reads the cache file. writable says whether Bandwidth may

@@ -108,7 +108,7 @@ func Measure(ctx context.Context, path string, engine aio.Engine, bytes int64) (
 	write := time.Since(start)
 	if !f.Direct() {
 		// Buffered: read from the device, not from the pages just written.
-		unix.Fadvise(f.Fd(), 0, 0, unix.FADV_DONTNEED)
+		dropCache(f.Fd())
 	}
 	start = time.Now()
 	if err := run(ctx, engine, f, aio.OpRead, n, buf); err != nil {

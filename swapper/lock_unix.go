@@ -1,3 +1,5 @@
+//go:build unix
+
 package swapper
 
 import (
@@ -31,22 +33,4 @@ func allocatedBytes(info os.FileInfo) int64 {
 		return st.Blocks * 512
 	}
 	return info.Size()
-}
-
-// freeSpace returns the filesystem of path (its device number) and the
-// bytes free there for an unprivileged writer; reported is false where the
-// filesystem does not report free space (ramfs says 0 of 0).
-func freeSpace(path string) (dev uint64, free int64, reported bool, err error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, 0, false, err
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return 0, 0, false, err
-	}
-	if fs.Type == unix.RAMFS_MAGIC || fs.Blocks == 0 {
-		return uint64(st.Dev), 0, false, nil
-	}
-	return uint64(st.Dev), int64(fs.Bavail) * fs.Bsize, true, nil
 }

@@ -1,3 +1,5 @@
+//go:build unix
+
 package swapper
 
 import "golang.org/x/sys/unix"
