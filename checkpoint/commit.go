@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/zinfio/zinf/internal/testhook"
 )
 
 // Names in the checkpoint root. A writer's temporary directory is
@@ -75,10 +77,6 @@ func ownLockName(base string) (dir string, init bool, ok bool) {
 	return "", false, false
 }
 
-// testHookCommit, set only by tests (before any save starts), is called at
-// the commit's stages, so a crash test can kill a writer inside them.
-var testHookCommit func(stage string)
-
 // txn is one checkpoint being written: the temporary directory, its lock,
 // and the commit.
 //
@@ -117,6 +115,7 @@ func begin(root, name string, overwrite bool, log *slog.Logger) (*txn, error) {
 		return nil, &Error{Op: "save", Path: root, Err: fmt.Errorf("creating the writer lock: %w", err)}
 	}
 	t.lock, t.lockPath = lf, t.tmp+lockSuffix
+	testhook.Hit("checkpoint/locked")
 	if err := os.Mkdir(t.tmp, 0o755); err != nil {
 		t.unlock(true)
 		return nil, &Error{Op: "save", Path: t.tmp, Err: err}
@@ -203,9 +202,7 @@ func (t *txn) commit() error {
 	if err := syncDir(t.tmp); err != nil {
 		return &Error{Op: "commit", Path: t.tmp, Err: err}
 	}
-	if testHookCommit != nil {
-		testHookCommit("before-rename")
-	}
+	testhook.Hit("checkpoint/before-rename")
 	err := renameNoReplace(t.tmp, t.final)
 	replaced := false
 	if errors.Is(err, os.ErrExist) && t.overwrite {
@@ -251,9 +248,7 @@ func (t *txn) commit() error {
 		return &Error{Op: "commit", Path: t.final, Err: err}
 	}
 	t.committed = true
-	if testHookCommit != nil {
-		testHookCommit("after-rename")
-	}
+	testhook.Hit("checkpoint/after-rename")
 	if err := syncDir(t.root); err != nil {
 		return &Error{Op: "commit", Path: t.root, Err: err}
 	}
@@ -514,20 +509,27 @@ func Latest(root string) (string, error) {
 	return list[len(list)-1].Dir, nil
 }
 
-// retain deletes all but the newest keep committed checkpoints under root,
-// never the one just written. Each victim is first renamed to a hidden
+// retain deletes all but the newest keep committed checkpoints under root
+// for which match returns true (all when match is nil), never the one just
+// written. Each victim is first renamed to a hidden
 // victim's name (".tmp-zinf-ckpt-del-...") whose lock file is created and
 // held first, so it disappears from Latest at once and a crash mid-removal
 // leaves a directory with an unheld lock, which the next save's sweep
 // removes.
-func retain(root, justWritten string, keep int, log *slog.Logger) {
+func retain(root, justWritten string, keep int, match func(Info) bool, log *slog.Logger) {
 	if keep <= 0 {
 		return
 	}
-	list, err := List(root)
+	all, err := List(root)
 	if err != nil {
 		log.Warn("checkpoint: retention could not list checkpoints", "root", root, "err", err)
 		return
+	}
+	list := all[:0]
+	for _, c := range all {
+		if match == nil || match(c) {
+			list = append(list, c)
+		}
 	}
 	var victims []Info
 	for i, c := range list {
@@ -559,6 +561,7 @@ func retain(root, justWritten string, keep int, log *slog.Logger) {
 	if err := syncDir(root); err != nil {
 		log.Warn("checkpoint: fsync of the checkpoint root failed", "root", root, "err", err)
 	}
+	testhook.Hit("checkpoint/retain-renamed")
 	for _, v := range trash {
 		removeLocked(v.dir, v.lock, log)
 	}

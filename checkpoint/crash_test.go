@@ -15,6 +15,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -48,10 +49,14 @@ func crashHelper(arg string) int {
 	seed, _ := strconv.ParseUint(parts[2], 10, 64)
 	// Announce the commit's stages and linger in them, so the parent can
 	// kill the writer there.
-	testHookCommit = func(stage string) {
+	testhook.Set(func(point string) {
+		stage, ok := strings.CutPrefix(point, "checkpoint/")
+		if !ok || (stage != "before-rename" && stage != "after-rename") {
+			return
+		}
 		fmt.Println(stage)
 		time.Sleep(200 * time.Millisecond)
-	}
+	})
 	inj := faults.New(seed, faults.Rule{Kind: faults.Writes, Delay: 10 * time.Millisecond})
 	eng, err := aio.New(aio.Options{Direct: aio.DirectOptional, BlockSizeBytes: 256 << 10, IntraOpParallelism: 1, Faults: inj})
 	if err != nil {

@@ -50,6 +50,12 @@ type SaveOptions struct {
 	// checkpoints in the same root after a successful save; the one just
 	// written is never deleted. Default 0: keep everything.
 	KeepLast int
+	// RetainMatch, when set, narrows KeepLast to the committed checkpoints
+	// for which it returns true: only those are counted and deleted, and
+	// every other checkpoint in the root is left alone (zinf.Checkpointer
+	// keeps to the names it gives its own). Default nil: every committed
+	// checkpoint in the root.
+	RetainMatch func(Info) bool
 	// Overwrite allows replacing a committed checkpoint of the same name
 	// (atomically: the old one stays until the new one is committed).
 	// Anything at that name that is not a committed zinf checkpoint is

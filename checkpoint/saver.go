@@ -525,6 +525,6 @@ func (s *Saver) finish(ctx context.Context, tx *txn, p *plan, opts SaveOptions) 
 		return nil, err
 	}
 	m.Dir = tx.final
-	retain(tx.root, tx.name, opts.KeepLast, opts.Logger)
+	retain(tx.root, tx.name, opts.KeepLast, opts.RetainMatch, opts.Logger)
 	return m, nil
 }

@@ -2,8 +2,11 @@ package checkpoint_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/zinfio/zinf/checkpoint"
@@ -44,5 +47,53 @@ func TestSaveKeepsUserTmpDirectory(t *testing.T) {
 	}
 	if latest, err := checkpoint.Latest(root); err != nil || filepath.Base(latest) != "step-000002" {
 		t.Fatalf("Latest = %q, %v", latest, err)
+	}
+}
+
+// RetainMatch narrows KeepLast to the checkpoints it matches: the others
+// are neither counted nor deleted, whatever their step; sync and async
+// saves alike.
+func TestKeepLastRetainMatch(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		root := t.TempDir()
+		st := func(step int64) checkpoint.State {
+			return checkpoint.State{Step: step, Ranks: []checkpoint.RankState{{Files: []checkpoint.TensorFile{{
+				Name:    "params.safetensors",
+				Tensors: []checkpoint.Tensor{checkpoint.FromBytes("w", swapper.Float32, []int64{2}, f32bytes(1, float32(step)))},
+			}}}}}
+		}
+		ctx := context.Background()
+		if _, err := checkpoint.Save(ctx, filepath.Join(root, "best"), st(1), checkpoint.SaveOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		mine := func(c checkpoint.Info) bool { return strings.HasPrefix(c.Name, "run-") }
+		s := checkpoint.NewSaver(checkpoint.SaverOptions{})
+		for step := int64(2); step <= 5; step++ {
+			opts := checkpoint.SaveOptions{KeepLast: 2, RetainMatch: mine}
+			dir := filepath.Join(root, fmt.Sprintf("run-%d", step))
+			if async {
+				h, err := s.SaveAsync(ctx, dir, st(step), opts)
+				if err == nil {
+					_, err = h.Wait()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := checkpoint.Save(ctx, dir, st(step), opts); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		list, err := checkpoint.List(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, c := range list {
+			names = append(names, c.Name)
+		}
+		if want := []string{"best", "run-4", "run-5"}; !slices.Equal(names, want) {
+			t.Fatalf("async %v: the root holds %v, want %v", async, names, want)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/testhook"
 )
 
 // Writer saves checkpoints synchronously. It keeps its I/O engine and
@@ -150,7 +151,7 @@ func (w *Writer) Save(ctx context.Context, dir string, state State, opts SaveOpt
 		return nil, err
 	}
 	m.Dir = tx.final
-	retain(root, name, opts.KeepLast, opts.Logger)
+	retain(root, name, opts.KeepLast, opts.RetainMatch, opts.Logger)
 	return m, nil
 }
 
@@ -299,6 +300,7 @@ func streamFile(ctx context.Context, eng aio.Engine, staging, bounce *buffers.Po
 // the writes reached), fdatasyncs and closes. The fdatasync covers the size
 // change, which is needed to read the data back.
 func finishFile(f *aio.File, pf *plannedFile, path string, written int64) error {
+	testhook.Hit("checkpoint/file-written")
 	if written != pf.length {
 		if err := f.Truncate(pf.length); err != nil {
 			return &Error{Op: "save", Path: path, Err: err}
