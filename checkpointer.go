@@ -167,7 +167,10 @@ type pendingSave struct {
 
 // OpenCheckpointer creates root if needed, takes its lock and returns a
 // Checkpointer saving there. It refuses a root another open Checkpointer
-// (in this or another process) holds.
+// (in this or another process) holds. Then it tidies the root after a
+// crash: it removes the temporary entries of saves that died
+// (checkpoint.Sweep) and applies KeepLast to the checkpoints already there
+// (checkpoint.Prune), both limited to what zinf's checkpoints are made of.
 func OpenCheckpointer(root string, opts CheckpointerOptions) (*Checkpointer, error) {
 	var errs []error
 	if root == "" {
@@ -206,6 +209,11 @@ func OpenCheckpointer(root string, opts CheckpointerOptions) (*Checkpointer, err
 	if err != nil {
 		return nil, err
 	}
+	// What a killed job left: its interrupted save's temporary directory,
+	// and the retention it did not get to, which no later save may come
+	// to fix when that job's last checkpoint was committed.
+	checkpoint.Sweep(root, opts.Logger)
+	checkpoint.Prune(root, opts.KeepLast, ownCheckpoint, opts.Logger)
 	c := &Checkpointer{root: root, opts: opts, lock: lock, log: opts.Logger}
 	if opts.Async {
 		c.saver = checkpoint.NewSaver(checkpoint.SaverOptions{Logger: opts.Logger})

@@ -376,6 +376,32 @@ func claimLock(path string) (*os.File, lockState) {
 	return f, lockStale
 }
 
+// Sweep removes from root what savers of this package left when they
+// died (killed mid-save, mid-commit or mid-retention): exactly the entries
+// described under "Crash safety" in the package documentation, and only
+// once their lock is provably held by nobody. Every save does it first; a
+// program that resumes and may not save again (its last checkpoint was
+// already taken) calls it to leave the root clean. Problems are logged,
+// not returned. A missing root has nothing to sweep.
+func Sweep(root string, log *slog.Logger) {
+	if log == nil {
+		log = slog.Default()
+	}
+	cleanStale(root, log)
+}
+
+// Prune deletes all but the newest keep committed checkpoints under root
+// for which match returns true (every committed checkpoint when match is
+// nil), crash-safely, as SaveOptions.KeepLast does after a save: each
+// victim disappears from Latest and List at once and is removed under a
+// lock of its own. keep < 1 deletes nothing. Problems are logged.
+func Prune(root string, keep int, match func(Info) bool, log *slog.Logger) {
+	if log == nil {
+		log = slog.Default()
+	}
+	retain(root, "", keep, match, log)
+}
+
 // cleanStale removes what writers that died left in root, and nothing
 // else: an entry is removed only if its name has exactly the shape this
 // package gives its temporary directories and lock files (see tempName)

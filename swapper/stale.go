@@ -232,7 +232,9 @@ func sweepStale(path string, keep bool, log *slog.Logger) {
 				log.Warn("swapper: removing the swap space of a run that is gone failed", append(attrs, "err", err)...)
 				return
 			}
-			log.Info("swapper: removed the swap space of a run that is gone", attrs...)
+			// A warning, not a note: it tells the user that a run died
+			// (killed, crashed) and how much space it had held.
+			log.Warn("swapper: removed the swap space of a run that is gone", attrs...)
 		}
 	})
 	if err != nil {

@@ -24,7 +24,7 @@ func runInfer(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		seed         uint64
 	)
 	fs.StringVar(&cfgPath, "config", "", "config file (default: the embedded one)")
-	fs.StringVar(&dir, "dir", "", "swap directory when the config names none (default: a temp dir, removed)")
+	fs.StringVar(&dir, "dir", "", "swap directory when the config names none (default: the system's temporary directory; the run removes its swap files)")
 	fs.IntVar(&o.Spec.Layers, "layers", 8, "model layers")
 	fs.IntVar(&o.Spec.Width, "width", 512, "layer width")
 	fs.IntVar(&o.Spec.Batch, "batch", 8, "rows per batch")

@@ -155,24 +155,28 @@ func checkMemory(flagName string, value, need int64, what string) error {
 // checkDisk refuses a flag whose value needs more free space in dir than
 // its filesystem has, naming the flag, the value and the space free.
 func checkDisk(flagName string, value, need int64, dir string) error {
-	var st unix.Statfs_t
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || unix.Statfs(dir, &st) != nil {
-		return nil // the path's own check reports what is wrong with it
+	_, free, ok := diskFree(dir)
+	if !ok || need <= free {
+		return nil // no figure, or the path's own check reports what is wrong with it
 	}
-	if st.Blocks == 0 {
-		// No block accounting (ramfs): the filesystem reports 0 free
-		// however much it can hold, so there is no figure to check.
-		return nil
+	return fmt.Errorf("%s %s needs %s on %s, more than the %s free there: choose a smaller %s or another --path",
+		flagName, sizeText(value), units.FormatBytesExact(need), dir, units.FormatBytesExact(free), flagName)
+}
+
+// diskFree returns the bytes free to an unprivileged writer on the
+// filesystem of the directory dir; ok is false when dir is not a directory
+// or the filesystem has no block accounting (ramfs reports 0 free however
+// much it can hold), where there is no figure to check.
+func diskFree(dir string) (string, int64, bool) {
+	var st unix.Statfs_t
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || unix.Statfs(dir, &st) != nil || st.Blocks == 0 {
+		return dir, 0, false
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
 	if st.Bsize > 0 && int64(st.Bavail) > math.MaxInt64/int64(st.Bsize) {
 		free = math.MaxInt64
 	}
-	if need <= free {
-		return nil
-	}
-	return fmt.Errorf("%s %s needs %s on %s, more than the %s free there: choose a smaller %s or another --path",
-		flagName, sizeText(value), units.FormatBytesExact(need), dir, units.FormatBytesExact(free), flagName)
+	return dir, free, true
 }
 
 // nextPow2 is the smallest power of two at least n (n > 0): the pinned pool

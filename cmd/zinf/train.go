@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"path/filepath"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/internal/units"
 	"github.com/zinfio/zinf/policy"
 )
 
@@ -18,8 +23,13 @@ func init() {
 }
 
 // loadConfig reads --config (or the embedded default) and, when the config
-// offloads to NVMe without a path, points it at dir (or a new temp dir that
-// cleanup removes).
+// offloads to NVMe without a path, points it at dir, or at the system's
+// temporary directory (os.TempDir) when dir is empty. The swap stores make
+// their own run directories there and remove them when the run ends; a
+// run killed before that leaves them where the next run on the same path
+// (and `zinf doctor --path`) finds and removes them, which a fresh
+// directory per run would hide. cleanup is kept for callers and does
+// nothing.
 func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup func(), err error) {
 	cleanup = func() {}
 	if path == "" {
@@ -32,18 +42,12 @@ func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup
 	}
 	if cfg.NeedsScratchDir() {
 		if dir == "" {
-			d, err := os.MkdirTemp("", "zinf-swap-")
-			if err != nil {
-				return nil, cleanup, err
-			}
-			dir = d
-			cleanup = func() { os.RemoveAll(d) }
+			dir = os.TempDir()
 		}
 		cfg.SetScratchDir(dir)
 	}
 	if err := cfg.Validate(); err != nil {
-		cleanup()
-		return nil, func() {}, err
+		return nil, cleanup, err
 	}
 	return cfg, cleanup, nil
 }
@@ -58,7 +62,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		asJSON, quiet bool
 	)
 	fs.StringVar(&cfgPath, "config", "", "config file (DeepSpeed JSON + zinf section); default: the embedded one")
-	fs.StringVar(&dir, "dir", "", "swap directory when the config names none (default: a temp dir, removed)")
+	fs.StringVar(&dir, "dir", "", "swap directory when the config names none (default: the system's temporary directory; the run removes its swap files)")
 	fs.IntVar(&spec.Layers, "layers", 8, "model layers")
 	fs.IntVar(&spec.Width, "width", 512, "layer width")
 	fs.IntVar(&spec.Batch, "batch", 8, "rows per micro-batch per rank")
@@ -70,6 +74,8 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.PrefetchDepth, "prefetch", 0, "layers to prefetch ahead (0: the policy decides)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object with the results")
 	fs.BoolVar(&quiet, "quiet", false, "no per-step progress")
+	var ck ckptFlags
+	ck.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -77,7 +83,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// Zero would silently mean "the default" below the command line.
 	compute, cerr := computeMsFlag(computeMs)
 	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr,
-		modelFlags(spec.Layers, spec.Width, spec.Batch)); err != nil {
+		modelFlags(spec.Layers, spec.Width, spec.Batch), ck.check(fs)); err != nil {
 		return err
 	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
@@ -85,6 +91,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer cleanup()
+	if err := ck.checkResources(cfg, spec, o.Steps); err != nil {
+		return err
+	}
+	ck.apply(&o)
 	o.Config, o.Spec = cfg, spec
 	o.ComputePerLayer = compute
 	o.Logger = cliLogger(stderr)
@@ -114,6 +124,12 @@ func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	}
 	fmt.Fprintf(w, "  NVMe: read %s (%.3f GB/s), written %s (%.3f GB/s)\n", policy.FormatBytes(r.BytesRead), r.ReadGBps, policy.FormatBytes(r.BytesWritten), r.WriteGBps)
 	fmt.Fprintf(w, "  memory: peak RSS %s, pinned pool %s (locked: %v)\n", policy.FormatBytes(r.PeakRSSBytes), policy.FormatBytes(r.PinnedBytes), r.PinnedLocked)
+	if r.Resumed != nil {
+		fmt.Fprintf(w, "  resumed from %s (step %d, saved at world size %d); %d steps run\n", r.Resumed.Dir, r.Resumed.Step, r.Resumed.WorldSize, r.StepsRun)
+	}
+	for _, c := range r.Checkpoints {
+		fmt.Fprintf(w, "  checkpoint step %d: %s, %s in %.3f s (training held %.3f s)\n", c.Step, c.Dir, policy.FormatBytes(c.Bytes), c.Seconds, c.StallSeconds)
+	}
 	switch {
 	case r.BitwiseEqual == nil:
 		if verify {
@@ -140,4 +156,112 @@ func modelFlags(layers, width, batch int) error {
 	// A layer's fp32 weights, its gradient and two optimizer moments.
 	perLayer := int64(width) * int64(width) * 4 * 4
 	return checkMemory("--width", int64(width), perLayer, "one layer (fp32 weights, gradient and two optimizer moments of width x width)")
+}
+
+// ckptFlags are train's checkpoint and resume flags.
+type ckptFlags struct {
+	dir    string
+	every  int
+	keep   int
+	async  bool
+	resume bool
+}
+
+// maxCheckpointKeep bounds --checkpoint-keep: far more checkpoints than
+// anyone keeps, small enough that no count overflows.
+const maxCheckpointKeep = 1 << 20
+
+func (c *ckptFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.dir, "checkpoint-dir", "", "save checkpoints here, crash-safely, one directory per step (step-000010, ...)")
+	fs.IntVar(&c.every, "checkpoint-every", 0, "save a checkpoint after every N steps and after the last step (required with --checkpoint-dir)")
+	fs.IntVar(&c.keep, "checkpoint-keep", zinf.DefaultCheckpointKeep, "checkpoints kept in --checkpoint-dir; older ones are deleted after each commit, nothing else there is (0 keeps all)")
+	fs.BoolVar(&c.async, "checkpoint-async", false, "save asynchronously: training goes on while a checkpoint drains (pinned memory of the checkpoint's size)")
+	fs.BoolVar(&c.resume, "resume", false, "continue from the newest committed checkpoint in --checkpoint-dir (an error when there is none); --steps is the total to reach")
+}
+
+// check reports every checkpoint flag that is invalid or set without
+// --checkpoint-dir (nothing is silently ignored).
+func (c *ckptFlags) check(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	if c.dir == "" {
+		if set["checkpoint-dir"] {
+			return errors.New("--checkpoint-dir \"\" is invalid: name a directory")
+		}
+		for _, n := range []string{"checkpoint-every", "checkpoint-keep", "checkpoint-async", "resume"} {
+			if set[n] {
+				errs = append(errs, fmt.Errorf("--%s needs --checkpoint-dir (where the checkpoints are)", n))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	if !set["checkpoint-every"] {
+		errs = append(errs, errors.New("--checkpoint-dir needs --checkpoint-every N: the steps between checkpoints"))
+	} else if err := intIn("--checkpoint-every", c.every, 1, math.MaxInt32); err != nil {
+		errs = append(errs, err)
+	}
+	if err := intIn("--checkpoint-keep", c.keep, 0, maxCheckpointKeep); err != nil {
+		errs = append(errs, err)
+	}
+	if fi, err := os.Stat(c.dir); err == nil && !fi.IsDir() {
+		errs = append(errs, fmt.Errorf("--checkpoint-dir %s is invalid: it is not a directory", c.dir))
+	}
+	return errors.Join(errs...)
+}
+
+// checkResources refuses checkpoint settings the machine cannot hold: an
+// asynchronous snapshot (one checkpoint's size in pinned memory) beyond
+// the memory available, and the checkpoints kept at once (KeepLast plus
+// the one being written) beyond the free disk space.
+func (c *ckptFlags) checkResources(cfg *config.Config, spec train.Spec, steps int) error {
+	if c.dir == "" {
+		return nil
+	}
+	paramBytes := int64(4)
+	if cfg.BF16 || cfg.FP16 {
+		paramBytes = 2
+	}
+	// Parameters in their dtype, fp32 master, exp_avg and exp_avg_sq.
+	size := spec.ParamCount() * (paramBytes + 12)
+	var errs []error
+	if avail, ok := memAvailable(); ok && c.async && size > avail {
+		errs = append(errs, fmt.Errorf("--checkpoint-async needs %s of pinned memory for a snapshot of each checkpoint, more than the %s available (MemAvailable in /proc/meminfo): leave it out to save synchronously",
+			units.FormatBytesExact(size), units.FormatBytesExact(avail)))
+	}
+	copies := int64(steps/c.every + 1)
+	if c.keep > 0 {
+		copies = min(copies, int64(c.keep)+1)
+	}
+	need := size * copies
+	if size > 0 && need/size != copies {
+		need = math.MaxInt64
+	}
+	if dir, free, ok := diskFree(existingAncestor(c.dir)); ok && need > free {
+		errs = append(errs, fmt.Errorf("--checkpoint-dir %s needs %s for %d checkpoints of %s (--checkpoint-keep %d plus the one being written), more than the %s free on %s: keep fewer or choose another directory",
+			c.dir, units.FormatBytesExact(need), copies, units.FormatBytesExact(size), c.keep, units.FormatBytesExact(free), dir))
+	}
+	return errors.Join(errs...)
+}
+
+// apply sets the run's checkpoint options.
+func (c *ckptFlags) apply(o *train.Options) {
+	if c.dir == "" {
+		return
+	}
+	o.CheckpointDir, o.CheckpointEvery, o.CheckpointAsync, o.Resume = c.dir, c.every, c.async, c.resume
+	o.CheckpointKeep = c.keep
+	if c.keep == 0 {
+		o.CheckpointKeep = -1 // zinf.CheckpointerOptions: keep all
+	}
+}
+
+// existingAncestor is dir, or its nearest ancestor that exists (where a
+// directory still to be created will take its space).
+func existingAncestor(dir string) string {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || d == filepath.Dir(d) {
+			return d
+		}
+	}
 }

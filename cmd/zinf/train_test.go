@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -91,6 +93,173 @@ func TestTrainBadInput(t *testing.T) {
 		}
 		if got := tree(t, swap); !slices.Equal(got, []string{"."}) {
 			t.Fatalf("train %q left %v", c.args, got)
+		}
+	}
+}
+
+// TestTrainCheckpointFlags: every misuse of the checkpoint flags is
+// refused before anything runs, naming the flag and what is allowed;
+// nothing is created.
+func TestTrainCheckpointFlags(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ck := filepath.Join(dir, "ck")
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--checkpoint-every", "2"}, []string{"--checkpoint-every needs --checkpoint-dir"}},
+		{[]string{"--resume"}, []string{"--resume needs --checkpoint-dir"}},
+		{[]string{"--checkpoint-keep", "1", "--checkpoint-async"}, []string{"--checkpoint-keep needs --checkpoint-dir", "--checkpoint-async needs --checkpoint-dir"}},
+		{[]string{"--checkpoint-dir", ""}, []string{`--checkpoint-dir "" is invalid`}},
+		{[]string{"--checkpoint-dir", ck}, []string{"--checkpoint-dir needs --checkpoint-every N"}},
+		{[]string{"--checkpoint-dir", ck, "--checkpoint-every", "0"}, []string{"--checkpoint-every 0 is invalid (allowed: 1.."}},
+		{[]string{"--checkpoint-dir", ck, "--checkpoint-every", "-3"}, []string{"--checkpoint-every -3 is invalid (allowed: 1.."}},
+		{[]string{"--checkpoint-dir", ck, "--checkpoint-every", "1", "--checkpoint-keep", "-1"}, []string{"--checkpoint-keep -1 is invalid (allowed: 0.."}},
+		{[]string{"--checkpoint-dir", file, "--checkpoint-every", "1"}, []string{"--checkpoint-dir " + file + " is invalid: it is not a directory"}},
+		{[]string{"--checkpoint-dir", ck, "--checkpoint-every", "1", "--resume"}, []string{"no committed checkpoint in " + ck}},
+	} {
+		args := append([]string{"train", "--layers", "2", "--width", "16", "--steps", "2", "--dir", dir}, c.args...)
+		code, out, errs := runCLI(t, args...)
+		if code != 1 {
+			t.Errorf("%q: exit %d, want 1:\nstdout %s\nstderr %s", c.args, code, out, errs)
+			continue
+		}
+		wantAll(t, strings.Join(c.args, " "), errs, c.want...)
+	}
+	if got := tree(t, dir); !slices.Equal(got, []string{".", "file"}) {
+		t.Fatalf("refused runs left %v", got)
+	}
+}
+
+// TestTrainResume: a run checkpoints every 2 of 4 steps; another with
+// --resume and --steps 7, at world size 2, continues from step 4, reports
+// where it resumed and each save (step, dir, bytes, seconds) in --json,
+// and equals in-memory training of 7 steps bit for bit. A fresh run on the
+// same directory and a resume of another seed are refused, naming why.
+func TestTrainResume(t *testing.T) {
+	dir, swap := filepath.Join(t.TempDir(), "ck"), t.TempDir()
+	base := []string{"train", "--layers", "2", "--width", "24", "--dir", swap, "--checkpoint-dir", dir, "--checkpoint-every", "2", "--json", "--quiet"}
+	code, out, errs := runCLI(t, append(base, "--steps", "4")...)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	var first struct {
+		Checkpoints []map[string]any `json:"checkpoints"`
+		Resumed     any              `json:"resumed_from"`
+	}
+	if err := json.Unmarshal([]byte(out), &first); err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Checkpoints) != 2 || first.Resumed != nil {
+		t.Fatalf("first run: %s", out)
+	}
+	for i, c := range first.Checkpoints {
+		if c["step"] != float64(2*(i+1)) || c["dir"] != filepath.Join(dir, fmt.Sprintf("step-%06d", 2*(i+1))) || c["bytes"].(float64) <= 0 || c["seconds"].(float64) <= 0 {
+			t.Errorf("checkpoint record %v", c)
+		}
+	}
+
+	code, _, errs = runCLI(t, append(base, "--steps", "7")...)
+	if code != 1 || !strings.Contains(errs, "already holds checkpoints") || !strings.Contains(errs, "--resume") {
+		t.Fatalf("a fresh run over existing checkpoints: exit %d:\n%s", code, errs)
+	}
+	code, _, errs = runCLI(t, append(base, "--steps", "7", "--resume", "--seed", "9", "--batch", "3")...)
+	if code != 1 || !strings.Contains(errs, "--seed") || !strings.Contains(errs, "--batch") {
+		t.Fatalf("a resume with another seed and batch: exit %d:\n%s", code, errs)
+	}
+	code, _, errs = runCLI(t, append(base, "--steps", "3", "--resume")...)
+	if code != 1 || !strings.Contains(errs, "past the 3 steps") {
+		t.Fatalf("a resume past --steps: exit %d:\n%s", code, errs)
+	}
+
+	t.Setenv("WORLD_SIZE", "2")
+	code, out, errs = runCLI(t, append(base, "--steps", "7", "--resume", "--verify")...)
+	if code != 0 {
+		t.Fatalf("resume: exit %d:\n%s", code, errs)
+	}
+	var res struct {
+		Steps        int                      `json:"steps"`
+		StepsRun     int                      `json:"steps_run"`
+		World        int                      `json:"world_size"`
+		DataParallel int                      `json:"data_parallel"`
+		Equal        bool                     `json:"bitwise_equal"`
+		Resumed      map[string]any           `json:"resumed_from"`
+		Checkpoints  []map[string]interface{} `json:"checkpoints"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.Equal || res.Steps != 7 || res.StepsRun != 3 || res.World != 2 || res.DataParallel != 1 {
+		t.Fatalf("resumed run: %s", out)
+	}
+	if res.Resumed["step"] != float64(4) || res.Resumed["dir"] != filepath.Join(dir, "step-000004") || res.Resumed["world_size"] != float64(1) {
+		t.Fatalf("resumed_from %v", res.Resumed)
+	}
+	if len(res.Checkpoints) != 2 || res.Checkpoints[0]["step"] != float64(6) || res.Checkpoints[1]["step"] != float64(7) {
+		t.Fatalf("checkpoints %v", res.Checkpoints)
+	}
+	// Default --checkpoint-keep 3: steps 4, 6 and 7 are left.
+	if got := tree(t, dir); !slices.Contains(got, "step-000004") || slices.Contains(got, "step-000002") || !slices.Contains(got, "step-000007") {
+		t.Fatalf("the checkpoint directory holds %v", got)
+	}
+}
+
+// TestRealWorldConfigs: three DeepSpeed configs as users have them (the
+// Hugging Face Trainer's with "auto" values and aio.thread_count; one
+// tuned with 1e8-element values written as floats; one offloading only the
+// optimizer to NVMe) train at the default pinned budget. Their max_in_cpu
+// (1e9 and 1e8 elements) is more than the budget holds: it is a cache, so
+// it is clamped to what fits with exactly one warning naming the key and
+// the size used, at any world size (it used to be refused:
+// "param: Options.MaxInCPUBytes = 4000000000: must not exceed the pool's
+// capacity"). Where offload_param.device is not nvme max_in_cpu is unused,
+// and nothing warns about it.
+func TestRealWorldConfigs(t *testing.T) {
+	for _, c := range []struct {
+		file  string
+		warns bool
+	}{{"hf_trainer_auto.json", true}, {"tuned_1e8.json", true}, {"optimizer_only_nvme.json", false}} {
+		for _, world := range []string{"1", "2"} {
+			t.Run(c.file+"-world"+world, func(t *testing.T) {
+				b, err := os.ReadFile(filepath.Join("testdata", c.file))
+				if err != nil {
+					t.Fatal(err)
+				}
+				swap := t.TempDir()
+				cfg := filepath.Join(t.TempDir(), c.file)
+				if err := os.WriteFile(cfg, bytes.ReplaceAll(b, []byte("/local_nvme"), []byte(swap)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				t.Setenv("WORLD_SIZE", world)
+				code, out, errs := runCLI(t, "train", "--config", cfg, "--layers", "2", "--width", "32", "--steps", "2", "--verify", "--json", "--quiet")
+				if code != 0 {
+					t.Fatalf("exit %d:\n%s", code, errs)
+				}
+				if !strings.Contains(out, `"bitwise_equal":true`) {
+					t.Fatalf("not bit for bit:\n%s", out)
+				}
+				n := 0
+				for _, line := range strings.Split(errs, "\n") {
+					if strings.Contains(line, "max_in_cpu") {
+						n++
+					}
+				}
+				switch {
+				case c.warns && n != 1:
+					t.Fatalf("want exactly one max_in_cpu warning, got %d:\n%s", n, errs)
+				case c.warns:
+					wantAll(t, "the warning", errs, "level=WARN", "zero_optimization.offload_param.max_in_cpu", "cache=")
+				case n != 0:
+					t.Fatalf("max_in_cpu is unused with offload_param.device none, yet:\n%s", errs)
+				}
+				if strings.Contains(errs, "MaxInCPUBytes") || strings.Contains(errs, "Options.") {
+					t.Fatalf("a Go option name reached the user:\n%s", errs)
+				}
+			})
 		}
 	}
 }

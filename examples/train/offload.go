@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -26,6 +27,9 @@ func (s Spec) Model() zinf.Model {
 type zinfBackend struct {
 	spec Spec
 	rts  []*zinf.Runtime
+	// run is what checkpoints record of the run (Run fills it; tests that
+	// drive the backend directly leave it zero and record none).
+	run runMeta
 	// Time the loop spent blocked on I/O: layer barriers, gradient hand-off
 	// (only blocks when write-behind is behind), and the optimizer's reads.
 	ioWait time.Duration
@@ -100,6 +104,7 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 		b.accumulated[r] = true
+		testhook.Hit("train/accumulate")
 	}
 	clear(b.accumulated)
 	return nil
@@ -127,6 +132,7 @@ func (b *zinfBackend) step(ctx context.Context) error {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 		b.stepped[r] = true
+		testhook.Hit("train/step")
 	}
 	clear(b.stepped)
 	return nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
@@ -58,6 +59,35 @@ type Options struct {
 	// retried (after the caller freed space, say). Without it a failed step
 	// ends the run with its error.
 	OnStepError func(step int, err error) bool
+
+	// CheckpointDir, when set, is where checkpoints are saved (a
+	// zinf.Checkpointer: one directory per step, named by
+	// zinf.CheckpointName, each committed crash-safely): after every
+	// CheckpointEvery steps and after the last step. A fresh run (no
+	// Resume) refuses a directory that already holds checkpoints of a
+	// run, so that no run's checkpoints are mixed with another's.
+	CheckpointDir string
+	// CheckpointEvery is the interval in steps (at least 1 with
+	// CheckpointDir).
+	CheckpointEvery int
+	// CheckpointKeep is how many checkpoints are kept (older ones are
+	// deleted after each commit; nothing else in CheckpointDir is): as
+	// zinf.CheckpointerOptions.KeepLast, 0 for its default, -1 for all.
+	CheckpointKeep int
+	// CheckpointAsync saves asynchronously: training steps on while a
+	// checkpoint drains (zinf.CheckpointerOptions.Async).
+	CheckpointAsync bool
+	// Resume continues from the newest committed checkpoint in
+	// CheckpointDir: the parameters, the optimizer states and step count,
+	// and the data stream's position (the step index; the data-parallel
+	// degree the job started with, whatever the world size now). Steps is
+	// then the total to reach, counting the steps done before. A directory
+	// without a checkpoint is an error wrapping checkpoint.ErrNoCheckpoint;
+	// a checkpoint past Steps is an error too, and one of another run (other seed,
+	// batch, model, dtype, micro-steps or optimizer) is refused, naming
+	// what differs. The checkpoint directory's world size may differ from
+	// the config's.
+	Resume bool
 }
 
 // Result is what a run measured. JSON names are the CLI's --json fields.
@@ -95,6 +125,17 @@ type Result struct {
 	OptimizerRead     int64     `json:"optimizer_bytes_read_per_step"`
 	OptimizerWritten  int64     `json:"optimizer_bytes_written_per_step"`
 	PredictedMs       float64   `json:"predicted_step_ms"`
+	// StepsRun is the number of steps this run did (Steps less the steps
+	// of the checkpoint it resumed from).
+	StepsRun int `json:"steps_run"`
+	// DataParallel is the number of data-parallel ranks whose micro-batches
+	// make a step (World, unless the run resumed a job started at another
+	// world size).
+	DataParallel int `json:"data_parallel"`
+	// Resumed says where the run resumed (nil: it started fresh).
+	Resumed *Resumed `json:"resumed_from,omitempty"`
+	// Checkpoints are the checkpoints committed, oldest first.
+	Checkpoints []zinf.CheckpointRecord `json:"checkpoints,omitempty"`
 }
 
 // StateBytes is the model state: params in their dtype, fp32 gradients,
@@ -134,11 +175,60 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	_, world := cfg.RankWorld()
 	micro := max(cfg.GradientAccumulationSteps, 1)
 	res := &Result{Steps: o.Steps, Params: spec.ParamCount(), StateBytes: spec.StateBytes(), World: world, DType: spec.DType.String()}
+	if o.CheckpointDir == "" && (o.Resume || o.CheckpointEvery != 0 || o.CheckpointKeep != 0 || o.CheckpointAsync) {
+		return nil, errors.New("train: Resume, CheckpointEvery, CheckpointKeep and CheckpointAsync need a CheckpointDir")
+	}
+	if o.CheckpointDir != "" && o.CheckpointEvery < 1 {
+		return nil, fmt.Errorf("train: CheckpointEvery %d is invalid (allowed: 1 or more steps)", o.CheckpointEvery)
+	}
+
+	run := runMeta{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, Seed: spec.Seed, DType: spec.DType.String(),
+		Micro: micro, DataParallel: world, Hyper: zinf.Hyper(cfg)}
+	// The checkpoint directory is locked and checked before anything is
+	// built: a refusal costs nothing.
+	var ckpt *zinf.Checkpointer
+	var from checkpoint.Info
+	if o.CheckpointDir != "" {
+		if o.Resume {
+			// Nothing to resume from: refused before the directory is
+			// created.
+			if _, _, err := findResume(o.CheckpointDir, run); errors.Is(err, checkpoint.ErrNoCheckpoint) {
+				return nil, err
+			}
+		}
+		var err error
+		ckpt, err = zinf.OpenCheckpointer(o.CheckpointDir, zinf.CheckpointerOptions{Every: int64(o.CheckpointEvery), KeepLast: o.CheckpointKeep,
+			Async: o.CheckpointAsync, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		if o.Resume {
+			from, run, err = findResume(o.CheckpointDir, run)
+			if err == nil && from.Step > int64(o.Steps) {
+				err = fmt.Errorf("train: the newest checkpoint in %s (%s) is after step %d, past the %d steps asked for: ask for more steps",
+					o.CheckpointDir, from.Dir, from.Step, o.Steps)
+			}
+		} else if info, lerr := zinf.LatestCheckpoint(o.CheckpointDir); lerr == nil {
+			err = fmt.Errorf("train: the checkpoint directory %s already holds checkpoints (the newest: %s, step %d): resume from them (Options.Resume, zinf train --resume) or choose another directory",
+				o.CheckpointDir, info.Dir, info.Step)
+		} else if !errors.Is(lerr, checkpoint.ErrNoCheckpoint) {
+			err = lerr
+		}
+		if err != nil {
+			ckpt.Close()
+			return nil, err
+		}
+	}
 
 	// One runtime per simulated rank, each with its own pool, engine,
 	// device and swap directories.
 	var rts []*zinf.Runtime
 	defer func() {
+		// The checkpointer first: it waits for the save in flight, which
+		// reads the runtimes.
+		if ckpt != nil {
+			ckpt.Close()
+		}
 		for _, rt := range rts {
 			rt.Close()
 		}
@@ -173,11 +263,44 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	be.run = run
+	start := 0
+	if o.Resume {
+		meta, err := zinf.LoadCheckpoint(ctx, from.Dir, rts)
+		if err != nil {
+			return nil, err
+		}
+		start = int(meta.Step)
+		res.Resumed = &Resumed{Step: start, Dir: from.Dir, WorldSize: from.WorldSize, DataParallel: run.DataParallel}
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "resumed from %s: step %d of %d (saved at world size %d; data-parallel degree %d)\n",
+				from.Dir, start, o.Steps, from.WorldSize, run.DataParallel)
+		}
+	}
+	dataWorld := be.run.DataParallel
+	res.DataParallel, res.StepsRun = dataWorld, o.Steps-start
+	save := func(done int) error {
+		if ckpt == nil || (done != o.Steps && !ckpt.Due(int64(done))) {
+			return nil
+		}
+		t0 := time.Now()
+		if err := ckpt.Save(ctx, rts, be.checkpointMeta(done)); err != nil {
+			return fmt.Errorf("checkpoint after step %d: %w", done, err)
+		}
+		if o.Progress != nil {
+			what := "committed"
+			if o.CheckpointAsync {
+				what = "snapshot taken (draining)"
+			}
+			fmt.Fprintf(o.Progress, "checkpoint %s: %s in %.1f ms\n", zinf.CheckpointName(int64(done)), what, float64(time.Since(t0))/1e6)
+		}
+		return nil
+	}
 	var ioWaits []float64
 	var last zinf.Metrics
 	lastWait := time.Duration(0)
 	t0 := time.Now()
-	err = runLoop(ctx, spec, be, loopOptions{Steps: o.Steps, Micro: micro, World: world, ComputePerLayer: o.ComputePerLayer,
+	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
 		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := metrics(rts)
@@ -191,6 +314,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					float64(d)/1e6, float64(w)/1e6, policy.FormatBytes(m.BytesRead-last.BytesRead), policy.FormatBytes(m.BytesWritten-last.BytesWritten))
 			}
 			last = m
+			if err := save(step + 1); err != nil {
+				return err
+			}
 			if o.OnStep != nil {
 				return o.OnStep(step)
 			}
@@ -198,6 +324,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}})
 	if err != nil {
 		return nil, err
+	}
+	if ckpt != nil {
+		if err := ckpt.Close(); err != nil {
+			return nil, err
+		}
+		res.Checkpoints = ckpt.Records()
 	}
 	elapsed := time.Since(t0).Seconds()
 	m := metrics(rts)
@@ -224,7 +356,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// free, the yardstick for overlap.
 	ref := newMemBackend(spec, zinf.Hyper(cfg))
 	var refMs []float64
-	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: world, ComputePerLayer: o.ComputePerLayer,
+	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
 		OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {
 		return nil, fmt.Errorf("reference run: %w", err)
 	}
