@@ -12,6 +12,13 @@
 // gradients as backward produces them, and calls Step. Close drains I/O,
 // frees pinned memory and removes the scratch swap files.
 //
+// SaveCheckpoint, SaveCheckpointAsync and LoadCheckpoint save and restore
+// every rank's parameters and optimizer states (package checkpoint:
+// safetensors files, a crash-safe commit, loads at any world size). A
+// Checkpointer saves a loop's checkpoints every N steps into one root,
+// keeping the newest few; after a crash, ResumeLatest loads the newest
+// committed one.
+//
 // The packages underneath can be used alone: aio (the I/O engine), buffers
 // (the pinned pool), swapper and its param/optimizer/grad subpackages,
 // policy (placement and prefetch scheduling), config, accel and gds.

@@ -60,7 +60,8 @@
 // non-hidden directories with one. Whatever instant a writer dies, the
 // new name either does not exist or names a complete, durable checkpoint,
 // and no older checkpoint has been touched (KeepLast deletes only after the
-// commit, by renaming victims to hidden names first).
+// commit, by renaming victims to hidden names first; RetainMatch limits it
+// to the checkpoints a caller owns, and Prune applies it without a save).
 //
 // Telling a live writer's temporary directory from a crashed one's: before
 // creating its directory a writer creates <dir>.lock, starting with a magic
@@ -73,7 +74,8 @@
 // and such lock files whose directory is gone. A directory whose lock is
 // held is never touched; one of that shape without a lock file of ours is
 // left and logged; anything else in the root, ".tmp-" names a user chose
-// included, is never looked at.
+// included, is never looked at. Sweep does the same without a save (a
+// resumed job whose last checkpoint was already taken may never save).
 //
 // # Loading
 //
