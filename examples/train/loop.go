@@ -149,7 +149,9 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 							break
 						}
 						if o.OnStepError == nil || !o.OnStepError(step, err) {
-							return fmt.Errorf("step %d micro %d layer %d: %w", step, m, l, err)
+							// Steps are numbered from 1 in messages, as in the
+							// progress lines and the optimizer's own errors.
+							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
 						}
 					}
 				}
@@ -165,7 +167,7 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				break
 			}
 			if o.OnStepError == nil || !o.OnStepError(step, err) {
-				return fmt.Errorf("step %d: optimizer: %w", step, err)
+				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
 			}
 		}
 		if o.OnStep != nil {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -330,4 +332,38 @@ func TestStatesLargerThanPinnedBudget(t *testing.T) {
 		t.Fatal(res.Mismatch)
 	}
 	t.Logf("state %d bytes, pinned %d bytes, peak RSS %d bytes", res.StateBytes, res.PinnedBytes, res.PeakRSSBytes)
+}
+
+// TestStepNumbersAgree: an error line names one step number, the one the
+// progress lines count (from 1): the loop's own prefix and the
+// optimizer's error used to disagree ("step 19: ... optimizer: step 20").
+func TestStepNumbersAgree(t *testing.T) {
+	stepRE := regexp.MustCompile(`(?:^|[^-\w])step (\d+)`)
+	for _, target := range []string{"/zinf-optim-", "/zinf-grad-", "/zinf-param-"} {
+		t.Run(strings.Trim(target, "/-"), func(t *testing.T) {
+			cfg := testConfig(t, nil)
+			inj := faults.New(7)
+			_, be := setup(t, cfg, smallSpec, zinf.Options{Faults: inj})
+			const faultAt = 3 // counted from 1
+			err := runLoop(context.Background(), smallSpec, be, loopOptions{Steps: 5, Micro: 2, World: 1,
+				OnStep: func(step int, _ float32, _ time.Duration) error {
+					if step+1 == faultAt-1 {
+						inj.Add(faults.Rule{Kind: faults.Writes, PathContains: target, Err: syscall.ENOSPC})
+					}
+					return nil
+				}})
+			if !errors.Is(err, aio.ErrNoSpace) {
+				t.Fatalf("want ENOSPC, got %v", err)
+			}
+			ms := stepRE.FindAllStringSubmatch(err.Error(), -1)
+			if len(ms) == 0 {
+				t.Fatalf("the error names no step: %v", err)
+			}
+			for _, m := range ms {
+				if m[1] != strconv.Itoa(faultAt) {
+					t.Fatalf("the error names step %s, want %d throughout: %v", m[1], faultAt, err)
+				}
+			}
+		})
+	}
 }
