@@ -79,10 +79,22 @@ func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log 
 	return &File{fd: fd, path: path, align: 1}, nil
 }
 
-var noDirectWarned sync.Map // dir -> struct{}
+var noDirectWarned sync.Map // noDirectKey -> struct{}
+
+// noDirectKey names dir's filesystem (its device number), so that the
+// fallback warning is given once per filesystem per process, not once per
+// directory: each swap store makes its own run directory, and a run on
+// ramfs used to print the same warning once per store and rank.
+func noDirectKey(dir string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return "dir " + dir
+	}
+	return fmt.Sprintf("dev %d", uint64(st.Dev))
+}
 
 func warnNoDirectOnce(log *slog.Logger, dir string) {
-	if _, loaded := noDirectWarned.LoadOrStore(dir, struct{}{}); loaded {
+	if _, loaded := noDirectWarned.LoadOrStore(noDirectKey(dir), struct{}{}); loaded {
 		return
 	}
 	log.Warn("aio: filesystem refuses O_DIRECT; falling back to buffered I/O (policy \"optional\"); throughput will include page-cache copies",

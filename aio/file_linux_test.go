@@ -35,7 +35,7 @@ func withoutDirect(t *testing.T) {
 
 func checkNoDirectPolicies(t *testing.T, dir string) {
 	t.Helper()
-	noDirectWarned.Delete(dir)
+	noDirectWarned.Delete(noDirectKey(dir))
 	log, out := captureLog()
 	// optional: falls back with one warning and works.
 	f, err := OpenFile(filepath.Join(dir, "a"), os.O_RDWR|os.O_CREATE, 0o644, DirectOptional, log)
@@ -49,8 +49,19 @@ func checkNoDirectPolicies(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Another directory on the same filesystem (each swap store makes
+	// its own run directory): still the one warning.
+	sub := filepath.Join(dir, "run-2")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h, err := OpenFile(filepath.Join(sub, "c"), os.O_RDWR|os.O_CREATE, 0o644, DirectOptional, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
 	if n := strings.Count(out.String(), "refuses O_DIRECT"); n != 1 {
-		t.Fatalf("want exactly one warning, got %d:\n%s", n, out)
+		t.Fatalf("want exactly one warning per filesystem, got %d:\n%s", n, out)
 	}
 	e, err := New(Options{Backend: BackendPosix, Logger: log})
 	if err != nil {

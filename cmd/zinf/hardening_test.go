@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 )
@@ -327,5 +329,25 @@ func TestLogOnce(t *testing.T) {
 	}
 	if strings.Count(out, "engine=uring") != 1 || strings.Contains(out, "not shown") {
 		t.Errorf("unexpected lines:\n%s", out)
+	}
+}
+
+// TestRamfsWarnsOnce: zinf train on ramfs (no O_DIRECT) at world size 2
+// prints the buffered-I/O fallback warning once: it printed once per swap
+// store and rank, each store's run directory being another directory of
+// the same filesystem.
+func TestRamfsWarnsOnce(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount ramfs here: %v", err)
+	}
+	defer unix.Unmount(dir, 0)
+	t.Setenv("WORLD_SIZE", "2")
+	code, _, errs := runCLI(t, "train", "--layers", "2", "--width", "32", "--steps", "1", "--quiet", "--dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	if n := strings.Count(errs, "refuses O_DIRECT"); n != 1 {
+		t.Fatalf("the fallback warning printed %d times, want once:\n%s", n, errs)
 	}
 }
