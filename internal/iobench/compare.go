@@ -1,9 +1,7 @@
 package iobench
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -60,34 +58,14 @@ type CompareResult struct {
 func FioBandwidth(ctx context.Context, fio, file string, op, engine string, size int64, bs, qd int) (float64, error) {
 	args := []string{"--name=zinf-compare", "--filename=" + file, "--size=" + strconv.FormatInt(size, 10),
 		"--rw=" + op, "--bs=" + strconv.Itoa(bs), "--iodepth=" + strconv.Itoa(qd), "--direct=1",
-		"--ioengine=" + engine, "--numjobs=1", "--output-format=json"}
-	cmd := exec.CommandContext(ctx, fio, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("fio %v: %w: %s", args, err, errb.String())
+		"--ioengine=" + engine, "--numjobs=1"}
+	rep, err := RunFio(ctx, fio, args)
+	if err != nil {
+		return 0, err
 	}
-	var rep struct {
-		Jobs []struct {
-			Read struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"write"`
-		} `json:"jobs"`
-	}
-	// fio may print warnings before the JSON object.
-	data := out.Bytes()
-	if i := bytes.IndexByte(data, '{'); i > 0 {
-		data = data[i:]
-	}
-	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Jobs) == 0 {
-		return 0, fmt.Errorf("fio: unreadable JSON output (%v): %.200s", err, out.String())
-	}
-	bw := rep.Jobs[0].Read.BwBytes
+	bw := rep.Read.BwBytes
 	if op == "write" {
-		bw = rep.Jobs[0].Write.BwBytes
+		bw = rep.Write.BwBytes
 	}
 	return bw / 1e9, nil
 }
