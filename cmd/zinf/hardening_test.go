@@ -351,3 +351,36 @@ func TestRamfsWarnsOnce(t *testing.T) {
 		t.Fatalf("the fallback warning printed %d times, want once:\n%s", n, errs)
 	}
 }
+
+// TestCkptSaveBenchKeepsUserTmp is issue 13's data-loss reproduction:
+// mkdir -p P/.tmp-mywork; echo work > P/.tmp-mywork/notes.txt; zinf ckpt
+// save-bench --path P --size 8MiB removed the user's notes as "a stale
+// temporary directory". They must survive, with an unlocked lock-like
+// file of the user's next to them.
+func TestCkptSaveBenchKeepsUserTmp(t *testing.T) {
+	p := t.TempDir()
+	notes := filepath.Join(p, ".tmp-mywork", "notes.txt")
+	if err := os.MkdirAll(filepath.Dir(notes), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(notes, []byte("work\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lockish := filepath.Join(p, ".tmp-mywork.lock")
+	if err := os.WriteFile(lockish, []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := tree(t, p)
+	code, _, errs := runCLI(t, "ckpt", "save-bench", "--path", p, "--size", "8MiB", "--staging-bytes", "1MiB")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	unchanged(t, notes, []byte("work\n"))
+	unchanged(t, lockish, []byte("mine\n"))
+	if got := tree(t, p); !slices.Equal(got, before) {
+		t.Fatalf("--path holds %v after save-bench, want %v", got, before)
+	}
+	if strings.Contains(errs, "removed") {
+		t.Fatalf("save-bench says it removed something:\n%s", errs)
+	}
+}
