@@ -197,6 +197,9 @@ func TestSizesBeyondMemory(t *testing.T) {
 		{[]string{"train", "--width", "1048576"}, []string{"--width 1MiB", "MemAvailable"}},
 		{[]string{"infer", "--width", "2000000000"}, []string{"--width 2000000000", "allowed: 1.."}},
 		{[]string{"train", "--batch", "0"}, []string{"--batch 0", "allowed: 1.."}},
+		// 2.75e11 parameters: one layer fits, the checkpoints do not.
+		{[]string{"train", "--layers", "1048576", "--checkpoint-dir", filepath.Join(dir, "ck"), "--checkpoint-every", "1", "--checkpoint-async"},
+			[]string{"--checkpoint-async needs", "MemAvailable", "--checkpoint-dir " + filepath.Join(dir, "ck") + " needs", "free on"}},
 		{[]string{"plan", "--config", "/dev/zero"}, []string{"/dev/zero", "16MiB limit"}},
 		{[]string{"train", "--config", "/dev/zero"}, []string{"/dev/zero", "16MiB limit"}},
 	} {
