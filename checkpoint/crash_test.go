@@ -113,6 +113,12 @@ func TestCrashSafety(t *testing.T) {
 		t.Skip("subprocess crash test skipped in -short mode")
 	}
 	seeds := []uint64{1, 2, 3, 4, 5, 6, 7, 9}
+	if os.Getenv("ZINF_STRESS") != "" { // make stress: kills at many more points
+		seeds = seeds[:0]
+		for s := uint64(1); s <= 60; s++ {
+			seeds = append(seeds, s)
+		}
+	}
 	if s := os.Getenv("ZINF_CRASH_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
