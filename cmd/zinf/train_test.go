@@ -135,7 +135,7 @@ func TestTrainCheckpointFlags(t *testing.T) {
 	}
 }
 
-// TestTrainResume: a run checkpoints every 2 of 4 steps; another with
+// TestTrainResume: a run checkpoints each of 4 steps; another with
 // --resume and --steps 7, at world size 2, continues from step 4, reports
 // where it resumed and each save (step, dir, bytes, seconds) in --json,
 // and equals in-memory training of 7 steps bit for bit. A fresh run on the
@@ -143,10 +143,12 @@ func TestTrainCheckpointFlags(t *testing.T) {
 func TestTrainResume(t *testing.T) {
 	dir, swap := filepath.Join(t.TempDir(), "ck"), t.TempDir()
 	base := []string{"train", "--layers", "2", "--width", "24", "--dir", swap, "--checkpoint-dir", dir, "--checkpoint-every", "2", "--json", "--quiet"}
-	code, out, errs := runCLI(t, append(base, "--steps", "4")...)
+	// The first run checkpoints every step and keeps them all.
+	code, out, errs := runCLI(t, append(base, "--steps", "4", "--checkpoint-every", "1", "--checkpoint-keep", "0")...)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, errs)
 	}
+	all := tree(t, dir)
 	var first struct {
 		Checkpoints []map[string]any `json:"checkpoints"`
 		Resumed     any              `json:"resumed_from"`
@@ -154,11 +156,11 @@ func TestTrainResume(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &first); err != nil {
 		t.Fatal(err)
 	}
-	if len(first.Checkpoints) != 2 || first.Resumed != nil {
+	if len(first.Checkpoints) != 4 || first.Resumed != nil {
 		t.Fatalf("first run: %s", out)
 	}
 	for i, c := range first.Checkpoints {
-		if c["step"] != float64(2*(i+1)) || c["dir"] != filepath.Join(dir, fmt.Sprintf("step-%06d", 2*(i+1))) || c["bytes"].(float64) <= 0 || c["seconds"].(float64) <= 0 {
+		if c["step"] != float64(i+1) || c["dir"] != filepath.Join(dir, fmt.Sprintf("step-%06d", i+1)) || c["bytes"].(float64) <= 0 || c["seconds"].(float64) <= 0 {
 			t.Errorf("checkpoint record %v", c)
 		}
 	}
@@ -174,6 +176,11 @@ func TestTrainResume(t *testing.T) {
 	code, _, errs = runCLI(t, append(base, "--steps", "3", "--resume")...)
 	if code != 1 || !strings.Contains(errs, "past the 3 steps") {
 		t.Fatalf("a resume past --steps: exit %d:\n%s", code, errs)
+	}
+	// The refused runs (whose --checkpoint-keep is the default 3) deleted
+	// nothing.
+	if got := tree(t, dir); !slices.Equal(got, all) {
+		t.Fatalf("refused runs changed the checkpoint directory: %v, was %v", got, all)
 	}
 
 	t.Setenv("WORLD_SIZE", "2")
@@ -202,7 +209,8 @@ func TestTrainResume(t *testing.T) {
 	if len(res.Checkpoints) != 2 || res.Checkpoints[0]["step"] != float64(6) || res.Checkpoints[1]["step"] != float64(7) {
 		t.Fatalf("checkpoints %v", res.Checkpoints)
 	}
-	// Default --checkpoint-keep 3: steps 4, 6 and 7 are left.
+	// Default --checkpoint-keep 3 (the resumed run saves every 2 steps
+	// and after the last): steps 4, 6 and 7 are left.
 	if got := tree(t, dir); !slices.Contains(got, "step-000004") || slices.Contains(got, "step-000002") || !slices.Contains(got, "step-000007") {
 		t.Fatalf("the checkpoint directory holds %v", got)
 	}

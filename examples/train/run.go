@@ -184,17 +184,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	run := runMeta{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, Seed: spec.Seed, DType: spec.DType.String(),
 		Micro: micro, DataParallel: world, Hyper: zinf.Hyper(cfg)}
-	// The checkpoint directory is locked and checked before anything is
-	// built: a refusal costs nothing.
+	// The checkpoint directory is checked before anything is built, and
+	// before the checkpointer is opened (which tidies the directory): a
+	// refused run costs nothing and changes nothing. Then it is checked
+	// again under the checkpointer's lock, which no other job holds.
 	var ckpt *zinf.Checkpointer
 	var from checkpoint.Info
 	if o.CheckpointDir != "" {
-		if o.Resume {
-			// Nothing to resume from: refused before the directory is
-			// created.
-			if _, _, err := findResume(o.CheckpointDir, run); errors.Is(err, checkpoint.ErrNoCheckpoint) {
-				return nil, err
-			}
+		if _, _, err := checkRoot(o, run); err != nil {
+			return nil, err
 		}
 		var err error
 		ckpt, err = zinf.OpenCheckpointer(o.CheckpointDir, zinf.CheckpointerOptions{Every: int64(o.CheckpointEvery), KeepLast: o.CheckpointKeep,
@@ -202,19 +200,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if o.Resume {
-			from, run, err = findResume(o.CheckpointDir, run)
-			if err == nil && from.Step > int64(o.Steps) {
-				err = fmt.Errorf("train: the newest checkpoint in %s (%s) is after step %d, past the %d steps asked for: ask for more steps",
-					o.CheckpointDir, from.Dir, from.Step, o.Steps)
-			}
-		} else if info, lerr := zinf.LatestCheckpoint(o.CheckpointDir); lerr == nil {
-			err = fmt.Errorf("train: the checkpoint directory %s already holds checkpoints (the newest: %s, step %d): resume from them (Options.Resume, zinf train --resume) or choose another directory",
-				o.CheckpointDir, info.Dir, info.Step)
-		} else if !errors.Is(lerr, checkpoint.ErrNoCheckpoint) {
-			err = lerr
-		}
-		if err != nil {
+		if from, run, err = checkRoot(o, run); err != nil {
 			ckpt.Close()
 			return nil, err
 		}
@@ -368,6 +354,30 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.BitwiseEqual = &eq
 	res.Mismatch = why
 	return res, nil
+}
+
+// checkRoot checks o.CheckpointDir for the run: a fresh run needs it
+// without checkpoints; a resumed one, its newest checkpoint of this run
+// (findResume) at or before o.Steps, which it returns with the run to
+// continue.
+func checkRoot(o Options, run runMeta) (checkpoint.Info, runMeta, error) {
+	if o.Resume {
+		from, run, err := findResume(o.CheckpointDir, run)
+		if err == nil && from.Step > int64(o.Steps) {
+			err = fmt.Errorf("train: the newest checkpoint in %s (%s) is after step %d, past the %d steps asked for: ask for more steps",
+				o.CheckpointDir, from.Dir, from.Step, o.Steps)
+		}
+		return from, run, err
+	}
+	info, err := zinf.LatestCheckpoint(o.CheckpointDir)
+	if err == nil {
+		return info, run, fmt.Errorf("train: the checkpoint directory %s already holds checkpoints (the newest: %s, step %d): resume from them (Options.Resume, zinf train --resume) or choose another directory",
+			o.CheckpointDir, info.Dir, info.Step)
+	}
+	if !errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		return info, run, err
+	}
+	return checkpoint.Info{}, run, nil
 }
 
 func metrics(rts []*zinf.Runtime) zinf.Metrics {
