@@ -78,12 +78,16 @@ func (h *Hyper) Validate() error {
 // parameters p in place, given the gradients g and the moments m (exp_avg)
 // and v (exp_avg_sq), which it also updates in place. Zero fields of h take
 // their defaults. It is the one update rule of zinf: the NVMe-backed
-// Optimizer and any in-memory reference loop call this function, so their
-// results agree bit for bit.
+// Optimizer and any in-memory reference loop call it, so their results
+// agree bit for bit. Adam runs on DefaultKernel (SIMD where the CPU has
+// it); every kernel gives exactly the bits of the scalar reference loop
+// (KernelScalar), see Kernel.
 //
 // All arithmetic is float32, each operation rounded on its own (explicit
 // conversions keep the compiler from fusing a multiply and an add into an
-// FMA, so the result is the same on every architecture). With t = step:
+// FMA, and the SIMD kernels use separate multiply, add, subtract, divide
+// and square-root instructions, so the result is the same on every
+// architecture and kernel). With t = step:
 //
 //	bc1      = 1 - float32(Beta1^t)          // powers in float64 (math.Pow), rounded once
 //	bc2sqrt  = float32(sqrt(1 - float32(Beta2^t)))
@@ -105,27 +109,95 @@ func (h *Hyper) Validate() error {
 // anything else is a programming error and panics (like copy into a short
 // slice would), because the signature has no error to return.
 func Adam(p, g, m, v []float32, step int, h Hyper) {
-	n := len(p)
-	if len(g) < n || len(m) < n || len(v) < n {
-		panic(fmt.Sprintf("optimizer.Adam: %d parameters but %d gradients, %d exp_avg, %d exp_avg_sq", n, len(g), len(m), len(v)))
-	}
+	DefaultKernel().Adam(p, g, m, v, step, h)
+}
+
+// Weight-decay modes of the Adam kernels: which of the two optional
+// element operations runs (adamArgs.mode).
+const (
+	decayNone    = 0 // WeightDecay 0 (or an AdamW factor that rounds to 1)
+	decayL2      = 1 // gi = gi + WeightDecay*p[i]
+	decayAdamW   = 2 // p[i] = p[i] * (1 - LR*WeightDecay)
+	adamArgCount = 9
+)
+
+// Indexes of the per-call constants in adamArgs.k: the order the
+// assembly kernels read them in (internal/asmgen declares the same).
+const (
+	argBeta1 = iota
+	argOneMinusBeta1
+	argBeta2
+	argOneMinusBeta2
+	argBC2Sqrt
+	argEps
+	argStepSize
+	argL2
+	argDecay
+)
+
+// adamArgs are the scalars of one Adam step, computed once per step (in
+// float32, each rounded on its own) and shared by every element and every
+// kernel.
+type adamArgs struct {
+	k    [adamArgCount]float32
+	mode int
+}
+
+// newAdamArgs checks step and computes its constants from h (zero fields
+// defaulted).
+func newAdamArgs(step int, h Hyper) adamArgs {
 	if step < 1 {
 		panic(fmt.Sprintf("optimizer.Adam: step %d: steps are numbered from 1", step))
 	}
 	h.EnsureDefaults()
-	b1, b2, eps := h.Beta1, h.Beta2, h.Eps
-	c1, c2 := 1-b1, 1-b2
+	var a adamArgs
+	b1, b2 := h.Beta1, h.Beta2
 	bc1 := 1 - float32(math.Pow(float64(b1), float64(step)))
-	bc2sqrt := sqrt32(1 - float32(math.Pow(float64(b2), float64(step))))
-	stepSize := h.LR / bc1
-	var l2 float32
-	decay := float32(1)
+	a.k[argBeta1], a.k[argOneMinusBeta1] = b1, 1-b1
+	a.k[argBeta2], a.k[argOneMinusBeta2] = b2, 1-b2
+	a.k[argBC2Sqrt] = sqrt32(1 - float32(math.Pow(float64(b2), float64(step))))
+	a.k[argEps] = h.Eps
+	a.k[argStepSize] = h.LR / bc1
+	a.k[argDecay] = 1
 	if h.WeightDecay != 0 {
 		if h.AdamW {
-			decay = 1 - float32(h.LR*h.WeightDecay)
+			a.k[argDecay] = 1 - float32(h.LR*h.WeightDecay)
+			if a.k[argDecay] != 1 {
+				a.mode = decayAdamW
+			}
 		} else {
-			l2 = h.WeightDecay
+			a.k[argL2] = h.WeightDecay
+			a.mode = decayL2
 		}
+	}
+	return a
+}
+
+// checkLens panics unless g, m and v hold len(p) elements.
+func checkLens(p, g, m, v []float32) {
+	if n := len(p); len(g) < n || len(m) < n || len(v) < n {
+		panic(fmt.Sprintf("optimizer.Adam: %d parameters but %d gradients, %d exp_avg, %d exp_avg_sq", n, len(g), len(m), len(v)))
+	}
+}
+
+// adamScalar is the reference loop: one element at a time, every
+// operation a scalar float32 operation rounded on its own. The SIMD
+// kernels perform the same operations in the same order on several
+// elements at once, with the same operands first where two could be NaN
+// (x86 and Arm return the first operand's NaN), so their results are the
+// same bits, NaN payloads included. It also runs the tails the SIMD
+// kernels leave.
+func adamScalar(p, g, m, v []float32, a *adamArgs) {
+	n := len(p)
+	b1, c1, b2, c2 := a.k[argBeta1], a.k[argOneMinusBeta1], a.k[argBeta2], a.k[argOneMinusBeta2]
+	bc2sqrt, eps, stepSize := a.k[argBC2Sqrt], a.k[argEps], a.k[argStepSize]
+	var l2 float32
+	decay := float32(1)
+	switch a.mode {
+	case decayL2:
+		l2 = a.k[argL2]
+	case decayAdamW:
+		decay = a.k[argDecay]
 	}
 	g, m, v = g[:n], m[:n], v[:n] // lets the compiler drop bounds checks
 	for i := range p {

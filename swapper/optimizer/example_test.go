@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -117,4 +118,35 @@ func ExampleOptimizer_BeginStep() {
 	// layer1: [0.9000 -1.1000]
 	// layer2: [0.9000 -1.1000]
 	// handed over: 2 step: 1
+}
+
+// ExampleKernel runs one Adam step on the fastest kernel of this CPU (what
+// Adam and New choose by default) and on the scalar reference loop, which
+// ZINF_OPTIMIZER_KERNEL=scalar or Options.Kernel "scalar" would force: the
+// bits are the same.
+func ExampleKernel() {
+	fast, err := optimizer.KernelByName(optimizer.KernelAuto)
+	if err != nil {
+		panic(err)
+	}
+	scalar, err := optimizer.KernelByName(optimizer.KernelScalar)
+	if err != nil {
+		panic(err)
+	}
+	const n = 1000 // any length: SIMD kernels run the tail scalar
+	run := func(k optimizer.Kernel) []float32 {
+		p, g, m, v := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+		for i := range p {
+			p[i], g[i] = float32(i)/n, float32(i%7)-3
+		}
+		k.Adam(p, g, m, v, 1, optimizer.Hyper{LR: 0.01, WeightDecay: 0.1, AdamW: true})
+		return p
+	}
+	a, b := run(fast), run(scalar)
+	same := true
+	for i := range a {
+		same = same && math.Float32bits(a[i]) == math.Float32bits(b[i])
+	}
+	fmt.Println("same bits:", same)
+	// Output: same bits: true
 }

@@ -142,10 +142,20 @@ const (
 )
 
 // TestAdamMatchesPyTorch replays PyTorch's golden gradients through the
-// optimizer (states in pinned memory, sub-groups of 5 elements, a pipeline)
-// and compares params, exp_avg and exp_avg_sq after every step with
+// optimizer (states in pinned memory, a pipeline) on every kernel of this
+// CPU, with sub-groups of 5 elements (scalar tails only) and of whole
+// tensors (the golden tensors of 33 elements run mostly on the SIMD
+// body), and compares params, exp_avg and exp_avg_sq after every step with
 // torch.optim.Adam / AdamW's, within the tolerances above.
 func TestAdamMatchesPyTorch(t *testing.T) {
+	for _, k := range optimizer.Kernels() {
+		for _, sg := range []int{5, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/subgroup=%d", k, sg), func(t *testing.T) { testAdamMatchesPyTorch(t, k.Name(), sg) })
+		}
+	}
+}
+
+func testAdamMatchesPyTorch(t *testing.T, kernel string, subGroup int) {
 	raw, err := os.ReadFile("testdata/adam_golden.json")
 	if err != nil {
 		t.Fatal(err)
@@ -169,8 +179,8 @@ func TestAdamMatchesPyTorch(t *testing.T) {
 			f := math.Float32frombits
 			h := optimizer.Hyper{LR: f(c.LR), Beta1: f(c.Beta1), Beta2: f(c.Beta2), Eps: f(c.Eps), WeightDecay: f(c.WeightDec), AdamW: c.AdamW}
 			src := &goldenGrads{}
-			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: 5, PipelineDepth: 1,
-				Logger: slog.New(slog.DiscardHandler)})
+			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: subGroup, PipelineDepth: 1,
+				Kernel: kernel, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -23,7 +23,8 @@ import (
 // time from any goroutine. Close is called once.
 type Optimizer struct {
 	opts Options
-	sz   sizer // sizes the pinned buffers of sub-groups
+	sz   sizer   // sizes the pinned buffers of sub-groups
+	kern *kernel // runs the update rule
 
 	// opMu serialises the operations that touch states.
 	opMu   sync.Mutex
@@ -142,8 +143,15 @@ func New(opts Options) (*Optimizer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Optimizer{opts: opts, sz: newSizer(opts, nil), byName: make(map[string]*tensor)}, nil
+	k, err := resolveKernel(opts.Kernel)
+	if err != nil {
+		return nil, err // Validate reported it
+	}
+	return &Optimizer{opts: opts, sz: newSizer(opts, nil), kern: k.impl(), byName: make(map[string]*tensor)}, nil
 }
+
+// Kernel returns the kernel the optimizer's steps run the update rule on.
+func (o *Optimizer) Kernel() Kernel { return Kernel{o.kern} }
 
 // Options returns the optimizer's effective options (defaults filled).
 func (o *Optimizer) Options() Options { return o.opts }

@@ -188,6 +188,13 @@ type Options struct {
 	BufferCount int
 	// Hyper are Adam's hyperparameters; zero fields take their defaults.
 	Hyper Hyper
+	// Kernel names the implementation of the update rule the step runs:
+	// "auto" (the fastest this CPU runs), "scalar" (the portable reference
+	// loop) or a SIMD kernel ("avx2", "avx512"; see Kernels). Every kernel
+	// gives the same bits, so it changes speed, never results. Default ""
+	// means DefaultKernel: the one the ZINF_OPTIMIZER_KERNEL environment
+	// variable names, else auto.
+	Kernel string
 	// Prefix names the optimizer's tensors in the store: sub-group j of
 	// tensor w is "<Prefix>/w#j". Default DefaultPrefix. Give each
 	// Optimizer sharing a Store its own prefix.
@@ -235,6 +242,13 @@ func (o *Options) Validate() error {
 	}
 	if o.BufferCount < 0 {
 		bad("BufferCount", o.BufferCount, "must be >= 1 (0 means max(4, 2*PipelineDepth+1))")
+	}
+	if o.Kernel != "" {
+		if _, err := KernelByName(o.Kernel); err != nil {
+			bad("Kernel", fmt.Sprintf("%q", o.Kernel), err.Error())
+		}
+	} else if _, err := defaultKernel(); err != nil {
+		errs = append(errs, fmt.Errorf("optimizer: environment %w", err))
 	}
 	if err := o.Hyper.Validate(); err != nil {
 		errs = append(errs, err)

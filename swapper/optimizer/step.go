@@ -57,6 +57,7 @@ type stepRun struct {
 	ctx    context.Context // cancelled at the first failure, by Abort and Close, and with Commit's ctx
 	cancel context.CancelCauseFunc
 	step   int
+	args   adamArgs // the step's constants
 	// tensors and sgs are every registered tensor and sub-group, in
 	// registration order: a committed step has updated all of them.
 	tensors []*tensor
@@ -381,7 +382,7 @@ func (r *stepRun) update(it *item) {
 	}
 	start := time.Now()
 	p, m, v := it.state[:n], it.state[n:2*n], it.state[2*n:3*n]
-	Adam(p, it.grad, m, v, r.step, o.opts.Hyper)
+	o.kern.runAdam(p, it.grad[:n], m, v, &r.args)
 	if it.master != nil {
 		copy(it.master[sg.off:sg.off+n], p)
 	}

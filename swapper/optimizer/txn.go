@@ -83,7 +83,7 @@ func (o *Optimizer) begin(ctx context.Context) (*StepTxn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fail(err)
 	}
-	r := &stepRun{o: o, step: stepNo, tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
+	r := &stepRun{o: o, step: stepNo, args: newAdamArgs(stepNo, o.opts.Hyper), tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
 		queue: make(chan *tensor, len(tensors)), done: make(chan struct{}),
 		tokens: make(chan struct{}, o.opts.BufferCount)}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)

@@ -1,0 +1,175 @@
+// Command asmgen writes the amd64 assembly of the optimizer's SIMD kernels
+// (../../kernel_amd64.s and its Go declarations, ../../kernel_amd64_stubs.go)
+// with avo. Run it through go generate in swapper/optimizer:
+//
+//	cd swapper/optimizer && go generate
+//
+// It is its own module so that avo is a dependency of this generator only,
+// never of zinf: the generated files are committed and build with nothing
+// but the Go toolchain.
+//
+// Every kernel performs, lane by lane, exactly the operations of the
+// scalar reference loop (adamScalar in ../../adam.go) in the same order:
+// separate multiply, add, subtract, divide and square root instructions,
+// never a fused multiply-add or an approximate reciprocal, so each result
+// is rounded exactly as the scalar operation rounds it. Where both operands
+// of an addition could be NaN, the operand the compiled scalar loop puts
+// first is first here too (x86 returns the first operand's NaN), so NaN
+// payloads agree as well.
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// Indexes of the per-step constants in the args array: the order of
+// argBeta1 ... argDecay in ../../adam.go.
+const (
+	argBeta1 = iota
+	argOneMinusBeta1
+	argBeta2
+	argOneMinusBeta2
+	argBC2Sqrt
+	argEps
+	argStepSize
+	argL2
+	argDecay
+	argCount
+)
+
+// Weight-decay modes (decayNone, decayL2, decayAdamW in ../../adam.go).
+const (
+	decayNone  = 0
+	decayL2    = 1
+	decayAdamW = 2
+)
+
+// isa describes one instruction set's vectors.
+type isa struct {
+	name   string // function name suffix
+	lanes  int    // float32 lanes per register
+	unroll int    // vectors per loop iteration (the registers allow)
+	vec    func() VecVirtual
+}
+
+func main() {
+	ConstraintExpr("amd64")
+	genAdam(isa{name: "AVX2", lanes: 8, unroll: 1, vec: YMM})
+	genAdam(isa{name: "AVX512", lanes: 16, unroll: 2, vec: ZMM})
+	Generate()
+}
+
+// genAdam emits adam<ISA>(p, g, m, v *float32, n int, args *[9]float32,
+// mode int), which updates elements [0, n) (n a positive multiple of
+// lanes) in place.
+func genAdam(s isa) {
+	name := "adam" + s.name
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(p, grad, m, v *float32, n int, args *[%d]float32, mode int)", argCount))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s runs Adam on elements [0, n) of p, grad, m, v, %d lanes at a time; n must be a positive multiple of %d.", name, s.lanes, s.lanes))
+	p := Load(Param("p"), GP64())
+	g := Load(Param("grad"), GP64())
+	m := Load(Param("m"), GP64())
+	v := Load(Param("v"), GP64())
+	n := Load(Param("n"), GP64())
+	args := Load(Param("args"), GP64())
+	mode := Load(Param("mode"), GP64())
+
+	Comment("n becomes the byte length; i is the byte offset of the next vector.")
+	SHLQ(U8(2), n)
+	i := GP64()
+	XORQ(i, i)
+
+	Comment("Broadcast the per-step constants.")
+	k := make([]VecVirtual, argCount)
+	for j := argBeta1; j <= argStepSize; j++ {
+		k[j] = s.vec()
+		VBROADCASTSS(Mem{Base: args, Disp: 4 * j}, k[j])
+	}
+
+	CMPQ(mode, U8(decayL2))
+	JEQ(LabelRef(name + "_l2"))
+	CMPQ(mode, U8(decayAdamW))
+	JEQ(LabelRef(name + "_adamw"))
+	loops(s, name+"_plain", decayNone, k, p, g, m, v, n, i)
+
+	Label(name + "_l2")
+	k[argL2] = s.vec()
+	VBROADCASTSS(Mem{Base: args, Disp: 4 * argL2}, k[argL2])
+	loops(s, name+"_l2", decayL2, k, p, g, m, v, n, i)
+
+	Label(name + "_adamw")
+	k[argDecay] = s.vec()
+	VBROADCASTSS(Mem{Base: args, Disp: 4 * argDecay}, k[argDecay])
+	loops(s, name+"_adamw", decayAdamW, k, p, g, m, v, n, i)
+}
+
+// loops emits the unrolled loop over blocks of unroll vectors, a loop over
+// the single vectors left, and the return.
+func loops(s isa, label string, mode int, k []VecVirtual, p, g, m, v, n, i Register) {
+	vbytes := 4 * s.lanes
+	if s.unroll > 1 {
+		block := GP64()
+		Comment(fmt.Sprintf("%d vectors per iteration while a whole block is left.", s.unroll))
+		MOVQ(n, block)
+		SUBQ(U32(s.unroll*vbytes), block)
+		Label(label + "_block")
+		CMPQ(i, block)
+		JG(LabelRef(label + "_single"))
+		for u := range s.unroll {
+			body(s, mode, k, p, g, m, v, i, u*vbytes)
+		}
+		ADDQ(U32(s.unroll*vbytes), i)
+		JMP(LabelRef(label + "_block"))
+	}
+	Label(label + "_single")
+	CMPQ(i, n)
+	JGE(LabelRef(label + "_done"))
+	body(s, mode, k, p, g, m, v, i, 0)
+	ADDQ(U32(vbytes), i)
+	JMP(LabelRef(label + "_single"))
+	Label(label + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// body updates one vector of elements at byte offset i+disp. avo's
+// operand order is Go's: the destination last, the first source (whose NaN
+// x86 returns when both are NaN) just before it.
+func body(s isa, mode int, k []VecVirtual, p, g, m, v, i Register, disp int) {
+	at := func(base Register) Mem { return Mem{Base: base, Index: i, Scale: 1, Disp: disp} }
+	vp, vg, vm, vv, t := s.vec(), s.vec(), s.vec(), s.vec(), s.vec()
+	VMOVUPS(at(p), vp)
+	VMOVUPS(at(g), vg)
+	switch mode {
+	case decayL2:
+		VMULPS(vp, k[argL2], t) // t = l2*p
+		VADDPS(t, vg, vg)       // g = g + t
+	case decayAdamW:
+		VMULPS(k[argDecay], vp, vp) // p = p*decay
+	}
+	// m = b1*m + c1*g, the c1*g term first as in the compiled scalar loop.
+	VMULPS(at(m), k[argBeta1], vm)
+	VMULPS(k[argOneMinusBeta1], vg, t)
+	VADDPS(vm, t, vm)
+	// v = b2*v + (c2*g)*g, the (c2*g)*g term first, g first in its product.
+	VMULPS(at(v), k[argBeta2], vv)
+	VMULPS(k[argOneMinusBeta2], vg, t)
+	VMULPS(t, vg, t)
+	VADDPS(vv, t, vv)
+	// denom = sqrt(v)/bc2sqrt + eps
+	VSQRTPS(vv, t)
+	VDIVPS(k[argBC2Sqrt], t, t)
+	VADDPS(k[argEps], t, t)
+	// p = p - stepSize*(m/denom)
+	VDIVPS(t, vm, vg)
+	VMULPS(k[argStepSize], vg, vg)
+	VSUBPS(vg, vp, vp)
+	VMOVUPS(vp, at(p))
+	VMOVUPS(vm, at(m))
+	VMOVUPS(vv, at(v))
+}
