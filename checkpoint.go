@@ -360,9 +360,9 @@ func pinnedStates(rt *Runtime, name string, n int) []checkpoint.Tensor {
 
 // storedStates returns the three optimizer tensors of name (a partition
 // of n elements) as ranges of the optimizer's sub-group records in its store
-// (optimizer.StateRecords: each record is master | exp_avg | exp_avg_sq in
-// fp32), so that they stream from the store like the parameters and
-// SaveAsync pins them instead of copying. ok is false when the states are in
+// (optimizer.StateRecords: each record holds master, exp_avg and exp_avg_sq
+// in fp32 where its Layout says), so that they stream from the store like
+// the parameters and SaveAsync pins them instead of copying. ok is false when the states are in
 // memory (pinnedStates serves them) or the records are not as expected
 // (then ReadState does).
 func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
@@ -378,11 +378,11 @@ func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 	total := 0
 	for _, r := range recs {
 		m := int64(r.Elems)
-		if l, ok := st.Len(r.Key); !ok || l != 12*m {
+		if l, ok := st.Len(r.Key); !ok || l != r.Layout.Bytes {
 			return nil, false
 		}
 		for k := range ranges {
-			ranges[k] = append(ranges[k], checkpoint.StoreRange{Name: r.Key, Off: int64(k) * 4 * m, Len: 4 * m})
+			ranges[k] = append(ranges[k], checkpoint.StoreRange{Name: r.Key, Off: r.Layout.Offsets[k], Len: 4 * m})
 		}
 		total += r.Elems
 	}

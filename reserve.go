@@ -209,7 +209,7 @@ func reserve(in reservationInput) Reservations {
 			}
 			for _, n := range parts {
 				for off := 0; off < n; off += sg {
-					r.OptimizerBytes += span(12 * int64(min(sg, n-off)))
+					r.OptimizerBytes += span(optimizer.LayoutFor(min(sg, n-off)).Bytes)
 				}
 			}
 		}

@@ -30,8 +30,8 @@ func BenchmarkStep(b *testing.B) {
 					opts: optimizer.Options{SubGroupSize: sg, PipelineDepth: depth}})
 				r.grads.set(r.md.grads(1))
 				ctx := context.Background()
-				stateBytes := r.opt.Stats().StateBytes
-				b.SetBytes(2 * stateBytes)
+				recordBytes := r.opt.Stats().RecordBytes
+				b.SetBytes(2 * recordBytes)
 				b.ResetTimer()
 				for b.Loop() {
 					if err := r.opt.Step(ctx); err != nil {
@@ -40,7 +40,7 @@ func BenchmarkStep(b *testing.B) {
 				}
 				b.StopTimer()
 				tot := r.opt.Stats().Total
-				if tot.BytesRead+tot.BytesWritten != 2*stateBytes*r.opt.Stats().Steps {
+				if tot.BytesRead+tot.BytesWritten != 2*recordBytes*r.opt.Stats().Steps {
 					b.Fatalf("moved %d bytes in %d steps", tot.BytesRead+tot.BytesWritten, r.opt.Stats().Steps)
 				}
 				b.ReportMetric(float64(tot.Compute)/float64(tot.Elapsed), "compute/elapsed")

@@ -53,12 +53,13 @@ type tensor struct {
 }
 
 // subGroup is a chunk [off, off+n) of a tensor's partition. Its states are
-// one record of 3n float32s, master | exp_avg | exp_avg_sq, stored under key
-// (NVMe) or held in mem[cur] (pinned memory).
+// one record, master | exp_avg | exp_avg_sq laid out as LayoutFor(n) says,
+// stored under key (NVMe) or held in mem[cur] (pinned memory).
 type subGroup struct {
 	t      *tensor
 	j      int // index within the tensor
 	off, n int
+	lay    RecordLayout
 	key    string
 	mem    [2]*buffers.Buffer // Store == nil: the current record and the one a step builds
 	cur    int
@@ -69,7 +70,87 @@ type subGroup struct {
 }
 
 // recordBytes is the byte length of a sub-group's state record.
-func (sg *subGroup) recordBytes() int { return 3 * 4 * sg.n }
+func (sg *subGroup) recordBytes() int { return int(sg.lay.Bytes) }
+
+// states returns the master, exp_avg and exp_avg_sq inside rec, a record
+// of sg's layout.
+func (sg *subGroup) states(rec []float32) (master, expAvg, expAvgSq []float32) {
+	return sg.lay.states(rec)
+}
+
+// Layout of the state records.
+const (
+	// StaggerMinElems is the smallest sub-group whose record is staggered
+	// (see RecordLayout). Below it a record is 12 bytes per element, the
+	// three states back to back: its operands are at most 256 KiB each,
+	// and the stagger would cost more than 2.1% of the record.
+	StaggerMinElems = 1 << 16
+	// staggerLine is the stagger unit: a cache line.
+	staggerLine = 64
+	// staggerPage is the alignment of a staggered state before its
+	// stagger: pages (and the pool's buffers) start at multiples of it.
+	staggerPage = 4096
+)
+
+// RecordLayout says where a sub-group's states lie in its record (on NVMe
+// and in pinned memory): Elems fp32 values of each of master, exp_avg and
+// exp_avg_sq, in StateKind order, at byte offsets Offsets, in a record of
+// Bytes bytes.
+//
+// A sub-group of fewer than StaggerMinElems elements has them back to
+// back (0, 4n, 8n; 12n bytes). A larger one staggers them: master starts
+// one cache line (64 bytes) into the record and each state a page plus a
+// cache line after the page-aligned end of the previous one, so master,
+// exp_avg and exp_avg_sq start 64, 128 and 192 bytes past a page boundary
+// while the gradient slice (read into page-aligned memory) starts on one.
+// Back to back, the four operands of an update of 64 Mi elements would lie
+// exactly 2^28 bytes apart and map to the same cache sets (on huge pages,
+// in every level); staggered, they start on four different cache lines of
+// a page, so no two are congruent modulo any power of two from 256 bytes
+// up. The padding (8 to 16.5 KiB of zero
+// bytes per record) costs at most 2.1% of a record, at the threshold, and
+// less than 0.01% from 16 Mi elements up.
+type RecordLayout struct {
+	Elems   int
+	Offsets [3]int64
+	Bytes   int64
+}
+
+// LayoutFor returns the layout of the record of a sub-group of n
+// elements.
+func LayoutFor(n int) RecordLayout {
+	seg := 4 * int64(n)
+	if n < StaggerMinElems {
+		return RecordLayout{Elems: n, Offsets: [3]int64{0, seg, 2 * seg}, Bytes: 3 * seg}
+	}
+	stride := roundUp(seg, staggerPage) + staggerPage + staggerLine
+	off := [3]int64{staggerLine, staggerLine + stride, staggerLine + 2*stride}
+	return RecordLayout{Elems: n, Offsets: off, Bytes: off[2] + seg}
+}
+
+// states returns the three states inside rec, a record of this layout.
+func (l RecordLayout) states(rec []float32) (master, expAvg, expAvgSq []float32) {
+	at := func(k int) []float32 {
+		lo := int(l.Offsets[k] / 4)
+		return rec[lo : lo+l.Elems : lo+l.Elems]
+	}
+	return at(0), at(1), at(2)
+}
+
+// pads returns the parts of rec outside the three states, to be zeroed
+// when a record is built.
+func (l RecordLayout) pads(rec []float32) [][]float32 {
+	var out [][]float32
+	at := 0
+	for _, off := range l.Offsets {
+		lo := int(off / 4)
+		if lo > at {
+			out = append(out, rec[at:lo])
+		}
+		at = lo + l.Elems
+	}
+	return out
+}
 
 // staged and prev name a sub-group's record while a step is being committed.
 func (sg *subGroup) staged() string { return sg.key + "~staged" }
@@ -81,6 +162,10 @@ type Stats struct {
 	SubGroups  int   // sub-groups over all tensors
 	Elements   int64 // parameter elements over all tensors
 	StateBytes int64 // bytes of master + exp_avg + exp_avg_sq (12 per element)
+	// RecordBytes is the bytes of the sub-groups' records: StateBytes plus
+	// the stagger of large sub-groups (see RecordLayout). A step reads and
+	// writes each record once.
+	RecordBytes int64
 
 	Steps        int64     // committed steps
 	FailedSteps  int64     // Step and StepTxn.Commit calls that returned an error
@@ -192,7 +277,8 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	}
 	t := &tensor{name: name, n: len(master)}
 	for j, off := 0, 0; off < t.n; j, off = j+1, off+o.opts.SubGroupSize {
-		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: min(o.opts.SubGroupSize, t.n-off),
+		n := min(o.opts.SubGroupSize, t.n-off)
+		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutFor(n),
 			key: fmt.Sprintf("%s/%s#%d", o.opts.Prefix, name, j)})
 	}
 	if err := o.checkPool(t); err != nil {
@@ -209,6 +295,9 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	o.stats.SubGroups += len(t.sgs)
 	o.stats.Elements += int64(t.n)
 	o.stats.StateBytes += 12 * int64(t.n)
+	for _, sg := range t.sgs {
+		o.stats.RecordBytes += sg.lay.Bytes
+	}
 	o.mu.Unlock()
 	return nil
 }
@@ -281,7 +370,7 @@ func (z sizer) recRegion(n int) int64 {
 	if z.store == nil {
 		return 0
 	}
-	return roundUp(z.store.PaddedLen(12*int64(n)), z.granule)
+	return roundUp(z.store.PaddedLen(LayoutFor(n).Bytes), z.granule)
 }
 
 // slot is the buffer a step takes for the sub-group [lo, hi) of a tensor:
@@ -309,7 +398,7 @@ func (z sizer) need(parts []int) needs {
 			m := min(z.sgSize, n-off)
 			nd.subGroups++
 			if z.store == nil {
-				nd.resident += 2 * z.block(12*int64(m))
+				nd.resident += 2 * z.block(LayoutFor(m).Bytes)
 			}
 			s := z.slot(off, off+m)
 			nd.slot = max(nd.slot, s)
@@ -342,13 +431,14 @@ func inFlight(opts Options) int {
 //
 // It is independent of the largest tensor: a step holds, per sub-group in
 // flight (1 with PipelineDepth 0, else min(BufferCount,
-// 2*PipelineDepth+1)), one buffer with the sub-group's record (12 bytes per
-// element, with a Store) and its gradient slice (opts.Grads'
-// RangeBufferBytes, at least 4 bytes per element), and nothing per tensor:
-// new parameters go to a RangeSink sub-group by sub-group (to a plain
-// ParamSink a tensor of several sub-groups is assembled in ordinary,
-// unpinned memory). Without a Store the two copies of every record (24
-// bytes per element) stay in the pool besides. Not counted: buffers held
+// 2*PipelineDepth+1)), one buffer with the sub-group's record (with a
+// Store; 12 bytes per element, plus the stagger of large sub-groups: see
+// LayoutFor) and its gradient slice (opts.Grads' RangeBufferBytes, at
+// least 4 bytes per element), and nothing per tensor: new parameters go to
+// a RangeSink sub-group by sub-group (to a plain ParamSink a tensor of
+// several sub-groups is assembled in ordinary, unpinned memory). Without
+// a Store the two copies of every record (about 24 bytes per element) stay
+// in the pool besides. Not counted: buffers held
 // by StateSnapshots, which a step replaces with fresh ones (see
 // SnapshotStates). Empty partitions cost nothing.
 func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {
@@ -390,13 +480,18 @@ func (o *Optimizer) writeInitial(t *tensor, master []float32) error {
 // was. In pinned memory the records are acquired (fresh) or overwritten.
 func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, expAvgSq []float32, replace bool) error {
 	fill := func(rec []float32, sg *subGroup) {
-		n := sg.n
-		copy(rec[:n], master[sg.off:sg.off+n])
+		lo, hi := sg.off, sg.off+sg.n
+		p, m, v := sg.states(rec)
+		copy(p, master[lo:hi])
 		if expAvg != nil {
-			copy(rec[n:2*n], expAvg[sg.off:sg.off+n])
-			copy(rec[2*n:3*n], expAvgSq[sg.off:sg.off+n])
+			copy(m, expAvg[lo:hi])
+			copy(v, expAvgSq[lo:hi])
 		} else {
-			clear(rec[n : 3*n])
+			clear(m)
+			clear(v)
+		}
+		for _, pad := range sg.lay.pads(rec) {
+			clear(pad)
 		}
 	}
 	st := o.opts.Store
@@ -564,10 +659,10 @@ func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg,
 	}
 	master, expAvg, expAvgSq = make([]float32, t.n), make([]float32, t.n), make([]float32, t.n)
 	out := func(rec []float32, sg *subGroup) {
-		n := sg.n
-		copy(master[sg.off:], rec[:n])
-		copy(expAvg[sg.off:], rec[n:2*n])
-		copy(expAvgSq[sg.off:], rec[2*n:3*n])
+		p, m, v := sg.states(rec)
+		copy(master[sg.off:], p)
+		copy(expAvg[sg.off:], m)
+		copy(expAvgSq[sg.off:], v)
 	}
 	for _, sg := range t.sgs {
 		if o.opts.Store == nil {
@@ -656,12 +751,13 @@ func (o *Optimizer) Close() error {
 	return nil
 }
 
-// StateRecord is one sub-group's committed record in the optimizer's store:
-// Elems fp32 master values, then Elems of exp_avg, then Elems of
-// exp_avg_sq, under store key Key.
+// StateRecord is one sub-group's committed record in the optimizer's store,
+// under store key Key: Elems fp32 values each of master, exp_avg and
+// exp_avg_sq, where Layout says (LayoutFor(Elems)).
 type StateRecord struct {
-	Key   string
-	Elems int
+	Key    string
+	Elems  int
+	Layout RecordLayout
 }
 
 // StateRecords lists the records holding name's committed states, in
@@ -677,7 +773,7 @@ func (o *Optimizer) StateRecords(name string) (recs []StateRecord, ok bool) {
 		return nil, false
 	}
 	for _, sg := range t.sgs {
-		recs = append(recs, StateRecord{Key: sg.key, Elems: sg.n})
+		recs = append(recs, StateRecord{Key: sg.key, Elems: sg.n, Layout: sg.lay})
 	}
 	return recs, true
 }

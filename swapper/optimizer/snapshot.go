@@ -58,8 +58,8 @@ type snapRecord struct {
 // would be written again by the second step from now. While a snapshot
 // holds it, that step instead builds the record in a fresh buffer from the
 // pool and the held one is given back to the pool when the snapshot is
-// released: snapshotted bytes never change. The fresh buffer is 12 bytes
-// per element beyond the two copies Register reserved; if the pool has
+// released: snapshotted bytes never change. The fresh buffer is one record
+// (about 12 bytes per element, see LayoutFor) beyond the two copies Register reserved; if the pool has
 // none free, the step waits for one (backpressure: a training loop that
 // steps twice while an asynchronous checkpoint of these states still
 // drains waits for the drain, unless the pool has that headroom).
@@ -152,8 +152,8 @@ func (s *StateSnapshot) Segments(name string, k StateKind) (segs [][]byte, ok bo
 	}
 	segs = make([][]byte, len(recs))
 	for i, r := range recs {
-		n := 4 * r.n
-		segs[i] = r.buf.Bytes()[int(k)*n : int(k+1)*n]
+		lo := r.sg.lay.Offsets[k]
+		segs[i] = r.buf.Bytes()[lo : lo+4*int64(r.n)]
 	}
 	return segs, true
 }

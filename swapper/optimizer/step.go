@@ -381,7 +381,7 @@ func (r *stepRun) update(it *item) {
 		r.bytesRead.Add(int64(sg.recordBytes()))
 	}
 	start := time.Now()
-	p, m, v := it.state[:n], it.state[n:2*n], it.state[2*n:3*n]
+	p, m, v := sg.states(it.state)
 	o.kern.runAdam(p, it.grad[:n], m, v, &r.args)
 	if it.master != nil {
 		copy(it.master[sg.off:sg.off+n], p)
@@ -529,7 +529,7 @@ func (o *Optimizer) abort(r *stepRun) {
 // StateSnapshot still holds that one (a save taken two or more steps ago
 // is draining), it is left to the snapshot and a fresh buffer from the
 // pool takes its place, so snapshotted bytes never change. That buffer is
-// 12 bytes per element beyond the two copies Register reserved: when the
+// one record (about 12 bytes per element) beyond the two copies Register reserved: when the
 // pool has none free the step waits for one (backpressure: typically
 // until the save has drained and released its snapshot) under ctx.
 func (o *Optimizer) nextRecord(ctx context.Context, sg *subGroup) (*buffers.Buffer, error) {
