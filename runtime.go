@@ -187,7 +187,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		tiers[d.Name] = t
 	}
 	optOpts := optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth,
-		BufferCount: zo.OffloadOptimizer.BufferCount, Hyper: Hyper(cfg), Logger: log}
+		BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: z.OptimizerWorkers, Hyper: Hyper(cfg), Logger: log}
 	var bounce int64
 	if mode, _ := gds.ParseMode(GDSMode(cfg)); mode != gds.ModeOff {
 		bo := BounceOptions(cfg, log)

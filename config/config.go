@@ -232,6 +232,11 @@ type Zinf struct {
 	// PrefetchDepth is "prefetch_depth": layers fetched ahead of use.
 	// Default 0: the policy decides from measured bandwidth.
 	PrefetchDepth int
+	// OptimizerWorkers is "optimizer_workers", 0..1024: the most
+	// goroutines (cores) one optimizer sub-group's update is split over
+	// (optimizer.Options.UpdateWorkers). Default 0: GOMAXPROCS. The split
+	// never changes results and needs no pinned memory.
+	OptimizerWorkers int
 }
 
 // Tiers is "zinf.tiers": memory budgets per tier.

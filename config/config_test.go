@@ -276,6 +276,11 @@ func TestParseInvalid(t *testing.T) {
 			want: Problem{Key: "gradient_accumulation_steps", Value: "0", Msg: "is out of range", Allowed: ">= 1"},
 		},
 		{
+			name: "optimizer workers",
+			in:   `{"zinf": {"optimizer_workers": 1025}}`,
+			want: Problem{Key: "zinf.optimizer_workers", Value: "1025", Msg: "is out of range", Allowed: "0..1024"},
+		},
+		{
 			name: "huge integer",
 			in:   `{"zinf": {"prefetch_depth": 1e30}}`,
 			want: Problem{Key: "zinf.prefetch_depth", Value: "1e30", Msg: "is out of range", Allowed: "0..1024"},
@@ -449,7 +454,7 @@ func TestLoadDeepSpeedZeroInfinity(t *testing.T) {
 		t.Errorf("fp16 %v bf16 %v micro %d gas %d", c.FP16, c.BF16, c.MicroBatch, c.GradientAccumulationSteps)
 	}
 	// zinf's defaults fill what DeepSpeed does not say.
-	if c.Zinf.PipelineDepth != 1 || c.Zinf.GDS != GDSOff || c.Zinf.Device != DeviceAuto ||
+	if c.Zinf.PipelineDepth != 1 || c.Zinf.OptimizerWorkers != 0 || c.Zinf.GDS != GDSOff || c.Zinf.Device != DeviceAuto ||
 		!c.Zinf.Checksums || c.Zinf.Direct != DirectOptional || c.Zinf.Tiers.CPUPinnedBytes != 256*MiB {
 		t.Errorf("zinf = %+v", c.Zinf)
 	}
@@ -855,5 +860,40 @@ func TestAIOSection(t *testing.T) {
 	var e *Error
 	if !errors.As(err, &e) || len(e.Problems) != 2 {
 		t.Errorf("AIOSection(invalid) = %v", err)
+	}
+}
+
+// TestOptimizerWorkers: zinf.optimizer_workers parses, survives a
+// round trip through MarshalJSON, and is left out of files that do not set
+// it.
+func TestOptimizerWorkers(t *testing.T) {
+	c, err := Parse([]byte(`{"zinf": {"optimizer_workers": 3}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Zinf.OptimizerWorkers != 3 {
+		t.Fatalf("optimizer_workers = %d, want 3", c.Zinf.OptimizerWorkers)
+	}
+	out, err := c.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Zinf.OptimizerWorkers != 3 {
+		t.Fatalf("after a round trip optimizer_workers = %d, want 3:\n%s", back.Zinf.OptimizerWorkers, out)
+	}
+	d, err := Parse([]byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = d.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "optimizer_workers") {
+		t.Errorf("a default config writes optimizer_workers:\n%s", out)
 	}
 }

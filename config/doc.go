@@ -126,6 +126,8 @@
 //	zinf.world_size              int       $WORLD_SIZE or 1  data-parallel processes (>= 1)
 //	zinf.swap_file_bytes         size      0                 preallocated size of each swap file; 0 = grow as needed
 //	zinf.prefetch_depth          int       0                 layers prefetched ahead, 0..1024; 0 = the policy decides
+//	zinf.optimizer_workers       int       0                 cores one optimizer sub-group's update is split over,
+//	                                                         0..1024; 0 = GOMAXPROCS (results do not depend on it)
 //
 // # Caveats
 //

@@ -88,6 +88,8 @@ type wireZinf struct {
 	WorldSize     int        `json:"world_size"`
 	SwapFileBytes Size       `json:"swap_file_bytes"`
 	PrefetchDepth int        `json:"prefetch_depth"`
+	// OptimizerWorkers is written only when set, so files stay as they were.
+	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
 }
 
 func aioWire(a AIO) wireAIO {
@@ -148,6 +150,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.WorldSize = zi.WorldSize
 	w.Zinf.SwapFileBytes = zi.SwapFileBytes
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
+	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
 	return marshalIndent(w)
 }
 

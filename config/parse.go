@@ -562,6 +562,7 @@ func schema(c *Config) []spec {
 		leaf("world_size", intInto(&c.Zinf.WorldSize)),
 		leaf("swap_file_bytes", sizeInto(&c.Zinf.SwapFileBytes)),
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
+		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
 	)
 
 	return append([]spec{

@@ -132,6 +132,7 @@ func (c *Config) Validate() error {
 	}
 	k.limit("zinf.swap_file_bytes", int64(zi.SwapFileBytes))
 	k.limit("zinf.prefetch_depth", int64(zi.PrefetchDepth))
+	k.limit("zinf.optimizer_workers", int64(zi.OptimizerWorkers))
 
 	return errorOf("", k.problems)
 }
@@ -158,6 +159,7 @@ var intLimits = map[string][2]int64{
 	"zinf.rank":                                        {0, math.MaxInt32},
 	"zinf.swap_file_bytes":                             {0, math.MaxInt64},
 	"zinf.prefetch_depth":                              {0, 1024},
+	"zinf.optimizer_workers":                           {0, 1024},
 }
 
 // enumValues holds the words each string key allows.

@@ -39,6 +39,14 @@
 // and the pool's backpressure does the rest, so a small pool makes the
 // pipeline wait, never fail.
 //
+// The update of one sub-group is split over up to UpdateWorkers goroutines
+// (default GOMAXPROCS; config key zinf.optimizer_workers) in chunks of at
+// least 64 Ki elements, so a large sub-group's update keeps pace with the
+// read-ahead on a machine whose one core could not. The chunks share the
+// sub-group's buffer, so the split needs no pinned memory and changes no
+// bit (elements are independent); the pipeline's order (write-behind,
+// StageRange in ascending order) is unchanged.
+//
 // Pinned memory in use during a step is at most min(BufferCount, 2k+1)
 // sub-group buffers (one at depth 0), each a record and a gradient slice,
 // and nothing per tensor: it is bounded by SubGroupSize, never by the
@@ -86,7 +94,8 @@
 //
 // Adam is exported and is the only update rule: an in-memory reference loop
 // that calls it on whole tensors produces exactly the bits the swapper
-// produces, whatever the sub-group size, pipeline depth or kernel.
+// produces, whatever the sub-group size, pipeline depth, worker count or
+// kernel.
 //
 // # Kernels
 //

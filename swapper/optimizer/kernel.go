@@ -160,3 +160,30 @@ func (k *kernel) runAdam(p, g, m, v []float32, a *adamArgs) {
 		adamScalar(p[done:n], g[done:n], m[done:n], v[done:n], a)
 	}
 }
+
+// minChunk is the fewest elements a worker of a split update takes: about
+// 30-100 µs of work, so that starting and joining goroutines (a few µs)
+// stays small beside it.
+const minChunk = 1 << 16
+
+// adamSplit updates p, g, m, v split into up to workers chunks run on as
+// many goroutines (this one included). Elements are independent, so the
+// bits are those of one call over the whole range.
+func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
+	n := len(p)
+	w := min(workers, (n+minChunk-1)/minChunk)
+	if w <= 1 {
+		k.runAdam(p, g[:n], m[:n], v[:n], a)
+		return
+	}
+	// Chunks of a whole number of cache lines (16 elements), so that no
+	// two workers write the same line.
+	chunk := ((n+w-1)/w + 15) &^ 15
+	var wg sync.WaitGroup
+	for lo := chunk; lo < n; lo += chunk {
+		hi := min(lo+chunk, n)
+		wg.Go(func() { k.runAdam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a) })
+	}
+	k.runAdam(p[:chunk], g[:chunk], m[:chunk], v[:chunk], a)
+	wg.Wait()
+}

@@ -68,21 +68,22 @@ func TestLayoutFor(t *testing.T) {
 }
 
 // TestStaggeredRecords steps tensors with staggered sub-group records
-// (and small ones beside them), with states on NVMe and in pinned memory
-// and a pipeline, in a pool of exactly
+// (and small ones beside them), with states on NVMe and in pinned memory,
+// a pipeline and several update workers, in a pool of exactly
 // PinnedNeedBytes: the result is the reference's bit for bit, the records
 // in the store hold the states at their layout's offsets with zero
 // padding, StateRecords reports the layouts, and snapshots serve the
 // states.
 func TestStaggeredRecords(t *testing.T) {
-	// Large sub-groups, one just above the stagger threshold, small ones.
+	// Sub-groups of two update chunks (so that 3 workers split them), one
+	// just above the stagger threshold, small ones.
 	sg := 1 << 17
 	specs := []spec{{"big", 3*sg + 5}, {"mid", optimizer.StaggerMinElems + 1000}, {"small", 777}}
 	for _, memory := range []bool{false, true} {
-		{
-			t.Run(fmt.Sprintf("memory=%v", memory), func(t *testing.T) {
+		for _, workers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("memory=%v/workers=%d", memory, workers), func(t *testing.T) {
 				r := newRig(t, rigConfig{memory: memory, exactPool: true, specs: specs, seed: 21, checksums: true,
-					opts: optimizer.Options{SubGroupSize: sg, PipelineDepth: 2,
+					opts: optimizer.Options{SubGroupSize: sg, PipelineDepth: 2, UpdateWorkers: workers,
 						Hyper: optimizer.Hyper{LR: 1e-2, WeightDecay: 0.01, AdamW: true}}})
 				for s := 1; s <= 3; s++ {
 					r.mustStep()

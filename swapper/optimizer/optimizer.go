@@ -436,9 +436,10 @@ func inFlight(opts Options) int {
 // LayoutFor) and its gradient slice (opts.Grads' RangeBufferBytes, at
 // least 4 bytes per element), and nothing per tensor: new parameters go to
 // a RangeSink sub-group by sub-group (to a plain ParamSink a tensor of
-// several sub-groups is assembled in ordinary, unpinned memory). Without
-// a Store the two copies of every record (about 24 bytes per element) stay
-// in the pool besides. Not counted: buffers held
+// several sub-groups is assembled in ordinary, unpinned memory). The
+// workers an update is split over (UpdateWorkers) share its buffer: they
+// cost no pinned memory. Without a Store the two copies of every record
+// (about 24 bytes per element) stay in the pool besides. Not counted: buffers held
 // by StateSnapshots, which a step replaces with fresh ones (see
 // SnapshotStates). Empty partitions cost nothing.
 func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {

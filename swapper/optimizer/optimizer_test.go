@@ -224,11 +224,13 @@ func TestResume(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	_, err := optimizer.New(optimizer.Options{SubGroupSize: -1, PipelineDepth: -2, Hyper: optimizer.Hyper{Beta1: 1.5, LR: -1}})
+	_, err := optimizer.New(optimizer.Options{SubGroupSize: -1, PipelineDepth: -2, Hyper: optimizer.Hyper{Beta1: 1.5, LR: -1},
+		UpdateWorkers: optimizer.MaxUpdateWorkers + 1, Kernel: "sse9"})
 	if err == nil {
 		t.Fatal("New accepted bad options")
 	}
-	for _, want := range []string{"Options.Pool", "Options.Grads", "Options.SubGroupSize", "Options.PipelineDepth", "Hyper.Beta1", "Hyper.LR"} {
+	for _, want := range []string{"Options.Pool", "Options.Grads", "Options.SubGroupSize", "Options.PipelineDepth", "Hyper.Beta1", "Hyper.LR",
+		"Options.UpdateWorkers = 1025", `Options.Kernel = "sse9"`, "allowed: auto, scalar"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

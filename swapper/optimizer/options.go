@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
@@ -149,6 +150,9 @@ const (
 	DefaultBufferCount = 4
 	// DefaultPrefix names the optimizer's tensors in the store.
 	DefaultPrefix = "optimizer"
+	// MaxUpdateWorkers bounds Options.UpdateWorkers: more goroutines than
+	// any machine has cores for one update only cost memory.
+	MaxUpdateWorkers = 1024
 )
 
 // Options configure an Optimizer. The zero value of each field means its
@@ -195,6 +199,12 @@ type Options struct {
 	// means DefaultKernel: the one the ZINF_OPTIMIZER_KERNEL environment
 	// variable names, else auto.
 	Kernel string
+	// UpdateWorkers is the most goroutines one sub-group's update is split
+	// over (chunks of at least 64 Ki elements; elements are independent, so
+	// the bits do not depend on it). It needs no pinned memory: the
+	// workers share the sub-group's buffer. Default runtime.GOMAXPROCS(0)
+	// at EnsureDefaults; 1 updates on the pipeline's goroutine only.
+	UpdateWorkers int
 	// Prefix names the optimizer's tensors in the store: sub-group j of
 	// tensor w is "<Prefix>/w#j". Default DefaultPrefix. Give each
 	// Optimizer sharing a Store its own prefix.
@@ -214,6 +224,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
+	}
+	if o.UpdateWorkers == 0 {
+		o.UpdateWorkers = runtime.GOMAXPROCS(0)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -242,6 +255,9 @@ func (o *Options) Validate() error {
 	}
 	if o.BufferCount < 0 {
 		bad("BufferCount", o.BufferCount, "must be >= 1 (0 means max(4, 2*PipelineDepth+1))")
+	}
+	if o.UpdateWorkers < 0 || o.UpdateWorkers > MaxUpdateWorkers {
+		bad("UpdateWorkers", o.UpdateWorkers, fmt.Sprintf("must be in 0..%d (0 means GOMAXPROCS)", MaxUpdateWorkers))
 	}
 	if o.Kernel != "" {
 		if _, err := KernelByName(o.Kernel); err != nil {

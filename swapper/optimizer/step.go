@@ -382,7 +382,7 @@ func (r *stepRun) update(it *item) {
 	}
 	start := time.Now()
 	p, m, v := sg.states(it.state)
-	o.kern.runAdam(p, it.grad[:n], m, v, &r.args)
+	o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
 	if it.master != nil {
 		copy(it.master[sg.off:sg.off+n], p)
 	}
