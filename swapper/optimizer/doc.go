@@ -40,8 +40,9 @@
 // pipeline wait, never fail.
 //
 // The update of one sub-group is split over up to UpdateWorkers goroutines
-// (default GOMAXPROCS; config key zinf.optimizer_workers) in chunks of at
-// least 64 Ki elements, so a large sub-group's update keeps pace with the
+// (default GOMAXPROCS; config key zinf.optimizer_workers), which take
+// chunks of at least 64 Ki elements as they come free (so a worker whose
+// core another process holds delays the update by one chunk), so a large sub-group's update keeps pace with the
 // read-ahead on a machine whose one core could not. The chunks share the
 // sub-group's buffer, so the split needs no pinned memory and changes no
 // bit (elements are independent); the pipeline's order (write-behind,
@@ -110,10 +111,13 @@
 // the operands of each addition in the compiled scalar loop's order, so
 // every kernel gives the scalar loop's bits, NaN payloads and zero signs
 // included (kernel_test.go checks it on random and special values, every
-// tail length and misaligned slices). The fastest kernel the CPU runs is
+// tail length and misaligned slices). The widest kernel the CPU runs is
 // chosen at start-up (golang.org/x/sys/cpu: AVX-512F, else AVX2, else
-// scalar); one goroutine updates about 2 G elements/s with AVX2 or AVX-512
-// where the scalar loop does 0.3-0.4 (BENCHMARKS.md).
+// scalar). On the development machine (AMD EPYC, AVX-512) one core
+// updates about 2 G elements per CPU-second with either SIMD kernel at 16
+// and 64 Mi elements, where the scalar loop does 0.37 (BENCHMARKS.md,
+// make bench-adam); at that size the two widths are equally fast (the
+// update is bound by memory), in cache AVX-512 is faster.
 //
 // To force a kernel, set Options.Kernel or, for Adam and every optimizer
 // whose Options.Kernel is empty, the environment variable

@@ -7,13 +7,14 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // KernelEnv is the environment variable that picks the kernel of Adam and
 // of optimizers whose Options.Kernel is empty: "auto" (or unset: the
-// fastest this CPU runs), "scalar" (the portable reference loop), or the
-// name of a SIMD kernel ("avx2", "avx512" on amd64). New fails on a value
-// that is not one of those or not available on this CPU.
+// widest SIMD kernel this CPU runs), "scalar" (the portable reference
+// loop), or the name of a SIMD kernel ("avx2", "avx512" on amd64). New
+// fails on a value that is not one of those or not available on this CPU.
 const KernelEnv = "ZINF_OPTIMIZER_KERNEL"
 
 // Kernel names.
@@ -56,12 +57,12 @@ type kernel struct {
 
 var scalarKernel = &kernel{name: KernelScalar, lanes: 1}
 
-// simdKernels are this CPU's SIMD kernels, fastest first; platform files
+// simdKernels are this CPU's SIMD kernels, widest first; platform files
 // add theirs at init.
 var simdKernels []*kernel
 
 // Kernels returns the kernels this CPU runs: the scalar reference first,
-// then the SIMD ones, fastest first.
+// then the SIMD ones, widest (the default) first.
 func Kernels() []Kernel {
 	out := []Kernel{{scalarKernel}}
 	for _, k := range simdKernels {
@@ -71,8 +72,9 @@ func Kernels() []Kernel {
 }
 
 // KernelByName returns the kernel named name: "auto" or "" for the
-// fastest this CPU runs, "scalar", or a SIMD kernel's name. A name that is
-// unknown or not available on this CPU is an error listing those that are.
+// widest SIMD kernel this CPU runs (else scalar), "scalar", or a SIMD
+// kernel's name. A name that is unknown or not available on this CPU is an
+// error listing those that are.
 func KernelByName(name string) (Kernel, error) {
 	switch name {
 	case "", KernelAuto:
@@ -105,7 +107,7 @@ var defaultKernel = sync.OnceValues(func() (Kernel, error) {
 })
 
 // DefaultKernel is the kernel Adam runs and optimizers use by default: the
-// one ZINF_OPTIMIZER_KERNEL names (KernelEnv), else the fastest this CPU
+// one ZINF_OPTIMIZER_KERNEL names (KernelEnv), else the widest this CPU
 // runs. With an invalid ZINF_OPTIMIZER_KERNEL it is the scalar kernel (and
 // New reports the variable).
 func DefaultKernel() Kernel {
@@ -161,29 +163,46 @@ func (k *kernel) runAdam(p, g, m, v []float32, a *adamArgs) {
 	}
 }
 
-// minChunk is the fewest elements a worker of a split update takes: about
-// 30-100 µs of work, so that starting and joining goroutines (a few µs)
-// stays small beside it.
+// minChunk is the fewest elements a chunk of a split update has: about
+// 30-100 µs of work, so that handing chunks out and starting goroutines (a
+// few µs) stays small beside it.
 const minChunk = 1 << 16
 
-// adamSplit updates p, g, m, v split into up to workers chunks run on as
-// many goroutines (this one included). Elements are independent, so the
-// bits are those of one call over the whole range.
+// chunksPerWorker is how many chunks a split update is cut into per
+// worker: workers take chunks as they come free, so a worker whose core
+// is busy with another process delays the update by one small chunk, not
+// by its whole share.
+const chunksPerWorker = 4
+
+// adamSplit updates p, g, m, v on up to workers goroutines (this one
+// included), which take chunks of at least minChunk elements (whole cache
+// lines, so no two write one line) until none is left. Elements are
+// independent, so the bits are those of one call over the whole range.
 func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
 	n := len(p)
-	w := min(workers, (n+minChunk-1)/minChunk)
+	g, m, v = g[:n], m[:n], v[:n]
+	w := min(workers, n/minChunk)
 	if w <= 1 {
-		k.runAdam(p, g[:n], m[:n], v[:n], a)
+		k.runAdam(p, g, m, v, a)
 		return
 	}
-	// Chunks of a whole number of cache lines (16 elements), so that no
-	// two workers write the same line.
-	chunk := ((n+w-1)/w + 15) &^ 15
-	var wg sync.WaitGroup
-	for lo := chunk; lo < n; lo += chunk {
-		hi := min(lo+chunk, n)
-		wg.Go(func() { k.runAdam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a) })
+	chunk := max(minChunk, (n/(w*chunksPerWorker)+15)&^15)
+	chunks := (n + chunk - 1) / chunk
+	var next atomic.Int64
+	run := func() {
+		for {
+			c := int(next.Add(1) - 1)
+			if c >= chunks {
+				return
+			}
+			lo, hi := c*chunk, min((c+1)*chunk, n)
+			k.runAdam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a)
+		}
 	}
-	k.runAdam(p[:chunk], g[:chunk], m[:chunk], v[:chunk], a)
+	var wg sync.WaitGroup
+	for range w - 1 {
+		wg.Go(run)
+	}
+	run()
 	wg.Wait()
 }

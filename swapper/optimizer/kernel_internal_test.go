@@ -12,7 +12,7 @@ import (
 // every kernel: the bits equal one scalar call over the whole range.
 func TestAdamSplit(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	lens := []int{0, 1, 17, minChunk - 1, minChunk, minChunk + 1, 2*minChunk - 1, 2 * minChunk, 2*minChunk + 17, 5*minChunk + 3}
+	lens := []int{0, 1, 17, minChunk - 1, minChunk, minChunk + 1, 2*minChunk - 1, 2 * minChunk, 2*minChunk + 17, 5*minChunk + 3, 41*minChunk + 5}
 	if testing.Short() {
 		lens = lens[:7]
 	}

@@ -193,11 +193,11 @@ type Options struct {
 	// Hyper are Adam's hyperparameters; zero fields take their defaults.
 	Hyper Hyper
 	// Kernel names the implementation of the update rule the step runs:
-	// "auto" (the fastest this CPU runs), "scalar" (the portable reference
-	// loop) or a SIMD kernel ("avx2", "avx512"; see Kernels). Every kernel
-	// gives the same bits, so it changes speed, never results. Default ""
-	// means DefaultKernel: the one the ZINF_OPTIMIZER_KERNEL environment
-	// variable names, else auto.
+	// "auto" (the widest SIMD kernel this CPU runs), "scalar" (the
+	// portable reference loop) or a SIMD kernel ("avx2", "avx512"; see
+	// Kernels). Every kernel gives the same bits, so it changes speed,
+	// never results. Default "" means DefaultKernel: the one the
+	// ZINF_OPTIMIZER_KERNEL environment variable names, else auto.
 	Kernel string
 	// UpdateWorkers is the most goroutines one sub-group's update is split
 	// over (chunks of at least 64 Ki elements; elements are independent, so
