@@ -5,7 +5,7 @@ PKGS      := ./...
 TESTFLAGS ?= -race -count=1 -timeout 15m
 DEMO_DIR  ?=
 
-.PHONY: all build test test-short bench bench-io demo lint fmt vet doctor tune clean gpu-tests stress
+.PHONY: all build test test-short bench bench-io bench-adam demo lint fmt vet doctor tune clean gpu-tests stress
 
 all: build
 
@@ -36,6 +36,10 @@ bench:
 # zinf io vs fio on the same 1 GiB file, interleaved (see BENCHMARKS.md).
 bench-io: build
 	./scripts/bench-io.sh
+
+# SIMD vs scalar Adam, interleaved rounds with medians (see BENCHMARKS.md).
+bench-adam:
+	./scripts/bench-adam.sh
 
 stress:
 	ZINF_STRESS=1 $(GO) test -race -count=1 -timeout 60m -run 'Stress|Differential' ./...

@@ -117,7 +117,7 @@
 // updates about 2 G elements per CPU-second with either SIMD kernel at 16
 // and 64 Mi elements, where the scalar loop does 0.37 (BENCHMARKS.md,
 // make bench-adam); at that size the two widths are equally fast (the
-// update is bound by memory), in cache AVX-512 is faster.
+// update is bound by memory).
 //
 // To force a kernel, set Options.Kernel or, for Adam and every optimizer
 // whose Options.Kernel is empty, the environment variable
