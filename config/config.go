@@ -31,6 +31,18 @@ type Config struct {
 	GradientAccumulationSteps int
 	// MicroBatch is "train_micro_batch_size_per_gpu". Default 1.
 	MicroBatch int
+	// GradientClipping is "gradient_clipping": the largest global L2 norm
+	// of the gradients (over every rank) an optimizer step applies; larger
+	// gradients are scaled down to it. 0 turns clipping off. >= 0. Default
+	// 0.
+	GradientClipping float64
+	// LossScaling is the loss-scaling keys of "fp16" (loss_scale,
+	// initial_scale_power, loss_scale_window, hysteresis,
+	// consecutive_hysteresis, min_loss_scale); they act when FP16 is true.
+	LossScaling LossScaling
+	// Scheduler is "scheduler": the learning-rate schedule. Default none
+	// (the learning rate stays optimizer.params.lr).
+	Scheduler Scheduler
 
 	// Warnings holds notices about a config that was nonetheless accepted:
 	// old key names, deprecated forms, Hugging Face "auto" values, and one
@@ -237,6 +249,11 @@ type Zinf struct {
 	// (optimizer.Options.UpdateWorkers). Default 0: GOMAXPROCS. The split
 	// never changes results and needs no pinned memory.
 	OptimizerWorkers int
+	// Speculate is "speculate": with gradient_clipping or fp16 on, whether
+	// each layer's optimizer update still starts during the backward pass
+	// (and is rolled back when the step turns out to need clipping or to
+	// overflow). Default auto.
+	Speculate SpeculateMode
 }
 
 // Tiers is "zinf.tiers": memory budgets per tier.
@@ -286,6 +303,12 @@ func (o Optimizer) DecoupledWeightDecay() bool {
 	return o.Type == OptimizerAdamW || o.AdamWMode
 }
 
+// HasBetas reports whether the optimizer has (beta1, beta2), which
+// OneCycle's momentum cycling sets.
+func (o Optimizer) HasBetas() bool {
+	return o.Type == OptimizerAdam || o.Type == OptimizerAdamW
+}
+
 // defaults returns a Config holding every documented default, before any
 // file or environment is read.
 func defaults() *Config {
@@ -320,6 +343,7 @@ func defaults() *Config {
 			GDS:           GDSOff,
 			Device:        DeviceAuto,
 			WorldSize:     1,
+			Speculate:     SpeculateAuto,
 		},
 		Optimizer: Optimizer{
 			Type:      OptimizerAdam,
@@ -330,6 +354,22 @@ func defaults() *Config {
 		},
 		GradientAccumulationSteps: 1,
 		MicroBatch:                1,
+		LossScaling: LossScaling{
+			InitialScalePower: 16,
+			LossScaleWindow:   1000,
+			Hysteresis:        2,
+			MinLossScale:      1,
+		},
+		Scheduler: Scheduler{
+			WarmupMaxLR:        0.001,
+			WarmupNumSteps:     1000,
+			WarmupType:         WarmupLog,
+			CosMinRatio:        0.0001,
+			CycleFirstStepSize: 2000,
+			CycleMomentum:      true,
+			CycleMinMom:        0.8,
+			CycleMaxMom:        0.9,
+		},
 	}
 }
 

@@ -477,9 +477,19 @@ func TestLoadDeepSpeedZeroInfinity(t *testing.T) {
 	if threadWarning != "aio.thread_count is DeepSpeed's old name for aio.intra_op_parallelism; read as intra_op_parallelism 1" {
 		t.Errorf("thread_count warning = %q (warnings %q)", threadWarning, c.Warnings)
 	}
+	// The training keys are read, not ignored.
+	wantScaling := LossScaling{LossScale: 0, InitialScalePower: 16, LossScaleWindow: 1000, Hysteresis: 2, MinLossScale: 1}
+	if c.GradientClipping != 1 || c.LossScaling != wantScaling || c.Scheduler.Type != SchedulerWarmupLR ||
+		c.Scheduler.WarmupMinLR != 0 || c.Scheduler.WarmupMaxLR != 0.001 || c.Scheduler.WarmupNumSteps != 1000 || c.Scheduler.WarmupType != WarmupLog {
+		t.Errorf("training keys: clipping %v, loss scaling %+v, scheduler %+v", c.GradientClipping, c.LossScaling, c.Scheduler)
+	}
+	for _, k := range []string{"gradient_clipping", "scheduler", "fp16.loss_scale", "fp16.hysteresis", "fp16.min_loss_scale"} {
+		if contains(c.Ignored, k) || strings.Contains(ignoredWarning, k) {
+			t.Errorf("%q is listed as ignored: %q", k, c.Ignored)
+		}
+	}
 	for _, k := range []string{
-		"train_batch_size", "steps_per_print", "wall_clock_breakdown", "gradient_clipping", "scheduler",
-		"fp16.loss_scale", "fp16.hysteresis", "zero_optimization.contiguous_gradients",
+		"train_batch_size", "steps_per_print", "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
 		"zero_optimization.overlap_comm", "zero_optimization.stage3_prefetch_bucket_size",
 		"zero_optimization.stage3_gather_16bit_weights_on_model_save",
 	} {

@@ -27,12 +27,12 @@
 //     range, allowed words, and the rules between keys (see
 //     Config.Validate).
 //  2. DeepSpeed keys zinf knows but does not act on (train_batch_size,
-//     scheduler, gradient_clipping, steps_per_print, fp16.loss_scale,
-//     zero_optimization.overlap_comm, stage3_* tuning, ...) are accepted
-//     without looking at their values, and listed in Config.Ignored and in
-//     one warning: "ignored (DeepSpeed key not used by zinf): ...". A
-//     DeepSpeed section zinf does not act on at all (scheduler, tensorboard,
-//     activation_checkpointing, ...) is accepted whole.
+//     steps_per_print, zero_optimization.overlap_comm, stage3_* tuning,
+//     fp16.auto_cast, ...) are accepted without looking at their values,
+//     and listed in Config.Ignored and in one warning: "ignored (DeepSpeed
+//     key not used by zinf): ...". A DeepSpeed section zinf does not act
+//     on at all (tensorboard, activation_checkpointing, ...) is accepted
+//     whole.
 //  3. Any other key is a problem: "unknown key", with a "did you mean"
 //     suggestion when a known key is close (offload_parm -> offload_param)
 //     or when the key belongs in another section (block_size at the top ->
@@ -47,7 +47,10 @@
 // integration fills in before DeepSpeed reads the file, is read as the
 // default, with a warning, for the training keys that allow it
 // (train_micro_batch_size_per_gpu, gradient_accumulation_steps,
-// fp16/bf16.enabled, optimizer.params.*).
+// fp16/bf16.enabled, optimizer.params.*, gradient_clipping,
+// scheduler.params.warmup_min_lr, warmup_max_lr and warmup_num_steps);
+// for scheduler.params.total_num_steps, which has no default, it is a
+// problem.
 //
 // JSON null means "the default" for any key. A key written twice in one
 // object is a problem. The JSON itself must be strictly valid; a syntax
@@ -95,8 +98,35 @@
 //	optimizer.params.eps                        float     1e-8          (> 0)
 //	optimizer.params.weight_decay               float     0             (>= 0)
 //	optimizer.params.adam_w_mode                bool      true          type Adam decouples weight decay, as DeepSpeed's Adam does
-//	fp16.enabled                                bool      false         fp16 training; not with bf16
+//	fp16.enabled                                bool      false         fp16 training (with loss scaling); not with bf16
+//	fp16.loss_scale                             float     0             0 = dynamic loss scaling; > 0 a static scale
+//	fp16.initial_scale_power                    int       16            the dynamic scale starts at 2^power, 0..126
+//	fp16.loss_scale_window                      int       1000          clean steps before the dynamic scale doubles (>= 1)
+//	fp16.hysteresis                             int       2             overflows before the dynamic scale halves (>= 1)
+//	fp16.consecutive_hysteresis                 bool      false         refill the hysteresis on every clean step
+//	fp16.min_loss_scale                         float     1             floor of the dynamic scale (> 0)
 //	bf16.enabled                                bool      false         bf16 training; not with fp16 (old name: bfloat16)
+//	gradient_clipping                           float     0             largest global L2 gradient norm; 0 = off (>= 0)
+//	scheduler.type                              word      none          WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle
+//	scheduler.params.warmup_min_lr              float     0             WarmupLR, WarmupDecayLR (>= 0)
+//	scheduler.params.warmup_max_lr              float     see below     WarmupLR: optimizer.params.lr; WarmupDecayLR: 0.001
+//	scheduler.params.warmup_num_steps           int       1000          the Warmup* types (>= 1; below 2 acts as 2)
+//	scheduler.params.warmup_type                word      "log"         the Warmup* types: log | linear
+//	scheduler.params.total_num_steps            int       required      WarmupDecayLR, WarmupCosineLR (>= 1)
+//	scheduler.params.warmup_min_ratio           float     0             WarmupCosineLR (>= 0)
+//	scheduler.params.cos_min_ratio              float     0.0001        WarmupCosineLR (>= 0)
+//	scheduler.params.cycle_min_lr               float     required      OneCycle (>= 0)
+//	scheduler.params.cycle_max_lr               float     required      OneCycle (>= 0)
+//	scheduler.params.decay_lr_rate              float     0             OneCycle (>= 0)
+//	scheduler.params.cycle_first_step_size      int       2000          OneCycle (>= 1)
+//	scheduler.params.cycle_second_step_size     int       = first       OneCycle (>= 1)
+//	scheduler.params.cycle_first_stair_count    int       0             OneCycle (>= 0; 0 = continuous)
+//	scheduler.params.cycle_second_stair_count   int       = first       OneCycle (>= 0)
+//	scheduler.params.decay_step_size            int       0             OneCycle (>= 0; 0 = no decay)
+//	scheduler.params.cycle_momentum             bool      true          OneCycle: cycle beta1 (optimizers with betas)
+//	scheduler.params.cycle_min_mom              float     0.8           OneCycle, [0, 1)
+//	scheduler.params.cycle_max_mom              float     0.9           OneCycle, [0, 1)
+//	scheduler.params.decay_mom_rate             float     0             OneCycle (>= 0)
 //	gradient_accumulation_steps                 int       1             micro-steps per optimizer step (>= 1)
 //	train_micro_batch_size_per_gpu              int       1             samples per micro-step (>= 1)
 //
@@ -128,6 +158,88 @@
 //	zinf.prefetch_depth          int       0                 layers prefetched ahead, 0..1024; 0 = the policy decides
 //	zinf.optimizer_workers       int       0                 cores one optimizer sub-group's update is split over,
 //	                                                         0..1024; 0 = GOMAXPROCS (results do not depend on it)
+//	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,
+//	                                                         start each layer's update during backward before the
+//	                                                         global norm and overflow are known (see below)
+//
+// # The training step
+//
+// These keys act as in DeepSpeed (ZeRO stage 3 with its DynamicLossScaler
+// and lr_schedules), so a ported ds_config.json trains the same way. One
+// optimizer step, in order (unscale, check overflow, clip, update):
+//
+//  1. sumSq = the sum of the squares of every rank's accumulated (loss-
+//     scaled) gradient partition, in float64: per rank, each tensor's
+//     partition element by element, the tensors in model order; then the
+//     ranks' sums in rank order (((r0 + r1) + r2) + ...). A world of one
+//     rank sums each tensor whole, so its norm may differ from a world of
+//     four in the last bits (a different order of float64 additions); the
+//     steps agree whenever that does not move the clip decision or the
+//     float32 factor below.
+//  2. fp16 only: if sumSq is inf or NaN (a gradient overflowed), the step
+//     is skipped: nothing is updated, the gradients are dropped, the loss
+//     scale is updated (below) and the schedule does not advance. bf16 and
+//     fp32 have no loss scaling and no overflow check (as in DeepSpeed).
+//  3. With loss scale S (1 without fp16) and c = gradient_clipping:
+//     norm = sqrt(sumSq) / S; q = (norm + 1e-6) / c; k = q*S when c > 0
+//     and q > 1, else S; every gradient element is multiplied by
+//     float32(1/k) (unscaling and clipping in one factor, as DeepSpeed's
+//     unscale_and_clip_grads). The clip coefficient is 1/q.
+//  4. The optimizer updates with the learning rate (and, for OneCycle
+//     with momentum, betas) of the schedule at this applied step.
+//
+// Dynamic loss scaling (fp16.loss_scale 0) starts at
+// 2^initial_scale_power. After each step, on overflow: when hysteresis is
+// 1 or the remaining hysteresis is 1, the scale halves (not below
+// min_loss_scale; an overflow with the scale already at min_loss_scale
+// fails the step: training diverged, as DeepSpeed raises), else the
+// remaining hysteresis drops by one. On a clean step: with
+// consecutive_hysteresis the remaining hysteresis is refilled; and when
+// the clean steps since the last overflow, not counting this one, are a
+// positive multiple of loss_scale_window, the scale doubles (and the
+// hysteresis is refilled). That is the current DeepSpeed rule; releases
+// before it counted this step too and doubled one step earlier. A static
+// scale (loss_scale > 0) never changes; its overflowing steps are still
+// skipped.
+//
+// The schedules are DeepSpeed's, with its parameter names and defaults:
+// the learning rate of applied step k (from 1) is the schedule at
+// iteration it = k - 2, because DeepSpeed builds its scheduler at
+// iteration -1 and steps it after each applied step; step 1 gets the
+// constructor's value (WarmupLR, WarmupDecayLR: warmup_min_lr;
+// WarmupCosineLR: 0; OneCycle: cycle_min_lr with beta1 cycle_min_mom).
+// With W = max(2, warmup_num_steps) and gamma(it) = ln(it+1)/ln(W) (log)
+// or it/W (linear):
+//
+//	WarmupLR:       min + (max-min)*gamma(it) while it < W, then min + (max-min)
+//	WarmupDecayLR:  the same warmup, then min + (max-min)*max(0, (T-it)/max(1, T-W))
+//	WarmupCosineLR: lr * (wmin + gamma(it)*(1-wmin)) while it < W, then
+//	                lr * max(0, cmin + (1-cmin)*(1+cos(pi*min(1, (it-W+1)/max(1, T-W))))/2)
+//	OneCycle:       one triangular cycle of cycle_first_step_size steps up from
+//	                cycle_min_lr to cycle_max_lr and cycle_second_step_size down
+//	                (optionally in stair steps), then cycle_min_lr / (1 +
+//	                decay_lr_rate*(it-total+1)/decay_step_size); with cycle_momentum
+//	                beta1 moves inversely from cycle_max_mom to cycle_min_mom and
+//	                back (then grows by decay_mom_rate), and beta2 is set to 0.99
+//	                (DeepSpeed's OneCycle writes betas (momentum, 0.99)). Optimizers
+//	                without betas get no momentum cycling, with a warning.
+//
+// The schedule package has each formula exactly. LRRangeTest and the
+// torch.optim.lr_scheduler names DeepSpeed also accepts are refused. A
+// Go loop may set the rate itself (zinf.Runtime.SetLR).
+//
+// zinf.speculate: zinf starts each layer's optimizer update during the
+// backward pass (Runtime.StepTensor). With gradient_clipping or fp16 on,
+// the global norm and overflow are known only at the end of the step, so
+// the update is speculative: it assumes no clipping and no overflow, and
+// is committed when that was right, or rolled back (nothing of it was
+// committed) and redone with the right factor (or skipped) when it was
+// not. "always" speculates every step, "never" waits for the norm (no
+// overlap while clipping or fp16 is on), and "auto" speculates unless
+// more than 4 of the last 8 steps needed a correction (clipping triggered
+// or fp16 overflowed) — steps that did not speculate still tell whether
+// they would have needed one, so auto starts speculating again once
+// clipping stops triggering.
 //
 // # Caveats
 //

@@ -13,8 +13,10 @@ import (
 type wireConfig struct {
 	TrainMicroBatch           int           `json:"train_micro_batch_size_per_gpu"`
 	GradientAccumulationSteps int           `json:"gradient_accumulation_steps"`
+	GradientClipping          float64       `json:"gradient_clipping"`
 	Optimizer                 wireOptimizer `json:"optimizer"`
-	FP16                      wireEnabled   `json:"fp16"`
+	Scheduler                 *wireSched    `json:"scheduler,omitempty"`
+	FP16                      wireFP16      `json:"fp16"`
 	BF16                      wireEnabled   `json:"bf16"`
 	ZeroOptimization          wireZero      `json:"zero_optimization"`
 	AIO                       wireAIO       `json:"aio"`
@@ -34,6 +36,54 @@ type wireOptimizer struct {
 
 type wireEnabled struct {
 	Enabled bool `json:"enabled"`
+}
+
+type wireFP16 struct {
+	Enabled bool `json:"enabled"`
+	// The loss-scaling keys are written when they act (fp16 enabled) or
+	// differ from their defaults, so that an fp32 or bf16 config reads back
+	// without the warning that they do not act.
+	*wireScaling
+}
+
+type wireScaling struct {
+	LossScale             float64 `json:"loss_scale"`
+	InitialScalePower     int     `json:"initial_scale_power"`
+	LossScaleWindow       int     `json:"loss_scale_window"`
+	Hysteresis            int     `json:"hysteresis"`
+	ConsecutiveHysteresis bool    `json:"consecutive_hysteresis"`
+	MinLossScale          float64 `json:"min_loss_scale"`
+}
+
+// wireSched writes the params of its type only (the others are refused
+// when read).
+type wireSched struct {
+	Type   SchedulerType  `json:"type"`
+	Params map[string]any `json:"params"`
+}
+
+func schedWire(s Scheduler) *wireSched {
+	var p map[string]any
+	switch s.Type {
+	case SchedulerNone:
+		return nil
+	case SchedulerWarmupLR, SchedulerWarmupDecayLR:
+		p = map[string]any{"warmup_min_lr": s.WarmupMinLR, "warmup_max_lr": s.WarmupMaxLR,
+			"warmup_num_steps": s.WarmupNumSteps, "warmup_type": s.WarmupType}
+		if s.Type == SchedulerWarmupDecayLR {
+			p["total_num_steps"] = s.TotalNumSteps
+		}
+	case SchedulerWarmupCosineLR:
+		p = map[string]any{"warmup_num_steps": s.WarmupNumSteps, "warmup_type": s.WarmupType, "total_num_steps": s.TotalNumSteps,
+			"warmup_min_ratio": s.WarmupMinRatio, "cos_min_ratio": s.CosMinRatio}
+	default: // OneCycle, and a type Validate refuses
+		p = map[string]any{"cycle_min_lr": s.CycleMinLR, "cycle_max_lr": s.CycleMaxLR, "decay_lr_rate": s.DecayLRRate,
+			"cycle_first_step_size": s.CycleFirstStepSize, "cycle_second_step_size": s.CycleSecondStepSize,
+			"cycle_first_stair_count": s.CycleFirstStairCount, "cycle_second_stair_count": s.CycleSecondStairCount,
+			"decay_step_size": s.DecayStepSize, "cycle_momentum": s.CycleMomentum, "cycle_min_mom": s.CycleMinMom,
+			"cycle_max_mom": s.CycleMaxMom, "decay_mom_rate": s.DecayMomRate}
+	}
+	return &wireSched{Type: s.Type, Params: p}
 }
 
 type wireZero struct {
@@ -77,17 +127,18 @@ type wireZinf struct {
 		GPUBytes       Size `json:"gpu_bytes"`
 		CPUPinnedBytes Size `json:"cpu_pinned_bytes"`
 	} `json:"tiers"`
-	NVMePaths     []string   `json:"nvme_paths,omitempty"`
-	Checksums     bool       `json:"checksums"`
-	Direct        DirectMode `json:"direct"`
-	Backend       Backend    `json:"backend"`
-	PipelineDepth int        `json:"pipeline_depth"`
-	GDS           GDSMode    `json:"gds"`
-	Device        Device     `json:"device"`
-	Rank          int        `json:"rank"`
-	WorldSize     int        `json:"world_size"`
-	SwapFileBytes Size       `json:"swap_file_bytes"`
-	PrefetchDepth int        `json:"prefetch_depth"`
+	NVMePaths     []string      `json:"nvme_paths,omitempty"`
+	Checksums     bool          `json:"checksums"`
+	Direct        DirectMode    `json:"direct"`
+	Backend       Backend       `json:"backend"`
+	PipelineDepth int           `json:"pipeline_depth"`
+	GDS           GDSMode       `json:"gds"`
+	Device        Device        `json:"device"`
+	Rank          int           `json:"rank"`
+	WorldSize     int           `json:"world_size"`
+	SwapFileBytes Size          `json:"swap_file_bytes"`
+	PrefetchDepth int           `json:"prefetch_depth"`
+	Speculate     SpeculateMode `json:"speculate"`
 	// OptimizerWorkers is written only when set, so files stay as they were.
 	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
 }
@@ -117,7 +168,14 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Optimizer.Params.Eps = c.Optimizer.Eps
 	w.Optimizer.Params.WeightDecay = c.Optimizer.WeightDecay
 	w.Optimizer.Params.AdamWMode = c.Optimizer.AdamWMode
+	w.GradientClipping = c.GradientClipping
+	w.Scheduler = schedWire(c.Scheduler)
+	l := c.LossScaling
 	w.FP16.Enabled = c.FP16
+	if c.FP16 || l != defaults().LossScaling {
+		w.FP16.wireScaling = &wireScaling{LossScale: l.LossScale, InitialScalePower: l.InitialScalePower, LossScaleWindow: l.LossScaleWindow,
+			Hysteresis: l.Hysteresis, ConsecutiveHysteresis: l.ConsecutiveHysteresis, MinLossScale: l.MinLossScale}
+	}
 	w.BF16.Enabled = c.BF16
 	z := c.ZeroOptimization
 	w.ZeroOptimization = wireZero{
@@ -151,6 +209,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.SwapFileBytes = zi.SwapFileBytes
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
+	w.Zinf.Speculate = zi.Speculate
 	return marshalIndent(w)
 }
 

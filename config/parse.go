@@ -90,7 +90,16 @@ func Parse(data []byte) (*Config, error) {
 	c, problems, written := decode(data)
 	if c != nil {
 		if err := c.Validate(); err != nil {
+			reported := map[string]bool{}
+			for _, p := range problems {
+				reported[p.Key] = true
+			}
 			for _, p := range err.(*Error).Problems {
+				if reported[p.Key] {
+					// The value could not be read (and the default was
+					// kept); that problem says it already.
+					continue
+				}
 				// Point at the key in the file and quote it as written.
 				if n, ok := written.nodes[p.Key]; ok {
 					p.Line, p.Column = position(written.data, n.off)
@@ -532,10 +541,9 @@ func schema(c *Config) []spec {
 		spec{name: "legacy_fusion", ignored: true},
 	)
 
-	fp16 := section("fp16", append([]spec{
+	fp16 := section("fp16", append(append([]spec{
 		leaf("enabled", autoable("false", boolInto(&c.FP16))),
-	}, ignore("auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-		"consecutive_hysteresis", "min_loss_scale", "fused_mode", "fp16_master_weights_and_grads")...)...)
+	}, lossScalingSpecs(c)...), ignore("auto_cast", "fused_mode", "fp16_master_weights_and_grads")...)...)
 	bf16Fields := append([]spec{
 		leaf("enabled", autoable("false", boolInto(&c.BF16))),
 	}, ignore("immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
@@ -563,6 +571,7 @@ func schema(c *Config) []spec {
 		leaf("swap_file_bytes", sizeInto(&c.Zinf.SwapFileBytes)),
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
+		leaf("speculate", stringInto(&c.Zinf.Speculate)),
 	)
 
 	return append([]spec{
@@ -574,13 +583,15 @@ func schema(c *Config) []spec {
 		bfloat16,
 		leaf("gradient_accumulation_steps", autoable("1", intInto(&c.GradientAccumulationSteps))),
 		leaf("train_micro_batch_size_per_gpu", autoable("1", intInto(&c.MicroBatch))),
+		leaf("gradient_clipping", autoable("0 (no clipping)", floatInto(&c.GradientClipping))),
+		{name: "scheduler", set: schedulerSection(c), fields: schedulerSpecs(c)},
 		zinf,
 	}, ignore(
 		// DeepSpeed's other top-level keys, accepted whole: zinf runs its own
-		// training loop, so batch bookkeeping, schedulers, logging, monitors
-		// and communication settings have nothing to act on.
+		// training loop, so batch bookkeeping, logging, monitors and
+		// communication settings have nothing to act on.
 		"train_batch_size", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
-		"scheduler", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+		"prescale_gradients", "gradient_predivide_factor",
 		"sparse_gradients", "fp32_allreduce", "communication_data_type", "seq_parallel_comm_data_type",
 		"disable_allgather", "amp", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
 		"tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler",
@@ -715,6 +726,7 @@ func (d *decoder) resolve() {
 	for _, f := range d.deferred {
 		f()
 	}
+	d.resolveTraining()
 	c := d.c
 	oo := c.ZeroOptimization.OffloadOptimizer
 	if _, ok := d.set["zinf.pipeline_depth"]; !ok {

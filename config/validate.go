@@ -93,6 +93,8 @@ func (c *Config) Validate() error {
 	k.limit("gradient_accumulation_steps", int64(c.GradientAccumulationSteps))
 	k.limit("train_micro_batch_size_per_gpu", int64(c.MicroBatch))
 
+	c.validateTraining(&k)
+
 	// zinf.
 	zi := &c.Zinf
 	k.limit("zinf.tiers.gpu_bytes", int64(zi.Tiers.GPUBytes))
@@ -160,17 +162,30 @@ var intLimits = map[string][2]int64{
 	"zinf.swap_file_bytes":                             {0, math.MaxInt64},
 	"zinf.prefetch_depth":                              {0, 1024},
 	"zinf.optimizer_workers":                           {0, 1024},
+	"fp16.initial_scale_power":                         {0, 126},
+	"fp16.loss_scale_window":                           {1, math.MaxInt32},
+	"fp16.hysteresis":                                  {1, math.MaxInt32},
+	"scheduler.params.warmup_num_steps":                {1, math.MaxInt32},
+	"scheduler.params.total_num_steps":                 {1, math.MaxInt32},
+	"scheduler.params.cycle_first_step_size":           {1, math.MaxInt32},
+	"scheduler.params.cycle_second_step_size":          {1, math.MaxInt32},
+	"scheduler.params.cycle_first_stair_count":         {0, math.MaxInt32},
+	"scheduler.params.cycle_second_stair_count":        {0, math.MaxInt32},
+	"scheduler.params.decay_step_size":                 {0, math.MaxInt32},
 }
 
 // enumValues holds the words each string key allows.
 var enumValues = map[string][]string{
 	"zero_optimization.offload_param.device":     devices,
 	"zero_optimization.offload_optimizer.device": devices,
-	"optimizer.type": {string(OptimizerAdam), string(OptimizerAdamW)},
-	"zinf.direct":    {string(DirectRequired), string(DirectOptional), string(DirectOff)},
-	"zinf.backend":   {string(BackendAuto), string(BackendURing), string(BackendLibaio), string(BackendPosix)},
-	"zinf.gds":       {string(GDSOff), string(GDSAuto), string(GDSRequired)},
-	"zinf.device":    {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
+	"optimizer.type":               {string(OptimizerAdam), string(OptimizerAdamW)},
+	"zinf.direct":                  {string(DirectRequired), string(DirectOptional), string(DirectOff)},
+	"zinf.backend":                 {string(BackendAuto), string(BackendURing), string(BackendLibaio), string(BackendPosix)},
+	"zinf.gds":                     {string(GDSOff), string(GDSAuto), string(GDSRequired)},
+	"zinf.device":                  {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
+	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
+	"scheduler.type":               schedulerTypes,
+	"scheduler.params.warmup_type": {WarmupLog, WarmupLinear},
 }
 
 // allowedFor describes what key accepts, for messages about a value of the
