@@ -43,6 +43,11 @@ type Options struct {
 	// KeyPrefix prefixes a gradient's name to form its store key. Default
 	// DefaultKeyPrefix ("grad/").
 	KeyPrefix string
+	// SumSquares keeps, per gradient, the sum of the squares of its
+	// accumulated values (see Swapper.SumSquares), computed by Accumulate
+	// from the pinned copy before it is written behind, so the global
+	// gradient norm never reads a gradient back. Default false.
+	SumSquares bool
 }
 
 // EnsureDefaults fills the zero fields of o with their defaults.
@@ -98,6 +103,7 @@ type tensor struct {
 	dirty      bool            // the pinned copy is newer than the store
 	write      *write          // write-behind in flight
 	unreported error           // a failed write, until an operation reports it
+	sumSq      float64         // Options.SumSquares: of the accumulated values
 }
 
 // write is one write-behind; done is closed when it finished (its
@@ -419,14 +425,27 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 		}
 	}
 	acc := buf.Float32()[:t.n]
-	if !has {
+	var sumSq float64
+	switch {
+	case !has:
 		copy(acc, grad)
-	} else {
+		if s.opts.SumSquares {
+			sumSq = sumSquares(acc)
+		}
+	case s.opts.SumSquares:
+		for i, g := range grad {
+			a := acc[i] + g
+			acc[i] = a
+			d := float64(a)
+			sumSq += float64(d * d)
+		}
+	default:
 		for i, g := range grad {
 			acc[i] = acc[i] + g
 		}
 	}
 	s.mu.Lock()
+	t.sumSq = sumSq
 	t.buf, t.has = buf, true
 	t.dirty = !t.keep
 	s.mu.Unlock()
@@ -746,7 +765,7 @@ func (s *Swapper) Zero() {
 			<-w.done
 		}
 		s.mu.Lock()
-		t.has, t.dirty, t.unreported = false, false, nil
+		t.has, t.dirty, t.unreported, t.sumSq = false, false, nil, 0
 		if t.buf != nil && !t.keep {
 			t.buf.Release()
 			t.buf = nil
@@ -757,6 +776,46 @@ func (s *Swapper) Zero() {
 		}
 		t.unlock()
 	}
+}
+
+// sumSquares is Σ float64(v[i])² in index order, each addition rounded
+// to float64 once (the conversion keeps the compiler from fusing it with
+// the multiplication); each square is exact.
+func sumSquares(v []float32) float64 {
+	var s float64
+	for _, x := range v {
+		d := float64(x)
+		s += float64(d * d)
+	}
+	return s
+}
+
+// SumSquares returns the sum of the squares of name's accumulated
+// gradient as of its last Accumulate, 0 when nothing was accumulated since
+// Zero (Options.SumSquares must be on). It is computed in Accumulate, from
+// the pinned sum just before its write-behind, in float64, element by
+// element in index order, each square exact and each addition rounded
+// once — the order optimizer.SumSquares documents — so it costs no read of
+// the store. It is +Inf or NaN exactly when an element is inf or NaN.
+// Call it once the gradient is final (after Flush, say): it does not wait
+// for an Accumulate in progress.
+func (s *Swapper) SumSquares(name string) (float64, error) {
+	if !s.opts.SumSquares {
+		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: errors.New("grad: Options.SumSquares is off")}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: ErrClosed}
+	}
+	t, ok := s.tensors[name]
+	if !ok {
+		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: ErrUnknown}
+	}
+	if !t.has {
+		return 0, nil
+	}
+	return t.sumSq, nil
 }
 
 // Stats returns the counters and gauges.

@@ -146,10 +146,16 @@ type adamArgs struct {
 // newAdamArgs checks step and computes its constants from h (zero fields
 // defaulted).
 func newAdamArgs(step int, h Hyper) adamArgs {
+	h.EnsureDefaults()
+	return newAdamArgsExact(step, h)
+}
+
+// newAdamArgsExact is newAdamArgs with h taken as it is (no defaults: a
+// zero LR is a zero learning rate), for a step with StepParams.
+func newAdamArgsExact(step int, h Hyper) adamArgs {
 	if step < 1 {
 		panic(fmt.Sprintf("optimizer.Adam: step %d: steps are numbered from 1", step))
 	}
-	h.EnsureDefaults()
 	var a adamArgs
 	b1, b2 := h.Beta1, h.Beta2
 	bc1 := 1 - float32(math.Pow(float64(b1), float64(step)))

@@ -42,9 +42,15 @@ import (
 // space). Step fails with ErrStepOpen while a transaction from BeginStep
 // is open.
 func (o *Optimizer) Step(ctx context.Context) error {
+	return o.StepWith(ctx, o.DefaultParams())
+}
+
+// StepWith is Step with the given parameters (learning rate, betas,
+// gradient scaling); invalid ones are refused before anything is read.
+func (o *Optimizer) StepWith(ctx context.Context, p StepParams) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
-	txn, err := o.begin(ctx)
+	txn, err := o.begin(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -58,6 +64,8 @@ type stepRun struct {
 	cancel context.CancelCauseFunc
 	step   int
 	args   adamArgs // the step's constants
+	params StepParams
+	hyper  Hyper // Options.Hyper with params applied
 	// tensors and sgs are every registered tensor and sub-group, in
 	// registration order: a committed step has updated all of them.
 	tensors []*tensor
@@ -382,6 +390,9 @@ func (r *stepRun) update(it *item) {
 	}
 	start := time.Now()
 	p, m, v := sg.states(it.state)
+	if r.params.ScaleGrads {
+		ScaleGrad(it.grad[:n], r.params.GradScale)
+	}
 	o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
 	if it.master != nil {
 		copy(it.master[sg.off:sg.off+n], p)

@@ -61,13 +61,20 @@ type StepTxn struct {
 // works meanwhile and returns the last committed states. Close aborts an
 // open transaction.
 func (o *Optimizer) BeginStep(ctx context.Context) (*StepTxn, error) {
+	return o.BeginStepWith(ctx, o.DefaultParams())
+}
+
+// BeginStepWith is BeginStep for a step with the given parameters: its
+// learning rate (and betas) and gradient scaling. Invalid parameters are
+// refused (StepParams.Validate) and nothing is opened.
+func (o *Optimizer) BeginStepWith(ctx context.Context, p StepParams) (*StepTxn, error) {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
-	return o.begin(ctx)
+	return o.begin(ctx, p)
 }
 
 // begin opens a transaction and starts its pipeline; o.opMu is held.
-func (o *Optimizer) begin(ctx context.Context) (*StepTxn, error) {
+func (o *Optimizer) begin(ctx context.Context, p StepParams) (*StepTxn, error) {
 	o.mu.Lock()
 	stepNo := o.step + 1
 	tensors := o.tensors[:len(o.tensors):len(o.tensors)]
@@ -83,7 +90,14 @@ func (o *Optimizer) begin(ctx context.Context) (*StepTxn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fail(err)
 	}
-	r := &stepRun{o: o, step: stepNo, args: newAdamArgs(stepNo, o.opts.Hyper), tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
+	if err := p.Validate(); err != nil {
+		return nil, fail(err)
+	}
+	h := o.opts.Hyper.With(p)
+	if err := h.Validate(); err != nil {
+		return nil, fail(err)
+	}
+	r := &stepRun{o: o, step: stepNo, params: p, hyper: h, args: newAdamArgsExact(stepNo, h), tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
 		queue: make(chan *tensor, len(tensors)), done: make(chan struct{}),
 		tokens: make(chan struct{}, o.opts.BufferCount)}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
@@ -95,6 +109,9 @@ func (o *Optimizer) begin(ctx context.Context) (*StepTxn, error) {
 
 // Step returns the number of the step the transaction takes (1-based).
 func (t *StepTxn) Step() int { return t.r.step }
+
+// Params returns the parameters the transaction steps with.
+func (t *StepTxn) Params() StepParams { return t.r.params }
 
 // Tensor hands over the named tensor: its gradient is final, and its
 // sub-groups are queued for the pipeline. It returns at once, without
