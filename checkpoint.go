@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
@@ -42,7 +44,26 @@ const (
 	// metaPartitions is, per rank, a JSON object mapping each parameter to
 	// [lo, hi, numel]: the rank's element range of the flattened tensor.
 	metaPartitions = "zinf.partitions"
+	// metaTrainState is the step state beyond the optimizer's (state-wide,
+	// JSON trainState): the fp16 loss scaler and a learning rate fixed by
+	// SetLR. Absent in checkpoints written before it existed: a loaded run
+	// then starts the loss scaler afresh.
+	metaTrainState = "zinf.train_state"
 )
+
+// trainState is what metaTrainState holds.
+type trainState struct {
+	LossScaler schedule.ScalerState `json:"loss_scaler"`
+	LR         *float64             `json:"lr,omitempty"`
+}
+
+func (r *Runtime) trainState() trainState {
+	st := trainState{LR: r.train.lr}
+	if r.train.scaler != nil {
+		st.LossScaler = r.train.scaler.State()
+	}
+	return st
+}
 
 // Suffixes of the optimizer tensors of a parameter.
 var optimizerSuffixes = [3]string{".master", ".exp_avg", ".exp_avg_sq"}
@@ -132,8 +153,19 @@ func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, err
 			return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: rank %d has done %d optimizer steps, rank 0 %d: save between steps, after every rank stepped", rt.Rank, s, step)
 		}
 	}
+	ts := rts[0].trainState()
+	for _, rt := range rts[1:] {
+		if o := rt.trainState(); o.LossScaler != ts.LossScaler {
+			return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: rank %d's loss scaler %+v differs from rank 0's %+v: save between steps, after every rank stepped", rt.Rank, o.LossScaler, ts.LossScaler)
+		}
+	}
+	tsJSON, err := json.Marshal(ts)
+	if err != nil {
+		return checkpoint.State{}, fmt.Errorf("zinf: checkpoint: encoding the training state: %w", err)
+	}
 	user[metaKind] = kindTraining
 	user[metaOptimizerStep] = strconv.Itoa(step)
+	user[metaTrainState] = string(tsJSON)
 	user[metaParamDType] = rts[0].DType.String()
 	st := checkpoint.State{Step: meta.Step, Config: cfg, ModelShape: shape, User: user}
 	for _, rt := range rts {
@@ -503,6 +535,28 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 	if err != nil || optStep < 0 {
 		return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s = %q is not a step count", checkpoint.ErrCorrupt, metaOptimizerStep, meta0.User[metaOptimizerStep])}
 	}
+	var ts *trainState
+	if raw, ok := meta0.User[metaTrainState]; ok {
+		ts = new(trainState)
+		if len(raw) > 1<<16 {
+			return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s is %d bytes long", checkpoint.ErrCorrupt, metaTrainState, len(raw))}
+		}
+		if err := json.Unmarshal([]byte(raw), ts); err != nil {
+			return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s: %v", checkpoint.ErrCorrupt, metaTrainState, err)}
+		}
+		if rts[0].train.scaler != nil && rts[0].train.scaler.Dynamic() {
+			// Checked now, so that a bad state changes nothing.
+			probe, _ := schedule.NewLossScalerFromConfig(rts[0].Config)
+			if probe != nil {
+				if err := probe.Restore(ts.LossScaler); err != nil {
+					return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s: %v", checkpoint.ErrCorrupt, metaTrainState, err)}
+				}
+			}
+		}
+		if ts.LR != nil && (!(*ts.LR >= 0) || math.IsInf(*ts.LR, 0)) {
+			return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s: learning rate %v", checkpoint.ErrCorrupt, metaTrainState, *ts.LR)}
+		}
+	}
 	dt := rts[0].DType
 	for i := range saved {
 		if err := checkSavedRank(&saved[i], names, numel, dt); err != nil {
@@ -593,6 +647,9 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 	}
 	committed = true
+	for _, rt := range rts {
+		rt.restoreTrainState(ts)
+	}
 	out := CheckpointMeta{Step: meta0.Step, ModelShape: meta0.ModelShape, User: map[string]string{}}
 	for k, v := range meta0.User {
 		if !isReserved(k) {
@@ -600,6 +657,26 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 	}
 	return out, nil
+}
+
+// restoreTrainState sets the loss scaler and SetLR's rate from a
+// checkpoint (checked already); nil (an older checkpoint) starts the
+// scaler afresh. A dynamic scale is restored only into a dynamic scaler:
+// a run resumed with another fp16 setting keeps its own.
+func (r *Runtime) restoreTrainState(ts *trainState) {
+	t := &r.train
+	t.pending = nil
+	t.history = nil
+	if ts == nil {
+		return
+	}
+	t.lr = ts.LR
+	if t.scaler != nil && t.scaler.Dynamic() {
+		_ = t.scaler.Restore(ts.LossScaler)
+		r.mu.Lock()
+		r.trainStats.LossScale = t.scaler.Scale()
+		r.mu.Unlock()
+	}
 }
 
 // checkSavedRank parses a saved rank's partitions and checks its tensors

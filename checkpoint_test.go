@@ -19,6 +19,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
@@ -113,8 +114,12 @@ func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, 
 		t.Fatal(err)
 	}
 	var rts []*Runtime
+	comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for r := range world {
-		rt, err := Open(cfg, modelOf(params), Options{Logger: quietLog, Rank: r, WorldSize: world})
+		rt, err := Open(cfg, modelOf(params), Options{Logger: quietLog, Rank: r, WorldSize: world, Comm: comms[r]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -469,9 +474,19 @@ func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n
 					t.Fatal(err)
 				}
 			}
-			if err := rt.Step(ctx); err != nil {
+		}
+		// The ranks step together: with fp16 their steps reduce the
+		// overflow check over the world.
+		errs := make([]error, len(rts))
+		var wg sync.WaitGroup
+		for i, rt := range rts {
+			wg.Go(func() { errs[i] = rt.Step(ctx) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
 				if ctx.Err() != nil {
-					t.Fatalf("rank %d: step: %v; the pools hold:\n%s", rt.Rank, err, holders(rts))
+					t.Fatalf("rank %d: step: %v; the pools hold:\n%s", i, err, holders(rts))
 				}
 				t.Fatal(err)
 			}

@@ -10,10 +10,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -110,7 +112,13 @@ func metamorphicRun(t *testing.T, seed uint64) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	opts := zinf.Options{Logger: quiet, WorldSize: world, SerialStep: rng.IntN(2) == 0, PrefetchDepth: rng.IntN(3)}
-	probe, err := zinf.Open(cfg, model, opts)
+	probeComms, err := comm.NewLocal(world, comm.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	po := opts
+	po.Comm = probeComms[0]
+	probe, err := zinf.Open(cfg, model, po)
 	if err != nil {
 		t.Fatalf("generous pool refused: %v", err)
 	}
@@ -131,9 +139,14 @@ func metamorphicRun(t *testing.T, seed uint64) {
 			rt.Close()
 		}
 	}()
+	comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for r := range world {
 		o := opts
 		o.Rank = r
+		o.Comm = comms[r] // fp16 reduces its overflow check over the ranks
 		rt, err := zinf.Open(cfg, model, o)
 		if err != nil {
 			var small *zinf.PoolTooSmallError
@@ -188,6 +201,9 @@ func metamorphicRun(t *testing.T, seed uint64) {
 	}
 	for step := range steps {
 		acc := map[string][]float32{}
+		// With fp16 the loop scales its gradients by the loss scale, as a
+		// backward pass of a scaled loss would, and the step unscales them.
+		scale := float32(rts[0].LossScale())
 		for m := range micro {
 			for _, rt := range rts {
 				rt.Forward()
@@ -228,6 +244,9 @@ func metamorphicRun(t *testing.T, seed uint64) {
 				for _, name := range rts[0].LayerTensors(l) {
 					g := make([]float32, len(master[name]))
 					grad(name, step, m, g)
+					for i := range g {
+						g[i] *= scale
+					}
 					if a, ok := acc[name]; ok {
 						for i := range a {
 							a[i] += g[i]
@@ -251,13 +270,25 @@ func metamorphicRun(t *testing.T, seed uint64) {
 				}
 			}
 		}
+		// The ranks step together (fp16 reduces its overflow check over
+		// them).
+		errs := make([]error, world)
+		var wg sync.WaitGroup
 		for r, rt := range rts {
-			if err := rt.Step(ctx); err != nil {
+			wg.Go(func() { errs[r] = rt.Step(ctx) })
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
 				t.Fatalf("step %d rank %d: %v", step, r, err)
 			}
 		}
+		p := optimizer.StepParams{LR: hyper.LR}
+		if scale != 1 {
+			p.ScaleGrads, p.GradScale = true, float32(1/float64(scale))
+		}
 		for name, g := range acc {
-			optimizer.Adam(master[name], g, mom[name], vel[name], step+1, hyper)
+			optimizer.AdamStep(master[name], g, mom[name], vel[name], step+1, hyper, p)
 		}
 	}
 	for _, d := range model.Tensors {

@@ -12,6 +12,7 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/policy"
@@ -52,6 +53,13 @@ type Options struct {
 	// slots, no pinned memory for them); AccumulateGrad, StepTensor and
 	// Step are refused.
 	Inference bool
+	// Comm is this rank's handle on the world of ranks, for the global
+	// quantities of a step: with gradient_clipping or fp16 on, Step reduces
+	// the gradients' sum of squares (norm and overflow) over the ranks
+	// through it. Required then at world size > 1 (Open refuses without
+	// it); it must be rank Rank of a world of WorldSize. The Runtime does
+	// not close it.
+	Comm comm.Comm
 }
 
 // Runtime is one rank's zinf: it owns the placement, the prefetch
@@ -102,6 +110,10 @@ type Runtime struct {
 	ioWaitNs   int64
 	closed     bool
 	txn        *optimizer.StepTxn // the step StepTensor opened, until Step
+	last       StepInfo
+	trainStats TrainStats
+
+	train training // schedule, loss scaling, clipping, speculation (loop goroutine)
 }
 
 // Open builds a Runtime for model from cfg: it validates both (every
@@ -240,7 +252,10 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err != nil {
 		return nil, fmt.Errorf("zinf: param swapper: %w", err)
 	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log})
+	if err := r.setupTraining(cfg, opts); err != nil {
+		return nil, err
+	}
+	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks})
 	if err != nil {
 		return nil, fmt.Errorf("zinf: gradient swapper: %w", err)
 	}
@@ -561,6 +576,9 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 	}
 	t0 := time.Now()
 	err = r.Grads.Accumulate(ctx, name, g[lo:hi])
+	if err == nil {
+		r.train.pending = nil // the gradients changed: a step retried after this checks them again
+	}
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()
@@ -585,7 +603,14 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 		return nil
 	}
 	if r.txn == nil {
-		txn, err := r.Optimizer.BeginStep(ctx)
+		if !r.speculate() {
+			// The step waits for the norm and overflow (zinf.speculate).
+			if _, ok := r.model.numel[name]; !ok {
+				return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
+			}
+			return nil
+		}
+		txn, err := r.beginStep(ctx)
 		if err != nil {
 			return err
 		}
@@ -603,50 +628,6 @@ func (r *Runtime) StepLayer(ctx context.Context, l int) error {
 		}
 	}
 	return first
-}
-
-// Step runs the optimizer: waits for every gradient write-behind, updates
-// every sub-group not yet handed over with StepTensor (reading ahead,
-// writing behind), commits the new params, and clears gradients. It is all
-// or nothing: on error (a full disk, an I/O error, a checksum mismatch)
-// nothing changed — params, states and accumulated gradients are as
-// before — and Step may be called again.
-func (r *Runtime) Step(ctx context.Context) error {
-	if r.inference {
-		return errInference
-	}
-	t0 := time.Now()
-	r.mu.Lock()
-	for _, d := range r.model.descs {
-		if !r.inited[d.Name] {
-			r.mu.Unlock()
-			return fmt.Errorf("zinf: step: tensor %q has no initial values (call Init)", d.Name)
-		}
-	}
-	r.mu.Unlock()
-	txn := r.txn
-	r.txn = nil
-	if err := r.Grads.Flush(ctx); err != nil {
-		if txn != nil {
-			txn.Abort()
-		}
-		return fmt.Errorf("zinf: gradient write-behind: %w", err)
-	}
-	var err error
-	if txn != nil {
-		err = txn.Commit(ctx)
-	} else {
-		err = r.Optimizer.Step(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	r.Grads.Zero()
-	r.mu.Lock()
-	r.stepCount++
-	r.stepWaitNs += int64(time.Since(t0))
-	r.mu.Unlock()
-	return nil
 }
 
 // Metrics is a snapshot of the runtime's counters.
@@ -673,6 +654,9 @@ type Metrics struct {
 	Params           param.Stats
 	Optimizer        optimizer.Stats
 	Grads            grad.Stats
+	// Train counts applied, skipped and clipped steps, speculation commits
+	// and rollbacks, and the current loss scale.
+	Train TrainStats
 }
 
 // Metrics returns the counters.
@@ -680,9 +664,10 @@ func (r *Runtime) Metrics() Metrics {
 	st := r.Pool.Stats()
 	r.mu.Lock()
 	steps, ioWait := r.stepCount, time.Duration(r.ioWaitNs)
+	train := r.trainStats
 	r.mu.Unlock()
 	m := Metrics{Steps: steps, IOWait: ioWait, Reservations: r.res, Schedule: r.sched.Stats(), PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
-		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats()}
+		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train}
 	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
 		if s != nil {
 			ss := s.Stats()

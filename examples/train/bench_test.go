@@ -61,7 +61,7 @@ func BenchmarkOverlap(b *testing.B) {
 			b.Fatal(err)
 		}
 		// Compute-only: the same loop, same compute, tensors in memory.
-		ref := newMemBackend(spec, zinf.Hyper(cfg))
+		ref := mustMem(b, spec, cfg)
 		var refMs []float64
 		if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: steps, Micro: 1, World: 1, ComputePerLayer: compute,
 			OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {

@@ -99,7 +99,7 @@ func TestResumeBitForBit(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			ref := newMemBackend(spec, zinf.Hyper(rtsB[0].Config))
+			ref := mustMem(t, spec, rtsB[0].Config)
 			if err := runLoop(ctx, spec, ref, loopOptions{Steps: n + m, Micro: micro, World: c.from}); err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestResumeDiffersWithoutCheckpoint(t *testing.T) {
 	if err := runLoop(ctx, spec, be, loopOptions{Start: 2, Steps: 2, Micro: 2, World: 2}); err != nil {
 		t.Fatal(err)
 	}
-	ref := newMemBackend(spec, zinf.Hyper(be.rts[0].Config))
+	ref := mustMem(t, spec, be.rts[0].Config)
 	if err := runLoop(ctx, spec, ref, loopOptions{Steps: 4, Micro: 2, World: 2}); err != nil {
 		t.Fatal(err)
 	}

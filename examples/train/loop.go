@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/zinfio/zinf/swapper"
 )
 
 // backend is where the model's state lives: fully in memory (the
@@ -30,6 +32,9 @@ type backend interface {
 	// step (the last micro-step's backward passed it), so its optimizer
 	// update may start while backward goes on.
 	handOver(ctx context.Context, l int)
+	// lossScale is the fp16 loss scale of the current step (1 without
+	// fp16): the loop multiplies its loss gradient by it.
+	lossScale() float64
 }
 
 // loopOptions control the shared loop.
@@ -56,6 +61,12 @@ type loopOptions struct {
 // with its own micro-batches; gradients are summed over ranks in rank order
 // and scaled by 1/World (a reduce-scatter), then accumulated over Micro
 // micro-steps; then one optimizer step.
+//
+// With fp16 params the loop is a simulated fp16 backward pass with loss
+// scaling: the loss gradient is multiplied by the loss scale, and each
+// layer's reduced gradient is rounded to fp16 (as fp16 gradients are
+// communicated), so a scale that is too large overflows to inf and the
+// step is skipped.
 func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.World
 	w := make([]float32, W*W)
@@ -96,9 +107,11 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 			time.Sleep(o.ComputePerLayer)
 		}
 	}
+	fp16 := spec.DType == swapper.Float16
 	for step := o.Start; step < o.Start+o.Steps; step++ {
 		t0 := time.Now()
 		var loss float32
+		lossScale := float32(b.lossScale())
 		for m := 0; m < o.Micro; m++ {
 			var ys [][]float32
 			for r := range R {
@@ -119,6 +132,11 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 			}
 			for r := range R {
 				loss += LossGrad(acts[r][L], ys[r], dOut[r])
+				if lossScale != 1 {
+					for i := range dOut[r] {
+						dOut[r][i] *= lossScale
+					}
+				}
 			}
 			b.startPass(bwdOrder)
 			for l := L - 1; l >= 0; l-- {
@@ -138,6 +156,10 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				compute()
 				reduce(gW, dW, inv)
 				reduce(gB, dB, inv)
+				if fp16 {
+					spec.Quantize(gW)
+					spec.Quantize(gB)
+				}
 				for _, g := range []struct {
 					name string
 					v    []float32

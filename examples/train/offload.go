@@ -2,7 +2,9 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/zinfio/zinf"
@@ -40,6 +42,9 @@ type zinfBackend struct {
 	accumulated []bool
 	// optSteps records each optimizer step call: duration and NVMe bytes.
 	optSteps []optStep
+	// infos records rank 0's account of each completed step (LR, loss
+	// scale, norm, clipping, skip, rollback); every rank decides the same.
+	infos []zinf.StepInfo
 }
 
 type optStep struct {
@@ -110,6 +115,8 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 	return nil
 }
 
+func (b *zinfBackend) lossScale() float64 { return b.rts[0].LossScale() }
+
 func (b *zinfBackend) step(ctx context.Context) error {
 	t0 := time.Now()
 	before := metrics(b.rts)
@@ -123,19 +130,51 @@ func (b *zinfBackend) step(ctx context.Context) error {
 		b.stepped = make([]bool, len(b.rts))
 	}
 	// A retried step must not step again the ranks that already did: each
-	// rank's step is all or nothing, the set of ranks is not.
+	// rank's step is all or nothing, the set of ranks is not. The ranks
+	// step at once, each on its own goroutine, as processes would: with
+	// gradient_clipping or fp16 their steps reduce the norm and overflow
+	// over the world (a rank that fails before that makes every rank fail,
+	// so they retry together; one that fails after it retries alone).
+	errs := make([]error, len(b.rts))
+	var wg sync.WaitGroup
 	for r, rt := range b.rts {
 		if b.stepped[r] {
 			continue
 		}
-		if err := rt.Step(ctx); err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
-		}
-		b.stepped[r] = true
-		testhook.Hit("train/step")
+		wg.Go(func() {
+			if err := rt.Step(ctx); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				return
+			}
+			b.stepped[r] = true
+			testhook.Hit("train/step")
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return firstErr(errs)
 	}
 	clear(b.stepped)
+	b.infos = append(b.infos, b.rts[0].LastStep())
 	return nil
+}
+
+// firstErr returns the error of the lowest rank that failed, preferring
+// a rank's own failure to another rank's report of it (zinf.ErrRankFailed).
+func firstErr(errs []error) error {
+	var other error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, zinf.ErrRankFailed) {
+			return err
+		}
+		if other == nil {
+			other = err
+		}
+	}
+	return other
 }
 
 // readAll reads every parameter's full compute values, layer by layer.

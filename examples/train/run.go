@@ -21,6 +21,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
@@ -136,6 +137,55 @@ type Result struct {
 	Resumed *Resumed `json:"resumed_from,omitempty"`
 	// Checkpoints are the checkpoints committed, oldest first.
 	Checkpoints []zinf.CheckpointRecord `json:"checkpoints,omitempty"`
+	// PerStep is each step's learning rate, loss scale, gradient norm,
+	// clipping, fp16 overflow skip and speculation outcome.
+	PerStep []StepReport `json:"per_step"`
+	// Totals over the run (every rank decides the same; rank 0's counts).
+	AppliedSteps int     `json:"applied_steps"`
+	SkippedSteps int     `json:"skipped_steps"`
+	ClippedSteps int     `json:"clipped_steps"`
+	Speculated   int     `json:"speculated_steps"`
+	Commits      int     `json:"speculation_commits"`
+	Rollbacks    int     `json:"speculation_rollbacks"`
+	RollbackMs   float64 `json:"rollback_ms"`
+	LossScale    float64 `json:"loss_scale"`
+}
+
+// StepReport is one step of Result.PerStep.
+type StepReport struct {
+	Step int `json:"step"`
+	// OptimizerStep is the optimizer's step count after it (applied steps).
+	OptimizerStep int     `json:"optimizer_step"`
+	Loss          float32 `json:"loss"`
+	LR            float64 `json:"lr"`
+	// Beta1 is set when OneCycle cycles the momentum.
+	Beta1     float64 `json:"beta1,omitempty"`
+	LossScale float64 `json:"loss_scale"`
+	// GradNorm is the global norm of the unscaled gradients (null when
+	// neither clipping nor fp16 is on, or when it is not finite).
+	GradNorm *float64 `json:"grad_norm"`
+	ClipCoef float64  `json:"clip_coef"`
+	Clipped  bool     `json:"clipped"`
+	// Skipped: the fp16 gradients overflowed; nothing was updated.
+	Skipped    bool    `json:"overflow_skipped"`
+	Speculated bool    `json:"speculated"`
+	RolledBack bool    `json:"rolled_back"`
+	RollbackMs float64 `json:"rollback_ms"`
+	StepMs     float64 `json:"step_ms"`
+}
+
+func report(step int, loss float32, d time.Duration, in zinf.StepInfo) StepReport {
+	r := StepReport{Step: step + 1, OptimizerStep: in.Step, Loss: loss, LR: in.LR, Beta1: in.Beta1, LossScale: in.LossScale,
+		ClipCoef: in.ClipCoef, Clipped: in.Clipped, Skipped: !in.Applied, Speculated: in.Speculated, RolledBack: in.RolledBack,
+		RollbackMs: float64(in.RollbackTime) / 1e6, StepMs: float64(d) / 1e6}
+	if !in.Applied {
+		r.OptimizerStep = in.Step - 1
+	}
+	if !math.IsNaN(in.GradNorm) && !math.IsInf(in.GradNorm, 0) {
+		n := in.GradNorm
+		r.GradNorm = &n
+	}
+	return r
 }
 
 // StateBytes is the model state: params in their dtype, fp32 gradients,
@@ -219,9 +269,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			rt.Close()
 		}
 	}()
+	// The ranks reduce the global gradient norm and fp16 overflow through
+	// an in-process world (each rank's Step on its own goroutine).
+	comms, err := comm.NewLocal(world, comm.LocalOptions{})
+	if err != nil {
+		return nil, err
+	}
 	for r := 0; r < world; r++ {
 		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults,
-			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep})
+			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r]})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
@@ -295,9 +351,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.StepMs = append(res.StepMs, float64(d)/1e6)
 			ioWaits = append(ioWaits, float64(w)/1e6)
 			res.FinalLoss = loss
+			rep := report(step, loss, d, be.infos[len(be.infos)-1])
+			res.PerStep = append(res.PerStep, rep)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s\n", step+1, o.Steps, loss,
-					float64(d)/1e6, float64(w)/1e6, policy.FormatBytes(m.BytesRead-last.BytesRead), policy.FormatBytes(m.BytesWritten-last.BytesWritten))
+				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s%s\n", step+1, o.Steps, loss,
+					float64(d)/1e6, float64(w)/1e6, policy.FormatBytes(m.BytesRead-last.BytesRead), policy.FormatBytes(m.BytesWritten-last.BytesWritten),
+					rep.describe())
 			}
 			last = m
 			if err := save(step + 1); err != nil {
@@ -328,6 +387,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for _, rt := range rts {
 		res.DemandMisses += int64(rt.Metrics().Schedule.DemandMisses)
 	}
+	ts := rts[0].Metrics().Train
+	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
+	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
+	res.RollbackMs = float64(ts.RollbackTime) / 1e6
+	res.LossScale = ts.LossScale
 	for _, st := range be.optSteps {
 		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
 		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
@@ -340,7 +404,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// The reference runs the same loop with the same simulated compute, all
 	// in memory: its step time is what the step would take if I/O were
 	// free, the yardstick for overlap.
-	ref := newMemBackend(spec, zinf.Hyper(cfg))
+	ref, err := newMemBackend(spec, cfg)
+	if err != nil {
+		return nil, err
+	}
 	var refMs []float64
 	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
 		OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {
@@ -380,6 +447,28 @@ func checkRoot(o Options, run runMeta) (checkpoint.Info, runMeta, error) {
 	return checkpoint.Info{}, run, nil
 }
 
+// describe is the step's training line suffix: learning rate, and what
+// clipping, loss scaling and speculation did.
+func (r StepReport) describe() string {
+	out := fmt.Sprintf("  lr %.4g", r.LR)
+	if r.LossScale != 1 {
+		out += fmt.Sprintf("  loss-scale %g", r.LossScale)
+	}
+	if r.GradNorm != nil {
+		out += fmt.Sprintf("  grad-norm %.4g", *r.GradNorm)
+	}
+	if r.Clipped {
+		out += fmt.Sprintf("  clipped x%.4g", r.ClipCoef)
+	}
+	if r.Skipped {
+		out += "  OVERFLOW: skipped"
+	}
+	if r.RolledBack {
+		out += fmt.Sprintf("  rolled back (%.1f ms)", r.RollbackMs)
+	}
+	return out
+}
+
 func metrics(rts []*zinf.Runtime) zinf.Metrics {
 	var m zinf.Metrics
 	for i, rt := range rts {
@@ -405,6 +494,30 @@ func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (
 	}
 	if why != "" {
 		return false, why, nil
+	}
+	// Every step decided the same: schedule, loss scale, norm, clipping,
+	// skip (the backend's steps are the reference's last ones: a resumed
+	// run records those after the resume). The norm is summed per rank
+	// partition, then over the ranks, so it is bit-equal only when the
+	// reference sums for the same world size; across world sizes it may
+	// differ in its last bits (and then only the other fields are
+	// compared: weights that differ are caught above).
+	if len(be.infos) > len(ref.infos) {
+		return false, fmt.Sprintf("%d steps recorded, reference %d", len(be.infos), len(ref.infos)), nil
+	}
+	sameWorld := len(be.rts) == ref.ranks
+	for i, got := range be.infos {
+		k := len(ref.infos) - len(be.infos) + i
+		want := ref.infos[k]
+		same := got.Step == want.Step && got.Applied == want.Applied && got.Clipped == want.Clipped &&
+			math.Float64bits(got.LR) == math.Float64bits(want.LR) && got.LossScale == want.LossScale && got.NextLossScale == want.NextLossScale
+		if sameWorld {
+			same = same && math.Float64bits(got.ClipCoef) == math.Float64bits(want.ClipCoef) &&
+				(math.Float64bits(got.GradNorm) == math.Float64bits(want.GradNorm) || math.IsNaN(got.GradNorm) && math.IsNaN(want.GradNorm))
+		}
+		if !same {
+			return false, fmt.Sprintf("step %d: %+v, reference %+v", k+1, got, want), nil
+		}
 	}
 	for _, n := range spec.ParamNames() {
 		for r, rt := range be.rts {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/faults"
 	"github.com/zinfio/zinf/swapper"
@@ -115,9 +116,9 @@ func TestReferenceDetectsDifference(t *testing.T) {
 	if err := runLoop(context.Background(), spec, be, loopOptions{Steps: 2, Micro: 1, World: 1}); err != nil {
 		t.Fatal(err)
 	}
-	h := zinf.Hyper(cfg)
-	h.LR *= 1.0001
-	ref := newMemBackend(spec, h)
+	other := *cfg
+	other.Optimizer.LR *= 1.0001
+	ref := mustMem(t, spec, &other)
 	if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: 2, Micro: 1, World: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -127,13 +128,27 @@ func TestReferenceDetectsDifference(t *testing.T) {
 	}
 }
 
+// mustMem is newMemBackend for a test (or benchmark).
+func mustMem(t testing.TB, spec Spec, cfg *config.Config) *memBackend {
+	t.Helper()
+	ref, err := newMemBackend(spec, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
 // setup opens one runtime per rank and the offloaded backend.
 func setup(t *testing.T, cfg *config.Config, spec Spec, opts ...zinf.Options) ([]*zinf.Runtime, *zinfBackend) {
 	t.Helper()
 	_, world := cfg.RankWorld()
 	var rts []*zinf.Runtime
+	comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for r := 0; r < world; r++ {
-		o := zinf.Options{Logger: quiet, Rank: r, WorldSize: world}
+		o := zinf.Options{Logger: quiet, Rank: r, WorldSize: world, Comm: comms[r]}
 		if len(opts) > 0 {
 			o.Faults = opts[0].Faults
 		}
@@ -245,7 +260,7 @@ func TestENOSPCDuringStep(t *testing.T) {
 			if failures == 0 || inj.Hits() == 0 {
 				t.Fatalf("no failure surfaced (fault hits %d)", inj.Hits())
 			}
-			ref := newMemBackend(spec, zinf.Hyper(cfg))
+			ref := mustMem(t, spec, cfg)
 			if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: steps, Micro: 2, World: 2}); err != nil {
 				t.Fatal(err)
 			}

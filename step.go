@@ -1,0 +1,478 @@
+package zinf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/schedule"
+	"github.com/zinfio/zinf/swapper/optimizer"
+)
+
+// speculationWindow and speculationMaxWrong are the rule of
+// zinf.speculate "auto": speculate unless more than speculationMaxWrong
+// of the last speculationWindow checked steps needed a correction.
+const (
+	speculationWindow   = 8
+	speculationMaxWrong = speculationWindow / 2
+)
+
+// training is a Runtime's optimizer-step state beyond the optimizer
+// itself: the learning-rate schedule, the fp16 loss scaler, gradient
+// clipping and speculation. It is touched by the loop goroutine only
+// (Step, StepTensor, SetLR, AccumulateGrad); Metrics reads the counters
+// under Runtime.mu.
+type training struct {
+	sched    schedule.Schedule
+	lr       *float64 // SetLR: replaces sched
+	scaler   *schedule.LossScaler
+	clip     float64
+	checks   bool // the step needs the global norm or overflow
+	comm     comm.Comm
+	mode     config.SpeculateMode
+	history  []bool     // auto: whether each recent checked step needed a correction
+	pending  *stepCheck // the last step's check, kept while its step has not completed
+	txnCheck bool       // the open transaction speculates on a check
+}
+
+// stepCheck is what the global reduction of a step decided.
+type stepCheck struct {
+	sumSq    float64
+	overflow bool
+	factor   float32
+	norm     float64
+	coef     float64
+	scale    float64
+}
+
+// StepInfo describes the last optimizer step Step completed.
+type StepInfo struct {
+	// Step is the optimizer step number of an applied step (its Adam bias
+	// correction count); for a skipped step, the number the next applied
+	// step will have.
+	Step int
+	// Applied is false for a step skipped because the fp16 gradients
+	// overflowed (inf or NaN): nothing was updated, the gradients were
+	// dropped and the loss scale lowered (see schedule.LossScaler).
+	Applied bool
+	// LR is the learning rate the step used (or would have); Beta1 and
+	// Beta2 are set when OneCycle cycles the momentum.
+	LR           float64
+	Beta1, Beta2 float64
+	// LossScale is the loss scale the step's gradients carried (1 without
+	// fp16); NextLossScale the one for the next step's loss.
+	LossScale, NextLossScale float64
+	// GradNorm is the global L2 norm of the unscaled gradients over every
+	// rank, when it was computed (gradient_clipping or fp16 on; else NaN).
+	GradNorm float64
+	// ClipCoef is what the gradients were multiplied by for clipping: 1
+	// when clipping did not trigger (or is off), else
+	// gradient_clipping / (GradNorm + 1e-6).
+	ClipCoef float64
+	// Clipped reports that clipping triggered.
+	Clipped bool
+	// Speculated reports that the step's update started during the
+	// backward pass (StepTensor) before the norm and overflow were known;
+	// RolledBack that it had to be discarded (the step was clipped, skipped
+	// or its learning rate changed), costing RollbackTime.
+	Speculated, RolledBack bool
+	RollbackTime           time.Duration
+}
+
+// TrainStats count a Runtime's optimizer steps.
+type TrainStats struct {
+	// Applied and Skipped count completed steps (Skipped: fp16 overflow);
+	// Clipped the applied steps whose gradients were clipped.
+	Applied, Skipped, Clipped int
+	// Speculated counts the steps with gradient_clipping or fp16 on whose
+	// update started during backward; Commits the ones committed as they
+	// were, Rollbacks the ones discarded. RollbackTime is the time Step
+	// spent discarding them (stopping the pipeline, waiting for its I/O,
+	// deleting what it staged); the step run again after a clip rollback
+	// is not counted in it.
+	Speculated, Commits, Rollbacks int
+	RollbackTime                   time.Duration
+	// LossScale is the current loss scale (1 without fp16).
+	LossScale float64
+}
+
+// setupTraining reads the config's schedule, loss scaling and clipping
+// and checks that a world of several ranks can reduce what they need.
+func (r *Runtime) setupTraining(cfg *config.Config, opts Options) error {
+	t := &r.train
+	var err error
+	if t.sched, err = schedule.FromConfig(cfg); err != nil {
+		return fmt.Errorf("zinf: %w", err)
+	}
+	if t.scaler, err = schedule.NewLossScalerFromConfig(cfg); err != nil {
+		return fmt.Errorf("zinf: %w", err)
+	}
+	r.trainStats.LossScale = t.scaler.Scale()
+	t.clip = cfg.GradientClipping
+	t.checks = !opts.Inference && (t.clip > 0 || t.scaler.Enabled())
+	t.mode = cfg.Zinf.Speculate
+	if t.mode == "" {
+		t.mode = config.SpeculateAuto
+	}
+	if c := opts.Comm; c != nil {
+		if c.Size() != r.World || c.Rank() != r.Rank {
+			return fmt.Errorf("zinf: Options.Comm is rank %d of %d ranks; this runtime is rank %d of %d", c.Rank(), c.Size(), r.Rank, r.World)
+		}
+		t.comm = c
+	}
+	if t.checks && r.World > 1 && t.comm == nil {
+		var why []string
+		if t.clip > 0 {
+			why = append(why, fmt.Sprintf("gradient_clipping %v needs the global gradient norm", t.clip))
+		}
+		if t.scaler.Enabled() {
+			why = append(why, "fp16 loss scaling needs the overflow check of every rank")
+		}
+		return fmt.Errorf("zinf: %s at world size %d: set zinf.Options.Comm to this rank's comm.Comm (comm.NewLocal for ranks in one process)",
+			joinAnd(why), r.World)
+	}
+	return nil
+}
+
+func joinAnd(s []string) string {
+	switch len(s) {
+	case 0:
+		return ""
+	case 1:
+		return s[0]
+	}
+	out := s[0]
+	for _, x := range s[1 : len(s)-1] {
+		out += ", " + x
+	}
+	return out + " and " + s[len(s)-1]
+}
+
+// SetLR fixes the learning rate of the steps from now on, replacing the
+// config's scheduler: for a training loop that computes its own schedule.
+// It applies to the step the next Step completes (a step already begun by
+// StepTensor is redone at the new rate if it differs). lr must be a finite
+// number >= 0.
+func (r *Runtime) SetLR(lr float64) error {
+	if !(lr >= 0) || math.IsInf(lr, 0) {
+		return fmt.Errorf("zinf: SetLR(%v): the learning rate must be a finite number >= 0", lr)
+	}
+	r.train.lr = &lr
+	return nil
+}
+
+// LR returns the learning rate the next optimizer step will use: the
+// scheduler's (by the number of applied steps) or SetLR's.
+func (r *Runtime) LR() float64 { return r.values().LR }
+
+// LossScale returns the scale the loop multiplies its loss by before the
+// backward pass of the current step: the fp16 loss scale, 1 without fp16.
+// The gradients handed to AccumulateGrad carry it; Step divides it out.
+func (r *Runtime) LossScale() float64 {
+	if r.train.scaler == nil {
+		return 1
+	}
+	return r.train.scaler.Scale()
+}
+
+// LastStep describes the last step Step completed (zero before the
+// first).
+func (r *Runtime) LastStep() StepInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+// values are the schedule's values for the next applied step.
+func (r *Runtime) values() schedule.Values {
+	if r.train.lr != nil {
+		return schedule.Values{LR: *r.train.lr}
+	}
+	if r.train.sched == nil || r.Optimizer == nil {
+		return schedule.Values{}
+	}
+	return r.train.sched.At(r.Optimizer.StepCount() + 1)
+}
+
+// stepParams are the optimizer parameters of the next step with gradient
+// factor f (scaling only when f != 1).
+func (r *Runtime) stepParams(f float32) (optimizer.StepParams, schedule.Values) {
+	v := r.values()
+	p := optimizer.StepParams{LR: float32(v.LR), ScaleGrads: f != 1, GradScale: f}
+	if !p.ScaleGrads {
+		p.GradScale = 0
+	}
+	if v.Betas {
+		p.Beta1, p.Beta2 = float32(v.Beta1), float32(v.Beta2)
+	}
+	return p, v
+}
+
+// speculate reports whether StepTensor starts the update now.
+func (r *Runtime) speculate() bool {
+	t := &r.train
+	if !t.checks {
+		return true
+	}
+	switch t.mode {
+	case config.SpeculateAlways:
+		return true
+	case config.SpeculateNever:
+		return false
+	}
+	wrong := 0
+	for _, w := range t.history {
+		if w {
+			wrong++
+		}
+	}
+	return wrong <= speculationMaxWrong
+}
+
+// beginStep opens the step transaction StepTensor hands tensors to,
+// speculating that the step needs neither clipping nor skipping.
+func (r *Runtime) beginStep(ctx context.Context) (*optimizer.StepTxn, error) {
+	f := float32(1)
+	if r.train.checks {
+		f = float32(1 / r.LossScale())
+	}
+	p, _ := r.stepParams(f)
+	txn, err := r.Optimizer.BeginStepWith(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	r.train.txnCheck = r.train.checks
+	return txn, nil
+}
+
+// check computes the step's global sum of squares — this rank's tensors'
+// in Model.Tensors order, then over the ranks in rank order — and what it
+// decides. local is this rank's failure before the reduction (a gradient
+// write-behind): the rank still takes part, so that every rank learns of
+// it and returns an error, leaving the world in step for a retry. A check
+// that was reduced is kept until its step completes, so a rank whose
+// commit failed retries without another collective.
+func (r *Runtime) check(ctx context.Context, local error) (*stepCheck, error) {
+	t := &r.train
+	if t.pending != nil {
+		if local != nil {
+			return nil, local
+		}
+		return t.pending, nil
+	}
+	var sum float64
+	if local == nil {
+		for _, d := range r.model.descs {
+			s, err := r.Grads.SumSquares(d.Name)
+			if err != nil {
+				local = err
+				break
+			}
+			sum += s
+		}
+	}
+	if r.World > 1 {
+		buf := make([]float64, 1+r.World)
+		buf[0] = sum
+		if local != nil {
+			buf[1+r.Rank] = 1
+		}
+		if err := t.comm.AllReduceFloat64(ctx, buf, comm.Sum); err != nil {
+			if local != nil {
+				return nil, errors.Join(local, err)
+			}
+			return nil, fmt.Errorf("zinf: step: reducing the gradient norm and overflow over the ranks: %w", err)
+		}
+		if local != nil {
+			return nil, local
+		}
+		var failed []int
+		for q := range r.World {
+			if buf[1+q] != 0 {
+				failed = append(failed, q)
+			}
+		}
+		if len(failed) > 0 {
+			return nil, fmt.Errorf("zinf: step: rank %v failed before the gradient norm was known: nothing changed on any rank; call Step again on every rank: %w", failed, ErrRankFailed)
+		}
+		sum = buf[0]
+	} else if local != nil {
+		return nil, local
+	}
+	c := &stepCheck{sumSq: sum, scale: r.LossScale()}
+	c.overflow = t.scaler.Enabled() && (math.IsInf(sum, 0) || math.IsNaN(sum))
+	c.factor, c.norm, c.coef = optimizer.GradFactor(sum, c.scale, t.clip)
+	if !t.scaler.Enabled() && (math.IsInf(sum, 0) || math.IsNaN(sum)) {
+		r.log.Warn("zinf: the gradient norm is not finite (inf or NaN gradients, without fp16 overflow skipping); the step applies it as DeepSpeed does",
+			"norm", c.norm, "step", r.Optimizer.StepCount()+1)
+	}
+	t.pending = c
+	return c, nil
+}
+
+// ErrRankFailed is wrapped by the error Step returns on the ranks whose
+// own part went well when another rank's step failed before the global
+// gradient norm and overflow were known: nothing changed on any rank, and
+// every rank calls Step again.
+var ErrRankFailed = errors.New("zinf: another rank's step failed")
+
+// Step runs the optimizer step: it waits for every gradient write-behind,
+// then — with gradient_clipping or fp16 on — reduces the sum of squares of
+// every rank's gradients (through Options.Comm at world size > 1) and
+// decides the step: with fp16 it is skipped when any gradient is inf or
+// NaN (the gradients are dropped, the loss scale lowered, nothing else
+// changes), else every gradient is multiplied by optimizer.GradFactor
+// (unscaling and clipping in one factor) and the update runs with the
+// scheduled learning rate. A step that StepTensor started during the
+// backward pass assumed no clipping and no overflow: if that was right it
+// is committed, else it is rolled back (nothing of it was committed) and
+// the right step taken. On success the gradients are cleared, the loss
+// scaler and schedule advance.
+//
+// It is all or nothing: on error (a full disk, an I/O error, a checksum
+// mismatch, another rank's failure) nothing changed — params, states,
+// accumulated gradients, loss scale, schedule — and Step may be called
+// again (on every rank: a rank that failed before the reduction makes
+// every rank fail with ErrRankFailed; one that failed after it retries
+// alone, without another collective). The standard order is followed:
+// unscale, check overflow, clip, update.
+func (r *Runtime) Step(ctx context.Context) error {
+	if r.inference {
+		return errInference
+	}
+	t0 := time.Now()
+	r.mu.Lock()
+	for _, d := range r.model.descs {
+		if !r.inited[d.Name] {
+			r.mu.Unlock()
+			return fmt.Errorf("zinf: step: tensor %q has no initial values (call Init)", d.Name)
+		}
+	}
+	r.mu.Unlock()
+	txn := r.txn
+	r.txn = nil
+	abort := func() {
+		if txn != nil {
+			txn.Abort()
+			txn = nil
+		}
+	}
+	tr := &r.train
+	flushErr := r.Grads.Flush(ctx)
+	if flushErr != nil {
+		flushErr = fmt.Errorf("zinf: gradient write-behind: %w", flushErr)
+	}
+	info := StepInfo{LossScale: r.LossScale(), GradNorm: math.NaN(), ClipCoef: 1}
+	var chk *stepCheck
+	f := float32(1)
+	if tr.checks {
+		var err error
+		if chk, err = r.check(ctx, flushErr); err != nil {
+			abort()
+			return err
+		}
+		f = chk.factor
+		info.GradNorm = chk.norm
+		if !chk.overflow {
+			info.ClipCoef, info.Clipped = chk.coef, chk.coef != 1
+		}
+	} else if flushErr != nil {
+		abort()
+		return flushErr
+	}
+	p, v := r.stepParams(f)
+	info.LR = v.LR
+	if v.Betas {
+		info.Beta1, info.Beta2 = v.Beta1, v.Beta2
+	}
+	info.Speculated = txn != nil && tr.txnCheck
+	var err error
+	switch {
+	case chk != nil && chk.overflow:
+		// Check the scaler first: at min_loss_scale it refuses, and then
+		// nothing may change.
+		if err := tr.scaler.Check(true); err != nil {
+			abort()
+			return fmt.Errorf("zinf: step %d: %w", r.Optimizer.StepCount()+1, err)
+		}
+		if txn != nil {
+			start := time.Now()
+			abort()
+			info.RolledBack, info.RollbackTime = true, time.Since(start)
+		}
+	case txn != nil && txn.Params() == p:
+		err = txn.Commit(ctx)
+	default:
+		if txn != nil {
+			start := time.Now()
+			abort()
+			info.RolledBack, info.RollbackTime = true, time.Since(start)
+		}
+		err = r.Optimizer.StepWith(ctx, p)
+	}
+	if err != nil {
+		r.noteRollback(info)
+		return err
+	}
+	// The step is done (applied, or skipped): forget the gradients and
+	// move the loss scale and the schedule on.
+	r.Grads.Zero()
+	tr.pending = nil
+	info.Applied = chk == nil || !chk.overflow
+	if chk != nil {
+		_ = tr.scaler.Update(chk.overflow) // checked above
+		needed := chk.overflow || chk.factor != float32(1/chk.scale)
+		tr.history = append(tr.history, needed)
+		if len(tr.history) > speculationWindow {
+			tr.history = slices.Delete(tr.history, 0, len(tr.history)-speculationWindow)
+		}
+	}
+	info.NextLossScale = r.LossScale()
+	info.Step = r.Optimizer.StepCount()
+	if !info.Applied {
+		info.Step++
+	}
+	r.mu.Lock()
+	r.stepCount++
+	r.stepWaitNs += int64(time.Since(t0))
+	r.last = info
+	s := &r.trainStats
+	s.LossScale = info.NextLossScale
+	if info.Applied {
+		s.Applied++
+		if info.Clipped {
+			s.Clipped++
+		}
+	} else {
+		s.Skipped++
+	}
+	if info.Speculated {
+		s.Speculated++
+		if info.RolledBack {
+			s.Rollbacks++
+			s.RollbackTime += info.RollbackTime
+		} else {
+			s.Commits++
+		}
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// noteRollback counts a rollback of a step that then failed (its retry
+// runs without speculation, so it is counted once).
+func (r *Runtime) noteRollback(info StepInfo) {
+	if !info.RolledBack {
+		return
+	}
+	r.mu.Lock()
+	r.trainStats.Speculated++
+	r.trainStats.Rollbacks++
+	r.trainStats.RollbackTime += info.RollbackTime
+	r.mu.Unlock()
+}
