@@ -91,6 +91,18 @@
 // overwrite a held record builds its new one in a fresh pool buffer
 // instead, waiting for pool memory if there is none.
 //
+// # Per-step parameters
+//
+// StepWith and BeginStepWith take a step's StepParams: the learning rate a
+// schedule sets (used as given; 0 is a valid rate), betas that replace
+// Hyper's (OneCycle's momentum cycling), and a factor every gradient
+// element is multiplied by before the update — the loss-scale unscaling
+// and the gradient-clipping coefficient in one (GradFactor computes it,
+// as DeepSpeed's unscale_and_clip_grads). Step and BeginStep use
+// DefaultParams (Hyper.LR, no scaling). AdamStep is the same step on
+// whole tensors for an in-memory reference; SumSquares is the float64
+// sum of squares the gradient norm is made of.
+//
 // # Arithmetic
 //
 // Adam is exported and is the only update rule: an in-memory reference loop
