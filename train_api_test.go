@@ -1,0 +1,289 @@
+package zinf_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/schedule"
+	"github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// TestOpenNeedsCommForGlobalChecks: at world size > 1, clipping and fp16
+// need every rank's gradients; without a Comm Open refuses, naming what to
+// set. Without them (or at world 1) none is needed.
+func TestOpenNeedsCommForGlobalChecks(t *testing.T) {
+	m := oneTensor("w", 100)
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *config.Config)
+		want   string
+	}{
+		{"clipping", func(c *config.Config) { c.GradientClipping = 1 }, "gradient_clipping 1 needs the global gradient norm at world size 2: set zinf.Options.Comm"},
+		{"fp16", func(c *config.Config) { c.FP16 = true }, "fp16 loss scaling needs the overflow check of every rank at world size 2: set zinf.Options.Comm"},
+		{"both", func(c *config.Config) { c.FP16 = true; c.GradientClipping = 0.5 }, "gradient_clipping 0.5 needs the global gradient norm and fp16 loss scaling"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := testConfig(t)
+			tc.mutate(c)
+			_, err := zinf.Open(c, m, zinf.Options{Rank: 1, WorldSize: 2})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open = %v, want %q", err, tc.want)
+			}
+			// World 1 needs no Comm.
+			rt, err := zinf.Open(c, m, zinf.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt.Close()
+		})
+	}
+	c, _ := testConfig(t)
+	rt, err := zinf.Open(c, m, zinf.Options{Rank: 1, WorldSize: 2})
+	if err != nil {
+		t.Fatalf("world 2 without clipping or fp16: %v", err)
+	}
+	rt.Close()
+	comms, _ := comm.NewLocal(3, comm.LocalOptions{})
+	c.GradientClipping = 1
+	if _, err := zinf.Open(c, m, zinf.Options{Rank: 1, WorldSize: 2, Comm: comms[1]}); err == nil || !strings.Contains(err.Error(), "Options.Comm is rank 1 of 3 ranks; this runtime is rank 1 of 2") {
+		t.Fatalf("a Comm of another world: %v", err)
+	}
+}
+
+// stepOnce accumulates g (full tensor) for every tensor and steps.
+func stepOnce(t *testing.T, ctx context.Context, rt *zinf.Runtime, g map[string][]float32, handOver bool) {
+	t.Helper()
+	rt.Backward()
+	for l := rt.Layers() - 1; l >= 0; l-- {
+		if err := rt.BeginLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range rt.LayerTensors(l) {
+			if err := rt.AccumulateGrad(ctx, n, g[n]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if handOver {
+			if err := rt.StepLayer(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rt.EndLayer(l)
+	}
+	if err := rt.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func twoLayers() zinf.Model {
+	return zinf.LayeredModel([]tensor.Desc{{Name: "a", Shape: []int{3000}}}, []tensor.Desc{{Name: "b", Shape: []int{2000}}})
+}
+
+func gradsFor(m zinf.Model, step int, scale float32) map[string][]float32 {
+	out := map[string][]float32{}
+	for _, d := range m.Tensors {
+		n, _ := d.Numel()
+		g := make([]float32, n)
+		for i := range g {
+			g[i] = float32(math.Cos(float64(i*3+step*7))) * 0.01 * scale
+		}
+		out[d.Name] = g
+	}
+	return out
+}
+
+// TestClippingNotTriggeringKeepsOverlapAndReads: clipping on but never
+// triggering takes each step as a speculative overlapped update that
+// commits, and reads from NVMe exactly what the same training without
+// clipping reads: the norm comes from the gradients as they are written
+// behind, not from a pass over the store.
+func TestClippingNotTriggeringKeepsOverlapAndReads(t *testing.T) {
+	run := func(clip float64) (zinf.Metrics, []float32) {
+		c, _ := testConfig(t)
+		c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+		c.GradientClipping = clip
+		c.Zinf.Speculate = config.SpeculateAlways
+		m := twoLayers()
+		rt, err := zinf.Open(c, m, zinf.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		if !rt.Plan().OverlapStep {
+			t.Skip("the plan has no room to overlap the step here")
+		}
+		ctx, watch := watchdog(t, time.Minute)
+		watch(rt)
+		for _, d := range m.Tensors {
+			n, _ := d.Numel()
+			if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for step := range 4 {
+			stepOnce(t, ctx, rt, gradsFor(m, step, 1), true)
+		}
+		w, _, _, err := rt.ReadOptimizerState(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rt.Metrics(), w
+	}
+	off, wOff := run(0)
+	on, wOn := run(1e9)
+	if on.Train.Speculated != 4 || on.Train.Commits != 4 || on.Train.Rollbacks != 0 || on.Train.Clipped != 0 {
+		t.Fatalf("clipping on, not triggering: %+v", on.Train)
+	}
+	if on.Grads.BytesRead != off.Grads.BytesRead || on.BytesRead != off.BytesRead {
+		t.Fatalf("NVMe reads with clipping %d (gradients %d), without %d (gradients %d)", on.BytesRead, on.Grads.BytesRead, off.BytesRead, off.Grads.BytesRead)
+	}
+	for i := range wOn {
+		if math.Float32bits(wOn[i]) != math.Float32bits(wOff[i]) {
+			t.Fatalf("a clip that never triggers changed the result at %d", i)
+		}
+	}
+}
+
+// TestSetLR: a loop that sets the rate itself; a rate changed after the
+// step's update started (StepTensor) is applied by redoing the step.
+func TestSetLR(t *testing.T) {
+	c, _ := testConfig(t)
+	c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	c.Scheduler.Type, c.Scheduler.WarmupNumSteps, c.Scheduler.WarmupMaxLR = config.SchedulerWarmupLR, 10, 0.01
+	m := twoLayers()
+	rt, err := zinf.Open(c, m, zinf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	ctx, watch := watchdog(t, time.Minute)
+	watch(rt)
+	init := map[string][]float32{}
+	for _, d := range m.Tensors {
+		n, _ := d.Numel()
+		init[d.Name] = make([]float32, n)
+		for i := range init[d.Name] {
+			init[d.Name][i] = float32(i%7) * 0.1
+		}
+		if err := rt.Init(ctx, d.Name, init[d.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rt.LR() != 0 {
+		t.Fatalf("WarmupLR's first rate is warmup_min_lr 0, got %v", rt.LR())
+	}
+	if err := rt.SetLR(-1); err == nil {
+		t.Fatal("SetLR(-1) accepted")
+	}
+	if err := rt.SetLR(math.Inf(1)); err == nil {
+		t.Fatal("SetLR(+Inf) accepted")
+	}
+	if err := rt.SetLR(0.05); err != nil || rt.LR() != 0.05 {
+		t.Fatalf("SetLR: %v, LR %v", err, rt.LR())
+	}
+	h := zinf.Hyper(c)
+	ref := map[string][3][]float32{}
+	for n, w := range init {
+		ref[n] = [3][]float32{append([]float32(nil), w...), make([]float32, len(w)), make([]float32, len(w))}
+	}
+	refStep := func(step int, lr float32, g map[string][]float32) {
+		for n, r := range ref {
+			optimizer.AdamStep(r[0], append([]float32(nil), g[n]...), r[1], r[2], step, h, optimizer.StepParams{LR: lr})
+		}
+	}
+	g := gradsFor(m, 0, 1)
+	stepOnce(t, ctx, rt, g, true)
+	refStep(1, 0.05, g)
+	if in := rt.LastStep(); in.LR != 0.05 || in.RolledBack {
+		t.Fatalf("step 1: %+v", in)
+	}
+	// Change the rate after the update began: the step is redone at 0.02.
+	g = gradsFor(m, 1, 1)
+	rt.Backward()
+	for l := rt.Layers() - 1; l >= 0; l-- {
+		if err := rt.BeginLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range rt.LayerTensors(l) {
+			if err := rt.AccumulateGrad(ctx, n, g[n]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := rt.StepLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		rt.EndLayer(l)
+	}
+	if err := rt.SetLR(0.02); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refStep(2, 0.02, g)
+	in := rt.LastStep()
+	if in.LR != 0.02 || (rt.Plan().OverlapStep && !in.RolledBack) {
+		t.Fatalf("step 2: %+v", in)
+	}
+	for n, r := range ref {
+		w, _, _, err := rt.ReadOptimizerState(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range w {
+			if math.Float32bits(w[i]) != math.Float32bits(r[0][i]) {
+				t.Fatalf("%s[%d] = %v, reference %v", n, i, w[i], r[0][i])
+			}
+		}
+	}
+}
+
+// TestLossScaleAtMinimumFails: an overflow with the loss scale already at
+// fp16.min_loss_scale fails the step (DeepSpeed raises: training
+// diverged) and changes nothing; clean gradients then step normally.
+func TestLossScaleAtMinimumFails(t *testing.T) {
+	c, _ := testConfig(t)
+	c.FP16 = true
+	c.LossScaling.InitialScalePower, c.LossScaling.MinLossScale, c.LossScaling.Hysteresis = 2, 2, 1
+	m := oneTensor("w", 500)
+	rt, err := zinf.Open(c, m, zinf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	ctx, watch := watchdog(t, time.Minute)
+	watch(rt)
+	if err := rt.Init(ctx, "w", make([]float32, 500)); err != nil {
+		t.Fatal(err)
+	}
+	bad := make([]float32, 500)
+	bad[7] = float32(math.NaN())
+	// Scale 4: overflow halves it to 2 (the minimum), the step is skipped.
+	stepOnce(t, ctx, rt, map[string][]float32{"w": bad}, false)
+	if in := rt.LastStep(); in.Applied || in.LossScale != 4 || in.NextLossScale != 2 || rt.LossScale() != 2 {
+		t.Fatalf("first overflow: %+v", in)
+	}
+	rt.Backward()
+	if err := rt.BeginLayer(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.AccumulateGrad(ctx, "w", bad); err != nil {
+		t.Fatal(err)
+	}
+	rt.EndLayer(0)
+	err = rt.Step(ctx)
+	if !errors.Is(err, schedule.ErrLossScaleAtMinimum) {
+		t.Fatalf("overflow at the minimum: %v", err)
+	}
+	if rt.LossScale() != 2 || rt.Optimizer.StepCount() != 0 || rt.Metrics().Train.Skipped != 1 {
+		t.Fatalf("a failed step changed the state: scale %v, steps %d, %+v", rt.LossScale(), rt.Optimizer.StepCount(), rt.Metrics().Train)
+	}
+}
