@@ -76,6 +76,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&quiet, "quiet", false, "no per-step progress")
 	var ck ckptFlags
 	ck.register(fs)
+	var step stepFlags
+	step.register(fs)
+	fs.BoolVar(&o.SerialStep, "serial-step", false, "run the optimizer step after backward instead of overlapping it")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -84,6 +87,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	compute, cerr := computeMsFlag(computeMs)
 	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr,
 		modelFlags(spec.Layers, spec.Width, spec.Batch), ck.check(fs)); err != nil {
+		return err
+	}
+	if err := step.check(fs); err != nil {
 		return err
 	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
@@ -95,6 +101,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	ck.apply(&o)
+	if err := step.apply(cfg); err != nil {
+		return err
+	}
 	o.Config, o.Spec = cfg, spec
 	o.ComputePerLayer = compute
 	o.Logger = cliLogger(stderr)
@@ -114,6 +123,63 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return printTrainSummary(stdout, res, o.Verify)
 }
 
+// stepFlags override the config's training-step keys.
+type stepFlags struct {
+	clip      float64
+	speculate string
+	fp16      bool
+	lossScale float64
+	set       map[string]bool
+}
+
+func (s *stepFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&s.clip, "clip", 0, "gradient_clipping: largest global gradient norm, 0 = off (default: the config's)")
+	fs.StringVar(&s.speculate, "speculate", "", "zinf.speculate: auto, always or never (default: the config's)")
+	fs.BoolVar(&s.fp16, "fp16", false, "fp16 params with loss scaling (fp16.enabled true, bf16 off)")
+	fs.Float64Var(&s.lossScale, "loss-scale", 0, "fp16.loss_scale: 0 = dynamic, > 0 static (default: the config's)")
+}
+
+// check reads which flags were given and refuses bad values by name.
+func (s *stepFlags) check(fs *flag.FlagSet) error {
+	s.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { s.set[f.Name] = true })
+	var errs []error
+	if s.set["clip"] && (!(s.clip >= 0) || math.IsInf(s.clip, 0)) {
+		errs = append(errs, fmt.Errorf("--clip %v: must be a finite number >= 0 (0 turns clipping off)", s.clip))
+	}
+	if s.set["loss-scale"] && (!(s.lossScale >= 0) || math.IsInf(s.lossScale, 0)) {
+		errs = append(errs, fmt.Errorf("--loss-scale %v: must be 0 (dynamic) or a finite number > 0", s.lossScale))
+	}
+	if s.set["speculate"] {
+		switch config.SpeculateMode(s.speculate) {
+		case config.SpeculateAuto, config.SpeculateAlways, config.SpeculateNever:
+		default:
+			errs = append(errs, fmt.Errorf("--speculate %q: allowed: auto, always, never", s.speculate))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// apply writes the given flags into cfg and validates it again.
+func (s *stepFlags) apply(cfg *config.Config) error {
+	if s.set["clip"] {
+		cfg.GradientClipping = s.clip
+	}
+	if s.set["speculate"] {
+		cfg.Zinf.Speculate = config.SpeculateMode(s.speculate)
+	}
+	if s.set["fp16"] {
+		cfg.FP16 = s.fp16
+		if s.fp16 {
+			cfg.BF16 = false
+		}
+	}
+	if s.set["loss-scale"] {
+		cfg.LossScaling.LossScale = s.lossScale
+	}
+	return cfg.Validate()
+}
+
 func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	fmt.Fprintf(w, "\nsummary: %d steps, %d params (%s of state), world size %d, %s, backend %s\n", r.Steps, r.Params, policy.FormatBytes(r.StateBytes), r.World, r.DType, r.Backend)
 	fmt.Fprintf(w, "  step time median %.1f ms (policy predicted %.1f ms), io-wait median %.1f ms, prefetch depth %d, demand misses %d\n",
@@ -121,6 +187,10 @@ func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	if r.InMemoryStepMsMedian > 0 {
 		fmt.Fprintf(w, "  overlap: the same loop in memory takes %.1f ms per step (%.1f ms of it simulated GPU time): offloaded / in-memory = %.2fx (optimizer step overlapped with backward: %v)\n",
 			r.InMemoryStepMsMedian, r.ComputeMs, r.StepMsMedian/r.InMemoryStepMsMedian, r.OverlapStep)
+	}
+	if r.SkippedSteps+r.ClippedSteps+r.Speculated > 0 || r.LossScale != 1 {
+		fmt.Fprintf(w, "  step: %d applied, %d skipped (fp16 overflow), %d clipped; loss scale now %g; speculative updates %d: %d committed, %d rolled back (%.1f ms)\n",
+			r.AppliedSteps, r.SkippedSteps, r.ClippedSteps, r.LossScale, r.Speculated, r.Commits, r.Rollbacks, r.RollbackMs)
 	}
 	fmt.Fprintf(w, "  NVMe: read %s (%.3f GB/s), written %s (%.3f GB/s)\n", policy.FormatBytes(r.BytesRead), r.ReadGBps, policy.FormatBytes(r.BytesWritten), r.WriteGBps)
 	fmt.Fprintf(w, "  memory: peak RSS %s, pinned pool %s (locked: %v)\n", policy.FormatBytes(r.PeakRSSBytes), policy.FormatBytes(r.PinnedBytes), r.PinnedLocked)

@@ -271,3 +271,105 @@ func TestRealWorldConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainStepJSON: clipping that triggers, fp16 loss scaling and
+// speculation from the flags; the JSON reports every step's learning
+// rate, clip coefficient, overflow skip, loss scale and rollback, and the
+// run still equals in-memory training bit for bit.
+func TestTrainStepJSON(t *testing.T) {
+	code, out, errs := runCLI(t, "train", "--layers", "2", "--width", "32", "--steps", "3", "--verify", "--json",
+		"--clip", "0.001", "--fp16", "--speculate", "always", "--dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	var m struct {
+		BitwiseEqual bool             `json:"bitwise_equal"`
+		PerStep      []map[string]any `json:"per_step"`
+		Rollbacks    int              `json:"speculation_rollbacks"`
+		Clipped      int              `json:"clipped_steps"`
+		LossScale    float64          `json:"loss_scale"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
+	}
+	if !m.BitwiseEqual || len(m.PerStep) != 3 || m.Clipped != 3 || m.LossScale != 65536 {
+		t.Fatalf("result: %+v", m)
+	}
+	for i, s := range m.PerStep {
+		for _, k := range []string{"lr", "clip_coef", "overflow_skipped", "loss_scale", "rolled_back", "grad_norm", "speculated"} {
+			if _, ok := s[k]; !ok {
+				t.Errorf("step %d lacks %q: %v", i+1, k, s)
+			}
+		}
+		if c, _ := s["clip_coef"].(float64); !(c > 0 && c < 1) || s["clipped"] != true {
+			t.Errorf("step %d: clip %v", i+1, s)
+		}
+	}
+	if m.Rollbacks == 0 {
+		// Only when the plan had room to overlap the step; it does at this size.
+		t.Errorf("no speculative step was rolled back: %s", out)
+	}
+}
+
+// TestTrainDeepSpeedConfig trains with a DeepSpeed config that sets
+// gradient_clipping, WarmupLR, fp16 dynamic loss scaling and
+// offload_optimizer nvme (config/testdata/ds_zero_infinity.json, its
+// nvme paths pointed at a temp dir): the keys act (no "ignored" warning
+// names them) and the run equals in-memory training.
+func TestTrainDeepSpeedConfig(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "testdata", "ds_zero_infinity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	text := strings.ReplaceAll(string(raw), "/local_nvme", dir)
+	text = strings.Replace(text, `"aio": {`, `"zinf": {"device": "sim", "tiers": {"cpu_pinned_bytes": "32MiB"}}, "aio": {`, 1)
+	path := filepath.Join(dir, "ds.json")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCLI(t, "train", "--config", path, "--layers", "2", "--width", "32", "--steps", "3", "--verify", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	for _, k := range []string{"gradient_clipping", "scheduler", "fp16.loss_scale", "fp16.hysteresis"} {
+		if strings.Contains(errs, k) {
+			t.Errorf("stderr mentions %q:\n%s", k, errs)
+		}
+	}
+	var m struct {
+		BitwiseEqual bool `json:"bitwise_equal"`
+		PerStep      []struct {
+			LR        float64 `json:"lr"`
+			LossScale float64 `json:"loss_scale"`
+		} `json:"per_step"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// WarmupLR from 0 over 1000 steps (log): the first two steps at 0,
+	// then rising; fp16 starts at 2^16.
+	if !m.BitwiseEqual || len(m.PerStep) != 3 || m.PerStep[0].LR != 0 || m.PerStep[1].LR != 0 || !(m.PerStep[2].LR > 0) || m.PerStep[0].LossScale != 65536 {
+		t.Fatalf("%+v\n%s", m, out)
+	}
+}
+
+func TestTrainStepFlagsBad(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--clip", "-1"}, "--clip -1: must be a finite number >= 0"},
+		{[]string{"--clip", "NaN"}, "--clip NaN"},
+		{[]string{"--loss-scale", "-2"}, "--loss-scale -2"},
+		{[]string{"--speculate", "maybe"}, `--speculate "maybe": allowed: auto, always, never`},
+	} {
+		args := append([]string{"train", "--layers", "2", "--width", "16", "--steps", "1"}, c.args...)
+		code, out, errs := runCLI(t, args...)
+		if code == 0 {
+			t.Errorf("train %q succeeded:\n%s", c.args, out)
+			continue
+		}
+		wantAll(t, strings.Join(c.args, " "), errs, c.want)
+	}
+}
