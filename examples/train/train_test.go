@@ -77,6 +77,28 @@ func TestBitForBit(t *testing.T) {
 			c.Zinf.NVMePaths = []string{t.TempDir(), t.TempDir()}
 		}},
 		{"params-cpu-optimizer-nvme", func(c *config.Config) { c.ZeroOptimization.OffloadParam.Device = config.OffloadCPU }},
+		// The training step: clipping that triggers, speculation forced on
+		// and off, fp16 overflows skipped, schedules, at world 1 and 4.
+		{"clip-speculate-always", func(c *config.Config) { c.GradientClipping = 0.01; c.Zinf.Speculate = config.SpeculateAlways }},
+		{"clip-speculate-never-warmup", func(c *config.Config) {
+			c.GradientClipping = 0.01
+			c.Zinf.Speculate = config.SpeculateNever
+			c.Scheduler.Type, c.Scheduler.WarmupNumSteps, c.Scheduler.WarmupMaxLR = config.SchedulerWarmupLR, 3, 0.01
+		}},
+		{"fp16-overflow-world4-onecycle", func(c *config.Config) {
+			c.Zinf.WorldSize = 4
+			c.FP16 = true
+			c.LossScaling.InitialScalePower, c.LossScaling.Hysteresis = 22, 1 // overflows until the scale comes down
+			c.GradientClipping = 0.05
+			c.Scheduler.Type, c.Scheduler.CycleMinLR, c.Scheduler.CycleMaxLR = config.SchedulerOneCycle, 1e-4, 1e-2
+			c.Scheduler.CycleFirstStepSize, c.Scheduler.CycleSecondStepSize = 2, 2
+		}},
+		{"bf16-clip-world4-cosine", func(c *config.Config) {
+			c.Zinf.WorldSize = 4
+			c.BF16 = true
+			c.GradientClipping = 0.02
+			c.Scheduler.Type, c.Scheduler.TotalNumSteps, c.Scheduler.WarmupNumSteps = config.SchedulerWarmupCosineLR, 4, 2
+		}},
 		{"max-in-cpu-cache", func(c *config.Config) { c.ZeroOptimization.OffloadParam.MaxInCPU = 2 * 48 * 48 }},
 		{"optimizer-cpu", func(c *config.Config) { c.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU }},
 		// aio.use_gds: params swapped into (simulated) device memory through
@@ -91,12 +113,22 @@ func TestBitForBit(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			cfg := testConfig(t, c.mutate)
-			res, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: 3, Verify: true, Logger: quiet})
+			steps := 3
+			if cfg.FP16 || cfg.GradientClipping > 0 {
+				steps = 6
+			}
+			res, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: steps, Verify: true, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if res.BitwiseEqual == nil || !*res.BitwiseEqual {
 				t.Fatalf("offloaded training differs from in-memory training: %s", res.Mismatch)
+			}
+			if strings.HasPrefix(c.name, "clip") && res.ClippedSteps == 0 {
+				t.Fatalf("clipping never triggered: %+v", res.PerStep)
+			}
+			if strings.HasPrefix(c.name, "fp16-overflow") && (res.SkippedSteps == 0 || res.AppliedSteps == 0) {
+				t.Fatalf("want skipped and applied steps: %+v", res.PerStep)
 			}
 			if cfg.ZeroOptimization.OffloadOptimizer.Device == config.OffloadNVMe && (res.BytesRead == 0 || res.BytesWritten == 0) {
 				t.Fatalf("nothing moved through NVMe: read %d, written %d", res.BytesRead, res.BytesWritten)
@@ -212,10 +244,20 @@ func TestENOSPCDuringStep(t *testing.T) {
 	for _, tc := range []struct {
 		target  string
 		overlap bool
-	}{{"/zinf-optim-", false}, {"/zinf-param-", false}, {"/zinf-grad-", false}, {"/zinf-optim-", true}, {"/zinf-param-", true}, {"/zinf-grad-", true}} {
+		clip    bool
+	}{{"/zinf-optim-", false, false}, {"/zinf-param-", false, false}, {"/zinf-grad-", false, false}, {"/zinf-optim-", true, false},
+		{"/zinf-param-", true, false}, {"/zinf-grad-", true, false}, {"/zinf-optim-", true, true}, {"/zinf-grad-", true, true}} {
 		target := tc.target
-		t.Run(fmt.Sprintf("%s/overlap=%v", strings.Trim(target, "/-"), tc.overlap), func(t *testing.T) {
-			cfg := testConfig(t, func(c *config.Config) { c.Zinf.WorldSize = 2; c.Zinf.PipelineDepth = 2 })
+		t.Run(fmt.Sprintf("%s/overlap=%v/clip=%v", strings.Trim(target, "/-"), tc.overlap, tc.clip), func(t *testing.T) {
+			cfg := testConfig(t, func(c *config.Config) {
+				c.Zinf.WorldSize = 2
+				c.Zinf.PipelineDepth = 2
+				if tc.clip {
+					// Speculative steps during the fault, some rolled back.
+					c.GradientClipping = 0.02
+					c.Zinf.Speculate = config.SpeculateAlways
+				}
+			})
 			spec := smallSpec
 			inj := faults.New(3)
 			_, be := setup(t, cfg, spec, zinf.Options{Faults: inj})
