@@ -48,7 +48,7 @@ func TestStepParams(t *testing.T) {
 	}
 	ctx := context.Background()
 	steps := []optimizer.StepParams{
-		{LR: 0},                                        // a real step at rate 0: moments move, weights do not (but decay is 1-0*wd)
+		{LR: 0}, // a real step at rate 0: moments move, weights do not (but decay is 1-0*wd)
 		{LR: 3e-3, ScaleGrads: true, GradScale: 0.125}, // an exact unscale
 		{LR: 5e-3, ScaleGrads: true, GradScale: 0.37},  // a clip factor
 		{LR: 1e-3, Beta1: 0.8, Beta2: 0.99},            // OneCycle's betas
