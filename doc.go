@@ -19,7 +19,43 @@
 // keeping the newest few; after a crash, ResumeLatest loads the newest
 // committed one.
 //
+// # The optimizer step
+//
+// Step is a complete DeepSpeed-style step, in the standard order: unscale,
+// check overflow, clip, update. With gradient_clipping or fp16 on it first
+// reduces the sum of the squares of every rank's accumulated gradients —
+// computed by the gradient swapper from each gradient's pinned copy as it
+// is written behind, so the norm costs no read from NVMe — in float64:
+// each tensor's partition element by element, the tensors in
+// Model.Tensors order, then the ranks' sums in rank order through
+// Options.Comm (required at world size > 1; comm.NewLocal for ranks in one
+// process). fp16 skips a step whose gradients hold an inf or NaN and
+// lowers the loss scale (LossScale is what the loop multiplies its loss
+// by); otherwise every gradient is multiplied by one float32 factor,
+// 1/(S*max(1, (norm+1e-6)/gradient_clipping)), and the optimizer updates
+// with the schedule's learning rate (SetLR lets a loop set it instead).
+// config/doc.go and the schedule package have the exact formulas and the
+// DeepSpeed behaviour they follow.
+//
+// World 1 and world 4 sum the squares in different orders (a whole tensor
+// against four partitions, then four rank sums), so their norms can differ
+// in the last bits of a float64; the clip factor, rounded to float32, is
+// then usually the same, but not always. A world of N ranks equals,
+// bit for bit, an in-memory reference that sums in the same order
+// (TestTrainStepDifferential has one).
+//
+// StepTensor keeps the overlap: each layer's update still starts during
+// backward, speculating that the step needs neither clipping nor a skip.
+// Step commits it when that was right; otherwise it rolls the step back
+// (nothing of it was committed: the copy-on-write store keeps the old
+// states) and takes the right one. zinf.speculate chooses always, never or
+// auto (speculate unless more than half of the last 8 steps needed a
+// correction); Metrics().Train counts commits, rollbacks and the time the
+// rollbacks took, LastStep describes the last step.
+//
 // The packages underneath can be used alone: aio (the I/O engine), buffers
 // (the pinned pool), swapper and its param/optimizer/grad subpackages,
-// policy (placement and prefetch scheduling), config, accel and gds.
+// policy (placement and prefetch scheduling), config, schedule (learning
+// rates and the fp16 loss scale), comm (collectives between ranks), accel
+// and gds.
 package zinf
