@@ -10,6 +10,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/internal/stats"
 )
 
 // benchDir is where benchmark swap files go: $ZINF_BENCH_DIR, else a temp
@@ -148,5 +149,77 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		b.ReportMetric(median(optMs), "optimizer-ms")
 		b.ReportMetric(median(predMs), "predicted-ms")
 		b.ReportMetric(median(ratio), "x-io-predicted")
+	}
+}
+
+// BenchmarkClipOverlap measures what gradient clipping costs the
+// overlapped step, on BenchmarkOverlap's setup (8 layers x 512, everything
+// on NVMe, ZINF_BENCH_COMPUTE_MS of simulated compute per layer and pass,
+// default 20): clipping off; clipping on and never triggering (the
+// updates still start during backward and commit); clipping triggering
+// on every step with speculation always (every step rolled back and
+// redone) and never (the update waits for the norm). Rounds of the four
+// runs are interleaved, their order rotated each round
+// (ZINF_BENCH_ROUNDS, default 5); each run's figure is the median step
+// after the first. Metrics are medians over rounds and their ratios.
+func BenchmarkClipOverlap(b *testing.B) {
+	spec := Spec{Layers: 8, Width: benchInt("ZINF_BENCH_WIDTH", 512), Batch: 4, Seed: 1}
+	compute := time.Duration(benchInt("ZINF_BENCH_COMPUTE_MS", 20)) * time.Millisecond
+	rounds := benchInt("ZINF_BENCH_ROUNDS", 5)
+	const steps = 6
+	type variant struct {
+		name      string
+		clip      float64
+		speculate config.SpeculateMode
+	}
+	variants := []variant{
+		{"off", 0, config.SpeculateAuto},
+		{"on-not-triggering", 1e9, config.SpeculateAuto},
+		{"triggering-speculate", 1e-9, config.SpeculateAlways},
+		{"triggering-no-speculation", 1e-9, config.SpeculateNever},
+	}
+	for i := 0; i < b.N; i++ {
+		stepMs := make([][]float64, len(variants))
+		rollbackMs := make([][]float64, len(variants))
+		for round := range rounds {
+			for k := range variants {
+				v := variants[(k+round)%len(variants)]
+				vi := (k + round) % len(variants)
+				cfg := benchConfig(b, benchDir(b))
+				cfg.GradientClipping = v.clip
+				cfg.Zinf.Speculate = v.speculate
+				res, err := Run(context.Background(), Options{Config: cfg, Spec: spec, Steps: steps, ComputePerLayer: compute, Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !res.OverlapStep {
+					b.Fatal("the plan does not overlap the step here; nothing to measure")
+				}
+				wantClipped := 0
+				if v.clip > 0 && v.clip < 1 {
+					wantClipped = steps
+				}
+				if res.ClippedSteps != wantClipped {
+					b.Fatalf("%s: %d clipped steps, want %d", v.name, res.ClippedSteps, wantClipped)
+				}
+				ms := median(res.StepMs[1:])
+				stepMs[vi] = append(stepMs[vi], ms)
+				rollbackMs[vi] = append(rollbackMs[vi], res.RollbackMs/float64(steps))
+				b.Logf("round %d %-26s step %7.1f ms (steps %v), speculated %d, rolled back %d (%.1f ms in all)",
+					round, v.name, ms, res.StepMs, res.Speculated, res.Rollbacks, res.RollbackMs)
+			}
+		}
+		med := make([]float64, len(variants))
+		for k, v := range variants {
+			med[k] = median(stepMs[k])
+			lo, hi := stats.MinMax(stepMs[k])
+			b.Logf("%-26s median %7.1f ms (min %.1f, max %.1f over %d rounds), rollback %.2f ms per step", v.name, med[k], lo, hi, rounds, median(rollbackMs[k]))
+			b.ReportMetric(med[k], v.name+"-ms")
+		}
+		b.ReportMetric(med[1]/med[0], "x-on-not-triggering/off")
+		b.ReportMetric(med[2]/med[3], "x-triggering-speculate/never")
+		b.ReportMetric(med[2]/med[0], "x-triggering-speculate/off")
+		b.ReportMetric(med[3]/med[0], "x-triggering-never/off")
+		b.ReportMetric(median(rollbackMs[2]), "rollback-ms/step")
 	}
 }
