@@ -60,6 +60,11 @@ type Options struct {
 	// it); it must be rank Rank of a world of WorldSize. The Runtime does
 	// not close it.
 	Comm comm.Comm
+	// TotalSteps is the number of optimizer steps the run takes, for a
+	// "scheduler" whose total_num_steps is "auto" (as the Hugging Face
+	// integration writes it); Open refuses such a config without it.
+	// Default 0: unknown.
+	TotalSteps int
 }
 
 // Runtime is one rank's zinf: it owns the placement, the prefetch

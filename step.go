@@ -106,7 +106,7 @@ type TrainStats struct {
 func (r *Runtime) setupTraining(cfg *config.Config, opts Options) error {
 	t := &r.train
 	var err error
-	if t.sched, err = schedule.FromConfig(cfg); err != nil {
+	if t.sched, err = schedule.FromConfig(cfg, opts.TotalSteps); err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
 	if t.scaler, err = schedule.NewLossScalerFromConfig(cfg); err != nil {

@@ -230,7 +230,7 @@ func quantizeTo(d tensor.DType, v []float32) []float32 { return quantize(d, v) }
 // reference runs the case in memory.
 func (c *stepCase) reference(t *testing.T) *stepRef {
 	cfg := c.cfg
-	sched, err := schedule.FromConfig(cfg)
+	sched, err := schedule.FromConfig(cfg, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

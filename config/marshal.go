@@ -62,6 +62,13 @@ type wireSched struct {
 	Params map[string]any `json:"params"`
 }
 
+func totalWire(s Scheduler) any {
+	if s.TotalNumStepsAuto {
+		return "auto"
+	}
+	return s.TotalNumSteps
+}
+
 func schedWire(s Scheduler) *wireSched {
 	var p map[string]any
 	switch s.Type {
@@ -71,10 +78,10 @@ func schedWire(s Scheduler) *wireSched {
 		p = map[string]any{"warmup_min_lr": s.WarmupMinLR, "warmup_max_lr": s.WarmupMaxLR,
 			"warmup_num_steps": s.WarmupNumSteps, "warmup_type": s.WarmupType}
 		if s.Type == SchedulerWarmupDecayLR {
-			p["total_num_steps"] = s.TotalNumSteps
+			p["total_num_steps"] = totalWire(s)
 		}
 	case SchedulerWarmupCosineLR:
-		p = map[string]any{"warmup_num_steps": s.WarmupNumSteps, "warmup_type": s.WarmupType, "total_num_steps": s.TotalNumSteps,
+		p = map[string]any{"warmup_num_steps": s.WarmupNumSteps, "warmup_type": s.WarmupType, "total_num_steps": totalWire(s),
 			"warmup_min_ratio": s.WarmupMinRatio, "cos_min_ratio": s.CosMinRatio}
 	default: // OneCycle, and a type Validate refuses
 		p = map[string]any{"cycle_min_lr": s.CycleMinLR, "cycle_max_lr": s.CycleMaxLR, "decay_lr_rate": s.DecayLRRate,

@@ -79,8 +79,13 @@ type Scheduler struct {
 	// WarmupCosineLR): "log" or "linear". Default "log".
 	WarmupType string
 	// TotalNumSteps is "total_num_steps" (WarmupDecayLR, WarmupCosineLR),
-	// >= 1. Required for those types.
+	// >= 1. Required for those types, or "auto" (TotalNumStepsAuto).
 	TotalNumSteps int
+	// TotalNumStepsAuto is total_num_steps "auto", which the Hugging Face
+	// integration replaces by the run's number of optimizer steps: zinf
+	// takes the run's (zinf.Options.TotalSteps, zinf train --steps).
+	// TotalNumSteps is 0 then.
+	TotalNumStepsAuto bool
 	// WarmupMinRatio is "warmup_min_ratio" (WarmupCosineLR): the warmup
 	// starts at this fraction of optimizer.params.lr, >= 0. Default 0.
 	WarmupMinRatio float64
@@ -163,7 +168,7 @@ var schedulerParams = []schedulerParam{
 	}, warmupTypes},
 	{"warmup_num_steps", func(c *Config) reader { return autoable("1000", intInto(&c.Scheduler.WarmupNumSteps)) }, anyWarmup},
 	{"warmup_type", func(c *Config) reader { return stringInto(&c.Scheduler.WarmupType) }, anyWarmup},
-	{"total_num_steps", func(c *Config) reader { return required(intInto(&c.Scheduler.TotalNumSteps)) }, decayTypes},
+	{"total_num_steps", func(c *Config) reader { return totalSteps(&c.Scheduler) }, decayTypes},
 	{"warmup_min_ratio", func(c *Config) reader { return floatInto(&c.Scheduler.WarmupMinRatio) }, cosineOnly},
 	{"cos_min_ratio", func(c *Config) reader { return floatInto(&c.Scheduler.CosMinRatio) }, cosineOnly},
 	{"cycle_min_lr", func(c *Config) reader { return floatInto(&c.Scheduler.CycleMinLR) }, oneCycleOnly},
@@ -180,15 +185,16 @@ var schedulerParams = []schedulerParam{
 	{"decay_mom_rate", func(c *Config) reader { return floatInto(&c.Scheduler.DecayMomRate) }, oneCycleOnly},
 }
 
-// required wraps a reader for a key that has no default: Hugging Face's
-// "auto" cannot stand for it.
-func required(read reader) reader {
+// totalSteps reads total_num_steps: a number, or Hugging Face's "auto",
+// which stands for the run's number of optimizer steps.
+func totalSteps(s *Scheduler) reader {
 	return func(d *decoder, n *node, key string) {
 		if n.kind == kString && n.str == "auto" {
-			d.valueProblem(n, key, `is filled in by the Hugging Face integration; zinf needs the number itself`, rangeText(1, math.MaxInt32))
+			d.warn(`%s: "auto" is filled in by the Hugging Face integration with the run's number of optimizer steps; zinf uses the run's (zinf train --steps; the TotalSteps option of the Go API)`, key)
+			s.TotalNumStepsAuto = true
 			return
 		}
-		read(d, n, key)
+		intInto(&s.TotalNumSteps)(d, n, key)
 	}
 }
 
@@ -363,6 +369,9 @@ func (c *Config) validateTraining(k *checker) {
 		k.enum(p+"warmup_type", s.WarmupType)
 		if s.Type != SchedulerWarmupLR {
 			switch {
+			case s.TotalNumStepsAuto && s.TotalNumSteps == 0:
+			case s.TotalNumStepsAuto:
+				k.add(p+"total_num_steps", strconv.Itoa(s.TotalNumSteps), "is set and \"auto\" at once", "a number or \"auto\"")
 			case s.TotalNumSteps == 0:
 				k.add(p+"total_num_steps", "", "is missing: "+string(s.Type)+" has no default for it", ">= 1")
 			case s.TotalNumSteps < 0:

@@ -88,7 +88,7 @@ func TestSchedulesMatchGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("config %s: %v", text, err)
 			}
-			s, err := schedule.FromConfig(cfg)
+			s, err := schedule.FromConfig(cfg, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

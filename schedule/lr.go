@@ -242,13 +242,22 @@ func (s OneCycle) At(k int) Values {
 
 // FromConfig returns the schedule a config's "scheduler" section
 // describes, or Constant(optimizer.params.lr) without one. The config
-// must be valid (Validate). Momentum cycling needs an optimizer with betas
-// (Config.Optimizer.HasBetas); for another, it is off, as in DeepSpeed.
-func FromConfig(cfg *config.Config) (Schedule, error) {
+// must be valid (Validate). totalSteps is the run's number of optimizer
+// steps, which stands for a total_num_steps of "auto" (0: unknown, and
+// such a config is refused). Momentum cycling needs an optimizer with
+// betas (Config.Optimizer.HasBetas); for another, it is off, as in
+// DeepSpeed.
+func FromConfig(cfg *config.Config, totalSteps int) (Schedule, error) {
 	if cfg == nil {
 		return nil, errors.New("schedule: nil config")
 	}
 	s := cfg.Scheduler
+	if s.TotalNumStepsAuto && (s.Type == config.SchedulerWarmupDecayLR || s.Type == config.SchedulerWarmupCosineLR) {
+		if totalSteps < 1 {
+			return nil, fmt.Errorf("schedule: scheduler.params.total_num_steps is \"auto\" (the Hugging Face integration fills in the run's number of steps): give the run's number of optimizer steps (zinf.Options.TotalSteps, zinf train --steps)")
+		}
+		s.TotalNumSteps = totalSteps
+	}
 	w := Warmup{NumSteps: s.WarmupNumSteps, Linear: s.WarmupType == config.WarmupLinear}
 	if s.Type != config.SchedulerNone && s.Type != config.SchedulerOneCycle && s.WarmupType != config.WarmupLog && s.WarmupType != config.WarmupLinear {
 		return nil, fmt.Errorf("schedule: scheduler.params.warmup_type %q: allowed: log, linear", s.WarmupType)

@@ -3,6 +3,7 @@ package schedule_test
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/zinfio/zinf/config"
@@ -146,12 +147,12 @@ func TestLossScalerRestore(t *testing.T) {
 
 func TestScheduleEdges(t *testing.T) {
 	// No scheduler: the optimizer's rate, every step.
-	s, err := schedule.FromConfig(mustParse(t, `{"optimizer": {"params": {"lr": 0.25}}}`))
+	s, err := schedule.FromConfig(mustParse(t, `{"optimizer": {"params": {"lr": 0.25}}}`), 0)
 	if err != nil || s.At(1).LR != 0.25 || s.At(1000).LR != 0.25 {
 		t.Fatalf("constant: %v %+v", err, s.At(1))
 	}
 	// warmup_num_steps 1 acts as 2; step 1 is the constructor's rate.
-	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 0.3, "warmup_num_steps": 1, "warmup_type": "linear"}}}`))
+	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 0.3, "warmup_num_steps": 1, "warmup_type": "linear"}}}`), 0)
 	for k, want := range map[int]float64{1: 0.1, 2: 0.1, 3: 0.1 + (0.3-0.1)*0.5, 4: 0.1 + (0.3 - 0.1), 9: 0.1 + (0.3 - 0.1)} {
 		if got := s.At(k).LR; got != want {
 			t.Errorf("WarmupLR step %d: %v, want %v", k, got, want)
@@ -159,28 +160,37 @@ func TestScheduleEdges(t *testing.T) {
 	}
 	// WarmupCosineLR's first step has rate 0 (DeepSpeed's constructor);
 	// past total_num_steps it stays at cos_min_ratio.
-	s, _ = schedule.FromConfig(mustParse(t, `{"optimizer": {"params": {"lr": 2}}, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "cos_min_ratio": 0.25}}}`))
+	s, _ = schedule.FromConfig(mustParse(t, `{"optimizer": {"params": {"lr": 2}}, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "cos_min_ratio": 0.25}}}`), 0)
 	if s.At(1).LR != 0 || s.At(50).LR != 2*0.25 || s.At(12).LR != s.At(500).LR {
 		t.Errorf("WarmupCosineLR: step 1 %v, step 50 %v", s.At(1).LR, s.At(50).LR)
 	}
 	// WarmupDecayLR reaches warmup_min_lr at total_num_steps and stays.
-	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 8, "warmup_num_steps": 2, "warmup_min_lr": 0.5, "warmup_max_lr": 1}}}`))
+	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 8, "warmup_num_steps": 2, "warmup_min_lr": 0.5, "warmup_max_lr": 1}}}`), 0)
 	if s.At(10).LR != 0.5 || s.At(100).LR != 0.5 || !(s.At(6).LR > 0.5) {
 		t.Errorf("WarmupDecayLR: %v %v %v", s.At(6).LR, s.At(10).LR, s.At(100).LR)
 	}
 	// OneCycle: momentum cycling only for an optimizer with betas; cycle_momentum false turns it off.
-	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_first_step_size": 2, "cycle_momentum": false}}}`))
+	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_first_step_size": 2, "cycle_momentum": false}}}`), 0)
 	if v := s.At(3); v.Betas || v.LR != 0.1+(1-0.1)*1 {
 		t.Errorf("OneCycle at the peak: %+v", v)
 	}
-	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_first_step_size": 2}}}`))
+	s, _ = schedule.FromConfig(mustParse(t, `{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_first_step_size": 2}}}`), 0)
 	if v := s.At(1); !v.Betas || v.Beta1 != 0.8 || v.Beta2 != 0.99 || v.LR != 0.1 {
 		t.Errorf("OneCycle step 1: %+v (DeepSpeed's constructor sets betas (cycle_min_mom, 0.99))", v)
 	}
 	if v := s.At(3); !v.Betas || v.Beta1 != 0.9-(0.9-0.8)*1 {
 		t.Errorf("OneCycle at the peak: %+v", v)
 	}
-	if _, err := schedule.FromConfig(nil); err == nil {
+	// total_num_steps "auto" is the run's number of steps.
+	auto := mustParse(t, `{"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 2, "warmup_min_lr": 0.5, "warmup_max_lr": 1}}}`)
+	if _, err := schedule.FromConfig(auto, 0); err == nil || !strings.Contains(err.Error(), "zinf.Options.TotalSteps") {
+		t.Errorf("auto without the run's steps: %v", err)
+	}
+	s, err = schedule.FromConfig(auto, 8)
+	if err != nil || s.At(10).LR != 0.5 || !(s.At(9).LR > 0.5) {
+		t.Errorf("auto with 8 steps: %v", err)
+	}
+	if _, err := schedule.FromConfig(nil, 0); err == nil {
 		t.Error("nil config accepted")
 	}
 }

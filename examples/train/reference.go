@@ -34,9 +34,10 @@ type memBackend struct {
 }
 
 // newMemBackend builds the reference for cfg (its optimizer, schedule,
-// loss scaling, clipping and world size).
-func newMemBackend(spec Spec, cfg *config.Config) (*memBackend, error) {
-	sched, err := schedule.FromConfig(cfg)
+// loss scaling, clipping and world size) for a run of steps optimizer
+// steps (the total_num_steps of a schedule that says "auto").
+func newMemBackend(spec Spec, cfg *config.Config, steps int) (*memBackend, error) {
+	sched, err := schedule.FromConfig(cfg, steps)
 	if err != nil {
 		return nil, err
 	}

@@ -277,7 +277,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	for r := 0; r < world; r++ {
 		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults,
-			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r]})
+			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r],
+			TotalSteps: o.Steps})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
@@ -404,7 +405,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// The reference runs the same loop with the same simulated compute, all
 	// in memory: its step time is what the step would take if I/O were
 	// free, the yardstick for overlap.
-	ref, err := newMemBackend(spec, cfg)
+	ref, err := newMemBackend(spec, cfg, o.Steps)
 	if err != nil {
 		return nil, err
 	}

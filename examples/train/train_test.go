@@ -163,7 +163,7 @@ func TestReferenceDetectsDifference(t *testing.T) {
 // mustMem is newMemBackend for a test (or benchmark).
 func mustMem(t testing.TB, spec Spec, cfg *config.Config) *memBackend {
 	t.Helper()
-	ref, err := newMemBackend(spec, cfg)
+	ref, err := newMemBackend(spec, cfg, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
