@@ -380,6 +380,8 @@ func trainStepRun(t *testing.T, seed uint64) {
 		t.Fatalf("config: %v", err)
 	}
 	ref := c.reference(t)
+	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
+		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
 	t.Logf("world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
 		c.world, c.micro, c.steps, len(c.model.Tensors), zinf.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)

@@ -269,7 +269,7 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 			case o == t || o.buf == nil:
 			case o.write != nil:
 				inFlight = o.write
-			case o.unreported != nil && held == nil:
+			case held == nil && rewritable(o):
 				held = o
 			}
 		}
@@ -291,7 +291,7 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 				}
 				continue
 			}
-			if held.write != nil || held.unreported == nil || held.buf == nil {
+			if !rewritable(held) {
 				held.unlock() // changed while we looked: look again
 				s.mu.Unlock()
 				continue
@@ -338,6 +338,16 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 		}
 		return b, nil
 	}
+}
+
+// rewritable reports whether t holds pinned memory only because its
+// write-behind failed: the failure is not reported yet, or it was (by an
+// Accumulate, a Read or the optimizer's ReadRange of an overlapped step)
+// and no write has been issued since, so the dirty copy waits for Flush.
+// Either way the memory comes back only by writing it again. s.mu is
+// held.
+func rewritable(t *tensor) bool {
+	return t.buf != nil && t.write == nil && !t.keep && (t.unreported != nil || t.dirty)
 }
 
 func (s *Swapper) startWrite(t *tensor, buf *buffers.Buffer) {

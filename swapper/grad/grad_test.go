@@ -43,8 +43,14 @@ type env struct {
 // buffers.
 func newEnv(t *testing.T, backend string, withStore bool, o Options) (*env, *Swapper) {
 	t.Helper()
+	return newEnvPool(t, backend, withStore, o, 4<<20)
+}
+
+// newEnvPool is newEnv with a pool of poolBytes.
+func newEnvPool(t *testing.T, backend string, withStore bool, o Options, poolBytes int64) (*env, *Swapper) {
+	t.Helper()
 	e := &env{inj: faults.New(7)}
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 4 << 20, Pin: buffers.PinOff, Logger: quiet})
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: poolBytes, Pin: buffers.PinOff, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,11 @@ package grad
 import (
 	"errors"
 	"math"
+	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/zinfio/zinf/internal/faults"
 )
 
 // refSumSq is the documented order, written out again: float64, index
@@ -99,5 +103,49 @@ func TestSumSquares(t *testing.T) {
 	}
 	if _, err := s.SumSquares("w"); err == nil {
 		t.Fatal("SumSquares without Options.SumSquares succeeded")
+	}
+}
+
+// TestReportedFailureFreesMemory: a gradient whose write-behind failed
+// keeps its pinned copy; once an optimizer's ReadRange (an overlapped
+// step) has reported the failure, the copy waits for Flush. Another
+// gradient that needs that memory must not wait for it forever: acquire
+// writes the copy again, and gets the memory when space has returned, or
+// returns the new failure while it has not.
+func TestReportedFailureFreesMemory(t *testing.T) {
+	const n = 3000 // 12000 bytes: the pool holds one such buffer at a time
+	e, s := newEnvPool(t, testBackends(t)[0], true, Options{}, 16<<10)
+	ctx := testCtx(t)
+	for _, name := range []string{"a", "b"} {
+		if err := s.Register(name, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.inj.Add(faults.Rule{Kind: faults.Writes, Err: syscall.ENOSPC})
+	if err := s.Accumulate(ctx, "a", grads(1, n)); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, s.RangeBufferBytes(0, n))
+	if _, err := s.ReadRange(ctx, "a", 0, n, dst); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("ReadRange after a failed write-behind: %v", err)
+	}
+	// The disk is still full: b cannot have the memory, and says why.
+	err := s.Accumulate(ctx, "b", grads(2, n))
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "failed write-behind keeps its gradient") {
+		t.Fatalf("Accumulate with the memory held by a failed gradient: %v", err)
+	}
+	e.inj.Clear()
+	if err := s.Accumulate(ctx, "b", grads(2, n)); err != nil {
+		t.Fatalf("after space returned: %v", err)
+	}
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, seed := range map[string]uint64{"a": 1, "b": 2} {
+		got := make([]float32, n)
+		if err := s.Read(ctx, name, got); err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, name, got, grads(seed, n))
 	}
 }
