@@ -97,8 +97,11 @@ type CheckpointMeta struct {
 // exp_avg and exp_avg_sq partitions, named "<param>.master",
 // "<param>.exp_avg" and "<param>.exp_avg_sq". Partitions are 1-D tensors;
 // their element ranges [lo, hi) of the flattened full tensors are in each
-// rank's metadata, the optimizer's step count, the parameter dtype and the
-// config (as JSON) in the checkpoint's.
+// rank's metadata, the optimizer's step count, the parameter dtype, the
+// config (as JSON) and the step state beyond the optimizer's (the fp16
+// loss scaler and a rate fixed by SetLR; LoadCheckpoint restores them, so
+// a resumed run scales, skips and schedules as the uninterrupted one) in
+// the checkpoint's.
 //
 // The tensors are read when the state is saved, not here: call it and
 // save between optimizer steps, and do not step the runtimes until
