@@ -19,6 +19,9 @@ func ckptConfig(t *testing.T, world int, dt swapper.DType) *config.Config {
 		c.Zinf.WorldSize = world
 		c.BF16 = dt == swapper.BFloat16
 		c.FP16 = dt == swapper.Float16
+		// A dynamic loss scale that moves every step: a resume must restore
+		// it (the checkpoint's training state).
+		c.LossScaling.LossScaleWindow, c.LossScaling.InitialScalePower = 1, 10
 	})
 }
 
