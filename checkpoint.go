@@ -30,7 +30,8 @@ const (
 	// parameter dtype, each named by its parameter.
 	CheckpointParamsFile = "params.safetensors"
 	// CheckpointOptimizerFile holds the rank's fp32 optimizer partitions:
-	// "<param>.master", "<param>.exp_avg" and "<param>.exp_avg_sq".
+	// "<param>.master" and one per state of the optimizer's rule (Adam:
+	// "<param>.exp_avg" and "<param>.exp_avg_sq"; see stateSuffixes).
 	CheckpointOptimizerFile = "optimizer.safetensors"
 
 	// metaKind marks a checkpoint written by CheckpointState (state-wide).
@@ -65,8 +66,17 @@ func (r *Runtime) trainState() trainState {
 	return st
 }
 
-// Suffixes of the optimizer tensors of a parameter.
-var optimizerSuffixes = [3]string{".master", ".exp_avg", ".exp_avg_sq"}
+// stateSuffixes are the suffixes of a parameter's optimizer tensors in
+// rt's checkpoints: ".master", then one per state of the optimizer's rule
+// (Adam: ".exp_avg", ".exp_avg_sq"; SGD with momentum: ".momentum_buffer";
+// Adagrad: ".sum"; Lion: ".exp_avg"), in record order.
+func stateSuffixes(rt *Runtime) []string {
+	out := []string{".master"}
+	for _, n := range rt.Optimizer.Options().Hyper.StateNames() {
+		out = append(out, "."+n)
+	}
+	return out
+}
 
 // CheckpointMeta is what a training checkpoint records besides the
 // tensors (SaveCheckpoint) and what LoadCheckpoint reports back.
@@ -93,9 +103,10 @@ type CheckpointMeta struct {
 //
 // Each rank directory gets two files: CheckpointParamsFile with the rank's
 // partition of every parameter in the parameter dtype, named by the
-// parameter, and CheckpointOptimizerFile with its fp32 master,
-// exp_avg and exp_avg_sq partitions, named "<param>.master",
-// "<param>.exp_avg" and "<param>.exp_avg_sq". Partitions are 1-D tensors;
+// parameter, and CheckpointOptimizerFile with its fp32 master and the
+// optimizer's states, named "<param>.master" and "<param>.<state>" (Adam:
+// "<param>.exp_avg" and "<param>.exp_avg_sq"; SGD with momentum:
+// ".momentum_buffer"; Adagrad: ".sum"; Lion: ".exp_avg"). Partitions are 1-D tensors;
 // their element ranges [lo, hi) of the flattened full tensors are in each
 // rank's metadata, the optimizer's step count, the parameter dtype, the
 // config (as JSON) and the step state beyond the optimizer's (the fp16
@@ -331,7 +342,7 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 			continue
 		}
 		src := &stateSource{rt: rt, name: name}
-		for k, suffix := range optimizerSuffixes {
+		for k, suffix := range stateSuffixes(rt) {
 			k := k
 			optim.Tensors = append(optim.Tensors, checkpoint.FromFunc(name+suffix, swapper.Float32, []int64{int64(n)}, 4*int64(n),
 				func(ctx context.Context, dst []byte, off int64) error { return src.read(ctx, k, dst, off) }))
@@ -378,8 +389,9 @@ func paramTensor(rt *Runtime, name string, n int) checkpoint.Tensor {
 // sub-groups' records are held, not copied, and later steps build new
 // records elsewhere), so SaveAsync pins them instead of copying.
 func pinnedStates(rt *Runtime, name string, n int) []checkpoint.Tensor {
-	out := make([]checkpoint.Tensor, 3)
-	for k, suffix := range optimizerSuffixes {
+	suffixes := stateSuffixes(rt)
+	out := make([]checkpoint.Tensor, len(suffixes))
+	for k, suffix := range suffixes {
 		kind := optimizer.StateKind(k)
 		out[k] = checkpoint.FromPinned(name+suffix, swapper.Float32, []int64{int64(n)}, 4*int64(n), func(context.Context) ([][]byte, func(), error) {
 			snap, err := rt.Optimizer.SnapshotStates(name)
@@ -395,9 +407,9 @@ func pinnedStates(rt *Runtime, name string, n int) []checkpoint.Tensor {
 
 // storedStates returns the three optimizer tensors of name (a partition
 // of n elements) as ranges of the optimizer's sub-group records in its store
-// (optimizer.StateRecords: each record holds master, exp_avg and exp_avg_sq
-// in fp32 where its Layout says), so that they stream from the store like
-// the parameters and SaveAsync pins them instead of copying. ok is false when the states are in
+// (optimizer.StateRecords: each record holds the master and the rule's
+// states in fp32 where its Layout says), so that they stream from the
+// store like the parameters and SaveAsync pins them instead of copying. ok is false when the states are in
 // memory (pinnedStates serves them) or the records are not as expected
 // (then ReadState does).
 func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
@@ -409,11 +421,13 @@ func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 	if !ok {
 		return nil, false
 	}
-	var ranges [3][]checkpoint.StoreRange
+	suffixes := stateSuffixes(rt)
+	w := int64(len(suffixes))
+	ranges := make([][]checkpoint.StoreRange, w)
 	total := 0
 	for _, r := range recs {
 		m := int64(r.Elems)
-		if l, ok := st.Len(r.Key); !ok || l != r.Layout.Bytes {
+		if l, ok := st.Len(r.Key); !ok || l != r.Layout.Bytes || r.Layout.Arrays != int(w) {
 			return nil, false
 		}
 		for k := range ranges {
@@ -424,8 +438,8 @@ func storedStates(rt *Runtime, name string, n int) ([]checkpoint.Tensor, bool) {
 	if total != n {
 		return nil, false
 	}
-	out := make([]checkpoint.Tensor, 3)
-	for k, suffix := range optimizerSuffixes {
+	out := make([]checkpoint.Tensor, w)
+	for k, suffix := range suffixes {
 		out[k] = checkpoint.FromStoreRanges(st, name+suffix, swapper.Float32, []int64{int64(n)}, ranges[k])
 	}
 	return out, true
@@ -438,18 +452,18 @@ type stateSource struct {
 	rt   *Runtime
 	name string
 	mu   sync.Mutex
-	have [3][]float32
+	have [][]float32 // master, then the rule's states
 }
 
 func (s *stateSource) read(ctx context.Context, k int, dst []byte, off int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.have[k] == nil {
-		m, a, v, err := s.rt.Optimizer.ReadState(ctx, s.name)
+	if s.have == nil || s.have[k] == nil {
+		m, st, err := s.rt.Optimizer.ReadStates(ctx, s.name)
 		if err != nil {
 			return err
 		}
-		s.have = [3][]float32{m, a, v}
+		s.have = append([][]float32{m}, st...)
 	}
 	b := buffers.AsBytes(s.have[k])
 	copy(dst, b[off:])
@@ -561,8 +575,9 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 	}
 	dt := rts[0].DType
+	suffixes := stateSuffixes(rts[0])
 	for i := range saved {
-		if err := checkSavedRank(&saved[i], names, numel, dt); err != nil {
+		if err := checkSavedRank(&saved[i], names, numel, dt, suffixes); err != nil {
 			return CheckpointMeta{}, err
 		}
 	}
@@ -624,8 +639,8 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 	}
 	// Optimizer states, one parameter at a time.
 	for _, n := range names {
-		var st [3][]float32
-		for k, suffix := range optimizerSuffixes {
+		st := make([][]float32, len(suffixes))
+		for k, suffix := range suffixes {
 			st[k] = make([]float32, numel[n])
 			for _, s := range saved {
 				p := s.parts[n]
@@ -639,7 +654,11 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 		for _, rt := range rts {
 			lo, hi := rt.Partition(n)
-			if err := rt.Optimizer.LoadState(ctx, n, st[0][lo:hi], st[1][lo:hi], st[2][lo:hi], optStep); err != nil {
+			states := make([][]float32, len(st)-1)
+			for k := range states {
+				states[k] = st[k+1][lo:hi]
+			}
+			if err := rt.Optimizer.LoadStates(ctx, n, st[0][lo:hi], states, optStep); err != nil {
 				return CheckpointMeta{}, fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
 			}
 		}
@@ -685,7 +704,7 @@ func (r *Runtime) restoreTrainState(ts *trainState) {
 // checkSavedRank parses a saved rank's partitions and checks its tensors
 // against the runtimes' parameters (names and element counts both ways,
 // dtypes, sizes).
-func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType) error {
+func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType, suffixes []string) error {
 	m := s.r.Meta()
 	fail := func(tensor string, err error) error {
 		return &checkpoint.Error{Op: "load", Path: m.RankDir, Tensor: tensor, Err: err}
@@ -722,7 +741,13 @@ func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapp
 		want := []struct {
 			name string
 			dt   swapper.DType
-		}{{n, dt}, {n + optimizerSuffixes[0], swapper.Float32}, {n + optimizerSuffixes[1], swapper.Float32}, {n + optimizerSuffixes[2], swapper.Float32}}
+		}{{n, dt}}
+		for _, suffix := range suffixes {
+			want = append(want, struct {
+				name string
+				dt   swapper.DType
+			}{n + suffix, swapper.Float32})
+		}
 		for _, w := range want {
 			ti, err := s.r.Tensor(w.name)
 			if err != nil {

@@ -209,7 +209,7 @@ func reserve(in reservationInput) Reservations {
 			}
 			for _, n := range parts {
 				for off := 0; off < n; off += sg {
-					r.OptimizerBytes += span(optimizer.LayoutFor(min(sg, n-off)).Bytes)
+					r.OptimizerBytes += span(optimizer.LayoutForArrays(min(sg, n-off), 1+oo.Hyper.StateCount()).Bytes)
 				}
 			}
 		}

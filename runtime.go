@@ -352,11 +352,24 @@ func EngineOptions(cfg *config.Config, log *slog.Logger, faults aio.FaultHook) a
 		Direct: d, Logger: log, Faults: faults}
 }
 
-// Hyper maps the config's optimizer section to Adam hyperparameters.
+// Hyper maps the config's optimizer section to the optimizer's rule and
+// hyperparameters (float32, rounded once).
 func Hyper(cfg *config.Config) optimizer.Hyper {
 	o := cfg.Optimizer
-	return optimizer.Hyper{LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]), Eps: float32(o.Eps),
+	h := optimizer.Hyper{LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]), Eps: float32(o.Eps),
 		WeightDecay: float32(o.WeightDecay), AdamW: o.DecoupledWeightDecay()}
+	switch o.Type {
+	case config.OptimizerSGD:
+		h = optimizer.Hyper{Rule: optimizer.RuleSGD, LR: float32(o.LR), WeightDecay: float32(o.WeightDecay),
+			Momentum: float32(o.Momentum), Dampening: float32(o.Dampening), Nesterov: o.Nesterov}
+	case config.OptimizerAdagrad:
+		h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: float32(o.LR), Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay),
+			LRDecay: float32(o.LRDecay), InitialAccumulatorValue: float32(o.InitialAccumulatorValue)}
+	case config.OptimizerLion:
+		h = optimizer.Hyper{Rule: optimizer.RuleLion, LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]),
+			WeightDecay: float32(o.WeightDecay)}
+	}
+	return h
 }
 
 func pathsFor(cfg *config.Config, fallback string) []string {
@@ -761,8 +774,20 @@ func ParamDType(cfg *config.Config) swapper.DType {
 
 var errInference = errors.New("zinf: the runtime was opened for inference (Options.Inference): it keeps no gradients or optimizer states")
 
+// ReadOptimizerStates returns this rank's partition of a tensor's fp32
+// master weights and of its optimizer states (optimizer.Hyper.StateNames
+// order: Adam exp_avg, exp_avg_sq; SGD with momentum momentum_buffer;
+// Adagrad sum; Lion exp_avg), as of the last committed step.
+func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master []float32, states [][]float32, err error) {
+	if _, ok := r.model.numel[name]; !ok {
+		return nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
+	}
+	return r.Optimizer.ReadStates(ctx, name)
+}
+
 // ReadOptimizerState returns this rank's partition of a tensor's fp32
-// master weights and Adam moments, as of the last committed step.
+// master weights and Adam moments, as of the last committed step (for
+// another optimizer, its first two states, nil where it has fewer).
 func (r *Runtime) ReadOptimizerState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
 	if _, ok := r.model.numel[name]; !ok {
 		return nil, nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)

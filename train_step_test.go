@@ -28,7 +28,9 @@ import (
 
 // TestTrainStepDifferential trains random small models through the public
 // API — every rank on its own goroutine with a comm.NewLocal world, at
-// world 1 and 4 — with random LR schedules, gradient clipping thresholds
+// world 1 and 4 — with every optimizer (Adam, AdamW, SGD plain, with
+// momentum and Nesterov, Adagrad, Lion), random LR schedules, gradient
+// clipping thresholds
 // that trigger on some steps and not on others, fp32, bf16 or fp16 (static
 // or dynamic loss scale, with injected inf gradients that must skip the
 // step), speculation always, never or auto, serial or overlapped steps,
@@ -111,9 +113,28 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 	if rng.IntN(4) == 0 {
 		cfg.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU
 	}
-	cfg.Optimizer.Type = []config.OptimizerType{config.OptimizerAdam, config.OptimizerAdamW}[rng.IntN(2)]
 	cfg.Optimizer.WeightDecay = []float64{0, 0.01}[rng.IntN(2)]
 	cfg.Optimizer.LR = 0.01
+	switch rng.IntN(6) {
+	case 0:
+		cfg.Optimizer.Type = config.OptimizerAdam
+	case 1:
+		cfg.Optimizer.Type = config.OptimizerAdamW
+	case 2:
+		cfg.Optimizer.Type = config.OptimizerSGD
+		switch rng.IntN(3) {
+		case 1:
+			cfg.Optimizer.Momentum, cfg.Optimizer.Dampening = 0.9, 0.1
+		case 2:
+			cfg.Optimizer.Momentum, cfg.Optimizer.Nesterov = 0.8, true
+		}
+	case 3:
+		cfg.Optimizer.Type, cfg.Optimizer.Eps = config.OptimizerAdagrad, 1e-10
+		cfg.Optimizer.LRDecay, cfg.Optimizer.InitialAccumulatorValue = []float64{0, 0.05}[rng.IntN(2)], []float64{0, 0.1}[rng.IntN(2)]
+	default:
+		cfg.Optimizer.Type, cfg.Optimizer.Betas = config.OptimizerLion, [2]float64{0.9, 0.99}
+		cfg.Optimizer.LR = 1e-3
+	}
 	switch rng.IntN(3) {
 	case 1:
 		cfg.BF16 = true
@@ -175,7 +196,8 @@ type stepRef struct {
 	infos   []zinf.StepInfo        // per step
 	compute []map[string][]float32 // per step: the parameters its forward pass reads
 	master  map[string][]float32
-	m, v    map[string][]float32
+	states  map[string][][]float32 // the optimizer's states, Hyper.StateNames order
+	names   []string               // their names
 }
 
 // refSumSquares sums squares in float64, index order, one rounding per
@@ -235,14 +257,24 @@ func (c *stepCase) reference(t *testing.T) *stepRef {
 		t.Fatal(err)
 	}
 	dtype := zinf.ParamDType(cfg)
-	r := &stepRef{master: map[string][]float32{}, m: map[string][]float32{}, v: map[string][]float32{}}
+	h := zinf.Hyper(cfg)
+	r := &stepRef{master: map[string][]float32{}, states: map[string][][]float32{}, names: h.StateNames()}
 	for _, d := range c.model.Tensors {
 		n := c.numel[d.Name]
 		w := make([]float32, n)
 		for i := range w {
 			w[i] = float32(math.Sin(float64(i)*0.37+float64(len(d.Name)))) * 0.1
 		}
-		r.master[d.Name], r.m[d.Name], r.v[d.Name] = w, make([]float32, n), make([]float32, n)
+		r.master[d.Name] = w
+		for range h.StateCount() {
+			st := make([]float32, n)
+			if h.Rule == optimizer.RuleAdagrad {
+				for i := range st {
+					st[i] = h.InitialAccumulatorValue
+				}
+			}
+			r.states[d.Name] = append(r.states[d.Name], st)
+		}
 	}
 	sc := &refScaler{scale: 1}
 	if cfg.FP16 {
@@ -253,7 +285,6 @@ func (c *stepCase) reference(t *testing.T) *stepRef {
 			sc.dynamic, sc.scale = true, math.Ldexp(1, l.InitialScalePower)
 		}
 	}
-	h := zinf.Hyper(cfg)
 	applied := 0
 	checks := cfg.GradientClipping > 0 || cfg.FP16
 	for step := range c.steps {
@@ -332,7 +363,7 @@ func (c *stepCase) reference(t *testing.T) *stepRef {
 					g[i] *= f
 				}
 			}
-			optimizer.AdamStep(r.master[d.Name], g, r.m[d.Name], r.v[d.Name], applied, h, p)
+			optimizer.Update(r.master[d.Name], g, r.states[d.Name], applied, h, p)
 		}
 		if cfg.FP16 {
 			sc.update(false)
@@ -382,6 +413,7 @@ func trainStepRun(t *testing.T, seed uint64) {
 	ref := c.reference(t)
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
+	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, zinf.Hyper(cfg))
 	t.Logf("world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
 		c.world, c.micro, c.steps, len(c.model.Tensors), zinf.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
@@ -436,14 +468,22 @@ func trainStepRun(t *testing.T, seed uint64) {
 			if lo == hi {
 				continue
 			}
-			ms, m, v, err := rt.ReadOptimizerState(ctx, d.Name)
+			ms, st, err := rt.ReadOptimizerStates(ctx, d.Name)
 			if err != nil {
 				t.Fatalf("rank %d: read state %s: %v", r, d.Name, err)
 			}
-			for _, x := range []struct {
+			if len(st) != len(ref.names) {
+				t.Fatalf("rank %d %s: %d optimizer states, reference %d (%v)", r, d.Name, len(st), len(ref.names), ref.names)
+			}
+			type pair struct {
 				what      string
 				got, want []float32
-			}{{"master", ms, ref.master[d.Name][lo:hi]}, {"exp_avg", m, ref.m[d.Name][lo:hi]}, {"exp_avg_sq", v, ref.v[d.Name][lo:hi]}} {
+			}
+			pairs := []pair{{"master", ms, ref.master[d.Name][lo:hi]}}
+			for k, name := range ref.names {
+				pairs = append(pairs, pair{name, st[k], ref.states[d.Name][k][lo:hi]})
+			}
+			for _, x := range pairs {
 				for i := range x.want {
 					if math.Float32bits(x.got[i]) != math.Float32bits(x.want[i]) {
 						t.Fatalf("rank %d %s.%s[%d] = %v, reference %v", r, d.Name, x.what, lo+i, x.got[i], x.want[i])

@@ -273,20 +273,28 @@ type OptimizerType string
 // The optimizers zinf implements. Config files may spell them in any case,
 // as DeepSpeed allows; Parse stores these spellings.
 const (
-	OptimizerAdam  OptimizerType = "Adam"
-	OptimizerAdamW OptimizerType = "AdamW"
+	OptimizerAdam    OptimizerType = "Adam"
+	OptimizerAdamW   OptimizerType = "AdamW"
+	OptimizerSGD     OptimizerType = "SGD"     // torch.optim.SGD, as DeepSpeed passes it through
+	OptimizerAdagrad OptimizerType = "Adagrad" // DeepSpeed's Adagrad (torch.optim.Adagrad's rule)
+	OptimizerLion    OptimizerType = "Lion"    // DeepSpeed's Lion
 )
 
 // Optimizer is the "optimizer" section. The defaults are PyTorch's and
-// DeepSpeed's Adam defaults.
+// DeepSpeed's for each type; a key of "params" that the type does not have
+// is refused, naming the types it belongs to.
 type Optimizer struct {
-	// Type is "type": Adam or AdamW. Default Adam.
+	// Type is "type": Adam, AdamW, SGD, Adagrad or Lion (any case). Default
+	// Adam.
 	Type OptimizerType
-	// LR is "params.lr", >= 0. Default 1e-3.
+	// LR is "params.lr", >= 0. Default 1e-3 (Adam, AdamW, SGD), 1e-2
+	// (Adagrad), 1e-4 (Lion).
 	LR float64
-	// Betas is "params.betas", each in [0, 1). Default [0.9, 0.999].
+	// Betas is "params.betas" (Adam, AdamW, Lion), each in [0, 1). Default
+	// [0.9, 0.999]; Lion [0.9, 0.99].
 	Betas [2]float64
-	// Eps is "params.eps", > 0. Default 1e-8.
+	// Eps is "params.eps" (Adam, AdamW, Adagrad), > 0. Default 1e-8;
+	// Adagrad 1e-10.
 	Eps float64
 	// WeightDecay is "params.weight_decay", >= 0. Default 0.
 	WeightDecay float64
@@ -294,6 +302,15 @@ type Optimizer struct {
 	// defaults to decoupled weight decay, type Adam with AdamWMode true
 	// behaves as AdamW. Default true. See DecoupledWeightDecay.
 	AdamWMode bool
+	// Momentum, Dampening and Nesterov are "params.momentum",
+	// "params.dampening" and "params.nesterov" (SGD): momentum >= 0,
+	// dampening finite; Nesterov needs momentum > 0 and dampening 0.
+	// Defaults 0, 0, false.
+	Momentum, Dampening float64
+	Nesterov            bool
+	// LRDecay and InitialAccumulatorValue are "params.lr_decay" and
+	// "params.initial_accumulator_value" (Adagrad), >= 0. Defaults 0.
+	LRDecay, InitialAccumulatorValue float64
 }
 
 // DecoupledWeightDecay reports whether weight decay is applied to the
@@ -306,7 +323,7 @@ func (o Optimizer) DecoupledWeightDecay() bool {
 // HasBetas reports whether the optimizer has (beta1, beta2), which
 // OneCycle's momentum cycling sets.
 func (o Optimizer) HasBetas() bool {
-	return o.Type == OptimizerAdam || o.Type == OptimizerAdamW
+	return o.Type == OptimizerAdam || o.Type == OptimizerAdamW || o.Type == OptimizerLion
 }
 
 // defaults returns a Config holding every documented default, before any

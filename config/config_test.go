@@ -243,7 +243,7 @@ func TestParseInvalid(t *testing.T) {
 		{
 			name: "unsupported optimizer",
 			in:   `{"optimizer": {"type": "Lamb"}}`,
-			want: Problem{Key: "optimizer.type", Value: `"Lamb"`, Msg: "is not allowed", Allowed: "Adam, AdamW"},
+			want: Problem{Key: "optimizer.type", Value: `"Lamb"`, Msg: "is not allowed", Allowed: "Adam, AdamW, SGD, Adagrad, Lion"},
 		},
 		{
 			name: "betas",

@@ -23,15 +23,26 @@ type wireConfig struct {
 	Zinf                      wireZinf      `json:"zinf"`
 }
 
+// wireOptimizer writes the params of its type only (the others are
+// refused when read).
 type wireOptimizer struct {
-	Type   OptimizerType `json:"type"`
-	Params struct {
-		LR          float64    `json:"lr"`
-		Betas       [2]float64 `json:"betas"`
-		Eps         float64    `json:"eps"`
-		WeightDecay float64    `json:"weight_decay"`
-		AdamWMode   bool       `json:"adam_w_mode"`
-	} `json:"params"`
+	Type   OptimizerType  `json:"type"`
+	Params map[string]any `json:"params"`
+}
+
+func optimizerWire(o Optimizer) wireOptimizer {
+	p := map[string]any{"lr": o.LR, "weight_decay": o.WeightDecay}
+	switch o.Type {
+	case OptimizerSGD:
+		p["momentum"], p["dampening"], p["nesterov"] = o.Momentum, o.Dampening, o.Nesterov
+	case OptimizerAdagrad:
+		p["eps"], p["lr_decay"], p["initial_accumulator_value"] = o.Eps, o.LRDecay, o.InitialAccumulatorValue
+	case OptimizerLion:
+		p["betas"] = o.Betas
+	default:
+		p["betas"], p["eps"], p["adam_w_mode"] = o.Betas, o.Eps, o.AdamWMode
+	}
+	return wireOptimizer{Type: o.Type, Params: p}
 }
 
 type wireEnabled struct {
@@ -169,12 +180,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	var w wireConfig
 	w.TrainMicroBatch = c.MicroBatch
 	w.GradientAccumulationSteps = c.GradientAccumulationSteps
-	w.Optimizer.Type = c.Optimizer.Type
-	w.Optimizer.Params.LR = c.Optimizer.LR
-	w.Optimizer.Params.Betas = c.Optimizer.Betas
-	w.Optimizer.Params.Eps = c.Optimizer.Eps
-	w.Optimizer.Params.WeightDecay = c.Optimizer.WeightDecay
-	w.Optimizer.Params.AdamWMode = c.Optimizer.AdamWMode
+	w.Optimizer = optimizerWire(c.Optimizer)
 	w.GradientClipping = c.GradientClipping
 	w.Scheduler = schedWire(c.Scheduler)
 	l := c.LossScaling

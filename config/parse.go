@@ -527,19 +527,7 @@ func schema(c *Config) []spec {
 		leaf("use_gds", boolInto(&c.AIO.UseGDS)),
 	)
 
-	optimizer := section("optimizer",
-		leaf("type", optimizerType),
-		section("params", append([]spec{
-			leaf("lr", autoable("1e-3", floatInto(&c.Optimizer.LR))),
-			leaf("betas", autoable("[0.9, 0.999]", betasInto(&c.Optimizer.Betas))),
-			leaf("eps", autoable("1e-8", floatInto(&c.Optimizer.Eps))),
-			leaf("weight_decay", autoable("0", floatInto(&c.Optimizer.WeightDecay))),
-			leaf("adam_w_mode", boolInto(&c.Optimizer.AdamWMode)),
-			leaf("amsgrad", mustBool(false, "is not supported by zinf")),
-			leaf("bias_correction", mustBool(true, "is not supported by zinf (it always corrects bias)")),
-		}, ignore("torch_adam", "fused")...)...),
-		spec{name: "legacy_fusion", ignored: true},
-	)
+	optimizer := spec{name: "optimizer", set: optimizerSection(c), fields: optimizerSpecs(c)}
 
 	fp16 := section("fp16", append(append([]spec{
 		leaf("enabled", autoable("false", boolInto(&c.FP16))),
@@ -694,6 +682,12 @@ func optimizerType(d *decoder, n *node, key string) {
 		d.c.Optimizer.Type = OptimizerAdam
 	case "adamw":
 		d.c.Optimizer.Type = OptimizerAdamW
+	case "sgd":
+		d.c.Optimizer.Type = OptimizerSGD
+	case "adagrad":
+		d.c.Optimizer.Type = OptimizerAdagrad
+	case "lion":
+		d.c.Optimizer.Type = OptimizerLion
 	default:
 		// Keep it, so Validate reports it with the allowed values.
 		d.c.Optimizer.Type = OptimizerType(n.str)

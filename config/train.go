@@ -297,6 +297,7 @@ func lossScalingSpecs(c *Config) []spec {
 // resolveTraining fills the defaults that depend on other keys and warns
 // about training keys that will not act.
 func (d *decoder) resolveTraining() {
+	d.resolveOptimizer()
 	c := d.c
 	given := func(k string) bool {
 		n, ok := d.set[k]
@@ -346,6 +347,7 @@ func (c *Config) validateTraining(k *checker) {
 			k.add(key, formatFloat(v), "is out of range", "a finite number > 0")
 		}
 	}
+	c.validateOptimizer(k)
 	nonNeg("gradient_clipping", c.GradientClipping)
 	l := &c.LossScaling
 	nonNeg("fp16.loss_scale", l.LossScale)

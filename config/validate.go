@@ -178,7 +178,7 @@ var intLimits = map[string][2]int64{
 var enumValues = map[string][]string{
 	"zero_optimization.offload_param.device":     devices,
 	"zero_optimization.offload_optimizer.device": devices,
-	"optimizer.type":               {string(OptimizerAdam), string(OptimizerAdamW)},
+	"optimizer.type":               optimizerTypes,
 	"zinf.direct":                  {string(DirectRequired), string(DirectOptional), string(DirectOff)},
 	"zinf.backend":                 {string(BackendAuto), string(BackendURing), string(BackendLibaio), string(BackendPosix)},
 	"zinf.gds":                     {string(GDSOff), string(GDSAuto), string(GDSRequired)},

@@ -23,10 +23,10 @@ type memBackend struct {
 	sched   schedule.Schedule
 	scaler  *schedule.LossScaler
 	clip    float64
-	ranks   int                  // partitions (the runtimes' world size)
-	master  map[string][]float32 // fp32 master weights
-	compute map[string][]float32 // master rounded to the param dtype
-	m, v    map[string][]float32
+	ranks   int                    // partitions (the runtimes' world size)
+	master  map[string][]float32   // fp32 master weights
+	compute map[string][]float32   // master rounded to the param dtype
+	states  map[string][][]float32 // the optimizer's states (Hyper.StateNames order)
 	grad    map[string][]float32
 	fresh   map[string]bool // no gradient accumulated since the last step
 	steps   int             // applied optimizer steps
@@ -48,14 +48,21 @@ func newMemBackend(spec Spec, cfg *config.Config, steps int) (*memBackend, error
 	_, world := cfg.RankWorld()
 	b := &memBackend{spec: spec, hyper: zinf.Hyper(cfg), sched: sched, scaler: scaler, clip: cfg.GradientClipping, ranks: world,
 		master: map[string][]float32{}, compute: map[string][]float32{},
-		m: map[string][]float32{}, v: map[string][]float32{}, grad: map[string][]float32{}, fresh: map[string]bool{}}
+		states: map[string][][]float32{}, grad: map[string][]float32{}, fresh: map[string]bool{}}
 	for _, n := range spec.ParamNames() {
 		b.master[n] = spec.InitMaster(n)
 		c := append([]float32(nil), b.master[n]...)
 		spec.Quantize(c)
 		b.compute[n] = c
-		b.m[n] = make([]float32, len(c))
-		b.v[n] = make([]float32, len(c))
+		for range b.hyper.StateCount() {
+			st := make([]float32, len(c))
+			if b.hyper.Rule == optimizer.RuleAdagrad {
+				for i := range st {
+					st[i] = b.hyper.InitialAccumulatorValue
+				}
+			}
+			b.states[n] = append(b.states[n], st)
+		}
 		b.grad[n] = make([]float32, len(c))
 		b.fresh[n] = true
 	}
@@ -150,7 +157,7 @@ func (b *memBackend) step(context.Context) error {
 		p.ScaleGrads, p.GradScale = true, f
 	}
 	for _, n := range b.spec.ParamNames() {
-		optimizer.AdamStep(b.master[n], b.grad[n], b.m[n], b.v[n], b.steps, b.hyper, p)
+		optimizer.Update(b.master[n], b.grad[n], b.states[n], b.steps, b.hyper, p)
 		c := b.compute[n]
 		copy(c, b.master[n])
 		b.spec.Quantize(c)

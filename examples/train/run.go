@@ -526,14 +526,22 @@ func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (
 			if lo == hi {
 				continue
 			}
-			master, m, v, err := rt.ReadOptimizerState(ctx, n)
+			master, states, err := rt.ReadOptimizerStates(ctx, n)
 			if err != nil {
 				return false, "", fmt.Errorf("rank %d: %w", r, err)
 			}
-			for _, c := range []struct {
+			type pair struct {
 				what      string
 				got, want []float32
-			}{{"master", master, ref.master[n][lo:hi]}, {"exp_avg", m, ref.m[n][lo:hi]}, {"exp_avg_sq", v, ref.v[n][lo:hi]}} {
+			}
+			pairs := []pair{{"master", master, ref.master[n][lo:hi]}}
+			if len(states) != len(ref.states[n]) {
+				return false, fmt.Sprintf("rank %d %s: %d optimizer states, reference %d", r, n, len(states), len(ref.states[n])), nil
+			}
+			for k, name := range ref.hyper.StateNames() {
+				pairs = append(pairs, pair{name, states[k], ref.states[n][k][lo:hi]})
+			}
+			for _, c := range pairs {
 				if i, ok := sameBits(c.got, c.want); !ok {
 					return false, fmt.Sprintf("rank %d %s.%s element %d: %v vs reference %v", r, n, c.what, lo+i, c.got[i], c.want[i]), nil
 				}

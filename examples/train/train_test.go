@@ -93,6 +93,27 @@ func TestBitForBit(t *testing.T) {
 			c.Scheduler.Type, c.Scheduler.CycleMinLR, c.Scheduler.CycleMaxLR = config.SchedulerOneCycle, 1e-4, 1e-2
 			c.Scheduler.CycleFirstStepSize, c.Scheduler.CycleSecondStepSize = 2, 2
 		}},
+		// More optimizers, their states swapped like Adam's.
+		{"sgd-nesterov-clip", func(c *config.Config) {
+			c.Optimizer.Type, c.Optimizer.LR, c.Optimizer.Momentum, c.Optimizer.Nesterov, c.Optimizer.WeightDecay = config.OptimizerSGD, 0.05, 0.9, true, 0.01
+			c.GradientClipping = 0.01
+		}},
+		{"sgd-plain-world4", func(c *config.Config) {
+			c.Zinf.WorldSize = 4
+			c.Optimizer.Type, c.Optimizer.LR = config.OptimizerSGD, 0.05
+		}},
+		{"adagrad-world4-fp16", func(c *config.Config) {
+			c.Zinf.WorldSize = 4
+			c.FP16 = true
+			c.Optimizer.Type, c.Optimizer.LR, c.Optimizer.LRDecay, c.Optimizer.InitialAccumulatorValue = config.OptimizerAdagrad, 0.01, 0.1, 0.1
+		}},
+		{"lion-onecycle-optimizer-cpu", func(c *config.Config) {
+			c.Optimizer.Type, c.Optimizer.LR, c.Optimizer.Betas, c.Optimizer.WeightDecay = config.OptimizerLion, 1e-3, [2]float64{0.9, 0.99}, 0.1
+			c.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU
+			c.Scheduler.Type, c.Scheduler.CycleMinLR, c.Scheduler.CycleMaxLR = config.SchedulerOneCycle, 1e-4, 1e-3
+			c.Scheduler.CycleFirstStepSize, c.Scheduler.CycleSecondStepSize, c.Scheduler.CycleMomentum = 2, 2, true
+			c.Scheduler.CycleMinMom, c.Scheduler.CycleMaxMom = 0.85, 0.95
+		}},
 		{"bf16-clip-world4-cosine", func(c *config.Config) {
 			c.Zinf.WorldSize = 4
 			c.BF16 = true

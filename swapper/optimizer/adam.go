@@ -25,6 +25,21 @@ type Hyper struct {
 	// decay term added to the gradient). Default false, as in DeepSpeed's
 	// DeepSpeedCPUAdam(adamw_mode=False) and torch.optim.Adam.
 	AdamW bool
+
+	// Rule is the update rule. Default RuleAdam. The fields above serve
+	// every rule that has them (Lion: LR, Beta1, Beta2, WeightDecay;
+	// Adagrad: LR, Eps, WeightDecay; SGD: LR, WeightDecay); the ones
+	// below belong to one rule each. Defaults depend on the rule: LR 1e-3
+	// (Adam, SGD), 1e-2 (Adagrad), 1e-4 (Lion); Beta2 0.999 (Adam), 0.99
+	// (Lion); Eps 1e-8 (Adam), 1e-10 (Adagrad).
+	Rule Rule
+	// Momentum, Dampening and Nesterov are torch.optim.SGD's; Momentum 0
+	// means plain SGD (no state). Nesterov needs Momentum > 0 and
+	// Dampening 0.
+	Momentum, Dampening float32
+	Nesterov            bool
+	// LRDecay and InitialAccumulatorValue are torch.optim.Adagrad's.
+	LRDecay, InitialAccumulatorValue float32
 }
 
 // Default hyperparameters (torch.optim.Adam's).
@@ -35,19 +50,27 @@ const (
 	DefaultEps   float32 = 1e-8
 )
 
-// EnsureDefaults fills the zero fields of h with their documented defaults.
+// EnsureDefaults fills the zero fields of h with their documented defaults
+// (those of h.Rule).
 func (h *Hyper) EnsureDefaults() {
+	lr, b2, eps := DefaultLR, DefaultBeta2, DefaultEps
+	switch h.Rule {
+	case RuleAdagrad:
+		lr, eps = 1e-2, 1e-10
+	case RuleLion:
+		lr, b2 = 1e-4, 0.99
+	}
 	if h.LR == 0 {
-		h.LR = DefaultLR
+		h.LR = lr
 	}
 	if h.Beta1 == 0 {
 		h.Beta1 = DefaultBeta1
 	}
 	if h.Beta2 == 0 {
-		h.Beta2 = DefaultBeta2
+		h.Beta2 = b2
 	}
 	if h.Eps == 0 {
-		h.Eps = DefaultEps
+		h.Eps = eps
 	}
 }
 
@@ -70,6 +93,24 @@ func (h *Hyper) Validate() error {
 	}
 	if !finite(h.WeightDecay) || h.WeightDecay < 0 {
 		errs = append(errs, fmt.Errorf("optimizer: Hyper.WeightDecay = %v: must be a finite number >= 0", h.WeightDecay))
+	}
+	if h.Rule < RuleAdam || h.Rule > RuleLion {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Rule = %v: must be RuleAdam, RuleSGD, RuleAdagrad or RuleLion", h.Rule))
+	}
+	if !finite(h.Momentum) || h.Momentum < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Momentum = %v: must be a finite number >= 0", h.Momentum))
+	}
+	if !finite(h.Dampening) {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Dampening = %v: must be a finite number", h.Dampening))
+	}
+	if h.Nesterov && (h.Momentum <= 0 || h.Dampening != 0) {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.Nesterov needs Momentum > 0 and Dampening 0 (have %v and %v)", h.Momentum, h.Dampening))
+	}
+	if !finite(h.LRDecay) || h.LRDecay < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.LRDecay = %v: must be a finite number >= 0", h.LRDecay))
+	}
+	if !finite(h.InitialAccumulatorValue) || h.InitialAccumulatorValue < 0 {
+		errs = append(errs, fmt.Errorf("optimizer: Hyper.InitialAccumulatorValue = %v: must be a finite number >= 0", h.InitialAccumulatorValue))
 	}
 	return errors.Join(errs...)
 }

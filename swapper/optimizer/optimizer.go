@@ -22,9 +22,10 @@ import (
 // fail with ErrStepOpen. Names, StepCount and Stats may be called at any
 // time from any goroutine. Close is called once.
 type Optimizer struct {
-	opts Options
-	sz   sizer   // sizes the pinned buffers of sub-groups
-	kern *kernel // runs the update rule
+	opts  Options
+	sz    sizer   // sizes the pinned buffers of sub-groups
+	kern  *kernel // runs the update rule
+	width int     // arrays of a record: the master and the rule's states
 
 	// opMu serialises the operations that touch states.
 	opMu   sync.Mutex
@@ -53,8 +54,9 @@ type tensor struct {
 }
 
 // subGroup is a chunk [off, off+n) of a tensor's partition. Its states are
-// one record, master | exp_avg | exp_avg_sq laid out as LayoutFor(n) says,
-// stored under key (NVMe) or held in mem[cur] (pinned memory).
+// one record, the master and the rule's states (Adam: master | exp_avg |
+// exp_avg_sq) laid out as LayoutForArrays(n, arrays) says, stored under key
+// (NVMe) or held in mem[cur] (pinned memory).
 type subGroup struct {
 	t      *tensor
 	j      int // index within the tensor
@@ -73,9 +75,20 @@ type subGroup struct {
 func (sg *subGroup) recordBytes() int { return int(sg.lay.Bytes) }
 
 // states returns the master, exp_avg and exp_avg_sq inside rec, a record
-// of sg's layout.
+// of sg's layout (the first two states of another rule; nil where it has
+// fewer).
 func (sg *subGroup) states(rec []float32) (master, expAvg, expAvgSq []float32) {
 	return sg.lay.states(rec)
+}
+
+// arrays returns every array of rec, a record of sg's layout: the master,
+// then the rule's states.
+func (sg *subGroup) arrays(rec []float32) [][]float32 {
+	out := make([][]float32, sg.lay.Arrays)
+	for k := range out {
+		out[k] = sg.lay.array(rec, k)
+	}
+	return out
 }
 
 // Layout of the state records.
@@ -93,9 +106,9 @@ const (
 )
 
 // RecordLayout says where a sub-group's states lie in its record (on NVMe
-// and in pinned memory): Elems fp32 values of each of master, exp_avg and
-// exp_avg_sq, in StateKind order, at byte offsets Offsets, in a record of
-// Bytes bytes.
+// and in pinned memory): Elems fp32 values of each of its Arrays arrays —
+// the master, then the update rule's states (Adam: exp_avg, exp_avg_sq), in
+// StateKind order — at byte offsets Offsets, in a record of Bytes bytes.
 //
 // A sub-group of fewer than StaggerMinElems elements has them back to
 // back (0, 4n, 8n; 12n bytes). A larger one staggers them: master starts
@@ -112,29 +125,52 @@ const (
 // less than 0.01% from 16 Mi elements up.
 type RecordLayout struct {
 	Elems   int
-	Offsets [3]int64
+	Arrays  int
+	Offsets [MaxArrays]int64
 	Bytes   int64
 }
 
-// LayoutFor returns the layout of the record of a sub-group of n
-// elements.
-func LayoutFor(n int) RecordLayout {
+// MaxArrays is the most arrays a record holds (Adam's three).
+const MaxArrays = 3
+
+// LayoutFor returns the layout of Adam's record of a sub-group of n
+// elements: LayoutForArrays(n, 3).
+func LayoutFor(n int) RecordLayout { return LayoutForArrays(n, 3) }
+
+// LayoutForArrays returns the layout of a record of arrays arrays (1 to
+// MaxArrays: the master and the rule's states) of n elements each.
+func LayoutForArrays(n, arrays int) RecordLayout {
 	seg := 4 * int64(n)
+	l := RecordLayout{Elems: n, Arrays: arrays}
 	if n < StaggerMinElems {
-		return RecordLayout{Elems: n, Offsets: [3]int64{0, seg, 2 * seg}, Bytes: 3 * seg}
+		for k := range arrays {
+			l.Offsets[k] = int64(k) * seg
+		}
+		l.Bytes = int64(arrays) * seg
+		return l
 	}
 	stride := roundUp(seg, staggerPage) + staggerPage + staggerLine
-	off := [3]int64{staggerLine, staggerLine + stride, staggerLine + 2*stride}
-	return RecordLayout{Elems: n, Offsets: off, Bytes: off[2] + seg}
+	for k := range arrays {
+		l.Offsets[k] = staggerLine + int64(k)*stride
+	}
+	l.Bytes = l.Offsets[arrays-1] + seg
+	return l
 }
 
-// states returns the three states inside rec, a record of this layout.
+// array returns array k of rec, a record of this layout.
+func (l RecordLayout) array(rec []float32, k int) []float32 {
+	lo := int(l.Offsets[k] / 4)
+	return rec[lo : lo+l.Elems : lo+l.Elems]
+}
+
+// states returns the master and the first two states inside rec, a record
+// of this layout (nil for arrays it does not have).
 func (l RecordLayout) states(rec []float32) (master, expAvg, expAvgSq []float32) {
-	at := func(k int) []float32 {
-		lo := int(l.Offsets[k] / 4)
-		return rec[lo : lo+l.Elems : lo+l.Elems]
+	var out [3][]float32
+	for k := range min(l.Arrays, 3) {
+		out[k] = l.array(rec, k)
 	}
-	return at(0), at(1), at(2)
+	return out[0], out[1], out[2]
 }
 
 // pads returns the parts of rec outside the three states, to be zeroed
@@ -142,7 +178,7 @@ func (l RecordLayout) states(rec []float32) (master, expAvg, expAvgSq []float32)
 func (l RecordLayout) pads(rec []float32) [][]float32 {
 	var out [][]float32
 	at := 0
-	for _, off := range l.Offsets {
+	for _, off := range l.Offsets[:l.Arrays] {
 		lo := int(off / 4)
 		if lo > at {
 			out = append(out, rec[at:lo])
@@ -161,7 +197,7 @@ type Stats struct {
 	Tensors    int   // registered tensors
 	SubGroups  int   // sub-groups over all tensors
 	Elements   int64 // parameter elements over all tensors
-	StateBytes int64 // bytes of master + exp_avg + exp_avg_sq (12 per element)
+	StateBytes int64 // bytes of the master and the rule's states (Adam: 12 per element)
 	// RecordBytes is the bytes of the sub-groups' records: StateBytes plus
 	// the stagger of large sub-groups (see RecordLayout). A step reads and
 	// writes each record once.
@@ -232,7 +268,7 @@ func New(opts Options) (*Optimizer, error) {
 	if err != nil {
 		return nil, err // Validate reported it
 	}
-	return &Optimizer{opts: opts, sz: newSizer(opts, nil), kern: k.impl(), byName: make(map[string]*tensor)}, nil
+	return &Optimizer{opts: opts, sz: newSizer(opts, nil), kern: k.impl(), width: 1 + opts.Hyper.StateCount(), byName: make(map[string]*tensor)}, nil
 }
 
 // Kernel returns the kernel the optimizer's steps run the update rule on.
@@ -278,7 +314,7 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	t := &tensor{name: name, n: len(master)}
 	for j, off := 0, 0; off < t.n; j, off = j+1, off+o.opts.SubGroupSize {
 		n := min(o.opts.SubGroupSize, t.n-off)
-		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutFor(n),
+		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutForArrays(n, o.width),
 			key: fmt.Sprintf("%s/%s#%d", o.opts.Prefix, name, j)})
 	}
 	if err := o.checkPool(t); err != nil {
@@ -294,7 +330,7 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	o.stats.Tensors++
 	o.stats.SubGroups += len(t.sgs)
 	o.stats.Elements += int64(t.n)
-	o.stats.StateBytes += 12 * int64(t.n)
+	o.stats.StateBytes += 4 * int64(o.width) * int64(t.n)
 	for _, sg := range t.sgs {
 		o.stats.RecordBytes += sg.lay.Bytes
 	}
@@ -344,12 +380,13 @@ type sizer struct {
 	grads   GradSource
 	granule int64
 	sgSize  int
+	arrays  int // of a record: the master and the rule's states
 	block   func(int64) int64
 }
 
 // newSizer sizes for opts (defaulted); block nil means opts.Pool's blocks.
 func newSizer(opts Options, block func(int64) int64) sizer {
-	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, block: block}
+	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, arrays: 1 + opts.Hyper.StateCount(), block: block}
 	switch {
 	case opts.Pool != nil:
 		z.granule = int64(opts.Pool.MinBufferBytes())
@@ -370,7 +407,7 @@ func (z sizer) recRegion(n int) int64 {
 	if z.store == nil {
 		return 0
 	}
-	return roundUp(z.store.PaddedLen(LayoutFor(n).Bytes), z.granule)
+	return roundUp(z.store.PaddedLen(LayoutForArrays(n, z.arrays).Bytes), z.granule)
 }
 
 // slot is the buffer a step takes for the sub-group [lo, hi) of a tensor:
@@ -398,7 +435,7 @@ func (z sizer) need(parts []int) needs {
 			m := min(z.sgSize, n-off)
 			nd.subGroups++
 			if z.store == nil {
-				nd.resident += 2 * z.block(LayoutFor(m).Bytes)
+				nd.resident += 2 * z.block(LayoutForArrays(m, z.arrays).Bytes)
 			}
 			s := z.slot(off, off+m)
 			nd.slot = max(nd.slot, s)
@@ -468,28 +505,34 @@ func BlockBytes(p *buffers.Pool) func(int64) int64 {
 	}
 }
 
-// writeInitial stores [master | 0 | 0] for every sub-group of t. On failure
-// nothing of t is left behind.
+// writeInitial stores the master and the rule's initial states (Adam:
+// [master | 0 | 0]) for every sub-group of t. On failure nothing of t is
+// left behind.
 func (o *Optimizer) writeInitial(t *tensor, master []float32) error {
-	return o.writeStates(context.Background(), t, master, nil, nil, false)
+	return o.writeStates(context.Background(), t, master, nil, false)
 }
 
-// writeStates writes the given states (nil moments mean zeros) for every
-// sub-group of t. With a store the records go to the current names
-// directly (fresh is true at Register) or, when replacing existing states,
-// to staging names renamed at once at the end, so a failure leaves t as it
-// was. In pinned memory the records are acquired (fresh) or overwritten.
-func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, expAvgSq []float32, replace bool) error {
+// writeStates writes the given states (nil: the rule's initial states)
+// for every sub-group of t. With a store the records go to the current
+// names directly (fresh is true at Register) or, when replacing existing
+// states, to staging names renamed at once at the end, so a failure leaves
+// t as it was. In pinned memory the records are acquired (fresh) or
+// overwritten.
+func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master []float32, states [][]float32, replace bool) error {
+	h := o.opts.Hyper
 	fill := func(rec []float32, sg *subGroup) {
 		lo, hi := sg.off, sg.off+sg.n
-		p, m, v := sg.states(rec)
-		copy(p, master[lo:hi])
-		if expAvg != nil {
-			copy(m, expAvg[lo:hi])
-			copy(v, expAvgSq[lo:hi])
-		} else {
-			clear(m)
-			clear(v)
+		arrays := sg.arrays(rec)
+		copy(arrays[0], master[lo:hi])
+		for k, a := range arrays[1:] {
+			if states != nil {
+				copy(a, states[k][lo:hi])
+				continue
+			}
+			v := h.initialState(k)
+			for i := range a {
+				a[i] = v
+			}
 		}
 		for _, pad := range sg.lay.pads(rec) {
 			clear(pad)
@@ -505,8 +548,8 @@ func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master, expAvg, 
 				b, ok := o.opts.Pool.TryAcquire(sg.recordBytes(), buffers.PurposeOptimizer)
 				if !ok {
 					o.releaseMem(t)
-					return fmt.Errorf("%w: no %d bytes free for sub-group %d's states in pinned memory (states kept in memory take 24 bytes per element; free: %d bytes)",
-						ErrPoolTooSmall, sg.recordBytes(), sg.j, o.opts.Pool.Stats().FreeBytes)
+					return fmt.Errorf("%w: no %d bytes free for sub-group %d's states in pinned memory (states kept in memory take %d bytes per element; free: %d bytes)",
+						ErrPoolTooSmall, sg.recordBytes(), sg.j, 8*o.width, o.opts.Pool.Stats().FreeBytes)
 				}
 				sg.mem[k] = b
 			}
@@ -643,27 +686,49 @@ func (o *Optimizer) lookup(name string) (*tensor, bool) {
 
 // ReadState returns copies of a tensor's master weights, exp_avg and
 // exp_avg_sq as of the last committed step, for verification and
-// checkpoints; during an open step transaction too. The slices are freshly
-// allocated and belong to the caller.
+// checkpoints; during an open step transaction too. For a rule with fewer
+// states the missing ones are nil (ReadStates returns them all). The
+// slices are freshly allocated and belong to the caller.
 func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
+	master, st, err := o.ReadStates(ctx, name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if len(st) > 0 {
+		expAvg = st[0]
+	}
+	if len(st) > 1 {
+		expAvgSq = st[1]
+	}
+	return master, expAvg, expAvgSq, nil
+}
+
+// ReadStates returns copies of a tensor's master weights and of its
+// rule's states (Hyper.StateNames order) as of the last committed step.
+func (o *Optimizer) ReadStates(ctx context.Context, name string) (master []float32, states [][]float32, err error) {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
 	fail := func(sg int, err error) error {
 		return &Error{Op: "read-state", Tensor: name, SubGroup: sg, Err: err}
 	}
 	if o.closed {
-		return nil, nil, nil, fail(-1, ErrClosed)
+		return nil, nil, fail(-1, ErrClosed)
 	}
 	t, ok := o.lookup(name)
 	if !ok {
-		return nil, nil, nil, fail(-1, ErrNotRegistered)
+		return nil, nil, fail(-1, ErrNotRegistered)
 	}
-	master, expAvg, expAvgSq = make([]float32, t.n), make([]float32, t.n), make([]float32, t.n)
+	master = make([]float32, t.n)
+	states = make([][]float32, o.width-1)
+	for k := range states {
+		states[k] = make([]float32, t.n)
+	}
 	out := func(rec []float32, sg *subGroup) {
-		p, m, v := sg.states(rec)
-		copy(master[sg.off:], p)
-		copy(expAvg[sg.off:], m)
-		copy(expAvgSq[sg.off:], v)
+		arrays := sg.arrays(rec)
+		copy(master[sg.off:], arrays[0])
+		for k := range states {
+			copy(states[k][sg.off:], arrays[k+1])
+		}
 	}
 	for _, sg := range t.sgs {
 		if o.opts.Store == nil {
@@ -672,25 +737,32 @@ func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg,
 		}
 		b, err := o.opts.Pool.Acquire(ctx, o.bufBytes(sg.recordBytes()), buffers.PurposeOptimizer)
 		if err != nil {
-			return nil, nil, nil, fail(sg.j, err)
+			return nil, nil, fail(sg.j, err)
 		}
 		rec := b.Bytes()[:sg.recordBytes()]
 		if err := o.opts.Store.Read(ctx, sg.key, rec); err != nil {
 			b.Release()
-			return nil, nil, nil, fail(sg.j, err)
+			return nil, nil, fail(sg.j, err)
 		}
 		out(buffers.Float32Bytes(rec), sg)
 		b.Release()
 	}
-	return master, expAvg, expAvgSq, nil
+	return master, states, nil
 }
 
-// LoadState replaces a registered tensor's states (from a checkpoint) and
-// sets the step counter, which all tensors share, to step: load every
-// tensor with the checkpoint's step. The three slices must have the
-// tensor's partition length. With a store the new states are staged and
-// renamed at once, so a failure leaves the tensor's states as they were.
+// LoadState replaces a registered Adam tensor's states (from a
+// checkpoint): LoadStates with exp_avg and exp_avg_sq.
 func (o *Optimizer) LoadState(ctx context.Context, name string, master, expAvg, expAvgSq []float32, step int) error {
+	return o.LoadStates(ctx, name, master, [][]float32{expAvg, expAvgSq}, step)
+}
+
+// LoadStates replaces a registered tensor's states (from a checkpoint) and
+// sets the step counter, which all tensors share, to step: load every
+// tensor with the checkpoint's step. master and each of the rule's states
+// (Hyper.StateNames order) must have the tensor's partition length. With a
+// store the new states are staged and renamed at once, so a failure
+// leaves the tensor's states as they were.
+func (o *Optimizer) LoadStates(ctx context.Context, name string, master []float32, states [][]float32, step int) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
 	fail := func(err error) error { return &Error{Op: "load", Tensor: name, SubGroup: -1, Err: err} }
@@ -704,14 +776,21 @@ func (o *Optimizer) LoadState(ctx context.Context, name string, master, expAvg, 
 	if !ok {
 		return fail(ErrNotRegistered)
 	}
-	if len(master) != t.n || len(expAvg) != t.n || len(expAvgSq) != t.n {
-		return fail(fmt.Errorf("%w: the partition has %d elements; got master %d, exp_avg %d, exp_avg_sq %d",
-			ErrLength, t.n, len(master), len(expAvg), len(expAvgSq)))
+	if len(states) != o.width-1 {
+		return fail(fmt.Errorf("%w: %s keeps %d states (%v); got %d", ErrLength, o.opts.Hyper.Rule, o.width-1, o.opts.Hyper.StateNames(), len(states)))
+	}
+	if len(master) != t.n {
+		return fail(fmt.Errorf("%w: the partition has %d elements; got master %d", ErrLength, t.n, len(master)))
+	}
+	for k, st := range states {
+		if len(st) != t.n {
+			return fail(fmt.Errorf("%w: the partition has %d elements; got %s %d", ErrLength, t.n, o.opts.Hyper.StateNames()[k], len(st)))
+		}
 	}
 	if step < 0 {
 		return fail(fmt.Errorf("step %d is negative", step))
 	}
-	if err := o.writeStates(ctx, t, master, expAvg, expAvgSq, true); err != nil {
+	if err := o.writeStates(ctx, t, master, states, true); err != nil {
 		return fail(err)
 	}
 	o.mu.Lock()
@@ -753,8 +832,8 @@ func (o *Optimizer) Close() error {
 }
 
 // StateRecord is one sub-group's committed record in the optimizer's store,
-// under store key Key: Elems fp32 values each of master, exp_avg and
-// exp_avg_sq, where Layout says (LayoutFor(Elems)).
+// under store key Key: Elems fp32 values each of the master and the rule's
+// states (Adam: exp_avg, exp_avg_sq), where Layout says.
 type StateRecord struct {
 	Key    string
 	Elems  int

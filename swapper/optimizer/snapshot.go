@@ -14,13 +14,14 @@ import (
 // (swapper.Store.Pin on the keys of StateRecords).
 var ErrNotInMemory = errors.New("optimizer: states not kept in pinned memory")
 
-// StateKind names one of a tensor's three optimizer states.
+// StateKind names one of a tensor's optimizer states: the master, then
+// the rule's states in Hyper.StateNames order (StateKind(1+i) is state i).
 type StateKind int
 
 // The states, in the order a sub-group's record holds them.
 const (
 	Master   StateKind = iota // fp32 master weights
-	ExpAvg                    // Adam's exp_avg
+	ExpAvg                    // Adam's exp_avg (state 0 of every rule)
 	ExpAvgSq                  // Adam's exp_avg_sq
 )
 
@@ -147,7 +148,7 @@ func (s *StateSnapshot) Len(name string) (int, bool) {
 // kind, and after Release.
 func (s *StateSnapshot) Segments(name string, k StateKind) (segs [][]byte, ok bool) {
 	recs, ok := s.tensors[name]
-	if !ok || k < Master || k > ExpAvgSq || s.released.Load() {
+	if !ok || k < Master || int(k) >= s.o.width || s.released.Load() {
 		return nil, false
 	}
 	segs = make([][]byte, len(recs))

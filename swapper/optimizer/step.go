@@ -389,11 +389,17 @@ func (r *stepRun) update(it *item) {
 		r.bytesRead.Add(int64(sg.recordBytes()))
 	}
 	start := time.Now()
-	p, m, v := sg.states(it.state)
 	if r.params.ScaleGrads {
 		ScaleGrad(it.grad[:n], r.params.GradScale)
 	}
-	o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
+	if r.hyper.Rule == RuleAdam {
+		p, m, v := sg.states(it.state)
+		o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
+	} else {
+		arrays := sg.arrays(it.state)
+		updateSplit(arrays[0], it.grad[:n], arrays[1:], r.step, r.hyper, o.opts.UpdateWorkers)
+	}
+	p := sg.lay.array(it.state, 0)
 	if it.master != nil {
 		copy(it.master[sg.off:sg.off+n], p)
 	}
