@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Write golden SGD, Adagrad and Lion trajectories for zinf's optimizer.
+
+SGD and Adagrad come from torch.optim.SGD and torch.optim.Adagrad
+(single-tensor implementation, foreach=False, on CPU). PyTorch has no Lion;
+its trajectories come from the paper's formula (Chen et al., "Symbolic
+Discovery of Optimization Algorithms", 2023, Program 1, weight decay
+decoupled as in the paper) written with torch float32 tensor ops:
+
+    c = m*beta1 + g*(1-beta1)
+    p = p*(1 - lr*wd)
+    p = p - lr*sign(c)
+    m = m*beta2 + g*(1-beta2)
+
+Each case runs a few small tensors of odd sizes for several steps with
+fixed, seeded gradients (some zero) and writes every step's params and
+states as float32 bit patterns to
+swapper/optimizer/testdata/optimizer_golden.json; the Go test
+TestRulesMatchPyTorch replays the gradients and compares. Like
+adam_golden.py, each case hands PyTorch the float32 hyperparameters zinf
+holds, so the comparison is of the update rule.
+
+Usage: /usr/bin/python3 scripts/optimizer_golden.py [output path]
+(Debian: apt-get install python3-torch)
+"""
+
+import json
+import os
+import struct
+import sys
+
+import torch
+
+STEPS = 10
+SIZES = [1, 7, 33]
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def bits(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def tensor_bits(t):
+    return [bits(v) for v in t.detach().to(torch.float32).flatten().tolist()]
+
+
+class Lion:
+    """Lion from the paper's formula, in float32 torch ops."""
+
+    def __init__(self, params, lr, betas, weight_decay):
+        self.params, self.lr, self.betas, self.wd = params, lr, betas, weight_decay
+        self.state = {p: {"exp_avg": torch.zeros_like(p)} for p in params}
+
+    @torch.no_grad()
+    def step(self):
+        b1, b2 = self.betas
+        for p in self.params:
+            m = self.state[p]["exp_avg"]
+            c = m.mul(b1).add(p.grad, alpha=1 - b1)
+            if self.wd != 0:
+                p.mul_(1 - self.lr * self.wd)
+            p.add_(torch.sign(c), alpha=-self.lr)
+            m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+CASES = [
+    # name, rule, hyperparameters (as zinf names them)
+    ("sgd_plain", "sgd", dict(lr=0.1)),
+    ("sgd_momentum_dampening_wd", "sgd", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    ("sgd_nesterov_wd", "sgd", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02)),
+    ("adagrad_default", "adagrad", dict(lr=1e-2, eps=1e-10)),
+    ("adagrad_decay_wd_init", "adagrad", dict(lr=0.05, lr_decay=0.1, weight_decay=0.01, initial_accumulator_value=0.1, eps=1e-6)),
+    ("lion", "lion", dict(lr=1e-3, betas=(0.9, 0.99))),
+    ("lion_wd", "lion", dict(lr=3e-3, betas=(0.95, 0.98), weight_decay=0.1)),
+]
+
+STATE_NAMES = {"sgd": ["momentum_buffer"], "adagrad": ["sum"], "lion": ["exp_avg"]}
+
+
+def run_case(seed, name, rule, hp):
+    hp = {k: (f32(v) if isinstance(v, float) else tuple(f32(x) for x in v) if isinstance(v, tuple) else v) for k, v in hp.items()}
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(n, generator=gen, dtype=torch.float32) for n in SIZES]
+    init = [tensor_bits(p) for p in params]
+    ps = [torch.nn.Parameter(p.clone()) for p in params]
+    if rule == "sgd":
+        opt = torch.optim.SGD(ps, lr=hp["lr"], momentum=hp.get("momentum", 0.0), dampening=hp.get("dampening", 0.0),
+                              weight_decay=hp.get("weight_decay", 0.0), nesterov=hp.get("nesterov", False), foreach=False)
+        names = ["momentum_buffer"] if hp.get("momentum", 0.0) != 0 else []
+    elif rule == "adagrad":
+        opt = torch.optim.Adagrad(ps, lr=hp["lr"], lr_decay=hp.get("lr_decay", 0.0), weight_decay=hp.get("weight_decay", 0.0),
+                                  initial_accumulator_value=hp.get("initial_accumulator_value", 0.0), eps=hp["eps"], foreach=False)
+        names = ["sum"]
+    else:
+        opt = Lion(ps, lr=hp["lr"], betas=hp["betas"], weight_decay=hp.get("weight_decay", 0.0))
+        names = ["exp_avg"]
+    grads = [[] for _ in SIZES]
+    traj = {"param": [[] for _ in SIZES], "states": [[] for _ in SIZES]}
+    for _ in range(STEPS):
+        for i, p in enumerate(ps):
+            g = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
+            g[::5] = 0.0  # zeros: Lion's sign(0), Adagrad's eps
+            p.grad = g
+            grads[i].append(tensor_bits(g))
+        opt.step()
+        for i, p in enumerate(ps):
+            traj["param"][i].append(tensor_bits(p))
+            traj["states"][i].append([tensor_bits(opt.state[p][k]) for k in names])
+    tensors = []
+    for i, n in enumerate(SIZES):
+        tensors.append({"n": n, "init": init[i], "grads": grads[i], "param": traj["param"][i], "states": traj["states"][i]})
+    out = {"name": name, "rule": rule, "state_names": names, "steps": STEPS, "tensors": tensors}
+    for k, v in hp.items():
+        if isinstance(v, tuple):
+            out["beta1"], out["beta2"] = bits(v[0]), bits(v[1])
+        elif isinstance(v, bool):
+            out[k] = v
+        else:
+            out[k] = bits(v)
+    return out
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "swapper", "optimizer", "testdata", "optimizer_golden.json")
+    torch.set_num_threads(1)
+    doc = {
+        "generator": "scripts/optimizer_golden.py",
+        "torch": torch.__version__,
+        "note": "float32 values as uint32 bit patterns; per tensor, grads/param/states hold one entry per step; Lion from the paper's formula",
+        "cases": [run_case(200 + k, *c) for k, c in enumerate(CASES)],
+    }
+    with open(out, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {out} (torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()
