@@ -92,12 +92,18 @@
 //	aio.single_submit                           bool      false         submit requests one at a time
 //	aio.overlap_events                          bool      true          submit while reaping completions
 //	aio.use_gds                                 bool      false         GPUDirect Storage; means zinf.gds "auto" when that is absent
-//	optimizer.type                              word      "Adam"        Adam | AdamW, in any case
-//	optimizer.params.lr                         float     1e-3          learning rate (>= 0)
-//	optimizer.params.betas                      [2]float  [0.9, 0.999]  each in [0, 1)
-//	optimizer.params.eps                        float     1e-8          (> 0)
-//	optimizer.params.weight_decay               float     0             (>= 0)
+//	optimizer.type                              word      "Adam"        Adam | AdamW | SGD | Adagrad | Lion, in any case
+//	optimizer.params.lr                         float     1e-3          learning rate (>= 0); Adagrad 1e-2, Lion 1e-4
+//	optimizer.params.betas                      [2]float  [0.9, 0.999]  Adam, AdamW, Lion ([0.9, 0.99]); each in [0, 1)
+//	optimizer.params.eps                        float     1e-8          Adam, AdamW, Adagrad (1e-10); (> 0)
+//	optimizer.params.weight_decay               float     0             (>= 0); L2 for Adam (adam_w_mode false), SGD, Adagrad;
+//	                                                                    decoupled for AdamW and Lion
 //	optimizer.params.adam_w_mode                bool      true          type Adam decouples weight decay, as DeepSpeed's Adam does
+//	optimizer.params.momentum                   float     0             SGD (>= 0; 0 = plain SGD, no state)
+//	optimizer.params.dampening                  float     0             SGD
+//	optimizer.params.nesterov                   bool      false         SGD; needs momentum > 0 and dampening 0
+//	optimizer.params.lr_decay                   float     0             Adagrad (>= 0)
+//	optimizer.params.initial_accumulator_value  float     0             Adagrad (>= 0)
 //	fp16.enabled                                bool      false         fp16 training (with loss scaling); not with bf16
 //	fp16.loss_scale                             float     0             0 = dynamic loss scaling; > 0 a static scale
 //	fp16.initial_scale_power                    int       16            the dynamic scale starts at 2^power, 0..126
@@ -130,8 +136,15 @@
 //	gradient_accumulation_steps                 int       1             micro-steps per optimizer step (>= 1)
 //	train_micro_batch_size_per_gpu              int       1             samples per micro-step (>= 1)
 //
-// optimizer.params.amsgrad and bias_correction are accepted only with the
-// values zinf implements (false and true).
+// optimizer.params.amsgrad, bias_correction and maximize are accepted only
+// with the values zinf implements (false, true and false); a parameter of
+// another optimizer type is refused, naming the types it belongs to. The
+// update rules are torch.optim.Adam/AdamW, torch.optim.SGD and
+// torch.optim.Adagrad, and Lion as its paper writes it (package
+// swapper/optimizer has each formula); every optimizer's states are
+// swapped as Adam's are, 4 bytes per element and state beside the fp32
+// master (SGD with momentum and Adagrad and Lion one state, plain SGD
+// none).
 //
 // zinf's section:
 //

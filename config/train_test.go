@@ -148,3 +148,63 @@ func TestTrainingKeysRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestOptimizerTypes(t *testing.T) {
+	unsetRankEnv(t)
+	c := mustParse(t, `{"optimizer": {"type": "sgd", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}}}`)
+	if o := c.Optimizer; o.Type != OptimizerSGD || o.LR != 0.1 || o.Momentum != 0.9 || !o.Nesterov || o.WeightDecay != 0.01 || o.HasBetas() {
+		t.Errorf("SGD %+v", o)
+	}
+	// Adagrad's and Lion's defaults are their own.
+	c = mustParse(t, `{"optimizer": {"type": "Adagrad", "params": {"lr_decay": 0.1, "initial_accumulator_value": 0.5}}}`)
+	if o := c.Optimizer; o.Type != OptimizerAdagrad || o.LR != 1e-2 || o.Eps != 1e-10 || o.LRDecay != 0.1 || o.InitialAccumulatorValue != 0.5 {
+		t.Errorf("Adagrad %+v", o)
+	}
+	c = mustParse(t, `{"optimizer": {"type": "Lion", "params": {"weight_decay": 0.1}}}`)
+	if o := c.Optimizer; o.Type != OptimizerLion || o.LR != 1e-4 || o.Betas != [2]float64{0.9, 0.99} || !o.HasBetas() {
+		t.Errorf("Lion %+v", o)
+	}
+	c = mustParse(t, `{"optimizer": {"type": "Lion", "params": {"lr": 0.001, "betas": [0.95, 0.98]}}}`)
+	if o := c.Optimizer; o.LR != 0.001 || o.Betas != [2]float64{0.95, 0.98} {
+		t.Errorf("Lion given %+v", o)
+	}
+	// OneCycle cycles no momentum for SGD, with a warning (as DeepSpeed).
+	c = mustParse(t, `{"optimizer": {"type": "SGD"}, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1}}}`)
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "optimizer SGD has no betas") {
+		t.Errorf("warnings %q", c.Warnings)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`{"optimizer": {"type": "SGD", "params": {"eps": 1e-8}}}`, `optimizer.params.eps: 1e-8 is not a parameter of SGD (it belongs to Adam, AdamW, Adagrad)`},
+		{`{"optimizer": {"type": "Adam", "params": {"momentum": 0.9}}}`, `optimizer.params.momentum: 0.9 is not a parameter of Adam (it belongs to SGD)`},
+		{`{"optimizer": {"params": {"betas": [0.9, 0.99]}, "type": "Adagrad"}}`, `optimizer.params.betas: [0.9, 0.99] is not a parameter of Adagrad (it belongs to Adam, AdamW, Lion)`},
+		{`{"optimizer": {"type": "SGD", "params": {"nesterov": true}}}`, `optimizer.params.nesterov: true needs momentum > 0 and dampening 0 (they are 0 and 0), as in torch.optim.SGD`},
+		{`{"optimizer": {"type": "SGD", "params": {"momentum": -1}}}`, `optimizer.params.momentum: -1 is out of range (allowed: a finite number >= 0)`},
+		{`{"optimizer": {"type": "SGD", "params": {"maximize": true}}}`, `optimizer.params.maximize: true is not supported by zinf (allowed: false)`},
+		{`{"optimizer": {"type": "Adagrad", "params": {"lr_decay": -0.5}}}`, `optimizer.params.lr_decay: -0.5 is out of range (allowed: a finite number >= 0)`},
+		{`{"optimizer": {"type": "Lion", "params": {"betas": [0.9, 1]}}}`, `optimizer.params.betas[1]: 1 is out of range (allowed: >= 0 and < 1)`},
+		{`{"optimizer": "Adam"}`, `optimizer: "Adam" is a string, not an object {"type": ..., "params": {...}}`},
+	} {
+		e := parseErr(t, tc.in)
+		if got := e.Problems[0].String(); !strings.HasSuffix(got, tc.want) || len(e.Problems) != 1 {
+			t.Errorf("%s:\n got %q (%d problems: %v)\nwant %q", tc.in, got, len(e.Problems), e, tc.want)
+		}
+	}
+	for _, text := range []string{
+		`{"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}}}`,
+		`{"optimizer": {"type": "Adagrad", "params": {"lr_decay": 0.1, "initial_accumulator_value": 0.5, "eps": 1e-6}}}`,
+		`{"optimizer": {"type": "Lion", "params": {"betas": [0.95, 0.98], "weight_decay": 0.1}}}`,
+	} {
+		c := mustParse(t, text)
+		out, err := c.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(out)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", text, err, out)
+		}
+		if !reflect.DeepEqual(comparable(c), comparable(back)) || len(back.Warnings) != 0 {
+			t.Errorf("%s: round trip:\n%+v\n%+v\n%q", text, comparable(c), comparable(back), back.Warnings)
+		}
+	}
+}

@@ -105,10 +105,16 @@
 //
 // # Arithmetic
 //
-// Adam is exported and is the only update rule: an in-memory reference loop
-// that calls it on whole tensors produces exactly the bits the swapper
-// produces, whatever the sub-group size, pipeline depth, worker count or
-// kernel.
+// Hyper.Rule picks the update rule: Adam (AdamW), SGD (momentum,
+// dampening, Nesterov), Adagrad or Lion, each with a scalar reference in
+// its own file (adam.go, sgd.go, adagrad.go, lion.go) giving its formula;
+// a record holds the master and the rule's states (Hyper.StateNames,
+// LayoutForArrays). Update (and Adam, AdamStep) is exported: an in-memory
+// reference loop that calls it on whole tensors produces exactly the bits
+// the swapper produces, whatever the sub-group size, pipeline depth,
+// worker count or kernel. Golden tests compare the rules with torch.optim
+// (Lion: with its paper's formula). Only Adam has SIMD kernels so far; the
+// other rules run their scalar loops, split over the workers the same way.
 //
 // # Kernels
 //
