@@ -42,13 +42,18 @@ func TestResumeBitForBit(t *testing.T) {
 		from, to int
 		dt       swapper.DType
 		async    bool
+		opt      config.OptimizerType // default Adam
 	}{
-		{"world1", 1, 1, swapper.Float32, false},
-		{"world2-bf16-async", 2, 2, swapper.BFloat16, true},
-		{"world4-to-2", 4, 2, swapper.Float32, false},
-		{"world4-to-2-bf16-async", 4, 2, swapper.BFloat16, true},
-		{"world1-to-4-fp16", 1, 4, swapper.Float16, false},
-		{"world2-to-3", 2, 3, swapper.Float32, false},
+		{"world1", 1, 1, swapper.Float32, false, ""},
+		{"world2-bf16-async", 2, 2, swapper.BFloat16, true, ""},
+		{"world4-to-2", 4, 2, swapper.Float32, false, ""},
+		{"world4-to-2-bf16-async", 4, 2, swapper.BFloat16, true, ""},
+		{"world1-to-4-fp16", 1, 4, swapper.Float16, false, ""},
+		{"world2-to-3", 2, 3, swapper.Float32, false, ""},
+		// Other optimizers' states (one per element) save and load too.
+		{"world2-to-1-sgd-momentum", 2, 1, swapper.Float32, false, config.OptimizerSGD},
+		{"world1-to-2-adagrad-async", 1, 2, swapper.BFloat16, true, config.OptimizerAdagrad},
+		{"world4-to-3-lion", 4, 3, swapper.Float32, false, config.OptimizerLion},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -56,7 +61,16 @@ func TestResumeBitForBit(t *testing.T) {
 			ctx := context.Background()
 			spec := smallSpec
 			spec.DType = c.dt
-			_, beA := setup(t, ckptConfig(t, c.from, c.dt), spec)
+			withOpt := func(cfg *config.Config) *config.Config {
+				if c.opt != "" {
+					cfg.Optimizer.Type, cfg.Optimizer.LR = c.opt, 0.01
+					cfg.Optimizer.Momentum = map[bool]float64{true: 0.9}[c.opt == config.OptimizerSGD]
+					cfg.Optimizer.Betas = [2]float64{0.9, 0.99}
+					cfg.Optimizer.Eps = 1e-10
+				}
+				return cfg
+			}
+			_, beA := setup(t, withOpt(ckptConfig(t, c.from, c.dt)), spec)
 			if err := runLoop(ctx, spec, beA, loopOptions{Steps: n, Micro: micro, World: c.from}); err != nil {
 				t.Fatal(err)
 			}
@@ -85,7 +99,7 @@ func TestResumeBitForBit(t *testing.T) {
 				}
 			}
 
-			rtsB, beB := setup(t, ckptConfig(t, c.to, c.dt), spec)
+			rtsB, beB := setup(t, withOpt(ckptConfig(t, c.to, c.dt)), spec)
 			start, err := beB.loadCheckpoint(ctx, dir)
 			if err != nil {
 				t.Fatal(err)
