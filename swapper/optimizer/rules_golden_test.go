@@ -159,9 +159,16 @@ func TestRulesMatchPyTorch(t *testing.T) {
 }
 
 // TestRulesReference: every rule stepped through the swapper (sub-groups,
-// pipeline, a store-less optimizer) equals optimizer.Update on whole
-// tensors bit for bit, with scaled gradients.
+// pipeline, a store-less optimizer; small sub-groups, and one large enough
+// for a staggered record split over workers) equals optimizer.Update on
+// whole tensors bit for bit, with scaled gradients.
 func TestRulesReference(t *testing.T) {
+	for _, size := range []struct{ n, subGroup, workers int }{{50, 7, 1}, {2*optimizer.StaggerMinElems + 4099, 1 << 20, 3}} {
+		t.Run(fmt.Sprint(size.n), func(t *testing.T) { rulesReference(t, size.n, size.subGroup, size.workers) })
+	}
+}
+
+func rulesReference(t *testing.T, n, subGroup, workers int) {
 	for _, h := range []optimizer.Hyper{
 		{Rule: optimizer.RuleSGD, LR: 0.1},
 		{Rule: optimizer.RuleSGD, LR: 0.1, Momentum: 0.9, Dampening: 0.2, WeightDecay: 0.01},
@@ -171,18 +178,18 @@ func TestRulesReference(t *testing.T) {
 		{Rule: optimizer.RuleAdam, LR: 1e-2, AdamW: true, WeightDecay: 0.01},
 	} {
 		t.Run(fmt.Sprintf("%s-%v", h.Rule, h.StateNames()), func(t *testing.T) {
-			pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 1 << 20, Pin: buffers.PinOff})
+			pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 8 << 20, Pin: buffers.PinOff})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer pool.Close()
 			src := &goldenGrads{}
-			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: 7, PipelineDepth: 2, Logger: slog.New(slog.DiscardHandler)})
+			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: subGroup, PipelineDepth: 2,
+				UpdateWorkers: workers, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer opt.Close()
-			const n = 50
 			w := make([]float32, n)
 			for i := range w {
 				w[i] = float32(math.Sin(float64(i)))
