@@ -60,3 +60,29 @@ func Decode(d DType, dst []float32, src []byte) {
 		copy(dst, buffers.Float32Bytes(src))
 	}
 }
+
+// transcodeChunk is how many elements Transcode converts at a time through
+// a float32 array on the stack: big enough to amortize the calls, small
+// enough for any goroutine stack.
+const transcodeChunk = 512
+
+// Transcode converts the little-endian elements of from in src into dst
+// as elements of to: len(src)/from.Size() elements, and dst must hold as
+// many of to. Conversions go through float32 (exact for bf16 and fp16),
+// rounding to nearest even where to is narrower, as Encode does; nothing
+// is allocated, so a swap-in into a caller's buffer of another dtype costs
+// no Go heap.
+func Transcode(from DType, src []byte, to DType, dst []byte) {
+	if from == to {
+		copy(dst, src)
+		return
+	}
+	var tmp [transcodeChunk]float32
+	fs, ts := from.Size(), to.Size()
+	for len(src) >= fs {
+		n := min(transcodeChunk, len(src)/fs)
+		Decode(from, tmp[:n], src[:n*fs])
+		Encode(to, dst[:n*ts], tmp[:n])
+		src, dst = src[n*fs:], dst[n*ts:]
+	}
+}

@@ -378,6 +378,54 @@ func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error 
 	return nil
 }
 
+// ReadAs copies name's partition into dst encoded in dtype (little-endian,
+// PartitionLen x dtype's size bytes), converting from the parameter dtype
+// element by element (swapper.Transcode) when they differ: no buffer of
+// the partition's size is allocated on the Go heap, so a swap-in straight
+// into a framework's tensor of another dtype costs none. Residency rules
+// are ReadFloat32's; a GPU-tier partition is staged through pinned memory.
+func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, dst []byte) error {
+	if dtype == s.opts.DType {
+		return s.ReadBytes(ctx, name, dst)
+	}
+	if !dtype.Valid() {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("unknown dtype %d", dtype)}
+	}
+	t, ctx, done, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return err
+	}
+	defer s.wg.Done()
+	defer done()
+	if len(dst) != t.n*dtype.Size() {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("destination has %d bytes, the partition %d elements of %s", len(dst), t.n, dtype)}
+	}
+	if t.n == 0 {
+		return nil
+	}
+	blk, err := s.acquireCurrent(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer blk.release()
+	if blk.buf != nil {
+		swapper.Transcode(s.opts.DType, blk.buf.Bytes()[:t.bytes], dtype, dst)
+		return nil
+	}
+	stage, err := s.pool.Acquire(ctx, t.bytes, buffers.PurposeStaging)
+	if err != nil {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	}
+	defer stage.Release()
+	if err := s.deviceCopy(func(st accel.Stream) error {
+		return s.dev.CopyFromDevice(st, stage.Bytes()[:t.bytes], blk.mem, 0)
+	}); err != nil {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	}
+	swapper.Transcode(s.opts.DType, stage.Bytes()[:t.bytes], dtype, dst)
+	return nil
+}
+
 // State reports where name's partition is (Unknown for an unregistered
 // name).
 func (s *Swapper) State(name string) State {

@@ -1,10 +1,12 @@
 package param
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -156,7 +158,9 @@ func testRoundTrip(t *testing.T, backend string, dt swapper.DType, world int) {
 			if st := s.State(n); st != Resident {
 				t.Fatalf("rank %d %s: state %v after SwapIn", r, n, st)
 			}
-			got = append(got, read(t, s, n)...)
+			part := read(t, s, n)
+			got = append(got, part...)
+			readAsMatches(t, s, n, part)
 			s.Release(n)
 		}
 		sameBits(t, n, got, expect(dt, want))
@@ -171,6 +175,40 @@ func testRoundTrip(t *testing.T, backend string, dt swapper.DType, world int) {
 	}
 	if used := dev.UsedBytes(); used != 0 {
 		t.Errorf("%d device bytes still allocated after Close", used)
+	}
+}
+
+// readAsMatches checks ReadAs into every dtype against the fp32 read
+// encoded in that dtype, and that it allocates no partition-sized buffer.
+func readAsMatches(t *testing.T, s *Swapper, name string, part []float32) {
+	t.Helper()
+	ctx := context.Background()
+	for _, to := range []swapper.DType{swapper.Float32, swapper.BFloat16, swapper.Float16} {
+		want := make([]byte, len(part)*to.Size())
+		swapper.Encode(to, want, part)
+		got := make([]byte, len(want))
+		if err := s.ReadAs(ctx, name, to, got); err != nil {
+			t.Fatalf("%s: ReadAs %s: %v", name, to, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: ReadAs %s differs from the fp32 read encoded as %s", name, to, to)
+		}
+		if err := s.ReadAs(ctx, name, to, got[:len(got)/2]); len(part) > 1 && err == nil {
+			t.Fatalf("%s: ReadAs %s into half a buffer succeeded", name, to)
+		}
+		// The partition is resident: only fixed bookkeeping may allocate,
+		// never a buffer proportional to the partition.
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		for range 10 {
+			if err := s.ReadAs(ctx, name, to, got); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&ms1)
+		if per := (ms1.TotalAlloc - ms0.TotalAlloc) / 10; len(part) >= 1000 && per >= uint64(len(part)) {
+			t.Errorf("%s: ReadAs %s allocated %d bytes per call for %d elements", name, to, per, len(part))
+		}
 	}
 }
 
