@@ -540,8 +540,10 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 
 // ReadParamBytes writes this rank's partition of a parameter, encoded in
 // dtype (little-endian), into dst[lo*size:hi*size]: the stored bytes as
-// they are when dtype is the param dtype, converted otherwise. dst holds
-// the full tensor in dtype.
+// they are when dtype is the param dtype, converted element by element
+// otherwise (no Go heap buffer either way, so a framework can swap a
+// parameter straight into its own tensor). dst holds the full tensor in
+// dtype.
 func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
 	if !dtype.Valid() {
 		return fmt.Errorf("zinf: read %q: unknown dtype %d", name, dtype)
@@ -554,16 +556,7 @@ func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.
 	if err != nil {
 		return err
 	}
-	out := dst[lo*sz : hi*sz]
-	if dtype == r.DType {
-		return r.Params.ReadBytes(ctx, name, out)
-	}
-	tmp := make([]float32, hi-lo)
-	if err := r.Params.ReadFloat32(ctx, name, tmp); err != nil {
-		return err
-	}
-	swapper.Encode(dtype, out, tmp)
-	return nil
+	return r.Params.ReadAs(ctx, name, dtype, dst[lo*sz:hi*sz])
 }
 
 // fullRange checks that n is the named tensor's full length and returns
