@@ -641,6 +641,28 @@ func (r *Runtime) StepLayer(ctx context.Context, l int) error {
 	return first
 }
 
+// AbortStep gives up the optimizer step in progress: updates StepTensor
+// started are abandoned (waiting for their I/O), every gradient
+// accumulated since the last Step, of every micro-step, is dropped, and so
+// is a gradient check kept for a retry of Step. Parameters, optimizer
+// states, the step count, the loss scale and the schedule stay as the last
+// Step left them, so a loop whose backward pass failed half-way (a full
+// disk under AccumulateGrad, say) calls AbortStep and runs the step again
+// from its first micro-step, with the same result as if nothing had
+// failed. In a data-parallel job every rank gives the step up.
+func (r *Runtime) AbortStep() {
+	if r.inference {
+		return
+	}
+	if r.txn != nil {
+		r.txn.Abort()
+		r.txn = nil
+	}
+	r.train.pending = nil
+	r.train.txnCheck = false
+	r.Grads.Zero()
+}
+
 // Metrics is a snapshot of the runtime's counters.
 type Metrics struct {
 	Steps int
