@@ -1,0 +1,53 @@
+// Package zgomlx trains GoMLX models with zinf as their memory: the
+// variables of a model.Store live in zinf (parameters, fp32 master
+// weights and Adam states on NVMe or in pinned memory, as the config
+// plans), and a chain of layers runs through per-layer executors that
+// swap each layer's variables in just before it runs.
+//
+// # Use
+//
+//	backend, _ := compute.NewWithConfig("go")        // the pure-Go backend
+//	net := zgomlx.Net{Loss: loss}
+//	for i := range blocks {
+//		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", i), Fn: block})
+//	}
+//	zgomlx.Initialize(backend, store, net, xShape)  // create the variables, with values
+//	tr, _ := zgomlx.Open(ctx, backend, cfg, store, net, zgomlx.Options{})
+//	defer tr.Close()
+//	for step := range steps {
+//		loss, err := tr.Step(ctx, x, labels)
+//	}
+//
+// # How it works
+//
+// A compiled graph needs every variable it reads, so a model larger than
+// memory runs layer by layer: layer l's forward executor computes
+// y = Fn(x); its backward executor recomputes y and takes the
+// vector-Jacobian product with autodiff, the gradients of sum(y*dy) for x
+// and the layer's variables, which equal the whole graph's gradients bit
+// for bit. The variables are fed to the executors from swap-in buffers:
+// GoMLX tensors over the backend's shared buffers, one set per shape,
+// reused from layer to layer, into which zinf copies a layer's values
+// (converting the dtype when the Store's differs from zinf's param dtype)
+// right after swapping it in. Gradients go to zinf as each layer's
+// backward produces them, and each layer's Adam update starts at once,
+// overlapping the rest of the backward pass. A layer whose values are
+// still in their buffers (the last layer at the turn of the pass) is not
+// read again.
+//
+// MemoryTrainer runs the same executors with everything in Go memory and
+// zinf's Adam: offloaded training equals it bit for bit. Adam is zinf's
+// Adam (torch.optim.Adam's formula) as a GoMLX optimizer, so a
+// whole-graph GoMLX training loop (WholeGraph) matches too; GoMLX's own
+// Adam rounds differently.
+//
+// # Caveats
+//
+// Only the pure-Go backend (compute.NewWithConfig("go"), built with
+// CGO_ENABLED=0) is supported: executors read and write its shared
+// buffers. Layers must be pure functions of their input and variables (no
+// dropout, no statistics updated in the graph), every variable belongs to
+// one layer, and the loss has no variables. One layer's input and output
+// are single tensors; the layers' outputs are kept for the backward pass
+// (activations are not offloaded).
+package zgomlx

@@ -1,0 +1,232 @@
+package zgomlx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	_ "github.com/gomlx/compute/gobackend" // the pure-Go backend
+	"github.com/gomlx/compute/shapes"
+	. "github.com/gomlx/gomlx/core/graph" //nolint:revive
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/layers/attention"
+	"github.com/gomlx/gomlx/ml/layers/norm"
+	"github.com/gomlx/gomlx/ml/model"
+
+	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func backend(t testing.TB) compute.Backend {
+	t.Helper()
+	b, err := compute.NewWithConfig("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testConfig is zinf's default config with swap files in a temp dir,
+// every parameter on NVMe (no max_in_cpu cache), a small pinned pool and
+// a learning rate that moves the weights visibly in a few steps.
+func testConfig(t testing.TB, pinned int64) *config.Config {
+	t.Helper()
+	c := config.Default()
+	c.SetScratchDir(t.TempDir())
+	c.Zinf.Tiers.CPUPinnedBytes = config.Size(pinned)
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.Optimizer.LR = 0.01
+	return c
+}
+
+// watchdog ends the test's context after d and fails the test with every
+// goroutine's stack: a stalled loop shows who waits on what.
+func watchdog(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				buf := make([]byte, 1<<20)
+				t.Errorf("watchdog: the test ran past %s; goroutines:\n%s", d, buf[:runtime.Stack(buf, true)])
+			}
+		case <-done:
+		}
+	}()
+	t.Cleanup(func() {
+		close(done)
+		<-finished
+		cancel()
+	})
+	return ctx
+}
+
+// mlpNet is a deep MLP: dense+tanh layers of odd widths, then a linear
+// head in the last layer; the loss is the mean squared error.
+func mlpNet(widths ...int) zgomlx.Net {
+	var net zgomlx.Net
+	for i, w := range widths {
+		last := i == len(widths)-1
+		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/dense_%d", i), Fn: func(scope *model.Scope, x *Node) *Node {
+			y := layers.Dense(scope, x, true, w)
+			if last {
+				return y
+			}
+			return Tanh(y)
+		}})
+	}
+	net.Loss = func(y, labels *Node) *Node {
+		d := Sub(y, labels)
+		return ReduceAllMean(Mul(d, d))
+	}
+	return net
+}
+
+// lmNet is a small causal transformer language model: a token and
+// position embedding, blocks of pre-norm attention and an MLP with
+// residuals, a final layer norm and the unembedding; the loss is the mean
+// cross-entropy of the next token.
+func lmNet(vocab, seq, dim, heads, blocks int, dtype dtypes.DType) zgomlx.Net {
+	net := zgomlx.Net{}
+	net.Layers = append(net.Layers, zgomlx.Layer{Scope: "/embed", Fn: func(scope *model.Scope, tokens *Node) *Node {
+		x := layers.Embedding(scope.In("tokens"), tokens, dtype, vocab, dim)
+		pos := scope.VariableWithShape("positions", shapes.Make(dtype, seq, dim)).NodeValue(tokens.Graph())
+		return Add(x, ExpandAxes(pos, 0))
+	}})
+	for b := range blocks {
+		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", b), Fn: func(scope *model.Scope, x *Node) *Node {
+			h := norm.LayerNorm(scope.In("ln1"), x, -1).Done()
+			x = Add(x, attention.SelfAttention(scope.In("attn"), h, heads, dim/heads).WithCausalMask(true).Done())
+			h = norm.LayerNorm(scope.In("ln2"), x, -1).Done()
+			h = Tanh(layers.Dense(scope.In("fc1"), h, true, 4*dim))
+			return Add(x, layers.Dense(scope.In("fc2"), h, true, dim))
+		}})
+	}
+	net.Layers = append(net.Layers, zgomlx.Layer{Scope: "/head", Fn: func(scope *model.Scope, x *Node) *Node {
+		return layers.Dense(scope.In("out"), norm.LayerNorm(scope.In("ln"), x, -1).Done(), false, vocab)
+	}})
+	net.Loss = func(logits, labels *Node) *Node {
+		logits = ConvertDType(logits, dtypes.Float32)
+		logp := LogSoftmax(logits, -1)
+		oneHot := OneHot(labels, vocab, dtypes.Float32)
+		return Neg(ReduceAllMean(ReduceSum(Mul(logp, oneHot), -1)))
+	}
+	return net
+}
+
+// newStore initializes net's variables for input shape x with a seed.
+func newStore(t testing.TB, b compute.Backend, net zgomlx.Net, x shapes.Shape, seed int64) *model.Store {
+	t.Helper()
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, seed)
+	if _, err := zgomlx.Initialize(b, store, net, x); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// clone copies a Store (values included).
+func clone(t testing.TB, s *model.Store) *model.Store {
+	t.Helper()
+	c, err := s.Clone()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// mlpBatch is a deterministic regression batch: inputs in [-1, 1) and
+// targets a smooth function of them.
+func mlpBatch(step, batch, in, out int) (x, y *tensors.Tensor) {
+	xs := make([]float32, batch*in)
+	for i := range xs {
+		xs[i] = float32((i*37+step*11)%101)/50.5 - 1
+	}
+	ys := make([]float32, batch*out)
+	for i := range ys {
+		ys[i] = float32(math.Sin(float64(xs[(i*7)%len(xs)]) * 2))
+	}
+	return tensors.FromFlatDataAndDimensions(xs, batch, in), tensors.FromFlatDataAndDimensions(ys, batch, out)
+}
+
+// lmBatch is a synthetic next-token task: each sequence counts up from a
+// start token modulo the vocabulary (so the next token is learnable).
+func lmBatch(step, batch, seq, vocab int) (x, y *tensors.Tensor) {
+	xs := make([]int32, batch*seq)
+	ys := make([]int32, batch*seq)
+	for b := range batch {
+		start := (b*7 + step*3) % vocab
+		for s := range seq {
+			xs[b*seq+s] = int32((start + s) % vocab)
+			ys[b*seq+s] = int32((start + s + 1) % vocab)
+		}
+	}
+	return tensors.FromFlatDataAndDimensions(xs, batch, seq), tensors.FromFlatDataAndDimensions(ys, batch, seq)
+}
+
+// sameBits fails the test at the first element whose bits differ.
+func sameBits(t testing.TB, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d elements, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %v (%#08x), want %v (%#08x)", what, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+		}
+	}
+}
+
+// sameBytes fails the test at the first byte that differs.
+func sameBytes(t testing.TB, what string, got, want []byte) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d bytes, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("%s: byte %d is %#x, want %#x", what, i, got[i], want[i])
+		}
+	}
+}
+
+// valueBytes copies a tensor's bytes.
+func valueBytes(t testing.TB, v *tensors.Tensor) []byte {
+	t.Helper()
+	var out []byte
+	if err := v.ConstBytes(func(b []byte) { out = append([]byte(nil), b...) }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// noFusionForHalf turns GoMLX's fused ops off for a bf16/fp16 case: the
+// Go backend of compute v0.1.2 builds a fused dense for them and then has
+// no kernel to run it ("op not implemented"); the decomposed ops work.
+func noFusionForHalf(t *testing.T, name string) {
+	if strings.Contains(name, "BFloat16") || strings.Contains(name, "Float16") {
+		t.Setenv(FusionEnv, "false")
+	}
+}
+
+func TestMain(m *testing.M) {
+	slog.SetDefault(quiet)
+	os.Exit(m.Run())
+}

@@ -1,0 +1,215 @@
+package zgomlx
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper"
+	zopt "github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// MemoryTrainer trains a Net the way Trainer does — the same per-layer
+// executors in the same order, zinf's Adam (optimizer.Adam) on fp32
+// master weights, parameters stored in the config's param dtype — with
+// every variable and state in Go memory. It is the reference offloaded
+// training is compared with (bit for bit) and timed against. Its
+// variables are the Store's own values, updated in place, so the Store is
+// current after every step. Its methods are for one goroutine; an error
+// in the middle of a step (a broken layer function) leaves it mid-step.
+type MemoryTrainer struct {
+	ex    *executors
+	lp    loop
+	store *model.Store
+	vars  []*Var
+	hyper zopt.Hyper
+	// storage is the dtype zinf would store parameters in; when a
+	// variable's dtype differs, its values are rounded through it.
+	storage tensor.DType
+	state   []memState
+	steps   int
+	// Gradients mode (collect instead of stepping).
+	collect map[string][]float32
+}
+
+type memState struct {
+	buf     compute.Buffer
+	bytes   []byte    // the variable's value, in its dtype
+	master  []float32 // aliases bytes when the variable and its storage are fp32
+	aliased bool
+	m, v    []float32
+	acc     []float32 // gradients of earlier micro-steps
+	has     bool
+	enc     []byte // the master encoded in the storage dtype, when rounding through it
+}
+
+// NewMemoryTrainer builds net's executors over store's variables, which
+// must have values; cfg gives the optimizer's hyperparameters
+// (zinf.Hyper) and the param dtype (bf16.enabled / fp16.enabled), as
+// zinf.Open would take them. opts.Filter and opts.Layers select and group
+// the variables as for Register (Layers defaults to net.Scopes()).
+func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg *config.Config, opts Options) (*MemoryTrainer, error) {
+	if err := net.check(); err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		return nil, fmt.Errorf("zgomlx: nil config")
+	}
+	if len(opts.Layers) == 0 {
+		opts.Layers = net.Scopes()
+	}
+	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*Var{}
+	for _, v := range vars {
+		byName[v.Name] = v
+	}
+	ex, err := newExecutors(backend, store, net, groupLayers(vars, len(scopes)), byName)
+	if err != nil {
+		return nil, err
+	}
+	mt := &MemoryTrainer{ex: ex, store: store, vars: vars, hyper: zinf.Hyper(cfg), storage: zinf.ParamDType(cfg), state: make([]memState, len(vars))}
+	mt.hyper.EnsureDefaults()
+	for i, v := range vars {
+		val, err := v.v.Value()
+		if err != nil {
+			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
+		}
+		st := &mt.state[i]
+		if st.buf, st.bytes, err = bufferOf(backend, val); err != nil {
+			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
+		}
+		// As zinf's Init: the master is the value in fp32, the parameter
+		// the master in the storage dtype.
+		if v.dtype == tensor.Float32 && mt.storage == tensor.Float32 {
+			st.master, st.aliased = buffers.Float32Bytes(st.bytes), true
+		} else {
+			st.master = make([]float32, v.numel)
+			swapper.Decode(v.dtype, st.master, st.bytes)
+			if v.dtype != mt.storage {
+				st.enc = make([]byte, v.numel*mt.storage.Size())
+			}
+			mt.writeParam(v, st)
+		}
+		st.m, st.v = make([]float32, v.numel), make([]float32, v.numel)
+		v.cur = st.buf
+	}
+	mt.lp = loop{ex: ex, src: (*memSource)(mt)}
+	return mt, nil
+}
+
+// writeParam stores the master into the variable's value, through the
+// storage dtype.
+func (mt *MemoryTrainer) writeParam(v *Var, st *memState) {
+	if st.aliased {
+		return
+	}
+	if st.enc == nil {
+		swapper.Encode(v.dtype, st.bytes, st.master)
+		return
+	}
+	swapper.Encode(mt.storage, st.enc, st.master)
+	swapper.Transcode(mt.storage, st.enc, v.dtype, st.bytes)
+}
+
+// Step is one training step on a batch (the last micro-step after
+// Accumulate calls); it returns the loss.
+func (mt *MemoryTrainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
+	loss, err := mt.lp.run(ctx, x, labels, true)
+	if err != nil {
+		return loss, err
+	}
+	mt.steps++
+	return loss, nil
+}
+
+// Accumulate is a micro-step that is not the step's last.
+func (mt *MemoryTrainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
+	return mt.lp.run(ctx, x, labels, false)
+}
+
+// Gradients runs forward and backward on a batch with the per-layer
+// executors and returns the loss and every registered variable's
+// gradient (fp32), without stepping.
+func (mt *MemoryTrainer) Gradients(ctx context.Context, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
+	mt.collect = map[string][]float32{}
+	defer func() { mt.collect = nil }()
+	loss, err := mt.lp.run(ctx, x, labels, false)
+	return loss, mt.collect, err
+}
+
+// State returns a variable's fp32 master weights and Adam moments (the
+// Trainer's are zinf.Runtime.ReadOptimizerState).
+func (mt *MemoryTrainer) State(name string) (master, expAvg, expAvgSq []float32, err error) {
+	for i, v := range mt.vars {
+		if v.Name == name {
+			st := &mt.state[i]
+			return st.master, st.m, st.v, nil
+		}
+	}
+	return nil, nil, nil, fmt.Errorf("zgomlx: %q is not a trained variable", name)
+}
+
+// Steps returns the number of steps taken.
+func (mt *MemoryTrainer) Steps() int { return mt.steps }
+
+// Close frees the executors (the Store keeps its values).
+func (mt *MemoryTrainer) Close() { mt.ex.close() }
+
+// memSource is the MemoryTrainer as the loop's paramSource.
+type memSource MemoryTrainer
+
+func (s *memSource) startPass(bool) {}
+
+func (s *memSource) bind(context.Context, int) error { return nil }
+
+func (s *memSource) unbind(int) {}
+
+func (s *memSource) grad(_ context.Context, v *Var, g []float32, last bool) error {
+	if s.collect != nil {
+		s.collect[v.Name] = append([]float32(nil), g...)
+		return nil
+	}
+	st := &s.state[v.idx]
+	if !last {
+		if !st.has {
+			if st.acc == nil {
+				st.acc = make([]float32, v.numel)
+			}
+			copy(st.acc, g)
+			st.has = true
+			return nil
+		}
+		accumulate(st.acc, g)
+		return nil
+	}
+	if st.has {
+		accumulate(st.acc, g)
+		g = st.acc
+		st.has = false
+	}
+	zopt.Adam(st.master, g, st.m, st.v, s.steps+1, s.hyper)
+	(*MemoryTrainer)(s).writeParam(v, st)
+	return nil
+}
+
+// accumulate is zinf's gradient accumulation: acc[i] + g[i] in float32.
+func accumulate(acc, g []float32) {
+	g = g[:len(acc)]
+	for i := range acc {
+		acc[i] = acc[i] + g[i]
+	}
+}
+
+func (s *memSource) layerDone(context.Context, int) error { return nil }
+
+func (s *memSource) fail() {}

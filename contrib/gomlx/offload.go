@@ -1,0 +1,233 @@
+package zgomlx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// Options configure Register.
+type Options struct {
+	// Filter selects the variables zinf holds and trains. Default
+	// (nil): DefaultFilter, every trainable variable of a float dtype
+	// (float32, bfloat16, float16). Variables left out stay in the Store
+	// with their values; the per-layer executors read them and nothing
+	// trains them.
+	Filter func(v *model.Variable) bool
+	// Layers are the layers' scope paths in forward order ("/block_0",
+	// ...): a variable belongs to the first layer whose scope holds it.
+	// Default: the first-level scopes of the selected variables, in the
+	// order their first variable was created. A Trainer takes them from
+	// its Net.
+	Layers []string
+	// KeepValues leaves the registered variables' values in the Store.
+	// Default false: once zinf has a variable, its value is released (the
+	// Store keeps its shape), so the parameters live only in zinf.
+	KeepValues bool
+	// Runtime is passed to zinf.Open.
+	Runtime zinf.Options
+}
+
+// Offload is a model.Store's variables registered with a zinf.Runtime:
+// zinf owns their values (on NVMe or in pinned memory, as the config and
+// the plan say), their fp32 master copies and Adam states. Its methods
+// are for one goroutine (the training loop's).
+type Offload struct {
+	rt        *zinf.Runtime
+	store     *model.Store
+	vars      []*Var
+	byName    map[string]*Var
+	scopes    []string
+	layerVars [][]*Var
+	classes   int
+	released  bool
+	// version counts the parameter values: it moves at every committed
+	// step and checkpoint load, so swap-in buffers know when they are
+	// stale. It starts at 1 (a fresh buffer holds version 0).
+	version uint64
+}
+
+// Register hands a Store's variables to zinf: it describes them (the
+// path is the tensor name, the shape and layer kept) to zinf.Open, gives
+// each its value from the Store with Runtime.Init, and then, unless
+// Options.KeepValues, releases the values from the Store. Every variable
+// selected must have a value. Register is all or nothing: on error the
+// runtime is closed and the Store is as it was.
+func Register(ctx context.Context, cfg *config.Config, store *model.Store, opts Options) (*Offload, error) {
+	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, v := range vars {
+		if !v.v.HasValue() {
+			errs = append(errs, fmt.Errorf("zgomlx: variable %q has no value (initialize the Store first, e.g. with zgomlx.Initialize or store.InitializeVariables)", v.Name))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1}
+	o.layerVars = groupLayers(vars, len(scopes))
+	descs := make([][]tensor.Desc, len(scopes))
+	for _, v := range vars {
+		o.byName[v.Name] = v
+		o.classes = max(o.classes, v.class+1)
+		descs[v.Layer] = append(descs[v.Layer], tensor.Desc{Name: v.Name, Shape: v.Shape.Dimensions})
+	}
+	rt, err := zinf.Open(cfg, zinf.LayeredModel(descs...), opts.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	o.rt = rt
+	var wide []float32
+	for _, v := range vars {
+		val, err := v.v.Value()
+		if err != nil {
+			rt.Close()
+			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
+		}
+		if v.dtype != tensor.Float32 && cap(wide) < v.numel {
+			wide = make([]float32, v.numel)
+		}
+		err = val.ConstBytes(func(b []byte) {
+			if v.dtype == tensor.Float32 {
+				err = rt.Init(ctx, v.Name, buffers.Float32Bytes(b))
+				return
+			}
+			swapper.Decode(v.dtype, wide[:v.numel], b)
+			err = rt.Init(ctx, v.Name, wide[:v.numel])
+		})
+		if err != nil {
+			rt.Close()
+			return nil, fmt.Errorf("zgomlx: register %q: %w", v.Name, err)
+		}
+	}
+	if !opts.KeepValues {
+		for _, v := range vars {
+			if err := v.v.Reset(); err != nil {
+				rt.Close()
+				return nil, fmt.Errorf("zgomlx: releasing %q from the Store: %w", v.Name, err)
+			}
+		}
+		o.released = true
+	}
+	return o, nil
+}
+
+// Runtime returns the zinf runtime (metrics, plan, reservations, the
+// layer below).
+func (o *Offload) Runtime() *zinf.Runtime { return o.rt }
+
+// Store returns the model.Store the variables came from.
+func (o *Offload) Store() *model.Store { return o.store }
+
+// Vars returns the registered variables in zinf order (by layer, then
+// creation order).
+func (o *Offload) Vars() []Var {
+	out := make([]Var, len(o.vars))
+	for i, v := range o.vars {
+		out[i] = Var{Name: v.Name, Shape: v.Shape, Layer: v.Layer}
+	}
+	return out
+}
+
+// Layers returns the number of layers.
+func (o *Offload) Layers() int { return len(o.scopes) }
+
+// LayerScope returns layer l's scope path.
+func (o *Offload) LayerScope(l int) string { return o.scopes[l] }
+
+// StateBytes is what zinf holds for the registered variables: the
+// parameters in the param dtype, the fp32 master weights, both Adam
+// moments and the fp32 gradients.
+func (o *Offload) StateBytes() int64 {
+	var n int64
+	ps := int64(o.rt.DType.Size())
+	for _, v := range o.vars {
+		n += int64(v.numel) * (ps + 4*4)
+	}
+	return n
+}
+
+// ReadVariable returns a registered variable's current value as a new
+// tensor of its Store dtype and shape. Call it between steps.
+func (o *Offload) ReadVariable(ctx context.Context, name string) (*tensors.Tensor, error) {
+	v := o.byName[name]
+	if v == nil {
+		return nil, fmt.Errorf("zgomlx: read %q: not a registered variable", name)
+	}
+	t := tensors.FromShape(v.Shape)
+	var err error
+	t.MutableBytes(func(b []byte) { err = o.readInto(ctx, v, b) })
+	if err != nil {
+		t.FinalizeAll()
+		return nil, err
+	}
+	return t, nil
+}
+
+// readInto swaps v's layer in, copies v's values into dst (its Store
+// dtype), and ends the layer, outside any pass.
+func (o *Offload) readInto(ctx context.Context, v *Var, dst []byte) error {
+	o.rt.Pass([]int{v.Layer})
+	if err := o.rt.BeginLayer(ctx, v.Layer); err != nil {
+		return fmt.Errorf("zgomlx: read %q: %w", v.Name, err)
+	}
+	defer o.rt.EndLayer(v.Layer)
+	if err := o.rt.ReadParamBytes(ctx, v.Name, v.dtype, dst); err != nil {
+		return fmt.Errorf("zgomlx: read %q: %w", v.Name, err)
+	}
+	return nil
+}
+
+// Restore gives every registered variable its current value in the Store
+// again (for GoMLX's own checkpoints, inference or evaluation with a
+// model.Exec). It needs memory for all of them at once.
+func (o *Offload) Restore(ctx context.Context) error {
+	for _, v := range o.vars {
+		t, err := o.ReadVariable(ctx, v.Name)
+		if err != nil {
+			return err
+		}
+		if err := v.v.SetValue(t); err != nil {
+			return fmt.Errorf("zgomlx: restore %q: %w", v.Name, err)
+		}
+	}
+	o.released = false
+	return nil
+}
+
+// Close closes the runtime (its swap files are removed). The Store keeps
+// what it has: call Restore first to keep the trained values.
+func (o *Offload) Close() error {
+	if o == nil || o.rt == nil {
+		return nil
+	}
+	return o.rt.Close()
+}
+
+// bufferOf returns a GoMLX tensor's backend buffer and its bytes, without
+// copying (the Go backend shares its buffers with Go).
+func bufferOf(backend compute.Backend, t *tensors.Tensor) (compute.Buffer, []byte, error) {
+	buf, err := t.Buffer(backend, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	flat, err := buf.Data()
+	if err != nil {
+		return nil, nil, err
+	}
+	return buf, dtypes.UnsafeByteSliceFromAny(flat), nil
+}

@@ -1,0 +1,161 @@
+package zgomlx_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
+
+	"github.com/zinfio/zinf"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// TestPerLayerGradientsEqualWholeGraph: the per-layer executors
+// (recompute + vector-Jacobian product, layer by layer) give every
+// variable's gradient bit for bit as the whole model in one graph does,
+// for a deep MLP and a transformer, in fp32 and bf16.
+func TestPerLayerGradientsEqualWholeGraph(t *testing.T) {
+	type tc struct {
+		name  string
+		net   zgomlx.Net
+		x     shapes.Shape
+		batch func() (x, y *tensors.Tensor)
+	}
+	cases := []tc{
+		{"mlp", mlpNet(33, 64, 17, 5), shapes.Make(dtypes.Float32, 6, 9), func() (x, y *tensors.Tensor) { return mlpBatch(1, 6, 9, 5) }},
+	}
+	for _, dt := range []dtypes.DType{dtypes.Float32, dtypes.BFloat16} {
+		cases = append(cases, tc{"lm-" + dt.String(), lmNet(23, 8, 16, 2, 2, dt), shapes.Make(dtypes.Int32, 3, 8), func() (x, y *tensors.Tensor) { return lmBatch(1, 3, 8, 23) }})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := watchdog(t, 2*time.Minute)
+			noFusionForHalf(t, c.name)
+			b := backend(t)
+			store := newStore(t, b, c.net, c.x, 3)
+			x, y := c.batch()
+			wantLoss, want, err := zgomlx.WholeGraphGradients(b, clone(t, store), c.net, nil, x, y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mt, err := zgomlx.NewMemoryTrainer(b, store, c.net, testConfig(t, 8<<20), zgomlx.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mt.Close()
+			loss, got, err := mt.Gradients(ctx, x, y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loss != wantLoss {
+				t.Errorf("loss %v per layer, %v whole", loss, wantLoss)
+			}
+			if len(got) != len(want) || len(got) == 0 {
+				t.Fatalf("%d gradients per layer, %d whole", len(got), len(want))
+			}
+			for name, w := range want {
+				sameBits(t, fmt.Sprintf("gradient of %s", name), got[name], w)
+			}
+		})
+	}
+}
+
+// trainCase is a model, its input shape and its batches.
+type trainCase struct {
+	name  string
+	net   zgomlx.Net
+	x     shapes.Shape
+	batch func(step int) (x, y *tensors.Tensor)
+	bf16  bool // zinf stores bf16 params (the Store's dtype is bf16 too)
+}
+
+func lmCase(dt dtypes.DType, blocks int) trainCase {
+	const vocab, seq, batch = 29, 8, 4
+	return trainCase{name: "lm-" + dt.String(), net: lmNet(vocab, seq, 16, 2, blocks, dt), x: shapes.Make(dtypes.Int32, batch, seq),
+		batch: func(step int) (x, y *tensors.Tensor) { return lmBatch(step, batch, seq, vocab) }, bf16: dt == dtypes.BFloat16}
+}
+
+func mlpCase() trainCase {
+	return trainCase{name: "mlp", net: mlpNet(48, 31, 64, 7), x: shapes.Make(dtypes.Float32, 5, 11),
+		batch: func(step int) (x, y *tensors.Tensor) { return mlpBatch(step, 5, 11, 7) }}
+}
+
+// TestOffloadedEqualsInMemory trains the same model offloaded (params and
+// Adam states on NVMe through a small pinned pool) and in memory (same
+// executors, zinf's Adam in Go): every loss, and at the end every
+// parameter, master weight and Adam moment, is equal bit for bit — for
+// fp32 params, and bf16 params with fp32 masters. A whole-graph GoMLX
+// trainer with zinf's Adam as its optimizer lands on the same bits.
+func TestOffloadedEqualsInMemory(t *testing.T) {
+	for _, c := range []trainCase{mlpCase(), lmCase(dtypes.Float32, 2), lmCase(dtypes.BFloat16, 2)} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := watchdog(t, 3*time.Minute)
+			noFusionForHalf(t, c.name)
+			b := backend(t)
+			const steps = 6
+			store := newStore(t, b, c.net, c.x, 11)
+			memStore, wholeStore := clone(t, store), clone(t, store)
+			cfg := testConfig(t, 8<<20)
+			cfg.BF16 = c.bf16
+			tr, err := zgomlx.Open(ctx, b, cfg, store, c.net, zgomlx.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mt.Close()
+			wg, err := zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(zinf.Hyper(cfg)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer wg.Close()
+			for step := range steps {
+				x, y := c.batch(step)
+				lo, err := tr.Step(ctx, x, y)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				lm, err := mt.Step(ctx, x, y)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lw, err := wg.Step(x, y)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if lo != lm || lw != lm {
+					t.Fatalf("step %d: loss offloaded %v, in memory %v, whole graph %v", step, lo, lm, lw)
+				}
+			}
+			off := tr.Offload()
+			for _, v := range off.Vars() {
+				got, err := off.ReadVariable(ctx, v.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameBytes(t, v.Name, valueBytes(t, got), valueBytes(t, memStore.GetVariable(v.Name).MustValue()))
+				sameBytes(t, v.Name+" (whole graph)", valueBytes(t, got), valueBytes(t, wholeStore.GetVariable(v.Name).MustValue()))
+				master, m, sq, err := off.Runtime().ReadOptimizerState(ctx, v.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wm, wmm, wsq, err := mt.State(v.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameBits(t, v.Name+" master", master, wm)
+				sameBits(t, v.Name+" exp_avg", m, wmm)
+				sameBits(t, v.Name+" exp_avg_sq", sq, wsq)
+			}
+			if tr.ParamReads() == 0 || off.Runtime().Metrics().BytesRead == 0 {
+				t.Fatal("nothing was read from NVMe")
+			}
+		})
+	}
+}

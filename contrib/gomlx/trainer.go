@@ -1,0 +1,241 @@
+package zgomlx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
+
+	"github.com/zinfio/zinf/config"
+)
+
+// ErrCommitPending is returned (wrapped in the step's error) when a
+// step's gradients are complete but its optimizer commit failed: nothing
+// changed, the gradients are kept, and Commit runs the commit again (or
+// Abort drops the step).
+var ErrCommitPending = errors.New("zgomlx: the optimizer commit failed; call Commit again (or Abort)")
+
+// Trainer trains a Net whose variables zinf holds: each layer's
+// variables are swapped in straight into GoMLX tensors (reused buffers,
+// no Go heap allocation in steady state) just before its executor runs,
+// each gradient is handed to zinf as it is produced, each layer's Adam
+// update starts while the backward pass goes on, and Step commits. Its
+// methods are for one goroutine.
+type Trainer struct {
+	off   *Offload
+	ex    *executors
+	lp    loop
+	pool  *slotPool
+	owned bool // Close closes the Offload (Open made it)
+
+	order   []int // the layers a pass reads from zinf
+	pending bool  // a commit failed
+	reads   int64
+}
+
+// NewTrainer builds net's per-layer executors over off's variables on
+// backend, which must share its buffers with Go (the pure-Go backend).
+// off must have been registered with one layer per Net layer, in order
+// (Options.Layers = net.Scopes()).
+func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error) {
+	if off == nil {
+		return nil, errors.New("zgomlx: nil Offload")
+	}
+	for i, l := range net.Layers {
+		if i < len(off.scopes) && cleanScope(l.Scope) != off.scopes[i] {
+			return nil, fmt.Errorf("zgomlx: Net.Layers[%d] has scope %q, the Offload's layer %d %q (register with Options.Layers = net.Scopes())", i, l.Scope, i, off.scopes[i])
+		}
+	}
+	ex, err := newExecutors(backend, off.store, net, off.layerVars, off.byName)
+	if err != nil {
+		return nil, err
+	}
+	t := &Trainer{off: off, ex: ex, pool: newSlotPool(backend, off.classes)}
+	t.lp = loop{ex: ex, src: (*zinfSource)(t)}
+	return t, nil
+}
+
+// Open registers store's variables with zinf (Register, one layer per
+// Net layer) and builds a Trainer for net; Close closes both.
+func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, opts Options) (*Trainer, error) {
+	if err := net.check(); err != nil {
+		return nil, err
+	}
+	opts.Layers = net.Scopes()
+	off, err := Register(ctx, cfg, store, opts)
+	if err != nil {
+		return nil, err
+	}
+	t, err := NewTrainer(backend, off, net)
+	if err != nil {
+		off.Close()
+		return nil, err
+	}
+	t.owned = true
+	return t, nil
+}
+
+// Offload returns the registered variables and their runtime.
+func (t *Trainer) Offload() *Offload { return t.off }
+
+// Step runs one training step on a batch: forward, loss, backward
+// (gradients to zinf as they come, each layer's update started), and the
+// optimizer commit. It returns the batch's loss. After Accumulate calls it
+// is the step's last micro-step.
+//
+// It is all or nothing: on an error before the commit (a swap-in that
+// fails, a full disk under a gradient write) the step is given up
+// (gradients of earlier micro-steps too, see zinf.Runtime.AbortStep) and
+// the model is as before, so the step may be run again from its first
+// micro-step; an error of the commit itself wraps ErrCommitPending:
+// nothing changed, the gradients are kept, and Commit retries it, with
+// the fault-free result.
+func (t *Trainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
+	if t.pending {
+		return 0, ErrCommitPending
+	}
+	loss, err := t.lp.run(ctx, x, labels, true)
+	if err != nil {
+		return loss, err
+	}
+	return loss, t.Commit(ctx)
+}
+
+// Accumulate runs a micro-step that is not the step's last: its
+// gradients are added to zinf's, and no update starts.
+func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
+	if t.pending {
+		return 0, ErrCommitPending
+	}
+	return t.lp.run(ctx, x, labels, false)
+}
+
+// Commit runs (or, after ErrCommitPending, runs again) the optimizer
+// commit of the step whose last micro-step Step ran.
+func (t *Trainer) Commit(ctx context.Context) error {
+	if err := t.off.rt.Step(ctx); err != nil {
+		t.pending = true
+		return fmt.Errorf("%w: %w", ErrCommitPending, err)
+	}
+	t.pending = false
+	t.off.version++
+	return nil
+}
+
+// Abort gives up the step in progress (after ErrCommitPending, say):
+// its gradients are dropped and the model stays as the last commit left
+// it.
+func (t *Trainer) Abort() {
+	t.off.rt.AbortStep()
+	t.pending = false
+	t.pool.unkeepAll()
+}
+
+// SwapBufferBytes is the Go memory the swap-in buffers hold (about the
+// largest layer's variables, by shape).
+func (t *Trainer) SwapBufferBytes() int64 { return t.pool.bytes }
+
+// ParamReads counts the variables copied from zinf into swap-in buffers
+// (a layer whose values are still in its buffers is not read).
+func (t *Trainer) ParamReads() int64 { return t.reads }
+
+// Close frees the executors and buffers, and the Offload when Open made
+// it.
+func (t *Trainer) Close() error {
+	t.ex.close()
+	t.pool.close()
+	if t.owned {
+		return t.off.Close()
+	}
+	return nil
+}
+
+// zinfSource is the Trainer as the loop's paramSource.
+type zinfSource Trainer
+
+func (s *zinfSource) startPass(forward bool) {
+	o := s.off
+	L := len(o.scopes)
+	s.pool.unkeepAll()
+	s.order = s.order[:0]
+	for i := range L {
+		l := i
+		if !forward {
+			l = L - 1 - i
+		}
+		vars := o.layerVars[l]
+		hit := true
+		for _, v := range vars {
+			if !v.holds(o.version) {
+				hit = false
+				break
+			}
+		}
+		if hit {
+			for _, v := range vars {
+				v.slot.keep = true
+			}
+			continue
+		}
+		s.order = append(s.order, l)
+	}
+	o.rt.Pass(s.order)
+}
+
+func (s *zinfSource) bind(ctx context.Context, l int) error {
+	o := s.off
+	vars := o.layerVars[l]
+	read := false
+	for _, v := range vars {
+		sl, ok, err := s.pool.acquire(v, o.version)
+		if err != nil {
+			s.pool.release(vars)
+			return err
+		}
+		sl.keep = false
+		v.cur = sl.buf
+		read = read || !ok
+	}
+	if !read {
+		return nil
+	}
+	if err := o.rt.BeginLayer(ctx, l); err != nil {
+		s.pool.release(vars)
+		return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
+	}
+	defer o.rt.EndLayer(l) // the values are in GoMLX buffers: zinf's can go
+	for _, v := range vars {
+		if v.slot.version == o.version {
+			continue
+		}
+		if err := o.rt.ReadParamBytes(ctx, v.Name, v.dtype, v.slot.bytes); err != nil {
+			v.slot.forget()
+			s.pool.release(vars)
+			return fmt.Errorf("zgomlx: swap-in of %q: %w", v.Name, err)
+		}
+		v.slot.version = o.version
+		s.reads++
+	}
+	return nil
+}
+
+func (s *zinfSource) unbind(l int) { s.pool.release(s.off.layerVars[l]) }
+
+func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _ bool) error {
+	if err := s.off.rt.AccumulateGrad(ctx, v.Name, g); err != nil {
+		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+	}
+	return nil
+}
+
+func (s *zinfSource) layerDone(ctx context.Context, l int) error {
+	return s.off.rt.StepLayer(ctx, l)
+}
+
+func (s *zinfSource) fail() {
+	s.off.rt.AbortStep()
+	s.pool.unkeepAll()
+}

@@ -1,0 +1,140 @@
+package zgomlx
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
+	gopt "github.com/gomlx/gomlx/ml/train/optimizer"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// chain builds the whole Net in one graph: each layer in its scope, then
+// the loss.
+func chain(store *model.Store, net Net, x, labels *graph.Node) *graph.Node {
+	g := x.Graph()
+	store.SetTraining(g, true)
+	y := x
+	for _, l := range net.Layers {
+		y = l.Fn(store.Scope(cleanScope(l.Scope)), y)
+	}
+	loss := net.Loss(y, labels)
+	if !loss.Shape().IsScalar() {
+		panic(fmt.Errorf("zgomlx: Net.Loss returned shape %s (a scalar is needed)", loss.Shape()))
+	}
+	return loss
+}
+
+// WholeGraph trains a Net the usual GoMLX way: the whole model and its
+// optimizer update in one graph, run by a model.Exec, every variable in
+// the Store in memory. With Adam (zinf's Adam as a GoMLX optimizer) it is
+// the in-memory reference of offloaded training in GoMLX's own terms;
+// with GoMLX's Adam it shows how far that one rounds from zinf's.
+type WholeGraph struct {
+	backend compute.Backend
+	exec    *model.Exec
+}
+
+// NewWholeGraph builds the training step of net with opt over store
+// (whose variables need values, or initializers).
+func NewWholeGraph(backend compute.Backend, store *model.Store, net Net, opt gopt.Interface) (*WholeGraph, error) {
+	if err := net.check(); err != nil {
+		return nil, err
+	}
+	if opt == nil {
+		return nil, errors.New("zgomlx: nil optimizer")
+	}
+	e, err := model.NewExec(backend, store, func(scope *model.Scope, x, labels *graph.Node) *graph.Node {
+		loss := chain(store, net, x, labels)
+		opt.UpdateGraph(scope, x.Graph(), loss)
+		return loss
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &WholeGraph{backend: backend, exec: e}, nil
+}
+
+// Step runs one training step on a batch and returns its loss.
+func (w *WholeGraph) Step(x, labels *tensors.Tensor) (float32, error) {
+	out, err := w.exec.Call(x, labels)
+	if err != nil {
+		return 0, err
+	}
+	defer finalize(out[0])
+	return scalarOf(w.backend, out[0])
+}
+
+// Close frees the compiled graphs.
+func (w *WholeGraph) Close() { w.exec.Finalize() }
+
+// WholeGraphGradients computes the loss of a batch and the gradients of
+// the variables filter selects (nil: DefaultFilter) with the whole Net in
+// one graph, as fp32 by variable path: what the per-layer executors'
+// gradients (MemoryTrainer.Gradients) must equal.
+func WholeGraphGradients(backend compute.Backend, store *model.Store, net Net, filter func(*model.Variable) bool, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
+	if err := net.check(); err != nil {
+		return 0, nil, err
+	}
+	if filter == nil {
+		filter = DefaultFilter
+	}
+	var names []string
+	var dims []shapes.Shape
+	e, err := model.NewExec(backend, store, func(_ *model.Scope, x, labels *graph.Node) []*graph.Node {
+		loss := chain(store, net, x, labels)
+		g := x.Graph()
+		var wrt []*graph.Node
+		names, dims = nil, nil
+		for v := range store.IterVariables() {
+			if v.IsValid() && v.InUseByGraph(g) && filter(v) {
+				names = append(names, v.Path())
+				dims = append(dims, v.Shape())
+				wrt = append(wrt, v.NodeValue(g))
+			}
+		}
+		return append([]*graph.Node{loss}, graph.Gradient(loss, wrt...)...)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	defer e.Finalize()
+	out, err := e.Call(x, labels)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() {
+		for _, t := range out {
+			finalize(t)
+		}
+	}()
+	loss, err := scalarOf(backend, out[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	grads := make(map[string][]float32, len(names))
+	for i, name := range names {
+		_, b, err := bufferOf(backend, out[1+i])
+		if err != nil {
+			return 0, nil, err
+		}
+		dt, ok := zinfDType(dims[i].DType)
+		if !ok {
+			return 0, nil, fmt.Errorf("zgomlx: gradient of %q is %s", name, dims[i].DType)
+		}
+		g := make([]float32, dims[i].Size())
+		if dt == swapper.Float32 {
+			copy(g, buffers.Float32Bytes(b))
+		} else {
+			swapper.Decode(dt, g, b)
+		}
+		grads[name] = g
+	}
+	return loss, grads, nil
+}
