@@ -296,6 +296,35 @@ type Pending struct {
 	// ranged false.
 	ranged           bool
 	from, to, lo, hi int64
+	// one is the pooled request of a single-path store's op (reqs is
+	// one[:]), given back once every request was waited for.
+	one *[1]aio.Request
+}
+
+// onePool recycles the requests of single-path stores: an aio.Request
+// keeps its completion channel and slice table from one use to the next
+// (aio: reuse after Wait allocates nothing), so a warm store op allocates
+// neither.
+var onePool = sync.Pool{New: func() any { return new([1]aio.Request) }}
+
+// single sets p.reqs to one pooled request.
+func (p *Pending) single(op aio.Op, f *aio.File, off int64, buf []byte) {
+	p.one = onePool.Get().(*[1]aio.Request)
+	r := &p.one[0]
+	r.Op, r.File, r.Offset, r.Buf = op, f, off, buf
+	p.reqs = p.one[:]
+}
+
+// recycle gives the pooled request back: every request of p was waited
+// for (or never submitted), so the engine holds none of it.
+func (p *Pending) recycle() {
+	if p.one != nil {
+		r := &p.one[0]
+		r.File, r.Buf = nil, nil
+		onePool.Put(p.one)
+		p.one = nil
+	}
+	p.reqs = nil
 }
 
 // Wait blocks until the operation is done. For a write, success commits the
@@ -337,7 +366,7 @@ func (p *Pending) Wait() error {
 		s.unrefLocked(p.v)
 		s.mu.Unlock()
 	}
-	p.reqs = nil
+	p.recycle()
 	return p.err
 }
 
@@ -403,8 +432,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func (s *Store) submit(p *Pending, op aio.Op) error {
 	v := p.v
 	if len(s.files) == 1 {
-		p.reqs = make([]aio.Request, 1)
-		p.reqs[0] = aio.Request{Op: op, File: s.files[0], Offset: v.ext[0].off, Buf: p.buf[:v.padded]}
+		p.single(op, s.files[0], v.ext[0].off, p.buf[:v.padded])
 	} else {
 		s.chunks(v, func(c chunk) {
 			p.reqs = append(p.reqs, aio.Request{Op: op, File: s.files[c.p], Offset: c.off, Buf: p.buf[c.lo:c.hi]})
@@ -416,7 +444,7 @@ func (s *Store) submit(p *Pending, op aio.Op) error {
 			for j := 0; j < i; j++ {
 				p.reqs[j].Wait()
 			}
-			p.reqs = nil
+			p.recycle()
 			return err
 		}
 	}
@@ -549,7 +577,7 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 	s.mu.Unlock()
 	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:to-from], ranged: true, from: from, to: to, lo: lo, hi: hi}
 	if len(s.files) == 1 {
-		p.reqs = []aio.Request{{Op: aio.OpRead, File: s.files[0], Offset: v.ext[0].off + from, Buf: p.buf}}
+		p.single(aio.OpRead, s.files[0], v.ext[0].off+from, p.buf)
 	} else {
 		s.chunks(v, func(c chunk) {
 			a, z := max(c.lo, from), min(c.hi, to)
@@ -563,7 +591,7 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 			for j := 0; j < i; j++ {
 				p.reqs[j].Wait()
 			}
-			p.reqs = nil
+			p.recycle()
 			s.mu.Lock()
 			s.unrefLocked(v)
 			s.stats.ReadErrors++
