@@ -271,15 +271,17 @@ func (p *Pool) checkRequest(size int, purpose Purpose) (int32, *region, error) {
 		return 0, nil, &AcquireError{size, purpose, ErrInvalidPurpose}
 	}
 	r := p.byPurpose[purpose]
-	where := "the capacity"
-	if r != p.regions[0] {
-		where = "the " + purpose.String() + " reservation"
-	}
 	capBytes := p.regionBytes(r)
 	switch {
 	case size <= 0:
 		return 0, nil, &AcquireError{size, purpose, fmt.Errorf("%w: must be > 0", ErrInvalidSize)}
 	case int64(size) > capBytes:
+		// Named only here: building the string on every request would
+		// allocate on the hot path.
+		where := "the capacity"
+		if r != p.regions[0] {
+			where = "the " + purpose.String() + " reservation"
+		}
 		return 0, nil, &AcquireError{size, purpose, fmt.Errorf("%w: %s is %s",
 			ErrTooLarge, where, formatBytes(capBytes))}
 	case size > p.maxBytes(r):

@@ -135,3 +135,26 @@ func TestBlockRule(t *testing.T) {
 		}
 	}
 }
+
+// A buffer from a reserved region costs no allocation beyond the Buffer
+// itself: naming the region is for errors only.
+func TestReservedAcquireAllocations(t *testing.T) {
+	var res [buffers.NumPurposes]int64
+	res[buffers.PurposeOptimizer] = 64 << 10
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 128 << 10, Reservations: res, Pin: buffers.PinOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	cycle := func() {
+		b, ok := p.TryAcquire(4096, buffers.PurposeOptimizer)
+		if !ok {
+			t.Fatal("TryAcquire failed on an empty reservation")
+		}
+		b.Release()
+	}
+	cycle()
+	if a := testing.AllocsPerRun(50, cycle); a > 1 {
+		t.Errorf("%.1f allocations per TryAcquire+Release from a reservation, want at most 1 (the Buffer)", a)
+	}
+}
