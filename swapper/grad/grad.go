@@ -130,6 +130,7 @@ type Swapper struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // operations, write-behinds and ReadAsync in flight
+	opDone func()         // wg.Done, bound once (begin hands it out per operation)
 
 	mu      sync.Mutex
 	tensors map[string]*tensor
@@ -147,7 +148,9 @@ func New(opts Options) (*Swapper, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Swapper{opts: opts, store: opts.Store, pool: opts.Pool, ctx: ctx, cancel: cancel, tensors: make(map[string]*tensor)}, nil
+	s := &Swapper{opts: opts, store: opts.Store, pool: opts.Pool, ctx: ctx, cancel: cancel, tensors: make(map[string]*tensor)}
+	s.opDone = s.wg.Done
+	return s, nil
 }
 
 // Register declares a gradient partition of numel float32 elements (this
@@ -221,6 +224,12 @@ func (s *Swapper) begin(ctx context.Context, op, name string) (t *tensor, _ cont
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if ctx.Done() == nil {
+		// The caller's context is never done (context.Background): the
+		// swapper's own, done at Close, is the operation's, and deriving
+		// one would cost allocations per operation.
+		return t, s.ctx, s.opDone, nil
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
 	return t, ctx, func() { stop(); cancel(); s.wg.Done() }, nil

@@ -243,10 +243,18 @@ func (s *Swapper) begin(ctx context.Context, op, name string) (*tensor, context.
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if ctx.Done() == nil {
+		// The caller's context is never done (context.Background): the
+		// swapper's own, done at Close, is the operation's, and deriving
+		// one would cost allocations per operation.
+		return t, s.ctx, noop, nil
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
 	return t, ctx, func() { stop(); cancel() }, nil
 }
+
+func noop() {}
 
 // PartitionLen returns the number of elements of name this rank holds.
 func (s *Swapper) PartitionLen(name string) (int, error) {
