@@ -268,3 +268,11 @@ func (ex *executors) close() {
 	}
 	ex.loss.Finalize()
 }
+
+// DefaultBackend is the GoMLX backend configuration zgomlx is tested
+// with: the pure-Go backend running one op at a time (each op still uses
+// every core). compute v0.1.2's Go backend can deadlock when it runs
+// several large matrix products at once on few cores (each waits in its
+// worker pool for workers the others hold), which backward passes of
+// attention layers do; "ops_sequential" avoids that.
+const DefaultBackend = "go:ops_sequential"

@@ -32,7 +32,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func backend(t testing.TB) compute.Backend {
 	t.Helper()
-	b, err := compute.NewWithConfig("go")
+	b, err := compute.NewWithConfig(zgomlx.DefaultBackend)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 
 	"github.com/zinfio/zinf/buffers"
@@ -38,11 +39,51 @@ type paramSource interface {
 // loss and its gradient, then backward from the last layer, each layer
 // recomputed and differentiated (its variables' gradients handed over
 // as they are produced).
+//
+// The executors run on a worker goroutine, one at a time in the order
+// above; the loop's goroutine, the only one that talks to the
+// paramSource (and so to zinf), meanwhile binds the next layer (its
+// swap-in) and hands over the previous layer's gradients. Compute and
+// those waits overlap; results are the same bits as running them in turn.
 type loop struct {
 	ex      *executors
 	src     paramSource
 	acts    []*tensors.Tensor
 	scratch []float32 // widens bf16/fp16 gradients
+	jobs    chan job
+	results chan result
+}
+
+// job is one executor call for the worker: exec(a) or exec(a, b).
+type job struct {
+	exec *graph.Exec
+	a, b *tensors.Tensor
+}
+
+type result struct {
+	outs []*tensors.Tensor
+	err  error
+}
+
+// work runs jobs until the channel closes.
+func work(jobs <-chan job, results chan<- result) {
+	for j := range jobs {
+		var r result
+		if j.b == nil {
+			r.outs, r.err = j.exec.Call(j.a)
+		} else {
+			r.outs, r.err = j.exec.Call(j.a, j.b)
+		}
+		results <- r
+	}
+}
+
+// pending is a layer's backward outputs whose gradients are not yet
+// handed over.
+type pending struct {
+	layer int
+	outs  []*tensors.Tensor
+	k     int // the first gradient in outs (1 when outs[0] is dx)
 }
 
 // run is one micro-step; it returns the loss.
@@ -50,35 +91,66 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 	if x == nil || labels == nil {
 		return 0, fmt.Errorf("zgomlx: nil input or labels")
 	}
+	if lp.jobs == nil {
+		lp.jobs, lp.results = make(chan job), make(chan result)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		work(lp.jobs, lp.results)
+	}()
 	layers := lp.ex.layers
 	L := len(layers)
 	acts := append(lp.acts[:0], x)
 	var dy *tensors.Tensor
+	var pend pending
 	defer func() {
+		close(lp.jobs) // every job started was waited for
+		<-done
+		lp.jobs = nil
 		// acts[0] is the caller's; the others are ours.
 		for i := 1; i < len(acts); i++ {
 			finalize(acts[i])
 			acts[i] = nil
 		}
 		finalize(dy)
+		lp.drop(&pend)
 		lp.acts = acts[:0]
 		if err != nil {
 			lp.src.fail()
 		}
 	}()
+	call := func(e *graph.Exec, a, b *tensors.Tensor) { lp.jobs <- job{exec: e, a: a, b: b} }
+	wait := func() ([]*tensors.Tensor, error) { r := <-lp.results; return r.outs, r.err }
+
 	lp.src.startPass(true)
+	if err := lp.src.bind(ctx, 0); err != nil {
+		return 0, err
+	}
 	for l, le := range layers {
-		if err := lp.src.bind(ctx, l); err != nil {
-			return 0, err
+		call(le.fwd, acts[l], nil)
+		var berr error
+		if l+1 < L {
+			berr = lp.src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
 		}
-		out, err := le.fwd.Call(acts[l])
+		out, err := wait()
 		lp.src.unbind(l)
-		if err != nil {
-			return 0, fmt.Errorf("zgomlx: forward of layer %q: %w", le.layer.Scope, err)
+		if err != nil || berr != nil {
+			if berr == nil && l+1 < L {
+				lp.src.unbind(l + 1)
+			}
+			for _, t := range out {
+				finalize(t)
+			}
+			if err != nil {
+				return 0, fmt.Errorf("zgomlx: forward of layer %q: %w", le.layer.Scope, err)
+			}
+			return 0, berr
 		}
 		acts = append(acts, out[0])
 	}
-	lo, err := lp.ex.loss.Call(acts[L], labels)
+	call(lp.ex.loss, acts[L], labels)
+	lo, err := wait()
 	if err != nil {
 		return 0, fmt.Errorf("zgomlx: loss: %w", err)
 	}
@@ -90,51 +162,93 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 	}
 	finalize(acts[L])
 	acts[L] = nil
+
 	lp.src.startPass(false)
+	needs := func(l int) bool { return layers[l].needsBackward(acts[l].DType().IsFloat()) }
+	if needs(L - 1) {
+		if err := lp.src.bind(ctx, L-1); err != nil {
+			return 0, err
+		}
+	}
 	for l := L - 1; l >= 0; l-- {
 		le := layers[l]
 		in := acts[l]
-		float := in.DType().IsFloat()
-		if !le.needsBackward(float) {
+		float := in.DType().IsFloat() // before in is freed
+		if !needs(l) {
 			finalize(dy)
 			dy = nil
 			continue
 		}
-		if err := lp.src.bind(ctx, l); err != nil {
-			return 0, err
+		call(le.bwd, in, dy)
+		// While it computes: the next layer's swap-in, and the previous
+		// layer's gradients handed over (its update started).
+		next := l - 1
+		var berr error
+		if next >= 0 && needs(next) {
+			berr = lp.src.bind(ctx, next)
+		} else {
+			next = -1
 		}
-		outs, err := le.bwd.Call(in, dy)
+		gerr := lp.handOver(ctx, &pend, last)
+		outs, err := wait()
 		lp.src.unbind(l)
-		if err != nil {
-			return 0, fmt.Errorf("zgomlx: backward of layer %q: %w", le.layer.Scope, err)
-		}
 		finalize(dy)
 		dy = nil
 		if l > 0 {
 			finalize(in)
 			acts[l] = nil
 		}
-		k := 0
-		if float {
-			dy, k = outs[0], 1
-		}
-		var gerr error
-		for i, v := range le.vars {
-			if gerr == nil {
-				gerr = lp.grad(ctx, v, outs[k+i], last)
+		if err == nil {
+			pend = pending{layer: l, outs: outs}
+			if float {
+				dy, pend.k = outs[0], 1
 			}
-			finalize(outs[k+i])
 		}
-		if gerr != nil {
-			return 0, gerr
-		}
-		if last {
-			if err := lp.src.layerDone(ctx, l); err != nil {
-				return 0, err
+		if err != nil || berr != nil || gerr != nil {
+			if berr == nil && next >= 0 {
+				lp.src.unbind(next)
 			}
+			switch {
+			case err != nil:
+				return 0, fmt.Errorf("zgomlx: backward of layer %q: %w", le.layer.Scope, err)
+			case gerr != nil:
+				return 0, gerr
+			}
+			return 0, berr
 		}
 	}
+	if err := lp.handOver(ctx, &pend, last); err != nil {
+		return 0, err
+	}
 	return loss, nil
+}
+
+// handOver hands a layer's gradients to the paramSource (and, on the
+// last micro-step, starts its update), then frees them.
+func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
+	if p.outs == nil {
+		return nil
+	}
+	defer lp.drop(p)
+	le := lp.ex.layers[p.layer]
+	for i, v := range le.vars {
+		if err := lp.grad(ctx, v, p.outs[p.k+i], last); err != nil {
+			return err
+		}
+	}
+	if last {
+		return lp.src.layerDone(ctx, p.layer)
+	}
+	return nil
+}
+
+// drop frees a pending layer's gradients (its dx, if any, is the loop's
+// dy by then and freed with it).
+func (lp *loop) drop(p *pending) {
+	for i := p.k; i < len(p.outs); i++ {
+		finalize(p.outs[i])
+	}
+	*p = pending{}
 }
 
 // grad hands a gradient tensor over as fp32: a view of its buffer when it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -34,7 +35,27 @@ type Trainer struct {
 	order   []int // the layers a pass reads from zinf
 	pending bool  // a commit failed
 	reads   int64
+	times   Timings
 }
+
+// Timings are where a Trainer's loop spent its time outside the
+// executors, summed over steps.
+type Timings struct {
+	// SwapIn is the time in swap-ins: waiting for a layer's parameters
+	// (zinf.Runtime.BeginLayer) and copying them into the GoMLX buffers.
+	SwapIn time.Duration
+	// Grads is the time handing gradients over (AccumulateGrad copies
+	// them into pinned memory; it waits when write-behind is behind).
+	Grads time.Duration
+	// StepLayer is the time starting each layer's update.
+	StepLayer time.Duration
+	// Commit is the time in the optimizer commit (zinf.Runtime.Step):
+	// waiting for the updates still running, writing the last ones.
+	Commit time.Duration
+}
+
+// Timings returns the time spent outside the executors so far.
+func (t *Trainer) Timings() Timings { return t.times }
 
 // NewTrainer builds net's per-layer executors over off's variables on
 // backend, which must share its buffers with Go (the pure-Go backend).
@@ -116,7 +137,10 @@ func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (fl
 // Commit runs (or, after ErrCommitPending, runs again) the optimizer
 // commit of the step whose last micro-step Step ran.
 func (t *Trainer) Commit(ctx context.Context) error {
-	if err := t.off.rt.Step(ctx); err != nil {
+	t0 := time.Now()
+	err := t.off.rt.Step(ctx)
+	t.times.Commit += time.Since(t0)
+	if err != nil {
 		t.pending = true
 		return fmt.Errorf("%w: %w", ErrCommitPending, err)
 	}
@@ -202,6 +226,8 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 	if !read {
 		return nil
 	}
+	t0 := time.Now()
+	defer func() { s.times.SwapIn += time.Since(t0) }()
 	if err := o.rt.BeginLayer(ctx, l); err != nil {
 		s.pool.release(vars)
 		return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
@@ -225,14 +251,20 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 func (s *zinfSource) unbind(l int) { s.pool.release(s.off.layerVars[l]) }
 
 func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _ bool) error {
-	if err := s.off.rt.AccumulateGrad(ctx, v.Name, g); err != nil {
+	t0 := time.Now()
+	err := s.off.rt.AccumulateGrad(ctx, v.Name, g)
+	s.times.Grads += time.Since(t0)
+	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
 	}
 	return nil
 }
 
 func (s *zinfSource) layerDone(ctx context.Context, l int) error {
-	return s.off.rt.StepLayer(ctx, l)
+	t0 := time.Now()
+	err := s.off.rt.StepLayer(ctx, l)
+	s.times.StepLayer += time.Since(t0)
+	return err
 }
 
 func (s *zinfSource) fail() {
