@@ -226,6 +226,16 @@ func noFusionForHalf(t *testing.T, name string) {
 	}
 }
 
+// asFloat32s copies a float32 tensor's values.
+func asFloat32s(t testing.TB, v *tensors.Tensor) []float32 {
+	t.Helper()
+	out, err := tensors.CopyFlatData[float32](v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestMain(m *testing.M) {
 	slog.SetDefault(quiet)
 	os.Exit(m.Run())

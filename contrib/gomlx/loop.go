@@ -30,8 +30,9 @@ type paramSource interface {
 	grad(ctx context.Context, v *Var, g []float32, last bool) error
 	// layerDone: every gradient of layer l is final (last micro-step).
 	layerDone(ctx context.Context, l int) error
-	// fail is called when a micro-step fails before its commit.
-	fail()
+	// fail is called when a micro-step fails before its commit; it
+	// reports whether the step was given up (the model is as before).
+	fail() bool
 }
 
 // loop runs micro-steps of a Net over a paramSource with per-layer
@@ -117,7 +118,9 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 		lp.drop(&pend)
 		lp.acts = acts[:0]
 		if err != nil {
-			lp.src.fail()
+			if lp.src.fail() {
+				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
+			}
 		}
 	}()
 	call := func(e *graph.Exec, a, b *tensors.Tensor) { lp.jobs <- job{exec: e, a: a, b: b} }

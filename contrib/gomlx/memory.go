@@ -212,4 +212,4 @@ func accumulate(acc, g []float32) {
 
 func (s *memSource) layerDone(context.Context, int) error { return nil }
 
-func (s *memSource) fail() {}
+func (s *memSource) fail() bool { return false }

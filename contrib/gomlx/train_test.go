@@ -2,6 +2,7 @@ package zgomlx_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -157,5 +158,67 @@ func TestOffloadedEqualsInMemory(t *testing.T) {
 				t.Fatal("nothing was read from NVMe")
 			}
 		})
+	}
+}
+
+// TestStorageDTypeAndMicroSteps: float32 variables stored by zinf as bf16
+// (swapped in converted, no Go heap buffer), and steps of three
+// micro-steps (Accumulate, Accumulate, Step): offloaded training equals
+// in-memory training, which rounds its parameters through bf16 the same
+// way and accumulates gradients in the same order, bit for bit.
+func TestStorageDTypeAndMicroSteps(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	c := lmCase(dtypes.Float32, 1)
+	b := backend(t)
+	store := newStore(t, b, c.net, c.x, 17)
+	memStore := clone(t, store)
+	cfg := testConfig(t, 8<<20)
+	cfg.BF16 = true // zinf's param dtype; the Store's variables stay float32
+	tr, err := zgomlx.Open(ctx, b, cfg, store, c.net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mt.Close()
+	if dt := tr.Offload().Runtime().DType; dt.String() != "bf16" {
+		t.Fatalf("zinf stores %s", dt)
+	}
+	for step := range 3 {
+		for micro := range 3 {
+			x, y := c.batch(3*step + micro)
+			var lo, lm float32
+			if micro < 2 {
+				lo, err = tr.Accumulate(ctx, x, y)
+				if err == nil {
+					lm, err = mt.Accumulate(ctx, x, y)
+				}
+			} else {
+				lo, err = tr.Step(ctx, x, y)
+				if err == nil {
+					lm, err = mt.Step(ctx, x, y)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lo != lm {
+				t.Fatalf("step %d micro-step %d: loss %v offloaded, %v in memory", step, micro, lo, lm)
+			}
+		}
+	}
+	sameModel(ctx, t, "after 3 steps of 3 micro-steps", tr, mt, memStore)
+	// The parameters are bf16 values widened to float32.
+	v, err := tr.Offload().ReadVariable(ctx, "/block_0/fc1/dense/weights")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range asFloat32s(t, v) {
+		if math.Float32bits(w)&0xffff != 0 {
+			t.Fatalf("element %d = %v is not a bf16 value", i, w)
+		}
 	}
 }

@@ -19,6 +19,12 @@ import (
 // Abort drops the step).
 var ErrCommitPending = errors.New("zgomlx: the optimizer commit failed; call Commit again (or Abort)")
 
+// ErrStepAborted is returned (wrapped with the cause) when a micro-step
+// fails before its commit: the step is given up (with the gradients of
+// its earlier micro-steps) and the model is as the last commit left it;
+// run the step again from its first micro-step.
+var ErrStepAborted = errors.New("zgomlx: step given up; run it again from its first micro-step")
+
 // Trainer trains a Net whose variables zinf holds: each layer's
 // variables are swapped in straight into GoMLX tensors (reused buffers,
 // no Go heap allocation in steady state) just before its executor runs,
@@ -267,7 +273,8 @@ func (s *zinfSource) layerDone(ctx context.Context, l int) error {
 	return err
 }
 
-func (s *zinfSource) fail() {
+func (s *zinfSource) fail() bool {
 	s.off.rt.AbortStep()
 	s.pool.unkeepAll()
+	return true
 }

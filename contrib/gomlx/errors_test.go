@@ -1,0 +1,85 @@
+package zgomlx_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	. "github.com/gomlx/gomlx/core/graph" //nolint:revive
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/model"
+
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// TestBadNetsAreRefused: a Net or a layer the per-layer executors cannot
+// run is refused with an error naming the layer and what is wrong.
+func TestBadNetsAreRefused(t *testing.T) {
+	ctx := watchdog(t, 2*time.Minute)
+	b := backend(t)
+	good := mlpNet(8, 3)
+	xs := shapes.Make(dtypes.Float32, 2, 4)
+	for _, c := range []struct {
+		name string
+		net  zgomlx.Net
+		want string
+	}{
+		{"no layers", zgomlx.Net{Loss: good.Loss}, "no layers"},
+		{"no loss", zgomlx.Net{Layers: good.Layers}, "Net.Loss is nil"},
+		{"root scope", zgomlx.Net{Layers: []zgomlx.Layer{{Scope: "/", Fn: good.Layers[0].Fn}}, Loss: good.Loss}, `scope "/"`},
+		{"no fn", zgomlx.Net{Layers: []zgomlx.Layer{{Scope: "/a"}}, Loss: good.Loss}, "has no Fn"},
+	} {
+		if _, err := zgomlx.Initialize(b, model.NewStore(), c.net, xs); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
+
+	// A layer that changes a variable in its graph (a counter) cannot be
+	// recomputed; a non-scalar loss is not a loss.
+	counter := zgomlx.Net{Layers: []zgomlx.Layer{
+		{Scope: "/dense", Fn: good.Layers[0].Fn},
+		{Scope: "/counting", Fn: func(scope *model.Scope, x *Node) *Node {
+			c := scope.VariableWithValue("count", float32(0)).SetTrainable(false)
+			c.SetNodeValue(AddScalar(c.NodeValue(x.Graph()), 1))
+			return layers.Dense(scope, x, true, 3)
+		}},
+	}, Loss: good.Loss}
+	store := newStore(t, b, counter, xs, 1)
+	tr, err := zgomlx.Open(ctx, b, testConfig(t, 8<<20), store, counter, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	x, y := mlpBatch(0, 2, 4, 3)
+	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), `layer "/counting" updates variable "/counting/count"`) {
+		t.Fatalf("a layer updating a variable: %v", err)
+	}
+
+	vector := good
+	vector.Loss = func(y, labels *Node) *Node { return Sub(y, labels) }
+	store = newStore(t, b, vector, xs, 1)
+	tr2, err := zgomlx.Open(ctx, b, testConfig(t, 8<<20), store, vector, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr2.Close()
+	if _, err := tr2.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), "a scalar is needed") {
+		t.Fatalf("a non-scalar loss: %v", err)
+	}
+	if _, err := tr2.Step(ctx, nil, y); err == nil {
+		t.Fatal("Step accepted a nil input")
+	}
+
+	// An Offload registered with other layers than the Net's.
+	store = newStore(t, b, good, xs, 1)
+	off, err := zgomlx.Register(ctx, testConfig(t, 8<<20), store, zgomlx.Options{Layers: []string{"/dense_1", "/dense_0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	if _, err := zgomlx.NewTrainer(b, off, good); err == nil || !strings.Contains(err.Error(), "Options.Layers = net.Scopes()") {
+		t.Fatalf("layers in another order: %v", err)
+	}
+}
