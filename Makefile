@@ -4,8 +4,10 @@ BIN       := bin
 PKGS      := ./...
 TESTFLAGS ?= -race -count=1 -timeout 15m
 DEMO_DIR  ?=
+# The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
+GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build test test-short bench bench-io bench-adam demo lint fmt vet doctor tune clean gpu-tests stress
+.PHONY: all build test test-short bench bench-io bench-adam demo lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
 
 all: build
 
@@ -46,6 +48,29 @@ stress:
 
 demo: build
 	./scripts/demo.sh $(DEMO_DIR)
+
+# The GoMLX adapter's tests (fetches GoMLX from the module proxy). Its
+# graphs run on GoMLX's pure-Go backend only: vet builds without cgo, and
+# the dependency check fails if the XLA backend sneaks in. -race needs cgo
+# for the detector itself; checkptr is off because the Go backend's matmul
+# (compute v0.1.2) does pointer arithmetic checkptr rejects.
+test-contrib:
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) vet ./...
+	@cd $(GOMLX_DIR) && if CGO_ENABLED=0 $(GO) list -deps ./... | grep -E 'gomlx/go-xla|gomlx/backends/(xla|default)'; then \
+	  echo "contrib/gomlx must not depend on the XLA backend"; exit 1; fi
+	cd $(GOMLX_DIR) && $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
+
+# A GoMLX transformer trained with params and Adam states on NVMe,
+# verified bit for bit against in-memory training (see README).
+demo-gomlx:
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/transformer --verify
+
+# Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
+# (separate processes, alternating; see BENCHMARKS.md).
+bench-gomlx:
+	mkdir -p $(BIN)
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o ../../$(BIN)/gomlx-transformer ./examples/transformer
+	./$(BIN)/gomlx-transformer --bench 5
 
 doctor: build
 	./$(BIN)/zinf doctor --path $${TMPDIR:-/tmp}
