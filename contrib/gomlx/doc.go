@@ -6,7 +6,7 @@
 //
 // # Use
 //
-//	backend, _ := compute.NewWithConfig("go")        // the pure-Go backend
+//	backend, _ := compute.NewWithConfig(zgomlx.DefaultBackend) // the pure-Go backend
 //	net := zgomlx.Net{Loss: loss}
 //	for i := range blocks {
 //		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", i), Fn: block})
@@ -33,7 +33,18 @@
 // backward produces them, and each layer's Adam update starts at once,
 // overlapping the rest of the backward pass. A layer whose values are
 // still in their buffers (the last layer at the turn of the pass) is not
-// read again.
+// read again. The executors run on a worker goroutine; the loop's
+// goroutine, the only one that calls zinf, swaps the next layer in and
+// hands the previous layer's gradients over while a layer computes.
+//
+// # Errors
+//
+// A step is all or nothing. A failure before its commit (a swap-in, a
+// full disk under a gradient) returns an error wrapping ErrStepAborted:
+// the step is given up and the model is as the last commit left it, so
+// the step runs again from its first micro-step. A failed commit returns
+// ErrCommitPending: nothing changed, the gradients are kept, and Commit
+// runs it again. Either way the retry gives the fault-free result.
 //
 // MemoryTrainer runs the same executors with everything in Go memory and
 // zinf's Adam: offloaded training equals it bit for bit. Adam is zinf's
@@ -43,9 +54,15 @@
 //
 // # Caveats
 //
+// Built and tested with github.com/gomlx/gomlx v0.28.2 and
+// github.com/gomlx/compute v0.1.2 (pinned in go.mod; the module proxy's
+// @latest resolves to an older GoMLX).
 // Only the pure-Go backend (compute.NewWithConfig("go"), built with
 // CGO_ENABLED=0) is supported: executors read and write its shared
-// buffers. Layers must be pure functions of their input and variables (no
+// buffers. Use DefaultBackend ("go:ops_sequential"): compute v0.1.2 can
+// deadlock running several large matrix products at once on few cores.
+// Its fused dense op has no bf16/fp16 kernel, so half-precision models set
+// GOMLX_FUSION=false (graph.FusionEnv) to use the decomposed ops. Layers must be pure functions of their input and variables (no
 // dropout, no statistics updated in the graph), every variable belongs to
 // one layer, and the loss has no variables. One layer's input and output
 // are single tensors; the layers' outputs are kept for the backward pass

@@ -44,8 +44,10 @@ type Trainer struct {
 	times   Timings
 }
 
-// Timings are where a Trainer's loop spent its time outside the
-// executors, summed over steps.
+// Timings are the time a Trainer's loop spent in zinf, summed over
+// steps. Swap-ins and gradient hand-overs run while the worker goroutine
+// computes the neighbouring layer, so they are hidden as long as they
+// are shorter; the commit is not.
 type Timings struct {
 	// SwapIn is the time in swap-ins: waiting for a layer's parameters
 	// (zinf.Runtime.BeginLayer) and copying them into the GoMLX buffers.
@@ -60,7 +62,7 @@ type Timings struct {
 	Commit time.Duration
 }
 
-// Timings returns the time spent outside the executors so far.
+// Timings returns the time spent in zinf so far.
 func (t *Trainer) Timings() Timings { return t.times }
 
 // NewTrainer builds net's per-layer executors over off's variables on
