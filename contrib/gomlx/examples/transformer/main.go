@@ -37,6 +37,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gomlx/compute"
@@ -248,6 +249,17 @@ type record struct {
 	mallocs, heapBytes uint64
 	gcs                uint32
 	gcCPU              float64 // seconds of CPU the GC used (runtime/metrics)
+	cpu                float64 // seconds of CPU the process used (getrusage), all threads
+}
+
+// cpuSeconds is the user + system CPU time the process has used: unlike
+// wall time, other processes on a shared machine barely move it.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
 }
 
 // gcCPUSeconds is the CPU time the garbage collector has used so far.
@@ -270,16 +282,16 @@ func runSteps(ctx context.Context, _ options, step func(context.Context, int) (f
 			m0 = m()
 		}
 		runtime.ReadMemStats(&ms0)
-		gc0 := gcCPUSeconds()
+		gc0, cpu0 := gcCPUSeconds(), cpuSeconds()
 		t0 := time.Now()
 		loss, err := step(ctx, i)
 		dur := time.Since(t0)
-		gc1 := gcCPUSeconds()
+		gc1, cpu1 := gcCPUSeconds(), cpuSeconds()
 		runtime.ReadMemStats(&ms1)
 		if err != nil {
 			return recs, fmt.Errorf("step %d: %w", i+1, err)
 		}
-		r := record{loss: loss, dur: dur, mallocs: ms1.Mallocs - ms0.Mallocs, heapBytes: ms1.TotalAlloc - ms0.TotalAlloc, gcs: ms1.NumGC - ms0.NumGC, gcCPU: gc1 - gc0}
+		r := record{loss: loss, dur: dur, mallocs: ms1.Mallocs - ms0.Mallocs, heapBytes: ms1.TotalAlloc - ms0.TotalAlloc, gcs: ms1.NumGC - ms0.NumGC, gcCPU: gc1 - gc0, cpu: cpu1 - cpu0}
 		if m != nil {
 			m1 := m()
 			r.ioWait, r.read, r.written = m1.IOWait-m0.IOWait, m1.BytesRead-m0.BytesRead, m1.BytesWritten-m0.BytesWritten
@@ -572,6 +584,7 @@ type childResult struct {
 	HeapBytes     []uint64  `json:"heap_bytes"`
 	GCs           []uint32  `json:"gcs"`
 	GCCPUMs       []float64 `json:"gc_cpu_ms"`
+	CPUMs         []float64 `json:"cpu_ms"`
 	PeakRSS       int64     `json:"peak_rss"`
 	StateBytes    int64     `json:"state_bytes"`
 	PinnedBytes   int64     `json:"pinned_bytes"`
@@ -630,6 +643,7 @@ func child(o options, w io.Writer) error {
 		res.HeapBytes = append(res.HeapBytes, r.heapBytes)
 		res.GCs = append(res.GCs, r.gcs)
 		res.GCCPUMs = append(res.GCCPUMs, r.gcCPU*1e3)
+		res.CPUMs = append(res.CPUMs, r.cpu*1e3)
 		res.ReadPerStep += r.read
 		res.WrittenPerStp += r.written
 	}
@@ -728,6 +742,7 @@ func bench(o options, w io.Writer) error {
 		fmt.Fprintf(w, "  %-16s offloaded %s (%s..%s)  in memory %s (%s..%s)  ratio %.2fx (%.2f..%.2f)\n", what, unit(om), unit(ol), unit(oh), unit(mm), unit(ml), unit(mh), rm, rl, rh)
 	}
 	row("step time", step, func(v float64) string { return fmt.Sprintf("%.1f ms", v) })
+	row("CPU time/step", func(r childResult) float64 { return median(r.CPUMs) }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) })
 	row("mallocs/step", allocs, func(v float64) string { return fmt.Sprintf("%.0f", v) })
 	row("heap bytes/step", heap, func(v float64) string { return mib(int64(v)) })
 	row("GC cycles/step", gc, func(v float64) string { return fmt.Sprintf("%.2f", v) })
