@@ -11,12 +11,15 @@
 //	for i := range blocks {
 //		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", i), Fn: block})
 //	}
-//	zgomlx.Initialize(backend, store, net, xShape)  // create the variables, with values
-//	tr, _ := zgomlx.Open(ctx, backend, cfg, store, net, zgomlx.Options{})
+//	tr, _ := zgomlx.Create(ctx, backend, cfg, model.NewStore(), net, xShape, zgomlx.Options{})
 //	defer tr.Close()
 //	for step := range steps {
 //		loss, err := tr.Step(ctx, x, labels)
 //	}
+//
+// Create makes the variables and initializes them one layer at a time
+// straight into zinf; Open registers a Store whose variables already have
+// values (Initialize, a GoMLX checkpoint).
 //
 // # How it works
 //

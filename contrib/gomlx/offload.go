@@ -72,12 +72,33 @@ func Register(ctx context.Context, cfg *config.Config, store *model.Store, opts 
 	var errs []error
 	for _, v := range vars {
 		if !v.v.HasValue() {
-			errs = append(errs, fmt.Errorf("zgomlx: variable %q has no value (initialize the Store first, e.g. with zgomlx.Initialize or store.InitializeVariables)", v.Name))
+			errs = append(errs, fmt.Errorf("zgomlx: variable %q has no value (initialize the Store first, e.g. with zgomlx.Initialize or store.InitializeVariables, or let zgomlx.Create initialize it layer by layer)", v.Name))
 		}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	o, err := openOffload(cfg, store, vars, scopes, opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vars {
+		if err := o.initFrom(ctx, v, v.v); err != nil {
+			o.rt.Close()
+			return nil, err
+		}
+	}
+	if !opts.KeepValues {
+		if err := o.release(vars); err != nil {
+			o.rt.Close()
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// openOffload describes vars to zinf.Open.
+func openOffload(cfg *config.Config, store *model.Store, vars []*Var, scopes []string, opts Options) (*Offload, error) {
 	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1}
 	o.layerVars = groupLayers(vars, len(scopes))
 	descs := make([][]tensor.Desc, len(scopes))
@@ -91,39 +112,43 @@ func Register(ctx context.Context, cfg *config.Config, store *model.Store, opts 
 		return nil, err
 	}
 	o.rt = rt
-	var wide []float32
-	for _, v := range vars {
-		val, err := v.v.Value()
-		if err != nil {
-			rt.Close()
-			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
-		}
-		if v.dtype != tensor.Float32 && cap(wide) < v.numel {
-			wide = make([]float32, v.numel)
-		}
-		err = val.ConstBytes(func(b []byte) {
-			if v.dtype == tensor.Float32 {
-				err = rt.Init(ctx, v.Name, buffers.Float32Bytes(b))
-				return
-			}
-			swapper.Decode(v.dtype, wide[:v.numel], b)
-			err = rt.Init(ctx, v.Name, wide[:v.numel])
-		})
-		if err != nil {
-			rt.Close()
-			return nil, fmt.Errorf("zgomlx: register %q: %w", v.Name, err)
-		}
-	}
-	if !opts.KeepValues {
-		for _, v := range vars {
-			if err := v.v.Reset(); err != nil {
-				rt.Close()
-				return nil, fmt.Errorf("zgomlx: releasing %q from the Store: %w", v.Name, err)
-			}
-		}
-		o.released = true
-	}
 	return o, nil
+}
+
+// initFrom gives v its initial values in zinf from src's value (v's own
+// variable, or its twin in a scratch Store).
+func (o *Offload) initFrom(ctx context.Context, v *Var, src *model.Variable) error {
+	val, err := src.Value()
+	if err != nil {
+		return fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
+	}
+	if !val.Shape().Equal(v.Shape) {
+		return fmt.Errorf("zgomlx: variable %q: value of shape %s, registered %s", v.Name, val.Shape(), v.Shape)
+	}
+	err = val.ConstBytes(func(b []byte) {
+		if v.dtype == tensor.Float32 {
+			err = o.rt.Init(ctx, v.Name, buffers.Float32Bytes(b))
+			return
+		}
+		wide := make([]float32, v.numel)
+		swapper.Decode(v.dtype, wide, b)
+		err = o.rt.Init(ctx, v.Name, wide)
+	})
+	if err != nil {
+		return fmt.Errorf("zgomlx: register %q: %w", v.Name, err)
+	}
+	return nil
+}
+
+// release drops the values of vars from the Store (it keeps the shapes).
+func (o *Offload) release(vars []*Var) error {
+	for _, v := range vars {
+		if err := v.v.Reset(); err != nil {
+			return fmt.Errorf("zgomlx: releasing %q from the Store: %w", v.Name, err)
+		}
+	}
+	o.released = true
+	return nil
 }
 
 // Runtime returns the zinf runtime (metrics, plan, reservations, the

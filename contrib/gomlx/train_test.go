@@ -9,6 +9,7 @@ import (
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
 
 	"github.com/zinfio/zinf"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
@@ -221,4 +222,77 @@ func TestStorageDTypeAndMicroSteps(t *testing.T) {
 			t.Fatalf("element %d = %v is not a bf16 value", i, w)
 		}
 	}
+}
+
+// TestCreateLayerByLayer: Create makes a transformer's variables and
+// initializes them one layer at a time straight into zinf (the Store
+// keeps the shapes only); layers of the same shapes get different values
+// (each its own seed), the same seed gives the same values again, and
+// the model trains bit for bit as in memory from those values.
+func TestCreateLayerByLayer(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	c := lmCase(dtypes.Float32, 2)
+	b := backend(t)
+	create := func() *zgomlx.Trainer {
+		store := model.NewStore()
+		store.SetParam(model.ParamInitialSeed, int64(12))
+		tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, c.net, c.x, zgomlx.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v := range store.IterVariables() {
+			if v.Trainable && v.HasValue() {
+				t.Fatalf("%s has a value in the Store after Create", v.Path())
+			}
+		}
+		return tr
+	}
+	tr := create()
+	defer tr.Close()
+	again := create()
+	defer again.Close()
+	off := tr.Offload()
+	w0, err := off.ReadVariable(ctx, "/block_0/fc1/dense/weights")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1, err := off.ReadVariable(ctx, "/block_1/fc1/dense/weights")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(valueBytes(t, w0)) == string(valueBytes(t, w1)) {
+		t.Fatal("two blocks got the same initial weights")
+	}
+	for _, v := range off.Vars() {
+		a, err := off.ReadVariable(ctx, v.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bb, err := again.Offload().ReadVariable(ctx, v.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameBytes(t, v.Name+" created twice from one seed", valueBytes(t, a), valueBytes(t, bb))
+	}
+	// The in-memory reference starts from the created values.
+	if err := off.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	memStore := clone(t, off.Store())
+	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, testConfig(t, 8<<20), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mt.Close()
+	for i := range 3 {
+		x, y := c.batch(i)
+		lo, err := tr.Step(ctx, x, y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lm, _ := mt.Step(ctx, x, y); lm != lo {
+			t.Fatalf("step %d: loss %v offloaded, %v in memory", i, lo, lm)
+		}
+	}
+	sameModel(ctx, t, "after 3 steps", tr, mt, memStore)
 }

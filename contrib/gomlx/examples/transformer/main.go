@@ -176,20 +176,16 @@ func tmpRoot() string {
 	return "/var/tmp"
 }
 
-// setup is the backend, a Store initialized from the seed, and the config.
-func setup(o options) (compute.Backend, *model.Store, zgomlx.Net, *config.Config, error) {
+// setup is the backend, the model and the config.
+func setup(o options) (compute.Backend, zgomlx.Net, *config.Config, error) {
 	if o.backend != "go" && !strings.HasPrefix(o.backend, "go:") {
-		return nil, nil, zgomlx.Net{}, nil, fmt.Errorf("--backend %q: only the pure-Go backend (\"go\" or \"go:options\") is supported", o.backend)
+		return nil, zgomlx.Net{}, nil, fmt.Errorf("--backend %q: only the pure-Go backend (\"go\" or \"go:options\") is supported", o.backend)
 	}
 	backend, err := compute.NewWithConfig(o.backend)
 	if err != nil {
-		return nil, nil, zgomlx.Net{}, nil, fmt.Errorf("--backend %q: %w", o.backend, err)
+		return nil, zgomlx.Net{}, nil, fmt.Errorf("--backend %q: %w", o.backend, err)
 	}
 	n := net(o.s)
-	store, err := newStore(backend, n, o)
-	if err != nil {
-		return nil, nil, zgomlx.Net{}, nil, err
-	}
 	cfg := config.Default()
 	cfg.SetScratchDir(o.dir)
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0 // every parameter on NVMe, no pinned cache
@@ -199,7 +195,7 @@ func setup(o options) (compute.Backend, *model.Store, zgomlx.Net, *config.Config
 	if o.pinned == 0 {
 		res, err := minimumPool(backend, n, o, cfg)
 		if err != nil {
-			return nil, nil, zgomlx.Net{}, nil, err
+			return nil, zgomlx.Net{}, nil, err
 		}
 		pool := res.MinPoolBytes
 		if o.pinnedMode == "auto" {
@@ -207,31 +203,49 @@ func setup(o options) (compute.Backend, *model.Store, zgomlx.Net, *config.Config
 		}
 		cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
 	}
-	return backend, store, n, cfg, nil
+	return backend, n, cfg, nil
 }
 
-// newStore creates the model's variables with values from the seed.
-func newStore(backend compute.Backend, n zgomlx.Net, o options) (*model.Store, error) {
+// create makes the model's variables and trains them offloaded: zinf
+// gets each layer's initial values one layer at a time (zgomlx.Create),
+// so the whole model is never in memory.
+func create(ctx context.Context, backend compute.Backend, n zgomlx.Net, cfg *config.Config, o options) (*zgomlx.Trainer, error) {
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, o.seed)
-	if _, err := zgomlx.Initialize(backend, store, n, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq)); err != nil {
+	return zgomlx.Create(ctx, backend, cfg, store, n, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq), zgomlx.Options{})
+}
+
+// referenceStore is a Store holding the same initial values as create's,
+// for the in-memory references: created the same way (same seed, so the
+// same values) in a scratch runtime, then given back to the Store.
+func referenceStore(backend compute.Backend, n zgomlx.Net, cfg *config.Config, o options) (*model.Store, error) {
+	ctx := context.Background()
+	c := *cfg
+	dir, err := os.MkdirTemp(o.dir, "reference-")
+	if err != nil {
 		return nil, err
 	}
-	return store, nil
+	defer os.RemoveAll(dir)
+	c.ZeroOptimization.OffloadParam.NVMePath, c.ZeroOptimization.OffloadOptimizer.NVMePath = dir, dir
+	tr, err := create(ctx, backend, n, &c, o)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	if err := tr.Offload().Restore(ctx); err != nil {
+		return nil, err
+	}
+	return tr.Offload().Store(), nil
 }
 
 // minimumPool asks zinf how it would split the least pinned pool the
 // model needs (Open refuses a smaller one, naming the minimum).
 func minimumPool(backend compute.Backend, n zgomlx.Net, o options, cfg *config.Config) (zinf.Reservations, error) {
-	probe, err := newStore(backend, n, o)
-	if err != nil {
-		return zinf.Reservations{}, err
-	}
 	c := *cfg
 	c.Zinf.Tiers.CPUPinnedBytes = 1
-	off, err := zgomlx.Register(context.Background(), &c, probe, zgomlx.Options{Layers: n.Scopes()})
+	tr, err := create(context.Background(), backend, n, &c, o)
 	if err == nil {
-		off.Close()
+		tr.Close()
 		return zinf.Reservations{MinPoolBytes: 1}, nil
 	}
 	var small *zinf.PoolTooSmallError
@@ -308,13 +322,13 @@ func runSteps(ctx context.Context, _ options, step func(context.Context, int) (f
 // summary, and --verify's comparisons.
 func train(o options, w io.Writer) error {
 	ctx := context.Background()
-	backend, store, n, cfg, err := setup(o)
+	backend, n, cfg, err := setup(o)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "model: transformer LM, %d blocks x width %d, %d heads, seq %d, vocab %d, batch %d, %s params\n",
 		o.s.blocks, o.s.dim, o.s.heads, o.s.seq, o.s.vocab, o.s.batch, o.s.dtype)
-	tr, err := zgomlx.Open(ctx, backend, cfg, store, n, zgomlx.Options{})
+	tr, err := create(ctx, backend, n, cfg, o)
 	if err != nil {
 		return err
 	}
@@ -338,7 +352,8 @@ func train(o options, w io.Writer) error {
 	fmt.Fprintf(w, "      pinned pool %s (%s), state / pinned = %.1fx; prefetch %d layer(s) ahead, update overlapped with backward: %v\n",
 		mib(pinnedBytes), how, float64(state)/float64(pinnedBytes), rt.Plan().PrefetchDepth, rt.Plan().OverlapStep)
 	fmt.Fprintf(w, "      swap files in %s\n", o.dir)
-	debug.FreeOSMemory() // what initialization freed goes back to the OS first
+	initPeak := peakRSS() // creating the variables and registering them, layer by layer
+	debug.FreeOSMemory()  // what initialization freed goes back to the OS first
 	resetPeakRSS()
 	recs, err := runSteps(ctx, o, func(ctx context.Context, i int) (float32, error) {
 		x, y := batch(o.s, i)
@@ -354,8 +369,8 @@ func train(o options, w io.Writer) error {
 	met := rt.Metrics()
 	fmt.Fprintf(w, "\nsummary: %d steps, loss %.4f -> %.4f, step median %.1f ms, io-wait median %.1f ms\n",
 		o.steps, recs[0].loss, recs[len(recs)-1].loss, median(durs(recs)), median(waits(recs)))
-	fmt.Fprintf(w, "  memory: peak RSS while training %s for %s of state (%.2fx), swap-in buffers %s, pinned peak %s of %s\n",
-		mib(peak), mib(state), float64(peak)/float64(state), mib(tr.SwapBufferBytes()), mib(met.PinnedPeakBytes), mib(met.PinnedBytes))
+	fmt.Fprintf(w, "  memory: peak RSS while training %s for %s of state (%.2fx; %s while creating the model), swap-in buffers %s, pinned peak %s of %s\n",
+		mib(peak), mib(state), float64(peak)/float64(state), mib(initPeak), mib(tr.SwapBufferBytes()), mib(met.PinnedPeakBytes), mib(met.PinnedBytes))
 	tm := tr.Timings()
 	per := func(d time.Duration) float64 { return ms(d) / float64(o.steps) }
 	fmt.Fprintf(w, "  zinf calls of the loop (the first three overlap the executors), per step: swap-in %.1f ms, gradients %.1f ms, update start %.1f ms, commit %.1f ms\n",
@@ -398,7 +413,7 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 	}
 	fmt.Fprintf(w, "\nverify: the same model, seed and batches trained in memory\n")
 	// 1. The same per-layer executors, zinf's Adam in Go.
-	store, err := newStore(backend, n, o)
+	store, err := referenceStore(backend, n, cfg, o)
 	if err != nil {
 		return err
 	}
@@ -429,17 +444,17 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 	fmt.Fprintf(w, "  in memory, same per-layer executors, zinf's Adam:  losses %s, parameters %s, masters and Adam moments %s\n",
 		verdict(okLoss), verdict(okParams), verdict(okStates))
 	// 2. One whole GoMLX graph with zgomlx.Adam, then with GoMLX's Adam.
-	okWhole, err := wholeGraph(o, w, backend, n, snap, zgomlx.Adam(zinf.Hyper(cfg)), "one GoMLX graph, zgomlx.Adam (zinf's Adam):   ")
+	okWhole, err := wholeGraph(o, w, backend, n, cfg, snap, zgomlx.Adam(zinf.Hyper(cfg)), "one GoMLX graph, zgomlx.Adam (zinf's Adam):   ")
 	if err != nil {
 		return err
 	}
 	h := zinf.Hyper(cfg)
 	h.EnsureDefaults()
-	if _, err := wholeGraph(o, w, backend, n, snap, gopt.Adam().LearningRate(float64(h.LR)).Betas(float64(h.Beta1), float64(h.Beta2)).Epsilon(float64(h.Eps)).Done(),
+	if _, err := wholeGraph(o, w, backend, n, cfg, snap, gopt.Adam().LearningRate(float64(h.LR)).Betas(float64(h.Beta1), float64(h.Beta2)).Epsilon(float64(h.Eps)).Done(),
 		fmt.Sprintf("one GoMLX graph, GoMLX's Adam (eps %g):       ", h.Eps)); err != nil {
 		return err
 	}
-	if _, err := wholeGraph(o, w, backend, n, snap, gopt.Adam().LearningRate(float64(h.LR)).Betas(float64(h.Beta1), float64(h.Beta2)).Done(),
+	if _, err := wholeGraph(o, w, backend, n, cfg, snap, gopt.Adam().LearningRate(float64(h.LR)).Betas(float64(h.Beta1), float64(h.Beta2)).Done(),
 		"one GoMLX graph, GoMLX's Adam (its eps 1e-7):  "); err != nil {
 		return err
 	}
@@ -452,8 +467,8 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 
 // wholeGraph trains the model as one graph with opt and compares its
 // final parameters with the offloaded run's.
-func wholeGraph(o options, w io.Writer, backend compute.Backend, n zgomlx.Net, snap snapshot, opt gopt.Interface, label string) (bool, error) {
-	store, err := newStore(backend, n, o)
+func wholeGraph(o options, w io.Writer, backend compute.Backend, n zgomlx.Net, cfg *config.Config, snap snapshot, opt gopt.Interface, label string) (bool, error) {
+	store, err := referenceStore(backend, n, cfg, o)
 	if err != nil {
 		return false, err
 	}
@@ -600,7 +615,7 @@ type childResult struct {
 // steps as JSON.
 func child(o options, w io.Writer) error {
 	ctx := context.Background()
-	backend, store, n, cfg, err := setup(o)
+	backend, n, cfg, err := setup(o)
 	if err != nil {
 		return err
 	}
@@ -609,6 +624,10 @@ func child(o options, w io.Writer) error {
 	var metrics func() zinf.Metrics
 	switch o.child {
 	case "memory":
+		store, err := referenceStore(backend, n, cfg, o)
+		if err != nil {
+			return err
+		}
 		mt, err := zgomlx.NewMemoryTrainer(backend, store, n, cfg, zgomlx.Options{})
 		if err != nil {
 			return err
@@ -616,7 +635,7 @@ func child(o options, w io.Writer) error {
 		defer mt.Close()
 		step = func(ctx context.Context, i int) (float32, error) { x, y := batch(o.s, i); return mt.Step(ctx, x, y) }
 	default:
-		tr, err := zgomlx.Open(ctx, backend, cfg, store, n, zgomlx.Options{})
+		tr, err := create(ctx, backend, n, cfg, o)
 		if err != nil {
 			return err
 		}
