@@ -1,6 +1,8 @@
 package zgomlx
 
 import (
+	"fmt"
+
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	. "github.com/gomlx/gomlx/core/graph" //nolint:revive // graph-building code reads as math
@@ -45,6 +47,9 @@ func (a *AdamOptimizer) UpdateGraph(scope *model.Scope, g *Graph, loss *Node) {
 	h.EnsureDefaults()
 	if err := h.Validate(); err != nil {
 		panic(err)
+	}
+	if h.Rule != zopt.RuleAdam {
+		panic(fmt.Errorf("zgomlx: Adam: Hyper.Rule %v (allowed: RuleAdam; AdamW is Hyper.AdamW)", h.Rule))
 	}
 	var vars []*model.Variable
 	for v := range scope.IterVariables() {

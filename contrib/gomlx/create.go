@@ -33,6 +33,9 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 	if store == nil {
 		return nil, fmt.Errorf("zgomlx: nil model.Store")
 	}
+	if err := checkTrainer(backend, cfg); err != nil {
+		return nil, err
+	}
 	ins := make([]shapes.Shape, len(net.Layers))
 	for i, l := range net.Layers {
 		ins[i] = x
@@ -67,6 +70,14 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 	}
 	t, err := NewTrainer(backend, o, net)
 	if err != nil {
+		// Give back what the Store had (the rest it never held).
+		for _, v := range had {
+			if !opts.KeepValues {
+				if tv, rerr := o.ReadVariable(ctx, v.Name); rerr == nil {
+					_ = v.v.SetValue(tv)
+				}
+			}
+		}
 		return fail(err)
 	}
 	t.owned = true

@@ -11,6 +11,7 @@ import (
 	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/model"
 
+	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 )
 
@@ -70,6 +71,25 @@ func TestBadNetsAreRefused(t *testing.T) {
 	}
 	if _, err := tr2.Step(ctx, nil, y); err == nil {
 		t.Fatal("Step accepted a nil input")
+	}
+
+	// The in-memory reference mirrors Adam at a constant rate only; the
+	// Trainer does not apply fp16 loss scaling.
+	ref := testConfig(t, 8<<20)
+	ref.Optimizer.Type = config.OptimizerSGD
+	ref.GradientClipping = 1
+	if _, err := zgomlx.NewMemoryTrainer(b, newStore(t, b, good, xs, 1), good, ref, zgomlx.Options{}); err == nil ||
+		!strings.Contains(err.Error(), `optimizer.type "SGD"`) || !strings.Contains(err.Error(), "gradient_clipping 1") {
+		t.Fatalf("a config the reference cannot mirror: %v", err)
+	}
+	fp16 := testConfig(t, 8<<20)
+	fp16.FP16 = true
+	kept := newStore(t, b, good, xs, 1)
+	if _, err := zgomlx.Open(ctx, b, fp16, kept, good, zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "fp16.enabled") {
+		t.Fatalf("fp16 without loss scaling: %v", err)
+	}
+	if !kept.GetVariable("/dense_0/dense/weights").HasValue() {
+		t.Fatal("a refused Open took the Store's values")
 	}
 
 	// An Offload registered with other layers than the Net's.

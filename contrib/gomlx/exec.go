@@ -102,11 +102,8 @@ type executors struct {
 }
 
 func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVars [][]*Var, byName map[string]*Var) (*executors, error) {
-	if backend == nil {
-		return nil, errors.New("zgomlx: nil backend")
-	}
-	if !backend.HasSharedBuffers() {
-		return nil, fmt.Errorf("zgomlx: backend %q has no shared buffers (use the pure-Go backend: compute.NewWithConfig(\"go\"))", backend.Name())
+	if err := checkTrainer(backend, nil); err != nil {
+		return nil, err
 	}
 	if err := net.check(); err != nil {
 		return nil, err

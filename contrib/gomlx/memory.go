@@ -2,6 +2,7 @@ package zgomlx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gomlx/compute"
@@ -59,8 +60,8 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg 
 	if err := net.check(); err != nil {
 		return nil, err
 	}
-	if cfg == nil {
-		return nil, fmt.Errorf("zgomlx: nil config")
+	if err := mirrorable(cfg); err != nil {
+		return nil, err
 	}
 	if len(opts.Layers) == 0 {
 		opts.Layers = net.Scopes()
@@ -105,6 +106,29 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg 
 	}
 	mt.lp = loop{ex: ex, src: (*memSource)(mt)}
 	return mt, nil
+}
+
+// mirrorable refuses a config whose step the in-memory reference does not
+// reproduce: it runs zinf's Adam (or AdamW) with a constant learning rate,
+// nothing else of the optimizer step.
+func mirrorable(cfg *config.Config) error {
+	if cfg == nil {
+		return errors.New("zgomlx: nil config")
+	}
+	var errs []error
+	if t := cfg.Optimizer.Type; t != config.OptimizerAdam && t != config.OptimizerAdamW {
+		errs = append(errs, fmt.Errorf("zgomlx: MemoryTrainer: optimizer.type %q (allowed: Adam, AdamW; zinf's Trainer runs the others)", t))
+	}
+	if cfg.Scheduler.Type != config.SchedulerNone {
+		errs = append(errs, fmt.Errorf("zgomlx: MemoryTrainer: scheduler.type %q (allowed: none: the reference keeps optimizer.params.lr)", cfg.Scheduler.Type))
+	}
+	if cfg.GradientClipping != 0 {
+		errs = append(errs, fmt.Errorf("zgomlx: MemoryTrainer: gradient_clipping %v (allowed: 0)", cfg.GradientClipping))
+	}
+	if cfg.FP16 {
+		errs = append(errs, errors.New("zgomlx: MemoryTrainer: fp16.enabled true (allowed: false; use bf16)"))
+	}
+	return errors.Join(errs...)
 }
 
 // writeParam stores the master into the variable's value, through the

@@ -78,6 +78,9 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 			return nil, fmt.Errorf("zgomlx: Net.Layers[%d] has scope %q, the Offload's layer %d %q (register with Options.Layers = net.Scopes())", i, l.Scope, i, off.scopes[i])
 		}
 	}
+	if err := checkTrainer(backend, off.rt.Config); err != nil {
+		return nil, err
+	}
 	ex, err := newExecutors(backend, off.store, net, off.layerVars, off.byName)
 	if err != nil {
 		return nil, err
@@ -87,10 +90,31 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 	return t, nil
 }
 
+// checkTrainer refuses what a Trainer cannot run, before anything is
+// registered.
+func checkTrainer(backend compute.Backend, cfg *config.Config) error {
+	if backend == nil {
+		return errors.New("zgomlx: nil backend")
+	}
+	if !backend.HasSharedBuffers() {
+		return fmt.Errorf("zgomlx: backend %q has no shared buffers (use the pure-Go backend: compute.NewWithConfig(zgomlx.DefaultBackend))", backend.Name())
+	}
+	if cfg != nil && cfg.FP16 {
+		// fp16 training scales the loss (zinf.Runtime.LossScale) so its
+		// gradients do not underflow; this loop does not.
+		return errors.New("zgomlx: fp16.enabled true: the Trainer does not apply fp16 loss scaling (allowed: fp32 or bf16 params; an Offload of fp16 variables can still be registered and read)")
+	}
+	return nil
+}
+
 // Open registers store's variables with zinf (Register, one layer per
-// Net layer) and builds a Trainer for net; Close closes both.
+// Net layer) and builds a Trainer for net; Close closes both. On error
+// the Store keeps its values.
 func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, opts Options) (*Trainer, error) {
 	if err := net.check(); err != nil {
+		return nil, err
+	}
+	if err := checkTrainer(backend, cfg); err != nil {
 		return nil, err
 	}
 	opts.Layers = net.Scopes()
@@ -100,6 +124,11 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, stor
 	}
 	t, err := NewTrainer(backend, off, net)
 	if err != nil {
+		if !opts.KeepValues {
+			if rerr := off.Restore(ctx); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("zgomlx: giving the Store its values back: %w", rerr))
+			}
+		}
 		off.Close()
 		return nil, err
 	}
