@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -27,12 +28,18 @@ func TestReadParamBytesEveryDType(t *testing.T) {
 				vals[i] = float32(i%97)*0.0123 - 0.5 + float32(i)*1e-7
 			}
 			const world = 2
+			// fp16 configs scale the loss, whose overflow check needs every
+			// rank: the two ranks share a local comm.
+			comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
 			var rts []*zinf.Runtime
 			for rank := range world {
 				c, _ := testConfig(t)
 				c.BF16 = stored == tensor.BFloat16
 				c.FP16 = stored == tensor.Float16
-				rt, err := zinf.Open(c, oneTensor("w", n), zinf.Options{Rank: rank, WorldSize: world})
+				rt, err := zinf.Open(c, oneTensor("w", n), zinf.Options{Rank: rank, WorldSize: world, Comm: comms[rank]})
 				if err != nil {
 					t.Fatal(err)
 				}
