@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/zinfio/zinf/buffers"
 	"math"
 	"sort"
 	"strings"
@@ -67,6 +68,11 @@ type Placement struct {
 
 	// Predicted is the predicted step time.
 	Predicted StepPrediction
+	// NVMeDiskBytes is, when the caller sets it (zinf does), the disk the
+	// swap files may reach: the NVMe tensors with the copies copy-on-write
+	// keeps during a step, padded to the device and summed over paths.
+	// BytesPerTier[TierNVMe] counts each tensor once. 0 = not known.
+	NVMeDiskBytes int64
 	// Notes explain decisions that differ from the hints, and warnings.
 	Notes []string
 
@@ -157,6 +163,9 @@ func validate(t Tiers, inv []Tensor, h Hints) error {
 	if t.NVMePaths < 0 {
 		add(invalidf("tiers NVMePaths %d: want >= 0", t.NVMePaths))
 	}
+	if g := t.PoolGranuleBytes; g < 0 || g > 1<<30 || g&(g-1) != 0 {
+		add(invalidf("tiers PoolGranuleBytes %d: want 0 (the pool's default) or a power of two up to 1 GiB", g))
+	}
 	_, err := parseDevice("offload_param.device", h.ParamDevice)
 	add(err)
 	_, err = parseDevice("offload_optimizer.device", h.OptimizerDevice)
@@ -225,6 +234,8 @@ type planner struct {
 	tier  []tensor.Tier
 	L     int
 	notes []string
+	// granule is the pinned pool's allocation granule (Tiers.PoolGranuleBytes).
+	granule int
 }
 
 func (pl *planner) notef(format string, args ...any) {
@@ -262,7 +273,10 @@ func Plan(t Tiers, inv []Tensor, h Hints) (*Placement, error) {
 	if err := validate(t, inv, h); err != nil {
 		return nil, err
 	}
-	pl := &planner{t: t, h: h}
+	pl := &planner{t: t, h: h, granule: buffers.DefaultMinBufferBytes}
+	if t.PoolGranuleBytes > 0 {
+		pl.granule = int(t.PoolGranuleBytes)
+	}
 	pl.inv = append([]Tensor(nil), inv...)
 	sort.SliceStable(pl.inv, func(i, j int) bool {
 		if pl.inv[i].Order != pl.inv[j].Order {
@@ -348,13 +362,14 @@ func (pl *planner) plan() (*Placement, error) {
 			gradBuf = max(gradBuf, x.Bytes)
 		}
 	}
-	// zinf's pinned pool is a buddy allocator: a buffer occupies a
-	// power-of-two block, so the minimum counts blocks, not bytes.
-	minPinned := cpuTensors + mulSat(int64(pb.perLayer), blockOf(pb.bytes)) + mulSat(int64(ob.perGroup), blockOf(ob.bytes)) + 2*blockOf(gradBuf)
+	// zinf's pinned pool is a buddy allocator: buffers held at once are
+	// only sure to be served when the budget holds their blocks (the
+	// pool's rule, buffers.SpanBytes), so the minimum counts blocks.
+	minPinned := cpuTensors + mulSat(int64(pb.perLayer), pl.blockOf(pb.bytes)) + mulSat(int64(ob.perGroup), pl.blockOf(ob.bytes)) + 2*pl.blockOf(gradBuf)
 	if minPinned > pl.t.CPUBytes {
 		return nil, &CapacityError{
 			Tier: tensor.TierCPU,
-			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group) + gradient write-behind buffers 2 x %s, each buffer rounded up to a power-of-two pool block",
+			What: fmt.Sprintf("tensors kept in pinned memory %s + parameter buffers %d x %s (one layer) + optimizer buffers %d x %s (one parameter's group) + gradient write-behind buffers 2 x %s, each buffer counted as the pool's block for it (buffers.SpanBytes)",
 				FormatBytes(cpuTensors), pb.perLayer, FormatBytes(pb.bytes), ob.perGroup, FormatBytes(ob.bytes), FormatBytes(gradBuf)),
 			NeedBytes: minPinned,
 			HaveBytes: pl.t.CPUBytes,
@@ -395,8 +410,8 @@ func (pl *planner) plan() (*Placement, error) {
 				want = pb.perLayer
 			}
 		}
-		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(ob.perGroup)*blockOf(ob.bytes)
-		fit := int(min(avail/blockOf(pb.bytes), math.MaxInt32))
+		avail := pl.t.CPUBytes - cpuTensors - 2*pl.blockOf(gradBuf) - int64(ob.perGroup)*pl.blockOf(ob.bytes)
+		fit := int(min(avail/pl.blockOf(pb.bytes), math.MaxInt32))
 		paramCount = want
 		if fit < want {
 			paramCount = fit
@@ -422,8 +437,8 @@ func (pl *planner) plan() (*Placement, error) {
 				want = ob.perGroup
 			}
 		}
-		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(paramCount)*blockOf(pb.bytes)
-		fit := int(min(avail/blockOf(ob.bytes), math.MaxInt32))
+		avail := pl.t.CPUBytes - cpuTensors - 2*pl.blockOf(gradBuf) - int64(paramCount)*pl.blockOf(pb.bytes)
+		fit := int(min(avail/pl.blockOf(ob.bytes), math.MaxInt32))
 		optCount = want
 		if fit < want {
 			optCount = fit
@@ -436,7 +451,7 @@ func (pl *planner) plan() (*Placement, error) {
 	var cacheBytes int64
 	if paramTier == tensor.TierNVMe && pl.h.MaxInCPUBytes > 0 {
 		budget := pl.h.MaxInCPUBytes
-		avail := pl.t.CPUBytes - cpuTensors - 2*blockOf(gradBuf) - int64(paramCount)*blockOf(pb.bytes) - int64(optCount)*blockOf(ob.bytes)
+		avail := pl.t.CPUBytes - cpuTensors - 2*pl.blockOf(gradBuf) - int64(paramCount)*pl.blockOf(pb.bytes) - int64(optCount)*pl.blockOf(ob.bytes)
 		cut := avail < budget
 		if cut {
 			budget = avail
@@ -539,8 +554,8 @@ func (pl *planner) plan() (*Placement, error) {
 			maxParam = max(maxParam, x.Bytes)
 		}
 	}
-	backward := p.BytesPerTier[tensor.TierCPU] + int64(p.ParamBufferCount)*blockOf(p.ParamBufferBytes) + 2*blockOf(gradBuf)
-	stepping := int64(p.OptimizerBufferCount)*blockOf(p.OptimizerBufferBytes) + 2*blockOf(maxGrad) + blockOf(maxParam)
+	backward := p.BytesPerTier[tensor.TierCPU] + int64(p.ParamBufferCount)*pl.blockOf(p.ParamBufferBytes) + 2*pl.blockOf(gradBuf)
+	stepping := int64(p.OptimizerBufferCount)*pl.blockOf(p.OptimizerBufferBytes) + 2*pl.blockOf(maxGrad) + pl.blockOf(maxParam)
 	p.OverlapStepBytes = backward + stepping
 	p.OverlapStep = optTier != tensor.TierGPU && p.OverlapStepBytes <= pl.t.CPUBytes
 	if optTier != tensor.TierGPU && !p.OverlapStep {
@@ -818,18 +833,10 @@ func mulSat(a, b int64) int64 {
 	return min(a*b, MaxBytes+1)
 }
 
-// PoolBlockBytes is the pinned-pool block a buffer of n bytes occupies in
-// zinf's buddy-allocated pool: the next power of two, at least 4 KiB.
-// Budgets for buffers held at the same time must count blocks.
-func PoolBlockBytes(n int64) int64 { return blockOf(n) }
-
-func blockOf(n int64) int64 {
-	if n <= 0 {
-		return 0
-	}
-	b := int64(4096)
-	for b < n && b < MaxBytes {
-		b <<= 1
-	}
-	return b
+// blockOf is the pinned pool's own block rule (buffers.SpanBytes, with the
+// pool's granule): the free block a buffer of n bytes needs. Budgets for
+// buffers held at the same time count these, as the runtime's reservations
+// do, so the plan and the pool agree.
+func (pl *planner) blockOf(n int64) int64 {
+	return buffers.SpanBytes(min(n, MaxBytes+1), pl.granule)
 }

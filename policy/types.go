@@ -38,12 +38,20 @@ type Tiers struct {
 	// NVMeReadBps and NVMeWriteBps are the NVMe bandwidths in bytes/s, summed
 	// over the striped paths. 0 = unknown: NVMe time is not predicted.
 	NVMeReadBps, NVMeWriteBps float64
+	// NVMeBandwidthSource says where the NVMe bandwidths come from (a
+	// measurement, the config, a default), for the table. Empty: not said.
+	NVMeBandwidthSource string
 	// PCIeBps is the host<->device copy bandwidth in bytes/s. 0 = unlimited
 	// (the simulated device, whose copies are memory copies).
 	PCIeBps float64
 	// NVMePaths is the number of NVMe paths the swap files are striped over
 	// (for the table; the bandwidths above already sum over them).
 	NVMePaths int
+	// PoolGranuleBytes is the pinned pool's allocation granule: buffers
+	// held at once are counted with the pool's block rule
+	// (buffers.SpanBytes) at this granule. 0 = buffers.DefaultMinBufferBytes;
+	// otherwise a power of two.
+	PoolGranuleBytes int64
 }
 
 // Kind is what a tensor is for.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"sync"
 	"time"
 
@@ -487,22 +486,16 @@ func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) 
 }
 
 // BlockBytes returns the bytes p's buddy allocator reserves for a request
-// of n bytes, in the worst case of fragmentation: n rounded up to the
-// pool's granule (MinBufferBytes), then to a power-of-two number of
-// granules. A pool sized as the sum of such blocks holds the requests
-// whatever order they are given back in. A nil pool gives n itself.
+// of n bytes, in the worst case of fragmentation: the pool's own rule,
+// buffers.SpanBytes with p's granule (MinBufferBytes). A pool sized as the
+// sum of such blocks holds the requests whatever order they are given
+// back in. A nil pool gives n itself.
 func BlockBytes(p *buffers.Pool) func(int64) int64 {
 	if p == nil {
 		return func(n int64) int64 { return max(n, 0) }
 	}
-	g := int64(p.MinBufferBytes())
-	return func(n int64) int64 {
-		if n <= 0 {
-			return 0
-		}
-		units := (n + g - 1) / g
-		return g << bits.Len64(uint64(units-1))
-	}
+	g := p.MinBufferBytes()
+	return func(n int64) int64 { return buffers.SpanBytes(n, g) }
 }
 
 // writeInitial stores the master and the rule's initial states (Adam:
