@@ -3,28 +3,52 @@ package zinf
 import (
 	"time"
 
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/policy"
-)
-
-// Default NVMe bandwidth assumptions for plans when nothing is measured:
-// conservative figures for one datacenter NVMe drive. `zinf tune` measures
-// the real ones.
-const (
-	DefaultNVMeReadBps  = 2e9
-	DefaultNVMeWriteBps = 1.5e9
 )
 
 // TiersFor maps a config's tiers to the policy's view of them. Given the
 // runtimes opened with cfg, the GPU tier is the device memory they have (a
 // CUDA device's capacity when zinf.tiers.gpu_bytes is unset; see
-// Runtime.GPUCapacityBytes) and the CPU tier leaves out the pinned staging
-// buffers their device I/O holds; without them it is what the config says.
+// Runtime.GPUCapacityBytes), the CPU tier leaves out the pinned staging
+// buffers their device I/O holds, and the NVMe bandwidth is the one the
+// first runtime planned with (Runtime.Bandwidth). Without runtimes it is
+// what the config says, and the NVMe bandwidth is the config's figures
+// (zinf.bandwidth.read_bytes_per_sec, write_bytes_per_sec) or the defaults
+// per path: no file is read and nothing probed (NVMeBandwidth does that).
 func TiersFor(cfg *config.Config, rts ...*Runtime) policy.Tiers {
-	paths := len(cfg.NVMePaths())
+	bw := staticBandwidth(cfg)
+	for _, rt := range rts {
+		if rt != nil {
+			bw = rt.bandwidth
+			break
+		}
+	}
+	return tiersWith(cfg, bw, rts)
+}
+
+// tiersWith is TiersFor with the NVMe bandwidth given.
+func tiersWith(cfg *config.Config, bw Bandwidth, rts []*Runtime) policy.Tiers {
 	gpuBytes, cpuBytes := tierBytes(cfg, rts)
 	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
-		NVMeReadBps: DefaultNVMeReadBps * float64(max(paths, 1)), NVMeWriteBps: DefaultNVMeWriteBps * float64(max(paths, 1)), NVMePaths: paths}
+		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
+		PoolGranuleBytes: buffers.DefaultMinBufferBytes}
+}
+
+// staticBandwidth is NVMeBandwidth without a file, a cache or a probe:
+// the config's figures, else the defaults.
+func staticBandwidth(cfg *config.Config) Bandwidth {
+	var bw Bandwidth
+	z := cfg.Zinf.Bandwidth
+	for _, p := range cfg.NVMePaths() {
+		pb := PathBandwidth{Path: p, ReadBps: DefaultNVMeReadBps, WriteBps: DefaultNVMeWriteBps, Source: BandwidthDefault}
+		if z.ReadBytesPerSec > 0 {
+			pb.ReadBps, pb.WriteBps, pb.Source = float64(z.ReadBytesPerSec), float64(z.WriteBytesPerSec), BandwidthFromConfig
+		}
+		bw.Paths = append(bw.Paths, pb)
+	}
+	return bw
 }
 
 // HintsFor maps a config's DeepSpeed offload keys to the policy's hints.
@@ -38,11 +62,13 @@ func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) pol
 		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers}
 }
 
-// PlanFor places a model's tensors for this config: what lives on GPU, CPU
-// or NVMe, buffer counts, prefetch depth and the predicted step time. Pass
-// the runtimes opened with cfg, when there are any, so the plan counts the
-// memory they really have (see TiersFor): on a CUDA device without
-// zinf.tiers.gpu_bytes, the GPU tier is the device's memory.
+// PlanFor places a model's tensors for this config with DeepSpeed's
+// buffer keys (offload_param.buffer_count and buffer_size,
+// offload_optimizer.buffer_count) as the policy reads them: what lives on
+// GPU, CPU or NVMe, buffer counts, prefetch depth and the predicted step
+// time. Pass the runtimes opened with cfg, when there are any, so the plan
+// counts the memory and bandwidth they really have (see TiersFor). What
+// Open decides — tiers, pinned reservations, disk — is PlanModel's.
 func PlanFor(cfg *config.Config, m policy.ModelSpec, computePerLayer time.Duration, rts ...*Runtime) (*policy.Placement, error) {
 	rank, _ := cfg.RankWorld()
 	if rank >= m.World {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -242,16 +241,4 @@ func optimizerInFlight(o optimizer.Options) int {
 		return 1
 	}
 	return min(o.BufferCount, 2*o.PipelineDepth+1)
-}
-
-// PlanModel places a model's tensors for cfg as Open would for rank 0 (or
-// the config's rank), without opening anything: tiers, prefetch and the
-// predicted step. See Runtime.Plan for the reservations of an open
-// runtime.
-func PlanModel(cfg *config.Config, m Model, rank, world int, computePerLayer float64) (*policy.Placement, error) {
-	mi, err := m.check()
-	if err != nil {
-		return nil, err
-	}
-	return planModel(cfg, mi, rank, world, computePerLayer, nil)
 }

@@ -42,6 +42,13 @@ type Options struct {
 	// seconds, when known: the planner sizes the prefetch depth from it
 	// and predicts the step time. Default 0: one layer ahead.
 	ComputePerLayer float64
+	// NoBandwidthProbe never probes an NVMe path's bandwidth at Open,
+	// whatever zinf.bandwidth.probe says: the plan uses the configured,
+	// tune-file or cached figures, or the defaults (see NVMeBandwidth).
+	NoBandwidthProbe bool
+	// Bandwidth, when set, is the NVMe bandwidth to plan with, as it is
+	// (several ranks of one process may share one NVMeBandwidth call).
+	Bandwidth *Bandwidth
 	// PrefetchDepth, when > 0, overrides the planned prefetch depth
 	// (layers fetched ahead of use); -1 turns prefetching off.
 	PrefetchDepth int
@@ -102,6 +109,8 @@ type Runtime struct {
 	model     *modelInfo
 	placement *policy.Placement
 	res       Reservations
+	bandwidth Bandwidth
+	disk      []swapper.SpaceNeed
 	sched     *policy.Scheduler
 	overlap   bool // StepTensor starts updates during backward
 	inference bool
@@ -169,8 +178,9 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		r.ownEngine = true
 	}
 	store := func(name string, paths []string) (*swapper.Store, error) {
-		s, err := swapper.OpenStore(swapper.StoreOptions{Paths: paths, Engine: r.Engine, Name: fmt.Sprintf("%s-rank%d", name, rank),
-			Checksums: z.Checksums, ReserveBytes: int64(z.SwapFileBytes), Logger: log})
+		o := storeOptions(cfg, paths)
+		o.Engine, o.Name, o.Logger = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log
+		s, err := swapper.OpenStore(o)
 		if err != nil {
 			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
 		}
@@ -190,31 +200,29 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 			return nil, err
 		}
 	}
-	// Plan: placement and prefetch, then the pool's reservations.
-	r.placement, err = planModel(cfg, mi, rank, world, opts.ComputePerLayer, nil)
+	// The NVMe bandwidth the plan predicts with: configured, from a tune
+	// result, cached or probed (see NVMeBandwidth).
+	if opts.Bandwidth != nil {
+		r.bandwidth = *opts.Bandwidth
+	} else if r.bandwidth, err = NVMeBandwidth(context.Background(), cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log}); err != nil {
+		return nil, err
+	}
+	// Plan: placement and prefetch, the pool's reservations, the disk.
+	pd, err := makePlan(planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
+		bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore})
 	if err != nil {
 		return nil, err
 	}
-	tiers := make(map[string]tensor.Tier, len(mi.descs))
-	for _, d := range mi.descs {
-		t, ok := r.placement.Tier[d.Name]
-		if !ok || (t == tensor.TierNVMe && r.ParamStore == nil) {
-			t = tensor.TierCPU
-		}
-		tiers[d.Name] = t
-	}
-	optOpts := optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth,
-		BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: z.OptimizerWorkers, Hyper: Hyper(cfg), Logger: log}
-	var bounce int64
-	if mode, _ := gds.ParseMode(GDSMode(cfg)); mode != gds.ModeOff {
-		bo := BounceOptions(cfg, log)
-		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(r.ParamStore, r.GradStore, r.OptimStore)))
-	}
-	r.res = reserve(reservationInput{cfg: cfg, mi: mi, rank: rank, world: world, dtype: dtype, tiers: tiers,
-		paramStore: r.ParamStore, gradStore: r.GradStore, optimStore: r.OptimStore, prefetch: r.placement.PrefetchDepth,
-		bounceBytes: bounce, optOpts: optOpts, inference: opts.Inference})
+	r.placement, r.res, r.disk = pd.plan.Placement, pd.plan.Reservations, pd.plan.Disk
+	tiers, optOpts := pd.tiers, pd.optOpts
+	optOpts.Logger = log
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return nil, &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
+	}
+	// Free space: every NVMe path must hold what the stores will write
+	// there, copy-on-write copies included, before anything is written.
+	if err := r.checkDiskSpace(pd.tiers, optOpts); err != nil {
+		return nil, err
 	}
 	if cfg.ZeroOptimization.OffloadParam.Device == config.OffloadNVMe && zo.OffloadParam.MaxInCPU*int64(dtype.Size()) > r.res.ParamCacheBytes {
 		log.Warn("zinf: zero_optimization.offload_param.max_in_cpu is larger than the pinned pool can spare; the parameter cache uses what fits",
@@ -313,31 +321,23 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	return r, nil
 }
 
-// planModel runs the policy over the model's inventory.
-func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLayer float64, rts []*Runtime) (*policy.Placement, error) {
-	dtype := ParamDType(cfg)
-	inv := policy.InventoryOf(mi.descs, mi.numel, dtype, world)
-	h := HintsFor(cfg, len(mi.layers), 0)
-	h.ComputeSecondsPerLayer = 2 * computePerLayer
-	// Pinned memory is the reservations' to judge (Open refuses a pool
-	// below their minimum, naming it); the policy places tensors and sizes
-	// prefetch without a pinned budget of its own, and buffer counts come
-	// from the reservations, not from buffer_count x buffer_size.
-	h.ParamBufferCount, h.ParamBufferBytes, h.OptimizerBufferCount = 0, 0, 0
-	// max_in_cpu is the parameter swapper's cache, inside the parameters'
-	// reservation, not tensors homed on the CPU tier.
-	h.MaxInCPUBytes = 0
-	tiers := TiersFor(cfg, rts...)
-	tiers.CPUBytes = policy.MaxBytes
-	return policy.Plan(tiers, inv, h)
-}
-
 // Plan returns the placement Open chose: each tensor's tier, the prefetch
 // depth, the predicted step.
 func (r *Runtime) Plan() *policy.Placement { return r.placement }
 
 // Reservations returns how the pinned pool is split.
 func (r *Runtime) Reservations() Reservations { return r.res }
+
+// Bandwidth returns the NVMe bandwidth the plan used, per path with its
+// source (Plan().Tiers has the sums).
+func (r *Runtime) Bandwidth() Bandwidth {
+	return Bandwidth{Paths: append([]PathBandwidth(nil), r.bandwidth.Paths...)}
+}
+
+// DiskNeeds returns the free space the plan counts on each NVMe path for
+// this rank's swap stores, copy-on-write copies included (see
+// ModelPlan.Disk); Open checked it.
+func (r *Runtime) DiskNeeds() []swapper.SpaceNeed { return append([]swapper.SpaceNeed(nil), r.disk...) }
 
 // partition is this rank's element range of a tensor of numel elements.
 func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }

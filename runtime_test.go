@@ -193,7 +193,9 @@ func TestInitAndLoopOrder(t *testing.T) {
 func TestCloseRemovesScratchAndFreesPinned(t *testing.T) {
 	ctx, watch := watchdog(t, 2*time.Minute)
 	c, dir := testConfig(t)
-	rt, err := zinf.Open(c, oneTensor("w", 10000), zinf.Options{})
+	// No bandwidth probe: its cache file would stay in the path, on
+	// purpose (see TestBandwidthProbeAtOpen).
+	rt, err := zinf.Open(c, oneTensor("w", 10000), zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,7 +242,8 @@ type Zinf struct {
 	// preallocated to. Default 0: files grow as tensors are added.
 	SwapFileBytes Size
 	// PrefetchDepth is "prefetch_depth": layers fetched ahead of use.
-	// Default 0: the policy decides from measured bandwidth.
+	// Default 0: the policy decides from the NVMe bandwidth (see
+	// Bandwidth).
 	PrefetchDepth int
 	// OptimizerWorkers is "optimizer_workers", 0..1024: the most
 	// goroutines (cores) one optimizer sub-group's update is split over
@@ -254,6 +255,47 @@ type Zinf struct {
 	// (and is rolled back when the step turns out to need clipping or to
 	// overflow). Default auto.
 	Speculate SpeculateMode
+	// Bandwidth is "bandwidth": where the planner gets each NVMe path's
+	// read and write bandwidth.
+	Bandwidth Bandwidth
+}
+
+// Bandwidth is "zinf.bandwidth": the NVMe bandwidth the planner predicts
+// with and sizes prefetching from. For each NVMe path the figure comes
+// from, in order: ReadBytesPerSec and WriteBytesPerSec when set; the
+// entry for the path in File; the probe cache in the path (a measurement
+// no older than a week); a short probe of the path when Probe is true
+// (then cached there); else a conservative default. Several paths add up
+// (swap files are striped over them).
+type Bandwidth struct {
+	// ReadBytesPerSec and WriteBytesPerSec are "read_bytes_per_sec" and
+	// "write_bytes_per_sec": each NVMe path's sequential bandwidth in
+	// bytes per second, written as sizes ("3GB" is 3e9 bytes/s). Both or
+	// neither. Default 0: not given.
+	ReadBytesPerSec, WriteBytesPerSec Size
+	// File is "file": a results file written by `zinf tune
+	// --bandwidth-file`. A relative name is read relative to the config
+	// file's directory. Default empty.
+	File string
+	// Probe is "probe": measure a path that nothing above gives a figure
+	// for, at Open (about ProbeBytes written and read, at most a few
+	// seconds; the result is cached in the path for a week). Default true.
+	Probe bool
+	// ProbeBytes is "probe_bytes": bytes each probe writes and then reads,
+	// 1MiB..1GiB. Default 16MiB.
+	ProbeBytes Size
+}
+
+// BandwidthFile returns zinf.bandwidth.file as a path to open: relative
+// names are taken relative to the directory of the config file (Source),
+// or the working directory for a config that was not loaded from a file.
+// It is empty when the key is not set.
+func (c *Config) BandwidthFile() string {
+	f := c.Zinf.Bandwidth.File
+	if f == "" || filepath.IsAbs(f) || c.Source == "" {
+		return f
+	}
+	return filepath.Join(filepath.Dir(c.Source), f)
 }
 
 // Tiers is "zinf.tiers": memory budgets per tier.
@@ -361,6 +403,7 @@ func defaults() *Config {
 			Device:        DeviceAuto,
 			WorldSize:     1,
 			Speculate:     SpeculateAuto,
+			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
 		},
 		Optimizer: Optimizer{
 			Type:      OptimizerAdam,

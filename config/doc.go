@@ -174,6 +174,16 @@
 //	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,
 //	                                                         start each layer's update during backward before the
 //	                                                         global norm and overflow are known (see below)
+//	zinf.bandwidth.read_bytes_per_sec
+//	                             size      0                 each NVMe path's read bandwidth per second ("3GB"), 0..100GB;
+//	                                                         set with write_bytes_per_sec or not at all
+//	zinf.bandwidth.write_bytes_per_sec
+//	                             size      0                 each NVMe path's write bandwidth per second, 0..100GB
+//	zinf.bandwidth.file          string    ""                a `zinf tune --bandwidth-file` result; relative to the
+//	                                                         config file's directory
+//	zinf.bandwidth.probe         bool      true              probe a path no figure above covers, at Open (cached in the
+//	                                                         path for a week)
+//	zinf.bandwidth.probe_bytes   size      16MiB             bytes each probe writes and reads, 1MiB..1GiB
 //
 // # The training step
 //
@@ -253,6 +263,28 @@
 // or fp16 overflowed) — steps that did not speculate still tell whether
 // they would have needed one, so auto starts speculating again once
 // clipping stops triggering.
+//
+// # NVMe bandwidth
+//
+// The planner sizes prefetching and predicts the step time from each NVMe
+// path's read and write bandwidth (paths add up: swap files are striped
+// over them). For each path the figure comes from the first of:
+//
+//  1. zinf.bandwidth.read_bytes_per_sec and write_bytes_per_sec (every
+//     path gets these figures);
+//  2. the path's entry in zinf.bandwidth.file, the file `zinf tune --path P
+//     --bandwidth-file F` writes (an entry for a directory holds for the
+//     directories below it); a file that cannot be read or is not such a
+//     result is an error naming the key;
+//  3. the probe cache in the path (.zinf-bandwidth.json, per filesystem,
+//     at most a week old);
+//  4. a probe at Open when zinf.bandwidth.probe is true: about probe_bytes
+//     written and read with O_DIRECT in a private temporary file, at most
+//     a few seconds, then cached in the path;
+//  5. a conservative default (2 GB/s read, 1.5 GB/s write).
+//
+// `zinf plan` and `zinf train` print each figure with its source; the Go
+// API has them in Runtime.Bandwidth and Runtime.Plan().Tiers.
 //
 // # Caveats
 //

@@ -159,6 +159,13 @@ type wireZinf struct {
 	Speculate     SpeculateMode `json:"speculate"`
 	// OptimizerWorkers is written only when set, so files stay as they were.
 	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
+	Bandwidth        struct {
+		ReadBytesPerSec  Size   `json:"read_bytes_per_sec"`
+		WriteBytesPerSec Size   `json:"write_bytes_per_sec"`
+		File             string `json:"file,omitempty"`
+		Probe            bool   `json:"probe"`
+		ProbeBytes       Size   `json:"probe_bytes"`
+	} `json:"bandwidth"`
 }
 
 func aioWire(a AIO) wireAIO {
@@ -223,6 +230,11 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
 	w.Zinf.Speculate = zi.Speculate
+	w.Zinf.Bandwidth.ReadBytesPerSec = zi.Bandwidth.ReadBytesPerSec
+	w.Zinf.Bandwidth.WriteBytesPerSec = zi.Bandwidth.WriteBytesPerSec
+	w.Zinf.Bandwidth.File = zi.Bandwidth.File
+	w.Zinf.Bandwidth.Probe = zi.Bandwidth.Probe
+	w.Zinf.Bandwidth.ProbeBytes = zi.Bandwidth.ProbeBytes
 	return marshalIndent(w)
 }
 

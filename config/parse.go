@@ -560,6 +560,13 @@ func schema(c *Config) []spec {
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
+		section("bandwidth",
+			leaf("read_bytes_per_sec", sizeInto(&c.Zinf.Bandwidth.ReadBytesPerSec)),
+			leaf("write_bytes_per_sec", sizeInto(&c.Zinf.Bandwidth.WriteBytesPerSec)),
+			leaf("file", stringInto(&c.Zinf.Bandwidth.File)),
+			leaf("probe", boolInto(&c.Zinf.Bandwidth.Probe)),
+			leaf("probe_bytes", sizeInto(&c.Zinf.Bandwidth.ProbeBytes)),
+		),
 	)
 
 	return append([]spec{

@@ -135,6 +135,19 @@ func (c *Config) Validate() error {
 	k.limit("zinf.swap_file_bytes", int64(zi.SwapFileBytes))
 	k.limit("zinf.prefetch_depth", int64(zi.PrefetchDepth))
 	k.limit("zinf.optimizer_workers", int64(zi.OptimizerWorkers))
+	bw := &zi.Bandwidth
+	k.limit("zinf.bandwidth.read_bytes_per_sec", int64(bw.ReadBytesPerSec))
+	k.limit("zinf.bandwidth.write_bytes_per_sec", int64(bw.WriteBytesPerSec))
+	switch {
+	case bw.ReadBytesPerSec > 0 && bw.WriteBytesPerSec == 0:
+		k.add("zinf.bandwidth.write_bytes_per_sec", "0", "is missing: zinf.bandwidth.read_bytes_per_sec is set", "both figures or neither")
+	case bw.WriteBytesPerSec > 0 && bw.ReadBytesPerSec == 0:
+		k.add("zinf.bandwidth.read_bytes_per_sec", "0", "is missing: zinf.bandwidth.write_bytes_per_sec is set", "both figures or neither")
+	}
+	if f := bw.File; f != "" && (strings.TrimSpace(f) == "" || strings.ContainsRune(f, 0)) {
+		k.add("zinf.bandwidth.file", strconv.Quote(f), "is not a file name", "a path to a `zinf tune --bandwidth-file` result")
+	}
+	k.limit("zinf.bandwidth.probe_bytes", int64(bw.ProbeBytes))
 
 	return errorOf("", k.problems)
 }
@@ -172,6 +185,11 @@ var intLimits = map[string][2]int64{
 	"scheduler.params.cycle_first_stair_count":         {0, math.MaxInt32},
 	"scheduler.params.cycle_second_stair_count":        {0, math.MaxInt32},
 	"scheduler.params.decay_step_size":                 {0, math.MaxInt32},
+	// 100 GB/s per path is beyond any single device; a larger figure is
+	// a typo (bits for bytes, an extra zero).
+	"zinf.bandwidth.read_bytes_per_sec":  {0, 100e9},
+	"zinf.bandwidth.write_bytes_per_sec": {0, 100e9},
+	"zinf.bandwidth.probe_bytes":         {1 << 20, 1 << 30},
 }
 
 // enumValues holds the words each string key allows.

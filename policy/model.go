@@ -120,6 +120,19 @@ func (m ModelSpec) FLOPsPerLayer() float64 {
 	return 6 * float64(max(m.Batch, 1)) * (w*w + w)
 }
 
+// Tensors describes the model's parameters in forward order, each with
+// its full shape and layer: per layer the Width x Width weight
+// ("layer%03d.weight") and the Width bias ("layer%03d.bias"). It is the
+// model description zinf.Open and zinf.PlanModel take.
+func (m ModelSpec) Tensors() []tensor.Desc {
+	out := make([]tensor.Desc, 0, 2*max(m.Layers, 0))
+	for l := 0; l < m.Layers; l++ {
+		out = append(out, tensor.Desc{Name: fmt.Sprintf(weightName, l), Shape: []int{m.Width, m.Width}, Layer: l},
+			tensor.Desc{Name: fmt.Sprintf(biasName, l), Shape: []int{m.Width}, Layer: l})
+	}
+	return out
+}
+
 // Parameter, gradient and optimizer-state names.
 const (
 	weightName = "layer%03d.weight"

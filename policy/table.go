@@ -57,9 +57,13 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	if t.NVMePaths == 1 {
 		nvme = "1 path"
 	}
-	fmt.Fprintf(bw, "tiers: gpu %s, cpu pinned %s, nvme %s read %s write %s, pcie %s\n\n",
+	source := ""
+	if t.NVMeBandwidthSource != "" {
+		source = " (" + t.NVMeBandwidthSource + ")"
+	}
+	fmt.Fprintf(bw, "tiers: gpu %s, cpu pinned %s, nvme %s read %s write %s%s, pcie %s\n\n",
 		FormatBytes(t.GPUBytes), FormatBytes(t.CPUBytes), nvme,
-		formatBandwidth(t.NVMeReadBps, "unknown"), formatBandwidth(t.NVMeWriteBps, "unknown"),
+		formatBandwidth(t.NVMeReadBps, "unknown"), formatBandwidth(t.NVMeWriteBps, "unknown"), source,
 		formatBandwidth(t.PCIeBps, "unlimited"))
 
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
@@ -114,6 +118,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\ttotal\t%d\t%s\t%s\n", tier, tensors, FormatBytes(used), percent(used, capacity))
+		if tier == tensor.TierNVMe && p.NVMeDiskBytes > 0 {
+			// The same tensors with the copies copy-on-write keeps
+			// during a step, padded: what the swap files reach.
+			fmt.Fprintf(tw, "%s\t%s\t-\t%s\t-\n", tier, "swap files (copy-on-write)", FormatBytes(p.NVMeDiskBytes))
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package swapper
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/zinfio/zinf/aio"
@@ -183,4 +184,84 @@ func containsString(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// SizingStore returns a Store with o's geometry — paths, stripe,
+// checksums, reserve — on a device of the given alignment (0 means
+// DefaultDiskAlignment), but without files: its sizing methods
+// (Alignment, StripeBytes, PaddedLen, RangeLen, DiskBytes, SpaceNeeds)
+// answer as an open store there would, and every I/O fails with
+// ErrClosed. Planners use it to size pinned memory and disk before a
+// store is opened, or without opening one (`zinf plan`). Engine is not
+// needed.
+func SizingStore(o StoreOptions, alignment int64) (*Store, error) {
+	if len(o.Paths) == 0 {
+		return nil, errors.New("swapper: StoreOptions.Paths is empty: give at least one NVMe directory")
+	}
+	if alignment <= 0 {
+		alignment = DefaultDiskAlignment
+	}
+	if alignment&(alignment-1) != 0 {
+		return nil, fmt.Errorf("swapper: alignment %d is not a power of two", alignment)
+	}
+	if o.StripeBytes == 0 {
+		o.StripeBytes = 1 << 20
+	}
+	if o.StripeBytes < 0 || o.ReserveBytes < 0 {
+		return nil, fmt.Errorf("swapper: StripeBytes %d and ReserveBytes %d must not be negative", o.StripeBytes, o.ReserveBytes)
+	}
+	return &Store{opts: o, tensors: map[string]*version{}, align: alignment, stripe: roundUp(o.StripeBytes, alignment), closed: true}, nil
+}
+
+// Sizing returns a sizing store (see SizingStore) with s's geometry and
+// an alignment of at least minAlignment: a planner that sizes with it
+// gets figures no smaller than s's own, and the same figures for every
+// device whose alignment is at most minAlignment.
+func (s *Store) Sizing(minAlignment int64) *Store {
+	o := s.opts
+	o.StripeBytes = s.stripe
+	a := max(s.align, minAlignment)
+	z, err := SizingStore(o, a)
+	if err != nil {
+		// s's own geometry is valid; only a minAlignment that is not a
+		// power of two gets here.
+		z, _ = SizingStore(o, s.align)
+	}
+	return z
+}
+
+// SpaceNeeds returns, per path of the store (in StoreOptions.Paths order),
+// the free space it still needs there to hold tensors of the given sizes
+// with versions copies each (see DiskBytes): DiskBytes less what its run
+// directory already takes on that path (a swap file preallocated with
+// ReserveBytes, the lock file). Pass them, with other stores' needs, to
+// CheckSpace. A sizing store has no run directory: it needs DiskBytes on
+// every path.
+func (s *Store) SpaceNeeds(sizes []int64, versions int) []SpaceNeed {
+	need := s.DiskBytes(sizes, versions)
+	out := make([]SpaceNeed, len(s.opts.Paths))
+	for i, p := range s.opts.Paths {
+		var taken int64
+		if i < len(s.dirs) {
+			taken = dirBytes(s.dirs[i])
+		}
+		out[i] = SpaceNeed{Path: p, Bytes: max(need-taken, 0)}
+	}
+	return out
+}
+
+// dirBytes is the disk space dir and the files directly in it take (run
+// directories are flat). What cannot be examined counts as nothing.
+func dirBytes(dir string) int64 {
+	var total int64
+	if fi, err := os.Lstat(dir); err == nil {
+		total += allocatedBytes(fi)
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil {
+			total += allocatedBytes(fi)
+		}
+	}
+	return total
 }

@@ -2,24 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 func init() {
-	register("plan", "print where a model's tensors would live, memory per tier and the predicted step time", runPlan)
+	register("plan", "print where a model's tensors would live, the NVMe bandwidth and disk, the pinned reservations and minimum pool, and the predicted step time", runPlan)
 }
 
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("plan", stderr)
 	var cfgPath, model string
 	var computeMs float64
+	var noProbe bool
 	fs.StringVar(&cfgPath, "config", "", "config file (default: the embedded one)")
-	fs.StringVar(&model, "model", "layers=24,width=4096,dtype=bf16,batch=8,world=1", "model: layers=N,width=N,dtype=fp32|bf16|fp16,batch=N,world=N")
+	fs.StringVar(&model, "model", "layers=24,width=4096,dtype=bf16,batch=8,world=1", "model: layers=N,width=N,dtype=fp32|bf16|fp16,batch=N,world=N (dtype and world override the config's)")
 	fs.Float64Var(&computeMs, "compute-ms-per-layer", 0, "compute time per layer per pass, for the prediction")
+	fs.BoolVar(&noProbe, "no-probe", false, "do not probe an NVMe path's bandwidth (use the config's, the tune file's, a cached one or the default)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -36,10 +43,47 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer cleanup()
-	p, err := zinf.PlanFor(cfg, m, compute)
+	// The model's dtype is the parameters' dtype the runtime would use.
+	if zinf.ParamDType(cfg) != m.DType {
+		fmt.Fprintf(stderr, "plan: parameters in %s as --model says (the config says %s)\n", m.DType, zinf.ParamDType(cfg))
+		cfg.BF16, cfg.FP16 = m.DType == tensor.BFloat16, m.DType == tensor.Float16
+	}
+	rank, _ := cfg.RankWorld()
+	if rank >= m.World {
+		rank = 0
+	}
+	p, err := zinf.PlanModel(ctx, cfg, zinf.Model{Tensors: m.Tensors(), Layers: m.Layers},
+		zinf.PlanOptions{Rank: rank, WorldSize: m.World, ComputePerLayer: compute.Seconds(), NoBandwidthProbe: noProbe, Logger: cliLogger(stderr)})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "model %s: %d parameters\n\n", m, m.ParamCount())
-	return p.WriteTable(stdout)
+	if err := p.WriteText(stdout); err != nil {
+		return err
+	}
+	res := p.Reservations
+	if res.PoolBytes < res.MinPoolBytes {
+		fmt.Fprintf(stdout, "\nOpen refuses this config: zinf.tiers.cpu_pinned_bytes is %s, below the minimum pool %s (%d bytes)\n",
+			config.Size(res.PoolBytes), config.Size(res.MinPoolBytes), res.MinPoolBytes)
+	}
+	// Free space where the paths exist already.
+	var here []swapper.SpaceNeed
+	for _, d := range p.Disk {
+		if st, err := os.Stat(d.Path); err == nil && st.IsDir() {
+			here = append(here, d)
+		}
+	}
+	if len(here) > 0 {
+		if err := swapper.CheckSpace(here...); err != nil {
+			var se *swapper.SpaceError
+			if errors.As(err, &se) {
+				fmt.Fprintf(stdout, "\nOpen refuses this config on this machine: %v\n", err)
+			} else {
+				fmt.Fprintf(stdout, "\nfree space not checked: %v\n", err)
+			}
+		} else {
+			fmt.Fprintf(stdout, "\nfree space: the NVMe paths here hold what the plan needs (rank %d; ranks sharing a filesystem need it each)\n", p.Rank)
+		}
+	}
+	return nil
 }

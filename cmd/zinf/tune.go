@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/internal/probe"
 )
 
 func init() {
@@ -32,6 +36,8 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&qds, "queue-depths", "4,8,32,64", "comma-separated queue depths")
 	fs.StringVar(&pps, "parallel", "1,2", "comma-separated intra-op parallelism values")
 	fs.StringVar(&direct, "direct", "optional", "O_DIRECT policy: required, optional, off")
+	var bwFile string
+	fs.StringVar(&bwFile, "bandwidth-file", "", "also record the best read/write bandwidth for --path in this results file (created, or updated when it is one), for zinf.bandwidth.file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -66,6 +72,9 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := t.Check(); err != nil {
 		return err
 	}
+	if err := checkBandwidthFile(bwFile); err != nil {
+		return err
+	}
 	if err := errors.Join(checkMemory("--size", t.SizeBytes, nextPow2(max(t.SizeBytes, 1<<20)), "each run's buffer (one pinned buffer of --size, in a pool rounded up to a power of two)"),
 		checkDisk("--size", t.SizeBytes, t.SizeBytes, t.Dir)); err != nil {
 		return err
@@ -88,8 +97,48 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	fmt.Fprintln(stdout, "config section that reproduces it:")
-	_, err = stdout.Write(sec)
-	return err
+	if _, err = stdout.Write(sec); err != nil {
+		return err
+	}
+	if bwFile == "" {
+		return nil
+	}
+	r := probe.PathResult{ReadBps: b.ReadGBps * 1e9, WriteBps: b.WriteGBps * 1e9, Measured: time.Now(),
+		Method: fmt.Sprintf("zinf tune: backend %s, block %d, queue depth %d, parallel %d, %s per run, median of %d loops",
+			b.Backend, b.BlockSize, b.QueueDepth, b.Parallel, config.Size(t.SizeBytes), t.Loops)}
+	if err := probe.WriteResult(bwFile, t.Dir, r); err != nil {
+		return fmt.Errorf("--bandwidth-file %s: %w", bwFile, err)
+	}
+	abs, _ := filepath.Abs(bwFile)
+	fmt.Fprintf(stdout, "\nbandwidth of %s recorded in %s; point a config at it so the planner uses it:\n  \"zinf\": {\"bandwidth\": {\"file\": %q}}\n", t.Dir, bwFile, abs)
+	return nil
+}
+
+// checkBandwidthFile refuses, before minutes of tuning, a --bandwidth-file
+// that could not be written at the end: one in a directory that does not
+// exist, or an existing file that is not a results file (zinf does not
+// overwrite what it did not write).
+func checkBandwidthFile(name string) error {
+	if name == "" {
+		return nil
+	}
+	st, err := os.Stat(filepath.Dir(name))
+	if err != nil || !st.IsDir() {
+		return fmt.Errorf("--bandwidth-file %s: its directory %s does not exist", name, filepath.Dir(name))
+	}
+	fi, err := os.Lstat(name)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("--bandwidth-file %s: %w", name, err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("--bandwidth-file %s is a symbolic link: not replacing it (give the file's own path)", name)
+	}
+	if _, err := probe.ReadResults(name); err != nil {
+		return fmt.Errorf("--bandwidth-file %s exists and zinf will not replace it: %w", name, err)
+	}
+	return nil
 }
 
 func parseList(s, flagName string, parse func(string) (int64, error)) ([]int, error) {

@@ -95,8 +95,7 @@ func Bandwidth(ctx context.Context, path string, engine aio.Engine, opts Options
 	cachePath := filepath.Join(path, CacheName)
 	cache, writable := readCache(cachePath, opts.Logger)
 	now := opts.Now()
-	if r, ok := cache.Entries[key]; ok && opts.MaxAge > 0 && !r.Measured.After(now) && now.Sub(r.Measured) <= opts.MaxAge {
-		r.Key, r.Cached = key, true
+	if r, ok := fresh(cache, key, now, opts.MaxAge); ok {
 		return r, nil
 	}
 	bytes := opts.Bytes
@@ -121,6 +120,45 @@ func Bandwidth(ctx context.Context, path string, engine aio.Engine, opts Options
 	}
 	return res, nil
 }
+
+// Cached returns the measurement Bandwidth would reuse for path without
+// measuring: the entry for path's filesystem in CacheName when it is no
+// older than opts.MaxAge. It reports false when there is none, when the
+// cache file cannot be used (with Bandwidth's warning) or when path cannot
+// be examined.
+func Cached(path string, opts Options) (Result, bool) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultMaxAge
+	}
+	key, err := fsKey(path)
+	if err != nil {
+		return Result{}, false
+	}
+	cache, _ := readCache(filepath.Join(path, CacheName), opts.Logger)
+	return fresh(cache, key, opts.Now(), opts.MaxAge)
+}
+
+// fresh returns the cache's entry for key when it is no older than maxAge
+// (and not from the future).
+func fresh(cache cacheFile, key string, now time.Time, maxAge time.Duration) (Result, bool) {
+	r, ok := cache.Entries[key]
+	if !ok || maxAge <= 0 || r.Measured.After(now) || now.Sub(r.Measured) > maxAge {
+		return Result{}, false
+	}
+	r.Key, r.Cached = key, true
+	return r, true
+}
+
+// FilesystemKey names path's filesystem as the cache does (device number
+// and filesystem type): measurements under one key hold for every path
+// there.
+func FilesystemKey(path string) (string, error) { return fsKey(path) }
 
 // fsKey names path's filesystem: device number and filesystem type, so a
 // cache follows a path that is remounted elsewhere no further than the

@@ -1,0 +1,278 @@
+package zinf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/probe"
+	"github.com/zinfio/zinf/internal/units"
+)
+
+// Default NVMe bandwidths for a path nothing measured or configured:
+// conservative figures for one datacenter NVMe drive. `zinf tune` and the
+// probe at Open measure the real ones (see config.Bandwidth).
+const (
+	DefaultNVMeReadBps  = 2e9
+	DefaultNVMeWriteBps = 1.5e9
+)
+
+// BandwidthProbeTimeout bounds a probe of one path at Open: a drive slower
+// than zinf.bandwidth.probe_bytes per few seconds is planned with the
+// defaults (and a warning) rather than holding Open up.
+const BandwidthProbeTimeout = 5 * time.Second
+
+// BandwidthSource says where a path's bandwidth figure came from.
+type BandwidthSource string
+
+// The sources, in the order they are tried.
+const (
+	// BandwidthFromConfig: zinf.bandwidth.read_bytes_per_sec and
+	// write_bytes_per_sec.
+	BandwidthFromConfig BandwidthSource = "config"
+	// BandwidthFromFile: the path's entry in zinf.bandwidth.file (a `zinf
+	// tune --bandwidth-file` result).
+	BandwidthFromFile BandwidthSource = "tune file"
+	// BandwidthFromCache: an earlier probe's result, cached in the path.
+	BandwidthFromCache BandwidthSource = "probe cache"
+	// BandwidthFromProbe: measured now.
+	BandwidthFromProbe BandwidthSource = "probe"
+	// BandwidthDefault: DefaultNVMeReadBps and DefaultNVMeWriteBps.
+	BandwidthDefault BandwidthSource = "default"
+)
+
+// PathBandwidth is one NVMe path's sequential bandwidth and its source.
+type PathBandwidth struct {
+	Path              string
+	ReadBps, WriteBps float64
+	Source            BandwidthSource
+	// Detail says more about the source: the file and entry, when the
+	// probe measured, or why the default is used.
+	Detail string
+}
+
+// Bandwidth is the NVMe bandwidth a plan uses: one entry per NVMe path of
+// the config (config.Config.NVMePaths), in its order.
+type Bandwidth struct {
+	Paths []PathBandwidth
+}
+
+// ReadBps is the paths' read bandwidth added up (swap files are striped
+// over them).
+func (b Bandwidth) ReadBps() float64 {
+	var s float64
+	for _, p := range b.Paths {
+		s += p.ReadBps
+	}
+	return s
+}
+
+// WriteBps is the paths' write bandwidth added up.
+func (b Bandwidth) WriteBps() float64 {
+	var s float64
+	for _, p := range b.Paths {
+		s += p.WriteBps
+	}
+	return s
+}
+
+// Source summarizes the paths' sources: the one source when they share
+// it, else each with its count ("probe x1, default x1").
+func (b Bandwidth) Source() string {
+	count := map[BandwidthSource]int{}
+	var order []BandwidthSource
+	for _, p := range b.Paths {
+		if count[p.Source] == 0 {
+			order = append(order, p.Source)
+		}
+		count[p.Source]++
+	}
+	if len(order) == 1 {
+		return string(order[0])
+	}
+	parts := make([]string, len(order))
+	for i, s := range order {
+		parts[i] = fmt.Sprintf("%s x%d", s, count[s])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// String lists each path's figures and source, one per line.
+func (b Bandwidth) String() string {
+	var sb strings.Builder
+	for _, p := range b.Paths {
+		fmt.Fprintf(&sb, "  %s: read %s/s, write %s/s (%s", p.Path, units.FormatBytes(int64(p.ReadBps)), units.FormatBytes(int64(p.WriteBps)), p.Source)
+		if p.Detail != "" {
+			fmt.Fprintf(&sb, ": %s", p.Detail)
+		}
+		sb.WriteString(")\n")
+	}
+	return sb.String()
+}
+
+// BandwidthOptions adjust NVMeBandwidth.
+type BandwidthOptions struct {
+	// NoProbe never probes, whatever zinf.bandwidth.probe says (tests,
+	// and tools that must not write to the paths).
+	NoProbe bool
+	// Engine moves the probe's bytes. Default: one built from the config
+	// for the probe and closed after it.
+	Engine aio.Engine
+	// Logger receives warnings (a probe that failed, a cache file that
+	// cannot be used). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// NVMeBandwidth returns each NVMe path's bandwidth for cfg, from the first
+// source that has it (see config.Bandwidth): the config's figures, the
+// zinf.bandwidth.file result, the probe cache in the path, a probe of at
+// most zinf.bandwidth.probe_bytes and BandwidthProbeTimeout (unless
+// disabled), the defaults. A probe that fails (a path that does not exist
+// yet, a read-only one) is not an error: the path gets the defaults, and
+// a warning when the path exists. An unreadable or malformed
+// zinf.bandwidth.file is an error naming the key, as is a cancelled ctx.
+func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOptions) (Bandwidth, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	bw := cfg.Zinf.Bandwidth
+	var out Bandwidth
+	var results map[string]probe.PathResult
+	file := cfg.BandwidthFile()
+	if file != "" && bw.ReadBytesPerSec == 0 {
+		var err error
+		if results, err = probe.ReadResults(file); err != nil {
+			return Bandwidth{}, fmt.Errorf("zinf: zinf.bandwidth.file %q: %w (write it with `zinf tune --path DIR --bandwidth-file FILE`)", bw.File, err)
+		}
+	}
+	engine := opts.Engine
+	defer func() {
+		if engine != nil && opts.Engine == nil {
+			engine.Close()
+		}
+	}()
+	popts := probe.Options{Bytes: int64(bw.ProbeBytes), Logger: log}
+	for _, path := range cfg.NVMePaths() {
+		pb := PathBandwidth{Path: path}
+		if bw.ReadBytesPerSec > 0 {
+			pb.ReadBps, pb.WriteBps, pb.Source = float64(bw.ReadBytesPerSec), float64(bw.WriteBytesPerSec), BandwidthFromConfig
+			pb.Detail = "zinf.bandwidth.read_bytes_per_sec, write_bytes_per_sec"
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		if key, r, ok := probe.LookupResult(results, path); ok {
+			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromFile
+			pb.Detail = fmt.Sprintf("%s, entry %s, measured %s", file, key, r.Measured.Format(time.DateOnly))
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		pb.ReadBps, pb.WriteBps, pb.Source = DefaultNVMeReadBps, DefaultNVMeWriteBps, BandwidthDefault
+		if st, err := os.Stat(path); err != nil || !st.IsDir() {
+			pb.Detail = "the path is not a directory yet"
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				pb.Detail = err.Error()
+			}
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		fsKey, _ := probe.FilesystemKey(path)
+		if r, ok := memoized(fsKey); ok {
+			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromCache
+			pb.Detail = "measured earlier by this process on the same filesystem, " + r.Measured.Local().Format("2006-01-02 15:04")
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		probing := bw.Probe && !opts.NoProbe
+		if !probing {
+			if r, ok := probe.Cached(path, popts); ok {
+				if fsKey != "" {
+					memoize(fsKey, r)
+				}
+				pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromCache
+				pb.Detail = cacheDetail(r)
+			} else {
+				pb.Detail = "no cached measurement, and probing is off (zinf.bandwidth.probe)"
+			}
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		if engine == nil {
+			e, err := aio.New(EngineOptions(cfg, log, nil))
+			if err != nil {
+				pb.Detail = fmt.Sprintf("no I/O engine to probe with: %v", err)
+				log.Warn("zinf: cannot probe the NVMe bandwidth; planning with the default figures", "path", path, "err", err)
+				out.Paths = append(out.Paths, pb)
+				continue
+			}
+			engine = e
+		}
+		pctx, cancel := context.WithTimeout(ctx, BandwidthProbeTimeout)
+		r, err := probe.Bandwidth(pctx, path, engine, popts)
+		cancel()
+		if err == nil && fsKey != "" {
+			memoize(fsKey, r)
+		}
+		switch {
+		case err == nil && r.Cached:
+			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromCache
+			pb.Detail = cacheDetail(r)
+		case err == nil:
+			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromProbe
+			pb.Detail = fmt.Sprintf("%s each way, cached in %s", units.FormatBytes(r.ProbeBytes), probe.CacheName)
+		case ctx.Err() != nil:
+			return Bandwidth{}, fmt.Errorf("zinf: probing the bandwidth of %s: %w", path, ctx.Err())
+		default:
+			pb.Detail = fmt.Sprintf("the probe failed: %v", err)
+			log.Warn("zinf: the NVMe bandwidth probe failed; planning with the default figures (set zinf.bandwidth.* to give them)", "path", path, "err", err)
+		}
+		out.Paths = append(out.Paths, pb)
+	}
+	return out, nil
+}
+
+// The process keeps what it measured or read per filesystem, so that
+// several ranks, or runtimes opened one after another on fresh
+// directories of one filesystem, probe it once.
+var (
+	memoMu sync.Mutex
+	memo   = map[string]probe.Result{}
+)
+
+func memoized(key string) (probe.Result, bool) {
+	if key == "" {
+		return probe.Result{}, false
+	}
+	memoMu.Lock()
+	defer memoMu.Unlock()
+	r, ok := memo[key]
+	if !ok || time.Since(r.Measured) > probe.DefaultMaxAge {
+		return probe.Result{}, false
+	}
+	return r, true
+}
+
+func memoize(key string, r probe.Result) {
+	memoMu.Lock()
+	memo[key] = r
+	memoMu.Unlock()
+}
+
+// forgetBandwidths empties the process's memory of measurements (tests).
+func forgetBandwidths() {
+	memoMu.Lock()
+	clear(memo)
+	memoMu.Unlock()
+}
+
+func cacheDetail(r probe.Result) string {
+	return fmt.Sprintf("%s in the path, measured %s", probe.CacheName, r.Measured.Local().Format("2006-01-02 15:04"))
+}

@@ -1,0 +1,312 @@
+package zinf
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// ModelPlan is what Open decides for a model under a config, for one
+// rank: where each tensor lives and the predicted step (Placement), how
+// the pinned pool is split and its minimum (Reservations), the NVMe
+// bandwidth the prediction uses and where it comes from (Bandwidth), and
+// the free disk each NVMe path needs (Disk). PlanModel computes it without
+// opening anything; an open Runtime has the same figures (Plan,
+// Reservations, Bandwidth, DiskNeeds).
+//
+// Sizes that depend on the device (padding, aligned reads) are counted for
+// an alignment of swapper.DefaultDiskAlignment (4 KiB) or the device's,
+// whichever is larger, so the minimum pool PlanModel reports is the one
+// Open enforces on any device of 4 KiB alignment or less.
+type ModelPlan struct {
+	Rank, World  int
+	Placement    *policy.Placement
+	Reservations Reservations
+	Bandwidth    Bandwidth
+	// Disk is the free space the swap stores need on each NVMe path, in
+	// the config's order (a path that several stores share once, with
+	// their needs added): every NVMe tensor with the copies copy-on-write
+	// keeps during a step (swapper.CopyOnWriteVersions), padded and
+	// striped as the stores do, plus each store's own files. Paths on one
+	// filesystem need their sum there. An asynchronous checkpoint holds
+	// up to one more copy of what it saves until it is written.
+	Disk []swapper.SpaceNeed
+}
+
+// DiskBytes is Disk added up.
+func (p *ModelPlan) DiskBytes() int64 {
+	var n int64
+	for _, d := range p.Disk {
+		n += d.Bytes
+	}
+	return n
+}
+
+// WriteText renders the plan for people, as `zinf plan` prints it: the
+// placement table, each NVMe path's bandwidth with its source, the disk
+// each path needs, and the pinned reservations with the minimum pool.
+func (p *ModelPlan) WriteText(w io.Writer) error {
+	if err := p.Placement.WriteTable(w); err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(w)
+	if len(p.Bandwidth.Paths) > 0 {
+		fmt.Fprintf(bw, "\nnvme bandwidth per path (paths add up: read %s/s, write %s/s):\n%s",
+			units.FormatBytes(int64(p.Bandwidth.ReadBps())), units.FormatBytes(int64(p.Bandwidth.WriteBps())), p.Bandwidth)
+	}
+	if len(p.Disk) > 0 {
+		fmt.Fprintf(bw, "\nnvme disk: free space each path needs (swap files with their copy-on-write copies; Open checks it):\n")
+		for _, d := range p.Disk {
+			fmt.Fprintf(bw, "  %s: %s (%d bytes)\n", d.Path, units.FormatBytes(d.Bytes), d.Bytes)
+		}
+	}
+	fmt.Fprintf(bw, "\npinned memory by reservation (rank %d of %d):\n%s", p.Rank, p.World, p.Reservations)
+	return bw.Flush()
+}
+
+// PlanOptions adjust PlanModel.
+type PlanOptions struct {
+	// Rank and WorldSize, when WorldSize > 0, override the config's.
+	Rank, WorldSize int
+	// ComputePerLayer is the loop's compute time per layer and pass, in
+	// seconds (see Options.ComputePerLayer).
+	ComputePerLayer float64
+	// Inference plans for forward passes only (see Options.Inference).
+	Inference bool
+	// Bandwidth, when set, is used as it is; otherwise PlanModel gets it
+	// from NVMeBandwidth.
+	Bandwidth *Bandwidth
+	// NoBandwidthProbe never probes a path (see BandwidthOptions.NoProbe).
+	NoBandwidthProbe bool
+	// Logger receives warnings. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// PlanModel computes what Open would decide for model under cfg — the
+// placement and predicted step, the pinned reservations and minimum pool,
+// the NVMe bandwidth used, the free disk each NVMe path needs — without
+// opening a store, a pool or a device. The NVMe paths need not exist;
+// the bandwidth of a path that does may be probed (see NVMeBandwidth).
+func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOptions) (*ModelPlan, error) {
+	if cfg == nil {
+		return nil, errors.New("zinf: nil config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	mi, err := m.check()
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	rank, world := cfg.RankWorld()
+	if opts.WorldSize > 0 {
+		rank, world = opts.Rank, opts.WorldSize
+	}
+	if rank < 0 || rank >= world {
+		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", rank, world)
+	}
+	var bw Bandwidth
+	if opts.Bandwidth != nil {
+		bw = *opts.Bandwidth
+	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log}); err != nil {
+		return nil, err
+	}
+	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw}
+	zo := cfg.ZeroOptimization
+	sizing := func(paths []string) (*swapper.Store, error) {
+		return swapper.SizingStore(storeOptions(cfg, paths), swapper.DefaultDiskAlignment)
+	}
+	if zo.OffloadParam.Device == config.OffloadNVMe {
+		if in.param, err = sizing(pathsFor(cfg, zo.OffloadParam.NVMePath)); err != nil {
+			return nil, fmt.Errorf("zinf: param swap store: %w", err)
+		}
+	}
+	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
+		if in.optim, err = sizing(pathsFor(cfg, zo.OffloadOptimizer.NVMePath)); err != nil {
+			return nil, fmt.Errorf("zinf: optim swap store: %w", err)
+		}
+		in.grad = in.optim
+	}
+	pd, err := makePlan(in)
+	if err != nil {
+		return nil, err
+	}
+	return pd.plan, nil
+}
+
+// storeOptions are the options of a swap store on paths for cfg (Engine,
+// Name and Logger aside).
+func storeOptions(cfg *config.Config, paths []string) swapper.StoreOptions {
+	return swapper.StoreOptions{Paths: paths, Checksums: cfg.Zinf.Checksums, ReserveBytes: int64(cfg.Zinf.SwapFileBytes)}
+}
+
+// planInput is what makePlan needs: the stores are open ones (Open) or
+// sizing ones (PlanModel), nil where the config keeps that state in memory.
+type planInput struct {
+	cfg                *config.Config
+	mi                 *modelInfo
+	rank, world        int
+	computePerLayer    float64
+	inference          bool
+	bw                 Bandwidth
+	param, grad, optim *swapper.Store
+}
+
+// planned is makePlan's result: the plan, and what Open builds from it.
+type planned struct {
+	plan    *ModelPlan
+	tiers   map[string]tensor.Tier
+	optOpts optimizer.Options
+}
+
+// makePlan plans placement and prefetch, sizes the pinned reservations and
+// the disk each NVMe path needs. Open and PlanModel share it, so they
+// agree.
+func makePlan(in planInput) (*planned, error) {
+	cfg, mi := in.cfg, in.mi
+	placement, err := planModel(cfg, mi, in.rank, in.world, in.computePerLayer, in.bw)
+	if err != nil {
+		return nil, err
+	}
+	tiers := make(map[string]tensor.Tier, len(mi.descs))
+	for _, d := range mi.descs {
+		t, ok := placement.Tier[d.Name]
+		if !ok || (t == tensor.TierNVMe && in.param == nil) {
+			t = tensor.TierCPU
+		}
+		tiers[d.Name] = t
+	}
+	zo, z := cfg.ZeroOptimization, cfg.Zinf
+	optOpts := optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth,
+		BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: z.OptimizerWorkers, Hyper: Hyper(cfg)}
+	// Pinned memory and disk are sized for a device alignment of at least
+	// 4 KiB, so that a plan made before the stores exist (PlanModel) gives
+	// the figures Open enforces.
+	sizing := func(s *swapper.Store) *swapper.Store {
+		if s == nil {
+			return nil
+		}
+		return s.Sizing(swapper.DefaultDiskAlignment)
+	}
+	ps, gs, os := sizing(in.param), sizing(in.grad), sizing(in.optim)
+	var bounce int64
+	if mode, _ := gds.ParseMode(GDSMode(cfg)); mode != gds.ModeOff {
+		bo := BounceOptions(cfg, nil)
+		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(ps, gs, os)))
+	}
+	dtype := ParamDType(cfg)
+	res := reserve(reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
+		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
+		bounceBytes: bounce, optOpts: optOpts, inference: in.inference})
+	p := &ModelPlan{Rank: in.rank, World: in.world, Placement: placement, Reservations: res, Bandwidth: in.bw}
+	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, in.inference, ps, gs, os)
+	placement.NVMeDiskBytes = p.DiskBytes()
+	// The policy placed tensors without a pinned budget (the reservations
+	// judge pinned memory); its table shows the pool the config gives.
+	placement.Tiers.CPUBytes = res.PoolBytes
+	return &planned{plan: p, tiers: tiers, optOpts: optOpts}, nil
+}
+
+// diskNeeds is the free space each store needs on each of its paths to
+// hold this rank's NVMe tensors with their copy-on-write copies (see
+// swapper.Store.SpaceNeeds), merged by path in the config's order.
+func diskNeeds(cfg *config.Config, mi *modelInfo, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+	oo optimizer.Options, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
+	var paramSizes, gradSizes, optimSizes []int64
+	sg := oo.SubGroupSize
+	if sg <= 0 {
+		sg = optimizer.DefaultSubGroupSize
+	}
+	for _, d := range mi.descs {
+		lo, hi := partition(int(mi.numel[d.Name]), rank, world)
+		n := int64(hi - lo)
+		if n == 0 {
+			continue
+		}
+		if tiers[d.Name] == tensor.TierNVMe {
+			paramSizes = append(paramSizes, n*int64(dtype.Size()))
+		}
+		if inference {
+			continue
+		}
+		gradSizes = append(gradSizes, 4*n)
+		for off := int64(0); off < n; off += int64(sg) {
+			optimSizes = append(optimSizes, 12*min(int64(sg), n-off))
+		}
+	}
+	var out []swapper.SpaceNeed
+	index := map[string]int{}
+	add := func(s *swapper.Store, sizes []int64) {
+		if s == nil {
+			return
+		}
+		for _, n := range s.SpaceNeeds(sizes, swapper.CopyOnWriteVersions) {
+			if i, ok := index[n.Path]; ok {
+				out[i].Bytes += n.Bytes
+				continue
+			}
+			index[n.Path] = len(out)
+			out = append(out, n)
+		}
+	}
+	add(param, paramSizes)
+	if !inference {
+		add(grad, gradSizes)
+		add(optim, optimSizes)
+	} else {
+		// The stores exist (and take their own files) even when nothing
+		// is written to them.
+		add(grad, nil)
+		add(optim, nil)
+	}
+	return out
+}
+
+// planModel runs the policy over the model's inventory with the NVMe
+// bandwidth bw.
+func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLayer float64, bw Bandwidth) (*policy.Placement, error) {
+	dtype := ParamDType(cfg)
+	inv := policy.InventoryOf(mi.descs, mi.numel, dtype, world)
+	h := HintsFor(cfg, len(mi.layers), 0)
+	h.ComputeSecondsPerLayer = 2 * computePerLayer
+	// Pinned memory is the reservations' to judge (Open refuses a pool
+	// below their minimum, naming it); the policy places tensors and sizes
+	// prefetch without a pinned budget of its own, and buffer counts come
+	// from the reservations, not from buffer_count x buffer_size.
+	h.ParamBufferCount, h.ParamBufferBytes, h.OptimizerBufferCount = 0, 0, 0
+	// max_in_cpu is the parameter swapper's cache, inside the parameters'
+	// reservation, not tensors homed on the CPU tier.
+	h.MaxInCPUBytes = 0
+	tiers := tiersWith(cfg, bw, nil)
+	tiers.CPUBytes = policy.MaxBytes
+	return policy.Plan(tiers, inv, h)
+}
+
+// checkDiskSpace refuses a runtime whose NVMe paths have less free space
+// than its stores will take (diskNeeds with the open stores: their own
+// alignment, less what their files already hold), naming each short path,
+// the need and the free bytes.
+func (r *Runtime) checkDiskSpace(tiers map[string]tensor.Tier, oo optimizer.Options) error {
+	needs := diskNeeds(r.Config, r.model, r.Rank, r.World, r.DType, tiers, oo, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+	if err := swapper.CheckSpace(needs...); err != nil {
+		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
+			r.Rank, swapper.CopyOnWriteVersions, err)
+	}
+	return nil
+}
