@@ -34,7 +34,11 @@
 // Accumulate that reports it does not apply its gradient, so the caller may
 // retry it. After a failure was reported, the next Accumulate writes the
 // new sum and the next Flush writes the pinned copy again: once space
-// returns they succeed, and Read returns the correct sum.
+// returns they succeed, and Read returns the correct sum. An Accumulate of
+// another gradient that finds no pinned memory free writes such a kept
+// copy again itself (reported or not), so a failure reported to a Read
+// does not strand the memory that Accumulate needs; if that write fails
+// too, the Accumulate returns the failure and may be retried.
 //
 // Operations on one tensor are ordered (a later one waits for an earlier
 // one and its write); different tensors proceed in parallel. Methods are

@@ -81,7 +81,7 @@ type Stats struct {
 	BytesWritten, BytesRead int64 // to and from the store
 	Writes, Reads           int64 // completed store writes and reads
 	WriteErrors             int64 // failed write-behinds
-	Retries                 int64 // writes of a pinned copy re-issued by Flush after a failure
+	Retries                 int64 // writes of a pinned copy re-issued after a failure (by Flush, or by an Accumulate that needs its memory)
 	WriteWait               time.Duration
 	// Gauges.
 	PinnedBytes int64 // pinned memory held now (kept gradients, copies awaiting their write)
@@ -256,14 +256,13 @@ func (s *Swapper) settle(ctx context.Context, t *tensor) error {
 	return err
 }
 
-// startWrite writes t's pinned copy buf behind (t.op held, no write in
-// flight). A failure is kept for the next operation to report; the pinned
-// copy stays until a write succeeds.
 // acquire takes t's buffer. Gradient memory comes back only when a
 // write-behind completes; one that fails keeps its gradient's buffer (so
-// nothing is lost) until the failure is dealt with. So while the pool has
-// no room, acquire waits for the writes in flight, and returns the failure
-// of one instead of waiting for memory that would never come back.
+// nothing is lost) until a write of it succeeds — whether its failure was
+// reported yet or not. So while the pool has no room, acquire waits for
+// the writes in flight, writes a kept copy again when none is in flight,
+// and returns the new failure of one instead of waiting for memory that
+// would never come back.
 func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, error) {
 	for {
 		if b, ok := s.pool.TryAcquire(s.bufSize(t), buffers.PurposeGradients); ok {
@@ -304,7 +303,10 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 				s.mu.Unlock()
 				continue
 			}
+			// A new failure replaces an unreported one; a success makes
+			// it moot (nothing was lost).
 			held.unreported = nil
+			s.stats.Retries++
 			buf := held.buf
 			s.mu.Unlock()
 			s.startWrite(held, buf)
@@ -358,6 +360,9 @@ func rewritable(t *tensor) bool {
 	return t.buf != nil && t.write == nil && !t.keep && (t.unreported != nil || t.dirty)
 }
 
+// startWrite writes t's pinned copy buf behind (t.op held, no write in
+// flight). A failure is kept for the next operation to report; the pinned
+// copy stays until a write succeeds.
 func (s *Swapper) startWrite(t *tensor, buf *buffers.Buffer) {
 	p, err := s.store.WriteAsync(t.key, buf.Bytes()[:t.bytes])
 	s.mu.Lock()
