@@ -10,13 +10,17 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/zinfio/zinf"
-	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/faults"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
@@ -26,16 +30,31 @@ import (
 // empty partitions at world up to 4, a tensor near the pool's size,
 // fp32/bf16/fp16 — with random pool sizes from below the runtime's
 // minimum to generous, random prefetch and pipeline depths, micro-steps
-// and overlap, through the public API only. Every run is either refused at
-// Open with a PoolTooSmallError (and then its pool really is below the
-// minimum a generous open reports) or trains to the end bit-for-bit equal
-// to an in-memory reference. Each run has a watchdog that fails it and
-// prints the pool's holders. ZINF_TEST_SEED reproduces one seed;
-// ZINF_STRESS=1 runs many more.
+// and overlap, through the public API only, in random call orders the
+// docs allow (Init order, Forward/Backward or Pass with a custom order,
+// StepLayer or not, ReadParam or ReadParamBytes in any dtype, extra
+// forward passes, Metrics polled from another goroutine) and with random
+// injected faults: ENOSPC or EIO on writes during Init, gradient
+// write-behind and the step, after which space returns and the call the
+// docs say to retry (Init, AccumulateGrad, Step) is retried. Every run is
+// either refused at Open with a PoolTooSmallError (and then its pool
+// really is below the minimum a generous open reports) or trains to the
+// end bit-for-bit equal to an in-memory reference. Each run has a
+// watchdog that fails it and prints the pool's holders.
+//
+// ZINF_TEST_SEED reproduces one seed; ZINF_STRESS=1 runs many more
+// (ZINF_STRESS_SEEDS sets how many).
 func TestMetamorphic(t *testing.T) {
-	seeds := 6
+	seeds := 12
 	if os.Getenv("ZINF_STRESS") != "" {
-		seeds = 60
+		seeds = 200
+		if s := os.Getenv("ZINF_STRESS_SEEDS"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				t.Fatalf("ZINF_STRESS_SEEDS=%q: want a positive count", s)
+			}
+			seeds = n
+		}
 	}
 	base := uint64(time.Now().UnixNano())
 	if s := os.Getenv("ZINF_TEST_SEED"); s != "" {
@@ -45,19 +64,28 @@ func TestMetamorphic(t *testing.T) {
 		}
 		base, seeds = v, 1
 	}
+	var hits, refused atomic.Int64
 	for i := range seeds {
 		seed := base + uint64(i)
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Logf("seed %d (reproduce with ZINF_TEST_SEED=%d)", seed, seed)
-			metamorphicRun(t, seed)
+			h, r := metamorphicRun(t, seed)
+			hits.Add(int64(h))
+			if r {
+				refused.Add(1)
+			}
 		})
+	}
+	t.Logf("%d seeds: %d refused up front, %d injected faults", seeds, refused.Load(), hits.Load())
+	if seeds >= 8 && hits.Load() == 0 && !t.Failed() {
+		t.Errorf("%d seeds and not one injected fault fired: the fault seam is not reached", seeds)
 	}
 }
 
 var primes = []int{1, 2, 3, 5, 7, 11, 13, 31, 61, 127, 251, 509, 1021, 2039, 4093, 8191}
 
-func metamorphicRun(t *testing.T, seed uint64) {
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+// randomModel builds a random layered model.
+func randomModel(rng *rand.Rand) (zinf.Model, int) {
 	layers := 1 + rng.IntN(4)
 	var ls [][]tensor.Desc
 	n := 0
@@ -87,7 +115,14 @@ func metamorphicRun(t *testing.T, seed uint64) {
 	if n == 0 {
 		ls = append(ls, []tensor.Desc{{Name: "only", Shape: []int{17}}})
 	}
-	model := zinf.LayeredModel(ls...)
+	return zinf.LayeredModel(ls...), len(ls)
+}
+
+// metamorphicRun runs one seed; it returns the faults injected and
+// whether Open refused the pool up front.
+func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	model, layers := randomModel(rng)
 	world := 1 + rng.IntN(4)
 	micro := 1 + rng.IntN(2)
 	steps := 2 + rng.IntN(2)
@@ -111,14 +146,8 @@ func metamorphicRun(t *testing.T, seed uint64) {
 		t.Fatalf("config: %v", err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := zinf.Options{Logger: quiet, WorldSize: world, SerialStep: rng.IntN(2) == 0, PrefetchDepth: rng.IntN(3)}
-	probeComms, err := comm.NewLocal(world, comm.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	po := opts
-	po.Comm = probeComms[0]
-	probe, err := zinf.Open(cfg, model, po)
+	opts := zinf.Options{Logger: quiet, WorldSize: world, SerialStep: rng.IntN(2) == 0, PrefetchDepth: rng.IntN(3), NoBandwidthProbe: true}
+	probe, err := zinf.Open(cfg, model, opts)
 	if err != nil {
 		t.Fatalf("generous pool refused: %v", err)
 	}
@@ -128,40 +157,45 @@ func metamorphicRun(t *testing.T, seed uint64) {
 	// From one granule below the minimum to twice it.
 	pool := minPool - granule + int64(rng.IntN(int(minPool/granule)+2))*granule
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
-	t.Logf("layers %d, tensors %d, world %d, micro %d, steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d",
-		len(ls), len(model.Tensors), world, micro, steps, zinf.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth)
+	faultRate := []float64{0, 0.05, 0.2}[rng.IntN(3)]
+	t.Logf("layers %d, tensors %d, world %d, micro %d, steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
+		layers, len(model.Tensors), world, micro, steps, zinf.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var rts []*zinf.Runtime
+	var injs []*faults.Injector
 	defer func() {
 		for _, rt := range rts {
 			rt.Close()
 		}
 	}()
-	comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for r := range world {
 		o := opts
 		o.Rank = r
-		o.Comm = comms[r] // fp16 reduces its overflow check over the ranks
+		inj := faults.New(seed ^ uint64(r+1)*0x9e37)
+		o.Faults = inj
 		rt, err := zinf.Open(cfg, model, o)
 		if err != nil {
 			var small *zinf.PoolTooSmallError
 			if !errors.As(err, &small) || pool >= minPool {
 				t.Fatalf("rank %d: pool %d (minimum %d): %v", r, pool, minPool, err)
 			}
-			return // refused up front, as it must be
+			if !strings.Contains(err.Error(), "zinf.tiers.cpu_pinned_bytes") || !strings.Contains(err.Error(), strconv.FormatInt(minPool, 10)) {
+				t.Fatalf("the refusal does not name the key and the minimum %d: %v", minPool, err)
+			}
+			return 0, true // refused up front, as it must be
 		}
 		rts = append(rts, rt)
+		injs = append(injs, inj)
 	}
 	if pool < minPool {
 		t.Fatalf("pool %d below the minimum %d was accepted", pool, minPool)
 	}
 	done := make(chan struct{})
+	watchdogDone := make(chan struct{})
 	go func() {
+		defer close(watchdogDone)
 		select {
 		case <-done:
 		case <-time.After(90 * time.Second):
@@ -171,15 +205,103 @@ func metamorphicRun(t *testing.T, seed uint64) {
 			cancel()
 		}
 	}()
-	defer close(done)
+	defer func() {
+		close(done)
+		<-watchdogDone
+	}()
+	tr := &trainRun{t: t, rng: rng, model: model, cfg: cfg, rts: rts, injs: injs, micro: micro, steps: steps, faultRate: faultRate, orders: true}
+	tr.run(ctx)
+	for _, inj := range injs {
+		hits += inj.Hits()
+	}
+	t.Logf("injected faults: %d, retries: %d", hits, tr.retries)
+	return hits, false
+}
 
-	// The reference: fp32 masters, Adam states, params in the dtype.
-	hyper := zinf.Hyper(cfg)
-	dtype := zinf.ParamDType(cfg)
+// trainRun trains a model on runtimes of one world through the public API
+// and checks every parameter read and, at the end, every optimizer state
+// bit for bit against in-memory Adam.
+type trainRun struct {
+	t     *testing.T
+	rng   *rand.Rand // call orders and faults; nil: the README's order, no faults
+	model zinf.Model
+	cfg   *config.Config
+	rts   []*zinf.Runtime
+	injs  []*faults.Injector // per rank, with rts; nil: no faults
+	// micro-steps per step, steps
+	micro, steps int
+	// faultRate is the chance of arming a fault before an operation that
+	// writes (Init, a layer's gradients, Step).
+	faultRate float64
+	// orders randomizes the call orders the docs allow.
+	orders  bool
+	retries int
+	pending []bool // per rank: a fault is armed and has not surfaced
+}
+
+// arm, with probability faultRate, adds a write fault (ENOSPC or EIO, on
+// the path that kind names or any) to rank r's injector.
+func (tr *trainRun) arm(r int, where string) {
+	if tr.injs == nil || tr.rng == nil || tr.rng.Float64() >= tr.faultRate {
+		return
+	}
+	errno := []syscall.Errno{syscall.ENOSPC, syscall.EIO}[tr.rng.IntN(2)]
+	path := []string{where, where, ""}[tr.rng.IntN(3)]
+	tr.injs[r].Add(faults.Rule{Kind: faults.Writes, PathContains: path, Nth: 1 + tr.rng.IntN(3), Times: 1 + tr.rng.IntN(2), Err: errno})
+	tr.pending[r] = true
+}
+
+// retry runs op on rank r; when it fails with an injected fault (ENOSPC or
+// EIO after the injector fired), space returns (the injector is cleared)
+// and op runs again, as the docs allow for Init, AccumulateGrad and Step.
+// Any other error, or a failure that outlives the fault, fails the test.
+func (tr *trainRun) retry(r int, what string, op func() error) {
+	tr.t.Helper()
+	for attempt := 0; ; attempt++ {
+		err := op()
+		if err == nil {
+			return
+		}
+		injected := tr.injs != nil && tr.injs[r].Hits() > 0 && (errors.Is(err, aio.ErrNoSpace) || errors.Is(err, aio.ErrIO))
+		if !injected || attempt >= 4 {
+			tr.t.Fatalf("rank %d: %s (attempt %d): %v", r, what, attempt+1, err)
+		}
+		// Errors must say what failed.
+		if !strings.Contains(err.Error(), "tensor") && !strings.Contains(err.Error(), "zinf-") {
+			tr.t.Errorf("rank %d: %s: the error names neither a tensor nor a file: %v", r, what, err)
+		}
+		tr.injs[r].Clear()
+		tr.pending[r] = false
+		tr.retries++
+	}
+}
+
+// shuffled returns 0..n-1 in a random order (in order without rng).
+func (tr *trainRun) shuffled(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	if tr.rng != nil && tr.orders {
+		tr.rng.Shuffle(n, func(i, j int) { out[i], out[j] = out[j], out[i] })
+	}
+	return out
+}
+
+func (tr *trainRun) coin() bool { return tr.rng != nil && tr.orders && tr.rng.IntN(2) == 0 }
+
+func (tr *trainRun) run(ctx context.Context) {
+	t := tr.t
+	t.Helper()
+	tr.pending = make([]bool, len(tr.rts))
+	hyper := zinf.Hyper(tr.cfg)
+	dtype := zinf.ParamDType(tr.cfg)
+	L := tr.rts[0].Layers()
 	master := map[string][]float32{}
 	mom := map[string][]float32{}
 	vel := map[string][]float32{}
-	for _, d := range model.Tensors {
+	descs := tr.model.Tensors
+	for _, d := range descs {
 		nn, _ := d.Numel()
 		v := make([]float32, nn)
 		for i := range v {
@@ -188,10 +310,40 @@ func metamorphicRun(t *testing.T, seed uint64) {
 		master[d.Name] = v
 		mom[d.Name] = make([]float32, nn)
 		vel[d.Name] = make([]float32, nn)
-		for r, rt := range rts {
-			if err := rt.Init(ctx, d.Name, v); err != nil {
-				t.Fatalf("rank %d: init %s: %v", r, d.Name, err)
+	}
+	// Metrics from another goroutine, all along (the race detector
+	// watches).
+	if tr.orders && tr.rng != nil && tr.rng.IntN(2) == 0 {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				for _, rt := range tr.rts {
+					m := rt.Metrics()
+					if m.PinnedInUseBytes > m.PinnedBytes {
+						t.Errorf("metrics: %d pinned bytes in use of %d", m.PinnedInUseBytes, m.PinnedBytes)
+					}
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
 			}
+		}()
+		defer func() {
+			close(stop)
+			wg.Wait()
+		}()
+	}
+	// Init, in a random tensor order and rank order.
+	for _, i := range tr.shuffled(len(descs)) {
+		d := descs[i]
+		for _, r := range tr.shuffled(len(tr.rts)) {
+			tr.arm(r, "")
+			tr.retry(r, "init "+d.Name, func() error { return tr.rts[r].Init(ctx, d.Name, master[d.Name]) })
 		}
 	}
 	grad := func(name string, step, m int, dst []float32) {
@@ -199,54 +351,90 @@ func metamorphicRun(t *testing.T, seed uint64) {
 			dst[i] = float32(math.Cos(float64(i*7+step*13+m*3+len(name)))) * 0.01
 		}
 	}
-	for step := range steps {
-		acc := map[string][]float32{}
-		// With fp16 the loop scales its gradients by the loss scale, as a
-		// backward pass of a scaled loss would, and the step unscales them.
-		scale := float32(rts[0].LossScale())
-		for m := range micro {
-			for _, rt := range rts {
+	// pass announces a pass over layers (forward or backward order, or a
+	// custom one through Pass) and returns the order.
+	pass := func(backward bool) []int {
+		order := make([]int, L)
+		for l := range order {
+			order[l] = l
+			if backward {
+				order[l] = L - 1 - l
+			}
+		}
+		custom := tr.coin()
+		if custom {
+			order = tr.shuffled(L)
+		}
+		for _, rt := range tr.rts {
+			switch {
+			case custom:
+				rt.Pass(order)
+			case backward:
+				rt.Backward()
+			default:
 				rt.Forward()
 			}
-			for l := range len(ls) {
-				for r, rt := range rts {
-					if err := rt.BeginLayer(ctx, l); err != nil {
-						t.Fatalf("step %d forward layer %d rank %d: %v", step, l, r, err)
+		}
+		return order
+	}
+	readLayer := func(step, l int) {
+		for _, name := range tr.rts[0].LayerTensors(l) {
+			want := quantize(dtype, master[name])
+			if tr.coin() {
+				// Raw bytes, in the param dtype (the stored bytes) or
+				// converted to another.
+				as := []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Float16, dtype}[tr.rng.IntN(4)]
+				got := make([]byte, len(want)*as.Size())
+				for r, rt := range tr.rts {
+					if err := rt.ReadParamBytes(ctx, name, as, got); err != nil {
+						t.Fatalf("rank %d: read %s as %s: %v", r, name, as, err)
 					}
 				}
-				for _, name := range rts[0].LayerTensors(l) {
-					got := make([]float32, len(master[name]))
-					for _, rt := range rts {
-						if err := rt.ReadParam(ctx, name, got); err != nil {
-							t.Fatalf("read %s: %v", name, err)
-						}
-					}
-					want := quantize(dtype, master[name])
-					for i := range got {
-						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("step %d: %s[%d] = %v, reference %v", step, name, i, got[i], want[i])
-						}
-					}
+				exp := make([]byte, len(got))
+				swapper.Encode(as, exp, want)
+				if i := firstDiff(got, exp); i >= 0 {
+					t.Fatalf("step %d: %s read as %s differs at byte %d of %d", step, name, as, i, len(got))
 				}
-				for _, rt := range rts {
+				continue
+			}
+			got := make([]float32, len(want))
+			for r, rt := range tr.rts {
+				if err := rt.ReadParam(ctx, name, got); err != nil {
+					t.Fatalf("rank %d: read %s: %v", r, name, err)
+				}
+			}
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("step %d: %s[%d] = %v, reference %v", step, name, i, got[i], want[i])
+				}
+			}
+		}
+	}
+	begin := func(step, l int, what string) {
+		for r, rt := range tr.rts {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				t.Fatalf("step %d %s layer %d rank %d: %v", step, what, l, r, err)
+			}
+		}
+	}
+	for step := range tr.steps {
+		acc := map[string][]float32{}
+		for m := range tr.micro {
+			for _, l := range pass(false) {
+				begin(step, l, "forward")
+				readLayer(step, l)
+				for _, rt := range tr.rts {
 					rt.EndLayer(l)
 				}
 			}
-			for _, rt := range rts {
-				rt.Backward()
-			}
-			for l := len(ls) - 1; l >= 0; l-- {
-				for r, rt := range rts {
-					if err := rt.BeginLayer(ctx, l); err != nil {
-						t.Fatalf("step %d backward layer %d rank %d: %v", step, l, r, err)
-					}
+			for _, l := range pass(true) {
+				begin(step, l, "backward")
+				for r := range tr.rts {
+					tr.arm(r, "/zinf-grad-")
 				}
-				for _, name := range rts[0].LayerTensors(l) {
+				for _, name := range tr.rts[0].LayerTensors(l) {
 					g := make([]float32, len(master[name]))
 					grad(name, step, m, g)
-					for i := range g {
-						g[i] *= scale
-					}
 					if a, ok := acc[name]; ok {
 						for i := range a {
 							a[i] += g[i]
@@ -254,45 +442,50 @@ func metamorphicRun(t *testing.T, seed uint64) {
 					} else {
 						acc[name] = append([]float32(nil), g...)
 					}
-					for r, rt := range rts {
-						if err := rt.AccumulateGrad(ctx, name, g); err != nil {
-							t.Fatalf("accumulate %s rank %d: %v", name, r, err)
-						}
+					for r, rt := range tr.rts {
+						tr.retry(r, "accumulate "+name, func() error { return rt.AccumulateGrad(ctx, name, g) })
 					}
 				}
-				for _, rt := range rts {
-					if m == micro-1 {
-						if err := rt.StepLayer(ctx, l); err != nil {
-							t.Fatalf("step layer %d: %v", l, err)
+				for r, rt := range tr.rts {
+					if m == tr.micro-1 && (tr.rng == nil || !tr.orders || tr.rng.IntN(3) != 0) {
+						// An error here comes back from Step, which
+						// discards the step; it is retried there.
+						if err := rt.StepLayer(ctx, l); err != nil && (tr.injs == nil || tr.injs[r].Hits() == 0) {
+							t.Fatalf("step %d: step layer %d rank %d: %v", step, l, r, err)
 						}
 					}
 					rt.EndLayer(l)
 				}
 			}
-		}
-		// The ranks step together (fp16 reduces its overflow check over
-		// them).
-		errs := make([]error, world)
-		var wg sync.WaitGroup
-		for r, rt := range rts {
-			wg.Go(func() { errs[r] = rt.Step(ctx) })
-		}
-		wg.Wait()
-		for r, err := range errs {
-			if err != nil {
-				t.Fatalf("step %d rank %d: %v", step, r, err)
+			if tr.coin() && tr.coin() {
+				// An extra forward pass (evaluation) between micro-steps.
+				for _, l := range pass(false) {
+					begin(step, l, "eval")
+					readLayer(step, l)
+					for _, rt := range tr.rts {
+						rt.EndLayer(l)
+					}
+				}
 			}
 		}
-		p := optimizer.StepParams{LR: hyper.LR}
-		if scale != 1 {
-			p.ScaleGrads, p.GradScale = true, float32(1/float64(scale))
+		for _, r := range tr.shuffled(len(tr.rts)) {
+			tr.arm(r, []string{"/zinf-optim-", "/zinf-param-"}[tr.rngIntN(2)])
+			tr.retry(r, fmt.Sprintf("step %d", step), func() error { return tr.rts[r].Step(ctx) })
 		}
 		for name, g := range acc {
-			optimizer.AdamStep(master[name], g, mom[name], vel[name], step+1, hyper, p)
+			optimizer.Adam(master[name], g, mom[name], vel[name], step+1, hyper)
 		}
 	}
-	for _, d := range model.Tensors {
-		for r, rt := range rts {
+	// A final forward pass sees the last step's parameters.
+	for _, l := range pass(false) {
+		begin(tr.steps, l, "final")
+		readLayer(tr.steps, l)
+		for _, rt := range tr.rts {
+			rt.EndLayer(l)
+		}
+	}
+	for _, d := range descs {
+		for r, rt := range tr.rts {
 			lo, hi := rt.Partition(d.Name)
 			if lo == hi {
 				continue
@@ -313,6 +506,30 @@ func metamorphicRun(t *testing.T, seed uint64) {
 			}
 		}
 	}
+	for r, rt := range tr.rts {
+		if s := rt.Metrics().Steps; s != tr.steps {
+			t.Errorf("rank %d: Metrics().Steps = %d, want %d", r, s, tr.steps)
+		}
+	}
+}
+
+func (tr *trainRun) rngIntN(n int) int {
+	if tr.rng == nil {
+		return 0
+	}
+	return tr.rng.IntN(n)
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
 }
 
 // quantize rounds fp32 values through the param dtype, as the store keeps
