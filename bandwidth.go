@@ -15,6 +15,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/probe"
 	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/swapper"
 )
 
 // Default NVMe bandwidths for a path nothing measured or configured:
@@ -135,9 +136,10 @@ type BandwidthOptions struct {
 // source that has it (see config.Bandwidth): the config's figures, the
 // zinf.bandwidth.file result, the probe cache in the path, a probe of at
 // most zinf.bandwidth.probe_bytes and BandwidthProbeTimeout (unless
-// disabled), the defaults. A probe that fails (a path that does not exist
-// yet, a read-only one) is not an error: the path gets the defaults, and
-// a warning when the path exists. An unreadable or malformed
+// disabled; not on a path with less than twice that free, whose space the
+// swap files need), the defaults. A probe that fails (a path that does
+// not exist yet, a read-only one) is not an error: the path gets the
+// defaults, and a warning when the path exists. An unreadable or malformed
 // zinf.bandwidth.file is an error naming the key, as is a cancelled ctx.
 func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOptions) (Bandwidth, error) {
 	log := opts.Logger
@@ -202,6 +204,12 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 			} else {
 				pb.Detail = "no cached measurement, and probing is off (zinf.bandwidth.probe)"
 			}
+			out.Paths = append(out.Paths, pb)
+			continue
+		}
+		if err := swapper.CheckFreeSpace([]string{path}, 2*int64(bw.ProbeBytes)); err != nil {
+			// The probe would fill the disk the swap files need.
+			pb.Detail = fmt.Sprintf("not probed: %v", err)
 			out.Paths = append(out.Paths, pb)
 			continue
 		}

@@ -280,7 +280,8 @@
 //     at most a week old);
 //  4. a probe at Open when zinf.bandwidth.probe is true: about probe_bytes
 //     written and read with O_DIRECT in a private temporary file, at most
-//     a few seconds, then cached in the path;
+//     a few seconds, then cached in the path (a path with less than twice
+//     probe_bytes free is not probed);
 //  5. a conservative default (2 GB/s read, 1.5 GB/s write).
 //
 // `zinf plan` and `zinf train` print each figure with its source; the Go

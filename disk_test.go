@@ -1,0 +1,172 @@
+package zinf_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
+)
+
+var quietLog = slog.New(slog.DiscardHandler)
+
+// mountTmpfs mounts a tmpfs of size bytes (rounded up to pages) on a
+// fresh directory for the test, or skips the test where mounting is not
+// allowed.
+func mountTmpfs(t *testing.T, size int64) string {
+	t.Helper()
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+strconv.FormatInt(size, 10)); err != nil {
+		t.Skipf("cannot mount a %d-byte tmpfs here (needs root or CAP_SYS_ADMIN): %v", size, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	return mnt
+}
+
+// diskUsed is what the files under dir take on disk.
+func diskUsed(t *testing.T, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		total += info.Sys().(*syscall.Stat_t).Blocks * 512
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
+}
+
+// diskModel has prime-sized tensors, so padding and sub-groups matter.
+var diskModel = zinf.LayeredModel(
+	[]tensor.Desc{{Name: "emb", Shape: []int{211, 307}}},
+	[]tensor.Desc{{Name: "l1.w", Shape: []int{307, 307}}, {Name: "l1.b", Shape: []int{307}}},
+	[]tensor.Desc{{Name: "l2.w", Shape: []int{307, 307}}, {Name: "l2.b", Shape: []int{307}}},
+	[]tensor.Desc{{Name: "head", Shape: []int{307, 101}}},
+)
+
+func diskConfig(dir string) *config.Config {
+	c := config.Default()
+	c.SetScratchDir(dir)
+	c.Zinf.Tiers.CPUPinnedBytes = 64 << 20
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.ZeroOptimization.SubGroupSize = 40_009
+	c.Zinf.Bandwidth.Probe = false
+	return c
+}
+
+// TestFreeSpaceCheckedAtOpen: `zinf plan`'s disk figure (PlanModel) counts
+// the copies copy-on-write keeps; a filesystem with less free space than
+// that is refused at Open, naming the path, the need and the free bytes,
+// before anything is written; on a filesystem of exactly that size the
+// model trains several steps (with micro-steps and the step overlapping
+// backward), bit for bit as in memory, and the swap files stay within the
+// figure.
+func TestFreeSpaceCheckedAtOpen(t *testing.T) {
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := plan.DiskBytes()
+	var once int64 // the tensors, each stored once
+	for _, d := range diskModel.Tensors {
+		n, _ := d.Numel()
+		once += n * (4 + 4 + 12) // fp32 param, gradient, optimizer record
+	}
+	if need < 2*once {
+		t.Fatalf("the plan counts %d bytes of disk for %d bytes of tensors: copy-on-write keeps two copies", need, once)
+	}
+	t.Logf("tensors once: %d bytes; plan's disk need: %d bytes", once, need)
+
+	t.Run("too small", func(t *testing.T) {
+		mnt := mountTmpfs(t, need/2)
+		_, err := zinf.Open(diskConfig(mnt), diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+		var se *swapper.SpaceError
+		if !errors.As(err, &se) || !errors.Is(err, aio.ErrNoSpace) {
+			t.Fatalf("Open on a filesystem of half the need: %v", err)
+		}
+		for _, want := range []string{mnt, "free", "need", strconv.FormatInt(se.FreeBytes, 10), strconv.FormatInt(se.NeedBytes, 10), "zinf plan"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the error does not say %q: %v", want, err)
+			}
+		}
+		if se.Path != mnt || se.NeedBytes <= se.FreeBytes || se.FreeBytes > need/2 {
+			t.Errorf("SpaceError %+v", se)
+		}
+		if ents, _ := os.ReadDir(mnt); len(ents) != 0 {
+			t.Errorf("a refused Open left %d entries in %s", len(ents), mnt)
+		}
+	})
+
+	t.Run("exactly enough", func(t *testing.T) {
+		mnt := mountTmpfs(t, need)
+		ctx, watch := watchdog(t, 2*time.Minute)
+		cfg := diskConfig(mnt)
+		cfg.GradientAccumulationSteps = 2
+		rt, err := zinf.Open(cfg, diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+		if err != nil {
+			t.Fatalf("Open on a filesystem of the plan's size: %v", err)
+		}
+		defer rt.Close()
+		watch(rt)
+		if got := rt.DiskNeeds(); len(got) != 1 || got[0].Path != mnt || got[0].Bytes != need {
+			t.Errorf("Runtime.DiskNeeds() = %+v, want the plan's %d on %s", got, need, mnt)
+		}
+		tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(1, 2)), model: diskModel, cfg: cfg, rts: []*zinf.Runtime{rt}, micro: 2, steps: 4}
+		tr.run(ctx)
+		if used := diskUsed(t, mnt); used > need {
+			t.Errorf("the swap files take %d bytes, more than the plan's %d", used, need)
+		} else {
+			t.Logf("swap files after training: %d bytes of the plan's %d", used, need)
+		}
+	})
+}
+
+// TestFreeSpaceSharedFilesystem: two NVMe paths on one filesystem need
+// their sum there; the refusal names both.
+func TestFreeSpaceSharedFilesystem(t *testing.T) {
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := mountTmpfs(t, plan.DiskBytes()*3/4)
+	a, b := filepath.Join(mnt, "a"), filepath.Join(mnt, "b")
+	os.Mkdir(a, 0o755)
+	os.Mkdir(b, 0o755)
+	cfg := diskConfig(a)
+	cfg.ZeroOptimization.OffloadOptimizer.NVMePath = b
+	_, err = zinf.Open(cfg, diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+	var se *swapper.SpaceError
+	if !errors.As(err, &se) || len(se.Shared) != 1 || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
+		t.Fatalf("two paths on one filesystem of 3/4 the need: %v", err)
+	}
+	for _, p := range []string{a, b} {
+		if ents, _ := os.ReadDir(p); len(ents) != 0 {
+			t.Errorf("a refused Open left %d entries in %s", len(ents), p)
+		}
+	}
+}
