@@ -1,0 +1,90 @@
+package zinf_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// TestTrainAtPlannedMinimumPool: the minimum pool PlanModel reports (what
+// `zinf plan` prints), without opening anything, is the one Open enforces:
+// a config with exactly that pool trains, with micro-steps and the step
+// overlapping backward, bit for bit as in memory, on every rank; one
+// granule (the pool's block) below it is refused up front with a
+// PoolTooSmallError naming the minimum.
+func TestTrainAtPlannedMinimumPool(t *testing.T) {
+	cases := []struct {
+		name  string
+		model zinf.Model
+		world int
+		tweak func(*config.Config)
+	}{
+		{"one large tensor", zinf.LayeredModel([]tensor.Desc{{Name: "w", Shape: []int{700_001}}}), 1, nil},
+		{"layers, bf16, world 3", zinf.LayeredModel(
+			[]tensor.Desc{{Name: "a.w", Shape: []int{509, 251}}, {Name: "a.b", Shape: []int{509}}},
+			[]tensor.Desc{{Name: "b.w", Shape: []int{251, 509}}, {Name: "b.b", Shape: []int{3}}},
+			[]tensor.Desc{{Name: "c.w", Shape: []int{127, 61}}},
+		), 3, func(c *config.Config) { c.BF16 = true; c.Zinf.PipelineDepth = 2 }},
+		{"optimizer on cpu, fp16, world 2", zinf.LayeredModel(
+			[]tensor.Desc{{Name: "x", Shape: []int{8191}}, {Name: "y", Shape: []int{2039, 13}}},
+			[]tensor.Desc{{Name: "z", Shape: []int{1021}}},
+		), 2, func(c *config.Config) {
+			c.FP16 = true
+			c.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU
+		}},
+		{"sub-groups, no checksums", zinf.LayeredModel(
+			[]tensor.Desc{{Name: "e", Shape: []int{4093, 31}}},
+			[]tensor.Desc{{Name: "f", Shape: []int{100_003}}},
+		), 1, func(c *config.Config) { c.Zinf.Checksums = false; c.ZeroOptimization.SubGroupSize = 10_007 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, _ := testConfig(t)
+			cfg.ZeroOptimization.SubGroupSize = 16_384
+			cfg.GradientAccumulationSteps = 2
+			if c.tweak != nil {
+				c.tweak(cfg)
+			}
+			plan, err := zinf.PlanModel(context.Background(), cfg, c.model, zinf.PlanOptions{WorldSize: c.world, NoBandwidthProbe: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			minPool, granule := plan.Reservations.MinPoolBytes, plan.Reservations.GranuleBytes
+			t.Logf("planned minimum pool %d bytes (granule %d)", minPool, granule)
+
+			cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(minPool - granule)
+			_, err = zinf.Open(cfg, c.model, zinf.Options{Logger: quietLog, WorldSize: c.world, NoBandwidthProbe: true})
+			var small *zinf.PoolTooSmallError
+			if !errors.As(err, &small) || small.Need != minPool {
+				t.Fatalf("one block below the planned minimum: %v (want a PoolTooSmallError naming %d)", err, minPool)
+			}
+
+			cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(minPool)
+			ctx, watch := watchdog(t, 2*time.Minute)
+			var rts []*zinf.Runtime
+			for r := range c.world {
+				rt, err := zinf.Open(cfg, c.model, zinf.Options{Logger: quietLog, Rank: r, WorldSize: c.world, NoBandwidthProbe: true})
+				if err != nil {
+					t.Fatalf("rank %d at the planned minimum %d: %v", r, minPool, err)
+				}
+				defer rt.Close()
+				watch(rt)
+				if r == 0 && rt.Reservations().MinPoolBytes != minPool {
+					t.Fatalf("Open's minimum %d, the plan's %d", rt.Reservations().MinPoolBytes, minPool)
+				}
+				rts = append(rts, rt)
+			}
+			tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(7, 7)), model: c.model, cfg: cfg, rts: rts, micro: 2, steps: 3}
+			tr.run(ctx)
+			if !t.Failed() {
+				t.Logf("trained %d steps at the planned minimum pool", tr.steps)
+			}
+		})
+	}
+}
