@@ -43,8 +43,14 @@ bench-io: build
 bench-adam:
 	./scripts/bench-adam.sh
 
+# Longer randomized runs (scripts/stress.sh): every test with ZINF_STRESS=1
+# (STRESS_SEEDS metamorphic seeds, more crash kill points, fault steps and
+# property cases), then each fuzz target for FUZZTIME. A short run:
+# make stress STRESS_SEEDS=30 FUZZTIME=10s
+FUZZTIME     ?= 2m
+STRESS_SEEDS ?= 200
 stress:
-	ZINF_STRESS=1 $(GO) test -race -count=1 -timeout 60m -run 'Stress|Differential' ./...
+	GO='$(GO)' PKGS='$(PKGS)' FUZZTIME='$(FUZZTIME)' ZINF_STRESS_SEEDS='$(STRESS_SEEDS)' ./scripts/stress.sh
 
 demo: build
 	./scripts/demo.sh $(DEMO_DIR)

@@ -21,6 +21,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/testenv"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
@@ -46,7 +47,7 @@ import (
 // (ZINF_STRESS_SEEDS sets how many).
 func TestMetamorphic(t *testing.T) {
 	seeds := 12
-	if os.Getenv("ZINF_STRESS") != "" {
+	if testenv.Stress() {
 		seeds = 200
 		if s := os.Getenv("ZINF_STRESS_SEEDS"); s != "" {
 			n, err := strconv.Atoi(s)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 // liveSet records the address ranges of live buffers and fails on overlap.
@@ -62,7 +64,7 @@ func TestConcurrentStress(t *testing.T) {
 		granules   = 256 // 1 MiB
 		goroutines = 8
 	)
-	iters := 300
+	iters := testenv.Scale(300, 3000)
 	if testing.Short() {
 		iters = 100
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zinfio/zinf/internal/testenv"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -172,7 +173,7 @@ func TestPlanProperties(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewSource(seed))
-	n := 2000
+	n := testenv.Scale(2000, 20000)
 	if testing.Short() {
 		n = 300
 	}

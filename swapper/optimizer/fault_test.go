@@ -12,6 +12,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/testenv"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -249,7 +250,8 @@ func TestRandomFaults(t *testing.T) {
 	r := newRig(t, rigConfig{specs: mixed, seed: seed, checksums: true, paths: 2,
 		opts: optimizer.Options{SubGroupSize: 400, PipelineDepth: 1 + rng.IntN(3), BufferCount: 1 + rng.IntN(6)}})
 	failures := 0
-	for s := 0; s < 8; s++ {
+	steps := testenv.Scale(8, 80)
+	for s := 0; s < steps; s++ {
 		errno := []syscall.Errno{syscall.ENOSPC, syscall.EIO}[rng.IntN(2)]
 		kind := []faults.Kind{faults.Reads, faults.Writes, faults.AnyOp}[rng.IntN(3)]
 		before := r.states()
@@ -272,5 +274,5 @@ func TestRandomFaults(t *testing.T) {
 		r.md.refStep()
 		r.check(fmt.Sprintf("seed %d step %d", seed, r.md.step))
 	}
-	t.Logf("%d of 8 steps failed and were retried", failures)
+	t.Logf("%d of %d steps failed and were retried", failures, steps)
 }

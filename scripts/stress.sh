@@ -1,0 +1,43 @@
+#!/bin/sh
+# make stress: every test at stress scale, then every fuzz target.
+#
+#   ZINF_STRESS=1 turns up the tests that have a knob: TestMetamorphic runs
+#   ZINF_STRESS_SEEDS seeds (random models, pools, call orders and injected
+#   faults), checkpoint's TestCrashSafety kills a writer at 60 points instead
+#   of 8, zinf train's SIGKILL-and-resume test kills at every crash point it
+#   reaches, the optimizer's TestRandomFaults runs 80 faulted steps, the pool's
+#   TestConcurrentStress and the planner's TestPlanProperties 10x their
+#   iterations.
+#   Then each fuzz target (every func Fuzz* in a _test.go file) runs for
+#   FUZZTIME: `go test -fuzz` takes one target per invocation, so they run
+#   one after another. New failing inputs land in the package's
+#   testdata/fuzz, as go test writes them.
+#
+# Environment: GO (go), PKGS (./...), FUZZTIME (2m), ZINF_STRESS_SEEDS (200),
+# STRESS_TESTS=0 to fuzz only, STRESS_FUZZ=0 to skip fuzzing.
+set -eu
+GO=${GO:-go}
+PKGS=${PKGS:-./...}
+FUZZTIME=${FUZZTIME:-2m}
+ZINF_STRESS=1
+ZINF_STRESS_SEEDS=${ZINF_STRESS_SEEDS:-200}
+export ZINF_STRESS ZINF_STRESS_SEEDS
+cd "$(dirname "$0")/.."
+
+if [ "${STRESS_TESTS:-1}" != 0 ]; then
+	echo "== stress: go test -race at stress scale ($ZINF_STRESS_SEEDS metamorphic seeds) on $PKGS"
+	# shellcheck disable=SC2086
+	$GO test -race -count=1 -timeout 120m $PKGS
+fi
+
+if [ "${STRESS_FUZZ:-1}" != 0 ]; then
+	targets=$(grep -rl --include='*_test.go' '^func Fuzz' . | sort)
+	for f in $targets; do
+		pkg=./$(dirname "${f#./}")
+		for t in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
+			echo "== stress: fuzz $pkg $t for $FUZZTIME"
+			$GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg"
+		done
+	done
+fi
+echo "== stress: done"
