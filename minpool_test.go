@@ -88,3 +88,47 @@ func TestTrainAtPlannedMinimumPool(t *testing.T) {
 		})
 	}
 }
+
+// TestLargestTensorEightSubGroupsRuntime: through the runtime, a model
+// whose largest tensor is 8x the optimizer's sub-group trains bit for bit
+// in a pool smaller than 3x that tensor's fp32 bytes: the planned minimum,
+// with bf16 parameters and the unpipelined optimizer. What the pool must
+// still hold whole is the parameter in use, its staged update and the
+// gradient written behind; the optimizer holds one sub-group's record and
+// gradient slice. (swapper/optimizer's TestLargestTensorEightSubGroups
+// shows the optimizer's and gradients' part alone.)
+func TestLargestTensorEightSubGroupsRuntime(t *testing.T) {
+	const sg = 65536
+	model := zinf.LayeredModel(
+		[]tensor.Desc{{Name: "big", Shape: []int{8 * sg}}},
+		[]tensor.Desc{{Name: "mid", Shape: []int{3*sg + 5}}, {Name: "bias", Shape: []int{7}}},
+	)
+	largest := int64(4 * 8 * sg)
+	cfg, _ := testConfig(t)
+	cfg.BF16 = true
+	cfg.Zinf.PipelineDepth = 0
+	cfg.Zinf.Checksums = false // checked reads widen a sub-group's gradient slice to whole 1 MiB stripes
+	cfg.ZeroOptimization.SubGroupSize = sg
+	plan, err := zinf.PlanModel(context.Background(), cfg, model, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := plan.Reservations
+	t.Logf("largest tensor %d bytes (fp32); minimum pool %d bytes = %.2fx: params in use %d, staged %d, gradients %d, optimizer %d",
+		largest, r.MinPoolBytes, float64(r.MinPoolBytes)/float64(largest), r.ParamDemandBytes, r.ParamStageBytes, r.GradBytes, r.OptimizerBytes)
+	if r.MinPoolBytes >= 3*largest {
+		t.Fatalf("minimum pool %d is not below 3x the largest tensor (%d)", r.MinPoolBytes, 3*largest)
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(r.MinPoolBytes)
+	ctx, watch := watchdog(t, 2*time.Minute)
+	rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	watch(rt)
+	tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(8, 8)), model: model, cfg: cfg, rts: []*zinf.Runtime{rt}, micro: 2, steps: 3}
+	tr.run(ctx)
+	m := rt.Metrics()
+	t.Logf("pinned peak %d of %d bytes (%.2fx the largest tensor)", m.PinnedPeakBytes, m.PinnedBytes, float64(m.PinnedPeakBytes)/float64(largest))
+}
