@@ -27,7 +27,8 @@ import (
 	"github.com/zinfio/zinf/tensor"
 )
 
-// TestMetamorphic trains random models — prime sizes, many tiny tensors,
+// TestMetamorphic trains random models — prime sizes, up to thousands of
+// tiny tensors,
 // empty partitions at world up to 4, a tensor near the pool's size,
 // fp32/bf16/fp16 — with random pool sizes from below the runtime's
 // minimum to generous, random prefetch and pipeline depths, micro-steps
@@ -102,9 +103,10 @@ func randomModel(rng *rand.Rand) (zinf.Model, int) {
 		}
 		ls = append(ls, ts)
 	}
-	if rng.IntN(3) == 0 { // many tiny tensors
+	if rng.IntN(3) == 0 { // many tiny tensors: tens, hundreds or thousands
 		var ts []tensor.Desc
-		for range 40 + rng.IntN(200) {
+		count := []int{40, 400, 1000 + rng.IntN(1000)}[rng.IntN(3)]
+		for range count {
 			ts = append(ts, tensor.Desc{Name: fmt.Sprintf("tiny.%d", n), Shape: []int{1 + rng.IntN(3)}})
 			n++
 		}
@@ -155,8 +157,19 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	minPool := probe.Reservations().MinPoolBytes
 	granule := probe.Reservations().GranuleBytes
 	probe.Close()
-	// From one granule below the minimum to twice it.
-	pool := minPool - granule + int64(rng.IntN(int(minPool/granule)+2))*granule
+	// Below the minimum (refused), exactly it, between it and twice it,
+	// or generous.
+	var pool int64
+	switch rng.IntN(6) {
+	case 0:
+		pool = max(minPool-int64(1+rng.IntN(3))*granule, granule)
+	case 1:
+		pool = minPool
+	case 2:
+		pool = 4 * minPool
+	default:
+		pool = minPool + int64(rng.IntN(int(minPool/granule)+1))*granule
+	}
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
 	faultRate := []float64{0, 0.05, 0.2}[rng.IntN(3)]
 	t.Logf("layers %d, tensors %d, world %d, micro %d, steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
@@ -240,10 +253,10 @@ type trainRun struct {
 	pending []bool // per rank: a fault is armed and has not surfaced
 }
 
-// arm, with probability faultRate, adds a write fault (ENOSPC or EIO, on
-// the path that kind names or any) to rank r's injector.
-func (tr *trainRun) arm(r int, where string) {
-	if tr.injs == nil || tr.rng == nil || tr.rng.Float64() >= tr.faultRate {
+// arm, with probability faultRate (times scale), adds a write fault
+// (ENOSPC or EIO, on the path where names or any) to rank r's injector.
+func (tr *trainRun) arm(r int, where string, scale float64) {
+	if tr.injs == nil || tr.rng == nil || tr.rng.Float64() >= tr.faultRate*scale {
 		return
 	}
 	errno := []syscall.Errno{syscall.ENOSPC, syscall.EIO}[tr.rng.IntN(2)]
@@ -339,11 +352,13 @@ func (tr *trainRun) run(ctx context.Context) {
 			wg.Wait()
 		}()
 	}
-	// Init, in a random tensor order and rank order.
+	// Init, in a random tensor order and rank order; about as many faults
+	// armed for a model of thousands of tensors as for one of twenty.
+	initScale := min(1, 20/float64(len(descs)))
 	for _, i := range tr.shuffled(len(descs)) {
 		d := descs[i]
 		for _, r := range tr.shuffled(len(tr.rts)) {
-			tr.arm(r, "")
+			tr.arm(r, "", initScale)
 			tr.retry(r, "init "+d.Name, func() error { return tr.rts[r].Init(ctx, d.Name, master[d.Name]) })
 		}
 	}
@@ -431,7 +446,7 @@ func (tr *trainRun) run(ctx context.Context) {
 			for _, l := range pass(true) {
 				begin(step, l, "backward")
 				for r := range tr.rts {
-					tr.arm(r, "/zinf-grad-")
+					tr.arm(r, "/zinf-grad-", 1)
 				}
 				for _, name := range tr.rts[0].LayerTensors(l) {
 					g := make([]float32, len(master[name]))
@@ -470,7 +485,7 @@ func (tr *trainRun) run(ctx context.Context) {
 			}
 		}
 		for _, r := range tr.shuffled(len(tr.rts)) {
-			tr.arm(r, []string{"/zinf-optim-", "/zinf-param-"}[tr.rngIntN(2)])
+			tr.arm(r, []string{"/zinf-optim-", "/zinf-param-"}[tr.rngIntN(2)], 1)
 			tr.retry(r, fmt.Sprintf("step %d", step), func() error { return tr.rts[r].Step(ctx) })
 		}
 		for name, g := range acc {
