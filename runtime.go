@@ -787,6 +787,12 @@ func ParamDType(cfg *config.Config) swapper.DType {
 	return swapper.Float32
 }
 
+// ErrClosed is matched (errors.Is) by what a Runtime's methods return
+// after Close, whichever layer below noticed: the swappers, the stores,
+// the pool and the engine all close with sentinels that match it (see
+// tensor.ErrClosed).
+var ErrClosed = tensor.ErrClosed
+
 var errInference = errors.New("zinf: the runtime was opened for inference (Options.Inference): it keeps no gradients or optimizer states")
 
 // ReadOptimizerStates returns this rank's partition of a tensor's fp32

@@ -8,7 +8,11 @@
 // Synchronize.
 package accel
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/zinfio/zinf/tensor"
+)
 
 // Sentinel errors.
 var (
@@ -17,7 +21,7 @@ var (
 	// ErrUnavailable: no such device here (no GPU, no driver, no library).
 	ErrUnavailable = errors.New("accel: device unavailable")
 	// ErrClosed: the device was closed.
-	ErrClosed = errors.New("accel: device closed")
+	ErrClosed = tensor.ClosedError("accel: device closed")
 	// ErrBounds: a copy runs outside an allocation.
 	ErrBounds = errors.New("accel: copy out of bounds")
 	// ErrInvalid: a Mem or Stream the Device did not create, memory already

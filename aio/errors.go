@@ -3,6 +3,7 @@ package aio
 import (
 	"errors"
 	"fmt"
+	"github.com/zinfio/zinf/tensor"
 	"syscall"
 )
 
@@ -14,7 +15,7 @@ var (
 	// ErrNoSpace: the filesystem is full (ENOSPC or EDQUOT).
 	ErrNoSpace = errors.New("aio: no space left on device")
 	// ErrClosed: the engine or file was closed.
-	ErrClosed = errors.New("aio: closed")
+	ErrClosed = tensor.ClosedError("aio: closed")
 	// ErrUnavailable: the requested backend cannot run on this system.
 	ErrUnavailable = errors.New("aio: backend unavailable")
 	// ErrNoDirect: O_DIRECT was required but the filesystem does not support it.

@@ -3,6 +3,7 @@ package buffers
 import (
 	"errors"
 	"fmt"
+	"github.com/zinfio/zinf/tensor"
 	"strings"
 	"time"
 )
@@ -11,7 +12,7 @@ import (
 var (
 	// ErrClosed is returned by Acquire after Close, and to Acquire calls
 	// that were waiting when Close ran.
-	ErrClosed = errors.New("buffers: pool closed")
+	ErrClosed = tensor.ClosedError("buffers: pool closed")
 	// ErrTooLarge is returned by Acquire for a size that can never be
 	// served: larger than the capacity, or than the largest buffer the
 	// arena can hold (Pool.MaxBufferBytes).

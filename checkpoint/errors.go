@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"github.com/zinfio/zinf/tensor"
 	"strings"
 )
 
@@ -40,7 +41,7 @@ var (
 	// SaverOptions.MaxSnapshotBytes.
 	ErrSnapshotTooLarge = errors.New("checkpoint snapshot larger than the allowed pinned memory")
 	// ErrClosed: the Writer, Saver or Reader was closed.
-	ErrClosed = errors.New("checkpoint: closed")
+	ErrClosed = tensor.ClosedError("checkpoint: closed")
 )
 
 // Error describes a failed checkpoint operation: what was done, on which

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/zinfio/zinf/tensor"
 	"hash/crc32"
 	"log/slog"
 	"os"
@@ -23,7 +24,7 @@ var (
 	// ErrNotFound: no tensor of that name is in the store.
 	ErrNotFound = errors.New("swapper: tensor not in store")
 	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("swapper: store closed")
+	ErrClosed = tensor.ClosedError("swapper: store closed")
 )
 
 // TensorError names the tensor an operation failed on.

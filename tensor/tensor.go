@@ -132,3 +132,22 @@ func (d Desc) String() string {
 	}
 	return fmt.Sprintf("%s[%s]@%d", d.Name, strings.Join(dims, "x"), d.Layer)
 }
+
+// ErrClosed is what every "closed" error of zinf's packages matches with
+// errors.Is: the runtime's (zinf.ErrClosed is this one), the engine's,
+// the pool's, the stores', the swappers', the device's and the
+// checkpoint writer's, so a caller checks one sentinel whatever layer
+// noticed the Close. Each package keeps its own sentinel (made with
+// ClosedError) for callers of that package.
+var ErrClosed = closedError("closed")
+
+// ClosedError returns a package's "closed" sentinel: an error with the
+// message msg that matches itself and ErrClosed with errors.Is.
+func ClosedError(msg string) error { return closedError(msg) }
+
+type closedError string
+
+func (e closedError) Error() string { return string(e) }
+
+// Is reports ErrClosed.
+func (e closedError) Is(target error) bool { return target == ErrClosed }

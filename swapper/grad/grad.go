@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	ztensor "github.com/zinfio/zinf/tensor"
 	"log/slog"
 	"slices"
 	"strings"
@@ -18,7 +19,7 @@ import (
 // Sentinel errors; test with errors.Is.
 var (
 	// ErrClosed: the swapper was closed.
-	ErrClosed = errors.New("grad: swapper closed")
+	ErrClosed = ztensor.ClosedError("grad: swapper closed")
 	// ErrUnknown: no gradient of that name was registered.
 	ErrUnknown = errors.New("grad: gradient not registered")
 )

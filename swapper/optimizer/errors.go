@@ -3,12 +3,13 @@ package optimizer
 import (
 	"errors"
 	"fmt"
+	ztensor "github.com/zinfio/zinf/tensor"
 )
 
 // Sentinel errors; test for them with errors.Is.
 var (
 	// ErrClosed: the optimizer was closed.
-	ErrClosed = errors.New("optimizer: closed")
+	ErrClosed = ztensor.ClosedError("optimizer: closed")
 	// ErrNotRegistered: no tensor of that name was registered.
 	ErrNotRegistered = errors.New("optimizer: tensor not registered")
 	// ErrRegistered: a tensor of that name is registered already.

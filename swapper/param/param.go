@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	ztensor "github.com/zinfio/zinf/tensor"
 	"log/slog"
 	"strings"
 	"sync"
@@ -20,7 +21,7 @@ import (
 // Sentinel errors; test with errors.Is.
 var (
 	// ErrClosed: the swapper was closed.
-	ErrClosed = errors.New("param: swapper closed")
+	ErrClosed = ztensor.ClosedError("param: swapper closed")
 	// ErrUnknown: no tensor of that name was registered.
 	ErrUnknown = errors.New("param: tensor not registered")
 	// ErrNotInitialized: the tensor was registered but never given values
