@@ -3,14 +3,26 @@
 // host memory) or NVMe, as a config file says, and move between tiers with
 // overlapped asynchronous swaps.
 //
-// Open builds a Runtime from a config (DeepSpeed's ds_config.json keys are
-// understood as they are): the pinned buffer pool, the async I/O engine,
-// the swap stores on the NVMe paths, the device (a simulated GPU when none
-// is present), and the param, gradient and optimizer swappers. A training
-// loop registers its parameters, asks for each layer's parameters before
-// using them (a barrier that also prefetches what comes next), hands over
-// gradients as backward produces them, and calls Step. Close drains I/O,
-// frees pinned memory and removes the scratch swap files.
+// Open takes a config (DeepSpeed's ds_config.json keys are understood as
+// they are) and a Model (the tensors by layer) and plans before it builds:
+// where each tensor lives and how far ahead to prefetch, from each NVMe
+// path's bandwidth (configured, from a `zinf tune` result, cached or
+// probed; see NVMeBandwidth); how the pinned pool is split between its
+// consumers (Reservations), refusing a pool below the minimum with a
+// PoolTooSmallError; and the disk the swap files take with their
+// copy-on-write copies, refusing an NVMe path without that much free space.
+// Then it builds the pinned pool, the async I/O engine, the swap stores,
+// the device (a simulated GPU when none is present) and the param, gradient
+// and optimizer swappers. PlanModel gives the same plan without opening
+// anything (`zinf plan` prints it).
+//
+// A training loop gives each tensor its initial values (Init), begins and
+// ends each layer in forward and backward (a barrier that also prefetches
+// what comes next), reads parameters into its own buffers, hands over
+// gradients as backward produces them (AccumulateGrad, StepLayer), and
+// calls Step. Close drains I/O, frees pinned memory and removes the
+// scratch swap files; methods called after it return errors matching
+// ErrClosed.
 //
 // SaveCheckpoint, SaveCheckpointAsync and LoadCheckpoint save and restore
 // every rank's parameters and optimizer states (package checkpoint:
