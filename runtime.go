@@ -111,6 +111,7 @@ type Runtime struct {
 	res       Reservations
 	bandwidth Bandwidth
 	disk      []swapper.SpaceNeed
+	tiers     map[string]tensor.Tier // each tensor's planned tier
 	sched     *policy.Scheduler
 	overlap   bool // StepTensor starts updates during backward
 	inference bool
@@ -215,6 +216,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	r.placement, r.res, r.disk = pd.plan.Placement, pd.plan.Reservations, pd.plan.Disk
 	tiers, optOpts := pd.tiers, pd.optOpts
+	r.tiers = tiers
 	optOpts.Logger = log
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return nil, &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
@@ -438,6 +440,10 @@ func (r *Runtime) Init(ctx context.Context, name string, values []float32) error
 	// disk, and then keeps nothing of the tensor); the gradient slot only
 	// checks sizes the reservations already cover, so it goes last.
 	if err := r.Optimizer.Register(name, part); err != nil {
+		// All or nothing: the parameter was stored; forget it again.
+		if uerr := r.forgetParam(name); uerr != nil {
+			return fmt.Errorf("zinf: init %q: %w (and undoing the parameter's init: %v)", name, err, uerr)
+		}
 		return fmt.Errorf("zinf: init %q: %w", name, err)
 	}
 	if err := r.Grads.Register(name, hi-lo); err != nil {
@@ -449,6 +455,15 @@ func (r *Runtime) Init(ctx context.Context, name string, values []float32) error
 	r.numel[name] = len(values)
 	r.mu.Unlock()
 	return nil
+}
+
+// forgetParam undoes a parameter's Init: its stored partition is freed and
+// it is registered again, without values.
+func (r *Runtime) forgetParam(name string) error {
+	if err := r.Params.Unregister(name); err != nil {
+		return err
+	}
+	return r.Params.Register(name, int(r.model.numel[name]), r.tiers[name])
 }
 
 // Partition returns this rank's element range of a tensor of the model.
