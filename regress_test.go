@@ -71,3 +71,50 @@ func TestIssueReproductionsNeverHang(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchOverrideAtMinimumPool: Options.PrefetchDepth asks for
+// layers to be fetched ahead, but at the minimum pool there is no
+// prefetch window: nothing may be fetched ahead, or a prefetched layer
+// takes (and fragments) the memory of the layer in use. The metamorphic
+// test found the hang (a layer of a thousand tiny tensors and a larger
+// one, world 3, pool at the minimum, PrefetchDepth 2).
+func TestPrefetchOverrideAtMinimumPool(t *testing.T) {
+	var tiny []tensor.Desc
+	for i := range 1000 {
+		tiny = append(tiny, tensor.Desc{Name: fmt.Sprintf("tiny.%d", i), Shape: []int{1 + i%3}})
+	}
+	tiny = append(tiny, tensor.Desc{Name: "odd", Shape: []int{5503}})
+	model := zinf.LayeredModel(
+		[]tensor.Desc{{Name: "a", Shape: []int{4093, 13}}, {Name: "b", Shape: []int{251}}},
+		tiny,
+		[]tensor.Desc{{Name: "c", Shape: []int{8191, 7}}},
+	)
+	cfg, _ := testConfig(t)
+	cfg.ZeroOptimization.SubGroupSize = 16384
+	plan, err := zinf.PlanModel(t.Context(), cfg, model, zinf.PlanOptions{WorldSize: 2, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(plan.Reservations.MinPoolBytes)
+	ctx, watch := watchdog(t, 2*time.Minute)
+	var rts []*zinf.Runtime
+	for r := range 2 {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, Rank: r, WorldSize: 2, PrefetchDepth: 2, NoBandwidthProbe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		watch(rt)
+		rts = append(rts, rt)
+	}
+	tr := &trainRun{t: t, model: model, cfg: cfg, rts: rts, micro: 2, steps: 2}
+	tr.run(ctx)
+	// Rank 0 holds the largest partitions: the pool is its minimum (rank
+	// 1's is smaller, so it has a window and prefetches).
+	if w := rts[0].Reservations().PrefetchBytes; w != 0 {
+		t.Fatalf("rank 0 at its minimum pool has a %d-byte prefetch window", w)
+	}
+	if s := rts[0].Metrics().Schedule; s.Prefetches != 0 || s.PeakPrefetchedBytes != 0 {
+		t.Errorf("rank 0 prefetched %d layers (%d bytes at most) with no prefetch window", s.Prefetches, s.PeakPrefetchedBytes)
+	}
+}

@@ -50,7 +50,9 @@ type Options struct {
 	// (several ranks of one process may share one NVMeBandwidth call).
 	Bandwidth *Bandwidth
 	// PrefetchDepth, when > 0, overrides the planned prefetch depth
-	// (layers fetched ahead of use); -1 turns prefetching off.
+	// (layers fetched ahead of use), within the prefetch window the pool
+	// leaves (Reservations.PrefetchBytes; none at the minimum pool, and
+	// then nothing is prefetched); -1 turns prefetching off.
 	PrefetchDepth int
 	// SerialStep runs the whole optimizer step in Step, even when the
 	// plan lets StepTensor overlap it with backward.
@@ -297,10 +299,12 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	depth := r.placement.PrefetchDepth
 	switch {
+	case opts.PrefetchDepth < 0 || r.res.PrefetchBytes == 0:
+		// No prefetch window (the pool is at its minimum): a layer fetched
+		// ahead would take the memory of the layer in use.
+		depth = -1
 	case opts.PrefetchDepth > 0:
 		depth = opts.PrefetchDepth
-	case opts.PrefetchDepth < 0 || r.res.PrefetchBytes == 0:
-		depth = -1
 	}
 	granule := int(r.res.GranuleBytes)
 	size := func(name string) int64 {
