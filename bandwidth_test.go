@@ -90,6 +90,13 @@ func TestBandwidthFromConfig(t *testing.T) {
 	if tt := three.Plan().Tiers; tt.NVMeReadBps != 3e9 || tt.NVMeWriteBps != 15e8 || tt.NVMePaths != 3 {
 		t.Fatalf("three striped paths: tiers %+v, want 3x the per-path figures", tt)
 	}
+	// Figures given in Options are used as they are.
+	c, _ := bwConfig(t)
+	given := zinf.Bandwidth{Paths: []zinf.PathBandwidth{{Path: c.NVMePaths()[0], ReadBps: 4e9, WriteBps: 3e9, Source: zinf.BandwidthFromFile, Detail: "shared"}}}
+	shared := openBW(t, c, zinf.Options{Bandwidth: &given})
+	if got := shared.Bandwidth(); len(got.Paths) != 1 || got.Paths[0] != given.Paths[0] || shared.Plan().Tiers.NVMeReadBps != 4e9 {
+		t.Fatalf("Options.Bandwidth %+v: runtime has %+v", given, got)
+	}
 	// A slower device: a longer predicted step, optimizer I/O the most.
 	slow := open(1e8, 5e7, 1)
 	if s, f := slow.Plan().Predicted, one.Plan().Predicted; !(s.OptimizerIO > f.OptimizerIO && s.Total > f.Total) {
