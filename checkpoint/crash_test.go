@@ -23,6 +23,10 @@ import (
 // value is "root|name|seed|mode", mode "sync" or "async".
 const crashHelperEnv = "ZINF_CHECKPOINT_CRASH_HELPER"
 
+// crashStageEnv names the commit stage the crash helper stops in until it
+// is killed.
+const crashStageEnv = "ZINF_CHECKPOINT_CRASH_STAGE"
+
 func TestMain(m *testing.M) {
 	if v := os.Getenv(crashHelperEnv); v != "" {
 		os.Exit(crashHelper(v))
@@ -47,14 +51,19 @@ func crashHelper(arg string) int {
 	}
 	root, name, mode := parts[0], parts[1], parts[3]
 	seed, _ := strconv.ParseUint(parts[2], 10, 64)
-	// Announce the commit's stages and linger in them, so the parent can
-	// kill the writer there.
+	// Announce the commit's stages and linger in them; stop for good in
+	// the one the parent aims at (crashStageEnv), so its kill lands there
+	// however late a loaded machine lets it come.
+	target := os.Getenv(crashStageEnv)
 	testhook.Set(func(point string) {
 		stage, ok := strings.CutPrefix(point, "checkpoint/")
 		if !ok || (stage != "before-rename" && stage != "after-rename") {
 			return
 		}
 		fmt.Println(stage)
+		if stage == target {
+			select {} // until SIGKILL
+		}
 		time.Sleep(200 * time.Millisecond)
 	})
 	inj := faults.New(seed, faults.Rule{Kind: faults.Writes, Delay: 10 * time.Millisecond})
@@ -155,7 +164,8 @@ func TestCrashSafety(t *testing.T) {
 		}
 		delay := time.Duration(rng.Int64N(int64(1800 * time.Millisecond)))
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashHelperEnv+"="+strings.Join([]string{root, name, strconv.FormatUint(seed, 10), mode}, "|"))
+		cmd.Env = append(os.Environ(), crashHelperEnv+"="+strings.Join([]string{root, name, strconv.FormatUint(seed, 10), mode}, "|"),
+			crashStageEnv+"="+stage)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
