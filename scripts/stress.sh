@@ -24,10 +24,13 @@ ZINF_STRESS_SEEDS=${ZINF_STRESS_SEEDS:-200}
 export ZINF_STRESS ZINF_STRESS_SEEDS
 cd "$(dirname "$0")/.."
 
+# Both phases run whatever the other finds; the exit status says whether
+# anything failed.
+failed=""
 if [ "${STRESS_TESTS:-1}" != 0 ]; then
 	echo "== stress: go test -race at stress scale ($ZINF_STRESS_SEEDS metamorphic seeds) on $PKGS"
 	# shellcheck disable=SC2086
-	$GO test -race -count=1 -timeout 120m $PKGS
+	$GO test -race -count=1 -timeout 120m $PKGS || failed="$failed tests"
 fi
 
 if [ "${STRESS_FUZZ:-1}" != 0 ]; then
@@ -36,8 +39,12 @@ if [ "${STRESS_FUZZ:-1}" != 0 ]; then
 		pkg=./$(dirname "${f#./}")
 		for t in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
 			echo "== stress: fuzz $pkg $t for $FUZZTIME"
-			$GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg"
+			$GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg" || failed="$failed $t"
 		done
 	done
+fi
+if [ -n "$failed" ]; then
+	echo "== stress: FAILED:$failed"
+	exit 1
 fi
 echo "== stress: done"
