@@ -98,7 +98,9 @@ func TestTrainAtPlannedMinimumPool(t *testing.T) {
 // gradient slice. (swapper/optimizer's TestLargestTensorEightSubGroups
 // shows the optimizer's and gradients' part alone.)
 func TestLargestTensorEightSubGroupsRuntime(t *testing.T) {
-	const sg = 65536
+	// A sub-group's record and gradient slice (16 bytes per element, plus
+	// the record's stagger) fill most of a 1 MiB pool block.
+	const sg = 62000
 	model := zinf.LayeredModel(
 		[]tensor.Desc{{Name: "big", Shape: []int{8 * sg}}},
 		[]tensor.Desc{{Name: "mid", Shape: []int{3*sg + 5}}, {Name: "bias", Shape: []int{7}}},
