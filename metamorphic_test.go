@@ -47,7 +47,7 @@ import (
 // ZINF_TEST_SEED reproduces one seed; ZINF_STRESS=1 runs many more
 // (ZINF_STRESS_SEEDS sets how many).
 func TestMetamorphic(t *testing.T) {
-	seeds := 12
+	seeds := 10
 	if testenv.Stress() {
 		seeds = 200
 		if s := os.Getenv("ZINF_STRESS_SEEDS"); s != "" {
