@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -67,9 +68,13 @@ func TestTrainAtPlannedMinimumPool(t *testing.T) {
 
 			cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(minPool)
 			ctx, watch := watchdog(t, 2*time.Minute)
+			comms, err := comm.NewLocal(c.world, comm.LocalOptions{StallTimeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
 			var rts []*zinf.Runtime
 			for r := range c.world {
-				rt, err := zinf.Open(cfg, c.model, zinf.Options{Logger: quietLog, Rank: r, WorldSize: c.world, NoBandwidthProbe: true})
+				rt, err := zinf.Open(cfg, c.model, zinf.Options{Logger: quietLog, Rank: r, WorldSize: c.world, Comm: comms[r], NoBandwidthProbe: true})
 				if err != nil {
 					t.Fatalf("rank %d at the planned minimum %d: %v", r, minPool, err)
 				}
@@ -80,7 +85,7 @@ func TestTrainAtPlannedMinimumPool(t *testing.T) {
 				}
 				rts = append(rts, rt)
 			}
-			tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(7, 7)), model: c.model, cfg: cfg, rts: rts, micro: 2, steps: 3}
+			tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(7, 7)), model: c.model, cfg: cfg, rts: rts, comms: comms, micro: 2, steps: 3}
 			tr.run(ctx)
 			if !t.Failed() {
 				t.Logf("trained %d steps at the planned minimum pool", tr.steps)

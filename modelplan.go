@@ -246,8 +246,10 @@ func diskNeeds(cfg *config.Config, mi *modelInfo, rank, world int, dtype tensor.
 			continue
 		}
 		gradSizes = append(gradSizes, 4*n)
+		// A sub-group's record: the master and the rule's states, as the
+		// optimizer lays them out (staggered in large sub-groups).
 		for off := int64(0); off < n; off += int64(sg) {
-			optimSizes = append(optimSizes, 12*min(int64(sg), n-off))
+			optimSizes = append(optimSizes, optimizer.LayoutForArrays(int(min(int64(sg), n-off)), 1+oo.Hyper.StateCount()).Bytes)
 		}
 	}
 	var out []swapper.SpaceNeed
