@@ -124,13 +124,21 @@ func begin(root, name string, overwrite bool, log *slog.Logger) (*txn, error) {
 }
 
 // createLock creates the lock file path already flock'ed and holding
-// lockMagic: it is created and locked under the name path+".init" and
-// then renamed to path, so no other writer ever sees path unlocked while
-// its owner lives. (Created directly, a cleaner could lock and remove it
+// lockMagic. On Linux the file is made unnamed, locked and written, then
+// linked to path (createNamed), so a crash leaves nothing half made.
+// Elsewhere it is created and locked under the name path+".init" and then
+// renamed to path, so no other writer ever sees path unlocked while its
+// owner lives. (Created directly, a cleaner could lock and remove it
 // between our create and our flock.) A sweep removes a ".init" file only
 // once it holds the lock and has read lockMagic in it, i.e. never between
-// our create and our write.
+// our create and our write; an empty one a crash left there stays (nothing
+// in it says it is ours).
 func createLock(path string) (*os.File, error) {
+	// Where the system can, the lock file appears whole: named only once
+	// it is locked and holds lockMagic, so a crash leaves nothing half made.
+	if lf, ok, err := createNamed(path, writeLockMagic); ok || err != nil {
+		return lf, err
+	}
 	init := path + initSuffix
 	lf, err := os.OpenFile(init, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
@@ -149,8 +157,7 @@ func createLock(path string) (*os.File, error) {
 		err = errors.New("a fresh lock file is locked by someone else")
 	}
 	if err == nil {
-		host, _ := os.Hostname()
-		_, err = fmt.Fprintf(lf, "%spid=%d host=%s started=%s\n", lockMagic, os.Getpid(), host, time.Now().UTC().Format(time.RFC3339Nano))
+		err = writeLockMagic(lf)
 	}
 	if err == nil {
 		// Fails (ENOENT) only if something removed the .init file; the
@@ -163,6 +170,14 @@ func createLock(path string) (*os.File, error) {
 		return nil, err
 	}
 	return lf, nil
+}
+
+// writeLockMagic writes a lock file's content: lockMagic, then who holds
+// it (for an operator reading it).
+func writeLockMagic(f *os.File) error {
+	host, _ := os.Hostname()
+	_, err := fmt.Fprintf(f, "%spid=%d host=%s started=%s\n", lockMagic, os.Getpid(), host, time.Now().UTC().Format(time.RFC3339Nano))
+	return err
 }
 
 // checkTarget refuses to replace anything but a committed zinf checkpoint,

@@ -5,8 +5,12 @@ package checkpoint
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/testhook"
 )
 
 // tryLock takes an exclusive flock on f without blocking. It reports false
@@ -57,4 +61,56 @@ func renameExchange(from, to string) (bool, error) {
 		return false, nil
 	}
 	return false, &os.LinkError{Op: "rename-exchange", Old: from, New: to, Err: err}
+}
+
+// createNamed creates the file path already holding what write puts in it
+// and already flock'ed, in one visible step: the file is made unnamed
+// (O_TMPFILE) in path's directory, locked and written there, then linked
+// to path, which fails with an error matching os.ErrExist if path exists.
+// A crash at any moment leaves either nothing or the whole file, so no
+// half-made file of ours is ever left for a sweep to puzzle over. It
+// reports ok false, having created nothing, where the filesystem or the
+// kernel cannot make unnamed files or link them (the caller falls back to
+// a create-then-rename).
+func createNamed(path string, write func(*os.File) error) (f *os.File, ok bool, err error) {
+	fd, err := unix.Open(filepath.Dir(path), unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+			return nil, false, nil
+		}
+		return nil, false, &os.PathError{Op: "create unnamed", Path: filepath.Dir(path), Err: err}
+	}
+	f = os.NewFile(uintptr(fd), path)
+	locked, err := tryLock(f) // nobody else can see the file yet
+	if err == nil && !locked {
+		err = errors.New("an unnamed file is locked by someone else")
+	}
+	if err == nil {
+		err = write(f)
+	}
+	if err != nil {
+		f.Close()
+		return nil, false, err
+	}
+	testhook.Hit("checkpoint/lock-unnamed")
+	// Linking by the /proc path needs no privilege; AT_EMPTY_PATH does
+	// (CAP_DAC_READ_SEARCH), so it is the second try.
+	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		if err2 := unix.Linkat(fd, "", unix.AT_FDCWD, path, unix.AT_EMPTY_PATH); err2 == nil || errors.Is(err2, unix.EEXIST) {
+			err = err2
+		}
+	}
+	switch {
+	case err == nil:
+		return f, true, nil
+	case errors.Is(err, unix.EEXIST):
+		f.Close()
+		return nil, false, &os.PathError{Op: "create", Path: path, Err: os.ErrExist}
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EXDEV):
+		f.Close()
+		return nil, false, nil // cannot link it here: fall back
+	}
+	f.Close()
+	return nil, false, &os.LinkError{Op: "link", Old: "(unnamed)", New: path, Err: err}
 }

@@ -20,3 +20,9 @@ func renameNoReplace(from, to string) error {
 
 // renameExchange is not available: the caller replaces in two steps.
 func renameExchange(from, to string) (bool, error) { return false, nil }
+
+// createNamed is not available: the caller creates the file under a
+// temporary name and renames it.
+func createNamed(path string, write func(*os.File) error) (*os.File, bool, error) {
+	return nil, false, nil
+}
