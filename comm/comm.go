@@ -53,12 +53,23 @@ type Comm interface {
 	// AllGather gives every rank every rank's send, in rank order: rank
 	// r contributes counts[r] bytes (len(send) == counts[r]) and recv
 	// receives sum(counts) bytes, rank r's at offset sum(counts[:r]).
-	// Chunks may differ in size, and be empty.
+	// Chunks may differ in size, and be empty. send may be this rank's
+	// own chunk of recv (gathering in place); otherwise it must not
+	// overlap recv.
 	AllGather(ctx context.Context, send, recv []byte, counts []int) error
 	// ReduceScatter sums send (sum(counts) elements, the same layout on
 	// every rank) over the ranks and leaves this rank's chunk —
 	// counts[rank] elements at offset sum(counts[:rank]) — in recv.
 	ReduceScatter(ctx context.Context, send, recv []float32, counts []int) error
+	// ReduceScatterMany is ReduceScatter for ranks that contribute any
+	// number of vectors each: rank r contributes per[r] of them (per is
+	// the same on every rank and sums to at least 1; sends holds this
+	// rank's per[rank] vectors of sum(counts) elements). The sum runs
+	// over the vectors in the order of their rank, then of their place
+	// in sends, starting from the first: a process that stands in for
+	// several consecutive data-parallel ranks gets the same result, bit
+	// for bit, as a world with one process per data-parallel rank.
+	ReduceScatterMany(ctx context.Context, sends [][]float32, recv []float32, counts, per []int) error
 	// AllReduce reduces buf over the ranks, in place, on every rank.
 	AllReduce(ctx context.Context, buf []float32, op Op) error
 	// AllReduceFloat64 is AllReduce for float64 values (norms, flags).
@@ -118,6 +129,40 @@ func Offsets(counts []int) (off []int, total int) {
 		total += c
 	}
 	return off, total
+}
+
+// checkMany validates ReduceScatterMany's arguments on rank me and
+// returns the total element count.
+func checkMany(sends [][]float32, recv []float32, counts, per []int, me, size int) (int, error) {
+	total, err := checkCounts("reduce-scatter", counts, size)
+	if err != nil {
+		return 0, err
+	}
+	if len(per) != size {
+		return 0, fmt.Errorf("comm: reduce-scatter: %d contribution counts for a world of %d ranks", len(per), size)
+	}
+	vectors := 0
+	for r, p := range per {
+		if p < 0 {
+			return 0, fmt.Errorf("comm: reduce-scatter: per[%d] = %d: must be >= 0", r, p)
+		}
+		vectors += p
+	}
+	if vectors == 0 {
+		return 0, errors.New("comm: reduce-scatter: no rank contributes a vector (per sums to 0)")
+	}
+	if len(sends) != per[me] {
+		return 0, fmt.Errorf("comm: reduce-scatter: rank %d sends %d vectors, per[%d] says %d", me, len(sends), me, per[me])
+	}
+	for i, s := range sends {
+		if len(s) != total {
+			return 0, fmt.Errorf("comm: reduce-scatter: rank %d's vector %d has %d elements (counts sum to %d)", me, i, len(s), total)
+		}
+	}
+	if len(recv) != counts[me] {
+		return 0, fmt.Errorf("comm: reduce-scatter: rank %d receives into %d elements (its count is %d)", me, len(recv), counts[me])
+	}
+	return total, nil
 }
 
 // checkCounts validates counts for a world of size ranks.

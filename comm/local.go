@@ -66,8 +66,10 @@ type args struct {
 	op     Op
 	root   int
 	counts []int
-	bytes  []byte    // all-gather send, broadcast buf
-	f32    []float32 // reduce-scatter send, all-reduce buf
+	per    []int       // reduce-scatter: vectors per rank
+	bytes  []byte      // all-gather send, broadcast buf
+	f32    []float32   // all-reduce buf
+	vecs   [][]float32 // reduce-scatter sends
 	f64    []float64
 }
 
@@ -96,6 +98,7 @@ type local struct {
 	closed    bool
 	scratch32 []float32
 	scratch64 []float64
+	ones      []int // per for ReduceScatter: one vector per rank
 }
 
 var _ Comm = (*local)(nil)
@@ -259,6 +262,8 @@ func agree(a, b *args) error {
 		return errors.New("different roots")
 	case !slices.Equal(a.counts, b.counts):
 		return errors.New("different counts")
+	case !slices.Equal(a.per, b.per):
+		return errors.New("different vectors per rank")
 	case a.kind == kAllReduce32 && len(a.f32) != len(b.f32), a.kind == kAllReduce64 && len(a.f64) != len(b.f64),
 		a.kind == kBroadcast && len(a.bytes) != len(b.bytes):
 		return errors.New("different lengths")
@@ -268,8 +273,10 @@ func agree(a, b *args) error {
 
 func describe(a *args) string {
 	switch a.kind {
-	case kAllGather, kReduceScatter:
+	case kAllGather:
 		return fmt.Sprintf("%s counts %v", a.kind, a.counts)
+	case kReduceScatter:
+		return fmt.Sprintf("%s counts %v, vectors per rank %v", a.kind, a.counts, a.per)
 	case kAllReduce32:
 		return fmt.Sprintf("%s %s of %d float32", a.kind, a.op, len(a.f32))
 	case kAllReduce64:
@@ -291,23 +298,46 @@ func (c *local) AllGather(ctx context.Context, send, recv []byte, counts []int) 
 	return c.run(ctx, &args{kind: kAllGather, counts: counts, bytes: send}, func(all []*args) {
 		off := 0
 		for _, a := range all {
+			if len(a.bytes) > 0 && &a.bytes[0] == &recv[off] {
+				off += len(a.bytes) // gathered in place: already there
+				continue
+			}
 			off += copy(recv[off:], a.bytes)
 		}
 	})
 }
 
 func (c *local) ReduceScatter(ctx context.Context, send, recv []float32, counts []int) error {
-	total, err := checkCounts("reduce-scatter", counts, c.w.size)
-	if err != nil {
-		return err
+	if len(c.ones) != c.w.size {
+		c.ones = make([]int, c.w.size)
+		for r := range c.ones {
+			c.ones[r] = 1
+		}
 	}
-	if len(send) != total || len(recv) != counts[c.rank] {
-		return fmt.Errorf("comm: reduce-scatter: rank %d sends %d elements (counts sum to %d) into %d (its count is %d)", c.rank, len(send), total, len(recv), counts[c.rank])
+	return c.ReduceScatterMany(ctx, [][]float32{send}, recv, counts, c.ones)
+}
+
+func (c *local) ReduceScatterMany(ctx context.Context, sends [][]float32, recv []float32, counts, per []int) error {
+	if _, err := checkMany(sends, recv, counts, per, c.rank, c.w.size); err != nil {
+		return err
 	}
 	off, _ := Offsets(counts)
 	lo, hi := off[c.rank], off[c.rank]+counts[c.rank]
-	return c.run(ctx, &args{kind: kReduceScatter, counts: counts, f32: send}, func(all []*args) {
-		reduce32(recv, all, lo, hi, Sum)
+	return c.run(ctx, &args{kind: kReduceScatter, counts: counts, per: per, vecs: sends}, func(all []*args) {
+		first := true
+		for _, a := range all {
+			for _, v := range a.vecs {
+				src := v[lo:hi]
+				if first {
+					copy(recv, src)
+					first = false
+					continue
+				}
+				for i, x := range src {
+					recv[i] = recv[i] + x
+				}
+			}
+		}
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/internal/commtest"
 )
 
 // onRanks runs f on every rank of a fresh local world, each on its own
@@ -363,6 +364,11 @@ func TestBadArguments(t *testing.T) {
 		"unknown op":        c.AllReduce(ctx, []float32{1}, comm.Op(9)),
 		"unknown op f64":    c.AllReduceFloat64(ctx, []float64{1}, comm.Op(9)),
 		"root out of range": c.Broadcast(ctx, nil, 2),
+		"many: per length":  c.ReduceScatterMany(ctx, nil, nil, []int{0, 0}, []int{1}),
+		"many: no vectors":  c.ReduceScatterMany(ctx, nil, nil, []int{0, 0}, []int{0, 0}),
+		"many: sends":       c.ReduceScatterMany(ctx, nil, make([]float32, 1), []int{1, 1}, []int{1, 1}),
+		"many: vector len":  c.ReduceScatterMany(ctx, [][]float32{make([]float32, 3)}, make([]float32, 1), []int{1, 1}, []int{1, 1}),
+		"many: negative":    c.ReduceScatterMany(ctx, nil, make([]float32, 1), []int{1, 1}, []int{-1, 2}),
 	} {
 		if err == nil {
 			t.Errorf("%s: accepted", name)
@@ -371,5 +377,23 @@ func TestBadArguments(t *testing.T) {
 	c.Close()
 	if err := c.Barrier(ctx); !errors.Is(err, comm.ErrClosed) {
 		t.Fatalf("barrier on a closed comm: %v", err)
+	}
+}
+
+// TestLocalConformance runs the shared contract check (the one the MPI
+// world runs under mpirun) on in-process worlds of 1 to 5 ranks, with
+// several vectors per rank, in-place gathers and signed zeros.
+func TestLocalConformance(t *testing.T) {
+	for size := 1; size <= 5; size++ {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			errs := onRanks(t, size, comm.LocalOptions{}, func(c comm.Comm) error {
+				return commtest.Conformance(context.Background(), c, commtest.Options{Seed: uint64(size) * 104729, Rounds: 120})
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
 	}
 }

@@ -23,8 +23,10 @@ import (
 const RequireBackendsEnv = "ZINF_REQUIRE_BACKENDS"
 
 // KnownBackends are the names ZINF_REQUIRE_BACKENDS may list: the aio
-// backends and "gds" (GPUDirect Storage through cuFile).
-var KnownBackends = []string{"uring", "libaio", "posix", "gds"}
+// backends, "gds" (GPUDirect Storage through cuFile), "mpi" (Open MPI:
+// the comm binding and the multi-process training tests under mpirun)
+// and "nccl" (NCCL on a GPU).
+var KnownBackends = []string{"uring", "libaio", "posix", "gds", "mpi", "nccl"}
 
 // RequiredBackends parses ZINF_REQUIRE_BACKENDS. Names are trimmed and
 // lower-cased; empty entries are ignored. A name outside KnownBackends is
