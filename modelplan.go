@@ -85,6 +85,9 @@ type PlanOptions struct {
 	ComputePerLayer float64
 	// Inference plans for forward passes only (see Options.Inference).
 	Inference bool
+	// GatherLayers plans the pinned memory of gathered layers (see
+	// Options.GatherLayers: ranks as processes).
+	GatherLayers bool
 	// Bandwidth, when set, is used as it is; otherwise PlanModel gets it
 	// from NVMeBandwidth.
 	Bandwidth *Bandwidth
@@ -127,7 +130,8 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log}); err != nil {
 		return nil, err
 	}
-	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw}
+	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw,
+		gather: opts.GatherLayers}
 	zo := cfg.ZeroOptimization
 	sizing := func(paths []string) (*swapper.Store, error) {
 		return swapper.SizingStore(storeOptions(cfg, paths), swapper.DefaultDiskAlignment)
@@ -164,6 +168,7 @@ type planInput struct {
 	rank, world        int
 	computePerLayer    float64
 	inference          bool
+	gather             bool // Options.GatherLayers
 	bw                 Bandwidth
 	param, grad, optim *swapper.Store
 }
@@ -213,7 +218,7 @@ func makePlan(in planInput) (*planned, error) {
 	dtype := ParamDType(cfg)
 	res := reserve(reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
-		bounceBytes: bounce, optOpts: optOpts, inference: in.inference})
+		bounceBytes: bounce, optOpts: optOpts, inference: in.inference, gather: in.gather})
 	p := &ModelPlan{Rank: in.rank, World: in.world, Placement: placement, Reservations: res, Bandwidth: in.bw}
 	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, in.inference, ps, gs, os)
 	placement.NVMeDiskBytes = p.DiskBytes()

@@ -47,6 +47,10 @@ type Reservations struct {
 	// StagingBytes is shared staging: device copies and the bounce path of
 	// device I/O.
 	StagingBytes int64
+	// GatherBytes holds the full parameters of two layers (the largest)
+	// with Options.GatherLayers: the layer in use and the next one,
+	// gathered from every rank's partitions ahead of use; 0 without.
+	GatherBytes int64
 	// MinPoolBytes is the smallest zinf.tiers.cpu_pinned_bytes that works:
 	// the sum of every minimum above (the prefetch window and the cache
 	// are not minimums).
@@ -75,6 +79,9 @@ func (r Reservations) String() string {
 	line("gradients: write-behind", r.GradBytes)
 	line("optimizer: step pipeline", r.OptimizerBytes)
 	line("staging: device copies, bounce path", r.StagingBytes)
+	if r.GatherBytes > 0 {
+		line("collectives: gathered layers (2)", r.GatherBytes)
+	}
 	fmt.Fprintf(&sb, "  %-38s %s (zinf.tiers.cpu_pinned_bytes; this config has %s)\n", "minimum pool", config.Size(r.MinPoolBytes), config.Size(r.PoolBytes))
 	return sb.String()
 }
@@ -141,6 +148,7 @@ type reservationInput struct {
 	bounceBytes int64
 	optOpts     optimizer.Options
 	inference   bool
+	gather      bool // Options.GatherLayers
 }
 
 // reserve computes the reservations for in, giving what the pool has
@@ -221,7 +229,10 @@ func reserve(in reservationInput) Reservations {
 		// staging buffer.
 		r.StagingBytes += maxNVMe
 	}
-	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes
+	if in.gather {
+		r.GatherBytes = gatherSlots * gatherLayerBytes(in.mi, elem, span)
+	}
+	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes + r.GatherBytes
 	if r.PoolBytes > r.MinPoolBytes {
 		// The rest goes to the parameters: prefetching and the cache.
 		r.PrefetchBytes = r.PoolBytes - r.MinPoolBytes

@@ -62,13 +62,27 @@ type Options struct {
 	// slots, no pinned memory for them); AccumulateGrad, StepTensor and
 	// Step are refused.
 	Inference bool
-	// Comm is this rank's handle on the world of ranks, for the global
-	// quantities of a step: with gradient_clipping or fp16 on, Step reduces
-	// the gradients' sum of squares (norm and overflow) over the ranks
-	// through it. Required then at world size > 1 (Open refuses without
-	// it); it must be rank Rank of a world of WorldSize. The Runtime does
-	// not close it.
+	// Comm is this rank's handle on the world of ranks (comm.NewMPI when
+	// the ranks are processes, comm.NewLocal when they are goroutines of
+	// one process); it must be rank Rank of a world of WorldSize. It
+	// carries the step's global quantities — with gradient_clipping or
+	// fp16 on, Step reduces the gradients' sum of squares (norm and
+	// overflow) over the ranks through it, so it is required then at
+	// world size > 1 (Open refuses without it) — and ReduceGrad's
+	// reduce-scatters and the gathers of GatherLayers. The runtime runs
+	// its collectives, in the order the loop asks for them, on a
+	// goroutine of its own (Collective queues a loop's own). The Runtime
+	// does not close it.
 	Comm comm.Comm
+	// GatherLayers makes the ranks' partitions whole for the loop:
+	// BeginLayer all-gathers the layer's full parameters through Comm
+	// (and starts gathering the next layer of the pass, overlapping the
+	// loop's compute), ReadParam and ReadParamBytes give full tensors,
+	// EndLayer frees them. BeginLayer is then a collective: every rank
+	// begins and ends the same layers in the same order. The full
+	// parameters of two layers (the largest) take a reservation of the
+	// pinned pool (Reservations.GatherBytes). Needs Comm.
+	GatherLayers bool
 	// TotalSteps is the number of optimizer steps the run takes, for a
 	// "scheduler" whose total_num_steps is "auto" (as the Hugging Face
 	// integration writes it); Open refuses such a config without it.
@@ -131,6 +145,18 @@ type Runtime struct {
 	trainStats TrainStats
 
 	train training // schedule, loss scaling, clipping, speculation (loop goroutine)
+	commStats  CommStats
+
+	// Ranks as processes (dist.go); loop goroutine unless said.
+	comm          comm.Comm
+	cw            *commWorker
+	gatherOn      bool
+	gather        layerGathers
+	bgCtx         context.Context // the gathers ahead; ends at Close
+	bgCancel      context.CancelFunc
+	ones          []int
+	reduceScratch []float32
+	reducePending *pendingReduce
 }
 
 // Open builds a Runtime for model from cfg: it validates both (every
@@ -212,7 +238,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	// Plan: placement and prefetch, the pool's reservations, the disk.
 	pd, err := makePlan(planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
-		bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore})
+		gather: opts.GatherLayers && opts.Comm != nil, bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore})
 	if err != nil {
 		return nil, err
 	}
@@ -236,6 +262,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	resv[buffers.PurposeParams] = r.res.ParamsBytes()
 	resv[buffers.PurposeGradients] = r.res.GradBytes
 	resv[buffers.PurposeOptimizer] = r.res.OptimizerBytes
+	resv[buffers.PurposeCollectives] = r.res.GatherBytes
 	r.Pool, err = buffers.NewPool(buffers.Options{CapacityBytes: r.res.PoolBytes, MinBufferBytes: int(r.res.GranuleBytes),
 		Reservations: resv, Logger: log})
 	if err != nil {
@@ -324,6 +351,10 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: -1, BudgetBytes: -1, SizeOf: func(string) int64 { return 0 }})
 	}
 	r.overlap = r.placement.OverlapStep && !opts.SerialStep
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	if err := r.distribute(opts); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -493,6 +524,15 @@ func (r *Runtime) Forward() {
 	for l := range order {
 		order[l] = l
 	}
+	r.startPass(order)
+}
+
+// startPass tells the scheduler (and, with GatherLayers, the gathers)
+// the order of the next pass.
+func (r *Runtime) startPass(order []int) {
+	if r.gatherOn {
+		r.gatherPass(order)
+	}
 	r.sched.StartPass(order)
 }
 
@@ -503,17 +543,20 @@ func (r *Runtime) Backward() {
 	for l := range order {
 		order[l] = L - 1 - l
 	}
-	r.sched.StartPass(order)
+	r.startPass(order)
 }
 
 // Pass announces a pass visiting layers in order (for loops that are
 // neither plain forward nor backward).
-func (r *Runtime) Pass(order []int) { r.sched.StartPass(order) }
+func (r *Runtime) Pass(order []int) { r.startPass(order) }
 
 // BeginLayer makes layer l's parameters readable: a barrier that waits for
 // their swap-in (a demand miss jumps the queue) and prefetches the layers
 // that follow in the pass within the prefetch window. Pair it with
-// EndLayer.
+// EndLayer. With Options.GatherLayers it also all-gathers the layer's
+// full parameters from every rank's partitions (waiting for the gather
+// started during the previous layer, if any) and starts gathering the
+// next layer of the pass: a collective, called by every rank alike.
 func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 	if l < 0 || l >= len(r.model.layers) {
 		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.layers)-1)
@@ -525,6 +568,9 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 		if !ok {
 			return fmt.Errorf("zinf: begin layer %d: tensor %q has no initial values (call Init)", l, n)
 		}
+	}
+	if r.gatherOn {
+		return r.beginGathered(ctx, l)
 	}
 	t0 := time.Now()
 	err := r.sched.Begin(ctx, l)
@@ -540,19 +586,28 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 // EndLayer releases layer l's parameters (no write-back: parameters are
 // read-only between steps).
 func (r *Runtime) EndLayer(l int) {
-	if l >= 0 && l < len(r.model.layers) {
-		r.sched.End(l)
+	if l < 0 || l >= len(r.model.layers) {
+		return
 	}
+	if r.gatherOn {
+		r.endGathered(l)
+		return
+	}
+	r.sched.End(l)
 }
 
 // ReadParam writes this rank's partition of a parameter, widened to fp32,
 // into dst[lo:hi] (see Partition); dst is the full tensor's length, so the
 // loop of every rank in one process can share it. The parameter's layer
-// must be begun.
+// must be begun. With Options.GatherLayers it writes the full tensor,
+// gathered from every rank, into dst.
 func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) error {
 	lo, hi, err := r.fullRange("read", name, len(dst))
 	if err != nil {
 		return err
+	}
+	if r.gatherOn {
+		return r.readGathered(name, 0, nil, dst)
 	}
 	return r.Params.ReadFloat32(ctx, name, dst[lo:hi])
 }
@@ -562,7 +617,7 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 // they are when dtype is the param dtype, converted element by element
 // otherwise (no Go heap buffer either way, so a framework can swap a
 // parameter straight into its own tensor). dst holds the full tensor in
-// dtype.
+// dtype. With Options.GatherLayers it writes the full tensor.
 func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
 	if !dtype.Valid() {
 		return fmt.Errorf("zinf: read %q: unknown dtype %d", name, dtype)
@@ -574,6 +629,9 @@ func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.
 	lo, hi, err := r.fullRange("read", name, len(dst)/sz)
 	if err != nil {
 		return err
+	}
+	if r.gatherOn {
+		return r.readGathered(name, dtype, dst, nil)
 	}
 	return r.Params.ReadAs(ctx, name, dtype, dst[lo*sz:hi*sz])
 }
@@ -709,6 +767,8 @@ type Metrics struct {
 	// Train counts applied, skipped and clipped steps, speculation commits
 	// and rollbacks, and the current loss scale.
 	Train TrainStats
+	// Comm counts the collectives through Options.Comm.
+	Comm CommStats
 }
 
 // Metrics returns the counters.
@@ -717,9 +777,10 @@ func (r *Runtime) Metrics() Metrics {
 	r.mu.Lock()
 	steps, ioWait := r.stepCount, time.Duration(r.ioWaitNs)
 	train := r.trainStats
+	cs := r.commStats
 	r.mu.Unlock()
 	m := Metrics{Steps: steps, IOWait: ioWait, Reservations: r.res, Schedule: r.sched.Stats(), PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
-		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train}
+		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train, Comm: cs}
 	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
 		if s != nil {
 			ss := s.Stats()
@@ -754,6 +815,12 @@ func (r *Runtime) Close() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
+	}
+	// Gathers in flight end first: they read partitions and write pinned
+	// memory.
+	r.closeDist()
+	if r.bgCancel != nil {
+		r.bgCancel()
 	}
 	if r.txn != nil {
 		r.txn.Abort()

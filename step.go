@@ -282,7 +282,9 @@ func (r *Runtime) check(ctx context.Context, local error) (*stepCheck, error) {
 		if local != nil {
 			buf[1+r.Rank] = 1
 		}
-		if err := t.comm.AllReduceFloat64(ctx, buf, comm.Sum); err != nil {
+		// Through the runtime's collective goroutine: after the
+		// collectives it queued, in one order on every rank.
+		if err := r.Collective(ctx, func(c comm.Comm) error { return c.AllReduceFloat64(ctx, buf, comm.Sum) }); err != nil {
 			if local != nil {
 				return nil, errors.Join(local, err)
 			}
@@ -354,6 +356,9 @@ func (r *Runtime) Step(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
+	// The parameters are about to change: no gather ahead may read them
+	// half way, and the step's own collectives follow the queued ones.
+	r.drainComm()
 	txn := r.txn
 	r.txn = nil
 	abort := func() {

@@ -16,18 +16,20 @@ type Purpose uint8
 
 // The purposes a buffer can be acquired for.
 const (
-	PurposeParams     Purpose = iota // model parameters (ZeRO-3 partitions)
-	PurposeOptimizer                 // fp32 master weights and optimizer state
-	PurposeGradients                 // gradient partitions
-	PurposeStaging                   // bounce buffers for I/O and device copies
-	PurposeCheckpoint                // checkpoint reading and writing
-	NumPurposes                      // the number of purposes; not a purpose
+	PurposeParams      Purpose = iota // model parameters (ZeRO-3 partitions)
+	PurposeOptimizer                  // fp32 master weights and optimizer state
+	PurposeGradients                  // gradient partitions
+	PurposeStaging                    // bounce buffers for I/O and device copies
+	PurposeCheckpoint                 // checkpoint reading and writing
+	PurposeCollectives                // full tensors gathered from every rank's partition
+	NumPurposes                       // the number of purposes; not a purpose
 )
 
-var purposeNames = [NumPurposes]string{"params", "optimizer", "gradients", "staging", "checkpoint"}
+var purposeNames = [NumPurposes]string{"params", "optimizer", "gradients", "staging", "checkpoint", "collectives"}
 
 // String returns the purpose's lower-case name ("params", "optimizer",
-// "gradients", "staging", "checkpoint"), or "purpose(N)" for an invalid value.
+// "gradients", "staging", "checkpoint", "collectives"), or "purpose(N)" for
+// an invalid value.
 func (p Purpose) String() string {
 	if p < NumPurposes {
 		return purposeNames[p]

@@ -63,13 +63,13 @@ func TestParsePinPolicy(t *testing.T) {
 }
 
 func TestPurposeString(t *testing.T) {
-	want := []string{"params", "optimizer", "gradients", "staging", "checkpoint"}
+	want := []string{"params", "optimizer", "gradients", "staging", "checkpoint", "collectives"}
 	for i, w := range want {
 		if got := Purpose(i).String(); got != w {
 			t.Errorf("Purpose(%d) = %q, want %q", i, got, w)
 		}
 	}
-	if got := NumPurposes.String(); got != "purpose(5)" {
+	if got := NumPurposes.String(); got != "purpose(6)" {
 		t.Errorf("invalid purpose prints %q", got)
 	}
 }

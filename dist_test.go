@@ -1,0 +1,324 @@
+package zinf_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// distModel has odd shapes: a tensor smaller than the world (empty
+// partitions), a one-element bias, an empty layer, a large-ish layer.
+func distModel() zinf.Model {
+	return zinf.LayeredModel(
+		[]tensor.Desc{{Name: "l0.w", Shape: []int{37, 5}}, {Name: "l0.b", Shape: []int{1}}},
+		[]tensor.Desc{{Name: "l1.w", Shape: []int{3}}},
+		nil,
+		[]tensor.Desc{{Name: "l3.w", Shape: []int{64, 33}}, {Name: "l3.b", Shape: []int{33}}},
+	)
+}
+
+// localGrad is data rank d's own gradient of w: 0.5*||w - target_d||^2,
+// with a target per data rank, so that the sum over ranks depends on its
+// order in the last bits.
+func localGrad(w []float32, d int) []float32 {
+	g := make([]float32, len(w))
+	for i := range w {
+		g[i] = w[i] - float32((i*(d+3))%11)/float32(7+d) + float32(d)*1e-3
+	}
+	return g
+}
+
+// onRanks runs f on every rank's goroutine and returns their errors.
+func onRanks(n int, f func(r int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() { errs[r] = f(r) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// distRun trains steps with ranks as goroutines over an in-process world
+// of procs ranks standing in for data data-parallel ranks (consecutive
+// blocks, as a job resumed at another world size would): each rank opens
+// its own runtime with GatherLayers, reads full parameters, hands its
+// own gradients through ReduceGrads (scaled by 1/data) and steps. Every
+// read is checked against ref, in-memory Adam over the rank-ordered
+// mean of the data ranks' gradients, and at the end every rank's
+// optimizer states.
+func distRun(t *testing.T, ctx context.Context, cfg *config.Config, model zinf.Model, procs, data, steps int, overlap bool) {
+	t.Helper()
+	init := initValues(model)
+	ref := newAdamRef(cfg, init)
+	comms, err := comm.NewLocal(procs, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := make([]int, procs)
+	first := make([]int, procs)
+	for p := range procs {
+		lo, hi := p*data/procs, (p+1)*data/procs
+		first[p], per[p] = lo, hi-lo
+	}
+	rts := make([]*zinf.Runtime, procs)
+	for r := range procs {
+		rts[r], err = zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: procs, Comm: comms[r], GatherLayers: true, SerialStep: !overlap})
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer rts[r].Close()
+	}
+	// The reference's steps, computed up front: each step's gradient is
+	// the rank-ordered mean over the data ranks of localGrad at the
+	// weights of that step.
+	refWeights := []map[string][]float32{}
+	for s := range steps + 1 {
+		snap := map[string][]float32{}
+		for n, w := range ref.w {
+			snap[n] = append([]float32(nil), w...)
+		}
+		refWeights = append(refWeights, snap)
+		if s == steps {
+			break
+		}
+		grads := map[string][]float32{}
+		for n, w := range ref.w {
+			sum := localGrad(w, 0)
+			for d := 1; d < data; d++ {
+				for i, x := range localGrad(w, d) {
+					sum[i] += x
+				}
+			}
+			if data > 1 {
+				for i := range sum {
+					sum[i] *= 1 / float32(data)
+				}
+			}
+			grads[n] = sum
+		}
+		ref.apply(grads)
+	}
+	layers := rts[0].Layers()
+	errs := onRanks(procs, func(r int) error {
+		rt := rts[r]
+		for name, w := range init {
+			if err := rt.Init(ctx, name, w); err != nil {
+				return err
+			}
+		}
+		read := func(step, l int) (map[string][]float32, error) {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				return nil, err
+			}
+			out := map[string][]float32{}
+			for _, name := range rt.LayerTensors(l) {
+				full := make([]float32, len(init[name]))
+				if err := rt.ReadParam(ctx, name, full); err != nil {
+					return nil, err
+				}
+				for i, want := range refWeights[step][name] {
+					if math.Float32bits(full[i]) != math.Float32bits(want) {
+						return nil, fmt.Errorf("step %d: %s[%d] reads %v, in-memory Adam has %v", step, name, i, full[i], want)
+					}
+				}
+				out[name] = full
+			}
+			return out, nil
+		}
+		for step := 0; step <= steps; step++ {
+			rt.Forward()
+			for l := range layers {
+				if _, err := read(step, l); err != nil {
+					return err
+				}
+				rt.EndLayer(l)
+			}
+			if step == steps {
+				break
+			}
+			rt.Backward()
+			for l := layers - 1; l >= 0; l-- {
+				ws, err := read(step, l)
+				if err != nil {
+					return err
+				}
+				for _, name := range rt.LayerTensors(l) {
+					var mine [][]float32
+					for k := range per[r] {
+						mine = append(mine, localGrad(ws[name], first[r]+k))
+					}
+					if err := rt.ReduceGrads(ctx, name, mine, per, 1/float32(data)); err != nil {
+						return err
+					}
+					if err := rt.StepTensor(ctx, name); err != nil {
+						return err
+					}
+				}
+				rt.EndLayer(l)
+			}
+			if err := rt.Step(ctx); err != nil {
+				return err
+			}
+		}
+		for name := range init {
+			master, m, v, err := rt.ReadOptimizerState(ctx, name)
+			if err != nil {
+				return err
+			}
+			lo, hi := rt.Partition(name)
+			for k, c := range [][2][]float32{{master, ref.w[name]}, {m, ref.m[name]}, {v, ref.v[name]}} {
+				want := c[1][lo:hi]
+				for i := range want {
+					if math.Float32bits(c[0][i]) != math.Float32bits(want[i]) {
+						return fmt.Errorf("%s state %d [%d]: %v, in-memory %v", name, k, lo+i, c[0][i], want[i])
+					}
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	m := rts[0].Metrics().Comm
+	if procs > 1 && (m.Gathers == 0 || m.ReduceScatters == 0 || m.GatheredAhead == 0) {
+		t.Errorf("rank 0 counts %+v: gathers, reduce-scatters and gathers ahead expected", m)
+	}
+}
+
+// TestGatherLayers trains ranks as goroutines of an in-process world
+// (the MPI world's code path, with comm.NewLocal) at world sizes 1 to 4,
+// and 2 and 3 processes standing in for 4 and 3 data-parallel ranks:
+// every full parameter each rank reads, and every rank's optimizer
+// states, equal in-memory Adam over the rank-ordered mean gradient bit
+// for bit.
+func TestGatherLayers(t *testing.T) {
+	ctx, _ := watchdog(t, 5*time.Minute)
+	for _, c := range []struct{ procs, data int }{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {2, 4}, {2, 3}, {3, 2}} {
+		for _, overlap := range []bool{false, true} {
+			t.Run(fmt.Sprintf("procs%d-data%d-overlap%v", c.procs, c.data, overlap), func(t *testing.T) {
+				cfg, _ := testConfig(t)
+				distRun(t, ctx, cfg, distModel(), c.procs, c.data, 3, overlap)
+			})
+		}
+	}
+}
+
+// TestGatherLayersErrors: GatherLayers without a Comm, a Comm of another
+// rank, a layer begun while two are held, ReduceGrad without a Comm or
+// with bad arguments.
+func TestGatherLayersErrors(t *testing.T) {
+	cfg, _ := testConfig(t)
+	model := distModel()
+	if _, err := zinf.Open(cfg, model, zinf.Options{GatherLayers: true}); err == nil {
+		t.Fatal("GatherLayers without Comm accepted")
+	}
+	comms, _ := comm.NewLocal(2, comm.LocalOptions{})
+	if _, err := zinf.Open(cfg, model, zinf.Options{Rank: 0, WorldSize: 2, Comm: comms[1]}); err == nil {
+		t.Fatal("a Comm of rank 1 accepted for rank 0")
+	}
+	rt, err := zinf.Open(cfg, model, zinf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if err := rt.ReduceGrad(context.Background(), "l0.w", make([]float32, 185), 1); err == nil {
+		t.Fatal("ReduceGrad without a Comm accepted")
+	}
+}
+
+// TestGatherLayersAbort: a rank that aborts its Comm while the others
+// gather ends every rank's BeginLayer with an error naming it.
+func TestGatherLayersAbort(t *testing.T) {
+	ctx, _ := watchdog(t, 2*time.Minute)
+	cfg, _ := testConfig(t)
+	model := distModel()
+	init := initValues(model)
+	comms, _ := comm.NewLocal(3, comm.LocalOptions{})
+	boom := errors.New("rank 1 ran out of disk")
+	errs := onRanks(3, func(r int) error {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: 3, Comm: comms[r], GatherLayers: true})
+		if err != nil {
+			return err
+		}
+		defer rt.Close()
+		for name, w := range init {
+			if err := rt.Init(ctx, name, w); err != nil {
+				return err
+			}
+		}
+		rt.Forward()
+		for l := range rt.Layers() {
+			if r == 1 && l == 1 {
+				comms[r].Abort(boom)
+			}
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				return err
+			}
+			rt.EndLayer(l)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		var re *comm.RankError
+		if !errors.As(err, &re) || re.Rank != 1 || !errors.Is(err, boom) {
+			t.Errorf("rank %d: %v, want an error naming rank 1 and its cause", r, err)
+		}
+	}
+}
+
+// TestGatherLayersMinimumPool: the gathered layers have a reservation of
+// their own, counted in the minimum pool; at exactly the largest rank's
+// minimum every rank trains bit for bit, one granule below Open refuses
+// naming zinf.tiers.cpu_pinned_bytes.
+func TestGatherLayersMinimumPool(t *testing.T) {
+	ctx, _ := watchdog(t, 3*time.Minute)
+	cfg, _ := testConfig(t)
+	model := distModel()
+	const procs = 3
+	comms, _ := comm.NewLocal(procs, comm.LocalOptions{})
+	var need, granule int64
+	for r := range procs {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: procs, Comm: comms[r], GatherLayers: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := rt.Reservations()
+		rt.Close()
+		if res.GatherBytes == 0 {
+			t.Fatalf("rank %d: no reservation for the gathered layers: %+v", r, res)
+		}
+		need, granule = max(need, res.MinPoolBytes), res.GranuleBytes
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(need)
+	distRun(t, ctx, cfg, model, procs, procs, 2, true)
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(need - granule)
+	comms, _ = comm.NewLocal(procs, comm.LocalOptions{})
+	refused := 0
+	for r := range procs {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: procs, Comm: comms[r], GatherLayers: true})
+		if err == nil {
+			rt.Close()
+			continue
+		}
+		if !errors.Is(err, zinf.ErrPoolTooSmall) {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		refused++
+	}
+	if refused == 0 {
+		t.Fatal("one granule below the minimum, every rank opened")
+	}
+}
