@@ -55,7 +55,8 @@ type Config struct {
 	// Source is the path the config was loaded from; empty for Parse and
 	// Default.
 	Source string
-	// envProblems holds RANK / WORLD_SIZE values that could not be read;
+	// envProblems holds rank / world size values from the environment
+	// that could not be read;
 	// Validate reports them.
 	envProblems []Problem
 }
@@ -233,10 +234,12 @@ type Zinf struct {
 	// Device is "device": accelerator implementation. Default auto.
 	Device Device
 	// Rank is "rank": this process's data-parallel rank. When absent it is
-	// read from the RANK environment variable, else 0.
+	// read from the launcher's environment (RANK, else
+	// OMPI_COMM_WORLD_RANK, else SLURM_PROCID: see Launchers), else 0.
 	Rank int
 	// WorldSize is "world_size": data-parallel processes. When absent it is
-	// read from the WORLD_SIZE environment variable, else 1.
+	// read from the launcher's environment (WORLD_SIZE, else
+	// OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS), else 1.
 	WorldSize int
 	// SwapFileBytes is "swap_file_bytes": size each swap file is
 	// preallocated to. Default 0: files grow as tensors are added.
@@ -448,7 +451,8 @@ func DefaultJSON() []byte { return append([]byte(nil), defaultJSON...) }
 // directory (usually a temporary one) with SetScratchDir. Until then
 // Validate reports the missing paths.
 //
-// Rank and world size come from RANK and WORLD_SIZE as for any config.
+// Rank and world size come from the launcher's environment (RANK and
+// WORLD_SIZE, Open MPI's or Slurm's) as for any config.
 func Default() *Config {
 	c, problems, _ := decode(defaultJSON)
 	if len(problems) != 0 {

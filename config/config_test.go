@@ -36,12 +36,15 @@ func mustParse(t *testing.T, text string) *Config {
 	return c
 }
 
-// unsetRankEnv keeps the caller's RANK and WORLD_SIZE out of a test.
+// unsetRankEnv keeps the caller's launcher variables (RANK and
+// WORLD_SIZE, Open MPI's, Slurm's) out of a test.
 func unsetRankEnv(t *testing.T) {
 	t.Helper()
-	for _, k := range []string{"RANK", "WORLD_SIZE"} {
-		t.Setenv(k, "") // restores the old value after the test
-		os.Unsetenv(k)
+	for _, l := range Launchers {
+		for _, k := range []string{l.RankEnv, l.SizeEnv} {
+			t.Setenv(k, "") // restores the old value after the test
+			os.Unsetenv(k)
+		}
 	}
 }
 
@@ -615,6 +618,7 @@ func TestGPUBytes(t *testing.T) {
 }
 
 func TestRankWorldFromEnvironment(t *testing.T) {
+	unsetRankEnv(t)
 	t.Setenv("RANK", "3")
 	t.Setenv("WORLD_SIZE", "8")
 	c := mustParse(t, `{}`)
@@ -647,6 +651,29 @@ func TestRankWorldFromEnvironment(t *testing.T) {
 	c = mustParse(t, `{}`)
 	if r, w := c.RankWorld(); r != 0 || w != 1 {
 		t.Errorf("RankWorld without env = %d, %d", r, w)
+	}
+	// Open MPI's and Slurm's variables, in that order; never a rank from
+	// one launcher with a size from another.
+	t.Setenv("SLURM_PROCID", "5")
+	t.Setenv("SLURM_NTASKS", "6")
+	if r, w := mustParse(t, `{}`).RankWorld(); r != 5 || w != 6 {
+		t.Errorf("RankWorld from Slurm = %d, %d", r, w)
+	}
+	t.Setenv("OMPI_COMM_WORLD_RANK", "2")
+	t.Setenv("OMPI_COMM_WORLD_SIZE", "4")
+	if r, w := mustParse(t, `{}`).RankWorld(); r != 2 || w != 4 {
+		t.Errorf("RankWorld from Open MPI = %d, %d", r, w)
+	}
+	t.Setenv("RANK", "0")
+	if r, w := mustParse(t, `{}`).RankWorld(); r != 0 || w != 1 {
+		t.Errorf("RankWorld with RANK only = %d, %d (WORLD_SIZE must not come from another launcher)", r, w)
+	}
+	t.Setenv("RANK", "")
+	os.Unsetenv("RANK")
+	t.Setenv("OMPI_COMM_WORLD_SIZE", "x")
+	t.Setenv("OMPI_COMM_WORLD_RANK", "0")
+	if e := parseErr(t, `{}`); len(e.Problems) != 1 || !strings.Contains(e.Problems[0].String(), "$OMPI_COMM_WORLD_SIZE") {
+		t.Errorf("a bad OMPI_COMM_WORLD_SIZE: %v", e)
 	}
 }
 

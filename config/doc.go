@@ -165,8 +165,11 @@
 //	                                                         aio.use_gds is true; required is refused with device
 //	                                                         sim or direct off
 //	zinf.device                  word      "auto"            auto (cuda when a GPU works, else sim) | sim | cuda
-//	zinf.rank                    int       $RANK or 0        data-parallel rank, below world_size
-//	zinf.world_size              int       $WORLD_SIZE or 1  data-parallel processes (>= 1)
+//	zinf.rank                    int       $RANK or 0        data-parallel rank, below world_size; when absent
+//	                                                         $RANK, $OMPI_COMM_WORLD_RANK or $SLURM_PROCID
+//	zinf.world_size              int       $WORLD_SIZE or 1  data-parallel processes (>= 1); when absent
+//	                                                         $WORLD_SIZE, $OMPI_COMM_WORLD_SIZE or $SLURM_NTASKS
+//	                                                         (both from the first launcher that sets either)
 //	zinf.swap_file_bytes         size      0                 preallocated size of each swap file; 0 = grow as needed
 //	zinf.prefetch_depth          int       0                 layers prefetched ahead, 0..1024; 0 = the policy decides
 //	zinf.optimizer_workers       int       0                 cores one optimizer sub-group's update is split over,

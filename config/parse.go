@@ -744,8 +744,18 @@ func (d *decoder) resolve() {
 	} else if c.AIO.UseGDS && c.Zinf.GDS == GDSOff {
 		d.warn(`aio.use_gds is true but zinf.gds is "off": GPUDirect Storage is not used`)
 	}
-	d.fromEnv("zinf.rank", "RANK", &c.Zinf.Rank)
-	d.fromEnv("zinf.world_size", "WORLD_SIZE", &c.Zinf.WorldSize)
+	// Rank and world size from the launcher: the first launcher whose
+	// variables are set, both from it (never a rank from one launcher
+	// and a size from another).
+	for _, l := range Launchers {
+		_, r := os.LookupEnv(l.RankEnv)
+		_, w := os.LookupEnv(l.SizeEnv)
+		if r || w {
+			d.fromEnv("zinf.rank", l.RankEnv, &c.Zinf.Rank)
+			d.fromEnv("zinf.world_size", l.SizeEnv, &c.Zinf.WorldSize)
+			break
+		}
+	}
 	if len(c.Zinf.NVMePaths) > 0 {
 		z := c.ZeroOptimization
 		for _, p := range []struct {
@@ -769,9 +779,26 @@ func (d *decoder) resolve() {
 	}
 }
 
+// Launcher is a job launcher's pair of environment variables giving a
+// process its rank and the world size.
+type Launcher struct {
+	Name             string
+	RankEnv, SizeEnv string
+}
+
+// Launchers are the launchers whose variables fill zinf.rank and
+// zinf.world_size when the file does not set them, in this order:
+// torchrun and the DeepSpeed launcher (RANK, WORLD_SIZE), Open MPI's
+// mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE), Slurm's srun
+// (SLURM_PROCID, SLURM_NTASKS).
+var Launchers = []Launcher{
+	{"torchrun", "RANK", "WORLD_SIZE"},
+	{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+	{"srun", "SLURM_PROCID", "SLURM_NTASKS"},
+}
+
 // fromEnv fills an integer the file did not set from an environment
-// variable, as torchrun and the DeepSpeed launcher export RANK and
-// WORLD_SIZE.
+// variable, as launchers export RANK and WORLD_SIZE (see Launchers).
 func (d *decoder) fromEnv(key, env string, p *int) {
 	if _, ok := d.set[key]; ok {
 		return
