@@ -16,6 +16,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -139,8 +140,13 @@ type CheckpointMeta struct {
 //     12 bytes per optimizer element to never wait);
 //   - GPU-tier parameters are copied to pinned host buffers when the save
 //     pins them (they are small in the simulated models).
+//
+// For a job whose ranks are processes (rts is this process's runtime,
+// with an Options.Comm of several ranks), the State holds this rank only
+// (State.WorldSize is the job's): checkpoint.Writer.SaveShared saves it,
+// every rank together; SaveCheckpoint does that.
 func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, error) {
-	names, numel, err := checkRanks(rts)
+	names, numel, err := checkRanks(rts, sharedJob(rts))
 	if err != nil {
 		return checkpoint.State{}, err
 	}
@@ -182,6 +188,9 @@ func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, err
 	user[metaTrainState] = string(tsJSON)
 	user[metaParamDType] = rts[0].DType.String()
 	st := checkpoint.State{Step: meta.Step, Config: cfg, ModelShape: shape, User: user}
+	if sharedJob(rts) {
+		st.WorldSize = rts[0].World
+	}
 	for _, rt := range rts {
 		rs, err := rankState(rt, names, numel)
 		if err != nil {
@@ -196,12 +205,41 @@ func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, err
 // the checkpoint dir (see CheckpointState for the layout and
 // checkpoint.Save for the commit): when it returns without error, the
 // checkpoint is complete and durable. Call it between optimizer steps.
+//
+// In a job whose ranks are processes, every rank calls it with its own
+// runtime (rts of one, with an Options.Comm of several ranks): the ranks
+// save together (checkpoint.Writer.SaveShared, through the runtime's
+// collective goroutine, after the collectives it queued), into dir on a
+// filesystem every rank sees, and all return the same outcome.
 func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Manifest, error) {
 	st, err := CheckpointState(rts, meta)
 	if err != nil {
+		if sharedJob(rts) {
+			// The other ranks are about to save: they must not wait.
+			rts[0].comm.Abort(fmt.Errorf("rank %d: checkpoint %s: %w", rts[0].Rank, dir, err))
+		}
 		return nil, err
 	}
-	return checkpoint.Save(ctx, dir, st, opts)
+	if !sharedJob(rts) {
+		return checkpoint.Save(ctx, dir, st, opts)
+	}
+	rt := rts[0]
+	rt.drainComm()
+	var m *checkpoint.Manifest
+	err = rt.Collective(ctx, func(c comm.Comm) error {
+		w := checkpoint.NewWriter()
+		defer w.Close()
+		var err error
+		m, err = w.SaveShared(ctx, dir, st, opts, c)
+		return err
+	})
+	return m, err
+}
+
+// sharedJob reports whether rts is one rank of a job whose ranks are
+// processes: a single runtime with a Comm of several ranks.
+func sharedJob(rts []*Runtime) bool {
+	return len(rts) == 1 && rts[0] != nil && rts[0].comm != nil && rts[0].World > 1
 }
 
 // SaveCheckpointAsync is SaveCheckpoint through s: it returns once s has
@@ -211,6 +249,9 @@ func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta Checkp
 // drains to disk in the background and Handle.Wait reports the commit.
 // Close the runtimes only after Handle.Wait.
 func SaveCheckpointAsync(ctx context.Context, s *checkpoint.Saver, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Handle, error) {
+	if sharedJob(rts) {
+		return nil, errSharedAsync
+	}
 	st, err := CheckpointState(rts, meta)
 	if err != nil {
 		return nil, err
@@ -226,9 +267,14 @@ func (r *Runtime) registered() ([]string, map[string]int) {
 	return slices.Clone(r.params), maps.Clone(r.numel)
 }
 
+// errSharedAsync refuses asynchronous saves of a job whose ranks are
+// processes.
+var errSharedAsync = errors.New("zinf: checkpoint: asynchronous saves of a job whose ranks are processes (Options.Comm) are not supported: save synchronously")
+
 // checkRanks checks that rts are the ranks 0..len-1 of one job with the
-// same parameters and returns them.
-func checkRanks(rts []*Runtime) ([]string, map[string]int, error) {
+// same parameters (or, with partial, some of its ranks, in rank order)
+// and returns them.
+func checkRanks(rts []*Runtime, partial bool) ([]string, map[string]int, error) {
 	if len(rts) == 0 {
 		return nil, nil, errors.New("zinf: checkpoint: no runtimes")
 	}
@@ -241,7 +287,10 @@ func checkRanks(rts []*Runtime) ([]string, map[string]int, error) {
 		if rt.closed {
 			return nil, nil, fmt.Errorf("zinf: checkpoint: the runtime of rank %d is closed", i)
 		}
-		if rt.Rank != i || rt.World != len(rts) {
+		switch {
+		case partial && (rt.World != rts[0].World || (i > 0 && rt.Rank <= rts[i-1].Rank)):
+			return nil, nil, fmt.Errorf("zinf: checkpoint: runtime %d is rank %d of %d; pass ranks of one job, in rank order", i, rt.Rank, rt.World)
+		case !partial && (rt.Rank != i || rt.World != len(rts)):
 			return nil, nil, fmt.Errorf("zinf: checkpoint: runtime %d is rank %d of %d; pass every rank of the job, in rank order (%d runtimes)", i, rt.Rank, rt.World, len(rts))
 		}
 		if rt.DType != rts[0].DType {
@@ -510,14 +559,21 @@ type savedRank struct {
 // plus the checkpoint reader's pinned bounce buffers. That is a few MB for
 // the simulated models, and what re-partitioning from partitions needs
 // without ranged writes into the swappers.
+//
+// In a job whose ranks are processes, every rank loads its own runtime
+// (rts of one): each reads the saved partitions it needs from dir, on a
+// filesystem every rank sees.
 func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (CheckpointMeta, error) {
-	names, numel, err := checkRanks(rts)
+	names, numel, err := checkRanks(rts, true)
 	if err != nil {
 		return CheckpointMeta{}, err
 	}
 	log := rts[0].log
 	if log == nil {
 		log = slog.Default()
+	}
+	for _, rt := range rts {
+		rt.drainComm() // no gather ahead reads the parameters while they change
 	}
 	ranks, err := checkpoint.ListRanks(dir)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/comm"
 )
 
 // DefaultCheckpointKeep is CheckpointerOptions.KeepLast's default: the
@@ -114,6 +115,11 @@ type CheckpointerOptions struct {
 	Save checkpoint.SaveOptions
 	// Logger receives warnings. Default slog.Default().
 	Logger *slog.Logger
+	// Comm, for a job whose ranks are processes (every rank opens its own
+	// Checkpointer on the same root, on a filesystem they all see): rank
+	// 0 alone locks the root, sweeps and prunes it, and each Save is
+	// collective (see SaveCheckpoint). Async is not supported with it.
+	Comm comm.Comm
 }
 
 // CheckpointRecord is one committed save of a Checkpointer.
@@ -182,6 +188,9 @@ func OpenCheckpointer(root string, opts CheckpointerOptions) (*Checkpointer, err
 	if opts.KeepLast < -1 {
 		errs = append(errs, fmt.Errorf("zinf: checkpointer: KeepLast %d is invalid (allowed: -1 for all, 0 for the default %d, or 1 or more)", opts.KeepLast, DefaultCheckpointKeep))
 	}
+	if opts.Comm != nil && opts.Async {
+		errs = append(errs, errSharedAsync)
+	}
 	if opts.Save.KeepLast != 0 || opts.Save.RetainMatch != nil || opts.Save.Overwrite {
 		errs = append(errs, errors.New("zinf: checkpointer: CheckpointerOptions.Save must leave KeepLast, RetainMatch and Overwrite zero (the checkpointer sets them)"))
 	}
@@ -204,6 +213,10 @@ func OpenCheckpointer(root string, opts CheckpointerOptions) (*Checkpointer, err
 	opts.Save.RetainMatch = ownCheckpoint
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("zinf: checkpointer: creating the checkpoint root: %w", err)
+	}
+	if opts.Comm != nil && opts.Comm.Rank() != 0 {
+		// Rank 0 holds the root for the job.
+		return &Checkpointer{root: root, opts: opts, log: opts.Logger}, nil
 	}
 	lock, err := lockRoot(root)
 	if err != nil {
@@ -333,11 +346,19 @@ func (c *Checkpointer) Close() error {
 	return err
 }
 
-// fileBytes is the size of a checkpoint's tensor files.
+// fileBytes is the size of a checkpoint's tensor files (their tensors'
+// bytes when this process wrote one rank of a job whose ranks are
+// processes).
 func fileBytes(m *checkpoint.Manifest) int64 {
 	var n int64
 	if m == nil {
 		return 0
+	}
+	if len(m.RankManifests) < len(m.Ranks) {
+		for _, r := range m.Ranks {
+			n += r.TensorBytes
+		}
+		return n
 	}
 	for _, rm := range m.RankManifests {
 		for _, f := range rm.Files {

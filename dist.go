@@ -469,8 +469,21 @@ func (r *Runtime) ReduceGrad(ctx context.Context, name string, local []float32, 
 	if r.comm == nil {
 		return errors.New("zinf: ReduceGrad needs Options.Comm (this rank's comm.Comm); with the ranks' gradients already summed, use AccumulateGrad")
 	}
-	per := r.onePerRank()
-	return r.ReduceGrads(ctx, name, [][]float32{local}, per, scale)
+	return r.ReduceGrads(ctx, name, [][]float32{local}, GradReduce{Scale: scale})
+}
+
+// GradReduce says how ReduceGrads combines the ranks' gradients.
+type GradReduce struct {
+	// Per is how many gradients each rank hands (the same slice on every
+	// rank); nil: one each.
+	Per []int
+	// Scale multiplies the sum (1/data-parallel ranks for the mean); 0
+	// and 1 leave it as it is.
+	Scale float32
+	// Round, when tensor.Float16 or tensor.BFloat16, rounds the scaled
+	// sum to that dtype (and back to fp32), as gradients communicated in
+	// half precision are. Default tensor.Float32: no rounding.
+	Round tensor.DType
 }
 
 func (r *Runtime) onePerRank() []int {
@@ -483,14 +496,25 @@ func (r *Runtime) onePerRank() []int {
 	return r.ones
 }
 
-// ReduceGrads is ReduceGrad for a rank that stands in for several
-// data-parallel ranks (a job resumed at a smaller world size that keeps
-// its data-parallel degree, say): local holds this rank's gradients, one
-// per data-parallel rank it computes, and per[q] is how many rank q hands
-// (the same slice on every rank). The sum runs in the order of the ranks,
-// then of local: with consecutive data-parallel ranks per process it
-// equals one process per data-parallel rank, bit for bit.
-func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float32, per []int, scale float32) error {
+// ReduceGrads is ReduceGrad with more choices (GradReduce): a rank may
+// stand in for several data-parallel ranks (a job resumed at a smaller
+// world size that keeps its data-parallel degree, say): local holds this
+// rank's gradients, one per data-parallel rank it computes, and how.Per[q]
+// is how many rank q hands. The sum runs in the order of the ranks, then
+// of local: with consecutive data-parallel ranks per process it equals
+// one process per data-parallel rank, bit for bit. Then the scale, then
+// the rounding.
+func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float32, how GradReduce) error {
+	per, scale := how.Per, how.Scale
+	if per == nil {
+		per = r.onePerRank()
+	}
+	if scale == 0 {
+		scale = 1
+	}
+	if how.Round != tensor.Float32 && how.Round != tensor.Float16 && how.Round != tensor.BFloat16 {
+		return fmt.Errorf("zinf: reduce %q: GradReduce.Round %v: allowed float32 (none), float16, bfloat16", name, how.Round)
+	}
 	if r.inference {
 		return errInference
 	}
@@ -532,6 +556,11 @@ func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float3
 			for i := range part {
 				part[i] *= scale
 			}
+		}
+		if how.Round != tensor.Float32 {
+			buf := make([]byte, len(part)*how.Round.Size())
+			swapper.Encode(how.Round, buf, part)
+			swapper.Decode(how.Round, part, buf)
 		}
 		others := 0
 		for q, p := range per {

@@ -157,7 +157,7 @@ func distRun(t *testing.T, ctx context.Context, cfg *config.Config, model zinf.M
 					for k := range per[r] {
 						mine = append(mine, localGrad(ws[name], first[r]+k))
 					}
-					if err := rt.ReduceGrads(ctx, name, mine, per, 1/float32(data)); err != nil {
+					if err := rt.ReduceGrads(ctx, name, mine, zinf.GradReduce{Per: per, Scale: 1 / float32(data)}); err != nil {
 						return err
 					}
 					if err := rt.StepTensor(ctx, name); err != nil {

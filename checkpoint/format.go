@@ -555,7 +555,7 @@ func headerMeta(st *State, r *RankState, name string) map[string]string {
 		"zinf.name":       name,
 		"zinf.step":       strconv.FormatInt(st.Step, 10),
 		"zinf.rank":       strconv.Itoa(r.Rank),
-		"zinf.world_size": strconv.Itoa(len(st.Ranks)),
+		"zinf.world_size": strconv.Itoa(st.world()),
 	}
 	for k, v := range mergeUser(st.User, r.User) {
 		m["user."+k] = v

@@ -31,7 +31,8 @@ type plan struct {
 	state   *State
 	created time.Time
 	files   []*plannedFile   // all ranks, rank-major
-	ranks   [][]*plannedFile // per rank, in the State's file order
+	ranks   [][]*plannedFile // per rank of the world, in the State's file order
+	present []int            // the ranks the State holds, in order
 	total   int64            // bytes of all files
 	// maxStorePadded is the largest padded length of a FromStore tensor
 	// (0 if none): the pinned bounce buffer one writer needs.
@@ -40,12 +41,16 @@ type plan struct {
 
 // makePlan lays out st. The state has been validated.
 func makePlan(name string, st *State) (*plan, error) {
-	p := &plan{name: name, state: st, created: time.Now().UTC(), ranks: make([][]*plannedFile, len(st.Ranks))}
-	byRank := make([]*RankState, len(st.Ranks))
+	p := &plan{name: name, state: st, created: time.Now().UTC(), ranks: make([][]*plannedFile, st.world())}
+	byRank := make([]*RankState, st.world())
 	for i := range st.Ranks {
 		byRank[st.Ranks[i].Rank] = &st.Ranks[i]
 	}
 	for _, r := range byRank {
+		if r == nil {
+			continue // another process's rank (SaveShared)
+		}
+		p.present = append(p.present, r.Rank)
 		meta := headerMeta(st, r, name)
 		for fi := range r.Files {
 			f := &r.Files[fi]

@@ -314,6 +314,18 @@ type State struct {
 	User map[string]string
 	// Ranks are the ranks' files.
 	Ranks []RankState
+	// WorldSize is the job's number of ranks when Ranks holds only some
+	// of them: SaveShared, where each process saves its own rank. 0 means
+	// len(Ranks) (every rank is here).
+	WorldSize int
+}
+
+// world is the job's number of ranks.
+func (s *State) world() int {
+	if s.WorldSize > 0 {
+		return s.WorldSize
+	}
+	return len(s.Ranks)
 }
 
 // Reserved file names inside a rank directory.
@@ -349,11 +361,14 @@ func (s *State) validate() error {
 			bad("user metadata has an empty key")
 		}
 	}
+	if s.WorldSize < 0 || (s.WorldSize > 0 && s.WorldSize < len(s.Ranks)) {
+		bad("world size %d for %d ranks", s.WorldSize, len(s.Ranks))
+	}
 	seenRank := make(map[int]bool)
 	for ri := range s.Ranks {
 		r := &s.Ranks[ri]
-		if r.Rank < 0 || r.Rank >= len(s.Ranks) {
-			bad("rank %d out of range: %d ranks given, so ranks must be 0..%d", r.Rank, len(s.Ranks), len(s.Ranks)-1)
+		if r.Rank < 0 || r.Rank >= s.world() {
+			bad("rank %d out of range: a world of %d ranks, so ranks must be 0..%d", r.Rank, s.world(), s.world()-1)
 		} else if seenRank[r.Rank] {
 			bad("rank %d given twice", r.Rank)
 		}

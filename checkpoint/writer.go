@@ -90,17 +90,9 @@ func (w *Writer) Save(ctx context.Context, dir string, state State, opts SaveOpt
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed {
-		return nil, &Error{Op: "save", Path: dir, Err: ErrClosed}
-	}
-	eng := opts.Engine
-	if eng == nil {
-		if w.engine == nil {
-			if w.engine, err = newDefaultEngine(opts.Logger); err != nil {
-				return nil, &Error{Op: "save", Path: dir, Err: err}
-			}
-		}
-		eng = w.engine
+	eng, err := w.engineFor(dir, opts)
+	if err != nil {
+		return nil, err
 	}
 	cleanStale(root, opts.Logger)
 	tx, err := begin(root, name, opts.Overwrite, opts.Logger)
@@ -108,36 +100,7 @@ func (w *Writer) Save(ctx context.Context, dir string, state State, opts SaveOpt
 		return nil, err
 	}
 	defer tx.abort()
-	files, align, err := openFiles(eng, tx.tmp, p)
-	defer closeFiles(files)
-	if err != nil {
-		return nil, err
-	}
-	if int64(opts.StagingBytes)%align != 0 {
-		return nil, &Error{Op: "save", Path: tx.tmp, Err: invalidf("StagingBytes %d is not a multiple of the O_DIRECT alignment %d", opts.StagingBytes, align)}
-	}
-	staging := opts.Pool
-	if staging == nil {
-		per := int64(ceilPow2(uint64(opts.stagingPerFile())))
-		if staging, err = growPool(&w.staging, int64(max(1, min(opts.Parallel, len(p.files))))*per, int(align), opts.stagingPerFile(), opts.Logger); err != nil {
-			return nil, &Error{Op: "save", Path: dir, Err: err}
-		}
-	} else if int64(staging.MinBufferBytes())%align != 0 {
-		return nil, &Error{Op: "save", Path: dir, Err: invalidf("SaveOptions.Pool has MinBufferBytes %d, not a multiple of the O_DIRECT alignment %d", staging.MinBufferBytes(), align)}
-	}
-	bounce, err := w.bouncePool(p, opts)
-	if err != nil {
-		return nil, &Error{Op: "save", Path: dir, Err: err}
-	}
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opts.Parallel)
-	for i, pf := range p.files {
-		g.Go(func() error {
-			return streamFile(gctx, eng, staging, bounce, files[i], pf, tx.tmp, opts)
-		})
-	}
-	if err := g.Wait(); err != nil {
+	if err := w.writeFiles(ctx, dir, eng, tx.tmp, p, opts); err != nil {
 		return nil, err
 	}
 	m, err := writeManifests(tx.tmp, p)
@@ -153,6 +116,58 @@ func (w *Writer) Save(ctx context.Context, dir string, state State, opts SaveOpt
 	m.Dir = tx.final
 	retain(root, name, opts.KeepLast, opts.RetainMatch, opts.Logger)
 	return m, nil
+}
+
+// engineFor returns the engine a save uses: SaveOptions.Engine, or the
+// Writer's own (made on first use). w.mu is held.
+func (w *Writer) engineFor(dir string, opts SaveOptions) (aio.Engine, error) {
+	if w.closed {
+		return nil, &Error{Op: "save", Path: dir, Err: ErrClosed}
+	}
+	if opts.Engine != nil {
+		return opts.Engine, nil
+	}
+	if w.engine == nil {
+		var err error
+		if w.engine, err = newDefaultEngine(opts.Logger); err != nil {
+			return nil, &Error{Op: "save", Path: dir, Err: err}
+		}
+	}
+	return w.engine, nil
+}
+
+// writeFiles creates the plan's rank directories and files in tmp and
+// streams every file, Parallel at a time. w.mu is held.
+func (w *Writer) writeFiles(ctx context.Context, dir string, eng aio.Engine, tmp string, p *plan, opts SaveOptions) error {
+	files, align, err := openFiles(eng, tmp, p)
+	defer closeFiles(files)
+	if err != nil {
+		return err
+	}
+	if int64(opts.StagingBytes)%align != 0 {
+		return &Error{Op: "save", Path: tmp, Err: invalidf("StagingBytes %d is not a multiple of the O_DIRECT alignment %d", opts.StagingBytes, align)}
+	}
+	staging := opts.Pool
+	if staging == nil {
+		per := int64(ceilPow2(uint64(opts.stagingPerFile())))
+		if staging, err = growPool(&w.staging, int64(max(1, min(opts.Parallel, len(p.files))))*per, int(align), opts.stagingPerFile(), opts.Logger); err != nil {
+			return &Error{Op: "save", Path: dir, Err: err}
+		}
+	} else if int64(staging.MinBufferBytes())%align != 0 {
+		return &Error{Op: "save", Path: dir, Err: invalidf("SaveOptions.Pool has MinBufferBytes %d, not a multiple of the O_DIRECT alignment %d", staging.MinBufferBytes(), align)}
+	}
+	bounce, err := w.bouncePool(p, opts)
+	if err != nil {
+		return &Error{Op: "save", Path: dir, Err: err}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	for i, pf := range p.files {
+		g.Go(func() error {
+			return streamFile(gctx, eng, staging, bounce, files[i], pf, tmp, opts)
+		})
+	}
+	return g.Wait()
 }
 
 // bouncePool returns pinned memory for FromStore tensors: one of the
@@ -191,7 +206,7 @@ func splitDir(dir string) (root, name string, err error) {
 // openFiles creates the rank directories and every file of the plan, and
 // returns the largest O_DIRECT alignment among them.
 func openFiles(eng aio.Engine, tmp string, p *plan) ([]*aio.File, int64, error) {
-	for r := range p.ranks {
+	for _, r := range p.present {
 		if err := os.Mkdir(filepath.Join(tmp, rankDirName(r)), 0o755); err != nil {
 			return nil, 0, &Error{Op: "save", Path: tmp, Err: err}
 		}
@@ -318,20 +333,28 @@ func finishFile(f *aio.File, pf *plannedFile, path string, written int64) error 
 // writeManifests writes each rank's manifest.json (fsync'ed, with its
 // directory) and then checkpoint.json (fsync'ed); the caller commits.
 func writeManifests(tmp string, p *plan) (*Manifest, error) {
-	st := p.state
-	idx := &Manifest{
-		Format: FormatName, Version: FormatVersion, Name: p.name, Step: st.Step,
-		WorldSize: len(p.ranks), Created: p.created, Config: rawConfig(st.Config),
-		ModelShape: st.ModelShape, User: st.User,
+	entries, rms, err := writeRankManifests(tmp, p)
+	if err != nil {
+		return nil, err
 	}
-	byRank := make([]*RankState, len(st.Ranks))
+	return writeIndex(tmp, p, entries, rms)
+}
+
+// writeRankManifests writes the manifest.json of each rank the plan holds
+// (fsync'ed, with its directory) and returns their index entries.
+func writeRankManifests(tmp string, p *plan) ([]RankEntry, []*RankManifest, error) {
+	st := p.state
+	byRank := make([]*RankState, st.world())
 	for i := range st.Ranks {
 		byRank[st.Ranks[i].Rank] = &st.Ranks[i]
 	}
-	for r, files := range p.ranks {
+	var entries []RankEntry
+	var rms []*RankManifest
+	for _, r := range p.present {
+		files := p.ranks[r]
 		rm := &RankManifest{
 			Format: FormatName, Version: FormatVersion, Name: p.name, Step: st.Step,
-			Rank: r, WorldSize: len(p.ranks), Created: p.created, Config: rawConfig(st.Config),
+			Rank: r, WorldSize: st.world(), Created: p.created, Config: rawConfig(st.Config),
 			ModelShape: st.ModelShape, User: mergeUser(st.User, byRank[r].User),
 			Files: []FileEntry{}, Tensors: []TensorEntry{},
 		}
@@ -352,16 +375,28 @@ func writeManifests(tmp string, p *plan) (*Manifest, error) {
 		rdir := filepath.Join(tmp, rankDirName(r))
 		b, err := writeJSONFile(filepath.Join(rdir, manifestFile), rm)
 		if err != nil {
-			return nil, &Error{Op: "save", Path: rdir, Err: fmt.Errorf("writing the manifest: %w", err)}
+			return nil, nil, &Error{Op: "save", Path: rdir, Err: fmt.Errorf("writing the manifest: %w", err)}
 		}
 		if err := syncDir(rdir); err != nil {
-			return nil, &Error{Op: "save", Path: rdir, Err: err}
+			return nil, nil, &Error{Op: "save", Path: rdir, Err: err}
 		}
-		idx.Ranks = append(idx.Ranks, RankEntry{
+		entries = append(entries, RankEntry{
 			Rank: r, Dir: rankDirName(r), ManifestBytes: int64(len(b)), ManifestCRC32C: crc32.Checksum(b, castagnoli),
 			Files: len(rm.Files), Tensors: len(rm.Tensors), TensorBytes: tensorBytes,
 		})
-		idx.RankManifests = append(idx.RankManifests, rm)
+		rms = append(rms, rm)
+	}
+	return entries, rms, nil
+}
+
+// writeIndex writes checkpoint.json (fsync'ed) listing entries, every
+// rank of the world in rank order.
+func writeIndex(tmp string, p *plan, entries []RankEntry, rms []*RankManifest) (*Manifest, error) {
+	st := p.state
+	idx := &Manifest{
+		Format: FormatName, Version: FormatVersion, Name: p.name, Step: st.Step,
+		WorldSize: st.world(), Created: p.created, Config: rawConfig(st.Config),
+		ModelShape: st.ModelShape, User: st.User, Ranks: entries, RankManifests: rms,
 	}
 	if _, err := writeJSONFile(filepath.Join(tmp, indexFile), idx); err != nil {
 		return nil, &Error{Op: "save", Path: tmp, Err: fmt.Errorf("writing %s: %w", indexFile, err)}

@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// ErrNoMPI is returned by NewMPI in a binary built without the MPI
+// binding.
+var ErrNoMPI = errors.New("comm: this binary was built without MPI: rebuild with -tags mpi (needs cgo, pkg-config and Open MPI's development files, Debian's libopenmpi-dev), e.g. make build-mpi")
+
 // MPIOptions configure NewMPI. Zero values take the defaults.
 type MPIOptions struct {
 	// StallTimeout bounds how long a collective waits for the other

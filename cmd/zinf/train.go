@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
 	"github.com/zinfio/zinf/internal/units"
@@ -52,7 +53,21 @@ func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup
 	return cfg, cleanup, nil
 }
 
-func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// joinMPI joins the MPI job when mpirun (or another launcher Open MPI
+// understands) started this process: nil when it did not.
+func joinMPI() (comm.Comm, error) {
+	_, size, ok := comm.LaunchedByMPI()
+	if !ok {
+		return nil, nil
+	}
+	c, err := comm.NewMPI(comm.MPIOptions{})
+	if errors.Is(err, comm.ErrNoMPI) {
+		return nil, fmt.Errorf("started by mpirun (OMPI_COMM_WORLD_SIZE=%d), but this zinf has no MPI: %w", size, err)
+	}
+	return c, err
+}
+
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := newFlags("train", stderr)
 	var (
 		cfgPath, dir  string
@@ -72,6 +87,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&o.Verify, "verify", false, "also train in memory and compare final weights and optimizer states bit for bit")
 	fs.Float64Var(&computeMs, "compute-ms-per-layer", 0, "simulated GPU time per layer per pass (to measure overlap)")
 	fs.IntVar(&o.PrefetchDepth, "prefetch", 0, "layers to prefetch ahead (0: the policy decides)")
+	fs.IntVar(&o.DataParallel, "data-parallel", 0, "data-parallel ranks whose micro-batches make a step (0: the world size; more than the world size: each rank computes several)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object with the results")
 	fs.BoolVar(&quiet, "quiet", false, "no per-step progress")
 	var ck ckptFlags
@@ -85,12 +101,31 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	spec.Seed = seed
 	// Zero would silently mean "the default" below the command line.
 	compute, cerr := computeMsFlag(computeMs)
-	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr,
+	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr, intIn("--data-parallel", o.DataParallel, 0, 1<<20),
 		modelFlags(spec.Layers, spec.Width, spec.Batch), ck.check(fs)); err != nil {
 		return err
 	}
 	if err := step.check(fs); err != nil {
 		return err
+	}
+	// Started by mpirun: this process is one rank of the job.
+	c, err := joinMPI()
+	if err != nil {
+		return err
+	}
+	if c != nil {
+		defer func() {
+			if err != nil {
+				err = fmt.Errorf("rank %d of %d: %w", c.Rank(), c.Size(), err)
+				c.Abort(err)
+			}
+			c.Close() // after a failure: lingers for the other ranks to report it
+		}()
+		o.Comm = c
+		if c.Rank() != 0 {
+			// One summary, from rank 0; the others report only errors.
+			quiet, stdout = true, io.Discard
+		}
 	}
 	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
 	if err != nil {
@@ -194,6 +229,13 @@ func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	}
 	fmt.Fprintf(w, "  NVMe: read %s (%.3f GB/s), written %s (%.3f GB/s)\n", policy.FormatBytes(r.BytesRead), r.ReadGBps, policy.FormatBytes(r.BytesWritten), r.WriteGBps)
 	fmt.Fprintf(w, "  memory: peak RSS %s, pinned pool %s (locked: %v)\n", policy.FormatBytes(r.PeakRSSBytes), policy.FormatBytes(r.PinnedBytes), r.PinnedLocked)
+	if d := r.Dist; d != nil {
+		fmt.Fprintf(w, "  ranks: %d processes, data-parallel degree %d; collectives moved %s per step on rank 0 (at most %s on a rank), gather wait %.1f ms per step, %d layers gathered ahead\n",
+			d.Ranks, r.DataParallel, policy.FormatBytes(d.CommBytesPerStep), policy.FormatBytes(d.MaxCommBytesPerStep), d.GatherWaitMsPerStep, d.GatheredAhead)
+	}
+	if r.StateSHA256 != "" {
+		fmt.Fprintf(w, "  final state sha256 %s\n", r.StateSHA256)
+	}
 	if r.Resumed != nil {
 		fmt.Fprintf(w, "  resumed from %s (step %d, saved at world size %d); %d steps run\n", r.Resumed.Dir, r.Resumed.Step, r.Resumed.WorldSize, r.StepsRun)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/zinfio/zinf/swapper"
 )
 
 // backend is where the model's state lives: fully in memory (the
@@ -21,8 +19,18 @@ type backend interface {
 	gather(ctx context.Context, name string, dst []float32) error
 	// endLayer releases layer l's parameters (no write-back).
 	endLayer(l int)
-	// accumulate adds a micro-step's reduced gradient of a parameter.
-	accumulate(ctx context.Context, name string, grad []float32) error
+	// handGrad hands a micro-step's gradients of a parameter: per[i] is
+	// the gradient of the i-th data-parallel rank the loop computes. The
+	// backend sums them with every other data-parallel rank's in rank
+	// order (locally, or across processes), scales the sum by inv when
+	// there are several data-parallel ranks, rounds it to fp16 with fp16
+	// params (as fp16 gradients are communicated), and accumulates it.
+	// scratch has the tensor's length, for a backend that sums locally.
+	handGrad(ctx context.Context, name string, per [][]float32, inv float32, scratch []float32) error
+	// totalLoss sums the micro-step losses of a step over every
+	// data-parallel rank: losses[m*len+i] is micro-step m of the loop's
+	// i-th rank; the sum runs over micro-steps, then ranks in rank order.
+	totalLoss(ctx context.Context, losses []float32) (float32, error)
 	// step runs the optimizer over every parameter and clears gradients.
 	step(ctx context.Context) error
 	// startPass announces the order the next pass visits layers in, so
@@ -39,7 +47,11 @@ type backend interface {
 
 // loopOptions control the shared loop.
 type loopOptions struct {
+	// World is the data-parallel degree: the ranks whose micro-batches
+	// make a step. The loop computes Local of them, from First on
+	// (default: all of them).
 	Steps, Micro, World int
+	First, Local        int
 	// OverlapStep starts each layer's optimizer update as soon as its last
 	// gradient is in, overlapping the step with the rest of backward.
 	OverlapStep bool
@@ -68,7 +80,10 @@ type loopOptions struct {
 // communicated), so a scale that is too large overflows to inf and the
 // step is skipped.
 func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
-	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.World
+	if o.Local == 0 {
+		o.First, o.Local = 0, o.World
+	}
+	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.Local
 	w := make([]float32, W*W)
 	bias := make([]float32, W)
 	// Per rank: activations per layer boundary, pre-activations per layer.
@@ -96,7 +111,8 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 	}
 	gW := make([]float32, W*W)
 	gB := make([]float32, W)
-	inv := 1 / float32(R)
+	inv := 1 / float32(o.World)
+	losses := make([]float32, o.Micro*R)
 	fwdOrder := make([]int, L)
 	bwdOrder := make([]int, L)
 	for l := range L {
@@ -107,15 +123,13 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 			time.Sleep(o.ComputePerLayer)
 		}
 	}
-	fp16 := spec.DType == swapper.Float16
 	for step := o.Start; step < o.Start+o.Steps; step++ {
 		t0 := time.Now()
-		var loss float32
 		lossScale := float32(b.lossScale())
 		for m := 0; m < o.Micro; m++ {
 			var ys [][]float32
 			for r := range R {
-				x, y := spec.Data(step, m, r)
+				x, y := spec.Data(step, m, o.First+r)
 				copy(acts[r][0], x)
 				ys = append(ys, y)
 			}
@@ -131,7 +145,7 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				b.endLayer(l)
 			}
 			for r := range R {
-				loss += LossGrad(acts[r][L], ys[r], dOut[r])
+				losses[m*R+r] = LossGrad(acts[r][L], ys[r], dOut[r])
 				if lossScale != 1 {
 					for i := range dOut[r] {
 						dOut[r][i] *= lossScale
@@ -154,19 +168,14 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 					dOut[r], dIn[r] = dIn[r], dOut[r]
 				}
 				compute()
-				reduce(gW, dW, inv)
-				reduce(gB, dB, inv)
-				if fp16 {
-					spec.Quantize(gW)
-					spec.Quantize(gB)
-				}
 				for _, g := range []struct {
-					name string
-					v    []float32
-				}{{WeightName(l), gW}, {BiasName(l), gB}} {
+					name    string
+					per     [][]float32
+					scratch []float32
+				}{{WeightName(l), dW, gW}, {BiasName(l), dB, gB}} {
 					// A failed hand-off adds nothing, so it can be retried.
 					for {
-						err := b.accumulate(ctx, g.name, g.v)
+						err := b.handGrad(ctx, g.name, g.per, inv, g.scratch)
 						if err == nil {
 							break
 						}
@@ -192,8 +201,12 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
 			}
 		}
+		loss, err := b.totalLoss(ctx, losses)
+		if err != nil {
+			return fmt.Errorf("step %d: the loss: %w", step+1, err)
+		}
 		if o.OnStep != nil {
-			if err := o.OnStep(step, loss/float32(R*o.Micro), time.Since(t0)); err != nil {
+			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
 				return err
 			}
 		}
@@ -216,7 +229,8 @@ func layerParams(ctx context.Context, be backend, l int, w, b []float32) error {
 	return nil
 }
 
-// reduce sums per-rank gradients in rank order and scales by inv (1/world).
+// reduce sums per-rank gradients in rank order and scales by inv (1/world)
+// when there are several.
 func reduce(dst []float32, per [][]float32, inv float32) {
 	copy(dst, per[0])
 	for _, g := range per[1:] {
@@ -229,4 +243,15 @@ func reduce(dst []float32, per [][]float32, inv float32) {
 			dst[i] *= inv
 		}
 	}
+}
+
+// sumLosses sums a step's losses of every data-parallel rank, computed in
+// one loop (losses[m*ranks+r]), as the loop always has: micro-step by
+// micro-step, rank by rank.
+func sumLosses(losses []float32) float32 {
+	var loss float32
+	for _, l := range losses {
+		loss += l
+	}
+	return loss
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -91,6 +92,18 @@ func (b *zinfBackend) endLayer(l int) {
 	for _, rt := range b.rts {
 		rt.EndLayer(l)
 	}
+}
+
+func (b *zinfBackend) handGrad(ctx context.Context, name string, per [][]float32, inv float32, scratch []float32) error {
+	reduce(scratch, per, inv)
+	if b.spec.DType == swapper.Float16 {
+		b.spec.Quantize(scratch)
+	}
+	return b.accumulate(ctx, name, scratch)
+}
+
+func (b *zinfBackend) totalLoss(_ context.Context, losses []float32) (float32, error) {
+	return sumLosses(losses), nil
 }
 
 func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) error {
@@ -216,4 +229,29 @@ func newZinfBackend(ctx context.Context, spec Spec, rts []*zinf.Runtime) (*zinfB
 		}
 	}
 	return b, nil
+}
+
+// stateDigest is the digest of the runtimes' final state (see
+// Result.StateSHA256): full parameters read layer by layer, optimizer
+// states put together from every rank's partition.
+func (b *zinfBackend) stateDigest(ctx context.Context) (string, error) {
+	st := map[string][4][]float32{}
+	if err := b.readAll(ctx, func(n string, v []float32) error {
+		st[n] = [4][]float32{append([]float32(nil), v...)}
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	for _, n := range b.spec.ParamNames() {
+		x := st[n]
+		for _, rt := range b.rts {
+			master, m, v, err := rt.ReadOptimizerState(ctx, n)
+			if err != nil {
+				return "", fmt.Errorf("rank %d: %w", rt.Rank, err)
+			}
+			x[1], x[2], x[3] = append(x[1], master...), append(x[2], m...), append(x[3], v...)
+		}
+		st[n] = x
+	}
+	return stateDigest(b.spec, st), nil
 }

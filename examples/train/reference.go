@@ -8,6 +8,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/schedule"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
 )
@@ -78,6 +79,18 @@ func (b *memBackend) lossScale() float64                    { return b.scaler.Sc
 func (b *memBackend) gather(_ context.Context, name string, dst []float32) error {
 	copy(dst, b.compute[name])
 	return nil
+}
+
+func (b *memBackend) handGrad(ctx context.Context, name string, per [][]float32, inv float32, scratch []float32) error {
+	reduce(scratch, per, inv)
+	if b.spec.DType == swapper.Float16 {
+		b.spec.Quantize(scratch)
+	}
+	return b.accumulate(ctx, name, scratch)
+}
+
+func (b *memBackend) totalLoss(_ context.Context, losses []float32) (float32, error) {
+	return sumLosses(losses), nil
 }
 
 func (b *memBackend) accumulate(_ context.Context, name string, g []float32) error {

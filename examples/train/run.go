@@ -78,6 +78,24 @@ type Options struct {
 	// CheckpointAsync saves asynchronously: training steps on while a
 	// checkpoint drains (zinf.CheckpointerOptions.Async).
 	CheckpointAsync bool
+	// Comm, when set, makes this process one rank of a job whose ranks
+	// are processes (comm.NewMPI under mpirun): it trains its own
+	// runtime, whose layers are gathered from every rank's partitions and
+	// whose gradients are reduce-scattered over the ranks in rank order
+	// (zinf.Options.GatherLayers, ReduceGrads), and returns the same
+	// results as the in-process world of the same size, bit for bit. The
+	// config's world size must be the Comm's. Progress is for rank 0
+	// only (the caller passes nil on the others). Checkpoints are saved
+	// by every rank together (synchronously only) into a directory every
+	// rank sees.
+	Comm comm.Comm
+	// DataParallel is the number of data-parallel ranks whose
+	// micro-batches make a step (default: the world size). With more than
+	// the world size, each rank computes several, in consecutive blocks
+	// (world 1 with DataParallel 4 trains as world 4 does); a resumed run
+	// takes its checkpoint's.
+	DataParallel int
+
 	// Resume continues from the newest committed checkpoint in
 	// CheckpointDir: the parameters, the optimizer states and step count,
 	// and the data stream's position (the step index; the data-parallel
@@ -149,6 +167,12 @@ type Result struct {
 	Rollbacks    int     `json:"speculation_rollbacks"`
 	RollbackMs   float64 `json:"rollback_ms"`
 	LossScale    float64 `json:"loss_scale"`
+	// StateSHA256 is the digest of the final state: every parameter as
+	// compute reads it, its fp32 master and Adam moments, full tensors in
+	// the model's order (the same for any partitioning).
+	StateSHA256 string `json:"state_sha256"`
+	// Dist is set when the ranks are processes (Options.Comm).
+	Dist *DistResult `json:"distributed,omitempty"`
 }
 
 // StepReport is one step of Result.PerStep.
@@ -207,6 +231,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Steps < 0 {
 		return nil, fmt.Errorf("train: steps %d must be positive", o.Steps)
 	}
+	if o.DataParallel < 0 {
+		return nil, fmt.Errorf("train: DataParallel %d is invalid (allowed: 0 for the world size, or 1 or more)", o.DataParallel)
+	}
+	if o.Comm != nil {
+		return runRank(ctx, o)
+	}
 	cfg := o.Config
 	spec := o.Spec
 	spec.DType = swapper.Float32
@@ -232,8 +262,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("train: CheckpointEvery %d is invalid (allowed: 1 or more steps)", o.CheckpointEvery)
 	}
 
+	data := o.DataParallel
+	if data == 0 {
+		data = world
+	}
 	run := runMeta{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, Seed: spec.Seed, DType: spec.DType.String(),
-		Micro: micro, DataParallel: world, Hyper: zinf.Hyper(cfg)}
+		Micro: micro, DataParallel: data, Hyper: zinf.Hyper(cfg)}
 	// The checkpoint directory is checked before anything is built, and
 	// before the checkpointer is opened (which tidies the directory): a
 	// refused run costs nothing and changes nothing. Then it is checked
@@ -399,6 +433,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.OptimizerMsMedian = median(res.OptimizerMs)
 	res.PeakRSSBytes = peakRSS()
+	if res.StateSHA256, err = be.stateDigest(ctx); err != nil {
+		return nil, err
+	}
 	if !o.Verify {
 		return res, nil
 	}
