@@ -748,8 +748,8 @@ func (d *decoder) resolve() {
 	// variables are set, both from it (never a rank from one launcher
 	// and a size from another).
 	for _, l := range Launchers {
-		_, r := os.LookupEnv(l.RankEnv)
-		_, w := os.LookupEnv(l.SizeEnv)
+		r := strings.TrimSpace(os.Getenv(l.RankEnv)) != ""
+		w := strings.TrimSpace(os.Getenv(l.SizeEnv)) != ""
 		if r || w {
 			d.fromEnv("zinf.rank", l.RankEnv, &c.Zinf.Rank)
 			d.fromEnv("zinf.world_size", l.SizeEnv, &c.Zinf.WorldSize)

@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf/internal/faults"
 	"github.com/zinfio/zinf/internal/testhook"
 )
 
@@ -35,6 +37,15 @@ const (
 	// often it reached each point (JSON), so a test knows the range to
 	// aim kills at.
 	childHitsEnv = "ZINF_TEST_HITS"
+	// childRankEnv limits the kill and the fault to one rank of an MPI
+	// job (its OMPI_COMM_WORLD_RANK): the other ranks run unharmed.
+	childRankEnv = "ZINF_TEST_RANK"
+	// childENOSPCEnv ("n") makes the nth write piece of the child's I/O
+	// engines fail with ENOSPC: a full disk at a point of the run.
+	childENOSPCEnv = "ZINF_TEST_ENOSPC"
+	// childKilledEnv names a file where the kill hook writes the time
+	// just before it kills.
+	childKilledEnv = "ZINF_TEST_KILLED"
 )
 
 func TestMain(m *testing.M) {
@@ -54,10 +65,27 @@ func TestMain(m *testing.M) {
 				os.Exit(3)
 			}
 		}
-		hits, err := installKillHook(os.Getenv(childKillAtEnv))
+		// With childRankEnv, only that rank of an MPI job is harmed.
+		harm := true
+		if r := os.Getenv(childRankEnv); r != "" {
+			harm = r == os.Getenv("OMPI_COMM_WORLD_RANK")
+		}
+		killAt := os.Getenv(childKillAtEnv)
+		if !harm {
+			killAt = ""
+		}
+		hits, err := installKillHook(killAt)
 		if err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(3)
+		}
+		if n := os.Getenv(childENOSPCEnv); n != "" && harm {
+			k, err := strconv.Atoi(n)
+			if err != nil || k < 1 {
+				os.Stderr.WriteString("bad " + childENOSPCEnv + "\n")
+				os.Exit(3)
+			}
+			trainFaults = faults.New(1, faults.Rule{Kind: faults.Writes, Nth: k, Err: syscall.ENOSPC})
 		}
 		code := run(args, os.Stdout, os.Stderr)
 		if p := os.Getenv(childHitsEnv); p != "" {
@@ -105,6 +133,9 @@ func installKillHook(spec string) (*hitCounter, error) {
 		kill := point == killPoint && h.n[point] == killAt
 		h.mu.Unlock()
 		if kill {
+			if p := os.Getenv(childKilledEnv); p != "" {
+				os.WriteFile(p, []byte(time.Now().Format(time.RFC3339Nano)), 0o644)
+			}
 			unix.Kill(os.Getpid(), unix.SIGKILL)
 			select {} // the signal ends the process; this goroutine goes no further
 		}

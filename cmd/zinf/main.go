@@ -77,6 +77,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// would (128 + the signal's number: 130 for SIGINT), whatever
 		// error the cancellation surfaced as, so scripts can tell an
 		// interruption from a failure.
+		var rep reported
+		if errors.As(err, &rep) {
+			return 1 // the command printed it already
+		}
 		var se signalError
 		if errors.As(context.Cause(ctx), &se) {
 			fmt.Fprintf(stderr, "zinf %s: interrupted by %v\n", args[0], se.sig)
@@ -89,6 +93,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// reported is an error the command has printed already (a rank of an
+// MPI job says why it fails before it lingers for the others).
+type reported struct{ err error }
+
+func (r reported) Error() string { return r.err.Error() }
+func (r reported) Unwrap() error { return r.err }
 
 // signalError is the cause of a context cancelled by a signal.
 type signalError struct{ sig syscall.Signal }

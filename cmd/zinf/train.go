@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
@@ -52,6 +53,10 @@ func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup
 	}
 	return cfg, cleanup, nil
 }
+
+// trainFaults is injected into the I/O engines of zinf train. Tests only:
+// the test binary sets it in child mode; nothing in zinf does.
+var trainFaults aio.FaultHook
 
 // joinMPI joins the MPI job when mpirun (or another launcher Open MPI
 // understands) started this process: nil when it did not.
@@ -115,11 +120,15 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	if c != nil {
 		defer func() {
-			if err != nil {
+			if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errUsage) {
 				err = fmt.Errorf("rank %d of %d: %w", c.Rank(), c.Size(), err)
 				c.Abort(err)
+				// Said now: Close lingers for the other ranks to see the
+				// failure, and mpirun may end this process meanwhile.
+				fmt.Fprintf(stderr, "zinf train: %v\n", err)
+				err = reported{err}
 			}
-			c.Close() // after a failure: lingers for the other ranks to report it
+			c.Close()
 		}()
 		o.Comm = c
 		if c.Rank() != 0 {
@@ -142,6 +151,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	o.Config, o.Spec = cfg, spec
 	o.ComputePerLayer = compute
 	o.Logger = cliLogger(stderr)
+	o.Faults = trainFaults
 	if !quiet {
 		o.Progress = stderr
 		if !asJSON {

@@ -15,6 +15,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper/param"
 )
@@ -89,7 +90,11 @@ func (b *distBackend) handGrad(ctx context.Context, name string, per [][]float32
 	if data > 1 {
 		scale = inv
 	}
-	return b.rt.ReduceGrads(ctx, name, per, b.per, scale)
+	if err := b.rt.ReduceGrads(ctx, name, per, b.per, scale); err != nil {
+		return err
+	}
+	testhook.Hit("train/reduce")
+	return nil
 }
 
 // totalLoss gathers every rank's losses and sums them in the loop's
@@ -163,7 +168,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	}()
 	cfg := o.Config
 	if _, w := cfg.RankWorld(); w != procs {
-		return nil, fmt.Errorf("train: the config's zinf.world_size is %d, the job has %d ranks (processes)", w, procs)
+		return nil, fmt.Errorf("train: zinf.world_size is %d (from the config file, else $WORLD_SIZE, $OMPI_COMM_WORLD_SIZE or $SLURM_NTASKS), but the job has %d ranks (processes)", w, procs)
 	}
 	spec := o.Spec
 	spec.DType = zinf.ParamDType(cfg)
@@ -247,7 +252,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	var last zinf.Metrics
 	lastWait := time.Duration(0)
 	t0 := time.Now()
-	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: data, First: first[me], Local: per[me],
+	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: data, Part: true, First: first[me], Local: per[me],
 		ComputePerLayer: o.ComputePerLayer, OnStepError: o.OnStepError, OverlapStep: res.OverlapStep,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := rt.Metrics()

@@ -84,3 +84,27 @@ func TestRanksAsProcesses(t *testing.T) {
 		})
 	}
 }
+
+// TestRanksAsProcessesOtherDegree: processes standing in for more
+// data-parallel ranks than there are (2 for 3), and fewer (4 for 3: one
+// rank computes none, but still gathers, reduces and steps its
+// partition), end in the state of the in-process world of 3.
+func TestRanksAsProcessesOtherDegree(t *testing.T) {
+	cfg3 := testConfig(t, func(c *config.Config) { c.Zinf.WorldSize = 3 })
+	want, err := Run(context.Background(), Options{Config: cfg3, Spec: smallSpec, Steps: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, procs := range []int{2, 4} {
+		cfg := testConfig(t, func(c *config.Config) { c.Zinf.WorldSize = procs })
+		res, errs := runLocalRanks(t, procs, Options{Config: cfg, Spec: smallSpec, Steps: 2, Logger: quiet, DataParallel: 3})
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("%d processes: rank %d: %v", procs, r, err)
+			}
+			if res[r].StateSHA256 != want.StateSHA256 {
+				t.Fatalf("%d processes for 3 data-parallel ranks: rank %d ends in %s, the world of 3 in %s", procs, r, res[r].StateSHA256, want.StateSHA256)
+			}
+		}
+	}
+}

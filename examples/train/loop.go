@@ -48,9 +48,10 @@ type backend interface {
 // loopOptions control the shared loop.
 type loopOptions struct {
 	// World is the data-parallel degree: the ranks whose micro-batches
-	// make a step. The loop computes Local of them, from First on
-	// (default: all of them).
+	// make a step. With Part, the loop computes Local of them (possibly
+	// none), from First on; without, all of them.
 	Steps, Micro, World int
+	Part                bool
 	First, Local        int
 	// OverlapStep starts each layer's optimizer update as soon as its last
 	// gradient is in, overlapping the step with the rest of backward.
@@ -80,7 +81,7 @@ type loopOptions struct {
 // communicated), so a scale that is too large overflows to inf and the
 // step is skipped.
 func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
-	if o.Local == 0 {
+	if !o.Part {
 		o.First, o.Local = 0, o.World
 	}
 	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.Local
