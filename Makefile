@@ -7,12 +7,18 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build test test-short bench bench-io bench-adam demo lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
+.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/zinf ./cmd/zinf
+
+# zinf with the MPI binding (needs Open MPI's development files and
+# pkg-config: Debian's libopenmpi-dev); runs under mpirun as one rank per
+# process.
+build-mpi:
+	$(GO) build -tags mpi -o $(BIN)/zinf-mpi ./cmd/zinf
 
 # The whole suite: vet, formatting, then every test with the race detector.
 test: lint
@@ -27,6 +33,8 @@ lint: vet
 
 vet:
 	$(GO) vet $(PKGS)
+	@if pkg-config --exists ompi 2>/dev/null; then $(GO) vet -tags mpi ./comm/... ./cmd/zinf/; \
+	  else echo "vet: Open MPI's development files absent: the mpi build tag is not vetted"; fi
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -44,8 +52,10 @@ bench-adam:
 	./scripts/bench-adam.sh
 
 # Longer randomized runs (scripts/stress.sh): every test with ZINF_STRESS=1
-# (STRESS_SEEDS metamorphic seeds, more crash kill points, fault steps and
-# property cases), then each fuzz target for FUZZTIME. A short run:
+# (STRESS_SEEDS metamorphic seeds, more crash kill points, fault steps,
+# property cases, and the MPI runs TestStressMPI*: bigger random
+# collectives, random ranks killed at random points), then each fuzz
+# target for FUZZTIME. A short run:
 # make stress STRESS_SEEDS=30 FUZZTIME=10s
 FUZZTIME     ?= 2m
 STRESS_SEEDS ?= 200
@@ -77,6 +87,17 @@ bench-gomlx:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o ../../$(BIN)/gomlx-transformer ./examples/transformer
 	./$(BIN)/gomlx-transformer --bench 5
+
+# The simulated training as an MPI job of 4 ranks (NP=n for another size),
+# compared bit for bit with the in-process world.
+demo-mpi: build-mpi
+	./scripts/demo-mpi.sh $(DEMO_DIR)
+
+# Step time and collective traffic per rank at world 1, 2, 4 under mpirun,
+# and the binding's all-gather / reduce-scatter against bare MPI
+# collectives in the same job (see BENCHMARKS.md).
+bench-mpi: build-mpi
+	./scripts/bench-mpi.sh
 
 doctor: build
 	./$(BIN)/zinf doctor --path $${TMPDIR:-/tmp}

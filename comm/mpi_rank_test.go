@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ func TestMPIRank(t *testing.T) {
 		t.Skip("run by TestMPI under mpirun")
 	}
 	opts := comm.MPIOptions{StallTimeout: 30 * time.Second, SegmentBytes: 4 * 13, NativeReductions: kase == "native"}
+	if kase == "stress" {
+		opts.SegmentBytes = 4 * 1021 // several segments per chunk, not thousands
+	}
 	c, err := comm.NewMPI(opts)
 	if err != nil {
 		t.Fatalf("NewMPI: %v", err)
@@ -56,6 +60,11 @@ func runCase(kase string, c comm.Comm) error {
 		// Chunks up to 200 elements, segments of 13: the reduce-scatter
 		// runs in many rounds.
 		return commtest.Conformance(ctx, c, commtest.Options{Seed: uint64(c.Size()) * 7919, Rounds: 150, MaxCount: 200, Trace: trace(me)})
+	case "stress":
+		// Chunks up to 100000 elements in segments of 1021 elements,
+		// 600 rounds, a seed per run.
+		seed, _ := strconv.ParseUint(os.Getenv("ZINF_MPI_SEED"), 10, 64)
+		return commtest.Conformance(ctx, c, commtest.Options{Seed: seed, Rounds: 600, MaxCount: 100000})
 	case "native":
 		return commtest.Conformance(ctx, c, commtest.Options{Seed: 42, Rounds: 60, MaxCount: 200, Native: true})
 	case "abort":

@@ -104,3 +104,21 @@ func TestMPI(t *testing.T) {
 		})
 	}
 }
+
+// TestStressMPI (ZINF_STRESS=1, make stress): the contract check with
+// chunks up to 100000 elements and 600 rounds, at 2 to 6 ranks, a new
+// seed each run.
+func TestStressMPI(t *testing.T) {
+	if os.Getenv("ZINF_STRESS") == "" {
+		t.Skip("ZINF_STRESS=1 (make stress) runs it")
+	}
+	mpitest.Require(t)
+	bin := mpitest.Build(t, "./comm", t.TempDir(), true)
+	seed := time.Now().UnixNano()
+	for n := 2; n <= 6; n++ {
+		res := mpitest.Run(t, 10*time.Minute, n, []string{"ZINF_MPI_CASE=stress", fmt.Sprintf("ZINF_MPI_SEED=%d", seed+int64(n))}, bin, "-test.run", "^TestMPIRank$")
+		if res.Err != nil || strings.Count(res.Output, " OK") < n {
+			t.Fatalf("%d ranks, seed %d: %v\n%s", n, seed+int64(n), res.Err, res.Output)
+		}
+	}
+}

@@ -7,7 +7,10 @@
 #   of 8, zinf train's SIGKILL-and-resume test kills at every crash point it
 #   reaches, the optimizer's TestRandomFaults runs 80 faulted steps, the pool's
 #   TestConcurrentStress and the planner's TestPlanProperties 10x their
-#   iterations.
+#   iterations, and under mpirun (when Open MPI is installed) comm's
+#   TestStressMPI runs bigger random collectives at 2 to 6 ranks and zinf
+#   train's TestStressMPIKills kills random ranks at random points and
+#   resumes at random world sizes.
 #   Then each fuzz target (every func Fuzz* in a _test.go file) runs for
 #   FUZZTIME: `go test -fuzz` takes one target per invocation, so they run
 #   one after another. New failing inputs land in the package's

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,41 +128,75 @@ func failedRanks(out string, bad int, why string) map[int]bool {
 func TestTrainMPIKill(t *testing.T) {
 	mpitest.Require(t)
 	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	perStep := 2 * 3 * max(1, config.Default().GradientAccumulationSteps)
+	killAndResume(t, bin, 3, 1, 4*perStep+5, 4, []int{2, 4, 1})
+}
+
+// TestStressMPIKills (ZINF_STRESS=1, make stress) kills a random rank of
+// a job of 2 to 4 ranks at a random reduce-scatter, several times, and
+// resumes each at random world sizes.
+func TestStressMPIKills(t *testing.T) {
+	if os.Getenv("ZINF_STRESS") == "" {
+		t.Skip("ZINF_STRESS=1 (make stress) runs it")
+	}
+	mpitest.Require(t)
+	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	perStep := 2 * 3 * max(1, config.Default().GradientAccumulationSteps)
+	for i := range 6 {
+		procs := 2 + rng.IntN(3)
+		rank := rng.IntN(procs)
+		hit := 2*perStep + 1 + rng.IntN(4*perStep) // after the checkpoint of step 2
+		saved := (hit - 1) / perStep / 2 * 2         // the last even step done
+		t.Run(fmt.Sprintf("%d-procs%d-rank%d-hit%d", i, procs, rank, hit), func(t *testing.T) {
+			killAndResume(t, bin, procs, rank, hit, saved, []int{1 + rng.IntN(4), 1 + rng.IntN(4)})
+		})
+	}
+}
+
+// killAndResume runs zinf train for 7 steps on procs ranks with a
+// checkpoint every 2 steps and kills rank at its hit-th reduce-scatter;
+// the other ranks must report it within seconds, the newest checkpoint
+// must be step saved and verify, and resuming it at each world size in
+// resume must end in the uninterrupted run's state.
+func killAndResume(t *testing.T, bin string, procs, rank, hit, saved int, resume []int) {
+	t.Helper()
 	scratch, ck := t.TempDir(), filepath.Join(t.TempDir(), "ckpt")
 	steps := []string{"--steps", "7", "--dir", scratch}
-	whole := inProcess(t, 3, steps...)
-	// Two tensors per layer, three layers, the config's micro-steps: the
-	// reduce-scatters of a step; the 5th of step 5 is mid-backward.
-	perStep := 2 * 3 * max(1, config.Default().GradientAccumulationSteps)
+	whole := inProcess(t, procs, steps...)
 	killed := filepath.Join(t.TempDir(), "killed")
-	res := mpiJob(t, bin, 3, []string{childRankEnv + "=1", fmt.Sprintf("%s=train/reduce:%d", childKillAtEnv, 4*perStep+5), childKilledEnv + "=" + killed},
+	res := mpiJob(t, bin, procs, []string{fmt.Sprintf("%s=%d", childRankEnv, rank), fmt.Sprintf("%s=train/reduce:%d", childKillAtEnv, hit), childKilledEnv + "=" + killed},
 		append(steps, "--checkpoint-dir", ck, "--checkpoint-every", "2")...)
 	end := time.Now()
 	if res.Err == nil {
-		t.Fatalf("the job succeeded with rank 1 killed:\n%s", res.Output)
+		t.Fatalf("the job succeeded with rank %d killed:\n%s", rank, res.Output)
 	}
 	b, err := os.ReadFile(killed)
 	if err != nil {
-		t.Fatalf("rank 1 was not killed (%v):\n%s", err, res.Output)
+		t.Fatalf("rank %d was not killed (%v):\n%s", rank, err, res.Output)
 	}
 	at, _ := time.Parse(time.RFC3339Nano, string(b))
-	got := failedRanks(res.Output, 1, "gone")
-	if !got[0] || !got[2] {
-		t.Fatalf("ranks 0 and 2 must report rank 1's death; reported: %v\n%s", got, res.Output)
+	got := failedRanks(res.Output, rank, "gone")
+	for r := range procs {
+		if r != rank && !got[r] {
+			t.Fatalf("rank %d must report rank %d's death; reported: %v\n%s", r, rank, got, res.Output)
+		}
 	}
 	if d := end.Sub(at); d > 15*time.Second {
 		t.Errorf("the job ended %v after the kill", d)
 	}
-	t.Logf("the job ended %v after rank 1 was killed", end.Sub(at).Round(time.Millisecond))
+	t.Logf("the job ended %v after rank %d was killed", end.Sub(at).Round(time.Millisecond), rank)
 	info, err := zinf.LatestCheckpoint(ck)
-	if err != nil || info.Step != 4 || info.WorldSize != 3 {
-		t.Fatalf("latest checkpoint: %+v, %v (want step 4 of world 3)", info, err)
+	if err != nil || info.Step != int64(saved) || info.WorldSize != procs {
+		t.Fatalf("latest checkpoint: %+v, %v (want step %d of world %d)", info, err, saved, procs)
 	}
 	if _, err := checkpoint.Verify(t.Context(), info.Dir); err != nil {
-		t.Fatalf("the checkpoint of step 4 does not verify: %v", err)
+		t.Fatalf("the checkpoint of step %d does not verify: %v", saved, err)
 	}
 	// Resume from copies of the checkpoint directory at other world sizes.
-	for _, n := range []int{2, 4, 1} {
+	for _, n := range resume {
 		dir := filepath.Join(t.TempDir(), "ckpt")
 		if out, err := exec.Command("cp", "-a", ck, dir).CombinedOutput(); err != nil {
 			t.Fatalf("copying the checkpoints: %v %s", err, out)
@@ -177,7 +212,7 @@ func TestTrainMPIKill(t *testing.T) {
 			}
 			r = trainJSON(t, job.Output)
 		}
-		if r.Resumed == nil || r.Resumed.Step != 4 || r.DataParallel != 3 {
+		if r.Resumed == nil || r.Resumed.Step != saved || r.DataParallel != procs {
 			t.Fatalf("resume at %d ranks: %+v", n, r.Resumed)
 		}
 		if r.StateSHA256 != whole.StateSHA256 {
