@@ -149,7 +149,7 @@ func TestStressMPIKills(t *testing.T) {
 		procs := 2 + rng.IntN(3)
 		rank := rng.IntN(procs)
 		hit := 2*perStep + 1 + rng.IntN(4*perStep) // after the checkpoint of step 2
-		saved := (hit - 1) / perStep / 2 * 2         // the last even step done
+		saved := (hit - 1) / perStep / 2 * 2       // the last even step done
 		t.Run(fmt.Sprintf("%d-procs%d-rank%d-hit%d", i, procs, rank, hit), func(t *testing.T) {
 			killAndResume(t, bin, procs, rank, hit, saved, []int{1 + rng.IntN(4), 1 + rng.IntN(4)})
 		})
