@@ -137,6 +137,17 @@ static int zc_finalize(void) {
 }
 
 static int zc_thread_serialized(int provided) { return provided >= MPI_THREAD_SERIALIZED; }
+
+// The bare, blocking collectives the benchmarks compare the binding with.
+static int zc_bare_allgather(const void *send, int n, void *recv) {
+	return MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, zc_data);
+}
+static int zc_bare_reduce_scatter_block(const void *send, void *recv, int n) {
+	return MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, zc_data);
+}
+static int zc_bare_alltoall(const void *send, void *recv, int n) {
+	return MPI_Alltoall(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, zc_data);
+}
 */
 import "C"
 
@@ -1086,4 +1097,44 @@ func recvPtr[T any](s []T) unsafe.Pointer {
 		return dummies[1]
 	}
 	return unsafe.Pointer(&s[0])
+}
+
+// bare runs a blocking MPI call on the worker, outside the failure
+// machinery: for the benchmarks that compare the binding with MPI's own
+// collectives in the same job.
+func (w *mpiWorld) bare(op string, call func() C.int) error {
+	return w.do(context.Background(), op, func() error {
+		if rc := call(); rc != 0 {
+			return mpiError(op, rc)
+		}
+		return nil
+	})
+}
+
+// bareAllGather is MPI_Allgather of equal chunks (len(send) bytes each).
+func (w *mpiWorld) bareAllGather(send, recv []byte) error {
+	return w.bare("all-gather", func() C.int {
+		return C.zc_bare_allgather(sendPtr(send), C.int(len(send)), recvPtr(recv))
+	})
+}
+
+// bareReduceScatter is MPI_Reduce_scatter_block (MPI's own sum, not
+// rank-ordered) of chunks of len(recv) float32.
+func (w *mpiWorld) bareReduceScatter(send, recv []float32) error {
+	return w.bare("reduce-scatter", func() C.int {
+		return C.zc_bare_reduce_scatter_block(sendPtr(send), recvPtr(recv), C.int(len(recv)))
+	})
+}
+
+// bareAlltoall is MPI_Alltoall of chunks of len(send)/size float32.
+func (w *mpiWorld) bareAlltoall(send, recv []float32) error {
+	return w.bare("all-to-all", func() C.int {
+		return C.zc_bare_alltoall(sendPtr(send), recvPtr(recv), C.int(len(send)/w.size))
+	})
+}
+
+// nativeReduceScatterOf is the binding's native reduce-scatter (as with
+// MPIOptions.NativeReductions) on a world built without it.
+func (w *mpiWorld) nativeReduceScatterOf(ctx context.Context, send, recv []float32, counts []int) error {
+	return w.do(ctx, "reduce-scatter", func() error { return w.nativeReduceScatter(ctx, [][]float32{send}, recv, counts) })
 }

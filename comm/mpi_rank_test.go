@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,8 +27,15 @@ func TestMPIRank(t *testing.T) {
 		t.Skip("run by TestMPI under mpirun")
 	}
 	opts := comm.MPIOptions{StallTimeout: 30 * time.Second, SegmentBytes: 4 * 13, NativeReductions: kase == "native"}
-	if kase == "stress" {
+	switch kase {
+	case "stress":
 		opts.SegmentBytes = 4 * 1021 // several segments per chunk, not thousands
+	case "bench":
+		opts.SegmentBytes = 0 // the default
+		if v := os.Getenv("ZINF_MPI_BENCH_POLL_MAX"); v != "" {
+			opts.PollMax, _ = time.ParseDuration(v)
+			opts.PollMin = min(opts.PollMin, opts.PollMax)
+		}
 	}
 	c, err := comm.NewMPI(opts)
 	if err != nil {
@@ -65,6 +73,8 @@ func runCase(kase string, c comm.Comm) error {
 		// 600 rounds, a seed per run.
 		seed, _ := strconv.ParseUint(os.Getenv("ZINF_MPI_SEED"), 10, 64)
 		return commtest.Conformance(ctx, c, commtest.Options{Seed: seed, Rounds: 600, MaxCount: 100000})
+	case "bench":
+		return benchCollectives(ctx, c)
 	case "native":
 		return commtest.Conformance(ctx, c, commtest.Options{Seed: 42, Rounds: 60, MaxCount: 200, Native: true})
 	case "abort":
@@ -112,4 +122,88 @@ func trace(me int) func(int, string) {
 		return nil
 	}
 	return func(i int, what string) { fmt.Fprintf(os.Stderr, "rank %d round %d: %s\n", me, i, what) }
+}
+
+// benchCollectives times the binding's all-gather and reduce-scatter
+// against MPI's own blocking collectives in the same job, interleaved
+// round by round: sizes (MiB of the full vector) from ZINF_MPI_BENCH_MIB,
+// rounds from ZINF_MPI_BENCH_ROUNDS. Each measurement is the slowest
+// rank's time per call over a few calls; rank 0 prints one JSON line per
+// measurement ("BENCH {...}").
+func benchCollectives(ctx context.Context, c comm.Comm) error {
+	sizes := []int{1, 16, 64}
+	if s := os.Getenv("ZINF_MPI_BENCH_MIB"); s != "" {
+		sizes = sizes[:0]
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return err
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	rounds, _ := strconv.Atoi(os.Getenv("ZINF_MPI_BENCH_ROUNDS"))
+	rounds = max(rounds, 1)
+	P, me := c.Size(), c.Rank()
+	for round := range rounds {
+		for _, mib := range sizes {
+			total := (mib << 20) / (4 * P) * 4 * P // bytes, a multiple of 4P
+			chunk := total / P
+			counts := make([]int, P)
+			elems := make([]int, P)
+			for q := range counts {
+				counts[q], elems[q] = chunk, chunk/4
+			}
+			sendB, recvB := make([]byte, chunk), make([]byte, total)
+			sendF, recvF := make([]float32, total/4), make([]float32, chunk/4)
+			a2a := make([]float32, total/4)
+			for i := range sendF {
+				sendF[i] = float32(i%97) * 0.25
+			}
+			iters := max(1, min(20, (256<<20)/max(total, 1)))
+			ops := []struct {
+				name string
+				f    func() error
+			}{
+				{"all-gather binding", func() error { return c.AllGather(ctx, sendB, recvB, counts) }},
+				{"all-gather bare MPI_Allgather", func() error { return comm.BareAllGather(c, sendB, recvB) }},
+				{"reduce-scatter binding (rank-ordered)", func() error { return c.ReduceScatter(ctx, sendF, recvF, elems) }},
+				{"reduce-scatter binding (native)", func() error { return comm.NativeReduceScatter(c, sendF, recvF, elems) }},
+				{"reduce-scatter bare MPI_Reduce_scatter_block", func() error { return comm.BareReduceScatter(c, sendF, recvF) }},
+				{"reduce-scatter bare MPI_Alltoall + ordered sum", func() error {
+					if err := comm.BareAlltoall(c, sendF, a2a); err != nil {
+						return err
+					}
+					n := chunk / 4
+					copy(recvF, a2a[:n])
+					for q := 1; q < P; q++ {
+						x := a2a[q*n : (q+1)*n]
+						for i := range recvF {
+							recvF[i] += x[i]
+						}
+					}
+					return nil
+				}},
+			}
+			for _, op := range ops {
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				t0 := time.Now()
+				for range iters {
+					if err := op.f(); err != nil {
+						return fmt.Errorf("%s: %w", op.name, err)
+					}
+				}
+				sec := []float64{time.Since(t0).Seconds() / float64(iters)}
+				if err := c.AllReduceFloat64(ctx, sec, comm.Max); err != nil {
+					return err
+				}
+				if me == 0 {
+					fmt.Printf("BENCH {\"round\":%d,\"ranks\":%d,\"bytes\":%d,\"op\":%q,\"seconds\":%g,\"iters\":%d}\n", round, P, total, op.name, sec[0], iters)
+				}
+			}
+		}
+	}
+	return nil
 }
