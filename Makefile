@@ -110,6 +110,7 @@ gpu-tests:
 	mkdir -p .gpu
 	$(GO) test -c -o .gpu/gds.test ./gds/
 	$(GO) test -c -o .gpu/cuda.test ./accel/cuda/
+	$(GO) test -c -o .gpu/nccl.test ./comm/nccl/
 	$(GO) build -o .gpu/zinf ./cmd/zinf
 
 clean:

@@ -393,6 +393,41 @@ func (s *stream) Synchronize() error {
 	return d.drv.streamSynchronize(d.ctx, s.s)
 }
 
+// Handle returns a stream's CUstream, for libraries such as NCCL that
+// take streams; it is valid until the stream is closed.
+func (d *Device) Handle(st accel.Stream) (uintptr, error) {
+	cs, ok := st.(*stream)
+	if !ok || cs == nil || cs.dev != d {
+		return 0, fmt.Errorf("cuda: %s: stream %T was not created by this device: %w", d.name, st, accel.ErrInvalid)
+	}
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	if cs.closed {
+		return 0, fmt.Errorf("cuda: %s: stream: %w", d.name, accel.ErrClosed)
+	}
+	return cs.s, nil
+}
+
+// Done reports whether the work queued on a stream has finished
+// (cuStreamQuery), without waiting: for callers that poll while they
+// watch for other failures.
+func (d *Device) Done(st accel.Stream) (bool, error) {
+	if err := d.enter("query stream"); err != nil {
+		return false, err
+	}
+	defer d.exit()
+	cs, ok := st.(*stream)
+	if !ok || cs == nil || cs.dev != d {
+		return false, fmt.Errorf("cuda: %s: query: stream %T was not created by this device: %w", d.name, st, accel.ErrInvalid)
+	}
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	if cs.closed {
+		return false, fmt.Errorf("cuda: %s: query: stream: %w", d.name, accel.ErrClosed)
+	}
+	return d.drv.streamQuery(d.ctx, cs.s)
+}
+
 // Close synchronizes and destroys the stream. It is idempotent.
 func (s *stream) Close() error {
 	d := s.dev

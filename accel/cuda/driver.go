@@ -25,6 +25,9 @@ type driver interface {
 	streamCreate(ctx uintptr) (uintptr, error)
 	streamDestroy(ctx, s uintptr) error
 	streamSynchronize(ctx, s uintptr) error
+	// streamQuery reports whether the stream's work is done
+	// (cuStreamQuery: CUDA_ERROR_NOT_READY is "not yet", not an error).
+	streamQuery(ctx, s uintptr) (bool, error)
 	memcpyHtoDAsync(ctx uintptr, dst uint64, src []byte, s uintptr) error
 	memcpyDtoHAsync(ctx uintptr, dst []byte, src uint64, s uintptr) error
 	hostRegister(ctx uintptr, b []byte) error

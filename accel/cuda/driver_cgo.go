@@ -34,6 +34,7 @@ typedef struct {
 	CUresult (*StreamCreate)(CUstream *, unsigned int);
 	CUresult (*StreamDestroy)(CUstream);
 	CUresult (*StreamSynchronize)(CUstream);
+	CUresult (*StreamQuery)(CUstream);
 	CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 	CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 	CUresult (*MemHostRegister)(void *, size_t, unsigned int);
@@ -45,7 +46,7 @@ typedef struct {
 // The loader (internal/dl) fills this struct as an array of pointers, one
 // per entry of cudaSymbols in driver order; the assertion keeps the two
 // the same length.
-_Static_assert(sizeof(zinf_cuda_api) == 21 * sizeof(void *), "zinf_cuda_api is 21 function pointers");
+_Static_assert(sizeof(zinf_cuda_api) == 22 * sizeof(void *), "zinf_cuda_api is 22 function pointers");
 
 // zinf_rc is a call's result and whether it failed making the context
 // current (step 1) or in the call itself (step 0).
@@ -111,6 +112,9 @@ static zinf_rc zinf_cu_stream_destroy(zinf_cuda_api *a, uintptr_t ctx, uintptr_t
 static zinf_rc zinf_cu_stream_sync(zinf_cuda_api *a, uintptr_t ctx, uintptr_t s) {
 	ZINF_IN_CTX(a, ctx, a->StreamSynchronize((CUstream)s));
 }
+static zinf_rc zinf_cu_stream_query(zinf_cuda_api *a, uintptr_t ctx, uintptr_t s) {
+	ZINF_IN_CTX(a, ctx, a->StreamQuery((CUstream)s));
+}
 static zinf_rc zinf_cu_htod_async(zinf_cuda_api *a, uintptr_t ctx, CUdeviceptr dst, const void *src, size_t n, uintptr_t s) {
 	ZINF_IN_CTX(a, ctx, a->MemcpyHtoDAsync(dst, src, n, (CUstream)s));
 }
@@ -160,6 +164,7 @@ var cudaSymbols = [...]dl.Symbol{
 	{Name: "cuStreamCreate", Required: true},
 	{Name: "cuStreamDestroy_v2", Fallback: "cuStreamDestroy", Required: true},
 	{Name: "cuStreamSynchronize", Required: true},
+	{Name: "cuStreamQuery", Required: true},
 	{Name: "cuMemcpyHtoDAsync_v2", Required: true},
 	{Name: "cuMemcpyDtoHAsync_v2", Required: true},
 	{Name: "cuMemHostRegister_v2", Fallback: "cuMemHostRegister", Required: true},
@@ -301,6 +306,20 @@ func (d *cgoDriver) streamDestroy(ctx, s uintptr) error {
 
 func (d *cgoDriver) streamSynchronize(ctx, s uintptr) error {
 	return d.checkIn("cuStreamSynchronize", C.zinf_cu_stream_sync(d.api, C.uintptr_t(ctx), C.uintptr_t(s)))
+}
+
+// cudaErrorNotReady is CUDA_ERROR_NOT_READY: cuStreamQuery's "not yet".
+const cudaErrorNotReady = 600
+
+func (d *cgoDriver) streamQuery(ctx, s uintptr) (bool, error) {
+	r := C.zinf_cu_stream_query(d.api, C.uintptr_t(ctx), C.uintptr_t(s))
+	if r.step == 0 && r.rc == cudaErrorNotReady {
+		return false, nil
+	}
+	if err := d.checkIn("cuStreamQuery", r); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // The copies pass host memory to C for the duration of the call, as cgo

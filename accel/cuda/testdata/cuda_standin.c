@@ -275,6 +275,13 @@ CUresult cuStreamSynchronize(CUstream s) {
 	return OK;
 }
 
+// Copies complete when issued: a stream is always idle.
+CUresult cuStreamQuery(CUstream s) {
+	CUresult rc = injected("cuStreamQuery");
+	if (rc || (rc = need_ctx()) || (rc = check_stream(s))) return rc;
+	return OK;
+}
+
 static CUresult copy(const char *fn, void *dst, const void *src, size_t n, uintptr_t dev, CUstream s) {
 	CUresult rc = injected(fn);
 	if (rc || (rc = need_ctx()) || (rc = check_stream(s))) return rc;
