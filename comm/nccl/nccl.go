@@ -72,16 +72,16 @@ func (e *Error) Error() string {
 
 // ncclResult_t codes (nccl.h).
 const (
-	resultSuccess        = 0
-	resultInvalidUsage   = 5
-	resultRemoteError    = 6
-	resultInProgress     = 7
-	ncclUint8            = 1
-	ncclFloat32          = 7
-	ncclFloat64          = 8
-	ncclSum              = 0
-	ncclMax              = 2
-	uniqueIDBytes        = 128
+	resultSuccess      = 0
+	resultInvalidUsage = 5
+	resultRemoteError  = 6
+	resultInProgress   = 7
+	ncclUint8          = 1
+	ncclFloat32        = 7
+	ncclFloat64        = 8
+	ncclSum            = 0
+	ncclMax            = 2
+	uniqueIDBytes      = 128
 )
 
 // Comm is one rank's NCCL communicator over device memory of one CUDA
