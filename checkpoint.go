@@ -141,12 +141,17 @@ type CheckpointMeta struct {
 //   - GPU-tier parameters are copied to pinned host buffers when the save
 //     pins them (they are small in the simulated models).
 //
-// For a job whose ranks are processes (rts is this process's runtime,
-// with an Options.Comm of several ranks), the State holds this rank only
-// (State.WorldSize is the job's): checkpoint.Writer.SaveShared saves it,
-// every rank together; SaveCheckpoint does that.
+// For a job whose ranks are processes, SaveCheckpointShared saves each
+// rank's part.
 func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, error) {
-	names, numel, err := checkRanks(rts, sharedJob(rts))
+	return checkpointState(rts, meta, false)
+}
+
+// checkpointState is CheckpointState; shared: rts is one rank of a job
+// whose ranks are processes, and the State holds it only
+// (State.WorldSize is the job's).
+func checkpointState(rts []*Runtime, meta CheckpointMeta, shared bool) (checkpoint.State, error) {
+	names, numel, err := checkRanks(rts, shared)
 	if err != nil {
 		return checkpoint.State{}, err
 	}
@@ -188,7 +193,7 @@ func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, err
 	user[metaTrainState] = string(tsJSON)
 	user[metaParamDType] = rts[0].DType.String()
 	st := checkpoint.State{Step: meta.Step, Config: cfg, ModelShape: shape, User: user}
-	if sharedJob(rts) {
+	if shared {
 		st.WorldSize = rts[0].World
 	}
 	for _, rt := range rts {
@@ -205,25 +210,31 @@ func CheckpointState(rts []*Runtime, meta CheckpointMeta) (checkpoint.State, err
 // the checkpoint dir (see CheckpointState for the layout and
 // checkpoint.Save for the commit): when it returns without error, the
 // checkpoint is complete and durable. Call it between optimizer steps.
-//
-// In a job whose ranks are processes, every rank calls it with its own
-// runtime (rts of one, with an Options.Comm of several ranks): the ranks
-// save together (checkpoint.Writer.SaveShared, through the runtime's
-// collective goroutine, after the collectives it queued), into dir on a
-// filesystem every rank sees, and all return the same outcome.
 func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Manifest, error) {
 	st, err := CheckpointState(rts, meta)
 	if err != nil {
-		if sharedJob(rts) {
-			// The other ranks are about to save: they must not wait.
-			rts[0].comm.Abort(fmt.Errorf("rank %d: checkpoint %s: %w", rts[0].Rank, dir, err))
-		}
 		return nil, err
 	}
-	if !sharedJob(rts) {
-		return checkpoint.Save(ctx, dir, st, opts)
+	return checkpoint.Save(ctx, dir, st, opts)
+}
+
+// SaveCheckpointShared is SaveCheckpoint for a job whose ranks are
+// processes: every rank calls it with its own runtime (which has an
+// Options.Comm), and the ranks save together into dir, on a filesystem
+// every rank sees (checkpoint.Writer.SaveShared, run on the runtime's
+// collective goroutine after the collectives it queued): the checkpoint
+// is the same as SaveCheckpoint of every rank in one process would make,
+// and every rank returns the same outcome.
+func SaveCheckpointShared(ctx context.Context, dir string, rt *Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Manifest, error) {
+	if rt == nil || rt.comm == nil {
+		return nil, errors.New("zinf: checkpoint: SaveCheckpointShared needs the rank's runtime, opened with Options.Comm")
 	}
-	rt := rts[0]
+	st, err := checkpointState([]*Runtime{rt}, meta, true)
+	if err != nil {
+		// The other ranks are about to save: they must not wait.
+		rt.comm.Abort(fmt.Errorf("rank %d: checkpoint %s: %w", rt.Rank, dir, err))
+		return nil, err
+	}
 	rt.drainComm()
 	var m *checkpoint.Manifest
 	err = rt.Collective(ctx, func(c comm.Comm) error {
@@ -236,12 +247,6 @@ func SaveCheckpoint(ctx context.Context, dir string, rts []*Runtime, meta Checkp
 	return m, err
 }
 
-// sharedJob reports whether rts is one rank of a job whose ranks are
-// processes: a single runtime with a Comm of several ranks.
-func sharedJob(rts []*Runtime) bool {
-	return len(rts) == 1 && rts[0] != nil && rts[0].comm != nil && rts[0].World > 1
-}
-
 // SaveCheckpointAsync is SaveCheckpoint through s: it returns once s has
 // taken a consistent snapshot of every rank (pinning store versions and
 // copy-on-write buffers rather than copying, see CheckpointState and
@@ -249,9 +254,6 @@ func sharedJob(rts []*Runtime) bool {
 // drains to disk in the background and Handle.Wait reports the commit.
 // Close the runtimes only after Handle.Wait.
 func SaveCheckpointAsync(ctx context.Context, s *checkpoint.Saver, dir string, rts []*Runtime, meta CheckpointMeta, opts checkpoint.SaveOptions) (*checkpoint.Handle, error) {
-	if sharedJob(rts) {
-		return nil, errSharedAsync
-	}
 	st, err := CheckpointState(rts, meta)
 	if err != nil {
 		return nil, err

@@ -242,7 +242,9 @@ func (c *Checkpointer) Root() string { return c.root }
 func (c *Checkpointer) Due(step int64) bool { return step > 0 && step%c.opts.Every == 0 }
 
 // Save saves rts (every rank of the job, in rank order; see
-// SaveCheckpoint) as the checkpoint CheckpointName(meta.Step) in the root.
+// SaveCheckpoint — or, with CheckpointerOptions.Comm, this process's
+// rank's runtime alone, every rank calling Save: SaveCheckpointShared) as
+// the checkpoint CheckpointName(meta.Step) in the root.
 // Synchronous, it returns once the checkpoint is committed and durable.
 // Asynchronous, it first waits for the save in flight, returning its error
 // if it failed, then returns once the new snapshot is taken; Close (or the
@@ -262,7 +264,16 @@ func (c *Checkpointer) Save(ctx context.Context, rts []*Runtime, meta Checkpoint
 	dir := filepath.Join(c.root, CheckpointName(meta.Step))
 	t0 := time.Now()
 	if c.saver == nil {
-		m, err := SaveCheckpoint(ctx, dir, rts, meta, c.opts.Save)
+		var m *checkpoint.Manifest
+		var err error
+		if c.opts.Comm != nil {
+			if len(rts) != 1 {
+				return fmt.Errorf("zinf: checkpointer: with CheckpointerOptions.Comm each rank saves its own runtime (%d given)", len(rts))
+			}
+			m, err = SaveCheckpointShared(ctx, dir, rts[0], meta, c.opts.Save)
+		} else {
+			m, err = SaveCheckpoint(ctx, dir, rts, meta, c.opts.Save)
+		}
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/tensor"
@@ -320,5 +321,112 @@ func TestGatherLayersMinimumPool(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("one granule below the minimum, every rank opened")
+	}
+}
+
+// TestSaveCheckpointShared: ranks as goroutines (as processes would) save
+// one checkpoint together after a step, each its own runtime; loaded into
+// the in-process world of another size, every optimizer state and
+// parameter equals what the saving ranks held.
+func TestSaveCheckpointShared(t *testing.T) {
+	ctx, _ := watchdog(t, 2*time.Minute)
+	cfg, _ := testConfig(t)
+	model := distModel()
+	init := initValues(model)
+	const procs = 3
+	comms, _ := comm.NewLocal(procs, comm.LocalOptions{})
+	root := t.TempDir()
+	dir := root + "/step-000001"
+	type state struct{ master, m, v []float32 }
+	saved := make([]map[string]state, procs)
+	errs := onRanks(procs, func(r int) error {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: procs, Comm: comms[r], GatherLayers: true})
+		if err != nil {
+			return err
+		}
+		defer rt.Close()
+		for _, d := range model.Tensors {
+			if err := rt.Init(ctx, d.Name, init[d.Name]); err != nil {
+				return err
+			}
+		}
+		rt.Backward()
+		for l := rt.Layers() - 1; l >= 0; l-- {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				return err
+			}
+			for _, name := range rt.LayerTensors(l) {
+				if err := rt.ReduceGrad(ctx, name, localGrad(init[name], r), 1/float32(procs)); err != nil {
+					return err
+				}
+			}
+			rt.EndLayer(l)
+		}
+		if err := rt.Step(ctx); err != nil {
+			return err
+		}
+		saved[r] = map[string]state{}
+		for name := range init {
+			master, m, v, err := rt.ReadOptimizerState(ctx, name)
+			if err != nil {
+				return err
+			}
+			saved[r][name] = state{master, m, v}
+		}
+		_, err = zinf.SaveCheckpointShared(ctx, dir, rt, zinf.CheckpointMeta{Step: 1}, checkpoint.SaveOptions{})
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if _, err := checkpoint.Verify(ctx, dir); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	// Load at world 2, in one process.
+	var rts []*zinf.Runtime
+	for r := range 2 {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rts = append(rts, rt)
+	}
+	for _, rt := range rts {
+		for _, d := range model.Tensors { // one registration order on every rank
+			if err := rt.Init(ctx, d.Name, init[d.Name]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := zinf.LoadCheckpoint(ctx, dir, rts); err != nil {
+		t.Fatal(err)
+	}
+	for name := range init {
+		var want state
+		for r := range procs {
+			s := saved[r][name]
+			want.master, want.m, want.v = append(want.master, s.master...), append(want.m, s.m...), append(want.v, s.v...)
+		}
+		var got state
+		for _, rt := range rts {
+			master, m, v, err := rt.ReadOptimizerState(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.master, got.m, got.v = append(got.master, master...), append(got.m, m...), append(got.v, v...)
+		}
+		for k, pair := range [][2][]float32{{got.master, want.master}, {got.m, want.m}, {got.v, want.v}} {
+			if len(pair[0]) != len(pair[1]) {
+				t.Fatalf("%s state %d: %d elements, saved %d", name, k, len(pair[0]), len(pair[1]))
+			}
+			for i := range pair[0] {
+				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
+					t.Fatalf("%s state %d [%d]: loaded %v, saved %v", name, k, i, pair[0][i], pair[1][i])
+				}
+			}
+		}
 	}
 }

@@ -104,6 +104,37 @@ func TestTrainMPI(t *testing.T) {
 	}
 }
 
+// TestTrainMPIClipFP16: with gradient clipping that triggers on every
+// step and fp16 loss scaling (the norm and the overflow check reduced
+// over the ranks through MPI), mpirun -np 3 ends in the state of the
+// in-process world of 3, bit for bit. World 1 at data-parallel degree 3
+// may differ: the global norm is summed per rank partition, then over
+// the ranks, so its last bits depend on the partitioning; the test says
+// whether it did here.
+func TestTrainMPIClipFP16(t *testing.T) {
+	mpitest.Require(t)
+	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	scratch := t.TempDir()
+	args := []string{"--steps", "4", "--dir", scratch, "--clip", "0.001", "--fp16"}
+	res := mpiJob(t, bin, 3, nil, append(args, "--verify")...)
+	if res.Err != nil {
+		t.Fatalf("mpirun -np 3: %v\n%s", res.Err, res.Output)
+	}
+	got := trainJSON(t, res.Output)
+	if got.BitwiseEqual == nil || !*got.BitwiseEqual {
+		t.Fatalf("mpirun -np 3 differs from in-memory training: %s", got.Mismatch)
+	}
+	if got.ClippedSteps == 0 {
+		t.Fatalf("no step was clipped: the test does not exercise the reduced norm")
+	}
+	want := inProcess(t, 3, args...)
+	if got.StateSHA256 != want.StateSHA256 {
+		t.Fatalf("final state: mpirun -np 3 %s, in-process world 3 %s", got.StateSHA256, want.StateSHA256)
+	}
+	one := inProcess(t, 1, append(args, "--data-parallel", "3")...)
+	t.Logf("%d of %d steps clipped; world 1 at data-parallel degree 3 equal: %v", got.ClippedSteps, got.Steps, one.StateSHA256 == got.StateSHA256)
+}
+
 func fmtBytes(n int64) string { return fmt.Sprintf("%d B", n) }
 
 // failedRanks returns the ranks that reported, in the job's output, an

@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/param"
 )
 
@@ -59,7 +60,7 @@ type distBackend struct {
 	run         runMeta
 	ioWait      time.Duration
 	optSteps    []optStep
-	stepped     bool
+	infos       []zinf.StepInfo // each completed step's account (every rank decides the same)
 	lossScratch []byte
 }
 
@@ -90,7 +91,11 @@ func (b *distBackend) handGrad(ctx context.Context, name string, per [][]float32
 	if data > 1 {
 		scale = inv
 	}
-	if err := b.rt.ReduceGrads(ctx, name, per, b.per, scale); err != nil {
+	how := zinf.GradReduce{Per: b.per, Scale: scale}
+	if b.spec.DType == swapper.Float16 {
+		how.Round = swapper.Float16 // as the in-process loop rounds the reduced gradient
+	}
+	if err := b.rt.ReduceGrads(ctx, name, per, how); err != nil {
 		return err
 	}
 	testhook.Hit("train/reduce")
@@ -134,6 +139,8 @@ func (b *distBackend) totalLoss(ctx context.Context, losses []float32) (float32,
 	return loss, nil
 }
 
+func (b *distBackend) lossScale() float64 { return b.rt.LossScale() }
+
 func (b *distBackend) step(ctx context.Context) error {
 	t0 := time.Now()
 	before := b.rt.Metrics()
@@ -143,11 +150,11 @@ func (b *distBackend) step(ctx context.Context) error {
 		after := b.rt.Metrics()
 		b.optSteps = append(b.optSteps, optStep{d: d, read: after.BytesRead - before.BytesRead, written: after.BytesWritten - before.BytesWritten})
 	}()
-	if b.stepped {
-		b.stepped = false
-		return nil
+	if err := b.rt.Step(ctx); err != nil {
+		return err
 	}
-	return b.rt.Step(ctx)
+	b.infos = append(b.infos, b.rt.LastStep())
+	return nil
 }
 
 func (b *distBackend) checkpointMeta(step int) zinf.CheckpointMeta {
@@ -207,7 +214,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	data = run.DataParallel
 	first, per := blocks(data, procs)
 	rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: me, WorldSize: procs, Faults: o.Faults, Comm: c, GatherLayers: true,
-		ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep})
+		ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, TotalSteps: o.Steps})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", me, err)
 	}
@@ -261,11 +268,13 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 			res.StepMs = append(res.StepMs, float64(d)/1e6)
 			ioWaits = append(ioWaits, float64(w)/1e6)
 			res.FinalLoss = loss
+			rep := report(step, loss, d, be.infos[len(be.infos)-1])
+			res.PerStep = append(res.PerStep, rep)
 			if o.Progress != nil {
 				moved := commBytes(m.Comm) - commBytes(last.Comm)
-				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s  collectives %s (rank 0)\n", step+1, o.Steps, loss,
+				fmt.Fprintf(o.Progress, "step %3d/%d  loss %.6f  %7.1f ms  io-wait %6.1f ms  read %s  written %s  collectives %s (rank 0)%s\n", step+1, o.Steps, loss,
 					float64(d)/1e6, float64(w)/1e6, policy.FormatBytes(m.BytesRead-last.BytesRead), policy.FormatBytes(m.BytesWritten-last.BytesWritten),
-					policy.FormatBytes(moved))
+					policy.FormatBytes(moved), rep.describe())
 			}
 			last = m
 			if ckpt != nil && (step+1 == o.Steps || ckpt.Due(int64(step+1))) {
@@ -300,6 +309,11 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	res.IOWaitMsMedian = median(ioWaits)
 	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
 	res.DemandMisses = int64(m.Schedule.DemandMisses)
+	ts := m.Train
+	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
+	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
+	res.RollbackMs = float64(ts.RollbackTime) / 1e6
+	res.LossScale = ts.LossScale
 	for _, st := range be.optSteps {
 		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
 		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
@@ -326,7 +340,10 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	if !o.Verify {
 		return res, nil
 	}
-	ref := newMemBackend(spec, zinf.Hyper(cfg))
+	ref, err := newMemBackend(spec, cfg, o.Steps)
+	if err != nil {
+		return nil, err
+	}
 	var refMs []float64
 	if err := runLoop(ctx, spec, ref, loopOptions{Steps: o.Steps, Micro: micro, World: data, ComputePerLayer: o.ComputePerLayer,
 		OnStep: func(_ int, _ float32, d time.Duration) error { refMs = append(refMs, float64(d)/1e6); return nil }}); err != nil {
@@ -334,12 +351,25 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	}
 	res.InMemoryStepMsMedian = median(refMs)
 	why := ""
+	names := append([]string{"param", "master"}, ref.hyper.StateNames()...)
 	for _, n := range spec.ParamNames() {
-		for k, want := range [][]float32{ref.compute[n], ref.master[n], ref.m[n], ref.v[n]} {
-			if i, ok := sameBits(full[n][k], want); !ok && why == "" {
-				why = fmt.Sprintf("%s %s element %d: %v vs reference %v", n, []string{"param", "master", "exp_avg", "exp_avg_sq"}[k], i, full[n][k][i], want[i])
+		want := append([][]float32{ref.compute[n], ref.master[n]}, ref.states[n]...)
+		if len(full[n]) != len(want) {
+			if why == "" {
+				why = fmt.Sprintf("%s: %d state tensors, reference %d", n, len(full[n]), len(want))
+			}
+			continue
+		}
+		for k := range want {
+			if i, ok := sameBits(full[n][k], want[k]); !ok && why == "" {
+				why = fmt.Sprintf("%s %s element %d: %v vs reference %v", n, names[k], i, full[n][k][i], want[k][i])
 			}
 		}
+	}
+	// Every step decided the same: the reference sums the gradient norm
+	// over the same partitions (the config's world size is the job's).
+	if why == "" {
+		why = sameDecisions(be.infos, ref.infos, true)
 	}
 	// Every rank compared the whole state: one verdict (any rank that
 	// differs makes it false).
@@ -364,11 +394,11 @@ func commBytes(s zinf.CommStats) int64 {
 }
 
 // finalState reads the whole final state on every rank: the full
-// parameters (gathered) and the full fp32 master, exp_avg and exp_avg_sq
-// (every rank's partitions, all-gathered); and its digest.
-func finalState(ctx context.Context, b *distBackend) (map[string][4][]float32, string, error) {
+// parameters (gathered), the full fp32 master and optimizer states (every
+// rank's partitions, all-gathered); and its digest.
+func finalState(ctx context.Context, b *distBackend) (map[string][][]float32, string, error) {
 	rt := b.rt
-	out := map[string][4][]float32{}
+	out := map[string][][]float32{}
 	order := make([]int, b.spec.Layers)
 	for l := range order {
 		order[l] = l
@@ -384,24 +414,22 @@ func finalState(ctx context.Context, b *distBackend) (map[string][4][]float32, s
 				rt.EndLayer(l)
 				return nil, "", err
 			}
-			out[n] = [4][]float32{v}
+			out[n] = [][]float32{v}
 		}
 		rt.EndLayer(l)
 	}
 	for _, n := range b.spec.ParamNames() {
-		master, m, v, err := rt.ReadOptimizerState(ctx, n)
+		master, states, err := rt.ReadOptimizerStates(ctx, n)
 		if err != nil {
 			return nil, "", err
 		}
-		st := out[n]
-		for k, part := range [][]float32{master, m, v} {
+		for _, part := range append([][]float32{master}, states...) {
 			full, err := allGatherPartitions(ctx, rt, b.spec, n, part)
 			if err != nil {
 				return nil, "", err
 			}
-			st[k+1] = full
+			out[n] = append(out[n], full)
 		}
-		out[n] = st
 	}
 	return out, stateDigest(b.spec, out), nil
 }
@@ -428,9 +456,10 @@ func partitionOf(rt *zinf.Runtime, spec Spec, name string, q int) (lo, hi int) {
 }
 
 // stateDigest is the SHA-256 of the final state, tensor by tensor in the
-// model's order: the parameter as compute reads it, then the fp32
-// master, exp_avg and exp_avg_sq, each as little-endian float32.
-func stateDigest(spec Spec, st map[string][4][]float32) string {
+// model's order: the parameter as compute reads it, then the fp32 master
+// and the optimizer's states in their order, each as little-endian
+// float32.
+func stateDigest(spec Spec, st map[string][][]float32) string {
 	h := sha256.New()
 	for _, n := range spec.ParamNames() {
 		for _, v := range st[n] {

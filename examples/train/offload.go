@@ -235,23 +235,29 @@ func newZinfBackend(ctx context.Context, spec Spec, rts []*zinf.Runtime) (*zinfB
 // Result.StateSHA256): full parameters read layer by layer, optimizer
 // states put together from every rank's partition.
 func (b *zinfBackend) stateDigest(ctx context.Context) (string, error) {
-	st := map[string][4][]float32{}
+	st := map[string][][]float32{}
 	if err := b.readAll(ctx, func(n string, v []float32) error {
-		st[n] = [4][]float32{append([]float32(nil), v...)}
+		st[n] = [][]float32{append([]float32(nil), v...)}
 		return nil
 	}); err != nil {
 		return "", err
 	}
 	for _, n := range b.spec.ParamNames() {
-		x := st[n]
+		var full [][]float32
 		for _, rt := range b.rts {
-			master, m, v, err := rt.ReadOptimizerState(ctx, n)
+			master, states, err := rt.ReadOptimizerStates(ctx, n)
 			if err != nil {
 				return "", fmt.Errorf("rank %d: %w", rt.Rank, err)
 			}
-			x[1], x[2], x[3] = append(x[1], master...), append(x[2], m...), append(x[3], v...)
+			parts := append([][]float32{master}, states...)
+			if full == nil {
+				full = make([][]float32, len(parts))
+			}
+			for k, p := range parts {
+				full[k] = append(full[k], p...)
+			}
 		}
-		st[n] = x
+		st[n] = append(st[n], full...)
 	}
 	return stateDigest(b.spec, st), nil
 }

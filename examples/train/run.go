@@ -534,28 +534,9 @@ func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (
 		return false, why, nil
 	}
 	// Every step decided the same: schedule, loss scale, norm, clipping,
-	// skip (the backend's steps are the reference's last ones: a resumed
-	// run records those after the resume). The norm is summed per rank
-	// partition, then over the ranks, so it is bit-equal only when the
-	// reference sums for the same world size; across world sizes it may
-	// differ in its last bits (and then only the other fields are
-	// compared: weights that differ are caught above).
-	if len(be.infos) > len(ref.infos) {
-		return false, fmt.Sprintf("%d steps recorded, reference %d", len(be.infos), len(ref.infos)), nil
-	}
-	sameWorld := len(be.rts) == ref.ranks
-	for i, got := range be.infos {
-		k := len(ref.infos) - len(be.infos) + i
-		want := ref.infos[k]
-		same := got.Step == want.Step && got.Applied == want.Applied && got.Clipped == want.Clipped &&
-			math.Float64bits(got.LR) == math.Float64bits(want.LR) && got.LossScale == want.LossScale && got.NextLossScale == want.NextLossScale
-		if sameWorld {
-			same = same && math.Float64bits(got.ClipCoef) == math.Float64bits(want.ClipCoef) &&
-				(math.Float64bits(got.GradNorm) == math.Float64bits(want.GradNorm) || math.IsNaN(got.GradNorm) && math.IsNaN(want.GradNorm))
-		}
-		if !same {
-			return false, fmt.Sprintf("step %d: %+v, reference %+v", k+1, got, want), nil
-		}
+	// skip (see sameDecisions).
+	if why := sameDecisions(be.infos, ref.infos, len(be.rts) == ref.ranks); why != "" {
+		return false, why, nil
 	}
 	for _, n := range spec.ParamNames() {
 		for r, rt := range be.rts {
@@ -586,6 +567,34 @@ func compare(ctx context.Context, spec Spec, be *zinfBackend, ref *memBackend) (
 		}
 	}
 	return true, "", nil
+}
+
+// sameDecisions compares each step's account with the reference's (the
+// backend's steps are the reference's last ones: a resumed run records
+// those after the resume) and says how the first that differs does; ""
+// when all agree. The norm and the clipping coefficient are compared only
+// for sameWorld: the norm is summed per rank partition, then over the
+// ranks, so it is bit-equal only when the reference sums for the same
+// world size; across world sizes it may differ in its last bits (weights
+// that differ are caught by the caller).
+func sameDecisions(got, ref []zinf.StepInfo, sameWorld bool) string {
+	if len(got) > len(ref) {
+		return fmt.Sprintf("%d steps recorded, reference %d", len(got), len(ref))
+	}
+	for i, g := range got {
+		k := len(ref) - len(got) + i
+		want := ref[k]
+		same := g.Step == want.Step && g.Applied == want.Applied && g.Clipped == want.Clipped &&
+			math.Float64bits(g.LR) == math.Float64bits(want.LR) && g.LossScale == want.LossScale && g.NextLossScale == want.NextLossScale
+		if sameWorld {
+			same = same && math.Float64bits(g.ClipCoef) == math.Float64bits(want.ClipCoef) &&
+				(math.Float64bits(g.GradNorm) == math.Float64bits(want.GradNorm) || math.IsNaN(g.GradNorm) && math.IsNaN(want.GradNorm))
+		}
+		if !same {
+			return fmt.Sprintf("step %d: %+v, reference %+v", k+1, g, want)
+		}
+	}
+	return ""
 }
 
 func sameBits(a, b []float32) (int, bool) {
