@@ -144,8 +144,8 @@ type Runtime struct {
 	last       StepInfo
 	trainStats TrainStats
 
-	train training // schedule, loss scaling, clipping, speculation (loop goroutine)
-	commStats  CommStats
+	train     training // schedule, loss scaling, clipping, speculation (loop goroutine)
+	commStats CommStats
 
 	// Ranks as processes (dist.go); loop goroutine unless said.
 	comm          comm.Comm
