@@ -24,8 +24,9 @@
 // scratch swap files; methods called after it return errors matching
 // ErrClosed.
 //
-// SaveCheckpoint, SaveCheckpointAsync and LoadCheckpoint save and restore
-// every rank's parameters and optimizer states (package checkpoint:
+// SaveCheckpoint, SaveCheckpointAsync, SaveCheckpointShared and
+// LoadCheckpoint save and restore every rank's parameters and optimizer
+// states (package checkpoint:
 // safetensors files, a crash-safe commit, loads at any world size). A
 // Checkpointer saves a loop's checkpoints every N steps into one root,
 // keeping the newest few; after a crash, ResumeLatest loads the newest
@@ -55,6 +56,22 @@
 // then usually the same, but not always. A world of N ranks equals,
 // bit for bit, an in-memory reference that sums in the same order
 // (TestTrainStepDifferential has one).
+//
+// # Ranks as processes
+//
+// With Options.Comm and GatherLayers each process runs one rank's
+// runtime: BeginLayer all-gathers the layer's full parameters from every
+// rank's partitions (gathering the next layer of the pass on the
+// runtime's collective goroutine while the loop computes; two layers'
+// worth of pinned memory is reserved for it, Reservations.GatherBytes),
+// ReadParam gives full tensors, ReduceGrad and ReduceGrads reduce-scatter
+// each rank's own gradients into the partitions in rank order, and
+// SaveCheckpointShared saves every rank's part of one checkpoint. The
+// collectives run in the order the loop asks for them, the same on every
+// rank; Collective queues a loop's own among them. comm.NewMPI (the mpi
+// build tag) joins a job started by mpirun; comm.NewLocal stands in for
+// it with goroutines. Results equal the in-process world of the same size
+// bit for bit.
 //
 // StepTensor keeps the overlap: each layer's update still starts during
 // backward, speculating that the step needs neither clipping nor a skip.

@@ -97,7 +97,12 @@
 // three states across several sub-group records) reads each record once
 // per state.
 //
-// All ranks of a checkpoint are saved by one Save call (ranks simulated in
-// one process). Multi-process jobs would need a barrier before the commit;
-// the layout (one directory per rank, one rename for all) is ready for it.
+// All ranks of a checkpoint are saved by one Save call when they are
+// simulated in one process. When they are processes, each calls
+// Writer.SaveShared with its own rank: rank 0 takes the lock and creates
+// the temporary directory, every rank writes its rank directory, the
+// ranks agree through a comm.Comm at each stage, and rank 0 writes
+// checkpoint.json and commits with the same one rename; the root must be
+// on a filesystem every rank sees. Asynchronous saves (Saver) are for
+// ranks in one process only.
 package checkpoint
