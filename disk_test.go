@@ -170,3 +170,35 @@ func TestFreeSpaceSharedFilesystem(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanTableShowsReservations: the placement table's CPU rows are the
+// pinned pool's reservations (what Open enforces), adding up to the pool,
+// not the policy's own parameter and optimizer buffer counts.
+func TestPlanTableShowsReservations(t *testing.T) {
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := plan.Reservations
+	want := map[string]int64{"gradients: write-behind": r.GradBytes, "optimizer: step pipeline": r.OptimizerBytes}
+	var sum int64
+	for _, row := range plan.Placement.PinnedRows {
+		sum += row.Bytes
+		if w, ok := want[row.What]; ok && w != row.Bytes {
+			t.Errorf("row %q: %d bytes, reservation %d", row.What, row.Bytes, w)
+		}
+		if strings.HasPrefix(row.What, "params") && row.Bytes != r.ParamsBytes() {
+			t.Errorf("row %q: %d bytes, the parameters' region is %d", row.What, row.Bytes, r.ParamsBytes())
+		}
+	}
+	if sum > r.PoolBytes || sum < r.MinPoolBytes {
+		t.Errorf("pinned rows add up to %d bytes; minimum pool %d, pool %d", sum, r.MinPoolBytes, r.PoolBytes)
+	}
+	var sb strings.Builder
+	if err := plan.WriteText(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sb.String(), "optimizer buffers") || !strings.Contains(sb.String(), "optimizer: step pipeline") {
+		t.Errorf("the table does not show the reservations:\n%s", sb.String())
+	}
+}

@@ -225,6 +225,7 @@ func makePlan(in planInput) (*planned, error) {
 	// The policy placed tensors without a pinned budget (the reservations
 	// judge pinned memory); its table shows the pool the config gives.
 	placement.Tiers.CPUBytes = res.PoolBytes
+	placement.PinnedRows = res.rows()
 	return &planned{plan: p, tiers: tiers, optOpts: optOpts}, nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -64,6 +65,25 @@ type Reservations struct {
 // ParamsBytes is the parameter swapper's whole region.
 func (r Reservations) ParamsBytes() int64 {
 	return r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.PrefetchBytes
+}
+
+// rows are the reservations as the placement table shows them on the CPU
+// tier.
+func (r Reservations) rows() []policy.PinnedRow {
+	params := "params: in use + staged"
+	if r.PrefetchBytes > 0 {
+		params += " + prefetch"
+		if r.ParamCacheBytes > 0 {
+			params += " (max_in_cpu cache)"
+		}
+	}
+	return []policy.PinnedRow{
+		{What: params, Bytes: r.ParamsBytes()},
+		{What: "gradients: write-behind", Bytes: r.GradBytes},
+		{What: "optimizer: step pipeline", Bytes: r.OptimizerBytes},
+		{What: "staging: device copies", Bytes: r.StagingBytes},
+		{What: "collectives: gathered layers", Bytes: r.GatherBytes},
+	}
 }
 
 // String lists the reservations, one per line.

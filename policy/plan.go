@@ -73,6 +73,11 @@ type Placement struct {
 	// keeps during a step, padded to the device and summed over paths.
 	// BytesPerTier[TierNVMe] counts each tensor once. 0 = not known.
 	NVMeDiskBytes int64
+	// PinnedRows is, when the caller sets it (zinf does, from the pinned
+	// pool's reservations, which are what it enforces), what the table
+	// shows on the CPU tier instead of the planned parameter and optimizer
+	// buffers.
+	PinnedRows []PinnedRow
 	// Notes explain decisions that differ from the hints, and warnings.
 	Notes []string
 
@@ -87,6 +92,13 @@ type Placement struct {
 
 // SizeOf returns the bytes of a tensor of the planned inventory, or 0 for
 // a name it does not list.
+// PinnedRow is one line of pinned memory in the table: what it holds and
+// its bytes.
+type PinnedRow struct {
+	What  string
+	Bytes int64
+}
+
 func (p *Placement) SizeOf(name string) int64 {
 	return p.size[name]
 }

@@ -104,6 +104,14 @@ func (p *Placement) WriteTable(w io.Writer) error {
 				extra("working set", p.GPUWorkingBytes)
 			}
 		case tensor.TierCPU:
+			if len(p.PinnedRows) > 0 {
+				for _, r := range p.PinnedRows {
+					if r.Bytes > 0 {
+						extra(r.What, r.Bytes)
+					}
+				}
+				break
+			}
 			if p.ParamBufferCount > 0 {
 				extra(fmt.Sprintf("param buffers %d x %s", p.ParamBufferCount, FormatBytes(p.ParamBufferBytes)),
 					int64(p.ParamBufferCount)*p.ParamBufferBytes)
