@@ -1,6 +1,42 @@
 package optimizer
 
-// adagrad is one step (number step, 1-based) of torch.optim.Adagrad
+// Modes of the Adagrad kernels (adagradArgs.mode).
+const (
+	adagradWeightDecay = 1 // d = d + WeightDecay*w[i]
+)
+
+// Indexes of the per-call constants in adagradArgs.k: the order the
+// assembly kernels read them in (internal/asmgen declares the same).
+const (
+	adagradArgNegCLR = iota // -LR/(1+(step-1)*LRDecay)
+	adagradArgWeightDecay
+	adagradArgEps
+	adagradArgCount
+)
+
+// adagradArgs are the scalars of one Adagrad step, shared by every element
+// and every kernel.
+type adagradArgs struct {
+	k    [adagradArgCount]float32
+	mode int
+}
+
+// newAdagradArgs computes the constants of step number step (1-based) of
+// torch.optim.Adagrad with h taken as it is: the decayed rate in float64,
+// rounded once, as torch computes it.
+func newAdagradArgs(step int, h Hyper) adagradArgs {
+	var a adagradArgs
+	clr := float32(float64(h.LR) / (1 + float64(step-1)*float64(h.LRDecay)))
+	a.k[adagradArgNegCLR] = -clr
+	a.k[adagradArgWeightDecay] = h.WeightDecay
+	a.k[adagradArgEps] = h.Eps
+	if h.WeightDecay != 0 {
+		a.mode = adagradWeightDecay
+	}
+	return a
+}
+
+// adagradScalar is the reference loop of torch.optim.Adagrad
 // (single-tensor, maximize off) on w with the squared-gradient sum s, all
 // float32 but the rate, each operation rounded on its own:
 //
@@ -11,16 +47,18 @@ package optimizer
 //	std  = sqrt(s[i]) + Eps                                  // sqrt correctly rounded
 //	w[i] = w[i] + ((-clr)*d) / std                           // torch's addcdiv order
 //
-// s starts at Hyper.InitialAccumulatorValue.
-func adagrad(w, g, s []float32, step int, h Hyper) {
+// s starts at Hyper.InitialAccumulatorValue. The SIMD kernels perform the
+// same operations in the same order, with the operand this loop's compiled
+// code puts first where both could be NaN (see adamScalar), and it runs
+// the tails they leave.
+func adagradScalar(w, g, s []float32, a *adagradArgs) {
 	n := len(w)
 	g, s = g[:n], s[:n]
-	clr := float32(float64(h.LR) / (1 + float64(step-1)*float64(h.LRDecay)))
-	nclr := -clr
-	wd, eps := h.WeightDecay, h.Eps
+	nclr, wd, eps := a.k[adagradArgNegCLR], a.k[adagradArgWeightDecay], a.k[adagradArgEps]
+	decay := a.mode&adagradWeightDecay != 0
 	for i := range w {
 		wi, d := w[i], g[i]
-		if wd != 0 {
+		if decay {
 			d = d + float32(wd*wi)
 		}
 		si := s[i] + float32(d*d)

@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 )
 
-// KernelEnv is the environment variable that picks the kernel of Adam and
-// of optimizers whose Options.Kernel is empty: "auto" (or unset: the
+// KernelEnv is the environment variable that picks the kernel of Adam, of
+// Update and of optimizers whose Options.Kernel is empty: "auto" (or unset: the
 // widest SIMD kernel this CPU runs), "scalar" (the portable reference
 // loop), or the name of a SIMD kernel ("avx2", "avx512" on amd64). New
 // fails on a value that is not one of those or not available on this CPU.
@@ -25,12 +25,12 @@ const (
 	KernelAVX512 = "avx512"
 )
 
-// Kernel is one implementation of zinf's update rule: the scalar reference
-// loop or a SIMD version of it for an instruction set. Every kernel gives
-// exactly the scalar loop's bits (same operations in the same order, each
-// rounded on its own: no fused multiply-add, no approximate reciprocal or
-// square root), so the choice changes speed, never results. The zero
-// Kernel is the scalar one.
+// Kernel is one implementation of zinf's update rules (Adam, SGD, Adagrad,
+// Lion): the scalar reference loops or SIMD versions of them for an
+// instruction set. Every kernel gives exactly the scalar loops' bits (same
+// operations in the same order, each rounded on its own: no fused
+// multiply-add, no approximate reciprocal or square root), so the choice
+// changes speed, never results. The zero Kernel is the scalar one.
 type Kernel struct{ k *kernel }
 
 // kernel is the internal interface an instruction set implements: for
@@ -40,19 +40,27 @@ type Kernel struct{ k *kernel }
 // A nil body means the rule has no vector version on this instruction set
 // and runs scalar.
 //
-// Adding a rule (SGD with momentum, Adagrad, Lion): write its scalar
-// reference (one element at a time, explicit float32 conversions so
-// nothing fuses), its per-step constants in a fixed-size array the
-// assembly reads, a body field here, its generator next to genAdam in
-// internal/asmgen, and a wrapper like Kernel.Adam that runs the body on
-// the whole vectors and the reference on the tail; the differential tests
-// in kernel_test.go show how to prove it bit-identical.
+// Adding a rule: write its scalar reference (one element at a time,
+// explicit float32 conversions so nothing fuses), its per-step constants
+// in a fixed-size array the assembly reads and its optional operations as
+// mode bits, a body field here, its generator next to genAdam in
+// internal/asmgen, and a run method like runAdam that runs the body on the
+// whole vectors and the reference on the tail; TestKernelsMatchScalar and
+// TestRuleKernelsMatchScalar show how to prove it bit-identical.
 type kernel struct {
 	name  string
 	lanes int // float32 lanes of one vector operation
-	// adam updates elements [0, n) in place; args.k are its constants,
-	// args.mode its weight-decay mode (decayNone, decayL2, decayAdamW).
-	adam func(p, grad, m, v *float32, n int, args *[adamArgCount]float32, mode int)
+	// adam updates elements [0, n) in place; args are its constants
+	// (adamArgs.k: by value, so that calling through the function value
+	// moves nothing to the heap), mode its weight-decay mode (decayNone,
+	// decayL2, decayAdamW).
+	adam func(p, grad, m, v *float32, n int, args [adamArgCount]float32, mode int)
+	// sgd, adagrad and lion do the same for the other rules, with their
+	// constants (sgdArgs, adagradArgs, lionArgs) and mode bits.
+	// sgd's buf is nil without momentum (mode without sgdMomentum).
+	sgd     func(w, grad, buf *float32, n int, args [sgdArgCount]float32, mode int)
+	adagrad func(w, grad, s *float32, n int, args [adagradArgCount]float32, mode int)
+	lion    func(w, grad, m *float32, n int, args [lionArgCount]float32, mode int)
 }
 
 var scalarKernel = &kernel{name: KernelScalar, lanes: 1}
@@ -149,6 +157,25 @@ func (k Kernel) Adam(p, g, m, v []float32, step int, h Hyper) {
 	k.impl().runAdam(p, g, m, v, &a)
 }
 
+// Update is the package function Update run on this kernel: same
+// contract, same bits.
+func (k Kernel) Update(w, g []float32, st [][]float32, step int, h Hyper, p StepParams) {
+	n := len(w)
+	if len(g) < n || len(st) != h.StateCount() {
+		panic(fmt.Sprintf("optimizer.Update: %d parameters, %d gradients, %d state arrays (%s keeps %d)", n, len(g), len(st), h.Rule, h.StateCount()))
+	}
+	for j, s := range st {
+		if len(s) < n {
+			panic(fmt.Sprintf("optimizer.Update: %d parameters but state %d (%s) has %d elements", n, j, h.StateNames()[j], len(s)))
+		}
+	}
+	if p.ScaleGrads {
+		ScaleGrad(g[:n], p.GradScale)
+	}
+	a := newRuleArgs(step, h.With(p))
+	k.impl().run(w, g[:n], st, &a)
+}
+
 // runAdam updates p, g, m, v (equal lengths checked by the caller): the
 // whole vectors on the SIMD body, the rest on the reference loop.
 func (k *kernel) runAdam(p, g, m, v []float32, a *adamArgs) {
@@ -156,10 +183,112 @@ func (k *kernel) runAdam(p, g, m, v []float32, a *adamArgs) {
 	done := 0
 	if k.adam != nil && n >= k.lanes {
 		done = n - n%k.lanes
-		k.adam(&p[0], &g[0], &m[0], &v[0], done, &a.k, a.mode)
+		k.adam(&p[0], &g[0], &m[0], &v[0], done, a.k, a.mode)
 	}
 	if done < n {
 		adamScalar(p[done:n], g[done:n], m[done:n], v[done:n], a)
+	}
+}
+
+// runSGD is runAdam for SGD; buf is unused (and may be nil) without
+// momentum.
+func (k *kernel) runSGD(w, g, buf []float32, a *sgdArgs) {
+	n := len(w)
+	g = g[:n]
+	momentum := a.mode&sgdMomentum != 0
+	if momentum {
+		buf = buf[:n]
+	}
+	done := 0
+	if k.sgd != nil && n >= k.lanes {
+		done = n - n%k.lanes
+		var b *float32
+		if momentum {
+			b = &buf[0]
+		}
+		k.sgd(&w[0], &g[0], b, done, a.k, a.mode)
+	}
+	if done < n {
+		if momentum {
+			buf = buf[done:n]
+		}
+		sgdScalar(w[done:n], g[done:n], buf, a)
+	}
+}
+
+// runAdagrad is runAdam for Adagrad.
+func (k *kernel) runAdagrad(w, g, s []float32, a *adagradArgs) {
+	n := len(w)
+	g, s = g[:n], s[:n]
+	done := 0
+	if k.adagrad != nil && n >= k.lanes {
+		done = n - n%k.lanes
+		k.adagrad(&w[0], &g[0], &s[0], done, a.k, a.mode)
+	}
+	if done < n {
+		adagradScalar(w[done:n], g[done:n], s[done:n], a)
+	}
+}
+
+// runLion is runAdam for Lion.
+func (k *kernel) runLion(w, g, m []float32, a *lionArgs) {
+	n := len(w)
+	g, m = g[:n], m[:n]
+	done := 0
+	if k.lion != nil && n >= k.lanes {
+		done = n - n%k.lanes
+		k.lion(&w[0], &g[0], &m[0], done, a.k, a.mode)
+	}
+	if done < n {
+		lionScalar(w[done:n], g[done:n], m[done:n], a)
+	}
+}
+
+// ruleArgs are the constants of one step of any rule: the rule and its
+// arguments, computed once per step (or per sub-group) and shared by
+// every chunk of a split update.
+type ruleArgs struct {
+	rule    Rule
+	adam    adamArgs
+	sgd     sgdArgs
+	adagrad adagradArgs
+	lion    lionArgs
+}
+
+// newRuleArgs computes the constants of step number step (1-based) of h's
+// rule with h taken as it is (no defaults filled).
+func newRuleArgs(step int, h Hyper) ruleArgs {
+	a := ruleArgs{rule: h.Rule}
+	switch h.Rule {
+	case RuleSGD:
+		a.sgd = newSGDArgs(step, h)
+	case RuleAdagrad:
+		a.adagrad = newAdagradArgs(step, h)
+	case RuleLion:
+		a.lion = newLionArgs(h)
+	default:
+		a.adam = newAdamArgsExact(step, h)
+	}
+	return a
+}
+
+// run updates w and the states st with gradients g on k: elements
+// [0, len(w)) of each, whose lengths the caller checked.
+func (k *kernel) run(w, g []float32, st [][]float32, a *ruleArgs) {
+	switch a.rule {
+	case RuleSGD:
+		var buf []float32
+		if len(st) > 0 {
+			buf = st[0]
+		}
+		k.runSGD(w, g, buf, &a.sgd)
+	case RuleAdagrad:
+		k.runAdagrad(w, g, st[0], &a.adagrad)
+	case RuleLion:
+		k.runLion(w, g, st[0], &a.lion)
+	default:
+		n := len(w)
+		k.runAdam(w, g[:n], st[0][:n], st[1][:n], &a.adam)
 	}
 }
 
@@ -174,16 +303,19 @@ const minChunk = 1 << 16
 // by its whole share.
 const chunksPerWorker = 4
 
-// adamSplit updates p, g, m, v on up to workers goroutines (this one
-// included), which take chunks of at least minChunk elements (whole cache
-// lines, so no two write one line) until none is left. Elements are
-// independent, so the bits are those of one call over the whole range.
-func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
-	n := len(p)
-	g, m, v = g[:n], m[:n], v[:n]
-	w := min(workers, n/minChunk)
+// splitWorkers is how many goroutines split runs an update of n elements
+// on: at most workers, and no more than there are chunks of minChunk.
+func splitWorkers(n, workers int) int { return min(workers, n/minChunk) }
+
+// split calls f on chunks [lo, hi) covering [0, n) on splitWorkers(n,
+// workers) goroutines (this one included), which take chunks of at least
+// minChunk elements (whole cache lines, so no two write one line) until
+// none is left, and returns when every call has. Callers run an update
+// that needs one goroutine themselves, without the closure split takes.
+func split(n, workers int, f func(lo, hi int)) {
+	w := splitWorkers(n, workers)
 	if w <= 1 {
-		k.runAdam(p, g, m, v, a)
+		f(0, n)
 		return
 	}
 	chunk := max(minChunk, (n/(w*chunksPerWorker)+15)&^15)
@@ -195,8 +327,7 @@ func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
 			if c >= chunks {
 				return
 			}
-			lo, hi := c*chunk, min((c+1)*chunk, n)
-			k.runAdam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a)
+			f(c*chunk, min((c+1)*chunk, n))
 		}
 	}
 	var wg sync.WaitGroup
@@ -205,4 +336,41 @@ func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
 	}
 	run()
 	wg.Wait()
+}
+
+// adamSplit updates p, g, m, v on up to workers goroutines (split).
+// Elements are independent, so the bits are those of one call over the
+// whole range.
+func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
+	n := len(p)
+	g, m, v = g[:n], m[:n], v[:n]
+	if splitWorkers(n, workers) <= 1 {
+		k.runAdam(p, g, m, v, a)
+		return
+	}
+	split(n, workers, func(lo, hi int) {
+		k.runAdam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a)
+	})
+}
+
+// updateSplit is one step (number step) of h's rule, taken as it is, on
+// w, g and the states st (each at least len(w) long) on up to workers
+// goroutines (split): the bits are those of one call over the whole range.
+func (k *kernel) updateSplit(w, g []float32, st [][]float32, step int, h Hyper, workers int) {
+	n := len(w)
+	g = g[:n]
+	if splitWorkers(n, workers) <= 1 {
+		a := newRuleArgs(step, h)
+		k.run(w, g, st, &a)
+		return
+	}
+	a := newRuleArgs(step, h)
+	split(n, workers, func(lo, hi int) {
+		var part [MaxArrays][]float32
+		ps := part[:len(st)]
+		for j := range ps {
+			ps[j] = st[j][lo:hi]
+		}
+		k.run(w[lo:hi], g[lo:hi], ps, &a)
+	})
 }

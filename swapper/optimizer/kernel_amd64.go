@@ -8,9 +8,9 @@ import "golang.org/x/sys/cpu"
 // when the operating system also saves its registers.
 func init() {
 	if cpu.X86.HasAVX512F {
-		simdKernels = append(simdKernels, &kernel{name: KernelAVX512, lanes: 16, adam: adamAVX512})
+		simdKernels = append(simdKernels, &kernel{name: KernelAVX512, lanes: 16, adam: adamAVX512, sgd: sgdAVX512, adagrad: adagradAVX512, lion: lionAVX512})
 	}
 	if cpu.X86.HasAVX2 {
-		simdKernels = append(simdKernels, &kernel{name: KernelAVX2, lanes: 8, adam: adamAVX2})
+		simdKernels = append(simdKernels, &kernel{name: KernelAVX2, lanes: 8, adam: adamAVX2, sgd: sgdAVX2, adagrad: adagradAVX2, lion: lionAVX2})
 	}
 }

@@ -4,43 +4,42 @@
 
 #include "textflag.h"
 
-// func adamAVX2(p *float32, grad *float32, m *float32, v *float32, n int, args *[9]float32, mode int)
+// func adamAVX2(p *float32, grad *float32, m *float32, v *float32, n int, args [9]float32, mode int)
 // Requires: AVX
-TEXT ·adamAVX2(SB), NOSPLIT, $0-56
+TEXT ·adamAVX2(SB), NOSPLIT, $0-88
 	MOVQ p+0(FP), AX
 	MOVQ grad+8(FP), CX
 	MOVQ m+16(FP), DX
 	MOVQ v+24(FP), BX
 	MOVQ n+32(FP), SI
-	MOVQ args+40(FP), DI
-	MOVQ mode+48(FP), R8
+	MOVQ mode+80(FP), DI
 
 	// n becomes the byte length; i is the byte offset of the next vector.
 	SHLQ $0x02, SI
-	XORQ R9, R9
+	XORQ R8, R8
 
 	// Broadcast the per-step constants.
-	VBROADCASTSS (DI), Y0
-	VBROADCASTSS 4(DI), Y1
-	VBROADCASTSS 8(DI), Y2
-	VBROADCASTSS 12(DI), Y3
-	VBROADCASTSS 16(DI), Y4
-	VBROADCASTSS 20(DI), Y5
-	VBROADCASTSS 24(DI), Y6
-	CMPQ         R8, $0x01
+	VBROADCASTSS args_0+40(FP), Y0
+	VBROADCASTSS args_1+44(FP), Y1
+	VBROADCASTSS args_2+48(FP), Y2
+	VBROADCASTSS args_3+52(FP), Y3
+	VBROADCASTSS args_4+56(FP), Y4
+	VBROADCASTSS args_5+60(FP), Y5
+	VBROADCASTSS args_6+64(FP), Y6
+	CMPQ         DI, $0x01
 	JEQ          adamAVX2_l2
-	CMPQ         R8, $0x02
+	CMPQ         DI, $0x02
 	JEQ          adamAVX2_adamw
 
 adamAVX2_plain_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX2_plain_done
-	VMOVUPS (AX)(R9*1), Y7
-	VMOVUPS (CX)(R9*1), Y8
-	VMULPS  (DX)(R9*1), Y0, Y9
+	VMOVUPS (AX)(R8*1), Y7
+	VMOVUPS (CX)(R8*1), Y8
+	VMULPS  (DX)(R8*1), Y0, Y9
 	VMULPS  Y1, Y8, Y11
 	VADDPS  Y9, Y11, Y9
-	VMULPS  (BX)(R9*1), Y2, Y10
+	VMULPS  (BX)(R8*1), Y2, Y10
 	VMULPS  Y3, Y8, Y11
 	VMULPS  Y11, Y8, Y11
 	VADDPS  Y10, Y11, Y10
@@ -50,10 +49,10 @@ adamAVX2_plain_single:
 	VDIVPS  Y11, Y9, Y8
 	VMULPS  Y6, Y8, Y8
 	VSUBPS  Y8, Y7, Y7
-	VMOVUPS Y7, (AX)(R9*1)
-	VMOVUPS Y9, (DX)(R9*1)
-	VMOVUPS Y10, (BX)(R9*1)
-	ADDQ    $0x00000020, R9
+	VMOVUPS Y7, (AX)(R8*1)
+	VMOVUPS Y9, (DX)(R8*1)
+	VMOVUPS Y10, (BX)(R8*1)
+	ADDQ    $0x00000020, R8
 	JMP     adamAVX2_plain_single
 
 adamAVX2_plain_done:
@@ -61,19 +60,19 @@ adamAVX2_plain_done:
 	RET
 
 adamAVX2_l2:
-	VBROADCASTSS 28(DI), Y7
+	VBROADCASTSS args_7+68(FP), Y7
 
 adamAVX2_l2_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX2_l2_done
-	VMOVUPS (AX)(R9*1), Y8
-	VMOVUPS (CX)(R9*1), Y9
+	VMOVUPS (AX)(R8*1), Y8
+	VMOVUPS (CX)(R8*1), Y9
 	VMULPS  Y8, Y7, Y12
 	VADDPS  Y12, Y9, Y9
-	VMULPS  (DX)(R9*1), Y0, Y10
+	VMULPS  (DX)(R8*1), Y0, Y10
 	VMULPS  Y1, Y9, Y12
 	VADDPS  Y10, Y12, Y10
-	VMULPS  (BX)(R9*1), Y2, Y11
+	VMULPS  (BX)(R8*1), Y2, Y11
 	VMULPS  Y3, Y9, Y12
 	VMULPS  Y12, Y9, Y12
 	VADDPS  Y11, Y12, Y11
@@ -83,10 +82,10 @@ adamAVX2_l2_single:
 	VDIVPS  Y12, Y10, Y9
 	VMULPS  Y6, Y9, Y9
 	VSUBPS  Y9, Y8, Y8
-	VMOVUPS Y8, (AX)(R9*1)
-	VMOVUPS Y10, (DX)(R9*1)
-	VMOVUPS Y11, (BX)(R9*1)
-	ADDQ    $0x00000020, R9
+	VMOVUPS Y8, (AX)(R8*1)
+	VMOVUPS Y10, (DX)(R8*1)
+	VMOVUPS Y11, (BX)(R8*1)
+	ADDQ    $0x00000020, R8
 	JMP     adamAVX2_l2_single
 
 adamAVX2_l2_done:
@@ -94,18 +93,18 @@ adamAVX2_l2_done:
 	RET
 
 adamAVX2_adamw:
-	VBROADCASTSS 32(DI), Y7
+	VBROADCASTSS args_8+72(FP), Y7
 
 adamAVX2_adamw_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX2_adamw_done
-	VMOVUPS (AX)(R9*1), Y8
-	VMOVUPS (CX)(R9*1), Y9
+	VMOVUPS (AX)(R8*1), Y8
+	VMOVUPS (CX)(R8*1), Y9
 	VMULPS  Y7, Y8, Y8
-	VMULPS  (DX)(R9*1), Y0, Y10
+	VMULPS  (DX)(R8*1), Y0, Y10
 	VMULPS  Y1, Y9, Y12
 	VADDPS  Y10, Y12, Y10
-	VMULPS  (BX)(R9*1), Y2, Y11
+	VMULPS  (BX)(R8*1), Y2, Y11
 	VMULPS  Y3, Y9, Y12
 	VMULPS  Y12, Y9, Y12
 	VADDPS  Y11, Y12, Y11
@@ -115,42 +114,41 @@ adamAVX2_adamw_single:
 	VDIVPS  Y12, Y10, Y9
 	VMULPS  Y6, Y9, Y9
 	VSUBPS  Y9, Y8, Y8
-	VMOVUPS Y8, (AX)(R9*1)
-	VMOVUPS Y10, (DX)(R9*1)
-	VMOVUPS Y11, (BX)(R9*1)
-	ADDQ    $0x00000020, R9
+	VMOVUPS Y8, (AX)(R8*1)
+	VMOVUPS Y10, (DX)(R8*1)
+	VMOVUPS Y11, (BX)(R8*1)
+	ADDQ    $0x00000020, R8
 	JMP     adamAVX2_adamw_single
 
 adamAVX2_adamw_done:
 	VZEROUPPER
 	RET
 
-// func adamAVX512(p *float32, grad *float32, m *float32, v *float32, n int, args *[9]float32, mode int)
+// func adamAVX512(p *float32, grad *float32, m *float32, v *float32, n int, args [9]float32, mode int)
 // Requires: AVX, AVX512F
-TEXT ·adamAVX512(SB), NOSPLIT, $0-56
+TEXT ·adamAVX512(SB), NOSPLIT, $0-88
 	MOVQ p+0(FP), AX
 	MOVQ grad+8(FP), CX
 	MOVQ m+16(FP), DX
 	MOVQ v+24(FP), BX
 	MOVQ n+32(FP), SI
-	MOVQ args+40(FP), DI
-	MOVQ mode+48(FP), R8
+	MOVQ mode+80(FP), DI
 
 	// n becomes the byte length; i is the byte offset of the next vector.
 	SHLQ $0x02, SI
-	XORQ R9, R9
+	XORQ R8, R8
 
 	// Broadcast the per-step constants.
-	VBROADCASTSS (DI), Z0
-	VBROADCASTSS 4(DI), Z1
-	VBROADCASTSS 8(DI), Z2
-	VBROADCASTSS 12(DI), Z3
-	VBROADCASTSS 16(DI), Z4
-	VBROADCASTSS 20(DI), Z5
-	VBROADCASTSS 24(DI), Z6
-	CMPQ         R8, $0x01
+	VBROADCASTSS args_0+40(FP), Z0
+	VBROADCASTSS args_1+44(FP), Z1
+	VBROADCASTSS args_2+48(FP), Z2
+	VBROADCASTSS args_3+52(FP), Z3
+	VBROADCASTSS args_4+56(FP), Z4
+	VBROADCASTSS args_5+60(FP), Z5
+	VBROADCASTSS args_6+64(FP), Z6
+	CMPQ         DI, $0x01
 	JEQ          adamAVX512_l2
-	CMPQ         R8, $0x02
+	CMPQ         DI, $0x02
 	JEQ          adamAVX512_adamw
 
 	// 2 vectors per iteration while a whole block is left.
@@ -158,14 +156,14 @@ TEXT ·adamAVX512(SB), NOSPLIT, $0-56
 	SUBQ $0x00000080, DI
 
 adamAVX512_plain_block:
-	CMPQ    R9, DI
+	CMPQ    R8, DI
 	JG      adamAVX512_plain_single
-	VMOVUPS (AX)(R9*1), Z7
-	VMOVUPS (CX)(R9*1), Z8
-	VMULPS  (DX)(R9*1), Z0, Z9
+	VMOVUPS (AX)(R8*1), Z7
+	VMOVUPS (CX)(R8*1), Z8
+	VMULPS  (DX)(R8*1), Z0, Z9
 	VMULPS  Z1, Z8, Z11
 	VADDPS  Z9, Z11, Z9
-	VMULPS  (BX)(R9*1), Z2, Z10
+	VMULPS  (BX)(R8*1), Z2, Z10
 	VMULPS  Z3, Z8, Z11
 	VMULPS  Z11, Z8, Z11
 	VADDPS  Z10, Z11, Z10
@@ -175,15 +173,15 @@ adamAVX512_plain_block:
 	VDIVPS  Z11, Z9, Z8
 	VMULPS  Z6, Z8, Z8
 	VSUBPS  Z8, Z7, Z7
-	VMOVUPS Z7, (AX)(R9*1)
-	VMOVUPS Z9, (DX)(R9*1)
-	VMOVUPS Z10, (BX)(R9*1)
-	VMOVUPS 64(AX)(R9*1), Z7
-	VMOVUPS 64(CX)(R9*1), Z8
-	VMULPS  64(DX)(R9*1), Z0, Z9
+	VMOVUPS Z7, (AX)(R8*1)
+	VMOVUPS Z9, (DX)(R8*1)
+	VMOVUPS Z10, (BX)(R8*1)
+	VMOVUPS 64(AX)(R8*1), Z7
+	VMOVUPS 64(CX)(R8*1), Z8
+	VMULPS  64(DX)(R8*1), Z0, Z9
 	VMULPS  Z1, Z8, Z11
 	VADDPS  Z9, Z11, Z9
-	VMULPS  64(BX)(R9*1), Z2, Z10
+	VMULPS  64(BX)(R8*1), Z2, Z10
 	VMULPS  Z3, Z8, Z11
 	VMULPS  Z11, Z8, Z11
 	VADDPS  Z10, Z11, Z10
@@ -193,21 +191,21 @@ adamAVX512_plain_block:
 	VDIVPS  Z11, Z9, Z8
 	VMULPS  Z6, Z8, Z8
 	VSUBPS  Z8, Z7, Z7
-	VMOVUPS Z7, 64(AX)(R9*1)
-	VMOVUPS Z9, 64(DX)(R9*1)
-	VMOVUPS Z10, 64(BX)(R9*1)
-	ADDQ    $0x00000080, R9
+	VMOVUPS Z7, 64(AX)(R8*1)
+	VMOVUPS Z9, 64(DX)(R8*1)
+	VMOVUPS Z10, 64(BX)(R8*1)
+	ADDQ    $0x00000080, R8
 	JMP     adamAVX512_plain_block
 
 adamAVX512_plain_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX512_plain_done
-	VMOVUPS (AX)(R9*1), Z7
-	VMOVUPS (CX)(R9*1), Z8
-	VMULPS  (DX)(R9*1), Z0, Z9
+	VMOVUPS (AX)(R8*1), Z7
+	VMOVUPS (CX)(R8*1), Z8
+	VMULPS  (DX)(R8*1), Z0, Z9
 	VMULPS  Z1, Z8, Z11
 	VADDPS  Z9, Z11, Z9
-	VMULPS  (BX)(R9*1), Z2, Z10
+	VMULPS  (BX)(R8*1), Z2, Z10
 	VMULPS  Z3, Z8, Z11
 	VMULPS  Z11, Z8, Z11
 	VADDPS  Z10, Z11, Z10
@@ -217,10 +215,10 @@ adamAVX512_plain_single:
 	VDIVPS  Z11, Z9, Z8
 	VMULPS  Z6, Z8, Z8
 	VSUBPS  Z8, Z7, Z7
-	VMOVUPS Z7, (AX)(R9*1)
-	VMOVUPS Z9, (DX)(R9*1)
-	VMOVUPS Z10, (BX)(R9*1)
-	ADDQ    $0x00000040, R9
+	VMOVUPS Z7, (AX)(R8*1)
+	VMOVUPS Z9, (DX)(R8*1)
+	VMOVUPS Z10, (BX)(R8*1)
+	ADDQ    $0x00000040, R8
 	JMP     adamAVX512_plain_single
 
 adamAVX512_plain_done:
@@ -228,23 +226,23 @@ adamAVX512_plain_done:
 	RET
 
 adamAVX512_l2:
-	VBROADCASTSS 28(DI), Z7
+	VBROADCASTSS args_7+68(FP), Z7
 
 	// 2 vectors per iteration while a whole block is left.
 	MOVQ SI, DI
 	SUBQ $0x00000080, DI
 
 adamAVX512_l2_block:
-	CMPQ    R9, DI
+	CMPQ    R8, DI
 	JG      adamAVX512_l2_single
-	VMOVUPS (AX)(R9*1), Z8
-	VMOVUPS (CX)(R9*1), Z9
+	VMOVUPS (AX)(R8*1), Z8
+	VMOVUPS (CX)(R8*1), Z9
 	VMULPS  Z8, Z7, Z12
 	VADDPS  Z12, Z9, Z9
-	VMULPS  (DX)(R9*1), Z0, Z10
+	VMULPS  (DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  (BX)(R9*1), Z2, Z11
+	VMULPS  (BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -254,17 +252,17 @@ adamAVX512_l2_block:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, (AX)(R9*1)
-	VMOVUPS Z10, (DX)(R9*1)
-	VMOVUPS Z11, (BX)(R9*1)
-	VMOVUPS 64(AX)(R9*1), Z8
-	VMOVUPS 64(CX)(R9*1), Z9
+	VMOVUPS Z8, (AX)(R8*1)
+	VMOVUPS Z10, (DX)(R8*1)
+	VMOVUPS Z11, (BX)(R8*1)
+	VMOVUPS 64(AX)(R8*1), Z8
+	VMOVUPS 64(CX)(R8*1), Z9
 	VMULPS  Z8, Z7, Z12
 	VADDPS  Z12, Z9, Z9
-	VMULPS  64(DX)(R9*1), Z0, Z10
+	VMULPS  64(DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  64(BX)(R9*1), Z2, Z11
+	VMULPS  64(BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -274,23 +272,23 @@ adamAVX512_l2_block:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, 64(AX)(R9*1)
-	VMOVUPS Z10, 64(DX)(R9*1)
-	VMOVUPS Z11, 64(BX)(R9*1)
-	ADDQ    $0x00000080, R9
+	VMOVUPS Z8, 64(AX)(R8*1)
+	VMOVUPS Z10, 64(DX)(R8*1)
+	VMOVUPS Z11, 64(BX)(R8*1)
+	ADDQ    $0x00000080, R8
 	JMP     adamAVX512_l2_block
 
 adamAVX512_l2_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX512_l2_done
-	VMOVUPS (AX)(R9*1), Z8
-	VMOVUPS (CX)(R9*1), Z9
+	VMOVUPS (AX)(R8*1), Z8
+	VMOVUPS (CX)(R8*1), Z9
 	VMULPS  Z8, Z7, Z12
 	VADDPS  Z12, Z9, Z9
-	VMULPS  (DX)(R9*1), Z0, Z10
+	VMULPS  (DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  (BX)(R9*1), Z2, Z11
+	VMULPS  (BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -300,10 +298,10 @@ adamAVX512_l2_single:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, (AX)(R9*1)
-	VMOVUPS Z10, (DX)(R9*1)
-	VMOVUPS Z11, (BX)(R9*1)
-	ADDQ    $0x00000040, R9
+	VMOVUPS Z8, (AX)(R8*1)
+	VMOVUPS Z10, (DX)(R8*1)
+	VMOVUPS Z11, (BX)(R8*1)
+	ADDQ    $0x00000040, R8
 	JMP     adamAVX512_l2_single
 
 adamAVX512_l2_done:
@@ -311,22 +309,22 @@ adamAVX512_l2_done:
 	RET
 
 adamAVX512_adamw:
-	VBROADCASTSS 32(DI), Z7
+	VBROADCASTSS args_8+72(FP), Z7
 
 	// 2 vectors per iteration while a whole block is left.
 	MOVQ SI, DI
 	SUBQ $0x00000080, DI
 
 adamAVX512_adamw_block:
-	CMPQ    R9, DI
+	CMPQ    R8, DI
 	JG      adamAVX512_adamw_single
-	VMOVUPS (AX)(R9*1), Z8
-	VMOVUPS (CX)(R9*1), Z9
+	VMOVUPS (AX)(R8*1), Z8
+	VMOVUPS (CX)(R8*1), Z9
 	VMULPS  Z7, Z8, Z8
-	VMULPS  (DX)(R9*1), Z0, Z10
+	VMULPS  (DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  (BX)(R9*1), Z2, Z11
+	VMULPS  (BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -336,16 +334,16 @@ adamAVX512_adamw_block:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, (AX)(R9*1)
-	VMOVUPS Z10, (DX)(R9*1)
-	VMOVUPS Z11, (BX)(R9*1)
-	VMOVUPS 64(AX)(R9*1), Z8
-	VMOVUPS 64(CX)(R9*1), Z9
+	VMOVUPS Z8, (AX)(R8*1)
+	VMOVUPS Z10, (DX)(R8*1)
+	VMOVUPS Z11, (BX)(R8*1)
+	VMOVUPS 64(AX)(R8*1), Z8
+	VMOVUPS 64(CX)(R8*1), Z9
 	VMULPS  Z7, Z8, Z8
-	VMULPS  64(DX)(R9*1), Z0, Z10
+	VMULPS  64(DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  64(BX)(R9*1), Z2, Z11
+	VMULPS  64(BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -355,22 +353,22 @@ adamAVX512_adamw_block:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, 64(AX)(R9*1)
-	VMOVUPS Z10, 64(DX)(R9*1)
-	VMOVUPS Z11, 64(BX)(R9*1)
-	ADDQ    $0x00000080, R9
+	VMOVUPS Z8, 64(AX)(R8*1)
+	VMOVUPS Z10, 64(DX)(R8*1)
+	VMOVUPS Z11, 64(BX)(R8*1)
+	ADDQ    $0x00000080, R8
 	JMP     adamAVX512_adamw_block
 
 adamAVX512_adamw_single:
-	CMPQ    R9, SI
+	CMPQ    R8, SI
 	JGE     adamAVX512_adamw_done
-	VMOVUPS (AX)(R9*1), Z8
-	VMOVUPS (CX)(R9*1), Z9
+	VMOVUPS (AX)(R8*1), Z8
+	VMOVUPS (CX)(R8*1), Z9
 	VMULPS  Z7, Z8, Z8
-	VMULPS  (DX)(R9*1), Z0, Z10
+	VMULPS  (DX)(R8*1), Z0, Z10
 	VMULPS  Z1, Z9, Z12
 	VADDPS  Z10, Z12, Z10
-	VMULPS  (BX)(R9*1), Z2, Z11
+	VMULPS  (BX)(R8*1), Z2, Z11
 	VMULPS  Z3, Z9, Z12
 	VMULPS  Z12, Z9, Z12
 	VADDPS  Z11, Z12, Z11
@@ -380,12 +378,1768 @@ adamAVX512_adamw_single:
 	VDIVPS  Z12, Z10, Z9
 	VMULPS  Z6, Z9, Z9
 	VSUBPS  Z9, Z8, Z8
-	VMOVUPS Z8, (AX)(R9*1)
-	VMOVUPS Z10, (DX)(R9*1)
-	VMOVUPS Z11, (BX)(R9*1)
-	ADDQ    $0x00000040, R9
+	VMOVUPS Z8, (AX)(R8*1)
+	VMOVUPS Z10, (DX)(R8*1)
+	VMOVUPS Z11, (BX)(R8*1)
+	ADDQ    $0x00000040, R8
 	JMP     adamAVX512_adamw_single
 
 adamAVX512_adamw_done:
+	VZEROUPPER
+	RET
+
+// func sgdAVX2(w *float32, grad *float32, buf *float32, n int, args [4]float32, mode int)
+// Requires: AVX
+TEXT ·sgdAVX2(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ buf+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+48(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x02
+	JEQ  sgdAVX2_mode2
+	CMPQ SI, $0x06
+	JEQ  sgdAVX2_mode6
+	CMPQ SI, $0x0a
+	JEQ  sgdAVX2_mode10
+	CMPQ SI, $0x0e
+	JEQ  sgdAVX2_mode14
+	CMPQ SI, $0x01
+	JEQ  sgdAVX2_mode1
+	CMPQ SI, $0x03
+	JEQ  sgdAVX2_mode3
+	CMPQ SI, $0x07
+	JEQ  sgdAVX2_mode7
+	CMPQ SI, $0x0b
+	JEQ  sgdAVX2_mode11
+	CMPQ SI, $0x0f
+	JEQ  sgdAVX2_mode15
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, DX
+	SUBQ $0x00000040, DX
+
+sgdAVX2_mode0_block:
+	CMPQ    DI, DX
+	JG      sgdAVX2_mode0_single
+	VMOVUPS (AX)(DI*1), Y1
+	VMOVUPS (CX)(DI*1), Y2
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y1
+	VMOVUPS 32(CX)(DI*1), Y2
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode0_block
+
+sgdAVX2_mode0_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode0_done
+	VMOVUPS (AX)(DI*1), Y1
+	VMOVUPS (CX)(DI*1), Y2
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode0_single
+
+sgdAVX2_mode0_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode2:
+	// Mode 0x2: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode2_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode2_single
+	VMOVUPS (AX)(DI*1), Y1
+	VMOVUPS (CX)(DI*1), Y2
+	VMOVUPS Y2, (DX)(DI*1)
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y1
+	VMOVUPS 32(CX)(DI*1), Y2
+	VMOVUPS Y2, 32(DX)(DI*1)
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode2_block
+
+sgdAVX2_mode2_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode2_done
+	VMOVUPS (AX)(DI*1), Y1
+	VMOVUPS (CX)(DI*1), Y2
+	VMOVUPS Y2, (DX)(DI*1)
+	VMULPS  Y0, Y2, Y2
+	VSUBPS  Y2, Y1, Y1
+	VMOVUPS Y1, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode2_single
+
+sgdAVX2_mode2_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode6:
+	// Mode 0x6: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_2+40(FP), Y1
+	VBROADCASTSS args_3+44(FP), Y2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode6_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode6_single
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  (DX)(DI*1), Y1, Y5
+	VMULPS  Y2, Y4, Y4
+	VADDPS  Y4, Y5, Y5
+	VMOVUPS Y5, (DX)(DI*1)
+	VMULPS  Y0, Y5, Y4
+	VSUBPS  Y4, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y3
+	VMOVUPS 32(CX)(DI*1), Y4
+	VMULPS  32(DX)(DI*1), Y1, Y5
+	VMULPS  Y2, Y4, Y4
+	VADDPS  Y4, Y5, Y5
+	VMOVUPS Y5, 32(DX)(DI*1)
+	VMULPS  Y0, Y5, Y4
+	VSUBPS  Y4, Y3, Y3
+	VMOVUPS Y3, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode6_block
+
+sgdAVX2_mode6_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode6_done
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  (DX)(DI*1), Y1, Y5
+	VMULPS  Y2, Y4, Y4
+	VADDPS  Y4, Y5, Y5
+	VMOVUPS Y5, (DX)(DI*1)
+	VMULPS  Y0, Y5, Y4
+	VSUBPS  Y4, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode6_single
+
+sgdAVX2_mode6_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode10:
+	// Mode 0xa: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_2+40(FP), Y1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode10_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode10_single
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMOVUPS Y3, (DX)(DI*1)
+	VMULPS  Y1, Y3, Y4
+	VADDPS  Y3, Y4, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y2
+	VMOVUPS 32(CX)(DI*1), Y3
+	VMOVUPS Y3, 32(DX)(DI*1)
+	VMULPS  Y1, Y3, Y4
+	VADDPS  Y3, Y4, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode10_block
+
+sgdAVX2_mode10_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode10_done
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMOVUPS Y3, (DX)(DI*1)
+	VMULPS  Y1, Y3, Y4
+	VADDPS  Y3, Y4, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode10_single
+
+sgdAVX2_mode10_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode14:
+	// Mode 0xe: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_2+40(FP), Y1
+	VBROADCASTSS args_3+44(FP), Y2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode14_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode14_single
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  (DX)(DI*1), Y1, Y6
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y5, Y6, Y6
+	VMOVUPS Y6, (DX)(DI*1)
+	VMULPS  Y1, Y6, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y3
+	VMOVUPS 32(CX)(DI*1), Y4
+	VMULPS  32(DX)(DI*1), Y1, Y6
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y5, Y6, Y6
+	VMOVUPS Y6, 32(DX)(DI*1)
+	VMULPS  Y1, Y6, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode14_block
+
+sgdAVX2_mode14_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode14_done
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  (DX)(DI*1), Y1, Y6
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y5, Y6, Y6
+	VMOVUPS Y6, (DX)(DI*1)
+	VMULPS  Y1, Y6, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode14_single
+
+sgdAVX2_mode14_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, DX
+	SUBQ $0x00000040, DX
+
+sgdAVX2_mode1_block:
+	CMPQ    DI, DX
+	JG      sgdAVX2_mode1_single
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y2
+	VMOVUPS 32(CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode1_block
+
+sgdAVX2_mode1_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode1_done
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode1_single
+
+sgdAVX2_mode1_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode3:
+	// Mode 0x3: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode3_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode3_single
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMOVUPS Y3, (DX)(DI*1)
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y2
+	VMOVUPS 32(CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMOVUPS Y3, 32(DX)(DI*1)
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode3_block
+
+sgdAVX2_mode3_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode3_done
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y2, Y1, Y4
+	VADDPS  Y4, Y3, Y3
+	VMOVUPS Y3, (DX)(DI*1)
+	VMULPS  Y0, Y3, Y4
+	VSUBPS  Y4, Y2, Y2
+	VMOVUPS Y2, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode3_single
+
+sgdAVX2_mode3_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode7:
+	// Mode 0x7: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+	VBROADCASTSS args_2+40(FP), Y2
+	VBROADCASTSS args_3+44(FP), Y3
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode7_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode7_single
+	VMOVUPS (AX)(DI*1), Y4
+	VMOVUPS (CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  (DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, (DX)(DI*1)
+	VMULPS  Y0, Y7, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y4
+	VMOVUPS 32(CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  32(DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, 32(DX)(DI*1)
+	VMULPS  Y0, Y7, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode7_block
+
+sgdAVX2_mode7_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode7_done
+	VMOVUPS (AX)(DI*1), Y4
+	VMOVUPS (CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  (DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, (DX)(DI*1)
+	VMULPS  Y0, Y7, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode7_single
+
+sgdAVX2_mode7_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode11:
+	// Mode 0xb: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+	VBROADCASTSS args_2+40(FP), Y2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode11_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode11_single
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  Y3, Y1, Y5
+	VADDPS  Y5, Y4, Y4
+	VMOVUPS Y4, (DX)(DI*1)
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y3
+	VMOVUPS 32(CX)(DI*1), Y4
+	VMULPS  Y3, Y1, Y5
+	VADDPS  Y5, Y4, Y4
+	VMOVUPS Y4, 32(DX)(DI*1)
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode11_block
+
+sgdAVX2_mode11_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode11_done
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  Y3, Y1, Y5
+	VADDPS  Y5, Y4, Y4
+	VMOVUPS Y4, (DX)(DI*1)
+	VMULPS  Y2, Y4, Y5
+	VADDPS  Y4, Y5, Y4
+	VMULPS  Y0, Y4, Y5
+	VSUBPS  Y5, Y3, Y3
+	VMOVUPS Y3, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode11_single
+
+sgdAVX2_mode11_done:
+	VZEROUPPER
+	RET
+
+sgdAVX2_mode15:
+	// Mode 0xf: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+	VBROADCASTSS args_2+40(FP), Y2
+	VBROADCASTSS args_3+44(FP), Y3
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+sgdAVX2_mode15_block:
+	CMPQ    DI, SI
+	JG      sgdAVX2_mode15_single
+	VMOVUPS (AX)(DI*1), Y4
+	VMOVUPS (CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  (DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, (DX)(DI*1)
+	VMULPS  Y2, Y7, Y6
+	VADDPS  Y5, Y6, Y5
+	VMULPS  Y0, Y5, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y4
+	VMOVUPS 32(CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  32(DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, 32(DX)(DI*1)
+	VMULPS  Y2, Y7, Y6
+	VADDPS  Y5, Y6, Y5
+	VMULPS  Y0, Y5, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, 32(AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX2_mode15_block
+
+sgdAVX2_mode15_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX2_mode15_done
+	VMOVUPS (AX)(DI*1), Y4
+	VMOVUPS (CX)(DI*1), Y5
+	VMULPS  Y4, Y1, Y6
+	VADDPS  Y6, Y5, Y5
+	VMULPS  (DX)(DI*1), Y2, Y7
+	VMULPS  Y3, Y5, Y6
+	VADDPS  Y6, Y7, Y7
+	VMOVUPS Y7, (DX)(DI*1)
+	VMULPS  Y2, Y7, Y6
+	VADDPS  Y5, Y6, Y5
+	VMULPS  Y0, Y5, Y6
+	VSUBPS  Y6, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     sgdAVX2_mode15_single
+
+sgdAVX2_mode15_done:
+	VZEROUPPER
+	RET
+
+// func adagradAVX2(w *float32, grad *float32, s *float32, n int, args [3]float32, mode int)
+// Requires: AVX
+TEXT ·adagradAVX2(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ s+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+48(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x01
+	JEQ  adagradAVX2_mode1
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_2+40(FP), Y1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+adagradAVX2_mode0_block:
+	CMPQ    DI, SI
+	JG      adagradAVX2_mode0_single
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y3, Y3, Y4
+	VADDPS  (DX)(DI*1), Y4, Y5
+	VSQRTPS Y5, Y6
+	VADDPS  Y1, Y6, Y6
+	VMULPS  Y0, Y3, Y4
+	VDIVPS  Y6, Y4, Y4
+	VADDPS  Y2, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	VMOVUPS Y5, (DX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y2
+	VMOVUPS 32(CX)(DI*1), Y3
+	VMULPS  Y3, Y3, Y4
+	VADDPS  32(DX)(DI*1), Y4, Y5
+	VSQRTPS Y5, Y6
+	VADDPS  Y1, Y6, Y6
+	VMULPS  Y0, Y3, Y4
+	VDIVPS  Y6, Y4, Y4
+	VADDPS  Y2, Y4, Y4
+	VMOVUPS Y4, 32(AX)(DI*1)
+	VMOVUPS Y5, 32(DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     adagradAVX2_mode0_block
+
+adagradAVX2_mode0_single:
+	CMPQ    DI, BX
+	JGE     adagradAVX2_mode0_done
+	VMOVUPS (AX)(DI*1), Y2
+	VMOVUPS (CX)(DI*1), Y3
+	VMULPS  Y3, Y3, Y4
+	VADDPS  (DX)(DI*1), Y4, Y5
+	VSQRTPS Y5, Y6
+	VADDPS  Y1, Y6, Y6
+	VMULPS  Y0, Y3, Y4
+	VDIVPS  Y6, Y4, Y4
+	VADDPS  Y2, Y4, Y4
+	VMOVUPS Y4, (AX)(DI*1)
+	VMOVUPS Y5, (DX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     adagradAVX2_mode0_single
+
+adagradAVX2_mode0_done:
+	VZEROUPPER
+	RET
+
+adagradAVX2_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_2+40(FP), Y1
+	VBROADCASTSS args_1+36(FP), Y2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+adagradAVX2_mode1_block:
+	CMPQ    DI, SI
+	JG      adagradAVX2_mode1_single
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  Y3, Y2, Y5
+	VADDPS  Y5, Y4, Y4
+	VMULPS  Y4, Y4, Y5
+	VADDPS  (DX)(DI*1), Y5, Y6
+	VSQRTPS Y6, Y7
+	VADDPS  Y1, Y7, Y7
+	VMULPS  Y0, Y4, Y5
+	VDIVPS  Y7, Y5, Y5
+	VADDPS  Y3, Y5, Y5
+	VMOVUPS Y5, (AX)(DI*1)
+	VMOVUPS Y6, (DX)(DI*1)
+	VMOVUPS 32(AX)(DI*1), Y3
+	VMOVUPS 32(CX)(DI*1), Y4
+	VMULPS  Y3, Y2, Y5
+	VADDPS  Y5, Y4, Y4
+	VMULPS  Y4, Y4, Y5
+	VADDPS  32(DX)(DI*1), Y5, Y6
+	VSQRTPS Y6, Y7
+	VADDPS  Y1, Y7, Y7
+	VMULPS  Y0, Y4, Y5
+	VDIVPS  Y7, Y5, Y5
+	VADDPS  Y3, Y5, Y5
+	VMOVUPS Y5, 32(AX)(DI*1)
+	VMOVUPS Y6, 32(DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     adagradAVX2_mode1_block
+
+adagradAVX2_mode1_single:
+	CMPQ    DI, BX
+	JGE     adagradAVX2_mode1_done
+	VMOVUPS (AX)(DI*1), Y3
+	VMOVUPS (CX)(DI*1), Y4
+	VMULPS  Y3, Y2, Y5
+	VADDPS  Y5, Y4, Y4
+	VMULPS  Y4, Y4, Y5
+	VADDPS  (DX)(DI*1), Y5, Y6
+	VSQRTPS Y6, Y7
+	VADDPS  Y1, Y7, Y7
+	VMULPS  Y0, Y4, Y5
+	VDIVPS  Y7, Y5, Y5
+	VADDPS  Y3, Y5, Y5
+	VMOVUPS Y5, (AX)(DI*1)
+	VMOVUPS Y6, (DX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     adagradAVX2_mode1_single
+
+adagradAVX2_mode1_done:
+	VZEROUPPER
+	RET
+
+// func lionAVX2(w *float32, grad *float32, m *float32, n int, args [8]float32, mode int)
+// Requires: AVX
+TEXT ·lionAVX2(SB), NOSPLIT, $0-72
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ m+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+64(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x01
+	JEQ  lionAVX2_mode1
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+	VBROADCASTSS args_2+40(FP), Y2
+	VBROADCASTSS args_3+44(FP), Y3
+	VBROADCASTSS args_4+48(FP), Y4
+	VBROADCASTSS args_6+56(FP), Y5
+	VBROADCASTSS args_7+60(FP), Y6
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+lionAVX2_mode0_block:
+	CMPQ    DI, SI
+	JG      lionAVX2_mode0_single
+	VMOVUPS (CX)(DI*1), Y7
+	VMOVUPS (DX)(DI*1), Y8
+	VMULPS  Y8, Y0, Y9
+	VMULPS  Y1, Y7, Y10
+	VADDPS  Y9, Y10, Y9
+	VMOVUPS (AX)(DI*1), Y10
+	VCMPPS  $0x0c, Y6, Y9, Y12
+	VANDPS  Y6, Y9, Y11
+	VORPS   Y5, Y11, Y11
+	VANDPS  Y12, Y11, Y11
+	VCMPPS  $0x03, Y9, Y9, Y12
+	VANDPS  Y9, Y12, Y12
+	VORPS   Y12, Y11, Y9
+	VMULPS  Y4, Y9, Y9
+	VSUBPS  Y9, Y10, Y10
+	VMOVUPS Y10, (AX)(DI*1)
+	VMULPS  Y8, Y2, Y8
+	VMULPS  Y3, Y7, Y10
+	VADDPS  Y8, Y10, Y8
+	VMOVUPS Y8, (DX)(DI*1)
+	VMOVUPS 32(CX)(DI*1), Y7
+	VMOVUPS 32(DX)(DI*1), Y8
+	VMULPS  Y8, Y0, Y9
+	VMULPS  Y1, Y7, Y10
+	VADDPS  Y9, Y10, Y9
+	VMOVUPS 32(AX)(DI*1), Y10
+	VCMPPS  $0x0c, Y6, Y9, Y12
+	VANDPS  Y6, Y9, Y11
+	VORPS   Y5, Y11, Y11
+	VANDPS  Y12, Y11, Y11
+	VCMPPS  $0x03, Y9, Y9, Y12
+	VANDPS  Y9, Y12, Y12
+	VORPS   Y12, Y11, Y9
+	VMULPS  Y4, Y9, Y9
+	VSUBPS  Y9, Y10, Y10
+	VMOVUPS Y10, 32(AX)(DI*1)
+	VMULPS  Y8, Y2, Y8
+	VMULPS  Y3, Y7, Y10
+	VADDPS  Y8, Y10, Y8
+	VMOVUPS Y8, 32(DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     lionAVX2_mode0_block
+
+lionAVX2_mode0_single:
+	CMPQ    DI, BX
+	JGE     lionAVX2_mode0_done
+	VMOVUPS (CX)(DI*1), Y7
+	VMOVUPS (DX)(DI*1), Y8
+	VMULPS  Y8, Y0, Y9
+	VMULPS  Y1, Y7, Y10
+	VADDPS  Y9, Y10, Y9
+	VMOVUPS (AX)(DI*1), Y10
+	VCMPPS  $0x0c, Y6, Y9, Y12
+	VANDPS  Y6, Y9, Y11
+	VORPS   Y5, Y11, Y11
+	VANDPS  Y12, Y11, Y11
+	VCMPPS  $0x03, Y9, Y9, Y12
+	VANDPS  Y9, Y12, Y12
+	VORPS   Y12, Y11, Y9
+	VMULPS  Y4, Y9, Y9
+	VSUBPS  Y9, Y10, Y10
+	VMOVUPS Y10, (AX)(DI*1)
+	VMULPS  Y8, Y2, Y8
+	VMULPS  Y3, Y7, Y10
+	VADDPS  Y8, Y10, Y8
+	VMOVUPS Y8, (DX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     lionAVX2_mode0_single
+
+lionAVX2_mode0_done:
+	VZEROUPPER
+	RET
+
+lionAVX2_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Y0
+	VBROADCASTSS args_1+36(FP), Y1
+	VBROADCASTSS args_2+40(FP), Y2
+	VBROADCASTSS args_3+44(FP), Y3
+	VBROADCASTSS args_4+48(FP), Y4
+	VBROADCASTSS args_6+56(FP), Y5
+	VBROADCASTSS args_7+60(FP), Y6
+	VBROADCASTSS args_5+52(FP), Y7
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000040, SI
+
+lionAVX2_mode1_block:
+	CMPQ    DI, SI
+	JG      lionAVX2_mode1_single
+	VMOVUPS (CX)(DI*1), Y8
+	VMOVUPS (DX)(DI*1), Y9
+	VMULPS  Y9, Y0, Y10
+	VMULPS  Y1, Y8, Y11
+	VADDPS  Y10, Y11, Y10
+	VMOVUPS (AX)(DI*1), Y11
+	VMULPS  Y7, Y11, Y11
+	VCMPPS  $0x0c, Y6, Y10, Y13
+	VANDPS  Y6, Y10, Y12
+	VORPS   Y5, Y12, Y12
+	VANDPS  Y13, Y12, Y12
+	VCMPPS  $0x03, Y10, Y10, Y13
+	VANDPS  Y10, Y13, Y13
+	VORPS   Y13, Y12, Y10
+	VMULPS  Y4, Y10, Y10
+	VSUBPS  Y10, Y11, Y11
+	VMOVUPS Y11, (AX)(DI*1)
+	VMULPS  Y9, Y2, Y9
+	VMULPS  Y3, Y8, Y11
+	VADDPS  Y9, Y11, Y9
+	VMOVUPS Y9, (DX)(DI*1)
+	VMOVUPS 32(CX)(DI*1), Y8
+	VMOVUPS 32(DX)(DI*1), Y9
+	VMULPS  Y9, Y0, Y10
+	VMULPS  Y1, Y8, Y11
+	VADDPS  Y10, Y11, Y10
+	VMOVUPS 32(AX)(DI*1), Y11
+	VMULPS  Y7, Y11, Y11
+	VCMPPS  $0x0c, Y6, Y10, Y13
+	VANDPS  Y6, Y10, Y12
+	VORPS   Y5, Y12, Y12
+	VANDPS  Y13, Y12, Y12
+	VCMPPS  $0x03, Y10, Y10, Y13
+	VANDPS  Y10, Y13, Y13
+	VORPS   Y13, Y12, Y10
+	VMULPS  Y4, Y10, Y10
+	VSUBPS  Y10, Y11, Y11
+	VMOVUPS Y11, 32(AX)(DI*1)
+	VMULPS  Y9, Y2, Y9
+	VMULPS  Y3, Y8, Y11
+	VADDPS  Y9, Y11, Y9
+	VMOVUPS Y9, 32(DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     lionAVX2_mode1_block
+
+lionAVX2_mode1_single:
+	CMPQ    DI, BX
+	JGE     lionAVX2_mode1_done
+	VMOVUPS (CX)(DI*1), Y8
+	VMOVUPS (DX)(DI*1), Y9
+	VMULPS  Y9, Y0, Y10
+	VMULPS  Y1, Y8, Y11
+	VADDPS  Y10, Y11, Y10
+	VMOVUPS (AX)(DI*1), Y11
+	VMULPS  Y7, Y11, Y11
+	VCMPPS  $0x0c, Y6, Y10, Y13
+	VANDPS  Y6, Y10, Y12
+	VORPS   Y5, Y12, Y12
+	VANDPS  Y13, Y12, Y12
+	VCMPPS  $0x03, Y10, Y10, Y13
+	VANDPS  Y10, Y13, Y13
+	VORPS   Y13, Y12, Y10
+	VMULPS  Y4, Y10, Y10
+	VSUBPS  Y10, Y11, Y11
+	VMOVUPS Y11, (AX)(DI*1)
+	VMULPS  Y9, Y2, Y9
+	VMULPS  Y3, Y8, Y11
+	VADDPS  Y9, Y11, Y9
+	VMOVUPS Y9, (DX)(DI*1)
+	ADDQ    $0x00000020, DI
+	JMP     lionAVX2_mode1_single
+
+lionAVX2_mode1_done:
+	VZEROUPPER
+	RET
+
+// func sgdAVX512(w *float32, grad *float32, buf *float32, n int, args [4]float32, mode int)
+// Requires: AVX, AVX512F
+TEXT ·sgdAVX512(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ buf+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+48(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x02
+	JEQ  sgdAVX512_mode2
+	CMPQ SI, $0x06
+	JEQ  sgdAVX512_mode6
+	CMPQ SI, $0x0a
+	JEQ  sgdAVX512_mode10
+	CMPQ SI, $0x0e
+	JEQ  sgdAVX512_mode14
+	CMPQ SI, $0x01
+	JEQ  sgdAVX512_mode1
+	CMPQ SI, $0x03
+	JEQ  sgdAVX512_mode3
+	CMPQ SI, $0x07
+	JEQ  sgdAVX512_mode7
+	CMPQ SI, $0x0b
+	JEQ  sgdAVX512_mode11
+	CMPQ SI, $0x0f
+	JEQ  sgdAVX512_mode15
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, DX
+	SUBQ $0x00000080, DX
+
+sgdAVX512_mode0_block:
+	CMPQ    DI, DX
+	JG      sgdAVX512_mode0_single
+	VMOVUPS (AX)(DI*1), Z1
+	VMOVUPS (CX)(DI*1), Z2
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z1
+	VMOVUPS 64(CX)(DI*1), Z2
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode0_block
+
+sgdAVX512_mode0_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode0_done
+	VMOVUPS (AX)(DI*1), Z1
+	VMOVUPS (CX)(DI*1), Z2
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode0_single
+
+sgdAVX512_mode0_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode2:
+	// Mode 0x2: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode2_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode2_single
+	VMOVUPS (AX)(DI*1), Z1
+	VMOVUPS (CX)(DI*1), Z2
+	VMOVUPS Z2, (DX)(DI*1)
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z1
+	VMOVUPS 64(CX)(DI*1), Z2
+	VMOVUPS Z2, 64(DX)(DI*1)
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode2_block
+
+sgdAVX512_mode2_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode2_done
+	VMOVUPS (AX)(DI*1), Z1
+	VMOVUPS (CX)(DI*1), Z2
+	VMOVUPS Z2, (DX)(DI*1)
+	VMULPS  Z0, Z2, Z2
+	VSUBPS  Z2, Z1, Z1
+	VMOVUPS Z1, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode2_single
+
+sgdAVX512_mode2_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode6:
+	// Mode 0x6: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_2+40(FP), Z1
+	VBROADCASTSS args_3+44(FP), Z2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode6_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode6_single
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  (DX)(DI*1), Z1, Z5
+	VMULPS  Z2, Z4, Z4
+	VADDPS  Z4, Z5, Z5
+	VMOVUPS Z5, (DX)(DI*1)
+	VMULPS  Z0, Z5, Z4
+	VSUBPS  Z4, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z3
+	VMOVUPS 64(CX)(DI*1), Z4
+	VMULPS  64(DX)(DI*1), Z1, Z5
+	VMULPS  Z2, Z4, Z4
+	VADDPS  Z4, Z5, Z5
+	VMOVUPS Z5, 64(DX)(DI*1)
+	VMULPS  Z0, Z5, Z4
+	VSUBPS  Z4, Z3, Z3
+	VMOVUPS Z3, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode6_block
+
+sgdAVX512_mode6_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode6_done
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  (DX)(DI*1), Z1, Z5
+	VMULPS  Z2, Z4, Z4
+	VADDPS  Z4, Z5, Z5
+	VMOVUPS Z5, (DX)(DI*1)
+	VMULPS  Z0, Z5, Z4
+	VSUBPS  Z4, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode6_single
+
+sgdAVX512_mode6_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode10:
+	// Mode 0xa: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_2+40(FP), Z1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode10_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode10_single
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMOVUPS Z3, (DX)(DI*1)
+	VMULPS  Z1, Z3, Z4
+	VADDPS  Z3, Z4, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z2
+	VMOVUPS 64(CX)(DI*1), Z3
+	VMOVUPS Z3, 64(DX)(DI*1)
+	VMULPS  Z1, Z3, Z4
+	VADDPS  Z3, Z4, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode10_block
+
+sgdAVX512_mode10_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode10_done
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMOVUPS Z3, (DX)(DI*1)
+	VMULPS  Z1, Z3, Z4
+	VADDPS  Z3, Z4, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode10_single
+
+sgdAVX512_mode10_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode14:
+	// Mode 0xe: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_2+40(FP), Z1
+	VBROADCASTSS args_3+44(FP), Z2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode14_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode14_single
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  (DX)(DI*1), Z1, Z6
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z5, Z6, Z6
+	VMOVUPS Z6, (DX)(DI*1)
+	VMULPS  Z1, Z6, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z3
+	VMOVUPS 64(CX)(DI*1), Z4
+	VMULPS  64(DX)(DI*1), Z1, Z6
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z5, Z6, Z6
+	VMOVUPS Z6, 64(DX)(DI*1)
+	VMULPS  Z1, Z6, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode14_block
+
+sgdAVX512_mode14_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode14_done
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  (DX)(DI*1), Z1, Z6
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z5, Z6, Z6
+	VMOVUPS Z6, (DX)(DI*1)
+	VMULPS  Z1, Z6, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode14_single
+
+sgdAVX512_mode14_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, DX
+	SUBQ $0x00000080, DX
+
+sgdAVX512_mode1_block:
+	CMPQ    DI, DX
+	JG      sgdAVX512_mode1_single
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z2
+	VMOVUPS 64(CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode1_block
+
+sgdAVX512_mode1_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode1_done
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode1_single
+
+sgdAVX512_mode1_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode3:
+	// Mode 0x3: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode3_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode3_single
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMOVUPS Z3, (DX)(DI*1)
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z2
+	VMOVUPS 64(CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMOVUPS Z3, 64(DX)(DI*1)
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode3_block
+
+sgdAVX512_mode3_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode3_done
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z2, Z1, Z4
+	VADDPS  Z4, Z3, Z3
+	VMOVUPS Z3, (DX)(DI*1)
+	VMULPS  Z0, Z3, Z4
+	VSUBPS  Z4, Z2, Z2
+	VMOVUPS Z2, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode3_single
+
+sgdAVX512_mode3_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode7:
+	// Mode 0x7: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+	VBROADCASTSS args_2+40(FP), Z2
+	VBROADCASTSS args_3+44(FP), Z3
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode7_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode7_single
+	VMOVUPS (AX)(DI*1), Z4
+	VMOVUPS (CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  (DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, (DX)(DI*1)
+	VMULPS  Z0, Z7, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z4
+	VMOVUPS 64(CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  64(DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, 64(DX)(DI*1)
+	VMULPS  Z0, Z7, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode7_block
+
+sgdAVX512_mode7_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode7_done
+	VMOVUPS (AX)(DI*1), Z4
+	VMOVUPS (CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  (DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, (DX)(DI*1)
+	VMULPS  Z0, Z7, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode7_single
+
+sgdAVX512_mode7_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode11:
+	// Mode 0xb: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+	VBROADCASTSS args_2+40(FP), Z2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode11_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode11_single
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  Z3, Z1, Z5
+	VADDPS  Z5, Z4, Z4
+	VMOVUPS Z4, (DX)(DI*1)
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z3
+	VMOVUPS 64(CX)(DI*1), Z4
+	VMULPS  Z3, Z1, Z5
+	VADDPS  Z5, Z4, Z4
+	VMOVUPS Z4, 64(DX)(DI*1)
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode11_block
+
+sgdAVX512_mode11_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode11_done
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  Z3, Z1, Z5
+	VADDPS  Z5, Z4, Z4
+	VMOVUPS Z4, (DX)(DI*1)
+	VMULPS  Z2, Z4, Z5
+	VADDPS  Z4, Z5, Z4
+	VMULPS  Z0, Z4, Z5
+	VSUBPS  Z5, Z3, Z3
+	VMOVUPS Z3, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode11_single
+
+sgdAVX512_mode11_done:
+	VZEROUPPER
+	RET
+
+sgdAVX512_mode15:
+	// Mode 0xf: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+	VBROADCASTSS args_2+40(FP), Z2
+	VBROADCASTSS args_3+44(FP), Z3
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+sgdAVX512_mode15_block:
+	CMPQ    DI, SI
+	JG      sgdAVX512_mode15_single
+	VMOVUPS (AX)(DI*1), Z4
+	VMOVUPS (CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  (DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, (DX)(DI*1)
+	VMULPS  Z2, Z7, Z6
+	VADDPS  Z5, Z6, Z5
+	VMULPS  Z0, Z5, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z4
+	VMOVUPS 64(CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  64(DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, 64(DX)(DI*1)
+	VMULPS  Z2, Z7, Z6
+	VADDPS  Z5, Z6, Z5
+	VMULPS  Z0, Z5, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, 64(AX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     sgdAVX512_mode15_block
+
+sgdAVX512_mode15_single:
+	CMPQ    DI, BX
+	JGE     sgdAVX512_mode15_done
+	VMOVUPS (AX)(DI*1), Z4
+	VMOVUPS (CX)(DI*1), Z5
+	VMULPS  Z4, Z1, Z6
+	VADDPS  Z6, Z5, Z5
+	VMULPS  (DX)(DI*1), Z2, Z7
+	VMULPS  Z3, Z5, Z6
+	VADDPS  Z6, Z7, Z7
+	VMOVUPS Z7, (DX)(DI*1)
+	VMULPS  Z2, Z7, Z6
+	VADDPS  Z5, Z6, Z5
+	VMULPS  Z0, Z5, Z6
+	VSUBPS  Z6, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     sgdAVX512_mode15_single
+
+sgdAVX512_mode15_done:
+	VZEROUPPER
+	RET
+
+// func adagradAVX512(w *float32, grad *float32, s *float32, n int, args [3]float32, mode int)
+// Requires: AVX, AVX512F
+TEXT ·adagradAVX512(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ s+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+48(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x01
+	JEQ  adagradAVX512_mode1
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_2+40(FP), Z1
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+adagradAVX512_mode0_block:
+	CMPQ    DI, SI
+	JG      adagradAVX512_mode0_single
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z3, Z3, Z4
+	VADDPS  (DX)(DI*1), Z4, Z5
+	VSQRTPS Z5, Z6
+	VADDPS  Z1, Z6, Z6
+	VMULPS  Z0, Z3, Z4
+	VDIVPS  Z6, Z4, Z4
+	VADDPS  Z2, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	VMOVUPS Z5, (DX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z2
+	VMOVUPS 64(CX)(DI*1), Z3
+	VMULPS  Z3, Z3, Z4
+	VADDPS  64(DX)(DI*1), Z4, Z5
+	VSQRTPS Z5, Z6
+	VADDPS  Z1, Z6, Z6
+	VMULPS  Z0, Z3, Z4
+	VDIVPS  Z6, Z4, Z4
+	VADDPS  Z2, Z4, Z4
+	VMOVUPS Z4, 64(AX)(DI*1)
+	VMOVUPS Z5, 64(DX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     adagradAVX512_mode0_block
+
+adagradAVX512_mode0_single:
+	CMPQ    DI, BX
+	JGE     adagradAVX512_mode0_done
+	VMOVUPS (AX)(DI*1), Z2
+	VMOVUPS (CX)(DI*1), Z3
+	VMULPS  Z3, Z3, Z4
+	VADDPS  (DX)(DI*1), Z4, Z5
+	VSQRTPS Z5, Z6
+	VADDPS  Z1, Z6, Z6
+	VMULPS  Z0, Z3, Z4
+	VDIVPS  Z6, Z4, Z4
+	VADDPS  Z2, Z4, Z4
+	VMOVUPS Z4, (AX)(DI*1)
+	VMOVUPS Z5, (DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     adagradAVX512_mode0_single
+
+adagradAVX512_mode0_done:
+	VZEROUPPER
+	RET
+
+adagradAVX512_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_2+40(FP), Z1
+	VBROADCASTSS args_1+36(FP), Z2
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+adagradAVX512_mode1_block:
+	CMPQ    DI, SI
+	JG      adagradAVX512_mode1_single
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  Z3, Z2, Z5
+	VADDPS  Z5, Z4, Z4
+	VMULPS  Z4, Z4, Z5
+	VADDPS  (DX)(DI*1), Z5, Z6
+	VSQRTPS Z6, Z7
+	VADDPS  Z1, Z7, Z7
+	VMULPS  Z0, Z4, Z5
+	VDIVPS  Z7, Z5, Z5
+	VADDPS  Z3, Z5, Z5
+	VMOVUPS Z5, (AX)(DI*1)
+	VMOVUPS Z6, (DX)(DI*1)
+	VMOVUPS 64(AX)(DI*1), Z3
+	VMOVUPS 64(CX)(DI*1), Z4
+	VMULPS  Z3, Z2, Z5
+	VADDPS  Z5, Z4, Z4
+	VMULPS  Z4, Z4, Z5
+	VADDPS  64(DX)(DI*1), Z5, Z6
+	VSQRTPS Z6, Z7
+	VADDPS  Z1, Z7, Z7
+	VMULPS  Z0, Z4, Z5
+	VDIVPS  Z7, Z5, Z5
+	VADDPS  Z3, Z5, Z5
+	VMOVUPS Z5, 64(AX)(DI*1)
+	VMOVUPS Z6, 64(DX)(DI*1)
+	ADDQ    $0x00000080, DI
+	JMP     adagradAVX512_mode1_block
+
+adagradAVX512_mode1_single:
+	CMPQ    DI, BX
+	JGE     adagradAVX512_mode1_done
+	VMOVUPS (AX)(DI*1), Z3
+	VMOVUPS (CX)(DI*1), Z4
+	VMULPS  Z3, Z2, Z5
+	VADDPS  Z5, Z4, Z4
+	VMULPS  Z4, Z4, Z5
+	VADDPS  (DX)(DI*1), Z5, Z6
+	VSQRTPS Z6, Z7
+	VADDPS  Z1, Z7, Z7
+	VMULPS  Z0, Z4, Z5
+	VDIVPS  Z7, Z5, Z5
+	VADDPS  Z3, Z5, Z5
+	VMOVUPS Z5, (AX)(DI*1)
+	VMOVUPS Z6, (DX)(DI*1)
+	ADDQ    $0x00000040, DI
+	JMP     adagradAVX512_mode1_single
+
+adagradAVX512_mode1_done:
+	VZEROUPPER
+	RET
+
+// func lionAVX512(w *float32, grad *float32, m *float32, n int, args [8]float32, mode int)
+// Requires: AVX, AVX512F
+TEXT ·lionAVX512(SB), NOSPLIT, $0-72
+	MOVQ w+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ m+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ mode+64(FP), SI
+
+	// n becomes the byte length; i is the byte offset of the next vector.
+	SHLQ $0x02, BX
+	XORQ DI, DI
+	CMPQ SI, $0x01
+	JEQ  lionAVX512_mode1
+
+	// Mode 0x0: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+	VBROADCASTSS args_2+40(FP), Z2
+	VBROADCASTSS args_3+44(FP), Z3
+	VBROADCASTSS args_4+48(FP), Z4
+	VBROADCASTSS args_6+56(FP), Z5
+	VBROADCASTSS args_7+60(FP), Z6
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+lionAVX512_mode0_block:
+	CMPQ      DI, SI
+	JG        lionAVX512_mode0_single
+	VMOVUPS   (CX)(DI*1), Z7
+	VMOVUPS   (DX)(DI*1), Z8
+	VMULPS    Z8, Z0, Z9
+	VMULPS    Z1, Z7, Z10
+	VADDPS    Z9, Z10, Z9
+	VMOVUPS   (AX)(DI*1), Z10
+	VCMPPS    $0x0c, Z6, Z9, K1
+	VCMPPS    $0x03, Z9, Z9, K2
+	VPANDD    Z6, Z9, Z14
+	VPORD.Z   Z5, Z14, K1, Z14
+	VBLENDMPS Z9, Z14, K2, Z11
+	VMULPS    Z4, Z11, Z11
+	VSUBPS    Z11, Z10, Z10
+	VMOVUPS   Z10, (AX)(DI*1)
+	VMULPS    Z8, Z2, Z8
+	VMULPS    Z3, Z7, Z10
+	VADDPS    Z8, Z10, Z8
+	VMOVUPS   Z8, (DX)(DI*1)
+	VMOVUPS   64(CX)(DI*1), Z7
+	VMOVUPS   64(DX)(DI*1), Z8
+	VMULPS    Z8, Z0, Z9
+	VMULPS    Z1, Z7, Z10
+	VADDPS    Z9, Z10, Z9
+	VMOVUPS   64(AX)(DI*1), Z10
+	VCMPPS    $0x0c, Z6, Z9, K1
+	VCMPPS    $0x03, Z9, Z9, K2
+	VPANDD    Z6, Z9, Z14
+	VPORD.Z   Z5, Z14, K1, Z14
+	VBLENDMPS Z9, Z14, K2, Z12
+	VMULPS    Z4, Z12, Z12
+	VSUBPS    Z12, Z10, Z10
+	VMOVUPS   Z10, 64(AX)(DI*1)
+	VMULPS    Z8, Z2, Z8
+	VMULPS    Z3, Z7, Z10
+	VADDPS    Z8, Z10, Z8
+	VMOVUPS   Z8, 64(DX)(DI*1)
+	ADDQ      $0x00000080, DI
+	JMP       lionAVX512_mode0_block
+
+lionAVX512_mode0_single:
+	CMPQ      DI, BX
+	JGE       lionAVX512_mode0_done
+	VMOVUPS   (CX)(DI*1), Z7
+	VMOVUPS   (DX)(DI*1), Z8
+	VMULPS    Z8, Z0, Z9
+	VMULPS    Z1, Z7, Z10
+	VADDPS    Z9, Z10, Z9
+	VMOVUPS   (AX)(DI*1), Z10
+	VCMPPS    $0x0c, Z6, Z9, K1
+	VCMPPS    $0x03, Z9, Z9, K2
+	VPANDD    Z6, Z9, Z11
+	VPORD.Z   Z5, Z11, K1, Z11
+	VBLENDMPS Z9, Z11, K2, Z13
+	VMULPS    Z4, Z13, Z13
+	VSUBPS    Z13, Z10, Z10
+	VMOVUPS   Z10, (AX)(DI*1)
+	VMULPS    Z8, Z2, Z8
+	VMULPS    Z3, Z7, Z10
+	VADDPS    Z8, Z10, Z8
+	VMOVUPS   Z8, (DX)(DI*1)
+	ADDQ      $0x00000040, DI
+	JMP       lionAVX512_mode0_single
+
+lionAVX512_mode0_done:
+	VZEROUPPER
+	RET
+
+lionAVX512_mode1:
+	// Mode 0x1: broadcast its constants.
+	VBROADCASTSS args_0+32(FP), Z0
+	VBROADCASTSS args_1+36(FP), Z1
+	VBROADCASTSS args_2+40(FP), Z2
+	VBROADCASTSS args_3+44(FP), Z3
+	VBROADCASTSS args_4+48(FP), Z4
+	VBROADCASTSS args_6+56(FP), Z5
+	VBROADCASTSS args_7+60(FP), Z6
+	VBROADCASTSS args_5+52(FP), Z7
+
+	// 2 vectors per iteration while a whole block is left.
+	MOVQ BX, SI
+	SUBQ $0x00000080, SI
+
+lionAVX512_mode1_block:
+	CMPQ      DI, SI
+	JG        lionAVX512_mode1_single
+	VMOVUPS   (CX)(DI*1), Z8
+	VMOVUPS   (DX)(DI*1), Z9
+	VMULPS    Z9, Z0, Z10
+	VMULPS    Z1, Z8, Z11
+	VADDPS    Z10, Z11, Z10
+	VMOVUPS   (AX)(DI*1), Z11
+	VMULPS    Z7, Z11, Z11
+	VCMPPS    $0x0c, Z6, Z10, K1
+	VCMPPS    $0x03, Z10, Z10, K2
+	VPANDD    Z6, Z10, Z15
+	VPORD.Z   Z5, Z15, K1, Z15
+	VBLENDMPS Z10, Z15, K2, Z12
+	VMULPS    Z4, Z12, Z12
+	VSUBPS    Z12, Z11, Z11
+	VMOVUPS   Z11, (AX)(DI*1)
+	VMULPS    Z9, Z2, Z9
+	VMULPS    Z3, Z8, Z11
+	VADDPS    Z9, Z11, Z9
+	VMOVUPS   Z9, (DX)(DI*1)
+	VMOVUPS   64(CX)(DI*1), Z8
+	VMOVUPS   64(DX)(DI*1), Z9
+	VMULPS    Z9, Z0, Z10
+	VMULPS    Z1, Z8, Z11
+	VADDPS    Z10, Z11, Z10
+	VMOVUPS   64(AX)(DI*1), Z11
+	VMULPS    Z7, Z11, Z11
+	VCMPPS    $0x0c, Z6, Z10, K1
+	VCMPPS    $0x03, Z10, Z10, K2
+	VPANDD    Z6, Z10, Z15
+	VPORD.Z   Z5, Z15, K1, Z15
+	VBLENDMPS Z10, Z15, K2, Z13
+	VMULPS    Z4, Z13, Z13
+	VSUBPS    Z13, Z11, Z11
+	VMOVUPS   Z11, 64(AX)(DI*1)
+	VMULPS    Z9, Z2, Z9
+	VMULPS    Z3, Z8, Z11
+	VADDPS    Z9, Z11, Z9
+	VMOVUPS   Z9, 64(DX)(DI*1)
+	ADDQ      $0x00000080, DI
+	JMP       lionAVX512_mode1_block
+
+lionAVX512_mode1_single:
+	CMPQ      DI, BX
+	JGE       lionAVX512_mode1_done
+	VMOVUPS   (CX)(DI*1), Z8
+	VMOVUPS   (DX)(DI*1), Z9
+	VMULPS    Z9, Z0, Z10
+	VMULPS    Z1, Z8, Z11
+	VADDPS    Z10, Z11, Z10
+	VMOVUPS   (AX)(DI*1), Z11
+	VMULPS    Z7, Z11, Z11
+	VCMPPS    $0x0c, Z6, Z10, K1
+	VCMPPS    $0x03, Z10, Z10, K2
+	VPANDD    Z6, Z10, Z12
+	VPORD.Z   Z5, Z12, K1, Z12
+	VBLENDMPS Z10, Z12, K2, Z14
+	VMULPS    Z4, Z14, Z14
+	VSUBPS    Z14, Z11, Z11
+	VMOVUPS   Z11, (AX)(DI*1)
+	VMULPS    Z9, Z2, Z9
+	VMULPS    Z3, Z8, Z11
+	VADDPS    Z9, Z11, Z9
+	VMOVUPS   Z9, (DX)(DI*1)
+	ADDQ      $0x00000040, DI
+	JMP       lionAVX512_mode1_single
+
+lionAVX512_mode1_done:
 	VZEROUPPER
 	RET

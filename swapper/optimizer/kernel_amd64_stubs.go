@@ -7,9 +7,39 @@ package optimizer
 // adamAVX2 runs Adam on elements [0, n) of p, grad, m, v, 8 lanes at a time; n must be a positive multiple of 8.
 //
 //go:noescape
-func adamAVX2(p *float32, grad *float32, m *float32, v *float32, n int, args *[9]float32, mode int)
+func adamAVX2(p *float32, grad *float32, m *float32, v *float32, n int, args [9]float32, mode int)
 
 // adamAVX512 runs Adam on elements [0, n) of p, grad, m, v, 16 lanes at a time; n must be a positive multiple of 16.
 //
 //go:noescape
-func adamAVX512(p *float32, grad *float32, m *float32, v *float32, n int, args *[9]float32, mode int)
+func adamAVX512(p *float32, grad *float32, m *float32, v *float32, n int, args [9]float32, mode int)
+
+// sgdAVX2 runs SGD on elements [0, n) of w, grad, buf, 8 lanes at a time; n must be a positive multiple of 8.
+//
+//go:noescape
+func sgdAVX2(w *float32, grad *float32, buf *float32, n int, args [4]float32, mode int)
+
+// adagradAVX2 runs Adagrad on elements [0, n) of w, grad, s, 8 lanes at a time; n must be a positive multiple of 8.
+//
+//go:noescape
+func adagradAVX2(w *float32, grad *float32, s *float32, n int, args [3]float32, mode int)
+
+// lionAVX2 runs Lion on elements [0, n) of w, grad, m, 8 lanes at a time; n must be a positive multiple of 8.
+//
+//go:noescape
+func lionAVX2(w *float32, grad *float32, m *float32, n int, args [8]float32, mode int)
+
+// sgdAVX512 runs SGD on elements [0, n) of w, grad, buf, 16 lanes at a time; n must be a positive multiple of 16.
+//
+//go:noescape
+func sgdAVX512(w *float32, grad *float32, buf *float32, n int, args [4]float32, mode int)
+
+// adagradAVX512 runs Adagrad on elements [0, n) of w, grad, s, 16 lanes at a time; n must be a positive multiple of 16.
+//
+//go:noescape
+func adagradAVX512(w *float32, grad *float32, s *float32, n int, args [3]float32, mode int)
+
+// lionAVX512 runs Lion on elements [0, n) of w, grad, m, 16 lanes at a time; n must be a positive multiple of 16.
+//
+//go:noescape
+func lionAVX512(w *float32, grad *float32, m *float32, n int, args [8]float32, mode int)

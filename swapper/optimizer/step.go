@@ -397,7 +397,7 @@ func (r *stepRun) update(it *item) {
 		o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
 	} else {
 		arrays := sg.arrays(it.state)
-		updateSplit(arrays[0], it.grad[:n], arrays[1:], r.step, r.hyper, o.opts.UpdateWorkers)
+		o.kern.updateSplit(arrays[0], it.grad[:n], arrays[1:], r.step, r.hyper, o.opts.UpdateWorkers)
 	}
 	p := sg.lay.array(it.state, 0)
 	if it.master != nil {

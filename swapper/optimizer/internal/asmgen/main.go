@@ -8,14 +8,18 @@
 // never of zinf: the generated files are committed and build with nothing
 // but the Go toolchain.
 //
-// Every kernel performs, lane by lane, exactly the operations of the
-// scalar reference loop (adamScalar in ../../adam.go) in the same order:
-// separate multiply, add, subtract, divide and square root instructions,
-// never a fused multiply-add or an approximate reciprocal, so each result
-// is rounded exactly as the scalar operation rounds it. Where both operands
-// of an addition could be NaN, the operand the compiled scalar loop puts
-// first is first here too (x86 returns the first operand's NaN), so NaN
-// payloads agree as well.
+// Every kernel performs, lane by lane, exactly the operations of its
+// rule's scalar reference loop (adamScalar, sgdScalar, adagradScalar,
+// lionScalar in ../..) in the same order: separate multiply, add,
+// subtract, divide and square root instructions, never a fused
+// multiply-add or an approximate reciprocal, so each result is rounded
+// exactly as the scalar operation rounds it. Where both operands of an
+// addition could be NaN, the operand the compiled scalar loop puts first
+// is first here too (x86 returns the first operand's NaN, quieted), so NaN
+// payloads agree as well. Which one that is was read off the scalar
+// loops' disassembly (go tool objdump) with Go 1.26; the differential
+// tests (kernel_test.go, rules_kernel_test.go), whose NaNs carry random
+// payloads, fail if a compiler release reorders them.
 package main
 
 import (
@@ -52,23 +56,36 @@ const (
 type isa struct {
 	name   string // function name suffix
 	lanes  int    // float32 lanes per register
-	unroll int    // vectors per loop iteration (the registers allow)
+	unroll int    // Adam's vectors per loop iteration (the registers allow)
 	vec    func() VecVirtual
+	// masks: comparisons write opmask registers (AVX-512) rather than
+	// all-ones lanes of a vector (AVX2).
+	masks bool
 }
 
 func main() {
 	ConstraintExpr("amd64")
-	genAdam(isa{name: "AVX2", lanes: 8, unroll: 1, vec: YMM})
-	genAdam(isa{name: "AVX512", lanes: 16, unroll: 2, vec: ZMM})
+	avx2 := isa{name: "AVX2", lanes: 8, unroll: 1, vec: YMM}
+	avx512 := isa{name: "AVX512", lanes: 16, unroll: 2, vec: ZMM, masks: true}
+	for _, s := range []isa{avx2, avx512} {
+		genAdam(s)
+	}
+	for _, s := range []isa{avx2, avx512} {
+		genSGD(s)
+		genAdagrad(s)
+		genLion(s)
+	}
 	Generate()
 }
 
-// genAdam emits adam<ISA>(p, g, m, v *float32, n int, args *[9]float32,
+// genAdam emits adam<ISA>(p, g, m, v *float32, n int, args [9]float32,
 // mode int), which updates elements [0, n) (n a positive multiple of
-// lanes) in place.
+// lanes) in place. The constants come by value (broadcast from the
+// argument frame), so a caller's args never escape to the heap through
+// the kernel's function value.
 func genAdam(s isa) {
 	name := "adam" + s.name
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(p, grad, m, v *float32, n int, args *[%d]float32, mode int)", argCount))
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(p, grad, m, v *float32, n int, args [%d]float32, mode int)", argCount))
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s runs Adam on elements [0, n) of p, grad, m, v, %d lanes at a time; n must be a positive multiple of %d.", name, s.lanes, s.lanes))
 	p := Load(Param("p"), GP64())
@@ -76,7 +93,6 @@ func genAdam(s isa) {
 	m := Load(Param("m"), GP64())
 	v := Load(Param("v"), GP64())
 	n := Load(Param("n"), GP64())
-	args := Load(Param("args"), GP64())
 	mode := Load(Param("mode"), GP64())
 
 	Comment("n becomes the byte length; i is the byte offset of the next vector.")
@@ -87,8 +103,7 @@ func genAdam(s isa) {
 	Comment("Broadcast the per-step constants.")
 	k := make([]VecVirtual, argCount)
 	for j := argBeta1; j <= argStepSize; j++ {
-		k[j] = s.vec()
-		VBROADCASTSS(Mem{Base: args, Disp: 4 * j}, k[j])
+		k[j] = broadcast(s, j)
 	}
 
 	CMPQ(mode, U8(decayL2))
@@ -98,38 +113,55 @@ func genAdam(s isa) {
 	loops(s, name+"_plain", decayNone, k, p, g, m, v, n, i)
 
 	Label(name + "_l2")
-	k[argL2] = s.vec()
-	VBROADCASTSS(Mem{Base: args, Disp: 4 * argL2}, k[argL2])
+	k[argL2] = broadcast(s, argL2)
 	loops(s, name+"_l2", decayL2, k, p, g, m, v, n, i)
 
 	Label(name + "_adamw")
-	k[argDecay] = s.vec()
-	VBROADCASTSS(Mem{Base: args, Disp: 4 * argDecay}, k[argDecay])
+	k[argDecay] = broadcast(s, argDecay)
 	loops(s, name+"_adamw", decayAdamW, k, p, g, m, v, n, i)
 }
 
-// loops emits the unrolled loop over blocks of unroll vectors, a loop over
-// the single vectors left, and the return.
+// broadcast returns a vector holding element j of the args parameter in
+// every lane.
+func broadcast(s isa, j int) VecVirtual {
+	arg, err := Param("args").Index(j).Resolve()
+	if err != nil {
+		panic(err)
+	}
+	v := s.vec()
+	VBROADCASTSS(arg.Addr, v)
+	return v
+}
+
+// loops emits Adam's loops for one weight-decay mode.
 func loops(s isa, label string, mode int, k []VecVirtual, p, g, m, v, n, i Register) {
+	emitLoops(s, s.unroll, label, n, i, func(disp int) { body(s, mode, k, p, g, m, v, i, disp) })
+}
+
+// emitLoops emits a loop over blocks of unroll vectors (when unroll > 1),
+// a loop over the single vectors left, and the return; vec emits the
+// update of one vector at byte offset i+disp. n is the byte length, i the
+// byte offset of the next vector.
+func emitLoops(s isa, unroll int, label string, n, i Register, vec func(disp int)) {
 	vbytes := 4 * s.lanes
-	if s.unroll > 1 {
+	if unroll > 1 {
 		block := GP64()
-		Comment(fmt.Sprintf("%d vectors per iteration while a whole block is left.", s.unroll))
+		Comment(fmt.Sprintf("%d vectors per iteration while a whole block is left.", unroll))
 		MOVQ(n, block)
-		SUBQ(U32(s.unroll*vbytes), block)
+		SUBQ(U32(unroll*vbytes), block)
 		Label(label + "_block")
 		CMPQ(i, block)
 		JG(LabelRef(label + "_single"))
-		for u := range s.unroll {
-			body(s, mode, k, p, g, m, v, i, u*vbytes)
+		for u := range unroll {
+			vec(u * vbytes)
 		}
-		ADDQ(U32(s.unroll*vbytes), i)
+		ADDQ(U32(unroll*vbytes), i)
 		JMP(LabelRef(label + "_block"))
 	}
 	Label(label + "_single")
 	CMPQ(i, n)
 	JGE(LabelRef(label + "_done"))
-	body(s, mode, k, p, g, m, v, i, 0)
+	vec(0)
 	ADDQ(U32(vbytes), i)
 	JMP(LabelRef(label + "_single"))
 	Label(label + "_done")
