@@ -61,7 +61,20 @@ var rulesTolerance = map[string]struct{ param, state float64 }{
 	"lion":    {1, 2},
 }
 
+// TestRulesMatchPyTorch replays the golden gradients through the optimizer
+// on every kernel of this CPU, with sub-groups of 5 elements (scalar tails
+// only) and of whole tensors (the 33-element golden tensors run mostly on
+// the SIMD body), and compares params and states after every step with
+// PyTorch's within the tolerances above.
 func TestRulesMatchPyTorch(t *testing.T) {
+	for _, k := range optimizer.Kernels() {
+		for _, sg := range []int{5, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/subgroup=%d", k, sg), func(t *testing.T) { testRulesMatchPyTorch(t, k.Name(), sg) })
+		}
+	}
+}
+
+func testRulesMatchPyTorch(t *testing.T, kernel string, subGroup int) {
 	raw, err := os.ReadFile("testdata/optimizer_golden.json")
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +110,8 @@ func TestRulesMatchPyTorch(t *testing.T) {
 			}
 			defer pool.Close()
 			src := &goldenGrads{}
-			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: 5, PipelineDepth: 1, Logger: slog.New(slog.DiscardHandler)})
+			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: subGroup, PipelineDepth: 1,
+				Kernel: kernel, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,21 +168,24 @@ func TestRulesMatchPyTorch(t *testing.T) {
 		})
 	}
 	for rule, w := range worst {
-		t.Logf("torch %s, %s: largest differences in ulps of the tensor's largest value: param %.2f, states %.2f", gd.Torch, rule, w[0], w[1])
+		t.Logf("%s, sub-groups of %d: torch %s, %s: largest differences in ulps of the tensor's largest value: param %.2f, states %.2f", kernel, subGroup, gd.Torch, rule, w[0], w[1])
 	}
 }
 
 // TestRulesReference: every rule stepped through the swapper (sub-groups,
 // pipeline, a store-less optimizer; small sub-groups, and one large enough
-// for a staggered record split over workers) equals optimizer.Update on
-// whole tensors bit for bit, with scaled gradients.
+// for a staggered record split over workers) on every kernel of this CPU
+// equals the scalar kernel's Update on whole tensors bit for bit, with
+// scaled gradients.
 func TestRulesReference(t *testing.T) {
-	for _, size := range []struct{ n, subGroup, workers int }{{50, 7, 1}, {2*optimizer.StaggerMinElems + 4099, 1 << 20, 3}} {
-		t.Run(fmt.Sprint(size.n), func(t *testing.T) { rulesReference(t, size.n, size.subGroup, size.workers) })
+	for _, k := range optimizer.Kernels() {
+		for _, size := range []struct{ n, subGroup, workers int }{{50, 7, 1}, {2*optimizer.StaggerMinElems + 4099, 1 << 20, 3}} {
+			t.Run(fmt.Sprintf("%s/%d", k, size.n), func(t *testing.T) { rulesReference(t, k.Name(), size.n, size.subGroup, size.workers) })
+		}
 	}
 }
 
-func rulesReference(t *testing.T, n, subGroup, workers int) {
+func rulesReference(t *testing.T, kernel string, n, subGroup, workers int) {
 	for _, h := range []optimizer.Hyper{
 		{Rule: optimizer.RuleSGD, LR: 0.1},
 		{Rule: optimizer.RuleSGD, LR: 0.1, Momentum: 0.9, Dampening: 0.2, WeightDecay: 0.01},
@@ -185,7 +202,7 @@ func rulesReference(t *testing.T, n, subGroup, workers int) {
 			defer pool.Close()
 			src := &goldenGrads{}
 			opt, err := optimizer.New(optimizer.Options{Pool: pool, Grads: src, Hyper: h, SubGroupSize: subGroup, PipelineDepth: 2,
-				UpdateWorkers: workers, Logger: slog.New(slog.DiscardHandler)})
+				UpdateWorkers: workers, Kernel: kernel, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +236,7 @@ func rulesReference(t *testing.T, n, subGroup, workers int) {
 				if err := opt.StepWith(context.Background(), p); err != nil {
 					t.Fatal(err)
 				}
-				optimizer.Update(ref, g, states, step, h, p)
+				optimizer.Kernels()[0].Update(ref, g, states, step, h, p)
 				got, st, err := opt.ReadStates(context.Background(), "w")
 				if err != nil {
 					t.Fatal(err)
