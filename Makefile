@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
+.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
 
 all: build
 
@@ -49,7 +49,12 @@ bench-io: build
 
 # SIMD vs scalar Adam, interleaved rounds with medians (see BENCHMARKS.md).
 bench-adam:
-	./scripts/bench-adam.sh
+	BENCH=$${BENCH:-Adam} ./scripts/bench-optimizers.sh
+
+# SIMD vs scalar for every update rule (Adam, SGD, Adagrad, Lion), interleaved
+# rounds with medians and SIMD/scalar ratios (see BENCHMARKS.md).
+bench-optimizers:
+	./scripts/bench-optimizers.sh
 
 # Longer randomized runs (scripts/stress.sh): every test with ZINF_STRESS=1
 # (STRESS_SEEDS metamorphic seeds, more crash kill points, fault steps,
