@@ -268,6 +268,14 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err != nil {
 		return nil, fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", z.Tiers.CPUPinnedBytes, err)
 	}
+	// io_uring registered buffers: the kernel pins the arena once instead
+	// of every request's pages. Where the backend has none, or the
+	// registration is refused (the memlock limit), the engine says so once
+	// and moves the buffers as ordinary memory; the pool unregisters the
+	// arena before it unmaps it.
+	if err := r.Pool.Register(r.Engine); err != nil {
+		log.Debug("zinf: pinned pool not registered with the I/O engine", "err", err)
+	}
 	if r.Device = opts.Device; r.Device == nil {
 		r.Device, err = openDevice(cfg, log)
 		if err != nil {

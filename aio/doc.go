@@ -26,6 +26,27 @@
 // file's filesystem or device demands. Nothing unaligned is ever sent to an
 // O_DIRECT file: Submit rejects it with ErrAlignment before any I/O.
 //
+// # Registered buffers and fixed files
+//
+// On io_uring, memory given to Engine.RegisterMemory (a pinned pool's
+// arena: buffers.Pool.Register) is registered with every ring
+// (IORING_REGISTER_BUFFERS): the kernel pins those pages once, and every
+// piece lying inside one registered region is moved with READ_FIXED or
+// WRITE_FIXED instead of having its pages pinned and unpinned per request.
+// Every file is given a slot of the ring's fixed-file table on first use
+// (IORING_REGISTER_FILES_UPDATE on a sparse table), so the kernel does not
+// look the descriptor up per piece; the slot is freed when the File's
+// descriptor is closed, and a file that cannot get one (table full) is
+// used by its descriptor. Neither changes what a request does. Each
+// fallback is explicit and logged once per engine: libaio and posix have
+// neither feature (RegisterMemory returns an error matching
+// errors.ErrUnsupported); a registration the kernel refuses (ENOMEM when
+// the memlock limit is below the arena and the process lacks CAP_IPC_LOCK,
+// the same limit that leaves a pool unpinned) moves that memory as
+// ordinary memory, and RegisterMemory says why and what to raise.
+// Stats.FixedBufferPieces and FixedFilePieces count the pieces that used
+// them.
+//
 // No request is ever left waiting. Whatever a ring reports together with
 // an error, its completions are delivered first; then a completion for an
 // operation the ring did not hold is logged, counted

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 // Engine moves bytes between host buffers and Files asynchronously.
@@ -27,6 +28,27 @@ type Engine interface {
 	// ReadAt and WriteAt are synchronous conveniences: Submit then Wait.
 	ReadAt(ctx context.Context, f *File, buf []byte, off int64) (int, error)
 	WriteAt(ctx context.Context, f *File, buf []byte, off int64) (int, error)
+	// RegisterMemory registers mem, host memory that request buffers will
+	// lie in (a pinned pool's arena: buffers.Pool.Register calls it), with
+	// every ring, where the backend has registered buffers: io_uring pins
+	// the pages once (IORING_REGISTER_BUFFERS) and moves every piece that
+	// lies inside mem with READ_FIXED/WRITE_FIXED instead of pinning its
+	// pages per request. Requests behave the same either way. It waits
+	// until each ring has nothing in flight to change its set, and returns
+	// nil when every ring registered mem; otherwise an error saying why not
+	// (one matching errors.ErrUnsupported for libaio and posix; for
+	// io_uring the errno and what to do, typically the memlock limit)
+	// after logging it once per engine, and those rings move mem as any
+	// other memory. Either way mem stays in the engine's set until
+	// UnregisterMemory. mem must stay mapped until UnregisterMemory(mem)
+	// has returned or the engine is closed; it must not overlap memory
+	// registered already.
+	RegisterMemory(mem []byte) error
+	// UnregisterMemory removes mem (the same slice given to
+	// RegisterMemory) from every ring; once it returns, no operation uses
+	// mem's registration. It fails only for memory that was not
+	// registered.
+	UnregisterMemory(mem []byte) error
 	// Stats returns cumulative counters.
 	Stats() Stats
 	// Close drains in-flight requests and releases the engine.
@@ -48,6 +70,13 @@ type Stats struct {
 	// completions (CQ overflow), a ring that could not be reaped. Each also
 	// fails the requests it touched with an error matching ErrRingFailed.
 	RingFailures int64
+	// RegisteredBytes is the memory registered with RegisterMemory that
+	// every ring took (0 when any refused it, or on libaio and posix).
+	RegisteredBytes int64
+	// FixedBufferPieces counts pieces moved with a registered buffer
+	// (io_uring READ_FIXED/WRITE_FIXED); FixedFilePieces pieces that named
+	// their file by a fixed-file slot (io_uring IOSQE_FIXED_FILE).
+	FixedBufferPieces, FixedFilePieces int64
 }
 
 // Request is one read or write: Op, File, Offset and Buf are set by the
@@ -68,6 +97,18 @@ type Request struct {
 	err     error
 	state   atomic.Int32 // 0 idle, 1 in flight, 2 done (not waited)
 	slices  []slice      // per-worker parts, reused across submissions
+	doneAt  time.Time    // when the last slice finished; read after done
+}
+
+// CompletedAt returns when the request completed: the moment its last
+// piece was reaped, which may be well before Wait was called. It is valid
+// once Wait (or WaitContext, or Done) has reported completion, until the
+// request is submitted again; the zero time before that.
+func (r *Request) CompletedAt() time.Time {
+	if r.state.Load() == 1 {
+		return time.Time{}
+	}
+	return r.doneAt
 }
 
 // Wait blocks until the request completes and returns the bytes moved and,

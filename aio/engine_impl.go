@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -26,8 +27,18 @@ type engine struct {
 	readOps, writeOps, readBytes, writeBytes atomic.Int64
 	pieces, retries, shorts, errs            atomic.Int64
 	strays, ringErrs                         atomic.Int64
+	fixedBufPieces, fixedFilePieces          atomic.Int64
 
 	reqPool sync.Pool // *Request for ReadAt/WriteAt
+
+	// memMu serializes changes to the registered memory; mem is the set
+	// (RegisterMemory), memBytes its size when every ring took it.
+	memMu    sync.Mutex
+	mem      [][]byte
+	memBytes atomic.Int64
+	// memWarned and fileWarned make each fallback from registered buffers
+	// and fixed files logged once per engine.
+	memWarned, fileWarned atomic.Bool
 }
 
 var _ Engine = (*engine)(nil)
@@ -238,6 +249,7 @@ func (e *engine) finish(r *Request) {
 		e.writeBytes.Add(moved)
 	}
 	r.File.release()
+	r.doneAt = time.Now()
 	r.state.Store(2)
 	r.done <- struct{}{}
 	e.inflight.Done()
@@ -277,7 +289,108 @@ func (e *engine) Stats() Stats {
 		Pieces: e.pieces.Load(), Retries: e.retries.Load(),
 		ShortTransfers: e.shorts.Load(), Errors: e.errs.Load(),
 		StrayCompletions: e.strays.Load(), RingFailures: e.ringErrs.Load(),
+		RegisteredBytes: e.memBytes.Load(), FixedBufferPieces: e.fixedBufPieces.Load(),
+		FixedFilePieces: e.fixedFilePieces.Load(),
 	}
+}
+
+// RegisterMemory implements Engine.
+func (e *engine) RegisterMemory(mem []byte) error {
+	if len(mem) == 0 {
+		return errors.New("aio: RegisterMemory: empty region")
+	}
+	e.memMu.Lock()
+	defer e.memMu.Unlock()
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	hi := lo + uintptr(len(mem))
+	for _, m := range e.mem {
+		a := uintptr(unsafe.Pointer(unsafe.SliceData(m)))
+		if lo < a+uintptr(len(m)) && a < hi {
+			return fmt.Errorf("aio: RegisterMemory: %d bytes at %#x overlap the %d bytes at %#x registered already", len(mem), lo, len(m), a)
+		}
+	}
+	set := append(e.mem[:len(e.mem):len(e.mem)], mem[:len(mem):len(mem)])
+	return e.setMemory(set)
+}
+
+// UnregisterMemory implements Engine.
+func (e *engine) UnregisterMemory(mem []byte) error {
+	e.memMu.Lock()
+	defer e.memMu.Unlock()
+	for i, m := range e.mem {
+		if unsafe.SliceData(m) == unsafe.SliceData(mem) && len(m) == len(mem) {
+			// A ring that fails to take the rest of the set (logged by
+			// setMemory) is left with none registered, which is as safe:
+			// either way no operation uses mem's registration any more.
+			_ = e.setMemory(append(e.mem[:i:i], e.mem[i+1:]...))
+			return nil
+		}
+	}
+	return fmt.Errorf("aio: UnregisterMemory: the %d bytes at %p were not registered", len(mem), unsafe.SliceData(mem))
+}
+
+// setMemory makes set the registered memory of every ring and waits until
+// each has applied it; e.memMu is held. It returns what the rings
+// reported, joined, and logs a fallback once.
+func (e *engine) setMemory(set [][]byte) error {
+	e.mem = set
+	e.mu.RLock()
+	closed := e.closed
+	e.mu.RUnlock()
+	if closed {
+		e.memBytes.Store(0)
+		return fmt.Errorf("aio: registering memory: %w", ErrClosed)
+	}
+	replies := make([]chan error, len(e.workers))
+	for i, w := range e.workers {
+		replies[i] = w.setMemory(set)
+	}
+	var errs []error
+	for i, c := range replies {
+		if err := <-c; err != nil {
+			errs = append(errs, err)
+			if !errors.Is(err, ErrClosed) {
+				e.memoryFallback(e.workers[i], err)
+			}
+		}
+	}
+	var total int64
+	for _, m := range set {
+		total += int64(len(m))
+	}
+	if len(errs) > 0 {
+		total = 0
+	}
+	e.memBytes.Store(total)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("aio: %s: registered buffers not used: %w", e.name, err)
+	}
+	return nil
+}
+
+// memoryFallback logs, once per engine, that a ring moves registered
+// memory as ordinary memory.
+func (e *engine) memoryFallback(w *worker, err error) {
+	if !e.memWarned.CompareAndSwap(false, true) {
+		return
+	}
+	if errors.Is(err, errors.ErrUnsupported) {
+		e.opts.Logger.Info("aio: the "+e.name+" backend has no registered buffers; the kernel pins each request's pages as usual",
+			"backend", e.name)
+		return
+	}
+	e.opts.Logger.Warn("aio: io_uring could not register the pinned memory; requests use plain reads and writes, which pin their pages per request",
+		"backend", e.name, "ring", w.id+1, "err", err)
+}
+
+// fixedFileFallback logs, once per engine, that a file is used by its
+// descriptor because it could not get a fixed-file slot.
+func (e *engine) fixedFileFallback(w *worker, f *File, err error) {
+	if !e.fileWarned.CompareAndSwap(false, true) {
+		return
+	}
+	e.opts.Logger.Info("aio: a file could not get an io_uring fixed-file slot; it, and any other that cannot, is used by its descriptor",
+		"backend", e.name, "ring", w.id+1, "path", f.path, "err", err)
 }
 
 func (e *engine) Close() error {

@@ -26,6 +26,10 @@ type File struct {
 	closing  bool // Close called
 	closed   bool // fd released
 	closeErr error
+	// watchers are the workers whose rings hold the file in their
+	// fixed-file tables; each is told when the descriptor is closed, so
+	// that it frees the slot (and the ring's reference to the file).
+	watchers []*worker
 }
 
 // openFn is the open(2) used by OpenFile; tests replace it to simulate a
@@ -171,28 +175,60 @@ func (f *File) acquire() error {
 func (f *File) release() {
 	f.mu.Lock()
 	f.refs--
+	var watchers []*worker
 	if f.refs == 0 && f.closing && !f.closed {
-		f.closed = true
-		f.closeErr = unix.Close(f.fd)
+		watchers = f.closeLocked()
 	}
 	f.mu.Unlock()
+	notifyClosed(f, watchers)
+}
+
+// closeLocked releases the descriptor and returns the workers to tell.
+func (f *File) closeLocked() []*worker {
+	f.closed = true
+	f.closeErr = unix.Close(f.fd)
+	w := f.watchers
+	f.watchers = nil
+	return w
+}
+
+func notifyClosed(f *File, watchers []*worker) {
+	for _, w := range watchers {
+		w.fileClosed(f)
+	}
+}
+
+// watch records that w's ring holds f in its fixed-file table; it reports
+// false when f is already closed.
+func (f *File) watch(w *worker) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.watchers = append(f.watchers, w)
+	return true
 }
 
 // Close marks the file closed. The descriptor is released now if no request
 // is in flight, else when the last one completes. Close is idempotent.
 func (f *File) Close() error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.closing {
+		f.mu.Unlock()
 		return nil
 	}
 	f.closing = true
-	if f.refs == 0 {
-		f.closed = true
-		f.closeErr = unix.Close(f.fd)
-		if f.closeErr != nil {
-			return &os.PathError{Op: "close", Path: f.path, Err: f.closeErr}
-		}
+	if f.refs > 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	watchers := f.closeLocked()
+	err := f.closeErr
+	f.mu.Unlock()
+	notifyClosed(f, watchers)
+	if err != nil {
+		return &os.PathError{Op: "close", Path: f.path, Err: err}
 	}
 	return nil
 }

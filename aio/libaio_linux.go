@@ -206,7 +206,14 @@ func readProcValue(path string) string {
 
 // prep fills the token's iocb and queues it. It panics on a broken
 // invariant: a token outside [0, capacity) or one still in use.
-func (r *libaioRing) prep(op Op, fd int, buf []byte, off int64, token uint32) {
+func (r *libaioRing) registerBuffers([][]byte) error  { return errFixedUnsupported }
+func (r *libaioRing) registerFile(int) (int32, error) { return -1, errFixedUnsupported }
+func (r *libaioRing) unregisterFile(int32) error      { return errFixedUnsupported }
+
+func (r *libaioRing) fixedBuffer([]byte) bool { return false }
+
+func (r *libaioRing) prep(op Op, t target, buf []byte, off int64, token uint32) {
+	fd := t.fd
 	if int64(token) >= int64(len(r.iocbs)) || r.busy[token] {
 		panic(fmt.Sprintf("aio: libaio prep: token %d out of range or in use (capacity %d)", token, len(r.iocbs)))
 	}

@@ -94,7 +94,7 @@ func libaioRun(tb testing.TB, r *libaioRing, ops []libaioTestOp) []int32 {
 			tok := free[len(free)-1]
 			free = free[:len(free)-1]
 			o := ops[next]
-			r.prep(o.op, o.fd, o.buf, o.off, tok)
+			r.prep(o.op, fdTarget(o.fd), o.buf, o.off, tok)
 			opOf[tok] = next
 			next++
 		}
@@ -434,7 +434,7 @@ func TestLibaioWaitBeyondKernelSlots(t *testing.T) {
 	bufs := make([][]byte, 8)
 	for tok := range bufs {
 		bufs[tok] = bytes.Repeat([]byte{byte(tok)}, 100)
-		r.prep(OpWrite, fd, bufs[tok], int64(tok)*100, uint32(tok))
+		r.prep(OpWrite, fdTarget(fd), bufs[tok], int64(tok)*100, uint32(tok))
 	}
 	if err := r.submit(); err != nil {
 		t.Fatal(err)
@@ -558,9 +558,9 @@ func TestLibaioPrepBrokenInvariants(t *testing.T) {
 		}()
 		f()
 	}
-	mustPanic("token out of range", func() { r.prep(OpRead, 0, buf, 0, 2) })
-	r.prep(OpRead, -1, buf, 0, 1)
-	mustPanic("token in use", func() { r.prep(OpRead, -1, buf, 0, 1) })
+	mustPanic("token out of range", func() { r.prep(OpRead, fdTarget(0), buf, 0, 2) })
+	r.prep(OpRead, fdTarget(-1), buf, 0, 1)
+	mustPanic("token in use", func() { r.prep(OpRead, fdTarget(-1), buf, 0, 1) })
 	if err := r.submit(); err != nil {
 		t.Fatal(err)
 	}
@@ -602,7 +602,7 @@ func newLibaioSteadyState(tb testing.TB, depth int) *libaioSteadyState {
 }
 
 func (s *libaioSteadyState) prep(tok uint32) {
-	s.r.prep(OpRead, s.fd, s.buf[int(tok)*4096:int(tok+1)*4096], (s.next%s.offs)*4096, tok)
+	s.r.prep(OpRead, fdTarget(s.fd), s.buf[int(tok)*4096:int(tok+1)*4096], (s.next%s.offs)*4096, tok)
 	s.next += 7 // stride over the file
 }
 

@@ -61,9 +61,15 @@ func (r *posixRing) serve() {
 	}
 }
 
-func (r *posixRing) prep(op Op, fd int, buf []byte, off int64, token uint32) {
-	r.pending = append(r.pending, posixOp{op: op, fd: fd, buf: buf, off: off, token: token})
+func (r *posixRing) prep(op Op, t target, buf []byte, off int64, token uint32) {
+	r.pending = append(r.pending, posixOp{op: op, fd: t.fd, buf: buf, off: off, token: token})
 }
+
+func (r *posixRing) fixedBuffer([]byte) bool { return false }
+
+func (r *posixRing) registerBuffers([][]byte) error  { return errFixedUnsupported }
+func (r *posixRing) registerFile(int) (int32, error) { return -1, errFixedUnsupported }
+func (r *posixRing) unregisterFile(int32) error      { return errFixedUnsupported }
 
 func (r *posixRing) submit() error {
 	for i := range r.pending {

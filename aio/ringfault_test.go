@@ -57,6 +57,9 @@ type faultPlan struct {
 	eligible int
 	fired    int
 	withheld int // completions withheld by faultOverflow
+	// rings counts the rings made (replacements included); registered
+	// the registerBuffers calls with memory that a ring took.
+	rings, registered int
 }
 
 func (p *faultPlan) fire() bool {
@@ -81,7 +84,7 @@ func (p *faultPlan) firedCount() int {
 
 type heldPrep struct {
 	op    Op
-	fd    int
+	t     target
 	buf   []byte
 	off   int64
 	token uint32
@@ -101,13 +104,26 @@ type faultRing struct {
 
 var _ ring = (*faultRing)(nil)
 
-func (r *faultRing) prep(op Op, fd int, buf []byte, off int64, token uint32) {
-	r.held = append(r.held, heldPrep{op, fd, buf, off, token})
+func (r *faultRing) prep(op Op, t target, buf []byte, off int64, token uint32) {
+	r.held = append(r.held, heldPrep{op, t, buf, off, token})
 }
+
+func (r *faultRing) fixedBuffer(buf []byte) bool { return r.inner.fixedBuffer(buf) }
+func (r *faultRing) registerBuffers(regions [][]byte) error {
+	err := r.inner.registerBuffers(regions)
+	if err == nil && len(regions) > 0 {
+		r.plan.mu.Lock()
+		r.plan.registered++
+		r.plan.mu.Unlock()
+	}
+	return err
+}
+func (r *faultRing) registerFile(fd int) (int32, error) { return r.inner.registerFile(fd) }
+func (r *faultRing) unregisterFile(slot int32) error    { return r.inner.unregisterFile(slot) }
 
 func (r *faultRing) forward() {
 	for _, h := range r.held {
-		r.inner.prep(h.op, h.fd, h.buf, h.off, h.token)
+		r.inner.prep(h.op, h.t, h.buf, h.off, h.token)
 		r.inflight[h.token] = true
 	}
 	r.held = r.held[:0]
@@ -224,6 +240,10 @@ type faultRun struct {
 	data  []byte
 	plan  *faultPlan
 	reqSz int
+	// arena is memory registered with the engine; waves read half their
+	// requests into it (registered buffers on io_uring), half into the Go
+	// heap.
+	arena []byte
 }
 
 // newFaultRun builds an engine whose rings are wrapped with plan, over a
@@ -234,6 +254,9 @@ func newFaultRun(t *testing.T, backend string, plan *faultPlan, par, qd int) *fa
 		Direct: DirectOff, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	opts.EnsureDefaults()
 	e, err := newEngineWrapped(opts, backend, func(_ int, r ring) ring {
+		plan.mu.Lock()
+		plan.rings++
+		plan.mu.Unlock()
 		return &faultRing{inner: r, backend: backend, plan: plan, inflight: map[uint32]bool{}}
 	})
 	if err != nil {
@@ -258,9 +281,20 @@ func newFaultRun(t *testing.T, backend string, plan *faultPlan, par, qd int) *fa
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	r := &faultRun{e: e, f: f, data: data, plan: plan, reqSz: 64 << 10}
+	r := &faultRun{e: e, f: f, data: data, plan: plan, reqSz: 64 << 10, arena: make([]byte, 2<<20)}
+	if err := e.RegisterMemory(r.arena); (err == nil) != (backend == BackendUring) {
+		t.Fatalf("%s: RegisterMemory: %v", backend, err)
+	}
 	t.Cleanup(func() { closed = true })
 	return r
+}
+
+// registeredRings reports how many rings took the arena, and how many
+// rings there have been.
+func (r *faultRun) registeredRings() (registered, rings int) {
+	r.plan.mu.Lock()
+	defer r.plan.mu.Unlock()
+	return r.plan.registered, r.plan.rings
 }
 
 // wave reads count requests of reqSz bytes at distinct offsets, all in
@@ -271,7 +305,11 @@ func (r *faultRun) wave(t *testing.T, count int) []error {
 	reqs := make([]Request, count)
 	for i := range reqs {
 		off := int64(i*r.reqSz) % int64(len(r.data))
-		reqs[i] = Request{Op: OpRead, File: r.f, Offset: off, Buf: make([]byte, r.reqSz)}
+		buf := make([]byte, r.reqSz)
+		if lo := i / 2 * r.reqSz; i%2 == 0 && lo+r.reqSz <= len(r.arena) {
+			buf = r.arena[lo : lo+r.reqSz]
+		}
+		reqs[i] = Request{Op: OpRead, File: r.f, Offset: off, Buf: buf}
 		if err := r.e.Submit(&reqs[i]); err != nil {
 			t.Fatalf("submit %d: %v", i, err)
 		}
@@ -348,8 +386,20 @@ func TestRingFaultOverflow(t *testing.T) {
 			if st := r.e.Stats(); st.RingFailures < 1 || st.Errors != int64(failed) {
 				t.Errorf("stats %+v: want RingFailures >= 1 and Errors = %d", st, failed)
 			}
+			fixed := r.e.Stats().FixedBufferPieces
 			if again := r.wave(t, 24); count(again) != 0 {
 				t.Fatalf("after recovery %d of 24 requests failed; first: %v", count(again), errors.Join(again...))
+			}
+			// The replacement ring registered the arena again, and the wave
+			// after recovery used it.
+			if backend == BackendUring {
+				reg, rings := r.registeredRings()
+				if rings < 3 || reg != rings {
+					t.Errorf("%d rings (a replacement among them), %d took the registered memory; want all", rings, reg)
+				}
+				if st := r.e.Stats(); st.FixedBufferPieces <= fixed {
+					t.Errorf("no registered-buffer pieces after recovery (%d before, %d after)", fixed, st.FixedBufferPieces)
+				}
 			}
 			r.close(t)
 		})

@@ -55,11 +55,26 @@ const (
 
 	uringEnterGetEvents = 1 << 0
 
-	uringOpRead  = 22 // IORING_OP_READ (5.6)
-	uringOpWrite = 23 // IORING_OP_WRITE (5.6)
+	uringOpReadFixed  = 4  // IORING_OP_READ_FIXED (5.1)
+	uringOpWriteFixed = 5  // IORING_OP_WRITE_FIXED (5.1)
+	uringOpRead       = 22 // IORING_OP_READ (5.6)
+	uringOpWrite      = 23 // IORING_OP_WRITE (5.6)
 
-	uringRegisterProbe = 8 // IORING_REGISTER_PROBE (5.6)
-	uringOpSupported   = 1 << 0
+	uringSqeFixedFile = 1 << 0 // IOSQE_FIXED_FILE: sqe.fd is a fixed-file slot
+
+	uringRegisterBuffers     = 0 // IORING_REGISTER_BUFFERS (5.1)
+	uringUnregisterBuffers   = 1 // IORING_UNREGISTER_BUFFERS (5.1)
+	uringRegisterFiles       = 2 // IORING_REGISTER_FILES (5.1; sparse tables of -1 since 5.5)
+	uringRegisterFilesUpdate = 6 // IORING_REGISTER_FILES_UPDATE (5.5)
+	uringRegisterProbe       = 8 // IORING_REGISTER_PROBE (5.6)
+	uringOpSupported         = 1 << 0
+
+	// uringMaxBufferLen is the kernel's limit on one registered buffer
+	// (io_buffer_validate: 1 GiB); a larger region is registered as
+	// several buffers.
+	uringMaxBufferLen = 1 << 30
+	// uringMaxBuffers is IORING_MAX_REG_BUFFERS.
+	uringMaxBuffers = 1 << 14
 
 	// uringMaxEntries is the kernel's IORING_MAX_ENTRIES: the largest SQ.
 	uringMaxEntries = 32768
@@ -69,6 +84,13 @@ const (
 	// transfer and continues.
 	uringMaxLen = math.MaxInt32 &^ 4095
 )
+
+// uringFileTableSize is the number of fixed-file slots a ring registers
+// (sparse, on first use): enough for the swap files, a checkpoint's files
+// and a DeepNVMe-style handle's file per tensor; files past it use their
+// descriptors. It is capped by RLIMIT_NOFILE, which the kernel applies to
+// the table. A variable so that tests can fill it.
+var uringFileTableSize = 1024
 
 // uringSetupTiers are the setup flags tried in order; the kernel rejects
 // flags it does not know with EINVAL, and the next tier is tried. The CQ is
@@ -200,7 +222,39 @@ type uringRing struct {
 	bufs [][]byte
 	busy []bool
 
+	// regs are the registered buffers, by index (registerBuffers).
+	regs []uringRegBuf
+	// fileSlots is the size of the registered fixed-file table (0 until
+	// the first registerFile); freeSlots are its empty slots, and
+	// fileTableErr is why the table could not be registered.
+	fileSlots    int
+	freeSlots    []int32
+	fileTableErr error
+
 	closed bool
+}
+
+// uringRegBuf is one registered buffer: the addresses [base, end).
+type uringRegBuf struct{ base, end uintptr }
+
+// uringIovec is struct iovec.
+type uringIovec struct {
+	base uintptr
+	len  uint64
+}
+
+// uringFilesUpdate is struct io_uring_files_update.
+type uringFilesUpdate struct {
+	offset uint32
+	resv   uint32
+	fds    uint64 // __s32 * as __aligned_u64
+}
+
+// uringRegisterFn is io_uring_register; tests replace it to make a
+// registration fail as a small memlock limit or an old kernel would.
+var uringRegisterFn = func(fd int, opcode uintptr, arg unsafe.Pointer, n int) (int, unix.Errno) {
+	r, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(fd), opcode, uintptr(arg), uintptr(n), 0, 0)
+	return int(r), errno
 }
 
 var _ ring = (*uringRing)(nil)
@@ -317,7 +371,7 @@ func (r *uringRing) capacity() int { return int(r.sqEntries) }
 // prep writes one SQE. It panics on a broken core invariant (a token out of
 // range or already in flight, more than capacity() operations, a closed
 // ring): continuing would hand the kernel a buffer the core may reuse.
-func (r *uringRing) prep(op Op, fd int, buf []byte, off int64, token uint32) {
+func (r *uringRing) prep(op Op, t target, buf []byte, off int64, token uint32) {
 	if r.closed {
 		panic("aio: uring prep on a closed ring")
 	}
@@ -327,26 +381,188 @@ func (r *uringRing) prep(op Op, fd int, buf []byte, off int64, token uint32) {
 	if r.sqLocalTail-atomic.LoadUint32(r.sqHead) >= r.sqEntries {
 		panic("aio: uring prep with the submission queue full")
 	}
-	opcode := uint8(uringOpRead)
-	if op == OpWrite {
-		opcode = uringOpWrite
-	}
 	n := len(buf)
 	if n > uringMaxLen {
 		n = uringMaxLen
 	}
+	addr := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	sqe := uringSQE{fd: int32(t.fd), off: uint64(off), addr: uint64(addr), len: uint32(n), userData: uint64(token)}
+	if t.slot >= 0 {
+		sqe.fd = t.slot
+		sqe.flags = uringSqeFixedFile
+	}
+	if i := r.regIndex(addr, n); i >= 0 {
+		sqe.opcode, sqe.bufIndex = uringOpReadFixed, uint16(i)
+		if op == OpWrite {
+			sqe.opcode = uringOpWriteFixed
+		}
+	} else {
+		sqe.opcode = uringOpRead
+		if op == OpWrite {
+			sqe.opcode = uringOpWrite
+		}
+	}
 	r.bufs[token] = buf
 	r.busy[token] = true
-	r.sqes[r.sqLocalTail&r.sqMask] = uringSQE{
-		opcode:   opcode,
-		fd:       int32(fd),
-		off:      uint64(off),
-		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
-		len:      uint32(n),
-		userData: uint64(token),
-	}
+	r.sqes[r.sqLocalTail&r.sqMask] = sqe
 	r.sqLocalTail++
 	r.toSubmit++
+}
+
+// fixedBuffer implements ring.
+func (r *uringRing) fixedBuffer(buf []byte) bool {
+	return r.regIndex(uintptr(unsafe.Pointer(unsafe.SliceData(buf))), min(len(buf), uringMaxLen)) >= 0
+}
+
+// regIndex returns the index of the registered buffer holding all of
+// [addr, addr+n), or -1.
+func (r *uringRing) regIndex(addr uintptr, n int) int {
+	for i, rb := range r.regs {
+		if addr >= rb.base && addr < rb.end {
+			if uintptr(n) <= rb.end-addr {
+				return i
+			}
+			return -1 // straddles the end: move it as it is
+		}
+	}
+	return -1
+}
+
+// registerBuffers implements ring: it unregisters the current set, then
+// registers regions, each split into pieces of at most 1 GiB.
+func (r *uringRing) registerBuffers(regions [][]byte) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if len(r.regs) > 0 {
+		r.regs = nil
+		if _, errno := uringRegisterFn(r.fd, uringUnregisterBuffers, nil, 0); errno != 0 {
+			return fmt.Errorf("IORING_UNREGISTER_BUFFERS: %w", errno)
+		}
+	}
+	var iov []uringIovec
+	var regs []uringRegBuf
+	var total int64
+	for _, mem := range regions {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		for off := 0; off < len(mem); off += uringMaxBufferLen {
+			n := min(len(mem)-off, uringMaxBufferLen)
+			iov = append(iov, uringIovec{base: base + uintptr(off), len: uint64(n)})
+			regs = append(regs, uringRegBuf{base: base + uintptr(off), end: base + uintptr(off+n)})
+			total += int64(n)
+		}
+	}
+	if len(iov) == 0 {
+		return nil
+	}
+	if len(iov) > uringMaxBuffers {
+		return fmt.Errorf("IORING_REGISTER_BUFFERS: %d buffers of at most 1 GiB needed, the kernel takes at most %d", len(iov), uringMaxBuffers)
+	}
+	_, errno := uringRegisterFn(r.fd, uringRegisterBuffers, unsafe.Pointer(&iov[0]), len(iov))
+	runtime.KeepAlive(iov)
+	if errno != 0 {
+		return fmt.Errorf("IORING_REGISTER_BUFFERS of %d bytes in %d buffers: %w (%s)", total, len(iov), errno, explainRegisterErrno(errno))
+	}
+	r.regs = regs
+	return nil
+}
+
+// explainRegisterErrno says why IORING_REGISTER_BUFFERS may have failed.
+func explainRegisterErrno(errno unix.Errno) string {
+	switch errno {
+	case unix.ENOMEM:
+		return "registered buffers are pinned and count against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK: raise the memlock limit (ulimit -l unlimited, LimitMEMLOCK=infinity, --ulimit memlock=-1) or grant CAP_IPC_LOCK"
+	case unix.EFAULT:
+		return "the memory is not anonymous or not mapped"
+	case unix.EOPNOTSUPP:
+		return "the memory is file-backed, which io_uring does not register"
+	case unix.EINVAL:
+		return "the kernel refused the buffer table"
+	}
+	return errno.Error()
+}
+
+// registerFile implements ring. The sparse table is registered on first
+// use; a kernel that refuses it leaves the ring without fixed files.
+func (r *uringRing) registerFile(fd int) (int32, error) {
+	if r.closed {
+		return -1, ErrClosed
+	}
+	if r.fileTableErr != nil {
+		return -1, r.fileTableErr
+	}
+	if r.fileSlots == 0 {
+		if err := r.registerFileTable(); err != nil {
+			r.fileTableErr = err
+			return -1, err
+		}
+	}
+	if len(r.freeSlots) == 0 {
+		return -1, fmt.Errorf("the fixed-file table's %d slots are all in use", r.fileSlots)
+	}
+	slot := r.freeSlots[len(r.freeSlots)-1]
+	if err := r.updateFile(slot, int32(fd)); err != nil {
+		return -1, err
+	}
+	r.freeSlots = r.freeSlots[:len(r.freeSlots)-1]
+	return slot, nil
+}
+
+// registerFileTable registers an empty (sparse) fixed-file table.
+func (r *uringRing) registerFileTable() error {
+	n := uringFileTableSize
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(n) {
+		n = int(lim.Cur)
+	}
+	if n < 1 {
+		return errors.New("RLIMIT_NOFILE leaves no room for a fixed-file table")
+	}
+	fds := make([]int32, n)
+	for i := range fds {
+		fds[i] = -1
+	}
+	_, errno := uringRegisterFn(r.fd, uringRegisterFiles, unsafe.Pointer(&fds[0]), n)
+	runtime.KeepAlive(fds)
+	if errno != 0 {
+		return fmt.Errorf("IORING_REGISTER_FILES of a sparse table of %d slots: %w", n, errno)
+	}
+	r.fileSlots = n
+	r.freeSlots = make([]int32, n)
+	for i := range r.freeSlots {
+		r.freeSlots[i] = int32(n - 1 - i)
+	}
+	return nil
+}
+
+// updateFile puts fd (-1: none) in slot.
+func (r *uringRing) updateFile(slot, fd int32) error {
+	fds := [1]int32{fd}
+	up := uringFilesUpdate{offset: uint32(slot), fds: uint64(uintptr(unsafe.Pointer(&fds[0])))}
+	n, errno := uringRegisterFn(r.fd, uringRegisterFilesUpdate, unsafe.Pointer(&up), 1)
+	runtime.KeepAlive(&fds)
+	switch {
+	case errno != 0:
+		return fmt.Errorf("IORING_REGISTER_FILES_UPDATE of slot %d: %w", slot, errno)
+	case n != 1:
+		return fmt.Errorf("IORING_REGISTER_FILES_UPDATE of slot %d updated %d slots", slot, n)
+	}
+	return nil
+}
+
+// unregisterFile implements ring.
+func (r *uringRing) unregisterFile(slot int32) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if slot < 0 || int(slot) >= r.fileSlots {
+		return fmt.Errorf("fixed-file slot %d out of range (table of %d)", slot, r.fileSlots)
+	}
+	if err := r.updateFile(slot, -1); err != nil {
+		return err
+	}
+	r.freeSlots = append(r.freeSlots, slot)
+	return nil
 }
 
 // submit hands every prepped SQE to the kernel with io_uring_enter. EINTR
@@ -639,7 +855,8 @@ func probeUring() error {
 	for _, op := range [...]struct {
 		code uint8
 		name string
-	}{{uringOpRead, "IORING_OP_READ"}, {uringOpWrite, "IORING_OP_WRITE"}} {
+	}{{uringOpRead, "IORING_OP_READ"}, {uringOpWrite, "IORING_OP_WRITE"},
+		{uringOpReadFixed, "IORING_OP_READ_FIXED"}, {uringOpWriteFixed, "IORING_OP_WRITE_FIXED"}} {
 		if op.code > probe.lastOp || probe.ops[op.code].flags&uringOpSupported == 0 {
 			return unavailable("%s (opcode %d) is not supported by this kernel", op.name, op.code)
 		}
@@ -655,7 +872,7 @@ func probeUring() error {
 	got := make([]byte, len(msg))
 	var comps [1]completion
 	roundTrip := func(op Op, fd int, buf []byte) error {
-		r.prep(op, fd, buf, -1, 0)
+		r.prep(op, fdTarget(fd), buf, -1, 0)
 		if err := r.submit(); err != nil {
 			return err
 		}

@@ -95,7 +95,7 @@ func driveUring(t testing.TB, r *uringRing, ops []uringTestOp, depth int) (res [
 			free = free[:len(free)-1]
 			o := ops[next]
 			owner[tok] = next
-			r.prep(o.op, o.fd, o.buf, o.off, tok)
+			r.prep(o.op, fdTarget(o.fd), o.buf, o.off, tok)
 			next++
 		}
 		maxInFlight = max(maxInFlight, depth-len(free))
@@ -365,7 +365,7 @@ func TestUringCapacity(t *testing.T) {
 	for round := range 3 {
 		for tok := range r.capacity() {
 			bufs[tok] = make([]byte, 512)
-			r.prep(OpRead, fd, bufs[tok], int64(tok)*512, uint32(tok))
+			r.prep(OpRead, fdTarget(fd), bufs[tok], int64(tok)*512, uint32(tok))
 		}
 		if err := r.submit(); err != nil {
 			t.Fatal(err)
@@ -406,7 +406,7 @@ func TestUringCapacity(t *testing.T) {
 		}
 	}
 	// More than is in flight is never waited for.
-	r.prep(OpRead, fd, bufs[0], 0, 0)
+	r.prep(OpRead, fdTarget(fd), bufs[0], 0, 0)
 	if err := r.submit(); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestUringPollCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for tok := range 8 {
-		r.prep(OpRead, fd, buf[tok*4096:(tok+1)*4096], int64(tok)*4096, uint32(tok))
+		r.prep(OpRead, fdTarget(fd), buf[tok*4096:(tok+1)*4096], int64(tok)*4096, uint32(tok))
 	}
 	if err := r.submit(); err != nil {
 		t.Fatal(err)
@@ -505,7 +505,7 @@ func TestUringWrongThread(t *testing.T) {
 	go func() {
 		runtime.LockOSThread() // a different thread from the test's
 		defer runtime.UnlockOSThread()
-		r.prep(OpRead, -1, buf, 0, 0)
+		r.prep(OpRead, fdTarget(-1), buf, 0, 0)
 		errc <- r.submit()
 	}()
 	err := <-errc
@@ -529,8 +529,8 @@ func TestUringAbandonBatch(t *testing.T) {
 	buf := make([]byte, 8)
 	comps := make([]completion, 4)
 
-	r.prep(OpRead, -1, buf, 0, 0)
-	r.prep(OpRead, -1, buf, 0, 1)
+	r.prep(OpRead, fdTarget(-1), buf, 0, 0)
+	r.prep(OpRead, fdTarget(-1), buf, 0, 1)
 	if err := r.abandonBatch(false, unix.ENOMEM); !errors.Is(err, unix.ENOMEM) {
 		t.Fatalf("abandon with nothing accepted: %v", err)
 	}
@@ -538,8 +538,8 @@ func TestUringAbandonBatch(t *testing.T) {
 		t.Fatalf("wait after withdrawal: %d, %v", n, err)
 	}
 
-	r.prep(OpRead, -1, buf, 0, 0)
-	r.prep(OpRead, -1, buf, 0, 1)
+	r.prep(OpRead, fdTarget(-1), buf, 0, 0)
+	r.prep(OpRead, fdTarget(-1), buf, 0, 1)
 	if err := r.abandonBatch(true, unix.ENOMEM); err != nil {
 		t.Fatalf("abandon with part accepted: %v", err)
 	}
@@ -564,7 +564,7 @@ func TestUringCloseDrains(t *testing.T) {
 	}
 	fd := openTestFile(t, filepath.Join(t.TempDir(), "close"), unix.O_RDWR|unix.O_CREAT)
 	for tok := range 4 {
-		r.prep(OpWrite, fd, make([]byte, 4096), int64(tok)*4096, uint32(tok))
+		r.prep(OpWrite, fdTarget(fd), make([]byte, 4096), int64(tok)*4096, uint32(tok))
 	}
 	if err := r.submit(); err != nil {
 		t.Fatal(err)
@@ -632,7 +632,7 @@ func TestUringZeroAllocs(t *testing.T) {
 			if tok%2 == 1 {
 				op = OpWrite
 			}
-			r.prep(op, fd, bufs[tok], int64(tok)*4096, uint32(tok))
+			r.prep(op, fdTarget(fd), bufs[tok], int64(tok)*4096, uint32(tok))
 		}
 		if err := r.submit(); err != nil {
 			failed = err
@@ -681,7 +681,7 @@ func BenchmarkUringRead4K(b *testing.B) {
 	comps := make([]completion, qd)
 	next := 0
 	prep := func(tok uint32) {
-		r.prep(OpRead, fd, bufs[tok], int64(next%fileBlocks)*block, tok)
+		r.prep(OpRead, fdTarget(fd), bufs[tok], int64(next%fileBlocks)*block, tok)
 		next += 7 // stride through the file
 	}
 	b.SetBytes(block)

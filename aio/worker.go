@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -64,6 +66,32 @@ type worker struct {
 	// broken, once set, is the error every piece and slice on this worker
 	// fails with: its ring failed in a way that leaves nothing to recover.
 	broken error
+
+	// regions is the memory registered with the ring (the engine's set as
+	// of the last control applied); a replacement ring gets it too.
+	regions [][]byte
+	// files maps each file used on this worker to its slot in the ring's
+	// fixed-file table, or -1 when it has none (the ring has no fixed
+	// files, the table is full, the kernel refused). It is reset with the
+	// ring. noFixedFiles is set once the ring said it has none.
+	files        map[*File]int32
+	noFixedFiles bool
+
+	// Controls from other goroutines (engine.setMemory, File.release),
+	// applied by run between pieces: ctlFlag says some are pending.
+	ctlFlag atomic.Bool
+	ctlMu   sync.Mutex
+	ctlMem  []*memControl // buffer-set changes, applied with nothing in flight
+	ctlDrop []*File       // files closing: their slots are freed
+	wake    chan struct{} // (capacity 1) wakes an idle run
+	dead    atomic.Bool   // run has ended: controls are refused
+}
+
+// memControl asks a worker to register regions with its ring; reply gets
+// the outcome.
+type memControl struct {
+	regions [][]byte
+	reply   chan error
 }
 
 func newWorker(e *engine, id int, newRing newRingFunc) *worker {
@@ -81,6 +109,8 @@ func newWorker(e *engine, id int, newRing newRingFunc) *worker {
 		synth:   make([]completion, 0, qd),
 		batch:   make([]completion, 0, qd),
 		unsub:   make([]uint32, 0, qd),
+		files:   make(map[*File]int32),
+		wake:    make(chan struct{}, 1),
 	}
 	for i := qd - 1; i >= 0; i-- {
 		w.free = append(w.free, uint32(i))
@@ -104,22 +134,30 @@ func (w *worker) run(ready chan<- error, done chan<- struct{}) {
 	w.ring = r
 	ready <- nil
 	defer w.closeRing()
+	defer w.refuseControls()
 	for {
 		inflight := len(w.pieces) - len(w.free)
-		if inflight == 0 && len(w.active) == 0 {
+		if inflight == 0 && len(w.active) == 0 && !w.ctlFlag.Load() {
 			select {
 			case s := <-w.queue:
 				w.active = append(w.active, s)
+			case <-w.wake:
 			case <-w.stop:
 				return
 			}
 		}
 		w.drainQueue()
+		// Controls go before issuing, so that a slot a closed file freed
+		// is free for the files of the requests just taken.
+		holdIssue := false
+		if w.ctlFlag.Load() {
+			holdIssue = w.control()
+		}
 		if w.broken != nil {
 			w.failActive()
 			continue
 		}
-		if w.lost == 0 {
+		if w.lost == 0 && !holdIssue {
 			w.issue()
 		}
 		w.submit()
@@ -206,6 +244,10 @@ func (w *worker) prep(tok uint32) {
 	buf := p.buf
 	f := p.s.req.File
 	op := p.s.req.Op
+	t := target{fd: f.fd, slot: -1}
+	if !w.noFixedFiles {
+		t.slot = w.fileSlot(f)
+	}
 	if h := w.e.opts.Faults; h != nil {
 		flt := h.Before(PieceInfo{Op: op, Path: f.path, Offset: p.off, Len: len(buf), Align: f.align})
 		if flt.Delay > 0 {
@@ -222,7 +264,13 @@ func (w *worker) prep(tok uint32) {
 	}
 	p.issued = len(buf)
 	p.inRing = true
-	w.ring.prep(op, f.fd, buf, p.off, tok)
+	if len(w.regions) > 0 && w.ring.fixedBuffer(buf) {
+		w.e.fixedBufPieces.Add(1)
+	}
+	w.ring.prep(op, t, buf, p.off, tok)
+	if t.slot >= 0 {
+		w.e.fixedFilePieces.Add(1)
+	}
 	w.real++
 	w.unsub = append(w.unsub, tok)
 	w.e.pieces.Add(1)
@@ -381,6 +429,7 @@ func (w *worker) recoverLost() {
 		return
 	}
 	w.ring = r
+	w.ringReplaced()
 }
 
 // breakRing fails every piece and slice on this worker with cause and makes
@@ -515,5 +564,138 @@ func (w *worker) finishSlice(s *slice) {
 	s.buf = nil
 	if req.pending.Add(-1) == 0 {
 		w.e.finish(req)
+	}
+}
+
+// fileSlot returns f's slot in the ring's fixed-file table, registering
+// it on first use, or -1 when it has none. A file that got a slot tells
+// the worker when it closes (File.release), so the slot is freed and the
+// ring's reference to the file dropped.
+func (w *worker) fileSlot(f *File) int32 {
+	if slot, ok := w.files[f]; ok {
+		return slot
+	}
+	slot, err := w.ring.registerFile(f.fd)
+	switch {
+	case err == nil:
+		if !f.watch(w) {
+			// Closed meanwhile (it cannot be: a request holds it), but
+			// never keep a slot no one will free.
+			w.ring.unregisterFile(slot)
+			slot = -1
+		}
+	case errors.Is(err, errors.ErrUnsupported):
+		w.noFixedFiles = true
+		return -1
+	default:
+		w.e.fixedFileFallback(w, f, err)
+	}
+	w.files[f] = slot
+	return slot
+}
+
+// fileClosed is called by a file with a slot on this worker once its
+// descriptor is closed: the slot is freed by run (the ring's own reference
+// keeps the file open until then). It never blocks.
+func (w *worker) fileClosed(f *File) {
+	if w.dead.Load() {
+		return // the ring, and its table, are gone
+	}
+	w.ctlMu.Lock()
+	w.ctlDrop = append(w.ctlDrop, f)
+	w.ctlMu.Unlock()
+	w.ctlFlag.Store(true)
+	w.poke()
+}
+
+// setMemory queues a buffer-set change for run and returns the channel its
+// outcome arrives on.
+func (w *worker) setMemory(regions [][]byte) chan error {
+	c := &memControl{regions: regions, reply: make(chan error, 1)}
+	w.ctlMu.Lock()
+	if w.dead.Load() {
+		w.ctlMu.Unlock()
+		c.reply <- ErrClosed
+		return c.reply
+	}
+	w.ctlMem = append(w.ctlMem, c)
+	w.ctlMu.Unlock()
+	w.ctlFlag.Store(true)
+	w.poke()
+	return c.reply
+}
+
+func (w *worker) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// control applies pending controls: freed file slots at once, buffer-set
+// changes once nothing is prepped or in flight on the ring (the kernel
+// must not see the set change under an operation using it). It reports
+// whether a buffer-set change is still waiting, in which case run issues
+// nothing new until the ring has drained.
+func (w *worker) control() (waiting bool) {
+	w.ctlMu.Lock()
+	drop := w.ctlDrop
+	w.ctlDrop = nil
+	idle := len(w.free) == len(w.pieces) && w.real == 0 && len(w.synth) == 0 && len(w.unsub) == 0
+	var mem []*memControl
+	if idle || w.broken != nil {
+		mem = w.ctlMem
+		w.ctlMem = nil
+	}
+	waiting = len(w.ctlMem) > 0
+	if !waiting {
+		w.ctlFlag.Store(false)
+	}
+	w.ctlMu.Unlock()
+	for _, f := range drop {
+		if slot, ok := w.files[f]; ok {
+			delete(w.files, f)
+			if slot >= 0 {
+				if err := w.ring.unregisterFile(slot); err != nil {
+					w.e.opts.Logger.Warn("aio: freeing a fixed-file slot failed; the ring keeps the file open until the engine closes",
+						"backend", w.e.name, "ring", w.id+1, "path", f.path, "slot", slot, "err", err)
+				}
+			}
+		}
+	}
+	for _, c := range mem {
+		var err error
+		if w.broken != nil {
+			err = w.broken
+		} else {
+			w.regions = c.regions
+			err = w.ring.registerBuffers(c.regions)
+		}
+		c.reply <- err
+	}
+	return waiting
+}
+
+// refuseControls answers buffer-set changes still queued when run ends.
+func (w *worker) refuseControls() {
+	w.ctlMu.Lock()
+	defer w.ctlMu.Unlock()
+	w.dead.Store(true)
+	for _, c := range w.ctlMem {
+		c.reply <- ErrClosed
+	}
+	w.ctlMem = nil
+}
+
+// ringReplaced gives a fresh ring (after a CQ overflow) the memory the old
+// one had registered; its fixed-file table starts empty.
+func (w *worker) ringReplaced() {
+	clear(w.files)
+	w.noFixedFiles = false
+	if len(w.regions) == 0 {
+		return
+	}
+	if err := w.ring.registerBuffers(w.regions); err != nil {
+		w.e.memoryFallback(w, err)
 	}
 }

@@ -5,7 +5,10 @@
 // through such a buffer: aio reads and writes them (O_DIRECT needs the
 // alignment), the swappers keep parameters, optimizer state and gradients in
 // them, and a GPU runtime registers the arena once (Pool.Regions) so that
-// host-device copies run at full DMA speed.
+// host-device copies run at full DMA speed. Pool.Register hands the arena
+// to anything that registers memory and must be told before it goes away
+// (an aio engine: io_uring registered buffers); the pool unregisters it
+// before unmapping.
 //
 // # Use
 //

@@ -2,6 +2,7 @@ package buffers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -39,6 +40,9 @@ type Pool struct {
 	unmapped  bool
 	// waiterFree recycles waiter records across regions.
 	waiterFree *waiter
+
+	// registrars hold the arena registered (Register) until unmap.
+	registrars []MemoryRegistrar
 
 	inUse          [NumPurposes]int64
 	outstandingBy  [NumPurposes]int64
@@ -568,13 +572,53 @@ func (p *Pool) Close() error {
 
 func (p *Pool) unmapLocked() error {
 	p.unmapped = true
+	var errs []error
+	for _, r := range p.registrars {
+		// Before the munmap: a registration that outlived the mapping
+		// would keep the old pages pinned, and an I/O engine could take a
+		// later mapping at the same address for registered memory.
+		if err := r.UnregisterMemory(p.mem); err != nil {
+			errs = append(errs, fmt.Errorf("buffers: unregistering the arena: %w", err))
+		}
+	}
+	p.registrars = nil
 	if p.pinned {
 		_ = munlockFn(p.mem) // munmap unlocks too; this is only tidy
 	}
 	if err := unmapArena(p.mem); err != nil {
-		return fmt.Errorf("buffers: munmap %s arena: %w", formatBytes(int64(len(p.mem))), err)
+		errs = append(errs, fmt.Errorf("buffers: munmap %s arena: %w", formatBytes(int64(len(p.mem))), err))
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// MemoryRegistrar is something that can register host memory for faster
+// transfers and must be told before that memory goes away: an I/O engine
+// (aio.Engine: io_uring registered buffers) or a device runtime.
+type MemoryRegistrar interface {
+	RegisterMemory(mem []byte) error
+	UnregisterMemory(mem []byte) error
+}
+
+// Register registers the arena with r (r.RegisterMemory) and keeps it
+// registered until the arena is unmapped: Close (or the last Release
+// after it) calls r.UnregisterMemory first. r's error is returned; a
+// registrar that refused may still hold the arena in its set (an aio
+// engine does, moving it as ordinary memory), so the pool unregisters it
+// in any case. Register fails with ErrClosed once Close was called, and
+// for a registrar the arena is registered with already.
+func (p *Pool) Register(r MemoryRegistrar) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	for _, have := range p.registrars {
+		if have == r {
+			return errors.New("buffers: Register: the arena is registered with this registrar already")
+		}
+	}
+	p.registrars = append(p.registrars, r)
+	return r.RegisterMemory(p.mem[:len(p.mem):len(p.mem)])
 }
 
 // Stats returns a snapshot of the pool's accounting.

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/zinfio/zinf/aio"
 )
@@ -292,6 +293,7 @@ type Pending struct {
 	buf    []byte
 	waited bool
 	err    error
+	doneAt time.Time // when the last request completed (set by Wait)
 	// A ranged read (ReadRangeAsync) transfers bytes [from, to) of the
 	// version into buf and delivers [lo, hi) of them; a whole read has
 	// ranged false.
@@ -341,6 +343,9 @@ func (p *Pending) Wait() error {
 		if _, err := p.reqs[i].Wait(); err != nil {
 			errs = append(errs, err)
 		}
+		if t := p.reqs[i].CompletedAt(); t.After(p.doneAt) {
+			p.doneAt = t
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		p.err = &TensorError{Op: p.op, Tensor: p.name, Err: err}
@@ -370,6 +375,12 @@ func (p *Pending) Wait() error {
 	p.recycle()
 	return p.err
 }
+
+// CompletedAt returns when the operation's I/O completed (its last
+// request was reaped), which may be well before Wait was called; the zero
+// time until Wait has returned. Checksum verification, which Wait does
+// afterwards, is not included.
+func (p *Pending) CompletedAt() time.Time { return p.doneAt }
 
 // Write stores b.Bytes() under name (a new version; see WriteAsync) and
 // waits for it.
