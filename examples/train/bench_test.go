@@ -2,15 +2,20 @@ package train
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/internal/stats"
+	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
 // benchDir is where benchmark swap files go: $ZINF_BENCH_DIR, else a temp
@@ -110,6 +115,9 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 					b.Fatal(err)
 				}
 				if op == "read" {
+					// The file is this benchmark's; the next
+					// measurement writes a fresh one.
+					os.Remove(dir + "/bench-io.dat")
 					rbw = r.GBpsMedian
 				} else {
 					wbw = r.GBpsMedian
@@ -122,8 +130,10 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		// backward, timed alone) with zinf io just before and just after;
 		// the prediction uses the mean of the two. Medians over rounds.
 		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
+		disk := newDiskStat(dir)
 		for round := 0; round < rounds+1; round++ {
 			r1, w1 := measureIO()
+			disk.mark()
 			if err := runLoop(ctx, spec, be, loopOptions{Steps: 1, Micro: 1, World: 1, Start: round}); err != nil {
 				b.Fatal(err)
 			}
@@ -140,8 +150,13 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 			ratio = append(ratio, pred/ms)
 			b.Logf("round %d: io read %.3f GB/s, write %.3f GB/s; optimizer %.1f ms for %d+%d bytes (%.3f GB/s), predicted %.1f ms: %.3f",
 				round, rbw, wbw, ms, st.read, st.written, optGBps[len(optGBps)-1], pred, pred/ms)
+			logStep(b, rt.Metrics().Optimizer.Last, disk.busy())
+			dr, dw := disk.moved()
+			b.Logf("  device moved %d read, %d written in the round", dr, dw)
 		}
-		os.Remove(dir + "/bench-io.dat")
+		es := rt.Metrics().Engine
+		b.Logf("engine: %d pieces, %d with registered buffers, %d with fixed files; %d bytes registered",
+			es.Pieces, es.FixedBufferPieces, es.FixedFilePieces, es.RegisteredBytes)
 		rt.Close()
 		b.ReportMetric(median(readBW), "io-read-GB/s")
 		b.ReportMetric(median(writeBW), "io-write-GB/s")
@@ -222,4 +237,75 @@ func BenchmarkClipOverlap(b *testing.B) {
 		b.ReportMetric(med[3]/med[0], "x-triggering-never/off")
 		b.ReportMetric(median(rollbackMs[2]), "rollback-ms/step")
 	}
+}
+
+// logStep logs where an optimizer step's time went (see
+// optimizer.StepStats), and with ZINF_BENCH_TIMELINE=1 its sub-groups'
+// timelines, in milliseconds from the step's start. busy is the fraction
+// of the step the disk was busy, -1 when unknown.
+func logStep(b *testing.B, st optimizer.StepStats, busy float64) {
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	b.Logf("  step %.1f ms: drain %.1f, update compute %.1f, read wait %.1f, write wait %.1f, commit %.1f, I/O gaps %.1f ms; disk busy %.2f",
+		ms(st.Elapsed), ms(st.Drain), ms(st.Compute), ms(st.ReadWait), ms(st.WriteWait), ms(st.Commit), ms(st.IOGaps), busy)
+	if os.Getenv("ZINF_BENCH_TIMELINE") != "1" {
+		return
+	}
+	for _, t := range st.Timeline {
+		b.Logf("    %s/%d: ahead %.1f buffered %.1f read %.1f..%.1f grad ..%.1f picked %.1f updated %.1f write %.1f..%.1f retired %.1f",
+			t.Tensor, t.SubGroup, ms(t.Ahead), ms(t.Buffered), ms(t.ReadIssued), ms(t.ReadDone), ms(t.GradRead), ms(t.Picked),
+			ms(t.Updated), ms(t.WriteIssued), ms(t.WriteDone), ms(t.Retired))
+	}
+}
+
+// diskStat reads the io_ticks of the block device under a directory
+// (/sys/dev/block/M:m/stat), to tell how busy the disk was.
+type diskStat struct {
+	path   string
+	ticks  int64
+	at     time.Time
+	rs, ws int64
+}
+
+func newDiskStat(dir string) *diskStat {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return &diskStat{}
+	}
+	return &diskStat{path: fmt.Sprintf("/sys/dev/block/%d:%d/stat", unix.Major(st.Dev), unix.Minor(st.Dev))}
+}
+
+func (d *diskStat) read() int64 { return d.field(9) }
+
+func (d *diskStat) field(i int) int64 {
+	b, err := os.ReadFile(d.path)
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 10 {
+		return -1
+	}
+	n, err := strconv.ParseInt(f[i], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// mark starts an interval; busy ends it and returns the fraction of it
+// the device had I/O in flight.
+func (d *diskStat) mark() {
+	d.ticks, d.at = d.read(), time.Now()
+	d.rs, d.ws = d.field(2), d.field(6)
+}
+
+// moved returns the bytes read and written on the device since mark.
+func (d *diskStat) moved() (r, w int64) { return (d.field(2) - d.rs) * 512, (d.field(6) - d.ws) * 512 }
+
+func (d *diskStat) busy() float64 {
+	t := d.read()
+	if t < 0 || d.ticks < 0 {
+		return -1
+	}
+	return float64(t-d.ticks) / (float64(time.Since(d.at)) / 1e6)
 }

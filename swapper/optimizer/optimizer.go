@@ -238,6 +238,16 @@ type StepStats struct {
 	// backward pass the part of the step that the backward pass did not
 	// hide.
 	Elapsed, Compute, ReadWait, WriteWait, Idle, Commit, Drain time.Duration
+	// IOGaps is the time, between the start of the step's first read and
+	// the end of its last write-behind, during which none of its record
+	// reads, gradient reads or write-behinds was in flight: the pipeline's
+	// bubbles, when the disk had nothing of the step's to do. Summed in
+	// Total.
+	IOGaps time.Duration
+	// Timeline is every sub-group's way through the pipeline (see
+	// SubGroupTiming), ordered by when its read-ahead began. Only Last has
+	// one; Total's is nil.
+	Timeline []SubGroupTiming
 }
 
 func (s *StepStats) add(o StepStats) {
@@ -251,6 +261,7 @@ func (s *StepStats) add(o StepStats) {
 	s.ReadWait += o.ReadWait
 	s.WriteWait += o.WriteWait
 	s.Idle += o.Idle
+	s.IOGaps += o.IOGaps
 	s.Commit += o.Commit
 	s.Drain += o.Drain
 	s.HandedOver += o.HandedOver

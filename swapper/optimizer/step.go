@@ -89,6 +89,12 @@ type stepRun struct {
 	subGroups, bytesRead, bytesWritten, gradBytes atomic.Int64
 	// Touched by the update goroutine only, read after done.
 	compute, readWait, writeWait, idle time.Duration
+
+	// start is the step's start; timeline collects each sub-group's
+	// timing as it retires (see timeline.go).
+	start    time.Time
+	tlMu     sync.Mutex
+	timeline []SubGroupTiming
 }
 
 // item is one sub-group on its way through the pipeline, with everything
@@ -112,6 +118,7 @@ type item struct {
 	// idleFrom and idleTo bound the time the pipeline waited for this
 	// sub-group's tensor to be handed over (zero when it did not wait).
 	idleFrom, idleTo time.Time
+	tm               SubGroupTiming
 }
 
 // tensorBufs is what the read-ahead keeps for the tensor it is reading:
@@ -154,9 +161,11 @@ func (r *stepRun) wrap(op string, sg *subGroup, whole bool, err error) error {
 
 // stepStats are the pipeline's counters; call it after done.
 func (r *stepRun) stepStats(committed bool) StepStats {
+	tl, gaps := r.timelineStats()
 	return StepStats{Step: r.step, Committed: committed, SubGroups: int(r.subGroups.Load()),
 		BytesRead: r.bytesRead.Load(), BytesWritten: r.bytesWritten.Load(), GradBytes: r.gradBytes.Load(),
-		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Idle: r.idle}
+		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Idle: r.idle,
+		IOGaps: gaps, Timeline: tl}
 }
 
 func last(sg *subGroup) bool { return sg.j == len(sg.t.sgs)-1 }
@@ -227,6 +236,7 @@ func (r *stepRun) run() {
 				t := time.Now()
 				it, err := r.prefetch(sg, &tb)
 				r.readWait += time.Since(t)
+				it.tm.Picked = r.since()
 				if err != nil {
 					it.failed = true
 					r.fail(err)
@@ -299,6 +309,7 @@ func (r *stepRun) run() {
 		if !ok {
 			break
 		}
+		it.tm.Picked = r.since()
 		<-ahead
 		r.update(it)
 		t = time.Now()
@@ -315,6 +326,7 @@ func (r *stepRun) run() {
 func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	o := r.o
 	it := &item{sg: sg}
+	it.tm.Ahead = r.since()
 	select {
 	case r.tokens <- struct{}{}:
 		it.token = true
@@ -336,15 +348,18 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		return it, r.wrap("read-ahead", sg, false, err)
 	}
 	it.buf = b
+	it.tm.Buffered = r.since()
 	gradAt := z.recRegion(sg.n)
 	if st := o.opts.Store; st != nil {
 		rb := sg.recordBytes()
 		it.state = buffers.Float32Bytes(b.Bytes()[:rb])
+		it.tm.ReadIssued = r.since()
 		p, err := st.ReadAsync(sg.key, b.Bytes()[:rb])
 		if err != nil {
 			return it, r.wrap("read-ahead", sg, false, err)
 		}
 		it.read = p
+		it.tm.RecordBytes = int64(rb)
 	} else {
 		// The step builds the other copy; the current one stays as it is
 		// until commit.
@@ -363,6 +378,8 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		return it, r.wrap("grad", sg, false, err)
 	}
 	it.grad = g
+	it.tm.GradRead = r.since()
+	it.tm.GradBytes = 4 * int64(sg.n)
 	r.gradBytes.Add(4 * int64(sg.n))
 	return it, nil
 }
@@ -382,6 +399,7 @@ func (r *stepRun) update(it *item) {
 		err := it.read.Wait()
 		it.readDone = true
 		r.readWait += time.Since(start)
+		it.tm.ReadDone = r.doneOffset(it.read, r.since())
 		if err != nil {
 			r.fail(r.wrap("read-ahead", sg, false, err))
 			return
@@ -404,6 +422,7 @@ func (r *stepRun) update(it *item) {
 		copy(it.master[sg.off:sg.off+n], p)
 	}
 	r.compute += time.Since(start)
+	it.tm.Updated = r.since()
 	r.subGroups.Add(1)
 
 	if r.wslots != nil {
@@ -417,6 +436,7 @@ func (r *stepRun) update(it *item) {
 	}
 	if st := o.opts.Store; st != nil {
 		start := time.Now()
+		it.tm.WriteIssued = r.since()
 		w, err := st.WriteAsync(sg.staged(), it.buf.Bytes()[:sg.recordBytes()])
 		r.writeWait += time.Since(start)
 		if err != nil {
@@ -461,6 +481,7 @@ func (r *stepRun) retire(it *item) {
 		} else {
 			r.bytesWritten.Add(int64(sg.recordBytes()))
 		}
+		it.tm.WriteDone = r.doneOffset(it.write, r.since())
 	}
 	if it.stage != nil {
 		if err := it.stage.Wait(); err != nil {
@@ -476,6 +497,7 @@ func (r *stepRun) retire(it *item) {
 	if it.token {
 		<-r.tokens
 	}
+	r.record(it)
 }
 
 // commit publishes a step whose every sub-group was written and staged.

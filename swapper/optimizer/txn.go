@@ -102,6 +102,7 @@ func (o *Optimizer) begin(ctx context.Context, p StepParams) (*StepTxn, error) {
 		tokens: make(chan struct{}, o.opts.BufferCount)}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	t := &StepTxn{o: o, r: r, start: time.Now(), handed: make(map[*tensor]bool)}
+	r.start = t.start
 	o.txn = t
 	go r.run()
 	return t, nil
