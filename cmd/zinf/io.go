@@ -75,8 +75,8 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if asJSON {
 		return json.NewEncoder(stdout).Encode(res)
 	}
-	fmt.Fprintf(stdout, "%s %s: %d bytes x %d loops, backend %s, block %d, qd %d, parallel %d, O_DIRECT %v (align %d), pinned %v\n",
-		res.Op, res.Path, res.Bytes, res.Loops, res.Backend, res.BlockSize, res.QueueDepth, res.Parallel, res.Direct, res.AlignBytes, res.Pinned)
+	fmt.Fprintf(stdout, "%s %s: %d bytes x %d loops, backend %s, block %d, qd %d, parallel %d, O_DIRECT %v (align %d), pinned %v, registered %v\n",
+		res.Op, res.Path, res.Bytes, res.Loops, res.Backend, res.BlockSize, res.QueueDepth, res.Parallel, res.Direct, res.AlignBytes, res.Pinned, res.Registered)
 	fmt.Fprintf(stdout, "GB/s: median %.3f  min %.3f  max %.3f\n", res.GBpsMedian, res.GBpsMin, res.GBpsMax)
 	if res.CacheNote != "" {
 		fmt.Fprintln(stdout, "note:", res.CacheNote)
