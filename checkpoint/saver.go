@@ -71,9 +71,10 @@ type Saver struct {
 	slot    chan struct{} // holds a token while a save is in flight
 	closing chan struct{} // closed by Close
 
-	mu     sync.Mutex
-	engine aio.Engine
-	pool   *buffers.Pool // snapshot chunks
+	mu         sync.Mutex
+	engine     aio.Engine
+	engineOpts aio.Options   // the options engine was made with
+	pool       *buffers.Pool // snapshot chunks
 	bounce *buffers.Pool // store tensors while draining
 	cur    *Handle
 	closed bool
@@ -216,14 +217,14 @@ func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts Save
 	}
 	eng := opts.Engine
 	if eng == nil {
-		if s.engine == nil {
-			var err error
-			if s.engine, err = newDefaultEngine(s.opts.Logger); err != nil {
-				s.mu.Unlock()
-				return nil, &Error{Op: "save", Path: dir, Err: err}
-			}
+		// The slot is held: the previous save has finished with the engine.
+		var err error
+		eo := opts
+		eo.Logger = s.opts.Logger
+		if eng, err = ownEngine(&s.engine, &s.engineOpts, eo); err != nil {
+			s.mu.Unlock()
+			return nil, &Error{Op: "save", Path: dir, Err: err}
 		}
-		eng = s.engine
 	}
 	s.mu.Unlock()
 
@@ -267,6 +268,9 @@ func (s *Saver) start(ctx context.Context, root, name string, p *plan, opts Save
 	var bounce *buffers.Pool
 	if err == nil {
 		bounce, err = storeBouncePool(&s.bounce, p, opts)
+	}
+	if err == nil && eng == s.engine {
+		registerPools(eng, pool, bounce)
 	}
 	s.mu.Unlock()
 	if err != nil {

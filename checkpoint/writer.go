@@ -23,11 +23,12 @@ import (
 // every N steps maps and pins them once. A Writer runs one Save at a time
 // (concurrent calls wait); Close is called once, after the last Save.
 type Writer struct {
-	mu      sync.Mutex
-	engine  aio.Engine // own engine, made on first use
-	staging *buffers.Pool
-	bounce  *buffers.Pool
-	closed  bool
+	mu         sync.Mutex
+	engine     aio.Engine  // own engine, made on first use
+	engineOpts aio.Options // the options it was made with
+	staging    *buffers.Pool
+	bounce     *buffers.Pool
+	closed     bool
 }
 
 // NewWriter returns a Writer. Its engine and pools are made on first use.
@@ -127,13 +128,11 @@ func (w *Writer) engineFor(dir string, opts SaveOptions) (aio.Engine, error) {
 	if opts.Engine != nil {
 		return opts.Engine, nil
 	}
-	if w.engine == nil {
-		var err error
-		if w.engine, err = newDefaultEngine(opts.Logger); err != nil {
-			return nil, &Error{Op: "save", Path: dir, Err: err}
-		}
+	eng, err := ownEngine(&w.engine, &w.engineOpts, opts)
+	if err != nil {
+		return nil, &Error{Op: "save", Path: dir, Err: err}
 	}
-	return w.engine, nil
+	return eng, nil
 }
 
 // writeFiles creates the plan's rank directories and files in tmp and
@@ -160,6 +159,10 @@ func (w *Writer) writeFiles(ctx context.Context, dir string, eng aio.Engine, tmp
 	if err != nil {
 		return &Error{Op: "save", Path: dir, Err: err}
 	}
+	if eng == w.engine {
+		// The Writer's own pools (never a caller's) with its own engine.
+		registerPools(eng, w.staging, w.bounce)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.Parallel)
 	for i, pf := range p.files {
@@ -168,6 +171,29 @@ func (w *Writer) writeFiles(ctx context.Context, dir string, eng aio.Engine, tmp
 		})
 	}
 	return g.Wait()
+}
+
+// ownEngine returns *e, made (or, when opts need another shape, remade:
+// no save of its owner is in flight) with WriterEngineOptions(opts); *eo
+// records the options it was made with.
+func ownEngine(e *aio.Engine, eo *aio.Options, opts SaveOptions) (aio.Engine, error) {
+	want := WriterEngineOptions(opts)
+	if *e != nil && !sameEngineShape(*eo, want) {
+		// Pools registered with it stay in its (closed) set; they
+		// unregister from it harmlessly when they are unmapped.
+		if err := (*e).Close(); err != nil {
+			opts.Logger.Warn("checkpoint: closing the engine of another shape failed", "err", err)
+		}
+		*e = nil
+	}
+	if *e == nil {
+		ne, err := newWriteEngine(opts)
+		if err != nil {
+			return nil, err
+		}
+		*e, *eo = ne, want
+	}
+	return *e, nil
 }
 
 // bouncePool returns pinned memory for FromStore tensors: one of the

@@ -211,6 +211,7 @@ func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&o.Source, "source", ckptbench.SourceMemory, "where the tensors live: memory (copied by SaveAsync) or store (a swap store on --path: read back by Save, pinned by SaveAsync)")
 	fs.BoolVar(&noNaive, "no-naive", false, "skip the naive Go writer")
 	fs.BoolVar(&noAsy, "no-async", false, "skip the asynchronous save")
+	fs.BoolVar(&o.Cold, "cold", false, "also time a one-shot checkpoint.Save each round (its engine and pinned memory made within the call)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object (progress still goes to stderr)")
 	sf.register(fs)
 	if err := parseFlags(fs, args); err != nil {

@@ -104,16 +104,18 @@ func SaveBench(ctx context.Context, dir string, totalBytes int64, opts checkpoin
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return BenchResult{}, err
 	}
-	// The engine is made here rather than left to the Writer, so its
-	// backend can be reported.
+	// Without opts.Engine the Writer's own engine does the writes, as a
+	// user gets it (checkpoint.WriterEngineOptions, its pinned memory
+	// registered with it); an engine of the same options, made here, names
+	// the backend and tells whether O_DIRECT applies.
 	eng := opts.Engine
 	if eng == nil {
-		var err error
-		if eng, err = aio.New(aio.Options{Backend: aio.BackendAuto, Direct: aio.DirectOptional, IntraOpParallelism: 2, Logger: opts.Logger}); err != nil {
+		probe, err := aio.New(checkpoint.WriterEngineOptions(opts))
+		if err != nil {
 			return BenchResult{}, fmt.Errorf("ckptbench: creating the I/O engine: %w", err)
 		}
-		defer eng.Close()
-		opts.Engine = eng
+		defer probe.Close()
+		eng = probe
 	}
 	w := checkpoint.NewWriter()
 	defer w.Close()

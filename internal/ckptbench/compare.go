@@ -37,11 +37,15 @@ type CompareOptions struct {
 	// shape: Parallel jobs, each writing its own file sequentially in
 	// StagingBytes blocks with StagingBuffers in flight.
 	Save checkpoint.SaveOptions
-	// Engine configures the writer's engine (Direct is forced to
-	// required: the comparison is O_DIRECT against O_DIRECT). Zero fields:
-	// BlockSizeBytes = StagingBytes (a staging buffer goes out as one
-	// write, as fio's blocks do), QueueDepth = StagingBuffers x Parallel
-	// (never a cap below the writer's), IntraOpParallelism 1.
+	// Engine configures the writer's engine. With none of Backend (other
+	// than auto), BlockSizeBytes, QueueDepth, IntraOpParallelism,
+	// SingleSubmit or SerialEvents set, the saves use the Writer's and
+	// Saver's own engine, as a user of the checkpoint package gets it
+	// (checkpoint.WriterEngineOptions, its pinned memory registered with
+	// it), and CompareSave fails unless that engine gets O_DIRECT on Dir:
+	// the comparison is O_DIRECT against O_DIRECT. Otherwise this engine
+	// does the writes, with Direct forced to required and zero fields as
+	// WriterEngineOptions fills them.
 	Engine aio.Options
 	// FioPath is the fio binary; default "fio" from PATH. Fio is required
 	// unless NoFio.
@@ -53,8 +57,10 @@ type CompareOptions struct {
 	// Naive adds the naive Go writer (encoding/binary through bufio to an
 	// os.File, then fsync) to each round; Async adds an asynchronous save
 	// (Saver.SaveAsync, then Wait) to each round, timing how long it holds
-	// the caller.
-	Naive, Async bool
+	// the caller; Cold adds a one-shot checkpoint.Save, whose Writer makes
+	// its engine and pinned memory within the call (what a job calling
+	// checkpoint.Save or zinf.SaveCheckpoint each time pays).
+	Naive, Async, Cold bool
 	// PatternBytes is the size of the repeating source the synthetic
 	// tensors are copied from; default 64 MiB, more than the CPU caches, so
 	// copying a tensor reads DRAM as copying a real one would.
@@ -97,8 +103,15 @@ type CompareResult struct {
 	AsyncGBps     []float64 `json:"async_gbps,omitempty"`
 	AsyncStallSec []float64 `json:"async_stall_s,omitempty"`
 	SaveSec       []float64 `json:"save_s"`
+	// ColdGBps is the one-shot checkpoint.Save's bandwidth (Cold).
+	ColdGBps []float64 `json:"cold_gbps,omitempty"`
+	// SaveOverFioRounds is zinf Save over fio per round; FioFirst says
+	// which rounds ran fio first (the order alternates).
+	SaveOverFioRounds []float64 `json:"save_over_fio_rounds,omitempty"`
+	FioFirst          []bool    `json:"fio_first,omitempty"`
 
 	SaveMedian       float64 `json:"save_gbps_median"`
+	ColdMedian       float64 `json:"cold_gbps_median,omitempty"`
 	FioMedian        float64 `json:"fio_gbps_median,omitempty"`
 	NaiveMedian      float64 `json:"naive_gbps_median,omitempty"`
 	AsyncMedian      float64 `json:"async_gbps_median,omitempty"`
@@ -144,26 +157,36 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 		return nil, err
 	}
 	opts.Overwrite, opts.KeepLast = true, 0
-	eo := o.Engine
-	if eo.BlockSizeBytes == 0 {
-		eo.BlockSizeBytes = opts.StagingBytes
-	}
-	if eo.QueueDepth == 0 {
-		eo.QueueDepth = opts.StagingBuffers * opts.Parallel
-	}
-	if eo.IntraOpParallelism == 0 {
-		eo.IntraOpParallelism = 1
-	}
-	eo.Direct = aio.DirectRequired
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
 	}
+	eo := o.Engine
+	custom := eo.Backend != "" && eo.Backend != aio.BackendAuto || eo.BlockSizeBytes != 0 || eo.QueueDepth != 0 ||
+		eo.IntraOpParallelism != 0 || eo.SingleSubmit || eo.SerialEvents
+	def := checkpoint.WriterEngineOptions(opts)
+	if eo.BlockSizeBytes == 0 {
+		eo.BlockSizeBytes = def.BlockSizeBytes
+	}
+	if eo.QueueDepth == 0 {
+		eo.QueueDepth = def.QueueDepth
+	}
+	if eo.IntraOpParallelism == 0 {
+		eo.IntraOpParallelism = def.IntraOpParallelism
+	}
+	eo.Direct = aio.DirectRequired
+	// eng does the writes when custom; otherwise it only stands for the
+	// writers' own engines (same options, O_DIRECT required) to check
+	// O_DIRECT and name the backend.
 	eng, err := aio.New(eo)
 	if err != nil {
 		return nil, fmt.Errorf("ckptbench: the writer's engine (O_DIRECT required): %w", err)
 	}
 	defer eng.Close()
-	opts.Engine = eng
+	if custom {
+		opts.Engine = eng
+	} else if !aioDirect(eng, o.Dir) {
+		return nil, fmt.Errorf("ckptbench: %s does not take O_DIRECT writes; the comparison with fio is O_DIRECT against O_DIRECT", o.Dir)
+	}
 	fioPath := o.FioPath
 	if !o.NoFio {
 		if fioPath == "" {
@@ -228,32 +251,77 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 		os.RemoveAll(warm)
 	}
 	target := filepath.Join(o.Dir, "zinf-ckptbench")
+	// The bytes fio writes: the checkpoint's, known after the warm-up
+	// from the plan (the same state every round).
+	ckptBytes := int64(0)
 	for round := 1; round <= o.Rounds; round++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		// zinf Save.
-		t0 := time.Now()
-		m, err := w.Save(ctx, target, state, opts)
-		secs := time.Since(t0).Seconds()
-		if err != nil {
+		var saveGBps, fioGBps float64
+		zinfSave := func() error {
+			t0 := time.Now()
+			m, err := w.Save(ctx, target, state, opts)
+			secs := time.Since(t0).Seconds()
+			if err != nil {
+				return err
+			}
+			n := manifestBytes(m)
+			os.RemoveAll(target)
+			res.Bytes, ckptBytes = n, n
+			saveGBps = float64(n) / secs / 1e9
+			res.SaveGBps = append(res.SaveGBps, saveGBps)
+			res.SaveSec = append(res.SaveSec, secs)
+			progress("round %d/%d  zinf save   %.3f GB/s (%.2f s)\n", round, o.Rounds, saveGBps, secs)
+			return nil
+		}
+		fio := func() error {
+			n := ckptBytes
+			if n == 0 {
+				n = o.SizeBytes
+			}
+			gbps, args, err := fioWrite(ctx, fioPath, o.Dir, fioEngine, n, opts)
+			if err != nil {
+				return err
+			}
+			res.FioArgs = args
+			fioGBps = gbps
+			res.FioGBps = append(res.FioGBps, gbps)
+			progress("round %d/%d  fio write   %.3f GB/s\n", round, o.Rounds, gbps)
+			return nil
+		}
+		// The order alternates, so neither side always follows the other
+		// on a disk whose speed drifts.
+		fioFirst := !o.NoFio && round%2 == 0
+		first, second := zinfSave, fio
+		if fioFirst {
+			first, second = fio, zinfSave
+		}
+		if err := first(); err != nil {
 			return nil, err
 		}
-		n := manifestBytes(m)
-		os.RemoveAll(target)
-		res.Bytes = n
-		res.SaveGBps = append(res.SaveGBps, float64(n)/secs/1e9)
-		res.SaveSec = append(res.SaveSec, secs)
-		progress("round %d/%d  zinf save   %.3f GB/s (%.2f s)\n", round, o.Rounds, float64(n)/secs/1e9, secs)
-		// fio, same shape.
 		if !o.NoFio {
-			gbps, args, err := fioWrite(ctx, fioPath, o.Dir, fioEngine, n, opts)
+			if err := second(); err != nil {
+				return nil, err
+			}
+		}
+		if !o.NoFio {
+			res.FioFirst = append(res.FioFirst, fioFirst)
+			res.SaveOverFioRounds = append(res.SaveOverFioRounds, saveGBps/fioGBps)
+		}
+		if o.Cold {
+			coldOpts := opts
+			coldOpts.Engine = opts.Engine // nil unless custom: the one-shot Writer makes its own
+			t0 := time.Now()
+			m, err := checkpoint.Save(ctx, target, state, coldOpts)
+			secs := time.Since(t0).Seconds()
 			if err != nil {
 				return nil, err
 			}
-			res.FioArgs = args
-			res.FioGBps = append(res.FioGBps, gbps)
-			progress("round %d/%d  fio write   %.3f GB/s\n", round, o.Rounds, gbps)
+			os.RemoveAll(target)
+			g := float64(manifestBytes(m)) / secs / 1e9
+			res.ColdGBps = append(res.ColdGBps, g)
+			progress("round %d/%d  zinf one-shot checkpoint.Save %.3f GB/s (%.2f s)\n", round, o.Rounds, g, secs)
 		}
 		if saver != nil {
 			t0 := time.Now()
@@ -289,6 +357,7 @@ func CompareSave(ctx context.Context, o CompareOptions) (*CompareResult, error) 
 		}
 	}
 	res.SaveMedian = median(res.SaveGBps)
+	res.ColdMedian = median(res.ColdGBps)
 	res.FioMedian = median(res.FioGBps)
 	res.NaiveMedian = median(res.NaiveGBps)
 	res.AsyncMedian = median(res.AsyncGBps)
@@ -326,6 +395,11 @@ func (r *CompareResult) WriteTable(w io.Writer) error {
 	row("fio write", r.FioGBps, 0)
 	row("zinf Save", r.SaveGBps, r.SaveOverFio)
 	if r.FioMedian > 0 {
+		row("zinf one-shot checkpoint.Save", r.ColdGBps, r.ColdMedian/r.FioMedian)
+	} else {
+		row("zinf one-shot checkpoint.Save", r.ColdGBps, 0)
+	}
+	if r.FioMedian > 0 {
 		row("zinf SaveAsync (to commit)", r.AsyncGBps, r.AsyncMedian/r.FioMedian)
 	} else {
 		row("zinf SaveAsync (to commit)", r.AsyncGBps, 0)
@@ -333,6 +407,10 @@ func (r *CompareResult) WriteTable(w io.Writer) error {
 	row("naive Go (bufio+binary+fsync)", r.NaiveGBps, r.NaiveOverFio)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.SaveOverFioRounds) > 0 {
+		fmt.Fprintf(w, "zinf Save / fio per round (order alternating): median %.2fx (min %.2f, max %.2f)\n",
+			median(r.SaveOverFioRounds), slices.Min(r.SaveOverFioRounds), slices.Max(r.SaveOverFioRounds))
 	}
 	if len(r.AsyncStallSec) > 0 {
 		_, err := fmt.Fprintf(w, "SaveAsync held the caller: median %.3f s (min %.3f, max %.3f) = %.2f%% of the synchronous save (median %.3f s)\n",
