@@ -75,9 +75,9 @@ type Saver struct {
 	engine     aio.Engine
 	engineOpts aio.Options   // the options engine was made with
 	pool       *buffers.Pool // snapshot chunks
-	bounce *buffers.Pool // store tensors while draining
-	cur    *Handle
-	closed bool
+	bounce     *buffers.Pool // store tensors while draining
+	cur        *Handle
+	closed     bool
 }
 
 // NewSaver returns a Saver. Its engine and pools are made on first use.
