@@ -628,26 +628,94 @@ func (s *Swapper) RangeBufferBytes(lo, hi int) int {
 // pinned memory is copied, one not accumulated since Zero reads as zeros.
 // It takes no pinned memory of its own.
 func (s *Swapper) ReadRange(ctx context.Context, name string, lo, hi int, dst []byte) ([]float32, error) {
+	r, err := s.ReadRangeAsync(ctx, name, lo, hi, dst)
+	if err != nil {
+		return nil, err
+	}
+	return r.Wait()
+}
+
+// RangeRead is a ReadRangeAsync in flight: Wait returns what ReadRange
+// would have.
+type RangeRead = interface{ Wait() ([]float32, error) }
+
+// rangeRead is the RangeRead of ReadRangeAsync.
+type rangeRead struct {
+	s       *Swapper
+	t       *tensor
+	release func() // unlocks t and ends the operation
+	p       *swapper.Pending
+	data    []byte // the store's view of dst, valid once p is waited for
+	out     []float32
+	err     error
+	done    bool
+}
+
+// Wait implements RangeRead; it may be called more than once.
+func (r *rangeRead) Wait() ([]float32, error) {
+	if r.done {
+		return r.out, r.err
+	}
+	r.done = true
+	if r.p != nil {
+		if err := r.p.Wait(); err != nil {
+			r.err = r.s.named("swap-in", r.t, err)
+		} else {
+			r.out = buffers.Float32Bytes(r.data)
+			r.s.mu.Lock()
+			r.s.stats.Reads++
+			r.s.stats.BytesRead += int64(len(r.data))
+			r.s.mu.Unlock()
+		}
+	}
+	r.release()
+	return r.out, r.err
+}
+
+// CompletedAt is when the store read's I/O completed (the zero time for a
+// gradient in pinned memory, or before Wait).
+func (r *rangeRead) CompletedAt() time.Time {
+	if r.p == nil || !r.done {
+		return time.Time{}
+	}
+	return r.p.CompletedAt()
+}
+
+// ReadRangeAsync starts ReadRange(ctx, name, lo, hi, dst) and returns once
+// the read is issued, so that an optimizer step's read-ahead can keep
+// several sub-groups' gradient reads in flight. Errors found before the
+// read (arguments, a write-behind failure not yet reported, ctx) are
+// returned at once; the read's by Wait. Until Wait returns, dst belongs to
+// the read and the gradient's operation lock is held (other operations on
+// the same gradient wait), so Wait must be called after a nil error, from
+// any goroutine.
+func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, dst []byte) (RangeRead, error) {
 	t, ctx, end, err := s.begin(ctx, "read", name)
 	if err != nil {
 		return nil, err
 	}
-	defer end()
-	fail := func(err error) error { return &swapper.TensorError{Op: "read", Tensor: name, Err: err} }
+	fail := func(err error) (RangeRead, error) {
+		end()
+		return nil, &swapper.TensorError{Op: "read", Tensor: name, Err: err}
+	}
 	if lo < 0 || hi < lo || hi > t.n {
-		return nil, fail(fmt.Errorf("range [%d, %d) is outside the partition's %d elements", lo, hi, t.n))
+		return fail(fmt.Errorf("range [%d, %d) is outside the partition's %d elements", lo, hi, t.n))
 	}
 	if need := s.RangeBufferBytes(lo, hi); len(dst) < need {
-		return nil, fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
+		return fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
 	}
+	r := &rangeRead{s: s, t: t, release: end}
 	if hi == lo {
-		return []float32{}, nil
+		r.out = []float32{}
+		return r, nil
 	}
 	if err := t.lock(ctx); err != nil {
+		end()
 		return nil, err
 	}
-	defer t.unlock()
+	r.release = func() { t.unlock(); end() }
 	if err := s.settle(ctx, t); err != nil {
+		r.release()
 		return nil, err
 	}
 	s.mu.Lock()
@@ -655,23 +723,25 @@ func (s *Swapper) ReadRange(ctx context.Context, name string, lo, hi int, dst []
 	s.mu.Unlock()
 	switch {
 	case !has:
-		out := buffers.Float32Bytes(dst[:4*(hi-lo)])
-		clear(out)
-		return out, nil
+		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
+		clear(r.out)
+		return r, nil
 	case buf != nil:
-		out := buffers.Float32Bytes(dst[:4*(hi-lo)])
-		copy(out, buf.Float32()[lo:hi])
-		return out, nil
+		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
+		copy(r.out, buf.Float32()[lo:hi])
+		return r, nil
 	}
-	data, err := s.store.ReadRange(ctx, t.key, 4*int64(lo), 4*int64(hi), dst)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
+		r.release()
 		return nil, s.named("swap-in", t, err)
 	}
-	s.mu.Lock()
-	s.stats.Reads++
-	s.stats.BytesRead += int64(len(data))
-	s.mu.Unlock()
-	return buffers.Float32Bytes(data), nil
+	p, data, err := s.store.ReadRangeAsync(t.key, 4*int64(lo), 4*int64(hi), dst)
+	if err != nil {
+		r.release()
+		return nil, s.named("swap-in", t, err)
+	}
+	r.p, r.data = p, data
+	return r, nil
 }
 
 // PinnedNeedBytes is the pinned memory a Swapper with opts needs for the

@@ -287,6 +287,9 @@ type rigConfig struct {
 	// exactPool sizes the pool by optimizer.PinnedNeedBytes for specs
 	// (poolBytes is ignored).
 	exactPool bool
+	// asyncGrads serves the gradients through an AsyncGradSource wrapper
+	// of the fake (see asyncGrads).
+	asyncGrads bool
 }
 
 // rig is an optimizer with a real store and pool, fake params and grads,
@@ -302,6 +305,7 @@ type rig struct {
 	grads *fakeGrads
 	opt   *optimizer.Optimizer
 	md    *model
+	async *asyncGrads // with asyncGrads
 	// txnOrder, when set, makes step a transaction (BeginStep, Tensor for
 	// each name it returns, in order, then Commit) instead of Step.
 	txnOrder func() []string
@@ -350,6 +354,10 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	opts.Store, opts.Grads = r.store, r.grads
+	if cfg.asyncGrads {
+		r.async = &asyncGrads{f: r.grads}
+		opts.Grads = r.async
+	}
 	if !cfg.noParams {
 		if cfg.wholeSink {
 			opts.Params = r.sink

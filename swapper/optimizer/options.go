@@ -138,6 +138,26 @@ type GradSource interface {
 	RangeBufferBytes(lo, hi int) int
 }
 
+// RangeRead is a gradient range read in flight (AsyncGradSource): Wait
+// returns what GradSource.ReadRange would have. Like Waiter it is an alias
+// of an unnamed interface, so a source declares its method with this type
+// without importing this package.
+type RangeRead = interface{ Wait() ([]float32, error) }
+
+// AsyncGradSource is a GradSource that can start a range read and finish
+// it later (the gradient swapper, swapper/grad, is one). The step's
+// read-ahead then starts a sub-group's gradient read together with its
+// record read and goes on to the next sub-group without waiting for
+// either, so several sub-groups' reads are in flight at once; the update
+// waits for both. ReadRangeAsync returns errors found before the read at
+// once and the read's from Wait; after a nil error, Wait is called exactly
+// once, from the step's update or write-behind goroutine, and dst belongs
+// to the read until then.
+type AsyncGradSource interface {
+	GradSource
+	ReadRangeAsync(ctx context.Context, name string, lo, hi int, dst []byte) (RangeRead, error)
+}
+
 // Defaults used by EnsureDefaults.
 const (
 	// DefaultSubGroupSize is DeepSpeed's zero_optimization.sub_group_size

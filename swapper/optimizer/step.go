@@ -111,9 +111,13 @@ type item struct {
 	// master is the tensor's whole new master, assembled in ordinary
 	// memory for a ParamSink that is not a RangeSink (nil otherwise and
 	// for a tensor of one sub-group).
-	master       []float32
-	read         Waiter
-	readDone     bool
+	master   []float32
+	read     Waiter
+	readDone bool
+	// gradRead is the gradient read started by an AsyncGradSource (nil
+	// when the read was synchronous); grad is set once it is waited for.
+	gradRead     RangeRead
+	gradDone     bool
 	write, stage Waiter
 	// idleFrom and idleTo bound the time the pipeline waited for this
 	// sub-group's tensor to be handed over (zero when it did not wait).
@@ -370,6 +374,16 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		copy(next.Float32(), sg.mem[sg.cur].Float32())
 		it.state = next.Float32()
 	}
+	it.tm.GradBytes = 4 * int64(sg.n)
+	if ag, ok := o.opts.Grads.(AsyncGradSource); ok {
+		// Started, not waited for: update waits (see gradWait).
+		rr, err := ag.ReadRangeAsync(r.ctx, t.name, lo, hi, b.Bytes()[gradAt:])
+		if err != nil {
+			return it, r.wrap("grad", sg, false, err)
+		}
+		it.gradRead = rr
+		return it, nil
+	}
 	g, err := o.opts.Grads.ReadRange(r.ctx, t.name, lo, hi, b.Bytes()[gradAt:])
 	if err == nil && len(g) != sg.n {
 		err = fmt.Errorf("the gradient source returned %d values for elements [%d, %d)", len(g), lo, hi)
@@ -379,9 +393,28 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	}
 	it.grad = g
 	it.tm.GradRead = r.since()
-	it.tm.GradBytes = 4 * int64(sg.n)
 	r.gradBytes.Add(4 * int64(sg.n))
 	return it, nil
+}
+
+// gradWait waits for it's asynchronous gradient read (see
+// AsyncGradSource), if it has one not waited for yet.
+func (r *stepRun) gradWait(it *item) error {
+	if it.gradRead == nil || it.gradDone {
+		return nil
+	}
+	it.gradDone = true
+	g, err := it.gradRead.Wait()
+	it.tm.GradRead = r.doneOffset(it.gradRead, r.since())
+	if err == nil && len(g) != it.sg.n {
+		err = fmt.Errorf("the gradient source returned %d values for elements [%d, %d)", len(g), it.sg.off, it.sg.off+it.sg.n)
+	}
+	if err != nil {
+		return err
+	}
+	it.grad = g
+	r.gradBytes.Add(4 * int64(it.sg.n))
+	return nil
 }
 
 // update waits for it's read, applies Adam, starts the write-behind and
@@ -405,6 +438,15 @@ func (r *stepRun) update(it *item) {
 			return
 		}
 		r.bytesRead.Add(int64(sg.recordBytes()))
+	}
+	if it.gradRead != nil {
+		start := time.Now()
+		err := r.gradWait(it)
+		r.readWait += time.Since(start)
+		if err != nil {
+			r.fail(r.wrap("grad", sg, false, err))
+			return
+		}
 	}
 	start := time.Now()
 	if r.params.ScaleGrads {
@@ -475,6 +517,8 @@ func (r *stepRun) retire(it *item) {
 		// but the buffer may not be reused while the read runs.
 		_ = it.read.Wait()
 	}
+	_ = r.gradWait(it) // likewise; it also ends the source's read
+
 	if it.write != nil {
 		if err := it.write.Wait(); err != nil {
 			r.fail(r.wrap("write-behind", sg, false, err))

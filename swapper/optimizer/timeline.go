@@ -47,7 +47,7 @@ func (r *stepRun) since() time.Duration { return time.Since(r.start) }
 
 // doneOffset is the offset at which w's I/O completed, given that Wait
 // returned at waited.
-func (r *stepRun) doneOffset(w Waiter, waited time.Duration) time.Duration {
+func (r *stepRun) doneOffset(w any, waited time.Duration) time.Duration {
 	if c, ok := w.(completedAt); ok {
 		if t := c.CompletedAt(); !t.IsZero() {
 			return min(t.Sub(r.start), waited)
