@@ -353,6 +353,16 @@ func (p *Pending) Wait() error {
 	s := p.s
 	switch p.op {
 	case "swap-out":
+		if p.err == nil && s.opts.Checksums {
+			// Computed here, once the bytes are on disk, rather than in
+			// WriteAsync: the buffer may not change until Wait returns, so
+			// these are the bytes written, and the caller that submits (an
+			// optimizer step's update loop) does not pay for them; the
+			// version is not visible before finishWrite.
+			s.chunks(p.v, func(c chunk) {
+				p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[c.lo:min(c.hi, p.v.length)], castagnoli))
+			})
+		}
 		s.finishWrite(p)
 	default:
 		if p.err == nil && p.v.sums != nil {
@@ -396,6 +406,8 @@ func (s *Store) Write(ctx context.Context, name string, b []byte) error {
 // capacity must cover PaddedLen(len(b)) and its start must be aligned, as
 // pool buffers are) as the new version of name. The bytes between len(b)
 // and the padded length are zeroed. b must not change until Wait returns.
+// With checksums, Wait computes them from b once the write is done (so
+// WriteAsync returns without reading b).
 func (s *Store) WriteAsync(name string, b []byte) (*Pending, error) {
 	n := int64(len(b))
 	if n == 0 {
@@ -421,11 +433,6 @@ func (s *Store) WriteAsync(name string, b []byte) (*Pending, error) {
 		}
 	}
 	s.mu.Unlock()
-	if s.opts.Checksums {
-		s.chunks(v, func(c chunk) {
-			v.sums = append(v.sums, crc32.Checksum(full[c.lo:min(c.hi, n)], castagnoli))
-		})
-	}
 	p := &Pending{s: s, op: "swap-out", name: name, v: v, buf: full}
 	if err := s.submit(p, aio.OpWrite); err != nil {
 		s.mu.Lock()
