@@ -108,11 +108,19 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		}
 		// zinf io on the same path: read and write bandwidth of a 128 MiB
 		// file, 2 loops each (medians).
+		ioDisk := newDiskStat(dir)
 		measureIO := func() (rbw, wbw float64) {
 			for _, op := range []string{"write", "read"} {
+				ioDisk.mark()
+				ioDisk.wq = ioDisk.field(10)
 				r, err := iobench.Run(ctx, iobench.Options{Dir: dir, SizeBytes: 128 << 20, Op: op, Loops: 2, Warmup: 0, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
 				if err != nil {
 					b.Fatal(err)
+				}
+				if os.Getenv("ZINF_BENCH_TIMELINE") == "1" {
+					el := float64(time.Since(ioDisk.at)) / 1e6
+					b.Logf("  zinf io %s: %.3f GB/s, device busy %.2f, mean requests in flight %.1f", op, r.GBpsMedian,
+						float64(ioDisk.read()-ioDisk.ticks)/el, float64(ioDisk.field(10)-ioDisk.wq)/el)
 				}
 				if op == "read" {
 					// The file is this benchmark's; the next
@@ -131,6 +139,22 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 		// the prediction uses the mean of the two. Medians over rounds.
 		var readBW, writeBW, optMs, optGBps, predMs, ratio []float64
 		disk := newDiskStat(dir)
+		// The device's view of each optimizer step: busy time and the
+		// mean number of requests in flight (from the stat file's io_ticks
+		// and time_in_queue).
+		var stepDisk string
+		stepHook = func(begin bool) {
+			if begin {
+				disk.mark()
+				disk.wq = disk.field(10)
+				return
+			}
+			el := float64(time.Since(disk.at)) / 1e6
+			r, w := disk.moved()
+			stepDisk = fmt.Sprintf("device during the step: busy %.2f, mean requests in flight %.1f, %d read, %d written",
+				float64(disk.read()-disk.ticks)/el, float64(disk.field(10)-disk.wq)/el, r, w)
+		}
+		defer func() { stepHook = nil }()
 		for round := 0; round < rounds+1; round++ {
 			r1, w1 := measureIO()
 			disk.mark()
@@ -150,9 +174,8 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 			ratio = append(ratio, pred/ms)
 			b.Logf("round %d: io read %.3f GB/s, write %.3f GB/s; optimizer %.1f ms for %d+%d bytes (%.3f GB/s), predicted %.1f ms: %.3f",
 				round, rbw, wbw, ms, st.read, st.written, optGBps[len(optGBps)-1], pred, pred/ms)
-			logStep(b, rt.Metrics().Optimizer.Last, disk.busy())
-			dr, dw := disk.moved()
-			b.Logf("  device moved %d read, %d written in the round", dr, dw)
+			logStep(b, rt.Metrics().Optimizer.Last)
+			b.Logf("  %s", stepDisk)
 		}
 		es := rt.Metrics().Engine
 		b.Logf("engine: %d pieces, %d with registered buffers, %d with fixed files; %d bytes registered",
@@ -241,12 +264,11 @@ func BenchmarkClipOverlap(b *testing.B) {
 
 // logStep logs where an optimizer step's time went (see
 // optimizer.StepStats), and with ZINF_BENCH_TIMELINE=1 its sub-groups'
-// timelines, in milliseconds from the step's start. busy is the fraction
-// of the step the disk was busy, -1 when unknown.
-func logStep(b *testing.B, st optimizer.StepStats, busy float64) {
+// timelines, in milliseconds from the step's start.
+func logStep(b *testing.B, st optimizer.StepStats) {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
-	b.Logf("  step %.1f ms: drain %.1f, update compute %.1f, read wait %.1f, write wait %.1f, commit %.1f, I/O gaps %.1f ms; disk busy %.2f",
-		ms(st.Elapsed), ms(st.Drain), ms(st.Compute), ms(st.ReadWait), ms(st.WriteWait), ms(st.Commit), ms(st.IOGaps), busy)
+	b.Logf("  step %.1f ms: drain %.1f, update compute %.1f, read wait %.1f, write wait %.1f, commit %.1f, I/O gaps %.1f ms",
+		ms(st.Elapsed), ms(st.Drain), ms(st.Compute), ms(st.ReadWait), ms(st.WriteWait), ms(st.Commit), ms(st.IOGaps))
 	if os.Getenv("ZINF_BENCH_TIMELINE") != "1" {
 		return
 	}
@@ -264,6 +286,7 @@ type diskStat struct {
 	ticks  int64
 	at     time.Time
 	rs, ws int64
+	wq     int64 // time_in_queue at mark
 }
 
 func newDiskStat(dir string) *diskStat {

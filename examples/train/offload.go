@@ -130,7 +130,15 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 
 func (b *zinfBackend) lossScale() float64 { return b.rts[0].LossScale() }
 
+// stepHook, when set (by a benchmark), is called just before and just
+// after each optimizer step.
+var stepHook func(begin bool)
+
 func (b *zinfBackend) step(ctx context.Context) error {
+	if stepHook != nil {
+		stepHook(true)
+		defer stepHook(false)
+	}
 	t0 := time.Now()
 	before := metrics(b.rts)
 	defer func() {
