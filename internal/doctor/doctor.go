@@ -7,6 +7,7 @@ package doctor
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/swapper"
 )
+
+var discard = slog.New(slog.DiscardHandler)
 
 // Check is one line of the report.
 type Check struct {
@@ -70,6 +73,7 @@ func Run(paths []string) *Report {
 			r.add("memlock", capOK || lim.Cur >= 1<<30, "%s", detail)
 		}
 	}
+	r.registered()
 	for _, p := range paths {
 		r.path(p)
 	}
@@ -85,6 +89,37 @@ func Run(paths []string) *Report {
 		r.add("cufile", true, "GPUDirect Storage available")
 	}
 	return r
+}
+
+// registered reports whether io_uring takes registered buffers and fixed
+// files here, by registering 2 MiB of memory with a one-ring engine: the
+// pinned pool is registered the same way, and is moved with plain reads
+// and writes where this fails (typically a memlock limit below the pool
+// without CAP_IPC_LOCK).
+func (r *Report) registered() {
+	const name = "registered"
+	if err := aio.Available(aio.BackendUring); err != nil {
+		r.add(name, false, "no io_uring registered buffers: %v", err)
+		return
+	}
+	e, err := aio.New(aio.Options{Backend: aio.BackendUring, QueueDepth: 1, Logger: discard})
+	if err != nil {
+		r.add(name, false, "%v", err)
+		return
+	}
+	defer e.Close()
+	mem, err := unix.Mmap(-1, 0, 2<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	if err != nil {
+		r.add(name, false, "mapping a test buffer: %v", err)
+		return
+	}
+	defer unix.Munmap(mem)
+	if err := e.RegisterMemory(mem); err != nil {
+		r.add(name, false, "io_uring refused registered buffers: %v; the pinned pool is moved with plain reads and writes", err)
+		return
+	}
+	e.UnregisterMemory(mem)
+	r.add(name, true, "io_uring registered buffers work: the pinned pool is registered with each ring (READ_FIXED/WRITE_FIXED)")
 }
 
 func hard(v uint64) string {

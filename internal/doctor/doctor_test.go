@@ -54,6 +54,19 @@ func TestRun(t *testing.T) {
 	if m := find(t, r, "memlock"); !strings.Contains(m.Detail, "limit") && !strings.Contains(m.Detail, "unlimited") {
 		t.Errorf("memlock check %+v says nothing about the limit", m)
 	}
+	// Registered buffers: where io_uring works, the check registered test
+	// memory and says how it went; as root (CAP_IPC_LOCK) it succeeds.
+	reg := find(t, r, "registered")
+	switch {
+	case aio.Available(aio.BackendUring) != nil:
+		if reg.OK {
+			t.Errorf("registered buffers reported working without io_uring: %+v", reg)
+		}
+	case os.Geteuid() == 0 && !reg.OK:
+		t.Errorf("registered buffers refused to root: %+v", reg)
+	case !reg.OK && !strings.Contains(reg.Detail, "refused"):
+		t.Errorf("registered buffers not OK without a reason: %+v", reg)
+	}
 
 	align, direct, err := aio.ProbeDir(good, aio.DirectOptional)
 	if err != nil {
