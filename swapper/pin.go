@@ -89,6 +89,7 @@ func (p *Pinned) ReadAsync(name string, b []byte) (*Pending, error) {
 		s.mu.Unlock()
 		return nil, &TensorError{Op: "swap-in", Tensor: name, Err: err}
 	}
+	pd.started()
 	return pd, nil
 }
 

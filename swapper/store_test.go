@@ -165,17 +165,35 @@ func TestStoreChecksumCatchesCorruption(t *testing.T) {
 	}
 }
 
+// TestStoreEIONamesTensor, with checksums off and on (then the I/O is
+// waited for, and checksummed, by a goroutine of its own): an I/O error on
+// a read or a write names the tensor, and a failed write leaves the
+// previous version readable.
 func TestStoreEIONamesTensor(t *testing.T) {
-	r := newRig(t, 1, false, aio.BackendPosix)
-	ctx := context.Background()
-	b := r.buf(t, 8192, 3)
-	if err := r.store.Write(ctx, "layer2.bias", b.Bytes()[:8192]); err != nil {
-		t.Fatal(err)
-	}
-	r.inj.Add(faults.Rule{Kind: faults.Reads, Err: syscall.EIO})
-	err := r.store.Read(ctx, "layer2.bias", b.Bytes()[:8192])
-	if !errors.Is(err, aio.ErrIO) || !bytes.Contains([]byte(err.Error()), []byte(`"layer2.bias"`)) {
-		t.Fatalf("EIO without tensor name: %v", err)
+	for _, sums := range []bool{false, true} {
+		t.Run(fmt.Sprintf("checksums=%v", sums), func(t *testing.T) {
+			r := newRig(t, 1, sums, aio.BackendPosix)
+			ctx := context.Background()
+			b := r.buf(t, 8192, 3)
+			if err := r.store.Write(ctx, "layer2.bias", b.Bytes()[:8192]); err != nil {
+				t.Fatal(err)
+			}
+			r.inj.Add(faults.Rule{Kind: faults.Reads, Err: syscall.EIO, Times: 1})
+			err := r.store.Read(ctx, "layer2.bias", b.Bytes()[:8192])
+			if !errors.Is(err, aio.ErrIO) || !bytes.Contains([]byte(err.Error()), []byte(`"layer2.bias"`)) {
+				t.Fatalf("read EIO without tensor name: %v", err)
+			}
+			r.inj.Add(faults.Rule{Kind: faults.Writes, Err: syscall.EIO, Times: 1})
+			other := r.buf(t, 8192, 9)
+			err = r.store.Write(ctx, "layer2.bias", other.Bytes()[:8192])
+			if !errors.Is(err, aio.ErrIO) || !bytes.Contains([]byte(err.Error()), []byte(`"layer2.bias"`)) {
+				t.Fatalf("write EIO without tensor name: %v", err)
+			}
+			got, want := r.buf(t, 8192, 0), r.buf(t, 8192, 3)
+			if err := r.store.Read(ctx, "layer2.bias", got.Bytes()[:8192]); err != nil || !bytes.Equal(got.Bytes()[:8192], want.Bytes()[:8192]) {
+				t.Fatalf("the version before the failed write: %v", err)
+			}
+		})
 	}
 }
 
