@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -300,4 +301,24 @@ func differAt(a, b []byte) int {
 		return -1
 	}
 	return firstDiff(a, b)
+}
+
+// hugeBuf returns n bytes of anonymous memory starting on a 2 MiB
+// boundary, advised for transparent huge pages and touched (as
+// buffers.Pool maps its arena), unmapped at the end of the test.
+func hugeBuf(t testing.TB, n int) []byte {
+	t.Helper()
+	const hp = 2 << 20
+	raw, err := unix.Mmap(-1, 0, n+hp, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatalf("mmap %d: %v", n+hp, err)
+	}
+	t.Cleanup(func() { unix.Munmap(raw) })
+	off := (hp - int(uintptr(unsafe.Pointer(&raw[0]))%hp)) % hp
+	b := raw[off : off+n : off+n]
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	return b
 }
