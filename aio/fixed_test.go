@@ -54,8 +54,8 @@ func TestRegisteredMemory(t *testing.T) {
 	seed := testSeed(t)
 	t.Logf("seed %d (rerun with ZINF_TEST_SEED=%d)", seed, seed)
 	const (
-		region   = 2 << 20
-		fileSize = 8 << 20
+		region   = 1 << 20
+		fileSize = 4 << 20
 	)
 	for _, backend := range backends(t) {
 		for _, direct := range []aio.DirectPolicy{aio.DirectRequired, aio.DirectOff} {
@@ -160,7 +160,7 @@ func TestRegisteredMemory(t *testing.T) {
 						t.Fatalf("file differs from the model at byte %d", d)
 					}
 				}
-				for range 3 {
+				for range 2 {
 					wave(a, b, plain)
 				}
 				// A request across the boundary of the two regions: split in
