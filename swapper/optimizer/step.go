@@ -80,8 +80,11 @@ type stepRun struct {
 	// every buffer given back.
 	done chan struct{}
 
-	tokens chan struct{} // one per buffer set in use (BufferCount)
-	wslots chan struct{} // one per write-behind in flight (depth > 0)
+	// tokens bounds the buffer sets in use (BufferCount) and wslots the
+	// write-behinds in flight (depth > 0), each sub-group weighted (see
+	// windowUnits); maxBlock is the largest block a sub-group takes.
+	tokens, wslots window
+	maxBlock       int64
 
 	mu  sync.Mutex
 	err error // the first failure
@@ -260,10 +263,10 @@ func (r *stepRun) run() {
 	}
 
 	k := r.depth
-	ready := make(chan *item, k)    // read ahead, waiting for the update
-	ahead := make(chan struct{}, k) // bounds ready plus the one being read to k
-	done := make(chan *item, k)     // updated, waiting for write-behind
-	r.wslots = make(chan struct{}, k)
+	ready := make(chan *item, r.chanCap(k)) // read ahead, waiting for the update
+	ahead := newWindow(k)                   // bounds ready plus the one being read to k (weighted)
+	done := make(chan *item, r.chanCap(k))  // updated, waiting for write-behind
+	r.wslots = newWindow(k)
 	var wg sync.WaitGroup
 	wg.Go(func() { // read-ahead
 		defer close(ready)
@@ -275,9 +278,7 @@ func (r *stepRun) run() {
 				return
 			}
 			for _, sg := range tn.sgs {
-				select {
-				case ahead <- struct{}{}:
-				case <-r.ctx.Done():
+				if err := ahead.acquire(r.ctx, r.weight(sg)); err != nil {
 					r.fail(r.wrap("read-ahead", sg, false, r.cause()))
 					return
 				}
@@ -314,7 +315,7 @@ func (r *stepRun) run() {
 			break
 		}
 		it.tm.Picked = r.since()
-		<-ahead
+		ahead.release(r.weight(it.sg))
 		r.update(it)
 		t = time.Now()
 		done <- it
@@ -331,12 +332,10 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	o := r.o
 	it := &item{sg: sg}
 	it.tm.Ahead = r.since()
-	select {
-	case r.tokens <- struct{}{}:
-		it.token = true
-	case <-r.ctx.Done():
+	if err := r.tokens.acquire(r.ctx, r.weight(sg)); err != nil {
 		return it, r.wrap("read-ahead", sg, false, r.cause())
 	}
+	it.token = true
 	t := sg.t
 	if sg.j == 0 {
 		tb.release()
@@ -467,12 +466,13 @@ func (r *stepRun) update(it *item) {
 	it.tm.Updated = r.since()
 	r.subGroups.Add(1)
 
-	if r.wslots != nil {
-		// At most k sub-groups past their update hold buffers (the writer
-		// frees slots), with or without a store: this bounds what
-		// PinnedNeedBytes counts.
+	if r.wslots.Weighted != nil {
+		// At most k sub-groups (weighted) past their update hold buffers
+		// (the writer frees slots), with or without a store: this bounds
+		// what PinnedNeedBytes counts. The writer always makes progress,
+		// so this wait needs no context.
 		start := time.Now()
-		r.wslots <- struct{}{}
+		_ = r.wslots.acquire(context.Background(), r.weight(sg))
 		it.wslot = true
 		r.writeWait += time.Since(start)
 	}
@@ -536,10 +536,10 @@ func (r *stepRun) retire(it *item) {
 		it.buf.Release()
 	}
 	if it.wslot {
-		<-r.wslots
+		r.wslots.release(r.weight(sg))
 	}
 	if it.token {
-		<-r.tokens
+		r.tokens.release(r.weight(sg))
 	}
 	r.record(it)
 }

@@ -98,8 +98,8 @@ func (o *Optimizer) begin(ctx context.Context, p StepParams) (*StepTxn, error) {
 		return nil, fail(err)
 	}
 	r := &stepRun{o: o, step: stepNo, params: p, hyper: h, args: newAdamArgsExact(stepNo, h), tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
-		queue: make(chan *tensor, len(tensors)), done: make(chan struct{}),
-		tokens: make(chan struct{}, o.opts.BufferCount)}
+		queue: make(chan *tensor, len(tensors)), done: make(chan struct{})}
+	r.initWindows()
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	t := &StepTxn{o: o, r: r, start: time.Now(), handed: make(map[*tensor]bool)}
 	r.start = t.start
