@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -24,6 +25,8 @@ type asyncGrads struct {
 	inFlight, maxFlight int
 	failStart           func(name string, lo int) error
 	failWait            func(name string, lo int) error
+	// gate, when not nil, holds every read until it is closed.
+	gate chan struct{}
 }
 
 var _ optimizer.AsyncGradSource = (*asyncGrads)(nil)
@@ -76,8 +79,12 @@ func (a *asyncGrads) ReadRangeAsync(ctx context.Context, name string, lo, hi int
 	a.started++
 	a.inFlight++
 	a.maxFlight = max(a.maxFlight, a.inFlight)
+	gate := a.gate
 	a.mu.Unlock()
 	go func() {
+		if gate != nil {
+			<-gate
+		}
 		r.out, r.err = a.f.ReadRange(ctx, name, lo, hi, dst)
 		close(r.done)
 	}()
@@ -146,4 +153,48 @@ func TestAsyncGradSource(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestWindowsWeighSubGroups: the step's windows count a sub-group by the
+// block its buffer takes, so with large tensors alternating with small
+// ones, depth 2 reads the next large tensor's small companion ahead too:
+// with every gradient read held, four reads are started (W0, b0, W1, b1)
+// where counting sub-groups allowed three. The step is then exact.
+func TestWindowsWeighSubGroups(t *testing.T) {
+	specs := []spec{{"W0", 100000}, {"b0", 10}, {"W1", 100000}, {"b1", 10}, {"W2", 100000}, {"b2", 10}, {"W3", 100000}}
+	r := newRig(t, rigConfig{asyncGrads: true, specs: specs, seed: 3, poolBytes: 64 << 20,
+		opts: optimizer.Options{SubGroupSize: 1 << 20, PipelineDepth: 2}})
+	gate := make(chan struct{})
+	r.async.mu.Lock()
+	r.async.gate = gate
+	r.async.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- r.step(context.Background()) }()
+	// Wait until the read-ahead stops starting reads.
+	var started int
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		s, _, _ := r.async.counts()
+		if s == started && s > 0 {
+			time.Sleep(50 * time.Millisecond)
+			if s2, _, _ := r.async.counts(); s2 == s {
+				break
+			}
+		}
+		started = s
+		time.Sleep(10 * time.Millisecond)
+	}
+	if started != 4 {
+		t.Errorf("%d gradient reads started while all were held; want 4 (W0, b0, W1, b1)", started)
+	}
+	close(gate)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the step did not finish after the reads were let go")
+	}
+	r.md.refStep()
+	r.check("after the gated step")
 }
