@@ -208,9 +208,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	// As the runtime does: io_uring registers the buffer once (other
-	// backends, or a refused registration, are logged by the engine).
-	_ = pool.Register(e)
+	// As the runtime does: io_uring registers the buffer once (a refused
+	// registration is logged by the engine). Other backends have no
+	// registered buffers; asking would log that once per measurement.
+	if e.Name() == aio.BackendUring {
+		_ = pool.Register(e)
+	}
 	buf, err := pool.Acquire(ctx, int(o.SizeBytes), buffers.PurposeStaging)
 	if err != nil {
 		return nil, err
