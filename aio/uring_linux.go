@@ -230,6 +230,11 @@ type uringRing struct {
 	fileSlots    int
 	freeSlots    []int32
 	fileTableErr error
+	// fdArg is the one-entry fd array IORING_REGISTER_FILES_UPDATE reads
+	// through an address stored as an integer (io_uring_files_update.fds):
+	// a field of the ring, which lives on the heap, so that the address
+	// cannot go stale the way a stack variable's can when the stack moves.
+	fdArg [1]int32
 
 	closed bool
 }
@@ -537,10 +542,10 @@ func (r *uringRing) registerFileTable() error {
 
 // updateFile puts fd (-1: none) in slot.
 func (r *uringRing) updateFile(slot, fd int32) error {
-	fds := [1]int32{fd}
-	up := uringFilesUpdate{offset: uint32(slot), fds: uint64(uintptr(unsafe.Pointer(&fds[0])))}
+	r.fdArg[0] = fd
+	up := uringFilesUpdate{offset: uint32(slot), fds: uint64(uintptr(unsafe.Pointer(&r.fdArg[0])))}
 	n, errno := uringRegisterFn(r.fd, uringRegisterFilesUpdate, unsafe.Pointer(&up), 1)
-	runtime.KeepAlive(&fds)
+	runtime.KeepAlive(r)
 	switch {
 	case errno != 0:
 		return fmt.Errorf("IORING_REGISTER_FILES_UPDATE of slot %d: %w", slot, errno)
