@@ -37,7 +37,16 @@
 // PipelineDepth k >= 1 up to k sub-groups are read ahead and up to k writes
 // are in flight behind the update; BufferCount caps the buffer sets in use
 // and the pool's backpressure does the rest, so a small pool makes the
-// pipeline wait, never fail.
+// pipeline wait, never fail. These windows count a sub-group by the pinned
+// block its buffer takes, relative to the step's largest (a 1 K-element
+// bias next to 1 M-element weights counts for a thousandth of one), so
+// small sub-groups between large ones do not use the read-ahead up. With
+// an AsyncGradSource (the gradient swapper is one) the read-ahead starts a
+// sub-group's gradient read with its record read and goes on; the update
+// waits for both. StepStats.Timeline records each sub-group's way through
+// the pipeline (read-ahead, buffers held, reads issued and completed,
+// update, write-behind issued and completed, retired) and IOGaps the time
+// none of the step's I/O was in flight.
 //
 // The update of one sub-group is split over up to UpdateWorkers goroutines
 // (default GOMAXPROCS; config key zinf.optimizer_workers), which take

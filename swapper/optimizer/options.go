@@ -199,12 +199,16 @@ type Options struct {
 	// tensors never share one. Default DefaultSubGroupSize.
 	SubGroupSize int
 	// PipelineDepth is k in "read sub-group i+k ahead while updating i and
-	// keep up to k writes of earlier sub-groups in flight behind". 0 (the
+	// keep up to k writes of earlier sub-groups in flight behind", each
+	// sub-group counted by its pinned block relative to the step's largest
+	// (so small sub-groups between large ones count for little). 0 (the
 	// default) runs read, update and write one sub-group at a time on the
 	// caller's goroutine.
 	PipelineDepth int
 	// BufferCount is the number of pinned sub-group buffer sets the step
-	// may hold at once (DeepSpeed's offload_optimizer.buffer_count). The
+	// may hold at once (DeepSpeed's offload_optimizer.buffer_count),
+	// counted as PipelineDepth's windows are (in largest-sub-group
+	// equivalents). The
 	// pipeline wants 2*PipelineDepth+1 (one updating, k read ahead, k being
 	// written); with fewer it waits for a set to be written back before it
 	// reads the next (backpressure), so 1 works at any depth. Default
