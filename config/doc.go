@@ -158,7 +158,8 @@
 //	zinf.direct                  word      "optional"        O_DIRECT: required | optional (probe, fall back
 //	                                                         with a warning) | off
 //	zinf.backend                 word      "auto"            aio engine: auto | uring | libaio | posix
-//	zinf.pipeline_depth          int       1                 optimizer read-ahead/write-behind in sub-groups, 0..16;
+//	zinf.pipeline_depth          int       1                 optimizer read-ahead/write-behind in sub-groups (small ones
+//	                                                         counted by their size relative to the largest), 0..16;
 //	                                                         when absent, 0 if offload_optimizer sets both
 //	                                                         pipeline_read and pipeline_write to false
 //	zinf.gds                     word      "off"             off | auto | required; when absent, "auto" if
