@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/trace"
 )
 
 // Sentinel errors.
@@ -75,6 +76,10 @@ type StoreOptions struct {
 	KeepStale bool
 	// Logger, default slog.Default().
 	Logger *slog.Logger
+	// Trace, when set, receives a trace.Read or trace.Write event per
+	// operation, from submission to completion, when Wait returns (see
+	// package trace). Default nil: no events.
+	Trace trace.Sink
 }
 
 // Store maps tensor names to extents in swap files. Methods are safe for
@@ -94,6 +99,7 @@ type Store struct {
 	closed  bool
 
 	stats StoreStats
+	paths []PathStats // per path, guarded by mu
 }
 
 // StoreStats are cumulative store counters.
@@ -107,6 +113,12 @@ type StoreStats struct {
 	// paths: the disk space the extents span (files never shrink while the
 	// store is open). DiskBytes bounds it.
 	FileBytes int64
+	// ReadLatency and WriteLatency are the latencies of successful reads
+	// and writes, from submission to the completion of their I/O.
+	ReadLatency, WriteLatency Latency
+	// Paths counts the device bytes moved per path, in StoreOptions.Paths
+	// order.
+	Paths []PathStats
 }
 
 // version is one on-disk copy of a tensor.
@@ -182,8 +194,9 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 		}
 	}
 	s.stripe = roundUp(opts.StripeBytes, s.align)
-	for range s.files {
+	for i := range s.files {
 		s.allocs = append(s.allocs, &extentAlloc{})
+		s.paths = append(s.paths, PathStats{Path: opts.Paths[i]})
 	}
 	return s, nil
 }
@@ -252,6 +265,7 @@ func (s *Store) Stats() StoreStats {
 	for _, a := range s.allocs {
 		st.FileBytes += a.high
 	}
+	st.Paths = slices.Clone(s.paths)
 	return st
 }
 
@@ -306,6 +320,8 @@ type Pending struct {
 	// I/O and then does the checksum work (see started); Wait waits for
 	// it instead of the requests.
 	bg chan struct{}
+	// start is when the operation was submitted.
+	start time.Time
 }
 
 // onePool recycles the requests of single-path stores: an aio.Request
@@ -403,10 +419,15 @@ func (p *Pending) Wait() error {
 		p.collect()
 		p.checksum()
 	}
+	// The I/O's completion, not the moment Wait was called.
+	end := p.doneAt
+	if end.IsZero() {
+		end = time.Now()
+	}
 	s := p.s
 	switch p.op {
 	case "swap-out":
-		s.finishWrite(p)
+		s.finishWrite(p, end)
 	default:
 		s.mu.Lock()
 		if p.err != nil {
@@ -418,12 +439,45 @@ func (p *Pending) Wait() error {
 			} else {
 				s.stats.BytesRead += p.v.length
 			}
+			s.stats.ReadLatency.observe(end.Sub(p.start))
+			s.countPathsLocked(p, false)
 		}
 		s.unrefLocked(p.v)
 		s.mu.Unlock()
 	}
+	if t := s.opts.Trace; t != nil {
+		k, n := trace.Read, p.v.length
+		if p.op == "swap-out" {
+			k = trace.Write
+		} else if p.ranged {
+			n = p.hi - p.lo
+		}
+		t.Record(trace.Event{Kind: k, Failed: p.err != nil, Layer: -1, SubGroup: -1, Bytes: n, Name: p.name, Start: p.start, End: end})
+	}
 	p.recycle()
 	return p.err
+}
+
+// countPathsLocked adds a successful operation's requests to the per-path
+// counters.
+func (s *Store) countPathsLocked(p *Pending, write bool) {
+	for i := range p.reqs {
+		r := &p.reqs[i]
+		for j, f := range s.files {
+			if f != r.File {
+				continue
+			}
+			ps := &s.paths[j]
+			if write {
+				ps.BytesWritten += int64(len(r.Buf))
+				ps.Writes++
+			} else {
+				ps.BytesRead += int64(len(r.Buf))
+				ps.Reads++
+			}
+			break
+		}
+	}
 }
 
 // CompletedAt returns when the operation's I/O completed (its last
@@ -478,7 +532,7 @@ func (s *Store) WriteAsync(name string, b []byte) (*Pending, error) {
 		}
 	}
 	s.mu.Unlock()
-	p := &Pending{s: s, op: "swap-out", name: name, v: v, buf: full}
+	p := &Pending{s: s, op: "swap-out", name: name, v: v, buf: full, start: time.Now()}
 	if err := s.submit(p, aio.OpWrite); err != nil {
 		s.mu.Lock()
 		s.freeLocked(v)
@@ -516,7 +570,7 @@ func (s *Store) submit(p *Pending, op aio.Op) error {
 	return nil
 }
 
-func (s *Store) finishWrite(p *Pending) {
+func (s *Store) finishWrite(p *Pending, end time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p.err != nil {
@@ -524,6 +578,8 @@ func (s *Store) finishWrite(p *Pending) {
 		s.stats.WriteErrors++
 		return
 	}
+	s.stats.WriteLatency.observe(end.Sub(p.start))
+	s.countPathsLocked(p, true)
 	if old, ok := s.tensors[p.name]; ok {
 		s.stats.LiveBytes -= old.padded
 		old.retired = true
@@ -566,7 +622,7 @@ func (s *Store) ReadAsync(name string, b []byte) (*Pending, error) {
 	}
 	v.refs++
 	s.mu.Unlock()
-	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:v.padded]}
+	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:v.padded], start: time.Now()}
 	if err := s.submit(p, aio.OpRead); err != nil {
 		s.mu.Lock()
 		s.unrefLocked(v)
@@ -641,7 +697,7 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 	}
 	v.refs++
 	s.mu.Unlock()
-	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:to-from], ranged: true, from: from, to: to, lo: lo, hi: hi}
+	p := &Pending{s: s, op: "swap-in", name: name, v: v, buf: b[:to-from], ranged: true, from: from, to: to, lo: lo, hi: hi, start: time.Now()}
 	if len(s.files) == 1 {
 		p.single(aio.OpRead, s.files[0], v.ext[0].off+from, p.buf)
 	} else {
