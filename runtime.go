@@ -21,6 +21,7 @@ import (
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
 	"github.com/zinfio/zinf/tensor"
+	"github.com/zinfio/zinf/trace"
 )
 
 // Options adjust Open beyond the config.
@@ -88,6 +89,12 @@ type Options struct {
 	// integration writes it); Open refuses such a config without it.
 	// Default 0: unknown.
 	TotalSteps int
+	// Trace, when set, receives the runtime's timeline: each layer's
+	// compute and the loop's waits, every swap store read and write, each
+	// optimizer step (see package trace; trace.ChromeWriter writes a file
+	// Perfetto opens). Default nil: tracing off, at the cost of a nil
+	// check.
+	Trace trace.Sink
 }
 
 // Runtime is one rank's zinf: it owns the placement, the prefetch
@@ -131,6 +138,7 @@ type Runtime struct {
 	sched     *policy.Scheduler
 	overlap   bool // StepTensor starts updates during backward
 	inference bool
+	trace     tracer
 
 	mu         sync.Mutex // guards the fields below; Metrics reads them
 	params     []string
@@ -199,6 +207,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}()
 	z := cfg.Zinf
 	zo := cfg.ZeroOptimization
+	r.trace.init(opts.Trace, rank, len(mi.layers))
 	if r.Engine = opts.Engine; r.Engine == nil {
 		r.Engine, err = aio.New(EngineOptions(cfg, log, opts.Faults))
 		if err != nil {
@@ -208,7 +217,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	store := func(name string, paths []string) (*swapper.Store, error) {
 		o := storeOptions(cfg, paths)
-		o.Engine, o.Name, o.Logger = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log
+		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log, r.trace.store(name)
 		s, err := swapper.OpenStore(o)
 		if err != nil {
 			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
@@ -532,6 +541,7 @@ func (r *Runtime) Forward() {
 	for l := range order {
 		order[l] = l
 	}
+	r.trace.setPass("forward")
 	r.startPass(order)
 }
 
@@ -551,12 +561,16 @@ func (r *Runtime) Backward() {
 	for l := range order {
 		order[l] = L - 1 - l
 	}
+	r.trace.setPass("backward")
 	r.startPass(order)
 }
 
 // Pass announces a pass visiting layers in order (for loops that are
 // neither plain forward nor backward).
-func (r *Runtime) Pass(order []int) { r.startPass(order) }
+func (r *Runtime) Pass(order []int) {
+	r.trace.setPassOrder(order)
+	r.startPass(order)
+}
 
 // BeginLayer makes layer l's parameters readable: a barrier that waits for
 // their swap-in (a demand miss jumps the queue) and prefetches the layers
@@ -585,6 +599,7 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()
+	r.trace.layerBegun(l, t0, err)
 	if err != nil {
 		return fmt.Errorf("zinf: begin layer %d: %w", l, err)
 	}
@@ -597,6 +612,7 @@ func (r *Runtime) EndLayer(l int) {
 	if l < 0 || l >= len(r.model.layers) {
 		return
 	}
+	r.trace.layerEnded(l)
 	if r.gatherOn {
 		r.endGathered(l)
 		return
@@ -678,6 +694,7 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()
+	r.trace.gradWait(name, t0, err)
 	return err
 }
 

@@ -344,6 +344,13 @@ var ErrRankFailed = errors.New("zinf: another rank's step failed")
 // alone, without another collective). The standard order is followed:
 // unscale, check overflow, clip, update.
 func (r *Runtime) Step(ctx context.Context) error {
+	t0 := time.Now()
+	err := r.step(ctx)
+	r.trace.stepDone(t0, err)
+	return err
+}
+
+func (r *Runtime) step(ctx context.Context) error {
 	if r.inference {
 		return errInference
 	}
@@ -409,6 +416,7 @@ func (r *Runtime) Step(ctx context.Context) error {
 			start := time.Now()
 			abort()
 			info.RolledBack, info.RollbackTime = true, time.Since(start)
+			r.trace.rollback(start, info.RollbackTime)
 		}
 	case txn != nil && txn.Params() == p:
 		err = txn.Commit(ctx)
@@ -417,6 +425,7 @@ func (r *Runtime) Step(ctx context.Context) error {
 			start := time.Now()
 			abort()
 			info.RolledBack, info.RollbackTime = true, time.Since(start)
+			r.trace.rollback(start, info.RollbackTime)
 		}
 		err = r.Optimizer.StepWith(ctx, p)
 	}

@@ -1,0 +1,235 @@
+package zinf_test
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/internal/tracecheck"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
+	"github.com/zinfio/zinf/trace"
+)
+
+// TestTrace trains two ranks through the README's loop with a
+// trace.ChromeWriter in Options.Trace and checks the file: it is valid
+// trace-event JSON (tracecheck), each rank is a process, every layer's
+// forward and backward compute appears once per step with its barrier
+// wait, every gradient hand-off and every optimizer step appears, each
+// step's compute comes before its step, and the bytes of the traced swap
+// store reads and writes add up, per rank and store, to what the stores
+// counted themselves.
+func TestTrace(t *testing.T) {
+	ctx, watch := watchdog(t, 5*time.Minute)
+	cfg, _ := testConfig(t)
+	model := zinf.LayeredModel(
+		[]tensor.Desc{{Name: "l0.w", Shape: []int{64, 96}}, {Name: "l0.b", Shape: []int{64}}},
+		[]tensor.Desc{{Name: "l1.w", Shape: []int{96, 64}}},
+		[]tensor.Desc{{Name: "l2.w", Shape: []int{33, 7}}, {Name: "l2.b", Shape: []int{33}}},
+	)
+	var buf bytes.Buffer
+	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
+	start := time.Now()
+	var rts []*zinf.Runtime
+	for r := range 2 {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: 2, Trace: tw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rts = append(rts, rt)
+	}
+	watch(rts...)
+	init := initValues(model)
+	initAll(ctx, t, rts, init)
+	const steps = 3
+	trainLoop(ctx, t, rts, newAdamRef(cfg, init), steps)
+	type storeBytes struct{ read, written int64 }
+	counted := map[string]storeBytes{}
+	for _, rt := range rts {
+		for name, s := range map[string]*swapper.Store{"param": rt.ParamStore, "grad": rt.GradStore, "optim": rt.OptimStore} {
+			st := s.Stats()
+			counted[fmt.Sprintf("%d/%s", rt.Rank, name)] = storeBytes{st.BytesRead, st.BytesWritten}
+		}
+	}
+	for _, rt := range rts {
+		if err := rt.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now()
+	sum, err := tracecheck.Validate(buf.Bytes())
+	if err != nil {
+		t.Fatalf("invalid trace: %v", err)
+	}
+	if sum.ProcessNames[0] != "zinf rank 0" || sum.ProcessNames[1] != "zinf rank 1" {
+		t.Fatalf("processes %v", sum.ProcessNames)
+	}
+	type key struct {
+		rank       int64
+		cat, name  string
+		step       int
+		tensor, on string
+	}
+	count := map[key]int{}
+	traced := map[string]storeBytes{}
+	stepAt := map[[2]int64]tracecheck.Span{}
+	lastCompute := map[[2]int64]float64{}
+	maxTs := float64(end.Sub(start).Microseconds())
+	for _, sp := range sum.Spans {
+		step := int(sp.Args["step"].(float64))
+		tensorName, _ := sp.Args["tensor"].(string)
+		where, _ := sp.Args["where"].(string)
+		count[key{sp.Pid, sp.Cat, sp.Name, step, tensorName, where}]++
+		if sp.Ts < 0 || sp.End() > maxTs+1 {
+			t.Fatalf("%q [%.1f, %.1f] µs outside the run's %.1f µs", sp.Name, sp.Ts, sp.End(), maxTs)
+		}
+		switch sp.Cat {
+		case "read", "write":
+			if sp.Args["failed"] == true {
+				t.Fatalf("failed I/O traced in a run without faults: %+v", sp)
+			}
+			k := fmt.Sprintf("%d/%s", sp.Pid, where)
+			b := traced[k]
+			if sp.Cat == "read" {
+				b.read += int64(sp.Args["bytes"].(float64))
+			} else {
+				b.written += int64(sp.Args["bytes"].(float64))
+			}
+			traced[k] = b
+		case "step":
+			stepAt[[2]int64{sp.Pid, int64(step)}] = sp
+		case "compute":
+			k := [2]int64{sp.Pid, int64(step)}
+			lastCompute[k] = max(lastCompute[k], sp.End())
+		}
+	}
+	for rank := range int64(2) {
+		for step := 1; step <= steps+1; step++ {
+			for l := range 3 {
+				passes := []string{"forward", "backward"}
+				if step == steps+1 {
+					passes = passes[:1] // the read-back after the last step
+				}
+				for _, pass := range passes {
+					if n := count[key{rank, "compute", fmt.Sprintf("%s L%d", pass, l), step, "", pass}]; n != 1 {
+						t.Errorf("rank %d step %d: %d %s spans of layer %d, want 1", rank, step, n, pass, l)
+					}
+					if n := count[key{rank, "wait", fmt.Sprintf("wait L%d", l), step, "", "layer"}]; n != len(passes) {
+						t.Errorf("rank %d step %d: %d barrier waits of layer %d, want %d", rank, step, n, l, len(passes))
+					}
+				}
+			}
+			if step > steps {
+				continue
+			}
+			for _, d := range model.Tensors {
+				if n := count[key{rank, "wait", "wait gradient " + d.Name, step, d.Name, "gradient"}]; n != 1 {
+					t.Errorf("rank %d step %d: %d gradient hand-offs of %s, want 1", rank, step, n, d.Name)
+				}
+			}
+			sp, ok := stepAt[[2]int64{rank, int64(step)}]
+			if !ok || sp.Name != fmt.Sprintf("step %d", step) {
+				t.Fatalf("rank %d: no span for step %d (%+v)", rank, step, sp)
+			}
+			if c := lastCompute[[2]int64{rank, int64(step)}]; c > sp.Ts {
+				t.Errorf("rank %d step %d: compute ends at %.1f µs, after the step began at %.1f", rank, step, c, sp.Ts)
+			}
+		}
+	}
+	for k, want := range counted {
+		if traced[k] != want {
+			t.Errorf("%s: traced bytes read/written %+v, the store counted %+v", k, traced[k], want)
+		}
+	}
+}
+
+// TestTraceConcurrentSink: ranks trained on their own goroutines share one
+// ChromeWriter; the file stays valid.
+func TestTraceConcurrentSink(t *testing.T) {
+	ctx, watch := watchdog(t, 5*time.Minute)
+	cfg, _ := testConfig(t)
+	cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	model := readmeModel()
+	var buf bytes.Buffer
+	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
+	init := initValues(model)
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	for r := range 2 {
+		rt, err := zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: 2, Trace: tw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		watch(rt)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errc <- func() error {
+				for _, d := range model.Tensors {
+					if err := rt.Init(ctx, d.Name, init[d.Name]); err != nil {
+						return err
+					}
+				}
+				for range 2 {
+					rt.Forward()
+					for l := range rt.Layers() {
+						if err := rt.BeginLayer(ctx, l); err != nil {
+							return err
+						}
+						rt.EndLayer(l)
+					}
+					rt.Backward()
+					for l := rt.Layers() - 1; l >= 0; l-- {
+						if err := rt.BeginLayer(ctx, l); err != nil {
+							return err
+						}
+						for _, name := range rt.LayerTensors(l) {
+							if err := rt.AccumulateGrad(ctx, name, gradOf(init[name])); err != nil {
+								return err
+							}
+						}
+						if err := rt.StepLayer(ctx, l); err != nil {
+							return err
+						}
+						rt.EndLayer(l)
+					}
+					if err := rt.Step(ctx); err != nil {
+						return err
+					}
+				}
+				return rt.Close()
+			}()
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := tracecheck.Validate(buf.Bytes())
+	if err != nil {
+		t.Fatalf("invalid trace: %v", err)
+	}
+	steps := map[int64]int{}
+	for _, sp := range sum.Spans {
+		if sp.Cat == "step" {
+			steps[sp.Pid]++
+		}
+	}
+	if steps[0] != 2 || steps[1] != 2 {
+		t.Fatalf("step spans per rank: %v, want 2 each", steps)
+	}
+}

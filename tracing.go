@@ -1,0 +1,120 @@
+package zinf
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/zinfio/zinf/trace"
+)
+
+// tracer is the Runtime's side of the trace seam (Options.Trace): the
+// loop's compute and waits and each optimizer step. Every method starts
+// with the nil check, so with tracing off (sink nil) a call costs that
+// check and no clock read or allocation.
+type tracer struct {
+	sink trace.Sink
+	rank int32
+	// step is the number of steps completed: events of the step in
+	// progress carry it (the stores' events too, through trace.Tagged).
+	step atomic.Int64
+	// pass is what the current pass is called ("forward", "backward",
+	// "pass"); layerAt when each layer's BeginLayer returned. Touched by
+	// the loop's goroutine only.
+	pass    string
+	layerAt []time.Time
+}
+
+func (t *tracer) init(sink trace.Sink, rank, layers int) {
+	if sink == nil {
+		return
+	}
+	t.sink, t.rank = sink, int32(rank)
+	t.pass = "pass"
+	t.layerAt = make([]time.Time, layers)
+}
+
+// store is the sink a swap store of this runtime reports to.
+func (t *tracer) store(where string) trace.Sink {
+	return trace.Tagged(t.sink, int(t.rank), where, &t.step)
+}
+
+func (t *tracer) setPass(p string) {
+	if t.sink != nil {
+		t.pass = p
+	}
+}
+
+// setPassOrder names a pass by its order: "forward" when it visits the
+// layers in increasing order, "backward" in decreasing order, else "pass".
+func (t *tracer) setPassOrder(order []int) {
+	if t.sink == nil {
+		return
+	}
+	up, down := true, true
+	for i := 1; i < len(order); i++ {
+		up = up && order[i] > order[i-1]
+		down = down && order[i] < order[i-1]
+	}
+	switch {
+	case len(order) > 1 && up:
+		t.pass = "forward"
+	case len(order) > 1 && down:
+		t.pass = "backward"
+	default:
+		t.pass = "pass"
+	}
+}
+
+// layerBegun records a barrier's wait (from t0) and the start of layer l's
+// compute.
+func (t *tracer) layerBegun(l int, t0 time.Time, err error) {
+	if t.sink == nil {
+		return
+	}
+	now := time.Now()
+	t.sink.Record(trace.Event{Kind: trace.Wait, Failed: err != nil, Rank: t.rank, Step: t.step.Load(), Layer: int32(l), SubGroup: -1,
+		Where: "layer", Start: t0, End: now})
+	t.layerAt[l] = now
+}
+
+// layerEnded records layer l's compute, from its BeginLayer's return.
+func (t *tracer) layerEnded(l int) {
+	if t.sink == nil || t.layerAt[l].IsZero() {
+		return
+	}
+	t.sink.Record(trace.Event{Kind: trace.Compute, Rank: t.rank, Step: t.step.Load(), Layer: int32(l), SubGroup: -1,
+		Where: t.pass, Start: t.layerAt[l], End: time.Now()})
+	t.layerAt[l] = time.Time{}
+}
+
+// gradWait records the loop's wait in AccumulateGrad.
+func (t *tracer) gradWait(name string, t0 time.Time, err error) {
+	if t.sink == nil {
+		return
+	}
+	t.sink.Record(trace.Event{Kind: trace.Wait, Failed: err != nil, Rank: t.rank, Step: t.step.Load(), Layer: -1, SubGroup: -1,
+		Name: name, Where: "gradient", Start: t0, End: time.Now()})
+}
+
+// stepDone records an optimizer step (Runtime.Step) from t0; a step that
+// succeeded moves the step counter on.
+func (t *tracer) stepDone(t0 time.Time, err error) {
+	if t.sink == nil {
+		return
+	}
+	t.sink.Record(trace.Event{Kind: trace.Step, Failed: err != nil, Rank: t.rank, Step: t.step.Load(), Layer: -1, SubGroup: -1,
+		Start: t0, End: time.Now()})
+	if err == nil {
+		t.step.Add(1)
+	}
+}
+
+// rollback records a speculative step discarded: the time from start
+// spent discarding it (d 0: an instant).
+func (t *tracer) rollback(start time.Time, d time.Duration) {
+	if t.sink == nil {
+		return
+	}
+	t.sink.Record(trace.Event{Kind: trace.Rollback, Rank: t.rank, Step: t.step.Load(), Layer: -1, SubGroup: -1,
+		Start: start, End: start.Add(d)})
+}
