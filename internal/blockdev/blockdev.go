@@ -1,0 +1,67 @@
+// Package blockdev finds the block device under a path and reads its
+// counters, so that zinf can say which device a swap path wears and what
+// it has written (for SSD endurance: bytes written per device).
+package blockdev
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Device is the whole disk under a path (a partition's parent disk: the
+// unit an SSD's endurance rating applies to).
+type Device struct {
+	// Name is the kernel's name of the disk ("nvme0n1", "vda", "sda").
+	Name string
+	// Partition is the partition the path is on ("nvme0n1p2"), or "" when
+	// the filesystem sits on the whole disk.
+	Partition string
+	// Major and Minor are the numbers of the filesystem's block device.
+	Major, Minor uint32
+}
+
+// ErrNoDevice means the path's filesystem has no block device under it
+// (tmpfs, overlay, a network filesystem) or the system does not say
+// which.
+var ErrNoDevice = errors.New("blockdev: no block device under the path")
+
+// Of returns the disk under path.
+func Of(path string) (Device, error) { return of(path) }
+
+// Stat is a disk's cumulative counters since boot.
+type Stat struct {
+	// BytesRead and BytesWritten count what the disk transferred
+	// (sectors of 512 bytes, as the kernel counts them).
+	BytesRead, BytesWritten int64
+	// Reads and Writes count completed requests.
+	Reads, Writes int64
+}
+
+// ReadStat reads a disk's counters (/sys/block/NAME/stat on Linux).
+func ReadStat(name string) (Stat, error) { return readStat(name) }
+
+// parseStat parses the fields of /sys/block/NAME/stat (see the kernel's
+// Documentation/block/stat.rst): reads completed, reads merged, sectors
+// read, time reading, writes completed, writes merged, sectors written,
+// ... Sectors are 512 bytes whatever the device's block size.
+func parseStat(s string) (Stat, error) {
+	f := strings.Fields(s)
+	if len(f) < 7 {
+		return Stat{}, fmt.Errorf("blockdev: stat has %d fields, want at least 7: %q", len(f), s)
+	}
+	var v [7]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || n < 0 {
+			return Stat{}, fmt.Errorf("blockdev: stat field %d is %q, not a count", i+1, f[i])
+		}
+		v[i] = n
+	}
+	const sector = 512
+	if v[2] > (1<<63-1)/sector || v[6] > (1<<63-1)/sector {
+		return Stat{}, fmt.Errorf("blockdev: stat sectors out of range: %q", s)
+	}
+	return Stat{Reads: v[0], BytesRead: v[2] * sector, Writes: v[4], BytesWritten: v[6] * sector}, nil
+}

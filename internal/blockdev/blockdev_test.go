@@ -1,0 +1,76 @@
+package blockdev
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"testing"
+)
+
+func TestParseStat(t *testing.T) {
+	st, err := parseStat(" 6343060   915919 1160140618  6856238  4845846  2396843 1217067523  3555530        0   996424 10623524   445862      247 676757360   200882    45686    10872\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Stat{Reads: 6343060, BytesRead: 1160140618 * 512, Writes: 4845846, BytesWritten: 1217067523 * 512}
+	if st != want {
+		t.Fatalf("%+v, want %+v", st, want)
+	}
+	for _, bad := range []string{"", "1 2 3", "1 2 x 4 5 6 7", "1 2 -3 4 5 6 7", "1 2 3 4 5 6 99999999999999999999", "1 2 36028797018963968 4 5 6 7"} {
+		if _, err := parseStat(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// TestOf finds the disk under the test's temp dir and reads its counters;
+// where the temp dir has no block device (tmpfs) it must say so with
+// ErrNoDevice. Writing a file's worth through fsync moves the counter.
+func TestOf(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		if _, err := Of(t.TempDir()); !errors.Is(err, ErrNoDevice) {
+			t.Fatalf("Of off Linux: %v", err)
+		}
+		return
+	}
+	dir := t.TempDir()
+	d, err := Of(dir)
+	if errors.Is(err, ErrNoDevice) {
+		t.Skipf("no block device under %s: %v", dir, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Name == "" || d.Name == d.Partition {
+		t.Fatalf("device %+v", d)
+	}
+	before, err := ReadStat(d.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(dir + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(make([]byte, 1<<20))
+	f.Sync()
+	f.Close()
+	after, err := ReadStat(d.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.BytesWritten < before.BytesWritten || after.Writes < before.Writes {
+		t.Fatalf("counters went back: %+v then %+v", before, after)
+	}
+	if after.BytesWritten == before.BytesWritten {
+		t.Logf("note: a 1 MiB fsync'ed write did not show in %s's counters (a virtual disk may lag)", d.Name)
+	}
+	for _, bad := range []string{"", "..", "a/b"} {
+		if _, err := ReadStat(bad); err == nil {
+			t.Errorf("ReadStat(%q) succeeded", bad)
+		}
+	}
+	if _, err := Of(dir + "/missing"); err == nil {
+		t.Error("Of of a missing path succeeded")
+	}
+}
