@@ -100,6 +100,8 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	var step stepFlags
 	step.register(fs)
 	fs.BoolVar(&o.SerialStep, "serial-step", false, "run the optimizer step after backward instead of overlapping it")
+	var obs observeFlags
+	obs.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -107,7 +109,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	// Zero would silently mean "the default" below the command line.
 	compute, cerr := computeMsFlag(computeMs)
 	if err := errors.Join(positive("--steps", o.Steps), notNegative("--prefetch", o.PrefetchDepth), cerr, intIn("--data-parallel", o.DataParallel, 0, 1<<20),
-		modelFlags(spec.Layers, spec.Width, spec.Batch), ck.check(fs)); err != nil {
+		modelFlags(spec.Layers, spec.Width, spec.Batch), ck.check(fs), obs.check(fs)); err != nil {
 		return err
 	}
 	if err := step.check(fs); err != nil {
@@ -158,8 +160,12 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			o.Progress = stdout
 		}
 	}
-	res, err := train.Run(ctx, o)
+	stop, err := obs.start(&o, stderr)
 	if err != nil {
+		return err
+	}
+	res, err := train.Run(ctx, o)
+	if err := errors.Join(err, stop()); err != nil {
 		return err
 	}
 	if asJSON {

@@ -26,6 +26,7 @@ import (
 	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/trace"
 )
 
 // Options configure a run.
@@ -53,6 +54,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Faults is injected into every rank's engine (tests).
 	Faults aio.FaultHook
+	// Trace receives every rank's timeline (zinf.Options.Trace); nil: off.
+	Trace trace.Sink
+	// Runtimes, when set, is called with the ranks' runtimes once they are
+	// open, and with nil before they are closed (a metrics collector reads
+	// them in between).
+	Runtimes func(rts []*zinf.Runtime)
 	// OnStep, when set, is called after each step (tests use it to inject
 	// faults between steps); an error stops the run.
 	OnStep func(step int) error
@@ -299,6 +306,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if ckpt != nil {
 			ckpt.Close()
 		}
+		if o.Runtimes != nil && len(rts) > 0 {
+			o.Runtimes(nil)
+		}
 		for _, rt := range rts {
 			rt.Close()
 		}
@@ -310,13 +320,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	for r := 0; r < world; r++ {
-		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults,
+		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults, Trace: o.Trace,
 			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r],
 			TotalSteps: o.Steps})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
 		rts = append(rts, rt)
+	}
+	if o.Runtimes != nil {
+		o.Runtimes(rts)
 	}
 	res.Backend = rts[0].Engine.Name()
 	pl := rts[0].Plan()
