@@ -14,6 +14,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/internal/plots"
 	"github.com/zinfio/zinf/internal/probe"
 )
 
@@ -26,7 +27,7 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var (
 		t                       iobench.TuneOptions
 		backends, bss, qds, pps string
-		direct                  string
+		direct, plotPath        string
 	)
 	fs.StringVar(&t.Dir, "path", "", "directory on the device to tune (required)")
 	sizeVar(fs, &t.SizeBytes, "size", 256<<20, "bytes per run")
@@ -38,7 +39,12 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&direct, "direct", "optional", "O_DIRECT policy: required, optional, off")
 	var bwFile string
 	fs.StringVar(&bwFile, "bandwidth-file", "", "also record the best read/write bandwidth for --path in this results file (created, or updated when it is one), for zinf.bandwidth.file")
+	fs.StringVar(&plotPath, "plot", "", "also draw read and write GB/s by block size and queue depth into this new .svg or .png file")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	// The picture's name is checked before minutes of sweeping.
+	if err := checkNewPicture("--plot", plotPath); err != nil {
 		return err
 	}
 	var err error
@@ -99,6 +105,13 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintln(stdout, "config section that reproduces it:")
 	if _, err = stdout.Write(sec); err != nil {
 		return err
+	}
+	if plotPath != "" {
+		title := fmt.Sprintf("zinf tune %s (%s per run)", t.Dir, config.Size(t.SizeBytes))
+		if err := writePicture("--plot", plotPath, func(w io.Writer, format string) error { return plots.Tune(w, format, res, title) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "plot: %s\n", plotPath)
 	}
 	if bwFile == "" {
 		return nil

@@ -139,3 +139,27 @@ func TestTuneBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestTunePlot: zinf tune --plot draws the sweep; an existing or unknown
+// picture file is refused before the sweep runs.
+func TestTunePlot(t *testing.T) {
+	dir := t.TempDir()
+	pic := filepath.Join(dir, "tune.svg")
+	grid := []string{"--size", "8MiB", "--loops", "1", "--block-sizes", "256KiB,1MiB", "--queue-depths", "4", "--parallel", "1", "--backends", "posix"}
+	code, _, errs := runCLI(t, append([]string{"tune", "--path", dir, "--plot", pic}, grid...)...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, errs)
+	}
+	wantAll(t, "stderr", errs, "plot: "+pic)
+	b, err := os.ReadFile(pic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAll(t, "the SVG", string(b), "posix qd 4", "256K", "1M", "zinf tune "+dir)
+	for _, bad := range []string{pic, filepath.Join(dir, "tune.jpg")} {
+		code, _, errs := runCLI(t, append([]string{"tune", "--path", dir, "--plot", bad}, grid...)...)
+		if code == 0 || strings.Contains(errs, "tuning ") {
+			t.Errorf("--plot %s: exit %d, and the sweep ran:\n%s", bad, code, errs)
+		}
+	}
+}
