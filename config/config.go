@@ -248,6 +248,11 @@ type Zinf struct {
 	// Default 0: the policy decides from the NVMe bandwidth (see
 	// Bandwidth).
 	PrefetchDepth int
+	// NVMeTBW is "nvme_tbw": the endurance rating of the NVMe drives
+	// under the swap paths (bytes written over their life, from the
+	// datasheet, e.g. "600TB"), for zinf plan, train and doctor to say
+	// what a run's writes cost them. Default 0: not given.
+	NVMeTBW Size
 	// OptimizerWorkers is "optimizer_workers", 0..1024: the most
 	// goroutines (cores) one optimizer sub-group's update is split over
 	// (optimizer.Options.UpdateWorkers). Default 0: GOMAXPROCS. The split

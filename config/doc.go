@@ -188,6 +188,9 @@
 //	zinf.bandwidth.probe         bool      true              probe a path no figure above covers, at Open (cached in the
 //	                                                         path for a week)
 //	zinf.bandwidth.probe_bytes   size      16MiB             bytes each probe writes and reads, 1MiB..1GiB
+//	zinf.nvme_tbw                size      0                 the NVMe drives' endurance rating (bytes written over
+//	                                                         their life, e.g. "600TB"); zinf plan, train and doctor
+//	                                                         set a run's writes per day against it; 0 = not given
 //
 // # The training step
 //

@@ -166,6 +166,8 @@ type wireZinf struct {
 		Probe            bool   `json:"probe"`
 		ProbeBytes       Size   `json:"probe_bytes"`
 	} `json:"bandwidth"`
+	// NVMeTBW too.
+	NVMeTBW Size `json:"nvme_tbw,omitempty"`
 }
 
 func aioWire(a AIO) wireAIO {
@@ -235,6 +237,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.Bandwidth.File = zi.Bandwidth.File
 	w.Zinf.Bandwidth.Probe = zi.Bandwidth.Probe
 	w.Zinf.Bandwidth.ProbeBytes = zi.Bandwidth.ProbeBytes
+	w.Zinf.NVMeTBW = zi.NVMeTBW
 	return marshalIndent(w)
 }
 

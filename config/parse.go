@@ -567,6 +567,7 @@ func schema(c *Config) []spec {
 			leaf("probe", boolInto(&c.Zinf.Bandwidth.Probe)),
 			leaf("probe_bytes", sizeInto(&c.Zinf.Bandwidth.ProbeBytes)),
 		),
+		leaf("nvme_tbw", sizeInto(&c.Zinf.NVMeTBW)),
 	)
 
 	return append([]spec{

@@ -148,6 +148,7 @@ func (c *Config) Validate() error {
 		k.add("zinf.bandwidth.file", strconv.Quote(f), "is not a file name", "a path to a `zinf tune --bandwidth-file` result")
 	}
 	k.limit("zinf.bandwidth.probe_bytes", int64(bw.ProbeBytes))
+	k.limit("zinf.nvme_tbw", int64(zi.NVMeTBW))
 
 	return errorOf("", k.problems)
 }
@@ -190,6 +191,7 @@ var intLimits = map[string][2]int64{
 	"zinf.bandwidth.read_bytes_per_sec":  {0, 100e9},
 	"zinf.bandwidth.write_bytes_per_sec": {0, 100e9},
 	"zinf.bandwidth.probe_bytes":         {1 << 20, 1 << 30},
+	"zinf.nvme_tbw":                      {0, math.MaxInt64},
 }
 
 // enumValues holds the words each string key allows.

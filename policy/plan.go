@@ -802,7 +802,10 @@ func (pl *planner) model() *stepModel {
 			crossing += x.Bytes
 		}
 	}
+	m.nvmeRead, m.nvmeWrite = optRead, optWrite
 	for l := 0; l < pl.L; l++ {
+		m.nvmeRead += 2 * nvmeParam[l] // fetched for forward and for backward
+		m.nvmeWrite += nvmeGrad[l]
 		m.fetch[l] = rate(nvmeParam[l], pl.t.NVMeReadBps) + rate(hostParam[l], pl.t.PCIeBps)
 		m.gradWrite[l] = rate(nvmeGrad[l], pl.t.NVMeWriteBps) + rate(hostGrad[l], pl.t.PCIeBps)
 	}

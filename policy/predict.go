@@ -45,6 +45,12 @@ type StepPrediction struct {
 	Total time.Duration
 	// Phases breaks Total down: forward, backward, optimizer.
 	Phases []Phase
+	// NVMeReadBytes and NVMeWriteBytes are what one step moves from and
+	// to this rank's NVMe paths: offloaded parameters fetched in both
+	// passes, gradients written behind and read back, optimizer states
+	// read and written, updated parameters written back. NVMeWriteBytes
+	// is what a step costs the drives' endurance (see Endurance).
+	NVMeReadBytes, NVMeWriteBytes int64
 }
 
 // Phase is one phase of a step.
@@ -118,6 +124,8 @@ type stepModel struct {
 	fetch      []float64 // seconds to bring a layer's offloaded params in
 	gradWrite  []float64 // seconds to move a layer's offloaded grads out
 	optimizerS float64   // optimizer step I/O seconds
+	// nvmeRead and nvmeWrite are a step's NVMe bytes.
+	nvmeRead, nvmeWrite int64
 }
 
 func (m *stepModel) passes(depth int) (fwd, bwd passResult) {
@@ -191,6 +199,8 @@ func (m *stepModel) predict(depth int) StepPrediction {
 		GradIO:         seconds(sumWrite),
 		ExposedGradIO:  seconds(b.drain),
 		OptimizerIO:    seconds(m.optimizerS),
+		NVMeReadBytes:  m.nvmeRead,
+		NVMeWriteBytes: m.nvmeWrite,
 	}
 	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.OptimizerIO
 	p.Phases = []Phase{
