@@ -26,12 +26,18 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("doctor", stderr)
 	var paths multiFlag
 	var asJSON bool
+	var tbw int64
 	fs.Var(&paths, "path", "a swap directory to check (repeatable)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	sizeVar(fs, &tbw, "tbw", 0, "the drives' endurance rating (bytes written over their life, e.g. 600TB): set each disk's writes since boot against it")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if tbw < 0 {
+		return fmt.Errorf("--tbw %d is invalid: it must not be negative", tbw)
+	}
 	r := doctor.Run(paths)
+	r.Endurance(paths, tbw)
 	var err error
 	if asJSON {
 		err = json.NewEncoder(stdout).Encode(r)

@@ -20,6 +20,8 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
+
+	"github.com/zinfio/zinf/internal/blockdev"
 )
 
 type doctorCheck struct {
@@ -218,5 +220,27 @@ func TestDoctorStaleSwapSpace(t *testing.T) {
 	defer s.Close()
 	if _, text, _ := runCLI(t, "doctor", "--path", dir); !strings.Contains(text, "ok   stale "+dir) {
 		t.Fatalf("after a new store cleaned the path, doctor still lists stale space:\n%s", text)
+	}
+}
+
+// TestDoctorEndurance: per disk under the paths, doctor reports what it
+// wrote since boot and per day, and with --tbw what share of the rating a
+// day at that rate spends; a tmpfs path has no disk, which it says.
+func TestDoctorEndurance(t *testing.T) {
+	dir := t.TempDir()
+	d, derr := blockdev.Of(dir)
+	code, out, errs := runCLI(t, "doctor", "--path", dir, "--path", "/dev/shm", "--tbw", "600TB")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s%s", code, out, errs)
+	}
+	wantAll(t, "doctor", out, "endurance /dev/shm", "no block device")
+	if derr != nil {
+		t.Skipf("no disk under %s: %v", dir, derr)
+	}
+	wantAll(t, "doctor", out, "endurance "+d.Name, "disk "+d.Name+" (paths "+dir+")", "written since boot", "per day", "of the 600 TB endurance rating")
+	_, out, _ = runCLI(t, "doctor", "--path", dir)
+	wantAll(t, "doctor without --tbw", out, "give the drive's endurance rating (--tbw")
+	if code, _, errs := runCLI(t, "doctor", "--tbw", "x"); code == 0 || !strings.Contains(errs, "-tbw") {
+		t.Fatalf("--tbw x: exit %d %s", code, errs)
 	}
 }

@@ -21,13 +21,28 @@ type observeFlags struct {
 	trace       string
 	traceSteps  int
 	metricsAddr string
+	tbw         int64 // -1: the config's zinf.nvme_tbw
 }
 
 func (f *observeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.trace, "trace", "", "write a timeline of the run to this new file (Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing; zinf timeline draws it)")
 	fs.IntVar(&f.traceSteps, "trace-steps", 0, "with --trace, record the first N steps only (0: all)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while training (e.g. 127.0.0.1:9400; port 0 picks one)")
+	f.tbw = -1
+	fs.Var(tbwFlag{&f.tbw}, "tbw", "the NVMe drives' endurance rating (e.g. 600TB) to set the run's writes against; default: the config's zinf.nvme_tbw")
 }
+
+// tbwFlag is a size flag whose unset value (-1) means "from the config".
+type tbwFlag struct{ v *int64 }
+
+func (f tbwFlag) String() string {
+	if f.v == nil || *f.v < 0 {
+		return "the config's zinf.nvme_tbw"
+	}
+	return sizeFlag(f).String()
+}
+
+func (f tbwFlag) Set(s string) error { return sizeFlag(f).Set(s) }
 
 // check reports bad or orphaned flags, and a --trace file that exists:
 // zinf writes only files it creates.

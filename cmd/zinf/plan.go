@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,13 +24,17 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var cfgPath, model string
 	var computeMs float64
 	var noProbe bool
+	var tbw int64
 	fs.StringVar(&cfgPath, "config", "", "config file (default: the embedded one)")
+	fs.Var(sizeFlag{&tbw}, "tbw", "the NVMe drives' endurance rating (e.g. 600TB); default: the config's zinf.nvme_tbw")
 	fs.StringVar(&model, "model", "layers=24,width=4096,dtype=bf16,batch=8,world=1", "model: layers=N,width=N,dtype=fp32|bf16|fp16,batch=N,world=N (dtype and world override the config's)")
 	fs.Float64Var(&computeMs, "compute-ms-per-layer", 0, "compute time per layer per pass, for the prediction")
 	fs.BoolVar(&noProbe, "no-probe", false, "do not probe an NVMe path's bandwidth (use the config's, the tune file's, a cached one or the default)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tbwSet := false
+	fs.Visit(func(f *flag.Flag) { tbwSet = tbwSet || f.Name == "tbw" })
 	compute, err := computeMsFlag(computeMs)
 	if err != nil {
 		return err
@@ -83,6 +88,20 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			}
 		} else {
 			fmt.Fprintf(stdout, "\nfree space: the NVMe paths here hold what the plan needs (rank %d; ranks sharing a filesystem need it each)\n", p.Rank)
+		}
+	}
+	if pr := p.Placement.Predicted; pr.NVMeWriteBytes > 0 {
+		if !tbwSet {
+			tbw = int64(cfg.Zinf.NVMeTBW)
+		}
+		fmt.Fprintln(stdout)
+		what := "per rank, at the predicted step"
+		if pr.Compute == 0 {
+			what = "per rank, at the predicted step without compute time: an upper bound"
+		}
+		writeEndurance(stdout, what, pr.NVMeWriteBytes, pr.Total, tbw, cfg.NVMePaths())
+		if m.World > 1 {
+			fmt.Fprintf(stdout, "  the %d ranks write %d times this where they share the drives\n", m.World, m.World)
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,5 +46,34 @@ func TestPlanBadInput(t *testing.T) {
 			continue
 		}
 		wantAll(t, strings.Join(c.args, " "), errs, c.want...)
+	}
+}
+
+// TestPlanEndurance: with everything on NVMe, a step writes each
+// parameter's gradient (4 bytes), optimizer states (12) and updated value
+// (4): plan says so, sets it per day against zinf.nvme_tbw, or --tbw
+// when given, and names the path the bytes go to.
+func TestPlanEndurance(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "ds.json")
+	if err := os.WriteFile(cfg, []byte(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "`+dir+`", "max_in_cpu": 0, "buffer_size": 1},
+		"offload_optimizer": {"device": "nvme", "nvme_path": "`+dir+`"}},
+		"zinf": {"tiers": {"gpu_bytes": "2MiB", "cpu_pinned_bytes": "64MiB"}, "nvme_tbw": "300TB"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	params := 4 * (256*256 + 256)
+	written := fmt.Sprintf("(%d bytes) written per step", params*20)
+	code, out, errs := runCLI(t, "plan", "--config", cfg, "--model", "layers=4,width=256", "--compute-ms-per-layer", "2")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, "nvme endurance (per rank, at the predicted step)", written, "per day", "of a 300 TB endurance rating per day", "written to "+dir)
+	code, out, errs = runCLI(t, "plan", "--config", cfg, "--model", "layers=4,width=256,world=2", "--tbw", "1.5PB")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan --tbw", out, "an upper bound", fmt.Sprintf("(%d bytes) written per step", params*10), "of a 1.5 PB endurance rating", "the 2 ranks write 2 times this")
+	if code, _, errs := runCLI(t, "plan", "--tbw", "-1TB"); code == 0 || !strings.Contains(errs, "-tbw") {
+		t.Fatalf("--tbw -1TB: exit %d %s", code, errs)
 	}
 }

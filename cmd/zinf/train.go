@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
@@ -171,7 +172,18 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if asJSON {
 		return json.NewEncoder(stdout).Encode(res)
 	}
-	return printTrainSummary(stdout, res, o.Verify)
+	if err := printTrainSummary(stdout, res, o.Verify); err != nil {
+		return err
+	}
+	if res.NVMeWrittenPerStep > 0 {
+		tbw := obs.tbw
+		if tbw < 0 {
+			tbw = int64(cfg.Zinf.NVMeTBW)
+		}
+		writeEndurance(stdout, "all ranks, at the median step measured", res.NVMeWrittenPerStep,
+			time.Duration(res.StepMsMedian*float64(time.Millisecond)), tbw, cfg.NVMePaths())
+	}
+	return nil
 }
 
 // stepFlags override the config's training-step keys.

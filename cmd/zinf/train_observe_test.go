@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -179,4 +180,33 @@ func TestTrainMetricsScrape(t *testing.T) {
 		t.Fatalf("train: exit %d\n%s", code, stderr.String())
 	}
 	t.Logf("%d scrapes", scrapes)
+}
+
+// TestTrainEndurance: zinf train reports the NVMe bytes a step writes —
+// every parameter's updated value, gradient and optimizer states (4 + 4 +
+// 12 bytes in fp32), padded to the device alignment per tensor — and sets
+// them per day against --tbw.
+func TestTrainEndurance(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errs := runCLI(t, "train", "--layers", "2", "--width", "64", "--steps", "3", "--json", "--dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	var res struct {
+		Written int64 `json:"nvme_written_per_step_bytes"`
+		Params  int64 `json:"params"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	lo := 20 * res.Params
+	hi := lo + 4*3*4096 // 4 tensors in 3 stores, each padded by less than 4 KiB
+	if res.Written < lo || res.Written > hi {
+		t.Fatalf("%d bytes written per step, want %d..%d", res.Written, lo, hi)
+	}
+	code, out, errs = runCLI(t, "train", "--layers", "2", "--width", "64", "--steps", "3", "--quiet", "--dir", dir, "--tbw", "600TB")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "summary", out, "nvme endurance (all ranks, at the median step measured)", "written per step", "per day", "of a 600 TB endurance rating")
 }

@@ -180,6 +180,10 @@ type Result struct {
 	StateSHA256 string `json:"state_sha256"`
 	// Dist is set when the ranks are processes (Options.Comm).
 	Dist *DistResult `json:"distributed,omitempty"`
+	// NVMeWrittenPerStep is the median step's bytes written to the NVMe
+	// devices by every rank's swap stores (padded to the alignment, as the
+	// devices wrote them): what a step costs the drives' endurance.
+	NVMeWrittenPerStep int64 `json:"nvme_written_per_step_bytes"`
 }
 
 // StepReport is one step of Result.PerStep.
@@ -388,6 +392,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	var ioWaits []float64
 	var last zinf.Metrics
+	written := newWrittenTracker(rts)
 	lastWait := time.Duration(0)
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
@@ -398,6 +403,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			lastWait = be.ioWait
 			res.StepMs = append(res.StepMs, float64(d)/1e6)
 			ioWaits = append(ioWaits, float64(w)/1e6)
+			written.step()
 			res.FinalLoss = loss
 			rep := report(step, loss, d, be.infos[len(be.infos)-1])
 			res.PerStep = append(res.PerStep, rep)
@@ -430,6 +436,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/elapsed/1e9, float64(m.BytesWritten)/elapsed/1e9
 	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
 	res.StepMsMedian = median(res.StepMs)
+	res.NVMeWrittenPerStep = written.median()
 	res.IOWaitMsMedian = median(ioWaits)
 	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
 	for _, rt := range rts {

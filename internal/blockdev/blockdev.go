@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Device is the whole disk under a path (a partition's parent disk: the
@@ -65,3 +66,7 @@ func parseStat(s string) (Stat, error) {
 	}
 	return Stat{Reads: v[0], BytesRead: v[2] * sector, Writes: v[4], BytesWritten: v[6] * sector}, nil
 }
+
+// Uptime is how long the system has been up: the span a disk's counters
+// (ReadStat) cover.
+func Uptime() (time.Duration, error) { return uptime() }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,4 +44,20 @@ func readStat(name string) (Stat, error) {
 		return Stat{}, fmt.Errorf("blockdev: %w", err)
 	}
 	return parseStat(string(b))
+}
+
+func uptime() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, fmt.Errorf("blockdev: %w", err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, fmt.Errorf("blockdev: /proc/uptime is empty")
+	}
+	s, err := strconv.ParseFloat(f[0], 64)
+	if err != nil || s < 0 || s > 1e12 {
+		return 0, fmt.Errorf("blockdev: /proc/uptime: %q is not an uptime", f[0])
+	}
+	return time.Duration(s * float64(time.Second)), nil
 }

@@ -5,6 +5,7 @@ package blockdev
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 func of(path string) (Device, error) {
@@ -13,4 +14,8 @@ func of(path string) (Device, error) {
 
 func readStat(name string) (Stat, error) {
 	return Stat{}, errors.New("blockdev: disk counters are read on Linux only")
+}
+
+func uptime() (time.Duration, error) {
+	return 0, errors.New("blockdev: uptime is read on Linux only")
 }

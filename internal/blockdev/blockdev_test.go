@@ -73,4 +73,7 @@ func TestOf(t *testing.T) {
 	if _, err := Of(dir + "/missing"); err == nil {
 		t.Error("Of of a missing path succeeded")
 	}
+	if up, err := Uptime(); err != nil || up <= 0 {
+		t.Errorf("uptime %v, %v", up, err)
+	}
 }
