@@ -3,12 +3,18 @@ package zinf_test
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/tracecheck"
+	"github.com/zinfio/zinf/metrics"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
@@ -231,5 +237,88 @@ func TestTraceConcurrentSink(t *testing.T) {
 	}
 	if steps[0] != 2 || steps[1] != 2 {
 		t.Fatalf("step spans per rank: %v, want 2 each", steps)
+	}
+}
+
+// TestTraceRollback: with clipping that triggers on every step and
+// speculation always on, each step's update begun during backward is
+// rolled back; the trace has one rollback per rollback the runtime
+// counts, inside its step's span, and the metrics collector exports the
+// same count.
+func TestTraceRollback(t *testing.T) {
+	c, _ := testConfig(t)
+	c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	c.GradientClipping = 1e-3
+	c.Zinf.Speculate = config.SpeculateAlways
+	m := twoLayers()
+	var buf bytes.Buffer
+	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
+	rt, err := zinf.Open(c, m, zinf.Options{Trace: tw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if !rt.Plan().OverlapStep {
+		t.Skip("the plan has no room to overlap the step here")
+	}
+	ctx, watch := watchdog(t, time.Minute)
+	watch(rt)
+	for _, d := range m.Tensors {
+		n, _ := d.Numel()
+		if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const steps = 3
+	for step := range steps {
+		stepOnce(t, ctx, rt, gradsFor(m, step, 1), true)
+	}
+	tr := rt.Metrics().Train
+	if tr.Rollbacks != steps {
+		t.Fatalf("%d rollbacks counted, want %d (%+v)", tr.Rollbacks, steps, tr)
+	}
+	scraped := testutil.ToFloat64(onlyRollbacks{metrics.New(rt)})
+	rt.Close()
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := tracecheck.Validate(buf.Bytes())
+	if err != nil {
+		t.Fatalf("invalid trace: %v", err)
+	}
+	stepSpan := map[float64]tracecheck.Span{}
+	var rb []tracecheck.Span
+	for _, sp := range sum.Spans {
+		switch sp.Cat {
+		case "step":
+			stepSpan[sp.Args["step"].(float64)] = sp
+		case "rollback":
+			rb = append(rb, sp)
+		}
+	}
+	if len(rb) != steps || scraped != steps {
+		t.Fatalf("%d rollbacks traced, %v scraped; the runtime counted %d", len(rb), scraped, steps)
+	}
+	for _, r := range rb {
+		s, ok := stepSpan[r.Args["step"].(float64)]
+		if !ok || r.Ts < s.Ts || r.End() > s.End()+0.001 || r.Name != fmt.Sprintf("rollback step %v", r.Args["step"]) {
+			t.Fatalf("rollback %+v is not inside its step %+v", r, s)
+		}
+	}
+}
+
+// onlyRollbacks keeps zinf_rollbacks_total of a collector, for
+// testutil.ToFloat64.
+type onlyRollbacks struct{ c prometheus.Collector }
+
+func (o onlyRollbacks) Describe(ch chan<- *prometheus.Desc) { o.c.Describe(ch) }
+
+func (o onlyRollbacks) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric)
+	go func() { o.c.Collect(all); close(all) }()
+	for m := range all {
+		if strings.Contains(m.Desc().String(), `"zinf_rollbacks_total"`) {
+			ch <- m
+		}
 	}
 }

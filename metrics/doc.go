@@ -36,8 +36,10 @@
 //     write-behind, the optimizer's reads and writes.
 //   - Steps: optimizer steps, failed and aborted ones, the optimizer's
 //     time by part (zinf_optimizer_seconds_total{part}), prefetch hits and
-//     demand misses, and speculative steps rolled back
-//     (zinf_rollbacks_total).
+//     demand misses; training steps applied, skipped, clipped, speculated
+//     and committed (zinf_train_steps_total{outcome}), speculative steps
+//     rolled back and the time that took (zinf_rollbacks_total,
+//     zinf_rollback_seconds_total), the fp16 loss scale.
 //
 // Collect is safe while the runtimes train (Runtime.Metrics and the store
 // counters are); call Set(nil) before closing them.

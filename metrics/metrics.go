@@ -73,11 +73,16 @@ var (
 	optTime  = desc("zinf_optimizer_seconds_total", "The optimizer steps' time by part: elapsed, compute (the update), read_wait, write_wait, idle (waiting for tensors handed over), commit, drain.", "part")
 	optBytes = desc("zinf_optimizer_bytes_total", "Optimizer state bytes moved by steps (op=read, write) and gradient bytes read (op=grad_read).", "op")
 	prefetch = desc("zinf_prefetch_total", "Layer barriers by outcome: hit (prefetched in time) or demand_miss (fetched on demand).", "outcome")
+
+	trainSteps   = desc("zinf_train_steps_total", "Training steps by outcome: applied, skipped (fp16 overflow), clipped (applied with clipped gradients), speculated (update begun during backward), committed (speculated and kept).", "outcome")
+	rollbacks    = desc("zinf_rollbacks_total", "Speculative steps rolled back (begun during backward, then discarded because the step was clipped, skipped or its learning rate changed).")
+	rollbackTime = desc("zinf_rollback_seconds_total", "Time steps spent discarding speculative updates.")
+	lossScale    = desc("zinf_loss_scale", "The current fp16 loss scale (1 without fp16).")
 )
 
 var all = []*prometheus.Desc{nvmeBytes, nvmeOps, nvmeErrors, nvmeCRC, nvmeLatency, nvmeLive, nvmeFile,
 	pinnedBytes, pinnedReserved, pinnedCap, pinnedPeak, pinnedLocked, pinnedWaits, cacheHits, cacheMisses, cacheBytes,
-	gpuUsed, gpuParam, ioWait, steps, optSteps, optTime, optBytes, prefetch}
+	gpuUsed, gpuParam, ioWait, steps, optSteps, optTime, optBytes, prefetch, trainSteps, rollbacks, rollbackTime, lossScale}
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -187,6 +192,13 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, rt *zinf.Runtime) {
 	counter(optBytes, float64(tot.GradBytes), "grad_read")
 	counter(prefetch, float64(m.Schedule.Hits), "hit")
 	counter(prefetch, float64(m.Schedule.DemandMisses), "demand_miss")
+	tr := m.Train
+	for outcome, n := range map[string]int{"applied": tr.Applied, "skipped": tr.Skipped, "clipped": tr.Clipped, "speculated": tr.Speculated, "committed": tr.Commits} {
+		counter(trainSteps, float64(n), outcome)
+	}
+	counter(rollbacks, float64(tr.Rollbacks))
+	counter(rollbackTime, tr.RollbackTime.Seconds())
+	gauge(lossScale, tr.LossScale)
 }
 
 // histogram converts a store latency histogram (non-cumulative buckets)
