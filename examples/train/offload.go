@@ -46,6 +46,9 @@ type zinfBackend struct {
 	// infos records rank 0's account of each completed step (LR, loss
 	// scale, norm, clipping, skip, rollback); every rank decides the same.
 	infos []zinf.StepInfo
+	// sample, when set, checks sampled elements of some tensors every
+	// step (Options.Sample).
+	sample *sampler
 }
 
 type optStep struct {
@@ -76,6 +79,9 @@ func (b *zinfBackend) gather(ctx context.Context, name string, dst []float32) er
 		if err := rt.ReadParam(ctx, name, dst); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
+	}
+	if b.sample != nil {
+		return b.sample.read(name, dst)
 	}
 	return nil
 }
@@ -125,6 +131,9 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 		testhook.Hit("train/accumulate")
 	}
 	clear(b.accumulated)
+	if b.sample != nil {
+		b.sample.accumulated(name, g)
+	}
 	return nil
 }
 

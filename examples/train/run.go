@@ -56,6 +56,12 @@ type Options struct {
 	Faults aio.FaultHook
 	// Trace receives every rank's timeline (zinf.Options.Trace); nil: off.
 	Trace trace.Sink
+	// Sample names tensors whose updates are checked every step at up to
+	// 4096 elements each against the update rule applied in memory, and
+	// whose reads are checked against the committed master weights: the
+	// check for a model too large for Verify's in-memory reference (see
+	// Result.SampleChecked).
+	Sample []string
 	// Runtimes, when set, is called with the ranks' runtimes once they are
 	// open, and with nil before they are closed (a metrics collector reads
 	// them in between).
@@ -184,6 +190,9 @@ type Result struct {
 	// devices by every rank's swap stores (padded to the alignment, as the
 	// devices wrote them): what a step costs the drives' endurance.
 	NVMeWrittenPerStep int64 `json:"nvme_written_per_step_bytes"`
+	// SampleChecked counts the element updates and reads Options.Sample
+	// compared (0 without it); a mismatch fails the run.
+	SampleChecked int64 `json:"sample_checked,omitempty"`
 }
 
 // StepReport is one step of Result.PerStep.
@@ -371,6 +380,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				from.Dir, start, o.Steps, from.WorldSize, run.DataParallel)
 		}
 	}
+	if len(o.Sample) > 0 {
+		if be.sample, err = newSampler(ctx, spec, rts, zinf.Hyper(cfg), cfg.GradientClipping, o.Sample); err != nil {
+			return nil, err
+		}
+	}
 	dataWorld := be.run.DataParallel
 	res.DataParallel, res.StepsRun = dataWorld, o.Steps-start
 	save := func(done int) error {
@@ -398,6 +412,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
 		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep,
 		OnStep: func(step int, loss float32, d time.Duration) error {
+			if be.sample != nil {
+				if err := be.sample.stepped(ctx, be.infos[len(be.infos)-1]); err != nil {
+					return fmt.Errorf("step %d: %w", step+1, err)
+				}
+			}
 			m := metrics(rts)
 			w := be.ioWait - lastWait
 			lastWait = be.ioWait
@@ -437,6 +456,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
 	res.StepMsMedian = median(res.StepMs)
 	res.NVMeWrittenPerStep = written.median()
+	if be.sample != nil {
+		res.SampleChecked = be.sample.checked
+	}
 	res.IOWaitMsMedian = median(ioWaits)
 	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
 	for _, rt := range rts {
