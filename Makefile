@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
+.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
 
 all: build
 
@@ -46,6 +46,15 @@ bench:
 # zinf io vs fio on the same 1 GiB file, interleaved (see BENCHMARKS.md).
 bench-io: build
 	./scripts/bench-io.sh
+
+# Train with model states larger than this machine's memory through a 1 GiB
+# pinned pool: peak RSS, step time vs the disk-bound prediction (see
+# BENCHMARKS.md). It needs about twice the state free on SCALE_DIR (checked
+# first) and loads the disk for a while; the run's directory is removed.
+SCALE_DIR   ?= /var/tmp
+SCALE_FLAGS ?= --state 28GiB --pool 1GiB --steps 3
+bench-scale: build
+	./$(BIN)/zinf bench-scale --path $(SCALE_DIR) $(SCALE_FLAGS)
 
 # SIMD vs scalar Adam, interleaved rounds with medians (see BENCHMARKS.md).
 bench-adam:

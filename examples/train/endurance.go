@@ -42,5 +42,9 @@ func (w *writtenTracker) step() {
 	w.last = n
 }
 
+// rebase starts the next step's count from now: what was written since
+// the last step (a checkpoint) belongs to no step.
+func (w *writtenTracker) rebase() { w.last = deviceWritten(w.rts) }
+
 // median is the median step's bytes.
 func (w *writtenTracker) median() int64 { return int64(stats.Median(w.steps)) }

@@ -190,6 +190,15 @@ type Result struct {
 	// devices by every rank's swap stores (padded to the alignment, as the
 	// devices wrote them): what a step costs the drives' endurance.
 	NVMeWrittenPerStep int64 `json:"nvme_written_per_step_bytes"`
+	// StepReadBytes and StepWrittenBytes are each step's NVMe bytes (all
+	// ranks and stores; the initial values written by Init are in none),
+	// IOWaitMs each step's time the loop waited for I/O.
+	StepReadBytes    []int64   `json:"step_read_bytes"`
+	StepWrittenBytes []int64   `json:"step_written_bytes"`
+	IOWaitMs         []float64 `json:"io_wait_ms"`
+	// InitSeconds is the time from the start of Run to the first step:
+	// opening the runtimes and writing every tensor's initial values.
+	InitSeconds float64 `json:"init_seconds"`
 	// SampleChecked counts the element updates and reads Options.Sample
 	// compared (0 without it); a mismatch fails the run.
 	SampleChecked int64 `json:"sample_checked,omitempty"`
@@ -242,6 +251,7 @@ func (s Spec) StateBytes() int64 {
 // Run trains as configured and, with Verify, against the in-memory
 // reference.
 func Run(ctx context.Context, o Options) (*Result, error) {
+	runStart := time.Now()
 	if o.Config == nil {
 		return nil, errors.New("train: no config")
 	}
@@ -408,20 +418,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var last zinf.Metrics
 	written := newWrittenTracker(rts)
 	lastWait := time.Duration(0)
+	prevStep := metrics(rts)
+	res.InitSeconds = time.Since(runStart).Seconds()
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
 		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep,
 		OnStep: func(step int, loss float32, d time.Duration) error {
-			if be.sample != nil {
-				if err := be.sample.stepped(ctx, be.infos[len(be.infos)-1]); err != nil {
-					return fmt.Errorf("step %d: %w", step+1, err)
-				}
-			}
 			m := metrics(rts)
 			w := be.ioWait - lastWait
 			lastWait = be.ioWait
 			res.StepMs = append(res.StepMs, float64(d)/1e6)
 			ioWaits = append(ioWaits, float64(w)/1e6)
+			res.StepReadBytes = append(res.StepReadBytes, m.BytesRead-prevStep.BytesRead)
+			res.StepWrittenBytes = append(res.StepWrittenBytes, m.BytesWritten-prevStep.BytesWritten)
 			written.step()
 			res.FinalLoss = loss
 			rep := report(step, loss, d, be.infos[len(be.infos)-1])
@@ -432,9 +441,18 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					rep.describe())
 			}
 			last = m
+			if be.sample != nil {
+				if err := be.sample.stepped(ctx, be.infos[len(be.infos)-1]); err != nil {
+					return fmt.Errorf("step %d: %w", step+1, err)
+				}
+				last = metrics(rts) // its reads belong to no step
+			}
 			if err := save(step + 1); err != nil {
 				return err
 			}
+			// Nor do the sampled check's and a checkpoint's.
+			prevStep = metrics(rts)
+			written.rebase()
 			if o.OnStep != nil {
 				return o.OnStep(step)
 			}
@@ -460,6 +478,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.SampleChecked = be.sample.checked
 	}
 	res.IOWaitMsMedian = median(ioWaits)
+	res.IOWaitMs = ioWaits
 	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
 	for _, rt := range rts {
 		res.DemandMisses += int64(rt.Metrics().Schedule.DemandMisses)

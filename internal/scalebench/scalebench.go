@@ -1,0 +1,386 @@
+// Package scalebench trains the simulated model (examples/train) with
+// model states larger than the machine's memory through a small pinned
+// pool, and reports what it took: peak resident memory against the pool,
+// step time against the disk-bound prediction from bandwidth measured on
+// the same path in the same run, and the bytes moved. It backs `zinf
+// bench-scale` and `make bench-scale`.
+//
+// The run checks free disk space before it writes anything and refuses,
+// naming what it needs and what is free; it works in a directory it
+// creates under the path and removes it (and everything in it) at the end,
+// interrupted or not. A model this large has no in-memory reference to
+// compare with bit for bit; instead the sampled check of examples/train
+// (Options.Sample) checks every step of four tensors — the first and the
+// last layer's weights, the last layer's bias and a middle layer's bias,
+// whose optimizer records lie at the start, the middle and the end of the
+// swap files — at up to 4096 elements each, and the swap stores verify a
+// CRC-32C of every chunk they read.
+package scalebench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/internal/stats"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/optimizer"
+)
+
+// Options describe a run.
+type Options struct {
+	// Dir is a directory on the disk to train on (required). The run
+	// creates its own directory inside and removes it at the end.
+	Dir string
+	// StateBytes is the model state to reach at least (fp32 params,
+	// gradients, master weights and two Adam moments: 20 bytes per
+	// parameter). Default 30 GiB.
+	StateBytes int64
+	// PoolBytes is the pinned pool (zinf.tiers.cpu_pinned_bytes). Default
+	// 1 GiB.
+	PoolBytes int64
+	// Width is the layers' width (Width x Width weights). Default 2048.
+	Width int
+	// Steps is the number of training steps. Default 3.
+	Steps int
+	// ProbeBytes is the file the bandwidth is measured with, before and
+	// after training, through the engine training uses. Default 512 MiB.
+	ProbeBytes int64
+	// Progress receives the plan, a line per phase and per step (nil:
+	// silent).
+	Progress io.Writer
+	// Logger receives the runtime's warnings.
+	Logger *slog.Logger
+}
+
+// RSSHeadroomBytes is what the bench allows the process beyond the pinned
+// pool: the Go heap (a layer's weights and gradients for the loop, the
+// sampled check's reads), the simulated GPU's working set, stacks and
+// code. Resident memory above pool + headroom means something grows with
+// the model.
+const RSSHeadroomBytes = 256 << 20
+
+// Bandwidth is one measurement of the path, GB/s (1e9 bytes).
+type Bandwidth struct {
+	ReadGBps  float64 `json:"read_gbps"`
+	WriteGBps float64 `json:"write_gbps"`
+}
+
+// Result is what a run measured.
+type Result struct {
+	Dir        string `json:"dir"`
+	Layers     int    `json:"layers"`
+	Width      int    `json:"width"`
+	Params     int64  `json:"params"`
+	StateBytes int64  `json:"state_bytes"`
+	PoolBytes  int64  `json:"pool_bytes"`
+	// MemTotalBytes is the machine's memory (MemTotal).
+	MemTotalBytes int64 `json:"mem_total_bytes"`
+	// DiskNeedBytes is what the run checked was free (the swap stores'
+	// bound with copy-on-write copies, and the probe file);
+	// DiskFreeBytes what was.
+	DiskNeedBytes int64 `json:"disk_need_bytes"`
+	DiskFreeBytes int64 `json:"disk_free_bytes"`
+	// PeakRSSBytes is the process's peak resident set while training
+	// (VmHWM, reset after the bandwidth probe); RSSBudgetBytes the pool
+	// plus RSSHeadroomBytes.
+	PeakRSSBytes   int64 `json:"peak_rss_bytes"`
+	RSSBudgetBytes int64 `json:"rss_budget_bytes"`
+	// PinnedLocked says whether the pool was locked in RAM.
+	PinnedLocked bool `json:"pinned_locked"`
+	// Before and After are the path's bandwidth measured just before and
+	// just after training.
+	Before, After Bandwidth
+	// Per step: time, time the loop waited for I/O, NVMe bytes read and
+	// written (all stores), and the disk-bound prediction: read bytes at
+	// the mean measured read bandwidth plus written bytes at the mean
+	// write bandwidth.
+	StepMs      []float64 `json:"step_ms"`
+	IOWaitMs    []float64 `json:"io_wait_ms"`
+	ReadBytes   []int64   `json:"read_bytes"`
+	WriteBytes  []int64   `json:"write_bytes"`
+	PredictedMs []float64 `json:"predicted_ms"`
+	// Medians over the steps; Ratio is predicted / achieved (1: the step
+	// runs at the disk's measured speed).
+	StepMsMedian      float64 `json:"step_ms_median"`
+	PredictedMsMedian float64 `json:"predicted_ms_median"`
+	Ratio             float64 `json:"predicted_over_achieved"`
+	// InitSeconds is the time to open the runtimes and write the initial
+	// state; Seconds the whole run.
+	InitSeconds float64 `json:"init_seconds"`
+	Seconds     float64 `json:"seconds"`
+	// SampleChecked counts the element updates and reads the sampled check
+	// compared; Sampled names its tensors.
+	SampleChecked int64    `json:"sample_checked"`
+	Sampled       []string `json:"sampled"`
+	FinalLoss     float32  `json:"final_loss"`
+	// ZinfReadBytes and ZinfWrittenBytes are what the swap stores moved
+	// from initialization to the last step; DiskReadBytes and
+	// DiskWrittenBytes what the disk under the path (Disk, "" when there
+	// is none) moved meanwhile, for everyone: on a shared machine the
+	// difference is other processes' I/O competing with the run.
+	ZinfReadBytes    int64  `json:"zinf_read_bytes"`
+	ZinfWrittenBytes int64  `json:"zinf_written_bytes"`
+	Disk             string `json:"disk,omitempty"`
+	DiskReadBytes    int64  `json:"disk_read_bytes"`
+	DiskWrittenBytes int64  `json:"disk_written_bytes"`
+	Backend          string `json:"backend"`
+}
+
+func (o *Options) defaults() {
+	if o.StateBytes == 0 {
+		o.StateBytes = 30 << 30
+	}
+	if o.PoolBytes == 0 {
+		o.PoolBytes = 1 << 30
+	}
+	if o.Width == 0 {
+		o.Width = 2048
+	}
+	if o.Steps == 0 {
+		o.Steps = 3
+	}
+	if o.ProbeBytes == 0 {
+		o.ProbeBytes = 512 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// check reports every bad option at once.
+func (o *Options) check() error {
+	var errs []error
+	if o.Dir == "" {
+		errs = append(errs, errors.New("--path is required: a directory on the disk to train on"))
+	} else if fi, err := os.Stat(o.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("--path %s: %w", o.Dir, err))
+	} else if !fi.IsDir() {
+		errs = append(errs, fmt.Errorf("--path %s is not a directory", o.Dir))
+	}
+	if o.StateBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("--state %d is invalid: at least 1MiB", o.StateBytes))
+	}
+	if o.PoolBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("--pool %d is invalid: at least 1MiB", o.PoolBytes))
+	}
+	if o.Width < 8 || o.Width > 1<<14 {
+		errs = append(errs, fmt.Errorf("--width %d is invalid (allowed: 8..16384)", o.Width))
+	}
+	if o.Steps < 1 || o.Steps > 1000 {
+		errs = append(errs, fmt.Errorf("--steps %d is invalid (allowed: 1..1000)", o.Steps))
+	}
+	if o.ProbeBytes < 1<<20 || o.ProbeBytes%(1<<20) != 0 {
+		errs = append(errs, fmt.Errorf("--probe-size %d is invalid: a whole number of MiB, at least 1MiB", o.ProbeBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// spec is the model: layers of Width x Width, enough of them for the
+// state asked for.
+func (o *Options) spec() train.Spec {
+	perLayer := 20 * int64(o.Width*o.Width+o.Width)
+	layers := int((o.StateBytes + perLayer - 1) / perLayer)
+	return train.Spec{Layers: max(layers, 2), Width: o.Width, Batch: 1, Seed: 1}
+}
+
+// Config is the configuration the bench trains with on dir: everything on
+// NVMe (no max_in_cpu cache), a pool of poolBytes, a simulated GPU just
+// large enough for its working set, one optimizer sub-group per weight,
+// O_DIRECT required, checksums on.
+func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
+	c := config.Default()
+	c.SetScratchDir(dir)
+	c.Zinf.Device = config.DeviceSim
+	c.Zinf.Tiers.CPUPinnedBytes = config.Size(poolBytes)
+	// Two layers of parameters and one of gradients, fp32, and room.
+	c.Zinf.Tiers.GPUBytes = config.Size(max(64<<20, 4*int64(width*width)*4))
+	c.Zinf.Direct = config.DirectRequired
+	c.Zinf.Checksums = true
+	c.Zinf.PipelineDepth = 2
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.ZeroOptimization.OffloadParam.BufferSize = 1 // raised to the largest parameter
+	c.ZeroOptimization.SubGroupSize = int64(width * width)
+	c.AIO.QueueDepth = 32
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// diskNeed bounds the disk the run takes in dir: the three swap stores
+// with their copy-on-write copies (swapper's DiskBytes) and the probe file.
+func diskNeed(spec train.Spec, cfg *config.Config, dir string, probe int64) int64 {
+	so := swapper.StoreOptions{Paths: []string{dir}}
+	var params, records []int64
+	sg := int(cfg.ZeroOptimization.SubGroupSize)
+	for _, n := range spec.ParamNames() {
+		numel := spec.Numel(n)
+		params = append(params, 4*int64(numel))
+		for lo := 0; lo < numel; lo += sg {
+			records = append(records, optimizer.LayoutFor(min(sg, numel-lo)).Bytes)
+		}
+	}
+	// The parameter and gradient stores hold each tensor once plus the
+	// copy being written; the optimizer holds every record twice until a
+	// step commits.
+	return so.DiskBytes(params, 0, 0) + so.DiskBytes(params, 0, 0) + so.DiskBytes(records, 0, 0) + probe + 3*swapper.PathOverheadBytes
+}
+
+// ErrNoSpace is matched by the refusal of a run the disk cannot hold.
+var ErrNoSpace = errors.New("not enough free disk space")
+
+// Run trains as o says and measures.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	o.defaults()
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	spec := o.spec()
+	cfg, err := Config(o.Dir, o.PoolBytes, o.Width)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Dir: o.Dir, Layers: spec.Layers, Width: spec.Width, Params: spec.ParamCount(), StateBytes: spec.ParamCount() * 20,
+		PoolBytes: o.PoolBytes, RSSBudgetBytes: o.PoolBytes + RSSHeadroomBytes, MemTotalBytes: memTotal()}
+	res.DiskNeedBytes = diskNeed(spec, cfg, o.Dir, o.ProbeBytes)
+	var st unix.Statfs_t
+	if err := unix.Statfs(o.Dir, &st); err != nil {
+		return nil, fmt.Errorf("--path %s: %w", o.Dir, err)
+	}
+	res.DiskFreeBytes = int64(st.Bavail) * int64(st.Bsize)
+	if res.DiskFreeBytes < res.DiskNeedBytes {
+		return res, fmt.Errorf("%w: %s of model state needs %s (%d bytes) free on %s (the swap stores with their copy-on-write copies, and a %s bandwidth probe); %s (%d bytes) are free: free space, choose another --path or a smaller --state",
+			ErrNoSpace, policy.FormatBytes(res.StateBytes), policy.FormatBytes(res.DiskNeedBytes), res.DiskNeedBytes, o.Dir,
+			policy.FormatBytes(o.ProbeBytes), policy.FormatBytes(res.DiskFreeBytes), res.DiskFreeBytes)
+	}
+	say := func(format string, a ...any) {
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, format+"\n", a...)
+		}
+	}
+	say("bench-scale: %d layers x width %d: %d params, %s of model state (%.1fx this machine's %s of memory) through a %s pinned pool; disk: %s needed, %s free on %s",
+		spec.Layers, spec.Width, res.Params, policy.FormatBytes(res.StateBytes), float64(res.StateBytes)/float64(max(res.MemTotalBytes, 1)),
+		policy.FormatBytes(res.MemTotalBytes), policy.FormatBytes(o.PoolBytes), policy.FormatBytes(res.DiskNeedBytes), policy.FormatBytes(res.DiskFreeBytes), o.Dir)
+
+	// Everything the run writes lives in a directory of its own.
+	dir, err := os.MkdirTemp(o.Dir, "zinf-bench-scale-")
+	if err != nil {
+		return res, fmt.Errorf("--path %s: %w", o.Dir, err)
+	}
+	defer os.RemoveAll(dir)
+	if cfg, err = Config(dir, o.PoolBytes, o.Width); err != nil {
+		return res, err
+	}
+	eo := zinf.EngineOptions(cfg, o.Logger, nil)
+	probe := func(when string) (Bandwidth, error) {
+		var b Bandwidth
+		backend := ""
+		for _, op := range []string{"write", "read"} {
+			r, err := iobench.Run(ctx, iobench.Options{Dir: dir, SizeBytes: o.ProbeBytes, Op: op, Loops: 3, Warmup: 0, Engine: eo,
+				Keep: op == "write", FileName: "zinf-bench-scale-probe.dat", Logger: o.Logger})
+			if err != nil {
+				return b, fmt.Errorf("bandwidth probe %s: %w", when, err)
+			}
+			if op == "read" {
+				b.ReadGBps = r.GBpsMedian
+			} else {
+				b.WriteGBps = r.GBpsMedian
+			}
+			backend = r.Backend
+		}
+		os.Remove(filepath.Join(dir, "zinf-bench-scale-probe.dat"))
+		say("bandwidth %s training (zinf io, %s, block %s, queue depth %d: %s x 3, median): read %.3f GB/s, write %.3f GB/s",
+			when, backend, policy.FormatBytes(int64(eo.BlockSizeBytes)), eo.QueueDepth, policy.FormatBytes(o.ProbeBytes), b.ReadGBps, b.WriteGBps)
+		return b, nil
+	}
+	if res.Before, err = probe("before"); err != nil {
+		return res, err
+	}
+	// The probe's pinned buffer is freed; peak RSS counts from here.
+	resetPeakRSS()
+
+	last := spec.Layers - 1
+	res.Sampled = []string{train.WeightName(0), train.WeightName(last), train.BiasName(last), train.BiasName(last / 2)}
+	say("opening the runtime and writing the initial state (%s to NVMe)...", policy.FormatBytes(res.StateBytes))
+	disk, diskErr := blockdev.Of(dir)
+	var disk0 blockdev.Stat
+	if diskErr == nil {
+		disk0, diskErr = blockdev.ReadStat(disk.Name)
+	}
+	tr, err := train.Run(ctx, train.Options{Config: cfg, Spec: spec, Steps: o.Steps, Sample: res.Sampled, Progress: o.Progress, Logger: o.Logger})
+	if err != nil {
+		return res, err
+	}
+	res.PeakRSSBytes = peakRSS()
+	res.ZinfReadBytes, res.ZinfWrittenBytes = tr.BytesRead, tr.BytesWritten
+	if diskErr == nil {
+		if disk1, err := blockdev.ReadStat(disk.Name); err == nil {
+			res.Disk = disk.Name
+			res.DiskReadBytes, res.DiskWrittenBytes = disk1.BytesRead-disk0.BytesRead, disk1.BytesWritten-disk0.BytesWritten
+		}
+	}
+	res.InitSeconds = tr.InitSeconds
+	if res.After, err = probe("after"); err != nil {
+		return res, err
+	}
+	res.StepMs, res.ReadBytes, res.WriteBytes = tr.StepMs, tr.StepReadBytes, tr.StepWrittenBytes
+	res.PinnedLocked = tr.PinnedLocked
+	res.SampleChecked = tr.SampleChecked
+	res.FinalLoss = tr.FinalLoss
+	res.Backend = tr.Backend
+	rbw := (res.Before.ReadGBps + res.After.ReadGBps) / 2 * 1e9
+	wbw := (res.Before.WriteGBps + res.After.WriteGBps) / 2 * 1e9
+	for i := range res.StepMs {
+		res.PredictedMs = append(res.PredictedMs, (float64(res.ReadBytes[i])/rbw+float64(res.WriteBytes[i])/wbw)*1e3)
+	}
+	res.IOWaitMs = tr.IOWaitMs
+	res.StepMsMedian = stats.Median(res.StepMs)
+	res.PredictedMsMedian = stats.Median(res.PredictedMs)
+	res.Ratio = res.PredictedMsMedian / res.StepMsMedian
+	res.Seconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+// Write prints the report.
+func (r *Result) Write(w io.Writer) error {
+	fmt.Fprintf(w, "\nbench-scale on %s (backend %s): %d layers x %d, %d params\n", r.Dir, r.Backend, r.Layers, r.Width, r.Params)
+	fmt.Fprintf(w, "  model state  %s (%d bytes) = %.2fx the machine's memory (%s)\n", policy.FormatBytes(r.StateBytes), r.StateBytes,
+		float64(r.StateBytes)/float64(max(r.MemTotalBytes, 1)), policy.FormatBytes(r.MemTotalBytes))
+	within := "within"
+	if r.PeakRSSBytes > r.RSSBudgetBytes {
+		within = "ABOVE"
+	}
+	fmt.Fprintf(w, "  peak RSS     %s (%d bytes), %s the pinned pool %s + %s = %s (pool locked: %v)\n", policy.FormatBytes(r.PeakRSSBytes), r.PeakRSSBytes,
+		within, policy.FormatBytes(r.PoolBytes), policy.FormatBytes(RSSHeadroomBytes), policy.FormatBytes(r.RSSBudgetBytes), r.PinnedLocked)
+	fmt.Fprintf(w, "  bandwidth    before: read %.3f GB/s, write %.3f GB/s; after: read %.3f GB/s, write %.3f GB/s\n",
+		r.Before.ReadGBps, r.Before.WriteGBps, r.After.ReadGBps, r.After.WriteGBps)
+	fmt.Fprintf(w, "  %-5s %10s %10s %12s %12s %12s %8s\n", "step", "time ms", "io-wait", "read", "written", "disk-bound", "pred/ach")
+	for i := range r.StepMs {
+		fmt.Fprintf(w, "  %-5d %10.0f %10.0f %12s %12s %9.0f ms %8.2f\n", i+1, r.StepMs[i], r.IOWaitMs[i], policy.FormatBytes(r.ReadBytes[i]),
+			policy.FormatBytes(r.WriteBytes[i]), r.PredictedMs[i], r.PredictedMs[i]/r.StepMs[i])
+	}
+	fmt.Fprintf(w, "  median step %.0f ms, disk-bound prediction %.0f ms: predicted/achieved %.2f\n", r.StepMsMedian, r.PredictedMsMedian, r.Ratio)
+	fmt.Fprintf(w, "  init %.1f s, whole run %.1f s; final loss %.6f\n", r.InitSeconds, r.Seconds, r.FinalLoss)
+	if r.Disk != "" {
+		fmt.Fprintf(w, "  disk %s while training: read %s, written %s; zinf's stores: read %s, written %s (the rest is other processes' I/O)\n", r.Disk,
+			policy.FormatBytes(r.DiskReadBytes), policy.FormatBytes(r.DiskWrittenBytes), policy.FormatBytes(r.ZinfReadBytes), policy.FormatBytes(r.ZinfWrittenBytes))
+	}
+	_, err := fmt.Fprintf(w, "  sampled check: %d element updates and reads of %v equal the update rule in memory bit for bit (CRC-32C verified on every swap-in)\n",
+		r.SampleChecked, r.Sampled)
+	return err
+}

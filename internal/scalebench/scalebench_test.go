@@ -1,0 +1,92 @@
+package scalebench
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestRunSmall runs the bench at a small size: the model reaches the state
+// asked for, every step moves what the model says (each step reads every
+// parameter twice, its gradient and its 12 bytes of optimizer state, and
+// writes the gradient, the states and the parameter: 24 and 20 bytes per
+// fp32 parameter), the sampled check ran, the prediction follows from the
+// bytes and the measured bandwidth, and nothing is left in the path.
+func TestRunSmall(t *testing.T) {
+	dir := t.TempDir()
+	var out strings.Builder
+	r, err := Run(context.Background(), Options{Dir: dir, StateBytes: 4 << 20, PoolBytes: 16 << 20, Width: 64, Steps: 2, ProbeBytes: 1 << 20, Progress: &out, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StateBytes < 4<<20 || r.StateBytes != 20*r.Params || r.Params != int64(r.Layers)*(64*64+64) {
+		t.Fatalf("state %d bytes, %d params, %d layers", r.StateBytes, r.Params, r.Layers)
+	}
+	if len(r.StepMs) != 2 || len(r.ReadBytes) != 2 || len(r.PredictedMs) != 2 || len(r.IOWaitMs) != 2 {
+		t.Fatalf("per-step figures: %+v", r)
+	}
+	rbw, wbw := (r.Before.ReadGBps+r.After.ReadGBps)/2*1e9, (r.Before.WriteGBps+r.After.WriteGBps)/2*1e9
+	for i := range r.StepMs {
+		if r.ReadBytes[i] < 24*r.Params || r.WriteBytes[i] != 20*r.Params {
+			t.Errorf("step %d read %d and wrote %d bytes; the model says at least %d and %d", i+1, r.ReadBytes[i], r.WriteBytes[i], 24*r.Params, 20*r.Params)
+		}
+		if want := (float64(r.ReadBytes[i])/rbw + float64(r.WriteBytes[i])/wbw) * 1e3; r.PredictedMs[i] != want || want <= 0 {
+			t.Errorf("step %d predicted %v ms, the bytes and bandwidth give %v", i+1, r.PredictedMs[i], want)
+		}
+	}
+	if r.SampleChecked == 0 || len(r.Sampled) != 4 || r.PeakRSSBytes <= 0 || r.RSSBudgetBytes != 16<<20+RSSHeadroomBytes {
+		t.Fatalf("result %+v", r)
+	}
+	var sb strings.Builder
+	if err := r.Write(&sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"model state", "peak RSS", "predicted/achieved", "sampled check", "disk-bound"} {
+		if !strings.Contains(sb.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, sb.String())
+		}
+	}
+	for _, want := range []string{"bench-scale:", "bandwidth before training", "step   1/2", "bandwidth after training"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("progress lacks %q:\n%s", want, out.String())
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the run left %v in the path", ents)
+	}
+}
+
+// TestRefusesSmallDisk: a path whose filesystem cannot hold the run is
+// refused before anything is written, naming what is needed and what is
+// free.
+func TestRefusesSmallDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (needs root): %v", err)
+	}
+	defer unix.Unmount(dir, 0)
+	_, err := Run(context.Background(), Options{Dir: dir, StateBytes: 8 << 20, PoolBytes: 16 << 20, Width: 64, Steps: 1, ProbeBytes: 1 << 20, Logger: quiet})
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "free on "+dir) || !strings.Contains(err.Error(), "are free") {
+		t.Fatalf("a 4 MiB filesystem for 8 MiB of state: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a refused run wrote %v", ents)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	_, err := Run(context.Background(), Options{Dir: "", StateBytes: 1, PoolBytes: 1, Width: 3, Steps: -1, ProbeBytes: 1000})
+	for _, want := range []string{"--path is required", "--state 1", "--pool 1", "--width 3", "--steps -1", "--probe-size 1000"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
