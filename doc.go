@@ -82,6 +82,14 @@
 // correction); Metrics().Train counts commits, rollbacks and the time the
 // rollbacks took, LastStep describes the last step.
 //
+// Observability: Options.Trace takes a trace.Sink that receives the run's
+// timeline (each layer's compute and the loop's waits, every swap store
+// read and write, each step and rollback; trace.ChromeWriter writes a file
+// Perfetto opens; with no sink each hook is a nil check). Metrics is a
+// snapshot of the counters, safe from any goroutine; package metrics
+// exports them, and the stores' per-path bytes and latency histograms, as
+// Prometheus metrics.
+//
 // The packages underneath can be used alone: aio (the I/O engine), buffers
 // (the pinned pool), swapper and its param/optimizer/grad subpackages,
 // policy (placement and prefetch scheduling), config, schedule (learning
