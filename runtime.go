@@ -917,6 +917,20 @@ func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master 
 	return r.Optimizer.ReadStates(ctx, name)
 }
 
+// VisitOptimizerStates calls fn for each optimizer sub-group of this
+// rank's partition of a tensor, in order, with the offset of its first
+// element in the partition and its fp32 master weights and states
+// (Hyper.StateNames order) as of the last committed step. The slices live
+// in pinned memory for the call only and must not be written. Unlike
+// ReadOptimizerStates it copies nothing: reading a few elements of a large
+// tensor costs one sub-group's record of pinned memory, no heap.
+func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func(off int, master []float32, states [][]float32) error) error {
+	if _, ok := r.model.numel[name]; !ok {
+		return fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
+	}
+	return r.Optimizer.VisitStates(ctx, name, fn)
+}
+
 // ReadOptimizerState returns this rank's partition of a tensor's fp32
 // master weights and Adam moments, as of the last committed step (for
 // another optimizer, its first two states, nil where it has fewer).

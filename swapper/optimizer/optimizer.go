@@ -710,48 +710,91 @@ func (o *Optimizer) ReadState(ctx context.Context, name string) (master, expAvg,
 // ReadStates returns copies of a tensor's master weights and of its
 // rule's states (Hyper.StateNames order) as of the last committed step.
 func (o *Optimizer) ReadStates(ctx context.Context, name string) (master []float32, states [][]float32, err error) {
+	n, err := o.elems(name)
+	if err != nil {
+		return nil, nil, &Error{Op: "read-state", Tensor: name, SubGroup: -1, Err: err}
+	}
+	master = make([]float32, n)
+	states = make([][]float32, o.width-1)
+	for k := range states {
+		states[k] = make([]float32, n)
+	}
+	err = o.VisitStates(ctx, name, func(off int, m []float32, st [][]float32) error {
+		copy(master[off:], m)
+		for k := range states {
+			copy(states[k][off:], st[k])
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return master, states, nil
+}
+
+// elems returns a registered tensor's element count.
+func (o *Optimizer) elems(name string) (int, error) {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if o.closed {
+		return 0, ErrClosed
+	}
+	t, ok := o.lookup(name)
+	if !ok {
+		return 0, ErrNotRegistered
+	}
+	return t.n, nil
+}
+
+// VisitStates calls fn for each sub-group of a tensor, in order, with the
+// offset of its first element in the tensor and its master weights and
+// rule's states (Hyper.StateNames order) as of the last committed step.
+// The slices are the sub-group's record in pinned memory (or the states
+// themselves, when they are kept in pinned memory): valid only during the
+// call, and not to be written. Unlike ReadStates it holds no copy of the
+// tensor, only one sub-group's record at a time, so a caller that wants a
+// few elements of a large tensor reads them in bounded memory. An error
+// from fn stops the visit and is returned.
+func (o *Optimizer) VisitStates(ctx context.Context, name string, fn func(off int, master []float32, states [][]float32) error) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
 	fail := func(sg int, err error) error {
 		return &Error{Op: "read-state", Tensor: name, SubGroup: sg, Err: err}
 	}
 	if o.closed {
-		return nil, nil, fail(-1, ErrClosed)
+		return fail(-1, ErrClosed)
 	}
 	t, ok := o.lookup(name)
 	if !ok {
-		return nil, nil, fail(-1, ErrNotRegistered)
+		return fail(-1, ErrNotRegistered)
 	}
-	master = make([]float32, t.n)
-	states = make([][]float32, o.width-1)
-	for k := range states {
-		states[k] = make([]float32, t.n)
-	}
-	out := func(rec []float32, sg *subGroup) {
+	out := func(rec []float32, sg *subGroup) error {
 		arrays := sg.arrays(rec)
-		copy(master[sg.off:], arrays[0])
-		for k := range states {
-			copy(states[k][sg.off:], arrays[k+1])
-		}
+		return fn(sg.off, arrays[0], arrays[1:])
 	}
 	for _, sg := range t.sgs {
 		if o.opts.Store == nil {
-			out(sg.mem[sg.cur].Float32(), sg)
+			if err := out(sg.mem[sg.cur].Float32(), sg); err != nil {
+				return err
+			}
 			continue
 		}
 		b, err := o.opts.Pool.Acquire(ctx, o.bufBytes(sg.recordBytes()), buffers.PurposeOptimizer)
 		if err != nil {
-			return nil, nil, fail(sg.j, err)
+			return fail(sg.j, err)
 		}
 		rec := b.Bytes()[:sg.recordBytes()]
 		if err := o.opts.Store.Read(ctx, sg.key, rec); err != nil {
 			b.Release()
-			return nil, nil, fail(sg.j, err)
+			return fail(sg.j, err)
 		}
-		out(buffers.Float32Bytes(rec), sg)
+		err = out(buffers.Float32Bytes(rec), sg)
 		b.Release()
+		if err != nil {
+			return err
+		}
 	}
-	return master, states, nil
+	return nil
 }
 
 // LoadState replaces a registered Adam tensor's states (from a
