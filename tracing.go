@@ -65,8 +65,8 @@ func (t *tracer) setPassOrder(order []int) {
 	}
 }
 
-// layerBegun records a barrier's wait (from t0) and the start of layer l's
-// compute.
+// layerBegun records a barrier's wait (from t0) and, when the layer was
+// begun, the start of its compute.
 func (t *tracer) layerBegun(l int, t0 time.Time, err error) {
 	if t.sink == nil {
 		return
@@ -74,7 +74,9 @@ func (t *tracer) layerBegun(l int, t0 time.Time, err error) {
 	now := time.Now()
 	t.sink.Record(trace.Event{Kind: trace.Wait, Failed: err != nil, Rank: t.rank, Step: t.step.Load(), Layer: int32(l), SubGroup: -1,
 		Where: "layer", Start: t0, End: now})
-	t.layerAt[l] = now
+	if err == nil {
+		t.layerAt[l] = now
+	}
 }
 
 // layerEnded records layer l's compute, from its BeginLayer's return.

@@ -110,8 +110,15 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 		dW[r] = make([]float32, W*W)
 		dB[r] = make([]float32, W)
 	}
-	gW := make([]float32, W*W)
-	gB := make([]float32, W)
+	// With one rank here its gradient is the reduced one (reduce copies it
+	// onto itself; fp16 rounds it in place, as dW is cleared per layer):
+	// no third W x W buffer on the heap.
+	var gW, gB []float32
+	if R == 1 {
+		gW, gB = dW[0], dB[0]
+	} else {
+		gW, gB = make([]float32, W*W), make([]float32, W)
+	}
 	inv := 1 / float32(o.World)
 	losses := make([]float32, o.Micro*R)
 	fwdOrder := make([]int, L)

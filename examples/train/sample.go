@@ -21,8 +21,9 @@ const maxSampled = 4096
 // rules work element by element, so a subset is exact); and every read of
 // a sampled parameter must return its committed master weight in the
 // param dtype. The runtimes' states are read back through
-// Runtime.ReadOptimizerStates after every step: from NVMe, checksums
-// verified.
+// Runtime.VisitOptimizerStates after every step (from NVMe, checksums
+// verified, one sub-group's record at a time in pinned memory: the check
+// holds no copy of a tensor).
 type sampler struct {
 	spec    Spec
 	rts     []*zinf.Runtime
@@ -94,20 +95,25 @@ func (s *sampler) snapshot(ctx context.Context) error {
 			if lo == hi {
 				continue
 			}
-			master, states, err := rt.ReadOptimizerStates(ctx, n)
-			if err != nil {
-				return fmt.Errorf("sampled check: rank %d: %w", r, err)
-			}
-			if len(states) != k {
-				return fmt.Errorf("sampled check: rank %d keeps %d states of %s, the rule %d", r, len(states), n, k)
-			}
-			for i, e := range t.idx {
-				if e >= lo && e < hi {
-					t.master[i] = master[e-lo]
-					for j := range states {
-						t.states[j][i] = states[j][e-lo]
+			// Sub-group by sub-group from pinned memory: no copy of the
+			// tensor on the heap, however large it is.
+			err := rt.VisitOptimizerStates(ctx, n, func(off int, master []float32, states [][]float32) error {
+				if len(states) != k {
+					return fmt.Errorf("rank %d keeps %d states of %s, the rule %d", r, len(states), n, k)
+				}
+				a, b := lo+off, lo+off+len(master)
+				for i, e := range t.idx {
+					if e >= a && e < b {
+						t.master[i] = master[e-a]
+						for j := range states {
+							t.states[j][i] = states[j][e-a]
+						}
 					}
 				}
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("sampled check: rank %d: %w", r, err)
 			}
 		}
 	}
