@@ -6,9 +6,11 @@
 // bench-scale` and `make bench-scale`.
 //
 // The run checks free disk space before it writes anything and refuses,
-// naming what it needs and what is free; it works in a directory it
-// creates under the path and removes it (and everything in it) at the end,
-// interrupted or not. A model this large has no in-memory reference to
+// naming what it needs and what is free. It leaves nothing in the path:
+// the swap stores remove their run directories when they close, also when
+// the run is interrupted (SIGINT, SIGTERM); a run killed outright leaves
+// them for the next zinf run on the path to remove, as any zinf run does.
+// A model this large has no in-memory reference to
 // compare with bit for bit; instead the sampled check of examples/train
 // (Options.Sample) checks every step of four tensors — the first and the
 // last layer's weights, the last layer's bias and a middle layer's bias,
@@ -36,14 +38,13 @@ import (
 	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
-	"github.com/zinfio/zinf/swapper"
-	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
 // Options describe a run.
 type Options struct {
-	// Dir is a directory on the disk to train on (required). The run
-	// creates its own directory inside and removes it at the end.
+	// Dir is a directory on the disk to train on (required). The swap
+	// stores and the probe make directories of their own inside and
+	// remove them at the end.
 	Dir string
 	// StateBytes is the model state to reach at least (fp32 params,
 	// gradients, master weights and two Adam moments: 20 bytes per
@@ -221,23 +222,16 @@ func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
 	return c, nil
 }
 
-// diskNeed bounds the disk the run takes in dir: the three swap stores
-// with their copy-on-write copies (swapper's DiskBytes) and the probe file.
-func diskNeed(spec train.Spec, cfg *config.Config, dir string, probe int64) int64 {
-	so := swapper.StoreOptions{Paths: []string{dir}}
-	var params, records []int64
-	sg := int(cfg.ZeroOptimization.SubGroupSize)
-	for _, n := range spec.ParamNames() {
-		numel := spec.Numel(n)
-		params = append(params, 4*int64(numel))
-		for lo := 0; lo < numel; lo += sg {
-			records = append(records, optimizer.LayoutFor(min(sg, numel-lo)).Bytes)
-		}
+// diskNeed is the disk the run takes in dir: what zinf.PlanModel says
+// the swap stores need there (every tensor with its copy-on-write copies,
+// padded and striped as the stores do: what Open checks too), plus the
+// bandwidth probe's file.
+func diskNeed(ctx context.Context, spec train.Spec, cfg *config.Config, probe int64, log *slog.Logger) (int64, error) {
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{NoBandwidthProbe: true, Logger: log})
+	if err != nil {
+		return 0, err
 	}
-	// The parameter and gradient stores hold each tensor once plus the
-	// copy being written; the optimizer holds every record twice until a
-	// step commits.
-	return so.DiskBytes(params, 0, 0) + so.DiskBytes(params, 0, 0) + so.DiskBytes(records, 0, 0) + probe + 3*swapper.PathOverheadBytes
+	return p.DiskBytes() + probe, nil
 }
 
 // ErrNoSpace is matched by the refusal of a run the disk cannot hold.
@@ -257,14 +251,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{Dir: o.Dir, Layers: spec.Layers, Width: spec.Width, Params: spec.ParamCount(), StateBytes: spec.ParamCount() * 20,
 		PoolBytes: o.PoolBytes, RSSBudgetBytes: o.PoolBytes + RSSHeadroomBytes, MemTotalBytes: memTotal()}
-	res.DiskNeedBytes = diskNeed(spec, cfg, o.Dir, o.ProbeBytes)
+	if res.DiskNeedBytes, err = diskNeed(ctx, spec, cfg, o.ProbeBytes, o.Logger); err != nil {
+		return nil, err
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(o.Dir, &st); err != nil {
 		return nil, fmt.Errorf("--path %s: %w", o.Dir, err)
 	}
 	res.DiskFreeBytes = int64(st.Bavail) * int64(st.Bsize)
 	if res.DiskFreeBytes < res.DiskNeedBytes {
-		return res, fmt.Errorf("%w: %s of model state needs %s (%d bytes) free on %s (the swap stores with their copy-on-write copies, and a %s bandwidth probe); %s (%d bytes) are free: free space, choose another --path or a smaller --state",
+		return res, fmt.Errorf("%w: %s of model state needs %s (%d bytes) free on %s (the swap stores with their copy-on-write copies as zinf plan counts them, and a %s bandwidth probe); %s (%d bytes) are free: free space, choose another --path or a smaller --state",
 			ErrNoSpace, policy.FormatBytes(res.StateBytes), policy.FormatBytes(res.DiskNeedBytes), res.DiskNeedBytes, o.Dir,
 			policy.FormatBytes(o.ProbeBytes), policy.FormatBytes(res.DiskFreeBytes), res.DiskFreeBytes)
 	}
@@ -277,15 +273,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		spec.Layers, spec.Width, res.Params, policy.FormatBytes(res.StateBytes), float64(res.StateBytes)/float64(max(res.MemTotalBytes, 1)),
 		policy.FormatBytes(res.MemTotalBytes), policy.FormatBytes(o.PoolBytes), policy.FormatBytes(res.DiskNeedBytes), policy.FormatBytes(res.DiskFreeBytes), o.Dir)
 
-	// Everything the run writes lives in a directory of its own.
-	dir, err := os.MkdirTemp(o.Dir, "zinf-bench-scale-")
+	// The swap stores make their own run directories in the path and
+	// remove them at Close; a run killed before that (SIGKILL, SIGPIPE)
+	// leaves them where the next run on the path, or any zinf run there,
+	// removes them (and zinf doctor reports them). The probe's file lives
+	// in a directory of the bench's own.
+	dir, err := os.MkdirTemp(o.Dir, "zinf-bench-scale-probe-")
 	if err != nil {
 		return res, fmt.Errorf("--path %s: %w", o.Dir, err)
 	}
 	defer os.RemoveAll(dir)
-	if cfg, err = Config(dir, o.PoolBytes, o.Width); err != nil {
-		return res, err
-	}
 	eo := zinf.EngineOptions(cfg, o.Logger, nil)
 	probe := func(when string) (Bandwidth, error) {
 		var b Bandwidth
@@ -313,11 +310,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The probe's pinned buffer is freed; peak RSS counts from here.
 	resetPeakRSS()
+	// The planner gets the bandwidth just measured (and so does not
+	// probe the path, or cache a figure there, at Open).
+	cfg.Zinf.Bandwidth.ReadBytesPerSec = config.Size(res.Before.ReadGBps * 1e9)
+	cfg.Zinf.Bandwidth.WriteBytesPerSec = config.Size(res.Before.WriteGBps * 1e9)
+	cfg.Zinf.Bandwidth.Probe = false
 
 	last := spec.Layers - 1
 	res.Sampled = []string{train.WeightName(0), train.WeightName(last), train.BiasName(last), train.BiasName(last / 2)}
 	say("opening the runtime and writing the initial state (%s to NVMe)...", policy.FormatBytes(res.StateBytes))
-	disk, diskErr := blockdev.Of(dir)
+	disk, diskErr := blockdev.Of(o.Dir)
 	var disk0 blockdev.Stat
 	if diskErr == nil {
 		disk0, diskErr = blockdev.ReadStat(disk.Name)
