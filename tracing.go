@@ -120,3 +120,41 @@ func (t *tracer) rollback(start time.Time, d time.Duration) {
 	t.sink.Record(trace.Event{Kind: trace.Rollback, Rank: t.rank, Step: t.step.Load(), Layer: -1, SubGroup: -1,
 		Start: start, End: start.Add(d)})
 }
+
+// subGroupSpans is one optimizer sub-group's way through a step, as
+// offsets from the step's start: its state (and gradient) read, its
+// update and its write-behind (zero where a stage did not happen), with
+// the bytes read and written.
+type subGroupSpans struct {
+	tensor                string
+	subGroup              int
+	readFrom, readTo      time.Duration
+	updateFrom, updateTo  time.Duration
+	writeFrom, writeTo    time.Duration
+	readBytes, writeBytes int64
+}
+
+// optimizerStep records each sub-group's read, update and write of the
+// optimizer step that began at start, as trace.OptRead, OptUpdate and
+// OptWrite events of the step in progress. It is the hook for the
+// optimizer's per-sub-group timeline: Step passes it that timeline, taken
+// from the optimizer's stats after the step, converted stage by stage.
+func (t *tracer) optimizerStep(start time.Time, sgs []subGroupSpans) {
+	if t.sink == nil {
+		return
+	}
+	step := t.step.Load()
+	emit := func(k trace.Kind, s *subGroupSpans, from, to time.Duration, bytes int64) {
+		if to <= 0 || to < from {
+			return
+		}
+		t.sink.Record(trace.Event{Kind: k, Rank: t.rank, Step: step, Layer: -1, SubGroup: int32(s.subGroup), Bytes: bytes,
+			Name: s.tensor, Start: start.Add(from), End: start.Add(to)})
+	}
+	for i := range sgs {
+		s := &sgs[i]
+		emit(trace.OptRead, s, s.readFrom, s.readTo, s.readBytes)
+		emit(trace.OptUpdate, s, s.updateFrom, s.updateTo, 0)
+		emit(trace.OptWrite, s, s.writeFrom, s.writeTo, s.writeBytes)
+	}
+}

@@ -41,3 +41,40 @@ func TestTracerOffCostsNothing(t *testing.T) {
 		t.Fatal("tracing on recorded nothing")
 	}
 }
+
+// TestOptimizerStepEvents: each sub-group's read, update and write become
+// OptRead, OptUpdate and OptWrite events at the step's start plus their
+// offsets, with their bytes; stages not reached emit nothing.
+func TestOptimizerStepEvents(t *testing.T) {
+	var got []trace.Event
+	var tr tracer
+	tr.init(trace.Func(func(e trace.Event) { got = append(got, e) }), 2, 1)
+	tr.step.Store(4)
+	start := time.Now()
+	ms := time.Millisecond
+	tr.optimizerStep(start, []subGroupSpans{
+		{tensor: "w", subGroup: 0, readFrom: 1 * ms, readTo: 3 * ms, updateFrom: 3 * ms, updateTo: 4 * ms, writeFrom: 4 * ms, writeTo: 7 * ms, readBytes: 160, writeBytes: 120},
+		{tensor: "w", subGroup: 1, readFrom: 2 * ms, readTo: 5 * ms}, // failed after its read
+	})
+	want := []struct {
+		k        trace.Kind
+		sg       int32
+		from, to time.Duration
+		bytes    int64
+	}{{trace.OptRead, 0, ms, 3 * ms, 160}, {trace.OptUpdate, 0, 3 * ms, 4 * ms, 0}, {trace.OptWrite, 0, 4 * ms, 7 * ms, 120}, {trace.OptRead, 1, 2 * ms, 5 * ms, 0}}
+	if len(got) != len(want) {
+		t.Fatalf("%d events, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		e := got[i]
+		if e.Kind != w.k || e.SubGroup != w.sg || e.Name != "w" || e.Rank != 2 || e.Step != 4 || e.Bytes != w.bytes ||
+			!e.Start.Equal(start.Add(w.from)) || !e.End.Equal(start.Add(w.to)) {
+			t.Errorf("event %d: %+v, want %+v", i, e, w)
+		}
+	}
+	var off tracer
+	off.init(nil, 0, 1)
+	if a := testing.AllocsPerRun(100, func() { off.optimizerStep(start, nil) }); a != 0 {
+		t.Fatalf("tracing off: %v allocations", a)
+	}
+}
