@@ -2,12 +2,15 @@ package train
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
@@ -249,32 +252,51 @@ func newZinfBackend(ctx context.Context, spec Spec, rts []*zinf.Runtime) (*zinfB
 }
 
 // stateDigest is the digest of the runtimes' final state (see
-// Result.StateSHA256): full parameters read layer by layer, optimizer
-// states put together from every rank's partition.
+// Result.StateSHA256): full parameters read layer by layer, each followed
+// by its optimizer states put together from every rank's partition. It
+// streams: it holds one tensor's master weights and states at a time (in
+// buffers reused from tensor to tensor), never the model's, so a model
+// larger than memory gets its digest too.
 func (b *zinfBackend) stateDigest(ctx context.Context) (string, error) {
-	st := map[string][][]float32{}
-	if err := b.readAll(ctx, func(n string, v []float32) error {
-		st[n] = [][]float32{append([]float32(nil), v...)}
-		return nil
-	}); err != nil {
-		return "", err
-	}
-	for _, n := range b.spec.ParamNames() {
-		var full [][]float32
+	h := sha256.New()
+	var bufs [][]float32
+	err := b.readAll(ctx, func(n string, v []float32) error {
+		h.Write(buffers.AsBytes(v))
+		numel := len(v)
 		for _, rt := range b.rts {
-			master, states, err := rt.ReadOptimizerStates(ctx, n)
+			lo, hi := rt.Partition(n)
+			if lo == hi {
+				continue
+			}
+			err := rt.VisitOptimizerStates(ctx, n, func(off int, master []float32, states [][]float32) error {
+				arrays := 1 + len(states)
+				for len(bufs) < arrays {
+					bufs = append(bufs, nil)
+				}
+				for k := range arrays {
+					if cap(bufs[k]) < numel {
+						bufs[k] = make([]float32, numel)
+					}
+					bufs[k] = bufs[k][:numel]
+					src := master
+					if k > 0 {
+						src = states[k-1]
+					}
+					copy(bufs[k][lo+off:], src)
+				}
+				return nil
+			})
 			if err != nil {
-				return "", fmt.Errorf("rank %d: %w", rt.Rank, err)
-			}
-			parts := append([][]float32{master}, states...)
-			if full == nil {
-				full = make([][]float32, len(parts))
-			}
-			for k, p := range parts {
-				full[k] = append(full[k], p...)
+				return fmt.Errorf("rank %d: %w", rt.Rank, err)
 			}
 		}
-		st[n] = append(st[n], full...)
+		for _, a := range bufs {
+			h.Write(buffers.AsBytes(a[:numel]))
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
-	return stateDigest(b.spec, st), nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
