@@ -592,7 +592,10 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 		}
 	}
 	if r.gatherOn {
-		return r.beginGathered(ctx, l)
+		t0 := time.Now()
+		err := r.beginGathered(ctx, l)
+		r.trace.layerBegun(l, t0, err)
+		return err
 	}
 	t0 := time.Now()
 	err := r.sched.Begin(ctx, l)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/tracecheck"
 	"github.com/zinfio/zinf/metrics"
@@ -319,6 +320,75 @@ func (o onlyRollbacks) Collect(ch chan<- prometheus.Metric) {
 	for m := range all {
 		if strings.Contains(m.Desc().String(), `"zinf_rollbacks_total"`) {
 			ch <- m
+		}
+	}
+}
+
+// TestTraceGatheredLayers: with GatherLayers (each rank reads whole
+// parameters gathered from every rank), each layer's barrier wait and
+// compute are on the timeline too.
+func TestTraceGatheredLayers(t *testing.T) {
+	ctx, watch := watchdog(t, 5*time.Minute)
+	cfg, _ := testConfig(t)
+	cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	model := readmeModel()
+	init := initValues(model)
+	comms, err := comm.NewLocal(2, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
+	rts := make([]*zinf.Runtime, 2)
+	for r := range 2 {
+		if rts[r], err = zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: 2, Comm: comms[r], GatherLayers: true, Trace: tw}); err != nil {
+			t.Fatal(err)
+		}
+		defer rts[r].Close()
+		watch(rts[r])
+	}
+	errs := onRanks(2, func(r int) error {
+		rt := rts[r]
+		for name, w := range init {
+			if err := rt.Init(ctx, name, w); err != nil {
+				return err
+			}
+		}
+		rt.Forward()
+		for l := range rt.Layers() {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				return err
+			}
+			rt.EndLayer(l)
+		}
+		return nil
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rt := range rts {
+		rt.Close()
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := tracecheck.Validate(buf.Bytes())
+	if err != nil {
+		t.Fatalf("invalid trace: %v", err)
+	}
+	count := map[string]int{}
+	for _, sp := range sum.Spans {
+		count[fmt.Sprintf("%d %s", sp.Pid, sp.Name)]++
+	}
+	for r := range 2 {
+		for l := range rts[r].Layers() {
+			for _, name := range []string{fmt.Sprintf("forward L%d", l), fmt.Sprintf("wait L%d", l)} {
+				if n := count[fmt.Sprintf("%d %s", r, name)]; n != 1 {
+					t.Errorf("rank %d: %d %q spans, want 1", r, n, name)
+				}
+			}
 		}
 	}
 }
