@@ -211,18 +211,21 @@ func firstErr(errs []error) error {
 }
 
 // readAll reads every parameter's full compute values, layer by layer.
+// v is valid during fn only: one buffer serves every tensor, so reading a
+// model costs its largest tensor, not its size.
 func (b *zinfBackend) readAll(ctx context.Context, fn func(name string, v []float32) error) error {
 	order := make([]int, b.spec.Layers)
 	for l := range order {
 		order[l] = l
 	}
 	b.startPass(order)
+	buf := make([]float32, b.spec.Numel(WeightName(0)))
 	for l := range order {
 		if err := b.beginLayer(ctx, l); err != nil {
 			return err
 		}
 		for _, n := range []string{WeightName(l), BiasName(l)} {
-			v := make([]float32, b.spec.Numel(n))
+			v := buf[:b.spec.Numel(n)]
 			if err := b.gather(ctx, n, v); err != nil {
 				b.endLayer(l)
 				return err

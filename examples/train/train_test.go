@@ -225,7 +225,7 @@ func snapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string][]float32{}
-	if err := be.readAll(ctx, func(n string, v []float32) error { out[n] = v; return nil }); err != nil {
+	if err := be.readAll(ctx, func(n string, v []float32) error { out[n] = append([]float32(nil), v...); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range spec.ParamNames() {
