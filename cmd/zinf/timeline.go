@@ -21,7 +21,7 @@ func runTimeline(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var step, rank int
 	fs.StringVar(&in, "trace", "", "the trace file (zinf train --trace) (required)")
 	fs.StringVar(&out, "out", "", "the picture to create: a new .svg or .png file (required)")
-	fs.IntVar(&step, "step", 0, "the step to draw, from 1 (default: the last one in the trace)")
+	fs.IntVar(&step, "step", 0, "the step to draw, from 1 (default: the last one that took an optimizer step)")
 	fs.IntVar(&rank, "rank", 0, "the rank to draw")
 	fs.StringVar(&title, "title", "", "the picture's title (default: rank and step)")
 	if err := parseFlags(fs, args); err != nil {
@@ -52,7 +52,18 @@ func runTimeline(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("--rank %d: the trace %s has no events of that rank", rank, in)
 	}
 	if step == 0 {
+		// The last step that took an optimizer step: what comes after the
+		// last one (a final read-back of the model) is not a step.
 		step = int(steps[len(steps)-1])
+		last := int64(-1)
+		for _, e := range events {
+			if e.Rank == int32(rank) && e.Kind == trace.Step && !e.Failed {
+				last = max(last, e.Step+1)
+			}
+		}
+		if last > 0 {
+			step = int(last)
+		}
 	}
 	if err := writePicture("--out", out, func(w io.Writer, format string) error {
 		return plots.Timeline(w, format, events, int32(rank), int64(step), title)
