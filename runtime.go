@@ -91,7 +91,8 @@ type Options struct {
 	TotalSteps int
 	// Trace, when set, receives the runtime's timeline: each layer's
 	// compute and the loop's waits, every swap store read and write, each
-	// optimizer step (see package trace; trace.ChromeWriter writes a file
+	// optimizer step with its sub-groups' read, update and write, each
+	// rollback (see package trace; trace.ChromeWriter writes a file
 	// Perfetto opens). Default nil: tracing off, at the cost of a nil
 	// check.
 	Trace trace.Sink

@@ -346,6 +346,7 @@ var ErrRankFailed = errors.New("zinf: another rank's step failed")
 func (r *Runtime) Step(ctx context.Context) error {
 	t0 := time.Now()
 	err := r.step(ctx)
+	r.trace.optimizerDone(r.Optimizer)
 	r.trace.stepDone(t0, err)
 	return err
 }

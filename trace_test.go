@@ -155,6 +155,50 @@ func TestTrace(t *testing.T) {
 			t.Errorf("%s: traced bytes read/written %+v, the store counted %+v", k, traced[k], want)
 		}
 	}
+	// The optimizer's sub-groups (one per tensor here): per rank, step and
+	// tensor a read of its record and gradient (12 + 4 bytes per element
+	// of the rank's partition), then its update, then its write-behind,
+	// all inside the step's span.
+	type sgKey struct {
+		rank   int64
+		step   int
+		tensor string
+	}
+	stages := map[sgKey]map[string]tracecheck.Span{}
+	for _, sp := range sum.Spans {
+		if !strings.HasPrefix(sp.Cat, "optimizer ") {
+			continue
+		}
+		k := sgKey{sp.Pid, int(sp.Args["step"].(float64)), sp.Args["tensor"].(string)}
+		if stages[k] == nil {
+			stages[k] = map[string]tracecheck.Span{}
+		}
+		if _, dup := stages[k][sp.Cat]; dup {
+			t.Fatalf("%+v: two %s spans", k, sp.Cat)
+		}
+		stages[k][sp.Cat] = sp
+	}
+	for _, rt := range rts {
+		for step := 1; step <= steps; step++ {
+			for _, d := range model.Tensors {
+				k := sgKey{int64(rt.Rank), step, d.Name}
+				rd, up, wr := stages[k]["optimizer read"], stages[k]["optimizer update"], stages[k]["optimizer write"]
+				lo, hi := rt.Partition(d.Name)
+				if rd.Name == "" || up.Name == "" || wr.Name == "" {
+					t.Errorf("%+v: stages %v", k, stages[k])
+					continue
+				}
+				if got, want := int64(rd.Args["bytes"].(float64)), int64(16*(hi-lo)); got != want {
+					t.Errorf("%+v: read %d bytes, want %d", k, got, want)
+				}
+				st := stepAt[[2]int64{k.rank, int64(step)}]
+				if up.Ts+1e-3 < rd.End() || wr.Ts+1e-3 < up.End() || wr.End() > st.End()+1e-3 {
+					t.Errorf("%+v: read [%.1f, %.1f], update [%.1f, %.1f], write [%.1f, %.1f], step ends %.1f", k,
+						rd.Ts, rd.End(), up.Ts, up.End(), wr.Ts, wr.End(), st.End())
+				}
+			}
+		}
+	}
 }
 
 // TestTraceConcurrentSink: ranks trained on their own goroutines share one

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -22,6 +23,10 @@ type tracer struct {
 	// the loop's goroutine only.
 	pass    string
 	layerAt []time.Time
+	// optStart is the start of the last optimizer step traced, so that a
+	// step the optimizer did not take (an fp16 overflow skipped) does not
+	// trace the one before it again.
+	optStart time.Time
 }
 
 func (t *tracer) init(sink trace.Sink, rank, layers int) {
@@ -134,11 +139,47 @@ type subGroupSpans struct {
 	readBytes, writeBytes int64
 }
 
+// optimizerDone records the optimizer's last step (see optimizerStats)
+// after Runtime.Step.
+func (t *tracer) optimizerDone(o *optimizer.Optimizer) {
+	if t.sink == nil || o == nil {
+		return
+	}
+	st := o.Stats().Last
+	t.optimizerStats(&st)
+}
+
+// optimizerStats records the optimizer step st describes (the optimizer's
+// Stats().Last, taken after Runtime.Step): each sub-group's read, update
+// and write from its timeline (optimizer.SubGroupTiming), once per step.
+func (t *tracer) optimizerStats(st *optimizer.StepStats) {
+	if t.sink == nil || st.Start.IsZero() || !st.Start.After(t.optStart) {
+		return
+	}
+	t.optStart = st.Start
+	sgs := make([]subGroupSpans, len(st.Timeline))
+	for i, tm := range st.Timeline {
+		s := &sgs[i]
+		s.tensor, s.subGroup = tm.Tensor, tm.SubGroup
+		// The read: the record's (from its issue to its I/O's end) with
+		// the gradient's beside it; with states in pinned memory, the
+		// gradient's alone, from the buffers taken.
+		s.readFrom, s.readTo = tm.ReadIssued, max(tm.ReadDone, tm.GradRead)
+		if tm.ReadIssued == 0 && tm.GradRead > 0 {
+			s.readFrom = tm.Buffered
+		}
+		s.readBytes = tm.RecordBytes + tm.GradBytes
+		// The update begins once it is picked and both reads are in.
+		s.updateFrom, s.updateTo = max(tm.Picked, tm.ReadDone, tm.GradRead), tm.Updated
+		s.writeFrom, s.writeTo, s.writeBytes = tm.WriteIssued, tm.WriteDone, tm.RecordBytes
+	}
+	t.optimizerStep(st.Start, sgs)
+}
+
 // optimizerStep records each sub-group's read, update and write of the
 // optimizer step that began at start, as trace.OptRead, OptUpdate and
-// OptWrite events of the step in progress. It is the hook for the
-// optimizer's per-sub-group timeline: Step passes it that timeline, taken
-// from the optimizer's stats after the step, converted stage by stage.
+// OptWrite events of the step in progress (trace.Event.Step: the step
+// counter before the step's end moved it on).
 func (t *tracer) optimizerStep(start time.Time, sgs []subGroupSpans) {
 	if t.sink == nil {
 		return

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -72,9 +73,22 @@ func TestOptimizerStepEvents(t *testing.T) {
 			t.Errorf("event %d: %+v, want %+v", i, e, w)
 		}
 	}
+	// From the optimizer's stats: once per step, however often asked (an
+	// fp16 step skipped leaves the previous step's stats in place).
+	got = nil
+	st := optimizer.StepStats{Start: start.Add(time.Second), Timeline: []optimizer.SubGroupTiming{{Tensor: "b", SubGroup: 2,
+		RecordBytes: 120, GradBytes: 40, Buffered: ms, ReadIssued: 2 * ms, GradRead: 4 * ms, ReadDone: 3 * ms, Picked: 3 * ms,
+		Updated: 6 * ms, WriteIssued: 7 * ms, WriteDone: 9 * ms}}}
+	tr.optimizerStats(&st)
+	tr.optimizerStats(&st)
+	s0 := start.Add(time.Second)
+	if len(got) != 3 || got[0].Kind != trace.OptRead || !got[0].Start.Equal(s0.Add(2*ms)) || !got[0].End.Equal(s0.Add(4*ms)) || got[0].Bytes != 160 ||
+		!got[1].Start.Equal(s0.Add(4*ms)) || !got[1].End.Equal(s0.Add(6*ms)) || got[2].Bytes != 120 || !got[2].End.Equal(s0.Add(9*ms)) {
+		t.Fatalf("from stats: %+v", got)
+	}
 	var off tracer
 	off.init(nil, 0, 1)
-	if a := testing.AllocsPerRun(100, func() { off.optimizerStep(start, nil) }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { off.optimizerStep(start, nil); off.optimizerStats(&st) }); a != 0 {
 		t.Fatalf("tracing off: %v allocations", a)
 	}
 }

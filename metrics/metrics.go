@@ -70,7 +70,7 @@ var (
 	ioWait   = desc("zinf_io_wait_seconds_total", "Time spent waiting for I/O: where=loop (layer barriers, gradient hand-off), param_swap_in, grad_write_behind, optimizer_read, optimizer_write.", "where")
 	steps    = desc("zinf_steps_total", "Optimizer steps the runtime completed.")
 	optSteps = desc("zinf_optimizer_steps_total", "Optimizer steps by outcome: committed, failed, aborted.", "outcome")
-	optTime  = desc("zinf_optimizer_seconds_total", "The optimizer steps' time by part: elapsed, compute (the update), read_wait, write_wait, idle (waiting for tensors handed over), commit, drain.", "part")
+	optTime  = desc("zinf_optimizer_seconds_total", "The optimizer steps' time by part: elapsed, compute (the update), read_wait, write_wait, idle (waiting for tensors handed over), commit, drain, io_gaps (none of the step's I/O in flight between its first read and last write).", "part")
 	optBytes = desc("zinf_optimizer_bytes_total", "Optimizer state bytes moved by steps (op=read, write) and gradient bytes read (op=grad_read).", "op")
 	prefetch = desc("zinf_prefetch_total", "Layer barriers by outcome: hit (prefetched in time) or demand_miss (fetched on demand).", "outcome")
 
@@ -184,7 +184,8 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, rt *zinf.Runtime) {
 	counter(optSteps, float64(m.Optimizer.FailedSteps), "failed")
 	counter(optSteps, float64(m.Optimizer.AbortedSteps), "aborted")
 	for part, d := range map[string]float64{"elapsed": tot.Elapsed.Seconds(), "compute": tot.Compute.Seconds(), "read_wait": tot.ReadWait.Seconds(),
-		"write_wait": tot.WriteWait.Seconds(), "idle": tot.Idle.Seconds(), "commit": tot.Commit.Seconds(), "drain": tot.Drain.Seconds()} {
+		"write_wait": tot.WriteWait.Seconds(), "idle": tot.Idle.Seconds(), "commit": tot.Commit.Seconds(), "drain": tot.Drain.Seconds(),
+		"io_gaps": tot.IOGaps.Seconds()} {
 		counter(optTime, d, part)
 	}
 	counter(optBytes, float64(tot.BytesRead), "read")

@@ -248,6 +248,9 @@ type StepStats struct {
 	// SubGroupTiming), ordered by when its read-ahead began. Only Last has
 	// one; Total's is nil.
 	Timeline []SubGroupTiming
+	// Start is when the step began (BeginStep, or Step's start): the
+	// instant Timeline's offsets count from. Only Last has one.
+	Start time.Time
 }
 
 func (s *StepStats) add(o StepStats) {

@@ -172,7 +172,7 @@ func (r *stepRun) stepStats(committed bool) StepStats {
 	return StepStats{Step: r.step, Committed: committed, SubGroups: int(r.subGroups.Load()),
 		BytesRead: r.bytesRead.Load(), BytesWritten: r.bytesWritten.Load(), GradBytes: r.gradBytes.Load(),
 		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Idle: r.idle,
-		IOGaps: gaps, Timeline: tl}
+		IOGaps: gaps, Timeline: tl, Start: r.start}
 }
 
 func last(sg *subGroup) bool { return sg.j == len(sg.t.sgs)-1 }

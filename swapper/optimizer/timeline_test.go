@@ -20,13 +20,18 @@ func TestStepTimeline(t *testing.T) {
 			t.Run(fmt.Sprintf("memory=%v/depth=%d", memory, depth), func(t *testing.T) {
 				r := newRig(t, rigConfig{memory: memory, specs: mixed, seed: 7,
 					opts: optimizer.Options{SubGroupSize: 1000, PipelineDepth: depth}})
-				for range 2 {
-					r.mustStep()
-				}
+				r.mustStep()
+				before := time.Now()
+				r.mustStep()
+				after := time.Now()
 				st := r.opt.Stats()
 				last := st.Last
 				if st.Total.Timeline != nil {
 					t.Error("Total has a timeline; only Last should")
+				}
+				// Start is when the last step began; its offsets count from it.
+				if last.Start.Before(before) || last.Start.After(after) || !st.Total.Start.IsZero() {
+					t.Errorf("Last.Start %v outside the step's call [%v, %v], or Total has one (%v)", last.Start, before, after, st.Total.Start)
 				}
 				if len(last.Timeline) != r.subGroups() {
 					t.Fatalf("%d timeline entries, %d sub-groups", len(last.Timeline), r.subGroups())
