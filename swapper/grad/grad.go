@@ -129,8 +129,8 @@ type Swapper struct {
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // operations, write-behinds and ReadAsync in flight
-	opDone func()         // wg.Done, bound once (begin hands it out per operation)
+	wg     sync.WaitGroup      // operations, write-behinds and ReadAsync in flight
+	opctx  *swapper.OpContexts // operations' contexts; their end calls wg.Done
 
 	mu      sync.Mutex
 	tensors map[string]*tensor
@@ -149,7 +149,7 @@ func New(opts Options) (*Swapper, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Swapper{opts: opts, store: opts.Store, pool: opts.Pool, ctx: ctx, cancel: cancel, tensors: make(map[string]*tensor)}
-	s.opDone = s.wg.Done
+	s.opctx = swapper.NewOpContexts(ctx, s.wg.Done)
 	return s, nil
 }
 
@@ -224,15 +224,10 @@ func (s *Swapper) begin(ctx context.Context, op, name string) (t *tensor, _ cont
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	if ctx.Done() == nil {
-		// The caller's context is never done (context.Background): the
-		// swapper's own, done at Close, is the operation's, and deriving
-		// one would cost allocations per operation.
-		return t, s.ctx, s.opDone, nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	return t, ctx, func() { stop(); cancel(); s.wg.Done() }, nil
+	// The operation ends with the caller's context and at Close, without
+	// an allocation per operation (see swapper.OpContexts).
+	ctx, end = s.opctx.Get(ctx)
+	return t, ctx, end, nil
 }
 
 // settle waits for t's write-behind (t.op held) and returns a failure not
@@ -934,6 +929,7 @@ func (s *Swapper) Close() error {
 	}
 	s.closed = true
 	s.cancel()
+	s.opctx.Close()
 	s.mu.Unlock()
 	s.wg.Wait()
 	s.mu.Lock()

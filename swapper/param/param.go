@@ -128,7 +128,8 @@ type Swapper struct {
 	gate   gate
 	ctx    context.Context // cancelled by Close: stops queued swap-ins
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // swap-ins, staged writes and operations in progress
+	opctx  *swapper.OpContexts // operations' contexts (their end does not call wg.Done)
+	wg     sync.WaitGroup      // swap-ins, staged writes and operations in progress
 
 	commitMu sync.Mutex // orders CommitUpdates and DiscardUpdates
 
@@ -166,6 +167,7 @@ func New(opts Options) (*Swapper, error) {
 		flights:   make(map[*flight]*tensor),
 		unclaimed: make(map[*tensor]struct{}),
 	}
+	s.opctx = swapper.NewOpContexts(ctx, nil)
 	s.gate.limit = opts.BufferCount
 	return s, nil
 }
@@ -244,18 +246,11 @@ func (s *Swapper) begin(ctx context.Context, op, name string) (*tensor, context.
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	if ctx.Done() == nil {
-		// The caller's context is never done (context.Background): the
-		// swapper's own, done at Close, is the operation's, and deriving
-		// one would cost allocations per operation.
-		return t, s.ctx, noop, nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	return t, ctx, func() { stop(); cancel() }, nil
+	// The operation ends with the caller's context and at Close, without
+	// an allocation per operation (see swapper.OpContexts).
+	ctx, done := s.opctx.Get(ctx)
+	return t, ctx, done, nil
 }
-
-func noop() {}
 
 // PartitionLen returns the number of elements of name this rank holds.
 func (s *Swapper) PartitionLen(name string) (int, error) {
@@ -762,6 +757,7 @@ func (s *Swapper) Close() error {
 	}
 	s.closed = true
 	s.cancel()
+	s.opctx.Close()
 	s.mu.Unlock()
 	s.wg.Wait()
 
