@@ -103,26 +103,9 @@ type PlanOptions struct {
 // opening a store, a pool or a device. The NVMe paths need not exist;
 // the bandwidth of a path that does may be probed (see NVMeBandwidth).
 func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOptions) (*ModelPlan, error) {
-	if cfg == nil {
-		return nil, errors.New("zinf: nil config")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	mi, err := m.check()
+	mi, log, rank, world, err := checkInputs(cfg, m, opts.Logger, opts.Rank, opts.WorldSize)
 	if err != nil {
 		return nil, err
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	rank, world := cfg.RankWorld()
-	if opts.WorldSize > 0 {
-		rank, world = opts.Rank, opts.WorldSize
-	}
-	if rank < 0 || rank >= world {
-		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", rank, world)
 	}
 	var bw Bandwidth
 	if opts.Bandwidth != nil {
@@ -152,6 +135,34 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 		return nil, err
 	}
 	return pd.plan, nil
+}
+
+// checkInputs validates what Open and PlanModel are given: the config
+// (every problem reported), the model, and the rank and world size (the
+// config's, or rank and worldSize when worldSize > 0). It returns the
+// model's index and the logger to use (slog.Default() for nil).
+func checkInputs(cfg *config.Config, m Model, logger *slog.Logger, rank, worldSize int) (*modelInfo, *slog.Logger, int, int, error) {
+	if cfg == nil {
+		return nil, nil, 0, 0, errors.New("zinf: nil config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, 0, 0, err
+	}
+	mi, err := m.check()
+	if err != nil {
+		return nil, nil, 0, 0, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	r, world := cfg.RankWorld()
+	if worldSize > 0 {
+		r, world = rank, worldSize
+	}
+	if r < 0 || r >= world {
+		return nil, nil, 0, 0, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
+	}
+	return mi, logger, r, world, nil
 }
 
 // storeOptions are the options of a swap store on paths for cfg (Engine,

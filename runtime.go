@@ -176,26 +176,9 @@ type Runtime struct {
 // initial values with Init. Nothing is left behind on failure: whatever
 // was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
-	if cfg == nil {
-		return nil, errors.New("zinf: nil config")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	mi, err := model.check()
+	mi, log, rank, world, err := checkInputs(cfg, model, opts.Logger, opts.Rank, opts.WorldSize)
 	if err != nil {
 		return nil, err
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	rank, world := cfg.RankWorld()
-	if opts.WorldSize > 0 {
-		rank, world = opts.Rank, opts.WorldSize
-	}
-	if rank < 0 || rank >= world {
-		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", rank, world)
 	}
 	dtype := ParamDType(cfg)
 	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: dtype, log: log, model: mi, inference: opts.Inference,
