@@ -300,26 +300,9 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 		}
 		res.Checkpoints = ckpt.Records()
 	}
-	elapsed := time.Since(t0).Seconds()
 	m := rt.Metrics()
-	res.BytesRead, res.BytesWritten = m.BytesRead, m.BytesWritten
-	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/elapsed/1e9, float64(m.BytesWritten)/elapsed/1e9
-	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
-	res.StepMsMedian = median(res.StepMs)
-	res.IOWaitMsMedian = median(ioWaits)
-	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
+	res.fill(m, m.Train, time.Since(t0), ioWaits, float64(o.ComputePerLayer)/1e6*float64(2*spec.Layers*micro), be.optSteps)
 	res.DemandMisses = int64(m.Schedule.DemandMisses)
-	ts := m.Train
-	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
-	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
-	res.RollbackMs = float64(ts.RollbackTime) / 1e6
-	res.LossScale = ts.LossScale
-	for _, st := range be.optSteps {
-		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
-		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
-	}
-	res.OptimizerMsMedian = median(res.OptimizerMs)
-	res.PeakRSSBytes = peakRSS()
 	if steps := o.Steps - start; steps > 0 {
 		mine := float64(commBytes(m.Comm)) / float64(steps)
 		most := []float64{mine}

@@ -467,33 +467,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		res.Checkpoints = ckpt.Records()
 	}
-	elapsed := time.Since(t0).Seconds()
-	m := metrics(rts)
-	res.BytesRead, res.BytesWritten = m.BytesRead, m.BytesWritten
-	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/elapsed/1e9, float64(m.BytesWritten)/elapsed/1e9
-	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
-	res.StepMsMedian = median(res.StepMs)
+	res.fill(metrics(rts), rts[0].Metrics().Train, time.Since(t0), ioWaits, float64(o.ComputePerLayer)/1e6*float64(2*spec.Layers*micro), be.optSteps)
 	res.NVMeWrittenPerStep = written.median()
 	if be.sample != nil {
 		res.SampleChecked = be.sample.checked
 	}
-	res.IOWaitMsMedian = median(ioWaits)
 	res.IOWaitMs = ioWaits
-	res.ComputeMs = float64(o.ComputePerLayer) / 1e6 * float64(2*spec.Layers*micro)
 	for _, rt := range rts {
 		res.DemandMisses += int64(rt.Metrics().Schedule.DemandMisses)
 	}
-	ts := rts[0].Metrics().Train
-	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
-	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
-	res.RollbackMs = float64(ts.RollbackTime) / 1e6
-	res.LossScale = ts.LossScale
-	for _, st := range be.optSteps {
-		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
-		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
-	}
-	res.OptimizerMsMedian = median(res.OptimizerMs)
-	res.PeakRSSBytes = peakRSS()
 	if res.StateSHA256, err = be.stateDigest(ctx); err != nil {
 		return nil, err
 	}
@@ -566,6 +548,29 @@ func (r StepReport) describe() string {
 		out += fmt.Sprintf("  rolled back (%.1f ms)", r.RollbackMs)
 	}
 	return out
+}
+
+// fill sets the figures every run reports alike from the I/O totals m
+// (over elapsed), the training step's counters ts, the loop's I/O waits,
+// its compute per step and the optimizer steps it timed.
+func (res *Result) fill(m zinf.Metrics, ts zinf.TrainStats, elapsed time.Duration, ioWaits []float64, computeMs float64, opt []optStep) {
+	sec := elapsed.Seconds()
+	res.BytesRead, res.BytesWritten = m.BytesRead, m.BytesWritten
+	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/sec/1e9, float64(m.BytesWritten)/sec/1e9
+	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
+	res.StepMsMedian = median(res.StepMs)
+	res.IOWaitMsMedian = median(ioWaits)
+	res.ComputeMs = computeMs
+	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
+	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
+	res.RollbackMs = float64(ts.RollbackTime) / 1e6
+	res.LossScale = ts.LossScale
+	for _, st := range opt {
+		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
+		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
+	}
+	res.OptimizerMsMedian = median(res.OptimizerMs)
+	res.PeakRSSBytes = peakRSS()
 }
 
 func metrics(rts []*zinf.Runtime) zinf.Metrics {
