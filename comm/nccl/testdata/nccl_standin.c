@@ -159,7 +159,9 @@ static int barrier(struct world *w) {
 			pthread_cond_broadcast(&w->cv);
 		}
 	}
-	return w->aborted ? -1 : 0;
+	// A barrier that completed before an abort completed: a rank woken
+	// late must not see the abort that a faster peer issued after it.
+	return g != w->gen ? 0 : -1;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
