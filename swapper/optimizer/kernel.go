@@ -1,6 +1,7 @@
 package optimizer
 
 //go:generate sh -c "cd internal/asmgen && go run . -out ../../kernel_amd64.s -stubs ../../kernel_amd64_stubs.go -pkg optimizer"
+//go:generate sh -c "cd internal/asmgen && go run . -neon ../../kernel_arm64.s -neonstubs ../../kernel_arm64_stubs.go"
 
 import (
 	"fmt"
@@ -13,8 +14,9 @@ import (
 // KernelEnv is the environment variable that picks the kernel of Adam, of
 // Update and of optimizers whose Options.Kernel is empty: "auto" (or unset: the
 // widest SIMD kernel this CPU runs), "scalar" (the portable reference
-// loop), or the name of a SIMD kernel ("avx2", "avx512" on amd64). New
-// fails on a value that is not one of those or not available on this CPU.
+// loop), or the name of a SIMD kernel ("avx2", "avx512" on amd64, "neon"
+// on arm64). New fails on a value that is not one of those or not
+// available on this CPU.
 const KernelEnv = "ZINF_OPTIMIZER_KERNEL"
 
 // Kernel names.
@@ -23,6 +25,7 @@ const (
 	KernelScalar = "scalar"
 	KernelAVX2   = "avx2"
 	KernelAVX512 = "avx512"
+	KernelNEON   = "neon"
 )
 
 // Kernel is one implementation of zinf's update rules (Adam, SGD, Adagrad,
@@ -131,7 +134,7 @@ func resolveKernel(name string) (Kernel, error) {
 	return KernelByName(name)
 }
 
-// Name returns the kernel's name ("scalar", "avx2", "avx512").
+// Name returns the kernel's name ("scalar", "avx2", "avx512", "neon").
 func (k Kernel) Name() string { return k.impl().name }
 
 // Lanes returns the float32 elements one vector operation of the kernel

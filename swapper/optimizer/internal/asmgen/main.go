@@ -1,8 +1,15 @@
-// Command asmgen writes the amd64 assembly of the optimizer's SIMD kernels
-// (../../kernel_amd64.s and its Go declarations, ../../kernel_amd64_stubs.go)
-// with avo. Run it through go generate in swapper/optimizer:
+// Command asmgen writes the assembly of the optimizer's SIMD kernels: for
+// amd64 (AVX2, AVX-512) with avo, into ../../kernel_amd64.s and its Go
+// declarations ../../kernel_amd64_stubs.go; with -neon, for arm64 (NEON)
+// with its own small printer (neon.go), into ../../kernel_arm64.s and
+// ../../kernel_arm64_stubs.go. Run it through go generate in
+// swapper/optimizer:
 //
 //	cd swapper/optimizer && go generate
+//
+// -mutate NAME (with -neon) builds one deliberate deviation into the NEON
+// kernels, for scripts/neon-mutants.sh to show that the arm64 differential
+// tests catch it; -mutate list prints the names.
 //
 // It is its own module so that avo is a dependency of this generator only,
 // never of zinf: the generated files are committed and build with nothing
@@ -23,7 +30,10 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"strings"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -64,6 +74,22 @@ type isa struct {
 }
 
 func main() {
+	neonOut := flag.String("neon", "", "write the arm64 NEON kernels to `file` (and not the amd64 ones)")
+	neonStubs := flag.String("neonstubs", "", "write the NEON kernels' Go declarations to `file`")
+	mutate := flag.String("mutate", "", "build the named deviation into the NEON kernels (list: print the names)")
+	flag.Parse()
+	if *mutate == "list" {
+		fmt.Println(strings.Join(neonMutations, "\n"))
+		return
+	}
+	if *neonOut != "" || *neonStubs != "" || *mutate != "" {
+		if err := writeNEON(*neonOut, *neonStubs, *mutate); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	// The amd64 kernels, with avo (its flags: -out, -stubs, -pkg).
 	ConstraintExpr("amd64")
 	avx2 := isa{name: "AVX2", lanes: 8, unroll: 1, vec: YMM}
 	avx512 := isa{name: "AVX512", lanes: 16, unroll: 2, vec: ZMM, masks: true}
@@ -76,6 +102,29 @@ func main() {
 		genLion(s)
 	}
 	Generate()
+}
+
+// writeNEON writes the NEON kernels (with mutation, if not "") to the
+// files named (an empty name: that file is not written).
+func writeNEON(asmPath, stubsPath, mutation string) error {
+	if asmPath == "" && stubsPath == "" {
+		return fmt.Errorf("asmgen: -mutate needs -neon or -neonstubs")
+	}
+	asm, stubs, err := genNEON(mutation)
+	if err != nil {
+		return err
+	}
+	if asmPath != "" {
+		if err := os.WriteFile(asmPath, asm, 0o644); err != nil {
+			return err
+		}
+	}
+	if stubsPath != "" {
+		if err := os.WriteFile(stubsPath, stubs, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // genAdam emits adam<ISA>(p, g, m, v *float32, n int, args [9]float32,
