@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
 
 all: build
 
@@ -23,6 +23,12 @@ build-mpi:
 # The whole suite: vet, formatting, then every test with the race detector.
 test: lint
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# The optimizer built for arm64 and run under qemu-aarch64 (Debian's
+# qemu-user): the NEON kernels bit for bit against the scalar loops, and
+# every mutant the kernel generator can build caught by those tests.
+test-arm64:
+	./scripts/test-arm64.sh
 
 test-short: lint
 	$(GO) test -short -count=1 $(PKGS)
