@@ -102,11 +102,13 @@ demo-gomlx:
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/transformer --verify
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
-# (separate processes, alternating; see BENCHMARKS.md).
+# (separate processes, alternating; see BENCHMARKS.md), without and with
+# zgomlx.Options.HeapCredit (fewer GC cycles for a larger heap).
 bench-gomlx:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o ../../$(BIN)/gomlx-transformer ./examples/transformer
-	./$(BIN)/gomlx-transformer --bench 5
+	./$(BIN)/gomlx-transformer --bench 5 --heap-credit none
+	./$(BIN)/gomlx-transformer --bench 5 --heap-credit auto
 
 # The simulated training as an MPI job of 4 ranks (NP=n for another size),
 # compared bit for bit with the in-process world.

@@ -54,6 +54,7 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 		return nil, err
 	}
 	fail := func(err error) (*Trainer, error) {
+		o.releaseHeapCredit()
 		o.rt.Close()
 		return nil, err
 	}
@@ -68,6 +69,7 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 			return fail(err)
 		}
 	}
+	o.applyHeapCredit(opts.HeapCredit)
 	t, err := NewTrainer(backend, o, net)
 	if err != nil {
 		// Give back what the Store had (the rest it never held).

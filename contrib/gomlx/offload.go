@@ -35,6 +35,19 @@ type Options struct {
 	// Default false: once zinf has a variable, its value is released (the
 	// Store keeps its shape), so the parameters live only in zinf.
 	KeepValues bool
+	// HeapCredit makes the Go garbage collector, which paces itself by
+	// the live heap, collect about as often as when the model's state is
+	// on the heap (in-memory training) instead of about twice as often:
+	// while the Offload is open, GOGC is scaled so that the next cycle
+	// comes after the growth it would with HeapCredit more bytes live
+	// (see heapcredit.go; Trainer re-evaluates it at every commit, Close
+	// restores GOGC). Like a higher GOGC, it trades memory for cycles.
+	// 0 (default): none. AutoHeapCredit: what in-memory training keeps
+	// live (InMemoryBytes), at most a quarter of the machine's memory. Nothing is
+	// changed while a Go memory limit is set (GOMEMLIMIT,
+	// debug.SetMemoryLimit: the limit paces the collector then) or with
+	// GOGC=off. Offload.HeapCredit reports what was taken.
+	HeapCredit int64
 	// Runtime is passed to zinf.Open.
 	Runtime zinf.Options
 }
@@ -56,6 +69,10 @@ type Offload struct {
 	// step and checkpoint load, so swap-in buffers know when they are
 	// stale. It starts at 1 (a fresh buffer holds version 0).
 	version uint64
+	// credit is the heap credit held (Options.HeapCredit), creditStatus
+	// what became of the request.
+	credit       int64
+	creditStatus string
 }
 
 // Register hands a Store's variables to zinf: it describes them (the
@@ -94,11 +111,15 @@ func Register(ctx context.Context, cfg *config.Config, store *model.Store, opts 
 			return nil, err
 		}
 	}
+	o.applyHeapCredit(opts.HeapCredit)
 	return o, nil
 }
 
 // openOffload describes vars to zinf.Open.
 func openOffload(cfg *config.Config, store *model.Store, vars []*Var, scopes []string, opts Options) (*Offload, error) {
+	if err := checkHeapCredit(opts.HeapCredit); err != nil {
+		return nil, err
+	}
 	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1}
 	o.layerVars = groupLayers(vars, len(scopes))
 	descs := make([][]tensor.Desc, len(scopes))
@@ -240,6 +261,7 @@ func (o *Offload) Close() error {
 	if o == nil || o.rt == nil {
 		return nil
 	}
+	o.releaseHeapCredit()
 	return o.rt.Close()
 }
 

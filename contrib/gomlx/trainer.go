@@ -183,6 +183,7 @@ func (t *Trainer) Commit(ctx context.Context) error {
 	}
 	t.pending = false
 	t.off.version++
+	adjustHeapCredit()
 	return nil
 }
 

@@ -67,6 +67,7 @@ type options struct {
 	child      string
 	bf16       bool
 	backend    string
+	heapCredit int64 // zgomlx.Options.HeapCredit
 }
 
 func main() {
@@ -87,6 +88,7 @@ func main() {
 	flag.IntVar(&o.benchSteps, "bench-steps", 6, "timed steps per benchmark process (after 2 warm-up steps)")
 	flag.StringVar(&o.child, "child", "", "internal: run one benchmark process (offloaded or memory) and print JSON")
 	flag.BoolVar(&o.bf16, "bf16", false, "bfloat16 parameters (fp32 masters in zinf)")
+	credit := flag.String("heap-credit", "none", `zgomlx.Options.HeapCredit for the offloaded model: "none", "auto" (what training in memory keeps live on the heap: the GC paces as in memory, and the heap grows as in memory) or a size`)
 	flag.StringVar(&o.backend, "backend", zgomlx.DefaultBackend, "GoMLX backend configuration (the pure-Go backend, \"go\" with its options)")
 	flag.Parse()
 	o.s.dtype = dtypes.Float32
@@ -95,6 +97,17 @@ func main() {
 		// compute v0.1.2's Go backend builds fused dense ops for bf16 and
 		// has no kernel to run them; the decomposed ops work.
 		os.Setenv(graph.FusionEnv, "false")
+	}
+	switch *credit {
+	case "auto":
+		o.heapCredit = zgomlx.AutoHeapCredit
+	case "none":
+	default:
+		sz, err := config.ParseSize(*credit)
+		if err != nil || sz < 0 {
+			fail(fmt.Errorf("--heap-credit %q: want auto, none or a size such as 64MiB", *credit))
+		}
+		o.heapCredit = sz
 	}
 	if *pinned == "min" || *pinned == "auto" {
 		o.pinnedMode = *pinned
@@ -212,7 +225,7 @@ func setup(o options) (compute.Backend, zgomlx.Net, *config.Config, error) {
 func create(ctx context.Context, backend compute.Backend, n zgomlx.Net, cfg *config.Config, o options) (*zgomlx.Trainer, error) {
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, o.seed)
-	return zgomlx.Create(ctx, backend, cfg, store, n, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq), zgomlx.Options{})
+	return zgomlx.Create(ctx, backend, cfg, store, n, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq), zgomlx.Options{HeapCredit: o.heapCredit})
 }
 
 // referenceStore is a Store holding the same initial values as create's,
@@ -352,6 +365,8 @@ func train(o options, w io.Writer) error {
 	fmt.Fprintf(w, "      pinned pool %s (%s), state / pinned = %.1fx; prefetch %d layer(s) ahead, update overlapped with backward: %v\n",
 		mib(pinnedBytes), how, float64(state)/float64(pinnedBytes), rt.Plan().PrefetchDepth, rt.Plan().OverlapStep)
 	fmt.Fprintf(w, "      swap files in %s\n", o.dir)
+	_, credit := off.HeapCredit()
+	fmt.Fprintf(w, "      Go heap credit (--heap-credit, so the GC paces as with the state on the heap): %s\n", credit)
 	initPeak := peakRSS() // creating the variables and registering them, layer by layer
 	debug.FreeOSMemory()  // what initialization freed goes back to the OS first
 	resetPeakRSS()
@@ -691,6 +706,7 @@ func bench(o options, w io.Writer) error {
 			if o.bf16 {
 				args = append(args, "--bf16")
 			}
+			args = append(args, "--heap-credit", heapCreditFlag(o.heapCredit))
 			cmd := exec.Command(exe, args...)
 			cmd.Stderr = os.Stderr
 			out, err := cmd.Output()
@@ -750,8 +766,8 @@ func bench(o options, w io.Writer) error {
 	if o0.NVMeReadBps > 0 && o0.NVMeWriteBps > 0 {
 		ioLayer = (float64(o0.ReadPerStep)/o0.NVMeReadBps + float64(o0.WrittenPerStp)/o0.NVMeWriteBps) / L * 1e3
 	}
-	fmt.Fprintf(w, "\nbench: %d rounds x %d timed steps per process (alternating, after 2 warm-up steps each); %d layers; GOGC=%s GOMEMLIMIT=%s\n",
-		o.bench, o.benchSteps, o0.Layers, envOr("GOGC", "100"), envOr("GOMEMLIMIT", "none"))
+	fmt.Fprintf(w, "\nbench: %d rounds x %d timed steps per process (alternating, after 2 warm-up steps each); %d layers; GOGC=%s GOMEMLIMIT=%s; offloaded with --heap-credit %s\n",
+		o.bench, o.benchSteps, o0.Layers, envOr("GOGC", "100"), envOr("GOMEMLIMIT", "none"), heapCreditFlag(o.heapCredit))
 	fmt.Fprintf(w, "  per layer: compute %.1f ms (in-memory step / layers), NVMe I/O %s (%.1f ms at the planned %s read, %s write)\n",
 		memStep/L, mib(int64(ioBytes/L)), ioLayer, gbps(o0.NVMeReadBps), gbps(o0.NVMeWriteBps))
 	row := func(what string, f func(childResult) float64, unit func(float64) string) {
@@ -794,4 +810,15 @@ func u32(v []uint32) []float64 {
 		out[i] = float64(x)
 	}
 	return out
+}
+
+// heapCreditFlag is the --heap-credit value that gives n.
+func heapCreditFlag(n int64) string {
+	switch n {
+	case zgomlx.AutoHeapCredit:
+		return "auto"
+	case 0:
+		return "none"
+	}
+	return strconv.FormatInt(n, 10)
 }
