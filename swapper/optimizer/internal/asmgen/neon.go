@@ -343,25 +343,7 @@ func (g *neonGen) genAdamNEON() {
 func (g *neonGen) genSGDNEON() {
 	s := kernelSpec{name: "sgdNEON", rule: "SGD", ptrs: []string{"w", "grad", "buf"}, args: sgdArgCount}
 	g.begin(s)
-	var modes []int
-	for _, wd := range []int{0, sgdWeightDecay} {
-		for _, mom := range []int{0, sgdMomentum, sgdMomentum | sgdLater, sgdMomentum | sgdNesterov, sgdMomentum | sgdLater | sgdNesterov} {
-			modes = append(modes, wd|mom)
-		}
-	}
-	need := func(m int) []int {
-		c := []int{sgdArgLR}
-		if m&sgdWeightDecay != 0 {
-			c = append(c, sgdArgWeightDecay)
-		}
-		if m&sgdLater != 0 || m&sgdNesterov != 0 {
-			c = append(c, sgdArgMomentum)
-		}
-		if m&sgdLater != 0 {
-			c = append(c, sgdArgOneMinusDampening)
-		}
-		return c
-	}
+	modes, need := sgdModes(), sgdNeeds
 	g.sections(s, modes, need, func(mode int, k []val) {
 		w, d, t := vA0, vA1, vT0
 		g.load(w, "R0", false)

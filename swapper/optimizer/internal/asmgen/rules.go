@@ -104,29 +104,39 @@ func dispatch(s isa, name string, mode, n, i Register, modes []int, need func(m 
 	}
 }
 
-// genSGD emits sgd<ISA>: torch.optim.SGD (sgdScalar) for every valid mode.
-func genSGD(s isa) {
-	name := "sgd" + s.name
-	w, g, buf, n, mode, i := ruleFunc(s, name, "buf", "SGD", sgdArgCount)
+// sgdModes are the SGD kernels' valid modes: with or without weight
+// decay, times no momentum, the first momentum step, a later one, and
+// Nesterov's variants of both.
+func sgdModes() []int {
 	var modes []int
 	for _, wd := range []int{0, sgdWeightDecay} {
 		for _, mom := range []int{0, sgdMomentum, sgdMomentum | sgdLater, sgdMomentum | sgdNesterov, sgdMomentum | sgdLater | sgdNesterov} {
 			modes = append(modes, wd|mom)
 		}
 	}
-	need := func(m int) []int {
-		c := []int{sgdArgLR}
-		if m&sgdWeightDecay != 0 {
-			c = append(c, sgdArgWeightDecay)
-		}
-		if m&sgdLater != 0 || m&sgdNesterov != 0 {
-			c = append(c, sgdArgMomentum)
-		}
-		if m&sgdLater != 0 {
-			c = append(c, sgdArgOneMinusDampening)
-		}
-		return c
+	return modes
+}
+
+// sgdNeeds are the constants SGD's mode m reads.
+func sgdNeeds(m int) []int {
+	c := []int{sgdArgLR}
+	if m&sgdWeightDecay != 0 {
+		c = append(c, sgdArgWeightDecay)
 	}
+	if m&sgdLater != 0 || m&sgdNesterov != 0 {
+		c = append(c, sgdArgMomentum)
+	}
+	if m&sgdLater != 0 {
+		c = append(c, sgdArgOneMinusDampening)
+	}
+	return c
+}
+
+// genSGD emits sgd<ISA>: torch.optim.SGD (sgdScalar) for every valid mode.
+func genSGD(s isa) {
+	name := "sgd" + s.name
+	w, g, buf, n, mode, i := ruleFunc(s, name, "buf", "SGD", sgdArgCount)
+	modes, need := sgdModes(), sgdNeeds
 	dispatch(s, name, mode, n, i, modes, need, func(m int, k []VecVirtual, disp int) {
 		at := func(base Register) Mem { return Mem{Base: base, Index: i, Scale: 1, Disp: disp} }
 		vw, vd, t := s.vec(), s.vec(), s.vec()
