@@ -53,8 +53,9 @@ const (
 // 0 means DefaultBytes) to a private temporary file in path through engine,
 // and returns the read and write bandwidth in bytes per second. The write
 // time includes the final sync, so a buffered fallback is not flattered by
-// the page cache. The file is created with O_EXCL under a random name and
-// removed whatever happens. Cancelling ctx stops the probe (after the
+// the page cache. The file is unnamed (O_TMPFILE) where the filesystem
+// allows, so that even SIGKILL leaves nothing; elsewhere it is created
+// with O_EXCL under a random name and removed whatever happens. Cancelling ctx stops the probe (after the
 // requests in flight) and returns ctx's error.
 func Measure(ctx context.Context, path string, engine aio.Engine, bytes int64) (readBps, writeBps float64, err error) {
 	if engine == nil {
@@ -67,22 +68,15 @@ func Measure(ctx context.Context, path string, engine aio.Engine, bytes int64) (
 		return 0, 0, fmt.Errorf("probe: probe size %d bytes: want %d to %d", bytes, MinBytes, MaxBytes)
 	}
 	n := (bytes + requestBytes - 1) / requestBytes
-	var suffix [8]byte
-	if _, err := rand.Read(suffix[:]); err != nil {
-		return 0, 0, fmt.Errorf("probe: %w", err)
-	}
-	name := filepath.Join(path, fmt.Sprintf(".zinf-bwprobe-%d-%s", os.Getpid(), hex.EncodeToString(suffix[:])))
-	f, err := engine.Open(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, name, err := openProbeFile(engine, path)
 	if err != nil {
-		// A filesystem may create the file before refusing O_DIRECT.
-		if !errors.Is(err, os.ErrExist) {
-			os.Remove(name)
-		}
-		return 0, 0, fmt.Errorf("probe: creating a probe file in %s: %w", path, err)
+		return 0, 0, err
 	}
 	defer func() {
 		f.Close()
-		os.Remove(name)
+		if name != "" {
+			os.Remove(name)
+		}
 	}()
 	if int64(f.Alignment()) > requestBytes || requestBytes%f.Alignment() != 0 {
 		return 0, 0, fmt.Errorf("probe: %s needs %d-byte alignment, which %d-byte requests do not keep", path, f.Alignment(), requestBytes)
@@ -103,7 +97,7 @@ func Measure(ctx context.Context, path string, engine aio.Engine, bytes int64) (
 		return 0, 0, err
 	}
 	if err := f.Sync(); err != nil {
-		return 0, 0, fmt.Errorf("probe: syncing %s: %w", name, err)
+		return 0, 0, fmt.Errorf("probe: syncing the probe file in %s: %w", path, err)
 	}
 	write := time.Since(start)
 	if !f.Direct() {
@@ -117,6 +111,33 @@ func Measure(ctx context.Context, path string, engine aio.Engine, bytes int64) (
 	read := time.Since(start)
 	total := float64(n * requestBytes)
 	return total / max(read.Seconds(), 1e-9), total / max(write.Seconds(), 1e-9), nil
+}
+
+// openProbeFile creates the probe's file in path: an unnamed one
+// (O_TMPFILE) where the filesystem makes them, so that a process killed
+// mid-probe leaves nothing behind; otherwise a file of a random name,
+// created with O_EXCL, which name returns for removal.
+func openProbeFile(engine aio.Engine, path string) (f *aio.File, name string, err error) {
+	if tmpfileFlag != 0 {
+		if f, err := engine.Open(path, os.O_RDWR|tmpfileFlag, 0o600); err == nil {
+			return f, "", nil
+		}
+		// No O_TMPFILE here (or not with this policy): a named file.
+	}
+	var suffix [8]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, "", fmt.Errorf("probe: %w", err)
+	}
+	name = filepath.Join(path, fmt.Sprintf(".zinf-bwprobe-%d-%s", os.Getpid(), hex.EncodeToString(suffix[:])))
+	f, err = engine.Open(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		// A filesystem may create the file before refusing O_DIRECT.
+		if !errors.Is(err, os.ErrExist) {
+			os.Remove(name)
+		}
+		return nil, "", fmt.Errorf("probe: creating a probe file in %s: %w", path, err)
+	}
+	return f, name, nil
 }
 
 // run moves n requests of requestBytes at consecutive offsets, inFlight at

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +183,46 @@ func TestBandwidthBadCache(t *testing.T) {
 			t.Fatalf("the symlink was replaced: %v", err)
 		}
 	})
+}
+
+// TestMeasureKilledLeavesNothing: a process killed (SIGKILL) during a
+// probe leaves no file in the directory; the probe file has no name on
+// Linux (O_TMPFILE), so there is nothing to clean up after a crash.
+func TestMeasureKilledLeavesNothing(t *testing.T) {
+	if dir := os.Getenv("ZINF_PROBE_CHILD_DIR"); dir != "" {
+		e, err := aio.New(aio.Options{Backend: aio.BackendAuto, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Stdout.WriteString("probing\n")
+		probe.Measure(context.Background(), dir, e, probe.MaxBytes)
+		return
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("unnamed probe files are Linux's O_TMPFILE")
+	}
+	for _, delay := range []time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond} {
+		dir := t.TempDir()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMeasureKilledLeavesNothing$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "ZINF_PROBE_CHILD_DIR="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line := make([]byte, 8)
+		if _, err := io.ReadFull(out, line); err != nil || string(line) != "probing\n" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the child did not start its probe: %q, %v", line, err)
+		}
+		time.Sleep(delay)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if left := names(t, dir); len(left) != 0 {
+			t.Fatalf("a probe killed %v after it began left %v", delay, left)
+		}
+	}
 }
