@@ -49,6 +49,17 @@
 // ErrCommitPending: nothing changed, the gradients are kept, and Commit
 // runs it again. Either way the retry gives the fault-free result.
 //
+// # Garbage collection
+//
+// The Go collector paces itself by the live heap. Offloaded, the model's
+// state is not on the Go heap, so the same GoMLX temporaries bring about
+// twice the collections of in-memory training. Options.HeapCredit
+// (AutoHeapCredit: what in-memory training keeps live) scales GOGC while
+// the model is open so that it paces as if that state were live: as
+// many collections as in memory, and a heap that grows as far between
+// them. The default is none: the collector's share of a step is small,
+// and an offloading user usually wants the memory.
+//
 // MemoryTrainer runs the same executors with everything in Go memory and
 // zinf's Adam: offloaded training equals it bit for bit. Adam is zinf's
 // Adam (torch.optim.Adam's formula) as a GoMLX optimizer, so a
