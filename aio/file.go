@@ -36,14 +36,21 @@ type File struct {
 // filesystem without O_DIRECT.
 var openFn = unix.Open
 
-// OpenFile opens path (flag as os.OpenFile: os.O_RDWR|os.O_CREATE, ...)
-// applying the O_DIRECT policy. With DirectOptional, a filesystem that
+// OpenFile opens path (flag as os.OpenFile: os.O_RDWR|os.O_CREATE, ...;
+// on Linux O_TMPFILE, path then naming the directory) applying the
+// O_DIRECT policy. With DirectOptional, a filesystem that
 // refuses O_DIRECT yields a buffered file and one warning on log (which may
 // be nil). With DirectRequired it yields an error matching ErrNoDirect that
 // names the path.
 func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log *slog.Logger) (*File, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	// The directory the file is in: for an unnamed file (O_TMPFILE),
+	// path is that directory.
+	dir := filepath.Dir(path)
+	if tmpfileFlag != 0 && flag&tmpfileFlag == tmpfileFlag {
+		dir = path
 	}
 	flag |= unix.O_CLOEXEC
 	if policy == DirectOff {
@@ -70,7 +77,7 @@ func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log 
 			os.Remove(path) // created by the refused open (see below); nothing must be left
 		}
 		return nil, fmt.Errorf("aio: open %s: the filesystem (%s) refuses O_DIRECT and the policy is \"required\" (set it to \"optional\" to fall back to buffered I/O, or put the swap files on a filesystem with O_DIRECT such as ext4 or xfs): %w",
-			path, fsName(filepath.Dir(path)), ErrNoDirect)
+			path, fsName(dir), ErrNoDirect)
 	}
 	// Some filesystems create the file before refusing O_DIRECT. With
 	// O_EXCL the refused open proves the file did not exist before, so the
@@ -79,7 +86,7 @@ func OpenFile(path string, flag int, perm os.FileMode, policy DirectPolicy, log 
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	warnNoDirectOnce(log, filepath.Dir(path))
+	warnNoDirectOnce(log, dir)
 	return &File{fd: fd, path: path, align: 1}, nil
 }
 

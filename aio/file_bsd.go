@@ -13,6 +13,9 @@ import (
 // ProbeDir uses a named probe file here.
 func openTmpDirect(string) (int, error) { return -1, unix.EOPNOTSUPP }
 
+// tmpfileFlag is 0: there is no O_TMPFILE here.
+const tmpfileFlag = 0
+
 // fallocate fails with EOPNOTSUPP: neither macOS nor FreeBSD offers a
 // fallocate that x/sys/unix exposes, so Allocate falls back to Truncate.
 func fallocate(int, int64) error { return unix.EOPNOTSUPP }

@@ -15,6 +15,9 @@ func openDirect(path string, flag int, perm uint32) (int, error) {
 	return openFn(path, flag|unix.O_DIRECT, perm)
 }
 
+// tmpfileFlag is O_TMPFILE: OpenFile's path is then a directory.
+const tmpfileFlag = unix.O_TMPFILE
+
 // openTmpDirect opens an unnamed O_DIRECT file in dir (O_TMPFILE), which
 // vanishes when closed.
 func openTmpDirect(dir string) (int, error) {

@@ -189,3 +189,41 @@ func TestProbeDirLeavesNothing(t *testing.T) {
 		t.Fatalf("probe left %d entries", len(ents))
 	}
 }
+
+// TestTmpfileWithoutDirect: an unnamed file (O_TMPFILE, path naming the
+// directory) on a filesystem without O_DIRECT falls back like a named one,
+// and the warning and the error name that directory and its filesystem,
+// not the directory's parent (a probe's fallback used to warn a second
+// time, for the parent's filesystem).
+func TestTmpfileWithoutDirect(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount ramfs here: %v", err)
+	}
+	defer unix.Unmount(dir, 0)
+	// A ramfs mounted by an earlier test may have had this device number
+	// and been warned about already.
+	noDirectWarned.Clear()
+	log, out := captureLog()
+	f, err := OpenFile(dir, os.O_RDWR|unix.O_TMPFILE, 0o600, DirectOptional, log)
+	if err != nil {
+		t.Fatalf("O_TMPFILE in %s (ramfs): %v", dir, err)
+	}
+	f.Close()
+	if f.Direct() {
+		t.Fatal("ramfs gave an O_DIRECT file")
+	}
+	if w := out.String(); !strings.Contains(w, "dir="+dir+" ") || !strings.Contains(w, "fs=ramfs") {
+		t.Fatalf("the fallback warning should name %s on ramfs:\n%s", dir, w)
+	}
+	_, err = OpenFile(dir, os.O_RDWR|unix.O_TMPFILE, 0o600, DirectRequired, log)
+	if !errors.Is(err, ErrNoDirect) || !strings.Contains(err.Error(), "(ramfs)") {
+		t.Fatalf("required O_DIRECT on ramfs: %v, want ErrNoDirect naming ramfs", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("the directory after a refused unnamed open: %v, %v", fi, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("unnamed opens left %v", ents)
+	}
+}
