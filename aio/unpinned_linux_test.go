@@ -5,12 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -34,27 +31,9 @@ func TestRegisteredMemoryUnpinned(t *testing.T) {
 		t.Skip("spawns a subprocess")
 	}
 	testenv.SkipUnavailable(t, aio.BackendUring, aio.Available(aio.BackendUring))
-	exe, err := os.Executable()
+	cmd, err := testenv.Unprivileged(t, t.Context(), "^TestRegisteredMemoryUnpinnedChild$", unpinnedChildEnv+"=1")
 	if err != nil {
 		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "zinf-aio-unpinned-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "aio.test")
-	if err := copyExe(exe, bin); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestRegisteredMemoryUnpinnedChild$", "-test.v", "-test.count=1")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), unpinnedChildEnv+"=1")
-	if os.Geteuid() == 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("child output:\n%s", out)
@@ -64,23 +43,6 @@ func TestRegisteredMemoryUnpinned(t *testing.T) {
 	if !bytes.Contains(out, []byte("unpinned child ok")) {
 		t.Fatal("the child did not run the fallback to the end")
 	}
-}
-
-func copyExe(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func TestRegisteredMemoryUnpinnedChild(t *testing.T) {

@@ -4,16 +4,15 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/testenv"
 )
 
 const memlockChildEnv = "ZINF_BUFFERS_MEMLOCK_CHILD"
@@ -26,28 +25,9 @@ func TestMemlockUnprivileged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns a subprocess")
 	}
-	exe, err := os.Executable()
+	cmd, err := testenv.Unprivileged(t, t.Context(), "^TestMemlockChild$", memlockChildEnv+"=1")
 	if err != nil {
 		t.Skip(err)
-	}
-	// A world-readable copy, since the build directory may not be.
-	dir, err := os.MkdirTemp("", "zinf-buffers-memlock-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "buffers.test")
-	if err := copyFile(exe, bin); err != nil {
-		t.Skip(err)
-	}
-	cmd := exec.Command(bin, "-test.run=^TestMemlockChild$", "-test.v", "-test.count=1")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), memlockChildEnv+"=1")
-	if os.Geteuid() == 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("child output:\n%s", out)
@@ -100,23 +80,6 @@ func TestMemlockChild(t *testing.T) {
 	t.Logf("warning: %s", warns[0])
 	t.Logf("PinRequired: %v", err)
 	fmt.Println("memlock child ok")
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // setMemlockLimit lowers this process's soft RLIMIT_MEMLOCK.
