@@ -48,28 +48,17 @@ import (
 // ZINF_TEST_SEED reproduces one seed; ZINF_STRESS=1 runs many more
 // (ZINF_STRESS_SEEDS sets how many).
 func TestMetamorphic(t *testing.T) {
-	seeds := 10
-	if testenv.Stress() {
-		seeds = 200
-		if s := os.Getenv("ZINF_STRESS_SEEDS"); s != "" {
-			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 {
-				t.Fatalf("ZINF_STRESS_SEEDS=%q: want a positive count", s)
-			}
-			seeds = n
+	stressSeeds := 200
+	if s := os.Getenv("ZINF_STRESS_SEEDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("ZINF_STRESS_SEEDS=%q: want a positive count", s)
 		}
+		stressSeeds = n
 	}
-	base := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ZINF_TEST_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("ZINF_TEST_SEED=%q: %v", s, err)
-		}
-		base, seeds = v, 1
-	}
+	seeds := testenv.Seeds(t, 10, stressSeeds)
 	var hits, refused atomic.Int64
-	for i := range seeds {
-		seed := base + uint64(i)
+	for _, seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Logf("seed %d (reproduce with ZINF_TEST_SEED=%d)", seed, seed)
 			h, r := metamorphicRun(t, seed)
@@ -79,9 +68,9 @@ func TestMetamorphic(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("%d seeds: %d refused up front, %d injected faults", seeds, refused.Load(), hits.Load())
-	if seeds >= 8 && hits.Load() == 0 && !t.Failed() {
-		t.Errorf("%d seeds and not one injected fault fired: the fault seam is not reached", seeds)
+	t.Logf("%d seeds: %d refused up front, %d injected faults", len(seeds), refused.Load(), hits.Load())
+	if len(seeds) >= 8 && hits.Load() == 0 && !t.Failed() {
+		t.Errorf("%d seeds and not one injected fault fired: the fault seam is not reached", len(seeds))
 	}
 }
 

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/testenv"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
@@ -49,19 +48,7 @@ func TestTrainStepDifferential(t *testing.T) {
 	if testing.Short() {
 		seeds = 3
 	}
-	if os.Getenv("ZINF_STRESS") != "" {
-		seeds = 80
-	}
-	base := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ZINF_TEST_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("ZINF_TEST_SEED=%q: %v", s, err)
-		}
-		base, seeds = v, 1
-	}
-	for i := range seeds {
-		seed := base + uint64(i)
+	for _, seed := range testenv.Seeds(t, seeds, 80) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Logf("seed %d (reproduce with ZINF_TEST_SEED=%d)", seed, seed)
 			trainStepRun(t, seed)

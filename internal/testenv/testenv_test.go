@@ -78,3 +78,20 @@ func TestBackendsRequire(t *testing.T) {
 		t.Fatal("an unknown backend in the variable did not fail the test")
 	}
 }
+
+func TestSeeds(t *testing.T) {
+	t.Setenv(testenv.StressEnv, "")
+	t.Setenv(testenv.SeedEnv, "")
+	s := testenv.Seeds(t, 3, 50)
+	if len(s) != 3 || s[1] != s[0]+1 || s[2] != s[0]+2 {
+		t.Fatalf("testenv.Seeds(3, 50) = %v, want 3 consecutive seeds", s)
+	}
+	t.Setenv(testenv.StressEnv, "1")
+	if s := testenv.Seeds(t, 3, 50); len(s) != 50 {
+		t.Fatalf("under stress: %d seeds, want 50", len(s))
+	}
+	t.Setenv(testenv.SeedEnv, "42")
+	if s := testenv.Seeds(t, 3, 50); len(s) != 1 || s[0] != 42 {
+		t.Fatalf("%s=42: %v, want [42]", testenv.SeedEnv, s)
+	}
+}
