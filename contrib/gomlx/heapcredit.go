@@ -44,9 +44,10 @@ const AutoHeapCredit int64 = -1
 // one.
 var gcCredit struct {
 	sync.Mutex
-	total int64 // bytes of credit held
-	base  int   // GOGC before the first credit was taken
-	set   int   // the GOGC the credit last set
+	total   int64            // bytes of credit held
+	base    int              // GOGC before the first credit was taken
+	set     int              // the GOGC the credit last set
+	samples []metrics.Sample // liveSamples, read at each adjustment
 }
 
 // checkHeapCredit says whether n is an Options.HeapCredit allowed.
@@ -126,10 +127,13 @@ var liveSamples = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/s
 // adjustGCLocked sets GOGC to base * (live + credit) / live (gcCredit
 // held), when that moves it by more than 2%.
 func adjustGCLocked() {
-	s := make([]metrics.Sample, len(liveSamples))
-	for i, name := range liveSamples {
-		s[i].Name = name
+	if gcCredit.samples == nil {
+		gcCredit.samples = make([]metrics.Sample, len(liveSamples))
+		for i, name := range liveSamples {
+			gcCredit.samples[i].Name = name
+		}
 	}
+	s := gcCredit.samples
 	metrics.Read(s)
 	var live uint64
 	for _, x := range s {
