@@ -141,6 +141,20 @@ const (
 	ulpExpAvgSq = 1.5
 )
 
+// readGolden decodes a golden file of testdata.
+func readGolden[T any](t *testing.T, path string) T {
+	t.Helper()
+	var gd T
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &gd); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return gd
+}
+
 // TestAdamMatchesPyTorch replays PyTorch's golden gradients through the
 // optimizer (states in pinned memory, a pipeline) on every kernel of this
 // CPU, with sub-groups of 5 elements (scalar tails only) and of whole
@@ -156,14 +170,7 @@ func TestAdamMatchesPyTorch(t *testing.T) {
 }
 
 func testAdamMatchesPyTorch(t *testing.T, kernel string, subGroup int) {
-	raw, err := os.ReadFile("testdata/adam_golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gd golden
-	if err := json.Unmarshal(raw, &gd); err != nil {
-		t.Fatal(err)
-	}
+	gd := readGolden[golden](t, "testdata/adam_golden.json")
 	if len(gd.Cases) == 0 {
 		t.Fatal("no golden cases")
 	}

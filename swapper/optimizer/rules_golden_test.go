@@ -2,11 +2,9 @@ package optimizer_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"slices"
 	"testing"
 
@@ -75,14 +73,7 @@ func TestRulesMatchPyTorch(t *testing.T) {
 }
 
 func testRulesMatchPyTorch(t *testing.T, kernel string, subGroup int) {
-	raw, err := os.ReadFile("testdata/optimizer_golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gd rulesGolden
-	if err := json.Unmarshal(raw, &gd); err != nil {
-		t.Fatal(err)
-	}
+	gd := readGolden[rulesGolden](t, "testdata/optimizer_golden.json")
 	if len(gd.Cases) == 0 {
 		t.Fatal("no golden cases")
 	}
