@@ -26,25 +26,13 @@ Usage: /usr/bin/python3 scripts/optimizer_golden.py [output path]
 
 import json
 import os
-import struct
 import sys
 
 import torch
 
-STEPS = 10
-SIZES = [1, 7, 33]
-
-
-def f32(x):
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def bits(x):
-    return struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def tensor_bits(t):
-    return [bits(v) for v in t.detach().to(torch.float32).flatten().tolist()]
+# The float32 helpers, step count and tensor sizes of the Adam goldens
+# (this directory is on sys.path when a script in it runs).
+from adam_golden import SIZES, STEPS, bits, f32, tensor_bits
 
 
 class Lion:
