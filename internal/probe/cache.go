@@ -238,19 +238,26 @@ func trim(m map[string]Result) {
 	}
 }
 
-// writeCache writes c to path atomically: a new file under a unique
-// temporary name (O_EXCL), synced, then renamed over path.
+// writeCache writes c to path atomically (writeFileAtomic).
 func writeCache(path string, c cacheFile) error {
 	data, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return err
 	}
+	return writeFileAtomic(path, append(data, '\n'))
+}
+
+// writeFileAtomic replaces path with data: a new file under a unique
+// temporary name beside it (O_EXCL, never through a symbolic link),
+// synced, then renamed over path; the temporary file is removed on
+// failure.
+func writeFileAtomic(path string, data []byte) error {
 	tmp := fmt.Sprintf("%s.%d.%d.tmp", path, os.Getpid(), time.Now().UnixNano())
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(append(data, '\n'))
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Sync()
 	}

@@ -168,23 +168,5 @@ func WriteResult(file, path string, r PathResult) error {
 	if err != nil {
 		return err
 	}
-	tmp := fmt.Sprintf("%s.%d.%d.tmp", file, os.Getpid(), time.Now().UnixNano())
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(data, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, file)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	return writeFileAtomic(file, append(data, '\n'))
 }
