@@ -392,29 +392,49 @@ func (r *Reader) file(ctx context.Context, name string) (*openFile, error) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	if !of.checked {
-		// A running checksum: the header is never held in memory here
-		// (its length, bounded when the manifest was read, is the
-		// manifest's word until this check passes).
-		var got uint32
-		err := r.stream(ctx, of, 0, of.entry.HeaderBytes, func(p []byte) error {
-			got = crc32.Update(got, castagnoli, p)
-			return nil
-		})
+		herr, err := r.checkHeader(ctx, of)
 		if err != nil {
 			// Not cached: a cancelled context or a transient I/O error
 			// must not condemn the file for later reads.
 			return nil, &Error{Op: "read", Path: of.path, Err: err}
 		}
 		of.checked = true
-		if got != of.entry.HeaderCRC32C {
-			of.headerErr = &Error{Op: "read", Path: of.path, Err: corruptf("the safetensors header of %s is damaged: crc32c %08x, the manifest says %08x",
-				of.entry.Name, got, of.entry.HeaderCRC32C)}
+		if herr != nil {
+			of.headerErr = &Error{Op: "read", Path: of.path, Err: herr}
 		}
 	}
 	if of.headerErr != nil {
 		return nil, of.headerErr
 	}
 	return of, nil
+}
+
+// checkHeader is the one rule for a tensor file's safetensors header,
+// which ReadTensor (and so a resume) and Verify both apply: its CRC-32C
+// is the manifest's, and it describes exactly the manifest's tensors of
+// the file (names, dtypes, shapes, offsets and the file's size). herr,
+// wrapping ErrCorrupt, says what is wrong; err is a failure to read it.
+// The header's length was bounded (maxHeaderBytes, and the file's real
+// size) when the manifest was read.
+func (r *Reader) checkHeader(ctx context.Context, of *openFile) (herr, err error) {
+	hb := make([]byte, 0, of.entry.HeaderBytes)
+	if err := r.stream(ctx, of, 0, of.entry.HeaderBytes, func(p []byte) error { hb = append(hb, p...); return nil }); err != nil {
+		return nil, err
+	}
+	if got := crc32.Checksum(hb, castagnoli); got != of.entry.HeaderCRC32C {
+		return corruptf("the safetensors header of %s is damaged: crc32c %08x, the manifest says %08x",
+			of.entry.Name, got, of.entry.HeaderCRC32C), nil
+	}
+	var tensors []*TensorEntry
+	for i := range r.m.Tensors {
+		if r.m.Tensors[i].File == of.entry.Name {
+			tensors = append(tensors, &r.m.Tensors[i])
+		}
+	}
+	if err := checkHeaderAgainst(hb, of.entry, tensors); err != nil {
+		return corruptf("the safetensors header of %s disagrees with the manifest: %v", of.entry.Name, err), nil
+	}
+	return nil, nil
 }
 
 // bounce returns the Reader's pinned bounce memory (made on first use).

@@ -205,7 +205,8 @@ func (r *Reader) verifyFile(ctx context.Context, fe *FileEntry) ([]TensorResult,
 	if err != nil && of == nil {
 		var ce *Error
 		if errors.As(err, &ce) && errors.Is(err, ErrCorrupt) {
-			// The header checksum failed: say how, then still check the
+			// The header check (Reader.checkHeader, the rule ReadTensor
+			// applies too) failed: say how, then still check the
 			// tensors' data (their places come from the manifest).
 			bad("", ce.Err)
 			of, err = r.fileNoHeaderCheck(fe.Name)
@@ -219,19 +220,6 @@ func (r *Reader) verifyFile(ctx context.Context, fe *FileEntry) ([]TensorResult,
 	for i := range r.m.Tensors {
 		if r.m.Tensors[i].File == fe.Name {
 			tensors = append(tensors, &r.m.Tensors[i])
-		}
-	}
-	// Header: parse it and hold it against the manifest. HeaderBytes was
-	// bounded (maxHeaderBytes, and the file's real size) when the manifest
-	// was read.
-	hb := make([]byte, 0, fe.HeaderBytes)
-	if err := r.stream(ctx, of, 0, fe.HeaderBytes, func(p []byte) error { hb = append(hb, p...); return nil }); err != nil {
-		bad("", fmt.Errorf("reading the header: %w", err))
-		return nil, 0, probs
-	}
-	if crc32.Checksum(hb, castagnoli) == fe.HeaderCRC32C {
-		if err := checkHeaderAgainst(hb, fe, tensors); err != nil {
-			bad("", corruptf("%v", err))
 		}
 	}
 	// Data: one pass, a running CRC per tensor.
