@@ -286,8 +286,8 @@ func checkRanks(rts []*Runtime, partial bool) ([]string, map[string]int, error) 
 		if rt == nil {
 			return nil, nil, fmt.Errorf("zinf: checkpoint: runtime %d is nil", i)
 		}
-		if rt.closed {
-			return nil, nil, fmt.Errorf("zinf: checkpoint: the runtime of rank %d is closed", i)
+		if rt.closedErr("checkpoint", nil) != nil {
+			return nil, nil, fmt.Errorf("zinf: checkpoint: the runtime of rank %d is closed: %w", i, ErrClosed)
 		}
 		switch {
 		case partial && (rt.World != rts[0].World || (i > 0 && rt.Rank <= rts[i-1].Rank)):

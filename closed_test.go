@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/swapper/param"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // TestErrClosed: after Close, every loop method returns an error matching
@@ -41,5 +43,52 @@ func TestErrClosed(t *testing.T) {
 	}
 	if err := rt.ReadParam(ctx, "w", w); !errors.Is(err, param.ErrClosed) {
 		t.Errorf("ReadParam after Close: %v, want param.ErrClosed too", err)
+	}
+}
+
+// TestErrClosedFirst: a closed runtime says it is closed before anything
+// else that is wrong with a call (an uninitialised tensor, an unknown
+// name, a wrong length): every public method that can fail checks it
+// first.
+func TestErrClosedFirst(t *testing.T) {
+	c, _ := testConfig(t)
+	m := zinf.LayeredModel([]tensor.Desc{{Name: "a", Shape: []int{300}}}, []tensor.Desc{{Name: "b", Shape: []int{200}}})
+	rt, err := zinf.Open(c, m, zinf.Options{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := rt.Init(ctx, "a", make([]float32, 300)); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	short := make([]float32, 7) // the wrong length for every tensor
+	calls := map[string]func() error{
+		"Step":                 func() error { return rt.Step(ctx) },
+		"Init":                 func() error { return rt.Init(ctx, "b", make([]float32, 200)) },
+		"BeginLayer":           func() error { return rt.BeginLayer(ctx, 1) },
+		"ReadParam":            func() error { return rt.ReadParam(ctx, "b", short) },
+		"ReadParamBytes":       func() error { return rt.ReadParamBytes(ctx, "b", tensor.Float32, make([]byte, 3)) },
+		"AccumulateGrad":       func() error { return rt.AccumulateGrad(ctx, "nope", short) },
+		"StepTensor":           func() error { return rt.StepTensor(ctx, "nope") },
+		"StepLayer":            func() error { return rt.StepLayer(ctx, 1) },
+		"ReduceGrad":           func() error { return rt.ReduceGrad(ctx, "b", short, 1) },
+		"ReduceGrads":          func() error { return rt.ReduceGrads(ctx, "b", [][]float32{short}, zinf.GradReduce{}) },
+		"Collective":           func() error { return rt.Collective(ctx, func(comm.Comm) error { return nil }) },
+		"SetLR":                func() error { return rt.SetLR(0.1) },
+		"ReadOptimizerState":   func() error { _, _, _, err := rt.ReadOptimizerState(ctx, "b"); return err },
+		"ReadOptimizerStates":  func() error { _, _, err := rt.ReadOptimizerStates(ctx, "nope"); return err },
+		"VisitOptimizerStates": func() error { return rt.VisitOptimizerStates(ctx, "b", nil) },
+		"CheckpointState": func() error {
+			_, err := zinf.CheckpointState([]*zinf.Runtime{rt}, zinf.CheckpointMeta{})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, zinf.ErrClosed) {
+			t.Errorf("%s after Close: %v, want an error matching zinf.ErrClosed", name, err)
+		}
 	}
 }

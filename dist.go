@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -466,6 +468,9 @@ type pendingReduce struct {
 // and may be retried: the reduced partition is kept, and the retry does
 // not run the collective again. A failed collective fails the world.
 func (r *Runtime) ReduceGrad(ctx context.Context, name string, local []float32, scale float32) error {
+	if err := r.closedErr("reduce "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
 	if r.comm == nil {
 		return errors.New("zinf: ReduceGrad needs Options.Comm (this rank's comm.Comm); with the ranks' gradients already summed, use AccumulateGrad")
 	}
@@ -505,6 +510,9 @@ func (r *Runtime) onePerRank() []int {
 // one process per data-parallel rank, bit for bit. Then the scale, then
 // the rounding.
 func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float32, how GradReduce) error {
+	if err := r.closedErr("reduce "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
 	per, scale := how.Per, how.Scale
 	if per == nil {
 		per = r.onePerRank()
@@ -594,6 +602,9 @@ func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float3
 // (a loss all-reduce, say) keep one order with the runtime's on every
 // rank. It fails without Options.Comm.
 func (r *Runtime) Collective(ctx context.Context, f func(comm.Comm) error) error {
+	if err := r.closedErr("collective", nil); err != nil {
+		return err
+	}
 	if r.comm == nil {
 		return errors.New("zinf: Collective needs Options.Comm")
 	}

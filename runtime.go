@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -446,6 +447,9 @@ func openDevice(cfg *config.Config, log *slog.Logger) (accel.Device, error) {
 // called again. Every tensor of the model must be initialized before its
 // layer is begun or a step is taken.
 func (r *Runtime) Init(ctx context.Context, name string, values []float32) error {
+	if err := r.closedErr("init "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	numel, ok := r.model.numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: init %q: not a tensor of the model", name)
@@ -564,6 +568,9 @@ func (r *Runtime) Pass(order []int) {
 // started during the previous layer, if any) and starts gathering the
 // next layer of the pass: a collective, called by every rank alike.
 func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
+	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
+		return err
+	}
 	if l < 0 || l >= len(r.model.layers) {
 		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.layers)-1)
 	}
@@ -613,6 +620,9 @@ func (r *Runtime) EndLayer(l int) {
 // must be begun. With Options.GatherLayers it writes the full tensor,
 // gathered from every rank, into dst.
 func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) error {
+	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	lo, hi, err := r.fullRange("read", name, len(dst))
 	if err != nil {
 		return err
@@ -630,6 +640,9 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 // parameter straight into its own tensor). dst holds the full tensor in
 // dtype. With Options.GatherLayers it writes the full tensor.
 func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
+	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	if !dtype.Valid() {
 		return fmt.Errorf("zinf: read %q: unknown dtype %d", name, dtype)
 	}
@@ -666,6 +679,9 @@ func (r *Runtime) fullRange(op, name string, n int) (lo, hi int, err error) {
 // is written behind: the call returns once the values are copied. A
 // failed call adds nothing and may be retried.
 func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) error {
+	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
 	if r.inference {
 		return errInference
 	}
@@ -693,6 +709,9 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 // Step: Adam works per element, and nothing is visible before the commit.
 // An error here is also returned by Step, which discards the step.
 func (r *Runtime) StepTensor(ctx context.Context, name string) error {
+	if err := r.closedErr("step tensor "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return err
+	}
 	if r.inference {
 		return errInference
 	}
@@ -721,6 +740,9 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 
 // StepLayer is StepTensor for every tensor of layer l.
 func (r *Runtime) StepLayer(ctx context.Context, l int) error {
+	if err := r.closedErr("step layer "+strconv.Itoa(l), optimizer.ErrClosed); err != nil {
+		return err
+	}
 	var first error
 	for _, n := range r.LayerTensors(l) {
 		if err := r.StepTensor(ctx, n); err != nil && first == nil {
@@ -891,6 +913,24 @@ func ParamDType(cfg *config.Config) swapper.DType {
 // tensor.ErrClosed).
 var ErrClosed = tensor.ErrClosed
 
+// closedErr returns an error naming op once Close has run, nil before. It
+// wraps layer, the closed sentinel of the layer the call works on
+// (param.ErrClosed for a read, say; all match ErrClosed), or ErrClosed
+// when layer is nil. Every public method that can fail calls it first, so
+// a closed runtime says so whatever else would be wrong with the call.
+func (r *Runtime) closedErr(op string, layer error) error {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if !closed {
+		return nil
+	}
+	if layer == nil {
+		layer = ErrClosed
+	}
+	return fmt.Errorf("zinf: %s: the runtime is closed: %w", op, layer)
+}
+
 var errInference = errors.New("zinf: the runtime was opened for inference (Options.Inference): it keeps no gradients or optimizer states")
 
 // ReadOptimizerStates returns this rank's partition of a tensor's fp32
@@ -898,6 +938,9 @@ var errInference = errors.New("zinf: the runtime was opened for inference (Optio
 // order: Adam exp_avg, exp_avg_sq; SGD with momentum momentum_buffer;
 // Adagrad sum; Lion exp_avg), as of the last committed step.
 func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master []float32, states [][]float32, err error) {
+	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return nil, nil, err
+	}
 	if _, ok := r.model.numel[name]; !ok {
 		return nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
@@ -912,6 +955,9 @@ func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master 
 // ReadOptimizerStates it copies nothing: reading a few elements of a large
 // tensor costs one sub-group's record of pinned memory, no heap.
 func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func(off int, master []float32, states [][]float32) error) error {
+	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return err
+	}
 	if _, ok := r.model.numel[name]; !ok {
 		return fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
@@ -922,6 +968,9 @@ func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func
 // master weights and Adam moments, as of the last committed step (for
 // another optimizer, its first two states, nil where it has fewer).
 func (r *Runtime) ReadOptimizerState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
+	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return nil, nil, nil, err
+	}
 	if _, ok := r.model.numel[name]; !ok {
 		return nil, nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}

@@ -159,6 +159,9 @@ func joinAnd(s []string) string {
 // StepTensor is redone at the new rate if it differs). lr must be a finite
 // number >= 0.
 func (r *Runtime) SetLR(lr float64) error {
+	if err := r.closedErr("SetLR", nil); err != nil {
+		return err
+	}
 	if !(lr >= 0) || math.IsInf(lr, 0) {
 		return fmt.Errorf("zinf: SetLR(%v): the learning rate must be a finite number >= 0", lr)
 	}
@@ -344,6 +347,9 @@ var ErrRankFailed = errors.New("zinf: another rank's step failed")
 // alone, without another collective). The standard order is followed:
 // unscale, check overflow, clip, update.
 func (r *Runtime) Step(ctx context.Context) error {
+	if err := r.closedErr("step", optimizer.ErrClosed); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	err := r.step(ctx)
 	r.trace.optimizerDone(r.Optimizer)
