@@ -498,22 +498,23 @@ func (p *Pool) Holders() string {
 }
 
 func (p *Pool) holdersLocked() string {
-	var sb strings.Builder
-	for i, r := range p.regions {
+	var parts []string
+	for _, r := range p.regions {
 		if r.alloc == nil {
-			continue
+			continue // a shared region the reservations left no room for
 		}
-		if i > 0 || sb.Len() > 0 {
-			sb.WriteString("; ")
-		}
-		fmt.Fprintf(&sb, "%s region %s: %s in %d buffer(s)", r.name, formatBytes(p.regionBytes(r)), formatBytes(r.inUse), r.outstanding)
-		var held []string
-		for pu := range p.byPurpose {
-			if p.byPurpose[pu] == r && p.outstandingBy[pu] > 0 {
-				held = append(held, fmt.Sprintf("%s %s in %d", Purpose(pu), formatBytes(p.inUse[pu]), p.outstandingBy[pu]))
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "%s region %s: ", r.name, formatBytes(p.regionBytes(r)))
+		if r.outstanding == 0 {
+			sb.WriteString("nothing held")
+		} else {
+			fmt.Fprintf(&sb, "%s in %d buffer(s)", formatBytes(r.inUse), r.outstanding)
+			var held []string
+			for pu := range p.byPurpose {
+				if p.byPurpose[pu] == r && p.outstandingBy[pu] > 0 {
+					held = append(held, fmt.Sprintf("%s %s in %d", Purpose(pu), formatBytes(p.inUse[pu]), p.outstandingBy[pu]))
+				}
 			}
-		}
-		if len(held) > 0 {
 			fmt.Fprintf(&sb, " (%s)", strings.Join(held, ", "))
 		}
 		if r.waiting > 0 {
@@ -526,8 +527,12 @@ func (p *Pool) holdersLocked() string {
 			}
 			fmt.Fprintf(&sb, ", %d waiting: %s", r.waiting, strings.Join(ws, ", "))
 		}
+		parts = append(parts, sb.String())
 	}
-	return sb.String()
+	if len(parts) == 0 {
+		return "nothing held"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Close wakes every waiting Acquire with ErrClosed and unmaps the arena.

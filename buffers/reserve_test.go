@@ -158,3 +158,41 @@ func TestReservedAcquireAllocations(t *testing.T) {
 		t.Errorf("%.1f allocations per TryAcquire+Release from a reservation, want at most 1 (the Buffer)", a)
 	}
 }
+
+// The stall error says who holds what in every region, and "nothing held"
+// for a region that holds nothing: never an empty "held: ;" (a pool whose
+// reservations take the whole capacity has no shared region to list).
+func TestStallErrorNamesEveryRegion(t *testing.T) {
+	var res [buffers.NumPurposes]int64
+	res[buffers.PurposeOptimizer] = 64 << 10
+	res[buffers.PurposeGradients] = 64 << 10
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 128 << 10, Reservations: res, Pin: buffers.PinOff, StallTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got := p.Holders(); strings.HasPrefix(got, ";") || !strings.Contains(got, "optimizer region 64 KiB (65536 bytes): nothing held") {
+		t.Errorf("Holders of an idle pool = %q, want every region named with \"nothing held\"", got)
+	}
+	held, err := p.Acquire(t.Context(), 48<<10, buffers.PurposeOptimizer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	_, err = p.Acquire(t.Context(), 32<<10, buffers.PurposeOptimizer)
+	var se *buffers.StallError
+	if !errors.As(err, &se) {
+		t.Fatalf("got %v, want a *StallError", err)
+	}
+	for _, want := range []string{
+		"held: optimizer region 64 KiB (65536 bytes): 48 KiB (49152 bytes) in 1 buffer(s) (optimizer 48 KiB (49152 bytes) in 1), 1 waiting: 32 KiB (32768 bytes) for optimizer",
+		"; gradients region 64 KiB (65536 bytes): nothing held",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("stall error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "held: ;") {
+		t.Errorf("stall error %q has an empty holder list", err)
+	}
+}
