@@ -58,6 +58,14 @@ func ownCheckpoint(c checkpoint.Info) bool {
 // in root (a user's own checkpoint, files, hidden temporary directories of
 // saves in progress or interrupted) are never candidates. With none, the
 // error wraps checkpoint.ErrNoCheckpoint. A missing root has none.
+//
+// A directory named by CheckpointName after every committed one, whose
+// checkpoint.json cannot be read (damaged, missing, of another format), is
+// an error naming it and what is wrong (wrapping checkpoint.ErrCorrupt, or
+// the sentinel of what was found): it is not passed over for an older
+// checkpoint, which would silently retrain its steps and then fail to save
+// over it. To resume from an older one, load that one by name
+// (LoadCheckpoint) or move the damaged one out of root.
 func LatestCheckpoint(root string) (checkpoint.Info, error) {
 	list, err := checkpoint.List(root)
 	if err != nil {
@@ -66,12 +74,55 @@ func LatestCheckpoint(root string) (checkpoint.Info, error) {
 		}
 		return checkpoint.Info{}, err
 	}
+	latest, found := checkpoint.Info{}, false
 	for i := len(list) - 1; i >= 0; i-- {
 		if ownCheckpoint(list[i]) {
-			return list[i], nil
+			latest, found = list[i], true
+			break
 		}
 	}
-	return checkpoint.Info{}, &checkpoint.Error{Op: "latest", Path: root, Err: checkpoint.ErrNoCheckpoint}
+	if err := damagedAfter(root, latest, found); err != nil {
+		return checkpoint.Info{}, err
+	}
+	if !found {
+		return checkpoint.Info{}, &checkpoint.Error{Op: "latest", Path: root, Err: checkpoint.ErrNoCheckpoint}
+	}
+	return latest, nil
+}
+
+// damagedAfter returns an error naming the newest directory of root named
+// by CheckpointName, after latest (any, when found is false), whose
+// checkpoint.json cannot be read, if there is one.
+func damagedAfter(root string, latest checkpoint.Info, found bool) error {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil // List read it a moment ago; its own error stands
+	}
+	bad, badStep := "", int64(-1)
+	for _, e := range entries {
+		step, ok := checkpointStep(e.Name())
+		if !ok || !e.IsDir() || step <= badStep || (found && step <= latest.Step) {
+			continue
+		}
+		if _, err := checkpoint.ReadManifest(filepath.Join(root, e.Name())); err != nil {
+			bad, badStep = e.Name(), step
+		}
+	}
+	if bad == "" {
+		return nil
+	}
+	dir := filepath.Join(root, bad)
+	_, cause := checkpoint.ReadManifest(dir)
+	older := "there is no older committed checkpoint to resume from"
+	if found {
+		older = fmt.Sprintf("to resume from the older %s, move %s out of %s, or load the older one by name and save into another directory (zinf train --resume-from %s --checkpoint-dir NEW)",
+			latest.Name, bad, root, latest.Dir)
+	}
+	var ce *checkpoint.Error
+	if errors.As(cause, &ce) {
+		cause = ce.Err
+	}
+	return &checkpoint.Error{Op: "latest", Path: dir, Err: fmt.Errorf("the newest checkpoint cannot be loaded: %w; it is not passed over for an older one (that would retrain its steps); %s", cause, older)}
 }
 
 // ResumeLatest loads the newest committed checkpoint under root

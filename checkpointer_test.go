@@ -335,6 +335,66 @@ func TestResumeLatestNone(t *testing.T) {
 	}
 }
 
+// TestLatestCheckpointDamaged: a damaged checkpoint.json in the newest
+// checkpoint stops LatestCheckpoint and ResumeLatest with an error naming
+// the directory and what is wrong (wrapping checkpoint.ErrCorrupt), whether
+// an older checkpoint is there or not; it used to pass over it for the
+// older one silently, or say "no committed checkpoint" when it was the
+// only one. A damaged checkpoint older than a good one is no obstacle.
+func TestLatestCheckpointDamaged(t *testing.T) {
+	ctx := context.Background()
+	rts := openJob(t, 1)
+	root := t.TempDir()
+	for _, step := range []int64{1, 2, 3} {
+		if _, err := zinf.SaveCheckpoint(ctx, filepath.Join(root, zinf.CheckpointName(step)), rts, zinf.CheckpointMeta{Step: step}, checkpoint.SaveOptions{Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damage := func(step int64) string {
+		dir := filepath.Join(root, zinf.CheckpointName(step))
+		if err := os.WriteFile(filepath.Join(dir, "checkpoint.json"), []byte("{\"format\": garbage"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	bad := damage(3)
+	for _, call := range []func() error{
+		func() error { _, err := zinf.LatestCheckpoint(root); return err },
+		func() error { _, _, err := zinf.ResumeLatest(ctx, root, rts); return err },
+	} {
+		err := call()
+		if !errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, checkpoint.ErrNoCheckpoint) ||
+			!strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "checkpoint.json") || !strings.Contains(err.Error(), "step-000002") {
+			t.Fatalf("a damaged newest checkpoint: %v, want ErrCorrupt naming %s, its checkpoint.json and the older step-000002", err, bad)
+		}
+	}
+	// The older one is still loaded by name.
+	if _, err := zinf.LoadCheckpoint(ctx, filepath.Join(root, "step-000002"), rts); err != nil {
+		t.Fatal(err)
+	}
+	// The only checkpoint damaged: not "no committed checkpoint".
+	only := t.TempDir()
+	if _, err := zinf.SaveCheckpoint(ctx, filepath.Join(only, zinf.CheckpointName(5)), rts, zinf.CheckpointMeta{Step: 5}, checkpoint.SaveOptions{Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	root = only
+	bad = damage(5)
+	if _, err := zinf.LatestCheckpoint(only); !errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, checkpoint.ErrNoCheckpoint) || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("the only checkpoint damaged: %v, want ErrCorrupt naming %s", err, bad)
+	}
+	// An older damaged one under a good newest: the newest is returned.
+	root = t.TempDir()
+	for _, step := range []int64{1, 2} {
+		if _, err := zinf.SaveCheckpoint(ctx, filepath.Join(root, zinf.CheckpointName(step)), rts, zinf.CheckpointMeta{Step: step}, checkpoint.SaveOptions{Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damage(1)
+	if l, err := zinf.LatestCheckpoint(root); err != nil || l.Step != 2 {
+		t.Fatalf("LatestCheckpoint = %+v, %v; want step 2", l, err)
+	}
+}
+
 // TestCheckpointerOptions: bad options are refused, each named, before
 // the root is created.
 func TestCheckpointerOptions(t *testing.T) {

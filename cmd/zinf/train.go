@@ -305,6 +305,9 @@ type ckptFlags struct {
 	keep   int
 	async  bool
 	resume bool
+	// resumeFrom is --resume-from: a checkpoint directory to resume from
+	// instead of the newest in --checkpoint-dir.
+	resumeFrom string
 }
 
 // maxCheckpointKeep bounds --checkpoint-keep: far more checkpoints than
@@ -316,7 +319,8 @@ func (c *ckptFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.every, "checkpoint-every", 0, "save a checkpoint after every N steps and after the last step (required with --checkpoint-dir)")
 	fs.IntVar(&c.keep, "checkpoint-keep", zinf.DefaultCheckpointKeep, "checkpoints kept in --checkpoint-dir; older ones are deleted after each commit, nothing else there is (0 keeps all)")
 	fs.BoolVar(&c.async, "checkpoint-async", false, "save asynchronously: training goes on while a checkpoint drains (pinned memory of the checkpoint's size)")
-	fs.BoolVar(&c.resume, "resume", false, "continue from the newest committed checkpoint in --checkpoint-dir (an error when there is none); --steps is the total to reach")
+	fs.BoolVar(&c.resume, "resume", false, "continue from the newest committed checkpoint in --checkpoint-dir (an error when there is none, or when the newest is damaged); --steps is the total to reach")
+	fs.StringVar(&c.resumeFrom, "resume-from", "", "continue from this committed checkpoint directory (an older one, when the newest is damaged) instead of the newest; checkpoints are saved into --checkpoint-dir, which must hold none after it")
 }
 
 // check reports every checkpoint flag that is invalid or set without
@@ -329,7 +333,7 @@ func (c *ckptFlags) check(fs *flag.FlagSet) error {
 		if set["checkpoint-dir"] {
 			return errors.New("--checkpoint-dir \"\" is invalid: name a directory")
 		}
-		for _, n := range []string{"checkpoint-every", "checkpoint-keep", "checkpoint-async", "resume"} {
+		for _, n := range []string{"checkpoint-every", "checkpoint-keep", "checkpoint-async", "resume", "resume-from"} {
 			if set[n] {
 				errs = append(errs, fmt.Errorf("--%s needs --checkpoint-dir (where the checkpoints are)", n))
 			}
@@ -343,6 +347,13 @@ func (c *ckptFlags) check(fs *flag.FlagSet) error {
 	}
 	if err := intIn("--checkpoint-keep", c.keep, 0, maxCheckpointKeep); err != nil {
 		errs = append(errs, err)
+	}
+	if set["resume-from"] {
+		if c.resumeFrom == "" {
+			errs = append(errs, errors.New("--resume-from \"\" is invalid: name a checkpoint directory"))
+		} else if c.resume {
+			errs = append(errs, fmt.Errorf("--resume and --resume-from %s are exclusive: --resume takes the newest checkpoint in --checkpoint-dir, --resume-from the one named", c.resumeFrom))
+		}
 	}
 	if fi, err := os.Stat(c.dir); err == nil && !fi.IsDir() {
 		errs = append(errs, fmt.Errorf("--checkpoint-dir %s is invalid: it is not a directory", c.dir))
@@ -390,6 +401,7 @@ func (c *ckptFlags) apply(o *train.Options) {
 		return
 	}
 	o.CheckpointDir, o.CheckpointEvery, o.CheckpointAsync, o.Resume = c.dir, c.every, c.async, c.resume
+	o.ResumeFrom = c.resumeFrom
 	o.CheckpointKeep = c.keep
 	if c.keep == 0 {
 		o.CheckpointKeep = -1 // zinf.CheckpointerOptions: keep all

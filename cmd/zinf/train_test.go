@@ -216,6 +216,74 @@ func TestTrainResume(t *testing.T) {
 	}
 }
 
+// TestTrainResumeDamagedNewest: with the newest checkpoint's
+// checkpoint.json damaged, --resume stops before training, naming that
+// checkpoint, what is wrong and --resume-from (it used to fall back to
+// the older one silently, retrain, and then fail "step-000003: checkpoint
+// already exists"); --resume-from the older one into the same directory is
+// refused up front, naming the checkpoint it would save over; into
+// another directory it resumes and equals in-memory training bit for bit.
+// The only checkpoint damaged is named too (not "no committed checkpoint").
+func TestTrainResumeDamagedNewest(t *testing.T) {
+	root, swap := t.TempDir(), t.TempDir()
+	dir := filepath.Join(root, "ck")
+	base := []string{"train", "--layers", "2", "--width", "16", "--dir", swap, "--checkpoint-every", "1", "--checkpoint-keep", "0", "--json", "--quiet"}
+	if code, _, errs := runCLI(t, append(base, "--checkpoint-dir", dir, "--steps", "3")...); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	newest := filepath.Join(dir, "step-000003")
+	if err := os.WriteFile(filepath.Join(newest, "checkpoint.json"), []byte("{\"format\": \x00\x01"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := tree(t, dir)
+	code, _, errs := runCLI(t, append(base, "--checkpoint-dir", dir, "--steps", "5", "--resume")...)
+	if code != 1 {
+		t.Fatalf("--resume over a damaged newest checkpoint: exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "--resume", errs, newest, "checkpoint.json", "not valid JSON", "--resume-from "+filepath.Join(dir, "step-000002"))
+	older := filepath.Join(dir, "step-000002")
+	code, _, errs = runCLI(t, append(base, "--checkpoint-dir", dir, "--steps", "5", "--resume-from", older)...)
+	if code != 1 {
+		t.Fatalf("--resume-from into a directory holding a later checkpoint: exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "--resume-from into the same directory", errs, "holds step-000003", "would save over", "--checkpoint-dir")
+	if got := tree(t, dir); !slices.Equal(got, before) {
+		t.Fatalf("refused runs changed the checkpoint directory: %v, was %v", got, before)
+	}
+	code, out, errs := runCLI(t, append(base, "--checkpoint-dir", filepath.Join(root, "ck2"), "--steps", "5", "--resume-from", older, "--verify")...)
+	if code != 0 {
+		t.Fatalf("--resume-from into another directory: exit %d:\n%s", code, errs)
+	}
+	var res struct {
+		StepsRun int            `json:"steps_run"`
+		Equal    bool           `json:"bitwise_equal"`
+		Resumed  map[string]any `json:"resumed_from"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.Equal || res.StepsRun != 3 || res.Resumed["step"] != float64(2) || res.Resumed["dir"] != older {
+		t.Fatalf("resumed run: %s", out)
+	}
+	code, _, errs = runCLI(t, append(base, "--checkpoint-dir", dir, "--steps", "5", "--resume", "--resume-from", older)...)
+	if code != 1 || !strings.Contains(errs, "--resume and --resume-from") {
+		t.Fatalf("--resume with --resume-from: exit %d:\n%s", code, errs)
+	}
+
+	only := filepath.Join(root, "only")
+	if code, _, errs := runCLI(t, append(base, "--checkpoint-dir", only, "--steps", "1")...); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	if err := os.WriteFile(filepath.Join(only, "step-000001", "checkpoint.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, append(base, "--checkpoint-dir", only, "--steps", "2", "--resume")...)
+	if code != 1 || strings.Contains(errs, "no committed checkpoint") {
+		t.Fatalf("--resume over the only checkpoint, damaged: exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "the only checkpoint damaged", errs, filepath.Join(only, "step-000001"), "checkpoint.json")
+}
+
 // TestRealWorldConfigs: three DeepSpeed configs as users have them (the
 // Hugging Face Trainer's with "auto" values and aio.thread_count; one
 // tuned with 1e8-element values written as floats; one offloading only the

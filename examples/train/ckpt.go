@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/checkpoint"
@@ -183,6 +186,12 @@ func findResume(root string, run runMeta) (checkpoint.Info, runMeta, error) {
 	if err != nil {
 		return info, run, err
 	}
+	return continueFrom(info, run)
+}
+
+// continueFrom checks that the checkpoint info continues run, returning
+// the run to continue (run with the checkpoint's data-parallel degree).
+func continueFrom(info checkpoint.Info, run runMeta) (checkpoint.Info, runMeta, error) {
 	saved, err := savedRun(info.Dir)
 	if err != nil {
 		return info, run, err
@@ -192,4 +201,32 @@ func findResume(root string, run runMeta) (checkpoint.Info, runMeta, error) {
 		return info, run, fmt.Errorf("train: the checkpoint %s is of another run; resume with the flags and config it was taken with:\n%w", info.Dir, err)
 	}
 	return info, run, nil
+}
+
+// resumeFrom checks the committed checkpoint dir, named to resume from
+// (Options.ResumeFrom), and that root, where the resumed run saves, holds
+// no checkpoint directory after it (it would save over it), and returns
+// it with the run to continue.
+func resumeFrom(dir, root string, run runMeta) (checkpoint.Info, runMeta, error) {
+	m, err := checkpoint.ReadManifest(dir)
+	if err != nil {
+		return checkpoint.Info{}, run, fmt.Errorf("train: cannot resume from %s (--resume-from): %w", dir, err)
+	}
+	info := checkpoint.Info{Name: filepath.Base(filepath.Clean(dir)), Dir: dir, Step: m.Step, WorldSize: m.WorldSize, Created: m.Created}
+	entries, err := os.ReadDir(root)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return info, run, fmt.Errorf("train: the checkpoint directory %s: %w", root, err)
+	}
+	var later []string
+	for _, e := range entries {
+		step := int64(-1)
+		if _, err := fmt.Sscanf(e.Name(), "step-%d", &step); err == nil && e.Name() == zinf.CheckpointName(step) && step > m.Step {
+			later = append(later, e.Name())
+		}
+	}
+	if len(later) > 0 {
+		return info, run, fmt.Errorf("train: the checkpoint directory %s holds %s, after step %d of %s resumed from: the resumed run would save over them (a checkpoint is never replaced); move them out of %s or save into another directory (--checkpoint-dir)",
+			root, strings.Join(later, ", "), m.Step, dir, root)
+	}
+	return continueFrom(info, run)
 }

@@ -120,6 +120,14 @@ type Options struct {
 	// what differs. The checkpoint directory's world size may differ from
 	// the config's.
 	Resume bool
+	// ResumeFrom continues, as Resume does, from the committed checkpoint
+	// in this directory rather than the newest in CheckpointDir: an older
+	// one, say, when the newest is damaged (Resume then stops, naming it).
+	// Checkpoints are still saved into CheckpointDir, which must hold no
+	// checkpoint directory after ResumeFrom's step (the resumed run would
+	// save over it; a committed checkpoint is never replaced). Exclusive
+	// with Resume.
+	ResumeFrom string
 }
 
 // Result is what a run measured. JSON names are the CLI's --json fields.
@@ -263,6 +271,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if o.DataParallel < 0 {
 		return nil, fmt.Errorf("train: DataParallel %d is invalid (allowed: 0 for the world size, or 1 or more)", o.DataParallel)
+	}
+	if o.ResumeFrom != "" {
+		if o.Resume {
+			return nil, errors.New("train: Resume and ResumeFrom are exclusive: Resume takes the newest checkpoint in CheckpointDir, ResumeFrom the one named")
+		}
+		if o.CheckpointDir == "" {
+			return nil, errors.New("train: ResumeFrom needs a CheckpointDir (where the resumed run saves its checkpoints)")
+		}
+		o.Resume = true
 	}
 	if o.Comm != nil {
 		return runRank(ctx, o)
@@ -509,6 +526,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 // (findResume) at or before o.Steps, which it returns with the run to
 // continue.
 func checkRoot(o Options, run runMeta) (checkpoint.Info, runMeta, error) {
+	if o.ResumeFrom != "" {
+		from, run, err := resumeFrom(o.ResumeFrom, o.CheckpointDir, run)
+		if err == nil && from.Step > int64(o.Steps) {
+			err = fmt.Errorf("train: the checkpoint %s is after step %d, past the %d steps asked for: ask for more steps",
+				from.Dir, from.Step, o.Steps)
+		}
+		return from, run, err
+	}
 	if o.Resume {
 		from, run, err := findResume(o.CheckpointDir, run)
 		if err == nil && from.Step > int64(o.Steps) {
