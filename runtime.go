@@ -327,13 +327,19 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		}
 	}
 	depth := r.placement.PrefetchDepth
+	depthWhy := ""
 	switch {
-	case opts.PrefetchDepth < 0 || r.res.PrefetchBytes == 0:
+	case opts.PrefetchDepth < 0:
+		depth, depthWhy = -1, "Options.PrefetchDepth -1 turns prefetching off"
+	case r.res.PrefetchBytes == 0:
 		// No prefetch window (the pool is at its minimum): a layer fetched
 		// ahead would take the memory of the layer in use.
-		depth = -1
+		depth, depthWhy = -1, "the pinned pool is at its minimum: no prefetch window is left (raise zinf.tiers.cpu_pinned_bytes)"
 	case opts.PrefetchDepth > 0:
-		depth = opts.PrefetchDepth
+		depth, depthWhy = opts.PrefetchDepth, fmt.Sprintf("Options.PrefetchDepth %d", opts.PrefetchDepth)
+	}
+	if r.ParamStore == nil {
+		depth, depthWhy = -1, "no parameter lives on NVMe"
 	}
 	granule := int(r.res.GranuleBytes)
 	size := func(name string) int64 {
@@ -353,6 +359,8 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: -1, BudgetBytes: -1, SizeOf: func(string) int64 { return 0 }})
 	}
 	r.overlap = r.placement.OverlapStep && !opts.SerialStep
+	// Plan tells what this runtime does, overrides included.
+	r.placement = r.placement.Adjusted(max(depth, 0), depthWhy, r.overlap, "Options.SerialStep")
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	if err := r.distribute(opts); err != nil {
 		return nil, err

@@ -855,3 +855,38 @@ func mulSat(a, b int64) int64 {
 func (pl *planner) blockOf(n int64) int64 {
 	return buffers.SpanBytes(min(n, MaxBytes+1), pl.granule)
 }
+
+// Adjusted returns a copy of p for a runtime that does not run the plan as
+// planned: it prefetches depth layers ahead (0 or less: none; capped at
+// the layers there are) and overlaps the optimizer step with backward
+// only when overlap is true and p allowed it. PrefetchDepth, OverlapStep
+// and Predicted say what the runtime will do, and a note (why, when the
+// figures change: depthWhy, overlapWhy) says why they differ from the
+// plan. p is not changed; p itself is returned when nothing differs.
+func (p *Placement) Adjusted(depth int, depthWhy string, overlap bool, overlapWhy string) *Placement {
+	depth = max(depth, 0)
+	if p.Layers > 0 {
+		depth = min(depth, p.Layers-1)
+	}
+	overlap = overlap && p.OverlapStep
+	if depth == p.PrefetchDepth && overlap == p.OverlapStep {
+		return p
+	}
+	q := *p
+	q.Notes = append([]string(nil), p.Notes...)
+	if depth != p.PrefetchDepth {
+		pl := &planner{t: p.Tiers, h: p.Hints, inv: p.inv, L: p.Layers, tier: make([]tensor.Tier, len(p.inv))}
+		for i, x := range p.inv {
+			pl.tier[i] = p.Tier[x.Name]
+		}
+		q.PrefetchDepth = depth
+		q.Predicted = pl.model().predict(depth)
+		q.Predicted.Phases = append([]Phase(nil), q.Predicted.Phases...)
+		q.Notes = append(q.Notes, fmt.Sprintf("prefetch depth %d, not the planned %d: %s", depth, p.PrefetchDepth, depthWhy))
+	}
+	if overlap != p.OverlapStep {
+		q.OverlapStep = false
+		q.Notes = append(q.Notes, fmt.Sprintf("optimizer step runs after backward, not overlapped: %s", overlapWhy))
+	}
+	return &q
+}

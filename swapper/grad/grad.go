@@ -405,11 +405,13 @@ func (s *Swapper) named(op string, t *tensor, err error) error {
 }
 
 // Accumulate adds a micro-step's gradient (the partition, numel long) to
-// name's sum: the first call after Zero stores grad exactly, later ones add
-// it element by element in float32. It returns once the sum is in pinned
-// memory; the store write is behind. If the previous write of name failed
-// and no one reported it yet, Accumulate returns that error and does NOT
-// add grad (the sum so far is intact; retry the call).
+// name's sum, element by element in float32. The sum starts at +0 after
+// Zero, so the first call stores grad + 0 (grad itself, except that a -0
+// becomes +0): that makes AccumulateSpans of any pieces exactly
+// Accumulate of the full gradient with zeros elsewhere. It returns once
+// the sum is in pinned memory; the store write is behind. If the previous
+// write of name failed and no one reported it yet, Accumulate returns that
+// error and does NOT add grad (the sum so far is intact; retry the call).
 func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
 	t, ctx, end, err := s.begin(ctx, "accumulate", name)
 	if err != nil {
@@ -419,6 +421,47 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 	if len(grad) != t.n {
 		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(grad), t.n)}
 	}
+	return s.accumulate(ctx, t, nil, grad)
+}
+
+// Span is a range [Lo, Hi) of elements of a partition.
+type Span struct{ Lo, Hi int }
+
+// AccumulateSpans adds a micro-step's gradient given for some ranges of
+// name's partition only: g holds the spans' values back to back (spans
+// ascending and disjoint, within [0, numel)), and every element outside
+// them counts as 0. The result is bit for bit that of Accumulate with the
+// full gradient, zeros elsewhere, whatever pieces a gradient comes in (the
+// sum never holds -0, so adding +0 changes nothing). A rank or a layer
+// that computes only a part of a gradient never builds the full length.
+// Errors and retries are Accumulate's.
+func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span, g []float32) error {
+	t, ctx, end, err := s.begin(ctx, "accumulate", name)
+	if err != nil {
+		return err
+	}
+	defer end()
+	total, prev := 0, 0
+	for i, sp := range spans {
+		if sp.Lo < prev || sp.Hi < sp.Lo || sp.Hi > t.n {
+			return &swapper.TensorError{Op: "accumulate", Tensor: name,
+				Err: fmt.Errorf("span %d [%d, %d): spans must be ascending, disjoint and within the partition's %d elements", i, sp.Lo, sp.Hi, t.n)}
+		}
+		prev = sp.Hi
+		total += sp.Hi - sp.Lo
+	}
+	if len(g) != total {
+		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for spans of %d elements", len(g), total)}
+	}
+	if total == 0 {
+		return nil
+	}
+	return s.accumulate(ctx, t, spans, g)
+}
+
+// accumulate adds g to t's sum: the whole partition (spans nil), or the
+// spans with g back to back.
+func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32) error {
 	if t.n == 0 {
 		return nil
 	}
@@ -433,6 +476,7 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 	buf, has := t.buf, t.has
 	s.mu.Unlock()
 	if buf == nil {
+		var err error
 		if buf, err = s.acquire(ctx, t); err != nil {
 			return err
 		}
@@ -444,10 +488,24 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 		}
 	}
 	acc := buf.Float32()[:t.n]
+	if !has && spans != nil {
+		clear(acc) // the sum starts at +0
+	}
 	var sumSq float64
 	switch {
+	case spans != nil:
+		at := 0
+		for _, sp := range spans {
+			addInto(acc[sp.Lo:sp.Hi], grad[at:at+sp.Hi-sp.Lo])
+			at += sp.Hi - sp.Lo
+		}
+		if s.opts.SumSquares {
+			sumSq = sumSquares(acc)
+		}
 	case !has:
-		copy(acc, grad)
+		for i, g := range grad {
+			acc[i] = g + 0 // +0 + g: a -0 becomes +0, as adding to the zeroed sum would
+		}
 		if s.opts.SumSquares {
 			sumSq = sumSquares(acc)
 		}
@@ -459,9 +517,7 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 			sumSq += float64(d * d)
 		}
 	default:
-		for i, g := range grad {
-			acc[i] = acc[i] + g
-		}
+		addInto(acc, grad)
 	}
 	s.mu.Lock()
 	t.sumSq = sumSq
@@ -472,6 +528,14 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 		s.startWrite(t, buf)
 	}
 	return nil
+}
+
+// addInto adds g to acc element by element in float32.
+func addInto(acc, g []float32) {
+	acc = acc[:len(g)]
+	for i, x := range g {
+		acc[i] = acc[i] + x
+	}
 }
 
 // readStore reads t's stored sum into buf.

@@ -1,0 +1,87 @@
+package param
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/zinfio/zinf/accel"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// Span is a range [Lo, Hi) of elements of a partition.
+type Span struct{ Lo, Hi int }
+
+// ReadSpansAs copies the elements of name's partition that spans name
+// (partition-relative, each within [0, PartitionLen); in any order, and
+// overlapping spans are allowed) into dst, back to back, encoded in dtype
+// (little-endian): dst holds sum(Hi-Lo) elements of dtype. It converts
+// from the parameter dtype element by element (swapper.Transcode) with no
+// buffer of the partition's size on the Go heap. Residency rules are
+// ReadFloat32's; a GPU-tier partition's spans are staged through pinned
+// memory one at a time.
+func (s *Swapper) ReadSpansAs(ctx context.Context, name string, spans []Span, dtype swapper.DType, dst []byte) error {
+	if !dtype.Valid() {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("unknown dtype %d", dtype)}
+	}
+	t, ctx, done, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return err
+	}
+	defer s.wg.Done()
+	defer done()
+	total := 0
+	for _, sp := range spans {
+		if sp.Lo < 0 || sp.Hi < sp.Lo || sp.Hi > t.n {
+			return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("range [%d, %d) is outside the partition's %d elements", sp.Lo, sp.Hi, t.n)}
+		}
+		total += sp.Hi - sp.Lo
+	}
+	if len(dst) != total*dtype.Size() {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("destination has %d bytes, the ranges %d elements of %s", len(dst), total, dtype)}
+	}
+	if total == 0 {
+		return nil
+	}
+	blk, err := s.acquireCurrent(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer blk.release()
+	es, ds := s.elem, dtype.Size()
+	if blk.buf != nil {
+		src := blk.buf.Bytes()
+		at := 0
+		for _, sp := range spans {
+			n := sp.Hi - sp.Lo
+			swapper.Transcode(s.opts.DType, src[sp.Lo*es:sp.Hi*es], dtype, dst[at:at+n*ds])
+			at += n * ds
+		}
+		return nil
+	}
+	maxSpan := 0
+	for _, sp := range spans {
+		maxSpan = max(maxSpan, sp.Hi-sp.Lo)
+	}
+	stage, err := s.pool.Acquire(ctx, maxSpan*es, buffers.PurposeStaging)
+	if err != nil {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	}
+	defer stage.Release()
+	at := 0
+	for _, sp := range spans {
+		n := sp.Hi - sp.Lo
+		if n == 0 {
+			continue
+		}
+		b := stage.Bytes()[:n*es]
+		if err := s.deviceCopy(func(st accel.Stream) error {
+			return s.dev.CopyFromDevice(st, b, blk.mem, int64(sp.Lo*es))
+		}); err != nil {
+			return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+		}
+		swapper.Transcode(s.opts.DType, b, dtype, dst[at:at+n*ds])
+		at += n * ds
+	}
+	return nil
+}
