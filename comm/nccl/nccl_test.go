@@ -484,3 +484,39 @@ func TestGPU(t *testing.T) {
 		t.Fatal(errs[0])
 	}
 }
+
+// TestGPUSharedDevice needs an NVIDIA GPU and NCCL, like TestGPU: several
+// ranks (goroutines, each its own context) on the one device of a
+// single-GPU machine. NCCL may refuse two ranks of one communicator on the
+// same device (ncclInvalidUsage, "Duplicate GPU detected"); then every rank
+// must return that refusal as an error within the watchdog, none may hang.
+// Where NCCL accepts it, every collective is checked against the
+// rank-ordered reference bit for bit, as at world 1.
+func TestGPUSharedDevice(t *testing.T) {
+	if os.Getenv("ZINF_GPU_TESTS") != "1" && !testenv.Required(t, "nccl") {
+		t.Skip("set ZINF_GPU_TESTS=1 to run the tests that need a real NVIDIA GPU and NCCL")
+	}
+	if _, err := cuda.Probe(cuda.Options{}); err != nil {
+		t.Fatalf("no GPU: %v", err)
+	}
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			errs := onRanks(t, n, cuda.Options{}, nccl.Options{StallTimeout: time.Minute}, func(r *rank) error { return checkCollectives(r, n, false) })
+			failed := 0
+			for q, err := range errs {
+				if err != nil {
+					failed++
+					t.Logf("rank %d: %v", q, err)
+				}
+			}
+			switch {
+			case failed == 0:
+				t.Logf("world %d on one device: every collective equal to the reference", n)
+			case failed == n:
+				t.Logf("world %d on one device refused by NCCL on every rank (no hang)", n)
+			default:
+				t.Fatalf("world %d on one device: %d of %d ranks failed; the others returned success", n, failed, n)
+			}
+		})
+	}
+}
