@@ -55,7 +55,7 @@ cat > "$NVME/zinf-cuda.json" <<JSON
 }
 JSON
 timeout 120 .gpu/zinf train --config "$NVME/zinf-cuda.json" --verify --steps 5 2>&1 | tail -15
-timeout 180 .gpu/zinf train --config "$NVME/zinf-cuda.json" --verify --steps 5 --layers 24 --width 2048 --json > "$OUT/train-cuda.json" 2>"$OUT/train-cuda.err"; echo "rc $?"; tail -5 "$OUT/train-cuda.err"
+timeout 180 .gpu/zinf train --config "$NVME/zinf-cuda.json" --verify --steps 5 --layers 24 --width 2048 --json > "$OUT/train-cuda.json" 2>/tmp/train-cuda.err; echo "rc $?"; tail -5 /tmp/train-cuda.err
 grep -o '"bitwise_equal":[a-z]*' "$OUT/train-cuda.json"
 sed 's/"gds": "auto"/"gds": "required"/' "$NVME/zinf-cuda.json" > "$NVME/zinf-cuda-required.json"
 timeout 120 .gpu/zinf train --config "$NVME/zinf-cuda-required.json" --verify --steps 3 2>&1 | tail -8
@@ -71,8 +71,8 @@ Z=".gpu/zinf io --device cuda --path $NVME --file $F --size 1GiB --block-size 1M
 ZW=".gpu/zinf io --device cuda --path $NVME --file zinf-gpu-w.dat --size 1GiB --block-size 1MiB --json --loops 3"
 FH="$FIO --name=host --filename=$NVME/$F --size=1g --bs=1m --direct=1 --ioengine=io_uring --iodepth=32 --output-format=json"
 FC="$FIO --name=gpu --filename=$NVME/$F --size=1g --bs=1m --direct=1 --ioengine=libcufile --gpu_dev_ids=0 --output-format=json"
-timeout 60 $Z --gpu --op write --queue-depth 32 --verify > "$OUT/create.json"; cat "$OUT/create.json"
-timeout 60 $ZW --gpu --gds --op write --parallel 8 --verify >> "$OUT/create.json"; tail -1 "$OUT/create.json"
+timeout 60 $Z --gpu --op write --queue-depth 32 --verify > /tmp/create.json; cat /tmp/create.json
+timeout 60 $ZW --gpu --gds --op write --parallel 8 --verify >> /tmp/create.json; tail -1 /tmp/create.json
 for round in 1 2 3; do
   for op in read write; do
     if [ $op = read ]; then Zop=$Z; else Zop=$ZW; fi
