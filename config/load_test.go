@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,19 +55,53 @@ func inChild(t *testing.T, limit uint64) bool {
 }
 
 // TestLoadDevZero is the regression for a config path naming an endless
-// device: Load must stop at MaxFileBytes and say so, naming the file.
+// device: Load refuses it without reading it (it used to read up to
+// MaxFileBytes), naming the file and what it is.
 func TestLoadDevZero(t *testing.T) {
 	if !inChild(t, 2<<30) {
 		return
 	}
 	_, err := config.Load("/dev/zero")
-	if err == nil || !errors.Is(err, config.ErrInvalid) {
-		t.Fatalf("Load(/dev/zero) = %v, want an invalid-config error", err)
+	if !errors.Is(err, config.ErrNotRegular) {
+		t.Fatalf("Load(/dev/zero) = %v, want config.ErrNotRegular", err)
 	}
-	for _, want := range []string{"/dev/zero", "16MiB", "limit"} {
+	for _, want := range []string{"/dev/zero", "character device", "regular file"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+// TestLoadFIFO is the regression for a config path naming a named pipe:
+// the open blocked until a writer came, forever. Load refuses it without
+// opening it, as it does a socket.
+func TestLoadFIFO(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := config.Load(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, config.ErrNotRegular) || !strings.Contains(err.Error(), fifo) || !strings.Contains(err.Error(), "named pipe") {
+			t.Fatalf("Load(fifo) = %v, want config.ErrNotRegular naming the pipe", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Load(fifo) blocked")
+	}
+	// A symbolic link to a regular file is still read.
+	real := filepath.Join(dir, "real.json")
+	if err := os.WriteFile(real, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.Load(link); err != nil {
+		t.Errorf("Load(link to a regular file) = %v", err)
 	}
 }
 

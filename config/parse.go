@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/zinfio/zinf/internal/regfile"
 )
 
 // MaxFileBytes bounds a config file. Real configs are a few KiB; the bound
@@ -17,30 +19,33 @@ import (
 // never ends) from being read until memory runs out.
 const MaxFileBytes = 16 << 20
 
+// ErrNotRegular is matched (errors.Is) by Load's error for a path that is
+// not a regular file: a named pipe, a device, a socket, a directory.
+var ErrNotRegular = regfile.ErrNotRegular
+
 // Load reads the config file at path and parses it. Errors name the file:
 // a read failure is the *os.PathError, anything else an *Error whose Source
-// is path. A file larger than MaxFileBytes is refused without reading more
-// than MaxFileBytes+1 bytes of it, whatever kind of file it is (a pipe or a
-// character device is read up to that bound; a directory is refused).
+// is path. Only a regular file (or a symbolic link to one) is read: a
+// named pipe, a device, a socket or a directory is refused without being
+// opened, with an error naming what it is (a pipe would block the open
+// until a writer came; a device such as /dev/zero never ends). A file
+// larger than MaxFileBytes is refused from its size, without reading it.
 func Load(path string) (*Config, error) {
-	f, err := os.Open(path)
+	f, st, err := regfile.Open(path)
 	if err != nil {
+		var nr *regfile.NotRegularError
+		if errors.As(err, &nr) {
+			return nil, fmt.Errorf("config: %w", &os.PathError{Op: "open", Path: path,
+				Err: fmt.Errorf("%w: it is %s; a config is read from a regular file (write it to one)", regfile.ErrNotRegular, nr.Kind)})
+		}
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if st.IsDir() {
-		return nil, fmt.Errorf("config: %w", &os.PathError{Op: "read", Path: path, Err: errors.New("is a directory, not a config file")})
-	}
-	// A regular file's size is known up front; anything else (a pipe, a
-	// device) is read through the same bound, one byte past it to tell
-	// "exactly the limit" from "more".
-	if st.Mode().IsRegular() && st.Size() > MaxFileBytes {
+	if st.Size() > MaxFileBytes {
 		return nil, tooLarge(path, st.Size())
 	}
+	// One byte past the bound tells "exactly the limit" from "more", should
+	// the file have grown since the stat.
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)

@@ -46,7 +46,16 @@ const (
 	// childKilledEnv names a file where the kill hook writes the time
 	// just before it kills.
 	childKilledEnv = "ZINF_TEST_KILLED"
+	// childBlockAtEnv ("point") makes the child block forever, as a
+	// system call that never returns would, the first time its work
+	// reaches the testhook point; it prints childBlockedLine to stderr
+	// first.
+	childBlockAtEnv = "ZINF_TEST_BLOCK_AT"
 )
+
+// childBlockedLine is what a child prints when it blocks at
+// childBlockAtEnv's point.
+const childBlockedLine = "test: blocked at "
 
 func TestMain(m *testing.M) {
 	if v := os.Getenv(childArgsEnv); v != "" {
@@ -127,7 +136,12 @@ func installKillHook(spec string) (*hitCounter, error) {
 		}
 		killPoint, killAt = p, k
 	}
+	blockAt := os.Getenv(childBlockAtEnv)
 	testhook.Set(func(point string) {
+		if blockAt != "" && point == blockAt {
+			os.Stderr.WriteString(childBlockedLine + point + "\n")
+			select {} // blocked for good: only a signal's exit ends it
+		}
 		h.mu.Lock()
 		h.n[point]++
 		kill := point == killPoint && h.n[point] == killAt

@@ -14,7 +14,9 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // command is one subcommand.
@@ -67,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	ctx, stop := signalContext()
+	ctx, stop := signalContext(args[0], stderr)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -106,22 +108,81 @@ type signalError struct{ sig syscall.Signal }
 
 func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
 
+// interruptGrace is how long a command has to return on its own after
+// SIGINT or SIGTERM cancelled its context. Past it, or at a second signal,
+// or at once when the command is inside a blocking section (see
+// beginBlocking), the process exits with 128 + the signal's number and a
+// message: a wait that no context reaches (an open(2) or read(2) of a
+// file that never answers) cannot keep it alive. What a run leaves then is
+// what a crash leaves, which zinf is built to survive: swap files the next
+// run on the path (or zinf doctor) removes, no half-committed checkpoint.
+const interruptGrace = 5 * time.Second
+
+var (
+	// blocking counts the blocking sections in progress.
+	blocking atomic.Int32
+	// enteredBlocking wakes the signal watcher when a section begins, so
+	// that a signal received just before it still ends the process.
+	enteredBlocking = make(chan struct{}, 1)
+)
+
+// beginBlocking marks the start of a blocking section: the command waits
+// on something no context cancels (opening and reading a file the user
+// named), so a signal ends the process at once rather than cancel a
+// context nobody reads. The returned func ends the section.
+func beginBlocking() (end func()) {
+	blocking.Add(1)
+	select {
+	case enteredBlocking <- struct{}{}:
+	default:
+	}
+	return func() { blocking.Add(-1) }
+}
+
 // signalContext returns a context cancelled, with a signalError as its
-// cause, on SIGINT or SIGTERM; stop releases the signals.
-func signalContext() (ctx context.Context, stop func()) {
+// cause, on SIGINT or SIGTERM; stop releases the signals. After the first
+// signal it watches the command as interruptGrace says, and ends the
+// process, saying so on stderr as "zinf <name>: ...", when the command does
+// not return.
+func signalContext(name string, stderr io.Writer) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() {
+		var sig syscall.Signal
 		select {
 		case s := <-sigs:
+			sig = syscall.SIGINT
 			if ss, ok := s.(syscall.Signal); ok {
-				cancel(signalError{ss})
-			} else {
-				cancel(nil)
+				sig = ss
 			}
+			cancel(signalError{sig})
 		case <-done:
+			return
+		}
+		exit := func(why string) {
+			fmt.Fprintf(stderr, "zinf %s: interrupted by %v %s; exiting now\n", name, sig, why)
+			os.Exit(128 + int(sig))
+		}
+		if blocking.Load() > 0 {
+			exit("while blocked reading a file")
+		}
+		timer := time.NewTimer(interruptGrace)
+		defer timer.Stop()
+		for {
+			select {
+			case <-enteredBlocking:
+				if blocking.Load() > 0 {
+					exit("while blocked reading a file")
+				}
+			case <-sigs:
+				exit("again")
+			case <-timer.C:
+				exit(fmt.Sprintf("and still running %v later", interruptGrace))
+			case <-done:
+				return
+			}
 		}
 	}()
 	return ctx, func() {

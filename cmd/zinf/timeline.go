@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/zinfio/zinf/internal/plots"
+	"github.com/zinfio/zinf/internal/regfile"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -38,12 +38,17 @@ func runTimeline(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	f, err := os.Open(in)
+	// A regular file only: a named pipe would block the open until a
+	// writer came, and a device would never end.
+	end := beginBlocking()
+	f, _, err := regfile.Open(in)
 	if err != nil {
+		end()
 		return fmt.Errorf("--trace: %w", err)
 	}
 	events, err := trace.ReadChrome(f)
 	f.Close()
+	end()
 	if err != nil {
 		return fmt.Errorf("--trace %s: %w", in, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/internal/testhook"
 	"github.com/zinfio/zinf/internal/units"
 	"github.com/zinfio/zinf/policy"
 )
@@ -37,8 +38,17 @@ func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup
 	cleanup = func() {}
 	if path == "" {
 		cfg = config.Default()
-	} else if cfg, err = config.Load(path); err != nil {
-		return nil, cleanup, err
+	} else {
+		// Reading a file no context reaches: a signal now ends the
+		// process (beginBlocking). config.Load refuses pipes and devices,
+		// but a regular file can still hang (a dead network mount).
+		end := beginBlocking()
+		testhook.Hit("cmd/zinf/load-config")
+		cfg, err = config.Load(path)
+		end()
+		if err != nil {
+			return nil, cleanup, err
+		}
 	}
 	for _, w := range cfg.Warnings {
 		fmt.Fprintln(stderr, "config:", w)

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestConfigNotRegular is the regression for --config (and timeline
+// --trace) naming a named pipe: the open blocked forever. Every file that
+// is not a regular one is now refused at once, naming what it is, and
+// nothing is read or created.
+func TestConfigNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Skipf("unix socket: %v", err)
+	}
+	defer l.Close()
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{fifo: "named pipe", sock: "socket", sub: "directory", "/dev/null": "character device"}
+	for path, kind := range files {
+		for _, args := range [][]string{
+			{"train", "--config", path},
+			{"plan", "--config", path},
+			{"infer", "--config", path},
+			{"timeline", "--trace", path, "--out", filepath.Join(dir, "t.svg")},
+		} {
+			code, out, errs := runChild(t, 0, args...)
+			if code != 1 {
+				t.Errorf("%q: exit %d, want 1:\nstdout %s\nstderr %s", args, code, out, errs)
+				continue
+			}
+			wantAll(t, fmt.Sprintf("%q stderr", args), errs, path, kind, "not a regular file")
+		}
+	}
+	if got := tree(t, dir); !slices.Equal(got, []string{".", "fifo", "sock", "sub"}) {
+		t.Errorf("refused runs left %v", got)
+	}
+}
+
+// TestSignalWhileBlocked: a command blocked where no context reaches (here
+// held at the config's read by a test hook, as an open(2) of a pipe held
+// it) still ends at SIGINT or SIGTERM, at once, with 128 + the signal's
+// number and a message. The watchdog only catches a hang: the message
+// tells the blocked-section exit from the grace period's.
+func TestSignalWhileBlocked(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGINT, 130}, {syscall.SIGTERM, 143}} {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		cmd := childCmd(ctx, t, 0, "train", "--config", cfg, "--steps", "1")
+		cmd.Env = append(cmd.Env, childBlockAtEnv+"=cmd/zinf/load-config")
+		var errb syncBuffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		for !strings.Contains(errb.String(), childBlockedLine) {
+			if ctx.Err() != nil {
+				cmd.Process.Kill()
+				cancel()
+				t.Fatalf("the child never reached the config's read:\n%s", errb.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		sent := time.Now()
+		if err := cmd.Process.Signal(c.sig); err != nil {
+			t.Fatal(err)
+		}
+		err := cmd.Wait()
+		took := time.Since(sent)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			t.Fatalf("%v: the child did not exit:\n%s", c.sig, errb.String())
+		}
+		if code := cmd.ProcessState.ExitCode(); code != c.code {
+			t.Errorf("%v: exit %d (%v), want %d:\n%s", c.sig, code, err, c.code, errb.String())
+		}
+		wantAll(t, c.sig.String()+" stderr", errb.String(), "zinf train: interrupted by "+c.sig.String(), "while blocked reading a file")
+		t.Logf("%v: exited %v after the signal", c.sig, took)
+	}
+}
+
+// TestSignalAgain: a command that does not return after a signal cancelled
+// its context (held in a training step by a test hook, outside any
+// blocking section) is ended by a second signal at once.
+func TestSignalAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := childCmd(ctx, t, 0, "train", "--steps", "3", "--layers", "2", "--width", "64", "--dir", t.TempDir())
+	cmd.Env = append(cmd.Env, childBlockAtEnv+"=train/step")
+	var errb syncBuffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(errb.String(), childBlockedLine) {
+		if ctx.Err() != nil {
+			cmd.Process.Kill()
+			t.Fatalf("the child never reached a step:\n%s", errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 2 {
+		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the child did not exit:\n%s", errb.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit %d (%v), want 130:\n%s", code, err, errb.String())
+	}
+	wantAll(t, "stderr", errb.String(), "zinf train: interrupted by interrupt again")
+}
+
