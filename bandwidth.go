@@ -64,6 +64,24 @@ type PathBandwidth struct {
 // the config (config.Config.NVMePaths), in its order.
 type Bandwidth struct {
 	Paths []PathBandwidth
+	// pending holds the measurements of a BandwidthOptions.DeferCache
+	// call, to be cached by storeProbes once the run goes ahead.
+	pending []pendingProbe
+}
+
+// pendingProbe is a measurement not yet written to its path's cache.
+type pendingProbe struct {
+	path string
+	r    probe.Result
+}
+
+// storeProbes writes the measurements NVMeBandwidth deferred to their
+// paths' cache files (see probe.Store), once.
+func (b *Bandwidth) storeProbes(log *slog.Logger) {
+	for _, p := range b.pending {
+		probe.Store(p.path, p.r, probe.Options{Logger: log})
+	}
+	b.pending = nil
 }
 
 // ReadBps is the paths' read bandwidth added up (swap files are striped
@@ -130,6 +148,10 @@ type BandwidthOptions struct {
 	// Logger receives warnings (a probe that failed, a cache file that
 	// cannot be used). Default slog.Default().
 	Logger *slog.Logger
+	// deferCache measures without writing the probe cache: Open and
+	// PlanModel write it (storeProbes) only once the config is accepted,
+	// so that a refused config leaves nothing in the NVMe path.
+	deferCache bool
 }
 
 // NVMeBandwidth returns each NVMe path's bandwidth for cfg, from the first
@@ -162,7 +184,7 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 			engine.Close()
 		}
 	}()
-	popts := probe.Options{Bytes: int64(bw.ProbeBytes), Logger: log}
+	popts := probe.Options{Bytes: int64(bw.ProbeBytes), Logger: log, NoStore: opts.deferCache}
 	for _, path := range cfg.NVMePaths() {
 		pb := PathBandwidth{Path: path}
 		if bw.ReadBytesPerSec > 0 {
@@ -236,6 +258,9 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 		case err == nil:
 			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromProbe
 			pb.Detail = fmt.Sprintf("%s each way, cached in %s", units.FormatBytes(r.ProbeBytes), probe.CacheName)
+			if opts.deferCache {
+				out.pending = append(out.pending, pendingProbe{path: path, r: r})
+			}
 		case ctx.Err() != nil:
 			return Bandwidth{}, fmt.Errorf("zinf: probing the bandwidth of %s: %w", path, ctx.Err())
 		default:

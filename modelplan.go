@@ -110,7 +110,7 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	var bw Bandwidth
 	if opts.Bandwidth != nil {
 		bw = *opts.Bandwidth
-	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log}); err != nil {
+	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
 		return nil, err
 	}
 	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw,
@@ -134,6 +134,10 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	if err != nil {
 		return nil, err
 	}
+	// Planned: cache what the probe measured (a config refused above
+	// leaves nothing in the NVMe paths).
+	bw.storeProbes(log)
+	pd.plan.Bandwidth.pending = nil
 	return pd.plan, nil
 }
 

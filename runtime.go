@@ -227,7 +227,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	// result, cached or probed (see NVMeBandwidth).
 	if opts.Bandwidth != nil {
 		r.bandwidth = *opts.Bandwidth
-	} else if r.bandwidth, err = NVMeBandwidth(context.Background(), cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log}); err != nil {
+	} else if r.bandwidth, err = NVMeBandwidth(context.Background(), cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
 		return nil, err
 	}
 	// Plan: placement and prefetch, the pool's reservations, the disk.
@@ -365,6 +365,9 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err := r.distribute(opts); err != nil {
 		return nil, err
 	}
+	// The run goes ahead: cache what the probe measured (not before, so
+	// that a refused config leaves nothing in the NVMe paths).
+	r.bandwidth.storeProbes(log)
 	return r, nil
 }
 

@@ -136,12 +136,8 @@ func (c *Config) validateOptimizer(k *checker) {
 	p := "optimizer.params."
 	switch o.Type {
 	case OptimizerSGD:
-		if !(o.Momentum >= 0) || isInf(o.Momentum) {
-			k.add(p+"momentum", formatFloat(o.Momentum), "is out of range", "a finite number >= 0")
-		}
-		if o.Dampening != o.Dampening || isInf(o.Dampening) {
-			k.add(p+"dampening", formatFloat(o.Dampening), "is out of range", "a finite number")
-		}
+		k.float32Key(p+"momentum", o.Momentum, o.Momentum >= 0, "a finite number >= 0")
+		k.float32Key(p+"dampening", o.Dampening, o.Dampening == o.Dampening, "a finite number")
 		if o.Nesterov && (!(o.Momentum > 0) || o.Dampening != 0) {
 			k.add(p+"nesterov", "true", fmt.Sprintf("needs momentum > 0 and dampening 0 (they are %v and %v), as in torch.optim.SGD", formatFloat(o.Momentum), formatFloat(o.Dampening)), "")
 		}
@@ -150,9 +146,7 @@ func (c *Config) validateOptimizer(k *checker) {
 			key string
 			v   float64
 		}{{"lr_decay", o.LRDecay}, {"initial_accumulator_value", o.InitialAccumulatorValue}} {
-			if !(x.v >= 0) || isInf(x.v) {
-				k.add(p+x.key, formatFloat(x.v), "is out of range", "a finite number >= 0")
-			}
+			k.float32Key(p+x.key, x.v, x.v >= 0, "a finite number >= 0")
 		}
 	}
 }

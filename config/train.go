@@ -347,6 +347,8 @@ func (c *Config) validateTraining(k *checker) {
 			k.add(key, formatFloat(v), "is out of range", "a finite number > 0")
 		}
 	}
+	// A learning rate reaches the step as a float32 (see Validate).
+	rate := func(key string, v float64) { k.float32Key(key, v, v >= 0, "a finite number >= 0") }
 	c.validateOptimizer(k)
 	nonNeg("gradient_clipping", c.GradientClipping)
 	l := &c.LossScaling
@@ -364,8 +366,8 @@ func (c *Config) validateTraining(k *checker) {
 	switch s.Type {
 	case SchedulerWarmupLR, SchedulerWarmupDecayLR, SchedulerWarmupCosineLR:
 		if s.Type != SchedulerWarmupCosineLR {
-			nonNeg(p+"warmup_min_lr", s.WarmupMinLR)
-			nonNeg(p+"warmup_max_lr", s.WarmupMaxLR)
+			rate(p+"warmup_min_lr", s.WarmupMinLR)
+			rate(p+"warmup_max_lr", s.WarmupMaxLR)
 		}
 		k.limit(p+"warmup_num_steps", int64(s.WarmupNumSteps))
 		k.enum(p+"warmup_type", s.WarmupType)
@@ -385,8 +387,8 @@ func (c *Config) validateTraining(k *checker) {
 			nonNeg(p+"cos_min_ratio", s.CosMinRatio)
 		}
 	case SchedulerOneCycle:
-		nonNeg(p+"cycle_min_lr", s.CycleMinLR)
-		nonNeg(p+"cycle_max_lr", s.CycleMaxLR)
+		rate(p+"cycle_min_lr", s.CycleMinLR)
+		rate(p+"cycle_max_lr", s.CycleMaxLR)
 		nonNeg(p+"decay_lr_rate", s.DecayLRRate)
 		k.limit(p+"cycle_first_step_size", int64(s.CycleFirstStepSize))
 		k.limit(p+"cycle_second_step_size", int64(s.CycleSecondStepSize))

@@ -73,20 +73,21 @@ func (c *Config) Validate() error {
 	// optimizer and training.
 	o := &c.Optimizer
 	k.enum("optimizer.type", string(o.Type))
-	if !(o.LR >= 0) || math.IsInf(o.LR, 0) {
-		k.add("optimizer.params.lr", formatFloat(o.LR), "is out of range", ">= 0")
-	}
+	// The optimizer computes in float32: a value that float32 cannot hold
+	// (beyond 3.4e38, or so small it becomes 0) would change meaning.
+	k.float32Key("optimizer.params.lr", o.LR, o.LR >= 0, ">= 0")
 	for i, b := range o.Betas {
-		if !(b >= 0 && b < 1) {
-			k.add(fmt.Sprintf("optimizer.params.betas[%d]", i), formatFloat(b), "is out of range", ">= 0 and < 1")
+		key := fmt.Sprintf("optimizer.params.betas[%d]", i)
+		switch {
+		case !(b >= 0 && b < 1):
+			k.add(key, formatFloat(b), "is out of range", ">= 0 and < 1")
+		case float32(b) >= 1 || !fitsFloat32(b):
+			k.add(key, formatFloat(b), "is out of range: it rounds to "+formatFloat(float64(float32(b)))+" as the float32 the optimizer computes with",
+				">= 0 and < 1; as a float32: 0, or from 1.4e-45 to 0.99999994")
 		}
 	}
-	if !(o.Eps > 0) || math.IsInf(o.Eps, 0) {
-		k.add("optimizer.params.eps", formatFloat(o.Eps), "is out of range", "> 0")
-	}
-	if !(o.WeightDecay >= 0) || math.IsInf(o.WeightDecay, 0) {
-		k.add("optimizer.params.weight_decay", formatFloat(o.WeightDecay), "is out of range", ">= 0")
-	}
+	k.float32Key("optimizer.params.eps", o.Eps, o.Eps > 0, "> 0")
+	k.float32Key("optimizer.params.weight_decay", o.WeightDecay, o.WeightDecay >= 0, ">= 0")
 	if c.BF16 && c.FP16 {
 		k.add("bf16.enabled", "true", "conflicts with fp16.enabled true", "at most one of bf16 and fp16")
 	}
@@ -255,6 +256,31 @@ func (k *checker) enum(key, v string) {
 		}
 	}
 	k.add(key, strconv.Quote(v), "is not allowed", strings.Join(allowed, ", "))
+}
+
+// float32Range says which values a float32 holds, for keys the
+// optimizer reads as one.
+const float32Range = "as a float32: 0 or a magnitude from 1.4e-45 to 3.4028235e+38"
+
+// fitsFloat32 reports whether v keeps its meaning as a float32: finite,
+// and not so small that it rounds to 0.
+func fitsFloat32(v float64) bool {
+	f := float32(v)
+	return !math.IsNaN(v) && !math.IsInf(float64(f), 0) && (v == 0 || f != 0)
+}
+
+// float32Key checks a value the optimizer reads as a float32: ok is the
+// key's own rule, which allowed describes; a value that keeps the rule but
+// that float32 cannot hold (it would become Inf or 0) is refused too,
+// saying so.
+func (k *checker) float32Key(key string, v float64, ok bool, allowed string) {
+	switch {
+	case !ok || math.IsInf(v, 0):
+		k.add(key, formatFloat(v), "is out of range", allowed)
+	case !fitsFloat32(v):
+		k.add(key, formatFloat(v), "is out of range: it becomes "+formatFloat(float64(float32(v)))+" as the float32 the optimizer computes with",
+			allowed+"; "+float32Range)
+	}
 }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

@@ -142,3 +142,44 @@ func TestSignalAgain(t *testing.T) {
 	wantAll(t, "stderr", errb.String(), "zinf train: interrupted by interrupt again")
 }
 
+// TestRefusedConfigCreatesNothing is the regression for a config refused
+// after the bandwidth probe: the probe's cache file stayed in the NVMe
+// directory. A pinned pool below the minimum is refused by Open, after the
+// probe; a learning rate float32 cannot hold is refused by the config,
+// naming the key (it used to reach the optimizer as "Hyper.LR = +Inf").
+// Neither leaves anything in the directory.
+func TestRefusedConfigCreatesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name, extra string
+		want        []string
+	}{
+		{"pool too small", `"zinf": {"tiers": {"cpu_pinned_bytes": "1MiB"}}`, []string{"zinf.tiers.cpu_pinned_bytes", "1MiB"}},
+		{"lr beyond float32", `"optimizer": {"type": "adam", "params": {"lr": 1e308}}`,
+			[]string{"optimizer.params.lr: 1e308 is out of range", "3.4028235e+38"}},
+		{"eps below float32", `"optimizer": {"type": "adam", "params": {"eps": 1e-50}}`,
+			[]string{"optimizer.params.eps: 1e-50 is out of range", "1.4e-45"}},
+		{"beta rounds to 1", `"optimizer": {"type": "adam", "params": {"betas": [0.9, 0.99999999999]}}`,
+			[]string{"optimizer.params.betas[1]: 0.99999999999 is out of range"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := filepath.Join(t.TempDir(), "c.json")
+			body := fmt.Sprintf(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q},
+				"offload_optimizer": {"device": "nvme", "nvme_path": %q}}, %s}`, dir, dir, c.extra)
+			if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := runChild(t, childAS, "train", "--config", cfg, "--steps", "1", "--layers", "2", "--width", "64")
+			if code != 1 {
+				t.Fatalf("exit %d, want 1:\nstdout %s\nstderr %s", code, out, errs)
+			}
+			wantAll(t, "stderr", errs, c.want...)
+			if strings.Contains(errs, "Hyper.") {
+				t.Errorf("stderr names the optimizer's internals, not the config key:\n%s", errs)
+			}
+			if got := tree(t, dir); !slices.Equal(got, []string{"."}) {
+				t.Errorf("the refused run left %v in the NVMe directory", got)
+			}
+		})
+	}
+}

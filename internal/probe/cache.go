@@ -49,6 +49,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now, for tests; default time.Now.
 	Now func() time.Time
+	// NoStore measures without writing the cache file: the caller stores
+	// the result with Store once it knows the run goes ahead, so that a
+	// run refused after the probe leaves nothing in the path.
+	NoStore bool
 }
 
 // Result is a path's bandwidth.
@@ -107,18 +111,44 @@ func Bandwidth(ctx context.Context, path string, engine aio.Engine, opts Options
 		return Result{}, err
 	}
 	res := Result{ReadBps: rd, WriteBps: wr, ProbeBytes: (bytes + requestBytes - 1) / requestBytes * requestBytes, Measured: now.UTC(), Key: key}
-	if writable {
-		if cache.Entries == nil {
-			cache.Entries = map[string]Result{}
-		}
-		cache.Version = cacheVersion
-		cache.Entries[key] = res
-		trim(cache.Entries)
-		if err := writeCache(cachePath, cache); err != nil {
+	if writable && !opts.NoStore {
+		if err := store(cachePath, cache, res); err != nil {
 			opts.Logger.Warn("probe: could not cache the measured bandwidth; the next run measures again", "path", cachePath, "err", err)
 		}
 	}
 	return res, nil
+}
+
+// Store caches r, a measurement of path that Bandwidth took with NoStore,
+// in CacheName there, as Bandwidth would have: the file is read again
+// first, and one that Bandwidth would ignore (not ours) is left as it is.
+// A failure only warns, as in Bandwidth.
+func Store(path string, r Result, opts Options) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if r.Cached || r.Key == "" {
+		return // nothing new to store
+	}
+	cachePath := filepath.Join(path, CacheName)
+	cache, writable := readCache(cachePath, opts.Logger)
+	if !writable {
+		return
+	}
+	if err := store(cachePath, cache, r); err != nil {
+		opts.Logger.Warn("probe: could not cache the measured bandwidth; the next run measures again", "path", cachePath, "err", err)
+	}
+}
+
+// store adds r to cache under its key and writes the cache to cachePath.
+func store(cachePath string, cache cacheFile, r Result) error {
+	if cache.Entries == nil {
+		cache.Entries = map[string]Result{}
+	}
+	cache.Version = cacheVersion
+	cache.Entries[r.Key] = r
+	trim(cache.Entries)
+	return writeCache(cachePath, cache)
 }
 
 // Cached returns the measurement Bandwidth would reuse for path without

@@ -226,3 +226,32 @@ func TestMeasureKilledLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestBandwidthNoStore: with NoStore the probe measures and leaves the
+// path as it was; Store then caches the result, which the next Bandwidth
+// reuses. A run refused after its probe (zinf.Open) thus creates nothing.
+func TestBandwidthNoStore(t *testing.T) {
+	dir := t.TempDir()
+	e := engine(t)
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	opts := probe.Options{Bytes: 2 << 20, Logger: quiet, Now: func() time.Time { return now }, NoStore: true}
+	r, err := probe.Bandwidth(t.Context(), dir, e, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, dir); len(got) != 0 {
+		t.Fatalf("a probe with NoStore left %v", got)
+	}
+	probe.Store(dir, r, probe.Options{Logger: quiet})
+	if got := names(t, dir); len(got) != 1 || got[0] != probe.CacheName {
+		t.Fatalf("after Store: %v, want only the cache file", got)
+	}
+	opts.NoStore = false
+	again, err := probe.Bandwidth(t.Context(), dir, e, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Cached || again.ReadBps != r.ReadBps || again.WriteBps != r.WriteBps {
+		t.Fatalf("after Store: %+v, want the stored %+v from the cache", again, r)
+	}
+}
