@@ -414,7 +414,7 @@ func Hyper(cfg *config.Config) optimizer.Hyper {
 			Momentum: float32(o.Momentum), Dampening: float32(o.Dampening), Nesterov: o.Nesterov}
 	case config.OptimizerAdagrad:
 		h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: float32(o.LR), Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay),
-			LRDecay: float32(o.LRDecay), InitialAccumulatorValue: float32(o.InitialAccumulatorValue)}
+			LRDecay: o.LRDecay, InitialAccumulatorValue: float32(o.InitialAccumulatorValue)}
 	case config.OptimizerLion:
 		h = optimizer.Hyper{Rule: optimizer.RuleLion, LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]),
 			WeightDecay: float32(o.WeightDecay)}

@@ -206,7 +206,7 @@ func (r *Runtime) values() schedule.Values {
 // factor f (scaling only when f != 1).
 func (r *Runtime) stepParams(f float32) (optimizer.StepParams, schedule.Values) {
 	v := r.values()
-	p := optimizer.StepParams{LR: float32(v.LR), ScaleGrads: f != 1, GradScale: f}
+	p := optimizer.StepParams{LR: float32(v.LR), LR64: v.LR, ScaleGrads: f != 1, GradScale: f}
 	if !p.ScaleGrads {
 		p.GradScale = 0
 	}

@@ -338,7 +338,7 @@ func (c *stepCase) reference(t *testing.T) *stepRef {
 		}
 		applied++
 		v := sched.At(applied)
-		p := optimizer.StepParams{LR: float32(v.LR)}
+		p := optimizer.StepParams{LR: float32(v.LR), LR64: v.LR}
 		if v.Betas {
 			p.Beta1, p.Beta2 = float32(v.Beta1), float32(v.Beta2)
 			info.Beta1, info.Beta2 = v.Beta1, v.Beta2

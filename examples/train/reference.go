@@ -162,7 +162,7 @@ func (b *memBackend) step(context.Context) error {
 	}
 	b.steps++
 	v := b.sched.At(b.steps)
-	p := optimizer.StepParams{LR: float32(v.LR)}
+	p := optimizer.StepParams{LR: float32(v.LR), LR64: v.LR}
 	if v.Betas {
 		p.Beta1, p.Beta2 = float32(v.Beta1), float32(v.Beta2)
 	}

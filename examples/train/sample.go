@@ -173,7 +173,7 @@ func (s *sampler) stepped(ctx context.Context, info zinf.StepInfo) error {
 			w.states = append(w.states, append([]float32(nil), st...))
 		}
 		if info.Applied && !t.fresh {
-			p := optimizer.StepParams{LR: float32(info.LR)}
+			p := optimizer.StepParams{LR: float32(info.LR), LR64: info.LR}
 			if info.Beta1 != 0 || info.Beta2 != 0 {
 				p.Beta1, p.Beta2 = float32(info.Beta1), float32(info.Beta2)
 			}

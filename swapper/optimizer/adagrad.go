@@ -22,11 +22,19 @@ type adagradArgs struct {
 }
 
 // newAdagradArgs computes the constants of step number step (1-based) of
-// torch.optim.Adagrad with h taken as it is: the decayed rate in float64,
-// rounded once, as torch computes it.
+// torch.optim.Adagrad with h taken as it is: the decayed rate from the
+// float64 learning rate (StepParams.LR64 when the step has one) and
+// LRDecay, in float64, rounded once to float32 as torch's addcdiv rounds
+// its double value for a float32 parameter. The kernels read it as a
+// constant (adagradArgNegCLR), so every kernel keeps the scalar loop's
+// bits.
 func newAdagradArgs(step int, h Hyper) adagradArgs {
 	var a adagradArgs
-	clr := float32(float64(h.LR) / (1 + float64(step-1)*float64(h.LRDecay)))
+	lr := float64(h.LR)
+	if h.lr64 != 0 {
+		lr = h.lr64
+	}
+	clr := float32(lr / (1 + float64(step-1)*h.LRDecay))
 	a.k[adagradArgNegCLR] = -clr
 	a.k[adagradArgWeightDecay] = h.WeightDecay
 	a.k[adagradArgEps] = h.Eps
@@ -40,7 +48,7 @@ func newAdagradArgs(step int, h Hyper) adagradArgs {
 // (single-tensor, maximize off) on w with the squared-gradient sum s, all
 // float32 but the rate, each operation rounded on its own:
 //
-//	clr = float32(LR / (1 + (step-1)*LRDecay))                 // float64, rounded once
+//	clr = float32(LR64 / (1 + (step-1)*LRDecay))               // float64, rounded once
 //	d = g[i]
 //	if WeightDecay != 0: d = d + WeightDecay*w[i]             // L2
 //	s[i] = s[i] + d*d

@@ -39,7 +39,14 @@ type Hyper struct {
 	Momentum, Dampening float32
 	Nesterov            bool
 	// LRDecay and InitialAccumulatorValue are torch.optim.Adagrad's.
-	LRDecay, InitialAccumulatorValue float32
+	// LRDecay is a float64, as torch's Python float is: the decayed rate
+	// is computed in float64 (see StepParams.LR64).
+	LRDecay                 float64
+	InitialAccumulatorValue float32
+
+	// lr64 is StepParams.LR64 of the step these are the hyperparameters
+	// of (With), 0 when none: LR before its rounding to float32.
+	lr64 float64
 }
 
 // Default hyperparameters (torch.optim.Adam's).
@@ -106,7 +113,7 @@ func (h *Hyper) Validate() error {
 	if h.Nesterov && (h.Momentum <= 0 || h.Dampening != 0) {
 		errs = append(errs, fmt.Errorf("optimizer: Hyper.Nesterov needs Momentum > 0 and Dampening 0 (have %v and %v)", h.Momentum, h.Dampening))
 	}
-	if !finite(h.LRDecay) || h.LRDecay < 0 {
+	if math.IsNaN(h.LRDecay) || math.IsInf(h.LRDecay, 0) || h.LRDecay < 0 {
 		errs = append(errs, fmt.Errorf("optimizer: Hyper.LRDecay = %v: must be a finite number >= 0", h.LRDecay))
 	}
 	if !finite(h.InitialAccumulatorValue) || h.InitialAccumulatorValue < 0 {

@@ -122,7 +122,11 @@
 // reference loop that calls it on whole tensors produces exactly the bits
 // the swapper produces, whatever the sub-group size, pipeline depth,
 // worker count or kernel. Golden tests compare the rules with torch.optim
-// (Lion: with its paper's formula) on every kernel.
+// (Lion: with its paper's formula) on every kernel. Adagrad's decayed rate
+// clr = lr/(1+(step-1)*lr_decay) is computed in float64 from the float64
+// learning rate (StepParams.LR64, which the runtime's schedule sets) and
+// Hyper.LRDecay, then rounded once, as torch computes it from its Python
+// floats: a probe golden case compares it bit for bit.
 //
 // # Kernels
 //

@@ -17,6 +17,14 @@ type StepParams struct {
 	// (the step still updates the moments, as a schedule's first steps
 	// at warmup_min_lr 0 do in DeepSpeed).
 	LR float32
+	// LR64, when nonzero, is the learning rate before its rounding to
+	// float32 (a schedule computes it in float64, as PyTorch's do); LR
+	// must then be float32(LR64). Adagrad computes its decayed rate
+	// clr = LR64/(1+(step-1)*LRDecay) from it in float64 and rounds clr
+	// once, as torch.optim.Adagrad does with its Python floats; every
+	// other rule computes in float32 from LR. Default 0: LR is all there
+	// is (float64(LR) is used).
+	LR64 float64
 	// Beta1 and Beta2, when nonzero, replace Options.Hyper's for this step.
 	Beta1, Beta2 float32
 	// ScaleGrads turns on the multiplication of every gradient element by
@@ -32,6 +40,9 @@ func (p StepParams) Validate() error {
 	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 	if !finite(p.LR) || p.LR < 0 {
 		errs = append(errs, fmt.Errorf("optimizer: StepParams.LR = %v: must be a finite number >= 0", p.LR))
+	}
+	if p.LR64 != 0 && (math.IsNaN(p.LR64) || math.IsInf(p.LR64, 0) || p.LR64 < 0 || float32(p.LR64) != p.LR) {
+		errs = append(errs, fmt.Errorf("optimizer: StepParams.LR64 = %v: must be a finite number >= 0 whose float32 rounding is StepParams.LR (%v)", p.LR64, p.LR))
 	}
 	for _, b := range []struct {
 		name string
@@ -55,7 +66,7 @@ func (o *Optimizer) DefaultParams() StepParams { return StepParams{LR: o.opts.Hy
 // hyperparameters of a step taken with p.
 func (h Hyper) With(p StepParams) Hyper {
 	h.EnsureDefaults()
-	h.LR = p.LR
+	h.LR, h.lr64 = p.LR, p.LR64
 	if p.Beta1 != 0 {
 		h.Beta1 = p.Beta1
 	}

@@ -28,11 +28,19 @@ type rulesGolden struct {
 		Nesterov   bool     `json:"nesterov"`
 		WD         uint32   `json:"weight_decay"`
 		LRDecay    uint32   `json:"lr_decay"`
-		InitAcc    uint32   `json:"initial_accumulator_value"`
-		Eps        uint32   `json:"eps"`
-		Beta1      uint32   `json:"beta1"`
-		Beta2      uint32   `json:"beta2"`
-		Tensors    []struct {
+		// LR64 and LRDecay64 are the float64 values PyTorch was given,
+		// where they are not the float32 ones: zinf steps with them as a
+		// schedule hands them (StepParams.LR64).
+		LR64      *float64 `json:"lr_f64"`
+		LRDecay64 *float64 `json:"lr_decay_f64"`
+		// Exact: a probe compared bit for bit (Adagrad's: each step's
+		// param is torch's float32 decayed rate, -clr/2).
+		Exact   bool   `json:"exact"`
+		InitAcc uint32 `json:"initial_accumulator_value"`
+		Eps     uint32 `json:"eps"`
+		Beta1   uint32 `json:"beta1"`
+		Beta2   uint32 `json:"beta2"`
+		Tensors []struct {
 			N      int          `json:"n"`
 			Init   []uint32     `json:"init"`
 			Grads  [][]uint32   `json:"grads"`
@@ -86,7 +94,10 @@ func testRulesMatchPyTorch(t *testing.T, kernel string, subGroup int) {
 			case "sgd":
 				h = optimizer.Hyper{Rule: optimizer.RuleSGD, LR: f(c.LR), Momentum: f(c.Momentum), Dampening: f(c.Dampening), Nesterov: c.Nesterov, WeightDecay: f(c.WD)}
 			case "adagrad":
-				h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: f(c.LR), LRDecay: f(c.LRDecay), WeightDecay: f(c.WD), InitialAccumulatorValue: f(c.InitAcc), Eps: f(c.Eps)}
+				h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: f(c.LR), LRDecay: float64(f(c.LRDecay)), WeightDecay: f(c.WD), InitialAccumulatorValue: f(c.InitAcc), Eps: f(c.Eps)}
+				if c.LRDecay64 != nil {
+					h.LRDecay = *c.LRDecay64
+				}
 			case "lion":
 				h = optimizer.Hyper{Rule: optimizer.RuleLion, LR: f(c.LR), Beta1: f(c.Beta1), Beta2: f(c.Beta2), WeightDecay: f(c.WD)}
 			default:
@@ -116,12 +127,19 @@ func testRulesMatchPyTorch(t *testing.T, kernel string, subGroup int) {
 				}
 			}
 			tol := rulesTolerance[c.Rule]
+			if c.Exact {
+				tol.param, tol.state = 0, 0
+			}
 			for step := range c.Steps {
 				src.g = map[string][]float32{}
 				for i, gt := range c.Tensors {
 					src.g[fmt.Sprint(i)] = floats(gt.Grads[step])
 				}
-				if err := opt.Step(context.Background()); err != nil {
+				sp := opt.DefaultParams()
+				if c.LR64 != nil {
+					sp.LR, sp.LR64 = float32(*c.LR64), *c.LR64
+				}
+				if err := opt.StepWith(context.Background(), sp); err != nil {
 					t.Fatal(err)
 				}
 				for i, gt := range c.Tensors {

@@ -55,8 +55,15 @@ func ruleCases(r *rand.Rand) []ruleCase {
 	}
 	epss := []float32{0, 1e-3, 1e-40}
 	for i, wd := range []float32{0, 0.01, 1e3} {
-		for j, decay := range []float32{0, 0.1, 1e6} {
-			out = append(out, ruleCase{optimizer.Hyper{Rule: optimizer.RuleAdagrad, WeightDecay: wd, LRDecay: decay, Eps: epss[(i+j)%3]}, p})
+		for j, decay := range []float64{0, 0.1, 1e6} {
+			// Adagrad's rate comes from the float64 learning rate, as a
+			// schedule hands it; the kernels take it as a constant.
+			p64 := p
+			if j == 1 {
+				p64.LR64 = math.Pow(10, -1-4*r.Float64())
+				p64.LR = float32(p64.LR64)
+			}
+			out = append(out, ruleCase{optimizer.Hyper{Rule: optimizer.RuleAdagrad, WeightDecay: wd, LRDecay: decay, Eps: epss[(i+j)%3]}, p64})
 		}
 	}
 	betas := [][2]float32{{0, 0}, {0.5, 0.5}, {0.95, 0.98}, {1e-3, 0.999}}
