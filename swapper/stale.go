@@ -219,7 +219,7 @@ func sweepStale(path string, keep bool, log *slog.Logger) {
 	host, _ := os.Hostname()
 	host = hostField(host)
 	err := scanStale(path, func(r StaleRun, _ *os.File) {
-		attrs := []any{"path", r.Dir, "bytes", r.Bytes, "pid", r.PID}
+		attrs := []any{"path", r.Dir, "name", r.Name, "bytes", r.Bytes, "pid", r.PID}
 		switch {
 		case keep:
 			log.Warn("swapper: found the swap space of a run that is gone; kept (StoreOptions.KeepStale)", attrs...)

@@ -15,6 +15,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/internal/ckptbench"
+	"github.com/zinfio/zinf/swapper"
 )
 
 func init() {
@@ -109,7 +110,7 @@ func (s *saveFlags) options(log *slog.Logger) (checkpoint.SaveOptions, error) {
 // --path: the benchmarks write and remove fixed names, which in a shared
 // directory could be another user's files or links. Only this directory,
 // created by this run, is removed afterwards.
-func benchDir(dir string) (string, func(), error) {
+func benchDir(dir string, log *slog.Logger) (string, func(), error) {
 	st, err := os.Stat(dir)
 	if err != nil {
 		return "", nil, fmt.Errorf("--path %q: %w", dir, err)
@@ -117,11 +118,13 @@ func benchDir(dir string) (string, func(), error) {
 	if !st.IsDir() {
 		return "", nil, fmt.Errorf("--path %q is not a directory", dir)
 	}
-	p, err := os.MkdirTemp(dir, "zinf-ckpt-bench-")
+	// A swapper.RunDir: locked while the run lives, so the next run in
+	// --path removes one a killed run left, and zinf doctor counts it.
+	rd, err := swapper.NewRunDir(dir, "ckpt-bench", log)
 	if err != nil {
 		return "", nil, fmt.Errorf("--path %q: creating a private directory for the benchmark: %w", dir, err)
 	}
-	return p, func() { os.RemoveAll(p) }, nil
+	return rd.Path(), func() { rd.Close() }, nil
 }
 
 func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -159,7 +162,7 @@ func runCkptSaveBench(ctx context.Context, args []string, stdout, stderr io.Writ
 			return err
 		}
 	}
-	bdir, cleanup, err := benchDir(dir)
+	bdir, cleanup, err := benchDir(dir, cliLogger(stderr))
 	if err != nil {
 		return err
 	}
@@ -244,7 +247,7 @@ func runCkptBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 	}
-	bdir, cleanup, err := benchDir(o.Dir)
+	bdir, cleanup, err := benchDir(o.Dir, log)
 	if err != nil {
 		return err
 	}

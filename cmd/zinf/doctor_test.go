@@ -244,3 +244,71 @@ func TestDoctorEndurance(t *testing.T) {
 		t.Fatalf("--tbw x: exit %d %s", code, errs)
 	}
 }
+
+// TestToolsSweepDeadRuns: each tool that keeps data files in --path
+// (bench-io, tune, ckpt bench, bench-scale's probe) SIGKILLed right after
+// making its directory leaves it; zinf doctor counts it, naming the tool
+// and the dead pid, and the tool's next run removes it and leaves nothing
+// of its own. Each used to leave zinf-compare-N/ (257 MB at --size
+// 256MiB), zinf-tune-N/, zinf-ckpt-bench-N/ or zinf-bench-scale-probe-N/
+// for good, with doctor saying nothing was left.
+func TestToolsSweepDeadRuns(t *testing.T) {
+	for _, c := range []struct {
+		name, kind string
+		args       func(dir string) []string
+		direct     bool
+	}{
+		{"compare", "zinf bench-io", func(dir string) []string {
+			return []string{"bench-io", "--path", dir, "--size", "1MiB", "--rounds", "1", "--fio", fakeFio(t)}
+		}, true},
+		{"tune", "zinf tune", func(dir string) []string {
+			return append([]string{"tune", "--path", dir, "--bandwidth-file", filepath.Join(t.TempDir(), "bw.json")}, tinyGrid...)
+		}, false},
+		{"ckpt-bench", "zinf ckpt bench", func(dir string) []string {
+			return []string{"ckpt", "bench", "--path", dir, "--size", "2MiB", "--rounds", "1", "--staging-bytes", "1MiB", "--no-fio"}
+		}, true},
+		{"bench-scale-probe", "zinf bench-scale's probe", func(dir string) []string {
+			return []string{"bench-scale", "--path", dir, "--state", "4MiB", "--pool", "16MiB", "--width", "64", "--steps", "1", "--probe-size", "1MiB"}
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if _, direct, err := aio.ProbeDir(dir, aio.DirectOptional); c.direct && (err != nil || !direct) {
+				t.Skipf("no O_DIRECT on %s, which the tool requires", dir)
+			}
+			args := c.args(dir)
+			code, _, errs := runChildEnv(t, []string{childKillAtEnv + "=swapper/run-dir:1"}, args...)
+			if code != -1 {
+				t.Fatalf("%q was to be killed making its directory: exit %d\n%s", args, code, errs)
+			}
+			var left []string
+			for _, n := range tree(t, dir) {
+				if strings.HasPrefix(n, "zinf-"+c.name+"-") && !strings.Contains(n, "/") {
+					left = append(left, filepath.Join(dir, n))
+				}
+			}
+			if len(left) != 1 {
+				t.Fatalf("the killed run left %v in %s, want one zinf-%s-PID-N directory", tree(t, dir), dir, c.name)
+			}
+			_, out, _ := runCLI(t, "doctor", "--path", dir)
+			if !strings.Contains(out, "no   stale "+dir) || !strings.Contains(out, left[0]) || !strings.Contains(out, c.kind) {
+				t.Fatalf("doctor does not count %s (left by %s):\n%s", left[0], c.kind, out)
+			}
+			code, _, errs = runCLI(t, args...)
+			if code != 0 {
+				t.Fatalf("the next run: exit %d\n%s", code, errs)
+			}
+			if _, err := os.Lstat(left[0]); !os.IsNotExist(err) {
+				t.Fatalf("the next run left the dead run's %s: %v", left[0], err)
+			}
+			for _, n := range tree(t, dir) {
+				if strings.HasPrefix(n, "zinf-") {
+					t.Fatalf("%s holds %s after the next run", dir, n)
+				}
+			}
+			if _, out, _ = runCLI(t, "doctor", "--path", dir); !strings.Contains(out, "ok   stale "+dir) {
+				t.Fatalf("doctor after the sweep:\n%s", out)
+			}
+		})
+	}
+}

@@ -190,7 +190,7 @@ func (r *Report) stale(p string) {
 		return
 	}
 	if len(runs) == 0 {
-		r.add(name, true, "no swap space left by runs that are gone")
+		r.add(name, true, "no scratch space (swap stores, tools' data files) left by runs that are gone")
 		return
 	}
 	host, _ := os.Hostname()
@@ -205,11 +205,27 @@ func (r *Report) stale(p string) {
 		if s.Host != "" && s.Host != host {
 			who += " on host " + s.Host + ", not removed automatically"
 		}
-		list = append(list, fmt.Sprintf("%s (%s, %s)", s.Dir, who, config.Size(s.Bytes)))
+		list = append(list, fmt.Sprintf("%s (%s, %s, %s)", s.Dir, runKind(s.Name), who, config.Size(s.Bytes)))
 	}
-	r.add(name, false, "%d run(s) that are gone left %s (%d bytes): %s; the next zinf run that opens a swap store in this path removes them",
+	r.add(name, false, "%d run(s) that are gone left %s (%d bytes): %s; the next zinf run in this path (one that opens a swap store, or bench-io, tune, ckpt bench, bench-scale) removes them",
 		len(runs), config.Size(total), total, strings.Join(list, ", "))
 	r.Checks[len(r.Checks)-1].Stale = runs
+}
+
+// runKind says what left a run directory, from its name: a tool's own
+// (swapper.NewRunDir) or a swap store's.
+func runKind(name string) string {
+	switch name {
+	case "compare":
+		return "zinf bench-io"
+	case "tune":
+		return "zinf tune"
+	case "ckpt-bench":
+		return "zinf ckpt bench"
+	case "bench-scale-probe":
+		return "zinf bench-scale's probe"
+	}
+	return "swap store " + name
 }
 
 // Unusable returns the paths zinf cannot use at all.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -110,11 +109,12 @@ func Compare(ctx context.Context, o CompareOptions) (*CompareResult, error) {
 	// Both tools rewrite the file many times, so it lives in a directory
 	// only this user can enter, created (and removed) by this run: a name
 	// planted in a shared --path can never be written through.
-	pdir, err := privateDir(o.Dir, "zinf-compare-")
+	rd, err := privateDir(o.Dir, "compare", o.Logger)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(pdir)
+	defer rd.Close()
+	pdir := rd.Path()
 	name := fmt.Sprintf("zinf-compare-%d.dat", o.SizeBytes)
 	file := filepath.Join(pdir, name)
 	res := &CompareResult{Opts: o, When: time.Now()}

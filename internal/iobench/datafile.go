@@ -3,9 +3,12 @@ package iobench
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/swapper"
 )
 
 // dataFile is the file a measurement reads or writes, and what zinf knows
@@ -142,11 +145,14 @@ func (d *dataFile) remove() {
 
 // privateDir makes a directory only this user can enter inside dir, for
 // runs that rewrite one file many times (tune, bench-io): nobody else can
-// plant anything in it. The caller removes it with os.RemoveAll.
-func privateDir(dir, prefix string) (string, error) {
-	p, err := os.MkdirTemp(dir, prefix)
+// plant anything in it. It is a swapper.RunDir named for the tool, locked
+// while the run lives: the next run in dir (or any swap store opened
+// there) removes one a killed run left, and zinf doctor counts it. The
+// caller closes it, which removes it.
+func privateDir(dir, name string, log *slog.Logger) (*swapper.RunDir, error) {
+	d, err := swapper.NewRunDir(dir, name, log)
 	if err != nil {
-		return "", fmt.Errorf("--path %q: creating a private directory for the data file: %w", dir, err)
+		return nil, fmt.Errorf("--path %q: creating a private directory for the data file: %w", dir, err)
 	}
-	return p, nil
+	return d, nil
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -174,11 +173,12 @@ func Tune(ctx context.Context, t TuneOptions) (*TuneResult, error) {
 	res := &TuneResult{}
 	// Every configuration rewrites the file, so it lives in a directory
 	// only this user can enter, created (and removed) by this run.
-	pdir, err := privateDir(t.Dir, "zinf-tune-")
+	rd, err := privateDir(t.Dir, "tune", t.Logger)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(pdir)
+	defer rd.Close()
+	pdir := rd.Path()
 	const file = "zinf-tune.dat"
 	measure := func(c cfg) (TuneRow, error) {
 		row := TuneRow{Backend: c.backend, BlockSize: c.bs, QueueDepth: c.qd, Parallel: c.par, SingleSubmit: c.single, Overlap: !c.noOvl}

@@ -38,6 +38,7 @@ import (
 	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
 )
 
 // Options describe a run.
@@ -277,12 +278,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// remove them at Close; a run killed before that (SIGKILL, SIGPIPE)
 	// leaves them where the next run on the path, or any zinf run there,
 	// removes them (and zinf doctor reports them). The probe's file lives
-	// in a directory of the bench's own.
-	dir, err := os.MkdirTemp(o.Dir, "zinf-bench-scale-probe-")
+	// in a run directory of the bench's own, locked in the same way: the
+	// next run removes one a killed run left, and zinf doctor counts it.
+	rd, err := swapper.NewRunDir(o.Dir, "bench-scale-probe", o.Logger)
 	if err != nil {
 		return res, fmt.Errorf("--path %s: %w", o.Dir, err)
 	}
-	defer os.RemoveAll(dir)
+	defer rd.Close()
+	dir := rd.Path()
 	eo := zinf.EngineOptions(cfg, o.Logger, nil)
 	probe := func(when string) (Bandwidth, error) {
 		var b Bandwidth
