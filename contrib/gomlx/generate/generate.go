@@ -1,0 +1,605 @@
+// Package generate generates tokens from GoMLX's zoo transformer
+// (github.com/gomlx/gomlx/ml/zoo/transformer) with its weights in zinf: on
+// NVMe, streamed layer by layer through the pinned pool with prefetch, for
+// a batch of prompts. Each step (the prefill of the prompts, then one
+// decoding step per token) is one forward pass of the zinf runtime: the
+// token embedding, each transformer layer (zoo ForwardLayer, with a KV
+// cache of GoMLX's kvcache semantics) and the head (final normalization,
+// LogitsFromEmbeddings and one of GoMLX's sampling strategies: greedy,
+// temperature, top-k, top-p), each a compiled GoMLX graph fed from one set
+// of swap-in buffers reused from layer to layer.
+//
+// The numbers are GoMLX's own: greedy generation equals GoMLX's
+// generate.Generator over the same model and weights in memory token for
+// token (InMemory runs that reference), and so does sampling from the same
+// seed.
+package generate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers/attention/kvcache"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/tensor"
+	"github.com/zinfio/zinf/trace"
+)
+
+// Weights gives a model's initial values one tensor at a time (the full
+// tensor, widened to fp32), so the model is never whole in memory.
+type Weights interface {
+	Read(ctx context.Context, v Var, dst []float32) error
+}
+
+// Options adjust Open.
+type Options struct {
+	// Logger for zinf's warnings. Default: slog.Default().
+	Logger *slog.Logger
+	// PrefetchDepth, when > 0, is the layers swapped in ahead of use
+	// (zinf.Options.PrefetchDepth); default: the plan's.
+	PrefetchDepth int
+	// Trace receives the runtime's timeline (zinf.Options.Trace).
+	Trace trace.Sink
+	// NoBandwidthProbe: see zinf.Options.
+	NoBandwidthProbe bool
+}
+
+// Sampling says how the next token is chosen and when generation stops.
+type Sampling struct {
+	// Strategy: sample.StrategyGreedy (the default), StrategyTemperature,
+	// StrategyTopK or StrategyTopP (beam search is not supported).
+	Strategy    sample.Strategy
+	Temperature float64 // default 1
+	TopK        int     // default 50
+	TopP        float64 // default 0.9
+	// Seed seeds the sampling's random numbers (the Store's RNG, as
+	// GoMLX's generator draws them).
+	Seed int64
+	// MaxNewTokens is the tokens generated per prompt (required, > 0).
+	MaxNewTokens int
+	// EOS and Stop are token ids that end a sequence (the token is kept
+	// as its last); generation ends when every sequence has ended.
+	EOS, Stop []int
+}
+
+func (s *Sampling) check(vocab int) error {
+	var errs []error
+	switch s.Strategy {
+	case sample.StrategyGreedy, sample.StrategyTemperature, sample.StrategyTopK, sample.StrategyTopP:
+	default:
+		errs = append(errs, fmt.Errorf("zinf generate: sampling strategy %s (allowed: greedy, temperature, top_k, top_p)", s.Strategy))
+	}
+	if s.Temperature == 0 {
+		s.Temperature = 1
+	}
+	if s.TopK == 0 {
+		s.TopK = 50
+	}
+	if s.TopP == 0 {
+		s.TopP = 0.9
+	}
+	if s.Temperature < 0 {
+		errs = append(errs, fmt.Errorf("zinf generate: temperature %g (allowed: > 0)", s.Temperature))
+	}
+	if s.TopK < 0 || s.TopK > vocab {
+		errs = append(errs, fmt.Errorf("zinf generate: top-k %d (allowed: 1..%d, the vocabulary)", s.TopK, vocab))
+	}
+	if s.TopP < 0 || s.TopP > 1 {
+		errs = append(errs, fmt.Errorf("zinf generate: top-p %g (allowed: 0 < p <= 1)", s.TopP))
+	}
+	if s.MaxNewTokens <= 0 {
+		errs = append(errs, fmt.Errorf("zinf generate: max new tokens %d (allowed: > 0)", s.MaxNewTokens))
+	}
+	for _, t := range append(slices.Clone(s.EOS), s.Stop...) {
+		if t < 0 || t >= vocab {
+			errs = append(errs, fmt.Errorf("zinf generate: EOS/stop token %d (allowed: 0..%d)", t, vocab-1))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Sampling) ends(tok int32) bool {
+	return slices.Contains(s.EOS, int(tok)) || slices.Contains(s.Stop, int(tok))
+}
+
+// Generator generates from one model whose weights zinf holds. It is for
+// one goroutine.
+type Generator struct {
+	rt      *zinf.Runtime
+	backend compute.Backend
+	store   *model.Store
+	m       *transformer.Model
+	vars    []Var
+	byLayer [][]int // indexes into vars per zinf layer
+	slots   map[string]*slot
+	embedEx *model.Exec
+	layerEx []*model.Exec
+	headEx  map[sampleKey]*model.Exec
+	kvHeads int
+	closed  bool
+}
+
+type sampleKey struct {
+	strategy    sample.Strategy
+	temperature float64
+	topK        int
+	topP        float64
+}
+
+// slot is a swap-in buffer: a GoMLX tensor over a backend shared buffer,
+// the value of every variable of its relative path (one per transformer
+// layer), so zinf's bytes land where the executor reads them.
+type slot struct {
+	t     *tensors.Tensor
+	bytes []byte
+}
+
+// Open builds the model with fn, registers its weights in a zinf runtime
+// opened for inference on cfg (offload_param says where they live: nvme
+// streams them from the swap files) and stores the values w gives, one
+// tensor at a time.
+func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn ModelFn, w Weights, o Options) (g *Generator, err error) {
+	if backend == nil || cfg == nil || fn == nil || w == nil {
+		return nil, errors.New("zinf generate: Open needs a backend, a config, a ModelFn and Weights")
+	}
+	backend = WithKVCacheOps(backend)
+	store := model.NewStore()
+	var m *transformer.Model
+	if err := catch(func() error { m = fn(store.RootScope()); return nil }); err != nil {
+		return nil, fmt.Errorf("zinf generate: ModelFn: %w", err)
+	}
+	if err := checkModel(m); err != nil {
+		return nil, err
+	}
+	vars, err := discover(backend, store, m)
+	if err != nil {
+		return nil, err
+	}
+	descs := make([]tensor.Desc, len(vars))
+	for i, v := range vars {
+		descs[i] = v.Desc()
+	}
+	rt, err := zinf.Open(cfg, zinf.Model{Tensors: descs, Layers: m.NumLayers + 2}, zinf.Options{Logger: o.Logger, Inference: true,
+		PrefetchDepth: o.PrefetchDepth, Trace: o.Trace, NoBandwidthProbe: o.NoBandwidthProbe})
+	if err != nil {
+		return nil, err
+	}
+	g = &Generator{rt: rt, backend: backend, store: store, m: m, vars: vars, slots: map[string]*slot{}, headEx: map[sampleKey]*model.Exec{},
+		byLayer: make([][]int, m.NumLayers+2), kvHeads: m.NumKVHeads}
+	if g.kvHeads == 0 {
+		g.kvHeads = m.NumHeads
+	}
+	defer func() {
+		if err != nil {
+			g.Close()
+			g = nil
+		}
+	}()
+	var buf []float32
+	for i, v := range vars {
+		g.byLayer[v.Layer] = append(g.byLayer[v.Layer], i)
+		n := v.Numel()
+		if cap(buf) < n {
+			buf = make([]float32, n)
+		}
+		if err := w.Read(ctx, v, buf[:n]); err != nil {
+			return nil, fmt.Errorf("zinf generate: weights of %q: %w", v.Name, err)
+		}
+		if err := rt.Init(ctx, v.Name, buf[:n]); err != nil {
+			return nil, err
+		}
+		if err := g.bind(v); err != nil {
+			return nil, err
+		}
+	}
+	m.PopulateKVCacheConfigs()
+	if err := g.compile(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// bind gives the Store's variable v the slot of its relative path.
+func (g *Generator) bind(v Var) error {
+	s := g.slots[v.rel]
+	if s == nil {
+		t, err := tensors.FromShapeForBackend(g.backend, 0, v.Shape)
+		if err != nil {
+			return fmt.Errorf("zinf generate: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
+		}
+		buf, err := t.Buffer(g.backend, 0)
+		if err != nil {
+			return err
+		}
+		flat, err := buf.Data()
+		if err != nil {
+			return fmt.Errorf("zinf generate: the backend has no shared buffers: %w", err)
+		}
+		s = &slot{t: t, bytes: dtypes.UnsafeByteSliceFromAny(flat)}
+		if int64(len(s.bytes)) != v.Shape.ByteSize() {
+			return fmt.Errorf("zinf generate: shared buffer of %d bytes for %q (%d)", len(s.bytes), v.Name, v.Shape.ByteSize())
+		}
+		g.slots[v.rel] = s
+	} else if !s.t.Shape().Equal(v.Shape) {
+		return fmt.Errorf("zinf generate: %q has shape %s, %s of another layer", v.Name, v.Shape, s.t.Shape())
+	}
+	sv := g.store.GetVariable(v.Name)
+	if sv == nil {
+		return fmt.Errorf("zinf generate: variable %q vanished from the Store", v.Name)
+	}
+	return sv.SetValue(s.t)
+}
+
+// compile creates the executors (graphs compile on first use per shape).
+func (g *Generator) compile() error {
+	m := g.m
+	var err error
+	g.embedEx, err = model.NewExec(g.backend, g.store, func(scope *model.Scope, tokens *graph.Node) *graph.Node {
+		m.Scope = m.Scope.ResetVisited()
+		return embed(m, tokens)
+	})
+	if err != nil {
+		return err
+	}
+	g.embedEx.WithName("zinf.generate.embed")
+	for l := range m.NumLayers {
+		e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, in []*graph.Node) []*graph.Node {
+			m.Scope = m.Scope.ResetVisited()
+			path := m.KVCache.OrderedScopes[l]
+			cache := kvcache.KVCacheNodes{path + kvcache.KeySuffix: in[2], path + kvcache.ValueSuffix: in[3]}
+			x := m.ForwardLayer(m.Scope.In("layer_%d", l), l, in[0], in[1], cache, nil, nil, transformer.CallOptions{})
+			return []*graph.Node{x, cache[path+kvcache.KeySuffix], cache[path+kvcache.ValueSuffix]}
+		})
+		if err != nil {
+			return err
+		}
+		e.WithName(fmt.Sprintf("zinf.generate.layer%d", l))
+		g.layerEx = append(g.layerEx, e)
+	}
+	return nil
+}
+
+// headExec is the head's executor for a sampling configuration.
+func (g *Generator) headExec(s Sampling) (*model.Exec, error) {
+	k := sampleKey{s.Strategy, s.Temperature, s.TopK, s.TopP}
+	if s.Strategy == sample.StrategyGreedy {
+		k = sampleKey{}
+	}
+	if e := g.headEx[k]; e != nil {
+		return e, nil
+	}
+	m := g.m
+	e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, x *graph.Node) *graph.Node {
+		m.Scope = m.Scope.ResetVisited()
+		return sample.SampleWithStrategy(scope, head(m, x), k.strategy, k.temperature, k.topK, k.topP)
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.WithName("zinf.generate.head")
+	g.headEx[k] = e
+	return e, nil
+}
+
+// Runtime is the zinf runtime holding the weights (plan, metrics).
+func (g *Generator) Runtime() *zinf.Runtime { return g.rt }
+
+// Vars lists the model's weights in zinf order.
+func (g *Generator) Vars() []Var { return slices.Clone(g.vars) }
+
+// Close frees the executors, the swap-in buffers and the runtime.
+func (g *Generator) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	if g.embedEx != nil {
+		g.embedEx.Finalize()
+	}
+	for _, e := range g.layerEx {
+		e.Finalize()
+	}
+	for _, e := range g.headEx {
+		e.Finalize()
+	}
+	for _, s := range g.slots {
+		_ = s.t.FinalizeAll()
+	}
+	return g.rt.Close()
+}
+
+// Result is a generation's tokens and what it measured.
+type Result struct {
+	// Tokens are the generated tokens per prompt (an EOS or stop token
+	// that ended a sequence is its last).
+	Tokens [][]int32
+	// Steps is the forward passes run (the prefill included).
+	Steps int
+	// Prefill and Decode are the time of the first pass and of the others.
+	Prefill, Decode time.Duration
+	// IOWait is the time the passes waited for weights.
+	IOWait time.Duration
+	// BytesRead is what the runtime read from NVMe.
+	BytesRead int64
+}
+
+// Generated is the number of tokens generated over the batch.
+func (r *Result) Generated() int {
+	n := 0
+	for _, t := range r.Tokens {
+		n += len(t)
+	}
+	return n
+}
+
+// DecodeTokensPerSecond is the batch's tokens per second of decoding
+// (one token per sequence per step after the prefill).
+func (r *Result) DecodeTokensPerSecond() float64 {
+	if r.Decode <= 0 || r.Steps <= 1 {
+		return 0
+	}
+	return float64(len(r.Tokens)*(r.Steps-1)) / r.Decode.Seconds()
+}
+
+// StepInfo is reported after each pass.
+type StepInfo struct {
+	Step     int           // 0: the prefill
+	Position int           // the position of the pass's first token
+	Time     time.Duration // the pass
+	Tokens   []int32       // the token sampled for each sequence (-1: none yet, or ended)
+}
+
+// Generate runs prompts (token ids, one sequence each) as one batch: a
+// prefill of the shortest prompt's length, then one decoding step per
+// position (a longer prompt feeds its own tokens until it is consumed),
+// every step one pass over the weights zinf streams. onStep, when not nil,
+// is called after each pass.
+func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling, onStep func(StepInfo)) (*Result, error) {
+	if g.closed {
+		return nil, errors.New("zinf generate: the Generator is closed")
+	}
+	if err := s.check(g.m.VocabSize); err != nil {
+		return nil, err
+	}
+	if len(prompts) == 0 {
+		return nil, errors.New("zinf generate: no prompts")
+	}
+	minLen, maxLen := len(prompts[0]), 0
+	for i, p := range prompts {
+		if len(p) == 0 {
+			return nil, fmt.Errorf("zinf generate: prompt %d is empty", i)
+		}
+		for _, t := range p {
+			if t < 0 || int(t) >= g.m.VocabSize {
+				return nil, fmt.Errorf("zinf generate: prompt %d: token %d (allowed: 0..%d)", i, t, g.m.VocabSize-1)
+			}
+		}
+		minLen, maxLen = min(minLen, len(p)), max(maxLen, len(p))
+	}
+	total := maxLen + s.MaxNewTokens
+	if lim := g.m.KVCache.MaxSeqLenPerLayerType[0]; total > lim {
+		return nil, fmt.Errorf("zinf generate: %d prompt tokens + %d new tokens exceed the KV cache's %d positions", maxLen, s.MaxNewTokens, lim)
+	}
+	headEx, err := g.headExec(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.store.SetRNGStateFromSeed(s.Seed); err != nil {
+		return nil, err
+	}
+	B := len(prompts)
+	kv := newKVState(g, B, minLen)
+	defer kv.free()
+	res := &Result{Tokens: make([][]int32, B)}
+	done := make([]bool, B)
+	m0 := g.rt.Metrics()
+	// The first pass feeds every prompt's first minLen tokens.
+	in := make([][]int32, B)
+	for i, p := range prompts {
+		in[i] = p[:minLen]
+	}
+	for pos := 0; pos < total-1; {
+		t0 := time.Now()
+		next, err := g.pass(ctx, in, pos, kv, headEx)
+		if err != nil {
+			return nil, fmt.Errorf("zinf generate: step %d (position %d): %w", res.Steps, pos, err)
+		}
+		d := time.Since(t0)
+		if res.Steps == 0 {
+			res.Prefill = d
+		} else {
+			res.Decode += d
+		}
+		res.Steps++
+		pos += len(in[0])
+		report := make([]int32, B)
+		allDone := true
+		for i, p := range prompts {
+			report[i] = -1
+			switch {
+			case pos < len(p): // still reading its prompt
+				in[i] = p[pos : pos+1]
+			case done[i] || len(res.Tokens[i]) >= s.MaxNewTokens:
+				in[i] = []int32{0} // ended: its row runs on, unused
+			default:
+				res.Tokens[i] = append(res.Tokens[i], next[i])
+				report[i] = next[i]
+				in[i] = []int32{next[i]}
+				if s.ends(next[i]) {
+					done[i] = true
+				}
+			}
+			if !done[i] && len(res.Tokens[i]) < s.MaxNewTokens {
+				allDone = false
+			}
+		}
+		if onStep != nil {
+			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, Tokens: report})
+		}
+		if allDone {
+			break
+		}
+	}
+	m1 := g.rt.Metrics()
+	res.BytesRead = m1.BytesRead - m0.BytesRead
+	res.IOWait = m1.IOWait - m0.IOWait
+	return res, nil
+}
+
+// pass runs one forward pass over the weights: tokens [B][S] at position
+// pos, returning the sampled next token of each sequence.
+func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *model.Exec) ([]int32, error) {
+	rt := g.rt
+	L := g.m.NumLayers
+	rt.Forward()
+	if err := kv.grow(pos + len(toks[0])); err != nil {
+		return nil, err
+	}
+	var x *tensors.Tensor
+	defer func() { finalize(x) }()
+	for l := 0; l < L+2; l++ {
+		if err := g.beginLayer(ctx, l); err != nil {
+			return nil, err
+		}
+		var err error
+		switch {
+		case l == 0:
+			var out []*tensors.Tensor
+			out, err = call(g.embedEx, tensors.FromValue(toks))
+			if err == nil {
+				x = out[0]
+			}
+		case l <= L:
+			var out []*tensors.Tensor
+			k, v := kv.take(l - 1)
+			xd, derr := graph.DonateTensorBuffer(x, g.backend, 0)
+			kd, kerr := graph.DonateTensorBuffer(k, g.backend, 0)
+			vd, verr := graph.DonateTensorBuffer(v, g.backend, 0)
+			if err = errors.Join(derr, kerr, verr); err == nil {
+				x = nil
+				out, err = call(g.layerEx[l-1], xd, tensors.FromValue(int32(pos)), kd, vd)
+			}
+			if err == nil {
+				x = out[0]
+				kv.put(l-1, out[1], out[2])
+			}
+		default:
+			var out []*tensors.Tensor
+			out, err = call(headEx, x)
+			if err == nil {
+				var next []int32
+				err = tensors.ConstFlatData(out[0], func(flat []int32) { next = slices.Clone(flat) })
+				finalize(out[0])
+				rt.EndLayer(l)
+				return next, err
+			}
+		}
+		rt.EndLayer(l)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	return nil, errors.New("no head layer")
+}
+
+// beginLayer makes layer l's weights readable and swaps them into their
+// slots.
+func (g *Generator) beginLayer(ctx context.Context, l int) error {
+	if err := g.rt.BeginLayer(ctx, l); err != nil {
+		return err
+	}
+	for _, i := range g.byLayer[l] {
+		v := g.vars[i]
+		zd, _ := zdtype(v.Shape.DType)
+		if err := g.rt.ReadParamBytes(ctx, v.Name, zd, g.slots[v.rel].bytes); err != nil {
+			g.rt.EndLayer(l)
+			return err
+		}
+	}
+	return nil
+}
+
+// call runs an executor, turning a panic into an error.
+func call(e *model.Exec, args ...any) (out []*tensors.Tensor, err error) {
+	err = catch(func() error {
+		var err error
+		out, err = e.Call(args...)
+		return err
+	})
+	return out, err
+}
+
+func finalize(t *tensors.Tensor) {
+	if t != nil {
+		_ = t.FinalizeAll()
+	}
+}
+
+// kvState is the batch's KV cache: per transformer layer a key and a
+// value tensor [batch, kv heads, cache length, head dim], of GoMLX's
+// kvcache layout and bucketed lengths.
+type kvState struct {
+	g    *Generator
+	k, v []*tensors.Tensor
+}
+
+func newKVState(g *Generator, batch, promptLen int) *kvState {
+	s := &kvState{g: g, k: make([]*tensors.Tensor, g.m.NumLayers), v: make([]*tensors.Tensor, g.m.NumLayers)}
+	c := g.m.KVCache
+	for l := range g.m.NumLayers {
+		n := c.CacheSeqLen(c.GetLayerType(c.OrderedScopes[l]), promptLen)
+		shape := shapes.Make(g.m.DType, batch, g.kvHeads, n, g.m.HeadDim)
+		s.k[l], s.v[l] = tensors.FromShape(shape), tensors.FromShape(shape)
+	}
+	return s
+}
+
+// grow pads every layer's cache to the bucket of position pos (GoMLX's
+// generator pads to the bucket of the position about to be written).
+func (s *kvState) grow(end int) error {
+	c := s.g.m.KVCache
+	for l := range s.k {
+		path := c.OrderedScopes[l]
+		in := kvcache.KVCacheTensors{path + kvcache.KeySuffix: s.k[l], path + kvcache.ValueSuffix: s.v[l]}
+		out, err := c.PadTensors(in, end-1)
+		if err != nil {
+			return err
+		}
+		for key, t := range out {
+			if old := in[key]; old != t {
+				finalize(old)
+			}
+		}
+		s.k[l], s.v[l] = out[path+kvcache.KeySuffix], out[path+kvcache.ValueSuffix]
+	}
+	return nil
+}
+
+func (s *kvState) take(l int) (k, v *tensors.Tensor) {
+	k, v = s.k[l], s.v[l]
+	s.k[l], s.v[l] = nil, nil
+	return k, v
+}
+
+func (s *kvState) put(l int, k, v *tensors.Tensor) { s.k[l], s.v[l] = k, v }
+
+func (s *kvState) free() {
+	for l := range s.k {
+		finalize(s.k[l])
+		finalize(s.v[l])
+	}
+}

@@ -1,0 +1,338 @@
+package generate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	_ "github.com/gomlx/compute/gobackend" // the pure-Go backend
+	"github.com/gomlx/gomlx/ml/layers/activation"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
+
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/generate"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func backend(t testing.TB) compute.Backend {
+	t.Helper()
+	b, err := compute.NewWithConfig("go:ops_sequential")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// watchdog ends the test's context after d and fails the test with every
+// goroutine's stack.
+func watchdog(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				buf := make([]byte, 1<<20)
+				t.Errorf("watchdog: the test ran past %s; goroutines:\n%s", d, buf[:runtime.Stack(buf, true)])
+			}
+		case <-done:
+		}
+	}()
+	t.Cleanup(func() {
+		close(done)
+		<-finished
+		cancel()
+	})
+	return ctx
+}
+
+// tiny is a small zoo transformer: RoPE, RMS norms, grouped-query
+// attention, SiLU gated... standard architecture, no biases.
+func tiny(dtype dtypes.DType, layers int) generate.ModelFn {
+	return func(root *model.Scope) *transformer.Model {
+		return transformer.New(root.In("transformer")).
+			WithVocabSize(97).WithEmbedDim(32).WithNumLayers(layers).WithNumHeads(4).WithNumKVHeads(2).WithHeadDim(8).
+			WithFFNDim(48).WithRoPE(10000).WithNormalization("rms").WithFinalNormalization("rms").
+			WithActivation(activation.TypeSilu).WithBias(false).WithDType(dtype)
+	}
+}
+
+// nvmeConfig puts every weight on NVMe (swap files in a temp dir, no
+// max_in_cpu cache) with a pinned pool of pinned bytes.
+func nvmeConfig(t testing.TB, pinned int64, bf16 bool) *config.Config {
+	t.Helper()
+	c := config.Default()
+	c.SetScratchDir(t.TempDir())
+	c.Zinf.Tiers.CPUPinnedBytes = config.Size(pinned)
+	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	c.BF16 = bf16
+	return c
+}
+
+func prompts(batch, n, vocab int, seed int) [][]int32 {
+	out := make([][]int32, batch)
+	for i := range out {
+		for j := range n {
+			out[i] = append(out[i], int32((seed*31+i*17+j*7+3)%vocab))
+		}
+	}
+	return out
+}
+
+// TestGreedyEqualsInMemory: greedy generation through zinf (weights on
+// NVMe, streamed layer by layer) gives GoMLX's in-memory generate.Generator
+// tokens, token for token, in fp32 and bf16.
+func TestGreedyEqualsInMemory(t *testing.T) {
+	for _, dt := range []dtypes.DType{dtypes.Float32, dtypes.BFloat16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			ctx := watchdog(t, 4*time.Minute)
+			if dt == dtypes.BFloat16 {
+				t.Setenv("GOMLX_FUSION", "false")
+			}
+			be := backend(t)
+			fn := tiny(dt, 3)
+			store, err := generate.InitStore(be, fn, 42)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := generate.StoreWeights(store)
+			s := generate.Sampling{MaxNewTokens: 20}
+			ps := prompts(3, 5, 97, 1)
+			want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			res, err := g.Generate(ctx, ps, s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+				t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
+			}
+			if distinct(res.Tokens) < 3 {
+				t.Fatalf("degenerate generation %v: the comparison shows nothing", res.Tokens)
+			}
+			if res.BytesRead == 0 {
+				t.Fatal("no bytes read from NVMe: the weights were not streamed")
+			}
+			if res.Steps != s.MaxNewTokens {
+				t.Fatalf("%d passes for %d tokens", res.Steps, s.MaxNewTokens)
+			}
+		})
+	}
+}
+
+func distinct(ts [][]int32) int {
+	m := map[int32]bool{}
+	for _, s := range ts {
+		for _, t := range s {
+			m[t] = true
+		}
+	}
+	return len(m)
+}
+
+// TestSamplingEqualsInMemory: temperature, top-k and top-p sampling from a
+// fixed seed draw GoMLX's in-memory generator's tokens; another seed draws
+// others.
+func TestSamplingEqualsInMemory(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 2)
+	store, err := generate.InitStore(be, fn, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ps := prompts(2, 4, 97, 3)
+	for _, s := range []generate.Sampling{
+		{Strategy: sample.StrategyTemperature, Temperature: 1.5, Seed: 11, MaxNewTokens: 12},
+		{Strategy: sample.StrategyTopK, TopK: 5, Temperature: 2, Seed: 12, MaxNewTokens: 12},
+		{Strategy: sample.StrategyTopP, TopP: 0.8, Temperature: 2, Seed: 13, MaxNewTokens: 12},
+	} {
+		t.Run(s.Strategy.String(), func(t *testing.T) {
+			want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := g.Generate(ctx, ps, s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+				t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
+			}
+			s2 := s
+			s2.Seed += 1000
+			other, err := g.Generate(ctx, ps, s2, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.EqualFunc(other.Tokens, want, slices.Equal) {
+				t.Fatalf("seed %d and %d drew the same tokens %v: the seed is not used", s.Seed, s2.Seed, want)
+			}
+		})
+	}
+}
+
+// TestStopTokens: a sequence ends at its first EOS or stop token (kept
+// as its last), the others run on; generation ends when all have ended.
+func TestStopTokens(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 2)
+	store, err := generate.InitStore(be, fn, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ps := prompts(2, 4, 97, 5)
+	full, err := g.Generate(ctx, ps, generate.Sampling{MaxNewTokens: 16}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The third token of sequence 0 as EOS, the fifth of sequence 1 as a stop token.
+	eos, stop := full.Tokens[0][2], full.Tokens[1][4]
+	cut := func(seq []int32) []int32 {
+		for j, t := range seq {
+			if t == eos || t == stop {
+				return seq[:j+1]
+			}
+		}
+		return seq
+	}
+	res, err := g.Generate(ctx, ps, generate.Sampling{MaxNewTokens: 16, EOS: []int{int(eos)}, Stop: []int{int(stop)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ps {
+		if want := cut(full.Tokens[i]); !slices.Equal(res.Tokens[i], want) {
+			t.Fatalf("sequence %d: %v, want %v (the full run %v, eos %d stop %d)", i, res.Tokens[i], want, full.Tokens[i], eos, stop)
+		}
+	}
+	longest := max(len(res.Tokens[0]), len(res.Tokens[1]))
+	if res.Steps != longest {
+		t.Fatalf("%d passes; the longest sequence ended after %d tokens", res.Steps, longest)
+	}
+	ref, err := generate.InMemory(ctx, be, fn, w, ps, generate.Sampling{MaxNewTokens: 16, EOS: []int{int(eos)}, Stop: []int{int(stop)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, ref, slices.Equal) {
+		t.Fatalf("through zinf %v, in memory %v", res.Tokens, ref)
+	}
+}
+
+// TestPromptsOfDifferentLengths: a batch of prompts of several lengths
+// generates, for each, the tokens the prompt generates alone.
+func TestPromptsOfDifferentLengths(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 2)
+	store, err := generate.InitStore(be, fn, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ps := [][]int32{{5, 9, 11}, {1, 2, 3, 4, 5, 6, 7}, {40, 41, 42, 43, 44}}
+	s := generate.Sampling{MaxNewTokens: 10}
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		want, err := generate.InMemory(ctx, be, fn, w, [][]int32{p}, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Tokens[i], want[0]) {
+			t.Fatalf("prompt %d in the batch: %v; alone in memory: %v", i, res.Tokens[i], want[0])
+		}
+	}
+	if want := 7 + 10 - 3; res.Steps != want {
+		t.Fatalf("%d passes, want %d (prefill of 3, then one per position to 7+10)", res.Steps, want)
+	}
+}
+
+// TestBadInput: bad sampling options and prompts are refused, naming the
+// value and what is allowed.
+func TestBadInput(t *testing.T) {
+	ctx := watchdog(t, 2*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 1)
+	store, err := generate.InitStore(be, fn, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, generate.StoreWeights(store), generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, c := range []struct {
+		ps   [][]int32
+		s    generate.Sampling
+		want string
+	}{
+		{[][]int32{{1}}, generate.Sampling{}, "max new tokens 0 (allowed: > 0)"},
+		{[][]int32{{1}}, generate.Sampling{MaxNewTokens: 2, Strategy: sample.StrategyBeamSearch}, "(allowed: greedy, temperature, top_k, top_p)"},
+		{[][]int32{{1}}, generate.Sampling{MaxNewTokens: 2, Strategy: sample.StrategyTopP, TopP: 1.5}, "top-p 1.5"},
+		{[][]int32{{1}}, generate.Sampling{MaxNewTokens: 2, EOS: []int{97}}, "EOS/stop token 97 (allowed: 0..96)"},
+		{[][]int32{{1, 200}}, generate.Sampling{MaxNewTokens: 2}, "prompt 0: token 200 (allowed: 0..96)"},
+		{[][]int32{{}}, generate.Sampling{MaxNewTokens: 2}, "prompt 0 is empty"},
+		{nil, generate.Sampling{MaxNewTokens: 2}, "no prompts"},
+	} {
+		_, err := g.Generate(ctx, c.ps, c.s, nil)
+		if err == nil || !contains(err.Error(), c.want) {
+			t.Errorf("%v %+v: error %v, want one saying %q", c.ps, c.s, err, c.want)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) == 0 || len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0)
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+var _ = fmt.Sprint
