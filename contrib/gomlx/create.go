@@ -3,7 +3,6 @@ package zgomlx
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/shapes"
@@ -21,12 +20,24 @@ import (
 // So at most one layer's values are ever in memory, and the Store keeps
 // the shapes (Offload.Restore gives it the values).
 //
-// Each layer draws from its own seed, derived from the Store's
-// model.ParamInitialSeed (when set) and the layer's scope, so the values
-// differ from Initialize's, which draws every variable from one stream;
-// variables that already have values keep them. Variables a layer uses
-// that zinf does not hold (Options.Filter) get their values in the Store.
+// The layers draw from the Store's random state in turn, each where the
+// one before left it (seeded by model.ParamInitialSeed when set), so the
+// values are the ones Initialize (store.InitializeVariables, one stream
+// in creation order) gives the model in memory; variables that already
+// have values keep them. Variables a layer uses that zinf does not hold
+// (Options.Filter) get their values in the Store.
+//
+// A layer that the per-layer executors cannot run as the whole graph
+// would is refused here, naming it: one that updates a variable in its
+// graph (dropout advancing the random state, batch statistics) or adds a
+// regularization or other loss term.
 func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, x shapes.Shape, opts Options) (*Trainer, error) {
+	return CreateN(ctx, backend, cfg, store, net, []shapes.Shape{x}, opts)
+}
+
+// CreateN is Create for a Net whose first layer takes several inputs, of
+// shapes xs.
+func CreateN(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, xs []shapes.Shape, opts Options) (*Trainer, error) {
 	if err := net.check(); err != nil {
 		return nil, err
 	}
@@ -36,16 +47,16 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 	if err := checkTrainer(backend, cfg); err != nil {
 		return nil, err
 	}
-	ins := make([]shapes.Shape, len(net.Layers))
+	ins := make([][]shapes.Shape, len(net.Layers))
 	for i, l := range net.Layers {
-		ins[i] = x
+		ins[i] = xs
 		var err error
-		if x, err = trace(backend, store, l, x); err != nil {
+		if xs, err = trace(backend, store, l, xs, true); err != nil {
 			return nil, err
 		}
 	}
-	opts.Layers = net.Scopes()
-	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers)
+	opts.Layers, opts.also = net.Scopes(), net.also()
+	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers, opts.also)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +100,7 @@ func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, st
 // initLayer gives layer l's registered variables their initial values in
 // zinf, from the Store where they have one, else from a scratch Store
 // initialized for this layer alone.
-func (o *Offload) initLayer(ctx context.Context, backend compute.Backend, l int, layer Layer, x shapes.Shape, had *[]*Var) error {
+func (o *Offload) initLayer(ctx context.Context, backend compute.Backend, l int, layer Layer, x []shapes.Shape, had *[]*Var) error {
 	missing := false
 	for _, v := range o.layerVars[l] {
 		if !v.v.HasValue() {
@@ -108,16 +119,21 @@ func (o *Offload) initLayer(ctx context.Context, backend compute.Backend, l int,
 		for k, val := range o.store.IterParams() {
 			tmp.SetParam(k, val)
 		}
-		if seed, ok := o.store.GetParam(model.ParamInitialSeed); ok {
-			if s, ok := seed.(int64); ok && s != 0 {
-				tmp.SetParam(model.ParamInitialSeed, layerSeed(s, scope))
-			}
-		}
 		defer tmp.Finalize()
-		if _, err := trace(backend, tmp, layer, x); err != nil {
+		if _, err := trace(backend, tmp, layer, x, false); err != nil {
+			return err
+		}
+		// The layer draws from the Store's random state where the one
+		// before it left it, as store.InitializeVariables would draw for
+		// every variable in creation order: the values are the ones
+		// GoMLX gives the model in memory.
+		if err := carryRNG(o.store, tmp); err != nil {
 			return err
 		}
 		if err := tmp.InitializeVariables(backend, nil); err != nil {
+			return err
+		}
+		if err := carryRNG(tmp, o.store); err != nil {
 			return err
 		}
 		// Variables zinf does not hold live in the Store.
@@ -153,14 +169,33 @@ func (o *Offload) initLayer(ctx context.Context, backend compute.Backend, l int,
 	return nil
 }
 
-// layerSeed derives a layer's initialization seed from the Store's and
-// the layer's scope (never 0, which GoMLX reads as "random").
-func layerSeed(seed int64, scope string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(scope))
-	s := seed ^ int64(h.Sum64()&(1<<62-1))
-	if s == 0 {
-		s = 1
+// rngPath is the path of a Store's random state variable.
+var rngPath = model.JoinPath("/", model.RNGStateVariableName)
+
+// carryRNG gives dst's random state src's (seeding src's from its
+// model.ParamInitialSeed, or at random, when it has none yet).
+func carryRNG(src, dst *model.Store) error {
+	sv := src.GetVariable(rngPath)
+	if sv == nil || !sv.HasValue() {
+		if err := src.ResetRNGState(); err != nil {
+			return fmt.Errorf("seeding the random state: %w", err)
+		}
+		sv = src.GetVariable(rngPath)
 	}
-	return s
+	val, err := sv.Value()
+	if err != nil {
+		return err
+	}
+	c, err := val.LocalClone()
+	if err != nil {
+		return err
+	}
+	dv := dst.GetVariable(rngPath)
+	if dv == nil {
+		if err := dst.ResetRNGState(); err != nil {
+			return err
+		}
+		dv = dst.GetVariable(rngPath)
+	}
+	return dv.SetValue(c)
 }

@@ -18,8 +18,29 @@
 //	}
 //
 // Create makes the variables and initializes them one layer at a time
-// straight into zinf; Open registers a Store whose variables already have
-// values (Initialize, a GoMLX checkpoint).
+// straight into zinf, with the values GoMLX's Initialize would give them
+// in memory; Open registers a Store whose variables already have values
+// (Initialize, a GoMLX checkpoint).
+//
+// A layer may take and return several tensors (Layer.FnN: float ones
+// get gradients, int ones such as token ids pass along), keep its
+// variables under several scopes (Layer.Also) and read an earlier
+// layer's variable (Layer.Borrow: tied embeddings, one zinf tensor whose
+// gradient sums both uses). Net.TrainLoss takes GoMLX's train.LossFn.
+//
+// # GoMLX's zoo transformer
+//
+// TransformerNet runs ml/zoo/transformer's Model through its exported
+// pieces, one zinf layer each (EmbedTokens, ForwardLayer per block,
+// LogitsFromEmbeddings), and TransformerLoss is its next-token loss:
+//
+//	store := model.NewStore()
+//	m := transformer.New(store.RootScope()).WithVocabSize(v).WithEmbedDim(d).WithNumLayers(n)...
+//	net, _ := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{})
+//	tr, _ := zgomlx.Create(ctx, backend, cfg, store, net, shapes.Make(dtypes.Int32, batch, seq), zgomlx.Options{})
+//
+// It trains bit for bit as m.Logits in one graph (NewWholeGraphModel)
+// with the same optimizer.
 //
 // # How it works
 //
@@ -76,9 +97,12 @@
 // buffers. Use DefaultBackend ("go:ops_sequential"): compute v0.1.2 can
 // deadlock running several large matrix products at once on few cores.
 // Its fused dense op has no bf16/fp16 kernel, so half-precision models set
-// GOMLX_FUSION=false (graph.FusionEnv) to use the decomposed ops. Layers must be pure functions of their input and variables (no
-// dropout, no statistics updated in the graph), every variable belongs to
-// one layer, and the loss has no variables. One layer's input and output
-// are single tensors; the layers' outputs are kept for the backward pass
-// (activations are not offloaded).
+// GOMLX_FUSION=false (graph.FusionEnv) to use the decomposed ops. Layers
+// must be pure functions of their inputs and variables: Create refuses,
+// naming it, a layer that updates a variable in its graph (dropout, batch
+// statistics) or adds a regularization loss (the per-layer backward would
+// drop it); Open finds it at the first Step. Every variable belongs to
+// one layer (later layers may borrow it), and the loss has no variables.
+// The layers' outputs are kept for the backward pass (activations are
+// not offloaded).
 package zgomlx

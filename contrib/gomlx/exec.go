@@ -3,12 +3,15 @@ package zgomlx
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/train"
 )
 
 // LayerFn computes one layer from its input x. Its variables live under
@@ -18,16 +21,51 @@ import (
 // pass recomputes it.
 type LayerFn func(scope *model.Scope, x *graph.Node) *graph.Node
 
+// LayerFnN is a LayerFn with any number of inputs and outputs: the
+// previous layer's outputs (the batch's inputs for the first layer) in,
+// this layer's out. Outputs of an integer dtype (token ids, positions)
+// pass along without gradients.
+type LayerFnN func(scope *model.Scope, xs []*graph.Node) []*graph.Node
+
 // LossFn maps the last layer's output y and the labels to a scalar loss.
 // It has no variables of its own (put a head's weights in the last layer).
 type LossFn func(y, labels *graph.Node) *graph.Node
 
-// Layer is one unit of offload: the variables under Scope, used by Fn.
+// Layer is one unit of offload: the variables under Scope (and Also),
+// used by Fn (or FnN).
 type Layer struct {
 	// Scope is the absolute scope path of the layer's variables, e.g.
 	// "/block_0"; Fn gets the Store's scope at that path.
 	Scope string
 	Fn    LayerFn
+	// FnN replaces Fn for a layer with several inputs or outputs (set
+	// one of the two).
+	FnN LayerFnN
+	// Also are further scopes whose variables belong to this layer (a
+	// model whose head reads "/final_norm" and "/output", say).
+	Also []string
+	// Borrow are variables of earlier layers this layer also reads, by
+	// path: tied weights, such as an output head that reuses the token
+	// embedding table. zinf holds one tensor; it is swapped in with its
+	// own layer and kept in its buffer for the borrowers; its gradient is
+	// the sum of every use's, handed to zinf in backward order (the
+	// borrowers' first), and its update starts after its own layer's
+	// backward.
+	Borrow []string
+}
+
+// fn is the layer as a LayerFnN.
+func (l Layer) fn() LayerFnN {
+	if l.FnN != nil {
+		return l.FnN
+	}
+	f := l.Fn
+	return func(scope *model.Scope, xs []*graph.Node) []*graph.Node {
+		if len(xs) != 1 {
+			panic(fmt.Errorf("zgomlx: layer %q has a one-input Fn and %d inputs (use FnN)", l.Scope, len(xs)))
+		}
+		return []*graph.Node{f(scope, xs[0])}
+	}
 }
 
 // Net is a model as a chain of layers and a loss: y = Layers[L-1](...
@@ -35,6 +73,10 @@ type Layer struct {
 type Net struct {
 	Layers []Layer
 	Loss   LossFn
+	// TrainLoss replaces Loss with GoMLX's train.LossFn signature
+	// (labels, predictions: the last layer's outputs); a loss that is not
+	// a scalar is averaged, as train.Trainer does.
+	TrainLoss train.LossFn
 }
 
 // Scopes returns the layers' scopes, for Options.Layers.
@@ -46,17 +88,61 @@ func (n Net) Scopes() []string {
 	return out
 }
 
+// also returns each layer's further scopes.
+func (n Net) also() [][]string {
+	out := make([][]string, len(n.Layers))
+	for i, l := range n.Layers {
+		out[i] = l.Also
+	}
+	return out
+}
+
+// loss builds the Net's loss of the last layer's outputs ys.
+func (n Net) loss(ys, labels []*graph.Node) *graph.Node {
+	var loss *graph.Node
+	if n.TrainLoss != nil {
+		loss = n.TrainLoss(labels, ys)
+		if loss != nil && !loss.Shape().IsScalar() {
+			loss = graph.ReduceAllMean(loss)
+		}
+	} else {
+		if len(ys) != 1 || len(labels) != 1 {
+			panic(fmt.Errorf("zgomlx: Net.Loss takes one output and one label tensor; got %d and %d (use Net.TrainLoss)", len(ys), len(labels)))
+		}
+		loss = n.Loss(ys[0], labels[0])
+	}
+	if loss == nil || !loss.Shape().IsScalar() {
+		s := "nil"
+		if loss != nil {
+			s = loss.Shape().String()
+		}
+		panic(fmt.Errorf("zgomlx: Net.Loss returned shape %s (a scalar is needed)", s))
+	}
+	return loss
+}
+
 func (n Net) check() error {
 	var errs []error
 	if len(n.Layers) == 0 {
 		errs = append(errs, errors.New("zgomlx: Net has no layers"))
 	}
-	if n.Loss == nil {
-		errs = append(errs, errors.New("zgomlx: Net.Loss is nil"))
+	switch {
+	case n.Loss == nil && n.TrainLoss == nil:
+		errs = append(errs, errors.New("zgomlx: Net.Loss is nil (set Loss or TrainLoss)"))
+	case n.Loss != nil && n.TrainLoss != nil:
+		errs = append(errs, errors.New("zgomlx: Net sets both Loss and TrainLoss (allowed: one)"))
 	}
 	for i, l := range n.Layers {
-		if l.Fn == nil {
-			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) has no Fn", i, l.Scope))
+		switch {
+		case l.Fn == nil && l.FnN == nil:
+			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) has no Fn (set Fn or FnN)", i, l.Scope))
+		case l.Fn != nil && l.FnN != nil:
+			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) sets both Fn and FnN (allowed: one)", i, l.Scope))
+		}
+		for _, b := range l.Borrow {
+			if b == "" || !strings.HasPrefix(b, "/") {
+				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q): Borrow %q (allowed: an absolute variable path such as \"/token_embed/embeddings\")", i, l.Scope, b))
+			}
 		}
 		if l.Scope == "" || cleanScope(l.Scope) == "/" {
 			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d]: scope %q (allowed: a non-root scope path such as \"/block_%d\")", i, l.Scope, i))
@@ -74,16 +160,22 @@ type binding struct {
 }
 
 // layerExec is one layer's forward and backward executors. Forward is
-// y = Fn(x); backward recomputes y and returns the vector-Jacobian product
-// with autodiff: the gradients of sum(y*dy) for x (when x is a float
-// tensor) and for the layer's registered variables, in zinf order.
+// ys = Fn(xs); backward recomputes ys and returns the vector-Jacobian
+// product with autodiff: the gradients of sum(y*dy), over the float
+// outputs, for the float inputs and for the layer's registered variables
+// (its own in zinf order, then the borrowed ones).
 type layerExec struct {
 	ex    *executors
 	index int
 	layer Layer
-	vars  []*Var
+	fn    LayerFnN
+	vars  []*Var // own variables, then borrowed ones
+	own   int    // len of the own ones
 	fwd   *graph.Exec
 	bwd   *graph.Exec
+	// nIn is the number of inputs of the call being built (set by the
+	// loop's goroutine before it hands the call to the worker).
+	nIn int
 
 	mu    sync.Mutex
 	binds map[*graph.Graph][]binding
@@ -99,6 +191,9 @@ type executors struct {
 	layers  []*layerExec
 	loss    *graph.Exec
 	byName  map[string]*Var
+	// nOut is the number of the last layer's outputs in the loss call
+	// being built (the rest are labels).
+	nOut int
 }
 
 func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVars [][]*Var, byName map[string]*Var) (*executors, error) {
@@ -112,8 +207,29 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 		return nil, fmt.Errorf("zgomlx: %d layers registered, the Net has %d (register with Options.Layers = net.Scopes())", len(layerVars), len(net.Layers))
 	}
 	ex := &executors{backend: backend, store: store, net: net, byName: byName}
+	var errs []error
 	for i, l := range net.Layers {
-		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn}, vars: layerVars[i], binds: map[*graph.Graph][]binding{}}
+		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow}, fn: l.fn(), binds: map[*graph.Graph][]binding{}}
+		le.vars = append(le.vars, layerVars[i]...)
+		le.own = len(le.vars)
+		for _, name := range l.Borrow {
+			v := byName[name]
+			switch {
+			case v == nil:
+				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) borrows %q, which is not a variable zinf holds", i, l.Scope, name))
+			case v.Layer >= i:
+				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) borrows %q of layer %d (allowed: a variable of an earlier layer, which swaps it in)", i, l.Scope, name, v.Layer))
+			default:
+				v.shared = true
+				le.vars = append(le.vars, v)
+			}
+		}
+		ex.layers = append(ex.layers, le)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	for i, le := range ex.layers {
 		var err error
 		le.fwd, err = graph.NewExec(backend, le.forwardGraph)
 		if err != nil {
@@ -125,15 +241,22 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 			return nil, err
 		}
 		le.bwd.WithName(fmt.Sprintf("zgomlx.backward%d", i)).SetSideParamsHook(le.hook)
-		ex.layers = append(ex.layers, le)
 	}
 	var err error
-	ex.loss, err = graph.NewExec(backend, func(y, labels *graph.Node) []*graph.Node {
-		loss := net.Loss(y, labels)
-		if !loss.Shape().IsScalar() {
-			panic(fmt.Errorf("zgomlx: Net.Loss returned shape %s (a scalar is needed)", loss.Shape()))
+	ex.loss, err = graph.NewExec(backend, func(ins []*graph.Node) []*graph.Node {
+		ys, labels := ins[:ex.nOut], ins[ex.nOut:]
+		loss := net.loss(ys, labels)
+		out := []*graph.Node{loss}
+		var wrt []*graph.Node
+		for _, y := range ys {
+			if y.DType().IsFloat() {
+				wrt = append(wrt, y)
+			}
 		}
-		return []*graph.Node{loss, graph.Gradient(loss, y)[0]}
+		if len(wrt) > 0 {
+			out = append(out, graph.Gradient(loss, wrt...)...)
+		}
+		return out
 	})
 	if err != nil {
 		return nil, err
@@ -146,49 +269,90 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 // yet visited in it).
 func (le *layerExec) scope() *model.Scope { return le.ex.store.Scope(le.layer.Scope) }
 
-func (le *layerExec) forwardGraph(x *graph.Node) *graph.Node {
-	g := x.Graph()
+// run builds the layer's outputs in g's graph.
+func (le *layerExec) run(xs []*graph.Node) []*graph.Node {
+	g := xs[0].Graph()
 	model.SetStore(g, le.ex.store)
 	le.ex.store.SetTraining(g, true)
-	y := le.layer.Fn(le.scope(), x)
+	ys := le.fn(le.scope(), xs)
 	le.checkPure(g)
-	return y
+	if len(ys) == 0 {
+		panic(fmt.Errorf("zgomlx: layer %q has no outputs", le.layer.Scope))
+	}
+	return ys
 }
 
-func (le *layerExec) backwardGraph(x, dy *graph.Node) []*graph.Node {
-	g := x.Graph()
-	model.SetStore(g, le.ex.store)
-	le.ex.store.SetTraining(g, true)
-	y := le.layer.Fn(le.scope(), x)
-	le.checkPure(g)
-	if !y.Shape().Equal(dy.Shape()) {
-		panic(fmt.Errorf("zgomlx: layer %q: output %s, its gradient %s", le.layer.Scope, y.Shape(), dy.Shape()))
+func (le *layerExec) forwardGraph(xs []*graph.Node) []*graph.Node { return le.run(xs) }
+
+func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
+	xs, dys := ins[:le.nIn], ins[le.nIn:]
+	ys := le.run(xs)
+	g := xs[0].Graph()
+	var objective *graph.Node
+	k := 0
+	for _, y := range ys {
+		if !y.DType().IsFloat() {
+			continue
+		}
+		if k >= len(dys) {
+			panic(fmt.Errorf("zgomlx: layer %q: %d output gradients for more float outputs", le.layer.Scope, len(dys)))
+		}
+		dy := dys[k]
+		k++
+		if !y.Shape().Equal(dy.Shape()) {
+			panic(fmt.Errorf("zgomlx: layer %q: output %s, its gradient %s", le.layer.Scope, y.Shape(), dy.Shape()))
+		}
+		term := graph.ReduceAllSum(graph.Mul(y, dy))
+		if objective == nil {
+			objective = term
+		} else {
+			objective = graph.Add(objective, graph.ConvertDType(term, objective.DType()))
+		}
 	}
 	var wrt []*graph.Node
-	if x.DType().IsFloat() {
-		wrt = append(wrt, x)
+	for _, x := range xs {
+		if x.DType().IsFloat() {
+			wrt = append(wrt, x)
+		}
 	}
 	for _, v := range le.vars {
 		wrt = append(wrt, v.v.NodeValue(g))
 	}
-	if len(wrt) == 0 {
-		panic(fmt.Errorf("zgomlx: layer %q has neither a float input nor registered variables: nothing to differentiate", le.layer.Scope))
+	if len(wrt) == 0 || objective == nil {
+		panic(fmt.Errorf("zgomlx: layer %q has no float input, registered variable or float output: nothing to differentiate", le.layer.Scope))
 	}
-	return graph.Gradient(graph.ReduceAllSum(graph.Mul(y, dy)), wrt...)
+	return graph.Gradient(objective, wrt...)
 }
 
 // needsBackward reports whether the layer's backward pass has anything
-// to compute for an input of dtype float (or not).
-func (le *layerExec) needsBackward(floatInput bool) bool { return floatInput || len(le.vars) > 0 }
+// to compute for inputs with floats float inputs.
+func (le *layerExec) needsBackward(floats int) bool { return floats > 0 || len(le.vars) > 0 }
 
 // checkPure refuses a layer whose graph changes a variable: the backward
 // pass recomputes the layer, which must give the forward's values.
 func (le *layerExec) checkPure(g *graph.Graph) {
-	for v := range le.ex.store.IterVariables() {
+	if err := checkPure(le.ex.store, g, le.layer.Scope); err != nil {
+		panic(err)
+	}
+}
+
+// checkPure reports a graph that changes a variable (dropout advancing
+// the random state, batch statistics, a counter) or adds a loss term
+// (regularization) the per-layer executors would not see.
+func checkPure(store *model.Store, g *graph.Graph, scope string) error {
+	var errs []error
+	for v := range store.IterVariables() {
 		if v.IsValid() && v.InUseByGraph(g) && v.ChangedInGraph(g) {
-			panic(fmt.Errorf("zgomlx: layer %q updates variable %q in its graph (dropout, batch statistics, a counter): per-layer recomputation needs layers that are pure functions of their input and variables", le.layer.Scope, v.Path()))
+			errs = append(errs, fmt.Errorf("zgomlx: layer %q updates variable %q in its graph (dropout, batch statistics, a counter): per-layer recomputation needs layers that are pure functions of their input and variables", scope, v.Path()))
 		}
 	}
+	if reg := train.GetRegularizationLoss(g); reg != nil {
+		errs = append(errs, fmt.Errorf("zgomlx: layer %q adds a regularization loss (train.AddRegularizationLoss; layers.Dense adds one when the scope sets regularizer hyperparameters such as %q or %q): the per-layer executors differentiate the layer's outputs only and would drop it; leave the regularizer out", scope, "l2_regularization", "l1_regularization"))
+	}
+	if m := train.GetMainLoss(g); m != nil {
+		errs = append(errs, fmt.Errorf("zgomlx: layer %q adds a loss term (train.AddMainLoss): the loss is Net.Loss/TrainLoss of the last layer's outputs", scope))
+	}
+	return errors.Join(errs...)
 }
 
 // hook feeds the graph's variables: it runs on the calling goroutine
@@ -235,8 +399,8 @@ func (le *layerExec) bind(g *graph.Graph, in []compute.Buffer) ([]binding, error
 		}
 		name := g.GetParameterByHandle(graph.ParameterHandle(h)).GetParameterName()
 		if v := le.ex.byName[name]; v != nil {
-			if v.Layer != le.index {
-				return nil, fmt.Errorf("zgomlx: layer %q uses variable %q of layer %q: a variable belongs to one layer (share weights within a layer)", le.layer.Scope, name, le.ex.net.Layers[v.Layer].Scope)
+			if v.Layer != le.index && !slices.Contains(le.vars[le.own:], v) {
+				return nil, fmt.Errorf("zgomlx: layer %q uses variable %q of layer %q: a variable belongs to one layer (share weights within a layer, or list it in Layer.Borrow of a later layer)", le.layer.Scope, name, le.ex.net.Layers[v.Layer].Scope)
 			}
 			bs = append(bs, binding{handle: h, v: v})
 			continue

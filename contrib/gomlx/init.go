@@ -21,32 +21,56 @@ func Initialize(backend compute.Backend, store *model.Store, net Net, x shapes.S
 	if err := net.check(); err != nil {
 		return shapes.Shape{}, err
 	}
+	ys, err := InitializeN(backend, store, net, []shapes.Shape{x})
+	if err != nil {
+		return shapes.Shape{}, err
+	}
+	return ys[0], nil
+}
+
+// InitializeN is Initialize for a Net whose first layer takes several
+// inputs; it returns the shapes of the last layer's outputs.
+func InitializeN(backend compute.Backend, store *model.Store, net Net, xs []shapes.Shape) ([]shapes.Shape, error) {
+	if err := net.check(); err != nil {
+		return nil, err
+	}
 	for _, l := range net.Layers {
 		var err error
-		x, err = trace(backend, store, l, x)
+		xs, err = trace(backend, store, l, xs, false)
 		if err != nil {
-			return shapes.Shape{}, err
+			return nil, err
 		}
 	}
 	if err := store.InitializeVariables(backend, nil); err != nil {
-		return shapes.Shape{}, fmt.Errorf("zgomlx: initializing the variables: %w", err)
+		return nil, fmt.Errorf("zgomlx: initializing the variables: %w", err)
 	}
-	return x, nil
+	return xs, nil
 }
 
-// trace builds one layer's graph for an input of shape x and returns its
-// output shape.
-func trace(backend compute.Backend, store *model.Store, l Layer, x shapes.Shape) (y shapes.Shape, err error) {
+// trace builds one layer's graph for inputs of shapes xs and returns its
+// outputs' shapes. strict refuses a layer the per-layer executors cannot
+// run as the whole graph would (checkPure).
+func trace(backend compute.Backend, store *model.Store, l Layer, xs []shapes.Shape, strict bool) (ys []shapes.Shape, err error) {
 	g := graph.NewGraph(backend, "zgomlx.trace")
 	defer g.Finalize()
 	err = exceptions.TryCatch[error](func() {
 		model.SetStore(g, store)
 		store.SetTraining(g, true)
-		out := l.Fn(store.Scope(cleanScope(l.Scope)), graph.Parameter(g, "x", x))
-		y = out.Shape()
+		in := make([]*graph.Node, len(xs))
+		for i, x := range xs {
+			in[i] = graph.Parameter(g, fmt.Sprintf("x%d", i), x)
+		}
+		for _, y := range l.fn()(store.Scope(cleanScope(l.Scope)), in) {
+			ys = append(ys, y.Shape())
+		}
 	})
 	if err != nil {
-		return shapes.Shape{}, fmt.Errorf("zgomlx: layer %q on input %s: %w", l.Scope, x, err)
+		return nil, fmt.Errorf("zgomlx: layer %q on inputs %v: %w", l.Scope, xs, err)
 	}
-	return y, nil
+	if strict {
+		if err := checkPure(store, g, cleanScope(l.Scope)); err != nil {
+			return nil, err
+		}
+	}
+	return ys, nil
 }

@@ -36,8 +36,8 @@ type paramSource interface {
 }
 
 // loop runs micro-steps of a Net over a paramSource with per-layer
-// executors: forward layer by layer (keeping each layer's input), the
-// loss and its gradient, then backward from the last layer, each layer
+// executors: forward layer by layer (keeping each layer's inputs), the
+// loss and its gradients, then backward from the last layer, each layer
 // recomputed and differentiated (its variables' gradients handed over
 // as they are produced).
 //
@@ -49,16 +49,19 @@ type paramSource interface {
 type loop struct {
 	ex      *executors
 	src     paramSource
-	acts    []*tensors.Tensor
+	acts    [][]*tensors.Tensor
 	scratch []float32 // widens bf16/fp16 gradients
 	jobs    chan job
 	results chan result
+	outF    []int // float outputs per layer
+	// outs are the last layer's outputs of a modeForward run.
+	outs []*tensors.Tensor
 }
 
-// job is one executor call for the worker: exec(a) or exec(a, b).
+// job is one executor call for the worker.
 type job struct {
 	exec *graph.Exec
-	a, b *tensors.Tensor
+	args []any
 }
 
 type result struct {
@@ -70,11 +73,7 @@ type result struct {
 func work(jobs <-chan job, results chan<- result) {
 	for j := range jobs {
 		var r result
-		if j.b == nil {
-			r.outs, r.err = j.exec.Call(j.a)
-		} else {
-			r.outs, r.err = j.exec.Call(j.a, j.b)
-		}
+		r.outs, r.err = j.exec.Call(j.args...)
 		results <- r
 	}
 }
@@ -84,13 +83,43 @@ func work(jobs <-chan job, results chan<- result) {
 type pending struct {
 	layer int
 	outs  []*tensors.Tensor
-	k     int // the first gradient in outs (1 when outs[0] is dx)
+	k     int // the first gradient in outs (after the dxs)
 }
 
-// run is one micro-step; it returns the loss.
-func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (loss float32, err error) {
-	if x == nil || labels == nil {
-		return 0, fmt.Errorf("zgomlx: nil input or labels")
+// one is a tensor as a list (nil as a list with nil, refused by run).
+func one(t *tensors.Tensor) []*tensors.Tensor { return []*tensors.Tensor{t} }
+
+// floats counts the float tensors of ts.
+func floats(ts []*tensors.Tensor) int {
+	n := 0
+	for _, t := range ts {
+		if t.DType().IsFloat() {
+			n++
+		}
+	}
+	return n
+}
+
+// mode is what a run computes.
+type mode int
+
+const (
+	modeTrain   mode = iota // forward, loss, backward
+	modeLoss                // forward and loss
+	modeForward             // forward only: the last layer's outputs
+)
+
+// run is one micro-step (modeTrain); it returns the loss. modeLoss stops
+// after the loss, modeForward after the last layer (its outputs are left
+// in lp.outs, the caller's to free).
+func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool, md mode) (loss float32, err error) {
+	if len(xs) == 0 || (md != modeForward && len(labels) == 0) {
+		return 0, fmt.Errorf("zgomlx: no inputs or no labels")
+	}
+	for _, t := range append(append([]*tensors.Tensor(nil), xs...), labels...) {
+		if t == nil {
+			return 0, fmt.Errorf("zgomlx: nil input or labels")
+		}
 	}
 	if lp.jobs == nil {
 		lp.jobs, lp.results = make(chan job), make(chan result)
@@ -102,19 +131,23 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 	}()
 	layers := lp.ex.layers
 	L := len(layers)
-	acts := append(lp.acts[:0], x)
-	var dy *tensors.Tensor
+	acts := append(lp.acts[:0], xs)
+	var dy []*tensors.Tensor
 	var pend pending
+	lp.outs = nil
 	defer func() {
 		close(lp.jobs) // every job started was waited for
 		<-done
 		lp.jobs = nil
 		// acts[0] is the caller's; the others are ours.
 		for i := 1; i < len(acts); i++ {
-			finalize(acts[i])
+			if i == L && md == modeForward && err == nil {
+				continue // handed over in lp.outs
+			}
+			finalizeAll(acts[i])
 			acts[i] = nil
 		}
-		finalize(dy)
+		finalizeAll(dy)
 		lp.drop(&pend)
 		lp.acts = acts[:0]
 		if err != nil {
@@ -123,7 +156,15 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 			}
 		}
 	}()
-	call := func(e *graph.Exec, a, b *tensors.Tensor) { lp.jobs <- job{exec: e, a: a, b: b} }
+	call := func(e *graph.Exec, args ...[]*tensors.Tensor) {
+		var a []any
+		for _, ts := range args {
+			for _, t := range ts {
+				a = append(a, t)
+			}
+		}
+		lp.jobs <- job{exec: e, args: a}
+	}
 	wait := func() ([]*tensors.Tensor, error) { r := <-lp.results; return r.outs, r.err }
 
 	lp.src.startPass(true)
@@ -131,7 +172,8 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 		return 0, err
 	}
 	for l, le := range layers {
-		call(le.fwd, acts[l], nil)
+		le.nIn = len(acts[l])
+		call(le.fwd, acts[l])
 		var berr error
 		if l+1 < L {
 			berr = lp.src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
@@ -142,16 +184,19 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 			if berr == nil && l+1 < L {
 				lp.src.unbind(l + 1)
 			}
-			for _, t := range out {
-				finalize(t)
-			}
+			finalizeAll(out)
 			if err != nil {
 				return 0, fmt.Errorf("zgomlx: forward of layer %q: %w", le.layer.Scope, err)
 			}
 			return 0, berr
 		}
-		acts = append(acts, out[0])
+		acts = append(acts, out)
 	}
+	if md == modeForward {
+		lp.outs = acts[L]
+		return 0, nil
+	}
+	lp.ex.nOut = len(acts[L])
 	call(lp.ex.loss, acts[L], labels)
 	lo, err := wait()
 	if err != nil {
@@ -159,15 +204,24 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 	}
 	loss, err = lp.scalar(lo[0])
 	finalize(lo[0])
-	dy = lo[1]
-	if err != nil {
-		return 0, err
+	dy = lo[1:]
+	if err != nil || md == modeLoss {
+		return loss, err
 	}
-	finalize(acts[L])
+	// A layer runs backward when it has float outputs (gradients come
+	// back) and float inputs or variables (gradients go out).
+	if cap(lp.outF) < L {
+		lp.outF = make([]int, L)
+	}
+	outF := lp.outF[:L]
+	for l := range L {
+		outF[l] = floats(acts[l+1])
+	}
+	finalizeAll(acts[L])
 	acts[L] = nil
 
 	lp.src.startPass(false)
-	needs := func(l int) bool { return layers[l].needsBackward(acts[l].DType().IsFloat()) }
+	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(floats(acts[l])) }
 	if needs(L - 1) {
 		if err := lp.src.bind(ctx, L-1); err != nil {
 			return 0, err
@@ -176,12 +230,13 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 	for l := L - 1; l >= 0; l-- {
 		le := layers[l]
 		in := acts[l]
-		float := in.DType().IsFloat() // before in is freed
+		nf := floats(in) // before in is freed
 		if !needs(l) {
-			finalize(dy)
+			finalizeAll(dy)
 			dy = nil
 			continue
 		}
+		le.nIn = len(in)
 		call(le.bwd, in, dy)
 		// While it computes: the next layer's swap-in, and the previous
 		// layer's gradients handed over (its update started).
@@ -195,17 +250,15 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 		gerr := lp.handOver(ctx, &pend, last)
 		outs, err := wait()
 		lp.src.unbind(l)
-		finalize(dy)
+		finalizeAll(dy)
 		dy = nil
 		if l > 0 {
-			finalize(in)
+			finalizeAll(in)
 			acts[l] = nil
 		}
 		if err == nil {
-			pend = pending{layer: l, outs: outs}
-			if float {
-				dy, pend.k = outs[0], 1
-			}
+			pend = pending{layer: l, outs: outs, k: nf}
+			dy = outs[:nf]
 		}
 		if err != nil || berr != nil || gerr != nil {
 			if berr == nil && next >= 0 {
@@ -227,7 +280,9 @@ func (lp *loop) run(ctx context.Context, x, labels *tensors.Tensor, last bool) (
 }
 
 // handOver hands a layer's gradients to the paramSource (and, on the
-// last micro-step, starts its update), then frees them.
+// last micro-step, starts its update), then frees them. A borrowed
+// variable's gradient is never final here: its own layer's comes later
+// in the backward pass.
 func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 	if p.outs == nil {
 		return nil
@@ -235,7 +290,7 @@ func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 	defer lp.drop(p)
 	le := lp.ex.layers[p.layer]
 	for i, v := range le.vars {
-		if err := lp.grad(ctx, v, p.outs[p.k+i], last); err != nil {
+		if err := lp.grad(ctx, v, p.outs[p.k+i], last && i < le.own); err != nil {
 			return err
 		}
 	}
@@ -245,8 +300,8 @@ func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 	return nil
 }
 
-// drop frees a pending layer's gradients (its dx, if any, is the loop's
-// dy by then and freed with it).
+// drop frees a pending layer's gradients (its dxs, if any, are the
+// loop's dy by then and freed with it).
 func (lp *loop) drop(p *pending) {
 	for i := p.k; i < len(p.outs); i++ {
 		finalize(p.outs[i])
@@ -274,6 +329,13 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last bool) 
 	g := lp.scratch[:v.numel]
 	swapper.Decode(v.dtype, g, b)
 	return lp.src.grad(ctx, v, g, last)
+}
+
+// finalizeAll frees tensors now (nil entries are fine).
+func finalizeAll(ts []*tensors.Tensor) {
+	for _, t := range ts {
+		finalize(t)
+	}
 }
 
 // scalar reads a scalar float tensor without copying it to Go.

@@ -64,9 +64,9 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg 
 		return nil, err
 	}
 	if len(opts.Layers) == 0 {
-		opts.Layers = net.Scopes()
+		opts.Layers, opts.also = net.Scopes(), net.also()
 	}
-	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers)
+	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers, opts.also)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ func (mt *MemoryTrainer) writeParam(v *Var, st *memState) {
 // Step is one training step on a batch (the last micro-step after
 // Accumulate calls); it returns the loss.
 func (mt *MemoryTrainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
-	loss, err := mt.lp.run(ctx, x, labels, true)
+	loss, err := mt.lp.run(ctx, one(x), one(labels), true, modeTrain)
 	if err != nil {
 		return loss, err
 	}
@@ -158,7 +158,7 @@ func (mt *MemoryTrainer) Step(ctx context.Context, x, labels *tensors.Tensor) (f
 
 // Accumulate is a micro-step that is not the step's last.
 func (mt *MemoryTrainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
-	return mt.lp.run(ctx, x, labels, false)
+	return mt.lp.run(ctx, one(x), one(labels), false, modeTrain)
 }
 
 // Gradients runs forward and backward on a batch with the per-layer
@@ -167,7 +167,7 @@ func (mt *MemoryTrainer) Accumulate(ctx context.Context, x, labels *tensors.Tens
 func (mt *MemoryTrainer) Gradients(ctx context.Context, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
 	mt.collect = map[string][]float32{}
 	defer func() { mt.collect = nil }()
-	loss, err := mt.lp.run(ctx, x, labels, false)
+	loss, err := mt.lp.run(ctx, one(x), one(labels), false, modeTrain)
 	return loss, mt.collect, err
 }
 
@@ -200,7 +200,11 @@ func (s *memSource) unbind(int) {}
 
 func (s *memSource) grad(_ context.Context, v *Var, g []float32, last bool) error {
 	if s.collect != nil {
-		s.collect[v.Name] = append([]float32(nil), g...)
+		if acc, ok := s.collect[v.Name]; ok {
+			accumulate(acc, g) // a tied variable's other use
+		} else {
+			s.collect[v.Name] = append([]float32(nil), g...)
+		}
 		return nil
 	}
 	st := &s.state[v.idx]

@@ -50,6 +50,9 @@ type Options struct {
 	HeapCredit int64
 	// Runtime is passed to zinf.Open.
 	Runtime zinf.Options
+
+	// also are further scopes of each layer (Layer.Also), from the Net.
+	also [][]string
 }
 
 // Offload is a model.Store's variables registered with a zinf.Runtime:
@@ -82,7 +85,7 @@ type Offload struct {
 // selected must have a value. Register is all or nothing: on error the
 // runtime is closed and the Store is as it was.
 func Register(ctx context.Context, cfg *config.Config, store *model.Store, opts Options) (*Offload, error) {
-	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers)
+	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers, opts.also)
 	if err != nil {
 		return nil, err
 	}

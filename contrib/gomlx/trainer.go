@@ -85,6 +85,12 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 	if err != nil {
 		return nil, err
 	}
+	for _, v := range off.vars {
+		if v.shared && !v.ownClass {
+			v.class, v.ownClass = off.classes, true
+			off.classes++
+		}
+	}
 	t := &Trainer{off: off, ex: ex, pool: newSlotPool(backend, off.classes)}
 	t.lp = loop{ex: ex, src: (*zinfSource)(t)}
 	return t, nil
@@ -117,7 +123,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, stor
 	if err := checkTrainer(backend, cfg); err != nil {
 		return nil, err
 	}
-	opts.Layers = net.Scopes()
+	opts.Layers, opts.also = net.Scopes(), net.also()
 	off, err := Register(ctx, cfg, store, opts)
 	if err != nil {
 		return nil, err
@@ -155,7 +161,7 @@ func (t *Trainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32,
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	loss, err := t.lp.run(ctx, x, labels, true)
+	loss, err := t.lp.run(ctx, one(x), one(labels), true, modeTrain)
 	if err != nil {
 		return loss, err
 	}
@@ -168,7 +174,7 @@ func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (fl
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	return t.lp.run(ctx, x, labels, false)
+	return t.lp.run(ctx, one(x), one(labels), false, modeTrain)
 }
 
 // Commit runs (or, after ErrCommitPending, runs again) the optimizer
@@ -250,12 +256,20 @@ func (s *zinfSource) startPass(forward bool) {
 func (s *zinfSource) bind(ctx context.Context, l int) error {
 	o := s.off
 	vars := o.layerVars[l]
+	all := s.ex.layers[l].vars // own, then borrowed
 	read := false
-	for _, v := range vars {
+	for i, v := range all {
 		sl, ok, err := s.pool.acquire(v, o.version)
 		if err != nil {
-			s.pool.release(vars)
+			s.pool.release(all)
 			return err
+		}
+		if i >= len(vars) && !ok {
+			// A borrowed variable is swapped in with its own, earlier,
+			// layer and stays in its buffer (a slot class of its own).
+			sl.forget()
+			s.pool.release(all)
+			return fmt.Errorf("zgomlx: layer %q borrows %q, which is not in its swap-in buffer (its layer %q runs first in every pass)", o.scopes[l], v.Name, o.scopes[v.Layer])
 		}
 		sl.keep = false
 		v.cur = sl.buf
@@ -267,7 +281,7 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 	t0 := time.Now()
 	defer func() { s.times.SwapIn += time.Since(t0) }()
 	if err := o.rt.BeginLayer(ctx, l); err != nil {
-		s.pool.release(vars)
+		s.pool.release(all)
 		return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
 	}
 	defer o.rt.EndLayer(l) // the values are in GoMLX buffers: zinf's can go
@@ -277,7 +291,7 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 		}
 		if err := o.rt.ReadParamBytes(ctx, v.Name, v.dtype, v.slot.bytes); err != nil {
 			v.slot.forget()
-			s.pool.release(vars)
+			s.pool.release(all)
 			return fmt.Errorf("zgomlx: swap-in of %q: %w", v.Name, err)
 		}
 		v.slot.version = o.version
@@ -286,7 +300,7 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 	return nil
 }
 
-func (s *zinfSource) unbind(l int) { s.pool.release(s.off.layerVars[l]) }
+func (s *zinfSource) unbind(l int) { s.pool.release(s.ex.layers[l].vars) }
 
 func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _ bool) error {
 	t0 := time.Now()

@@ -27,7 +27,11 @@ type Var struct {
 	dtype tensor.DType // Shape.DType in zinf's vocabulary
 	numel int
 	class int // slot class: variables of one class share swap-in buffers
-	idx   int // position in the trainer's variables
+	// shared: a later layer borrows it (Layer.Borrow); it has a slot class
+	// of its own, so its values stay in their buffer through a pass.
+	shared   bool
+	ownClass bool
+	idx      int // position in the trainer's variables
 
 	// Per-loop state, owned by the one loop goroutine.
 	slot *slot   // the swap-in buffer holding (or last holding) its values
@@ -83,7 +87,7 @@ func firstScope(path string) string {
 // collectVars selects the Store's variables, assigns each a layer (by the
 // given scopes, or by first-level scope in creation order) and a slot
 // class. Every problem is reported at once.
-func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes []string) ([]*Var, []string, error) {
+func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes []string, also [][]string) ([]*Var, []string, error) {
 	if store == nil {
 		return nil, nil, errors.New("zgomlx: nil model.Store")
 	}
@@ -127,6 +131,10 @@ func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes [
 		layer := -1
 		for l, s := range scopes {
 			if inScope(v.Path(), s) {
+				layer = l
+				break
+			}
+			if l < len(also) && slices.ContainsFunc(also[l], func(a string) bool { return inScope(v.Path(), cleanScope(a)) }) {
 				layer = l
 				break
 			}

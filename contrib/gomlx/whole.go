@@ -9,6 +9,7 @@ import (
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/train"
 	gopt "github.com/gomlx/gomlx/ml/train/optimizer"
 
 	"github.com/zinfio/zinf/buffers"
@@ -17,18 +18,14 @@ import (
 
 // chain builds the whole Net in one graph: each layer in its scope, then
 // the loss.
-func chain(store *model.Store, net Net, x, labels *graph.Node) *graph.Node {
-	g := x.Graph()
+func chain(store *model.Store, net Net, xs, labels []*graph.Node) *graph.Node {
+	g := xs[0].Graph()
 	store.SetTraining(g, true)
-	y := x
+	ys := xs
 	for _, l := range net.Layers {
-		y = l.Fn(store.Scope(cleanScope(l.Scope)), y)
+		ys = l.fn()(store.Scope(cleanScope(l.Scope)), ys)
 	}
-	loss := net.Loss(y, labels)
-	if !loss.Shape().IsScalar() {
-		panic(fmt.Errorf("zgomlx: Net.Loss returned shape %s (a scalar is needed)", loss.Shape()))
-	}
-	return loss
+	return net.loss(ys, labels)
 }
 
 // WholeGraph trains a Net the usual GoMLX way: the whole model and its
@@ -39,6 +36,7 @@ func chain(store *model.Store, net Net, x, labels *graph.Node) *graph.Node {
 type WholeGraph struct {
 	backend compute.Backend
 	exec    *model.Exec
+	nIn     int // inputs (the rest are labels) of the call being built
 }
 
 // NewWholeGraph builds the training step of net with opt over store
@@ -50,20 +48,58 @@ func NewWholeGraph(backend compute.Backend, store *model.Store, net Net, opt gop
 	if opt == nil {
 		return nil, errors.New("zgomlx: nil optimizer")
 	}
-	e, err := model.NewExec(backend, store, func(scope *model.Scope, x, labels *graph.Node) *graph.Node {
-		loss := chain(store, net, x, labels)
-		opt.UpdateGraph(scope, x.Graph(), loss)
+	w := &WholeGraph{backend: backend}
+	e, err := model.NewExec(backend, store, func(scope *model.Scope, ins []*graph.Node) *graph.Node {
+		loss := chain(store, net, ins[:w.nIn], ins[w.nIn:])
+		opt.UpdateGraph(scope, ins[0].Graph(), loss)
 		return loss
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &WholeGraph{backend: backend, exec: e}, nil
+	w.exec = e
+	return w, nil
+}
+
+// NewWholeGraphModel builds the training step of a model written the
+// plain GoMLX way, in one graph: predictions = modelFn(scope, inputs)
+// (the root scope), loss = lossFn(labels, predictions), averaged when it
+// is not a scalar (as train.Trainer does), and opt's update. For the zoo
+// transformer, modelFn calls transformer.Model.Logits: the reference
+// TransformerNet's per-layer training must equal.
+func NewWholeGraphModel(backend compute.Backend, store *model.Store, modelFn func(scope *model.Scope, inputs []*graph.Node) []*graph.Node, lossFn train.LossFn, opt gopt.Interface) (*WholeGraph, error) {
+	if modelFn == nil || lossFn == nil || opt == nil {
+		return nil, errors.New("zgomlx: NewWholeGraphModel needs a model function, a loss and an optimizer")
+	}
+	w := &WholeGraph{backend: backend}
+	e, err := model.NewExec(backend, store, func(scope *model.Scope, ins []*graph.Node) *graph.Node {
+		g := ins[0].Graph()
+		store.SetTraining(g, true)
+		loss := Net{TrainLoss: lossFn}.loss(modelFn(scope, ins[:w.nIn]), ins[w.nIn:])
+		opt.UpdateGraph(scope, g, loss)
+		return loss
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.exec = e
+	return w, nil
 }
 
 // Step runs one training step on a batch and returns its loss.
 func (w *WholeGraph) Step(x, labels *tensors.Tensor) (float32, error) {
-	out, err := w.exec.Call(x, labels)
+	return w.StepN(one(x), one(labels))
+}
+
+// StepN is Step for a Net whose first layer takes several inputs, or
+// whose loss several label tensors.
+func (w *WholeGraph) StepN(xs, labels []*tensors.Tensor) (float32, error) {
+	w.nIn = len(xs)
+	var args []any
+	for _, t := range append(append([]*tensors.Tensor(nil), xs...), labels...) {
+		args = append(args, t)
+	}
+	out, err := w.exec.Call(args...)
 	if err != nil {
 		return 0, err
 	}
@@ -88,7 +124,7 @@ func WholeGraphGradients(backend compute.Backend, store *model.Store, net Net, f
 	var names []string
 	var dims []shapes.Shape
 	e, err := model.NewExec(backend, store, func(_ *model.Scope, x, labels *graph.Node) []*graph.Node {
-		loss := chain(store, net, x, labels)
+		loss := chain(store, net, []*graph.Node{x}, []*graph.Node{labels})
 		g := x.Graph()
 		var wrt []*graph.Node
 		names, dims = nil, nil
