@@ -29,6 +29,7 @@ type Buffer struct {
 	unit    int32  // first granule in the arena
 	units   int32  // granules held
 	purpose Purpose
+	hold    *holdState // the holder's accounting (WithHolder), nil without one
 	refs    atomic.Int32
 }
 

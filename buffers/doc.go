@@ -48,7 +48,13 @@
 // Waiters are served strictly in arrival order (a waiter queue with a
 // one-slot channel each, no sync.Cond), so a large request is never starved
 // by a stream of small ones; TryAcquire does not jump the queue either.
-// Requests that can never fit fail at once with ErrTooLarge. The pool counts
+// Requests that can never fit fail at once with ErrTooLarge. A wait that
+// can never be served fails too: Acquire calls whose context names a
+// Holder (WithHolder) are tracked by holder, and when every buffer of the
+// region a holder waits on is held by holders that wait themselves —
+// nobody can release — their waits fail at once with ErrDeadlock, naming
+// each holder, what it holds and what it waits for. Any other wait that
+// sees no release for Options.StallTimeout fails with ErrStalled. The pool counts
 // bytes and buffers per Purpose, tracks the peak, and Close reports leaked
 // buffers by purpose.
 //

@@ -32,6 +32,12 @@ var (
 	// held by buffers whose holders are not giving them back, typically
 	// because they wait themselves.
 	ErrStalled = errors.New("buffers: pool stalled")
+	// ErrDeadlock is wrapped (as a *DeadlockError) by Acquire when its
+	// wait can never be served: every buffer of its region is held by
+	// holders (WithHolder) that wait themselves, so none can be released.
+	// It is reported when the wait becomes unsatisfiable, not after
+	// Options.StallTimeout; errors.Is(err, ErrStalled) holds too.
+	ErrDeadlock = errors.New("buffers: pool deadlocked")
 )
 
 // StallError is the cause of an Acquire failed by the stall watchdog. It
@@ -49,6 +55,23 @@ func (e *StallError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrStalled) hold.
 func (e *StallError) Unwrap() error { return ErrStalled }
+
+// DeadlockError is the cause of the Acquire calls the wait-for check
+// failed (see Holder): Holders says, for each holder whose waits can never
+// be served, what it holds and what it waits for; Held is what the whole
+// pool's memory was held for at that moment (Pool.Holders).
+type DeadlockError struct {
+	Holders string
+	Held    string
+}
+
+func (e *DeadlockError) Error() string {
+	return fmt.Sprintf("pool deadlocked: every buffer these waits need is held by holders that wait themselves, so none can be released: %s; held: %s", e.Holders, e.Held)
+}
+
+// Unwrap makes errors.Is(err, ErrDeadlock) and errors.Is(err, ErrStalled)
+// hold.
+func (e *DeadlockError) Unwrap() []error { return []error{ErrDeadlock, ErrStalled} }
 
 // AcquireError is returned by Acquire and says which request failed and why.
 // Err is one of the sentinels above, or the context's error.

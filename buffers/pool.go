@@ -54,6 +54,12 @@ type Pool struct {
 	waits          int64
 	waiting        int
 	stalls         int64
+	deadlocks      int64
+
+	// holders is the accounting of the holders (WithHolder) that hold
+	// buffers or wait; holderWaits counts their waiting Acquire calls.
+	holders     map[*Holder]*holdState
+	holderWaits int
 }
 
 // region is one independently allocated part of the arena: the shared
@@ -61,6 +67,7 @@ type Pool struct {
 // relative to base.
 type region struct {
 	name  string // "shared" or the purpose's name
+	index int    // in Pool.regions
 	base  int32  // first granule in the arena
 	alloc *buddy
 	// Waiting Acquire calls, oldest first. Service is strictly FIFO: while
@@ -70,6 +77,7 @@ type region struct {
 	waiting            int
 	inUse              int64
 	outstanding        int64
+	anon               int64 // outstanding buffers acquired without a holder
 	// progress counts releases; lastProgress is when the last happened (or
 	// the first waiter queued on an idle region). The stall watchdog
 	// compares them with each waiter's start.
@@ -88,6 +96,7 @@ type waiter struct {
 	buf        *Buffer
 	err        error
 	since      time.Time
+	hold       *holdState // the holder's, nil without one
 	ready      chan struct{}
 	prev, next *waiter
 }
@@ -111,6 +120,7 @@ type Stats struct {
 	Waits         int64 // Acquire calls that had to block, ever
 	Waiting       int   // Acquire calls blocked right now
 	Stalls        int64 // Acquire calls failed with ErrStalled, ever
+	Deadlocks     int64 // Acquire calls failed with ErrDeadlock, ever
 	Misuses       int64 // over-releases and retains after release
 	Pinned        bool  // whether the arena is mlock'ed
 }
@@ -145,7 +155,7 @@ func NewPool(opts Options) (*Pool, error) {
 	// reservation follows in purpose order.
 	next := int32(0)
 	add := func(name string, units int32) *region {
-		r := &region{name: name, base: next}
+		r := &region{name: name, index: len(p.regions), base: next}
 		if units > 0 {
 			r.alloc = newBuddy(units)
 		}
@@ -316,17 +326,21 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 		return nil, &AcquireError{size, purpose, err}
 	}
 	b := new(Buffer) // outside the lock; the one allocation per Acquire
+	h := HolderFrom(ctx)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, &AcquireError{size, purpose, ErrClosed}
+	}
+	if h != nil {
+		b.hold = p.holdLocked(h)
 	}
 	if r.waitHead == nil && p.allocLocked(r, b, units, size, purpose) {
 		p.mu.Unlock()
 		return b, nil
 	}
 	w := p.newWaiterLocked()
-	w.units, w.size, w.purpose, w.buf = units, size, purpose, b
+	w.units, w.size, w.purpose, w.buf, w.hold = units, size, purpose, b, b.hold
 	w.since = time.Now()
 	if r.waitHead == nil && r.lastProgress.Before(w.since) {
 		// An idle region's clock starts with its first waiter.
@@ -334,6 +348,10 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 	}
 	p.enqueueLocked(r, w)
 	p.waits++
+	if w.hold != nil {
+		// This wait may be the one that leaves nobody able to release.
+		p.checkDeadlockLocked()
+	}
 	p.mu.Unlock()
 
 	select {
@@ -405,6 +423,12 @@ func (p *Pool) allocLocked(r *region, b *Buffer, units int32, size int, purpose 
 	p.inUseTotal += n
 	r.inUse += n
 	r.outstanding++
+	if s := b.hold; s != nil {
+		s.held[r.index]++
+		s.bytes[r.index] += n
+	} else {
+		r.anon++
+	}
 	p.requestedTotal += int64(size)
 	p.peak = max(p.peak, p.inUseTotal)
 	p.outstanding++
@@ -440,6 +464,13 @@ func (p *Pool) putLocked(b *Buffer) {
 	p.inUseTotal -= n
 	r.inUse -= n
 	r.outstanding--
+	if s := b.hold; s != nil {
+		s.held[r.index]--
+		s.bytes[r.index] -= n
+		p.dropIdleLocked(s)
+	} else {
+		r.anon--
+	}
 	r.progress++
 	if r.waitHead != nil {
 		r.lastProgress = time.Now()
@@ -449,6 +480,10 @@ func (p *Pool) putLocked(b *Buffer) {
 	p.outstandingBy[b.purpose]--
 	if !p.closed {
 		p.grantLocked(r)
+		if p.holderWaits > 0 && r.waitHead != nil {
+			// The release may have left only waiting holders in r.
+			p.checkDeadlockLocked()
+		}
 		return
 	}
 	if p.outstanding == 0 && !p.unmapped {
@@ -642,6 +677,7 @@ func (p *Pool) Stats() Stats {
 		Waits:                p.waits,
 		Waiting:              p.waiting,
 		Stalls:               p.stalls,
+		Deadlocks:            p.deadlocks,
 		Misuses:              p.misuses.Load(),
 		Pinned:               p.pinned,
 	}
@@ -686,6 +722,10 @@ func (p *Pool) enqueueLocked(r *region, w *waiter) {
 	r.waitTail = w
 	r.waiting++
 	p.waiting++
+	if s := w.hold; s != nil {
+		s.waiting++
+		p.holderWaits++
+	}
 }
 
 func (p *Pool) dequeueLocked(r *region, w *waiter) {
@@ -702,4 +742,9 @@ func (p *Pool) dequeueLocked(r *region, w *waiter) {
 	w.prev, w.next = nil, nil
 	r.waiting--
 	p.waiting--
+	if s := w.hold; s != nil {
+		s.waiting--
+		p.holderWaits--
+		p.dropIdleLocked(s)
+	}
 }
