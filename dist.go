@@ -586,7 +586,7 @@ func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float3
 		r.reducePending = &pendingReduce{name: name, part: part}
 	}
 	t0 := time.Now()
-	err := r.Grads.Accumulate(ctx, name, part)
+	err := r.accumulate(ctx, name, part)
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()

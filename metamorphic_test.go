@@ -122,6 +122,15 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	dir := t.TempDir()
 	cfg := config.Default()
 	cfg.SetScratchDir(dir)
+	// The schedule: the plan's (which sizes the gradients' pinned memory)
+	// and the loop's order, drawn apart — a loop may run either order
+	// whatever the plan says, with the same bits.
+	layerMajor := rng.IntN(2) == 0
+	if layerMajor {
+		micro = 1 + rng.IntN(4)
+	}
+	cfg.GradientAccumulationSteps = micro
+	cfg.Zinf.Schedule = []config.ScheduleMode{config.ScheduleAuto, config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor}[rng.IntN(3)]
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = int64(rng.IntN(3)) * 10_000
 	cfg.ZeroOptimization.SubGroupSize = int64([]int{1000, 16384, 1 << 20}[rng.IntN(3)])
 	cfg.Zinf.PipelineDepth = rng.IntN(3)
@@ -168,8 +177,8 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	}
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
 	faultRate := []float64{0, 0.05, 0.2}[rng.IntN(3)]
-	t.Logf("layers %d, tensors %d, world %d, micro %d, steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
-		layers, len(model.Tensors), world, micro, steps, zinf.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
+	t.Logf("layers %d, tensors %d, world %d, micro %d (loop layer-major %v, zinf.schedule %s), steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
+		layers, len(model.Tensors), world, micro, layerMajor, cfg.Zinf.Schedule, steps, zinf.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -207,6 +216,9 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	if pool < minPool {
 		t.Fatalf("pool %d below the minimum %d was accepted", pool, minPool)
 	}
+	if cfg.Zinf.Schedule != config.ScheduleAuto && rts[0].Schedule() != zinf.Schedule(cfg.Zinf.Schedule) {
+		t.Fatalf("zinf.schedule %s, the runtime's %s", cfg.Zinf.Schedule, rts[0].Schedule())
+	}
 	done := make(chan struct{})
 	watchdogDone := make(chan struct{})
 	go func() {
@@ -224,7 +236,8 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 		close(done)
 		<-watchdogDone
 	}()
-	tr := &trainRun{t: t, rng: rng, model: model, cfg: cfg, rts: rts, comms: comms, injs: injs, micro: micro, steps: steps, faultRate: faultRate, orders: true}
+	tr := &trainRun{t: t, rng: rng, model: model, cfg: cfg, rts: rts, comms: comms, injs: injs, micro: micro, steps: steps, faultRate: faultRate, orders: true,
+		layerMajor: layerMajor}
 	tr.run(ctx)
 	for _, inj := range injs {
 		hits += inj.Hits()
@@ -253,8 +266,12 @@ type trainRun struct {
 	// writes (Init, a layer's gradients, Step).
 	faultRate float64
 	// orders randomizes the call orders the docs allow.
-	orders  bool
-	retries atomic.Int64
+	orders bool
+	// layerMajor runs each step layer-major: every micro-batch of a layer
+	// while it is begun (BeginLayerMicroBatches), whatever the plan's
+	// schedule.
+	layerMajor bool
+	retries    atomic.Int64
 }
 
 // arm, with probability faultRate (times scale), adds a write fault
@@ -439,9 +456,15 @@ func (tr *trainRun) run(ctx context.Context) {
 			}
 		}
 	}
+	// k is the micro-batches each BeginLayer serves: all of them
+	// layer-major, one micro-batch-major.
+	k := 1
+	if tr.layerMajor {
+		k = tr.micro
+	}
 	begin := func(step, l int, what string) {
 		for r, rt := range tr.rts {
-			if err := rt.BeginLayer(ctx, l); err != nil {
+			if err := rt.BeginLayerMicroBatches(ctx, l, k); err != nil {
 				t.Fatalf("step %d %s layer %d rank %d: %v", step, what, l, r, err)
 			}
 		}
@@ -451,7 +474,9 @@ func (tr *trainRun) run(ctx context.Context) {
 		// With fp16 the loop scales its gradients by the loss scale, as a
 		// backward pass of a scaled loss would, and the step unscales them.
 		scale := float32(tr.rts[0].LossScale())
-		for m := range tr.micro {
+		// Micro-batch-major: a forward and a backward pass per micro-batch;
+		// layer-major: one of each, every micro-batch inside.
+		for visit := range tr.micro / k {
 			for _, l := range pass(false) {
 				begin(step, l, "forward")
 				readLayer(step, l)
@@ -464,25 +489,31 @@ func (tr *trainRun) run(ctx context.Context) {
 				for r := range tr.rts {
 					tr.arm(r, "/zinf-grad-", 1)
 				}
-				for _, name := range tr.rts[0].LayerTensors(l) {
-					g := make([]float32, len(master[name]))
-					grad(name, step, m, g)
-					for i := range g {
-						g[i] *= scale
+				m := visit
+				for mm := range k {
+					if k > 1 {
+						m = mm
 					}
-					if a, ok := acc[name]; ok {
-						for i := range a {
-							a[i] += g[i]
+					for _, name := range tr.rts[0].LayerTensors(l) {
+						g := make([]float32, len(master[name]))
+						grad(name, step, m, g)
+						for i := range g {
+							g[i] *= scale
 						}
-					} else {
-						acc[name] = append([]float32(nil), g...)
-					}
-					for r, rt := range tr.rts {
-						tr.retry(r, "accumulate "+name, func() error { return rt.AccumulateGrad(ctx, name, g) })
+						if a, ok := acc[name]; ok {
+							for i := range a {
+								a[i] += g[i]
+							}
+						} else {
+							acc[name] = append([]float32(nil), g...)
+						}
+						for r, rt := range tr.rts {
+							tr.retry(r, "accumulate "+name, func() error { return rt.AccumulateGrad(ctx, name, g) })
+						}
 					}
 				}
 				for r, rt := range tr.rts {
-					if m == tr.micro-1 && (tr.rng == nil || !tr.orders || tr.rng.IntN(3) != 0) {
+					if (visit+1)*k == tr.micro && (tr.rng == nil || !tr.orders || tr.rng.IntN(3) != 0) {
 						// An error here comes back from Step, which
 						// discards the step; it is retried there.
 						if err := rt.StepLayer(ctx, l); err != nil && (tr.injs == nil || tr.injs[r].Hits() == 0) {

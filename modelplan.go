@@ -231,9 +231,30 @@ func makePlan(in planInput) (*planned, error) {
 		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(ps, gs, os)))
 	}
 	dtype := ParamDType(cfg)
-	res := reserve(reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
+	rin := reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
-		bounceBytes: bounce, optOpts: optOpts, inference: in.inference, gather: in.gather})
+		bounceBytes: bounce, optOpts: optOpts, inference: in.inference, gather: in.gather,
+		layerMajor: placement.Schedule == policy.ScheduleLayerMajor}
+	res := reserve(rin)
+	if rin.layerMajor && (cfg.Zinf.Schedule == config.ScheduleAuto || cfg.Zinf.Schedule == "") {
+		// Auto works down to micro-batch-major's minimum, which needs
+		// less pinned memory: below layer-major's it takes that order.
+		rin.layerMajor = false
+		mb := reserve(rin)
+		lmPool := res.MinPoolBytes
+		if res.MinPoolBytes > res.PoolBytes {
+			if mb.MinPoolBytes <= mb.PoolBytes {
+				placement.Notes = append(placement.Notes, fmt.Sprintf("schedule micro-batch-major, though layer-major is predicted faster (%s vs %s): layer-major holds a layer's gradients in pinned memory and needs a pool of %s, this config has %s",
+					policy.FormatDuration(placement.PredictedLayerMajor.Total), policy.FormatDuration(placement.PredictedMicroBatchMajor.Total),
+					config.Size(lmPool), config.Size(res.PoolBytes)))
+			}
+			placement.Schedule, placement.Predicted = policy.ScheduleMicroBatchMajor, placement.PredictedMicroBatchMajor
+			res = mb
+		} else {
+			res.MinPoolBytes = min(res.MinPoolBytes, mb.MinPoolBytes)
+		}
+		res.LayerMajorPoolBytes = lmPool
+	}
 	p := &ModelPlan{Rank: in.rank, World: in.world, Placement: placement, Reservations: res, Bandwidth: in.bw}
 	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, in.inference, ps, gs, os)
 	placement.NVMeDiskBytes = p.DiskBytes()

@@ -59,7 +59,8 @@ func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) pol
 	return policy.Hints{ParamDevice: string(zo.OffloadParam.Device), OptimizerDevice: string(zo.OffloadOptimizer.Device),
 		MaxInCPUBytes: zo.OffloadParam.MaxInCPU * elem, ParamBufferCount: int64(zo.OffloadParam.BufferCount), ParamBufferBytes: zo.OffloadParam.BufferSize * elem,
 		OptimizerBufferCount: zo.OffloadOptimizer.BufferCount, Ratio: zo.OffloadOptimizer.Ratio,
-		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers}
+		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers,
+		MicroBatches: max(cfg.GradientAccumulationSteps, 1), Schedule: string(cfg.Zinf.Schedule)}
 }
 
 // PlanFor places a model's tensors for this config with DeepSpeed's

@@ -56,6 +56,11 @@ type Reservations struct {
 	// the sum of every minimum above (the prefetch window and the cache
 	// are not minimums).
 	MinPoolBytes int64
+	// LayerMajorPoolBytes is, under zinf.schedule auto with several
+	// micro-batches, the pool a layer-major step needs (its gradient
+	// reservation holds a layer's sums): with less, auto takes
+	// micro-batch-major, whose minimum is MinPoolBytes. 0 otherwise.
+	LayerMajorPoolBytes int64
 	// PoolBytes is the pool's capacity.
 	PoolBytes int64
 	// GranuleBytes is the pool's allocation granule.
@@ -103,6 +108,9 @@ func (r Reservations) String() string {
 		line("collectives: gathered layers (2)", r.GatherBytes)
 	}
 	fmt.Fprintf(&sb, "  %-38s %s (zinf.tiers.cpu_pinned_bytes; this config has %s)\n", "minimum pool", config.Size(r.MinPoolBytes), config.Size(r.PoolBytes))
+	if r.LayerMajorPoolBytes > 0 {
+		fmt.Fprintf(&sb, "  %-38s %s (zinf.schedule auto: micro-batch-major below it)\n", "layer-major pool", config.Size(r.LayerMajorPoolBytes))
+	}
 	return sb.String()
 }
 
@@ -169,6 +177,7 @@ type reservationInput struct {
 	optOpts     optimizer.Options
 	inference   bool
 	gather      bool // Options.GatherLayers
+	layerMajor  bool // the plan's schedule holds a layer's gradients in pinned memory
 }
 
 // reserve computes the reservations for in, giving what the pool has
@@ -223,6 +232,9 @@ func reserve(in reservationInput) Reservations {
 	}
 	if !in.inference {
 		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore}, parts, span)
+		if in.layerMajor && in.gradStore != nil {
+			r.GradBytes = max(r.GradBytes, layerGradBytes(in, span))
+		}
 		oo := in.optOpts
 		oo.Store = in.optimStore
 		oo.Grads = sizingGrads{in.gradStore}
@@ -262,6 +274,28 @@ func reserve(in reservationInput) Reservations {
 		}
 	}
 	return r
+}
+
+// layerGradBytes is the pinned memory a layer-major step's gradients
+// need: the largest layer's gradient sums, held while its micro-batches
+// are handed over, plus the largest gradient, whose write-behind from the
+// layer before may still be in flight.
+func layerGradBytes(in reservationInput, span func(int64) int64) int64 {
+	var layerMax, largest int64
+	for _, names := range in.mi.layers {
+		var layer int64
+		for _, n := range names {
+			lo, hi := partition(int(in.mi.numel[n]), in.rank, in.world)
+			if hi == lo {
+				continue
+			}
+			b := span(in.gradStore.PaddedLen(4 * int64(hi-lo)))
+			layer += b
+			largest = max(largest, b)
+		}
+		layerMax = max(layerMax, layer)
+	}
+	return layerMax + largest
 }
 
 // optimizerInFlight is the number of sub-groups the optimizer's step

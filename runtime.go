@@ -138,7 +138,8 @@ type Runtime struct {
 	disk      []swapper.SpaceNeed
 	tiers     map[string]tensor.Tier // each tensor's planned tier
 	sched     *policy.Scheduler
-	overlap   bool // StepTensor starts updates during backward
+	overlap   bool       // StepTensor starts updates during backward
+	held      *heldLayer // the layer-major visit holding gradients (loop goroutine)
 	inference bool
 	trace     tracer
 
@@ -618,6 +619,7 @@ func (r *Runtime) EndLayer(l int) {
 		return
 	}
 	r.trace.layerEnded(l)
+	r.endHeld(l)
 	if r.gatherOn {
 		r.endGathered(l)
 		return
@@ -701,7 +703,7 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 		return err
 	}
 	t0 := time.Now()
-	err = r.Grads.Accumulate(ctx, name, g[lo:hi])
+	err = r.accumulate(ctx, name, g[lo:hi])
 	if err == nil {
 		r.train.pending = nil // the gradients changed: a step retried after this checks them again
 	}
@@ -782,6 +784,7 @@ func (r *Runtime) AbortStep() {
 	}
 	r.train.pending = nil
 	r.train.txnCheck = false
+	r.held = nil
 	r.Grads.Zero()
 }
 

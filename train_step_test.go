@@ -70,6 +70,7 @@ type stepCase struct {
 	faultStep   int               // -1: none
 	faultRank   int
 	faultTarget string
+	layerMajor  bool // the loop runs every micro-batch of a layer at once
 }
 
 func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
@@ -167,6 +168,12 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 		c.faultTarget = []string{"/zinf-optim-", "/zinf-param-", "/zinf-grad-"}[rng.IntN(3)]
 	}
 	c.cfg = cfg
+	// The order of the micro-batches: both give the reference's bits.
+	if c.layerMajor = rng.IntN(2) == 0; c.layerMajor {
+		cfg.Zinf.Schedule = config.ScheduleLayerMajor
+		c.micro = 1 + rng.IntN(4)
+	}
+	cfg.GradientAccumulationSteps = c.micro
 	return c
 }
 
@@ -380,6 +387,12 @@ func (c *stepCase) grad(name string, step, micro int, scale float32) []float32 {
 func trainStepRun(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0xc11b))
 	c := randomStepCase(t, rng)
+	c.run(t, seed, rng)
+}
+
+// run trains the case on c.world runtimes and checks every step, every
+// read and the final state against the in-memory reference.
+func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtime {
 	cfg := c.cfg
 	if cfg.GradientClipping < 0 {
 		// A threshold near the first step's norm: clipping triggers on
@@ -401,8 +414,8 @@ func trainStepRun(t *testing.T, seed uint64) {
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
 	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, zinf.Hyper(cfg))
-	t.Logf("world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
-		c.world, c.micro, c.steps, len(c.model.Tensors), zinf.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
+	t.Logf("layer-major %v, world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
+		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), zinf.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
 
 	ctx, watch := watchdog(t, 2*time.Minute)
@@ -447,7 +460,7 @@ func trainStepRun(t *testing.T, seed uint64) {
 		}
 	}
 	if t.Failed() {
-		return
+		return rts
 	}
 	for _, d := range c.model.Tensors {
 		for r, rt := range rts {
@@ -495,6 +508,58 @@ func trainStepRun(t *testing.T, seed uint64) {
 		hits += in.Hits()
 	}
 	t.Logf("rank 0: %+v; faults fired: %d", rts[0].Metrics().Train, hits)
+	return rts
+}
+
+// checkReads reads layer l's parameters (begun) and compares this rank's
+// partition with the reference's step.
+func (c *stepCase) checkReads(ctx context.Context, rt *zinf.Runtime, ref *stepRef, step, l int) error {
+	for _, n := range c.layers[l] {
+		got := make([]float32, c.numel[n])
+		if err := rt.ReadParam(ctx, n, got); err != nil {
+			return err
+		}
+		lo, hi := rt.Partition(n) // a rank reads its partition
+		for i := lo; i < hi; i++ {
+			if w := ref.compute[step][n][i]; math.Float32bits(got[i]) != math.Float32bits(w) {
+				return fmt.Errorf("step %d: %s[%d] = %v, reference %v", step, n, i, got[i], w)
+			}
+		}
+	}
+	return nil
+}
+
+// layerMajorStep runs a step's forward and backward passes layer-major:
+// every micro-batch of a layer while it is begun (BeginLayerMicroBatches),
+// each gradient handed once per micro-batch, in micro-batch order.
+func (c *stepCase) layerMajorStep(ctx context.Context, rt *zinf.Runtime, ref *stepRef, step int, S float32, retry func(string, func() error) error) error {
+	rt.Forward()
+	for l := range c.layers {
+		if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
+			return fmt.Errorf("step %d forward layer %d: %w", step, l, err)
+		}
+		if err := c.checkReads(ctx, rt, ref, step, l); err != nil {
+			return err
+		}
+		rt.EndLayer(l)
+	}
+	rt.Backward()
+	for l := len(c.layers) - 1; l >= 0; l-- {
+		if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
+			return fmt.Errorf("step %d backward layer %d: %w", step, l, err)
+		}
+		for m := range c.micro {
+			for _, n := range c.layers[l] {
+				g := c.grad(n, step, m, S)
+				if err := retry("accumulate "+n, func() error { return rt.AccumulateGrad(ctx, n, g) }); err != nil {
+					return err
+				}
+			}
+		}
+		_ = rt.StepLayer(ctx, l) // a failure here is returned by Step too
+		rt.EndLayer(l)
+	}
+	return nil
 }
 
 // compute0 is a tensor's initial master.
@@ -536,23 +601,22 @@ func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.I
 			return fmt.Errorf("step %d: loss scale %v, reference %v", step, s, want.LossScale)
 		}
 		S := float32(rt.LossScale())
+		if c.layerMajor {
+			if err := c.layerMajorStep(ctx, rt, ref, step, S, retry); err != nil {
+				return err
+			}
+		}
 		for m := range c.micro {
+			if c.layerMajor {
+				break
+			}
 			rt.Forward()
-			for l, names := range c.layers {
+			for l := range c.layers {
 				if err := rt.BeginLayer(ctx, l); err != nil {
 					return fmt.Errorf("step %d forward layer %d: %w", step, l, err)
 				}
-				for _, n := range names {
-					got := make([]float32, c.numel[n])
-					if err := rt.ReadParam(ctx, n, got); err != nil {
-						return err
-					}
-					lo, hi := rt.Partition(n) // a rank reads its partition
-					for i := lo; i < hi; i++ {
-						if w := ref.compute[step][n][i]; math.Float32bits(got[i]) != math.Float32bits(w) {
-							return fmt.Errorf("step %d: %s[%d] = %v, reference %v", step, n, i, got[i], w)
-						}
-					}
+				if err := c.checkReads(ctx, rt, ref, step, l); err != nil {
+					return err
 				}
 				rt.EndLayer(l)
 			}

@@ -263,6 +263,13 @@ type Zinf struct {
 	// (and is rolled back when the step turns out to need clipping or to
 	// overflow). Default auto.
 	Speculate SpeculateMode
+	// Schedule is "schedule": the order of work within a step of several
+	// micro-batches (gradient_accumulation_steps): layer-major (every
+	// micro-batch of a layer while its parameters are in: one parameter
+	// read per pass and one gradient write per step), micro-batch-major
+	// (ZeRO-Infinity's: every micro-batch through every layer), or auto
+	// (the planner predicts both and picks). Default auto.
+	Schedule ScheduleMode
 	// Bandwidth is "bandwidth": where the planner gets each NVMe path's
 	// read and write bandwidth.
 	Bandwidth Bandwidth
@@ -411,6 +418,7 @@ func defaults() *Config {
 			Device:        DeviceAuto,
 			WorldSize:     1,
 			Speculate:     SpeculateAuto,
+			Schedule:      ScheduleAuto,
 			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
 		},
 		Optimizer: Optimizer{

@@ -178,6 +178,9 @@
 //	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,
 //	                                                         start each layer's update during backward before the
 //	                                                         global norm and overflow are known (see below)
+//	zinf.schedule                word      "auto"            auto | layer-major | micro-batch-major: the order of a
+//	                                                         step's micro-batches (gradient_accumulation_steps);
+//	                                                         auto = the planner predicts both and picks (see below)
 //	zinf.bandwidth.read_bytes_per_sec
 //	                             size      0                 each NVMe path's read bandwidth per second ("3GB"), 0..100GB;
 //	                                                         set with write_bytes_per_sec or not at all
@@ -270,6 +273,20 @@
 // or fp16 overflowed) — steps that did not speculate still tell whether
 // they would have needed one, so auto starts speculating again once
 // clipping stops triggering.
+//
+// zinf.schedule: the order of a step's micro-batches
+// (gradient_accumulation_steps = k). "micro-batch-major" is
+// ZeRO-Infinity's: every micro-batch runs forward and backward through
+// every layer, so each parameter is read from NVMe 2k times per step and
+// each gradient read back and rewritten k times. "layer-major" runs every
+// micro-batch of a layer while its parameters are in
+// (Runtime.BeginLayerMicroBatches): each parameter is read twice per step
+// and each gradient summed over the k micro-batches in pinned memory, in
+// micro-batch order, and written once; the loop keeps the k micro-batches'
+// activations between a layer's forward and its backward. Both give the
+// same bits. "auto" has the planner predict both (NVMe bandwidth, compute
+// per layer, k, the pinned pool) and pick the faster; at k = 1 they are
+// the same order, and auto says micro-batch-major.
 //
 // # NVMe bandwidth
 //

@@ -157,6 +157,8 @@ type wireZinf struct {
 	SwapFileBytes Size          `json:"swap_file_bytes"`
 	PrefetchDepth int           `json:"prefetch_depth"`
 	Speculate     SpeculateMode `json:"speculate"`
+	// Schedule is written only when it is not auto, so files stay as they were.
+	Schedule ScheduleMode `json:"schedule,omitempty"`
 	// OptimizerWorkers is written only when set, so files stay as they were.
 	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
 	Bandwidth        struct {
@@ -232,6 +234,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
 	w.Zinf.Speculate = zi.Speculate
+	if zi.Schedule != ScheduleAuto {
+		w.Zinf.Schedule = zi.Schedule
+	}
 	w.Zinf.Bandwidth.ReadBytesPerSec = zi.Bandwidth.ReadBytesPerSec
 	w.Zinf.Bandwidth.WriteBytesPerSec = zi.Bandwidth.WriteBytesPerSec
 	w.Zinf.Bandwidth.File = zi.Bandwidth.File

@@ -565,6 +565,7 @@ func schema(c *Config) []spec {
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
+		leaf("schedule", stringInto(&c.Zinf.Schedule)),
 		section("bandwidth",
 			leaf("read_bytes_per_sec", sizeInto(&c.Zinf.Bandwidth.ReadBytesPerSec)),
 			leaf("write_bytes_per_sec", sizeInto(&c.Zinf.Bandwidth.WriteBytesPerSec)),

@@ -144,6 +144,30 @@ const (
 	SpeculateNever SpeculateMode = "never"
 )
 
+// ScheduleMode is the "zinf.schedule" policy: the order of work within
+// a step of several micro-batches (gradient_accumulation_steps). Both
+// orders give the same results bit for bit; they differ in NVMe traffic
+// and pinned memory.
+type ScheduleMode string
+
+// The schedules.
+const (
+	// ScheduleAuto lets the planner predict both orders from the NVMe
+	// bandwidth, the compute per layer, the micro-batches and the pool,
+	// and pick the faster.
+	ScheduleAuto ScheduleMode = "auto"
+	// ScheduleLayerMajor runs every micro-batch of a layer while its
+	// parameters are in: each layer's parameters are read once per pass
+	// and its gradient is summed over the micro-batches in pinned memory
+	// and written once per step.
+	ScheduleLayerMajor ScheduleMode = "layer-major"
+	// ScheduleMicroBatchMajor is ZeRO-Infinity's order: every micro-batch
+	// runs forward and backward through every layer, so parameters are
+	// read 2k times per step and gradients read back and rewritten k
+	// times.
+	ScheduleMicroBatchMajor ScheduleMode = "micro-batch-major"
+)
+
 // schedulerParam is one key of scheduler.params: its reader and the types
 // it belongs to.
 type schedulerParam struct {
@@ -406,4 +430,5 @@ func (c *Config) validateTraining(k *checker) {
 		nonNeg(p+"decay_mom_rate", s.DecayMomRate)
 	}
 	k.enum("zinf.speculate", string(c.Zinf.Speculate))
+	k.enum("zinf.schedule", string(c.Zinf.Schedule))
 }

@@ -205,6 +205,7 @@ var enumValues = map[string][]string{
 	"zinf.gds":                     {string(GDSOff), string(GDSAuto), string(GDSRequired)},
 	"zinf.device":                  {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
 	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
+	"zinf.schedule":                {string(ScheduleAuto), string(ScheduleLayerMajor), string(ScheduleMicroBatchMajor)},
 	"scheduler.type":               schedulerTypes,
 	"scheduler.params.warmup_type": {WarmupLog, WarmupLinear},
 }

@@ -66,8 +66,17 @@ type Placement struct {
 	OverlapStep      bool
 	OverlapStepBytes int64
 
-	// Predicted is the predicted step time.
+	// Predicted is the predicted step time, in the order Schedule says.
 	Predicted StepPrediction
+	// Schedule is the order of the step's micro-batches the plan chose
+	// (ScheduleLayerMajor or ScheduleMicroBatchMajor): the hint, or under
+	// auto the one predicted faster; MicroBatches is their number.
+	Schedule     string
+	MicroBatches int
+	// PredictedLayerMajor and PredictedMicroBatchMajor are the step
+	// predicted in each order (Predicted is one of them): the same
+	// compute, and each order's NVMe traffic.
+	PredictedLayerMajor, PredictedMicroBatchMajor StepPrediction
 	// NVMeDiskBytes is, when the caller sets it (zinf does), the disk the
 	// swap files may reach: the NVMe tensors with the copies copy-on-write
 	// keeps during a step, padded to the device and summed over paths.
@@ -203,6 +212,14 @@ func validate(t Tiers, inv []Tensor, h Hints) error {
 	add(validFloat("compute seconds per layer", h.ComputeSecondsPerLayer))
 	if h.Layers < 0 || h.Layers > MaxLayers {
 		add(invalidf("layers %d: want 0..%d (0 = from the inventory)", h.Layers, MaxLayers))
+	}
+	if h.MicroBatches < 0 || h.MicroBatches > math.MaxInt32 {
+		add(invalidf("gradient_accumulation_steps %d: want 0 (= 1) or a positive count", h.MicroBatches))
+	}
+	switch h.Schedule {
+	case "", ScheduleAuto, ScheduleLayerMajor, ScheduleMicroBatchMajor:
+	default:
+		add(invalidf("zinf.schedule %q: want %s, %s or %s", h.Schedule, ScheduleAuto, ScheduleLayerMajor, ScheduleMicroBatchMajor))
 	}
 	if h.MaxInCPUBytes > MaxBytes || h.ParamBufferBytes > MaxBytes {
 		add(invalidf("offload_param sizes max_in_cpu %d, buffer_size %d bytes: want at most %d", h.MaxInCPUBytes, h.ParamBufferBytes, MaxBytes))
@@ -585,7 +602,20 @@ func (pl *planner) plan() (*Placement, error) {
 	if paramTier != tensor.TierNVMe && pl.h.MaxInCPUBytes > 0 {
 		pl.notef("max_in_cpu ignored: it caches parameters in front of NVMe, and offload_param.device is %s", deviceWord(paramTier))
 	}
-	p.Predicted = model.predict(depth)
+	p.MicroBatches = model.micro
+	p.PredictedLayerMajor = model.predictOrder(depth, true)
+	p.PredictedMicroBatchMajor = model.predictOrder(depth, false)
+	p.Schedule = pl.h.Schedule
+	if p.Schedule == "" || p.Schedule == ScheduleAuto {
+		p.Schedule = ScheduleMicroBatchMajor
+		if model.micro > 1 && p.PredictedLayerMajor.Total < p.PredictedMicroBatchMajor.Total {
+			p.Schedule = ScheduleLayerMajor
+		}
+	}
+	p.Predicted = p.PredictedMicroBatchMajor
+	if p.Schedule == ScheduleLayerMajor {
+		p.Predicted = p.PredictedLayerMajor
+	}
 	pl.predictionNotes(p)
 	p.Notes = pl.notes
 	return p, nil
@@ -754,9 +784,11 @@ func rate(bytes int64, bps float64) float64 {
 func (pl *planner) model() *stepModel {
 	m := &stepModel{
 		layers:    pl.L,
+		micro:     max(pl.h.MicroBatches, 1),
 		compute:   pl.h.ComputeSecondsPerLayer,
 		fetch:     make([]float64, pl.L),
 		gradWrite: make([]float64, pl.L),
+		gradRead:  make([]float64, pl.L),
 	}
 	nvmeParam := make([]int64, pl.L)
 	hostParam := make([]int64, pl.L)
@@ -804,10 +836,11 @@ func (pl *planner) model() *stepModel {
 	}
 	m.nvmeRead, m.nvmeWrite = optRead, optWrite
 	for l := 0; l < pl.L; l++ {
-		m.nvmeRead += 2 * nvmeParam[l] // fetched for forward and for backward
-		m.nvmeWrite += nvmeGrad[l]
+		m.paramRead += nvmeParam[l]
+		m.gradBytes += nvmeGrad[l]
 		m.fetch[l] = rate(nvmeParam[l], pl.t.NVMeReadBps) + rate(hostParam[l], pl.t.PCIeBps)
 		m.gradWrite[l] = rate(nvmeGrad[l], pl.t.NVMeWriteBps) + rate(hostGrad[l], pl.t.PCIeBps)
+		m.gradRead[l] = rate(nvmeGrad[l], pl.t.NVMeReadBps)
 	}
 	m.optimizerS = rate(optRead, pl.t.NVMeReadBps) + rate(optWrite, pl.t.NVMeWriteBps) + rate(crossing, pl.t.PCIeBps)
 	return m

@@ -68,9 +68,10 @@ type Phase struct {
 
 // passResult is the outcome of simulating one pass, in seconds.
 type passResult struct {
-	io      float64 // fetch and write time issued in the pass
-	exposed float64 // time compute waited on fetches
-	drain   float64 // time writes ran past the end of the pass
+	io       float64 // fetch and write time issued in the pass
+	exposed  float64 // time compute waited on fetches
+	drain    float64 // time writes ran past the end of the pass
+	readBack float64 // time the loop waited reading gradients back (read-modify-write)
 }
 
 // simulatePass models one pass the way Scheduler runs it. Reads (parameter
@@ -79,8 +80,11 @@ type passResult struct {
 // prefetched, waits for it, then queues the fetches of the next depth
 // layers; the layer then computes for compute seconds and queues its
 // write-behind. Compute waits only while the read stream is busy, so the
-// exposed time never exceeds the fetch time.
-func simulatePass(order []int, fetch, write []float64, compute float64, depth int) passResult {
+// exposed time never exceeds the fetch time. With readBack (a
+// micro-batch-major backward pass after the first micro-batch), each
+// layer's hand-off first reads its gradient sum back, on the read stream,
+// and the loop waits for it.
+func simulatePass(order []int, fetch, write, readBack []float64, compute float64, depth int) passResult {
 	var r passResult
 	now, readFree, writeFree := 0.0, 0.0, 0.0
 	done := make([]float64, len(order))
@@ -104,6 +108,17 @@ func simulatePass(order []int, fetch, write []float64, compute float64, depth in
 			issue(k)
 		}
 		now += compute
+		if readBack != nil {
+			if rb := readBack[order[j]]; rb > 0 {
+				// The previous write of the gradient is long done (a whole
+				// pass ago); the read queues behind the prefetches.
+				end := math.Max(readFree, now) + rb
+				readFree = end
+				r.readBack += end - now
+				r.io += rb
+				now = end
+			}
+		}
 		if write != nil {
 			if w := write[order[j]]; w > 0 {
 				writeFree = math.Max(writeFree, now) + w
@@ -120,24 +135,37 @@ func simulatePass(order []int, fetch, write []float64, compute float64, depth in
 // stepModel holds the per-layer times a prediction is made from.
 type stepModel struct {
 	layers     int
-	compute    float64   // seconds per layer, forward+backward
+	micro      int       // micro-batches per step (>= 1)
+	compute    float64   // seconds per layer and micro-batch, forward+backward
 	fetch      []float64 // seconds to bring a layer's offloaded params in
 	gradWrite  []float64 // seconds to move a layer's offloaded grads out
+	gradRead   []float64 // seconds to read a layer's NVMe grads back
 	optimizerS float64   // optimizer step I/O seconds
-	// nvmeRead and nvmeWrite are a step's NVMe bytes.
-	nvmeRead, nvmeWrite int64
+	// nvmeRead and nvmeWrite are the optimizer step's NVMe bytes (states,
+	// gradients read back, parameters written back); paramRead and
+	// gradBytes are one pass's NVMe parameter bytes and one write of the
+	// NVMe gradients.
+	nvmeRead, nvmeWrite  int64
+	paramRead, gradBytes int64
 }
 
+// passes simulates one forward and one backward pass of a single
+// micro-batch.
 func (m *stepModel) passes(depth int) (fwd, bwd passResult) {
-	forward := make([]int, m.layers)
-	backward := make([]int, m.layers)
+	forward, backward := m.orders()
+	fwd = simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare, depth)
+	bwd = simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth)
+	return fwd, bwd
+}
+
+func (m *stepModel) orders() (forward, backward []int) {
+	forward = make([]int, m.layers)
+	backward = make([]int, m.layers)
 	for i := range forward {
 		forward[i] = i
 		backward[i] = m.layers - 1 - i
 	}
-	fwd = simulatePass(forward, m.fetch, nil, m.compute*forwardShare, depth)
-	bwd = simulatePass(backward, m.fetch, m.gradWrite, m.compute*backwardShare, depth)
-	return fwd, bwd
+	return forward, backward
 }
 
 func (m *stepModel) exposed(depth int) float64 {
@@ -183,29 +211,65 @@ func seconds(s float64) time.Duration {
 	return time.Duration(math.Round(s * float64(time.Second)))
 }
 
+// predict is the step of one micro-batch per step, where both orders are
+// the same.
 func (m *stepModel) predict(depth int) StepPrediction {
-	f, b := m.passes(depth)
-	fc := seconds(m.compute * forwardShare * float64(m.layers))
-	bc := seconds(m.compute * backwardShare * float64(m.layers))
-	var sumFetch, sumWrite float64
+	k := m.micro
+	m.micro = 1
+	defer func() { m.micro = k }()
+	return m.predictOrder(depth, false)
+}
+
+// predictOrder predicts a step of m.micro micro-batches in one order.
+// Layer-major: one forward and one backward pass, each layer computing
+// every micro-batch while its parameters are in, each gradient written
+// once after its last micro-batch. Micro-batch-major: a forward and a
+// backward pass per micro-batch; each backward pass after the first reads
+// every NVMe gradient back before adding to it and writes it again.
+func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
+	k := max(m.micro, 1)
+	forward, backward := m.orders()
+	var f, b passResult
+	var gradWrites, gradReads int64
+	if layerMajor || k == 1 {
+		kk := float64(k)
+		f = simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare*kk, depth)
+		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare*kk, depth)
+		gradWrites = 1
+		k = 1 // passes
+	} else {
+		f1 := simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare, depth)
+		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth)
+		bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.compute*backwardShare, depth)
+		n := float64(k - 1)
+		f = passResult{io: f1.io * float64(k), exposed: f1.exposed * float64(k), drain: f1.drain * float64(k)}
+		b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain, readBack: n * bk.readBack}
+		gradWrites, gradReads = int64(k), int64(k-1)
+	}
+	micro := float64(max(m.micro, 1))
+	fc := seconds(m.compute * forwardShare * float64(m.layers) * micro)
+	bc := seconds(m.compute * backwardShare * float64(m.layers) * micro)
+	var sumFetch, sumWrite, sumRead float64
 	for i := 0; i < m.layers; i++ {
 		sumFetch += m.fetch[i]
 		sumWrite += m.gradWrite[i]
+		sumRead += m.gradRead[i]
 	}
+	passes := float64(k)
 	p := StepPrediction{
 		Compute:        fc + bc,
-		ParamIO:        seconds(2 * sumFetch),
+		ParamIO:        seconds(2 * passes * sumFetch),
 		ExposedParamIO: seconds(f.exposed) + seconds(b.exposed),
-		GradIO:         seconds(sumWrite),
-		ExposedGradIO:  seconds(b.drain),
+		GradIO:         seconds(float64(gradWrites)*sumWrite + float64(gradReads)*sumRead),
+		ExposedGradIO:  seconds(b.drain) + seconds(b.readBack),
 		OptimizerIO:    seconds(m.optimizerS),
-		NVMeReadBytes:  m.nvmeRead,
-		NVMeWriteBytes: m.nvmeWrite,
+		NVMeReadBytes:  m.nvmeRead + 2*int64(k)*m.paramRead + gradReads*m.gradBytes,
+		NVMeWriteBytes: m.nvmeWrite + gradWrites*m.gradBytes,
 	}
 	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.OptimizerIO
 	p.Phases = []Phase{
 		{Name: "forward", Compute: fc, IO: seconds(f.io), Exposed: seconds(f.exposed)},
-		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain)},
+		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain) + seconds(b.readBack)},
 		{Name: "optimizer", IO: p.OptimizerIO, Exposed: p.OptimizerIO},
 	}
 	for i := range p.Phases {

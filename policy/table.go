@@ -158,6 +158,21 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		FormatDuration(pr.ExposedParamIO), FormatDuration(pr.ParamIO),
 		FormatDuration(pr.ExposedGradIO), FormatDuration(pr.GradIO),
 		FormatDuration(pr.OptimizerIO))
+	if p.MicroBatches > 1 {
+		how := "zinf.schedule"
+		if h := p.Hints.Schedule; h == "" || h == ScheduleAuto {
+			how = "zinf.schedule auto: the faster prediction"
+		}
+		fmt.Fprintf(bw, "schedule: %s (%s), %d micro-batches per step\n", p.Schedule, how, p.MicroBatches)
+		for _, o := range []struct {
+			name string
+			pr   StepPrediction
+		}{{ScheduleLayerMajor, p.PredictedLayerMajor}, {ScheduleMicroBatchMajor, p.PredictedMicroBatchMajor}} {
+			fmt.Fprintf(bw, "  %-18s predicted step %s, nvme read %s, written %s per step\n", o.name,
+				FormatDuration(o.pr.Total), FormatBytes(o.pr.NVMeReadBytes), FormatBytes(o.pr.NVMeWriteBytes))
+		}
+		fmt.Fprintln(bw)
+	}
 
 	tw = tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PHASE\tCOMPUTE\tI/O\tEXPOSED I/O\tTIME")

@@ -133,7 +133,24 @@ type Hints struct {
 	// Layers is the number of layers. 0 = one more than the largest
 	// Tensor.Layer of the inventory.
 	Layers int
+	// MicroBatches is the micro-batches of a step
+	// (gradient_accumulation_steps): ComputeSecondsPerLayer is per
+	// micro-batch, and the prediction counts k of them. 0 = 1.
+	MicroBatches int
+	// Schedule is the order of a step's micro-batches: ScheduleLayerMajor,
+	// ScheduleMicroBatchMajor, or "" / ScheduleAuto for the one predicted
+	// faster (micro-batch-major at one micro-batch, where they are the
+	// same order).
+	Schedule string
 }
+
+// The orders a step's micro-batches can run in (Hints.Schedule,
+// Placement.Schedule); the words of zinf.schedule.
+const (
+	ScheduleAuto            = "auto"
+	ScheduleLayerMajor      = "layer-major"
+	ScheduleMicroBatchMajor = "micro-batch-major"
+)
 
 // Device words of Hints.ParamDevice and Hints.OptimizerDevice.
 const (

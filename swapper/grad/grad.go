@@ -413,6 +413,53 @@ func (s *Swapper) named(op string, t *tensor, err error) error {
 // write of name failed and no one reported it yet, Accumulate returns that
 // error and does NOT add grad (the sum so far is intact; retry the call).
 func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
+	return s.accumulate(ctx, name, grad, false)
+}
+
+// AccumulateHold is Accumulate without the write-behind: the sum stays in
+// pinned memory until WriteBehind, Flush or an Accumulate of name writes
+// it. A layer-major step sums each of a layer's gradients over its k
+// micro-batches this way — k-1 AccumulateHold calls, then Accumulate — so
+// the gradient is written once per step instead of read back and
+// rewritten k times; the sum is the same, addition by addition. A held
+// sum is not lost when the pool runs short: an Accumulate of another
+// gradient that needs its memory writes it behind (as Flush would), and
+// the next addition to it reads it back.
+func (s *Swapper) AccumulateHold(ctx context.Context, name string, grad []float32) error {
+	return s.accumulate(ctx, name, grad, true)
+}
+
+// WriteBehind starts writing name's sum held in pinned memory by
+// AccumulateHold; it does nothing when nothing is held (a gradient kept in
+// memory, one already written or being written, or none accumulated). A
+// failure of an earlier write not yet reported is returned (the held sum
+// stays, and Flush writes it again).
+func (s *Swapper) WriteBehind(ctx context.Context, name string) error {
+	t, ctx, end, err := s.begin(ctx, "write-behind", name)
+	if err != nil {
+		return err
+	}
+	defer end()
+	if t.n == 0 || t.keep {
+		return nil
+	}
+	if err := t.lock(ctx); err != nil {
+		return err
+	}
+	defer t.unlock()
+	if err := s.settle(ctx, t); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	buf, dirty := t.buf, t.dirty
+	s.mu.Unlock()
+	if buf != nil && dirty {
+		s.startWrite(t, buf)
+	}
+	return nil
+}
+
+func (s *Swapper) accumulate(ctx context.Context, name string, grad []float32, hold bool) error {
 	t, ctx, end, err := s.begin(ctx, "accumulate", name)
 	if err != nil {
 		return err
@@ -524,7 +571,7 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 	t.buf, t.has = buf, true
 	t.dirty = !t.keep
 	s.mu.Unlock()
-	if !t.keep {
+	if !t.keep && !hold {
 		s.startWrite(t, buf)
 	}
 	return nil

@@ -1,0 +1,123 @@
+package zinf
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/zinfio/zinf/config"
+)
+
+// Schedule is the order of work within a step of k micro-batches
+// (gradient_accumulation_steps): config.ScheduleLayerMajor or
+// config.ScheduleMicroBatchMajor (see zinf.schedule in package config).
+type Schedule = config.ScheduleMode
+
+// The two orders a step's micro-batches can run in.
+const (
+	// LayerMajor runs every micro-batch of a layer while its parameters
+	// are in: BeginLayerMicroBatches(ctx, l, k) once per layer and pass.
+	LayerMajor = config.ScheduleLayerMajor
+	// MicroBatchMajor runs each micro-batch forward and backward through
+	// every layer (ZeRO-Infinity's order): BeginLayer once per layer, pass
+	// and micro-batch.
+	MicroBatchMajor = config.ScheduleMicroBatchMajor
+)
+
+// heldLayer is the layer a layer-major visit holds gradients for: the
+// layer BeginLayerMicroBatches began for k > 1 micro-batches, and how
+// many of each tensor's gradients AccumulateGrad has added since.
+type heldLayer struct {
+	layer, k int
+	count    map[string]int
+}
+
+// Schedule returns the order the plan chose for a step's micro-batches:
+// LayerMajor or MicroBatchMajor (zinf.schedule, or the planner's pick
+// under "auto"; see Plan().Schedule). Both give the same results bit for
+// bit; a loop may run either whatever the plan says, and the plan's order
+// is the one its pinned memory and predicted step are sized for.
+func (r *Runtime) Schedule() Schedule { return Schedule(r.placement.Schedule) }
+
+// MicroBatches returns the micro-batches of a step:
+// gradient_accumulation_steps.
+func (r *Runtime) MicroBatches() int { return max(r.Config.GradientAccumulationSteps, 1) }
+
+// BeginLayerMicroBatches begins layer l (as BeginLayer) for k
+// micro-batches at once: the layer-major order, where every micro-batch
+// of a layer runs while its parameters are in, so a step reads each
+// parameter once per pass instead of once per pass and micro-batch. In the
+// backward pass the loop hands each of the layer's gradients k times, in
+// micro-batch order (AccumulateGrad or ReduceGrad); the runtime sums them
+// in pinned memory, in that order — the same additions as k
+// micro-batch-major visits, so the same bits — and writes each sum behind
+// once, after its k-th. EndLayer writes behind what fewer than k
+// hand-offs left in memory. k = 1 is BeginLayer.
+//
+// A layer-major step, with k := rt.MicroBatches():
+//
+//	rt.Forward()
+//	for l := 0; l < rt.Layers(); l++ {
+//		rt.BeginLayerMicroBatches(ctx, l, k)
+//		// read the parameters; forward every micro-batch through layer l,
+//		// keeping each one's activations for its backward
+//		rt.EndLayer(l)
+//	}
+//	rt.Backward()
+//	for l := rt.Layers() - 1; l >= 0; l-- {
+//		rt.BeginLayerMicroBatches(ctx, l, k)
+//		for m := 0; m < k; m++ {
+//			// backward of micro-batch m through layer l
+//			rt.AccumulateGrad(ctx, name, g) // per tensor of the layer
+//		}
+//		rt.StepLayer(ctx, l)
+//		rt.EndLayer(l)
+//	}
+//	rt.Step(ctx)
+func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
+	if k < 1 {
+		return fmt.Errorf("zinf: begin layer %d: %d micro-batches (allowed: 1 or more)", l, k)
+	}
+	if err := r.BeginLayer(ctx, l); err != nil {
+		return err
+	}
+	if k > 1 && !r.inference {
+		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.layers[l]))}
+	}
+	return nil
+}
+
+// accumulate adds a gradient partition: held in pinned memory when it is
+// not the last of a layer-major visit's k hand-offs of the tensor,
+// written behind otherwise.
+func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) error {
+	h := r.held
+	if h == nil || r.model.layer[name] != h.layer {
+		return r.Grads.Accumulate(ctx, name, part)
+	}
+	var err error
+	if c := h.count[name]; c+1 < h.k {
+		err = r.Grads.AccumulateHold(ctx, name, part)
+	} else {
+		err = r.Grads.Accumulate(ctx, name, part)
+	}
+	if err == nil {
+		h.count[name]++
+	}
+	return err
+}
+
+// endHeld ends layer l's layer-major visit: a gradient handed fewer than
+// k times is written behind now (a failure of it is reported by Step's
+// flush, which writes it again).
+func (r *Runtime) endHeld(l int) {
+	h := r.held
+	if h == nil || h.layer != l {
+		return
+	}
+	r.held = nil
+	for name, c := range h.count {
+		if c < h.k {
+			_ = r.Grads.WriteBehind(r.bgCtx, name)
+		}
+	}
+}
