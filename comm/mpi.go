@@ -18,9 +18,11 @@ static MPI_Comm zc_data = MPI_COMM_NULL; // the collectives
 static MPI_Comm zc_ctl = MPI_COMM_NULL;  // notes: a rank telling the others it failed
 static MPI_Request zc_req = MPI_REQUEST_NULL;     // the collective in flight
 static MPI_Request zc_ctl_req = MPI_REQUEST_NULL; // the posted receive of a note
+static MPI_Request zc_beat_req = MPI_REQUEST_NULL; // the posted receive of a heartbeat
+static char zc_beat_in, zc_beat_out;
 static int zc_own_init = 0;
 
-enum { ZC_TAG_NOTE = 1 };
+enum { ZC_TAG_NOTE = 1, ZC_TAG_BEAT = 2 };
 
 static int zc_init(int *provided, int *rank, int *size, int *own) {
 	int flag = 0, fin = 0, rc;
@@ -113,6 +115,50 @@ static int zc_note_test(int *done, int *source, int *count) {
 // the message must stay valid until it completes.
 static int zc_note_send(const void *msg, int n, int dest, MPI_Request *reqs, int i) {
 	return MPI_Isend(msg, n, MPI_BYTE, dest, ZC_TAG_NOTE, zc_ctl, &reqs[i]);
+}
+
+// Heartbeats: one byte on the control communicator, from every rank to
+// every other, every MPIOptions.HeartbeatInterval; a rank waiting in a
+// collective fails the world when a peer has been silent for
+// HeartbeatTimeout (stopped with SIGSTOP, hung), naming it.
+static int zc_beat_post(void) {
+	return MPI_Irecv(&zc_beat_in, 1, MPI_BYTE, MPI_ANY_SOURCE, ZC_TAG_BEAT, zc_ctl, &zc_beat_req);
+}
+
+static int zc_beat_test(int *done, int *source) {
+	MPI_Status st;
+	int rc = MPI_Test(&zc_beat_req, done, &st);
+	if (rc == MPI_SUCCESS && *done) *source = st.MPI_SOURCE;
+	return rc;
+}
+
+// zc_beat_send sends a heartbeat to dest unless the last one to it is
+// still in flight (a peer that does not receive gets no pile of them).
+static int zc_beat_send(int dest, MPI_Request *reqs) {
+	int done = 1, rc;
+	if (reqs[dest] != MPI_REQUEST_NULL) {
+		if ((rc = MPI_Test(&reqs[dest], &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return rc;
+	}
+	if (!done) return MPI_SUCCESS;
+	return MPI_Isend(&zc_beat_out, 1, MPI_BYTE, dest, ZC_TAG_BEAT, zc_ctl, &reqs[dest]);
+}
+
+// zc_beats_end cancels the heartbeat receive and the sends still in
+// flight, before MPI_Finalize.
+static void zc_beats_end(MPI_Request *reqs, int n) {
+	if (zc_beat_req != MPI_REQUEST_NULL) {
+		MPI_Cancel(&zc_beat_req);
+		MPI_Wait(&zc_beat_req, MPI_STATUS_IGNORE);
+	}
+	for (int i = 0; i < n; i++) {
+		int done = 1;
+		if (reqs[i] == MPI_REQUEST_NULL) continue;
+		MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE);
+		if (!done) {
+			MPI_Cancel(&reqs[i]);
+			MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+		}
+	}
 }
 
 static int zc_notes_test(MPI_Request *reqs, int n, int *done) {
@@ -257,6 +303,10 @@ type mpiWorld struct {
 	noteMsg     unsafe.Pointer   // C memory: the note this rank sent
 	notesSent   bool             //
 	lastLive    time.Time        //
+	beatReqs    *C.MPI_Request   // C memory: the heartbeat send in flight to each peer
+	lastBeat    time.Time        // when this rank last sent its heartbeats
+	lastWatch   time.Time        // when watch last ran
+	heard       []time.Time      // when each peer's heartbeat last arrived
 	scratch32   []float32        //
 	intBufs     [6][]C.int       //
 	ownInit     bool             //
@@ -339,6 +389,17 @@ func (w *mpiWorld) loop(ready chan<- error) {
 		ready <- fmt.Errorf("comm: MPI: posting the failure-note receive: %w", mpiError("init", rc))
 		return
 	}
+	w.beatReqs = C.zc_requests(C.int(w.size))
+	if rc := C.zc_beat_post(); rc != 0 {
+		ready <- fmt.Errorf("comm: MPI: posting the heartbeat receive: %w", mpiError("init", rc))
+		return
+	}
+	w.heard = make([]time.Time, w.size)
+	now := time.Now()
+	for q := range w.heard {
+		w.heard[q] = now
+	}
+	w.lastWatch = now
 	ready <- nil
 	tick := time.NewTicker(w.opts.IdlePoll)
 	defer tick.Stop()
@@ -479,10 +540,66 @@ func (w *mpiWorld) peerAlive(q int) bool {
 	return state != 'Z' && state != 'X' && start == p.start
 }
 
+// ErrRankSilent says that a rank's process sent no heartbeat for
+// MPIOptions.HeartbeatTimeout while another rank waited for it in a
+// collective: it is stopped (SIGSTOP, a debugger), hung, or cut off.
+var ErrRankSilent = errors.New("comm: the rank is silent")
+
+// beat sends this rank's heartbeats when they are due, takes in the
+// peers', and, in a collective (inCollective), fails the world naming the
+// first peer silent for longer than HeartbeatTimeout. Worker only.
+func (w *mpiWorld) beat(op string, inCollective bool) {
+	now := time.Now()
+	if gap := now.Sub(w.lastWatch); gap > w.opts.HeartbeatTimeout/2 {
+		// This rank itself did not look for a while (it was stopped, or
+		// not scheduled): the peers' silence is not theirs. Start over.
+		for q := range w.heard {
+			w.heard[q] = now
+		}
+	}
+	w.lastWatch = now
+	if now.Sub(w.lastBeat) >= w.opts.HeartbeatInterval {
+		w.lastBeat = now
+		for q := range w.size {
+			if q != w.rank {
+				C.zc_beat_send(C.int(q), w.beatReqs)
+			}
+		}
+	}
+	for range 4 * w.size { // bounded: a flood of beats cannot keep the worker here
+		var done, src C.int
+		if rc := C.zc_beat_test(&done, &src); rc != 0 || done == 0 {
+			break
+		}
+		if s := int(src); s >= 0 && s < w.size {
+			w.heard[s] = now
+		}
+		if rc := C.zc_beat_post(); rc != 0 {
+			break
+		}
+	}
+	if !inCollective || w.opts.HeartbeatTimeout <= 0 {
+		return
+	}
+	for q := range w.size {
+		if q == w.rank {
+			continue
+		}
+		if silent := now.Sub(w.heard[q]); silent > w.opts.HeartbeatTimeout {
+			w.fail(&RankError{Rank: q, Op: op, Err: fmt.Errorf("%w: no heartbeat from its process for %v (MPIOptions.HeartbeatTimeout %v): stopped (SIGSTOP, a debugger), hung or cut off",
+				ErrRankSilent, silent.Round(time.Millisecond), w.opts.HeartbeatTimeout)})
+			return
+		}
+	}
+}
+
 // watch looks for what ends the world: an Abort on this rank (sending
-// the notes), a note from a failed rank, a peer on this host that died.
-// It returns the world's failure, if any. Worker only.
+// the notes), a note from a failed rank, a peer on this host that died,
+// a peer that is silent while this rank waits for it in a collective
+// (any op but "idle" and "close"). It returns the world's failure, if
+// any. Worker only.
 func (w *mpiWorld) watch(op string) *RankError {
+	w.beat(op, op != "idle" && op != "close")
 	w.mu.Lock()
 	abortErr := w.abortErr
 	w.abortErr = nil
@@ -1022,6 +1139,7 @@ func (w *mpiWorld) Close() error {
 		w.fin = true
 		if f := w.watch("close"); f == nil {
 			if err := w.barrier(context.Background()); err == nil {
+				C.zc_beats_end(w.beatReqs, C.int(w.size))
 				rc := C.zc_finalize()
 				mpiState.Lock()
 				mpiState.finalized = true

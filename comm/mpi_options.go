@@ -42,6 +42,20 @@ type MPIOptions struct {
 	// in flight once it has not completed after a short spin (ranks on
 	// shared cores must not spin). Default 20 µs and 1 ms.
 	PollMin, PollMax time.Duration
+	// HeartbeatInterval is how often a rank tells every other that its
+	// process runs (a byte on a communicator of its own, sent by the
+	// binding's goroutine whether or not a collective runs). Default
+	// DefaultHeartbeatInterval.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long a rank waiting in a collective
+	// tolerates silence from another rank's process before the world
+	// fails with a *RankError naming that rank and wrapping
+	// ErrRankSilent: a process stopped (SIGSTOP, a debugger) or hung is
+	// named within seconds instead of holding the job for StallTimeout.
+	// A rank that is slow but running keeps sending. Default
+	// DefaultHeartbeatTimeout; negative: no check (StallTimeout still
+	// bounds the wait). At least 2 x HeartbeatInterval.
+	HeartbeatTimeout time.Duration
 	// FailLinger is how long after a failure Close returns: mpirun ends
 	// every rank of a job as soon as one exits with an error status, so
 	// a rank lingers for the others to see the failure and report it
@@ -49,10 +63,19 @@ type MPIOptions struct {
 	FailLinger time.Duration
 }
 
+// The heartbeat defaults (MPIOptions).
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultHeartbeatTimeout  = 10 * time.Second
+)
+
 func (o *MPIOptions) validate() error {
 	var errs []error
 	if o.StallTimeout == 0 {
 		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
 	if o.SegmentBytes == 0 {
 		o.SegmentBytes = 4 << 20
@@ -65,13 +88,17 @@ func (o *MPIOptions) validate() error {
 		p    *time.Duration
 		def  time.Duration
 	}{{"LivenessInterval", &o.LivenessInterval, 100 * time.Millisecond}, {"IdlePoll", &o.IdlePoll, 50 * time.Millisecond},
-		{"PollMin", &o.PollMin, 20 * time.Microsecond}, {"PollMax", &o.PollMax, time.Millisecond}, {"FailLinger", &o.FailLinger, time.Second}} {
+		{"PollMin", &o.PollMin, 20 * time.Microsecond}, {"PollMax", &o.PollMax, time.Millisecond}, {"FailLinger", &o.FailLinger, time.Second},
+		{"HeartbeatInterval", &o.HeartbeatInterval, DefaultHeartbeatInterval}} {
 		if *d.p == 0 {
 			*d.p = d.def
 		}
 		if *d.p < 0 {
 			errs = append(errs, fmt.Errorf("comm: MPIOptions.%s %v: must be positive", d.name, *d.p))
 		}
+	}
+	if o.HeartbeatTimeout > 0 && o.HeartbeatInterval > 0 && o.HeartbeatTimeout < 2*o.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("comm: MPIOptions.HeartbeatTimeout %v: must be at least twice HeartbeatInterval (%v), or negative for no check", o.HeartbeatTimeout, o.HeartbeatInterval))
 	}
 	if o.PollMax < o.PollMin {
 		errs = append(errs, fmt.Errorf("comm: MPIOptions.PollMax %v is below PollMin %v", o.PollMax, o.PollMin))

@@ -28,6 +28,9 @@ func TestMPIRank(t *testing.T) {
 	}
 	opts := comm.MPIOptions{StallTimeout: 30 * time.Second, SegmentBytes: 4 * 13, NativeReductions: kase == "native"}
 	switch kase {
+	case "stop":
+		// A stopped rank is named once it has been silent for 2 s.
+		opts.HeartbeatInterval, opts.HeartbeatTimeout = 100*time.Millisecond, 2*time.Second
 	case "stress":
 		opts.SegmentBytes = 4 * 1021 // several segments per chunk, not thousands
 	case "bench":
@@ -100,6 +103,21 @@ func runCase(kase string, c comm.Comm) error {
 			time.Sleep(200 * time.Millisecond)
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
+		}
+		t0 := time.Now()
+		err := c.AllReduce(ctx, []float32{1}, comm.Sum)
+		return fmt.Errorf("after %v: %w", time.Since(t0).Round(time.Millisecond), err)
+	case "stop":
+		// Rank 1 stops (SIGSTOP: its process is there, but nothing of
+		// it runs, heartbeats included) while the others wait for it in
+		// an all-reduce; the liveness check by PID sees a live process.
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if me == 1 {
+			time.Sleep(200 * time.Millisecond)
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			return errors.New("rank 1 was continued")
 		}
 		t0 := time.Now()
 		err := c.AllReduce(ctx, []float32{1}, comm.Sum)

@@ -16,9 +16,10 @@ import (
 // the mpi tag) under mpirun: the shared contract check at 1 to 4 ranks
 // (bit for bit against the rank-ordered reference), MPI's native
 // reductions (within a tolerance), and failures — a rank that aborts
-// with an error, a rank killed with SIGKILL, a rank whose context ends —
-// each of which must end every other rank's collective with an error
-// naming the failed rank, within seconds.
+// with an error, a rank killed with SIGKILL, a rank stopped with SIGSTOP
+// (named by the heartbeat check, 2 s in this case), a rank whose context
+// ends — each of which must end every other rank's collective with an
+// error naming the failed rank, within seconds.
 func TestMPI(t *testing.T) {
 	mpitest.Require(t)
 	bin := mpitest.Build(t, "./comm", t.TempDir(), true)
@@ -73,6 +74,7 @@ func TestMPI(t *testing.T) {
 	}{
 		{"abort", 1, "disk full on rank 1: no space left on device"},
 		{"kill", 1, "process .* ended"},
+		{"stop", 1, "the rank is silent: no heartbeat from its process for"},
 		{"context", 0, "context deadline exceeded"},
 	} {
 		t.Run(c.kase, func(t *testing.T) {
@@ -87,7 +89,7 @@ func TestMPI(t *testing.T) {
 				ranks[m[1]] = true
 			}
 			for r := range 3 {
-				if r == 1 && c.kase == "kill" {
+				if r == 1 && (c.kase == "kill" || c.kase == "stop") {
 					continue
 				}
 				if !ranks[fmt.Sprint(r)] {
