@@ -9,7 +9,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/tensor"
 )
 

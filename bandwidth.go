@@ -13,8 +13,8 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/internal/probe"
-	"github.com/zinfio/zinf/internal/units"
 	"github.com/zinfio/zinf/swapper"
 )
 

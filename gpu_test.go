@@ -16,7 +16,7 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/cudatest"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/tensor"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // TestInitAllOrNothing: an Init that fails on a full disk or an I/O error

@@ -11,7 +11,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"

@@ -14,7 +14,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/tracecheck"
+	"github.com/zinfio/zinf/internal/test/tracecheck"
 	"github.com/zinfio/zinf/metrics"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"

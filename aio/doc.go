@@ -68,7 +68,7 @@
 // "uring,libaio,posix"; "gds" is also understood by the GPUDirect Storage
 // tests) makes a listed backend that is unavailable fail the test, with
 // the reason, instead of being skipped. The helper lives in
-// internal/testenv for the tests of every package.
+// internal/test/testenv for the tests of every package.
 //
 // Handle offers DeepNVMe's API shape (sync/async pread and pwrite by path
 // with file offsets, Wait returning the number of completed requests) for

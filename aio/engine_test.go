@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

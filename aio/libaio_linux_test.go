@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // libaioTestRing returns a ring of the given capacity, closed at cleanup, or

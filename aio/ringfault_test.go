@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // This file is the ring-level fault seam: faultRing wraps a backend's real

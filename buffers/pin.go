@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/units"
 )
 
 // Seams for tests: root with CAP_IPC_LOCK may mlock regardless of

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // liveSet records the address ranges of live buffers and fails on overlap.

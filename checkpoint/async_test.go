@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // gate is a fault hook that holds every write until opened: while it is

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 )
 
 // Names in the checkpoint root. A writer's temporary directory is

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/swapper"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 )
 
 // TestLockFileAppearsWhole: on Linux a lock file is named only once it is

@@ -42,7 +42,7 @@ func benchTensors(total int64) State {
 }
 
 // The save benchmarks (Save, SaveAsync, the naive writer, fio) are in
-// internal/ckptbench.
+// cmd/zinf/internal/ckptbench.
 
 // BenchmarkReadTensor reads the 256 MiB checkpoint back, tensor by tensor,
 // with checksums.

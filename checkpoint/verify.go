@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/units"
 )
 
 // Report is the outcome of Verify.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 )
 
 // Writer saves checkpoints synchronously. It keeps its I/O engine and

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/comm"
-	"github.com/zinfio/zinf/internal/commtest"
+	"github.com/zinfio/zinf/internal/test/commtest"
 )
 
 // onRanks runs f on every rank of a fresh local world, each on its own

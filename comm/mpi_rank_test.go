@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/comm"
-	"github.com/zinfio/zinf/internal/commtest"
+	"github.com/zinfio/zinf/internal/test/commtest"
 )
 
 // TestMPIRank is one rank of a job TestMPI launches under mpirun; the

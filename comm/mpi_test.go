@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/mpitest"
+	"github.com/zinfio/zinf/internal/test/mpitest"
 )
 
 // TestMPI launches the MPI binding's rank tests (TestMPIRank, built with

@@ -40,7 +40,7 @@ typedef struct {
 	void *BatchIOSetUp; // probed only
 } zinf_cufile_api;
 
-// The loader (internal/dl) fills this struct as an array of pointers, one
+// The loader (internal/base/dl) fills this struct as an array of pointers, one
 // per entry of cufileSymbols in order; the assertion keeps the two the
 // same length.
 _Static_assert(sizeof(zinf_cufile_api) == 9 * sizeof(void *), "zinf_cufile_api is 9 pointers");
@@ -80,7 +80,7 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/zinfio/zinf/internal/dl"
+	"github.com/zinfio/zinf/internal/base/dl"
 )
 
 type cgoCuFile struct {

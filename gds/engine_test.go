@@ -12,7 +12,7 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/cudatest"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 )
 
 func openEngine(t *testing.T, s *standins, opts gds.Options) *gds.Engine {

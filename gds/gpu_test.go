@@ -11,7 +11,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // The tests in this file need a real NVIDIA GPU and run only with

@@ -17,7 +17,7 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/cudatest"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 )
 
 // sizes are the request sizes the round-trip tests use: aligned and not,

@@ -9,7 +9,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/base/blockdev"
 	"github.com/zinfio/zinf/swapper"
 )
 

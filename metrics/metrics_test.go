@@ -12,7 +12,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/promscrape"
+	"github.com/zinfio/zinf/internal/test/promscrape"
 	"github.com/zinfio/zinf/metrics"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/tensor"
 )
 

@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 )
 
 // RunDir is a scratch directory of a run that is not a Store's: a tool's

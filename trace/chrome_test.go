@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/tracecheck"
+	"github.com/zinfio/zinf/internal/test/tracecheck"
 	"github.com/zinfio/zinf/trace"
 )
 

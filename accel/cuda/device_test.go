@@ -13,7 +13,7 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/internal/cudatest"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 )
 
 // standin builds the stand-in driver, points its state file at a temporary

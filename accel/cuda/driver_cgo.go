@@ -43,7 +43,7 @@ typedef struct {
 	CUresult (*GetErrorString)(CUresult, const char **);
 } zinf_cuda_api;
 
-// The loader (internal/dl) fills this struct as an array of pointers, one
+// The loader (internal/base/dl) fills this struct as an array of pointers, one
 // per entry of cudaSymbols in driver order; the assertion keeps the two
 // the same length.
 _Static_assert(sizeof(zinf_cuda_api) == 22 * sizeof(void *), "zinf_cuda_api is 22 function pointers");
@@ -135,7 +135,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/zinfio/zinf/internal/dl"
+	"github.com/zinfio/zinf/internal/base/dl"
 )
 
 // cgoDriver calls the driver library through the entry points dlsym found.

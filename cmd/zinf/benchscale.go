@@ -6,7 +6,7 @@ import (
 	"errors"
 	"io"
 
-	"github.com/zinfio/zinf/internal/scalebench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/scalebench"
 )
 
 func init() {

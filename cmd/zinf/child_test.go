@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/zinfio/zinf/internal/faults"
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
+	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // Environment switches that turn the test binary into the zinf command
@@ -29,7 +29,7 @@ const (
 	childArgsEnv  = "ZINF_TEST_CHILD_ARGS"
 	childLimitEnv = "ZINF_TEST_CHILD_DATA_LIMIT"
 	// childKillAtEnv ("point:n") makes the child SIGKILL itself at the
-	// nth time its work reaches the internal/testhook point: a crash
+	// nth time its work reaches the internal/base/testhook point: a crash
 	// aimed at a phase (a checkpoint's commit, a step's backward). The
 	// zinf binary never reads it: only this test binary, in child mode.
 	childKillAtEnv = "ZINF_TEST_KILL_AT"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/checkpoint"
-	"github.com/zinfio/zinf/internal/ckptbench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/ckptbench"
 	"github.com/zinfio/zinf/swapper"
 )
 

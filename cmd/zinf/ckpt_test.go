@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/checkpoint"
-	"github.com/zinfio/zinf/internal/ckptbench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/ckptbench"
 	"github.com/zinfio/zinf/swapper"
 )
 

@@ -8,7 +8,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/zinfio/zinf/internal/doctor"
+	"github.com/zinfio/zinf/cmd/zinf/internal/doctor"
 )
 
 func init() {

@@ -21,7 +21,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
 
-	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/base/blockdev"
 )
 
 type doctorCheck struct {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/base/blockdev"
 	"github.com/zinfio/zinf/policy"
 )
 

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/units"
 )
 
 // cliLogger is the one logger every subcommand hands to the packages it

@@ -17,7 +17,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
-	"github.com/zinfio/zinf/internal/mpitest"
+	"github.com/zinfio/zinf/internal/test/mpitest"
 )
 
 // mpiTrain is zinf train's model and run for the MPI tests: small, two

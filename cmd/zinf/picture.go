@@ -6,7 +6,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/zinfio/zinf/internal/plots"
+	"github.com/zinfio/zinf/cmd/zinf/internal/plots"
 )
 
 // checkNewPicture checks a picture flag before work is done: a known

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/zinfio/zinf/internal/plots"
+	"github.com/zinfio/zinf/cmd/zinf/internal/plots"
 	"github.com/zinfio/zinf/internal/regfile"
 	"github.com/zinfio/zinf/trace"
 )

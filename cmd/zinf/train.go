@@ -17,8 +17,8 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
-	"github.com/zinfio/zinf/internal/testhook"
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/testhook"
+	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/policy"
 )
 

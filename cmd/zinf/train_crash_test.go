@@ -35,7 +35,7 @@ func crashArgs(ckptDir, swapDir string, extra ...string) []string {
 		"--dir", swapDir, "--quiet", "--json"}, extra...)
 }
 
-// crashPoints are the internal/testhook points the test kills at, one or
+// crashPoints are the internal/base/testhook points the test kills at, one or
 // more per phase: a save (its lock taken; a file written but not yet
 // synced), its commit (the directory complete but not renamed; renamed
 // but the root not yet synced), retention (victims renamed, not yet
@@ -71,7 +71,7 @@ func (c crashCase) String() string {
 
 // TestTrainKillResume is issue 13's bar for the command line: zinf train
 // with checkpoints is killed with SIGKILL inside each phase of its work
-// (aimed with internal/testhook points, at a random hit of each, plus one
+// (aimed with internal/base/testhook points, at a random hit of each, plus one
 // kill after a random delay), then run again with --resume (fresh when no
 // checkpoint had committed), sometimes at another world size. The resumed
 // run must reach the same final weights and optimizer states as an

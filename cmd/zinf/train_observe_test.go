@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/promscrape"
-	"github.com/zinfio/zinf/internal/tracecheck"
+	"github.com/zinfio/zinf/internal/test/promscrape"
+	"github.com/zinfio/zinf/internal/test/tracecheck"
 )
 
 // TestTrainTrace: zinf train --trace writes a file that validates against

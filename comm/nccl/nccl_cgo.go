@@ -89,7 +89,7 @@ import (
 	"unsafe"
 
 	"github.com/zinfio/zinf/accel"
-	"github.com/zinfio/zinf/internal/dl"
+	"github.com/zinfio/zinf/internal/base/dl"
 )
 
 // ncclSymbols are NCCL's entry points, in zinf_nccl_api's order.

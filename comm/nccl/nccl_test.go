@@ -19,8 +19,8 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/comm/nccl"
-	"github.com/zinfio/zinf/internal/cudatest"
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/cudatest"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // standin builds the CUDA and NCCL stand-ins and returns their options.

@@ -14,7 +14,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // sameModel fails the test unless the Trainer's variables, masters and

@@ -13,8 +13,8 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/stats"
 	"github.com/zinfio/zinf/internal/iobench"
-	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 

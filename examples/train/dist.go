@@ -15,7 +15,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/param"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/testhook"
+	"github.com/zinfio/zinf/internal/base/testhook"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )

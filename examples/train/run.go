@@ -23,7 +23,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/stats"
+	"github.com/zinfio/zinf/internal/base/stats"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/trace"

@@ -16,7 +16,7 @@ import (
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/cudatest"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

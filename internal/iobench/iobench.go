@@ -21,7 +21,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/stats"
+	"github.com/zinfio/zinf/internal/base/stats"
 )
 
 // Options describe one measurement.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 )

@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // refSumSq is the documented order, written out again: float64, index

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )

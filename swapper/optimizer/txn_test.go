@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 

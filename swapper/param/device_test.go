@@ -14,8 +14,8 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/gds"
-	"github.com/zinfio/zinf/internal/cudatest"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/cudatest"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/swapper"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/faults"
+	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/swapper"
 )
 

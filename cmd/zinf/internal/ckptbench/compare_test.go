@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/checkpoint"
-	"github.com/zinfio/zinf/internal/ckptbench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/ckptbench"
 )
 
 // CompareSave runs its rounds against a stand-in fio (a script printing a

@@ -34,9 +34,9 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
-	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/base/blockdev"
+	"github.com/zinfio/zinf/internal/base/stats"
 	"github.com/zinfio/zinf/internal/iobench"
-	"github.com/zinfio/zinf/internal/stats"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )

@@ -4,7 +4,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/units"
+	"github.com/zinfio/zinf/internal/base/units"
 )
 
 func TestFormatBytes(t *testing.T) {

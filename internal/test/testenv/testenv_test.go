@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 func TestRequiredBackends(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/doctor"
+	"github.com/zinfio/zinf/cmd/zinf/internal/doctor"
 	"github.com/zinfio/zinf/swapper"
 )
 

@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // Available reports what is missing for the MPI tests: mpirun on PATH,
@@ -52,7 +52,7 @@ func Require(t testing.TB) {
 // moduleRoot is the directory of zinf's go.mod.
 func moduleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
 // Build builds pkg (an import path or a path relative to the module

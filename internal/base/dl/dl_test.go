@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/cudatest"
-	"github.com/zinfio/zinf/internal/dl"
+	"github.com/zinfio/zinf/internal/base/dl"
+	"github.com/zinfio/zinf/internal/test/cudatest"
 )
 
 func TestLoad(t *testing.T) {

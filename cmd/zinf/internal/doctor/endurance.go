@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/zinfio/zinf/internal/blockdev"
+	"github.com/zinfio/zinf/internal/base/blockdev"
 	"github.com/zinfio/zinf/policy"
 )
 

@@ -35,7 +35,7 @@ func RequireCgo(t testing.TB) {
 // Source returns the path of a file in accel/cuda/testdata.
 func Source(name string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "accel", "cuda", "testdata", name)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "accel", "cuda", "testdata", name)
 }
 
 // CompileShared compiles the C file src into a shared library in a fresh
