@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/zinfio/zinf/internal/regfile"
+	"github.com/zinfio/zinf/internal/base/regfile"
 )
 
 // MaxFileBytes bounds a config file. Real configs are a few KiB; the bound
