@@ -21,77 +21,92 @@ import (
 // allocation budget rests on.
 func BenchmarkTrainStep(b *testing.B) {
 	for _, overlap := range []bool{true, false} {
-		b.Run(fmt.Sprintf("overlap=%v", overlap), func(b *testing.B) {
-			c := config.Default()
-			c.SetScratchDir(b.TempDir())
-			c.Zinf.Tiers.CPUPinnedBytes = 16 << 20
-			var layers [][]tensor.Desc
-			for l := range 12 {
-				layers = append(layers, []tensor.Desc{
-					{Name: fmt.Sprintf("l%d.w", l), Shape: []int{256, 256}},
-					{Name: fmt.Sprintf("l%d.b", l), Shape: []int{256}},
-				})
-			}
-			model := zinf.LayeredModel(layers...)
-			rt, err := zinf.Open(c, model, zinf.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SerialStep: !overlap, NoBandwidthProbe: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer rt.Close()
-			ctx := context.Background()
-			bufs := map[string][]float32{}
-			for _, d := range model.Tensors {
-				n, _ := d.Numel()
-				v := make([]float32, n)
-				for i := range v {
-					v[i] = float32(i%97) * 1e-3
-				}
-				if err := rt.Init(ctx, d.Name, v); err != nil {
-					b.Fatal(err)
-				}
-				bufs[d.Name] = v
-			}
-			step := func() {
-				rt.Forward()
-				for l := range rt.Layers() {
-					if err := rt.BeginLayer(ctx, l); err != nil {
-						b.Fatal(err)
-					}
-					for _, n := range rt.LayerTensors(l) {
-						if err := rt.ReadParam(ctx, n, bufs[n]); err != nil {
-							b.Fatal(err)
-						}
-					}
-					rt.EndLayer(l)
-				}
-				rt.Backward()
-				for l := rt.Layers() - 1; l >= 0; l-- {
-					if err := rt.BeginLayer(ctx, l); err != nil {
-						b.Fatal(err)
-					}
-					for _, n := range rt.LayerTensors(l) {
-						if err := rt.AccumulateGrad(ctx, n, bufs[n]); err != nil {
-							b.Fatal(err)
-						}
-					}
-					if err := rt.StepLayer(ctx, l); err != nil {
-						b.Fatal(err)
-					}
-					rt.EndLayer(l)
-				}
-				if err := rt.Step(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			step() // warm up: first writes, pool blocks
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				step()
-			}
-			b.StopTimer()
-			m := rt.Metrics()
-			b.ReportMetric(float64(m.BytesRead+m.BytesWritten)/float64(b.N+1), "nvme-B/op")
+		b.Run(fmt.Sprintf("overlap=%v", overlap), func(b *testing.B) { benchTrainStep(b, overlap, 0) })
+	}
+}
+
+// BenchmarkTrainStepSplit is BenchmarkTrainStep with sub_group_size 4096:
+// every weight is split into 16 optimizer sub-groups, whose new masters
+// go to the parameter swapper range by range (allocs/op and B/op show
+// whether a step assembles split tensors on the Go heap).
+func BenchmarkTrainStepSplit(b *testing.B) {
+	for _, overlap := range []bool{true, false} {
+		b.Run(fmt.Sprintf("overlap=%v", overlap), func(b *testing.B) { benchTrainStep(b, overlap, 4096) })
+	}
+}
+
+func benchTrainStep(b *testing.B, overlap bool, subGroup int64) {
+	c := config.Default()
+	c.SetScratchDir(b.TempDir())
+	c.Zinf.Tiers.CPUPinnedBytes = 16 << 20
+	if subGroup > 0 {
+		c.ZeroOptimization.SubGroupSize = subGroup
+	}
+	var layers [][]tensor.Desc
+	for l := range 12 {
+		layers = append(layers, []tensor.Desc{
+			{Name: fmt.Sprintf("l%d.w", l), Shape: []int{256, 256}},
+			{Name: fmt.Sprintf("l%d.b", l), Shape: []int{256}},
 		})
 	}
+	model := zinf.LayeredModel(layers...)
+	rt, err := zinf.Open(c, model, zinf.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SerialStep: !overlap, NoBandwidthProbe: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close()
+	ctx := context.Background()
+	bufs := map[string][]float32{}
+	for _, d := range model.Tensors {
+		n, _ := d.Numel()
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i%97) * 1e-3
+		}
+		if err := rt.Init(ctx, d.Name, v); err != nil {
+			b.Fatal(err)
+		}
+		bufs[d.Name] = v
+	}
+	step := func() {
+		rt.Forward()
+		for l := range rt.Layers() {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range rt.LayerTensors(l) {
+				if err := rt.ReadParam(ctx, n, bufs[n]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rt.EndLayer(l)
+		}
+		rt.Backward()
+		for l := rt.Layers() - 1; l >= 0; l-- {
+			if err := rt.BeginLayer(ctx, l); err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range rt.LayerTensors(l) {
+				if err := rt.AccumulateGrad(ctx, n, bufs[n]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := rt.StepLayer(ctx, l); err != nil {
+				b.Fatal(err)
+			}
+			rt.EndLayer(l)
+		}
+		if err := rt.Step(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	step() // warm up: first writes, pool blocks
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		step()
+	}
+	b.StopTimer()
+	m := rt.Metrics()
+	b.ReportMetric(float64(m.BytesRead+m.BytesWritten)/float64(b.N+1), "nvme-B/op")
 }

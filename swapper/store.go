@@ -322,6 +322,10 @@ type Pending struct {
 	bg chan struct{}
 	// start is when the operation was submitted.
 	start time.Time
+	// piece is the PieceWriter of a piece's write (nil otherwise): it
+	// covers bytes [from, to) of v, and the version is installed by the
+	// writer's Commit, not by Wait.
+	piece *PieceWriter
 }
 
 // onePool recycles the requests of single-path stores: an aio.Request
@@ -394,6 +398,10 @@ func (p *Pending) checksum() {
 	if p.err != nil || !s.opts.Checksums {
 		return
 	}
+	if p.piece != nil {
+		p.pieceChecksums()
+		return
+	}
 	if p.op == "swap-out" {
 		s.chunks(p.v, func(c chunk) {
 			p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[c.lo:min(c.hi, p.v.length)], castagnoli))
@@ -425,8 +433,10 @@ func (p *Pending) Wait() error {
 		end = time.Now()
 	}
 	s := p.s
-	switch p.op {
-	case "swap-out":
+	switch {
+	case p.piece != nil:
+		s.finishPiece(p, end)
+	case p.op == "swap-out":
 		s.finishWrite(p, end)
 	default:
 		s.mu.Lock()
@@ -449,7 +459,8 @@ func (p *Pending) Wait() error {
 		k, n := trace.Read, p.v.length
 		if p.op == "swap-out" {
 			k = trace.Write
-		} else if p.ranged {
+		}
+		if p.ranged {
 			n = p.hi - p.lo
 		}
 		t.Record(trace.Event{Kind: k, Failed: p.err != nil, Layer: -1, SubGroup: -1, Bytes: n, Name: p.name, Start: p.start, End: end})
@@ -643,6 +654,10 @@ func (s *Store) rangeUnit() int64 {
 	}
 	return s.align
 }
+
+// RangeUnit is the granule ranged reads transfer in (see RangeLen): the
+// alignment, or with checksums the stripe.
+func (s *Store) RangeUnit() int64 { return s.rangeUnit() }
 
 // RangeLen is the buffer capacity ReadRangeAsync needs to deliver bytes
 // [lo, hi) of a tensor: the range widened to the alignment (with

@@ -48,6 +48,16 @@ type Options struct {
 	// from the pinned copy before it is written behind, so the global
 	// gradient norm never reads a gradient back. Default false.
 	SumSquares bool
+	// PieceElems, when > 0, keeps every gradient written to the store
+	// that is longer than it in pieces of PieceElems elements (the last
+	// shorter), each its own store key and pinned buffer: Accumulate and
+	// AccumulateSpans read, add and write one piece at a time, so a
+	// gradient's pinned need is one piece, not the partition. ReadRange
+	// ranges must then lie within one piece (the optimizer's sub-groups
+	// do when PieceElems is a multiple of the sub-group size), and
+	// SumSquares adds the pieces' sums in order (each piece's in index
+	// order). Default 0: every gradient is one piece.
+	PieceElems int
 }
 
 // EnsureDefaults fills the zero fields of o with their defaults.
@@ -65,6 +75,9 @@ func (o *Options) Validate() error {
 	var errs []error
 	if o.Pool == nil {
 		errs = append(errs, errors.New("grad: Options.Pool = nil: required (the pinned gradient buffers)"))
+	}
+	if o.PieceElems < 0 {
+		errs = append(errs, fmt.Errorf("grad: Options.PieceElems = %d: must be >= 0 (0 means whole gradients)", o.PieceElems))
 	}
 	if o.KeepInCPUBytes < 0 {
 		errs = append(errs, fmt.Errorf("grad: Options.KeepInCPUBytes = %d: must be >= 0 (0 means write every gradient to the store)", o.KeepInCPUBytes))
@@ -104,6 +117,14 @@ type tensor struct {
 	write      *write          // write-behind in flight
 	unreported error           // a failed write, until an operation reports it
 	sumSq      float64         // Options.SumSquares: of the accumulated values
+
+	// pieces: a gradient kept in pieces (Options.PieceElems); the parent
+	// then holds no memory and each piece covers [lo, lo+n) of it.
+	// resume: after an Accumulate that failed part way, the pieces of it
+	// already added (its retry skips them).
+	pieces []*tensor
+	lo     int
+	resume int
 }
 
 // write is one write-behind; done is closed when it finished (its
@@ -163,7 +184,11 @@ func (s *Swapper) Register(name string, numel int) error {
 		return fmt.Errorf("grad: register %q: need a name and numel >= 0 (got %d)", name, numel)
 	}
 	t := &tensor{name: name, key: s.opts.KeyPrefix + name, n: numel, bytes: 4 * numel, op: make(chan struct{}, 1)}
-	if size, maxBuf := s.bufSize(t), s.pool.MaxBufferBytesFor(buffers.PurposeGradients); size > maxBuf {
+	size := s.bufSize(t)
+	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems {
+		size = min(size, int(s.store.PaddedLen(4*int64(s.opts.PieceElems))))
+	}
+	if maxBuf := s.pool.MaxBufferBytesFor(buffers.PurposeGradients); size > maxBuf {
 		return fmt.Errorf("grad: register %q: a %d-byte gradient needs a buffer larger than the pool's largest for gradients (%d bytes)", name, size, maxBuf)
 	}
 	s.mu.Lock()
@@ -173,6 +198,14 @@ func (s *Swapper) Register(name string, numel int) error {
 	}
 	if _, dup := s.tensors[name]; dup {
 		return fmt.Errorf("grad: register %q: already registered", name)
+	}
+	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems && int64(t.bytes)+s.kept > s.opts.KeepInCPUBytes {
+		for lo, k := 0, 0; lo < numel; lo, k = lo+s.opts.PieceElems, k+1 {
+			n := min(s.opts.PieceElems, numel-lo)
+			t.pieces = append(t.pieces, &tensor{name: name, key: fmt.Sprintf("%s#%d", t.key, k), n: n, bytes: 4 * n, lo: lo, op: make(chan struct{}, 1)})
+		}
+		s.tensors[name] = t
+		return nil
 	}
 	keptBudget := false
 	if s.store == nil {
@@ -207,6 +240,20 @@ func (s *Swapper) bufSize(t *tensor) int {
 		return t.bytes
 	}
 	return int(s.store.PaddedLen(int64(t.bytes)))
+}
+
+// leavesLocked lists every gradient's memory holders: the gradients, or
+// their pieces. s.mu is held.
+func (s *Swapper) leavesLocked() []*tensor {
+	out := make([]*tensor, 0, len(s.tensors))
+	for _, t := range s.tensors {
+		if t.pieces != nil {
+			out = append(out, t.pieces...)
+		} else {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // begin looks name up and registers an operation that Close waits for;
@@ -267,7 +314,7 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 		s.mu.Lock()
 		var held *tensor
 		var inFlight *write
-		for _, o := range s.tensors {
+		for _, o := range s.leavesLocked() {
 			switch {
 			case o == t || o.buf == nil:
 			case o.write != nil:
@@ -468,7 +515,74 @@ func (s *Swapper) accumulate(ctx context.Context, name string, grad []float32, h
 	if len(grad) != t.n {
 		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(grad), t.n)}
 	}
+	if t.pieces != nil {
+		return s.accumulatePieces(ctx, t, nil, grad)
+	}
 	return s.accumulate(ctx, t, nil, grad)
+}
+
+// accumulatePieces is accumulate for a gradient kept in pieces: each
+// piece the call touches is read, added to and written behind in turn. A
+// call that fails part way remembers the pieces it added, and its retry
+// (the same call: the contract of a failed Accumulate) skips them, so
+// that nothing is added twice; AbortStep's Zero forgets them.
+func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span, g []float32) error {
+	type job struct {
+		p     *tensor
+		spans []Span
+		vals  []float32
+	}
+	jobs := make([]job, 0, len(t.pieces))
+	if spans == nil {
+		for _, p := range t.pieces {
+			jobs = append(jobs, job{p, nil, g[p.lo : p.lo+p.n]})
+		}
+	} else {
+		// Spans are ascending and disjoint, their values back to back:
+		// the parts in one piece are consecutive, their values one slice.
+		at, k := 0, 0
+		for _, p := range t.pieces {
+			var local []Span
+			from, to := -1, 0
+			for ; k < len(spans); k++ {
+				sp := spans[k]
+				lo, hi := max(sp.Lo, p.lo), min(sp.Hi, p.lo+p.n)
+				if sp.Lo >= p.lo+p.n {
+					break
+				}
+				if lo < hi {
+					local = append(local, Span{lo - p.lo, hi - p.lo})
+					if from < 0 {
+						from = at + lo - sp.Lo
+					}
+					to = at + hi - sp.Lo
+				}
+				if sp.Hi > p.lo+p.n {
+					break // the span goes on into the next piece
+				}
+				at += sp.Hi - sp.Lo
+			}
+			if local != nil {
+				jobs = append(jobs, job{p, local, g[from:to]})
+			}
+		}
+	}
+	s.mu.Lock()
+	start := min(t.resume, len(jobs))
+	s.mu.Unlock()
+	for i := start; i < len(jobs); i++ {
+		j := jobs[i]
+		if err := s.accumulate(ctx, j.p, j.spans, j.vals); err != nil {
+			s.mu.Lock()
+			t.resume = i
+			s.mu.Unlock()
+			return err
+		}
+	}
+	s.mu.Lock()
+	t.resume = 0
+	s.mu.Unlock()
+	return nil
 }
 
 // Span is a range [Lo, Hi) of elements of a partition.
@@ -502,6 +616,9 @@ func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span
 	}
 	if total == 0 {
 		return nil
+	}
+	if t.pieces != nil {
+		return s.accumulatePieces(ctx, t, spans, g)
 	}
 	return s.accumulate(ctx, t, spans, g)
 }
@@ -608,16 +725,13 @@ func (s *Swapper) Flush(ctx context.Context) error {
 		return ErrClosed
 	}
 	s.wg.Add(1)
-	ts := make([]*tensor, 0, len(s.tensors))
-	for _, t := range s.tensors {
-		ts = append(ts, t)
-	}
+	ts := s.leavesLocked()
 	s.mu.Unlock()
 	defer s.wg.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.ctx, cancel)()
-	slices.SortFunc(ts, func(a, b *tensor) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(ts, func(a, b *tensor) int { return strings.Compare(a.key, b.key) })
 
 	var errs []error
 	var retried []*tensor
@@ -678,6 +792,14 @@ func (s *Swapper) read(ctx context.Context, t *tensor, dst []float32) error {
 	if len(dst) != t.n {
 		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: fmt.Errorf("destination has %d elements, the partition %d", len(dst), t.n)}
 	}
+	if t.pieces != nil {
+		for _, p := range t.pieces {
+			if err := s.read(ctx, p, dst[p.lo:p.lo+p.n]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if t.n == 0 {
 		return nil
 	}
@@ -721,6 +843,12 @@ func (s *Swapper) RangeBufferBytes(lo, hi int) int {
 	}
 	if s.store == nil {
 		return 4 * (hi - lo)
+	}
+	if pe := s.opts.PieceElems; pe > 0 {
+		// Ranges of a gradient in pieces lie in one piece, whose key
+		// starts at the piece.
+		base := lo / pe * pe
+		lo, hi = lo-base, hi-base
 	}
 	return int(max(s.store.RangeLen(4*int64(lo), 4*int64(hi)), 4*int64(hi-lo)))
 }
@@ -807,8 +935,20 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 	if lo < 0 || hi < lo || hi > t.n {
 		return fail(fmt.Errorf("range [%d, %d) is outside the partition's %d elements", lo, hi, t.n))
 	}
-	if need := s.RangeBufferBytes(lo, hi); len(dst) < need {
-		return fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
+	if t.pieces != nil && hi > lo {
+		p := t.pieces[lo/s.opts.PieceElems]
+		if hi > p.lo+p.n {
+			return fail(fmt.Errorf("range [%d, %d) spans two pieces of %d elements (Options.PieceElems): ranges must lie in one", lo, hi, s.opts.PieceElems))
+		}
+		if need := s.RangeBufferBytes(lo, hi); len(dst) < need {
+			return fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
+		}
+		t, lo, hi = p, lo-p.lo, hi-p.lo
+	}
+	if t.pieces == nil {
+		if need := s.RangeBufferBytes(lo, hi); len(dst) < need {
+			return fail(fmt.Errorf("destination has %d bytes; range [%d, %d) needs %d (RangeBufferBytes)", len(dst), lo, hi, need))
+		}
 	}
 	r := &rangeRead{s: s, t: t, release: end}
 	if hi == lo {
@@ -877,6 +1017,10 @@ func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) 
 			continue
 		}
 		size := blockBytes(opts.Store.PaddedLen(bytes))
+		if opts.PieceElems > 0 && n > opts.PieceElems && keptBudget+bytes > opts.KeepInCPUBytes {
+			other = max(other, blockBytes(opts.Store.PaddedLen(4*int64(opts.PieceElems))))
+			continue
+		}
 		if keptBudget+bytes <= opts.KeepInCPUBytes {
 			keptBudget += bytes
 			kept += size
@@ -943,9 +1087,9 @@ func (s *Swapper) Zero() {
 		return
 	}
 	s.wg.Add(1)
-	ts := make([]*tensor, 0, len(s.tensors))
+	ts := s.leavesLocked()
 	for _, t := range s.tensors {
-		ts = append(ts, t)
+		t.resume = 0
 	}
 	s.mu.Unlock()
 	defer s.wg.Done()
@@ -1005,6 +1149,15 @@ func (s *Swapper) SumSquares(name string) (float64, error) {
 	if !ok {
 		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: ErrUnknown}
 	}
+	if t.pieces != nil {
+		var sum float64
+		for _, p := range t.pieces {
+			if p.has {
+				sum += p.sumSq
+			}
+		}
+		return sum, nil
+	}
 	if !t.has {
 		return 0, nil
 	}
@@ -1018,7 +1171,7 @@ func (s *Swapper) Stats() Stats {
 	st := s.stats
 	st.WriteWait = time.Duration(s.writeWait.Load())
 	st.KeptBytes = s.kept
-	for _, t := range s.tensors {
+	for _, t := range s.leavesLocked() {
 		if t.buf != nil {
 			st.PinnedBytes += int64(t.buf.Cap())
 		}
@@ -1045,7 +1198,7 @@ func (s *Swapper) Close() error {
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, t := range s.tensors {
+	for _, t := range s.leavesLocked() {
 		if t.buf != nil {
 			t.buf.Release()
 			t.buf = nil

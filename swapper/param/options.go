@@ -33,6 +33,16 @@ type Options struct {
 	// partitions kept in pinned pool memory (a ristretto cache in front of
 	// NVMe). Default 0: no cache. At most the pool's capacity.
 	MaxInCPUBytes int64
+	// PieceBytes, when > 0, moves every NVMe partition larger than it in
+	// pieces of at most PieceBytes (a multiple of the store's PieceUnit):
+	// such a partition is streamed, never swapped in whole — Prefetch,
+	// Wait and Release pass it by; ReadFloat32, ReadBytes, ReadAs and
+	// ReadSpansAs read the parts they need straight from the store through
+	// one pool buffer of at most PieceBytes — and Init, StageUpdate and
+	// StageRange write it piece by piece. Its pinned need is one piece,
+	// not the partition. Ignored with DeviceIO. Default 0: every partition
+	// moves whole.
+	PieceBytes int64
 	// BufferCount is DeepSpeed's buffer_count: the most NVMe partitions
 	// swapped in (resident or in flight) at once. Default 0: bounded only by
 	// the pool. Swap-ins beyond it wait for a Release; they never fail for
@@ -96,6 +106,11 @@ func (o *Options) Validate() error {
 	}
 	if o.DeviceIO != nil && o.Device == nil {
 		bad("DeviceIO", o.DeviceIO.Mode(), "needs Device, the device it moves bytes to")
+	}
+	if o.PieceBytes < 0 {
+		bad("PieceBytes", o.PieceBytes, "must be >= 0 (0 means partitions move whole)")
+	} else if o.PieceBytes > 0 && o.Store != nil && o.PieceBytes%o.Store.PieceUnit() != 0 {
+		bad("PieceBytes", o.PieceBytes, fmt.Sprintf("must be a multiple of the store's piece unit (%d bytes)", o.Store.PieceUnit()))
 	}
 	if o.BufferCount < 0 {
 		bad("BufferCount", o.BufferCount, "must be >= 0 (0 means bounded only by the pool)")

@@ -111,6 +111,10 @@ type tensor struct {
 	cur *block
 
 	staged *staged
+	// streamed: an NVMe partition larger than Options.PieceBytes, moved
+	// in pieces and never resident. building: a StageRange in progress.
+	streamed bool
+	building *builder
 }
 
 // Swapper holds this rank's partitions of the registered parameters. Its
@@ -203,6 +207,10 @@ func (s *Swapper) Register(name string, numel int, tier swapper.Tier) error {
 		}
 	default:
 		return fmt.Errorf("param: register %q: unknown tier %d", name, tier)
+	}
+	t.streamed = s.streams(tier, t.bytes)
+	if t.streamed {
+		need = s.opts.PieceBytes
 	}
 	if t.n == 0 {
 		t.state = Resident // nothing to move
@@ -365,6 +373,10 @@ func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error 
 	if t.n == 0 {
 		return nil
 	}
+	if t.streamed {
+		es := s.elem
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) { copy(dst[out*es:], src) })
+	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {
 		return err
@@ -406,6 +418,12 @@ func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, 
 	}
 	if t.n == 0 {
 		return nil
+	}
+	if t.streamed {
+		es, ds := s.elem, dtype.Size()
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) {
+			swapper.Transcode(s.opts.DType, src, dtype, dst[out*ds:out*ds+len(src)/es*ds])
+		})
 	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {
@@ -458,7 +476,7 @@ func (s *Swapper) Prefetch(names ...string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if t.tier != swapper.TierNVMe || t.state != OnNVMe {
+		if t.tier != swapper.TierNVMe || t.state != OnNVMe || t.streamed {
 			continue
 		}
 		if !t.inited {
@@ -489,6 +507,12 @@ func (s *Swapper) Wait(ctx context.Context, names ...string) error {
 		}
 		if t.tier != swapper.TierNVMe {
 			continue
+		}
+		if t.streamed {
+			if !t.inited {
+				errs = append(errs, &swapper.TensorError{Op: "swap-in", Tensor: name, Err: ErrNotInitialized})
+			}
+			continue // read in pieces, never resident
 		}
 		switch t.state {
 		case OnNVMe:
@@ -591,6 +615,10 @@ func (s *Swapper) ReadFloat32(ctx context.Context, name string, dst []float32) e
 	}
 	if t.n == 0 {
 		return nil
+	}
+	if t.streamed {
+		es := s.elem
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) { decode(s.opts.DType, dst[out:out+len(src)/es], src) })
 	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {
@@ -696,7 +724,7 @@ func (s *Swapper) Release(names ...string) {
 	}
 	for _, name := range names {
 		t, ok := s.tensors[name]
-		if !ok || t.tier != swapper.TierNVMe || t.n == 0 {
+		if !ok || t.tier != swapper.TierNVMe || t.n == 0 || t.streamed {
 			continue
 		}
 		switch t.state {
@@ -759,6 +787,7 @@ func (s *Swapper) Close() error {
 	s.cancel()
 	s.opctx.Close()
 	s.mu.Unlock()
+	s.dropBuilds()
 	s.wg.Wait()
 
 	s.mu.Lock()

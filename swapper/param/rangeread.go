@@ -43,6 +43,12 @@ func (s *Swapper) ReadSpansAs(ctx context.Context, name string, spans []Span, dt
 	if total == 0 {
 		return nil
 	}
+	if t.streamed {
+		es, ds := s.elem, dtype.Size()
+		return s.readStreamed(ctx, t, spans, func(at int, src []byte) {
+			swapper.Transcode(s.opts.DType, src, dtype, dst[at*ds:at*ds+len(src)/es*ds])
+		})
+	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {
 		return err

@@ -44,6 +44,9 @@ func (doneWaiter) Wait() error { return nil }
 // buffer, GPU to a new device allocation. The caller holds a Close count
 // (begin), so the write's goroutine may add its own.
 func (s *Swapper) prepare(ctx context.Context, t *tensor, values []float32, key string) (*staged, error) {
+	if t.streamed {
+		return s.stageAll(ctx, t, values, key)
+	}
 	st := &staged{t: t, done: make(chan struct{})}
 	switch t.tier {
 	case swapper.TierNVMe:
@@ -276,6 +279,7 @@ func (s *Swapper) CommitUpdates() error {
 func (s *Swapper) DiscardUpdates() {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
+	s.dropBuilds()
 	s.mu.Lock()
 	var snap []*staged
 	for _, t := range s.tensors {
