@@ -460,7 +460,7 @@ func (s *Swapper) named(op string, t *tensor, err error) error {
 // write of name failed and no one reported it yet, Accumulate returns that
 // error and does NOT add grad (the sum so far is intact; retry the call).
 func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
-	return s.accumulate(ctx, name, grad, false)
+	return s.accumulateNamed(ctx, name, grad, false)
 }
 
 // AccumulateHold is Accumulate without the write-behind: the sum stays in
@@ -473,7 +473,7 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 // gradient that needs its memory writes it behind (as Flush would), and
 // the next addition to it reads it back.
 func (s *Swapper) AccumulateHold(ctx context.Context, name string, grad []float32) error {
-	return s.accumulate(ctx, name, grad, true)
+	return s.accumulateNamed(ctx, name, grad, true)
 }
 
 // WriteBehind starts writing name's sum held in pinned memory by
@@ -487,6 +487,18 @@ func (s *Swapper) WriteBehind(ctx context.Context, name string) error {
 		return err
 	}
 	defer end()
+	if t.pieces != nil {
+		for _, p := range t.pieces {
+			if err := s.writeBehind(ctx, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return s.writeBehind(ctx, t)
+}
+
+func (s *Swapper) writeBehind(ctx context.Context, t *tensor) error {
 	if t.n == 0 || t.keep {
 		return nil
 	}
@@ -506,7 +518,8 @@ func (s *Swapper) WriteBehind(ctx context.Context, name string) error {
 	return nil
 }
 
-func (s *Swapper) accumulate(ctx context.Context, name string, grad []float32, hold bool) error {
+// accumulateNamed is Accumulate (hold false) and AccumulateHold.
+func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad []float32, hold bool) error {
 	t, ctx, end, err := s.begin(ctx, "accumulate", name)
 	if err != nil {
 		return err
@@ -516,9 +529,9 @@ func (s *Swapper) accumulate(ctx context.Context, name string, grad []float32, h
 		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(grad), t.n)}
 	}
 	if t.pieces != nil {
-		return s.accumulatePieces(ctx, t, nil, grad)
+		return s.accumulatePieces(ctx, t, nil, grad, hold)
 	}
-	return s.accumulate(ctx, t, nil, grad)
+	return s.accumulate(ctx, t, nil, grad, hold)
 }
 
 // accumulatePieces is accumulate for a gradient kept in pieces: each
@@ -526,7 +539,7 @@ func (s *Swapper) accumulate(ctx context.Context, name string, grad []float32, h
 // call that fails part way remembers the pieces it added, and its retry
 // (the same call: the contract of a failed Accumulate) skips them, so
 // that nothing is added twice; AbortStep's Zero forgets them.
-func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span, g []float32) error {
+func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span, g []float32, hold bool) error {
 	type job struct {
 		p     *tensor
 		spans []Span
@@ -572,7 +585,7 @@ func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span,
 	s.mu.Unlock()
 	for i := start; i < len(jobs); i++ {
 		j := jobs[i]
-		if err := s.accumulate(ctx, j.p, j.spans, j.vals); err != nil {
+		if err := s.accumulate(ctx, j.p, j.spans, j.vals, hold); err != nil {
 			s.mu.Lock()
 			t.resume = i
 			s.mu.Unlock()
@@ -618,14 +631,15 @@ func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span
 		return nil
 	}
 	if t.pieces != nil {
-		return s.accumulatePieces(ctx, t, spans, g)
+		return s.accumulatePieces(ctx, t, spans, g, false)
 	}
-	return s.accumulate(ctx, t, spans, g)
+	return s.accumulate(ctx, t, spans, g, false)
 }
 
 // accumulate adds g to t's sum: the whole partition (spans nil), or the
-// spans with g back to back.
-func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32) error {
+// spans with g back to back; hold keeps the sum in pinned memory
+// (AccumulateHold) instead of writing it behind.
+func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32, hold bool) error {
 	if t.n == 0 {
 		return nil
 	}
