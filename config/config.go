@@ -273,6 +273,40 @@ type Zinf struct {
 	// Bandwidth is "bandwidth": where the planner gets each NVMe path's
 	// read and write bandwidth.
 	Bandwidth Bandwidth
+	// KVCache is "kv_cache": where a generation's attention key/value
+	// cache lives (see zinf.Runtime.OpenKVCache).
+	KVCache KVCache
+}
+
+// KVCacheDevice is "zinf.kv_cache.device": the tier of a generation's KV
+// cache.
+type KVCacheDevice string
+
+// The KV cache tiers.
+const (
+	// KVCacheAuto keeps the cache in memory while it fits in
+	// zinf.kv_cache.bytes (0: always), else on NVMe.
+	KVCacheAuto KVCacheDevice = "auto"
+	// KVCacheMemory keeps the cache in ordinary (Go heap) memory, at most
+	// zinf.kv_cache.bytes of it (0: no limit).
+	KVCacheMemory KVCacheDevice = "memory"
+	// KVCacheCPU keeps the cache in pinned host memory of its own,
+	// zinf.kv_cache.bytes of it (0: what the cache needs).
+	KVCacheCPU KVCacheDevice = "cpu"
+	// KVCacheNVMe keeps the cache in swap files, each layer's read back
+	// into pinned memory just ahead of use and written behind it;
+	// zinf.kv_cache.bytes is that pinned memory (0: what it needs, three
+	// layers: in use, read ahead, written behind).
+	KVCacheNVMe KVCacheDevice = "nvme"
+)
+
+// KVCache is "zinf.kv_cache".
+type KVCache struct {
+	// Device is "device". Default auto.
+	Device KVCacheDevice
+	// Bytes is "bytes": the cache's budget on its tier (see the devices).
+	// Default 0.
+	Bytes Size
 }
 
 // Bandwidth is "zinf.bandwidth": the NVMe bandwidth the planner predicts
@@ -420,6 +454,7 @@ func defaults() *Config {
 			Speculate:     SpeculateAuto,
 			Schedule:      ScheduleAuto,
 			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
+			KVCache:       KVCache{Device: KVCacheAuto},
 		},
 		Optimizer: Optimizer{
 			Type:      OptimizerAdam,

@@ -194,6 +194,15 @@
 //	zinf.nvme_tbw                size      0                 the NVMe drives' endurance rating (bytes written over
 //	                                                         their life, e.g. "600TB"); zinf plan, train and doctor
 //	                                                         set a run's writes per day against it; 0 = not given
+//	zinf.kv_cache.device         word      "auto"            auto | memory | cpu | nvme: where a generation's KV cache
+//	                                                         lives (Runtime.OpenKVCache): memory (the Go heap), cpu
+//	                                                         (pinned memory of its own), nvme (swap files, each layer
+//	                                                         read back into pinned memory just ahead of use); auto:
+//	                                                         memory while the cache fits in kv_cache.bytes, else nvme
+//	zinf.kv_cache.bytes          size      0                 the cache's budget on its tier: memory and auto, the
+//	                                                         cache in memory (0 = no limit); cpu, the pinned cache;
+//	                                                         nvme, its pinned staging (three layers). 0 = what it
+//	                                                         needs; a budget below the need is refused at plan time
 //
 // # The training step
 //

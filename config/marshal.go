@@ -170,6 +170,10 @@ type wireZinf struct {
 	} `json:"bandwidth"`
 	// NVMeTBW too.
 	NVMeTBW Size `json:"nvme_tbw,omitempty"`
+	KVCache struct {
+		Device KVCacheDevice `json:"device"`
+		Bytes  Size          `json:"bytes"`
+	} `json:"kv_cache"`
 }
 
 func aioWire(a AIO) wireAIO {
@@ -243,6 +247,8 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.Bandwidth.Probe = zi.Bandwidth.Probe
 	w.Zinf.Bandwidth.ProbeBytes = zi.Bandwidth.ProbeBytes
 	w.Zinf.NVMeTBW = zi.NVMeTBW
+	w.Zinf.KVCache.Device = zi.KVCache.Device
+	w.Zinf.KVCache.Bytes = zi.KVCache.Bytes
 	return marshalIndent(w)
 }
 

@@ -574,6 +574,10 @@ func schema(c *Config) []spec {
 			leaf("probe_bytes", sizeInto(&c.Zinf.Bandwidth.ProbeBytes)),
 		),
 		leaf("nvme_tbw", sizeInto(&c.Zinf.NVMeTBW)),
+		section("kv_cache",
+			leaf("device", stringInto(&c.Zinf.KVCache.Device)),
+			leaf("bytes", sizeInto(&c.Zinf.KVCache.Bytes)),
+		),
 	)
 
 	return append([]spec{

@@ -150,6 +150,8 @@ func (c *Config) Validate() error {
 	}
 	k.limit("zinf.bandwidth.probe_bytes", int64(bw.ProbeBytes))
 	k.limit("zinf.nvme_tbw", int64(zi.NVMeTBW))
+	k.enum("zinf.kv_cache.device", string(zi.KVCache.Device))
+	k.limit("zinf.kv_cache.bytes", int64(zi.KVCache.Bytes))
 
 	return errorOf("", k.problems)
 }
@@ -193,6 +195,7 @@ var intLimits = map[string][2]int64{
 	"zinf.bandwidth.write_bytes_per_sec": {0, 100e9},
 	"zinf.bandwidth.probe_bytes":         {1 << 20, 1 << 30},
 	"zinf.nvme_tbw":                      {0, math.MaxInt64},
+	"zinf.kv_cache.bytes":                {0, math.MaxInt64},
 }
 
 // enumValues holds the words each string key allows.
@@ -206,6 +209,7 @@ var enumValues = map[string][]string{
 	"zinf.device":                  {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
 	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
 	"zinf.schedule":                {string(ScheduleAuto), string(ScheduleLayerMajor), string(ScheduleMicroBatchMajor)},
+	"zinf.kv_cache.device":         {string(KVCacheAuto), string(KVCacheMemory), string(KVCacheCPU), string(KVCacheNVMe)},
 	"scheduler.type":               schedulerTypes,
 	"scheduler.params.warmup_type": {WarmupLog, WarmupLinear},
 }

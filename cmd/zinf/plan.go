@@ -25,10 +25,12 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var computeMs float64
 	var noProbe bool
 	var tbw int64
+	var kvSeq int
 	fs.StringVar(&cfgPath, "config", "", "config file (default: the embedded one)")
 	fs.Var(sizeFlag{&tbw}, "tbw", "the NVMe drives' endurance rating (e.g. 600TB); default: the config's zinf.nvme_tbw")
 	fs.StringVar(&model, "model", "layers=24,width=4096,dtype=bf16,batch=8,world=1", "model: layers=N,width=N,dtype=fp32|bf16|fp16,batch=N,world=N (dtype and world override the config's)")
 	fs.Float64Var(&computeMs, "compute-ms-per-layer", 0, "compute time per layer per pass, for the prediction")
+	fs.IntVar(&kvSeq, "kv-seq", 0, "plan a generation's KV cache for sequences of this many tokens: keys and values of the model's width per layer, for its batch, in its dtype, on the tier zinf.kv_cache chooses (0: none)")
 	fs.BoolVar(&noProbe, "no-probe", false, "do not probe an NVMe path's bandwidth (use the config's, the tune file's, a cached one or the default)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -37,6 +39,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Visit(func(f *flag.Flag) { tbwSet = tbwSet || f.Name == "tbw" })
 	compute, err := computeMsFlag(computeMs)
 	if err != nil {
+		return err
+	}
+	if err := intIn("--kv-seq", kvSeq, 0, 1<<24); err != nil {
 		return err
 	}
 	m, err := policy.ParseModelSpec(model)
@@ -65,6 +70,15 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "model %s: %d parameters\n\n", m, m.ParamCount())
 	if err := p.WriteText(stdout); err != nil {
 		return err
+	}
+	if kvSeq > 0 {
+		layerBytes := 2 * int64(max(m.Batch, 1)) * int64(kvSeq) * int64(m.Width) * int64(m.DType.Size())
+		kp, err := zinf.PlanKVCache(cfg, m.Layers, layerBytes)
+		if err != nil {
+			fmt.Fprintf(stdout, "\nOpen refuses this KV cache: %v\n", err)
+		} else {
+			fmt.Fprintf(stdout, "\n%s\n", kp)
+		}
 	}
 	res := p.Reservations
 	if res.PoolBytes < res.MinPoolBytes {

@@ -77,3 +77,32 @@ func TestPlanEndurance(t *testing.T) {
 		t.Fatalf("--tbw -1TB: exit %d %s", code, errs)
 	}
 }
+
+// TestPlanKVCache: --kv-seq plans a generation's KV cache (layers x 2 x
+// batch x seq x width x dtype) on the tier zinf.kv_cache chooses, and a
+// budget below its need is refused with the bytes needed.
+func TestPlanKVCache(t *testing.T) {
+	code, out, errs := runCLI(t, "plan", "--model", "layers=4,width=256,dtype=bf16,batch=8", "--kv-seq", "1024", "--no-probe")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan --kv-seq", out, "kv cache: memory, 4 layers x 8MiB = 32MiB in memory")
+	dir := t.TempDir()
+	for _, c := range []struct{ json, want string }{
+		{`{"zinf": {"kv_cache": {"device": "cpu", "bytes": "8MiB"}}}`, "Open refuses this KV cache: zinf: zinf.kv_cache.bytes = 8MiB is too small for this KV cache on cpu (4 layers x 8MiB): the pinned cache needs 32MiB (33554432 bytes)"},
+		{`{"zinf": {"kv_cache": {"device": "auto", "bytes": "16MiB"}, "nvme_paths": ["` + dir + `"]}}`, "kv cache: nvme, 4 layers x 8MiB = 32MiB in swap files (64MiB of disk, copy-on-write), pinned staging 24MiB"},
+	} {
+		cfg := filepath.Join(dir, "kv.json")
+		if err := os.WriteFile(cfg, []byte(c.json), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := runCLI(t, "plan", "--config", cfg, "--model", "layers=4,width=256,dtype=bf16,batch=8", "--kv-seq", "1024", "--no-probe")
+		if code != 0 {
+			t.Fatalf("%s: exit %d:\n%s", c.json, code, errs)
+		}
+		wantAll(t, c.json, out, c.want)
+	}
+	if code, _, errs := runCLI(t, "plan", "--kv-seq", "-1"); code == 0 || !strings.Contains(errs, "--kv-seq") {
+		t.Fatalf("--kv-seq -1: exit %d, %s", code, errs)
+	}
+}

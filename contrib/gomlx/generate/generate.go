@@ -335,6 +335,10 @@ type Result struct {
 	IOWait time.Duration
 	// BytesRead is what the runtime read from NVMe.
 	BytesRead int64
+	// KVCache is where the KV cache lived (zinf.kv_cache) and KVStats
+	// its traffic with NVMe.
+	KVCache zinf.KVCachePlan
+	KVStats zinf.KVCacheStats
 }
 
 // Generated is the number of tokens generated over the batch.
@@ -402,9 +406,12 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		return nil, err
 	}
 	B := len(prompts)
-	kv := newKVState(g, B, minLen)
+	kv, err := g.openKV(B, minLen, total)
+	if err != nil {
+		return nil, err
+	}
 	defer kv.free()
-	res := &Result{Tokens: make([][]int32, B)}
+	res := &Result{Tokens: make([][]int32, B), KVCache: kv.c.Plan()}
 	done := make([]bool, B)
 	m0 := g.rt.Metrics()
 	// The first pass feeds every prompt's first minLen tokens.
@@ -454,6 +461,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 			break
 		}
 	}
+	res.KVStats = kv.c.Stats()
 	m1 := g.rt.Metrics()
 	res.BytesRead = m1.BytesRead - m0.BytesRead
 	res.IOWait = m1.IOWait - m0.IOWait
@@ -466,9 +474,7 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 	rt := g.rt
 	L := g.m.NumLayers
 	rt.Forward()
-	if err := kv.grow(pos + len(toks[0])); err != nil {
-		return nil, err
-	}
+	kv.grow(pos + len(toks[0]))
 	var x *tensors.Tensor
 	defer func() { finalize(x) }()
 	for l := 0; l < L+2; l++ {
@@ -485,7 +491,10 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 			}
 		case l <= L:
 			var out []*tensors.Tensor
-			k, v := kv.take(l - 1)
+			var k, v *tensors.Tensor
+			if k, v, err = kv.load(ctx, l-1); err != nil {
+				break
+			}
 			xd, derr := graph.DonateTensorBuffer(x, g.backend, 0)
 			kd, kerr := graph.DonateTensorBuffer(k, g.backend, 0)
 			vd, verr := graph.DonateTensorBuffer(v, g.backend, 0)
@@ -493,10 +502,14 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 				x = nil
 				out, err = call(g.layerEx[l-1], xd, tensors.FromValue(int32(pos)), kd, vd)
 			}
-			if err == nil {
-				x = out[0]
-				kv.put(l-1, out[1], out[2])
+			if err != nil {
+				finalize(k)
+				finalize(v)
+				kv.abandon(l - 1)
+				break
 			}
+			x = out[0]
+			err = kv.store(l-1, out[1], out[2])
 		default:
 			var out []*tensors.Tensor
 			out, err = call(headEx, x)
@@ -551,55 +564,127 @@ func finalize(t *tensors.Tensor) {
 
 // kvState is the batch's KV cache: per transformer layer a key and a
 // value tensor [batch, kv heads, cache length, head dim], of GoMLX's
-// kvcache layout and bucketed lengths.
+// kvcache layout and bucketed lengths, kept in a zinf KV cache on the tier
+// zinf.kv_cache chooses (memory, pinned, NVMe), one entry per layer
+// (keys, then values), read back for its layer just ahead of use.
 type kvState struct {
-	g    *Generator
-	k, v []*tensors.Tensor
+	g     *Generator
+	c     *zinf.KVCache
+	batch int
+	cur   []int  // each layer's cache length now
+	next  []int  // for the pass running
+	buf   []byte // the entry of the layer begun
 }
 
-func newKVState(g *Generator, batch, promptLen int) *kvState {
-	s := &kvState{g: g, k: make([]*tensors.Tensor, g.m.NumLayers), v: make([]*tensors.Tensor, g.m.NumLayers)}
+// kvLen is the bucketed cache length of layer l for a sequence of n.
+func (g *Generator) kvLen(l, n int) int {
 	c := g.m.KVCache
-	for l := range g.m.NumLayers {
-		n := c.CacheSeqLen(c.GetLayerType(c.OrderedScopes[l]), promptLen)
-		shape := shapes.Make(g.m.DType, batch, g.kvHeads, n, g.m.HeadDim)
-		s.k[l], s.v[l] = tensors.FromShape(shape), tensors.FromShape(shape)
-	}
-	return s
+	return c.CacheSeqLen(c.GetLayerType(c.OrderedScopes[l]), n)
 }
 
-// grow pads every layer's cache to the bucket of position pos (GoMLX's
-// generator pads to the bucket of the position about to be written).
-func (s *kvState) grow(end int) error {
-	c := s.g.m.KVCache
-	for l := range s.k {
-		path := c.OrderedScopes[l]
-		in := kvcache.KVCacheTensors{path + kvcache.KeySuffix: s.k[l], path + kvcache.ValueSuffix: s.v[l]}
-		out, err := c.PadTensors(in, end-1)
+func (g *Generator) kvShape(batch, n int) shapes.Shape {
+	return shapes.Make(g.m.DType, batch, g.kvHeads, n, g.m.HeadDim)
+}
+
+// openKV opens the cache of a batch whose prefill covers promptLen
+// tokens and whose sequences reach total.
+func (g *Generator) openKV(batch, promptLen, total int) (*kvState, error) {
+	L := g.m.NumLayers
+	s := &kvState{g: g, batch: batch, cur: make([]int, L), next: make([]int, L)}
+	var most int64
+	for l := range L {
+		s.cur[l] = g.kvLen(l, promptLen)
+		most = max(most, 2*g.kvShape(batch, max(s.cur[l], g.kvLen(l, total))).ByteSize())
+	}
+	c, err := g.rt.OpenKVCache(L, most)
+	if err != nil {
+		return nil, err
+	}
+	s.c = c
+	return s, nil
+}
+
+// grow sets the cache lengths of a pass ending at position end (GoMLX's
+// generator pads to the bucket of the last position written).
+func (s *kvState) grow(end int) {
+	for l := range s.cur {
+		s.next[l] = max(s.cur[l], s.g.kvLen(l, end-1))
+	}
+}
+
+// load makes layer l's keys and values tensors of the pass's length.
+func (s *kvState) load(ctx context.Context, l int) (k, v *tensors.Tensor, err error) {
+	b, err := s.c.Begin(ctx, l)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.buf = b
+	defer func() {
 		if err != nil {
-			return err
+			s.abandon(l)
+		}
+	}()
+	shape := s.g.kvShape(s.batch, s.cur[l])
+	n := int(shape.ByteSize())
+	k, v = tensors.FromShape(shape), tensors.FromShape(shape)
+	if err := errors.Join(k.MutableBytes(func(d []byte) { copy(d, b[:n]) }), v.MutableBytes(func(d []byte) { copy(d, b[n:2*n]) })); err != nil {
+		finalize(k)
+		finalize(v)
+		return nil, nil, err
+	}
+	if s.next[l] > s.cur[l] {
+		c := s.g.m.KVCache
+		path := c.OrderedScopes[l]
+		in := kvcache.KVCacheTensors{path + kvcache.KeySuffix: k, path + kvcache.ValueSuffix: v}
+		out, err := c.PadTensors(in, s.next[l]-1)
+		if err == nil && out[path+kvcache.KeySuffix].Shape().Dimensions[2] != s.next[l] {
+			err = fmt.Errorf("padded KV cache of layer %d has %s, want length %d", l, out[path+kvcache.KeySuffix].Shape(), s.next[l])
 		}
 		for key, t := range out {
-			if old := in[key]; old != t {
-				finalize(old)
+			if in[key] != t {
+				finalize(in[key])
 			}
 		}
-		s.k[l], s.v[l] = out[path+kvcache.KeySuffix], out[path+kvcache.ValueSuffix]
+		if err != nil {
+			finalize(out[path+kvcache.KeySuffix])
+			finalize(out[path+kvcache.ValueSuffix])
+			return nil, nil, err
+		}
+		k, v = out[path+kvcache.KeySuffix], out[path+kvcache.ValueSuffix]
 	}
-	return nil
+	return k, v, nil
 }
 
-func (s *kvState) take(l int) (k, v *tensors.Tensor) {
-	k, v = s.k[l], s.v[l]
-	s.k[l], s.v[l] = nil, nil
-	return k, v
+// store writes layer l's new keys and values back into its entry and
+// hands it back.
+func (s *kvState) store(l int, k, v *tensors.Tensor) error {
+	defer finalize(k)
+	defer finalize(v)
+	n := int(k.Shape().ByteSize())
+	if 2*n > len(s.buf) || !k.Shape().Equal(v.Shape()) {
+		s.abandon(l)
+		return fmt.Errorf("KV cache of layer %d: keys %s and values %s do not fit its %d bytes", l, k.Shape(), v.Shape(), len(s.buf))
+	}
+	if err := errors.Join(k.ConstBytes(func(d []byte) { copy(s.buf[:n], d) }), v.ConstBytes(func(d []byte) { copy(s.buf[n:2*n], d) })); err != nil {
+		s.abandon(l)
+		return err
+	}
+	s.cur[l] = k.Shape().Dimensions[2]
+	s.buf = nil
+	return s.c.End(l, 2*n)
 }
 
-func (s *kvState) put(l int, k, v *tensors.Tensor) { s.k[l], s.v[l] = k, v }
-
-func (s *kvState) free() {
-	for l := range s.k {
-		finalize(s.k[l])
-		finalize(s.v[l])
+// abandon hands layer l's entry back unchanged (a failed pass).
+func (s *kvState) abandon(l int) {
+	if s.buf != nil {
+		s.buf = nil
+		_ = s.c.End(l, 0)
 	}
+}
+
+func (s *kvState) free() error {
+	if s == nil || s.c == nil {
+		return nil
+	}
+	return s.c.Close()
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
 )
@@ -336,3 +338,60 @@ func indexOf(s, sub string) int {
 }
 
 var _ = fmt.Sprint
+
+// TestKVCacheTiers: the KV cache in memory, in pinned memory and on NVMe
+// (read back for its layer ahead of use) gives the same tokens as GoMLX's
+// in-memory generator; a budget too small is refused with the bytes
+// needed.
+func TestKVCacheTiers(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 5) // more layers than the NVMe tier's 3 staging buffers
+	store, err := generate.InitStore(be, fn, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	ps := prompts(2, 6, 97, 9)
+	s := generate.Sampling{MaxNewTokens: 40} // past the first bucket of 32 positions
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dev := range []config.KVCacheDevice{config.KVCacheMemory, config.KVCacheCPU, config.KVCacheNVMe} {
+		t.Run(string(dev), func(t *testing.T) {
+			c := nvmeConfig(t, 4<<20, false)
+			c.Zinf.KVCache = config.KVCache{Device: dev}
+			g, err := generate.Open(ctx, be, c, fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			res, err := g.Generate(ctx, ps, s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+				t.Fatalf("KV cache on %s:\n%v\nin memory:\n%v", dev, res.Tokens, want)
+			}
+			if res.KVCache.Device != dev {
+				t.Fatalf("KV cache planned on %s, want %s", res.KVCache.Device, dev)
+			}
+			if dev == config.KVCacheNVMe && (res.KVStats.BytesRead == 0 || res.KVStats.Prefetched == 0) {
+				t.Fatalf("NVMe KV cache never read back ahead of use: %+v", res.KVStats)
+			}
+			// A budget of one byte less than the need is refused, naming it.
+			c.Zinf.KVCache.Bytes = config.Size(res.KVCache.CacheBytes)
+			if dev != config.KVCacheMemory {
+				c.Zinf.KVCache.Bytes = config.Size(res.KVCache.PinnedBytes)
+			}
+			need := int64(c.Zinf.KVCache.Bytes)
+			c.Zinf.KVCache.Bytes--
+			_, err = g.Generate(ctx, ps, s, nil)
+			var e *zinf.KVCacheTooSmallError
+			if !errors.As(err, &e) || e.Need != need || !strings.Contains(err.Error(), fmt.Sprintf("(%d bytes)", need)) {
+				t.Fatalf("budget %d below the need %d: %v", need-1, need, err)
+			}
+		})
+	}
+}
