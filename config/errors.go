@@ -77,7 +77,14 @@ type Error struct {
 	Problems []Problem
 }
 
-// Error lists the problems one per line after a header naming the source.
+// MaxPrintedProblems bounds the problems Error prints: a file that is not
+// a config at all (a JSON file of 400,000 other keys) would otherwise
+// print each. Problems holds every one.
+const MaxPrintedProblems = 50
+
+// Error lists the problems one per line after a header naming the source
+// and their number: the first MaxPrintedProblems, then a line counting the
+// rest.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("config: ")
@@ -92,9 +99,12 @@ func (e *Error) Error() string {
 		b.WriteString(e.Problems[0].String())
 	default:
 		fmt.Fprintf(&b, "%d problems:", len(e.Problems))
-		for _, p := range e.Problems {
+		for _, p := range e.Problems[:min(len(e.Problems), MaxPrintedProblems)] {
 			b.WriteByte('\n')
 			b.WriteString(p.String())
+		}
+		if rest := len(e.Problems) - MaxPrintedProblems; rest > 0 {
+			fmt.Fprintf(&b, "\n... and %d more problems", rest)
 		}
 	}
 	return b.String()

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/zinfio/zinf/internal/base/regfile"
 )
@@ -107,7 +108,7 @@ func Parse(data []byte) (*Config, error) {
 				}
 				// Point at the key in the file and quote it as written.
 				if n, ok := written.nodes[p.Key]; ok {
-					p.Line, p.Column = position(written.data, n.off)
+					p.Line, p.Column = written.lines.position(n.off)
 					if n.kind != kObject && n.kind != kArray {
 						p.Value = n.raw
 					}
@@ -132,10 +133,10 @@ func Parse(data []byte) (*Config, error) {
 }
 
 // written records what a file set: the value node of every dotted key
-// written (not null), and the text they point into.
+// written (not null), and the line index of the text they point into.
 type written struct {
 	nodes map[string]*node
-	data  []byte
+	lines lineIndex
 }
 
 // decode builds the Config for data without running Validate. A nil Config
@@ -152,7 +153,7 @@ func decode(data []byte) (*Config, []Problem, written) {
 	}
 	c := defaults()
 	specs := schema(c)
-	d := &decoder{c: c, data: data, set: map[string]*node{}, index: keyIndex(specs)}
+	d := &decoder{c: c, lines: newLineIndex(data), set: map[string]*node{}, index: keyIndex(specs)}
 	d.object(root, "", specs)
 	d.resolve()
 	if len(d.ignored) > 0 {
@@ -160,19 +161,20 @@ func decode(data []byte) (*Config, []Problem, written) {
 		d.warnings = append(d.warnings, "ignored (DeepSpeed key not used by zinf): "+strings.Join(d.ignored, ", "))
 	}
 	d.c.Warnings = d.warnings
-	return d.c, d.problems, written{nodes: d.set, data: data}
+	return d.c, d.problems, written{nodes: d.set, lines: d.lines}
 }
 
 // decoder carries the state of one decode.
 type decoder struct {
 	c        *Config
-	data     []byte
+	lines    lineIndex // positions of problems, in one pass over the text
 	problems []Problem
 	warnings []string
 	ignored  []string
 	set      map[string]*node    // dotted key -> its value, for keys written in the file
 	deferred []func()            // readers' effects that depend on keys read later
 	index    map[string][]string // key name -> dotted paths of every known key with that name
+	known    map[string]*keySet  // section path -> its known keys, for suggestions
 }
 
 // reader reads the value n of the dotted key into the Config under decode,
@@ -264,22 +266,36 @@ func findSpec(specs []spec, name string) *spec {
 // unknown reports a key no schema knows, with the closest known key.
 func (d *decoder) unknown(m member, path string, specs []spec) {
 	p := Problem{Key: join(path, m.key), Msg: "unknown key"}
-	names := make([]string, len(specs))
-	for i, s := range specs {
-		names[i] = s.name
-	}
-	if best := closest(m.key, names); best != "" {
+	known := d.candidates(path, specs)
+	if best := known.closest(m.key); best != "" {
 		p.Msg += fmt.Sprintf(" (did you mean %q?)", join(path, best))
 	} else if elsewhere := d.index[m.key]; len(elsewhere) > 0 {
 		p.Msg += fmt.Sprintf(" here (did you mean %q?)", elsewhere[0])
-	} else if len(names) <= 16 {
-		p.Allowed = strings.Join(names, ", ")
+	} else if len(known.names) <= 16 {
+		p.Allowed = strings.Join(known.names, ", ")
 	}
 	d.problemAt(m.keyOff, p)
 }
 
+// candidates returns the known keys of the section at path, prepared for
+// suggestions once per section (a file may hold many unknown keys).
+func (d *decoder) candidates(path string, specs []spec) *keySet {
+	if k, ok := d.known[path]; ok {
+		return k
+	}
+	k := &keySet{names: make([]string, len(specs)), norms: make([]string, len(specs))}
+	for i, s := range specs {
+		k.names[i], k.norms[i] = s.name, normKey(s.name)
+	}
+	if d.known == nil {
+		d.known = map[string]*keySet{}
+	}
+	d.known[path] = k
+	return k
+}
+
 func (d *decoder) problemAt(off int, p Problem) {
-	p.Line, p.Column = position(d.data, off)
+	p.Line, p.Column = d.lines.position(off)
 	d.problems = append(d.problems, p)
 }
 
@@ -853,52 +869,107 @@ func keyIndex(specs []spec) map[string][]string {
 	return idx
 }
 
-// closest returns the candidate nearest to key, or "" when none is near
+// keySet is a section's known keys, and each in normKey's form.
+type keySet struct{ names, norms []string }
+
+// closest returns the known key nearest to key, or "" when none is near
 // enough to be a likely typo. Case, '-' and '_' differences count as near.
-func closest(key string, candidates []string) string {
+// It is called once per unknown key, so it skips the edit distance of keys
+// whose length alone puts them too far.
+func (k *keySet) closest(key string) string {
 	if len(key) > 64 {
 		return ""
 	}
-	norm := func(s string) string {
-		return strings.NewReplacer("_", "", "-", "", " ", "").Replace(strings.ToLower(s))
-	}
-	nk := norm(key)
+	nk := normKey(key)
+	lower := strings.ToLower(key)
+	runes := utf8.RuneCountInString(lower)
 	limit := min(max(len(key)/3, 1), 3)
 	best, bestDist := "", limit+1
-	for _, c := range candidates {
-		if norm(c) == nk {
+	for i, c := range k.names {
+		if k.norms[i] == nk {
 			return c
 		}
-		if dist := editDistance(strings.ToLower(key), c); dist < bestDist {
+		// The distance is at least the difference in length.
+		if d := runes - utf8.RuneCountInString(c); d >= bestDist || -d >= bestDist {
+			continue
+		}
+		if dist := editDistance(lower, c, bestDist-1); dist < bestDist {
 			best, bestDist = c, dist
 		}
 	}
 	return best
 }
 
+// normKey lowercases s and drops '_', '-' and ' ', for comparing keys
+// that differ only in those.
+func normKey(s string) string {
+	s = strings.ToLower(s)
+	if !strings.ContainsAny(s, "_- ") {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c != '_' && c != '-' && c != ' ' {
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
 // editDistance is the optimal-string-alignment distance: insertions,
 // deletions, substitutions and transpositions of neighbours each cost 1.
-func editDistance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	prev2 := make([]int, len(rb)+1)
-	prev := make([]int, len(rb)+1)
-	cur := make([]int, len(rb)+1)
+// Past bound it stops early and returns bound+1: only "near enough"
+// matters to a suggestion, and a file may hold many unknown keys.
+func editDistance(a, b string, bound int) int {
+	if isASCII(a) && isASCII(b) {
+		return osa([]byte(a), []byte(b), bound)
+	}
+	return osa([]rune(a), []rune(b), bound)
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func osa[T byte | rune](a, b []T, bound int) int {
+	var rows [3][66]int // keys are short: no allocation below 66
+	var prev2, prev, cur []int
+	if len(b)+1 <= len(rows[0]) {
+		prev2, prev, cur = rows[0][:len(b)+1], rows[1][:len(b)+1], rows[2][:len(b)+1]
+	} else {
+		prev2, prev, cur = make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	}
 	for j := range prev {
 		prev[j] = j
 	}
-	for i := 1; i <= len(ra); i++ {
+	prevOver := false
+	for i := 1; i <= len(a); i++ {
 		cur[0] = i
-		for j := 1; j <= len(rb); j++ {
+		rowMin := i
+		for j := 1; j <= len(b); j++ {
 			cost := 1
-			if ra[i-1] == rb[j-1] {
+			if a[i-1] == b[j-1] {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
 				cur[j] = min(cur[j], prev2[j-2]+1)
 			}
+			rowMin = min(rowMin, cur[j])
 		}
+		// Every later entry derives from this row or the one before (a
+		// transposition): once both exceed bound, so does the result.
+		over := rowMin > bound
+		if over && prevOver {
+			return bound + 1
+		}
+		prevOver = over
 		prev2, prev, cur = prev, cur, prev2
 	}
-	return prev[len(rb)]
+	return min(prev[len(b)], bound+1)
 }
