@@ -143,8 +143,16 @@ func (e *Engine) OpenFile(path string, flag int, perm os.FileMode) (*File, error
 	if err != nil {
 		return nil, err
 	}
-	h, err := e.cf.handleRegister(af.Fd())
+	rfd, extra, err := registrationFd(af.Fd())
 	if err != nil {
+		af.Close()
+		return nil, &os.PathError{Op: "cuFileHandleRegister", Path: path, Err: err}
+	}
+	h, err := e.cf.handleRegister(rfd)
+	if err != nil {
+		if extra != nil {
+			extra.Close()
+		}
 		af.Close()
 		var ce *CuFileError
 		if errors.As(err, &ce) && (ce.Code == cuFileDIONotSet || ce.Code == cuFileIONotSupported) {
@@ -159,6 +167,9 @@ func (e *Engine) OpenFile(path string, flag int, perm os.FileMode) (*File, error
 	f := &File{af: af, owner: e, handle: h}
 	f.finish = func() {
 		e.cf.handleDeregister(h)
+		if extra != nil {
+			extra.Close()
+		}
 		e.mu.Lock()
 		delete(e.files, f)
 		e.mu.Unlock()

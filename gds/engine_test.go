@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/zinfio/zinf/accel"
@@ -410,4 +411,52 @@ func TestAvailable(t *testing.T) {
 		err := gds.Available(gds.Options{Library: s.cufileLib, CUDA: cuda.Options{Library: s.cudaLib}, Paths: []string{missing}})
 		wantErr(t, err, gds.ErrUnavailable, "cannot check the filesystem of "+missing)
 	})
+}
+
+// TestEngineOpenFileNoFollow opens files the way the swap store and zinf
+// io do, with O_NOFOLLOW, which cuFile refuses in cuFileHandleRegister
+// ("fd opened with unsupported flags", seen with cuFile 1.15 on an H200;
+// the stand-in refuses it too). The engine registers a descriptor
+// reopened without it, and the bytes go through; a link planted at the
+// path is still refused.
+func TestEngineOpenFileNoFollow(t *testing.T) {
+	s := newStandins(t)
+	e := openEngine(t, s, gds.Options{BlockSizeBytes: 1 << 20})
+	ctx := context.Background()
+	path := tempPath(t, "nofollow")
+	f, err := e.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		t.Fatalf("OpenFile with O_NOFOLLOW: %v", err)
+	}
+	const size = 1<<20 + 4097
+	want := randomBytes(99, size)
+	src := upload(t, s.dev, want, 0, size)
+	defer s.dev.Free(src)
+	if n, err := e.Write(ctx, f, src, 0, 4096, size); err != nil || n != size {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	sameBytes(t, "file after write", fileBytes(t, path, 4096, size), want)
+	dst, err := s.dev.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.dev.Free(dst)
+	if n, err := e.Read(ctx, f, dst, 0, 4096, size); err != nil || n != size {
+		t.Fatalf("Read = %d, %v", n, err)
+	}
+	sameBytes(t, "device after read", download(t, s.dev, dst, 0, size), want)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.cufile(t); st["live_handles"] != 0 {
+		t.Errorf("%d cuFile handles still registered after Close", st["live_handles"])
+	}
+	link := tempPath(t, "link")
+	if err := os.Symlink(path, link); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := e.OpenFile(link, os.O_RDWR|syscall.O_NOFOLLOW, 0); err == nil {
+		f.Close()
+		t.Fatal("OpenFile followed a symbolic link under O_NOFOLLOW")
+	}
 }

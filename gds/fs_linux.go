@@ -2,6 +2,7 @@ package gds
 
 import (
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,4 +80,29 @@ func filesystemSupported(path string) error {
 			path, fsNames[t])
 	}
 	return nil
+}
+
+// registrationFd returns the descriptor to hand cuFileHandleRegister for
+// the file open as fd, and the extra file it opened for that, if any (the
+// caller closes it after deregistering). cuFile refuses a descriptor whose
+// status flags hold O_NOFOLLOW ("fd opened with unsupported flags",
+// CU_FILE_INVALID_FILE_OPEN_FLAG, seen with cuFile 1.15 on an H200), and
+// zinf opens its swap and benchmark files with O_NOFOLLOW so that a link
+// planted at their path is never followed. Reopening through
+// /proc/self/fd names the open file itself, not a path, so the reopened
+// descriptor is the same file the first open checked; it keeps the access
+// mode and O_DIRECT and drops only O_NOFOLLOW.
+func registrationFd(fd int) (int, *os.File, error) {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return -1, nil, fmt.Errorf("fcntl(F_GETFL) on fd %d: %w", fd, err)
+	}
+	if fl&unix.O_NOFOLLOW == 0 {
+		return fd, nil, nil
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), fl&(unix.O_ACCMODE|unix.O_DIRECT)|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, nil, fmt.Errorf("reopening fd %d without O_NOFOLLOW for cuFile: %w", fd, err)
+	}
+	return int(f.Fd()), f, nil
 }

@@ -23,6 +23,14 @@ want() { case " $GPU_STEPS " in *" $1 "*) return 0;; esac; return 1; }
 export ZINF_CUFILE_LIBRARY=${ZINF_CUFILE_LIBRARY:-$(libdir 'libcufile.so*')}
 export ZINF_NCCL_LIBRARY=${ZINF_NCCL_LIBRARY:-$(libdir 'libnccl.so*')}
 echo "cufile: $ZINF_CUFILE_LIBRARY"; echo "nccl: $ZINF_NCCL_LIBRARY"
+# Without /etc/cufile.json (cuFile from pip) the library's defaults apply;
+# a machine without the nvidia-fs module needs compatibility mode allowed.
+[ -f /etc/cufile.json ] && { echo "/etc/cufile.json:"; grep -vE '^\s*//' /etc/cufile.json | grep -E 'compat|posix|level|"dir"|use_poll|force|io_uring|odirect' ; }
+if [ -z "${CUFILE_ENV_PATH_JSON:-}" ] && { [ ! -f /etc/cufile.json ] || [ -n "${CUFILE_COMPAT:-}" ]; }; then
+  mkdir -p /tmp/cufile-log
+  printf '{"logging": {"dir": "/tmp/cufile-log", "level": "INFO"}, "properties": {"allow_compat_mode": %s%s}}\n' "${CUFILE_COMPAT:-true}" "${CUFILE_FORCE:+, \"force_compat_mode\": $CUFILE_FORCE}" > /tmp/cufile.json
+  export CUFILE_ENV_PATH_JSON=/tmp/cufile.json; echo "cufile.json: $(cat /tmp/cufile.json)"
+fi
 ls /usr/local/cuda/gds/tools/gdscheck* 2>/dev/null && timeout 30 /usr/local/cuda/gds/tools/gdscheck -p
 # fio with libcufile, built here in the background when cufile.h is found.
 CUFILE_H=$(find /usr/local /opt /usr/include -name cufile.h 2>/dev/null | head -1)
@@ -103,7 +111,11 @@ import json,sys,os,statistics as st
 out=sys.argv[1]
 def lines(f):
     p=os.path.join(out,f)
-    return [json.loads(l) for l in open(p) if l.strip()] if os.path.exists(p) else []
+    out=[]
+    for l in (open(p) if os.path.exists(p) else []):
+        try: out.append(json.loads(l))
+        except ValueError: pass  # a run that failed printed no JSON
+    return out
 for f in ("zinf-bounce.jsonl","zinf-gds.jsonl"):
     for op in ("read","write"):
         v=[r["gbps_median"] for r in lines(f) if r.get("op")==op]
@@ -114,4 +126,5 @@ for f in ("fio-host.json","fio-posix.json","fio-cufile.json"):
         v=[r["jobs"][0][op]["bw_bytes"]/1e9 for r in rs if r["jobs"][0][op]["bw_bytes"]>0]
         if v: print(f, op, "GB/s", [round(x,3) for x in v], "median", round(st.median(v),3))
 PY
+step cufile log; cat /tmp/cufile-log/*.log 2>/dev/null | grep -E 'ERROR|WARN|compat' | sed 's/^.*\] //' | sort | uniq -c | head -30
 echo "=== end ($(date +%T))"

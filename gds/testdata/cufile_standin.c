@@ -45,7 +45,7 @@ typedef struct {
 
 enum {
 	DRIVER_NOT_INITIALIZED = 5001, CUDA_POINTER_RANGE_ERROR = 5014,
-	INVALID_FILE_TYPE = 5018, DIO_NOT_SET = 5020, INVALID_VALUE = 5022,
+	INVALID_FILE_TYPE = 5018, INVALID_FILE_OPEN_FLAG = 5019, DIO_NOT_SET = 5020, INVALID_VALUE = 5022,
 	MEMORY_ALREADY_REGISTERED = 5023, MEMORY_NOT_REGISTERED = 5024,
 	HANDLE_NOT_REGISTERED = 5027,
 };
@@ -130,6 +130,8 @@ CUfileError_t cuFileHandleRegister(CUfileHandle_t *fh, CUfileDescr_t *d) {
 	int flags = fcntl(d->handle.fd, F_GETFL);
 	if (flags < 0) return status(INVALID_VALUE);
 	if (env_ll("STANDIN_REQUIRE_ODIRECT", 0) && !(flags & O_DIRECT)) return status(DIO_NOT_SET);
+	/* cuFile 1.15 refuses O_NOFOLLOW: "fd opened with unsupported flags". */
+	if (flags & O_NOFOLLOW) return status(INVALID_FILE_OPEN_FLAG);
 	struct handle *h = malloc(sizeof *h);
 	h->magic = HANDLE_MAGIC;
 	h->fd = d->handle.fd;
