@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/testenv"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // unknownKeys is a config of n unknown keys, {"k0":0,"k1":0,...}: about
