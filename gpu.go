@@ -5,46 +5,10 @@ import (
 	"log/slog"
 
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
 )
-
-// GDSMode returns the GPUDirect Storage mode the config selects: zinf.gds
-// ("off", "auto" or "required"), or, when that is empty (a Config built in
-// code rather than parsed), "auto" if aio.use_gds is true and "off"
-// otherwise. Parsing already maps use_gds to "auto" when zinf.gds is absent.
-func GDSMode(cfg *config.Config) string {
-	switch m := cfg.Zinf.GDS; {
-	case m != "":
-		return string(m)
-	case cfg.AIO.UseGDS:
-		return gds.ModeAuto
-	}
-	return gds.ModeOff
-}
-
-// GDSOptions maps the config's aio section to the cuFile engine's options:
-// pieces of aio.block_size (rounded up to a multiple of 4096, as cuFile
-// and O_DIRECT need), aio.intra_op_parallelism of them in flight, the
-// O_DIRECT policy of zinf.direct, and the swap directories for
-// Available's filesystem check.
-func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
-	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
-	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
-		Direct: d, Paths: cfg.NVMePaths(), Logger: log}
-}
-
-// BounceOptions maps the config's aio section to the bounce path's
-// options: staging buffers of aio.block_size (rounded up to a multiple of
-// 4096), aio.intra_op_parallelism slots, each holding two of them.
-func BounceOptions(cfg *config.Config, log *slog.Logger) gds.BounceOptions {
-	return gds.BounceOptions{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
-		Logger: log}
-}
-
-func roundUp4K(n int64) int64 { return max((n+4095)/4096*4096, 4096) }
 
 // openDeviceIO builds r.DeviceIO when the config selects GPUDirect Storage
 // (GDSMode "auto" or "required"); with "off" it leaves it nil and device

@@ -169,12 +169,6 @@ func checkInputs(cfg *config.Config, m Model, logger *slog.Logger, rank, worldSi
 	return mi, logger, r, world, nil
 }
 
-// storeOptions are the options of a swap store on paths for cfg (Engine,
-// Name and Logger aside).
-func storeOptions(cfg *config.Config, paths []string) swapper.StoreOptions {
-	return swapper.StoreOptions{Paths: paths, Checksums: cfg.Zinf.Checksums, ReserveBytes: int64(cfg.Zinf.SwapFileBytes)}
-}
-
 // planInput is what makePlan needs: the stores are open ones (Open) or
 // sizing ones (PlanModel), nil where the config keeps that state in memory.
 type planInput struct {

@@ -51,18 +51,6 @@ func staticBandwidth(cfg *config.Config) Bandwidth {
 	return bw
 }
 
-// HintsFor maps a config's DeepSpeed offload keys to the policy's hints.
-func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) policy.Hints {
-	zo := cfg.ZeroOptimization
-	// DeepSpeed counts max_in_cpu and buffer_size in elements.
-	elem := int64(ParamDType(cfg).Size())
-	return policy.Hints{ParamDevice: string(zo.OffloadParam.Device), OptimizerDevice: string(zo.OffloadOptimizer.Device),
-		MaxInCPUBytes: zo.OffloadParam.MaxInCPU * elem, ParamBufferCount: int64(zo.OffloadParam.BufferCount), ParamBufferBytes: zo.OffloadParam.BufferSize * elem,
-		OptimizerBufferCount: zo.OffloadOptimizer.BufferCount, Ratio: zo.OffloadOptimizer.Ratio,
-		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers,
-		MicroBatches: max(cfg.GradientAccumulationSteps, 1), Schedule: string(cfg.Zinf.Schedule)}
-}
-
 // PlanFor places a model's tensors for this config with DeepSpeed's
 // buffer keys (offload_param.buffer_count and buffer_size,
 // offload_optimizer.buffer_count) as the policy reads them: what lives on

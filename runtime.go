@@ -393,43 +393,6 @@ func (r *Runtime) DiskNeeds() []swapper.SpaceNeed { return append([]swapper.Spac
 // partition is this rank's element range of a tensor of numel elements.
 func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }
 
-// EngineOptions maps the config's aio section and zinf's I/O keys to engine
-// options.
-func EngineOptions(cfg *config.Config, log *slog.Logger, faults aio.FaultHook) aio.Options {
-	a := cfg.AIO
-	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
-	return aio.Options{Backend: string(cfg.Zinf.Backend), BlockSizeBytes: int(a.BlockSize), QueueDepth: a.QueueDepth,
-		IntraOpParallelism: a.IntraOpParallelism, SingleSubmit: a.SingleSubmit, SerialEvents: !a.OverlapEvents,
-		Direct: d, Logger: log, Faults: faults}
-}
-
-// Hyper maps the config's optimizer section to the optimizer's rule and
-// hyperparameters (float32, rounded once).
-func Hyper(cfg *config.Config) optimizer.Hyper {
-	o := cfg.Optimizer
-	h := optimizer.Hyper{LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]), Eps: float32(o.Eps),
-		WeightDecay: float32(o.WeightDecay), AdamW: o.DecoupledWeightDecay()}
-	switch o.Type {
-	case config.OptimizerSGD:
-		h = optimizer.Hyper{Rule: optimizer.RuleSGD, LR: float32(o.LR), WeightDecay: float32(o.WeightDecay),
-			Momentum: float32(o.Momentum), Dampening: float32(o.Dampening), Nesterov: o.Nesterov}
-	case config.OptimizerAdagrad:
-		h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: float32(o.LR), Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay),
-			LRDecay: o.LRDecay, InitialAccumulatorValue: float32(o.InitialAccumulatorValue)}
-	case config.OptimizerLion:
-		h = optimizer.Hyper{Rule: optimizer.RuleLion, LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]),
-			WeightDecay: float32(o.WeightDecay)}
-	}
-	return h
-}
-
-func pathsFor(cfg *config.Config, fallback string) []string {
-	if len(cfg.Zinf.NVMePaths) > 0 {
-		return cfg.Zinf.NVMePaths
-	}
-	return []string{fallback}
-}
-
 // openDevice opens the device the config selects: "sim", "cuda", or
 // "auto" (CUDA when it works, else the simulated device, said once).
 func openDevice(cfg *config.Config, log *slog.Logger) (accel.Device, error) {
@@ -907,18 +870,6 @@ func (r *Runtime) Close() error {
 		return fmt.Errorf("zinf: close: %w", errors.Join(errs...))
 	}
 	return nil
-}
-
-// ParamDType is the parameter dtype a config asks for: bf16 or fp16 when
-// enabled, else fp32.
-func ParamDType(cfg *config.Config) swapper.DType {
-	switch {
-	case cfg.BF16:
-		return swapper.BFloat16
-	case cfg.FP16:
-		return swapper.Float16
-	}
-	return swapper.Float32
 }
 
 // ErrClosed is matched (errors.Is) by what a Runtime's methods return

@@ -1,0 +1,119 @@
+package zinf
+
+// The config in each component's words: pure functions of a config, shared
+// by the planner (modelplan.go), Open and the tools. They read no file and
+// open nothing.
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/optimizer"
+)
+
+// ParamDType is the parameter dtype a config asks for: bf16 or fp16 when
+// enabled, else fp32.
+func ParamDType(cfg *config.Config) swapper.DType {
+	switch {
+	case cfg.BF16:
+		return swapper.BFloat16
+	case cfg.FP16:
+		return swapper.Float16
+	}
+	return swapper.Float32
+}
+
+// EngineOptions maps the config's aio section and zinf's I/O keys to engine
+// options.
+func EngineOptions(cfg *config.Config, log *slog.Logger, faults aio.FaultHook) aio.Options {
+	a := cfg.AIO
+	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	return aio.Options{Backend: string(cfg.Zinf.Backend), BlockSizeBytes: int(a.BlockSize), QueueDepth: a.QueueDepth,
+		IntraOpParallelism: a.IntraOpParallelism, SingleSubmit: a.SingleSubmit, SerialEvents: !a.OverlapEvents,
+		Direct: d, Logger: log, Faults: faults}
+}
+
+// Hyper maps the config's optimizer section to the optimizer's rule and
+// hyperparameters (float32, rounded once).
+func Hyper(cfg *config.Config) optimizer.Hyper {
+	o := cfg.Optimizer
+	h := optimizer.Hyper{LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]), Eps: float32(o.Eps),
+		WeightDecay: float32(o.WeightDecay), AdamW: o.DecoupledWeightDecay()}
+	switch o.Type {
+	case config.OptimizerSGD:
+		h = optimizer.Hyper{Rule: optimizer.RuleSGD, LR: float32(o.LR), WeightDecay: float32(o.WeightDecay),
+			Momentum: float32(o.Momentum), Dampening: float32(o.Dampening), Nesterov: o.Nesterov}
+	case config.OptimizerAdagrad:
+		h = optimizer.Hyper{Rule: optimizer.RuleAdagrad, LR: float32(o.LR), Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay),
+			LRDecay: o.LRDecay, InitialAccumulatorValue: float32(o.InitialAccumulatorValue)}
+	case config.OptimizerLion:
+		h = optimizer.Hyper{Rule: optimizer.RuleLion, LR: float32(o.LR), Beta1: float32(o.Betas[0]), Beta2: float32(o.Betas[1]),
+			WeightDecay: float32(o.WeightDecay)}
+	}
+	return h
+}
+
+func pathsFor(cfg *config.Config, fallback string) []string {
+	if len(cfg.Zinf.NVMePaths) > 0 {
+		return cfg.Zinf.NVMePaths
+	}
+	return []string{fallback}
+}
+
+// GDSMode returns the GPUDirect Storage mode the config selects: zinf.gds
+// ("off", "auto" or "required"), or, when that is empty (a Config built in
+// code rather than parsed), "auto" if aio.use_gds is true and "off"
+// otherwise. Parsing already maps use_gds to "auto" when zinf.gds is absent.
+func GDSMode(cfg *config.Config) string {
+	switch m := cfg.Zinf.GDS; {
+	case m != "":
+		return string(m)
+	case cfg.AIO.UseGDS:
+		return gds.ModeAuto
+	}
+	return gds.ModeOff
+}
+
+// GDSOptions maps the config's aio section to the cuFile engine's options:
+// pieces of aio.block_size (rounded up to a multiple of 4096, as cuFile
+// and O_DIRECT need), aio.intra_op_parallelism of them in flight, the
+// O_DIRECT policy of zinf.direct, and the swap directories for
+// Available's filesystem check.
+func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
+	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
+		Direct: d, Paths: cfg.NVMePaths(), Logger: log}
+}
+
+// BounceOptions maps the config's aio section to the bounce path's
+// options: staging buffers of aio.block_size (rounded up to a multiple of
+// 4096), aio.intra_op_parallelism slots, each holding two of them.
+func BounceOptions(cfg *config.Config, log *slog.Logger) gds.BounceOptions {
+	return gds.BounceOptions{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
+		Logger: log}
+}
+
+func roundUp4K(n int64) int64 { return max((n+4095)/4096*4096, 4096) }
+
+// storeOptions are the options of a swap store on paths for cfg (Engine,
+// Name and Logger aside).
+func storeOptions(cfg *config.Config, paths []string) swapper.StoreOptions {
+	return swapper.StoreOptions{Paths: paths, Checksums: cfg.Zinf.Checksums, ReserveBytes: int64(cfg.Zinf.SwapFileBytes)}
+}
+
+// HintsFor maps a config's DeepSpeed offload keys to the policy's hints.
+func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) policy.Hints {
+	zo := cfg.ZeroOptimization
+	// DeepSpeed counts max_in_cpu and buffer_size in elements.
+	elem := int64(ParamDType(cfg).Size())
+	return policy.Hints{ParamDevice: string(zo.OffloadParam.Device), OptimizerDevice: string(zo.OffloadOptimizer.Device),
+		MaxInCPUBytes: zo.OffloadParam.MaxInCPU * elem, ParamBufferCount: int64(zo.OffloadParam.BufferCount), ParamBufferBytes: zo.OffloadParam.BufferSize * elem,
+		OptimizerBufferCount: zo.OffloadOptimizer.BufferCount, Ratio: zo.OffloadOptimizer.Ratio,
+		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers,
+		MicroBatches: max(cfg.GradientAccumulationSteps, 1), Schedule: string(cfg.Zinf.Schedule)}
+}
