@@ -329,8 +329,9 @@ type Result struct {
 	Tokens [][]int32
 	// Steps is the forward passes run (the prefill included).
 	Steps int
-	// Prefill and Decode are the time of the first pass and of the others.
-	Prefill, Decode time.Duration
+	// Prefill and Decode are the time of the first pass and of the others;
+	// DecodeCompute is Decode less its waits for weights.
+	Prefill, Decode, DecodeCompute time.Duration
 	// IOWait is the time the passes waited for weights.
 	IOWait time.Duration
 	// BytesRead is what the runtime read from NVMe.
@@ -364,6 +365,7 @@ type StepInfo struct {
 	Step     int           // 0: the prefill
 	Position int           // the position of the pass's first token
 	Time     time.Duration // the pass
+	IOWait   time.Duration // of it, waiting for weights
 	Tokens   []int32       // the token sampled for each sequence (-1: none yet, or ended)
 }
 
@@ -420,16 +422,17 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		in[i] = p[:minLen]
 	}
 	for pos := 0; pos < total-1; {
-		t0 := time.Now()
+		t0, w0 := time.Now(), g.rt.Metrics().IOWait
 		next, err := g.pass(ctx, in, pos, kv, headEx)
 		if err != nil {
 			return nil, fmt.Errorf("zinf generate: step %d (position %d): %w", res.Steps, pos, err)
 		}
-		d := time.Since(t0)
+		d, wait := time.Since(t0), g.rt.Metrics().IOWait-w0
 		if res.Steps == 0 {
 			res.Prefill = d
 		} else {
 			res.Decode += d
+			res.DecodeCompute += d - wait
 		}
 		res.Steps++
 		pos += len(in[0])
@@ -455,7 +458,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 			}
 		}
 		if onStep != nil {
-			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, Tokens: report})
+			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, IOWait: wait, Tokens: report})
 		}
 		if allDone {
 			break

@@ -395,3 +395,36 @@ func TestKVCacheTiers(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanBatch: the batch is the largest the KV cache budget allows,
+// with a prediction from measured compute and the runtime's bandwidth.
+func TestPlanBatch(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 2)
+	store, err := generate.InitStore(be, fn, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := nvmeConfig(t, 4<<20, false)
+	g, err := generate.Open(ctx, be, c, fn, generate.StoreWeights(store), generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	per := g.KVBytesPerSequence(6 + 10)
+	if want := int64(2 * 2 * 32 * 8 * 4); per != want { // keys and values, 2 kv heads, 32 positions, head dim 8, fp32
+		t.Fatalf("KV bytes per sequence %d, want %d", per, want)
+	}
+	c.Zinf.KVCache = config.KVCache{Device: config.KVCacheMemory, Bytes: config.Size(2 * 5 * per)} // 2 layers, 5 sequences
+	p, err := g.PlanBatch(ctx, 6, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Batch != 5 || p.Limit != "zinf.kv_cache.bytes" || p.Compute <= 0 || p.WeightIO <= 0 || p.TokensPerSecond <= 0 {
+		t.Fatalf("plan %+v: want a batch of 5 set by the budget, with a prediction", p)
+	}
+	if p.WeightIO != time.Duration(float64(g.WeightBytes())/p.ReadBps*1e9) {
+		t.Fatalf("weight I/O %v for %d bytes at %.0f B/s", p.WeightIO, g.WeightBytes(), p.ReadBps)
+	}
+}

@@ -1,0 +1,78 @@
+package generate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/zinfio/zinf"
+)
+
+// WeightBytes is what one pass reads of the streamed weights: every
+// weight, in the runtime's parameter dtype.
+func (g *Generator) WeightBytes() int64 {
+	size := int64(zinf.ParamDType(g.rt.Config).Size())
+	var n int64
+	for _, v := range g.vars {
+		n += int64(v.Numel()) * size
+	}
+	return n
+}
+
+// KVBytesPerSequence is one layer's KV cache entry for one sequence that
+// reaches total positions (keys and values, bucketed as GoMLX's kvcache
+// does).
+func (g *Generator) KVBytesPerSequence(total int) int64 {
+	var most int64
+	for l := range g.m.NumLayers {
+		most = max(most, 2*g.kvShape(1, g.kvLen(l, total)).ByteSize())
+	}
+	return most
+}
+
+// PlanBatch picks the batch for sequences of promptLen + maxNew tokens
+// (at most maxBatch of them) with zinf.PlanGeneration: the largest the KV
+// cache budget allows, its step and tokens per second predicted from the
+// runtime's NVMe bandwidth and compute measured here, on two short
+// generations (batch 1 and batch 4, or maxBatch if smaller) whose decoding
+// steps' compute (their time less their waits for weights) gives a fixed
+// and a per-sequence part.
+func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch int) (zinf.GenerationPlan, error) {
+	if promptLen <= 0 || maxNew <= 0 || maxBatch <= 0 {
+		return zinf.GenerationPlan{}, fmt.Errorf("zinf generate: plan: prompt length %d, new tokens %d, batch %d (allowed: > 0)", promptLen, maxNew, maxBatch)
+	}
+	measure := func(b int) (time.Duration, error) {
+		ps := make([][]int32, b)
+		for i := range ps {
+			ps[i] = make([]int32, min(promptLen, 8))
+		}
+		var steps []time.Duration
+		_, err := g.Generate(ctx, ps, Sampling{MaxNewTokens: 4}, func(s StepInfo) {
+			if s.Step > 0 {
+				steps = append(steps, s.Time-s.IOWait)
+			}
+		})
+		if err != nil || len(steps) == 0 {
+			return 0, err
+		}
+		slices.Sort(steps)
+		return steps[len(steps)/2], nil
+	}
+	c1, err := measure(1)
+	if err != nil {
+		return zinf.GenerationPlan{}, err
+	}
+	k := min(4, maxBatch)
+	per, fixed := time.Duration(0), c1
+	if k > 1 {
+		ck, err := measure(k)
+		if err != nil {
+			return zinf.GenerationPlan{}, err
+		}
+		per = max(0, (ck-c1)/time.Duration(k-1))
+		fixed = max(0, c1-per)
+	}
+	return zinf.PlanGeneration(g.rt.Config, g.rt.Bandwidth(), zinf.GenerationInput{Layers: g.m.NumLayers, WeightBytes: g.WeightBytes(),
+		KVBytesPerSequence: g.KVBytesPerSequence(promptLen + maxNew), ComputeFixed: fixed, ComputePerSequence: per, MaxBatch: maxBatch})
+}
