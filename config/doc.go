@@ -28,11 +28,14 @@
 //     Config.Validate).
 //  2. DeepSpeed keys zinf knows but does not act on (train_batch_size,
 //     steps_per_print, zero_optimization.overlap_comm, stage3_* tuning,
-//     fp16.auto_cast, ...) are accepted without looking at their values,
-//     and listed in Config.Ignored and in one warning: "ignored (DeepSpeed
-//     key not used by zinf): ...". A DeepSpeed section zinf does not act
-//     on at all (tensorboard, activation_checkpointing, ...) is accepted
-//     whole.
+//     fp16.auto_cast, ...) are accepted and listed in Config.Ignored and
+//     in one warning: "ignored (DeepSpeed key not used by zinf): ...".
+//     Their values are checked only as DeepSpeed would refuse them: the
+//     JSON type DeepSpeed requires (train_batch_size an integer or
+//     "auto", overlap_comm a boolean, tensorboard an object; null always
+//     passes), and no string in them longer than 4096 bytes. A DeepSpeed
+//     section zinf does not act on at all (tensorboard,
+//     activation_checkpointing, ...) is otherwise accepted whole.
 //  3. Any other key is a problem: "unknown key", with a "did you mean"
 //     suggestion when a known key is close (offload_parm -> offload_param)
 //     or when the key belongs in another section (block_size at the top ->

@@ -191,7 +191,8 @@ type spec struct {
 	// nil, and listed for suggestions either way.
 	fields []spec
 	// ignored marks a DeepSpeed key zinf accepts without acting on it; its
-	// value is not inspected.
+	// value is checked only for DeepSpeed's type (ignoredTypes) and
+	// bounded strings.
 	ignored bool
 }
 
@@ -244,6 +245,7 @@ func (d *decoder) object(n *node, path string, specs []spec) {
 		switch {
 		case s.ignored:
 			d.ignored = append(d.ignored, key)
+			d.checkIgnored(m.val, key, m.key)
 		case s.set != nil:
 			if m.val.kind != kNull {
 				s.set(d, m.val, key)
