@@ -95,6 +95,8 @@ type PlanOptions struct {
 	NoBandwidthProbe bool
 	// Logger receives warnings. Default slog.Default().
 	Logger *slog.Logger
+	// PieceBytes is Options.PieceBytes: tensors larger move in pieces.
+	PieceBytes int64
 }
 
 // PlanModel computes what Open would decide for model under cfg — the
@@ -113,7 +115,7 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
 		return nil, err
 	}
-	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw,
+	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw, pieceBytes: opts.PieceBytes,
 		gather: opts.GatherLayers}
 	zo := cfg.ZeroOptimization
 	sizing := func(paths []string) (*swapper.Store, error) {
@@ -180,6 +182,7 @@ type planInput struct {
 	gather             bool // Options.GatherLayers
 	bw                 Bandwidth
 	param, grad, optim *swapper.Store
+	pieceBytes         int64 // Options.PieceBytes as given
 }
 
 // planned is makePlan's result: the plan, and what Open builds from it.
@@ -187,6 +190,7 @@ type planned struct {
 	plan    *ModelPlan
 	tiers   map[string]tensor.Tier
 	optOpts optimizer.Options
+	pieces  pieces
 }
 
 // makePlan plans placement and prefetch, sizes the pinned reservations and
@@ -225,10 +229,11 @@ func makePlan(in planInput) (*planned, error) {
 		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(ps, gs, os)))
 	}
 	dtype := ParamDType(cfg)
+	pcs := planPieces(in.pieceBytes, bounce > 0, ps, gs, &optOpts)
 	rin := reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
 		bounceBytes: bounce, optOpts: optOpts, inference: in.inference, gather: in.gather,
-		layerMajor: placement.Schedule == policy.ScheduleLayerMajor}
+		layerMajor: placement.Schedule == policy.ScheduleLayerMajor, pieces: pcs}
 	res := reserve(rin)
 	if rin.layerMajor && (cfg.Zinf.Schedule == config.ScheduleAuto || cfg.Zinf.Schedule == "") {
 		// Auto works down to micro-batch-major's minimum, which needs
@@ -250,20 +255,20 @@ func makePlan(in planInput) (*planned, error) {
 		res.LayerMajorPoolBytes = lmPool
 	}
 	p := &ModelPlan{Rank: in.rank, World: in.world, Placement: placement, Reservations: res, Bandwidth: in.bw}
-	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, in.inference, ps, gs, os)
+	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, pcs.gradElems, in.inference, ps, gs, os)
 	placement.NVMeDiskBytes = p.DiskBytes()
 	// The policy placed tensors without a pinned budget (the reservations
 	// judge pinned memory); its table shows the pool the config gives.
 	placement.Tiers.CPUBytes = res.PoolBytes
 	placement.PinnedRows = res.rows()
-	return &planned{plan: p, tiers: tiers, optOpts: optOpts}, nil
+	return &planned{plan: p, tiers: tiers, optOpts: optOpts, pieces: pcs}, nil
 }
 
 // diskNeeds is the free space each store needs on each of its paths to
 // hold this rank's NVMe tensors with their copy-on-write copies (see
 // swapper.Store.SpaceNeeds), merged by path in the config's order.
 func diskNeeds(cfg *config.Config, mi *modelInfo, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
-	oo optimizer.Options, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
+	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
 	var paramSizes, gradSizes, optimSizes []int64
 	sg := oo.SubGroupSize
 	if sg <= 0 {
@@ -281,7 +286,13 @@ func diskNeeds(cfg *config.Config, mi *modelInfo, rank, world int, dtype tensor.
 		if inference {
 			continue
 		}
-		gradSizes = append(gradSizes, 4*n)
+		if gradPiece > 0 && n > int64(gradPiece) {
+			for off := int64(0); off < n; off += int64(gradPiece) {
+				gradSizes = append(gradSizes, 4*min(int64(gradPiece), n-off))
+			}
+		} else {
+			gradSizes = append(gradSizes, 4*n)
+		}
 		// A sub-group's record: the master and the rule's states, as the
 		// optimizer lays them out (staggered in large sub-groups).
 		for off := int64(0); off < n; off += int64(sg) {
@@ -341,10 +352,53 @@ func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLay
 // alignment, less what their files already hold), naming each short path,
 // the need and the free bytes.
 func (r *Runtime) checkDiskSpace(tiers map[string]tensor.Tier, oo optimizer.Options) error {
-	needs := diskNeeds(r.Config, r.model, r.Rank, r.World, r.DType, tiers, oo, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+	needs := diskNeeds(r.Config, r.model, r.Rank, r.World, r.DType, tiers, oo, r.pieces.gradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
 	if err := swapper.CheckSpace(needs...); err != nil {
 		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
 			r.Rank, swapper.CopyOnWriteVersions, err)
 	}
 	return nil
+}
+
+// DefaultPieceBytes is Options.PieceBytes's default: 4 MiB.
+const DefaultPieceBytes = 4 << 20
+
+// pieces is how big tensors move (see Options.PieceBytes): parameter
+// partitions larger than paramBytes are streamed in pieces of paramBytes;
+// gradients longer than gradElems are kept in pieces of gradElems (a
+// multiple of the optimizer's sub-group, which is at most a piece). Zero
+// fields: whole.
+type pieces struct {
+	paramBytes int64
+	gradElems  int
+}
+
+// planPieces resolves Options.PieceBytes (0: DefaultPieceBytes; < 0:
+// off) for the stores, and caps the optimizer's sub-group at a piece of
+// gradient so that no sub-group's record or gradient slice is larger.
+// Device I/O (GDS) swaps parameters into device memory whole: none are
+// streamed then.
+func planPieces(pieceBytes int64, deviceIO bool, param, grad *swapper.Store, oo *optimizer.Options) pieces {
+	if pieceBytes == 0 {
+		pieceBytes = DefaultPieceBytes
+	}
+	if pieceBytes < 0 {
+		return pieces{}
+	}
+	var pc pieces
+	if param != nil && !deviceIO {
+		u := param.PieceUnit()
+		pc.paramBytes = max(u, (pieceBytes+u-1)/u*u)
+	}
+	if grad != nil {
+		elems := int(max(pieceBytes/4, 1))
+		sg := oo.SubGroupSize
+		if sg <= 0 {
+			sg = optimizer.DefaultSubGroupSize
+		}
+		sg = min(sg, elems)
+		oo.SubGroupSize = sg
+		pc.gradElems = elems / sg * sg
+	}
+	return pc
 }

@@ -63,6 +63,17 @@ type Reservations struct {
 	LayerMajorPoolBytes int64
 	// PoolBytes is the pool's capacity.
 	PoolBytes int64
+	// PieceBytes is the piece big tensors move in (Options.PieceBytes as
+	// the stores round it; 0: every tensor moves whole).
+	PieceBytes int64
+	// What sets the minimums: DemandLayer is the layer whose parameters
+	// in use set ParamDemandBytes, DemandTensor its largest (or the
+	// streamed tensor whose piece does); StageTensor sets
+	// ParamStageBytes, GradTensor the gradient reservation (the longest
+	// partition), OptimizerTensor the optimizer's (its largest
+	// sub-group).
+	DemandLayer                                            int
+	DemandTensor, StageTensor, GradTensor, OptimizerTensor string
 	// GranuleBytes is the pool's allocation granule.
 	GranuleBytes int64
 }
@@ -107,6 +118,9 @@ func (r Reservations) String() string {
 	if r.GatherBytes > 0 {
 		line("collectives: gathered layers (2)", r.GatherBytes)
 	}
+	if r.PieceBytes > 0 {
+		fmt.Fprintf(&sb, "  %-38s %s (zinf.Options.PieceBytes: larger tensors move in pieces)\n", "piece", config.Size(r.PieceBytes))
+	}
 	fmt.Fprintf(&sb, "  %-38s %s (zinf.tiers.cpu_pinned_bytes; this config has %s)\n", "minimum pool", config.Size(r.MinPoolBytes), config.Size(r.PoolBytes))
 	if r.LayerMajorPoolBytes > 0 {
 		fmt.Fprintf(&sb, "  %-38s %s (zinf.schedule auto: micro-batch-major below it)\n", "layer-major pool", config.Size(r.LayerMajorPoolBytes))
@@ -125,8 +139,38 @@ type PoolTooSmallError struct {
 var ErrPoolTooSmall = errors.New("zinf: pinned pool too small")
 
 func (e *PoolTooSmallError) Error() string {
-	return fmt.Sprintf("zinf: zinf.tiers.cpu_pinned_bytes = %s is too small for this model: the minimum is %s (%d bytes); raise zinf.tiers.cpu_pinned_bytes, or lower zero_optimization.sub_group_size or offload_optimizer.buffer_count. Reservations:\n%s",
-		config.Size(e.Have), config.Size(e.Need), e.Need, e.Res.String())
+	return fmt.Sprintf("zinf: zinf.tiers.cpu_pinned_bytes = %s is too small for this model: the minimum is %s (%d bytes); %s; or raise zinf.tiers.cpu_pinned_bytes to at least %s. Reservations:\n%s",
+		config.Size(e.Have), config.Size(e.Need), e.Need, e.Res.largestNeed(), config.Size(e.Need), e.Res.String())
+}
+
+// largestNeed says which reservation weighs most in the minimum, what
+// sets it and what would lower it.
+func (r Reservations) largestNeed() string {
+	piece := "zinf.Options.PieceBytes"
+	if r.PieceBytes > 0 {
+		piece = fmt.Sprintf("zinf.Options.PieceBytes (now %s)", config.Size(r.PieceBytes))
+	}
+	type need struct {
+		bytes int64
+		say   string
+	}
+	needs := []need{
+		{r.ParamDemandBytes, fmt.Sprintf("the parameters of layer %d in use (%s), held whole while the layer is begun, set by %q: a tensor larger than %s moves in pieces instead, so lower it below that tensor's size",
+			r.DemandLayer, config.Size(r.ParamDemandBytes), r.DemandTensor, piece)},
+		{r.ParamResidentBytes, fmt.Sprintf("parameters kept in the pool on the cpu tier, twice (%s): put them on NVMe (zero_optimization.offload_param.device \"nvme\")", config.Size(r.ParamResidentBytes))},
+		{r.ParamStageBytes, fmt.Sprintf("a parameter's new values staged on their way to NVMe (%s), set by %q: lower %s below its size, so that it is written in pieces", config.Size(r.ParamStageBytes), r.StageTensor, piece)},
+		{r.GradBytes, fmt.Sprintf("the gradient write-behind (%s), set by %q: gradients longer than a piece are written in pieces: lower %s", config.Size(r.GradBytes), r.GradTensor, piece)},
+		{r.OptimizerBytes, fmt.Sprintf("the optimizer's step pipeline (%s), set by the sub-groups of %q: lower zero_optimization.sub_group_size, offload_optimizer.buffer_count or zinf.pipeline_depth", config.Size(r.OptimizerBytes), r.OptimizerTensor)},
+		{r.StagingBytes, fmt.Sprintf("device staging (%s): GPU-tier copies and the GDS bounce path (aio.block_size, zinf.gds)", config.Size(r.StagingBytes))},
+		{r.GatherBytes, fmt.Sprintf("two gathered layers (%s, Options.GatherLayers)", config.Size(r.GatherBytes))},
+	}
+	best := needs[0]
+	for _, n := range needs[1:] {
+		if n.bytes > best.bytes {
+			best = n
+		}
+	}
+	return "the largest part is " + best.say
 }
 
 func (e *PoolTooSmallError) Unwrap() error { return ErrPoolTooSmall }
@@ -146,7 +190,10 @@ func granuleBytes(stores ...*swapper.Store) int64 {
 // sizingGrads stands in for the gradient swapper while the pool that the
 // real one needs is being sized: the optimizer asks it only how large a
 // sub-group's gradient buffer is.
-type sizingGrads struct{ store *swapper.Store }
+type sizingGrads struct {
+	store      *swapper.Store
+	pieceElems int // grad.Options.PieceElems
+}
 
 func (g sizingGrads) ReadRange(context.Context, string, int, int, []byte) ([]float32, error) {
 	return nil, errors.New("zinf: internal: sizing stand-in read")
@@ -158,6 +205,10 @@ func (g sizingGrads) RangeBufferBytes(lo, hi int) int {
 	}
 	if g.store == nil {
 		return 4 * (hi - lo)
+	}
+	if pe := g.pieceElems; pe > 0 {
+		base := lo / pe * pe // as grad.Swapper.RangeBufferBytes: ranges lie in one piece
+		lo, hi = lo-base, hi-base
 	}
 	return int(max(g.store.RangeLen(4*int64(lo), 4*int64(hi)), 4*int64(hi-lo)))
 }
@@ -178,6 +229,7 @@ type reservationInput struct {
 	inference   bool
 	gather      bool // Options.GatherLayers
 	layerMajor  bool // the plan's schedule holds a layer's gradients in pinned memory
+	pieces      pieces
 }
 
 // reserve computes the reservations for in, giving what the pool has
@@ -198,8 +250,12 @@ func reserve(in reservationInput) Reservations {
 		return n
 	}
 	var maxNVMe, maxGPU, layerMax, gpuSnap int64
-	for _, names := range in.mi.layers {
+	var streamed string // the largest streamed partition
+	var streamedBytes int64
+	for l, names := range in.mi.layers {
 		var layer int64
+		var largest string
+		var largestBytes int64
 		for _, n := range names {
 			b := part(n) * elem
 			if b == 0 {
@@ -207,9 +263,21 @@ func reserve(in reservationInput) Reservations {
 			}
 			switch in.tiers[n] {
 			case tensor.TierNVMe:
+				if pb := in.pieces.paramBytes; pb > 0 && b > pb {
+					// Streamed in pieces: never resident whole.
+					if b > streamedBytes {
+						streamed, streamedBytes = n, b
+					}
+					continue
+				}
 				s := span(padded(b))
 				layer += s
-				maxNVMe = max(maxNVMe, s)
+				if s > maxNVMe {
+					maxNVMe, r.StageTensor = s, n
+				}
+				if s > largestBytes {
+					largest, largestBytes = n, s
+				}
 			case tensor.TierCPU:
 				r.ParamResidentBytes += 2 * span(b)
 			case tensor.TierGPU:
@@ -217,28 +285,55 @@ func reserve(in reservationInput) Reservations {
 				gpuSnap += span(b)
 			}
 		}
-		layerMax = max(layerMax, layer)
+		if layer > layerMax {
+			layerMax = layer
+			r.DemandLayer, r.DemandTensor = l, largest
+		}
 	}
 	r.ParamDemandBytes = layerMax
-	if maxNVMe > 0 && !in.inference {
+	if streamed != "" {
+		// Reads of streamed partitions go one piece at a time.
+		piece := span(in.pieces.paramBytes)
+		r.ParamDemandBytes += piece
+		if layerMax < piece {
+			r.DemandLayer, r.DemandTensor = in.mi.layer[streamed], streamed
+		}
+	}
+	r.PieceBytes = in.pieces.paramBytes
+	if (maxNVMe > 0 || streamed != "") && !in.inference {
 		// New values on their way to NVMe hold a buffer only until their
 		// write completes, which needs nothing else: one tensor's worth
-		// keeps the step going (more would only overlap more writes).
+		// keeps the step going (more would only overlap more writes); a
+		// streamed tensor's, one piece.
 		r.ParamStageBytes = maxNVMe
+		if streamed != "" && span(in.pieces.paramBytes) > maxNVMe {
+			r.ParamStageBytes, r.StageTensor = span(in.pieces.paramBytes), streamed
+		}
 	}
 	var parts []int
 	for _, d := range in.mi.descs {
 		parts = append(parts, int(part(d.Name)))
 	}
 	if !in.inference {
-		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore}, parts, span)
+		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore, PieceElems: in.pieces.gradElems}, parts, span)
+		r.GradTensor = largestPart(in.mi, parts)
 		if in.layerMajor && in.gradStore != nil {
 			r.GradBytes = max(r.GradBytes, layerGradBytes(in, span))
 		}
 		oo := in.optOpts
 		oo.Store = in.optimStore
-		oo.Grads = sizingGrads{in.gradStore}
+		oo.Grads = sizingGrads{in.gradStore, in.pieces.gradElems}
 		r.OptimizerBytes = optimizer.PinnedNeedBytes(oo, parts, span)
+		sgMax := oo.SubGroupSize
+		if sgMax <= 0 {
+			sgMax = optimizer.DefaultSubGroupSize
+		}
+		bestSG := -1
+		for i, n := range parts {
+			if g := min(n, sgMax); g > bestSG {
+				bestSG, r.OptimizerTensor = g, in.mi.descs[i].Name
+			}
+		}
 		if in.optimStore == nil {
 			// An asynchronous checkpoint pins the committed state records
 			// while the next step builds new ones: one more copy of each.
@@ -306,4 +401,15 @@ func optimizerInFlight(o optimizer.Options) int {
 		return 1
 	}
 	return min(o.BufferCount, 2*o.PipelineDepth+1)
+}
+
+// largestPart is the name of the tensor with the longest partition.
+func largestPart(mi *modelInfo, parts []int) string {
+	best, name := -1, ""
+	for i, n := range parts {
+		if n > best {
+			best, name = n, mi.descs[i].Name
+		}
+	}
+	return name
 }

@@ -90,6 +90,19 @@ type Options struct {
 	// integration writes it); Open refuses such a config without it.
 	// Default 0: unknown.
 	TotalSteps int
+	// PieceBytes is the size of the pieces big tensors move in. A
+	// parameter partition on NVMe larger than it is streamed: never
+	// swapped in whole (BeginLayer does not wait for it, prefetching
+	// passes it by), its reads — ReadParam, ReadParamBytes, and only the
+	// rows or range asked for with ReadParamRows, ReadParamRange — go to
+	// NVMe one piece at a time, and its updates are written piece by
+	// piece; a gradient longer than a piece of fp32 is kept and written in
+	// pieces; the optimizer's sub-group is at most a piece of gradient.
+	// So a tensor's pinned need is a few pieces, not its size (the
+	// minimum pool grows with the pieces in flight, not the largest
+	// tensor). Rounded up to the swap store's stripe; default 0:
+	// DefaultPieceBytes (4 MiB); -1: every tensor moves whole.
+	PieceBytes int64
 	// Trace, when set, receives the runtime's timeline: each layer's
 	// compute and the loop's waits, every swap store read and write, each
 	// optimizer step with its sub-groups' read, update and write, each
@@ -137,6 +150,7 @@ type Runtime struct {
 	bandwidth Bandwidth
 	disk      []swapper.SpaceNeed
 	tiers     map[string]tensor.Tier // each tensor's planned tier
+	pieces    pieces                 // how big tensors move
 	sched     *policy.Scheduler
 	overlap   bool       // StepTensor starts updates during backward
 	held      *heldLayer // the layer-major visit holding gradients (loop goroutine)
@@ -233,13 +247,14 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	// Plan: placement and prefetch, the pool's reservations, the disk.
 	pd, err := makePlan(planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
-		gather: opts.GatherLayers && opts.Comm != nil, bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore})
+		gather: opts.GatherLayers && opts.Comm != nil, bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore,
+		pieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}
 	r.placement, r.res, r.disk = pd.plan.Placement, pd.plan.Reservations, pd.plan.Disk
 	tiers, optOpts := pd.tiers, pd.optOpts
-	r.tiers = tiers
+	r.tiers, r.pieces = tiers, pd.pieces
 	optOpts.Logger = log
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return nil, &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
@@ -288,7 +303,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		return nil, err
 	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: rank, WorldSize: world,
-		DType: dtype, MaxInCPUBytes: r.res.ParamCacheBytes,
+		DType: dtype, MaxInCPUBytes: r.res.ParamCacheBytes, PieceBytes: r.pieces.paramBytes,
 		// The reservations bound parameter memory; a slot count below the
 		// tensors of one layer would deadlock its barrier, so
 		// offload_param.buffer_count is not a limit here.
@@ -302,7 +317,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err := r.setupTraining(cfg, opts); err != nil {
 		return nil, err
 	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks})
+	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.gradElems})
 	if err != nil {
 		return nil, fmt.Errorf("zinf: gradient swapper: %w", err)
 	}
@@ -322,7 +337,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	layers := make([][]string, len(mi.layers))
 	for l, names := range mi.layers {
 		for _, n := range names {
-			if tiers[n] == tensor.TierNVMe {
+			if tiers[n] == tensor.TierNVMe && !r.Params.Streamed(n) {
 				layers[l] = append(layers[l], n)
 			}
 		}
