@@ -40,6 +40,12 @@ type Options struct {
 	Faults aio.FaultHook
 	// Rank and WorldSize, when WorldSize > 0, override the config's.
 	Rank, WorldSize int
+	// PinnedStallTimeout, when > 0, overrides zinf.pinned_stall_timeout:
+	// how long a wait for pinned memory may see no release in its region
+	// before it fails with buffers.ErrStalled, naming what the pool holds.
+	// A wait that can never be served (buffers.ErrDeadlock) is reported
+	// at once whatever it says.
+	PinnedStallTimeout time.Duration
 	// ComputePerLayer is the loop's compute time per layer and pass, in
 	// seconds, when known: the planner sizes the prefetch depth from it
 	// and predicts the step time. Default 0: one layer ahead.
@@ -273,8 +279,12 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	resv[buffers.PurposeGradients] = r.res.GradBytes
 	resv[buffers.PurposeOptimizer] = r.res.OptimizerBytes
 	resv[buffers.PurposeCollectives] = r.res.GatherBytes
+	stall := time.Duration(z.PinnedStallTimeout)
+	if opts.PinnedStallTimeout > 0 {
+		stall = opts.PinnedStallTimeout
+	}
 	r.Pool, err = buffers.NewPool(buffers.Options{CapacityBytes: r.res.PoolBytes, MinBufferBytes: int(r.res.GranuleBytes),
-		Reservations: resv, Logger: log})
+		Reservations: resv, Logger: log, StallTimeout: stall})
 	if err != nil {
 		return nil, fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", z.Tiers.CPUPinnedBytes, err)
 	}

@@ -3,6 +3,7 @@ package config
 import (
 	_ "embed"
 	"path/filepath"
+	"time"
 )
 
 // Config is one zinf config: the DeepSpeed keys zinf acts on plus zinf's own
@@ -273,6 +274,22 @@ type Zinf struct {
 	// Bandwidth is "bandwidth": where the planner gets each NVMe path's
 	// read and write bandwidth.
 	Bandwidth Bandwidth
+	// PinnedStallTimeout is "pinned_stall_timeout", 1s..24h: how long a
+	// wait for pinned memory may see no release in its region before it
+	// fails naming what the pool holds (buffers.Options.StallTimeout). A
+	// wait that can never be served is reported at once whatever it says.
+	// Default 2m.
+	PinnedStallTimeout Duration
+	// CommStallTimeout is "comm_stall_timeout", 1s..24h: how long a
+	// collective waits for the other ranks (comm.MPIOptions and
+	// comm.LocalOptions StallTimeout). Default 10m.
+	CommStallTimeout Duration
+	// CommHeartbeatTimeout is "comm_heartbeat_timeout", 1s..1h: how long
+	// a rank waiting in a collective tolerates silence from another
+	// rank's process (one per process under mpirun) before the job fails
+	// naming it (comm.MPIOptions.HeartbeatTimeout): a rank stopped with
+	// SIGSTOP or hung is named within that. Default 10s.
+	CommHeartbeatTimeout Duration
 	// KVCache is "kv_cache": where a generation's attention key/value
 	// cache lives (see zinf.Runtime.OpenKVCache).
 	KVCache KVCache
@@ -308,6 +325,13 @@ type KVCache struct {
 	// Default 0.
 	Bytes Size
 }
+
+// The defaults of the zinf section's timeouts.
+const (
+	DefaultPinnedStallTimeout   = Duration(2 * time.Minute)
+	DefaultCommStallTimeout     = Duration(10 * time.Minute)
+	DefaultCommHeartbeatTimeout = Duration(10 * time.Second)
+)
 
 // Bandwidth is "zinf.bandwidth": the NVMe bandwidth the planner predicts
 // with and sizes prefetching from. For each NVMe path the figure comes
@@ -455,6 +479,10 @@ func defaults() *Config {
 			Schedule:      ScheduleAuto,
 			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
 			KVCache:       KVCache{Device: KVCacheAuto},
+
+			PinnedStallTimeout:   DefaultPinnedStallTimeout,
+			CommStallTimeout:     DefaultCommStallTimeout,
+			CommHeartbeatTimeout: DefaultCommHeartbeatTimeout,
 		},
 		Optimizer: Optimizer{
 			Type:      OptimizerAdam,

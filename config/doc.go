@@ -206,6 +206,16 @@
 //	                                                         cache in memory (0 = no limit); cpu, the pinned cache;
 //	                                                         nvme, its pinned staging (three layers). 0 = what it
 //	                                                         needs; a budget below the need is refused at plan time
+//	zinf.pinned_stall_timeout    duration  "2m"              how long a wait for pinned memory may see no release in
+//	                                                         its region before it fails naming what the pool holds,
+//	                                                         1s..24h (a wait that can never be served fails at once)
+//	zinf.comm_stall_timeout      duration  "10m"             how long a collective waits for the other ranks, 1s..24h
+//	zinf.comm_heartbeat_timeout  duration  "10s"             how long a rank in a collective tolerates silence from
+//	                                                         another rank's process (mpirun) before the job fails
+//	                                                         naming it (stopped with SIGSTOP, hung), 1s..1h
+//
+// A duration is a string such as "90s", "2m" or "1h30m" (Go's
+// time.ParseDuration), or a number of seconds.
 //
 // # The training step
 //

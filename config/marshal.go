@@ -174,6 +174,10 @@ type wireZinf struct {
 		Device KVCacheDevice `json:"device"`
 		Bytes  Size          `json:"bytes"`
 	} `json:"kv_cache"`
+	// The timeouts are written only when not the default.
+	PinnedStallTimeout   *Duration `json:"pinned_stall_timeout,omitempty"`
+	CommStallTimeout     *Duration `json:"comm_stall_timeout,omitempty"`
+	CommHeartbeatTimeout *Duration `json:"comm_heartbeat_timeout,omitempty"`
 }
 
 func aioWire(a AIO) wireAIO {
@@ -249,6 +253,17 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.NVMeTBW = zi.NVMeTBW
 	w.Zinf.KVCache.Device = zi.KVCache.Device
 	w.Zinf.KVCache.Bytes = zi.KVCache.Bytes
+	for _, d := range []struct {
+		v, def Duration
+		p      **Duration
+	}{{zi.PinnedStallTimeout, DefaultPinnedStallTimeout, &w.Zinf.PinnedStallTimeout},
+		{zi.CommStallTimeout, DefaultCommStallTimeout, &w.Zinf.CommStallTimeout},
+		{zi.CommHeartbeatTimeout, DefaultCommHeartbeatTimeout, &w.Zinf.CommHeartbeatTimeout}} {
+		if d.v != d.def {
+			v := d.v
+			*d.p = &v
+		}
+	}
 	return marshalIndent(w)
 }
 

@@ -596,6 +596,9 @@ func schema(c *Config) []spec {
 			leaf("device", stringInto(&c.Zinf.KVCache.Device)),
 			leaf("bytes", sizeInto(&c.Zinf.KVCache.Bytes)),
 		),
+		leaf("pinned_stall_timeout", durationInto(&c.Zinf.PinnedStallTimeout)),
+		leaf("comm_stall_timeout", durationInto(&c.Zinf.CommStallTimeout)),
+		leaf("comm_heartbeat_timeout", durationInto(&c.Zinf.CommHeartbeatTimeout)),
 	)
 
 	return append([]spec{

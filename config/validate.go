@@ -152,6 +152,9 @@ func (c *Config) Validate() error {
 	k.limit("zinf.nvme_tbw", int64(zi.NVMeTBW))
 	k.enum("zinf.kv_cache.device", string(zi.KVCache.Device))
 	k.limit("zinf.kv_cache.bytes", int64(zi.KVCache.Bytes))
+	k.durationLimit("zinf.pinned_stall_timeout", zi.PinnedStallTimeout)
+	k.durationLimit("zinf.comm_stall_timeout", zi.CommStallTimeout)
+	k.durationLimit("zinf.comm_heartbeat_timeout", zi.CommHeartbeatTimeout)
 
 	return errorOf("", k.problems)
 }

@@ -46,6 +46,9 @@ const (
 	// childKilledEnv names a file where the kill hook writes the time
 	// just before it kills.
 	childKilledEnv = "ZINF_TEST_KILLED"
+	// childStopEnv ("1") makes the kill hook stop the child (SIGSTOP:
+	// the process stays, nothing of it runs) instead of killing it.
+	childStopEnv = "ZINF_TEST_STOP"
 	// childBlockAtEnv ("point") makes the child block forever, as a
 	// system call that never returns would, the first time its work
 	// reaches the testhook point; it prints childBlockedLine to stderr
@@ -150,8 +153,12 @@ func installKillHook(spec string) (*hitCounter, error) {
 			if p := os.Getenv(childKilledEnv); p != "" {
 				os.WriteFile(p, []byte(time.Now().Format(time.RFC3339Nano)), 0o644)
 			}
-			unix.Kill(os.Getpid(), unix.SIGKILL)
-			select {} // the signal ends the process; this goroutine goes no further
+			if os.Getenv(childStopEnv) != "" {
+				unix.Kill(os.Getpid(), unix.SIGSTOP)
+			} else {
+				unix.Kill(os.Getpid(), unix.SIGKILL)
+			}
+			select {} // the signal ends (or stops) the process; this goroutine goes no further
 		}
 	})
 	return h, nil

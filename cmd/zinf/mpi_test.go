@@ -252,6 +252,58 @@ func killAndResume(t *testing.T, bin string, procs, rank, hit, saved int, resume
 	}
 }
 
+// TestTrainMPIStop: one rank of zinf train under mpirun -np 3 is stopped
+// (SIGSTOP: its process stays, so nothing sees it die) in the middle of
+// a step; with zinf.comm_heartbeat_timeout "2s" in the config the other
+// ranks exit within seconds with an error naming it as silent, instead
+// of waiting for zinf.comm_stall_timeout (10 minutes).
+func TestTrainMPIStop(t *testing.T) {
+	mpitest.Require(t)
+	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	// The embedded config, with the key added.
+	var doc map[string]any
+	if err := json.Unmarshal(config.DefaultJSON(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	z, _ := doc["zinf"].(map[string]any)
+	if z == nil {
+		z = map[string]any{}
+		doc["zinf"] = z
+	}
+	z["comm_heartbeat_timeout"] = "2s"
+	z["nvme_paths"] = []string{t.TempDir()}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ds.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stopped := filepath.Join(t.TempDir(), "stopped")
+	perStep := 2 * 3 * max(1, config.Default().GradientAccumulationSteps)
+	res := mpiJob(t, bin, 3, []string{childRankEnv + "=1", fmt.Sprintf("%s=train/reduce:%d", childKillAtEnv, perStep+2), childStopEnv + "=1", childKilledEnv + "=" + stopped},
+		"--config", path, "--steps", "4")
+	end := time.Now()
+	if res.Err == nil {
+		t.Fatalf("the job succeeded with rank 1 stopped:\n%s", res.Output)
+	}
+	raw, err := os.ReadFile(stopped)
+	if err != nil {
+		t.Fatalf("rank 1 was not stopped (%v):\n%s", err, res.Output)
+	}
+	at, _ := time.Parse(time.RFC3339Nano, string(raw))
+	// The config's timeout, not comm's default of 10 s, named it.
+	got := failedRanks(res.Output, 1, `the rank is silent: no heartbeat from its process for \S+ \(MPIOptions.HeartbeatTimeout 2s\)`)
+	if !got[0] || !got[2] {
+		t.Fatalf("ranks 0 and 2 must report rank 1 silent; reported: %v\n%s", got, res.Output)
+	}
+	if d := end.Sub(at); d > 30*time.Second {
+		t.Errorf("the job ended %v after rank 1 stopped", d)
+	}
+	t.Logf("the job ended %v after rank 1 stopped", end.Sub(at).Round(time.Millisecond))
+}
+
 // TestTrainMPIFullDisk: rank 2's disk fills in the middle of the run
 // (ENOSPC on a write): it fails with the error, and ranks 0 and 1 stop
 // with an error naming rank 2 and the cause, within seconds, instead of

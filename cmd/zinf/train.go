@@ -70,13 +70,16 @@ func loadConfig(path, dir string, stderr io.Writer) (cfg *config.Config, cleanup
 var trainFaults aio.FaultHook
 
 // joinMPI joins the MPI job when mpirun (or another launcher Open MPI
-// understands) started this process: nil when it did not.
-func joinMPI() (comm.Comm, error) {
+// understands) started this process: nil when it did not. The config's
+// zinf.comm_stall_timeout and zinf.comm_heartbeat_timeout bound the
+// collectives' waits.
+func joinMPI(cfg *config.Config) (comm.Comm, error) {
 	_, size, ok := comm.LaunchedByMPI()
 	if !ok {
 		return nil, nil
 	}
-	c, err := comm.NewMPI(comm.MPIOptions{})
+	c, err := comm.NewMPI(comm.MPIOptions{StallTimeout: time.Duration(cfg.Zinf.CommStallTimeout),
+		HeartbeatTimeout: time.Duration(cfg.Zinf.CommHeartbeatTimeout)})
 	if errors.Is(err, comm.ErrNoMPI) {
 		return nil, fmt.Errorf("started by mpirun (OMPI_COMM_WORLD_SIZE=%d), but this zinf has no MPI: %w", size, err)
 	}
@@ -126,8 +129,14 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if err := step.check(fs); err != nil {
 		return err
 	}
+	// The config first: joining the job takes its timeouts.
+	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 	// Started by mpirun: this process is one rank of the job.
-	c, err := joinMPI()
+	c, err := joinMPI(cfg)
 	if err != nil {
 		return err
 	}
@@ -149,11 +158,6 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			quiet, stdout = true, io.Discard
 		}
 	}
-	cfg, cleanup, err := loadConfig(cfgPath, dir, stderr)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
 	if err := ck.checkResources(cfg, spec, o.Steps); err != nil {
 		return err
 	}

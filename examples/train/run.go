@@ -355,7 +355,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}()
 	// The ranks reduce the global gradient norm and fp16 overflow through
 	// an in-process world (each rank's Step on its own goroutine).
-	comms, err := comm.NewLocal(world, comm.LocalOptions{})
+	comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Duration(cfg.Zinf.CommStallTimeout)})
 	if err != nil {
 		return nil, err
 	}
