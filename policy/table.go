@@ -162,6 +162,9 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		how := "zinf.schedule"
 		if h := p.Hints.Schedule; h == "" || h == ScheduleAuto {
 			how = "zinf.schedule auto: the faster prediction"
+			if p.Predicted.Total > min(p.PredictedLayerMajor.Total, p.PredictedMicroBatchMajor.Total) {
+				how = "zinf.schedule auto: the faster order does not fit the pinned pool"
+			}
 		}
 		fmt.Fprintf(bw, "schedule: %s (%s), %d micro-batches per step\n", p.Schedule, how, p.MicroBatches)
 		for _, o := range []struct {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 
 	"github.com/zinfio/zinf"
@@ -31,6 +32,10 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&model, "model", "layers=24,width=4096,dtype=bf16,batch=8,world=1", "model: layers=N,width=N,dtype=fp32|bf16|fp16,batch=N,world=N (dtype and world override the config's)")
 	fs.Float64Var(&computeMs, "compute-ms-per-layer", 0, "compute time per layer per pass, for the prediction")
 	fs.IntVar(&kvSeq, "kv-seq", 0, "plan a generation's KV cache for sequences of this many tokens: keys and values of the model's width per layer, for its batch, in its dtype, on the tier zinf.kv_cache chooses (0: none)")
+	var sched string
+	var micro int
+	fs.StringVar(&sched, "schedule", "", "zinf.schedule: auto, layer-major or micro-batch-major (default: the config's)")
+	fs.IntVar(&micro, "micro-batches", 0, "gradient_accumulation_steps: micro-batches per step (default: the config's); the prediction counts them")
 	fs.BoolVar(&noProbe, "no-probe", false, "do not probe an NVMe path's bandwidth (use the config's, the tune file's, a cached one or the default)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,6 +49,20 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := intIn("--kv-seq", kvSeq, 0, 1<<24); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["micro-batches"] {
+		if err := intIn("--micro-batches", micro, 1, math.MaxInt32); err != nil {
+			return err
+		}
+	}
+	if set["schedule"] {
+		switch config.ScheduleMode(sched) {
+		case config.ScheduleAuto, config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor:
+		default:
+			return fmt.Errorf("--schedule %q: allowed: auto, layer-major, micro-batch-major", sched)
+		}
+	}
 	m, err := policy.ParseModelSpec(model)
 	if err != nil {
 		return fmt.Errorf("--model: %w", err)
@@ -53,6 +72,12 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer cleanup()
+	if set["micro-batches"] {
+		cfg.GradientAccumulationSteps = micro
+	}
+	if set["schedule"] {
+		cfg.Zinf.Schedule = config.ScheduleMode(sched)
+	}
 	// The model's dtype is the parameters' dtype the runtime would use.
 	if zinf.ParamDType(cfg) != m.DType {
 		fmt.Fprintf(stderr, "plan: parameters in %s as --model says (the config says %s)\n", m.DType, zinf.ParamDType(cfg))

@@ -39,6 +39,8 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--model", ""}, []string{"--model", "empty"}},
 		{[]string{"--model", "layers=4,width=256", "--config", bad}, []string{"aio.queue_depth"}},
 		{[]string{"--model", "layers=4,width=256", "--config", "/nonexistent.json"}, []string{"/nonexistent.json"}},
+		{[]string{"--micro-batches", "0"}, []string{"--micro-batches 0"}},
+		{[]string{"--schedule", "fast"}, []string{`--schedule "fast"`, "layer-major"}},
 	} {
 		code, out, errs := runCLI(t, append([]string{"plan"}, c.args...)...)
 		if code == 0 {
@@ -47,6 +49,22 @@ func TestPlanBadInput(t *testing.T) {
 		}
 		wantAll(t, strings.Join(c.args, " "), errs, c.want...)
 	}
+}
+
+// TestPlanSchedules: with --micro-batches 8, plan prints the step
+// predicted in both orders with each one's NVMe bytes per step, and the
+// one it chose; --schedule fixes it.
+func TestPlanSchedules(t *testing.T) {
+	code, out, errs := runCLI(t, "plan", "--model", "layers=4,width=256,dtype=fp32", "--micro-batches", "8", "--compute-ms-per-layer", "0.1", "--no-probe")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, "8 micro-batches per step", "  layer-major        predicted step", "  micro-batch-major  predicted step", "nvme read", "per step")
+	code, out, errs = runCLI(t, "plan", "--model", "layers=4,width=256,dtype=fp32", "--micro-batches", "8", "--schedule", "micro-batch-major", "--no-probe")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan --schedule", out, "schedule: micro-batch-major (zinf.schedule)")
 }
 
 // TestPlanEndurance: with everything on NVMe, a step writes each

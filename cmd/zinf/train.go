@@ -206,6 +206,8 @@ type stepFlags struct {
 	speculate string
 	fp16      bool
 	lossScale float64
+	schedule  string
+	micro     int
 	set       map[string]bool
 }
 
@@ -214,6 +216,8 @@ func (s *stepFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.speculate, "speculate", "", "zinf.speculate: auto, always or never (default: the config's)")
 	fs.BoolVar(&s.fp16, "fp16", false, "fp16 params with loss scaling (fp16.enabled true, bf16 off)")
 	fs.Float64Var(&s.lossScale, "loss-scale", 0, "fp16.loss_scale: 0 = dynamic, > 0 static (default: the config's)")
+	fs.StringVar(&s.schedule, "schedule", "", "zinf.schedule: the order of a step's micro-batches, auto, layer-major or micro-batch-major (default: the config's)")
+	fs.IntVar(&s.micro, "micro-batches", 0, "gradient_accumulation_steps: micro-batches per optimizer step (default: the config's)")
 }
 
 // check reads which flags were given and refuses bad values by name.
@@ -232,6 +236,18 @@ func (s *stepFlags) check(fs *flag.FlagSet) error {
 		case config.SpeculateAuto, config.SpeculateAlways, config.SpeculateNever:
 		default:
 			errs = append(errs, fmt.Errorf("--speculate %q: allowed: auto, always, never", s.speculate))
+		}
+	}
+	if s.set["schedule"] {
+		switch config.ScheduleMode(s.schedule) {
+		case config.ScheduleAuto, config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor:
+		default:
+			errs = append(errs, fmt.Errorf("--schedule %q: allowed: auto, layer-major, micro-batch-major", s.schedule))
+		}
+	}
+	if s.set["micro-batches"] {
+		if err := intIn("--micro-batches", s.micro, 1, math.MaxInt32); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -254,13 +270,19 @@ func (s *stepFlags) apply(cfg *config.Config) error {
 	if s.set["loss-scale"] {
 		cfg.LossScaling.LossScale = s.lossScale
 	}
+	if s.set["schedule"] {
+		cfg.Zinf.Schedule = config.ScheduleMode(s.schedule)
+	}
+	if s.set["micro-batches"] {
+		cfg.GradientAccumulationSteps = s.micro
+	}
 	return cfg.Validate()
 }
 
 func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	fmt.Fprintf(w, "\nsummary: %d steps, %d params (%s of state), world size %d, %s, backend %s\n", r.Steps, r.Params, policy.FormatBytes(r.StateBytes), r.World, r.DType, r.Backend)
-	fmt.Fprintf(w, "  step time median %.1f ms (policy predicted %.1f ms), io-wait median %.1f ms, prefetch depth %d, demand misses %d\n",
-		r.StepMsMedian, r.PredictedMs, r.IOWaitMsMedian, r.PrefetchDepth, r.DemandMisses)
+	fmt.Fprintf(w, "  step time median %.1f ms (policy predicted %.1f ms), io-wait median %.1f ms, prefetch depth %d, demand misses %d, schedule %s\n",
+		r.StepMsMedian, r.PredictedMs, r.IOWaitMsMedian, r.PrefetchDepth, r.DemandMisses, r.Schedule)
 	if r.InMemoryStepMsMedian > 0 {
 		fmt.Fprintf(w, "  overlap: the same loop in memory takes %.1f ms per step (%.1f ms of it simulated GPU time): offloaded / in-memory = %.2fx (optimizer step overlapped with backward: %v)\n",
 			r.InMemoryStepMsMedian, r.ComputeMs, r.StepMsMedian/r.InMemoryStepMsMedian, r.OverlapStep)

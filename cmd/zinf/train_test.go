@@ -80,6 +80,8 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"--compute-ms-per-layer", "-2"}, []string{"--compute-ms-per-layer -2"}},
 		{[]string{"--layers", "0"}, []string{"layers 0"}},
 		{[]string{"--width", "-3"}, []string{"width -3"}},
+		{[]string{"--schedule", "zig-zag"}, []string{`--schedule "zig-zag"`, "auto, layer-major, micro-batch-major"}},
+		{[]string{"--micro-batches", "0"}, []string{"--micro-batches 0", "1.."}},
 	} {
 		args := append([]string{"train", "--layers", "2", "--width", "16", "--steps", "1", "--dir", swap}, c.args...)
 		code, out, errs := runCLI(t, args...)
@@ -439,5 +441,50 @@ func TestTrainStepFlagsBad(t *testing.T) {
 			continue
 		}
 		wantAll(t, strings.Join(c.args, " "), errs, c.want)
+	}
+}
+
+// TestTrainSchedules: --schedule layer-major and micro-batch-major with
+// --micro-batches 3 both pass --verify (bit for bit in-memory training,
+// run micro-batch-major) and give the same state_sha256; the JSON keeps
+// step_ms_median, step_read_bytes and state_sha256 and says the schedule;
+// layer-major reads fewer NVMe bytes per step (its parameters once per
+// pass, its gradients never read back before the step).
+func TestTrainSchedules(t *testing.T) {
+	type result struct {
+		Schedule      string  `json:"schedule"`
+		StateSHA256   string  `json:"state_sha256"`
+		BitwiseEqual  *bool   `json:"bitwise_equal"`
+		StepMsMedian  float64 `json:"step_ms_median"`
+		StepReadBytes []int64 `json:"step_read_bytes"`
+	}
+	var got []result
+	for _, sched := range []string{"layer-major", "micro-batch-major"} {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "ds.json")
+		// Parameters on NVMe without a cache: every pass reads them.
+		js := fmt.Sprintf(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q, "max_in_cpu": 0}, "offload_optimizer": {"device": "nvme", "nvme_path": %q}}}`, dir, dir)
+		if err := os.WriteFile(cfg, []byte(js), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := runCLI(t, "train", "--config", cfg, "--dir", dir, "--layers", "3", "--width", "32", "--steps", "2",
+			"--micro-batches", "3", "--schedule", sched, "--verify", "--json")
+		if code != 0 {
+			t.Fatalf("--schedule %s: exit %d:\n%s", sched, code, errs)
+		}
+		var r result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("--schedule %s: %v\n%s", sched, err, out)
+		}
+		if r.Schedule != sched || r.BitwiseEqual == nil || !*r.BitwiseEqual || r.StateSHA256 == "" || r.StepMsMedian <= 0 || len(r.StepReadBytes) != 2 {
+			t.Fatalf("--schedule %s: %+v", sched, r)
+		}
+		got = append(got, r)
+	}
+	if got[0].StateSHA256 != got[1].StateSHA256 {
+		t.Errorf("state_sha256: layer-major %s, micro-batch-major %s", got[0].StateSHA256, got[1].StateSHA256)
+	}
+	if lm, mb := got[0].StepReadBytes[1], got[1].StepReadBytes[1]; lm >= mb {
+		t.Errorf("NVMe bytes read in step 2: layer-major %d, micro-batch-major %d", lm, mb)
 	}
 }

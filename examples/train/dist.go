@@ -66,10 +66,10 @@ type distBackend struct {
 
 func (b *distBackend) startPass(order []int) { b.rt.Pass(order) }
 
-func (b *distBackend) beginLayer(ctx context.Context, l int) error {
+func (b *distBackend) beginLayer(ctx context.Context, l, k int) error {
 	t0 := time.Now()
 	defer func() { b.ioWait += time.Since(t0) }()
-	return b.rt.BeginLayer(ctx, l)
+	return b.rt.BeginLayerMicroBatches(ctx, l, k)
 }
 
 func (b *distBackend) gather(ctx context.Context, name string, dst []float32) error {
@@ -230,6 +230,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	}
 	res.OverlapStep = !o.SerialStep && pl.OverlapStep
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
+	res.Schedule = string(rt.Schedule())
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), %d ranks (processes), data-parallel degree %d, %d micro-steps per step\n",
 			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, procs, data, micro)
@@ -260,7 +261,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	lastWait := time.Duration(0)
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: data, Part: true, First: first[me], Local: per[me],
-		ComputePerLayer: o.ComputePerLayer, OnStepError: o.OnStepError, OverlapStep: res.OverlapStep,
+		ComputePerLayer: o.ComputePerLayer, OnStepError: o.OnStepError, OverlapStep: res.OverlapStep, LayerMajor: rt.Schedule() == zinf.LayerMajor,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := rt.Metrics()
 			w := be.ioWait - lastWait

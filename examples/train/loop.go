@@ -12,8 +12,10 @@ import (
 // how tensors are stored and moved: equal results prove the moving lossless.
 type backend interface {
 	// beginLayer makes layer l's parameters available (a barrier: waits for
-	// their swap-in, prefetching what comes next).
-	beginLayer(ctx context.Context, l int) error
+	// their swap-in, prefetching what comes next) for k micro-batches: the
+	// loop hands each of the layer's gradients k times before endLayer
+	// (layer-major), or once (k = 1).
+	beginLayer(ctx context.Context, l, k int) error
 	// gather writes the full compute values of a parameter (in the param
 	// dtype, widened to fp32) into dst.
 	gather(ctx context.Context, name string, dst []float32) error
@@ -60,8 +62,13 @@ type loopOptions struct {
 	// where the checkpointed run stopped); default 0.
 	Start int
 	// ComputePerLayer is simulated accelerator time per layer per pass
-	// (forward and backward each).
+	// (forward and backward each) and micro-batch.
 	ComputePerLayer time.Duration
+	// LayerMajor runs every micro-batch of a layer while it is begun (one
+	// forward and one backward pass per step, each gradient handed once
+	// per micro-batch in micro-batch order) instead of a forward and a
+	// backward pass per micro-batch: the same arithmetic, the same bits.
+	LayerMajor bool
 	// OnStep is called after each step with its index, loss and duration.
 	OnStep func(step int, loss float32, d time.Duration) error
 	// OnStepError, when set, is called when the optimizer step fails; if it
@@ -83,6 +90,9 @@ type loopOptions struct {
 func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 	if !o.Part {
 		o.First, o.Local = 0, o.World
+	}
+	if o.LayerMajor && o.Micro > 1 {
+		return runLayerMajor(ctx, spec, b, o)
 	}
 	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.Local
 	w := make([]float32, W*W)
@@ -225,7 +235,12 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 // layerParams begins layer l and gathers its weight (and bias when b is
 // not nil).
 func layerParams(ctx context.Context, be backend, l int, w, b []float32) error {
-	if err := be.beginLayer(ctx, l); err != nil {
+	return layerParamsK(ctx, be, l, 1, w, b)
+}
+
+// layerParamsK is layerParams for k micro-batches.
+func layerParamsK(ctx context.Context, be backend, l, k int, w, b []float32) error {
+	if err := be.beginLayer(ctx, l, k); err != nil {
 		return fmt.Errorf("layer %d: %w", l, err)
 	}
 	if err := be.gather(ctx, WeightName(l), w); err != nil {
@@ -262,4 +277,157 @@ func sumLosses(losses []float32) float32 {
 		loss += l
 	}
 	return loss
+}
+
+// runLayerMajor is runLoop in the layer-major order: per step one forward
+// pass, each layer computing every micro-batch (whose activations are
+// kept, one set per micro-batch), and one backward pass, each layer
+// computing every micro-batch's gradients and handing them in micro-batch
+// order. Every micro-batch computes what it computes in runLoop, and each
+// gradient's micro-batches reach the backend in the same order, so the
+// results are runLoop's bit for bit.
+func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) error {
+	L, W, B, R, K := spec.Layers, spec.Width, spec.Batch, o.Local, o.Micro
+	w := make([]float32, W*W)
+	bias := make([]float32, W)
+	// Per micro-batch and rank: activations per layer boundary,
+	// pre-activations per layer, the backward's running gradients.
+	acts := make([][][][]float32, K)
+	zs := make([][][][]float32, K)
+	dOut := make([][][]float32, K)
+	dIn := make([][][]float32, K)
+	for m := range K {
+		acts[m] = make([][][]float32, R)
+		zs[m] = make([][][]float32, R)
+		dOut[m] = make([][]float32, R)
+		dIn[m] = make([][]float32, R)
+		for r := range R {
+			acts[m][r] = make([][]float32, L+1)
+			zs[m][r] = make([][]float32, L)
+			for l := 0; l <= L; l++ {
+				acts[m][r][l] = make([]float32, B*W)
+				if l < L {
+					zs[m][r][l] = make([]float32, B*W)
+				}
+			}
+			dOut[m][r] = make([]float32, B*W)
+			dIn[m][r] = make([]float32, B*W)
+		}
+	}
+	dW := make([][]float32, R)
+	dB := make([][]float32, R)
+	for r := range R {
+		dW[r] = make([]float32, W*W)
+		dB[r] = make([]float32, W)
+	}
+	var gW, gB []float32
+	if R == 1 {
+		gW, gB = dW[0], dB[0]
+	} else {
+		gW, gB = make([]float32, W*W), make([]float32, W)
+	}
+	inv := 1 / float32(o.World)
+	losses := make([]float32, K*R)
+	fwdOrder := make([]int, L)
+	bwdOrder := make([]int, L)
+	for l := range L {
+		fwdOrder[l], bwdOrder[l] = l, L-1-l
+	}
+	compute := func() {
+		if o.ComputePerLayer > 0 {
+			time.Sleep(time.Duration(K) * o.ComputePerLayer)
+		}
+	}
+	for step := o.Start; step < o.Start+o.Steps; step++ {
+		t0 := time.Now()
+		lossScale := float32(b.lossScale())
+		ys := make([][][]float32, K)
+		for m := range K {
+			for r := range R {
+				x, y := spec.Data(step, m, o.First+r)
+				copy(acts[m][r][0], x)
+				ys[m] = append(ys[m], y)
+			}
+		}
+		b.startPass(fwdOrder)
+		for l := 0; l < L; l++ {
+			if err := layerParamsK(ctx, b, l, K, w, bias); err != nil {
+				return err
+			}
+			for m := range K {
+				for r := range R {
+					Forward(acts[m][r][l], w, bias, zs[m][r][l], acts[m][r][l+1], B, W, l == L-1)
+				}
+			}
+			compute()
+			b.endLayer(l)
+		}
+		for m := range K {
+			for r := range R {
+				losses[m*R+r] = LossGrad(acts[m][r][L], ys[m][r], dOut[m][r])
+				if lossScale != 1 {
+					for i := range dOut[m][r] {
+						dOut[m][r][i] *= lossScale
+					}
+				}
+			}
+		}
+		b.startPass(bwdOrder)
+		for l := L - 1; l >= 0; l-- {
+			if err := layerParamsK(ctx, b, l, K, w, nil); err != nil {
+				return err
+			}
+			for m := range K {
+				for r := range R {
+					clear(dW[r])
+					clear(dB[r])
+					var din []float32
+					if l > 0 {
+						din = dIn[m][r]
+					}
+					Backward(dOut[m][r], acts[m][r][l], zs[m][r][l], w, dW[r], dB[r], din, B, W, l == L-1)
+					dOut[m][r], dIn[m][r] = dIn[m][r], dOut[m][r]
+				}
+				for _, g := range []struct {
+					name    string
+					per     [][]float32
+					scratch []float32
+				}{{WeightName(l), dW, gW}, {BiasName(l), dB, gB}} {
+					for {
+						err := b.handGrad(ctx, g.name, g.per, inv, g.scratch)
+						if err == nil {
+							break
+						}
+						if o.OnStepError == nil || !o.OnStepError(step, err) {
+							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
+						}
+					}
+				}
+			}
+			compute()
+			if o.OverlapStep {
+				b.handOver(ctx, l)
+			}
+			b.endLayer(l)
+		}
+		for {
+			err := b.step(ctx)
+			if err == nil {
+				break
+			}
+			if o.OnStepError == nil || !o.OnStepError(step, err) {
+				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
+			}
+		}
+		loss, err := b.totalLoss(ctx, losses)
+		if err != nil {
+			return fmt.Errorf("step %d: the loss: %w", step+1, err)
+		}
+		if o.OnStep != nil {
+			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -65,11 +65,11 @@ func (b *zinfBackend) startPass(order []int) {
 	}
 }
 
-func (b *zinfBackend) beginLayer(ctx context.Context, l int) error {
+func (b *zinfBackend) beginLayer(ctx context.Context, l, k int) error {
 	t0 := time.Now()
 	defer func() { b.ioWait += time.Since(t0) }()
 	for r, rt := range b.rts {
-		if err := rt.BeginLayer(ctx, l); err != nil {
+		if err := rt.BeginLayerMicroBatches(ctx, l, k); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
@@ -221,7 +221,7 @@ func (b *zinfBackend) readAll(ctx context.Context, fn func(name string, v []floa
 	b.startPass(order)
 	buf := make([]float32, b.spec.Numel(WeightName(0)))
 	for l := range order {
-		if err := b.beginLayer(ctx, l); err != nil {
+		if err := b.beginLayer(ctx, l, 1); err != nil {
 			return err
 		}
 		for _, n := range []string{WeightName(l), BiasName(l)} {

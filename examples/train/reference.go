@@ -70,11 +70,11 @@ func newMemBackend(spec Spec, cfg *config.Config, steps int) (*memBackend, error
 	return b, nil
 }
 
-func (b *memBackend) beginLayer(context.Context, int) error { return nil }
-func (b *memBackend) endLayer(int)                          {}
-func (b *memBackend) startPass([]int)                       {}
-func (b *memBackend) handOver(context.Context, int)         {}
-func (b *memBackend) lossScale() float64                    { return b.scaler.Scale() }
+func (b *memBackend) beginLayer(context.Context, int, int) error { return nil }
+func (b *memBackend) endLayer(int)                               {}
+func (b *memBackend) startPass([]int)                            {}
+func (b *memBackend) handOver(context.Context, int)              {}
+func (b *memBackend) lossScale() float64                         { return b.scaler.Scale() }
 
 func (b *memBackend) gather(_ context.Context, name string, dst []float32) error {
 	copy(dst, b.compute[name])

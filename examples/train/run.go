@@ -165,6 +165,10 @@ type Result struct {
 	OptimizerRead     int64     `json:"optimizer_bytes_read_per_step"`
 	OptimizerWritten  int64     `json:"optimizer_bytes_written_per_step"`
 	PredictedMs       float64   `json:"predicted_step_ms"`
+	// Schedule is the order the step's micro-batches ran in: "layer-major"
+	// or "micro-batch-major" (zinf.schedule, or the planner's pick under
+	// auto). Both give the same StateSHA256.
+	Schedule string `json:"schedule"`
 	// StepsRun is the number of steps this run did (Steps less the steps
 	// of the checkpoint it resumed from).
 	StepsRun int `json:"steps_run"`
@@ -383,9 +387,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.PrefetchDepth = depth
 	res.OverlapStep = !o.SerialStep && pl.OverlapStep
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
+	res.Schedule = string(rts[0].Schedule())
+	layerMajor := rts[0].Schedule() == zinf.LayerMajor
 	if o.Progress != nil {
-		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step\n",
-			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, world, micro)
+		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), world size %d, %d micro-steps per step (%s)\n",
+			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, world, micro, res.Schedule)
 		pl.WriteTable(o.Progress)
 		fmt.Fprintf(o.Progress, "\npinned memory by reservation (rank 0):\n%s\n", rts[0].Reservations())
 	}
@@ -439,7 +445,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.InitSeconds = time.Since(runStart).Seconds()
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
-		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep,
+		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep, LayerMajor: layerMajor,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := metrics(rts)
 			w := be.ioWait - lastWait
@@ -501,7 +507,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The reference runs the same loop with the same simulated compute, all
 	// in memory: its step time is what the step would take if I/O were
-	// free, the yardstick for overlap.
+	// free, the yardstick for overlap. It runs micro-batch-major whatever
+	// the run's order (the compute is the same): a layer-major run is
+	// checked against the other order too.
 	ref, err := newMemBackend(spec, cfg, o.Steps)
 	if err != nil {
 		return nil, err

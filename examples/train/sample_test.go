@@ -57,8 +57,13 @@ func TestSampleCheck(t *testing.T) {
 			w, b := int64(spec.Width*spec.Width), int64(spec.Width)
 			L := int64(spec.Layers)
 			// Per step: every element updated once; weights read in
-			// forward and backward, biases in forward, per micro-step.
-			want := steps * (L*(w+b) + micro*L*(2*w+b))
+			// forward and backward, biases in forward, per micro-step
+			// micro-batch-major, once per step layer-major.
+			passes := micro
+			if res.Schedule == string(zinf.LayerMajor) {
+				passes = 1
+			}
+			want := steps * (L*(w+b) + passes*L*(2*w+b))
 			if res.SampleChecked != want {
 				t.Fatalf("%d element checks, want %d", res.SampleChecked, want)
 			}
@@ -93,7 +98,7 @@ func TestSampleCheckCatches(t *testing.T) {
 	}
 	s.tensors[WeightName(1)].master[3] += 1
 	v := make([]float32, spec.Numel(WeightName(1)))
-	if err := be.beginLayer(ctx, 1); err != nil {
+	if err := be.beginLayer(ctx, 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	defer be.endLayer(1)

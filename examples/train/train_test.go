@@ -445,3 +445,32 @@ func TestStepNumbersAgree(t *testing.T) {
 		})
 	}
 }
+
+// TestSchedulesSameState trains the example model layer-major and
+// micro-batch-major (k = 3 micro-batches, two ranks, fp16 with clipping,
+// the step overlapping backward) with Verify: both equal in-memory
+// micro-batch-major training bit for bit and give one StateSHA256, and
+// layer-major moves fewer NVMe bytes per step.
+func TestSchedulesSameState(t *testing.T) {
+	var res []*Result
+	for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
+		cfg := testConfig(t, func(c *config.Config) {
+			c.GradientAccumulationSteps, c.Zinf.WorldSize, c.Zinf.Schedule = 3, 2, sched
+			c.FP16, c.GradientClipping = true, 0.5
+		})
+		r, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: 3, Verify: true, Logger: quiet})
+		if err != nil {
+			t.Fatalf("%s: %v", sched, err)
+		}
+		if r.Schedule != string(sched) || r.BitwiseEqual == nil || !*r.BitwiseEqual {
+			t.Fatalf("%s: schedule %s, bit for bit %v (%s)", sched, r.Schedule, r.BitwiseEqual, r.Mismatch)
+		}
+		res = append(res, r)
+	}
+	if res[0].StateSHA256 != res[1].StateSHA256 {
+		t.Errorf("state sha256: layer-major %s, micro-batch-major %s", res[0].StateSHA256, res[1].StateSHA256)
+	}
+	if lm, mb := res[0].StepReadBytes[2], res[1].StepReadBytes[2]; lm >= mb {
+		t.Errorf("NVMe bytes read in step 3: layer-major %d, micro-batch-major %d", lm, mb)
+	}
+}
