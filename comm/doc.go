@@ -28,7 +28,13 @@
 // (SIGKILL, a crash) is noticed by the ranks on the same host within
 // MPIOptions.LivenessInterval (by PID and start time); ranks on other
 // hosts are stopped by mpirun, which ends a job as soon as one of its
-// processes fails, or by the stall timeout. Open MPI does not survive a
+// processes fails, or by the stall timeout. A rank whose process is
+// there but does not run (stopped with SIGSTOP, hung) is named by the
+// heartbeat: each rank's goroutine sends a byte to every other every
+// MPIOptions.HeartbeatInterval (1 s), in a collective or not, and a rank
+// waiting in a collective that has heard nothing from a peer for
+// MPIOptions.HeartbeatTimeout (10 s) fails the world with a *RankError
+// naming it and wrapping ErrRankSilent. Open MPI does not survive a
 // dead peer (no fault tolerance in 4.1): a failed world is never used
 // again, and its processes exit.
 //
