@@ -51,35 +51,31 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 	for _, p := range parts {
 		spanHi = max(spanHi, int64(p.hi))
 	}
-	buf, err := s.acquireBuffer(ctx, int(min(piece, s.store.RangeLen(int64(parts[0].lo), spanHi))), buffers.PurposeParams)
-	if err != nil {
-		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	// The windows: each [first, hi) fits one buffer (its read transfers
+	// at most piece bytes) and serves the parts, or parts of parts, in it.
+	type seg struct{ lo, end, out int }
+	type window struct {
+		first, hi int
+		segs      []seg
 	}
-	defer buf.Release()
+	var windows []window
 	for i := 0; i < len(parts); {
 		first := parts[i].lo
-		limit := int(int64(first)/u*u + piece) // a window [first, limit) fits the buffer
-		hi, j := 0, i
+		limit := int(int64(first)/u*u + piece)
+		w := window{first: first}
+		j := i
 		for j < len(parts) && parts[j].lo < limit {
-			hi = max(hi, min(parts[j].hi, limit))
+			end := min(parts[j].hi, limit)
+			w.hi = max(w.hi, end)
+			w.segs = append(w.segs, seg{parts[j].lo, end, parts[j].out})
 			j++
 		}
-		data, err := s.store.ReadRange(ctx, t.key, int64(first), int64(hi), buf.Bytes())
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.stats.SwapIns++
-		s.stats.BytesRead += int64(hi - first)
-		s.mu.Unlock()
+		windows = append(windows, w)
 		var cut []part
 		for k := i; k < j; k++ {
-			p := parts[k]
-			end := min(p.hi, limit)
-			fn(p.out, data[p.lo-first:end-first])
-			if end < p.hi {
+			if p := parts[k]; p.hi > limit {
 				// The rest of a part the window cut goes on from limit.
-				cut = append(cut, part{end, p.hi, p.out + (end-p.lo)/es})
+				cut = append(cut, part{limit, p.hi, p.out + (limit-p.lo)/es})
 			}
 		}
 		if len(cut) == 0 {
@@ -89,6 +85,71 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 		parts = append(cut, parts[j:]...)
 		slices.SortStableFunc(parts, func(a, b part) int { return a.lo - b.lo })
 		i = 0
+	}
+	size := int(min(piece, s.store.RangeLen(int64(windows[0].first), spanHi)))
+	first, err := s.acquireBuffer(ctx, size, buffers.PurposeParams)
+	if err != nil {
+		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+	}
+	bufs := []*buffers.Buffer{first}
+	if len(windows) > 1 {
+		// A second buffer, when the pool has one free at once, reads the
+		// next window while this one is decoded; without it the windows
+		// go one after the other (the minimum pool counts one).
+		if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
+			bufs = append(bufs, b)
+		}
+	}
+	defer func() {
+		for _, b := range bufs {
+			b.Release()
+		}
+	}()
+	type read struct {
+		p    *swapper.Pending
+		data []byte
+	}
+	var flying []read // in window order; waited for before the buffers go back
+	defer func() {
+		for _, r := range flying {
+			_ = r.p.Wait()
+		}
+	}()
+	issue := func(i int) error {
+		w := windows[i]
+		if err := ctx.Err(); err != nil {
+			return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
+		}
+		p, data, err := s.store.ReadRangeAsync(t.key, int64(w.first), int64(w.hi), bufs[i%len(bufs)].Bytes())
+		if err != nil {
+			return err
+		}
+		flying = append(flying, read{p, data})
+		return nil
+	}
+	for i := 0; i < len(bufs) && i < len(windows); i++ {
+		if err := issue(i); err != nil {
+			return err
+		}
+	}
+	for i, w := range windows {
+		r := flying[0]
+		flying = flying[1:]
+		if err := r.p.Wait(); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.stats.SwapIns++
+		s.stats.BytesRead += int64(w.hi - w.first)
+		s.mu.Unlock()
+		for _, g := range w.segs {
+			fn(g.out, r.data[g.lo-w.first:g.end-w.first])
+		}
+		if next := i + len(bufs); next < len(windows) {
+			if err := issue(next); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
