@@ -9,6 +9,8 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
@@ -412,4 +414,20 @@ func largestPart(mi *modelInfo, parts []int) string {
 		}
 	}
 	return name
+}
+
+// checkPoolMemory refuses a pinned pool (zinf.tiers.cpu_pinned_bytes)
+// larger than this process may still allocate: the tightest of
+// MemAvailable, the memory cgroup's limit less its usage and ulimit -v
+// less the address space mapped (memlimit.Available). It runs before
+// anything is built: the pool is mapped and locked whole, and one beyond
+// the memory is OOM-killed (a cgroup) or dies in a Go fatal out-of-memory
+// (ulimit -v). The error wraps buffers.ErrMemory.
+func checkPoolMemory(pool int64) error {
+	lim, ok := memlimit.Available()
+	if !ok || pool <= lim.Bytes {
+		return nil
+	}
+	return fmt.Errorf("zinf: zinf.tiers.cpu_pinned_bytes = %s is more than the %s of memory this process may still take (%s): lower zinf.tiers.cpu_pinned_bytes: %w",
+		units.FormatBytesExact(pool), units.FormatBytesExact(lim.Bytes), lim.What, buffers.ErrMemory)
 }

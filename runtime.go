@@ -202,6 +202,9 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPoolMemory(int64(cfg.Zinf.Tiers.CPUPinnedBytes)); err != nil {
+		return nil, err
+	}
 	dtype := ParamDType(cfg)
 	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: dtype, log: log, model: mi, inference: opts.Inference,
 		numel: map[string]int{}, inited: map[string]bool{}}

@@ -38,6 +38,13 @@ var (
 	// It is reported when the wait becomes unsatisfiable, not after
 	// Options.StallTimeout; errors.Is(err, ErrStalled) holds too.
 	ErrDeadlock = errors.New("buffers: pool deadlocked")
+	// ErrMemory is wrapped by NewPool when the capacity is more than this
+	// process may still allocate (the tightest of MemAvailable, the memory
+	// cgroup's limit less its usage, and ulimit -v less the address space
+	// mapped): the error names both figures and the limit. A pool that
+	// large would be OOM-killed once locked, or die in a Go fatal
+	// out-of-memory; it is refused before anything is mapped.
+	ErrMemory = errors.New("buffers: not enough memory for the pool")
 )
 
 // StallError is the cause of an Acquire failed by the stall watchdog. It

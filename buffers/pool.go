@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/internal/base/units"
 )
 
 // Pool hands out Buffers from one mmap'ed, optionally mlock'ed arena with a
@@ -140,6 +143,10 @@ func NewPool(opts Options) (*Pool, error) {
 	}
 	if reserved > capacity {
 		return nil, fmt.Errorf("buffers: Options.Reservations add up to %s: more than the capacity, %s", formatBytes(reserved), formatBytes(capacity))
+	}
+	if lim, ok := memlimit.Available(); ok && capacity > lim.Bytes {
+		return nil, fmt.Errorf("%w: Options.CapacityBytes %s is more than the %s this process may still allocate (%s)",
+			ErrMemory, units.FormatBytesExact(capacity), units.FormatBytesExact(lim.Bytes), lim.What)
 	}
 	mem, err := mapArena(int(capacity))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -49,6 +50,11 @@ const (
 	// childStopEnv ("1") makes the kill hook stop the child (SIGSTOP:
 	// the process stays, nothing of it runs) instead of killing it.
 	childStopEnv = "ZINF_TEST_STOP"
+	// childASExtraEnv ("n") sets the child's address-space limit
+	// (RLIMIT_AS, ulimit -v) to what it maps at start plus n bytes:
+	// relative, since the race detector maps terabytes of shadow address
+	// space up front.
+	childASExtraEnv = "ZINF_TEST_AS_EXTRA"
 	// childBlockAtEnv ("point") makes the child block forever, as a
 	// system call that never returns would, the first time its work
 	// reaches the testhook point; it prints childBlockedLine to stderr
@@ -74,6 +80,12 @@ func TestMain(m *testing.M) {
 			}
 			if err != nil {
 				os.Stderr.WriteString("setting the data-segment limit: " + err.Error() + "\n")
+				os.Exit(3)
+			}
+		}
+		if x := os.Getenv(childASExtraEnv); x != "" {
+			if err := limitAddressSpace(x); err != nil {
+				os.Stderr.WriteString("setting the address-space limit: " + err.Error() + "\n")
 				os.Exit(3)
 			}
 		}
@@ -241,4 +253,28 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// limitAddressSpace sets RLIMIT_AS to this process's VmSize plus extra
+// bytes (a decimal string).
+func limitAddressSpace(extra string) error {
+	n, err := strconv.ParseUint(extra, 10, 64)
+	if err != nil {
+		return err
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmSize:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return fmt.Errorf("VmSize %q: %w", v, err)
+			}
+			lim := kb<<10 + n
+			return unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: lim, Max: lim})
+		}
+	}
+	return errors.New("no VmSize in /proc/self/status")
 }

@@ -48,6 +48,9 @@ func runInfer(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer cleanup()
+	if err := checkPinnedPools(cfg, 1); err != nil {
+		return err
+	}
 	o.Config = cfg
 	o.ComputePerLayer = compute
 	o.Logger = cliLogger(stderr)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/memlimit"
 	"github.com/zinfio/zinf/internal/base/units"
 )
 
@@ -119,37 +118,48 @@ func noExplicitZero(fs *flag.FlagSet, names ...string) error {
 	return errors.Join(errs...)
 }
 
-// memAvailable returns MemAvailable from /proc/meminfo in bytes: what the
-// kernel estimates can be allocated without swapping. ok is false when it
-// cannot be read (then no check is made rather than a guess).
+// memAvailable returns what this process may still allocate, in bytes:
+// the tightest of MemAvailable, the memory cgroup's limit less its usage
+// and ulimit -v less the address space mapped (memlimit.Available, which
+// the pinned pool checks too). ok is false when nothing can be read (then
+// no check is made rather than a guess).
 func memAvailable() (n int64, ok bool) {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == "MemAvailable:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil || kb < 0 || kb > math.MaxInt64/1024 {
-				return 0, false
-			}
-			return kb * 1024, true
-		}
-	}
-	return 0, false
+	lim, ok := memlimit.Available()
+	return lim.Bytes, ok
 }
 
 // checkMemory refuses a flag whose value needs more memory than is
 // available, naming the flag, the value, what it needs and the limit.
 func checkMemory(flagName string, value, need int64, what string) error {
-	avail, ok := memAvailable()
-	if !ok || need <= avail {
+	lim, ok := memlimit.Available()
+	if !ok || need <= lim.Bytes {
 		return nil
 	}
-	return fmt.Errorf("%s %s needs %s of memory for %s, more than the %s available (MemAvailable in /proc/meminfo): choose a smaller %s",
-		flagName, sizeText(value), units.FormatBytesExact(need), what, units.FormatBytesExact(avail), flagName)
+	return fmt.Errorf("%s %s needs %s of memory for %s, more than the %s available (%s): choose a smaller %s",
+		flagName, sizeText(value), units.FormatBytesExact(need), what, units.FormatBytesExact(lim.Bytes), lim.What, flagName)
+}
+
+// checkPinnedPools refuses zinf.tiers.cpu_pinned_bytes when the pinned
+// pools of the ranks this process runs (each rank its own pool of that
+// size) need more memory than the process may still take, before anything
+// is built: each pool is mapped and locked whole. (zinf.Open checks one
+// pool too; this check counts every rank's.)
+func checkPinnedPools(cfg *config.Config, ranks int) error {
+	pool := int64(cfg.Zinf.Tiers.CPUPinnedBytes)
+	need := pool * int64(ranks)
+	if ranks < 1 || need/int64(ranks) != pool {
+		need = math.MaxInt64
+	}
+	lim, ok := memlimit.Available()
+	if !ok || need <= lim.Bytes {
+		return nil
+	}
+	each := ""
+	if ranks > 1 {
+		each = fmt.Sprintf(" for each of the %d ranks this process runs (%s in all)", ranks, units.FormatBytesExact(need))
+	}
+	return fmt.Errorf("zinf.tiers.cpu_pinned_bytes = %s%s is more than the %s of memory available (%s): lower zinf.tiers.cpu_pinned_bytes in the config",
+		units.FormatBytesExact(pool), each, units.FormatBytesExact(lim.Bytes), lim.What)
 }
 
 // checkDisk refuses a flag whose value needs more free space in dir than

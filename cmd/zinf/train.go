@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
+	"github.com/zinfio/zinf/internal/base/memlimit"
 	"github.com/zinfio/zinf/internal/base/testhook"
 	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/policy"
@@ -158,7 +159,11 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			quiet, stdout = true, io.Discard
 		}
 	}
-	if err := ck.checkResources(cfg, spec, o.Steps); err != nil {
+	ranks := 1 // one per process under mpirun; in process, the world
+	if c == nil {
+		_, ranks = cfg.RankWorld()
+	}
+	if err := errors.Join(checkPinnedPools(cfg, ranks), ck.checkResources(cfg, spec, o.Steps)); err != nil {
 		return err
 	}
 	ck.apply(&o)
@@ -412,9 +417,9 @@ func (c *ckptFlags) checkResources(cfg *config.Config, spec train.Spec, steps in
 	// Parameters in their dtype, fp32 master, exp_avg and exp_avg_sq.
 	size := spec.ParamCount() * (paramBytes + 12)
 	var errs []error
-	if avail, ok := memAvailable(); ok && c.async && size > avail {
-		errs = append(errs, fmt.Errorf("--checkpoint-async needs %s of pinned memory for a snapshot of each checkpoint, more than the %s available (MemAvailable in /proc/meminfo): leave it out to save synchronously",
-			units.FormatBytesExact(size), units.FormatBytesExact(avail)))
+	if lim, ok := memlimit.Available(); ok && c.async && size > lim.Bytes {
+		errs = append(errs, fmt.Errorf("--checkpoint-async needs %s of pinned memory for a snapshot of each checkpoint, more than the %s available (%s): leave it out to save synchronously",
+			units.FormatBytesExact(size), units.FormatBytesExact(lim.Bytes), lim.What))
 	}
 	copies := int64(steps/c.every + 1)
 	if c.keep > 0 {

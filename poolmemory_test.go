@@ -1,0 +1,58 @@
+package zinf_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/memlimit"
+)
+
+// TestOpenPoolBeyondCgroup: in a memory cgroup of 2 GiB with 512 MiB in
+// use (faked), Open refuses a 3 GiB zinf.tiers.cpu_pinned_bytes before it
+// builds anything (no swap store, no bandwidth probe in the NVMe
+// directory), wrapping buffers.ErrMemory and naming the key, both figures
+// and the cgroup file; it used to map and lock the whole pool, which the
+// cgroup OOM-kills.
+func TestOpenPoolBeyondCgroup(t *testing.T) {
+	root := t.TempDir()
+	for p, c := range map[string]string{
+		"proc/meminfo":                     "MemAvailable: 1073741824 kB\n",
+		"proc/self/cgroup":                 "0::/job\n",
+		"sys/fs/cgroup/job/memory.max":     "2147483648\n",
+		"sys/fs/cgroup/job/memory.current": "536870912\n",
+	} {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer memlimit.Override(memlimit.Source{Root: root, Rlimit: func(int) (uint64, bool) { return 0, false }})()
+	c, dir := testConfig(t)
+	c.Zinf.Tiers.CPUPinnedBytes = 3 << 30
+	_, err := zinf.Open(c, oneTensor("w", 5000), zinf.Options{})
+	if !errors.Is(err, buffers.ErrMemory) {
+		t.Fatalf("Open = %v, want buffers.ErrMemory", err)
+	}
+	for _, w := range []string{"zinf.tiers.cpu_pinned_bytes = 3 GiB", "1.5 GiB (1610612736 bytes) of memory", "cgroup v2", "/sys/fs/cgroup/job"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		slices.Sort(names)
+		t.Fatalf("the refused Open left %v in %s", names, dir)
+	}
+}
