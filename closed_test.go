@@ -3,6 +3,7 @@ package zinf_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/zinfio/zinf"
@@ -90,5 +91,55 @@ func TestErrClosedFirst(t *testing.T) {
 		if err := call(); !errors.Is(err, zinf.ErrClosed) {
 			t.Errorf("%s after Close: %v, want an error matching zinf.ErrClosed", name, err)
 		}
+	}
+}
+
+// TestErrClosedEveryMethod: every exported method of a Runtime that
+// returns an error (Close aside), called after Close with zero arguments,
+// returns an error matching zinf.ErrClosed, and does not panic: a method
+// added without the check fails here.
+func TestErrClosedEveryMethod(t *testing.T) {
+	c, _ := testConfig(t)
+	rt, err := zinf.Open(c, oneTensor("w", 100), zinf.Options{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctxType := reflect.TypeFor[context.Context]()
+	errType := reflect.TypeFor[error]()
+	v := reflect.ValueOf(rt)
+	checked := 0
+	for i := range v.NumMethod() {
+		m, mt := v.Method(i), v.Type().Method(i)
+		ft := m.Type()
+		if mt.Name == "Close" || ft.NumOut() == 0 || ft.Out(ft.NumOut()-1) != errType {
+			continue
+		}
+		args := make([]reflect.Value, ft.NumIn())
+		for j := range args {
+			if ft.In(j) == ctxType {
+				args[j] = reflect.ValueOf(context.Background())
+			} else {
+				args[j] = reflect.Zero(ft.In(j))
+			}
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("%s after Close panicked: %v", mt.Name, p)
+				}
+			}()
+			out := m.Call(args)
+			err, _ := out[len(out)-1].Interface().(error)
+			if !errors.Is(err, zinf.ErrClosed) {
+				t.Errorf("%s after Close: %v, want an error matching zinf.ErrClosed", mt.Name, err)
+			}
+		}()
+		checked++
+	}
+	if checked < 20 {
+		t.Errorf("checked %d methods; the Runtime has more that return errors", checked)
 	}
 }

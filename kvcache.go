@@ -169,6 +169,9 @@ type kvSlot struct {
 // OpenKVCache plans (PlanKVCache) and opens a KV cache of layers entries
 // of layerBytes each. Close it before the runtime.
 func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err error) {
+	if err := r.closedErr("open KV cache", nil); err != nil {
+		return nil, err
+	}
 	p, err := PlanKVCache(r.Config, layers, layerBytes)
 	if err != nil {
 		return nil, err

@@ -3,8 +3,10 @@ package zinf
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper/param"
 )
 
 // Schedule is the order of work within a step of k micro-batches
@@ -74,6 +76,9 @@ func (r *Runtime) MicroBatches() int { return max(r.Config.GradientAccumulationS
 //	}
 //	rt.Step(ctx)
 func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
+	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
+		return err
+	}
 	if k < 1 {
 		return fmt.Errorf("zinf: begin layer %d: %d micro-batches (allowed: 1 or more)", l, k)
 	}

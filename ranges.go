@@ -3,6 +3,7 @@ package zinf
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/zinfio/zinf/swapper"
@@ -52,6 +53,9 @@ func (r *Runtime) desc(name string) (tensor.Desc, bool) {
 // be begun. Without Options.GatherLayers the range must lie in this
 // rank's partition (see Partition); with it, anywhere in the tensor.
 func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, dtype tensor.DType, dst []byte) error {
+	if err := r.closedErr("read range of "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	return r.readSpans(ctx, "read range of", name, []param.Span{{Lo: lo, Hi: hi}}, dtype, dst)
 }
 
@@ -61,6 +65,9 @@ func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, d
 // dtype.Size() bytes). Only those rows are read. Residency and partition
 // rules are ReadParamRange's.
 func (r *Runtime) ReadParamRows(ctx context.Context, name string, rows []int, dtype tensor.DType, dst []byte) error {
+	if err := r.closedErr("read rows of "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	spans, err := r.rowSpans("read rows of", name, rows, false)
 	if err != nil {
 		return err
@@ -145,6 +152,9 @@ func (r *Runtime) readSpans(ctx context.Context, op, name string, spans []param.
 // holds -0, so a zero added changes nothing). Written behind like
 // AccumulateGrad; a failed call adds nothing and may be retried.
 func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, g []float32) error {
+	if err := r.closedErr("accumulate range of "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
 	numel, ok := r.model.numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: accumulate range of %q: not a tensor of the model", name)
@@ -164,6 +174,9 @@ func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, 
 // memory, plus the read-modify-write of the pieces of the gradient they
 // fall in.
 func (r *Runtime) AccumulateGradRows(ctx context.Context, name string, rows []int, g []float32) error {
+	if err := r.closedErr("accumulate rows of "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
 	spans, err := r.rowSpans("accumulate rows of", name, rows, true)
 	if err != nil {
 		return err
@@ -220,6 +233,9 @@ func (r *Runtime) accumulateSpans(ctx context.Context, name string, spans []para
 // write failed are written again, so once space is back a second Flush
 // succeeds; Step flushes by itself.
 func (r *Runtime) Flush(ctx context.Context) error {
+	if err := r.closedErr("flush", grad.ErrClosed); err != nil {
+		return err
+	}
 	if r.inference {
 		return nil
 	}
