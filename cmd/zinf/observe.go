@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"time"
 
@@ -71,6 +72,20 @@ func (f *observeFlags) check(fs *flag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
+// allInterfaces reports whether a listen address binds every interface:
+// no host (":9400"), or an unspecified one ("0.0.0.0:9400", "[::]:9400").
+func allInterfaces(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false // Serve refused it already
+	}
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
 // start opens the trace file and the metrics server as the flags say and
 // hooks them into o; stop ends both (writing the end of the trace) and
 // reports what was written.
@@ -114,6 +129,9 @@ func (f *observeFlags) start(o *train.Options, stderr io.Writer) (stop func() er
 		}
 		o.Runtimes = func(rts []*zinf.Runtime) { c.Set(rts...) }
 		fmt.Fprintf(stderr, "metrics: serving http://%s/metrics\n", srv.Addr())
+		if allInterfaces(f.metricsAddr) {
+			fmt.Fprintf(stderr, "metrics: warning: --metrics-addr %s listens on all network interfaces: anyone who can reach this machine can read the metrics (give 127.0.0.1:PORT to serve this machine only)\n", f.metricsAddr)
+		}
 	}
 	return stop, nil
 }

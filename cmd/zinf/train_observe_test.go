@@ -210,3 +210,24 @@ func TestTrainEndurance(t *testing.T) {
 	}
 	wantAll(t, "summary", out, "nvme endurance (all ranks, at the median step measured)", "written per step", "per day", "of a 600 TB endurance rating")
 }
+
+// TestMetricsAllInterfacesWarns is the regression for --metrics-addr :0
+// (or 0.0.0.0:PORT) binding every interface without a word: one warning
+// line says so; an address on one interface gets none.
+func TestMetricsAllInterfacesWarns(t *testing.T) {
+	const warning = "listens on all network interfaces"
+	for _, c := range []struct {
+		addr string
+		warn bool
+	}{{":0", true}, {"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
+		code, out, errs := runCLI(t, "train", "--layers", "2", "--width", "64", "--steps", "1", "--quiet", "--dir", t.TempDir(), "--metrics-addr", c.addr)
+		if code != 0 {
+			t.Fatalf("--metrics-addr %s: exit %d:\n%s\n%s", c.addr, code, out, errs)
+		}
+		if n := strings.Count(errs, warning); n != map[bool]int{true: 1, false: 0}[c.warn] {
+			t.Errorf("--metrics-addr %s: %d warnings, want warn=%v:\n%s", c.addr, n, c.warn, errs)
+		} else if c.warn && !strings.Contains(errs, "--metrics-addr "+c.addr+" "+warning) {
+			t.Errorf("--metrics-addr %s: the warning does not name the flag's value:\n%s", c.addr, errs)
+		}
+	}
+}
