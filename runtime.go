@@ -224,6 +224,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		}
 		r.ownEngine = true
 	}
+	warnRAMPaths(cfg.NVMePaths(), log)
 	store := func(name string, paths []string) (*swapper.Store, error) {
 		o := storeOptions(cfg, paths)
 		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log, r.trace.store(name)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -108,6 +109,8 @@ func (c *Config) Validate() error {
 			k.add(key, strconv.Quote(p), "is empty", "a directory")
 		case seen[filepath.Clean(p)]:
 			k.add(key, strconv.Quote(p), "is listed twice", "")
+		default:
+			k.checkSwapDir(key, p)
 		}
 		seen[filepath.Clean(p)] = true
 	}
@@ -229,13 +232,59 @@ func allowedFor(key string) string {
 	return ""
 }
 
-// checkPath enforces that an nvme offload has somewhere to put its files.
+// checkPath enforces that an nvme offload has somewhere to put its files,
+// and that the directory it names is one for swap files (checkSwapDir).
 func (c *Config) checkPath(k *checker, sectionName string, dev OffloadDevice, path string) {
+	if path != "" {
+		k.checkSwapDir("zero_optimization."+sectionName+".nvme_path", path)
+	}
 	if dev != OffloadNVMe || path != "" || len(c.Zinf.NVMePaths) > 0 {
 		return
 	}
 	k.add("zero_optimization."+sectionName+".nvme_path", `""`,
 		`is empty but device is "nvme"`, "a directory, here or in zinf.nvme_paths")
+}
+
+// systemDirs are directories of the operating system that are never a
+// place for swap files: the root itself, and the top-level directories
+// whose contents the system owns. A path inside one of systemTrees is
+// refused too; elsewhere only the directory itself is (/var/tmp and
+// /run/user/1000/x are fine, /var is not).
+var (
+	systemDirs = []string{"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+		"/proc", "/run", "/sbin", "/sys", "/usr", "/var"}
+	systemTrees = []string{"/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr"}
+)
+
+// checkSwapDir refuses a swap directory that names a system directory
+// (systemDirs) or that holds a ".." component: swap files are created,
+// rewritten and removed there, so the directory must be the one the user
+// means, written as it is. /dev is refused but /dev/shm, a RAM filesystem,
+// is a warning at Open (zinf.Open: RAM, not NVMe).
+func (k *checker) checkSwapDir(key, path string) {
+	for _, part := range strings.Split(filepath.ToSlash(path), "/") {
+		if part == ".." {
+			k.add(key, strconv.Quote(path), `has a ".." component`, "a directory written without \"..\" (the directory it leads to)")
+			return
+		}
+	}
+	clean := filepath.Clean(path)
+	if !filepath.IsAbs(clean) {
+		return
+	}
+	system := slices.Contains(systemDirs, clean)
+	for _, tree := range systemTrees {
+		if strings.HasPrefix(clean, tree+"/") {
+			system = true
+		}
+	}
+	if strings.HasPrefix(clean, "/dev/") && clean != "/dev/shm" && !strings.HasPrefix(clean, "/dev/shm/") {
+		system = true
+	}
+	if system {
+		k.add(key, strconv.Quote(path), "is a system directory, not one for swap files",
+			"a directory on the NVMe drive, such as /local_nvme/zinf (not /, /etc, /usr, /proc, /sys, /dev, /var, ...)")
+	}
 }
 
 // checker collects problems found by Validate.

@@ -183,3 +183,34 @@ func TestRefusedConfigCreatesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestNVMePathOnTmpfsWarns: swap files on a RAM filesystem (/dev/shm)
+// take the memory offloading is meant to spare; zinf train says so once
+// (world size 2: two runtimes on the path), and still runs. A system
+// directory is refused before anything is written, naming the key.
+func TestNVMePathOnTmpfsWarns(t *testing.T) {
+	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+		t.Skip("no /dev/shm here")
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "zinf-test-")
+	if err != nil {
+		t.Skipf("/dev/shm: %v", err)
+	}
+	defer os.RemoveAll(shm)
+	var st unix.Statfs_t
+	if unix.Statfs(shm, &st) != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Skip("/dev/shm is not tmpfs here")
+	}
+	t.Setenv("WORLD_SIZE", "2")
+	code, _, errs := runCLI(t, "train", "--layers", "2", "--width", "32", "--steps", "1", "--quiet", "--dir", shm)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	if n := strings.Count(errs, "is on tmpfs, which is RAM, not NVMe"); n != 1 {
+		t.Errorf("the RAM warning printed %d times, want once:\n%s", n, errs)
+	}
+	code, _, errs = runCLI(t, "train", "--layers", "2", "--width", "32", "--steps", "1", "--quiet", "--dir", "/etc")
+	if code != 1 || !strings.Contains(errs, `nvme_path: "/etc" is a system directory`) {
+		t.Errorf("--dir /etc: exit %d, want 1 naming the key and the value:\n%s", code, errs)
+	}
+}
