@@ -16,9 +16,9 @@ import (
 // warned about by zinf.Open.
 func TestNVMePathRefused(t *testing.T) {
 	sections := map[string]string{
-		"zero_optimization.offload_param.nvme_path": `{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q}}}`,
+		"zero_optimization.offload_param.nvme_path":     `{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q}}}`,
 		"zero_optimization.offload_optimizer.nvme_path": `{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": %q}}}`,
-		"zinf.nvme_paths[0]": `{"zinf": {"nvme_paths": [%q]}}`,
+		"zinf.nvme_paths[0]":                            `{"zinf": {"nvme_paths": [%q]}}`,
 	}
 	for key, format := range sections {
 		for path, want := range map[string]string{
