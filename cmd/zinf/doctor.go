@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register("doctor", "report what this machine supports (io_uring, libaio, O_DIRECT, memlock, CUDA, cuFile) and swap space left by runs that are gone", runDoctor)
+	register("doctor", "report what this machine supports (io_uring, libaio, O_DIRECT, memlock, the memory a process may take, CUDA, cuFile) and the space runs that are gone left", runDoctor)
 }
 
 type multiFlag []string

@@ -18,6 +18,8 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -73,6 +75,7 @@ func Run(paths []string) *Report {
 			r.add("memlock", capOK || lim.Cur >= 1<<30, "%s", detail)
 		}
 	}
+	r.memory()
 	r.registered()
 	for _, p := range paths {
 		r.path(p)
@@ -89,6 +92,31 @@ func Run(paths []string) *Report {
 		r.add("cufile", true, "GPUDirect Storage available")
 	}
 	return r
+}
+
+// memory reports what this process may still allocate, by the tightest
+// limit (memlimit.Available: MemAvailable, the memory cgroup's limit less
+// its usage, ulimit -v less the address space mapped), and every other
+// limit that applies: the pinned pool (zinf.tiers.cpu_pinned_bytes, per
+// rank) must fit in it, or zinf refuses it.
+func (r *Report) memory() {
+	all := memlimit.Source{}.All()
+	lim, ok := memlimit.Source{}.Available()
+	if !ok {
+		r.add("memory", false, "no figure: neither /proc/meminfo, a memory cgroup nor ulimit -v could be read, so pinned pool sizes are not checked")
+		return
+	}
+	var others []string
+	for _, l := range all {
+		if l.What != lim.What {
+			others = append(others, fmt.Sprintf("%s: %s", l.What, units.FormatBytes(l.Bytes)))
+		}
+	}
+	detail := fmt.Sprintf("%s may still be allocated, by %s; the pinned pool (zinf.tiers.cpu_pinned_bytes, per rank) must fit in it", units.FormatBytes(lim.Bytes), lim.What)
+	if len(others) > 0 {
+		detail += " (also: " + strings.Join(others, "; ") + ")"
+	}
+	r.add("memory", true, "%s", detail)
 }
 
 // registered reports whether io_uring takes registered buffers and fixed

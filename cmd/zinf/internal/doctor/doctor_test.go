@@ -54,6 +54,9 @@ func TestRun(t *testing.T) {
 	if m := find(t, r, "memlock"); !strings.Contains(m.Detail, "limit") && !strings.Contains(m.Detail, "unlimited") {
 		t.Errorf("memlock check %+v says nothing about the limit", m)
 	}
+	if m := find(t, r, "memory"); !m.OK || !strings.Contains(m.Detail, "may still be allocated") || !strings.Contains(m.Detail, "MemAvailable") {
+		t.Errorf("memory check %+v: want what may be allocated and MemAvailable", m)
+	}
 	// Registered buffers: where io_uring works, the check registered test
 	// memory and says how it went; as root (CAP_IPC_LOCK) it succeeds.
 	reg := find(t, r, "registered")
