@@ -31,6 +31,7 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Loops, "loops", 5, "timed passes")
 	fs.IntVar(&o.Warmup, "warmup", 1, "untimed passes before them")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the data file (reads reuse it)")
+	fs.BoolVar(&o.Overwrite, "overwrite", false, "with --op write: rewrite a data file already there (a regular file of yours, never a link), as ds_io does; it is kept")
 	fs.StringVar(&o.FileName, "file", "", "file name inside --path (default zinf-io-<size>.dat)")
 	fs.BoolVar(&o.Naive, "naive", false, "plain os.File I/O (+fsync; reads after dropping the page cache) for contrast")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object")
@@ -184,6 +185,19 @@ func ioResources(o iobench.Options, g gpuFlags) error {
 			name = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
 		}
 		if st, err := os.Lstat(filepath.Join(o.Dir, name)); err == nil && st.Mode().IsRegular() && st.Size() >= o.SizeBytes {
+			return nil
+		}
+	}
+	if o.Op == "write" && o.Overwrite {
+		// Rewritten in place: only what the file lacks is new space.
+		name := o.FileName
+		if name == "" {
+			name = fmt.Sprintf("zinf-io-%d.dat", o.SizeBytes)
+		}
+		if st, err := os.Lstat(filepath.Join(o.Dir, name)); err == nil && st.Mode().IsRegular() {
+			if grow := o.SizeBytes - st.Size(); grow > 0 {
+				return checkDisk("--size", o.SizeBytes, grow, o.Dir)
+			}
 			return nil
 		}
 	}

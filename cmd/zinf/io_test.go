@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zinfio/zinf/aio"
 )
 
@@ -217,4 +219,82 @@ func TestIOModes(t *testing.T) {
 	if got := tree(t, dir); !slices.Equal(got, []string{".", "kept.dat"}) {
 		t.Fatalf("tree %v, want the kept file only", got)
 	}
+}
+
+// TestIOOverwrite is the regression for zinf io --op write refusing the
+// file an earlier run left (DeepNVMe's ds_io workflow writes the same file
+// again): --overwrite rewrites it in place and keeps it. The protection
+// stays for everything else: a symbolic link (its target untouched), a
+// named pipe (no blocking), a file of another user, and any file without
+// --overwrite.
+func TestIOOverwrite(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "zinf-io-4194304.dat")
+	write := func(extra ...string) (int, string) {
+		args := append([]string{"io", "--path", dir, "--size", "4MiB", "--op", "write", "--loops", "1", "--warmup", "0", "--direct", "off"}, extra...)
+		code, _, errs := runCLI(t, args...)
+		return code, errs
+	}
+	if code, errs := write("--keep"); code != 0 {
+		t.Fatalf("first write: exit %d:\n%s", code, errs)
+	}
+	before, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, errs := write(); code != 1 || !strings.Contains(errs, "--overwrite") {
+		t.Fatalf("second write without --overwrite: exit %d, want 1 and a hint at --overwrite:\n%s", code, errs)
+	}
+	if code, errs := write("--overwrite"); code != 0 {
+		t.Fatalf("second write with --overwrite: exit %d:\n%s", code, errs)
+	}
+	after, err := os.Stat(name)
+	if err != nil {
+		t.Fatalf("--overwrite removed the file: %v", err)
+	}
+	if !os.SameFile(before, after) || after.Size() != 4<<20 {
+		t.Errorf("--overwrite replaced the file (%v, %d bytes), want it rewritten in place", os.SameFile(before, after), after.Size())
+	}
+	if code, _, errs := runCLI(t, "io", "--path", dir, "--size", "4MiB", "--op", "read", "--overwrite", "--loops", "1", "--direct", "off"); code != 1 || !strings.Contains(errs, "--overwrite applies to --op write") {
+		t.Errorf("--op read --overwrite: exit %d:\n%s", code, errs)
+	}
+
+	// A link at the name: refused, its target untouched.
+	os.Remove(name)
+	target := filepath.Join(t.TempDir(), "precious")
+	content := []byte("someone's data")
+	if err := os.WriteFile(target, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, name); err != nil {
+		t.Fatal(err)
+	}
+	if code, errs := write("--overwrite"); code != 1 || !strings.Contains(errs, "symbolic link") {
+		t.Errorf("--overwrite of a link: exit %d, want 1 naming the link:\n%s", code, errs)
+	}
+	unchanged(t, target, content)
+	linkIntact(t, name, target)
+
+	// A named pipe at the name: refused at once.
+	os.Remove(name)
+	if err := unix.Mkfifo(name, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, errs := write("--overwrite"); code != 1 || !strings.Contains(errs, "not a regular file") {
+		t.Errorf("--overwrite of a pipe: exit %d, want 1:\n%s", code, errs)
+	}
+
+	// Another user's file: refused, unchanged.
+	os.Remove(name)
+	if err := os.WriteFile(name, content, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(name, os.Geteuid()+4242, -1); err != nil {
+		t.Logf("cannot give a file to another user here (%v): that case is not checked", err)
+		return
+	}
+	if code, errs := write("--overwrite"); code != 1 || !strings.Contains(errs, "not to the user running zinf") {
+		t.Errorf("--overwrite of another user's file: exit %d, want 1:\n%s", code, errs)
+	}
+	unchanged(t, name, content)
 }

@@ -23,6 +23,9 @@ type dataFile struct {
 	// created: zinf created the file in this run (or it lies in a private
 	// directory zinf created in this run), so it may write and remove it.
 	created bool
+	// overwrite: the file was there before and the user asked to rewrite
+	// it (Options.Overwrite): zinf writes it but never removes it.
+	overwrite bool
 	// dev and ino identify the file claimed, so that a name swapped for
 	// another file between two opens is noticed instead of used.
 	dev, ino uint64
@@ -39,8 +42,10 @@ var errNotOurs = errors.New("zinf writes and removes only files it created in th
 // read-only when it holds at least size bytes; any other case is an error
 // that says what is there and what to do. private says the file lies in a
 // directory zinf created in this run, where an existing file is one an
-// earlier pass of the same run made and may be rewritten.
-func claimDataFile(path, op string, size int64, private bool) (*dataFile, error) {
+// earlier pass of the same run made and may be rewritten. overwrite lets a
+// write rewrite an existing file when it is a regular file (not a link)
+// owned by the user running zinf (Options.Overwrite).
+func claimDataFile(path, op string, size int64, private, overwrite bool) (*dataFile, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err == nil {
 		defer unix.Close(fd)
@@ -76,13 +81,40 @@ func claimDataFile(path, op string, size int64, private bool) (*dataFile, error)
 		return d, d.identify(fd)
 	}
 	if op != "read" {
-		return nil, fmt.Errorf("%s already exists and zinf did not create it in this run, so it will not overwrite it: remove it, or choose another --file or --path: %w", path, errNotOurs)
+		if overwrite {
+			return overwriteDataFile(path, &st)
+		}
+		return nil, fmt.Errorf("%s already exists and zinf did not create it in this run, so it will not overwrite it: remove it, choose another --file or --path, or give --overwrite to rewrite it (a regular file of yours): %w", path, errNotOurs)
 	}
 	if st.Size < size {
 		return nil, fmt.Errorf("%s already exists with %d bytes, fewer than --size %d, and zinf did not create it in this run, so it will not write to it: remove it, or run --op write --keep on a free name first: %w",
 			path, st.Size, size, errNotOurs)
 	}
 	return &dataFile{path: path, dev: uint64(st.Dev), ino: st.Ino, size: st.Size}, nil
+}
+
+// overwriteDataFile takes the existing regular file at path, whose lstat
+// is st, for rewriting: only when the user running zinf owns it. It is
+// opened without following a link and without blocking (a name swapped
+// for a pipe cannot hold the open), and the descriptor must be the file
+// st describes. The file is written in place and never removed.
+func overwriteDataFile(path string, st *unix.Stat_t) (*dataFile, error) {
+	if uid := uint32(os.Geteuid()); st.Uid != uid {
+		return nil, fmt.Errorf("%s belongs to uid %d, not to the user running zinf (uid %d): --overwrite rewrites only your own files: %w", path, st.Uid, uid, errNotOurs)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if fst.Mode&unix.S_IFMT != unix.S_IFREG || fst.Dev != st.Dev || fst.Ino != st.Ino || fst.Uid != st.Uid {
+		return nil, fmt.Errorf("%s was replaced while zinf examined it; nothing was written: %w", path, errNotOurs)
+	}
+	return &dataFile{path: path, overwrite: true, dev: uint64(fst.Dev), ino: fst.Ino, size: fst.Size}, nil
 }
 
 // identify records the identity of the open file fd.
@@ -96,9 +128,10 @@ func (d *dataFile) identify(fd int) error {
 }
 
 // openFlags are the flags to open the claimed file with: read-write for a
-// file zinf created, read-only for one it reuses; never following a link.
+// file zinf created or was asked to overwrite, read-only for one it reuses;
+// never following a link.
 func (d *dataFile) openFlags() int {
-	if d.created {
+	if d.created || d.overwrite {
 		return os.O_RDWR | unix.O_NOFOLLOW
 	}
 	return os.O_RDONLY | unix.O_NOFOLLOW

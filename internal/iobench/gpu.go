@@ -197,7 +197,7 @@ func RunGPU(ctx context.Context, o GPUOptions) (*GPUResult, error) {
 	}
 
 	path := filepath.Join(o.Dir, o.FileName)
-	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private, o.Overwrite)
 	if err != nil {
 		return nil, err
 	}

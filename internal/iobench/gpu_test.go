@@ -207,7 +207,7 @@ func TestCompareDeviceFindsMismatch(t *testing.T) {
 	if err := os.WriteFile(path, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	df, err := claimDataFile(path, "read", size, false)
+	df, err := claimDataFile(path, "read", size, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,12 @@ type Options struct {
 	FileName string
 	// Keep leaves a file Run created in place, for later reads to reuse.
 	Keep bool
+	// Overwrite lets a write rewrite a file already at FileName, as
+	// DeepNVMe's ds_io does on its second run: only a regular file (never
+	// a symbolic link: O_NOFOLLOW) owned by the user running zinf, written
+	// in place and kept afterwards (never removed). Default: such a file
+	// is refused. Reads ignore it.
+	Overwrite bool
 	// Naive uses plain os.File I/O instead of the engine: writes through
 	// the page cache followed by fsync; reads after dropping the page cache
 	// (needs root; otherwise reads are reported as cached).
@@ -105,6 +111,9 @@ func (o *Options) Check() error {
 	}
 	if o.Op != "read" && o.Op != "write" {
 		errs = append(errs, fmt.Errorf("--op %q is invalid (allowed: read, write)", o.Op))
+	}
+	if o.Overwrite && o.Op != "write" {
+		errs = append(errs, fmt.Errorf("--overwrite applies to --op write (--op is %q)", o.Op))
 	}
 	if o.Loops < 0 {
 		errs = append(errs, fmt.Errorf("--loops %d is invalid: it must not be negative", o.Loops))
@@ -223,7 +232,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for i := 0; i+8 <= len(data); i += 4096 {
 		data[i] = byte(i >> 12)
 	}
-	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private, o.Overwrite)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +336,7 @@ func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
 	for i := 0; i < len(data); i += 4096 {
 		data[i] = byte(i >> 12)
 	}
-	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private)
+	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private, o.Overwrite)
 	if err != nil {
 		return nil, err
 	}
