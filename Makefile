@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate
 
 all: build
 
@@ -100,6 +100,22 @@ test-contrib:
 # verified bit for bit against in-memory training (see README).
 demo-gomlx:
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/transformer --verify
+
+# Text from GoMLX's zoo transformer with its weights on NVMe, streamed
+# through a pinned pool smaller than them (contrib/gomlx/cmd/zinf-generate):
+# from a zinf checkpoint (CKPT=dir, with its GEN_MODEL) or a fresh model;
+# prints the text, the predicted and measured tokens/s, and checks the
+# greedy tokens against GoMLX's in-memory generation (the last line).
+CKPT ?=
+GEN_MODEL ?= vocab=256,dim=256,layers=8,heads=8,kv-heads=4,ffn=1024
+GEN_FLAGS ?= --pool 8MiB --max-new-tokens 32 --batch auto
+demo-generate:
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate --model $(GEN_MODEL) $(GEN_FLAGS) \
+	  $(if $(CKPT),--checkpoint $(abspath $(CKPT))) --dir $${TMPDIR:-/var/tmp} \
+	  --prompt "In the beginning God created the heaven and the earth." \
+	  --prompt "And the earth was without form, and void;" \
+	  --prompt "And God said, Let there be light:" \
+	  --prompt "And God saw the light, that it was good:" --verify
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
 # (separate processes, alternating; see BENCHMARKS.md), without and with

@@ -35,7 +35,8 @@ func (g *Generator) KVBytesPerSequence(total int) int64 {
 // (at most maxBatch of them) with zinf.PlanGeneration: the largest the KV
 // cache budget allows, its step and tokens per second predicted from the
 // runtime's NVMe bandwidth and compute measured here, on two short
-// generations (batch 1 and batch 4, or maxBatch if smaller) whose decoding
+// generations at the sequences' mean length (batch 1 and batch 4, or
+// maxBatch if smaller) whose decoding
 // steps' compute (their time less their waits for weights) gives a fixed
 // and a per-sequence part.
 func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch int) (zinf.GenerationPlan, error) {
@@ -45,10 +46,11 @@ func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch i
 	measure := func(b int) (time.Duration, error) {
 		ps := make([][]int32, b)
 		for i := range ps {
-			ps[i] = make([]int32, min(promptLen, 8))
+			// At the sequences' mean length: attention and the KV cache grow with it.
+			ps[i] = make([]int32, min(promptLen+maxNew/2, 4096))
 		}
 		var steps []time.Duration
-		_, err := g.Generate(ctx, ps, Sampling{MaxNewTokens: 4}, func(s StepInfo) {
+		_, err := g.Generate(ctx, ps, Sampling{MaxNewTokens: 8}, func(s StepInfo) {
 			if s.Step > 0 {
 				steps = append(steps, s.Time-s.IOWait)
 			}

@@ -1,0 +1,595 @@
+// Command zinf-generate generates text from GoMLX's zoo transformer with
+// its weights on NVMe, streamed layer by layer through zinf's pinned pool
+// (contrib/gomlx/generate). It lives in the GoMLX adapter's module because
+// zinf's core does not depend on GoMLX.
+//
+//	zinf-generate --checkpoint /ckpt --model vocab=256,dim=256,layers=8,heads=8 \
+//	    --prompt "In the beginning" --max-new-tokens 64 --batch auto --verify
+//
+// Without --checkpoint or --safetensors it generates from a freshly
+// initialized model (--seed). Text is byte-level: a prompt's bytes are its
+// tokens (the vocabulary must hold 256), generated ids below 256 print as
+// bytes.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	_ "github.com/gomlx/compute/gobackend" // the pure-Go backend
+	"github.com/gomlx/gomlx/ml/layers/activation"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
+
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/generate"
+	"github.com/zinfio/zinf/metrics"
+	"github.com/zinfio/zinf/trace"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "zinf-generate:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// Spec is the zoo transformer's hyperparameters (--model).
+type Spec struct {
+	Vocab, Dim, Layers, Heads, KVHeads, HeadDim, FFN int
+	Arch                                             string // standard | gemma
+	DType                                            dtypes.DType
+	RoPE                                             float64
+	Scope                                            string
+}
+
+func defaultSpec() Spec {
+	return Spec{Vocab: 256, Dim: 256, Layers: 8, Heads: 8, KVHeads: 4, FFN: 1024, Arch: "standard", DType: dtypes.Float32, RoPE: 10000, Scope: "transformer"}
+}
+
+// parseSpec reads "vocab=256,dim=256,layers=8,heads=8,kv-heads=4,head-dim=32,
+// ffn=1024,arch=standard,dtype=fp32,rope=10000,scope=transformer".
+func parseSpec(s string) (Spec, error) {
+	sp := defaultSpec()
+	var errs []error
+	for _, kv := range strings.Split(s, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			errs = append(errs, fmt.Errorf("--model: %q is not key=value", kv))
+			continue
+		}
+		num := func(dst *int, lo, hi int) {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < lo || n > hi {
+				errs = append(errs, fmt.Errorf("--model: %s=%q (allowed: %d..%d)", k, v, lo, hi))
+				return
+			}
+			*dst = n
+		}
+		switch k {
+		case "vocab":
+			num(&sp.Vocab, 1, 1<<22)
+		case "dim":
+			num(&sp.Dim, 1, 1<<16)
+		case "layers":
+			num(&sp.Layers, 1, 4096)
+		case "heads":
+			num(&sp.Heads, 1, 1024)
+		case "kv-heads":
+			num(&sp.KVHeads, 0, 1024)
+		case "head-dim":
+			num(&sp.HeadDim, 1, 4096)
+		case "ffn":
+			num(&sp.FFN, 1, 1<<20)
+		case "arch":
+			if v != "standard" && v != "gemma" {
+				errs = append(errs, fmt.Errorf("--model: arch=%q (allowed: standard, gemma)", v))
+			}
+			sp.Arch = v
+		case "dtype":
+			switch v {
+			case "fp32", "float32":
+				sp.DType = dtypes.Float32
+			case "bf16", "bfloat16":
+				sp.DType = dtypes.BFloat16
+			default:
+				errs = append(errs, fmt.Errorf("--model: dtype=%q (allowed: fp32, bf16)", v))
+			}
+		case "rope":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 {
+				errs = append(errs, fmt.Errorf("--model: rope=%q (allowed: a base frequency > 0)", v))
+			}
+			sp.RoPE = f
+		case "scope":
+			if v == "" || strings.ContainsAny(v, "/ ") {
+				errs = append(errs, fmt.Errorf("--model: scope=%q (allowed: a scope name, e.g. transformer)", v))
+			}
+			sp.Scope = v
+		default:
+			errs = append(errs, fmt.Errorf("--model: unknown key %q (allowed: vocab, dim, layers, heads, kv-heads, head-dim, ffn, arch, dtype, rope, scope)", k))
+		}
+	}
+	if sp.HeadDim == 0 && sp.Heads > 0 {
+		sp.HeadDim = max(1, sp.Dim/sp.Heads)
+	}
+	if sp.KVHeads > 0 && sp.Heads%sp.KVHeads != 0 {
+		errs = append(errs, fmt.Errorf("--model: heads=%d is not a multiple of kv-heads=%d", sp.Heads, sp.KVHeads))
+	}
+	return sp, errors.Join(errs...)
+}
+
+// Fn builds the model the spec describes.
+func (sp Spec) Fn() generate.ModelFn {
+	return func(root *model.Scope) *transformer.Model {
+		m := transformer.New(root.In("%s", sp.Scope)).WithVocabSize(sp.Vocab).WithEmbedDim(sp.Dim).WithNumLayers(sp.Layers).
+			WithNumHeads(sp.Heads).WithNumKVHeads(sp.KVHeads).WithHeadDim(sp.HeadDim).WithFFNDim(sp.FFN).WithRoPE(sp.RoPE).
+			WithNormalization("rms").WithFinalNormalization("rms").WithBias(false).WithDType(sp.DType).WithMaxPosEmbed(1 << 16)
+		if sp.Arch == "gemma" {
+			return m.WithArchitecture(transformer.ArchitectureGemma).WithTransposedWeights(true).WithActivation(activation.TypeGelu)
+		}
+		return m.WithActivation(activation.TypeSilu)
+	}
+}
+
+func (sp Spec) String() string {
+	kv := sp.KVHeads
+	if kv == 0 {
+		kv = sp.Heads
+	}
+	return fmt.Sprintf("zoo transformer (%s): %d layers, dim %d, %d heads (%d kv) x %d, ffn %d, vocab %d, %s", sp.Arch, sp.Layers, sp.Dim, sp.Heads, kv, sp.HeadDim, sp.FFN, sp.Vocab, sp.DType)
+}
+
+type options struct {
+	cfgPath, dir, checkpoint, safetensors, modelSpec string
+	prompts                                          []string
+	promptsFile                                      string
+	maxNew                                           int
+	batch                                            string
+	strategy                                         string
+	temperature, topP                                float64
+	topK                                             int
+	seed                                             int64
+	eos, stop                                        string
+	pool                                             int64
+	verify, quiet                                    bool
+	traceFile, metricsAddr                           string
+	progress                                         bool
+}
+
+type promptsFlag struct{ p *[]string }
+
+func (f promptsFlag) String() string     { return "" }
+func (f promptsFlag) Set(s string) error { *f.p = append(*f.p, s); return nil }
+
+type sizeFlag struct{ p *int64 }
+
+func (f sizeFlag) String() string { return "" }
+func (f sizeFlag) Set(s string) error {
+	n, err := config.ParseSize(s)
+	if err != nil {
+		return err
+	}
+	*f.p = int64(n)
+	return nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	fs := flag.NewFlagSet("zinf-generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	fs.StringVar(&o.cfgPath, "config", "", "config file (default: the embedded one, weights on NVMe in --dir, no max_in_cpu cache)")
+	fs.StringVar(&o.dir, "dir", "", "swap directory when the config names none (default: the system's temporary directory; removed at exit)")
+	fs.StringVar(&o.checkpoint, "checkpoint", "", "a zinf checkpoint directory (or a root of step-NNNNNN checkpoints: the newest) holding the model's parameters")
+	fs.StringVar(&o.safetensors, "safetensors", "", "Hugging Face safetensors file(s), comma-separated, in Gemma layout (--model arch=gemma)")
+	fs.StringVar(&o.modelSpec, "model", "", "the model: vocab=N,dim=N,layers=N,heads=N,kv-heads=N,head-dim=N,ffn=N,arch=standard|gemma,dtype=fp32|bf16,rope=F,scope=NAME (default vocab=256,dim=256,layers=8,heads=8,kv-heads=4,ffn=1024)")
+	fs.Var(promptsFlag{&o.prompts}, "prompt", "a prompt (repeat for a batch)")
+	fs.StringVar(&o.promptsFile, "prompts-file", "", "a file of prompts, one per line")
+	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate per prompt")
+	fs.StringVar(&o.batch, "batch", "0", "sequences per batch: N, 0 for every prompt at once, or auto (the largest zinf.kv_cache allows, with the predicted tokens/s)")
+	fs.StringVar(&o.strategy, "strategy", "greedy", "sampling: greedy, temperature, top_k, top_p")
+	fs.Float64Var(&o.temperature, "temperature", 1, "sampling temperature (> 0)")
+	fs.IntVar(&o.topK, "top-k", 50, "top-k's k")
+	fs.Float64Var(&o.topP, "top-p", 0.9, "top-p's p (0 < p <= 1)")
+	fs.Int64Var(&o.seed, "seed", 1, "sampling seed, and the fresh model's initialization seed")
+	fs.StringVar(&o.eos, "eos", "", "EOS token ids, comma-separated (a sequence ends at one)")
+	fs.StringVar(&o.stop, "stop", "", "stop token ids, comma-separated")
+	fs.Var(sizeFlag{&o.pool}, "pool", "pinned pool (zinf.tiers.cpu_pinned_bytes), e.g. 8MiB; default: the config's")
+	fs.BoolVar(&o.verify, "verify", false, "also generate greedily with GoMLX's generator, the whole model in memory, and compare the tokens")
+	fs.BoolVar(&o.progress, "progress", true, "a line per decoding step")
+	fs.StringVar(&o.traceFile, "trace", "", "write the runtime's timeline (Chrome trace-event JSON, for Perfetto) to this new file")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at this address (e.g. 127.0.0.1:9400) while generating")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	sp, err := parseSpec(o.modelSpec)
+	if err != nil {
+		return err
+	}
+	prompts, err := readPrompts(o)
+	if err != nil {
+		return err
+	}
+	samp, err := sampling(o)
+	if err != nil {
+		return err
+	}
+	if sp.Vocab < 256 {
+		return fmt.Errorf("--model: vocab=%d: byte-level text needs at least 256", sp.Vocab)
+	}
+	batch, auto := 0, o.batch == "auto"
+	if !auto {
+		if batch, err = strconv.Atoi(o.batch); err != nil || batch < 0 {
+			return fmt.Errorf("--batch %q (allowed: a count >= 0, or auto)", o.batch)
+		}
+	}
+	if o.checkpoint != "" && o.safetensors != "" {
+		return errors.New("--checkpoint and --safetensors: give one")
+	}
+	if o.pool < 0 {
+		return fmt.Errorf("--pool %d (allowed: > 0)", o.pool)
+	}
+	cfg, cleanup, err := loadConfig(o)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if sp.DType == dtypes.BFloat16 {
+		cfg.BF16 = true
+		// compute v0.1.2's fused dense has no bf16 kernel.
+		os.Setenv("GOMLX_FUSION", "false")
+	}
+	backend, err := compute.NewWithConfig("go:ops_sequential")
+	if err != nil {
+		return err
+	}
+	fn := sp.Fn()
+	weights, source, closeW, err := openWeights(backend, fn, o, sp)
+	if err != nil {
+		return err
+	}
+	defer closeW()
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	gopts := generate.Options{Logger: log}
+	var tw *trace.ChromeWriter
+	if o.traceFile != "" {
+		f, err := os.OpenFile(o.traceFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fmt.Errorf("--trace: %w", err)
+		}
+		tw = trace.NewChromeWriter(f, trace.ChromeOptions{})
+		gopts.Trace = tw
+		defer func() {
+			err = errors.Join(err, tw.Close(), f.Close())
+			fmt.Fprintf(stderr, "trace: %d events in %s\n", tw.Events(), o.traceFile)
+		}()
+	}
+	g, err := generate.Open(ctx, backend, cfg, fn, weights, gopts)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, g.Close()) }()
+	if o.metricsAddr != "" {
+		c := metrics.New(g.Runtime())
+		srv, err := metrics.Serve(o.metricsAddr, metrics.NewRegistry(c))
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+		}
+		defer func() {
+			c.Set()
+			srv.Close(context.Background())
+		}()
+		fmt.Fprintf(stderr, "metrics: serving http://%s/metrics\n", srv.Addr())
+	}
+	wb := g.WeightBytes()
+	pool := g.Runtime().Metrics().PinnedBytes
+	fmt.Fprintf(stdout, "model: %s; %s\n", sp, source)
+	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
+		len(g.Vars()), config.Size(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+	longest := 0
+	for _, p := range prompts {
+		longest = max(longest, len(p))
+	}
+	var predicted float64
+	if auto {
+		p, err := g.PlanBatch(ctx, longest, o.maxNew, len(prompts))
+		if err != nil {
+			return err
+		}
+		batch, predicted = p.Batch, p.TokensPerSecond
+		fmt.Fprintf(stdout, "plan: %s\n  %s\n", p, p.KV)
+	}
+	if batch == 0 || batch > len(prompts) {
+		batch = len(prompts)
+	}
+	if !auto {
+		p, err := g.PlanBatch(ctx, longest, o.maxNew, batch)
+		if err != nil {
+			return err
+		}
+		if p.Batch < batch {
+			return fmt.Errorf("--batch %d: %s allows at most %d sequences (%s)", batch, p.Limit, p.Batch, p.KV)
+		}
+		predicted = p.TokensPerSecond
+		fmt.Fprintf(stdout, "plan: %s\n  %s\n", p, p.KV)
+	}
+	var all [][]int32
+	var gen, steps int
+	var stepTimes []time.Duration // decoding steps in which every sequence generated
+	var decode, prefill, iowait time.Duration
+	var read int64
+	for lo := 0; lo < len(prompts); lo += batch {
+		chunk := prompts[lo:min(lo+batch, len(prompts))]
+		total := longest + o.maxNew
+		res, err := g.Generate(ctx, chunk, samp, func(s generate.StepInfo) {
+			if s.Step > 0 && !slices.Contains(s.Tokens, -1) {
+				stepTimes = append(stepTimes, s.Time)
+			}
+			if !o.progress {
+				return
+			}
+			what := "decode"
+			if s.Step == 0 {
+				what = "prefill"
+			}
+			fmt.Fprintf(stdout, "step %3d %-7s position %4d/%d: %8.1f ms, io-wait %7.1f ms\n", s.Step, what, s.Position, total, float64(s.Time)/1e6, float64(s.IOWait)/1e6)
+		})
+		if err != nil {
+			return err
+		}
+		if lo == 0 {
+			fmt.Fprintf(stdout, "%s\n", res.KVCache)
+		}
+		all = append(all, res.Tokens...)
+		gen += res.Generated()
+		steps += res.Steps
+		decode += res.Decode
+		prefill += res.Prefill
+		iowait += res.IOWait
+		read += res.BytesRead
+		for i, t := range res.Tokens {
+			fmt.Fprintf(stdout, "[%d] %q -> %q\n", lo+i, detok(chunk[i]), detok(t))
+		}
+	}
+	tps := 0.0
+	if decode > 0 {
+		tps = float64(gen-len(prompts)) / decode.Seconds()
+	}
+	fmt.Fprintf(stdout, "generated %d tokens for %d prompts in batches of %d: %d passes, prefill %.1f ms, io-wait %.1f ms, NVMe read %s\n",
+		gen, len(prompts), batch, steps, float64(prefill)/1e6, float64(iowait)/1e6, config.Size(read))
+	if len(stepTimes) > 0 {
+		slices.Sort(stepTimes)
+		med := stepTimes[len(stepTimes)/2]
+		fmt.Fprintf(stdout, "tokens/s: %.2f at the median full decoding step (%.1f ms for %d sequences; predicted %.2f); %.2f over every decoding step, graph compilations included\n",
+			float64(batch)/med.Seconds(), float64(med)/1e6, batch, predicted, tps)
+	}
+	if !o.verify {
+		return nil
+	}
+	greedy := samp
+	greedy.Strategy = sample.StrategyGreedy
+	mine := all
+	if samp.Strategy != sample.StrategyGreedy {
+		mine = nil
+		for lo := 0; lo < len(prompts); lo += batch {
+			res, err := g.Generate(ctx, prompts[lo:min(lo+batch, len(prompts))], greedy, nil)
+			if err != nil {
+				return err
+			}
+			mine = append(mine, res.Tokens...)
+		}
+	}
+	vw, _, closeV, err := openWeights(backend, fn, o, sp)
+	if err != nil {
+		return err
+	}
+	defer closeV()
+	eq := true
+	// GoMLX's generator takes prompts of one length: one batch per length.
+	byLen := map[int][]int{}
+	for i, p := range prompts {
+		byLen[len(p)] = append(byLen[len(p)], i)
+	}
+	for _, idx := range byLen {
+		ps := make([][]int32, len(idx))
+		for j, i := range idx {
+			ps[j] = prompts[i]
+		}
+		ref, err := generate.InMemory(ctx, backend, fn, vw, ps, greedy)
+		if err != nil {
+			return err
+		}
+		for j, i := range idx {
+			if !slices.Equal(ref[j], mine[i]) {
+				eq = false
+				fmt.Fprintf(stdout, "prompt %d: through zinf %v, in memory %v\n", i, mine[i], ref[j])
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "greedy tokens equal in-memory generation: %v\n", eq)
+	if !eq {
+		return errors.New("greedy tokens differ from in-memory generation")
+	}
+	return nil
+}
+
+func readPrompts(o options) ([][]int32, error) {
+	texts := slices.Clone(o.prompts)
+	if o.promptsFile != "" {
+		f, err := os.Open(o.promptsFile)
+		if err != nil {
+			return nil, fmt.Errorf("--prompts-file: %w", err)
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if l := sc.Text(); strings.TrimSpace(l) != "" {
+				texts = append(texts, l)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("--prompts-file %s: %w", o.promptsFile, err)
+		}
+	}
+	if len(texts) == 0 {
+		return nil, errors.New("no prompt: give --prompt or --prompts-file")
+	}
+	var out [][]int32
+	for i, t := range texts {
+		if t == "" {
+			return nil, fmt.Errorf("prompt %d is empty", i)
+		}
+		p := make([]int32, len(t))
+		for j := range len(t) {
+			p[j] = int32(t[j])
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func detok(ts []int32) string {
+	var sb strings.Builder
+	for _, t := range ts {
+		if t >= 0 && t < 256 {
+			sb.WriteByte(byte(t))
+		} else {
+			fmt.Fprintf(&sb, "<%d>", t)
+		}
+	}
+	return sb.String()
+}
+
+func ids(flagName, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%s: %q is not a token id (allowed: integers >= 0)", flagName, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func sampling(o options) (generate.Sampling, error) {
+	st, err := sample.StrategyString(o.strategy)
+	if err != nil || st == sample.StrategyBeamSearch {
+		return generate.Sampling{}, fmt.Errorf("--strategy %q (allowed: greedy, temperature, top_k, top_p)", o.strategy)
+	}
+	eos, err := ids("--eos", o.eos)
+	if err != nil {
+		return generate.Sampling{}, err
+	}
+	stop, err := ids("--stop", o.stop)
+	if err != nil {
+		return generate.Sampling{}, err
+	}
+	var errs []error
+	if o.temperature <= 0 {
+		errs = append(errs, fmt.Errorf("--temperature %g (allowed: > 0)", o.temperature))
+	}
+	if o.topK <= 0 {
+		errs = append(errs, fmt.Errorf("--top-k %d (allowed: > 0)", o.topK))
+	}
+	if o.topP <= 0 || o.topP > 1 {
+		errs = append(errs, fmt.Errorf("--top-p %g (allowed: 0 < p <= 1)", o.topP))
+	}
+	if o.maxNew <= 0 || o.maxNew > 1<<16 {
+		errs = append(errs, fmt.Errorf("--max-new-tokens %d (allowed: 1..65536)", o.maxNew))
+	}
+	return generate.Sampling{Strategy: st, Temperature: o.temperature, TopK: o.topK, TopP: o.topP, Seed: o.seed, MaxNewTokens: o.maxNew, EOS: eos, Stop: stop}, errors.Join(errs...)
+}
+
+func loadConfig(o options) (*config.Config, func(), error) {
+	var cfg *config.Config
+	if o.cfgPath != "" {
+		c, err := config.Load(o.cfgPath)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--config: %w", err)
+		}
+		cfg = c
+	} else {
+		cfg = config.Default()
+		cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0 // stream every weight every pass
+	}
+	cleanup := func() {}
+	if len(cfg.NVMePaths()) == 0 || cfg.ZeroOptimization.OffloadParam.NVMePath == "" && len(cfg.Zinf.NVMePaths) == 0 {
+		dir := o.dir
+		if dir == "" {
+			d, err := os.MkdirTemp("", "zinf-generate-")
+			if err != nil {
+				return nil, nil, err
+			}
+			dir = d
+			cleanup = func() { os.RemoveAll(d) }
+		}
+		cfg.SetScratchDir(dir)
+	}
+	if o.pool > 0 {
+		cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pool)
+	}
+	if err := cfg.Validate(); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return cfg, cleanup, nil
+}
+
+// openWeights opens the weights the flags name, or initializes a fresh
+// model in memory.
+func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spec) (generate.Weights, string, func(), error) {
+	switch {
+	case o.checkpoint != "":
+		w, err := generate.CheckpointWeights(o.checkpoint)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return w, "weights from the zinf checkpoint " + w.Dir, func() { w.Close() }, nil
+	case o.safetensors != "":
+		if sp.Arch != "gemma" {
+			return nil, "", nil, errors.New("--safetensors reads Hugging Face's layout: give --model arch=gemma,...")
+		}
+		w, err := generate.SafetensorsWeights(generate.HFNames, strings.Split(o.safetensors, ",")...)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return w, "weights from " + o.safetensors, func() {}, nil
+	}
+	store, err := generate.InitStore(backend, fn, o.seed)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return generate.StoreWeights(store), fmt.Sprintf("a fresh model (no checkpoint; initialized from seed %d)", o.seed), func() { store.Finalize() }, nil
+}
