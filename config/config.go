@@ -293,6 +293,10 @@ type Zinf struct {
 	// KVCache is "kv_cache": where a generation's attention key/value
 	// cache lives (see zinf.Runtime.OpenKVCache).
 	KVCache KVCache
+	// Activations is "activations": where the activations a loop hands to
+	// zinf between a layer's forward and its backward live (see
+	// zinf.Runtime.OpenActivations).
+	Activations Activations
 }
 
 // KVCacheDevice is "zinf.kv_cache.device": the tier of a generation's KV
@@ -316,6 +320,41 @@ const (
 	// layers: in use, read ahead, written behind).
 	KVCacheNVMe KVCacheDevice = "nvme"
 )
+
+// ActivationsDevice is "zinf.activations.device": the tier of the
+// activations (or checkpointed layer inputs) a step keeps between a
+// layer's forward and its backward.
+type ActivationsDevice string
+
+// The activation tiers.
+const (
+	// ActivationsAuto keeps activations in memory while they fit
+	// zinf.activations.memory_bytes (0: always), then in pinned memory
+	// while they fit zinf.activations.cpu_bytes, then on NVMe.
+	ActivationsAuto ActivationsDevice = "auto"
+	// ActivationsMemory keeps them in ordinary (Go heap) memory.
+	ActivationsMemory ActivationsDevice = "memory"
+	// ActivationsCPU keeps them in pinned host memory of their own, at
+	// most zinf.activations.cpu_bytes (DeepSpeed's
+	// activation_checkpointing.cpu_checkpointing).
+	ActivationsCPU ActivationsDevice = "cpu"
+	// ActivationsNVMe writes them behind to swap files and reads them back
+	// ahead of the backward pass that needs them.
+	ActivationsNVMe ActivationsDevice = "nvme"
+)
+
+// Activations is "zinf.activations".
+type Activations struct {
+	// Device is "device". Default auto.
+	Device ActivationsDevice
+	// MemoryBytes is "memory_bytes": the activations kept in memory under
+	// auto. Default 0: no limit.
+	MemoryBytes Size
+	// CPUBytes is "cpu_bytes": the pinned memory activations may take on
+	// the cpu tier (and under auto), and the staging buffers of the nvme
+	// tier come from it too. Default 0: 64 MiB.
+	CPUBytes Size
+}
 
 // KVCache is "zinf.kv_cache".
 type KVCache struct {
@@ -479,6 +518,7 @@ func defaults() *Config {
 			Schedule:      ScheduleAuto,
 			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
 			KVCache:       KVCache{Device: KVCacheAuto},
+			Activations:   Activations{Device: ActivationsAuto},
 
 			PinnedStallTimeout:   DefaultPinnedStallTimeout,
 			CommStallTimeout:     DefaultCommStallTimeout,

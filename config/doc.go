@@ -206,6 +206,12 @@
 //	                                                         cache in memory (0 = no limit); cpu, the pinned cache;
 //	                                                         nvme, its pinned staging (three layers). 0 = what it
 //	                                                         needs; a budget below the need is refused at plan time
+//	zinf.activations.device      word      "auto"            auto | memory | cpu | nvme: where activations handed to
+//	                                                         Runtime.OpenActivations live between a layer's forward
+//	                                                         and its backward; auto = memory within memory_bytes,
+//	                                                         then pinned within cpu_bytes, then nvme
+//	zinf.activations.memory_bytes size     0                 activations kept in memory under auto (0: no limit)
+//	zinf.activations.cpu_bytes   size      0                 pinned memory of the activation tier (0: 64 MiB)
 //	zinf.pinned_stall_timeout    duration  "2m"              how long a wait for pinned memory may see no release in
 //	                                                         its region before it fails naming what the pool holds,
 //	                                                         1s..24h (a wait that can never be served fails at once)

@@ -174,6 +174,12 @@ type wireZinf struct {
 		Device KVCacheDevice `json:"device"`
 		Bytes  Size          `json:"bytes"`
 	} `json:"kv_cache"`
+	// Activations is written only when set, so files stay as they were.
+	Activations *struct {
+		Device      ActivationsDevice `json:"device,omitempty"`
+		MemoryBytes Size              `json:"memory_bytes,omitempty"`
+		CPUBytes    Size              `json:"cpu_bytes,omitempty"`
+	} `json:"activations,omitempty"`
 	// The timeouts are written only when not the default.
 	PinnedStallTimeout   *Duration `json:"pinned_stall_timeout,omitempty"`
 	CommStallTimeout     *Duration `json:"comm_stall_timeout,omitempty"`
@@ -253,6 +259,13 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.NVMeTBW = zi.NVMeTBW
 	w.Zinf.KVCache.Device = zi.KVCache.Device
 	w.Zinf.KVCache.Bytes = zi.KVCache.Bytes
+	if a := zi.Activations; a != (Activations{}) && a != (Activations{Device: ActivationsAuto}) {
+		w.Zinf.Activations = &struct {
+			Device      ActivationsDevice `json:"device,omitempty"`
+			MemoryBytes Size              `json:"memory_bytes,omitempty"`
+			CPUBytes    Size              `json:"cpu_bytes,omitempty"`
+		}{a.Device, a.MemoryBytes, a.CPUBytes}
+	}
 	for _, d := range []struct {
 		v, def Duration
 		p      **Duration

@@ -155,6 +155,9 @@ func (c *Config) Validate() error {
 	k.limit("zinf.nvme_tbw", int64(zi.NVMeTBW))
 	k.enum("zinf.kv_cache.device", string(zi.KVCache.Device))
 	k.limit("zinf.kv_cache.bytes", int64(zi.KVCache.Bytes))
+	k.enum("zinf.activations.device", string(zi.Activations.Device))
+	k.limit("zinf.activations.memory_bytes", int64(zi.Activations.MemoryBytes))
+	k.limit("zinf.activations.cpu_bytes", int64(zi.Activations.CPUBytes))
 	k.durationLimit("zinf.pinned_stall_timeout", zi.PinnedStallTimeout)
 	k.durationLimit("zinf.comm_stall_timeout", zi.CommStallTimeout)
 	k.durationLimit("zinf.comm_heartbeat_timeout", zi.CommHeartbeatTimeout)
@@ -202,6 +205,8 @@ var intLimits = map[string][2]int64{
 	"zinf.bandwidth.probe_bytes":         {1 << 20, 1 << 30},
 	"zinf.nvme_tbw":                      {0, math.MaxInt64},
 	"zinf.kv_cache.bytes":                {0, math.MaxInt64},
+	"zinf.activations.memory_bytes":      {0, math.MaxInt64},
+	"zinf.activations.cpu_bytes":         {0, math.MaxInt64},
 }
 
 // enumValues holds the words each string key allows.
@@ -216,6 +221,7 @@ var enumValues = map[string][]string{
 	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
 	"zinf.schedule":                {string(ScheduleAuto), string(ScheduleLayerMajor), string(ScheduleMicroBatchMajor)},
 	"zinf.kv_cache.device":         {string(KVCacheAuto), string(KVCacheMemory), string(KVCacheCPU), string(KVCacheNVMe)},
+	"zinf.activations.device":      {string(ActivationsAuto), string(ActivationsMemory), string(ActivationsCPU), string(ActivationsNVMe)},
 	"scheduler.type":               schedulerTypes,
 	"scheduler.params.warmup_type": {WarmupLog, WarmupLinear},
 }
