@@ -3,12 +3,15 @@ package zinf_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // TestPinnedStallTimeoutSet: zinf.pinned_stall_timeout, and
@@ -49,4 +52,54 @@ func TestPinnedStallTimeoutSet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBeginLayerStallNamesBegunLayers: a loop that begins layers without
+// ending them, at the minimum pool, waits for parameter memory its own
+// layers hold; the stall error (after zinf.pinned_stall_timeout, here
+// 1 s) names the layers begun and not ended.
+func TestBeginLayerStallNamesBegunLayers(t *testing.T) {
+	cfg, _ := testConfig(t)
+	cfg.Zinf.PinnedStallTimeout = config.Duration(time.Second)
+	var layers [][]tensor.Desc
+	for l := range 4 {
+		layers = append(layers, []tensor.Desc{{Name: fmt.Sprintf("l%d", l), Shape: []int{64 << 10}}})
+	}
+	m := zinf.LayeredModel(layers...)
+	plan, err := zinf.PlanModel(t.Context(), cfg, m, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(plan.Reservations.MinPoolBytes)
+	rt, err := zinf.Open(cfg, m, zinf.Options{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for l := range 4 {
+		if err := rt.Init(ctx, fmt.Sprintf("l%d", l), make([]float32, 64<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt.Forward()
+	for l := range 4 {
+		err := rt.BeginLayer(ctx, l)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, buffers.ErrStalled) || l < 1 {
+			t.Fatalf("begin layer %d: %v, want ErrStalled", l, err)
+		}
+		want := "layer 0 is begun and not ended"
+		if l > 1 {
+			want = "layers 0, 1 are begun and not ended"
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("begin layer %d: %q does not say %q", l, err, want)
+		}
+		return
+	}
+	t.Fatal("every layer began without an EndLayer: the pool is larger than its minimum")
 }

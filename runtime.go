@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -158,8 +160,9 @@ type Runtime struct {
 	tiers     map[string]tensor.Tier // each tensor's planned tier
 	pieces    pieces                 // how big tensors move
 	sched     *policy.Scheduler
-	overlap   bool       // StepTensor starts updates during backward
-	held      *heldLayer // the layer-major visit holding gradients (loop goroutine)
+	overlap   bool         // StepTensor starts updates during backward
+	held      *heldLayer   // the layer-major visit holding gradients (loop goroutine)
+	begun     map[int]bool // layers begun and not ended, without GatherLayers (loop goroutine)
 	inference bool
 	trace     tracer
 
@@ -599,9 +602,42 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 	r.mu.Unlock()
 	r.trace.layerBegun(l, t0, err)
 	if err != nil {
+		if errors.Is(err, buffers.ErrStalled) {
+			if held := r.begunExcept(l); held != "" {
+				// The likeliest cause: the loop holds them itself.
+				return fmt.Errorf("zinf: begin layer %d: %w (%s begun and not ended: their parameters stay in pinned memory until EndLayer)", l, err, held)
+			}
+		}
 		return fmt.Errorf("zinf: begin layer %d: %w", l, err)
 	}
+	if r.begun == nil {
+		r.begun = map[int]bool{}
+	}
+	r.begun[l] = true
 	return nil
+}
+
+// begunExcept names the layers begun and not ended, but l ("layers 0,
+// 1"), or "" when there are none.
+func (r *Runtime) begunExcept(l int) string {
+	var ls []int
+	for b := range r.begun {
+		if b != l {
+			ls = append(ls, b)
+		}
+	}
+	if len(ls) == 0 {
+		return ""
+	}
+	slices.Sort(ls)
+	s := make([]string, len(ls))
+	for i, b := range ls {
+		s[i] = strconv.Itoa(b)
+	}
+	if len(ls) == 1 {
+		return "layer " + s[0] + " is"
+	}
+	return "layers " + strings.Join(s, ", ") + " are"
 }
 
 // EndLayer releases layer l's parameters (no write-back: parameters are
@@ -612,6 +648,7 @@ func (r *Runtime) EndLayer(l int) {
 	}
 	r.trace.layerEnded(l)
 	r.endHeld(l)
+	delete(r.begun, l)
 	if r.gatherOn {
 		r.endGathered(l)
 		return
