@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate
 
 all: build
 
@@ -116,6 +116,13 @@ demo-generate:
 	  --prompt "And the earth was without form, and void;" \
 	  --prompt "And God said, Let there be light:" \
 	  --prompt "And God saw the light, that it was good:" --verify
+
+# Decoding tokens/s by batch and pinned pool, interleaved rounds, against
+# zinf.PlanGeneration's prediction (scripts/bench-generate.sh; BENCH_GEN_*
+# variables; not part of make test).
+bench-generate:
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
+	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate.sh
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
 # (separate processes, alternating; see BENCHMARKS.md), without and with
