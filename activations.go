@@ -90,6 +90,9 @@ type actEntry struct {
 // maxEntryBytes is the largest entry the loop will Save (it sizes the
 // nvme tier's staging). Close it before the runtime.
 func (r *Runtime) OpenActivations(maxEntryBytes int64) (a *Activations, err error) {
+	if err := r.closedErr("open activations", nil); err != nil {
+		return nil, err
+	}
 	ac := r.Config.Zinf.Activations
 	if maxEntryBytes <= 0 || maxEntryBytes > 1<<40 {
 		return nil, fmt.Errorf("zinf: activations: largest entry %d bytes (allowed: 1 byte to 1 TiB)", maxEntryBytes)
