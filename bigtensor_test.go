@@ -3,12 +3,17 @@ package zinf_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -90,4 +95,59 @@ func TestBigEmbeddingTrainsInPieces(t *testing.T) {
 	tr.run(ctx)
 	m := rt.Metrics()
 	t.Logf("pinned peak %d of %d bytes (%.2fx the embedding)", m.PinnedPeakBytes, m.PinnedBytes, float64(m.PinnedPeakBytes)/float64(embBytes))
+}
+
+// TestPiecesUnderFaults: tensors moved in pieces (1 MiB: the embedding's
+// parameter is streamed in 3 pieces, its gradient kept in 3 and the
+// matrix's in 2) train bit for bit as in memory while ENOSPC and EIO are
+// injected into writes — Init, gradient write-behinds (a gradient in
+// pieces may fail after some pieces were added: its retry must not add
+// them twice), steps — and every failed call is retried, over random call
+// orders, at world 1 and 2.
+func TestPiecesUnderFaults(t *testing.T) {
+	model := zinf.LayeredModel(
+		[]tensor.Desc{{Name: "emb", Shape: []int{10_007, 64}}},
+		[]tensor.Desc{{Name: "w", Shape: []int{512, 700}}, {Name: "b", Shape: []int{700}}},
+	)
+	for _, world := range []int{1, 2} {
+		for _, seed := range testenv.Seeds(t, 2, 6) {
+			t.Run(fmt.Sprintf("world %d seed %d", world, seed), func(t *testing.T) {
+				t.Logf("reproduce with ZINF_TEST_SEED=%d", seed)
+				rng := rand.New(rand.NewPCG(seed, uint64(world)))
+				cfg, _ := testConfig(t)
+				cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+				cfg.ZeroOptimization.SubGroupSize = 1 << 15
+				cfg.GradientAccumulationSteps = 3
+				ctx, watch := watchdog(t, 3*time.Minute)
+				comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var rts []*zinf.Runtime
+				var injs []*faults.Injector
+				for r := range world {
+					inj := faults.New(seed ^ uint64(r+1)*0x9e37)
+					rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Rank: r, WorldSize: world, Comm: comms[r],
+						Faults: inj, PieceBytes: 1 << 20, SerialStep: rng.IntN(2) == 0})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer rt.Close()
+					watch(rt)
+					if !rt.Params.Streamed("emb") {
+						t.Fatal("emb is not streamed in 1 MiB pieces")
+					}
+					rts = append(rts, rt)
+					injs = append(injs, inj)
+				}
+				tr := &trainRun{t: t, rng: rng, model: model, cfg: cfg, rts: rts, comms: comms, injs: injs, micro: 3, steps: 3, faultRate: 0.3, orders: true}
+				tr.run(ctx)
+				var hits int
+				for _, inj := range injs {
+					hits += inj.Hits()
+				}
+				t.Logf("injected faults: %d, retries: %d", hits, tr.retries.Load())
+			})
+		}
+	}
 }

@@ -17,9 +17,9 @@ import (
 
 // rangesModel: an embedding-shaped tensor, a matrix and a bias, so rows
 // and ranges meet partitions at odd places.
-func rangesModel() zinf.Model {
+func rangesModel(rows int) zinf.Model {
 	return zinf.LayeredModel(
-		[]tensor.Desc{{Name: "emb", Shape: []int{997, 24}}},
+		[]tensor.Desc{{Name: "emb", Shape: []int{rows, 24}}},
 		[]tensor.Desc{{Name: "w", Shape: []int{61, 37}}, {Name: "b", Shape: []int{37}}},
 	)
 }
@@ -34,7 +34,7 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 			ctx, watch := watchdog(t, 2*time.Minute)
 			cfg, _ := testConfig(t)
 			cfg.BF16, cfg.FP16 = stored == tensor.BFloat16, stored == tensor.Float16
-			model := rangesModel()
+			model := rangesModel(997)
 			rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
@@ -108,8 +108,10 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 }
 
 // TestAccumulateGradRangesBitIdentical trains the same model twice per
-// case, with the same gradients: once handed over whole (AccumulateGrad),
-// once in pieces — rows of the embedding (only the rows a batch uses,
+// case, with the same gradients: once handed over whole (AccumulateGrad)
+// to runtimes that move every tensor whole, once in pieces to runtimes
+// whose embedding moves in 1 MiB pieces (parameter streamed, gradient
+// kept in pieces) — rows of the embedding (only the rows a batch uses,
 // with zero rows left out), ranges of random lengths, at world 2 each rank
 // only its partition — over micro-steps, with gradient clipping (the
 // norm of the pieces' sums) and -0 gradient elements. Parameters, fp32
@@ -118,8 +120,10 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 	for _, world := range []int{1, 2} {
 		t.Run(fmt.Sprintf("world %d", world), func(t *testing.T) {
 			ctx, watch := watchdog(t, 3*time.Minute)
-			model := rangesModel()
-			open := func() []*zinf.Runtime {
+			// 12007 x 24 fp32 per rank is 1.15 MB: in 1 MiB pieces, the pieces
+			// parameter is streamed and its gradient kept in two pieces.
+			model := rangesModel(12_007 * world)
+			open := func(pieceBytes int64) []*zinf.Runtime {
 				comms, err := comm.NewLocal(world, comm.LocalOptions{StallTimeout: time.Minute})
 				if err != nil {
 					t.Fatal(err)
@@ -131,7 +135,7 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 					cfg.GradientAccumulationSteps = 3
 					cfg.ZeroOptimization.SubGroupSize = 4096
 					cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(16 << 20)
-					rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Rank: rank, WorldSize: world, Comm: comms[rank]})
+					rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Rank: rank, WorldSize: world, Comm: comms[rank], PieceBytes: pieceBytes})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -141,7 +145,10 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 				}
 				return rts
 			}
-			whole, pieces := open(), open()
+			whole, pieces := open(-1), open(1<<20)
+			if !pieces[0].Params.Streamed("emb") || whole[0].Params.Streamed("emb") {
+				t.Fatal("the pieces' embedding is not streamed, or the whole one is")
+			}
 			rng := rand.New(rand.NewPCG(11, uint64(world)))
 			init := map[string][]float32{}
 			for _, d := range model.Tensors {

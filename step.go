@@ -271,7 +271,7 @@ func (r *Runtime) check(ctx context.Context, local error) (*stepCheck, error) {
 	var sum float64
 	if local == nil {
 		for _, d := range r.model.descs {
-			s, err := r.Grads.SumSquares(d.Name)
+			s, err := r.Grads.SumSquaresContext(ctx, d.Name)
 			if err != nil {
 				local = err
 				break

@@ -54,9 +54,9 @@ type Options struct {
 	// AccumulateSpans read, add and write one piece at a time, so a
 	// gradient's pinned need is one piece, not the partition. ReadRange
 	// ranges must then lie within one piece (the optimizer's sub-groups
-	// do when PieceElems is a multiple of the sub-group size), and
-	// SumSquares adds the pieces' sums in order (each piece's in index
-	// order). Default 0: every gradient is one piece.
+	// do when PieceElems is a multiple of the sub-group size); SumSquares
+	// is still the whole gradient's, in index order. Default 0: every
+	// gradient is one piece.
 	PieceElems int
 }
 
@@ -125,6 +125,10 @@ type tensor struct {
 	pieces []*tensor
 	lo     int
 	resume int
+	// sumOK: sumSq is the sum of the pieces' squares (the last
+	// accumulation went through every piece in order, or SumSquares
+	// summed them since).
+	sumOK bool
 }
 
 // write is one write-behind; done is closed when it finished (its
@@ -204,6 +208,7 @@ func (s *Swapper) Register(name string, numel int) error {
 			n := min(s.opts.PieceElems, numel-lo)
 			t.pieces = append(t.pieces, &tensor{name: name, key: fmt.Sprintf("%s#%d", t.key, k), n: n, bytes: 4 * n, lo: lo, op: make(chan struct{}, 1)})
 		}
+		t.sumOK = true // of nothing yet
 		s.tensors[name] = t
 		return nil
 	}
@@ -531,7 +536,7 @@ func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad []float
 	if t.pieces != nil {
 		return s.accumulatePieces(ctx, t, nil, grad, hold)
 	}
-	return s.accumulate(ctx, t, nil, grad, hold)
+	return s.accumulate(ctx, t, nil, grad, hold, 0)
 }
 
 // accumulatePieces is accumulate for a gradient kept in pieces: each
@@ -580,22 +585,82 @@ func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span,
 			}
 		}
 	}
+	// A whole gradient goes through every piece in order, so the sum of
+	// squares runs on from piece to piece: the whole's, exactly. Spans
+	// leave the pieces they miss as they were: SumSquares then sums the
+	// pieces again.
+	full := spans == nil
 	s.mu.Lock()
 	start := min(t.resume, len(jobs))
+	var prefix float64
+	if full && start > 0 {
+		prefix = jobs[start-1].p.sumSq
+	}
+	t.sumOK = false
 	s.mu.Unlock()
 	for i := start; i < len(jobs); i++ {
 		j := jobs[i]
-		if err := s.accumulate(ctx, j.p, j.spans, j.vals, hold); err != nil {
+		from := 0.0
+		if full {
+			from = prefix
+		}
+		if err := s.accumulate(ctx, j.p, j.spans, j.vals, hold, from); err != nil {
 			s.mu.Lock()
 			t.resume = i
 			s.mu.Unlock()
 			return err
 		}
+		s.mu.Lock()
+		prefix = j.p.sumSq
+		s.mu.Unlock()
 	}
 	s.mu.Lock()
 	t.resume = 0
+	t.sumSq, t.sumOK = prefix, full
 	s.mu.Unlock()
 	return nil
+}
+
+// pieceSumSquares sums the squares of a gradient kept in pieces over its
+// pieces in order, as of their last accumulation, reading from the store
+// those not in pinned memory: the sum of the whole, addition by addition.
+func (s *Swapper) pieceSumSquares(ctx context.Context, t *tensor) (float64, error) {
+	var sum float64
+	for _, p := range t.pieces {
+		if err := p.lock(ctx); err != nil {
+			return 0, err
+		}
+		err := func() error {
+			defer p.unlock()
+			if err := s.settle(ctx, p); err != nil {
+				return err
+			}
+			s.mu.Lock()
+			buf, has := p.buf, p.has
+			s.mu.Unlock()
+			switch {
+			case !has:
+				return nil // zeros add nothing
+			case buf != nil:
+				sum = sumSquaresFrom(sum, buf.Float32()[:p.n])
+				return nil
+			}
+			b, err := s.acquire(ctx, p)
+			if err != nil {
+				return err
+			}
+			defer b.Release()
+			if err := s.readStore(ctx, p, b); err != nil {
+				return err
+			}
+			sum = sumSquaresFrom(sum, b.Float32()[:p.n])
+			return nil
+		}()
+		if err != nil {
+			return 0, err
+		}
+	}
+	return sum, nil
 }
 
 // Span is a range [Lo, Hi) of elements of a partition.
@@ -633,13 +698,13 @@ func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span
 	if t.pieces != nil {
 		return s.accumulatePieces(ctx, t, spans, g, false)
 	}
-	return s.accumulate(ctx, t, spans, g, false)
+	return s.accumulate(ctx, t, spans, g, false, 0)
 }
 
 // accumulate adds g to t's sum: the whole partition (spans nil), or the
 // spans with g back to back; hold keeps the sum in pinned memory
 // (AccumulateHold) instead of writing it behind.
-func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32, hold bool) error {
+func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32, hold bool, sumFrom float64) error {
 	if t.n == 0 {
 		return nil
 	}
@@ -669,7 +734,7 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 	if !has && spans != nil {
 		clear(acc) // the sum starts at +0
 	}
-	var sumSq float64
+	sumSq := sumFrom // a piece's sum goes on from the pieces before it
 	switch {
 	case spans != nil:
 		at := 0
@@ -678,14 +743,14 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 			at += sp.Hi - sp.Lo
 		}
 		if s.opts.SumSquares {
-			sumSq = sumSquares(acc)
+			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
 	case !has:
 		for i, g := range grad {
 			acc[i] = g + 0 // +0 + g: a -0 becomes +0, as adding to the zeroed sum would
 		}
 		if s.opts.SumSquares {
-			sumSq = sumSquares(acc)
+			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
 	case s.opts.SumSquares:
 		for i, g := range grad {
@@ -1104,6 +1169,7 @@ func (s *Swapper) Zero() {
 	ts := s.leavesLocked()
 	for _, t := range s.tensors {
 		t.resume = 0
+		t.sumSq, t.sumOK = 0, true
 	}
 	s.mu.Unlock()
 	defer s.wg.Done()
@@ -1132,8 +1198,11 @@ func (s *Swapper) Zero() {
 // sumSquares is Σ float64(v[i])² in index order, each addition rounded
 // to float64 once (the conversion keeps the compiler from fusing it with
 // the multiplication); each square is exact.
-func sumSquares(v []float32) float64 {
-	var s float64
+func sumSquares(v []float32) float64 { return sumSquaresFrom(0, v) }
+
+// sumSquaresFrom is sumSquares going on from s: the sum over pieces in
+// order is the sum over the whole, addition by addition.
+func sumSquaresFrom(s float64, v []float32) float64 {
 	for _, x := range v {
 		d := float64(x)
 		s += float64(d * d)
@@ -1151,31 +1220,45 @@ func sumSquares(v []float32) float64 {
 // Call it once the gradient is final (after Flush, say): it does not wait
 // for an Accumulate in progress.
 func (s *Swapper) SumSquares(name string) (float64, error) {
+	return s.SumSquaresContext(context.Background(), name)
+}
+
+// SumSquaresContext is SumSquares with a context. For a gradient kept in
+// pieces (Options.PieceElems) the sum is the whole gradient's too, in
+// index order: kept as the pieces are accumulated when an accumulation
+// went through all of them, else (AccumulateSpans missed some) summed
+// again over the pieces, reading those on the store — which is what ctx
+// bounds.
+func (s *Swapper) SumSquaresContext(ctx context.Context, name string) (float64, error) {
 	if !s.opts.SumSquares {
 		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: errors.New("grad: Options.SumSquares is off")}
 	}
+	t, ctx, end, err := s.begin(ctx, "sum-squares", name)
+	if err != nil {
+		return 0, err
+	}
+	defer end()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: ErrClosed}
-	}
-	t, ok := s.tensors[name]
-	if !ok {
-		return 0, &swapper.TensorError{Op: "sum-squares", Tensor: name, Err: ErrUnknown}
-	}
-	if t.pieces != nil {
-		var sum float64
-		for _, p := range t.pieces {
-			if p.has {
-				sum += p.sumSq
-			}
+	if t.pieces == nil {
+		defer s.mu.Unlock()
+		if !t.has {
+			return 0, nil
 		}
-		return sum, nil
+		return t.sumSq, nil
 	}
-	if !t.has {
-		return 0, nil
+	if t.sumOK {
+		defer s.mu.Unlock()
+		return t.sumSq, nil
 	}
-	return t.sumSq, nil
+	s.mu.Unlock()
+	sum, err := s.pieceSumSquares(ctx, t)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	t.sumSq, t.sumOK = sum, true
+	s.mu.Unlock()
+	return sum, nil
 }
 
 // Stats returns the counters and gauges.

@@ -16,7 +16,8 @@ import (
 // gradient kept whole, in a pool that holds one piece and not the
 // gradient (PinnedNeedBytes says so); ranges within a piece read what
 // the whole one reads; a range across two pieces is refused; SumSquares
-// adds the pieces' sums in order.
+// is the whole gradient's, bit for bit, after spans and after a whole
+// accumulation.
 func TestPieces(t *testing.T) {
 	ctx := context.Background()
 	const n, pe = 10_000, 2048
@@ -90,17 +91,23 @@ func TestPieces(t *testing.T) {
 			t.Fatalf("element %d: %v whole, %v in pieces", i, a[i], b[i])
 		}
 	}
-	var want float64
-	for k := 0; k < n; k += pe {
-		var s float64
-		for _, x := range a[k:min(k+pe, n)] {
-			d := float64(x)
-			s += float64(d * d)
-		}
-		want += s
-	}
+	want, _ := ref.SumSquares("w")
 	if got, _ := pc.SumSquares("w"); got != want {
-		t.Fatalf("SumSquares %v, want the pieces' sums in order %v", got, want)
+		t.Fatalf("SumSquares %v in pieces, %v whole (the last accumulation missed pieces: summed again)", got, want)
+	}
+	// A whole gradient added last: the sum runs on through the pieces.
+	g := randGrad(rng, n)
+	for _, s := range []*grad.Swapper{ref, pc} {
+		if err := s.Accumulate(ctx, "w", g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _ = ref.SumSquares("w")
+	if got, _ := pc.SumSquares("w"); got != want {
+		t.Fatalf("after a whole accumulation: SumSquares %v in pieces, %v whole", got, want)
+	}
+	if err := ref.Read(ctx, "w", a); err != nil {
+		t.Fatal(err)
 	}
 	lo, hi := 2*pe+5, 3*pe
 	buf, err := pool.Acquire(ctx, pc.RangeBufferBytes(lo, hi), buffers.PurposeGradients)
