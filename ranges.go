@@ -249,3 +249,10 @@ func (r *Runtime) Flush(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Streamed reports whether this rank's partition of a parameter moves in
+// pieces (see Options.PieceBytes): it is never swapped in whole, so
+// BeginLayer does not wait for it, and reading only the rows or the range
+// a step needs (ReadParamRows, ReadParamRange) reads only those pieces
+// from NVMe. False for an unknown name.
+func (r *Runtime) Streamed(name string) bool { return r.Params.Streamed(name) }
