@@ -103,15 +103,20 @@ demo-gomlx:
 
 # Text from GoMLX's zoo transformer with its weights on NVMe, streamed
 # through a pinned pool smaller than them (contrib/gomlx/cmd/zinf-generate):
-# from a zinf checkpoint (CKPT=dir, with its GEN_MODEL) or a fresh model;
-# prints the text, the predicted and measured tokens/s, and checks the
-# greedy tokens against GoMLX's in-memory generation (the last line).
-CKPT ?=
+# from what make demo-llm saved in DEMO_LLM_DIR (its checkpoint, model.json
+# and cl100k tokenizer) when it is there, else from CKPT (a zinf checkpoint
+# of GEN_MODEL), else from a fresh GEN_MODEL; prints the text, the predicted
+# and measured tokens/s, and checks the greedy tokens against GoMLX's
+# in-memory generation (the last line).
+DEMO_LLM_DIR ?= /var/tmp/zinf-demo-llm
+CKPT ?= $(if $(wildcard $(DEMO_LLM_DIR)/model.json),$(DEMO_LLM_DIR))
 GEN_MODEL ?= vocab=256,dim=256,layers=8,heads=8,kv-heads=4,ffn=1024
-GEN_FLAGS ?= --pool 8MiB --max-new-tokens 32 --batch auto
+GEN_FLAGS ?= --pool 16MiB --max-new-tokens 32 --batch auto
 demo-generate:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate --model $(GEN_MODEL) $(GEN_FLAGS) \
-	  $(if $(CKPT),--checkpoint $(abspath $(CKPT))) --dir $${TMPDIR:-/var/tmp} \
+	cd $(GOMLX_DIR) && ck="$(if $(CKPT),$(abspath $(CKPT)))"; \
+	if [ -n "$$ck" ] && [ -f "$$ck/model.json" ]; then src="--checkpoint $$ck"; \
+	elif [ -n "$$ck" ]; then src="--checkpoint $$ck --model $(GEN_MODEL)"; else src="--model $(GEN_MODEL)"; fi; \
+	CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate $$src $(GEN_FLAGS) --dir $${TMPDIR:-/var/tmp} \
 	  --prompt "In the beginning God created the heaven and the earth." \
 	  --prompt "And the earth was without form, and void;" \
 	  --prompt "And God said, Let there be light:" \

@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/gomlx/compute v0.1.2
 	github.com/gomlx/gomlx v0.28.2
+	github.com/tiktoken-go/tokenizer v0.10.0
 	github.com/zinfio/zinf v0.0.0-00010101000000-000000000000
 )
 
@@ -12,6 +13,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dgraph-io/ristretto/v2 v2.4.2 // indirect
+	github.com/dlclark/regexp2/v2 v2.5.1 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect

@@ -428,3 +428,40 @@ func TestPlanBatch(t *testing.T) {
 		t.Fatalf("weight I/O %v for %d bytes at %.0f B/s", p.WeightIO, g.WeightBytes(), p.ReadBps)
 	}
 }
+
+// TestRootScopeModel: a model at the Store's root scope (as make demo-llm
+// builds it: layer norms, biases, GELU, a final RMS norm, MHA) generates
+// what it does in memory.
+func TestRootScopeModel(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := func(root *model.Scope) *transformer.Model {
+		return transformer.New(root).WithVocabSize(97).WithEmbedDim(32).WithNumLayers(2).WithNumHeads(4).WithHeadDim(8).
+			WithFFNDim(128).WithRoPE(10000).WithFinalNormalization("rms")
+	}
+	store, err := generate.InitStore(be, fn, 17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if v := g.Vars()[0]; v.Name != "/token_embed/embeddings" || v.Layer != 0 {
+		t.Fatalf("first variable %+v", v)
+	}
+	ps, s := prompts(2, 5, 97, 2), generate.Sampling{MaxNewTokens: 12}
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, want, slices.Equal) || distinct(want) < 3 {
+		t.Fatalf("through zinf %v, in memory %v", res.Tokens, want)
+	}
+}

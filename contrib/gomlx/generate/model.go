@@ -171,7 +171,7 @@ func discover(backend compute.Backend, store *model.Store, m *transformer.Model)
 	if preEncoded {
 		return nil, errors.New("zinf generate: the model's positional encoder adds position embeddings before the first layer (a pos.PreEncoder), which generation through zinf does not apply; use RoPE (WithRoPE)")
 	}
-	root := m.Scope.Scope()
+	root := strings.TrimSuffix(m.Scope.Scope(), "/") // "" for a model at the Store's root scope
 	last := m.NumLayers + 1
 	for v := range store.IterVariables() {
 		if v.Name() == model.RNGStateVariableName {
@@ -181,7 +181,7 @@ func discover(backend compute.Backend, store *model.Store, m *transformer.Model)
 		vr := Var{Name: p, Shape: v.Shape(), Layer: -1, rel: p}
 		rest, ok := strings.CutPrefix(p, root+"/")
 		if !ok {
-			return nil, fmt.Errorf("zinf generate: variable %q is outside the model's scope %q", p, root)
+			return nil, fmt.Errorf("zinf generate: variable %q is outside the model's scope %q", p, m.Scope.Scope())
 		}
 		first, tail, _ := strings.Cut(rest, "/")
 		switch {

@@ -288,7 +288,14 @@ func (w *STWeights) Read(_ context.Context, v Var, dst []float32) error {
 // lm_head.weight (transposed: the zoo's head is [in, out]). A variable
 // with no counterpart maps to its own path (and Read reports it missing).
 func HFNames(v Var) (string, bool) {
-	_, rest, _ := strings.Cut(strings.TrimPrefix(v.Name, "/"), "/") // drop the model's root scope
+	segs := strings.Split(strings.TrimPrefix(v.Name, "/"), "/")
+	for i, sg := range segs { // drop the model's scope, if any
+		if sg == "token_embed" || sg == "final_norm" || sg == "output" || strings.HasPrefix(sg, "layer_") {
+			segs = segs[i:]
+			break
+		}
+	}
+	rest := strings.Join(segs, "/")
 	switch rest {
 	case "token_embed/embeddings":
 		return "model.embed_tokens.weight", false

@@ -15,6 +15,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +37,8 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
+
+	tiktoken "github.com/tiktoken-go/tokenizer"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
@@ -60,11 +64,14 @@ type Spec struct {
 	Arch                                             string // standard | gemma
 	DType                                            dtypes.DType
 	RoPE                                             float64
-	Scope                                            string
+	Scope                                            string // "" for the Store's root scope
+	Norm, FinalNorm, Act                             string
+	Bias                                             bool
 }
 
 func defaultSpec() Spec {
-	return Spec{Vocab: 256, Dim: 256, Layers: 8, Heads: 8, KVHeads: 4, FFN: 1024, Arch: "standard", DType: dtypes.Float32, RoPE: 10000, Scope: "transformer"}
+	return Spec{Vocab: 256, Dim: 256, Layers: 8, Heads: 8, KVHeads: 4, FFN: 1024, Arch: "standard", DType: dtypes.Float32, RoPE: 10000, Scope: "transformer",
+		Norm: "rms", FinalNorm: "rms", Act: "silu"}
 }
 
 // parseSpec reads "vocab=256,dim=256,layers=8,heads=8,kv-heads=4,head-dim=32,
@@ -125,12 +132,34 @@ func parseSpec(s string) (Spec, error) {
 			}
 			sp.RoPE = f
 		case "scope":
-			if v == "" || strings.ContainsAny(v, "/ ") {
-				errs = append(errs, fmt.Errorf("--model: scope=%q (allowed: a scope name, e.g. transformer)", v))
+			if strings.ContainsAny(v, "/ ") {
+				errs = append(errs, fmt.Errorf("--model: scope=%q (allowed: a scope name, e.g. transformer, or empty for the root)", v))
 			}
 			sp.Scope = v
+		case "norm", "final-norm":
+			if v != "rms" && v != "layer" && v != "none" {
+				errs = append(errs, fmt.Errorf("--model: %s=%q (allowed: rms, layer, none)", k, v))
+			}
+			if k == "norm" {
+				sp.Norm = v
+			} else {
+				sp.FinalNorm = v
+			}
+		case "act":
+			if _, alias := activation.Aliases[v]; !alias {
+				if _, err := activation.TypeString(v); err != nil || v == "" {
+					errs = append(errs, fmt.Errorf("--model: act=%q (allowed: GoMLX activation names: silu, gelu, relu, ...)", v))
+				}
+			}
+			sp.Act = v
+		case "bias":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--model: bias=%q (allowed: true, false)", v))
+			}
+			sp.Bias = b
 		default:
-			errs = append(errs, fmt.Errorf("--model: unknown key %q (allowed: vocab, dim, layers, heads, kv-heads, head-dim, ffn, arch, dtype, rope, scope)", k))
+			errs = append(errs, fmt.Errorf("--model: unknown key %q (allowed: vocab, dim, layers, heads, kv-heads, head-dim, ffn, arch, dtype, rope, scope, norm, final-norm, act, bias)", k))
 		}
 	}
 	if sp.HeadDim == 0 && sp.Heads > 0 {
@@ -145,13 +174,18 @@ func parseSpec(s string) (Spec, error) {
 // Fn builds the model the spec describes.
 func (sp Spec) Fn() generate.ModelFn {
 	return func(root *model.Scope) *transformer.Model {
-		m := transformer.New(root.In("%s", sp.Scope)).WithVocabSize(sp.Vocab).WithEmbedDim(sp.Dim).WithNumLayers(sp.Layers).
-			WithNumHeads(sp.Heads).WithNumKVHeads(sp.KVHeads).WithHeadDim(sp.HeadDim).WithFFNDim(sp.FFN).WithRoPE(sp.RoPE).
-			WithNormalization("rms").WithFinalNormalization("rms").WithBias(false).WithDType(sp.DType).WithMaxPosEmbed(1 << 16)
-		if sp.Arch == "gemma" {
-			return m.WithArchitecture(transformer.ArchitectureGemma).WithTransposedWeights(true).WithActivation(activation.TypeGelu)
+		scope := root
+		if sp.Scope != "" {
+			scope = root.In("%s", sp.Scope)
 		}
-		return m.WithActivation(activation.TypeSilu)
+		m := transformer.New(scope).WithVocabSize(sp.Vocab).WithEmbedDim(sp.Dim).WithNumLayers(sp.Layers).
+			WithNumHeads(sp.Heads).WithNumKVHeads(sp.KVHeads).WithHeadDim(sp.HeadDim).WithFFNDim(sp.FFN).WithRoPE(sp.RoPE).
+			WithNormalization(sp.Norm).WithFinalNormalization(sp.FinalNorm).WithBias(sp.Bias).WithDType(sp.DType).
+			WithActivation(activation.FromName(sp.Act))
+		if sp.Arch == "gemma" {
+			return m.WithArchitecture(transformer.ArchitectureGemma).WithTransposedWeights(true)
+		}
+		return m
 	}
 }
 
@@ -165,6 +199,7 @@ func (sp Spec) String() string {
 
 type options struct {
 	cfgPath, dir, checkpoint, safetensors, modelSpec string
+	modelJSON, tokenizer                             string
 	prompts                                          []string
 	promptsFile                                      string
 	maxNew                                           int
@@ -206,6 +241,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "a zinf checkpoint directory (or a root of step-NNNNNN checkpoints: the newest) holding the model's parameters")
 	fs.StringVar(&o.safetensors, "safetensors", "", "Hugging Face safetensors file(s), comma-separated, in Gemma layout (--model arch=gemma)")
 	fs.StringVar(&o.modelSpec, "model", "", "the model: vocab=N,dim=N,layers=N,heads=N,kv-heads=N,head-dim=N,ffn=N,arch=standard|gemma,dtype=fp32|bf16,rope=F,scope=NAME (default vocab=256,dim=256,layers=8,heads=8,kv-heads=4,ffn=1024)")
+	fs.StringVar(&o.modelJSON, "model-json", "", "the model as make demo-llm describes it (model.json: hyperparameters, tokenizer, checkpoint); default: DIR/model.json of --checkpoint DIR when there")
+	fs.StringVar(&o.tokenizer, "tokenizer", "", "bytes, cl100k_base or o200k_base (default: model.json's, else bytes)")
 	fs.Var(promptsFlag{&o.prompts}, "prompt", "a prompt (repeat for a batch)")
 	fs.StringVar(&o.promptsFile, "prompts-file", "", "a file of prompts, one per line")
 	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate per prompt")
@@ -232,16 +269,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
-	prompts, err := readPrompts(o)
+	if o.modelJSON == "" && o.checkpoint != "" {
+		if _, err := os.Stat(filepath.Join(o.checkpoint, "model.json")); err == nil {
+			o.modelJSON = filepath.Join(o.checkpoint, "model.json")
+		}
+	}
+	if o.modelJSON != "" {
+		if o.modelSpec != "" {
+			return errors.New("--model and --model-json (or a model.json beside --checkpoint): give one")
+		}
+		var tokName, ckpt string
+		if sp, tokName, ckpt, err = loadModelJSON(o.modelJSON); err != nil {
+			return err
+		}
+		if o.tokenizer == "" {
+			o.tokenizer = tokName
+		}
+		if ckpt != "" && (o.checkpoint == "" || filepath.Clean(o.checkpoint) == filepath.Dir(filepath.Clean(o.modelJSON))) {
+			o.checkpoint = ckpt
+		}
+	}
+	tok, err := newTokenizer(o.tokenizer, sp.Vocab)
+	if err != nil {
+		return err
+	}
+	prompts, err := readPrompts(o, tok)
 	if err != nil {
 		return err
 	}
 	samp, err := sampling(o)
 	if err != nil {
 		return err
-	}
-	if sp.Vocab < 256 {
-		return fmt.Errorf("--model: vocab=%d: byte-level text needs at least 256", sp.Vocab)
 	}
 	batch, auto := 0, o.batch == "auto"
 	if !auto {
@@ -310,7 +368,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	wb := g.WeightBytes()
 	pool := g.Runtime().Metrics().PinnedBytes
-	fmt.Fprintf(stdout, "model: %s; %s\n", sp, source)
+	fmt.Fprintf(stdout, "model: %s; tokenizer %s; %s\n", sp, tok.name, source)
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
 		len(g.Vars()), config.Size(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
 	longest := 0
@@ -364,9 +422,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		if err != nil {
 			return err
 		}
-		if lo == 0 {
-			fmt.Fprintf(stdout, "%s\n", res.KVCache)
-		}
 		all = append(all, res.Tokens...)
 		gen += res.Generated()
 		steps += res.Steps
@@ -375,7 +430,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		iowait += res.IOWait
 		read += res.BytesRead
 		for i, t := range res.Tokens {
-			fmt.Fprintf(stdout, "[%d] %q -> %q\n", lo+i, detok(chunk[i]), detok(t))
+			fmt.Fprintf(stdout, "[%d] %q -> %q\n", lo+i, tok.decode(chunk[i]), tok.decode(t))
 		}
 	}
 	tps := 0.0
@@ -440,7 +495,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	return nil
 }
 
-func readPrompts(o options) ([][]int32, error) {
+func readPrompts(o options, tok *tokenizer) ([][]int32, error) {
 	texts := slices.Clone(o.prompts)
 	if o.promptsFile != "" {
 		f, err := os.Open(o.promptsFile)
@@ -467,25 +522,139 @@ func readPrompts(o options) ([][]int32, error) {
 		if t == "" {
 			return nil, fmt.Errorf("prompt %d is empty", i)
 		}
-		p := make([]int32, len(t))
-		for j := range len(t) {
-			p[j] = int32(t[j])
+		p, err := tok.encode(t)
+		if err != nil {
+			return nil, fmt.Errorf("prompt %d: %w", i, err)
+		}
+		if len(p) == 0 {
+			return nil, fmt.Errorf("prompt %d has no tokens", i)
 		}
 		out = append(out, p)
 	}
 	return out, nil
 }
 
-func detok(ts []int32) string {
+// tokenizer turns text into token ids and back: bytes, or a tiktoken BPE.
+type tokenizer struct {
+	name  string
+	codec tiktoken.Codec
+}
+
+func newTokenizer(name string, vocab int) (*tokenizer, error) {
+	switch name {
+	case "", "bytes":
+		if vocab < 256 {
+			return nil, fmt.Errorf("--model: vocab=%d: byte-level text needs at least 256 (or give --tokenizer)", vocab)
+		}
+		return &tokenizer{name: "bytes"}, nil
+	case string(tiktoken.Cl100kBase), string(tiktoken.O200kBase):
+		c, err := tiktoken.Get(tiktoken.Encoding(name))
+		if err != nil {
+			return nil, fmt.Errorf("--tokenizer %s: %w", name, err)
+		}
+		return &tokenizer{name: name, codec: c}, nil
+	}
+	return nil, fmt.Errorf("--tokenizer %q (allowed: bytes, cl100k_base, o200k_base)", name)
+}
+
+func (t *tokenizer) encode(s string) ([]int32, error) {
+	if t.codec == nil {
+		p := make([]int32, len(s))
+		for j := range len(s) {
+			p[j] = int32(s[j])
+		}
+		return p, nil
+	}
+	ids, _, err := t.codec.Encode(s)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out, nil
+}
+
+func (t *tokenizer) decode(ts []int32) string {
+	if t.codec != nil {
+		ids := make([]uint, 0, len(ts))
+		for _, x := range ts {
+			if x >= 0 {
+				ids = append(ids, uint(x))
+			}
+		}
+		if s, err := t.codec.Decode(ids); err == nil {
+			return s
+		}
+	}
 	var sb strings.Builder
-	for _, t := range ts {
-		if t >= 0 && t < 256 {
-			sb.WriteByte(byte(t))
+	for _, x := range ts {
+		if x >= 0 && x < 256 {
+			sb.WriteByte(byte(x))
 		} else {
-			fmt.Fprintf(&sb, "<%d>", t)
+			fmt.Fprintf(&sb, "<%d>", x)
 		}
 	}
 	return sb.String()
+}
+
+// modelJSON is make demo-llm's model.json.
+type modelJSON struct {
+	Scope      string  `json:"scope"`
+	Tokenizer  string  `json:"tokenizer"`
+	Vocab      int     `json:"vocab"`
+	Dim        int     `json:"embed_dim"`
+	Layers     int     `json:"num_layers"`
+	Heads      int     `json:"num_heads"`
+	KVHeads    int     `json:"num_kv_heads"`
+	HeadDim    int     `json:"head_dim"`
+	FFN        int     `json:"ffn_dim"`
+	RoPE       float64 `json:"rope_base_freq"`
+	Norm       string  `json:"normalization"`
+	FinalNorm  string  `json:"final_normalization"`
+	Activation string  `json:"activation"`
+	Bias       *bool   `json:"use_bias"`
+	DType      string  `json:"dtype"`
+	Checkpoint string  `json:"checkpoint"`
+}
+
+// loadModelJSON reads a model.json: the zoo transformer's defaults (layer
+// norms, GELU, biases) where it says nothing.
+func loadModelJSON(path string) (sp Spec, tok, ckpt string, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return sp, "", "", fmt.Errorf("--model-json: %w", err)
+	}
+	if len(b) > 1<<20 {
+		return sp, "", "", fmt.Errorf("--model-json %s: %d bytes (a model description is far smaller)", path, len(b))
+	}
+	var j modelJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return sp, "", "", fmt.Errorf("--model-json %s: %w", path, err)
+	}
+	spec := fmt.Sprintf("vocab=%d,dim=%d,layers=%d,heads=%d,kv-heads=%d,head-dim=%d,ffn=%d,scope=%s,norm=%s,final-norm=%s,act=%s,bias=%t",
+		j.Vocab, j.Dim, j.Layers, j.Heads, j.KVHeads, j.HeadDim, j.FFN, strings.Trim(j.Scope, "/"), or(j.Norm, "layer"), or(j.FinalNorm, "none"), or(j.Activation, "gelu"), j.Bias == nil || *j.Bias)
+	if j.RoPE > 0 {
+		spec += fmt.Sprintf(",rope=%g", j.RoPE)
+	}
+	if j.DType != "" {
+		spec += ",dtype=" + strings.ToLower(j.DType)
+	}
+	if sp, err = parseSpec(spec); err != nil {
+		return sp, "", "", fmt.Errorf("--model-json %s: %w", path, err)
+	}
+	if ckpt = j.Checkpoint; ckpt != "" && !filepath.IsAbs(ckpt) {
+		ckpt = filepath.Join(filepath.Dir(path), ckpt)
+	}
+	return sp, j.Tokenizer, ckpt, nil
+}
+
+func or(s, def string) string {
+	if s == "" || s == "/" {
+		return def
+	}
+	return s
 }
 
 func ids(flagName, s string) ([]int, error) {

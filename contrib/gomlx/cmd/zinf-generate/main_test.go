@@ -3,11 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gomlx/compute"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/contrib/gomlx/generate"
+	"github.com/zinfio/zinf/tensor"
 )
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -67,5 +76,70 @@ func TestBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v (want %q)\n%s", c.args, err, c.want, out)
 		}
+	}
+}
+
+// TestModelJSON: a checkpoint directory as make demo-llm leaves it (a zinf
+// checkpoint of a model at the Store's root scope, and model.json naming
+// its hyperparameters, cl100k tokenizer and checkpoint) generates text,
+// and its greedy tokens equal GoMLX's in-memory generation.
+func TestModelJSON(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	js := `{"model": "zoo transformer", "scope": "/", "tokenizer": "cl100k_base", "vocab": 100277, "embed_dim": 16, "num_layers": 2,
+		"num_heads": 2, "head_dim": 8, "ffn_dim": 64, "rope_base_freq": 10000, "final_normalization": "rms", "dtype": "float32",
+		"seq_len": 32, "checkpoint": "checkpoint", "steps": 100}`
+	if err := os.WriteFile(filepath.Join(dir, "model.json"), []byte(js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sp, tok, ckpt, err := loadModelJSON(filepath.Join(dir, "model.json"))
+	if err != nil || tok != "cl100k_base" || ckpt != filepath.Join(dir, "checkpoint") || sp.Scope != "" || sp.Norm != "layer" || !sp.Bias || sp.Act != "gelu" {
+		t.Fatalf("model.json: %+v %q %q %v", sp, tok, ckpt, err)
+	}
+	be, err := compute.NewWithConfig("go:ops_sequential")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := generate.InitStore(be, sp.Fn(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	var ts []checkpoint.Tensor
+	for v := range store.IterVariables() {
+		if v.Name() == "#rngState" {
+			continue
+		}
+		gv := generate.Var{Name: v.Path(), Shape: v.Shape()}
+		f := make([]float32, gv.Numel())
+		if err := w.Read(ctx, gv, f); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4*len(f))
+		for i, x := range f {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		shape := make([]int64, v.Shape().Rank())
+		for i, d := range v.Shape().Dimensions {
+			shape[i] = int64(d)
+		}
+		ts = append(ts, checkpoint.FromBytes(v.Path(), tensor.Float32, shape, b))
+	}
+	if _, err := checkpoint.Save(ctx, ckpt, checkpoint.State{Step: 100, Ranks: []checkpoint.RankState{{Rank: 0,
+		Files: []checkpoint.TensorFile{{Name: zinf.CheckpointParamsFile, Tensors: ts}}}}}, checkpoint.SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, "--checkpoint", dir, "--pool", "8MiB", "--prompt", "And God said", "--prompt", "In the beginning", "--max-new-tokens", "6", "--verify")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"tokenizer cl100k_base", "weights from the zinf checkpoint " + ckpt, `[0] "And God said" -> `} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if last := lines[len(lines)-1]; last != "greedy tokens equal in-memory generation: true" {
+		t.Fatalf("last line %q:\n%s", last, out)
 	}
 }
