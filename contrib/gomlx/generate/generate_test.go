@@ -465,3 +465,34 @@ func TestRootScopeModel(t *testing.T) {
 		t.Fatalf("through zinf %v, in memory %v", res.Tokens, want)
 	}
 }
+
+// TestCancel: a cancelled context ends generation with its error, and the
+// generator generates again afterwards.
+func TestCancel(t *testing.T) {
+	ctx := watchdog(t, 2*time.Minute)
+	be := backend(t)
+	fn := tiny(dtypes.Float32, 2)
+	store, err := generate.InitStore(be, fn, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, generate.StoreWeights(store), generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cctx, cancel := context.WithCancel(ctx)
+	ps := prompts(2, 4, 97, 1)
+	_, err = g.Generate(cctx, ps, generate.Sampling{MaxNewTokens: 50}, func(s generate.StepInfo) {
+		if s.Step == 3 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled at step 3: %v", err)
+	}
+	res, err := g.Generate(ctx, ps, generate.Sampling{MaxNewTokens: 5}, nil)
+	if err != nil || res.Generated() != 10 {
+		t.Fatalf("after a cancel: %v, %+v", err, res)
+	}
+}

@@ -143,3 +143,27 @@ func TestModelJSON(t *testing.T) {
 		t.Fatalf("last line %q:\n%s", last, out)
 	}
 }
+
+// TestTrace: --trace writes the runtime's timeline (each layer's
+// swap-ins and waits) as a Chrome trace-event file.
+func TestTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.json")
+	out, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--pool", "256KiB", "--prompt", "Let there be light",
+		"--max-new-tokens", "3", "--progress=false", "--trace", path)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "trace: ") || !strings.Contains(string(b), `"traceEvents"`) && !strings.HasPrefix(strings.TrimSpace(string(b)), "[") {
+		t.Fatalf("trace file %d bytes:\n%.300s\noutput:\n%s", len(b), b, out)
+	}
+	if !strings.Contains(string(b), `"cat":"read"`) {
+		t.Fatalf("the trace has no weight reads:\n%.600s", b)
+	}
+	if _, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--prompt", "x", "--trace", path); err == nil || !strings.Contains(err.Error(), "--trace") {
+		t.Fatalf("an existing --trace file: %v", err)
+	}
+}
