@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper/param"
@@ -85,10 +86,60 @@ func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
 	if err := r.BeginLayer(ctx, l); err != nil {
 		return err
 	}
+	r.visit.k = k
 	if k > 1 && !r.inference {
 		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.layers[l]))}
 	}
 	return nil
+}
+
+// layerVisit is the layer begun, for the compute measurement: when
+// BeginLayer returned, the runtime's I/O wait then, its micro-batches.
+type layerVisit struct {
+	layer, k int
+	start    time.Time
+	wait0    int64
+}
+
+// beginVisit starts measuring layer l's visit.
+func (r *Runtime) beginVisit(l, k int) {
+	r.mu.Lock()
+	w := r.ioWaitNs
+	r.mu.Unlock()
+	r.visit = layerVisit{layer: l, k: k, start: time.Now(), wait0: w}
+}
+
+// endVisit adds layer l's visit to the measured compute: its time less
+// the runtime's waits meanwhile.
+func (r *Runtime) endVisit(l int) {
+	v := r.visit
+	if v.start.IsZero() || v.layer != l {
+		return
+	}
+	r.visit = layerVisit{}
+	d := int64(time.Since(v.start))
+	r.mu.Lock()
+	d -= r.ioWaitNs - v.wait0
+	if d > 0 {
+		r.computeNs += d
+		r.computeUnits += int64(v.k)
+	}
+	r.mu.Unlock()
+}
+
+// MeasuredComputePerLayer is the loop's compute per layer, pass and
+// micro-batch measured so far (Options.ComputePerLayer's unit): the time
+// between each BeginLayer and its EndLayer, less the runtime's waits
+// meanwhile, over the layer visits times their micro-batches. 0 before
+// the first visit ends. PlanModel with it (PlanOptions.ComputePerLayer)
+// predicts the step from the loop's own compute.
+func (r *Runtime) MeasuredComputePerLayer() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.computeUnits == 0 {
+		return 0
+	}
+	return time.Duration(r.computeNs / r.computeUnits)
 }
 
 // accumulate adds a gradient partition: held in pinned memory when it is

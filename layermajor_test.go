@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
@@ -121,5 +122,53 @@ func TestLayerMajorBitExact(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMeasuredComputePerLayer: the runtime measures the loop's compute
+// between BeginLayer and EndLayer per layer, pass and micro-batch — a
+// layer-major visit of k micro-batches counts k — and zinf.PlanModel
+// predicts the step from it: the compute of a plan made with the measured
+// figure is at least the loop's sleeps.
+func TestMeasuredComputePerLayer(t *testing.T) {
+	c := scheduleCase(t, "adam", 4, true)
+	c.cfg.GradientClipping = 0
+	ctx, watch := watchdog(t, time.Minute)
+	rt, err := zinf.Open(c.cfg, c.model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	watch(rt)
+	if d := rt.MeasuredComputePerLayer(); d != 0 {
+		t.Fatalf("measured %v before any layer", d)
+	}
+	for _, d := range c.model.Tensors {
+		if err := rt.Init(ctx, d.Name, make([]float32, c.numel[d.Name])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const visit = 20 * time.Millisecond
+	for l := range c.layers {
+		if err := rt.BeginLayerMicroBatches(ctx, l, 4); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(visit) // four micro-batches of 5 ms
+		rt.EndLayer(l)
+	}
+	got := rt.MeasuredComputePerLayer()
+	if got < visit/4 || got >= visit {
+		t.Fatalf("measured %v per layer and micro-batch for visits of %v over 4 micro-batches", got, visit)
+	}
+	if m := rt.Metrics(); m.ComputeUnits != int64(4*len(c.layers)) || m.Compute < time.Duration(len(c.layers))*visit {
+		t.Fatalf("metrics: %v over %d units", m.Compute, m.ComputeUnits)
+	}
+	p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: got.Seconds(), NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two passes of every layer, k micro-batches each.
+	if want := 2 * 4 * time.Duration(len(c.layers)) * (visit / 4); p.Placement.PredictedLayerMajor.Compute < want*99/100 {
+		t.Fatalf("planned compute %v, want >= %v", p.Placement.PredictedLayerMajor.Compute, want)
 	}
 }

@@ -163,6 +163,7 @@ type Runtime struct {
 	overlap   bool         // StepTensor starts updates during backward
 	held      *heldLayer   // the layer-major visit holding gradients (loop goroutine)
 	begun     map[int]bool // layers begun and not ended, without GatherLayers (loop goroutine)
+	visit     layerVisit   // the layer begun, for the compute measurement (loop goroutine)
 	inference bool
 	trace     tracer
 
@@ -173,10 +174,14 @@ type Runtime struct {
 	stepCount  int
 	stepWaitNs int64
 	ioWaitNs   int64
-	closed     bool
-	txn        *optimizer.StepTxn // the step StepTensor opened, until Step
-	last       StepInfo
-	trainStats TrainStats
+	// computeNs and computeUnits measure the loop's compute per layer
+	// visit (see Metrics.Compute).
+	computeNs    int64
+	computeUnits int64
+	closed       bool
+	txn          *optimizer.StepTxn // the step StepTensor opened, until Step
+	last         StepInfo
+	trainStats   TrainStats
 
 	train     training // schedule, loss scaling, clipping, speculation (loop goroutine)
 	commStats CommStats
@@ -593,6 +598,9 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 		t0 := time.Now()
 		err := r.beginGathered(ctx, l)
 		r.trace.layerBegun(l, t0, err)
+		if err == nil {
+			r.beginVisit(l, 1)
+		}
 		return err
 	}
 	t0 := time.Now()
@@ -614,6 +622,7 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 		r.begun = map[int]bool{}
 	}
 	r.begun[l] = true
+	r.beginVisit(l, 1)
 	return nil
 }
 
@@ -647,6 +656,7 @@ func (r *Runtime) EndLayer(l int) {
 		return
 	}
 	r.trace.layerEnded(l)
+	r.endVisit(l)
 	r.endHeld(l)
 	delete(r.begun, l)
 	if r.gatherOn {
@@ -846,6 +856,13 @@ type Metrics struct {
 	Train TrainStats
 	// Comm counts the collectives through Options.Comm.
 	Comm CommStats
+	// Compute is the loop's time between BeginLayer and EndLayer, less
+	// the time it waited in the runtime meanwhile (AccumulateGrad's
+	// hand-offs): the compute the planner predicts with (see
+	// Runtime.MeasuredComputePerLayer). ComputeUnits counts the layer
+	// visits it covers, each weighted by its micro-batches.
+	Compute      time.Duration
+	ComputeUnits int64
 }
 
 // Metrics returns the counters.
@@ -853,11 +870,13 @@ func (r *Runtime) Metrics() Metrics {
 	st := r.Pool.Stats()
 	r.mu.Lock()
 	steps, ioWait := r.stepCount, time.Duration(r.ioWaitNs)
+	compute, units := time.Duration(r.computeNs), r.computeUnits
 	train := r.trainStats
 	cs := r.commStats
 	r.mu.Unlock()
 	m := Metrics{Steps: steps, IOWait: ioWait, Reservations: r.res, Schedule: r.sched.Stats(), PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
-		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train, Comm: cs}
+		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train, Comm: cs,
+		Compute: compute, ComputeUnits: units}
 	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
 		if s != nil {
 			ss := s.Stats()

@@ -165,6 +165,14 @@ type Result struct {
 	OptimizerRead     int64     `json:"optimizer_bytes_read_per_step"`
 	OptimizerWritten  int64     `json:"optimizer_bytes_written_per_step"`
 	PredictedMs       float64   `json:"predicted_step_ms"`
+	// PredictedAtOpenMs is the step the plan predicted at Open, from
+	// Options.ComputePerLayer (the simulated compute only); PredictedMs is
+	// the planner's prediction again after the run, from the compute per
+	// layer the runtime measured (the loop's own arithmetic included,
+	// ComputeMsPerLayerMeasured: per layer, pass and micro-batch), for the
+	// order the run used.
+	PredictedAtOpenMs         float64 `json:"predicted_at_open_ms"`
+	ComputeMsPerLayerMeasured float64 `json:"compute_ms_per_layer_measured"`
 	// Schedule is the order the step's micro-batches ran in: "layer-major"
 	// or "micro-batch-major" (zinf.schedule, or the planner's pick under
 	// auto). Both give the same StateSHA256.
@@ -491,6 +499,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Checkpoints = ckpt.Records()
 	}
 	res.fill(metrics(rts), rts[0].Metrics().Train, time.Since(t0), ioWaits, float64(o.ComputePerLayer)/1e6*float64(2*spec.Layers*micro), be.optSteps)
+	if err := res.replan(ctx, cfg, spec, rts[0], log); err != nil {
+		return nil, err
+	}
 	res.NVMeWrittenPerStep = written.median()
 	if be.sample != nil {
 		res.SampleChecked = be.sample.checked
@@ -581,6 +592,28 @@ func (r StepReport) describe() string {
 		out += fmt.Sprintf("  rolled back (%.1f ms)", r.RollbackMs)
 	}
 	return out
+}
+
+// replan predicts the step again from the compute per layer rt
+// measured (see Result.PredictedMs), with the bandwidth it planned with.
+func (res *Result) replan(ctx context.Context, cfg *config.Config, spec Spec, rt *zinf.Runtime, log *slog.Logger) error {
+	res.PredictedAtOpenMs = res.PredictedMs
+	c := rt.MeasuredComputePerLayer()
+	if c <= 0 {
+		return nil
+	}
+	bw := rt.Bandwidth()
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{Rank: rt.Rank, WorldSize: rt.World, ComputePerLayer: c.Seconds(), Bandwidth: &bw, Logger: log})
+	if err != nil {
+		return fmt.Errorf("train: the prediction from the measured compute: %w", err)
+	}
+	pr := p.Placement.PredictedMicroBatchMajor
+	if res.Schedule == string(zinf.LayerMajor) {
+		pr = p.Placement.PredictedLayerMajor
+	}
+	res.PredictedMs = float64(pr.Total) / 1e6
+	res.ComputeMsPerLayerMeasured = float64(c) / 1e6
+	return nil
 }
 
 // fill sets the figures every run reports alike from the I/O totals m
