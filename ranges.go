@@ -215,7 +215,17 @@ func (r *Runtime) accumulateSpans(ctx context.Context, name string, spans []para
 		vals = g[from:to]
 	}
 	t0 := time.Now()
-	err := r.Grads.AccumulateSpans(ctx, name, local, vals)
+	var err error
+	if h := r.held; h != nil && r.model.layer[name] == h.layer {
+		// A layer-major visit holds the layer's sums in pinned memory
+		// until it ends (EndLayer writes them behind).
+		err = r.Grads.AccumulateSpansHold(ctx, name, local, vals)
+		if _, ok := h.count[name]; !ok && err == nil {
+			h.count[name] = 0
+		}
+	} else {
+		err = r.Grads.AccumulateSpans(ctx, name, local, vals)
+	}
 	if err == nil {
 		r.train.pending = nil // the gradients changed: a step retried after this checks them again
 	}

@@ -113,8 +113,10 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 // whose embedding moves in 1 MiB pieces (parameter streamed, gradient
 // kept in pieces) — rows of the embedding (only the rows a batch uses,
 // with zero rows left out), ranges of random lengths, at world 2 each rank
-// only its partition — over micro-steps, with gradient clipping (the
-// norm of the pieces' sums) and -0 gradient elements. Parameters, fp32
+// only its partition — over micro-steps, the second step layer-major
+// (BeginLayerMicroBatches: a layer's sums held in pinned memory between
+// its micro-batches), with gradient clipping (the norm of the pieces'
+// sums) and -0 gradient elements. The sums, the norm, parameters, fp32
 // masters and optimizer states must agree bit for bit after every step.
 func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 	for _, world := range []int{1, 2} {
@@ -166,6 +168,9 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 			}
 			negZero := float32(math.Copysign(0, -1))
 			for step := range 3 {
+				// hand[m][i] hands micro-batch m's gradient of tensor i to
+				// a pieces runtime; the whole runtimes get it whole now.
+				hand := make([][]func(rt *zinf.Runtime), 3)
 				for micro := range 3 {
 					for _, d := range model.Tensors {
 						n64, _ := d.Numel()
@@ -196,7 +201,14 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 								t.Fatal(err)
 							}
 						}
-						for _, rt := range pieces {
+						// Random pieces, in a random order, covering the tensor.
+						var cuts []int
+						for c := 0; c < n; c += 1 + rng.IntN(n/3+1) {
+							cuts = append(cuts, c)
+						}
+						cuts = append(cuts, n)
+						order := rng.Perm(len(cuts) - 1)
+						hand[micro] = append(hand[micro], func(rt *zinf.Runtime) {
 							lo, hi := rt.Partition(d.Name)
 							switch {
 							case world > 1 && micro == 1:
@@ -217,17 +229,40 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 									t.Fatal(err)
 								}
 							default:
-								// Random pieces, in a random order, covering the tensor.
-								var cuts []int
-								for c := 0; c < n; c += 1 + rng.IntN(n/3+1) {
-									cuts = append(cuts, c)
-								}
-								cuts = append(cuts, n)
-								for _, k := range rng.Perm(len(cuts) - 1) {
+								for _, k := range order {
 									if err := rt.AccumulateGradRange(ctx, d.Name, cuts[k], slices.Clone(g[cuts[k]:cuts[k+1]])); err != nil {
 										t.Fatal(err)
 									}
 								}
+							}
+						})
+					}
+				}
+				if step == 1 {
+					// Layer-major (BeginLayerMicroBatches): a layer's
+					// micro-batches back to back, its sums held in pinned
+					// memory until EndLayer.
+					for _, rt := range pieces {
+						rt.Backward()
+						for l := rt.Layers() - 1; l >= 0; l-- {
+							if err := rt.BeginLayerMicroBatches(ctx, l, 3); err != nil {
+								t.Fatal(err)
+							}
+							for micro := range 3 {
+								for i, d := range model.Tensors {
+									if d.Layer == l {
+										hand[micro][i](rt)
+									}
+								}
+							}
+							rt.EndLayer(l)
+						}
+					}
+				} else {
+					for micro := range 3 {
+						for i := range model.Tensors {
+							for _, rt := range pieces {
+								hand[micro][i](rt)
 							}
 						}
 					}

@@ -675,6 +675,16 @@ type Span struct{ Lo, Hi int }
 // that computes only a part of a gradient never builds the full length.
 // Errors and retries are Accumulate's.
 func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span, g []float32) error {
+	return s.accumulateSpans(ctx, name, spans, g, false)
+}
+
+// AccumulateSpansHold is AccumulateSpans without the write-behind, as
+// AccumulateHold is Accumulate's.
+func (s *Swapper) AccumulateSpansHold(ctx context.Context, name string, spans []Span, g []float32) error {
+	return s.accumulateSpans(ctx, name, spans, g, true)
+}
+
+func (s *Swapper) accumulateSpans(ctx context.Context, name string, spans []Span, g []float32, hold bool) error {
 	t, ctx, end, err := s.begin(ctx, "accumulate", name)
 	if err != nil {
 		return err
@@ -696,9 +706,9 @@ func (s *Swapper) AccumulateSpans(ctx context.Context, name string, spans []Span
 		return nil
 	}
 	if t.pieces != nil {
-		return s.accumulatePieces(ctx, t, spans, g, false)
+		return s.accumulatePieces(ctx, t, spans, g, hold)
 	}
-	return s.accumulate(ctx, t, spans, g, false, 0)
+	return s.accumulate(ctx, t, spans, g, hold, 0)
 }
 
 // accumulate adds g to t's sum: the whole partition (spans nil), or the
