@@ -214,3 +214,37 @@ func TestNVMePathOnTmpfsWarns(t *testing.T) {
 		t.Errorf("--dir /etc: exit %d, want 1 naming the key and the value:\n%s", code, errs)
 	}
 }
+
+// TestSignalGrace: a command that does not return after one signal
+// cancelled its context (held in a training step by a test hook, outside
+// any blocking section) is ended interruptGrace later, with 130 and a
+// message saying why. The watchdog only catches a hang.
+func TestSignalGrace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := childCmd(ctx, t, 0, "train", "--steps", "3", "--layers", "2", "--width", "64", "--dir", t.TempDir())
+	cmd.Env = append(cmd.Env, childBlockAtEnv+"=train/step")
+	var errb syncBuffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(errb.String(), childBlockedLine) {
+		if ctx.Err() != nil {
+			cmd.Process.Kill()
+			t.Fatalf("the child never reached a step:\n%s", errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the child did not exit:\n%s", errb.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit %d (%v), want 130:\n%s", code, err, errb.String())
+	}
+	wantAll(t, "stderr", errb.String(), fmt.Sprintf("zinf train: interrupted by interrupt and still running %v later; exiting now", interruptGrace))
+}
