@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gomlx/compute"
@@ -28,6 +29,7 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/layers/attention/kvcache"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
@@ -56,6 +58,9 @@ type Options struct {
 	Trace trace.Sink
 	// NoBandwidthProbe: see zinf.Options.
 	NoBandwidthProbe bool
+	// PieceBytes: see zinf.Options (tensors larger move in pieces, and the
+	// token embedding's rows are read alone).
+	PieceBytes int64
 }
 
 // Sampling says how the next token is chosen and when generation stops.
@@ -130,7 +135,11 @@ type Generator struct {
 	layerEx []*model.Exec
 	headEx  map[sampleKey]*model.Exec
 	kvHeads int
-	closed  bool
+	// rowsOf, when set, is the token embedding read by rows: the model's
+	// input is exactly the rows of its tokens (no scaling, token types or
+	// normalization), so only those rows are read from NVMe.
+	rowsOf *Var
+	closed bool
 }
 
 type sampleKey struct {
@@ -174,7 +183,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 		descs[i] = v.Desc()
 	}
 	rt, err := zinf.Open(cfg, zinf.Model{Tensors: descs, Layers: m.NumLayers + 2}, zinf.Options{Logger: o.Logger, Inference: true,
-		PrefetchDepth: o.PrefetchDepth, Trace: o.Trace, NoBandwidthProbe: o.NoBandwidthProbe})
+		PrefetchDepth: o.PrefetchDepth, Trace: o.Trace, NoBandwidthProbe: o.NoBandwidthProbe, PieceBytes: o.PieceBytes})
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +214,10 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 		if err := g.bind(v); err != nil {
 			return nil, err
 		}
+	}
+	if l0 := g.byLayer[0]; len(l0) == 1 && !m.ScaleTokenEmbeddings && m.TokenTypeEmbedSize == 0 &&
+		(m.EmbedNormalization == "" || m.EmbedNormalization == layers.NormalizationNone) && strings.HasSuffix(vars[l0[0]].Name, "/token_embed/embeddings") {
+		g.rowsOf = &g.vars[l0[0]]
 	}
 	m.PopulateKVCacheConfigs()
 	if err := g.compile(); err != nil {
@@ -486,6 +499,8 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 		}
 		var err error
 		switch {
+		case l == 0 && g.rowsOf != nil:
+			x, err = g.embedRows(ctx, toks)
 		case l == 0:
 			var out []*tensors.Tensor
 			out, err = call(g.embedEx, tensors.FromValue(toks))
@@ -532,11 +547,39 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 	return nil, errors.New("no head layer")
 }
 
+// embedRows is the token embedding of toks [B][S]: the rows of the tokens,
+// read alone (an embedding lookup is a gather: the values are the rows).
+func (g *Generator) embedRows(ctx context.Context, toks [][]int32) (*tensors.Tensor, error) {
+	B, S := len(toks), len(toks[0])
+	rows := make([]int, 0, B*S)
+	for _, t := range toks {
+		for _, id := range t {
+			rows = append(rows, int(id))
+		}
+	}
+	v := g.rowsOf
+	zd, _ := zdtype(v.Shape.DType)
+	x := tensors.FromShape(shapes.Make(v.Shape.DType, B, S, v.Shape.Dimensions[1]))
+	var rerr error
+	if err := x.MutableBytes(func(b []byte) { rerr = g.rt.ReadParamRows(ctx, v.Name, rows, zd, b) }); err != nil {
+		finalize(x)
+		return nil, err
+	}
+	if rerr != nil {
+		finalize(x)
+		return nil, rerr
+	}
+	return x, nil
+}
+
 // beginLayer makes layer l's weights readable and swaps them into their
-// slots.
+// slots (the token embedding, read by rows, excepted).
 func (g *Generator) beginLayer(ctx context.Context, l int) error {
 	if err := g.rt.BeginLayer(ctx, l); err != nil {
 		return err
+	}
+	if l == 0 && g.rowsOf != nil {
+		return nil
 	}
 	for _, i := range g.byLayer[l] {
 		v := g.vars[i]

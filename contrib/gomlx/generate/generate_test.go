@@ -496,3 +496,51 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("after a cancel: %v, %+v", err, res)
 	}
 }
+
+// TestEmbeddingRows: a large token embedding, moved in pieces, is read by
+// the rows of the batch's tokens only, and the tokens are the in-memory
+// generator's.
+func TestEmbeddingRows(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	const vocab, dim = 20000, 32
+	fn := func(root *model.Scope) *transformer.Model {
+		return transformer.New(root.In("transformer")).WithVocabSize(vocab).WithEmbedDim(dim).WithNumLayers(2).WithNumHeads(4).
+			WithHeadDim(8).WithFFNDim(64).WithRoPE(10000).WithNormalization("rms").WithFinalNormalization("rms").WithBias(false)
+	}
+	store, err := generate.InitStore(be, fn, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := generate.StoreWeights(store)
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 8<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true, PieceBytes: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if !g.Runtime().Streamed("/transformer/token_embed/embeddings") {
+		t.Fatal("the 2.4 MiB embedding is not moved in pieces of 256 KiB")
+	}
+	ps, s := prompts(2, 5, vocab, 3), generate.Sampling{MaxNewTokens: 8}
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("through zinf %v, in memory %v", res.Tokens, want)
+	}
+	embed, all := int64(vocab*dim*4), int64(0)
+	for _, v := range g.Vars() {
+		all += int64(v.Numel() * 4)
+	}
+	if perPass := res.BytesRead / int64(res.Steps); perPass > all-embed/2 {
+		t.Fatalf("%d bytes read per pass of %d bytes of weights: the %d-byte embedding was read whole", perPass, all, embed)
+	}
+	if g.WeightBytes() != all-embed {
+		t.Fatalf("WeightBytes %d, want %d: the weights less the embedding read by rows", g.WeightBytes(), all-embed)
+	}
+}

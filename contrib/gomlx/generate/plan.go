@@ -9,12 +9,17 @@ import (
 	"github.com/zinfio/zinf"
 )
 
-// WeightBytes is what one pass reads of the streamed weights: every
-// weight, in the runtime's parameter dtype.
+// WeightBytes is what one decoding pass reads of the streamed weights:
+// every weight in the runtime's parameter dtype, but of a token embedding
+// read by rows (a large one moves in pieces) only the pieces of the rows
+// it needs, counted here as none.
 func (g *Generator) WeightBytes() int64 {
 	size := int64(zinf.ParamDType(g.rt.Config).Size())
 	var n int64
-	for _, v := range g.vars {
+	for i, v := range g.vars {
+		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) {
+			continue
+		}
 		n += int64(v.Numel()) * size
 	}
 	return n
