@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate
 
 all: build
 
@@ -63,6 +63,11 @@ bench-scale: build
 	./$(BIN)/zinf bench-scale --path $(SCALE_DIR) $(SCALE_FLAGS)
 
 # SIMD vs scalar Adam, interleaved rounds with medians (see BENCHMARKS.md).
+# The two orders of a step's micro-batches (layer-major, micro-batch-major),
+# interleaved, k = 1, 4, 8, disk-bound (ROUNDS, KS, SCHED_DIR; see the script).
+bench-schedule: build
+	./scripts/bench-schedule.sh
+
 bench-adam:
 	BENCH=$${BENCH:-Adam} ./scripts/bench-optimizers.sh
 

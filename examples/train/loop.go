@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/zinfio/zinf/buffers"
 )
 
 // backend is where the model's state lives: fully in memory (the
@@ -47,6 +49,15 @@ type backend interface {
 	lossScale() float64
 }
 
+// actTier is where a layer-major loop hands its activations
+// (zinf.Activations).
+type actTier interface {
+	Save(ctx context.Context, l, m int, data []byte) error
+	Load(ctx context.Context, l, m int, dst []byte) (int, error)
+	Flush(ctx context.Context) error
+	Reset()
+}
+
 // loopOptions control the shared loop.
 type loopOptions struct {
 	// World is the data-parallel degree: the ranks whose micro-batches
@@ -69,6 +80,11 @@ type loopOptions struct {
 	// per micro-batch in micro-batch order) instead of a forward and a
 	// backward pass per micro-batch: the same arithmetic, the same bits.
 	LayerMajor bool
+	// Acts, when set, keeps a layer-major step's activations between a
+	// layer's forward and its backward (each layer's input and
+	// pre-activations, per micro-batch and rank): the loop holds only the
+	// current ones. Nil: every activation stays in the loop's memory.
+	Acts actTier
 	// OnStep is called after each step with its index, loss and duration.
 	OnStep func(step int, loss float32, d time.Duration) error
 	// OnStepError, when set, is called when the optimizer step fails; if it
@@ -92,6 +108,9 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 		o.First, o.Local = 0, o.World
 	}
 	if o.LayerMajor && o.Micro > 1 {
+		if o.Acts != nil {
+			return runLayerMajorTiered(ctx, spec, b, o)
+		}
 		return runLayerMajor(ctx, spec, b, o)
 	}
 	L, W, B, R := spec.Layers, spec.Width, spec.Batch, o.Local
@@ -409,6 +428,168 @@ func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) err
 				b.handOver(ctx, l)
 			}
 			b.endLayer(l)
+		}
+		for {
+			err := b.step(ctx)
+			if err == nil {
+				break
+			}
+			if o.OnStepError == nil || !o.OnStepError(step, err) {
+				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
+			}
+		}
+		loss, err := b.totalLoss(ctx, losses)
+		if err != nil {
+			return fmt.Errorf("step %d: the loss: %w", step+1, err)
+		}
+		if o.OnStep != nil {
+			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// runLayerMajorTiered is runLayerMajor with the activations in o.Acts:
+// the forward pass saves each layer's input and pre-activations of each
+// micro-batch and rank (one entry, input then pre-activations) and keeps
+// only the boundary it computes; the backward pass loads them back. The
+// arithmetic is runLayerMajor's, on the same values. A step whose
+// activations fail (a full disk under the tier) is given up — the tier
+// reset, the backend's step aborted — and run again when o.OnStepError
+// says so.
+func runLayerMajorTiered(ctx context.Context, spec Spec, b backend, o loopOptions) error {
+	L, W, B, R, K := spec.Layers, spec.Width, spec.Batch, o.Local, o.Micro
+	w := make([]float32, W*W)
+	bias := make([]float32, W)
+	cur := make([][]float32, K*R) // each (micro-batch, rank)'s activation at the layer boundary
+	dOut := make([][]float32, K*R)
+	for i := range cur {
+		cur[i] = make([]float32, B*W)
+		dOut[i] = make([]float32, B*W)
+	}
+	next, dIn := make([]float32, B*W), make([]float32, B*W)
+	entry := make([]float32, 2*B*W) // input, then pre-activations
+	dW := make([][]float32, R)
+	dB := make([][]float32, R)
+	for r := range R {
+		dW[r] = make([]float32, W*W)
+		dB[r] = make([]float32, W)
+	}
+	var gW, gB []float32
+	if R == 1 {
+		gW, gB = dW[0], dB[0]
+	} else {
+		gW, gB = make([]float32, W*W), make([]float32, W)
+	}
+	inv := 1 / float32(o.World)
+	losses := make([]float32, K*R)
+	fwdOrder := make([]int, L)
+	bwdOrder := make([]int, L)
+	for l := range L {
+		fwdOrder[l], bwdOrder[l] = l, L-1-l
+	}
+	compute := func() {
+		if o.ComputePerLayer > 0 {
+			time.Sleep(time.Duration(K) * o.ComputePerLayer)
+		}
+	}
+	acts := o.Acts
+	passes := func(step int, lossScale float32) error {
+		ys := make([][]float32, K*R)
+		for m := range K {
+			for r := range R {
+				x, y := spec.Data(step, m, o.First+r)
+				copy(cur[m*R+r], x)
+				ys[m*R+r] = y
+			}
+		}
+		b.startPass(fwdOrder)
+		for l := 0; l < L; l++ {
+			if err := layerParamsK(ctx, b, l, K, w, bias); err != nil {
+				return err
+			}
+			for i := range cur {
+				copy(entry[:B*W], cur[i])
+				Forward(cur[i], w, bias, entry[B*W:], next, B, W, l == L-1)
+				if err := acts.Save(ctx, l, i, buffers.AsBytes(entry)); err != nil {
+					b.endLayer(l)
+					return err
+				}
+				cur[i], next = next, cur[i]
+			}
+			compute()
+			b.endLayer(l)
+		}
+		for i := range cur {
+			losses[i] = LossGrad(cur[i], ys[i], dOut[i])
+			if lossScale != 1 {
+				for j := range dOut[i] {
+					dOut[i][j] *= lossScale
+				}
+			}
+		}
+		b.startPass(bwdOrder)
+		for l := L - 1; l >= 0; l-- {
+			if err := layerParamsK(ctx, b, l, K, w, nil); err != nil {
+				return err
+			}
+			for m := range K {
+				for r := range R {
+					i := m*R + r
+					if _, err := acts.Load(ctx, l, i, buffers.AsBytes(entry)); err != nil {
+						b.endLayer(l)
+						return err
+					}
+					clear(dW[r])
+					clear(dB[r])
+					var din []float32
+					if l > 0 {
+						din = dIn
+					}
+					Backward(dOut[i], entry[:B*W], entry[B*W:], w, dW[r], dB[r], din, B, W, l == L-1)
+					if l > 0 {
+						dOut[i], dIn = dIn, dOut[i]
+					}
+				}
+				for _, g := range []struct {
+					name    string
+					per     [][]float32
+					scratch []float32
+				}{{WeightName(l), dW, gW}, {BiasName(l), dB, gB}} {
+					for {
+						err := b.handGrad(ctx, g.name, g.per, inv, g.scratch)
+						if err == nil {
+							break
+						}
+						if o.OnStepError == nil || !o.OnStepError(step, err) {
+							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
+						}
+					}
+				}
+			}
+			compute()
+			if o.OverlapStep {
+				b.handOver(ctx, l)
+			}
+			b.endLayer(l)
+		}
+		return acts.Flush(ctx)
+	}
+	for step := o.Start; step < o.Start+o.Steps; step++ {
+		t0 := time.Now()
+		for {
+			err := passes(step, float32(b.lossScale()))
+			if err == nil {
+				break
+			}
+			acts.Reset()
+			ab, ok := b.(interface{ abortStep() })
+			if !ok || o.OnStepError == nil || !o.OnStepError(step, err) {
+				return fmt.Errorf("step %d: %w", step+1, err)
+			}
+			ab.abortStep() // nothing of the step stays; it runs again
 		}
 		for {
 			err := b.step(ctx)

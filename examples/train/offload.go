@@ -142,6 +142,15 @@ func (b *zinfBackend) accumulate(ctx context.Context, name string, g []float32) 
 
 func (b *zinfBackend) lossScale() float64 { return b.rts[0].LossScale() }
 
+// abortStep gives the step in progress up on every rank (its gradients
+// and any update it started), so that it can run again from the start.
+func (b *zinfBackend) abortStep() {
+	for _, rt := range b.rts {
+		rt.AbortStep()
+	}
+	clear(b.accumulated)
+}
+
 // stepHook, when set (by a benchmark), is called just before and just
 // after each optimizer step.
 var stepHook func(begin bool)

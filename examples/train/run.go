@@ -173,6 +173,9 @@ type Result struct {
 	// order the run used.
 	PredictedAtOpenMs         float64 `json:"predicted_at_open_ms"`
 	ComputeMsPerLayerMeasured float64 `json:"compute_ms_per_layer_measured"`
+	// Activations is what the activation tier held (layer-major with
+	// several micro-batches; nil otherwise).
+	Activations *ActivationReport `json:"activations,omitempty"`
 	// Schedule is the order the step's micro-batches ran in: "layer-major"
 	// or "micro-batch-major" (zinf.schedule, or the planner's pick under
 	// auto). Both give the same StateSHA256.
@@ -213,15 +216,30 @@ type Result struct {
 	// StepReadBytes and StepWrittenBytes are each step's NVMe bytes (all
 	// ranks and stores; the initial values written by Init are in none),
 	// IOWaitMs each step's time the loop waited for I/O.
-	StepReadBytes    []int64   `json:"step_read_bytes"`
-	StepWrittenBytes []int64   `json:"step_written_bytes"`
-	IOWaitMs         []float64 `json:"io_wait_ms"`
+	StepReadBytes []int64 `json:"step_read_bytes"`
+	// StepParamReadBytes is each step's parameter bytes read from NVMe
+	// (all ranks): two passes' worth layer-major, 2k micro-batch-major.
+	StepParamReadBytes []int64   `json:"step_param_read_bytes"`
+	StepWrittenBytes   []int64   `json:"step_written_bytes"`
+	IOWaitMs           []float64 `json:"io_wait_ms"`
 	// InitSeconds is the time from the start of Run to the first step:
 	// opening the runtimes and writing every tensor's initial values.
 	InitSeconds float64 `json:"init_seconds"`
 	// SampleChecked counts the element updates and reads Options.Sample
 	// compared (0 without it); a mismatch fails the run.
 	SampleChecked int64 `json:"sample_checked,omitempty"`
+}
+
+// ActivationReport is Result.Activations: the tier setting, the peak
+// bytes held on each tier and the NVMe traffic.
+type ActivationReport struct {
+	Device          string `json:"device"`
+	PeakMemoryBytes int64  `json:"peak_memory_bytes"`
+	PeakPinnedBytes int64  `json:"peak_pinned_bytes"`
+	PeakNVMeBytes   int64  `json:"peak_nvme_bytes"`
+	BytesWritten    int64  `json:"bytes_written"`
+	BytesRead       int64  `json:"bytes_read"`
+	Prefetched      int64  `json:"prefetched"`
 }
 
 // StepReport is one step of Result.PerStep.
@@ -452,8 +470,25 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	prevStep := metrics(rts)
 	res.InitSeconds = time.Since(runStart).Seconds()
 	t0 := time.Now()
+	// Layer-major keeps k micro-batches' activations between a layer's
+	// forward and its backward: they go through the activation tier
+	// (zinf.activations: memory, pinned memory or NVMe).
+	var acts actTier
+	if layerMajor && micro > 1 {
+		a, err := rts[0].OpenActivations(int64(2 * spec.Batch * spec.Width * 4))
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			st := a.Stats()
+			res.Activations = &ActivationReport{Device: string(a.Device()), PeakMemoryBytes: st.PeakMemoryBytes, PeakPinnedBytes: st.PeakPinnedBytes,
+				PeakNVMeBytes: st.PeakNVMeBytes, BytesWritten: st.BytesWritten, BytesRead: st.BytesRead, Prefetched: st.Prefetched}
+			a.Close()
+		}()
+		acts = a
+	}
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: dataWorld, ComputePerLayer: o.ComputePerLayer,
-		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep, LayerMajor: layerMajor,
+		OnStepError: o.OnStepError, OverlapStep: !o.SerialStep && pl.OverlapStep, LayerMajor: layerMajor, Acts: acts,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := metrics(rts)
 			w := be.ioWait - lastWait
@@ -461,6 +496,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.StepMs = append(res.StepMs, float64(d)/1e6)
 			ioWaits = append(ioWaits, float64(w)/1e6)
 			res.StepReadBytes = append(res.StepReadBytes, m.BytesRead-prevStep.BytesRead)
+			res.StepParamReadBytes = append(res.StepParamReadBytes, m.Params.BytesRead-prevStep.Params.BytesRead)
 			res.StepWrittenBytes = append(res.StepWrittenBytes, m.BytesWritten-prevStep.BytesWritten)
 			written.step()
 			res.FinalLoss = loss
@@ -647,6 +683,7 @@ func metrics(rts []*zinf.Runtime) zinf.Metrics {
 		m.BytesWritten += x.BytesWritten
 		m.PinnedBytes += x.PinnedBytes
 		m.Pinned = x.Pinned && (i == 0 || m.Pinned)
+		m.Params.BytesRead += x.Params.BytesRead
 	}
 	return m
 }

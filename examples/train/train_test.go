@@ -446,31 +446,57 @@ func TestStepNumbersAgree(t *testing.T) {
 	}
 }
 
-// TestSchedulesSameState trains the example model layer-major and
-// micro-batch-major (k = 3 micro-batches, two ranks, fp16 with clipping,
-// the step overlapping backward) with Verify: both equal in-memory
-// micro-batch-major training bit for bit and give one StateSHA256, and
-// layer-major moves fewer NVMe bytes per step.
+// TestSchedulesSameState trains the example model layer-major — with its
+// activations in memory, in pinned memory and on NVMe (zinf.activations)
+// — and micro-batch-major (k = 3 micro-batches, two ranks, fp16 with
+// clipping, the step overlapping backward) with Verify: every run equals
+// in-memory micro-batch-major training bit for bit and gives one
+// StateSHA256, and layer-major moves fewer NVMe bytes per step.
 func TestSchedulesSameState(t *testing.T) {
+	type run struct {
+		sched config.ScheduleMode
+		acts  config.ActivationsDevice
+	}
 	var res []*Result
-	for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
-		cfg := testConfig(t, func(c *config.Config) {
-			c.GradientAccumulationSteps, c.Zinf.WorldSize, c.Zinf.Schedule = 3, 2, sched
-			c.FP16, c.GradientClipping = true, 0.5
+	for _, c := range []run{{config.ScheduleMicroBatchMajor, ""}, {config.ScheduleLayerMajor, config.ActivationsMemory},
+		{config.ScheduleLayerMajor, config.ActivationsCPU}, {config.ScheduleLayerMajor, config.ActivationsNVMe}} {
+		cfg := testConfig(t, func(cf *config.Config) {
+			cf.GradientAccumulationSteps, cf.Zinf.WorldSize, cf.Zinf.Schedule = 3, 2, c.sched
+			cf.FP16, cf.GradientClipping = true, 0.5
+			if c.acts != "" {
+				cf.Zinf.Activations.Device = c.acts
+			}
 		})
 		r, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: 3, Verify: true, Logger: quiet})
 		if err != nil {
-			t.Fatalf("%s: %v", sched, err)
+			t.Fatalf("%+v: %v", c, err)
 		}
-		if r.Schedule != string(sched) || r.BitwiseEqual == nil || !*r.BitwiseEqual {
-			t.Fatalf("%s: schedule %s, bit for bit %v (%s)", sched, r.Schedule, r.BitwiseEqual, r.Mismatch)
+		if r.Schedule != string(c.sched) || r.BitwiseEqual == nil || !*r.BitwiseEqual {
+			t.Fatalf("%+v: schedule %s, bit for bit %v (%s)", c, r.Schedule, r.BitwiseEqual, r.Mismatch)
+		}
+		if c.acts != "" {
+			a := r.Activations
+			ok := a != nil && a.Device == string(c.acts)
+			switch c.acts {
+			case config.ActivationsMemory:
+				ok = ok && a.PeakMemoryBytes > 0 && a.PeakPinnedBytes == 0
+			case config.ActivationsCPU:
+				ok = ok && a.PeakPinnedBytes > 0 && a.PeakMemoryBytes == 0
+			case config.ActivationsNVMe:
+				ok = ok && a.PeakNVMeBytes > 0 && a.BytesWritten > 0
+			}
+			if !ok {
+				t.Errorf("%+v: activations %+v", c, a)
+			}
 		}
 		res = append(res, r)
 	}
-	if res[0].StateSHA256 != res[1].StateSHA256 {
-		t.Errorf("state sha256: layer-major %s, micro-batch-major %s", res[0].StateSHA256, res[1].StateSHA256)
-	}
-	if lm, mb := res[0].StepReadBytes[2], res[1].StepReadBytes[2]; lm >= mb {
-		t.Errorf("NVMe bytes read in step 3: layer-major %d, micro-batch-major %d", lm, mb)
+	for _, r := range res[1:] {
+		if r.StateSHA256 != res[0].StateSHA256 {
+			t.Errorf("state sha256: %s, micro-batch-major %s", r.StateSHA256, res[0].StateSHA256)
+		}
+		if lm, mb := r.StepReadBytes[2], res[0].StepReadBytes[2]; lm >= mb {
+			t.Errorf("NVMe bytes read in step 3: layer-major %d, micro-batch-major %d", lm, mb)
+		}
 	}
 }
