@@ -360,6 +360,13 @@ func (r *Runtime) checkDiskSpace(tiers map[string]tensor.Tier, oo optimizer.Opti
 	return nil
 }
 
+// ParamChecksumBytes is the bytes one checksum covers in the parameter
+// swap store (with zinf.checksums; swapper.StoreOptions.ChecksumBytes):
+// reading a few rows of a streamed tensor (ReadParamRows) reads and
+// verifies 16 KiB around each, not the 1 MiB stripe. The other stores
+// checksum each stripe.
+const ParamChecksumBytes = 16 << 10
+
 // DefaultPieceBytes is Options.PieceBytes's default: 4 MiB.
 const DefaultPieceBytes = 4 << 20
 

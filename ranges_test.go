@@ -24,23 +24,34 @@ func rangesModel(rows int) zinf.Model {
 	)
 }
 
-// TestReadParamRowsAndRanges: rows (any order, duplicates) and ranges of a
-// parameter, read in every dtype from every param dtype, equal the same
-// elements of ReadParamBytes' whole tensor byte for byte; bad rows,
-// ranges and buffers are refused naming the tensor.
+// TestReadParamRowsAndRanges: rows (any order, duplicates, 300 scattered
+// ones) and ranges of a parameter, read in every dtype from every param
+// dtype — resident, and streamed in 1 MiB pieces (rows gathered into few
+// store reads with checksums per 16 KiB) — equal the same elements of
+// ReadParamBytes' whole tensor byte for byte; bad rows, ranges and
+// buffers are refused naming the tensor.
 func TestReadParamRowsAndRanges(t *testing.T) {
-	for _, stored := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Float16} {
-		t.Run(stored.String(), func(t *testing.T) {
+	for _, c := range []struct {
+		stored tensor.DType
+		rows   int
+	}{{tensor.Float32, 997}, {tensor.BFloat16, 997}, {tensor.Float16, 997}, {tensor.Float32, 44_001}, {tensor.BFloat16, 44_001}} {
+		stored, nrows := c.stored, c.rows
+		t.Run(fmt.Sprintf("%s/%d rows", stored, nrows), func(t *testing.T) {
 			ctx, watch := watchdog(t, 2*time.Minute)
 			cfg, _ := testConfig(t)
+			cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
 			cfg.BF16, cfg.FP16 = stored == tensor.BFloat16, stored == tensor.Float16
-			model := rangesModel(997)
-			rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+			model := rangesModel(nrows)
+			// 44001 rows are 2 to 4 MB: streamed in 1 MiB pieces.
+			rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, PieceBytes: 1 << 20})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer rt.Close()
 			watch(rt)
+			if rt.Streamed("emb") != (nrows > 997) {
+				t.Fatalf("emb streamed: %v", rt.Streamed("emb"))
+			}
 			rng := rand.New(rand.NewPCG(3, 4))
 			for _, d := range model.Tensors {
 				n, _ := d.Numel()
@@ -62,11 +73,14 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 			}
 			for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Float16} {
 				sz := dt.Size()
-				whole := make([]byte, 997*24*sz)
+				whole := make([]byte, nrows*24*sz)
 				if err := rt.ReadParamBytes(ctx, "emb", dt, whole); err != nil {
 					t.Fatal(err)
 				}
-				rows := []int{996, 0, 5, 5, 500, 17, 996}
+				rows := []int{nrows - 1, 0, 5, 5, 500, 17, nrows - 1}
+				for range 300 {
+					rows = append(rows, rng.IntN(nrows)) // scattered, as a batch's tokens are
+				}
 				got := make([]byte, len(rows)*24*sz)
 				if err := rt.ReadParamRows(ctx, "emb", rows, dt, got); err != nil {
 					t.Fatal(err)
@@ -77,7 +91,7 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 						t.Fatalf("%s: row %d (index %d) differs from the whole tensor's", dt, row, i)
 					}
 				}
-				for _, r := range [][2]int{{0, 1}, {13, 4001}, {997*24 - 7, 997 * 24}, {50, 50}} {
+				for _, r := range [][2]int{{0, 1}, {13, 4001}, {nrows*24 - 7, nrows * 24}, {50, 50}, {7, nrows*24 - 3}} {
 					got := make([]byte, (r[1]-r[0])*sz)
 					if err := rt.ReadParamRange(ctx, "emb", r[0], r[1], dt, got); err != nil {
 						t.Fatal(err)
@@ -92,9 +106,9 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 				err  error
 			}{
 				{"row -1", rt.ReadParamRows(ctx, "emb", []int{-1}, tensor.Float32, make([]byte, 96))},
-				{"row 997", rt.ReadParamRows(ctx, "emb", []int{997}, tensor.Float32, make([]byte, 96))},
+				{"row past the last", rt.ReadParamRows(ctx, "emb", []int{nrows}, tensor.Float32, make([]byte, 96))},
 				{"short buffer", rt.ReadParamRows(ctx, "emb", []int{1, 2}, tensor.Float32, make([]byte, 96))},
-				{"range past the end", rt.ReadParamRange(ctx, "emb", 10, 997*24+1, tensor.Float32, make([]byte, 4*(997*24-9)))},
+				{"range past the end", rt.ReadParamRange(ctx, "emb", 10, nrows*24+1, tensor.Float32, make([]byte, 4*(nrows*24-9)))},
 				{"unknown tensor", rt.ReadParamRange(ctx, "nope", 0, 1, tensor.Float32, make([]byte, 4))},
 			} {
 				if bad.err == nil {

@@ -236,6 +236,9 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	store := func(name string, paths []string) (*swapper.Store, error) {
 		o := storeOptions(cfg, paths)
 		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log, r.trace.store(name)
+		if name == "param" {
+			o.ChecksumBytes = ParamChecksumBytes
+		}
 		s, err := swapper.OpenStore(o)
 		if err != nil {
 			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)

@@ -120,7 +120,8 @@ func benchTrainStep(b *testing.B, overlap bool, subGroup int64) {
 // gradients handed over with AccumulateGradRows (one micro-step), then
 // Step. pieces=4MiB streams the embedding (the default), pieces=whole
 // moves it whole (Options.PieceBytes -1), both with a pool that holds it
-// whole; pinned-peak-B is the pool's peak.
+// whole; lookup-read-B/op is what the lookup reads from disk (whole: 0,
+// BeginLayer swapped the embedding in), pinned-peak-B the pool's peak.
 func BenchmarkEmbeddingStep(b *testing.B) {
 	for _, pb := range []int64{0, -1} {
 		name := "pieces=4MiB"
@@ -156,6 +157,7 @@ func BenchmarkEmbeddingStep(b *testing.B) {
 			ids := make([]int, 512)
 			rowsBuf := make([]byte, 512*64*4)
 			w := make([]float32, 64*256)
+			var lookupBytes int64 // read from disk by the lookups
 			step := func() {
 				for i := range ids {
 					ids[i] = rng.IntN(100_000)
@@ -166,9 +168,11 @@ func BenchmarkEmbeddingStep(b *testing.B) {
 						b.Fatal(err)
 					}
 					if l == 0 {
+						before := rt.Engine.Stats().ReadBytes
 						if err := rt.ReadParamRows(ctx, "emb", ids, tensor.Float32, rowsBuf); err != nil {
 							b.Fatal(err)
 						}
+						lookupBytes += rt.Engine.Stats().ReadBytes - before
 					} else if err := rt.ReadParam(ctx, "w", w); err != nil {
 						b.Fatal(err)
 					}
@@ -201,12 +205,14 @@ func BenchmarkEmbeddingStep(b *testing.B) {
 				}
 			}
 			step()
+			lookupBytes = 0
 			b.ResetTimer()
 			for range b.N {
 				step()
 			}
 			b.StopTimer()
 			m := rt.Metrics()
+			b.ReportMetric(float64(lookupBytes)/float64(b.N), "lookup-read-B/op")
 			b.ReportMetric(float64(m.PinnedPeakBytes), "pinned-peak-B")
 			b.ReportMetric(float64(m.BytesRead+m.BytesWritten)/float64(b.N+1), "nvme-B/op")
 		})

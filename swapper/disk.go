@@ -210,7 +210,8 @@ func SizingStore(o StoreOptions, alignment int64) (*Store, error) {
 	if o.StripeBytes < 0 || o.ReserveBytes < 0 {
 		return nil, fmt.Errorf("swapper: StripeBytes %d and ReserveBytes %d must not be negative", o.StripeBytes, o.ReserveBytes)
 	}
-	return &Store{opts: o, tensors: map[string]*version{}, align: alignment, stripe: roundUp(o.StripeBytes, alignment), closed: true}, nil
+	stripe := roundUp(o.StripeBytes, alignment)
+	return &Store{opts: o, tensors: map[string]*version{}, align: alignment, stripe: stripe, unit: checksumUnit(o.ChecksumBytes, stripe, alignment), closed: true}, nil
 }
 
 // Sizing returns a sizing store (see SizingStore) with s's geometry and

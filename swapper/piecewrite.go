@@ -54,7 +54,7 @@ func (s *Store) NewPieceWriter(name string, length int64) (*PieceWriter, error) 
 		}
 	}
 	if s.opts.Checksums {
-		v.sums = make([]uint32, (padded+s.stripe-1)/s.stripe)
+		v.sums = make([]uint32, (padded+s.unit-1)/s.unit)
 	}
 	return &PieceWriter{s: s, name: name, v: v}, nil
 }
@@ -134,15 +134,12 @@ func (w *PieceWriter) finished(p *Pending, err error) {
 	w.ok += p.hi - p.lo
 }
 
-// pieceChecksums computes the checksums of the chunks a piece wrote.
+// pieceChecksums computes the checksums of the units a piece wrote.
 func (p *Pending) pieceChecksums() {
-	s := p.s
-	i := 0
-	s.chunks(p.v, func(c chunk) {
-		if c.lo >= p.from && c.lo < p.to && c.lo < p.v.length {
-			p.v.sums[i] = crc32.Checksum(p.buf[c.lo-p.from:min(c.hi, p.v.length)-p.from], castagnoli)
+	p.s.sumUnits(p.v, func(i int, lo, hi int64) {
+		if lo >= p.from && lo < p.to {
+			p.v.sums[i] = crc32.Checksum(p.buf[lo-p.from:hi-p.from], castagnoli)
 		}
-		i++
 	})
 }
 

@@ -58,6 +58,12 @@ type StoreOptions struct {
 	// StripeBytes is the striping unit across paths. Default 1 MiB; it is
 	// rounded up to a multiple of the device alignment.
 	StripeBytes int64
+	// ChecksumBytes is the bytes one CRC-32C covers (with Checksums). A
+	// ranged read (ReadRangeAsync) transfers and verifies whole units, so
+	// a smaller unit makes reading a few rows of a large tensor cheaper
+	// (an embedding lookup). Rounded up to the alignment, then down to a
+	// divisor of the stripe. Default 0: the stripe.
+	ChecksumBytes int64
 	// ReserveBytes preallocates (fallocate) this many bytes in each path's
 	// swap file at open, so later swap-outs cannot run out of space midway.
 	// Default 0: files grow as needed.
@@ -93,6 +99,7 @@ type Store struct {
 	allocs []*extentAlloc
 	align  int64
 	stripe int64
+	unit   int64 // bytes per checksum (ChecksumBytes)
 
 	mu      sync.Mutex
 	tensors map[string]*version
@@ -194,6 +201,7 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 		}
 	}
 	s.stripe = roundUp(opts.StripeBytes, s.align)
+	s.unit = checksumUnit(opts.ChecksumBytes, s.stripe, s.align)
 	for i := range s.files {
 		s.allocs = append(s.allocs, &extentAlloc{})
 		s.paths = append(s.paths, PathStats{Path: opts.Paths[i]})
@@ -403,8 +411,9 @@ func (p *Pending) checksum() {
 		return
 	}
 	if p.op == "swap-out" {
-		s.chunks(p.v, func(c chunk) {
-			p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[c.lo:min(c.hi, p.v.length)], castagnoli))
+		p.v.sums = make([]uint32, 0, (p.v.padded+s.unit-1)/s.unit)
+		s.sumUnits(p.v, func(_ int, lo, hi int64) {
+			p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[lo:hi], castagnoli))
 		})
 		return
 	}
@@ -650,9 +659,40 @@ func (s *Store) ReadAsync(name string, b []byte) (*Pending, error) {
 // verified.
 func (s *Store) rangeUnit() int64 {
 	if s.opts.Checksums {
-		return s.stripe
+		return s.unit
 	}
 	return s.align
+}
+
+// checksumUnit is StoreOptions.ChecksumBytes for a stripe and an
+// alignment: rounded up to the alignment, then down to a divisor of the
+// stripe (itself a multiple of the alignment); the stripe for 0.
+func checksumUnit(bytes, stripe, align int64) int64 {
+	if bytes <= 0 || bytes >= stripe {
+		return stripe
+	}
+	u := roundUp(bytes, align)
+	for stripe%u != 0 {
+		u -= align
+	}
+	return u
+}
+
+// sumUnits calls fn for every checksum unit of v, in order: its index in
+// v.sums and its bytes [lo, hi) (hi at most v's length). A unit lies in
+// one stripe chunk.
+func (s *Store) sumUnits(v *version, fn func(i int, lo, hi int64)) {
+	for i, lo := 0, int64(0); lo < v.padded && lo < v.length; i, lo = i+1, lo+s.unit {
+		fn(i, lo, min(lo+s.unit, v.length))
+	}
+}
+
+// fileAt is the file and offset of byte lo of v.
+func (s *Store) fileAt(v *version, lo int64) (string, int64) {
+	n := int64(len(s.files))
+	k := lo / s.stripe
+	p := k % n
+	return s.files[p].Path(), v.ext[p].off + (k/n)*s.stripe + lo%s.stripe
 }
 
 // RangeUnit is the granule ranged reads transfer in (see RangeLen): the
@@ -741,21 +781,21 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 }
 
 func (s *Store) verify(p *Pending) error {
-	i := 0
 	var bad error
 	from, to := int64(0), p.v.padded
 	if p.ranged {
-		from, to = p.from, p.to // whole chunks only: see RangeLen
+		from, to = p.from, p.to // whole units only: see RangeLen
 	}
-	s.chunks(p.v, func(c chunk) {
-		if bad == nil && c.lo < p.v.length && c.lo >= from && c.hi <= to {
-			got := crc32.Checksum(p.buf[c.lo-from:min(c.hi, p.v.length)-from], castagnoli)
-			if got != p.v.sums[i] {
-				bad = &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",
-					ErrChecksum, c.lo, min(c.hi, p.v.length), s.files[c.p].Path(), c.off, got, p.v.sums[i])}
-			}
+	s.sumUnits(p.v, func(i int, lo, hi int64) {
+		if bad != nil || lo < from || min(lo+s.unit, p.v.padded) > to {
+			return
 		}
-		i++
+		got := crc32.Checksum(p.buf[lo-from:hi-from], castagnoli)
+		if got != p.v.sums[i] {
+			path, off := s.fileAt(p.v, lo)
+			bad = &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",
+				ErrChecksum, lo, hi, path, off, got, p.v.sums[i])}
+		}
 	})
 	if bad != nil {
 		s.mu.Lock()

@@ -2,6 +2,7 @@ package param
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -47,46 +48,65 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 	slices.SortStableFunc(parts, func(a, b part) int { return a.lo - b.lo })
 	piece := s.opts.PieceBytes
 	u := s.store.RangeUnit()
-	var spanHi int64
-	for _, p := range parts {
-		spanHi = max(spanHi, int64(p.hi))
-	}
-	// The windows: each [first, hi) fits one buffer (its read transfers
-	// at most piece bytes) and serves the parts, or parts of parts, in it.
-	type seg struct{ lo, end, out int }
+	// Windows of reads: a window's reads are packed into one buffer of at
+	// most piece bytes, each read one stretch of the partition (parts
+	// less than readGap apart share a read, since reading through a
+	// small gap is cheaper than another request; farther ones get their
+	// own, so a few rows cost a few units, not the span between them).
+	type seg struct{ lo, end, out, r int } // part bytes [lo, end), output element, read
+	type rd struct{ lo, hi, at int }       // partition bytes [lo, hi) read at buffer offset at
 	type window struct {
-		first, hi int
-		segs      []seg
+		rds  []rd
+		segs []seg
 	}
+	rangeLen := func(lo, hi int) int { return int(s.store.RangeLen(int64(lo), int64(hi))) }
 	var windows []window
+	var w window
+	used := 0 // buffer bytes the window's reads take
 	for i := 0; i < len(parts); {
-		first := parts[i].lo
-		limit := int(int64(first)/u*u + piece)
-		w := window{first: first}
-		j := i
-		for j < len(parts) && parts[j].lo < limit {
-			end := min(parts[j].hi, limit)
-			w.hi = max(w.hi, end)
-			w.segs = append(w.segs, seg{parts[j].lo, end, parts[j].out})
-			j++
-		}
-		windows = append(windows, w)
-		var cut []part
-		for k := i; k < j; k++ {
-			if p := parts[k]; p.hi > limit {
-				// The rest of a part the window cut goes on from limit.
-				cut = append(cut, part{limit, p.hi, p.out + (limit-p.lo)/es})
+		p := parts[i]
+		if n := len(w.rds); n > 0 {
+			last := &w.rds[n-1]
+			if p.lo <= last.hi+readGap {
+				if grown := last.at + rangeLen(last.lo, max(last.hi, p.hi)); grown <= int(piece) {
+					last.hi = max(last.hi, p.hi)
+					used = grown
+					w.segs = append(w.segs, seg{p.lo, p.hi, p.out, n - 1})
+					i++
+					continue
+				}
+			}
+			if used+rangeLen(p.lo, p.hi) > int(piece) {
+				windows = append(windows, w)
+				w, used = window{}, 0
+				continue
 			}
 		}
-		if len(cut) == 0 {
-			i = j
-			continue
+		end := p.hi
+		if used+rangeLen(p.lo, p.hi) > int(piece) {
+			// Alone in the window and larger than it: the part's first
+			// piece now, the rest next.
+			end = int(int64(p.lo)/u*u + piece)
+			parts[i] = part{end, p.hi, p.out + (end-p.lo)/es}
+		} else {
+			i++
 		}
-		parts = append(cut, parts[j:]...)
-		slices.SortStableFunc(parts, func(a, b part) int { return a.lo - b.lo })
-		i = 0
+		w.rds = append(w.rds, rd{p.lo, end, used})
+		w.segs = append(w.segs, seg{p.lo, end, p.out, len(w.rds) - 1})
+		used += rangeLen(p.lo, end)
+		if end < p.hi {
+			windows = append(windows, w)
+			w, used = window{}, 0
+		}
 	}
-	size := int(min(piece, s.store.RangeLen(int64(windows[0].first), spanHi)))
+	if len(w.rds) > 0 {
+		windows = append(windows, w)
+	}
+	size := 0
+	for _, w := range windows {
+		r := w.rds[len(w.rds)-1]
+		size = max(size, r.at+rangeLen(r.lo, r.hi))
+	}
 	first, err := s.acquireBuffer(ctx, size, buffers.PurposeParams)
 	if err != nil {
 		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
@@ -109,22 +129,29 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 		p    *swapper.Pending
 		data []byte
 	}
-	var flying []read // in window order; waited for before the buffers go back
+	var flying [][]read // per window issued, in order; waited for before the buffers go back
 	defer func() {
-		for _, r := range flying {
-			_ = r.p.Wait()
+		for _, rs := range flying {
+			for _, r := range rs {
+				_ = r.p.Wait()
+			}
 		}
 	}()
 	issue := func(i int) error {
-		w := windows[i]
 		if err := ctx.Err(); err != nil {
 			return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
 		}
-		p, data, err := s.store.ReadRangeAsync(t.key, int64(w.first), int64(w.hi), bufs[i%len(bufs)].Bytes())
-		if err != nil {
-			return err
+		buf := bufs[i%len(bufs)].Bytes()
+		var rs []read
+		for _, r := range windows[i].rds {
+			p, data, err := s.store.ReadRangeAsync(t.key, int64(r.lo), int64(r.hi), buf[r.at:])
+			if err != nil {
+				flying = append(flying, rs)
+				return err
+			}
+			rs = append(rs, read{p, data})
 		}
-		flying = append(flying, read{p, data})
+		flying = append(flying, rs)
 		return nil
 	}
 	for i := 0; i < len(bufs) && i < len(windows); i++ {
@@ -133,17 +160,26 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 		}
 	}
 	for i, w := range windows {
-		r := flying[0]
+		rs := flying[0]
 		flying = flying[1:]
-		if err := r.p.Wait(); err != nil {
-			return err
+		var errs []error
+		for _, r := range rs {
+			if err := r.p.Wait(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
 		}
 		s.mu.Lock()
-		s.stats.SwapIns++
-		s.stats.BytesRead += int64(w.hi - w.first)
+		for _, r := range w.rds {
+			s.stats.SwapIns++
+			s.stats.BytesRead += int64(r.hi - r.lo)
+		}
 		s.mu.Unlock()
 		for _, g := range w.segs {
-			fn(g.out, r.data[g.lo-w.first:g.end-w.first])
+			r := w.rds[g.r]
+			fn(g.out, rs[g.r].data[g.lo-r.lo:g.end-r.lo])
 		}
 		if next := i + len(bufs); next < len(windows) {
 			if err := issue(next); err != nil {
@@ -153,6 +189,10 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 	}
 	return nil
 }
+
+// readGap is the distance below which two parts of a streamed read share
+// one store read (see readStreamed).
+const readGap = 64 << 10
 
 // builder assembles a new version of a partition from values handed over
 // in order (StageUpdate: all at once; StageRange: range by range),
