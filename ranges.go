@@ -150,7 +150,7 @@ func (r *Runtime) readSpans(ctx context.Context, op, name string, spans []param.
 // number of calls, give bit for bit what AccumulateGrad of the full
 // gradient with zeros elsewhere gives (the sum starts at +0 and never
 // holds -0, so a zero added changes nothing). Written behind like
-// AccumulateGrad; a failed call adds nothing and may be retried.
+// AccumulateGrad, with its retry rule.
 func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, g []float32) error {
 	if err := r.closedErr("accumulate range of "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err

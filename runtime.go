@@ -732,7 +732,11 @@ func (r *Runtime) fullRange(op, name string, n int) (lo, hi int, err error) {
 // AccumulateGrad adds a micro-step's gradient of a parameter (the full
 // tensor, already reduced over ranks; this rank keeps its partition). It
 // is written behind: the call returns once the values are copied. A
-// failed call adds nothing and may be retried.
+// failed call adds nothing and may be retried. (A gradient kept in pieces,
+// see Options.PieceBytes, may fail after some pieces were added: its
+// retry — the same call, with the same values — adds only the others.
+// Retry the call, or give the step up with AbortStep, before handing the
+// tensor another gradient.)
 func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) error {
 	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err

@@ -464,6 +464,9 @@ func (s *Swapper) named(op string, t *tensor, err error) error {
 // the sum is in pinned memory; the store write is behind. If the previous
 // write of name failed and no one reported it yet, Accumulate returns that
 // error and does NOT add grad (the sum so far is intact; retry the call).
+// A gradient kept in pieces (Options.PieceElems) is added piece by piece:
+// a call that fails part way has added the pieces before the failure,
+// and its retry (the same call) adds the rest; Zero forgets where it was.
 func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
 	return s.accumulateNamed(ctx, name, grad, false)
 }
