@@ -104,6 +104,7 @@ type Store struct {
 	mu      sync.Mutex
 	tensors map[string]*version
 	closed  bool
+	adopted map[string]*aio.File // files read in place (Adopt), by path
 
 	stats StoreStats
 	paths []PathStats // per path, guarded by mu
@@ -136,6 +137,10 @@ type version struct {
 	sums    []uint32 // CRC-32C per stripe chunk, when checksums are on
 	refs    int      // reads in flight on this version
 	retired bool     // replaced or deleted: free extents at refs == 0
+	// A version read in place (Adopt) lives in file, not the swap files:
+	// its padded span starts at fileOff, its bytes head bytes into it.
+	file          *aio.File
+	fileOff, head int64
 }
 
 type extent struct{ off, len int64 }
@@ -436,6 +441,10 @@ func (p *Pending) Wait() error {
 		p.collect()
 		p.checksum()
 	}
+	if v := p.v; p.err == nil && v.head > 0 && p.op == "swap-in" && !p.ranged {
+		// Read in place: the tensor starts head bytes into the span read.
+		copy(p.buf[:v.length], p.buf[v.head:v.head+v.length])
+	}
 	// The I/O's completion, not the moment Wait was called.
 	end := p.doneAt
 	if end.IsZero() {
@@ -570,7 +579,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // single path: one request, split by the engine into blocks).
 func (s *Store) submit(p *Pending, op aio.Op) error {
 	v := p.v
-	if len(s.files) == 1 {
+	if v.file != nil {
+		if op != aio.OpRead {
+			return errors.New("swapper: a version read in place is never written")
+		}
+		p.single(op, v.file, v.fileOff, p.buf[:v.padded])
+	} else if len(s.files) == 1 {
 		p.single(op, s.files[0], v.ext[0].off, p.buf[:v.padded])
 	} else {
 		s.chunks(v, func(c chunk) {
@@ -744,6 +758,10 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 		s.mu.Unlock()
 		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: fmt.Errorf("byte range [%d, %d) is not a non-empty part of the tensor's %d bytes", lo, hi, v.length)}
 	}
+	if v.file != nil {
+		s.mu.Unlock()
+		return nil, nil, &TensorError{Op: "swap-in", Tensor: name, Err: errors.New("a tensor read in place (Adopt) is read whole, not by ranges")}
+	}
 	u := s.rangeUnit()
 	from, to := lo/u*u, min(roundUp(hi, u), v.padded)
 	if int64(cap(b)) < to-from {
@@ -849,6 +867,9 @@ func (s *Store) Locate(name string, off int64) (path string, fileOff int64, err 
 	if off < 0 || off >= v.length {
 		return "", 0, &TensorError{Op: "locate", Tensor: name, Err: fmt.Errorf("offset %d outside 0..%d", off, v.length)}
 	}
+	if v.file != nil {
+		return v.file.Path(), v.fileOff + v.head + off, nil
+	}
 	n := int64(len(s.files))
 	k := off / s.stripe
 	p := k % n
@@ -871,6 +892,7 @@ func (s *Store) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, s.closeAdopted())
 	for _, d := range s.dirs {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, fmt.Errorf("swapper: removing scratch dir %s: %w", d, err))

@@ -37,6 +37,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
 )
@@ -45,6 +46,16 @@ import (
 // tensor, widened to fp32), so the model is never whole in memory.
 type Weights interface {
 	Read(ctx context.Context, v Var, dst []float32) error
+}
+
+// InPlaceWeights are Weights whose tensors lie in files as the runtime
+// stores them: Locate says where (the file, the offset of the tensor's
+// first byte, its dtype), and Open reads them there
+// (zinf.Runtime.InitInPlace) when the layout allows, with no copy in the
+// swap files; the others are read and copied.
+type InPlaceWeights interface {
+	Weights
+	Locate(v Var) (path string, off int64, dtype tensor.DType, ok bool)
 }
 
 // Options adjust Open.
@@ -139,7 +150,10 @@ type Generator struct {
 	// input is exactly the rows of its tokens (no scaling, token types or
 	// normalization), so only those rows are read from NVMe.
 	rowsOf *Var
-	closed bool
+	// inPlace counts the weights read where they lie, and their bytes.
+	inPlace      int
+	inPlaceBytes int64
+	closed       bool
 }
 
 type sampleKey struct {
@@ -199,8 +213,25 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 		}
 	}()
 	var buf []float32
+	lw, _ := w.(InPlaceWeights)
 	for i, v := range vars {
 		g.byLayer[v.Layer] = append(g.byLayer[v.Layer], i)
+		if err := g.bind(v); err != nil {
+			return nil, err
+		}
+		if lw != nil {
+			if path, off, dt, ok := lw.Locate(v); ok {
+				err := rt.InitInPlace(ctx, v.Name, path, off, dt)
+				if err == nil {
+					g.inPlace++
+					g.inPlaceBytes += int64(v.Numel() * dt.Size())
+					continue
+				}
+				if !errors.Is(err, swapper.ErrNotInPlace) {
+					return nil, err
+				}
+			}
+		}
 		n := v.Numel()
 		if cap(buf) < n {
 			buf = make([]float32, n)
@@ -209,9 +240,6 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 			return nil, fmt.Errorf("zinf generate: weights of %q: %w", v.Name, err)
 		}
 		if err := rt.Init(ctx, v.Name, buf[:n]); err != nil {
-			return nil, err
-		}
-		if err := g.bind(v); err != nil {
 			return nil, err
 		}
 	}
@@ -310,6 +338,10 @@ func (g *Generator) headExec(s Sampling) (*model.Exec, error) {
 
 // Runtime is the zinf runtime holding the weights (plan, metrics).
 func (g *Generator) Runtime() *zinf.Runtime { return g.rt }
+
+// InPlace reports the weights read where they lie (InPlaceWeights) and
+// their bytes; the others were copied into the swap files.
+func (g *Generator) InPlace() (tensors int, bytes int64) { return g.inPlace, g.inPlaceBytes }
 
 // Vars lists the model's weights in zinf order.
 func (g *Generator) Vars() []Var { return slices.Clone(g.vars) }

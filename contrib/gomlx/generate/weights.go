@@ -68,6 +68,25 @@ func (w *CkptWeights) Read(ctx context.Context, v Var, dst []float32) error {
 	return widen(ti.DType, b, dst)
 }
 
+// Locate is where the checkpoint holds v (InPlaceWeights): Open reads it
+// there when the layout allows. The checkpoint's CRCs are not checked for
+// tensors read in place (zinf ckpt verify checks them).
+func (w *CkptWeights) Locate(v Var) (string, int64, tensor.DType, bool) {
+	ti, err := w.r.Tensor(v.Name)
+	if err != nil || !sameNumel(ti.Shape, v) {
+		return "", 0, 0, false
+	}
+	return filepath.Join(w.r.Meta().RankDir, ti.File), ti.Offset, ti.DType, true
+}
+
+func sameNumel(shape []int64, v Var) bool {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n == int64(v.Numel())
+}
+
 // Close closes the checkpoint.
 func (w *CkptWeights) Close() error { return w.r.Close() }
 
@@ -218,6 +237,20 @@ func (w *STWeights) index(path string) error {
 		w.entries[k] = stEntry{file: path, dtype: dt, shape: e.Shape, begin: start + e.Offsets[0], end: start + e.Offsets[1]}
 	}
 	return nil
+}
+
+// Locate is where the files hold v, unless it is stored transposed
+// (InPlaceWeights).
+func (w *STWeights) Locate(v Var) (string, int64, tensor.DType, bool) {
+	name, transposed := v.Name, false
+	if w.name != nil {
+		name, transposed = w.name(v)
+	}
+	e, ok := w.entries[name]
+	if !ok || transposed || !sameNumel(e.shape, v) {
+		return "", 0, 0, false
+	}
+	return e.file, e.begin, e.dtype, true
 }
 
 // Names lists the files' tensors, sorted.

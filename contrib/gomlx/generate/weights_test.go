@@ -81,6 +81,7 @@ func TestCheckpointWeights(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
+	checkInPlace(t, g, 2)
 	ps, s := prompts(2, 5, 97, 4), generate.Sampling{MaxNewTokens: 12}
 	res, err := g.Generate(ctx, ps, s, nil)
 	if err != nil {
@@ -180,6 +181,7 @@ func TestHuggingFaceWeights(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
+	checkInPlace(t, g, 4)
 	ps, s := prompts(2, 5, 97, 6), generate.Sampling{MaxNewTokens: 12}
 	res, err := g.Generate(ctx, ps, s, nil)
 	if err != nil {
@@ -210,4 +212,22 @@ func TestHuggingFaceWeights(t *testing.T) {
 			t.Errorf("%s: %v", c.want, err)
 		}
 	}
+}
+
+// checkInPlace: some weights are read where they lie, and the swap files
+// hold only the others.
+func checkInPlace(t *testing.T, g *generate.Generator, size int) {
+	t.Helper()
+	n, b := g.InPlace()
+	var all int64
+	for _, v := range g.Vars() {
+		all += int64(v.Numel() * size)
+	}
+	if n == 0 || b == 0 {
+		t.Fatalf("no weight read in place (%d tensors)", len(g.Vars()))
+	}
+	if w := g.Runtime().ParamStore.Stats().BytesWritten; w+b != all {
+		t.Fatalf("%d bytes written to the swap files + %d read in place != the weights' %d", w, b, all)
+	}
+	t.Logf("%d of %d weights (%d of %d bytes) read in place", n, len(g.Vars()), b, all)
 }

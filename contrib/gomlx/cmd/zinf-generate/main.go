@@ -371,6 +371,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fmt.Fprintf(stdout, "model: %s; tokenizer %s; %s\n", sp, tok.name, source)
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
 		len(g.Vars()), config.Size(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+	if n, b := g.InPlace(); n > 0 {
+		fmt.Fprintf(stdout, "  %d tensors (%s) read in place from their files by O_DIRECT, %d copied into the swap files\n", n, config.Size(b), len(g.Vars())-n)
+	}
 	longest := 0
 	for _, p := range prompts {
 		longest = max(longest, len(p))
