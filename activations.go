@@ -101,6 +101,11 @@ func (r *Runtime) OpenActivations(maxEntryBytes int64) (a *Activations, err erro
 	if a.device == "" {
 		a.device = config.ActivationsAuto
 	}
+	if a.device == config.ActivationsAuto && r.Config.CPUCheckpointing {
+		// DeepSpeed's activation_checkpointing.cpu_checkpointing: the
+		// activations in CPU (pinned) memory.
+		a.device = config.ActivationsCPU
+	}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -129,6 +134,9 @@ func (r *Runtime) OpenActivations(maxEntryBytes int64) (a *Activations, err erro
 			granule = granuleBytes(a.store)
 			// Staging: a write behind and the reads ahead, at the least.
 			stage := int64(activationPrefetch+2) * buffers.SpanBytes(a.store.PaddedLen(maxEntryBytes), int(granule))
+			if a.device == config.ActivationsNVMe && (ac.CPUBytes == 0 || pinned > stage) {
+				pinned = stage // staging is all the nvme tier pins
+			}
 			if pinned < stage {
 				if ac.CPUBytes != 0 {
 					return nil, fmt.Errorf("zinf: zinf.activations.cpu_bytes = %s is too small for the nvme tier's staging: %d buffers of %s (entries up to %d bytes) need %s",

@@ -173,8 +173,8 @@ func sameState(t *testing.T, what string, got, want map[string][]float32) {
 // TestActivationTiers: activations through each tier of the activation
 // tier — memory, pinned memory, NVMe (written behind, read back ahead of
 // the backward pass), and auto over budgets that spill across all three —
-// give the same bits as in memory, each entry where zinf.activations puts
-// it.
+// give the same bits as in memory, each entry where zinf.activations (or
+// DeepSpeed's activation_checkpointing.cpu_checkpointing) puts it.
 func TestActivationTiers(t *testing.T) {
 	ref := actTrain(t, func(c *config.Config) { c.Zinf.Activations.Device = config.ActivationsMemory }, nil)
 	if ref.stats.PeakMemoryBytes == 0 || ref.stats.PeakPinnedBytes != 0 || ref.stats.PeakNVMeBytes != 0 {
@@ -188,6 +188,9 @@ func TestActivationTiers(t *testing.T) {
 	}{
 		{"cpu", func(c *config.Config) { c.Zinf.Activations.Device = config.ActivationsCPU }, func(s zinf.ActivationStats) bool {
 			return s.PeakPinnedBytes == 9*entry && s.PeakMemoryBytes == 0 && s.PeakNVMeBytes == 0
+		}},
+		{"cpu_checkpointing", func(c *config.Config) { c.CPUCheckpointing = true }, func(s zinf.ActivationStats) bool {
+			return s.PeakPinnedBytes == 9*entry && s.PeakMemoryBytes == 0 // DeepSpeed's key: pinned memory under auto
 		}},
 		{"nvme", func(c *config.Config) { c.Zinf.Activations.Device = config.ActivationsNVMe }, func(s zinf.ActivationStats) bool {
 			return s.PeakNVMeBytes == 9*entry && s.BytesWritten == 3*9*entry && s.BytesRead <= s.BytesWritten && s.Prefetched > 0 && s.PeakMemoryBytes == 0

@@ -37,6 +37,12 @@ type Config struct {
 	// gradients are scaled down to it. 0 turns clipping off. >= 0. Default
 	// 0.
 	GradientClipping float64
+	// CPUCheckpointing is "activation_checkpointing.cpu_checkpointing":
+	// DeepSpeed's checkpointed activations in CPU memory. Under
+	// zinf.activations.device auto it puts the activation tier in pinned
+	// memory (zinf.Runtime.OpenActivations). activation_checkpointing's
+	// other keys are accepted and not acted on. Default false.
+	CPUCheckpointing bool
 	// LossScaling is the loss-scaling keys of "fp16" (loss_scale,
 	// initial_scale_power, loss_scale_window, hysteresis,
 	// consecutive_hysteresis, min_loss_scale); they act when FP16 is true.
@@ -350,9 +356,9 @@ type Activations struct {
 	// MemoryBytes is "memory_bytes": the activations kept in memory under
 	// auto. Default 0: no limit.
 	MemoryBytes Size
-	// CPUBytes is "cpu_bytes": the pinned memory activations may take on
-	// the cpu tier (and under auto), and the staging buffers of the nvme
-	// tier come from it too. Default 0: 64 MiB.
+	// CPUBytes is "cpu_bytes": the pinned memory of the cpu tier, and
+	// under auto of the pinned entries and the nvme staging together.
+	// Default 0: 64 MiB. The nvme device pins its staging only.
 	CPUBytes Size
 }
 

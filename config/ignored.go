@@ -44,7 +44,10 @@ var ignoredTypes = map[string]ignoredType{
 	"vocabulary_size": intType, "sequence_parallel_size": intType, "gradient_accumulation_dtype": stringType,
 	"mp_size": intType,
 	"amp":     objectType, "tensorboard": objectType, "wandb": objectType, "csv_monitor": objectType, "comet": objectType,
-	"comms_logger": objectType, "flops_profiler": objectType, "activation_checkpointing": objectType,
+	"comms_logger": objectType, "flops_profiler": objectType,
+	// activation_checkpointing (its cpu_checkpointing is read).
+	"partition_activations": boolType, "contiguous_memory_optimization": boolType, "number_checkpoints": intType,
+	"synchronize_checkpoint_boundary": boolType, "profile": boolType,
 	"sparse_attention": objectType, "eigenvalue": objectType, "progressive_layer_drop": objectType,
 	"curriculum_learning": objectType, "data_efficiency": objectType, "compression_training": objectType,
 	"checkpoint": objectType, "data_types": objectType, "elasticity": objectType, "autotuning": objectType,

@@ -21,6 +21,10 @@ type wireConfig struct {
 	ZeroOptimization          wireZero      `json:"zero_optimization"`
 	AIO                       wireAIO       `json:"aio"`
 	Zinf                      wireZinf      `json:"zinf"`
+	// ActivationCheckpointing is written only when cpu_checkpointing is on.
+	ActivationCheckpointing *struct {
+		CPUCheckpointing bool `json:"cpu_checkpointing"`
+	} `json:"activation_checkpointing,omitempty"`
 }
 
 // wireOptimizer writes the params of its type only (the others are
@@ -207,6 +211,11 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.GradientAccumulationSteps = c.GradientAccumulationSteps
 	w.Optimizer = optimizerWire(c.Optimizer)
 	w.GradientClipping = c.GradientClipping
+	if c.CPUCheckpointing {
+		w.ActivationCheckpointing = &struct {
+			CPUCheckpointing bool `json:"cpu_checkpointing"`
+		}{true}
+	}
 	w.Scheduler = schedWire(c.Scheduler)
 	l := c.LossScaling
 	w.FP16.Enabled = c.FP16

@@ -618,6 +618,8 @@ func schema(c *Config) []spec {
 		leaf("gradient_clipping", autoable("0 (no clipping)", floatInto(&c.GradientClipping))),
 		{name: "scheduler", set: schedulerSection(c), fields: schedulerSpecs(c)},
 		zinf,
+		section("activation_checkpointing", append([]spec{leaf("cpu_checkpointing", boolInto(&c.CPUCheckpointing))},
+			ignore("partition_activations", "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile")...)...),
 	}, ignore(
 		// DeepSpeed's other top-level keys, accepted whole: zinf runs its own
 		// training loop, so batch bookkeeping, logging, monitors and
@@ -627,7 +629,7 @@ func schema(c *Config) []spec {
 		"sparse_gradients", "fp32_allreduce", "communication_data_type", "seq_parallel_comm_data_type",
 		"disable_allgather", "amp", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
 		"tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler",
-		"activation_checkpointing", "sparse_attention", "eigenvalue", "progressive_layer_drop",
+		"sparse_attention", "eigenvalue", "progressive_layer_drop",
 		"curriculum_learning", "data_efficiency", "compression_training", "checkpoint", "data_types",
 		"dataloader_drop_last", "elasticity", "autotuning", "pipeline", "nebula", "hybrid_engine",
 		"graph_harvesting", "use_data_before_expert_parallelism", "vocabulary_size", "quantize_training",

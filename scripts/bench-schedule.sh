@@ -45,14 +45,27 @@ for r in $(seq 1 "$rounds"); do
     done
   done
 done
+# B. Peak RSS of a layer-major step whose activations (32 MiB a step:
+# 8 layers x 8 micro-batches x 512 KiB of layer input and pre-activations)
+# live in memory, in pinned memory or on NVMe; micro-batch-major beside it
+# (one micro-batch's activations at a time).
+for r in $(seq 1 "$rounds"); do
+  for dev in memory cpu nvme mbmajor; do
+    sched=layer-major; d=$dev
+    if [ "$dev" = mbmajor ]; then sched=micro-batch-major; d=memory; fi
+    sed "s/\"tiers\"/\"activations\": {\"device\": \"$d\", \"cpu_bytes\": \"48MiB\"}, \"tiers\"/" "$tmp/ds.json" > "$tmp/act.json"
+    ./bin/zinf train --config "$tmp/act.json" --layers 8 --width 256 --batch 256 --steps 2 --micro-batches 8 --schedule "$sched" --json --quiet \
+      | sed "s/^/ACT $dev /" >> "$tmp/acts.txt"
+  done
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$tmp/runs.txt" "$layers" "$width" "$batch" "$steps" "$compute" <<'PY'
+python3 - "$tmp/runs.txt" "$layers" "$width" "$batch" "$steps" "$compute" "$tmp/acts.txt" <<'PY'
 import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
     _, k, order, js = line.split(" ", 3)
     runs.setdefault((int(k), order), []).append(json.loads(js))
-layers, width, batch, steps, compute = sys.argv[2:7]
+layers, width, batch, steps, compute, actsfile = sys.argv[2:8]
 def med(v): return statistics.median(v), min(v), max(v)
 def fmt(t, unit="", scale=1.0, nd=1): return f"{t[0]/scale:.{nd}f}{unit} ({t[1]/scale:.{nd}f}..{t[2]/scale:.{nd}f})"
 # A step's own figures: the median over the run's steps after the first.
@@ -79,4 +92,23 @@ for k in ks:
     print(f"k={k}: param bytes per step vs k={k1}: layer-major {lm['pb']/table[(k1,'layer-major')]['pb']:.3f}x, "
           f"micro-batch-major {mb['pb']/table[(k1,'micro-batch-major')]['pb']:.2f}x (2k/2 = {k/k1:.0f}x); "
           f"step time layer-major / micro-batch-major {lm['step']/mb['step']:.2f}; {same}")
+acts = {}
+for line in open(actsfile):
+    _, dev, js = line.split(" ", 2)
+    acts.setdefault(dev, []).append(json.loads(js))
+print("\nB. zinf train --layers 8 --width 256 --batch 256 --steps 2 --micro-batches 8: a step's activations (32 MiB layer-major) by tier")
+print(f"{'activations':28} {'peak RSS MiB':>22} {'step ms':>26} {'tier peak MiB':>14}")
+for dev in ["memory", "cpu", "nvme", "mbmajor"]:
+    rs = acts.get(dev, [])
+    if not rs:
+        continue
+    rss = med([r["peak_rss_bytes"] / 2**20 for r in rs])
+    st = med([r["step_ms_median"] for r in rs])
+    a = rs[0].get("activations") or {}
+    peak = max(a.get("peak_memory_bytes", 0), a.get("peak_pinned_bytes", 0), a.get("peak_nvme_bytes", 0)) / 2**20
+    name = "micro-batch-major (in memory)" if dev == "mbmajor" else f"layer-major, {dev}"
+    shas = {r["state_sha256"] for r in rs}
+    print(f"{name:28} {fmt(rss, nd=0):>22} {fmt(st):>26} {peak:14.1f}")
+allsha = {r["state_sha256"] for rs in acts.values() for r in rs}
+print(f"final state: {'the same in every run' if len(allsha) == 1 else 'DIFFERS: ' + str(allsha)}")
 PY
