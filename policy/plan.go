@@ -913,8 +913,12 @@ func (p *Placement) Adjusted(depth int, depthWhy string, overlap bool, overlapWh
 			pl.tier[i] = p.Tier[x.Name]
 		}
 		q.PrefetchDepth = depth
-		q.Predicted = pl.model().predict(depth)
-		q.Predicted.Phases = append([]Phase(nil), q.Predicted.Phases...)
+		m := pl.model()
+		q.PredictedLayerMajor, q.PredictedMicroBatchMajor = m.predictOrder(depth, true), m.predictOrder(depth, false)
+		q.Predicted = q.PredictedMicroBatchMajor
+		if q.Schedule == ScheduleLayerMajor {
+			q.Predicted = q.PredictedLayerMajor
+		}
 		q.Notes = append(q.Notes, fmt.Sprintf("prefetch depth %d, not the planned %d: %s", depth, p.PrefetchDepth, depthWhy))
 	}
 	if overlap != p.OverlapStep {

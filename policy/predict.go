@@ -68,10 +68,11 @@ type Phase struct {
 
 // passResult is the outcome of simulating one pass, in seconds.
 type passResult struct {
-	io       float64 // fetch and write time issued in the pass
-	exposed  float64 // time compute waited on fetches
-	drain    float64 // time writes ran past the end of the pass
-	readBack float64 // time the loop waited reading gradients back (read-modify-write)
+	io        float64 // fetch and write time issued in the pass
+	exposed   float64 // time compute waited on fetches
+	drain     float64 // time writes ran past the end of the pass
+	readBack  float64 // time the loop waited reading gradients back (read-modify-write)
+	writeWait float64 // time the loop waited for gradient writes (syncWrite)
 }
 
 // simulatePass models one pass the way Scheduler runs it. Reads (parameter
@@ -83,8 +84,11 @@ type passResult struct {
 // exposed time never exceeds the fetch time. With readBack (a
 // micro-batch-major backward pass after the first micro-batch), each
 // layer's hand-off first reads its gradient sum back, on the read stream,
-// and the loop waits for it.
-func simulatePass(order []int, fetch, write, readBack []float64, compute float64, depth int) passResult {
+// and the loop waits for it. With syncWrite (micro-batch-major: the
+// gradient write-behind has one pinned buffer, so a hand-off waits for
+// the write before it) the loop waits for each layer's write.
+func simulatePass(order []int, fetch, write, readBack []float64, compute float64, depth int, syncWrite ...bool) passResult {
+	sync := len(syncWrite) > 0 && syncWrite[0]
 	var r passResult
 	now, readFree, writeFree := 0.0, 0.0, 0.0
 	done := make([]float64, len(order))
@@ -123,6 +127,10 @@ func simulatePass(order []int, fetch, write, readBack []float64, compute float64
 			if w := write[order[j]]; w > 0 {
 				writeFree = math.Max(writeFree, now) + w
 				r.io += w
+				if sync {
+					r.writeWait += writeFree - now
+					now = writeFree
+				}
 			}
 		}
 	}
@@ -231,19 +239,25 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 	forward, backward := m.orders()
 	var f, b passResult
 	var gradWrites, gradReads int64
-	if layerMajor || k == 1 {
+	if layerMajor {
 		kk := float64(k)
 		f = simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare*kk, depth)
 		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare*kk, depth)
 		gradWrites = 1
 		k = 1 // passes
 	} else {
+		// Micro-batch-major's gradients have one write-behind buffer: each
+		// layer's hand-off waits for the write before it.
 		f1 := simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare, depth)
-		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth)
-		bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.compute*backwardShare, depth)
-		n := float64(k - 1)
+		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth, true)
 		f = passResult{io: f1.io * float64(k), exposed: f1.exposed * float64(k), drain: f1.drain * float64(k)}
-		b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain, readBack: n * bk.readBack}
+		b = b1
+		if k > 1 {
+			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.compute*backwardShare, depth, true)
+			n := float64(k - 1)
+			b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain,
+				readBack: n * bk.readBack, writeWait: b1.writeWait + n*bk.writeWait}
+		}
 		gradWrites, gradReads = int64(k), int64(k-1)
 	}
 	micro := float64(max(m.micro, 1))
@@ -261,7 +275,7 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 		ParamIO:        seconds(2 * passes * sumFetch),
 		ExposedParamIO: seconds(f.exposed) + seconds(b.exposed),
 		GradIO:         seconds(float64(gradWrites)*sumWrite + float64(gradReads)*sumRead),
-		ExposedGradIO:  seconds(b.drain) + seconds(b.readBack),
+		ExposedGradIO:  seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait),
 		OptimizerIO:    seconds(m.optimizerS),
 		NVMeReadBytes:  m.nvmeRead + 2*int64(k)*m.paramRead + gradReads*m.gradBytes,
 		NVMeWriteBytes: m.nvmeWrite + gradWrites*m.gradBytes,
@@ -269,7 +283,7 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.OptimizerIO
 	p.Phases = []Phase{
 		{Name: "forward", Compute: fc, IO: seconds(f.io), Exposed: seconds(f.exposed)},
-		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain) + seconds(b.readBack)},
+		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait)},
 		{Name: "optimizer", IO: p.OptimizerIO, Exposed: p.OptimizerIO},
 	}
 	for i := range p.Phases {

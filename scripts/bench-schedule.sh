@@ -14,7 +14,7 @@
 # k = 8, predicted / measured. Both orders must end in the same state.
 # Knobs: ROUNDS (3), KS ("1 4 8"), LAYERS (8), WIDTH (1024), BATCH (1),
 # STEPS (4), COMPUTE_MS (0.2, simulated per layer, pass and micro-batch),
-# SCHED_DIR (the disk; default $TMPDIR or /var/tmp).
+# SCHED_DIR (the disk; default $TMPDIR or /var/tmp), CHECKSUMS (true: zinf.checksums).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
@@ -32,7 +32,7 @@ cat > "$tmp/ds.json" <<JSON
   "zero_optimization": {"stage": 3, "sub_group_size": 1048576,
     "offload_param": {"device": "nvme", "nvme_path": "$tmp", "max_in_cpu": 0},
     "offload_optimizer": {"device": "nvme", "nvme_path": "$tmp"}},
-  "zinf": {"tiers": {"cpu_pinned_bytes": "192MiB"},
+  "zinf": {"tiers": {"cpu_pinned_bytes": "192MiB"}, "checksums": ${CHECKSUMS:-true},
            "bandwidth": {"read_bytes_per_sec": "${rd}GB", "write_bytes_per_sec": "${wr}GB"}}
 }
 JSON
