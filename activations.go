@@ -246,13 +246,12 @@ func (a *Activations) staging(ctx context.Context, n int) (*buffers.Buffer, erro
 			}
 		}
 		if oldest == nil {
-			// Only entries the loop holds (pinned tier, failed writes,
-			// reads ahead it has not taken) fill the pool: wait for none.
-			b, err := a.pool.Acquire(ctx, n, buffers.PurposeStaging)
-			if err != nil {
-				return nil, fmt.Errorf("zinf: activations: no pinned staging for %d bytes (zinf.activations.cpu_bytes): %w", n, err)
-			}
-			return b, nil
+			// Only entries nothing will release fill the pool (failed
+			// writes kept for Load, reads ahead): waiting would be
+			// forever.
+			held := a.pool.Stats().InUseBytes
+			return nil, fmt.Errorf("zinf: activations: no pinned staging for %d bytes: the tier's %s (zinf.activations.cpu_bytes) hold %s of entries whose writes failed or that were read ahead; give the step up (Reset)",
+				n, config.Size(a.pool.Stats().CapacityBytes), config.Size(held))
 		}
 		a.finish(oldest, true)
 		if err := a.takeErr(); err != nil {
