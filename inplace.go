@@ -3,8 +3,10 @@ package zinf
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/param"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -19,6 +21,9 @@ import (
 // in pieces, several ranks — it returns an error wrapping
 // swapper.ErrNotInPlace and changes nothing: call Init instead.
 func (r *Runtime) InitInPlace(ctx context.Context, name, path string, off int64, dtype tensor.DType) error {
+	if err := r.closedErr("init in place "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
 	numel, ok := r.model.numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: init in place %q: not a tensor of the model", name)

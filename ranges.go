@@ -266,3 +266,56 @@ func (r *Runtime) Flush(ctx context.Context) error {
 // a step needs (ReadParamRows, ReadParamRange) reads only those pieces
 // from NVMe. False for an unknown name.
 func (r *Runtime) Streamed(name string) bool { return r.Params.Streamed(name) }
+
+// ReadParamBlocks reads a parameter in blocks of whole rows, in order, for
+// a loop that computes with each block while the next one is read (an
+// output head streamed in blocks): dst holds one block in dtype — a whole
+// number of rows (see RowLen) — and fn is called once per block with its
+// first row and its row count (the last block may be shorter; it is at
+// dst's start). For a streamed tensor the next piece is read from NVMe
+// while fn runs (when the pool has a second piece free), and only one
+// block of the tensor is ever in dst; fn must not keep dst. An error from
+// fn stops the reading and is returned. Without Options.GatherLayers this
+// rank's partition must be the whole tensor (world size 1, or a tensor
+// too small to partition; else read its range with ReadParamRange); a
+// tensor that is not streamed must have its layer begun.
+func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor.DType, dst []byte, fn func(row, rows int) error) error {
+	if err := r.closedErr("read blocks of "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
+	numel, ok := r.model.numel[name]
+	if !ok {
+		return fmt.Errorf("zinf: read blocks of %q: not a tensor of the model", name)
+	}
+	if !dtype.Valid() {
+		return fmt.Errorf("zinf: read blocks of %q: unknown dtype %d", name, dtype)
+	}
+	rl, sz := r.RowLen(name), dtype.Size()
+	rows := len(dst) / sz / rl
+	if rows == 0 || len(dst) != rows*rl*sz {
+		return fmt.Errorf("zinf: read blocks of %q: a destination of %d bytes is not a whole number of rows (%d elements of %s each)", name, len(dst), rl, dtype)
+	}
+	if fn == nil {
+		return fmt.Errorf("zinf: read blocks of %q: no function to call with the blocks", name)
+	}
+	block := func(lo, n int) error { return fn(lo/rl, n/rl) }
+	if r.gatherOn {
+		full, err := r.gatheredBytes("read", name)
+		if err != nil {
+			return err
+		}
+		es := r.DType.Size()
+		for lo := 0; lo < int(numel); lo += rows * rl {
+			n := min(rows*rl, int(numel)-lo)
+			swapper.Transcode(r.DType, full[lo*es:(lo+n)*es], dtype, dst[:n*sz])
+			if err := block(lo, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if plo, phi := r.Partition(name); plo != 0 || int64(phi) != numel {
+		return fmt.Errorf("zinf: read blocks of %q: rank %d holds elements [%d, %d) of %d (read them with ReadParamRange, or gather the layers: Options.GatherLayers)", name, r.Rank, plo, phi, numel)
+	}
+	return r.Params.ReadBlocks(ctx, name, rows*rl, dtype, dst, block)
+}

@@ -2,6 +2,7 @@ package zinf_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -27,9 +28,11 @@ func rangesModel(rows int) zinf.Model {
 // TestReadParamRowsAndRanges: rows (any order, duplicates, 300 scattered
 // ones) and ranges of a parameter, read in every dtype from every param
 // dtype — resident, and streamed in 1 MiB pieces (rows gathered into few
-// store reads with checksums per 16 KiB) — equal the same elements of
-// ReadParamBytes' whole tensor byte for byte; bad rows, ranges and
-// buffers are refused naming the tensor.
+// store reads with checksums per 16 KiB) — and the blocks of
+// ReadParamBlocks (in order, the last shorter; an error from the block
+// function stops it) equal the same elements of ReadParamBytes' whole
+// tensor byte for byte; bad rows, ranges and buffers are refused naming
+// the tensor.
 func TestReadParamRowsAndRanges(t *testing.T) {
 	for _, c := range []struct {
 		stored tensor.DType
@@ -90,6 +93,29 @@ func TestReadParamRowsAndRanges(t *testing.T) {
 					if !bytes.Equal(got[i*24*sz:(i+1)*24*sz], want) {
 						t.Fatalf("%s: row %d (index %d) differs from the whole tensor's", dt, row, i)
 					}
+				}
+				// Blocks of 1000 rows (the last shorter), in order.
+				blk := make([]byte, 1000*24*sz)
+				next := 0
+				if err := rt.ReadParamBlocks(ctx, "emb", dt, blk, func(row, rows int) error {
+					if row != next || rows != min(1000, nrows-row) {
+						return fmt.Errorf("block at row %d of %d rows, want row %d", row, rows, next)
+					}
+					if !bytes.Equal(blk[:rows*24*sz], whole[row*24*sz:(row+rows)*24*sz]) {
+						return fmt.Errorf("block at row %d differs from the whole tensor's", row)
+					}
+					next += rows
+					return nil
+				}); err != nil || next != nrows {
+					t.Fatalf("%s: blocks: %v (%d of %d rows)", dt, err, next, nrows)
+				}
+				stop := errors.New("enough")
+				calls := 0
+				if err := rt.ReadParamBlocks(ctx, "emb", dt, blk, func(int, int) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+					t.Fatalf("%s: an error from the block function: %v after %d calls", dt, err, calls)
+				}
+				if err := rt.ReadParamBlocks(ctx, "emb", dt, blk[:24*sz+1], func(int, int) error { return nil }); err == nil {
+					t.Fatalf("%s: a destination of a row and a byte was accepted", dt)
 				}
 				for _, r := range [][2]int{{0, 1}, {13, 4001}, {nrows*24 - 7, nrows * 24}, {50, 50}, {7, nrows*24 - 3}} {
 					got := make([]byte, (r[1]-r[0])*sz)

@@ -375,7 +375,7 @@ func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error 
 	}
 	if t.streamed {
 		es := s.elem
-		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) { copy(dst[out*es:], src) })
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error { copy(dst[out*es:], src); return nil })
 	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {
@@ -421,8 +421,9 @@ func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, 
 	}
 	if t.streamed {
 		es, ds := s.elem, dtype.Size()
-		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) {
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
 			swapper.Transcode(s.opts.DType, src, dtype, dst[out*ds:out*ds+len(src)/es*ds])
+			return nil
 		})
 	}
 	blk, err := s.acquireCurrent(ctx, t)
@@ -618,7 +619,10 @@ func (s *Swapper) ReadFloat32(ctx context.Context, name string, dst []float32) e
 	}
 	if t.streamed {
 		es := s.elem
-		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) { decode(s.opts.DType, dst[out:out+len(src)/es], src) })
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
+			decode(s.opts.DType, dst[out:out+len(src)/es], src)
+			return nil
+		})
 	}
 	blk, err := s.acquireCurrent(ctx, t)
 	if err != nil {

@@ -29,9 +29,11 @@ func (s *Swapper) streams(tier swapper.Tier, bytes int) bool {
 // readStreamed reads the spans of streamed partition t from the store,
 // in windows of at most PieceBytes through one pool buffer, and hands
 // each part to fn with the index, in the spans' concatenation, of its
-// first element and its bytes in the parameter dtype. Spans may come in
-// any order and overlap; parts close together share a window.
-func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn func(out int, src []byte)) error {
+// first element and its bytes in the parameter dtype (an error from fn
+// stops the reading). Spans may come in any order and overlap; parts
+// close together share a window. The next window is read while fn works
+// on this one, when the pool has a second buffer free.
+func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn func(out int, src []byte) error) error {
 	type part struct{ lo, hi, out int } // bytes of the partition; element index of the output
 	es := s.elem
 	parts := make([]part, 0, len(spans))
@@ -179,7 +181,9 @@ func (s *Swapper) readStreamed(ctx context.Context, t *tensor, spans []Span, fn 
 		s.mu.Unlock()
 		for _, g := range w.segs {
 			r := w.rds[g.r]
-			fn(g.out, rs[g.r].data[g.lo-r.lo:g.end-r.lo])
+			if err := fn(g.out, rs[g.r].data[g.lo-r.lo:g.end-r.lo]); err != nil {
+				return err
+			}
 		}
 		if next := i + len(bufs); next < len(windows) {
 			if err := issue(next); err != nil {

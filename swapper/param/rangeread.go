@@ -43,10 +43,16 @@ func (s *Swapper) ReadSpansAs(ctx context.Context, name string, spans []Span, dt
 	if total == 0 {
 		return nil
 	}
+	return s.readSpansInto(ctx, t, spans, dtype, dst)
+}
+
+// readSpansInto is ReadSpansAs of t once the arguments are checked.
+func (s *Swapper) readSpansInto(ctx context.Context, t *tensor, spans []Span, dtype swapper.DType, dst []byte) error {
 	if t.streamed {
 		es, ds := s.elem, dtype.Size()
-		return s.readStreamed(ctx, t, spans, func(at int, src []byte) {
+		return s.readStreamed(ctx, t, spans, func(at int, src []byte) error {
 			swapper.Transcode(s.opts.DType, src, dtype, dst[at*ds:at*ds+len(src)/es*ds])
+			return nil
 		})
 	}
 	blk, err := s.acquireCurrent(ctx, t)
@@ -88,6 +94,61 @@ func (s *Swapper) ReadSpansAs(ctx context.Context, name string, spans []Span, dt
 		}
 		swapper.Transcode(s.opts.DType, b, dtype, dst[at:at+n*ds])
 		at += n * ds
+	}
+	return nil
+}
+
+// ReadBlocks reads name's partition in blocks of block elements, in order,
+// encoded in dtype into dst (block x dtype's size bytes), and calls fn
+// with each block's first element and length (the last may be shorter;
+// it is at dst's start) — for a caller that computes with a block while
+// the next is read: a streamed partition's next piece is read while fn
+// runs, when the pool has a second buffer free. fn must not keep dst; an
+// error from fn stops the reading and is returned. Residency rules are
+// ReadFloat32's.
+func (s *Swapper) ReadBlocks(ctx context.Context, name string, block int, dtype swapper.DType, dst []byte, fn func(lo, n int) error) error {
+	if !dtype.Valid() {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("unknown dtype %d", dtype)}
+	}
+	t, ctx, done, err := s.begin(ctx, "read", name)
+	if err != nil {
+		return err
+	}
+	defer s.wg.Done()
+	defer done()
+	ds, es := dtype.Size(), s.elem
+	if block <= 0 || len(dst) < block*ds {
+		return &swapper.TensorError{Op: "read", Tensor: name, Err: fmt.Errorf("blocks of %d elements in a destination of %d bytes of %s", block, len(dst), dtype)}
+	}
+	if t.n == 0 {
+		return nil
+	}
+	if t.streamed {
+		lo, fill := 0, 0
+		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
+			for len(src) > 0 {
+				k := min(len(src)/es, block-fill)
+				swapper.Transcode(s.opts.DType, src[:k*es], dtype, dst[fill*ds:(fill+k)*ds])
+				fill += k
+				src = src[k*es:]
+				if fill == block || lo+fill == t.n {
+					if err := fn(lo, fill); err != nil {
+						return err
+					}
+					lo, fill = lo+fill, 0
+				}
+			}
+			return nil
+		})
+	}
+	for lo := 0; lo < t.n; lo += block {
+		n := min(block, t.n-lo)
+		if err := s.readSpansInto(ctx, t, []Span{{lo, lo + n}}, dtype, dst[:n*ds]); err != nil {
+			return err
+		}
+		if err := fn(lo, n); err != nil {
+			return err
+		}
 	}
 	return nil
 }
