@@ -286,8 +286,12 @@ func (s *stepFlags) apply(cfg *config.Config) error {
 
 func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	fmt.Fprintf(w, "\nsummary: %d steps, %d params (%s of state), world size %d, %s, backend %s\n", r.Steps, r.Params, policy.FormatBytes(r.StateBytes), r.World, r.DType, r.Backend)
-	fmt.Fprintf(w, "  step time median %.1f ms (policy predicted %.1f ms), io-wait median %.1f ms, prefetch depth %d, demand misses %d, schedule %s\n",
-		r.StepMsMedian, r.PredictedMs, r.IOWaitMsMedian, r.PrefetchDepth, r.DemandMisses, r.Schedule)
+	predicted := fmt.Sprintf("policy predicted %.1f ms", r.PredictedMs)
+	if r.ComputeMsPerLayerMeasured > 0 {
+		predicted = fmt.Sprintf("policy predicted %.1f ms from the measured compute, %.3f ms per layer, pass and micro-batch; %.1f ms at open", r.PredictedMs, r.ComputeMsPerLayerMeasured, r.PredictedAtOpenMs)
+	}
+	fmt.Fprintf(w, "  step time median %.1f ms (%s), io-wait median %.1f ms, prefetch depth %d, demand misses %d, schedule %s\n",
+		r.StepMsMedian, predicted, r.IOWaitMsMedian, r.PrefetchDepth, r.DemandMisses, r.Schedule)
 	if r.InMemoryStepMsMedian > 0 {
 		fmt.Fprintf(w, "  overlap: the same loop in memory takes %.1f ms per step (%.1f ms of it simulated GPU time): offloaded / in-memory = %.2fx (optimizer step overlapped with backward: %v)\n",
 			r.InMemoryStepMsMedian, r.ComputeMs, r.StepMsMedian/r.InMemoryStepMsMedian, r.OverlapStep)
