@@ -150,7 +150,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		finalizeAll(dy)
 		lp.drop(&pend)
 		lp.acts = acts[:0]
-		if err != nil {
+		if err != nil && md == modeTrain {
 			if lp.src.fail() {
 				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
 			}

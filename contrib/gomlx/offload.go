@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
@@ -165,6 +168,9 @@ func (o *Offload) initFrom(ctx context.Context, v *Var, src *model.Variable) err
 }
 
 // release drops the values of vars from the Store (it keeps the shapes).
+// Until Restore or Close, GoMLX's default initializer refuses to run for
+// the Store (offloadedStores): a model.Exec over it would otherwise give
+// the released variables fresh random values and run on them.
 func (o *Offload) release(vars []*Var) error {
 	for _, v := range vars {
 		if err := v.v.Reset(); err != nil {
@@ -172,7 +178,44 @@ func (o *Offload) release(vars []*Var) error {
 		}
 	}
 	o.released = true
+	offloadedStores.Store(o.store, o)
 	return nil
+}
+
+// ErrOffloaded is the error (a panic in graph building, which model.Exec
+// returns as its error) of a GoMLX executor that would initialize a
+// variable of a Store whose values zinf holds.
+var ErrOffloaded = errors.New("zgomlx: the Store's variable values are in zinf, not in the Store (use Trainer.Forward or Trainer.EvalLoss, which stream them from zinf, or Offload.Restore to bring every value back into memory)")
+
+// offloadedStores are the Stores whose registered variables' values zinf
+// holds (released), each with its Offload.
+var offloadedStores sync.Map
+
+// init wraps GoMLX's default variable initializer (the one every Scope
+// takes unless given another) so that it refuses to initialize a
+// variable of a Store in offloadedStores, naming a released variable: a
+// model.Exec over an offloaded Store initializes the variables it finds
+// without a value, which would run the model on random weights. Stores
+// not offloaded initialize as before.
+func init() {
+	prev := model.DefaultInitializer
+	model.DefaultInitializer = func(store *model.Store) model.VariableInitializer {
+		base := prev(store)
+		return func(g *graph.Graph, shape shapes.Shape) *graph.Node {
+			if o, ok := offloadedStores.Load(store); ok {
+				off := o.(*Offload)
+				name := ""
+				for _, v := range off.vars {
+					if !v.v.HasValue() {
+						name = v.Name
+						break
+					}
+				}
+				panic(fmt.Errorf("a GoMLX executor is initializing a variable of shape %s of a Store whose variables zinf holds (%q among them): %w", shape, name, ErrOffloaded))
+			}
+			return base(g, shape)
+		}
+	}
 }
 
 // Runtime returns the zinf runtime (metrics, plan, reservations, the
@@ -255,6 +298,7 @@ func (o *Offload) Restore(ctx context.Context) error {
 		}
 	}
 	o.released = false
+	offloadedStores.Delete(o.store)
 	return nil
 }
 
@@ -265,6 +309,7 @@ func (o *Offload) Close() error {
 		return nil
 	}
 	o.releaseHeapCredit()
+	offloadedStores.CompareAndDelete(o.store, o)
 	return o.rt.Close()
 }
 

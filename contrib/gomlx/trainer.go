@@ -168,6 +168,32 @@ func (t *Trainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32,
 	return loss, t.Commit(ctx)
 }
 
+// Forward runs the model's forward pass on inputs xs (the first layer's),
+// streaming each layer's weights from zinf as training does, and returns
+// the last layer's outputs (the caller's to finalize). It computes no
+// gradient and changes nothing; it needs no Restore, so it works for a
+// model larger than memory. Call it between steps.
+func (t *Trainer) Forward(ctx context.Context, xs ...*tensors.Tensor) ([]*tensors.Tensor, error) {
+	if t.pending {
+		return nil, ErrCommitPending
+	}
+	if _, err := t.lp.run(ctx, xs, nil, false, modeForward); err != nil {
+		return nil, err
+	}
+	outs := t.lp.outs
+	t.lp.outs = nil
+	return outs, nil
+}
+
+// EvalLoss is the loss of a batch, the weights streamed from zinf as by
+// Forward: evaluation on held-out data, with no gradient and no change.
+func (t *Trainer) EvalLoss(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
+	if t.pending {
+		return 0, ErrCommitPending
+	}
+	return t.lp.run(ctx, one(x), one(labels), false, modeLoss)
+}
+
 // Accumulate runs a micro-step that is not the step's last: its
 // gradients are added to zinf's, and no update starts.
 func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {

@@ -335,3 +335,106 @@ var (
 	_ = (*tensors.Tensor)(nil)
 	_ = config.Default
 )
+
+// TestEvalWithoutRestore: the held-out loss (EvalLoss) and the logits
+// (Forward) of an offloaded model stream its weights from zinf and equal
+// the zoo's whole model in memory bit for bit; the Store gets no values
+// back, training goes on unchanged, and a plain model.Exec over the
+// offloaded Store fails, naming the variable, instead of running on
+// fresh random weights.
+func TestEvalWithoutRestore(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	b := backend(t)
+	cfg := testConfig(t, 8<<20)
+	store := model.NewStore()
+	mz := zooModel(store, dtypes.Float32)
+	net, err := zgomlx.TransformerNet(mz, zgomlx.TransformerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+
+	whole := model.NewStore()
+	m := zooModel(whole, dtypes.Float32)
+	logits, err := model.NewExec(b, whole, func(scope *model.Scope, tokens *Node) *Node { return zooLogits(m)(scope, []*Node{tokens})[0] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logits.Finalize()
+	lossOf, err := model.NewExec(b, whole, func(scope *model.Scope, tokens, labels *Node) *Node {
+		return zgomlx.TransformerLoss([]*Node{labels}, zooLogits(m)(scope, []*Node{tokens}))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lossOf.Finalize()
+
+	x, y := lmBatch(1, zooBatch, zooSeq, zooVocab)
+	want, err := logits.Call(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tr.Forward(ctx, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("Forward returned %d tensors", len(got))
+	}
+	sameBytes(t, "logits", valueBytes(t, got[0]), valueBytes(t, want[0]))
+	wl, err := lossOf.Call(x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	el, err := tr.EvalLoss(ctx, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := asFloat32s(t, wl[0])[0]; el != w {
+		t.Fatalf("EvalLoss %v, the zoo in memory %v", el, w)
+	}
+	for v := range store.IterVariables() {
+		if v.Trainable && v.HasValue() {
+			t.Fatalf("%s got a value in the Store", v.Path())
+		}
+	}
+	if tr.ParamReads() == 0 {
+		t.Fatal("evaluation read nothing from zinf")
+	}
+
+	// A GoMLX executor over the offloaded Store refuses.
+	e, err := model.NewExec(b, store, func(scope *model.Scope, tokens *Node) *Node {
+		mz.Scope = mz.Scope.ResetVisited()
+		return mz.Logits(tokens, transformer.CallOptions{})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Finalize()
+	if _, err := e.Call(x); err == nil || !strings.Contains(err.Error(), "variable values are in zinf") {
+		t.Fatalf("model.Exec over the offloaded Store: %v", err)
+	}
+
+	// Training after evaluation is training from the same weights.
+	wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(zinf.Hyper(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+	lo, err := tr.Step(ctx, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw, err := wg.Step(x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo != lw || lo != el {
+		t.Fatalf("step after evaluation: loss %v offloaded, %v whole graph, %v evaluated", lo, lw, el)
+	}
+	sameVars(ctx, t, tr.Offload(), whole)
+}

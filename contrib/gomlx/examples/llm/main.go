@@ -1,0 +1,524 @@
+// Command llm trains GoMLX's own zoo transformer
+// (github.com/gomlx/gomlx/ml/zoo/transformer) as a language model on the
+// King James Bible through zinf: every weight, fp32 master and Adam state
+// lives on NVMe (swap files under --dir), streamed layer by layer through
+// a pinned pool much smaller than the training state. The text is
+// tokenized with cl100k_base (GPT-4's BPE, 100277 tokens) by
+// github.com/tiktoken-go/tokenizer, whose vocabulary is compiled into the
+// module (nothing is fetched at run time), so the token embedding and the
+// output head are the model's largest tensors.
+//
+//	make demo-llm                 # 100 steps, then the checks below
+//	go run ./examples/llm --steps 20 --dim 32
+//
+// It prints the tokenizer, the model and the pinned sizes, a line per
+// step, the held-out loss and perplexity before and after training (read
+// with the weights streamed from NVMe: Trainer.EvalLoss, no Restore), a
+// greedy sample (Trainer.Forward), and saves the trained model as a zinf
+// checkpoint (--dir/checkpoint, with --dir/model.json describing the
+// model) for make demo-generate. Alongside, the zoo's own model
+// (Model.Logits) trains in memory in one GoMLX graph with the same Adam,
+// from the values the zoo gives it in memory; the last line says whether
+// the two agree bit for bit (losses at every step, every weight at the
+// end). Build with CGO_ENABLED=0: only the pure-Go backend is used.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	_ "github.com/gomlx/compute/gobackend" // the pure-Go backend
+	"github.com/gomlx/compute/shapes"
+	. "github.com/gomlx/gomlx/core/graph" //nolint:revive
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+type options struct {
+	steps, dim, layers, heads, batch, seq int
+	verses, heldOut, evalBatches, sample  int
+	lr                                    float64
+	seed                                  int64
+	dir, prompt                           string
+	reference                             bool
+}
+
+// Spec is --dir/model.json: what a reader of the checkpoint needs to
+// build the model again (make demo-generate).
+type Spec struct {
+	Model      string  `json:"model"`
+	Scope      string  `json:"scope"`
+	Tokenizer  string  `json:"tokenizer"`
+	Vocab      int     `json:"vocab"`
+	Dim        int     `json:"embed_dim"`
+	Layers     int     `json:"num_layers"`
+	Heads      int     `json:"num_heads"`
+	HeadDim    int     `json:"head_dim"`
+	FFN        int     `json:"ffn_dim"`
+	RoPE       float64 `json:"rope_base_freq"`
+	KVHeads    int     `json:"num_kv_heads"`
+	Norm       string  `json:"normalization"`
+	FinalNorm  string  `json:"final_normalization"`
+	Activation string  `json:"activation"`
+	Bias       bool    `json:"use_bias"`
+	DType      string  `json:"dtype"`
+	Seq        int     `json:"seq_len"`
+	Checkpoint string  `json:"checkpoint"`
+	Steps      int     `json:"steps"`
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.steps, "steps", 100, "training steps")
+	flag.IntVar(&o.dim, "dim", 32, "model width (embedding dimension)")
+	flag.IntVar(&o.layers, "layers", 4, "transformer layers")
+	flag.IntVar(&o.heads, "heads", 4, "attention heads")
+	flag.IntVar(&o.batch, "batch", 2, "sequences per batch")
+	flag.IntVar(&o.seq, "seq", 32, "tokens per sequence")
+	flag.IntVar(&o.verses, "verses", 3000, "verses of the Bible used, from Genesis 1:1")
+	flag.IntVar(&o.heldOut, "held-out", 300, "the last verses of those, held out")
+	flag.IntVar(&o.evalBatches, "eval-batches", 4, "held-out batches evaluated")
+	flag.IntVar(&o.sample, "sample", 16, "tokens of the greedy sample")
+	flag.StringVar(&o.prompt, "prompt", "And God said", "the greedy sample's prompt")
+	flag.Float64Var(&o.lr, "lr", 0.005, "Adam learning rate")
+	flag.Int64Var(&o.seed, "seed", 1, "initialization seed")
+	flag.StringVar(&o.dir, "dir", envOr("DEMO_DIR", "/var/tmp/zinf-demo-llm"), "directory of the swap files, the checkpoint and model.json ($DEMO_DIR)")
+	flag.BoolVar(&o.reference, "reference", true, "also train the zoo's model in memory in one graph and compare bit for bit")
+	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.Parse()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
+	if err := run(o, os.Stdout); err != nil {
+		pprof.StopCPUProfile()
+		fmt.Fprintln(os.Stderr, "llm:", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func (o options) check() error {
+	var errs []error
+	pos := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("--%s %d (allowed: > 0)", name, v))
+		}
+	}
+	pos("steps", o.steps)
+	pos("dim", o.dim)
+	pos("layers", o.layers)
+	pos("heads", o.heads)
+	pos("batch", o.batch)
+	pos("seq", o.seq)
+	pos("eval-batches", o.evalBatches)
+	if o.heads > 0 && o.dim%o.heads != 0 {
+		errs = append(errs, fmt.Errorf("--dim %d, --heads %d (allowed: dim a multiple of heads)", o.dim, o.heads))
+	}
+	if !(o.lr > 0) {
+		errs = append(errs, fmt.Errorf("--lr %v (allowed: > 0)", o.lr))
+	}
+	return errors.Join(errs...)
+}
+
+// zooModel is the zoo transformer of the options in store.
+func zooModel(store *model.Store, o options, vocab int) *transformer.Model {
+	store.SetParam(model.ParamInitialSeed, o.seed)
+	return transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
+		WithNumHeads(o.heads).WithHeadDim(o.dim / o.heads).WithFFNDim(4 * o.dim).WithRoPE(10000).
+		WithFinalNormalization(layers.NormalizationRMSNorm)
+}
+
+func run(o options, w io.Writer) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t0 := time.Now()
+	ctx := context.Background()
+	c, err := loadCorpus(o.verses, o.heldOut)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "tokenizer: cl100k_base (github.com/tiktoken-go/tokenizer v0.10.0, vocabulary compiled in), %d tokens\n", c.vocab)
+	fmt.Fprintf(w, "text: King James Bible (Debian bible-kjv-text), Genesis 1:1 on, %d verses: %d training tokens, %d held-out tokens (the last %d verses)\n",
+		o.verses, len(c.train), len(c.heldOut), o.heldOut)
+
+	backend, err := compute.NewWithConfig(zgomlx.DefaultBackend)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+		return err
+	}
+	swap := filepath.Join(o.dir, "swap")
+	if err := os.MkdirAll(swap, 0o755); err != nil {
+		return err
+	}
+	cfg := config.Default()
+	cfg.SetScratchDir(swap)
+	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0 // every parameter on NVMe
+	cfg.Optimizer.LR = o.lr
+	xs := shapes.Make(dtypes.Int32, o.batch, o.seq)
+
+	store := model.NewStore()
+	m := zooModel(store, o, c.vocab)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{})
+	if err != nil {
+		return err
+	}
+	// The pinned pool: the least zinf plans for this model, plus room to
+	// fetch the next two layers while one computes.
+	res, err := minimumPool(ctx, backend, cfg, net, o, c.vocab, xs)
+	if err != nil {
+		return err
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(res.MinPoolBytes + 2*res.ParamDemandBytes)
+	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, xs, zgomlx.Options{})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	off := tr.Offload()
+	var params, biggest int64
+	var biggestName string
+	for _, v := range off.Vars() {
+		n := int64(v.Shape.Size())
+		params += n
+		if n > biggest {
+			biggest, biggestName = n, v.Name
+		}
+	}
+	fmt.Fprintf(w, "model: GoMLX zoo transformer (ml/zoo/transformer v0.28.2), %d layers, d=%d, %d heads x %d, ffn %d, RoPE, RMS final norm, vocab %d: %s parameters in %d tensors; largest %s %v (%s)\n",
+		o.layers, o.dim, o.heads, o.dim/o.heads, 4*o.dim, c.vocab, human(float64(params)), len(off.Vars()), biggestName, shapeOf(off, biggestName), mib(biggest*4))
+	fmt.Fprintf(w, "zinf: training state %s on NVMe under %s (params, fp32 masters, Adam moments, gradients); pinned pool %s (plan minimum %s)\n",
+		mib(off.StateBytes()), swap, mib(int64(cfg.Zinf.Tiers.CPUPinnedBytes)), mib(res.MinPoolBytes))
+	fmt.Fprintf(w, "batch: %d x %d tokens; Adam lr %g; %d steps\n", o.batch, o.seq, o.lr, o.steps)
+
+	// The zoo's own model in memory: variables created and initialized
+	// by a forward pass of Model.Logits, as a GoMLX program does.
+	var ref *reference
+	if o.reference {
+		if ref, err = newReference(backend, o, c, cfg, off); err != nil {
+			return err
+		}
+		defer ref.close()
+		fmt.Fprintf(w, "created in zinf layer by layer = the zoo's in-memory initialization: %s\n", verdict(ref.created))
+	}
+
+	evalX, evalY := heldOutBatches(c.heldOut, o.evalBatches, o.batch, o.seq)
+	before, err := evaluate(ctx, tr, evalX, evalY)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "held-out before: loss %.4f, perplexity %.1f\n", before, math.Exp(float64(before)))
+
+	same := ref == nil || ref.created
+	var trainTime time.Duration
+	for step := range o.steps {
+		x, y := batch(c.train, step, o.batch, o.seq)
+		s0 := time.Now()
+		loss, err := tr.Step(ctx, x, y)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", step+1, err)
+		}
+		d := time.Since(s0)
+		trainTime += d
+		line := fmt.Sprintf("step %3d/%d  loss %.4f  %6.0f ms  %5.0f tokens/s", step+1, o.steps, loss, float64(d)/1e6, float64(o.batch*o.seq)/d.Seconds())
+		if ref != nil {
+			r0 := time.Now()
+			rl, err := ref.step(x, y)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf("  | in memory %.4f %6.0f ms", rl, float64(time.Since(r0))/1e6)
+			if math.Float32bits(rl) != math.Float32bits(loss) {
+				same = false
+				line += " DIFFERS"
+			}
+		}
+		fmt.Fprintln(w, line)
+	}
+	after, err := evaluate(ctx, tr, evalX, evalY)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "held-out after:  loss %.4f, perplexity %.1f (before: %.4f, %.1f)\n", after, math.Exp(float64(after)), before, math.Exp(float64(before)))
+	if !(after < before) {
+		return fmt.Errorf("the held-out loss did not fall: %.4f -> %.4f", before, after)
+	}
+	text, err := greedy(ctx, tr, c, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "greedy sample: %q\n", text)
+
+	ck := filepath.Join(o.dir, "checkpoint")
+	if _, err := off.SaveCheckpoint(ctx, ck, int64(o.steps), checkpoint.SaveOptions{Overwrite: true}); err != nil {
+		return err
+	}
+	spec := Spec{Model: "github.com/gomlx/gomlx/ml/zoo/transformer", Scope: "/", Tokenizer: "cl100k_base", Vocab: c.vocab, Dim: o.dim, Layers: o.layers,
+		Heads: o.heads, HeadDim: o.dim / o.heads, FFN: 4 * o.dim, RoPE: 10000, FinalNorm: layers.NormalizationRMSNorm, DType: "float32",
+		KVHeads: o.heads, Norm: m.Normalization, Activation: m.Activation.String(), Bias: m.UseBias,
+		Seq: o.seq, Checkpoint: "checkpoint", Steps: o.steps}
+	if err := writeJSON(filepath.Join(o.dir, "model.json"), spec); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "saved: zinf checkpoint %s (tensors named by GoMLX variable path, e.g. /token_embed/embeddings), model %s\n", ck, filepath.Join(o.dir, "model.json"))
+	mt := off.Runtime().Metrics()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(w, "time: %s training (%.0f tokens/s), %s in all; NVMe read %s, written %s; GC cycles %d\n",
+		trainTime.Round(time.Millisecond), float64(o.steps*o.batch*o.seq)/trainTime.Seconds(), time.Since(t0).Round(time.Second),
+		mib(mt.BytesRead), mib(mt.BytesWritten), ms.NumGC)
+	if ref == nil {
+		fmt.Fprintln(w, "offloaded = in memory: not compared (--reference=false)")
+		return nil
+	}
+	diff, err := ref.compare(ctx, off)
+	if err != nil {
+		return err
+	}
+	if diff != "" {
+		same = false
+		fmt.Fprintf(w, "first difference: %s\n", diff)
+	}
+	if !same {
+		fmt.Fprintln(w, "offloaded != in memory: NOT bit for bit")
+		return errors.New("offloaded training differs from the in-memory reference")
+	}
+	fmt.Fprintln(w, "offloaded = in memory BIT FOR BIT")
+	return nil
+}
+
+// minimumPool asks zinf for the least pinned pool the model needs: Open
+// refuses a 1-byte pool with the plan's minimum (nothing is written).
+func minimumPool(ctx context.Context, backend compute.Backend, cfg *config.Config, net zgomlx.Net, o options, vocab int, xs shapes.Shape) (zinf.Reservations, error) {
+	c := *cfg
+	c.Zinf.Tiers.CPUPinnedBytes = 1
+	store := model.NewStore()
+	zooModel(store, o, vocab)
+	tr, err := zgomlx.Create(ctx, backend, &c, store, net, xs, zgomlx.Options{})
+	if err == nil {
+		tr.Close()
+		return zinf.Reservations{MinPoolBytes: 1}, nil
+	}
+	var small *zinf.PoolTooSmallError
+	if !errors.As(err, &small) {
+		return zinf.Reservations{}, err
+	}
+	return small.Res, nil
+}
+
+// evaluate is the mean loss of the held-out batches, each layer's
+// weights streamed from NVMe (no Restore).
+func evaluate(ctx context.Context, tr *zgomlx.Trainer, xs, ys []*tensors.Tensor) (float32, error) {
+	var sum float64
+	for i := range xs {
+		l, err := tr.EvalLoss(ctx, xs[i], ys[i])
+		if err != nil {
+			return 0, err
+		}
+		sum += float64(l)
+	}
+	return float32(sum / float64(len(xs))), nil
+}
+
+// greedy continues the prompt with the most likely token, o.sample
+// times: each token one forward pass over the last o.seq tokens (the
+// causal mask makes padding after them irrelevant), the weights streamed
+// from NVMe.
+func greedy(ctx context.Context, tr *zgomlx.Trainer, c *corpus, o options) (string, error) {
+	ids, _, err := c.enc.Encode(o.prompt)
+	if err != nil {
+		return "", err
+	}
+	toks := make([]int32, len(ids))
+	for i, id := range ids {
+		toks[i] = int32(id)
+	}
+	for range o.sample {
+		window := toks
+		if len(window) > o.seq {
+			window = window[len(window)-o.seq:]
+		}
+		in := make([]int32, o.seq)
+		copy(in, window)
+		outs, err := tr.Forward(ctx, tensors.FromFlatDataAndDimensions(in, 1, o.seq))
+		if err != nil {
+			return "", err
+		}
+		logits, err := tensors.CopyFlatData[float32](outs[0])
+		for _, t := range outs {
+			_ = t.FinalizeAll()
+		}
+		if err != nil {
+			return "", err
+		}
+		row := logits[(len(window)-1)*c.vocab : len(window)*c.vocab]
+		best := 0
+		for i, v := range row {
+			if v > row[best] {
+				best = i
+			}
+		}
+		toks = append(toks, int32(best))
+	}
+	out := make([]uint, len(toks))
+	for i, t := range toks {
+		out[i] = uint(t)
+	}
+	return c.enc.Decode(out)
+}
+
+// reference is the zoo's model trained in memory, whole, in one graph.
+type reference struct {
+	store   *model.Store
+	wg      *zgomlx.WholeGraph
+	created bool // its initial values equal zinf's, bit for bit
+}
+
+func newReference(backend compute.Backend, o options, c *corpus, cfg *config.Config, off *zgomlx.Offload) (*reference, error) {
+	ctx := context.Background()
+	store := model.NewStore()
+	m := zooModel(store, o, c.vocab)
+	logits := func(_ *model.Scope, ins []*Node) []*Node {
+		m.Scope = m.Scope.ResetVisited()
+		return []*Node{m.Logits(ins[0], transformer.CallOptions{})}
+	}
+	fwd, err := model.NewExec(backend, store, func(scope *model.Scope, tokens *Node) *Node { return logits(scope, []*Node{tokens})[0] })
+	if err != nil {
+		return nil, err
+	}
+	x, _ := batch(c.train, 0, o.batch, o.seq)
+	out, err := fwd.Call(x)
+	fwd.Finalize()
+	if err != nil {
+		return nil, err
+	}
+	_ = out[0].FinalizeAll()
+	r := &reference{store: store}
+	diff, err := r.compareStore(ctx, off)
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	for v := range store.IterVariables() {
+		if v.Trainable {
+			n++
+		}
+	}
+	r.created = diff == "" && n == len(off.Vars())
+	r.wg, err = zgomlx.NewWholeGraphModel(backend, store, logits, zgomlx.TransformerLoss, zgomlx.Adam(zinf.Hyper(cfg)))
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *reference) step(x, y *tensors.Tensor) (float32, error) { return r.wg.Step(x, y) }
+
+func (r *reference) close() { r.wg.Close() }
+
+// compare reports the first variable whose value in zinf differs from
+// the reference's (the tensors are read from NVMe one at a time).
+func (r *reference) compare(ctx context.Context, off *zgomlx.Offload) (string, error) {
+	return r.compareStore(ctx, off)
+}
+
+func (r *reference) compareStore(ctx context.Context, off *zgomlx.Offload) (string, error) {
+	for _, v := range off.Vars() {
+		got, err := off.ReadVariable(ctx, v.Name)
+		if err != nil {
+			return "", err
+		}
+		rv := r.store.GetVariable(v.Name)
+		if rv == nil {
+			_ = got.FinalizeAll()
+			return v.Name + " is not a variable of the zoo's model", nil
+		}
+		a, b := bytesOf(got), bytesOf(rv.MustValue())
+		_ = got.FinalizeAll()
+		if string(a) != string(b) {
+			return v.Name, nil
+		}
+	}
+	return "", nil
+}
+
+func bytesOf(t *tensors.Tensor) []byte {
+	var out []byte
+	_ = t.ConstBytes(func(b []byte) { out = append([]byte(nil), b...) })
+	return out
+}
+
+func shapeOf(off *zgomlx.Offload, name string) []int {
+	for _, v := range off.Vars() {
+		if v.Name == name {
+			return v.Shape.Dimensions
+		}
+	}
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "BIT FOR BIT"
+	}
+	return "DIFFERENT"
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+func human(n float64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2f B", n/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2f M", n/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1f k", n/1e3)
+	}
+	return fmt.Sprintf("%.0f", n)
+}

@@ -1,0 +1,230 @@
+package zgomlx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/train"
+
+	"github.com/zinfio/zinf/checkpoint"
+)
+
+// Loop drives a Trainer over a GoMLX train.Dataset as GoMLX's train.Loop
+// drives a train.Trainer: OnStart, OnStep and OnEnd hooks by priority, a
+// global step (LoopStep), the loss and its moving average, and hooks for
+// a progress line per step, periodic evaluation and checkpoints. GoMLX's
+// own train.Loop cannot drive zinf: train.NewLoop takes the concrete
+// *train.Trainer, whose TrainStep runs the whole model in one graph with
+// every variable in memory; so Loop mirrors its API instead.
+type Loop struct {
+	Trainer *Trainer
+	// LoopStep is the global step: the steps trained so far (set it to a
+	// loaded checkpoint's step to resume). StartStep and EndStep bound
+	// the current RunSteps call.
+	LoopStep, StartStep, EndStep int
+	// Loss is the last step's loss; MovingAverageLoss its exponential
+	// moving average (weight 0.1 for the newest step).
+	Loss, MovingAverageLoss float32
+
+	onStart []loopHook[func(*Loop, train.Dataset) error]
+	onStep  []loopHook[func(*Loop, float32) error]
+	onEnd   []loopHook[func(*Loop, float32) error]
+	times   []time.Duration
+}
+
+type loopHook[F any] struct {
+	name     string
+	priority train.Priority
+	fn       F
+}
+
+// NewLoop returns a Loop over tr at global step 0.
+func NewLoop(tr *Trainer) *Loop { return &Loop{Trainer: tr} }
+
+func addHook[F any](hs []loopHook[F], name string, p train.Priority, fn F) []loopHook[F] {
+	hs = append(hs, loopHook[F]{name, p, fn})
+	slices.SortStableFunc(hs, func(a, b loopHook[F]) int { return int(a.priority) - int(b.priority) })
+	return hs
+}
+
+// OnStart adds a hook run before the first step of each RunSteps.
+func (l *Loop) OnStart(name string, p train.Priority, fn func(*Loop, train.Dataset) error) {
+	l.onStart = addHook(l.onStart, name, p, fn)
+}
+
+// OnStep adds a hook run after each step with its loss; lower
+// priorities run first, as in train.Loop.
+func (l *Loop) OnStep(name string, p train.Priority, fn func(*Loop, float32) error) {
+	l.onStep = addHook(l.onStep, name, p, fn)
+}
+
+// OnEnd adds a hook run after the last step of each RunSteps.
+func (l *Loop) OnEnd(name string, p train.Priority, fn func(*Loop, float32) error) {
+	l.onEnd = addHook(l.onEnd, name, p, fn)
+}
+
+// RunSteps trains steps batches of ds (starting ds again when it ends):
+// each batch's Inputs go to the first layer, its Labels to the loss, and
+// both are finalized after the step (the Batch's ownership rules). It
+// returns the last loss. A hook's error ends the run, naming the hook.
+func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float32, error) {
+	if l.Trainer == nil || ds == nil {
+		return 0, errors.New("zgomlx: Loop.RunSteps needs a Trainer and a Dataset")
+	}
+	if steps <= 0 {
+		return 0, fmt.Errorf("zgomlx: Loop.RunSteps: steps %d (allowed: > 0)", steps)
+	}
+	l.StartStep, l.EndStep = l.LoopStep, l.LoopStep+steps
+	for _, h := range l.onStart {
+		if err := h.fn(l, ds); err != nil {
+			return 0, fmt.Errorf("zgomlx: OnStart hook %q: %w", h.name, err)
+		}
+	}
+	for done := 0; done < steps; {
+		n := 0
+		for b, err := range ds.Iter() {
+			if err != nil {
+				return l.Loss, fmt.Errorf("zgomlx: dataset %q: %w", ds.Name(), err)
+			}
+			n++
+			t0 := time.Now()
+			loss, err := l.Trainer.StepN(ctx, b.Inputs, b.Labels)
+			_ = b.Finalize()
+			if err != nil {
+				return l.Loss, fmt.Errorf("zgomlx: step %d: %w", l.LoopStep+1, err)
+			}
+			l.times = append(l.times, time.Since(t0))
+			l.LoopStep++
+			done++
+			l.Loss = loss
+			if l.LoopStep == l.StartStep+1 && l.MovingAverageLoss == 0 {
+				l.MovingAverageLoss = loss
+			} else {
+				l.MovingAverageLoss = 0.9*l.MovingAverageLoss + 0.1*loss
+			}
+			for _, h := range l.onStep {
+				if err := h.fn(l, loss); err != nil {
+					return loss, fmt.Errorf("zgomlx: OnStep hook %q at step %d: %w", h.name, l.LoopStep, err)
+				}
+			}
+			if done == steps {
+				break
+			}
+		}
+		if n == 0 {
+			return l.Loss, fmt.Errorf("zgomlx: dataset %q yielded no batch", ds.Name())
+		}
+	}
+	for _, h := range l.onEnd {
+		if err := h.fn(l, l.Loss); err != nil {
+			return l.Loss, fmt.Errorf("zgomlx: OnEnd hook %q: %w", h.name, err)
+		}
+	}
+	return l.Loss, nil
+}
+
+// MedianStepDuration is the median of the steps' wall times so far.
+func (l *Loop) MedianStepDuration() time.Duration {
+	if len(l.times) == 0 {
+		return 0
+	}
+	s := slices.Clone(l.times)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Progress prints a line per step to w: the global step, the loss, its
+// moving average and the step's wall time.
+func (l *Loop) Progress(w io.Writer) {
+	l.OnStep("progress", 100, func(l *Loop, loss float32) error {
+		_, err := fmt.Fprintf(w, "step %d/%d  loss %.4f  avg %.4f  %.0f ms\n", l.LoopStep, l.EndStep, loss, l.MovingAverageLoss, float64(l.times[len(l.times)-1])/1e6)
+		return err
+	})
+}
+
+// EvalEvery evaluates the mean loss over every batch of ds (EvalLoss:
+// the weights streamed from zinf, nothing changed) after every n-th step
+// and after the last, and hands it to fn.
+func (l *Loop) EvalEvery(ctx context.Context, n int, ds train.Dataset, fn func(l *Loop, loss float32) error) {
+	eval := func(l *Loop) error {
+		loss, err := l.Trainer.Eval(ctx, ds)
+		if err != nil {
+			return err
+		}
+		return fn(l, loss)
+	}
+	l.OnStep("eval", 200, func(l *Loop, _ float32) error {
+		if n > 0 && l.LoopStep%n == 0 && l.LoopStep != l.EndStep {
+			return eval(l)
+		}
+		return nil
+	})
+	l.OnEnd("eval", 200, func(l *Loop, _ float32) error { return eval(l) })
+}
+
+// CheckpointEvery saves a zinf checkpoint of the model and its optimizer
+// states (Offload.SaveCheckpoint, at the global step) in dir after every
+// n-th step and after the last.
+func (l *Loop) CheckpointEvery(ctx context.Context, n int, dir string) {
+	save := func(l *Loop) error {
+		_, err := l.Trainer.Offload().SaveCheckpoint(ctx, dir, int64(l.LoopStep), checkpoint.SaveOptions{Overwrite: true})
+		return err
+	}
+	l.OnStep("checkpoint", 300, func(l *Loop, _ float32) error {
+		if n > 0 && l.LoopStep%n == 0 && l.LoopStep != l.EndStep {
+			return save(l)
+		}
+		return nil
+	})
+	l.OnEnd("checkpoint", 300, func(l *Loop, _ float32) error { return save(l) })
+}
+
+// Eval is the mean loss over every batch of ds (EvalLoss per batch: the
+// weights streamed from zinf, nothing changed); the batches are
+// finalized.
+func (t *Trainer) Eval(ctx context.Context, ds train.Dataset) (float32, error) {
+	var sum float64
+	n := 0
+	for b, err := range ds.Iter() {
+		if err != nil {
+			return 0, fmt.Errorf("zgomlx: dataset %q: %w", ds.Name(), err)
+		}
+		loss, err := t.evalN(ctx, b.Inputs, b.Labels)
+		_ = b.Finalize()
+		if err != nil {
+			return 0, err
+		}
+		sum += float64(loss)
+		n++
+	}
+	if n == 0 {
+		return float32(math.NaN()), fmt.Errorf("zgomlx: dataset %q yielded no batch", ds.Name())
+	}
+	return float32(sum / float64(n)), nil
+}
+
+// StepN is Step for a Net whose first layer takes several inputs, or
+// whose loss several label tensors.
+func (t *Trainer) StepN(ctx context.Context, xs, labels []*tensors.Tensor) (float32, error) {
+	if t.pending {
+		return 0, ErrCommitPending
+	}
+	loss, err := t.lp.run(ctx, xs, labels, true, modeTrain)
+	if err != nil {
+		return loss, err
+	}
+	return loss, t.Commit(ctx)
+}
+
+func (t *Trainer) evalN(ctx context.Context, xs, labels []*tensors.Tensor) (float32, error) {
+	if t.pending {
+		return 0, ErrCommitPending
+	}
+	return t.lp.run(ctx, xs, labels, false, modeLoss)
+}

@@ -1,0 +1,134 @@
+package zgomlx_test
+
+import (
+	"bytes"
+	"iter"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/train"
+
+	"github.com/zinfio/zinf"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// lmDataset is a GoMLX train.Dataset of n lmBatch batches from first.
+type lmDataset struct {
+	name     string
+	first, n int
+	vocab    int
+}
+
+func (d lmDataset) Name() string { return d.name }
+
+func (d lmDataset) Iter() iter.Seq2[train.Batch, error] {
+	return func(yield func(train.Batch, error) bool) {
+		for i := range d.n {
+			x, y := lmBatch(d.first+i, zooBatch, zooSeq, d.vocab)
+			if !yield(train.Batch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}, nil) {
+				return
+			}
+		}
+	}
+}
+
+// TestLoopDrivesTrainer: zgomlx.Loop runs the zoo transformer over a
+// GoMLX Dataset with GoMLX's habits: a global step, OnStep hooks by
+// priority, a progress line per step, evaluation and checkpoints every n
+// steps and at the end; its losses are the whole-graph reference's, and
+// the checkpoint resumes at the loop's step with the trained weights.
+func TestLoopDrivesTrainer(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	b := backend(t)
+	cfg := testConfig(t, 8<<20)
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(zooModel(store, dtypes.Float32), zgomlx.TransformerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs := shapes.Make(dtypes.Int32, zooBatch, zooSeq)
+	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
+		t.Fatal(err)
+	}
+	whole := clone(t, store)
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+
+	ds := lmDataset{name: "train", n: 3, vocab: zooVocab} // RunSteps(5) starts it again after 3
+	evalDS := lmDataset{name: "held-out", first: 50, n: 2, vocab: zooVocab}
+	loop := zgomlx.NewLoop(tr)
+	var progress bytes.Buffer
+	loop.Progress(&progress)
+	var order []string
+	var evals []int
+	loop.EvalEvery(ctx, 2, evalDS, func(l *zgomlx.Loop, loss float32) error {
+		evals = append(evals, l.LoopStep)
+		return nil
+	})
+	dir := t.TempDir() + "/ckpt"
+	loop.CheckpointEvery(ctx, 2, dir)
+	step := 0
+	loop.OnStep("reference", 50, func(l *zgomlx.Loop, loss float32) error {
+		order = append(order, "reference")
+		x, y := lmBatch(step%3, zooBatch, zooSeq, zooVocab)
+		step++
+		lw, err := wg.Step(x, y)
+		if err != nil {
+			return err
+		}
+		if lw != loss {
+			t.Errorf("step %d: loss %v in the loop, %v whole graph", l.LoopStep, loss, lw)
+		}
+		return nil
+	})
+	loop.OnStep("after progress", 150, func(*zgomlx.Loop, float32) error { order = append(order, "after"); return nil })
+	if _, err := loop.RunSteps(ctx, ds, 5); err != nil {
+		t.Fatal(err)
+	}
+	if loop.LoopStep != 5 || strings.Count(progress.String(), "\n") != 5 || !strings.Contains(progress.String(), "step 5/5  loss") {
+		t.Fatalf("global step %d, progress:\n%s", loop.LoopStep, progress.String())
+	}
+	if strings.Join(order[:2], ",") != "reference,after" {
+		t.Fatalf("hooks ran in the order %v", order)
+	}
+	if len(evals) != 3 || evals[0] != 2 || evals[1] != 4 || evals[2] != 5 {
+		t.Fatalf("evaluated at steps %v, want 2, 4, 5", evals)
+	}
+	sameVars(ctx, t, tr.Offload(), whole)
+
+	// The checkpoint resumes at step 5 with the trained weights.
+	again := model.NewStore()
+	againNet, err := zgomlx.TransformerNet(zooModel(again, dtypes.Float32), zgomlx.TransformerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr2, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), again, againNet, xs, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr2.Close()
+	at, err := tr2.Offload().LoadCheckpoint(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at != 5 {
+		t.Fatalf("checkpoint at step %d, want 5", at)
+	}
+	sameVars(ctx, t, tr2.Offload(), whole)
+	if _, err := loop.RunSteps(ctx, ds, 0); err == nil || !strings.Contains(err.Error(), "steps 0") {
+		t.Fatalf("RunSteps(0): %v", err)
+	}
+}
