@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"log/slog"
 	"math"
 	"os"
@@ -46,6 +47,7 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/train"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 
 	"github.com/zinfio/zinf"
@@ -188,6 +190,10 @@ func run(o options, w io.Writer) error {
 	cfg.SetScratchDir(swap)
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0 // every parameter on NVMe
 	cfg.Optimizer.LR = o.lr
+	// The optimizer works through the 100277-row tables in sub-groups of
+	// 64k elements, and zinf moves tensors larger than a piece (4 MiB) in
+	// pieces: the pinned pool stays a fraction of the largest tensor.
+	cfg.ZeroOptimization.SubGroupSize = 1 << 16
 	xs := shapes.Make(dtypes.Int32, o.batch, o.seq)
 
 	store := model.NewStore()
@@ -242,31 +248,45 @@ func run(o options, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "held-out before: loss %.4f, perplexity %.1f\n", before, math.Exp(float64(before)))
 
+	// Training is GoMLX's loop shape: a train.Dataset of batches, a
+	// zgomlx.Loop (train.Loop's hooks) with an OnStep hook that trains
+	// the in-memory reference on the same batch and one that prints the
+	// step.
 	same := ref == nil || ref.created
-	var trainTime time.Duration
-	for step := range o.steps {
-		x, y := batch(c.train, step, o.batch, o.seq)
-		s0 := time.Now()
-		loss, err := tr.Step(ctx, x, y)
-		if err != nil {
-			return fmt.Errorf("step %d: %w", step+1, err)
-		}
-		d := time.Since(s0)
-		trainTime += d
-		line := fmt.Sprintf("step %3d/%d  loss %.4f  %6.0f ms  %5.0f tokens/s", step+1, o.steps, loss, float64(d)/1e6, float64(o.batch*o.seq)/d.Seconds())
-		if ref != nil {
+	loop := zgomlx.NewLoop(tr)
+	var refLoss float32
+	var refTime time.Duration
+	if ref != nil {
+		loop.OnStep("reference", 10, func(l *zgomlx.Loop, loss float32) error {
+			x, y := batch(c.train, l.LoopStep-1, o.batch, o.seq)
 			r0 := time.Now()
 			rl, err := ref.step(x, y)
-			if err != nil {
-				return err
-			}
-			line += fmt.Sprintf("  | in memory %.4f %6.0f ms", rl, float64(time.Since(r0))/1e6)
+			refTime = time.Since(r0)
+			refLoss = rl
 			if math.Float32bits(rl) != math.Float32bits(loss) {
 				same = false
+			}
+			return err
+		})
+	}
+	last := time.Now()
+	var trainTime time.Duration
+	loop.OnStep("progress", 100, func(l *zgomlx.Loop, loss float32) error {
+		d := time.Since(last) - refTime // this step's wall time, the reference's excluded
+		trainTime += d
+		line := fmt.Sprintf("step %3d/%d  loss %.4f  %6.0f ms  %5.0f tokens/s", l.LoopStep, l.EndStep, loss, float64(d)/1e6, float64(o.batch*o.seq)/d.Seconds())
+		if ref != nil {
+			line += fmt.Sprintf("  | in memory %.4f %6.0f ms", refLoss, float64(refTime)/1e6)
+			if math.Float32bits(refLoss) != math.Float32bits(loss) {
 				line += " DIFFERS"
 			}
 		}
-		fmt.Fprintln(w, line)
+		_, err := fmt.Fprintln(w, line)
+		last = time.Now()
+		return err
+	})
+	if _, err := loop.RunSteps(ctx, trainSet{c: c, o: o, steps: o.steps}, o.steps); err != nil {
+		return err
 	}
 	after, err := evaluate(ctx, tr, evalX, evalY)
 	if err != nil {
@@ -318,6 +338,27 @@ func run(o options, w io.Writer) error {
 	}
 	fmt.Fprintln(w, "offloaded = in memory BIT FOR BIT")
 	return nil
+}
+
+// trainSet is the training batches as a GoMLX train.Dataset: batch k of
+// an iteration is batch(train, k): the same batches as the reference's.
+type trainSet struct {
+	c     *corpus
+	o     options
+	steps int
+}
+
+func (d trainSet) Name() string { return "bible-train" }
+
+func (d trainSet) Iter() iter.Seq2[train.Batch, error] {
+	return func(yield func(train.Batch, error) bool) {
+		for k := range d.steps {
+			x, y := batch(d.c.train, k, d.o.batch, d.o.seq)
+			if !yield(train.Batch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}, nil) {
+				return
+			}
+		}
+	}
 }
 
 // minimumPool asks zinf for the least pinned pool the model needs: Open

@@ -1,0 +1,103 @@
+package zgomlx_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// bigVocabModel is a one-layer zoo transformer whose tied embedding is
+// its largest tensor by far.
+func bigVocabModel(store *model.Store, vocab int) *transformer.Model {
+	store.SetParam(model.ParamInitialSeed, int64(8))
+	return transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(64).WithNumLayers(1).
+		WithNumHeads(2).WithHeadDim(32).WithFFNDim(64).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+}
+
+// minimumPool is the least pinned pool zinf plans for the model (Open
+// refuses a 1-byte pool with it).
+func minimumPool(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, vocab int) int64 {
+	t.Helper()
+	c := *cfg
+	c.Zinf.Tiers.CPUPinnedBytes = 1
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = zgomlx.Create(ctx, b, &c, store, net, shapes.Make(dtypes.Int32, 1, 8), zgomlx.Options{})
+	var small *zinf.PoolTooSmallError
+	if !errors.As(err, &small) {
+		t.Fatalf("a 1-byte pool: %v", err)
+	}
+	return small.Res.MinPoolBytes
+}
+
+// TestBigEmbeddingPool: a zoo transformer whose 100000-row (tied)
+// embedding is its largest tensor trains, bit for bit as in one graph,
+// with a pinned pool of at most 1.25x that embedding's bytes plus what
+// the planner needs for the same model with a 1000-row one (zinf moves a
+// tensor larger than zinf.Options.PieceBytes in pieces; the config's
+// sub_group_size keeps the optimizer's pipeline small).
+func TestBigEmbeddingPool(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	cfg := testConfig(t, 0)
+	cfg.ZeroOptimization.SubGroupSize = 65_536 // the optimizer's pipeline in small sub-groups
+	const vocab = 100000
+	embed := int64(vocab * 64 * 4)
+	rest := minimumPool(ctx, t, b, cfg, 1000)
+	pool := minimumPool(ctx, t, b, cfg, vocab)
+	t.Logf("minimum pool %d bytes: %.2fx the %d-byte embedding, the rest %d bytes", pool, float64(pool-rest)/float64(embed), embed, rest)
+	if float64(pool) > 1.25*float64(embed)+float64(rest) {
+		t.Fatalf("minimum pool %d bytes > 1.25 x %d (the embedding) + %d (the rest of the model)", pool, embed, rest)
+	}
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs := shapes.Make(dtypes.Int32, 1, 8)
+	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
+		t.Fatal(err)
+	}
+	whole := clone(t, store)
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+	for step := range 1 {
+		x, y := lmBatch(step, 1, 8, vocab)
+		lo, err := tr.Step(ctx, x, y)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		lw, err := wg.Step(x, y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lo != lw {
+			t.Fatalf("step %d: loss %v offloaded, %v whole graph", step, lo, lw)
+		}
+	}
+	sameVars(ctx, t, tr.Offload(), whole)
+}
