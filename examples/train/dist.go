@@ -230,7 +230,21 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	}
 	res.OverlapStep = !o.SerialStep && pl.OverlapStep
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
-	res.Schedule = string(rt.Schedule())
+	// Every rank runs the loop in one order (BeginLayer gathers are
+	// collectives): layer-major only when every rank's plan says so (each
+	// plans its own partitions, which may tip auto apart).
+	votes := []float64{0}
+	if rt.Schedule() == zinf.LayerMajor {
+		votes[0] = 1
+	}
+	if err := rt.Collective(ctx, func(c comm.Comm) error { return c.AllReduceFloat64(ctx, votes, comm.Sum) }); err != nil {
+		return nil, fmt.Errorf("rank %d: agreeing on the schedule: %w", me, err)
+	}
+	layerMajor := votes[0] == float64(procs)
+	res.Schedule = string(zinf.MicroBatchMajor)
+	if layerMajor {
+		res.Schedule = string(zinf.LayerMajor)
+	}
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "model: %d layers x width %d (%s params, %s of state, %s), %d ranks (processes), data-parallel degree %d, %d micro-steps per step\n",
 			spec.Layers, spec.Width, human(float64(res.Params)), policy.FormatBytes(res.StateBytes), spec.DType, procs, data, micro)
@@ -261,7 +275,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	lastWait := time.Duration(0)
 	t0 := time.Now()
 	err = runLoop(ctx, spec, be, loopOptions{Start: start, Steps: o.Steps - start, Micro: micro, World: data, Part: true, First: first[me], Local: per[me],
-		ComputePerLayer: o.ComputePerLayer, OnStepError: o.OnStepError, OverlapStep: res.OverlapStep, LayerMajor: rt.Schedule() == zinf.LayerMajor,
+		ComputePerLayer: o.ComputePerLayer, OnStepError: o.OnStepError, OverlapStep: res.OverlapStep, LayerMajor: layerMajor,
 		OnStep: func(step int, loss float32, d time.Duration) error {
 			m := rt.Metrics()
 			w := be.ioWait - lastWait
