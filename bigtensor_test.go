@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -149,5 +150,42 @@ func TestPiecesUnderFaults(t *testing.T) {
 				t.Logf("injected faults: %d, retries: %d", hits, tr.retries.Load())
 			})
 		}
+	}
+}
+
+// TestPieceBytesKey: zinf.piece_bytes in a config file sets the piece
+// (Options.PieceBytes overrides it), and a value out of range is refused
+// naming the key.
+func TestPieceBytesKey(t *testing.T) {
+	model := zinf.LayeredModel([]tensor.Desc{{Name: "emb", Shape: []int{40_000, 64}}})
+	_, dir := testConfig(t)
+	path := dir + "/ds.json"
+	write := func(v string) {
+		t.Helper()
+		js := `{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "` + dir + `"}, "offload_optimizer": {"device": "nvme", "nvme_path": "` + dir + `"}},
+			"zinf": {"tiers": {"cpu_pinned_bytes": "64MiB"}, "piece_bytes": ` + v + `}}`
+		if err := os.WriteFile(path, []byte(js), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`"2MiB"`)
+	c, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []struct {
+		opt, want int64
+	}{{0, 2 << 20}, {1 << 20, 1 << 20}, {-1, 0}} {
+		p, err := zinf.PlanModel(context.Background(), c, model, zinf.PlanOptions{NoBandwidthProbe: true, PieceBytes: o.opt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Reservations.PieceBytes != o.want {
+			t.Errorf("zinf.piece_bytes 2MiB, Options.PieceBytes %d: piece %d, want %d", o.opt, p.Reservations.PieceBytes, o.want)
+		}
+	}
+	write(`"2TiB"`)
+	if _, err := config.Load(path); err == nil || !strings.Contains(err.Error(), "zinf.piece_bytes") {
+		t.Fatalf("piece_bytes 2TiB: %v (want a problem naming zinf.piece_bytes)", err)
 	}
 }

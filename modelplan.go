@@ -95,7 +95,8 @@ type PlanOptions struct {
 	NoBandwidthProbe bool
 	// Logger receives warnings. Default slog.Default().
 	Logger *slog.Logger
-	// PieceBytes is Options.PieceBytes: tensors larger move in pieces.
+	// PieceBytes is Options.PieceBytes: tensors larger move in pieces
+	// (0: zinf.piece_bytes, else DefaultPieceBytes; -1: whole).
 	PieceBytes int64
 }
 
@@ -229,7 +230,11 @@ func makePlan(in planInput) (*planned, error) {
 		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(ps, gs, os)))
 	}
 	dtype := ParamDType(cfg)
-	pcs := planPieces(in.pieceBytes, bounce > 0, ps, gs, &optOpts)
+	pieceBytes := in.pieceBytes // Options.PieceBytes, else zinf.piece_bytes
+	if pieceBytes == 0 {
+		pieceBytes = int64(cfg.Zinf.PieceBytes)
+	}
+	pcs := planPieces(pieceBytes, bounce > 0, ps, gs, &optOpts)
 	rin := reservationInput{cfg: cfg, mi: mi, rank: in.rank, world: in.world, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
 		bounceBytes: bounce, optOpts: optOpts, inference: in.inference, gather: in.gather,

@@ -121,7 +121,7 @@ func (r Reservations) String() string {
 		line("collectives: gathered layers (2)", r.GatherBytes)
 	}
 	if r.PieceBytes > 0 {
-		fmt.Fprintf(&sb, "  %-38s %s (zinf.Options.PieceBytes: larger tensors move in pieces)\n", "piece", config.Size(r.PieceBytes))
+		fmt.Fprintf(&sb, "  %-38s %s (zinf.piece_bytes: larger tensors move in pieces)\n", "piece", config.Size(r.PieceBytes))
 	}
 	fmt.Fprintf(&sb, "  %-38s %s (zinf.tiers.cpu_pinned_bytes; this config has %s)\n", "minimum pool", config.Size(r.MinPoolBytes), config.Size(r.PoolBytes))
 	if r.LayerMajorPoolBytes > 0 {
@@ -148,9 +148,9 @@ func (e *PoolTooSmallError) Error() string {
 // largestNeed says which reservation weighs most in the minimum, what
 // sets it and what would lower it.
 func (r Reservations) largestNeed() string {
-	piece := "zinf.Options.PieceBytes"
+	piece := "zinf.piece_bytes (zinf.Options.PieceBytes)"
 	if r.PieceBytes > 0 {
-		piece = fmt.Sprintf("zinf.Options.PieceBytes (now %s)", config.Size(r.PieceBytes))
+		piece = fmt.Sprintf("zinf.piece_bytes (zinf.Options.PieceBytes; now %s)", config.Size(r.PieceBytes))
 	}
 	type need struct {
 		bytes int64

@@ -109,7 +109,8 @@ type Options struct {
 	// So a tensor's pinned need is a few pieces, not its size (the
 	// minimum pool grows with the pieces in flight, not the largest
 	// tensor). Rounded up to the swap store's stripe; default 0:
-	// DefaultPieceBytes (4 MiB); -1: every tensor moves whole.
+	// zinf.piece_bytes, else DefaultPieceBytes (4 MiB); -1: every tensor
+	// moves whole.
 	PieceBytes int64
 	// Trace, when set, receives the runtime's timeline: each layer's
 	// compute and the loop's waits, every swap store read and write, each

@@ -251,6 +251,10 @@ type Zinf struct {
 	// SwapFileBytes is "swap_file_bytes": size each swap file is
 	// preallocated to. Default 0: files grow as tensors are added.
 	SwapFileBytes Size
+	// PieceBytes is "piece_bytes": tensors larger than it move in pieces
+	// of it (see zinf.Options.PieceBytes, which overrides it). Default 0:
+	// 4 MiB; a size above the largest tensor moves every tensor whole.
+	PieceBytes Size
 	// PrefetchDepth is "prefetch_depth": layers fetched ahead of use.
 	// Default 0: the policy decides from the NVMe bandwidth (see
 	// Bandwidth).

@@ -175,6 +175,9 @@
 //	                                                         $WORLD_SIZE, $OMPI_COMM_WORLD_SIZE or $SLURM_NTASKS
 //	                                                         (both from the first launcher that sets either)
 //	zinf.swap_file_bytes         size      0                 preallocated size of each swap file; 0 = grow as needed
+//	zinf.piece_bytes             size      0                 tensors larger move in pieces of it (streamed parameters,
+//	                                                         gradients in pieces), 0..1TiB; 0 = 4 MiB; above the
+//	                                                         largest tensor every tensor moves whole
 //	zinf.prefetch_depth          int       0                 layers prefetched ahead, 0..1024; 0 = the policy decides
 //	zinf.optimizer_workers       int       0                 cores one optimizer sub-group's update is split over,
 //	                                                         0..1024; 0 = GOMAXPROCS (results do not depend on it)

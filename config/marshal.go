@@ -149,16 +149,18 @@ type wireZinf struct {
 		GPUBytes       Size `json:"gpu_bytes"`
 		CPUPinnedBytes Size `json:"cpu_pinned_bytes"`
 	} `json:"tiers"`
-	NVMePaths     []string      `json:"nvme_paths,omitempty"`
-	Checksums     bool          `json:"checksums"`
-	Direct        DirectMode    `json:"direct"`
-	Backend       Backend       `json:"backend"`
-	PipelineDepth int           `json:"pipeline_depth"`
-	GDS           GDSMode       `json:"gds"`
-	Device        Device        `json:"device"`
-	Rank          int           `json:"rank"`
-	WorldSize     int           `json:"world_size"`
-	SwapFileBytes Size          `json:"swap_file_bytes"`
+	NVMePaths     []string   `json:"nvme_paths,omitempty"`
+	Checksums     bool       `json:"checksums"`
+	Direct        DirectMode `json:"direct"`
+	Backend       Backend    `json:"backend"`
+	PipelineDepth int        `json:"pipeline_depth"`
+	GDS           GDSMode    `json:"gds"`
+	Device        Device     `json:"device"`
+	Rank          int        `json:"rank"`
+	WorldSize     int        `json:"world_size"`
+	SwapFileBytes Size       `json:"swap_file_bytes"`
+	// PieceBytes is written only when set, so files stay as they were.
+	PieceBytes    Size          `json:"piece_bytes,omitempty"`
 	PrefetchDepth int           `json:"prefetch_depth"`
 	Speculate     SpeculateMode `json:"speculate"`
 	// Schedule is written only when it is not auto, so files stay as they were.
@@ -254,6 +256,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.Rank = zi.Rank
 	w.Zinf.WorldSize = zi.WorldSize
 	w.Zinf.SwapFileBytes = zi.SwapFileBytes
+	w.Zinf.PieceBytes = zi.PieceBytes
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
 	w.Zinf.Speculate = zi.Speculate

@@ -137,6 +137,7 @@ func (c *Config) Validate() error {
 			rangeText(0, int64(zi.WorldSize)-1))
 	}
 	k.limit("zinf.swap_file_bytes", int64(zi.SwapFileBytes))
+	k.limit("zinf.piece_bytes", int64(zi.PieceBytes))
 	k.limit("zinf.prefetch_depth", int64(zi.PrefetchDepth))
 	k.limit("zinf.optimizer_workers", int64(zi.OptimizerWorkers))
 	bw := &zi.Bandwidth
@@ -186,6 +187,7 @@ var intLimits = map[string][2]int64{
 	"zinf.world_size":                                  {1, math.MaxInt32},
 	"zinf.rank":                                        {0, math.MaxInt32},
 	"zinf.swap_file_bytes":                             {0, math.MaxInt64},
+	"zinf.piece_bytes":                                 {0, 1 << 40},
 	"zinf.prefetch_depth":                              {0, 1024},
 	"zinf.optimizer_workers":                           {0, 1024},
 	"fp16.initial_scale_power":                         {0, 126},
