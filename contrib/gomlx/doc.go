@@ -73,13 +73,14 @@
 // # Garbage collection
 //
 // The Go collector paces itself by the live heap. Offloaded, the model's
-// state is not on the Go heap, so the same GoMLX temporaries bring about
-// twice the collections of in-memory training. Options.HeapCredit
-// (AutoHeapCredit: what in-memory training keeps live) scales GOGC while
-// the model is open so that it paces as if that state were live: as
-// many collections as in memory, and a heap that grows as far between
-// them. The default is none: the collector's share of a step is small,
-// and an offloading user usually wants the memory.
+// state is not on the Go heap, so the same GoMLX temporaries bring
+// 1.8-4x the collections of in-memory training. By default
+// (Options.HeapCredit 0, AutoHeapCredit: what in-memory training keeps
+// live) GOGC is scaled while the model is open so that the collector
+// paces as if that state were live: as many collections as in memory
+// (0.9x measured on an MLP and on the zoo transformer), and a heap that
+// grows as far between them (14-23 MB more peak RSS there).
+// NoHeapCredit opts out.
 //
 // MemoryTrainer runs the same executors with everything in Go memory and
 // zinf's Adam: offloaded training equals it bit for bit. Adam is zinf's

@@ -15,7 +15,14 @@ import (
 // model: the bytes training in memory would keep live on the Go heap
 // (Offload.InMemoryBytes: the parameters, and the optimizer's fp32
 // master weights and states), at most a quarter of the machine's memory.
+//
+// It is the default: Options.HeapCredit 0 means AutoHeapCredit.
 const AutoHeapCredit int64 = -1
+
+// NoHeapCredit, as Options.HeapCredit, takes no credit: the collector
+// paces by the small live heap of offloaded training (more cycles, less
+// memory).
+const NoHeapCredit int64 = -2
 
 // The Go garbage collector starts a cycle when the heap has grown by
 // GOGC% of what was live after the last one (plus stacks and globals).
@@ -52,8 +59,8 @@ var gcCredit struct {
 
 // checkHeapCredit says whether n is an Options.HeapCredit allowed.
 func checkHeapCredit(n int64) error {
-	if n < 0 && n != AutoHeapCredit {
-		return fmt.Errorf("zgomlx: Options.HeapCredit %d: want 0 (none), a number of bytes, or AutoHeapCredit (%d)", n, AutoHeapCredit)
+	if n < 0 && n != AutoHeapCredit && n != NoHeapCredit {
+		return fmt.Errorf("zgomlx: Options.HeapCredit %d: want 0 or AutoHeapCredit (%d: the default, what training in memory keeps live), NoHeapCredit (%d), or a number of bytes", n, AutoHeapCredit, NoHeapCredit)
 	}
 	return nil
 }
@@ -62,10 +69,10 @@ func checkHeapCredit(n int64) error {
 // (checked by checkHeapCredit).
 func (o *Offload) applyHeapCredit(n int64) {
 	switch n {
-	case 0:
-		o.credit, o.creditStatus = 0, "none (Options.HeapCredit 0)"
+	case NoHeapCredit:
+		o.credit, o.creditStatus = 0, "none (Options.HeapCredit NoHeapCredit)"
 		return
-	case AutoHeapCredit:
+	case 0, AutoHeapCredit:
 		n = o.InMemoryBytes()
 		if mem := physicalMemory(); mem > 0 && n > mem/4 {
 			n = mem / 4

@@ -48,11 +48,11 @@ func TestHeapCredit(t *testing.T) {
 		return m1.NumGC - m0.NumGC
 	}
 
-	if _, err := open(-2); err == nil || !strings.Contains(err.Error(), "Options.HeapCredit -2") || !strings.Contains(err.Error(), "AutoHeapCredit") {
-		t.Fatalf("HeapCredit -2: %v, want an error naming the option, the value and what is allowed", err)
+	if _, err := open(-3); err == nil || !strings.Contains(err.Error(), "Options.HeapCredit -3") || !strings.Contains(err.Error(), "NoHeapCredit") {
+		t.Fatalf("HeapCredit -3: %v, want an error naming the option, the value and what is allowed", err)
 	}
 
-	tr, err := open(0)
+	tr, err := open(zgomlx.NoHeapCredit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,8 @@ func TestHeapCredit(t *testing.T) {
 		t.Fatalf("a credit of 1 GiB: %d collections over 12 steps (%d without); want none", with, without)
 	}
 
-	tr, err = open(zgomlx.AutoHeapCredit)
+	// The default (0) is AutoHeapCredit.
+	tr, err = open(0)
 	if err != nil {
 		t.Fatal(err)
 	}

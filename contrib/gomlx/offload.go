@@ -40,13 +40,16 @@ type Options struct {
 	KeepValues bool
 	// HeapCredit makes the Go garbage collector, which paces itself by
 	// the live heap, collect about as often as when the model's state is
-	// on the heap (in-memory training) instead of about twice as often:
+	// on the heap (in-memory training) instead of 1.8-4x as often:
 	// while the Offload is open, GOGC is scaled so that the next cycle
 	// comes after the growth it would with HeapCredit more bytes live
 	// (see heapcredit.go; Trainer re-evaluates it at every commit, Close
 	// restores GOGC). Like a higher GOGC, it trades memory for cycles.
-	// 0 (default): none. AutoHeapCredit: what in-memory training keeps
-	// live (InMemoryBytes), at most a quarter of the machine's memory. Nothing is
+	// 0 (default) or AutoHeapCredit: what in-memory training keeps live
+	// (InMemoryBytes), at most a quarter of the machine's memory; measured
+	// (examples/gcm), GC cycles per step 0.9x of in-memory training on an
+	// MLP and on the zoo transformer (4.2x and 1.8x without), for 23 and
+	// 14 MB more peak RSS. NoHeapCredit: none. Nothing is
 	// changed while a Go memory limit is set (GOMEMLIMIT,
 	// debug.SetMemoryLimit: the limit paces the collector then) or with
 	// GOGC=off. Offload.HeapCredit reports what was taken.

@@ -88,7 +88,7 @@ func main() {
 	flag.IntVar(&o.benchSteps, "bench-steps", 6, "timed steps per benchmark process (after 2 warm-up steps)")
 	flag.StringVar(&o.child, "child", "", "internal: run one benchmark process (offloaded or memory) and print JSON")
 	flag.BoolVar(&o.bf16, "bf16", false, "bfloat16 parameters (fp32 masters in zinf)")
-	credit := flag.String("heap-credit", "none", `zgomlx.Options.HeapCredit for the offloaded model: "none", "auto" (what training in memory keeps live on the heap: the GC paces as in memory, and the heap grows as in memory) or a size`)
+	credit := flag.String("heap-credit", "auto", `zgomlx.Options.HeapCredit for the offloaded model: "none", "auto" (the default: what training in memory keeps live on the heap: the GC paces as in memory, and the heap grows as in memory) or a size`)
 	flag.StringVar(&o.backend, "backend", zgomlx.DefaultBackend, "GoMLX backend configuration (the pure-Go backend, \"go\" with its options)")
 	flag.Parse()
 	o.s.dtype = dtypes.Float32
@@ -102,6 +102,7 @@ func main() {
 	case "auto":
 		o.heapCredit = zgomlx.AutoHeapCredit
 	case "none":
+		o.heapCredit = zgomlx.NoHeapCredit
 	default:
 		sz, err := config.ParseSize(*credit)
 		if err != nil || sz < 0 {
@@ -815,9 +816,9 @@ func u32(v []uint32) []float64 {
 // heapCreditFlag is the --heap-credit value that gives n.
 func heapCreditFlag(n int64) string {
 	switch n {
-	case zgomlx.AutoHeapCredit:
+	case zgomlx.AutoHeapCredit, 0:
 		return "auto"
-	case 0:
+	case zgomlx.NoHeapCredit:
 		return "none"
 	}
 	return strconv.FormatInt(n, 10)
