@@ -102,7 +102,8 @@
 // must be pure functions of their inputs and variables: Create refuses,
 // naming it, a layer that updates a variable in its graph (dropout, batch
 // statistics) or adds a regularization loss (the per-layer backward would
-// drop it); Open finds it at the first Step. Every variable belongs to
+// drop it); Open finds it at the first Step, which fails with ErrNotPure
+// (not the retryable ErrStepAborted). Every variable belongs to
 // one layer (later layers may borrow it), and the loss has no variables.
 // The layers' outputs are kept for the backward pass (activations are
 // not offloaded).

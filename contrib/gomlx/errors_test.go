@@ -1,6 +1,7 @@
 package zgomlx_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -54,8 +55,11 @@ func TestBadNetsAreRefused(t *testing.T) {
 	}
 	defer tr.Close()
 	x, y := mlpBatch(0, 2, 4, 3)
-	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), `layer "/counting" updates variable "/counting/count"`) {
-		t.Fatalf("a layer updating a variable: %v", err)
+	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), `layer "/counting" updates variable "/counting/count"`) || errors.Is(err, zgomlx.ErrStepAborted) {
+		t.Fatalf("a layer updating a variable: %v (want it named, and not as a step to run again)", err)
+	}
+	if _, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), model.NewStore(), counter, xs, zgomlx.Options{}); !errors.Is(err, zgomlx.ErrNotPure) {
+		t.Fatalf("Create of a layer updating a variable: %v, want ErrNotPure", err)
 	}
 
 	vector := good

@@ -336,6 +336,13 @@ func (le *layerExec) checkPure(g *graph.Graph) {
 	}
 }
 
+// ErrNotPure is wrapped by the error of a layer the per-layer executors
+// cannot run as the whole graph would: one that updates a variable in its
+// graph or adds a loss term. Create refuses such a layer; a Trainer from
+// Open finds it at its first Step, which then fails with it (not with
+// ErrStepAborted: running the step again cannot help).
+var ErrNotPure = errors.New("zgomlx: a layer the per-layer executors cannot recompute")
+
 // checkPure reports a graph that changes a variable (dropout advancing
 // the random state, batch statistics, a counter) or adds a loss term
 // (regularization) the per-layer executors would not see.
@@ -343,14 +350,14 @@ func checkPure(store *model.Store, g *graph.Graph, scope string) error {
 	var errs []error
 	for v := range store.IterVariables() {
 		if v.IsValid() && v.InUseByGraph(g) && v.ChangedInGraph(g) {
-			errs = append(errs, fmt.Errorf("zgomlx: layer %q updates variable %q in its graph (dropout, batch statistics, a counter): per-layer recomputation needs layers that are pure functions of their input and variables", scope, v.Path()))
+			errs = append(errs, fmt.Errorf("%w: layer %q updates variable %q in its graph (dropout, batch statistics, a counter): per-layer recomputation needs layers that are pure functions of their input and variables", ErrNotPure, scope, v.Path()))
 		}
 	}
 	if reg := train.GetRegularizationLoss(g); reg != nil {
-		errs = append(errs, fmt.Errorf("zgomlx: layer %q adds a regularization loss (train.AddRegularizationLoss; layers.Dense adds one when the scope sets regularizer hyperparameters such as %q or %q): the per-layer executors differentiate the layer's outputs only and would drop it; leave the regularizer out", scope, "l2_regularization", "l1_regularization"))
+		errs = append(errs, fmt.Errorf("%w: layer %q adds a regularization loss (train.AddRegularizationLoss; layers.Dense adds one when the scope sets regularizer hyperparameters such as %q or %q): the per-layer executors differentiate the layer's outputs only and would drop it; leave the regularizer out", ErrNotPure, scope, "l2_regularization", "l1_regularization"))
 	}
 	if m := train.GetMainLoss(g); m != nil {
-		errs = append(errs, fmt.Errorf("zgomlx: layer %q adds a loss term (train.AddMainLoss): the loss is Net.Loss/TrainLoss of the last layer's outputs", scope))
+		errs = append(errs, fmt.Errorf("%w: layer %q adds a loss term (train.AddMainLoss): the loss is Net.Loss/TrainLoss of the last layer's outputs", ErrNotPure, scope))
 	}
 	return errors.Join(errs...)
 }

@@ -2,7 +2,9 @@ package zgomlx
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
@@ -151,7 +153,9 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		lp.drop(&pend)
 		lp.acts = acts[:0]
 		if err != nil && md == modeTrain {
-			if lp.src.fail() {
+			// A layer that cannot be recomputed fails every retry: the
+			// step is given up, but the error says why, not "retry".
+			if lp.src.fail() && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
 				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
 			}
 		}
