@@ -2,7 +2,6 @@ package zinf
 
 import (
 	"fmt"
-	"log/slog"
 
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/buffers"
@@ -24,15 +23,16 @@ import (
 // The bounce path holds 2 x aio.intra_op_parallelism staging buffers of
 // aio.block_size from the pool for the Runtime's life; TiersFor counts
 // them out of the CPU tier.
-func (r *Runtime) openDeviceIO(cfg *config.Config, log *slog.Logger) error {
-	mode, err := gds.ParseMode(GDSMode(cfg))
+func (r *Runtime) openDeviceIO(s *settings) error {
+	log := r.log
+	mode, err := gds.ParseMode(s.gdsMode)
 	if err != nil {
 		return fmt.Errorf("zinf: zinf.gds: %w", err)
 	}
 	if mode == gds.ModeOff {
 		return nil
 	}
-	opts := gds.SelectOptions{GDS: GDSOptions(cfg, log), Bounce: BounceOptions(cfg, log), AIO: r.Engine, Pool: r.Pool, Logger: log}
+	opts := gds.SelectOptions{GDS: s.gds, Bounce: s.bounce, AIO: r.Engine, Pool: r.Pool, Logger: log}
 	selectMode := mode
 	if _, isCUDA := r.Device.(*cuda.Device); !isCUDA {
 		// GPUDirect Storage moves data into GPU memory only. Say what this

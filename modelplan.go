@@ -116,19 +116,19 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	} else if bw, err = NVMeBandwidth(ctx, cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
 		return nil, err
 	}
-	in := planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw, pieceBytes: opts.PieceBytes,
+	s := settingsOf(cfg, log, nil, 0)
+	in := planInput{cfg: cfg, s: &s, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw, pieceBytes: opts.PieceBytes,
 		gather: opts.GatherLayers}
-	zo := cfg.ZeroOptimization
 	sizing := func(paths []string) (*swapper.Store, error) {
-		return swapper.SizingStore(storeOptions(cfg, paths), swapper.DefaultDiskAlignment)
+		return swapper.SizingStore(s.storeOptions(paths), swapper.DefaultDiskAlignment)
 	}
-	if zo.OffloadParam.Device == config.OffloadNVMe {
-		if in.param, err = sizing(pathsFor(cfg, zo.OffloadParam.NVMePath)); err != nil {
+	if s.paramPaths != nil {
+		if in.param, err = sizing(s.paramPaths); err != nil {
 			return nil, fmt.Errorf("zinf: param swap store: %w", err)
 		}
 	}
-	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
-		if in.optim, err = sizing(pathsFor(cfg, zo.OffloadOptimizer.NVMePath)); err != nil {
+	if s.optimPaths != nil {
+		if in.optim, err = sizing(s.optimPaths); err != nil {
 			return nil, fmt.Errorf("zinf: optim swap store: %w", err)
 		}
 		in.grad = in.optim
@@ -173,9 +173,11 @@ func checkInputs(cfg *config.Config, m Model, logger *slog.Logger, rank, worldSi
 }
 
 // planInput is what makePlan needs: the stores are open ones (Open) or
-// sizing ones (PlanModel), nil where the config keeps that state in memory.
+// sizing ones (PlanModel), nil where the config keeps that state in memory;
+// of them makePlan reads only the geometry (alignment, stripes, padding).
 type planInput struct {
 	cfg                *config.Config
+	s                  *settings // cfg in each component's words
 	mi                 *modelInfo
 	rank, world        int
 	computePerLayer    float64
@@ -188,10 +190,15 @@ type planInput struct {
 
 // planned is makePlan's result: the plan, and what Open builds from it.
 type planned struct {
+	*settings
 	plan    *ModelPlan
 	tiers   map[string]tensor.Tier
 	optOpts optimizer.Options
 	pieces  pieces
+	pool    buffers.Options // the pinned pool (Logger aside)
+	// nvmeLayers are each layer's NVMe tensors, in the order of use: what
+	// the scheduler prefetches.
+	nvmeLayers [][]string
 }
 
 // makePlan plans placement and prefetch, sizes the pinned reservations and
@@ -211,9 +218,7 @@ func makePlan(in planInput) (*planned, error) {
 		}
 		tiers[d.Name] = t
 	}
-	zo, z := cfg.ZeroOptimization, cfg.Zinf
-	optOpts := optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: z.PipelineDepth,
-		BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: z.OptimizerWorkers, Hyper: Hyper(cfg)}
+	optOpts := in.s.optimizer
 	// Pinned memory and disk are sized for a device alignment of at least
 	// 4 KiB, so that a plan made before the stores exist (PlanModel) gives
 	// the figures Open enforces.
@@ -225,11 +230,11 @@ func makePlan(in planInput) (*planned, error) {
 	}
 	ps, gs, os := sizing(in.param), sizing(in.grad), sizing(in.optim)
 	var bounce int64
-	if mode, _ := gds.ParseMode(GDSMode(cfg)); mode != gds.ModeOff {
-		bo := BounceOptions(cfg, nil)
+	if mode, _ := gds.ParseMode(in.s.gdsMode); mode != gds.ModeOff {
+		bo := in.s.bounce
 		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(granuleBytes(ps, gs, os)))
 	}
-	dtype := ParamDType(cfg)
+	dtype := in.s.dtype
 	pieceBytes := in.pieceBytes // Options.PieceBytes, else zinf.piece_bytes
 	if pieceBytes == 0 {
 		pieceBytes = int64(cfg.Zinf.PieceBytes)
@@ -266,7 +271,22 @@ func makePlan(in planInput) (*planned, error) {
 	// judge pinned memory); its table shows the pool the config gives.
 	placement.Tiers.CPUBytes = res.PoolBytes
 	placement.PinnedRows = res.rows()
-	return &planned{plan: p, tiers: tiers, optOpts: optOpts, pieces: pcs}, nil
+	var resv [buffers.NumPurposes]int64
+	resv[buffers.PurposeParams] = res.ParamsBytes()
+	resv[buffers.PurposeGradients] = res.GradBytes
+	resv[buffers.PurposeOptimizer] = res.OptimizerBytes
+	resv[buffers.PurposeCollectives] = res.GatherBytes
+	nvmeLayers := make([][]string, len(mi.layers))
+	for l, names := range mi.layers {
+		for _, n := range names {
+			if tiers[n] == tensor.TierNVMe {
+				nvmeLayers[l] = append(nvmeLayers[l], n)
+			}
+		}
+	}
+	return &planned{settings: in.s, plan: p, tiers: tiers, optOpts: optOpts, pieces: pcs, nvmeLayers: nvmeLayers,
+		pool: buffers.Options{CapacityBytes: res.PoolBytes, MinBufferBytes: int(res.GranuleBytes), Reservations: resv,
+			StallTimeout: in.s.pinnedStall}}, nil
 }
 
 // diskNeeds is the free space each store needs on each of its paths to
@@ -350,19 +370,6 @@ func planModel(cfg *config.Config, mi *modelInfo, rank, world int, computePerLay
 	tiers := tiersWith(cfg, bw, nil)
 	tiers.CPUBytes = policy.MaxBytes
 	return policy.Plan(tiers, inv, h)
-}
-
-// checkDiskSpace refuses a runtime whose NVMe paths have less free space
-// than its stores will take (diskNeeds with the open stores: their own
-// alignment, less what their files already hold), naming each short path,
-// the need and the free bytes.
-func (r *Runtime) checkDiskSpace(tiers map[string]tensor.Tier, oo optimizer.Options) error {
-	needs := diskNeeds(r.Config, r.model, r.Rank, r.World, r.DType, tiers, oo, r.pieces.gradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
-	if err := swapper.CheckSpace(needs...); err != nil {
-		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
-			r.Rank, swapper.CopyOnWriteVersions, err)
-	}
-	return nil
 }
 
 // ParamChecksumBytes is the bytes one checksum covers in the parameter

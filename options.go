@@ -12,6 +12,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -116,4 +117,74 @@ func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) pol
 		OptimizerBufferCount: zo.OffloadOptimizer.BufferCount, Ratio: zo.OffloadOptimizer.Ratio,
 		SubGroupElems: zo.SubGroupSize, PrefetchDepth: cfg.Zinf.PrefetchDepth, ComputeSecondsPerLayer: 2 * computePerLayer.Seconds(), Layers: layers,
 		MicroBatches: max(cfg.GradientAccumulationSteps, 1), Schedule: string(cfg.Zinf.Schedule)}
+}
+
+// settings is the config in each component's words, before anything is
+// measured or planned: the engine and swap stores Open opens, the device
+// it asks for, and the options of what it builds after the plan. Making it
+// reads no file and opens nothing.
+type settings struct {
+	engine aio.Options
+	// paramPaths are the parameter store's directories, optimPaths the
+	// optimizer and gradient stores'; nil where the config keeps that
+	// state in memory.
+	paramPaths, optimPaths []string
+	nvmePaths              []string             // every swap directory (config.Config.NVMePaths)
+	store                  swapper.StoreOptions // every store's, Paths aside
+	dtype                  swapper.DType
+	device                 deviceSettings
+	gdsMode                string // GDSMode
+	gds                    gds.Options
+	bounce                 gds.BounceOptions
+	sched                  schedule.Schedule
+	schedErr               error // why the config's scheduler cannot run (Open reports it)
+	scaler                 schedule.LossScalerOptions
+	optimizer              optimizer.Options // the config's part: sub-groups, pipeline, buffers, workers, rule
+	clip                   float64
+	speculate              config.SpeculateMode
+	pinnedBytes            config.Size   // zinf.tiers.cpu_pinned_bytes, as the config says it
+	pinnedStall            time.Duration // zinf.pinned_stall_timeout
+	// maxInCPU is offload_param.max_in_cpu (elements) where parameters
+	// live on NVMe, else 0.
+	maxInCPU int64
+}
+
+// deviceSettings is the device the config selects (see openDevice).
+type deviceSettings struct {
+	kind      config.Device
+	cudaBytes int64 // zinf.tiers.gpu_bytes (0: what the device has)
+	simBytes  int64 // the simulated device's capacity
+}
+
+// settingsOf is cfg in each component's words; log and faults go to the
+// engine (and log to the device I/O), totalSteps to the learning-rate
+// schedule (see Options.TotalSteps).
+func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, totalSteps int) settings {
+	zo := cfg.ZeroOptimization
+	s := settings{engine: EngineOptions(cfg, log, faults), store: storeOptions(cfg, nil), dtype: ParamDType(cfg),
+		device:  deviceSettings{kind: cfg.Zinf.Device, cudaBytes: int64(cfg.Zinf.Tiers.GPUBytes), simBytes: cfg.GPUBytes(0)},
+		gdsMode: GDSMode(cfg), gds: GDSOptions(cfg, log), bounce: BounceOptions(cfg, log),
+		scaler: schedule.LossScalerOptionsOf(cfg), clip: cfg.GradientClipping, speculate: cfg.Zinf.Speculate,
+		nvmePaths: cfg.NVMePaths(), pinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, pinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
+		optimizer: optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: cfg.Zinf.PipelineDepth,
+			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg)}}
+	s.sched, s.schedErr = schedule.FromConfig(cfg, totalSteps)
+	if s.speculate == "" {
+		s.speculate = config.SpeculateAuto
+	}
+	if zo.OffloadParam.Device == config.OffloadNVMe {
+		s.paramPaths = pathsFor(cfg, zo.OffloadParam.NVMePath)
+		s.maxInCPU = zo.OffloadParam.MaxInCPU
+	}
+	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
+		s.optimPaths = pathsFor(cfg, zo.OffloadOptimizer.NVMePath)
+	}
+	return s
+}
+
+// storeOptions is a swap store's options on paths.
+func (s *settings) storeOptions(paths []string) swapper.StoreOptions {
+	o := s.store
+	o.Paths = paths
+	return o
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/accel"
-	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
@@ -211,11 +210,11 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPoolMemory(int64(cfg.Zinf.Tiers.CPUPinnedBytes)); err != nil {
+	s := settingsOf(cfg, log, opts.Faults, opts.TotalSteps)
+	if err := checkPoolMemory(int64(s.pinnedBytes)); err != nil {
 		return nil, err
 	}
-	dtype := ParamDType(cfg)
-	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: dtype, log: log, model: mi, inference: opts.Inference,
+	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: s.dtype, log: log, model: mi, inference: opts.Inference,
 		numel: map[string]int{}, inited: map[string]bool{}}
 	defer func() {
 		if err != nil {
@@ -223,188 +222,29 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 			rt = nil
 		}
 	}()
-	z := cfg.Zinf
-	zo := cfg.ZeroOptimization
 	r.trace.init(opts.Trace, rank, len(mi.layers))
-	if r.Engine = opts.Engine; r.Engine == nil {
-		r.Engine, err = aio.New(EngineOptions(cfg, log, opts.Faults))
-		if err != nil {
-			return nil, fmt.Errorf("zinf: I/O engine: %w", err)
-		}
-		r.ownEngine = true
+	// Measure what the plan depends on: the swap stores' geometry (their
+	// device's alignment: the stores are opened, on the engine) and the
+	// NVMe bandwidth (configured, from a tune result, cached or probed;
+	// see NVMeBandwidth).
+	if err := r.openStores(&s, opts.Engine); err != nil {
+		return nil, err
 	}
-	warnRAMPaths(cfg.NVMePaths(), log)
-	store := func(name string, paths []string) (*swapper.Store, error) {
-		o := storeOptions(cfg, paths)
-		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, rank), log, r.trace.store(name)
-		if name == "param" {
-			o.ChecksumBytes = ParamChecksumBytes
-		}
-		s, err := swapper.OpenStore(o)
-		if err != nil {
-			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
-		}
-		return s, nil
-	}
-	if zo.OffloadParam.Device == config.OffloadNVMe {
-		if r.ParamStore, err = store("param", pathsFor(cfg, zo.OffloadParam.NVMePath)); err != nil {
-			return nil, err
-		}
-	}
-	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
-		paths := pathsFor(cfg, zo.OffloadOptimizer.NVMePath)
-		if r.OptimStore, err = store("optim", paths); err != nil {
-			return nil, err
-		}
-		if r.GradStore, err = store("grad", paths); err != nil {
-			return nil, err
-		}
-	}
-	// The NVMe bandwidth the plan predicts with: configured, from a tune
-	// result, cached or probed (see NVMeBandwidth).
 	if opts.Bandwidth != nil {
 		r.bandwidth = *opts.Bandwidth
 	} else if r.bandwidth, err = NVMeBandwidth(context.Background(), cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
 		return nil, err
 	}
-	// Plan: placement and prefetch, the pool's reservations, the disk.
-	pd, err := makePlan(planInput{cfg: cfg, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
+	// Plan: placement and prefetch, the pool's reservations, the disk, and
+	// every component's options.
+	p, err := makePlan(planInput{cfg: cfg, s: &s, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
 		gather: opts.GatherLayers && opts.Comm != nil, bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore,
 		pieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}
-	r.placement, r.res, r.disk = pd.plan.Placement, pd.plan.Reservations, pd.plan.Disk
-	tiers, optOpts := pd.tiers, pd.optOpts
-	r.tiers, r.pieces = tiers, pd.pieces
-	optOpts.Logger = log
-	if r.res.PoolBytes < r.res.MinPoolBytes {
-		return nil, &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
-	}
-	// Free space: every NVMe path must hold what the stores will write
-	// there, copy-on-write copies included, before anything is written.
-	if err := r.checkDiskSpace(pd.tiers, optOpts); err != nil {
-		return nil, err
-	}
-	if cfg.ZeroOptimization.OffloadParam.Device == config.OffloadNVMe && zo.OffloadParam.MaxInCPU*int64(dtype.Size()) > r.res.ParamCacheBytes {
-		log.Warn("zinf: zero_optimization.offload_param.max_in_cpu is larger than the pinned pool can spare; the parameter cache uses what fits",
-			"max_in_cpu_elements", zo.OffloadParam.MaxInCPU, "cache", config.Size(r.res.ParamCacheBytes).String())
-	}
-	var resv [buffers.NumPurposes]int64
-	resv[buffers.PurposeParams] = r.res.ParamsBytes()
-	resv[buffers.PurposeGradients] = r.res.GradBytes
-	resv[buffers.PurposeOptimizer] = r.res.OptimizerBytes
-	resv[buffers.PurposeCollectives] = r.res.GatherBytes
-	stall := time.Duration(z.PinnedStallTimeout)
-	if opts.PinnedStallTimeout > 0 {
-		stall = opts.PinnedStallTimeout
-	}
-	r.Pool, err = buffers.NewPool(buffers.Options{CapacityBytes: r.res.PoolBytes, MinBufferBytes: int(r.res.GranuleBytes),
-		Reservations: resv, Logger: log, StallTimeout: stall})
-	if err != nil {
-		return nil, fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", z.Tiers.CPUPinnedBytes, err)
-	}
-	// io_uring registered buffers: the kernel pins the arena once instead
-	// of every request's pages. Where the backend has none, or the
-	// registration is refused (the memlock limit), the engine says so once
-	// and moves the buffers as ordinary memory; the pool unregisters the
-	// arena before it unmaps it.
-	if err := r.Pool.Register(r.Engine); err != nil {
-		log.Debug("zinf: pinned pool not registered with the I/O engine", "err", err)
-	}
-	if r.Device = opts.Device; r.Device == nil {
-		r.Device, err = openDevice(cfg, log)
-		if err != nil {
-			return nil, err
-		}
-		r.ownDevice = true
-	}
-	for _, reg := range r.Pool.Regions() {
-		if err := r.Device.RegisterHost(reg); err != nil {
-			log.Warn("zinf: could not register the pinned pool with the device; copies will be staged", "err", err)
-			break
-		}
-	}
-	if err := r.openDeviceIO(cfg, log); err != nil {
-		return nil, err
-	}
-	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: rank, WorldSize: world,
-		DType: dtype, MaxInCPUBytes: r.res.ParamCacheBytes, PieceBytes: r.pieces.paramBytes,
-		// The reservations bound parameter memory; a slot count below the
-		// tensors of one layer would deadlock its barrier, so
-		// offload_param.buffer_count is not a limit here.
-		BufferCount: 0, Logger: log,
-		// With GDS selected (aio.use_gds / zinf.gds), NVMe partitions are
-		// swapped into device memory through DeviceIO, as DeepSpeed does.
-		DeviceIO: r.DeviceIO})
-	if err != nil {
-		return nil, fmt.Errorf("zinf: param swapper: %w", err)
-	}
-	if err := r.setupTraining(cfg, opts); err != nil {
-		return nil, err
-	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.gradElems})
-	if err != nil {
-		return nil, fmt.Errorf("zinf: gradient swapper: %w", err)
-	}
-	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.Pool, r.Grads
-	optOpts.Params = optimizer.SinkOf[param.Waiter](r.Params)
-	r.Optimizer, err = optimizer.New(optOpts)
-	if err != nil {
-		return nil, fmt.Errorf("zinf: optimizer swapper: %w", err)
-	}
-	for _, d := range mi.descs {
-		if err := r.Params.Register(d.Name, int(mi.numel[d.Name]), tiers[d.Name]); err != nil {
-			return nil, err
-		}
-	}
-	// The scheduler prefetches NVMe partitions in the order of use, within
-	// the prefetch window.
-	layers := make([][]string, len(mi.layers))
-	for l, names := range mi.layers {
-		for _, n := range names {
-			if tiers[n] == tensor.TierNVMe && !r.Params.Streamed(n) {
-				layers[l] = append(layers[l], n)
-			}
-		}
-	}
-	depth := r.placement.PrefetchDepth
-	depthWhy := ""
-	switch {
-	case opts.PrefetchDepth < 0:
-		depth, depthWhy = -1, "Options.PrefetchDepth -1 turns prefetching off"
-	case r.res.PrefetchBytes == 0:
-		// No prefetch window (the pool is at its minimum): a layer fetched
-		// ahead would take the memory of the layer in use.
-		depth, depthWhy = -1, "the pinned pool is at its minimum: no prefetch window is left (raise zinf.tiers.cpu_pinned_bytes)"
-	case opts.PrefetchDepth > 0:
-		depth, depthWhy = opts.PrefetchDepth, fmt.Sprintf("Options.PrefetchDepth %d", opts.PrefetchDepth)
-	}
-	if r.ParamStore == nil {
-		depth, depthWhy = -1, "no parameter lives on NVMe"
-	}
-	granule := int(r.res.GranuleBytes)
-	size := func(name string) int64 {
-		n, err := r.Params.PartitionLen(name)
-		if err != nil || n == 0 {
-			return 0
-		}
-		return buffers.SpanBytes(r.ParamStore.PaddedLen(int64(n*dtype.Size())), granule)
-	}
-	budget := r.res.PrefetchBytes
-	if budget == 0 {
-		budget = -1 // unused: depth is off
-	}
-	if r.ParamStore != nil {
-		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: depth, BudgetBytes: budget, SizeOf: size})
-	} else {
-		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: -1, BudgetBytes: -1, SizeOf: func(string) int64 { return 0 }})
-	}
-	r.overlap = r.placement.OverlapStep && !opts.SerialStep
-	// Plan tells what this runtime does, overrides included.
-	r.placement = r.placement.Adjusted(max(depth, 0), depthWhy, r.overlap, "Options.SerialStep")
-	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
-	if err := r.distribute(opts); err != nil {
+	// Build from the plan.
+	if err := r.build(p, opts); err != nil {
 		return nil, err
 	}
 	// The run goes ahead: cache what the probe measured (not before, so
@@ -433,27 +273,6 @@ func (r *Runtime) DiskNeeds() []swapper.SpaceNeed { return append([]swapper.Spac
 
 // partition is this rank's element range of a tensor of numel elements.
 func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }
-
-// openDevice opens the device the config selects: "sim", "cuda", or
-// "auto" (CUDA when it works, else the simulated device, said once).
-func openDevice(cfg *config.Config, log *slog.Logger) (accel.Device, error) {
-	gpu := cfg.GPUBytes(0)
-	switch cfg.Zinf.Device {
-	case config.DeviceCUDA:
-		d, err := cuda.Open(cuda.Options{CapacityBytes: int64(cfg.Zinf.Tiers.GPUBytes)})
-		if err != nil {
-			return nil, fmt.Errorf("zinf: zinf.device is \"cuda\": %w", err)
-		}
-		return d, nil
-	case config.DeviceAuto:
-		d, err := cuda.Open(cuda.Options{CapacityBytes: int64(cfg.Zinf.Tiers.GPUBytes)})
-		if err == nil {
-			return d, nil
-		}
-		log.Info("zinf: no usable GPU; the GPU tier is simulated in host memory", "capacity", config.Size(gpu).String(), "reason", err)
-	}
-	return accel.NewSim(accel.SimOptions{CapacityBytes: gpu, Name: "sim"})
-}
 
 // Init sets a tensor's initial values: values is the FULL tensor in fp32
 // (this rank keeps its partition). The parameter is stored in the param

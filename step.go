@@ -103,22 +103,19 @@ type TrainStats struct {
 
 // setupTraining reads the config's schedule, loss scaling and clipping
 // and checks that a world of several ranks can reduce what they need.
-func (r *Runtime) setupTraining(cfg *config.Config, opts Options) error {
+func (r *Runtime) setupTraining(s *settings, opts Options) error {
 	t := &r.train
 	var err error
-	if t.sched, err = schedule.FromConfig(cfg, opts.TotalSteps); err != nil {
+	if t.sched, err = s.sched, s.schedErr; err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
-	if t.scaler, err = schedule.NewLossScalerFromConfig(cfg); err != nil {
+	if t.scaler, err = schedule.NewLossScaler(s.scaler); err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
 	r.trainStats.LossScale = t.scaler.Scale()
-	t.clip = cfg.GradientClipping
+	t.clip = s.clip
 	t.checks = !opts.Inference && (t.clip > 0 || t.scaler.Enabled())
-	t.mode = cfg.Zinf.Speculate
-	if t.mode == "" {
-		t.mode = config.SpeculateAuto
-	}
+	t.mode = s.speculate
 	if c := opts.Comm; c != nil {
 		if c.Size() != r.World || c.Rank() != r.Rank {
 			return fmt.Errorf("zinf: Options.Comm is rank %d of %d ranks; this runtime is rank %d of %d", c.Rank(), c.Size(), r.Rank, r.World)

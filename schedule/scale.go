@@ -99,9 +99,15 @@ func NewLossScaler(o LossScalerOptions) (*LossScaler, error) {
 
 // NewLossScalerFromConfig is NewLossScaler with the config's fp16 keys.
 func NewLossScalerFromConfig(cfg *config.Config) (*LossScaler, error) {
+	return NewLossScaler(LossScalerOptionsOf(cfg))
+}
+
+// LossScalerOptionsOf maps the config's fp16 keys to a scaler's options
+// (unchecked: NewLossScaler checks them).
+func LossScalerOptionsOf(cfg *config.Config) LossScalerOptions {
 	l := cfg.LossScaling
-	return NewLossScaler(LossScalerOptions{FP16: cfg.FP16, Static: l.LossScale, Initial: math.Ldexp(1, l.InitialScalePower),
-		Window: l.LossScaleWindow, Hysteresis: l.Hysteresis, Consecutive: l.ConsecutiveHysteresis, Min: l.MinLossScale})
+	return LossScalerOptions{FP16: cfg.FP16, Static: l.LossScale, Initial: math.Ldexp(1, l.InitialScalePower),
+		Window: l.LossScaleWindow, Hysteresis: l.Hysteresis, Consecutive: l.ConsecutiveHysteresis, Min: l.MinLossScale}
 }
 
 // Enabled reports whether loss scaling is on (fp16): the gradients are
