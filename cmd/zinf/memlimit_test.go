@@ -102,4 +102,11 @@ func TestPinnedPoolInCgroup(t *testing.T) {
 	if got := tree(t, dir); !slices.Equal(got, []string{"."}) {
 		t.Fatalf("refused runs left %v", got)
 	}
+	// zinf plan prints the plan and says Open would refuse the pool here.
+	t.Setenv("WORLD_SIZE", "1")
+	code, out, errs := runCLI(t, "plan", "--config", write("3GiB"), "--no-probe", "--model", "layers=2,width=64")
+	if code != 0 {
+		t.Fatalf("plan: exit %d\n%s", code, errs)
+	}
+	wantAll(t, "plan of a 3 GiB pool", out, "TIER", "Open refuses this config on this machine: zinf.tiers.cpu_pinned_bytes = 3 GiB", "cgroup v2")
 }

@@ -110,6 +110,12 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "\nOpen refuses this config: zinf.tiers.cpu_pinned_bytes is %s, below the minimum pool %s (%d bytes)\n",
 			config.Size(res.PoolBytes), config.Size(res.MinPoolBytes), res.MinPoolBytes)
 	}
+	// The pool is mapped and locked whole: Open (and zinf train) refuse one
+	// beyond the memory this process may take. plan still prints the plan
+	// (and keeps the bandwidth it measured, as it says above): it reports.
+	if err := checkPinnedPools(cfg, 1); err != nil {
+		fmt.Fprintf(stdout, "\nOpen refuses this config on this machine: %v\n", err)
+	}
 	// Free space where the paths exist already.
 	var here []swapper.SpaceNeed
 	for _, d := range p.Disk {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -24,8 +26,16 @@ import (
 // Open is done.
 func CheckpointWeights(dir string) (*CkptWeights, error) {
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.json")); err != nil {
-		if latest, lerr := checkpoint.Latest(dir); lerr == nil {
-			dir = latest
+		// A root of checkpoints: the newest, by the rule --resume uses (a
+		// damaged newest one is an error naming it, never passed over for
+		// an older one). A directory without checkpoints falls through to
+		// OpenRank's error about dir itself.
+		latest, lerr := zinf.LatestCheckpoint(dir)
+		switch {
+		case lerr == nil:
+			dir = latest.Dir
+		case !errors.Is(lerr, checkpoint.ErrNoCheckpoint):
+			return nil, fmt.Errorf("zinf generate: %w", lerr)
 		}
 	}
 	r, err := checkpoint.OpenRank(dir, 0)

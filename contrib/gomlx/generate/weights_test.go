@@ -94,6 +94,22 @@ func TestCheckpointWeights(t *testing.T) {
 	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
 		t.Fatalf("from the checkpoint %v, in memory %v", res.Tokens, want)
 	}
+
+	// A newer checkpoint whose checkpoint.json is damaged is an error
+	// naming it, as for --resume: never passed over for the older one.
+	newer := filepath.Join(root, "step-000200")
+	if err := os.MkdirAll(newer, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(newer, "checkpoint.json"), []byte(`{"format": "zinf-ch`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if cw2, err := generate.CheckpointWeights(root); err == nil {
+		cw2.Close()
+		t.Fatalf("a damaged newest checkpoint was passed over for %s", cw2.Dir)
+	} else if !strings.Contains(err.Error(), "step-000200") {
+		t.Fatalf("error does not name the damaged checkpoint: %v", err)
+	}
 }
 
 // gemmaHF is the zoo transformer in the layout of a Hugging Face Gemma
