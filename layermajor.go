@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/param"
 )
 
@@ -140,6 +142,40 @@ func (r *Runtime) MeasuredComputePerLayer() time.Duration {
 		return 0
 	}
 	return time.Duration(r.computeNs / r.computeUnits)
+}
+
+// MeasuredCosts are the CPU costs on the I/O path this runtime measured
+// so far, as rates the planner adds to its prediction
+// (policy.Placement.WithCosts): the stores' CRC-32C time over the bytes
+// it covered (zinf.checksums; 0 with checksums off), the gradient
+// hand-offs' copies and additions over their bytes, and the optimizer's
+// arithmetic per committed step. A figure not measured yet is 0 (not
+// modelled). With MeasuredComputePerLayer it predicts the step from what
+// this machine did, not only from the disk's bandwidth.
+func (r *Runtime) MeasuredCosts() policy.Costs {
+	var c policy.Costs
+	var sumNs, sumBytes int64
+	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
+		if s != nil {
+			st := s.Stats()
+			sumNs += int64(st.ChecksumTime)
+			sumBytes += st.ChecksumBytes
+		}
+	}
+	if sumNs > 0 && sumBytes > 0 {
+		c.ChecksumBytesPerSec = float64(sumBytes) / time.Duration(sumNs).Seconds()
+	}
+	if r.Grads != nil {
+		if g := r.Grads.Stats(); g.HandOffTime > 0 && g.HandOffBytes > 0 {
+			c.HandOffBytesPerSec = float64(g.HandOffBytes) / g.HandOffTime.Seconds()
+		}
+	}
+	if r.Optimizer != nil {
+		if o := r.Optimizer.Stats(); o.Steps > 0 {
+			c.OptimizerComputeSeconds = o.Total.Compute.Seconds() / float64(o.Steps)
+		}
+	}
+	return c
 }
 
 // accumulate adds a gradient partition: held in pinned memory when it is

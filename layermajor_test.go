@@ -1,7 +1,9 @@
 package zinf_test
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -170,5 +172,54 @@ func TestMeasuredComputePerLayer(t *testing.T) {
 	// Two passes of every layer, k micro-batches each.
 	if want := 2 * 4 * time.Duration(len(c.layers)) * (visit / 4); p.Placement.PredictedLayerMajor.Compute < want*99/100 {
 		t.Fatalf("planned compute %v, want >= %v", p.Placement.PredictedLayerMajor.Compute, want)
+	}
+}
+
+// TestMeasuredCosts: after training steps the runtime reports the CPU
+// costs on its I/O path as rates (Runtime.MeasuredCosts): the checksums'
+// rate with zinf.checksums on (none with it off), the gradient
+// hand-offs' (every micro-batch's gradient of every tensor, counted in
+// the gradient swapper's HandOffBytes), the optimizer's arithmetic per
+// step. The planner's prediction with them (Placement.WithCosts) is
+// longer than without.
+func TestMeasuredCosts(t *testing.T) {
+	for _, sums := range []bool{true, false} {
+		t.Run(fmt.Sprintf("checksums=%v", sums), func(t *testing.T) {
+			const k = 4
+			c := scheduleCase(t, "adam", k, true)
+			c.cfg.Zinf.Checksums = sums
+			rts := c.run(t, 7, rand.New(rand.NewPCG(7, 1)))
+			if t.Failed() {
+				return
+			}
+			rt := rts[0]
+			got := rt.MeasuredCosts()
+			if sums != (got.ChecksumBytesPerSec > 0) || math.IsInf(got.ChecksumBytesPerSec, 0) || math.IsNaN(got.ChecksumBytesPerSec) {
+				t.Errorf("checksums %v: measured %g B/s of CRC-32C", sums, got.ChecksumBytesPerSec)
+			}
+			if !(got.HandOffBytesPerSec > 0) || math.IsInf(got.HandOffBytesPerSec, 0) {
+				t.Errorf("hand-offs: %g B/s", got.HandOffBytesPerSec)
+			}
+			if !(got.OptimizerComputeSeconds > 0) || got.OptimizerComputeSeconds > 10 {
+				t.Errorf("optimizer arithmetic: %g s per step", got.OptimizerComputeSeconds)
+			}
+			var elems int64
+			for _, n := range c.numel {
+				elems += int64(n)
+			}
+			if hb, want := rt.Metrics().Grads.HandOffBytes, int64(c.steps*k)*4*elems; hb != want {
+				t.Errorf("hand-off bytes %d, want %d (%d steps x %d micro-batches x %d fp32 gradients)", hb, want, c.steps, k, elems)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: 0.001, NoBandwidthProbe: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			with := p.Placement.WithCosts(got)
+			if !(with.PredictedLayerMajor.Total > p.Placement.PredictedLayerMajor.Total) {
+				t.Errorf("with the measured costs the step is %v, without %v", with.PredictedLayerMajor.Total, p.Placement.PredictedLayerMajor.Total)
+			}
+		})
 	}
 }

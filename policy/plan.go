@@ -603,6 +603,7 @@ func (pl *planner) plan() (*Placement, error) {
 		pl.notef("max_in_cpu ignored: it caches parameters in front of NVMe, and offload_param.device is %s", deviceWord(paramTier))
 	}
 	p.MicroBatches = model.micro
+	model.overlap = p.OverlapStep
 	p.PredictedLayerMajor = model.predictOrder(depth, true)
 	p.PredictedMicroBatchMajor = model.predictOrder(depth, false)
 	p.Schedule = pl.h.Schedule
@@ -789,13 +790,17 @@ func (pl *planner) model() *stepModel {
 		fetch:     make([]float64, pl.L),
 		gradWrite: make([]float64, pl.L),
 		gradRead:  make([]float64, pl.L),
+		handOff:   make([]float64, pl.L),
 	}
 	nvmeParam := make([]int64, pl.L)
 	hostParam := make([]int64, pl.L)
 	nvmeGrad := make([]int64, pl.L)
 	hostGrad := make([]int64, pl.L)
 	ownerTier := map[string]tensor.Tier{}
-	var optRead, optWrite, crossing int64
+	var optRead, optWrite, crossing, stateBytes int64
+	// Per layer: the optimizer's NVMe reads and writes, parameters
+	// crossing PCIe, optimizer state bytes (its arithmetic's share).
+	lRead, lWrite, lCross, lState := make([]int64, pl.L), make([]int64, pl.L), make([]int64, pl.L), make([]int64, pl.L)
 	for i, x := range pl.inv {
 		tier := pl.tier[i]
 		switch x.Kind {
@@ -806,6 +811,7 @@ func (pl *planner) model() *stepModel {
 			if tier == tensor.TierNVMe {
 				nvmeParam[x.Layer] += x.Bytes
 				optWrite += x.Bytes // the updated parameter is written back
+				lWrite[x.Layer] += x.Bytes
 			}
 		case Grad:
 			if tier != tensor.TierGPU {
@@ -814,12 +820,17 @@ func (pl *planner) model() *stepModel {
 			if tier == tensor.TierNVMe {
 				nvmeGrad[x.Layer] += x.Bytes
 				optRead += x.Bytes
+				lRead[x.Layer] += x.Bytes
 			}
 		case OptimState:
 			ownerTier[owner(x)] = tier
+			stateBytes += x.Bytes
+			lState[x.Layer] += x.Bytes
 			if tier == tensor.TierNVMe {
 				optRead += x.Bytes
 				optWrite += x.Bytes
+				lRead[x.Layer] += x.Bytes
+				lWrite[x.Layer] += x.Bytes
 			}
 		}
 	}
@@ -832,17 +843,35 @@ func (pl *planner) model() *stepModel {
 		ot, ok := ownerTier[x.Name]
 		if ok && (ot == tensor.TierGPU) != (pl.tier[i] == tensor.TierGPU) {
 			crossing += x.Bytes
+			lCross[x.Layer] += x.Bytes
 		}
 	}
 	m.nvmeRead, m.nvmeWrite = optRead, optWrite
+	c := pl.h.Costs
 	for l := 0; l < pl.L; l++ {
 		m.paramRead += nvmeParam[l]
 		m.gradBytes += nvmeGrad[l]
-		m.fetch[l] = rate(nvmeParam[l], pl.t.NVMeReadBps) + rate(hostParam[l], pl.t.PCIeBps)
-		m.gradWrite[l] = rate(nvmeGrad[l], pl.t.NVMeWriteBps) + rate(hostGrad[l], pl.t.PCIeBps)
-		m.gradRead[l] = rate(nvmeGrad[l], pl.t.NVMeReadBps)
+		// Checksums: a fetch is verified, a write summed, a read-back
+		// verified, each on the path of its waiter.
+		m.fetch[l] = rate(nvmeParam[l], pl.t.NVMeReadBps) + rate(hostParam[l], pl.t.PCIeBps) + rate(nvmeParam[l], c.ChecksumBytesPerSec)
+		m.gradWrite[l] = rate(nvmeGrad[l], pl.t.NVMeWriteBps) + rate(hostGrad[l], pl.t.PCIeBps) + rate(nvmeGrad[l], c.ChecksumBytesPerSec)
+		m.gradRead[l] = rate(nvmeGrad[l], pl.t.NVMeReadBps) + rate(nvmeGrad[l], c.ChecksumBytesPerSec)
+		m.handOff[l] = rate(hostGrad[l], c.HandOffBytesPerSec)
 	}
-	m.optimizerS = rate(optRead, pl.t.NVMeReadBps) + rate(optWrite, pl.t.NVMeWriteBps) + rate(crossing, pl.t.PCIeBps)
+	arith := c.OptimizerComputeSeconds
+	if !(arith > 0) || math.IsInf(arith, 1) {
+		arith = 0
+	}
+	m.optimizerS = rate(optRead, pl.t.NVMeReadBps) + rate(optWrite, pl.t.NVMeWriteBps) + rate(crossing, pl.t.PCIeBps) +
+		rate(optRead+optWrite, c.ChecksumBytesPerSec) + arith
+	m.opt = optJobs{read: make([]float64, pl.L), arith: make([]float64, pl.L), write: make([]float64, pl.L)}
+	for l := 0; l < pl.L; l++ {
+		m.opt.read[l] = rate(lRead[l], pl.t.NVMeReadBps) + rate(lRead[l], c.ChecksumBytesPerSec)
+		m.opt.write[l] = rate(lWrite[l], pl.t.NVMeWriteBps) + rate(lCross[l], pl.t.PCIeBps) + rate(lWrite[l], c.ChecksumBytesPerSec)
+		if stateBytes > 0 {
+			m.opt.arith[l] = arith * float64(lState[l]) / float64(stateBytes)
+		}
+	}
 	return m
 }
 
@@ -896,6 +925,19 @@ func (pl *planner) blockOf(n int64) int64 {
 // and Predicted say what the runtime will do, and a note (why, when the
 // figures change: depthWhy, overlapWhy) says why they differ from the
 // plan. p is not changed; p itself is returned when nothing differs.
+// WithCosts returns a copy of p whose predictions (Predicted,
+// PredictedLayerMajor, PredictedMicroBatchMajor) add the CPU costs c on
+// the I/O path: checksums per NVMe byte, the gradient hand-offs' copies
+// and additions, the optimizer's arithmetic (see Costs). Nothing else
+// changes: not the homes, the buffers, the depth or the schedule. p is
+// not changed.
+func (p *Placement) WithCosts(c Costs) *Placement {
+	q := *p
+	q.Hints.Costs = c
+	q.repredict()
+	return &q
+}
+
 func (p *Placement) Adjusted(depth int, depthWhy string, overlap bool, overlapWhy string) *Placement {
 	depth = max(depth, 0)
 	if p.Layers > 0 {
@@ -908,22 +950,29 @@ func (p *Placement) Adjusted(depth int, depthWhy string, overlap bool, overlapWh
 	q := *p
 	q.Notes = append([]string(nil), p.Notes...)
 	if depth != p.PrefetchDepth {
-		pl := &planner{t: p.Tiers, h: p.Hints, inv: p.inv, L: p.Layers, tier: make([]tensor.Tier, len(p.inv))}
-		for i, x := range p.inv {
-			pl.tier[i] = p.Tier[x.Name]
-		}
 		q.PrefetchDepth = depth
-		m := pl.model()
-		q.PredictedLayerMajor, q.PredictedMicroBatchMajor = m.predictOrder(depth, true), m.predictOrder(depth, false)
-		q.Predicted = q.PredictedMicroBatchMajor
-		if q.Schedule == ScheduleLayerMajor {
-			q.Predicted = q.PredictedLayerMajor
-		}
 		q.Notes = append(q.Notes, fmt.Sprintf("prefetch depth %d, not the planned %d: %s", depth, p.PrefetchDepth, depthWhy))
 	}
 	if overlap != p.OverlapStep {
 		q.OverlapStep = false
 		q.Notes = append(q.Notes, fmt.Sprintf("optimizer step runs after backward, not overlapped: %s", overlapWhy))
 	}
+	q.repredict()
 	return &q
+}
+
+// repredict predicts p's step again from its inputs, its prefetch depth
+// and whether its optimizer step overlaps the backward pass.
+func (p *Placement) repredict() {
+	pl := &planner{t: p.Tiers, h: p.Hints, inv: p.inv, L: p.Layers, tier: make([]tensor.Tier, len(p.inv))}
+	for i, x := range p.inv {
+		pl.tier[i] = p.Tier[x.Name]
+	}
+	m := pl.model()
+	m.overlap = p.OverlapStep
+	p.PredictedLayerMajor, p.PredictedMicroBatchMajor = m.predictOrder(p.PrefetchDepth, true), m.predictOrder(p.PrefetchDepth, false)
+	p.Predicted = p.PredictedMicroBatchMajor
+	if p.Schedule == ScheduleLayerMajor {
+		p.Predicted = p.PredictedLayerMajor
+	}
 }

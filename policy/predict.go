@@ -32,16 +32,25 @@ type StepPrediction struct {
 	ParamIO time.Duration
 	// ExposedParamIO is the part of ParamIO compute waits for.
 	ExposedParamIO time.Duration
-	// GradIO is the write-behind of offloaded gradients during backward.
+	// GradIO is the write-behind of offloaded gradients during backward,
+	// their read-backs, and the hand-offs' arithmetic (Hints.Costs).
 	GradIO time.Duration
 	// ExposedGradIO is the part of GradIO still running when backward ends.
 	ExposedGradIO time.Duration
 	// OptimizerIO is the optimizer step's traffic: offloaded states and
 	// gradients read and states written at NVMe bandwidth, updated
-	// parameters written back, and the copies across PCIe. The optimizer's
-	// arithmetic is not modelled.
+	// parameters written back, and the copies across PCIe, with the
+	// optimizer's arithmetic and checksums when Hints.Costs gives them.
 	OptimizerIO time.Duration
-	// Total is Compute + ExposedParamIO + ExposedGradIO + OptimizerIO.
+	// ExposedOptimizer is the part of the optimizer step the step waits
+	// for: all of it (OptimizerIO) when the step runs after backward, what
+	// runs past the backward pass when it overlaps it (Overlapped).
+	ExposedOptimizer time.Duration
+	// Overlapped says the optimizer step overlaps the last backward pass
+	// (Placement.OverlapStep): each layer's update runs once its gradient
+	// is final, sharing the disk with the pass.
+	Overlapped bool
+	// Total is Compute + ExposedParamIO + ExposedGradIO + ExposedOptimizer.
 	Total time.Duration
 	// Phases breaks Total down: forward, backward, optimizer.
 	Phases []Phase
@@ -73,34 +82,70 @@ type passResult struct {
 	drain     float64 // time writes ran past the end of the pass
 	readBack  float64 // time the loop waited reading gradients back (read-modify-write)
 	writeWait float64 // time the loop waited for gradient writes (syncWrite)
+	handOff   float64 // time the loop spent in hand-off arithmetic
+	end       float64 // when the pass's last work (loop, I/O, updates) ended
 }
 
 // simulatePass models one pass the way Scheduler runs it. Reads (parameter
-// fetches) and writes (gradient write-behind) are two FIFO streams, each at
-// its own bandwidth. Begin(j) fetches layer j on demand if it was not
-// prefetched, waits for it, then queues the fetches of the next depth
-// layers; the layer then computes for compute seconds and queues its
-// write-behind. Compute waits only while the read stream is busy, so the
-// exposed time never exceeds the fetch time. With readBack (a
-// micro-batch-major backward pass after the first micro-batch), each
-// layer's hand-off first reads its gradient sum back, on the read stream,
-// and the loop waits for it. With syncWrite (micro-batch-major: the
+// fetches) and writes (gradient write-behind) share one FIFO queue, the
+// disk: a read takes its bytes over the read bandwidth, a write its bytes
+// over the write bandwidth, one after the other (a drive reading and
+// writing at once splits its time between them; modelling them as two
+// independent streams predicted make bench-schedule's disk-bound steps
+// 20-35% short once the optimizer's traffic overlaps the backward pass).
+// Begin(j) fetches layer j on demand if it was not prefetched, waits for
+// it, then queues the fetches of the next depth layers; the layer then
+// computes for compute seconds and queues its write-behind. Compute waits
+// only while the disk is busy. With readBack (a micro-batch-major
+// backward pass after the first micro-batch), each layer's hand-off first
+// reads its gradient sum back and the loop waits for it. With syncWrite (micro-batch-major: the
 // gradient write-behind has one pinned buffer, so a hand-off waits for
-// the write before it) the loop waits for each layer's write.
-func simulatePass(order []int, fetch, write, readBack []float64, compute float64, depth int, syncWrite ...bool) passResult {
-	sync := len(syncWrite) > 0 && syncWrite[0]
+// the write before it) the loop waits for each layer's write. handOff (nil:
+// none) is each layer's hand-off arithmetic after its compute: the copies
+// and additions of its gradients into their pinned sums, which the loop
+// waits for.
+func simulatePass(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, syncWrite ...bool) passResult {
+	return simulatePassStep(order, fetch, write, readBack, handOff, compute, depth, len(syncWrite) > 0 && syncWrite[0], nil)
+}
+
+// optJobs is the optimizer's work per layer when it overlaps a backward
+// pass (Placement.OverlapStep): each layer's update starts once its
+// gradients are handed off, reads its states and gradients from the disk,
+// computes on the update goroutine, one layer after another, and writes
+// behind.
+type optJobs struct {
+	read, arith, write []float64
+}
+
+// simulatePassStep is simulatePass with the optimizer's updates of opt
+// (nil: none) overlapping it: passResult.end is then when the last update
+// was written.
+func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, sync bool, opt *optJobs) passResult {
 	var r passResult
-	now, readFree, writeFree := 0.0, 0.0, 0.0
+	now, disk := 0.0, 0.0 // disk: when the device is free (reads and writes share it)
+	// The optimizer's writes wait for their update: they join the disk's
+	// queue, in order, once the loop's time reaches them.
+	optFree, gradEnd := 0.0, 0.0
+	type pendingWrite struct{ at, d float64 }
+	var optWrites []pendingWrite
+	flushOpt := func(upTo float64) {
+		for len(optWrites) > 0 && optWrites[0].at <= upTo {
+			w := optWrites[0]
+			optWrites = optWrites[1:]
+			disk = math.Max(disk, w.at) + w.d
+		}
+	}
 	done := make([]float64, len(order))
 	issued := 0 // positions [0, issued) have been queued
 	issue := func(pos int) {
 		l := order[pos]
-		readFree = math.Max(readFree, now) + fetch[l]
-		done[pos] = readFree
+		disk = math.Max(disk, now) + fetch[l]
+		done[pos] = disk
 		r.io += fetch[l]
 		issued = pos + 1
 	}
 	for j := range order {
+		flushOpt(now)
 		if issued <= j {
 			issue(j) // demand miss
 		}
@@ -112,12 +157,16 @@ func simulatePass(order []int, fetch, write, readBack []float64, compute float64
 			issue(k)
 		}
 		now += compute
+		if handOff != nil {
+			now += handOff[order[j]]
+			r.handOff += handOff[order[j]]
+		}
 		if readBack != nil {
 			if rb := readBack[order[j]]; rb > 0 {
 				// The previous write of the gradient is long done (a whole
 				// pass ago); the read queues behind the prefetches.
-				end := math.Max(readFree, now) + rb
-				readFree = end
+				end := math.Max(disk, now) + rb
+				disk = end
 				r.readBack += end - now
 				r.io += rb
 				now = end
@@ -125,17 +174,33 @@ func simulatePass(order []int, fetch, write, readBack []float64, compute float64
 		}
 		if write != nil {
 			if w := write[order[j]]; w > 0 {
-				writeFree = math.Max(writeFree, now) + w
+				flushOpt(now)
+				disk = math.Max(disk, now) + w
+				gradEnd = disk
 				r.io += w
 				if sync {
-					r.writeWait += writeFree - now
-					now = writeFree
+					r.writeWait += disk - now
+					now = disk
 				}
 			}
 		}
+		if opt != nil {
+			flushOpt(now)
+			l := order[j]
+			disk = math.Max(disk, now) + opt.read[l]
+			optFree = math.Max(optFree, disk) + opt.arith[l]
+			if opt.write[l] > 0 {
+				optWrites = append(optWrites, pendingWrite{at: optFree, d: opt.write[l]})
+			}
+		}
 	}
-	if writeFree > now {
-		r.drain = writeFree - now
+	if gradEnd > now {
+		r.drain = gradEnd - now
+	}
+	r.end = now + r.drain
+	if opt != nil {
+		flushOpt(math.Inf(1))
+		r.end = math.Max(r.end, math.Max(disk, optFree))
 	}
 	return r
 }
@@ -148,7 +213,12 @@ type stepModel struct {
 	fetch      []float64 // seconds to bring a layer's offloaded params in
 	gradWrite  []float64 // seconds to move a layer's offloaded grads out
 	gradRead   []float64 // seconds to read a layer's NVMe grads back
+	handOff    []float64 // seconds of one micro-batch's gradient hand-offs of a layer (nil: none)
 	optimizerS float64   // optimizer step I/O seconds
+	// overlap says the optimizer step overlaps the (last) backward pass,
+	// opt its work per layer then (Placement.OverlapStep).
+	overlap bool
+	opt     optJobs
 	// nvmeRead and nvmeWrite are the optimizer step's NVMe bytes (states,
 	// gradients read back, parameters written back); paramRead and
 	// gradBytes are one pass's NVMe parameter bytes and one write of the
@@ -161,9 +231,24 @@ type stepModel struct {
 // micro-batch.
 func (m *stepModel) passes(depth int) (fwd, bwd passResult) {
 	forward, backward := m.orders()
-	fwd = simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare, depth)
-	bwd = simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth)
+	fwd = simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare, depth)
+	bwd = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth)
 	return fwd, bwd
+}
+
+// handOffs is each layer's hand-off time for n micro-batches (nil when
+// none is modelled).
+func (m *stepModel) handOffs(n float64) []float64 {
+	var out []float64
+	for l, h := range m.handOff {
+		if h > 0 {
+			if out == nil {
+				out = make([]float64, len(m.handOff))
+			}
+			out[l] = h * n
+		}
+	}
+	return out
 }
 
 func (m *stepModel) orders() (forward, backward []int) {
@@ -239,24 +324,43 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 	forward, backward := m.orders()
 	var f, b passResult
 	var gradWrites, gradReads int64
+	// With the optimizer step overlapping the last backward pass, each
+	// layer's update runs behind that pass's hand-off of it.
+	var opt *optJobs
+	if m.overlap && len(m.opt.read) == m.layers {
+		opt = &m.opt
+	}
+	// optDelay is how much later the last backward pass ends with the
+	// overlapped updates than without them: the optimizer step's exposed
+	// time (its traffic shares the disk with the pass).
+	var optDelay float64
 	if layerMajor {
 		kk := float64(k)
-		f = simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare*kk, depth)
-		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare*kk, depth)
+		f = simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare*kk, depth)
+		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth)
+		if opt != nil {
+			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, false, opt).end - b.end
+		}
 		gradWrites = 1
 		k = 1 // passes
 	} else {
 		// Micro-batch-major's gradients have one write-behind buffer: each
 		// layer's hand-off waits for the write before it.
-		f1 := simulatePass(forward, m.fetch, nil, nil, m.compute*forwardShare, depth)
-		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.compute*backwardShare, depth, true)
+		f1 := simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare, depth)
+		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth, true)
 		f = passResult{io: f1.io * float64(k), exposed: f1.exposed * float64(k), drain: f1.drain * float64(k)}
 		b = b1
+		var readBack []float64
 		if k > 1 {
-			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.compute*backwardShare, depth, true)
+			readBack = m.gradRead
+			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.handOffs(1), m.compute*backwardShare, depth, true)
 			n := float64(k - 1)
 			b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain,
-				readBack: n * bk.readBack, writeWait: b1.writeWait + n*bk.writeWait}
+				readBack: n * bk.readBack, writeWait: b1.writeWait + n*bk.writeWait, handOff: b1.handOff + n*bk.handOff}
+			b1 = bk // the last pass
+		}
+		if opt != nil {
+			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, readBack, m.handOffs(1), m.compute*backwardShare, depth, true, opt).end - b1.end
 		}
 		gradWrites, gradReads = int64(k), int64(k-1)
 	}
@@ -274,17 +378,30 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 		Compute:        fc + bc,
 		ParamIO:        seconds(2 * passes * sumFetch),
 		ExposedParamIO: seconds(f.exposed) + seconds(b.exposed),
-		GradIO:         seconds(float64(gradWrites)*sumWrite + float64(gradReads)*sumRead),
-		ExposedGradIO:  seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait),
+		GradIO:         seconds(float64(gradWrites)*sumWrite + float64(gradReads)*sumRead + b.handOff),
+		ExposedGradIO:  seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait) + seconds(b.handOff),
 		OptimizerIO:    seconds(m.optimizerS),
+		Overlapped:     opt != nil,
 		NVMeReadBytes:  m.nvmeRead + 2*int64(k)*m.paramRead + gradReads*m.gradBytes,
 		NVMeWriteBytes: m.nvmeWrite + gradWrites*m.gradBytes,
 	}
-	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.OptimizerIO
+	// Reads and writes share the disk, so a fetch may wait behind a
+	// gradient write and a write behind fetches: the waits are the disk's
+	// time either way, attributed to parameters up to their own I/O and
+	// the rest to gradients.
+	if exposed := p.ExposedParamIO + p.ExposedGradIO; p.ExposedParamIO > p.ParamIO || p.ExposedGradIO > p.GradIO {
+		p.ExposedParamIO = min(exposed, p.ParamIO)
+		p.ExposedGradIO = exposed - p.ExposedParamIO
+	}
+	p.ExposedOptimizer = p.OptimizerIO
+	if opt != nil {
+		p.ExposedOptimizer = min(seconds(optDelay), p.OptimizerIO)
+	}
+	p.Total = p.Compute + p.ExposedParamIO + p.ExposedGradIO + p.ExposedOptimizer
 	p.Phases = []Phase{
 		{Name: "forward", Compute: fc, IO: seconds(f.io), Exposed: seconds(f.exposed)},
-		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait)},
-		{Name: "optimizer", IO: p.OptimizerIO, Exposed: p.OptimizerIO},
+		{Name: "backward", Compute: bc, IO: seconds(b.io), Exposed: seconds(b.exposed) + seconds(b.drain) + seconds(b.readBack) + seconds(b.writeWait) + seconds(b.handOff)},
+		{Name: "optimizer", IO: p.OptimizerIO, Exposed: p.ExposedOptimizer},
 	}
 	for i := range p.Phases {
 		p.Phases[i].Total = p.Phases[i].Compute + p.Phases[i].Exposed

@@ -18,20 +18,20 @@ func TestSimulatePass(t *testing.T) {
 	fetch := []float64{1, 1, 1, 1}
 	// Compute-bound (2 s per layer, 1 s per fetch): only the first fetch is
 	// exposed once anything is prefetched.
-	if r := simulatePass(order, fetch, nil, nil, 2, 1); !near(r.exposed, 1) || !near(r.io, 4) {
+	if r := simulatePass(order, fetch, nil, nil, nil, 2, 1); !near(r.exposed, 1) || !near(r.io, 4) {
 		t.Errorf("depth 1: %+v", r)
 	}
 	// No prefetch: every fetch is exposed.
-	if r := simulatePass(order, fetch, nil, nil, 2, 0); !near(r.exposed, 4) {
+	if r := simulatePass(order, fetch, nil, nil, nil, 2, 0); !near(r.exposed, 4) {
 		t.Errorf("depth 0: %+v", r)
 	}
 	// I/O-bound (0.5 s per layer): the reads set the pace, 4 - 3*0.5 exposed.
-	if r := simulatePass(order, fetch, nil, nil, 0.5, 3); !near(r.exposed, 2.5) {
+	if r := simulatePass(order, fetch, nil, nil, nil, 0.5, 3); !near(r.exposed, 2.5) {
 		t.Errorf("I/O bound: %+v", r)
 	}
 	// Writes behind: each 1 s write is hidden behind the next layer's 1 s
 	// compute, except the last one, which runs past the end of the pass.
-	if r := simulatePass(order, []float64{0, 0, 0, 0}, []float64{1, 1, 1, 1}, nil, 1, 1); !near(r.drain, 1) || !near(r.exposed, 0) {
+	if r := simulatePass(order, []float64{0, 0, 0, 0}, []float64{1, 1, 1, 1}, nil, nil, 1, 1); !near(r.drain, 1) || !near(r.exposed, 0) {
 		t.Errorf("writes: %+v", r)
 	}
 }

@@ -95,7 +95,10 @@ func checkInvariants(t *testing.T, tiers Tiers, inv []Tensor, h Hints, p *Placem
 	if pr.ExposedParamIO > pr.ParamIO+time.Microsecond || pr.ExposedGradIO > pr.GradIO+time.Microsecond {
 		t.Errorf("exposed I/O exceeds I/O: %+v", pr)
 	}
-	if pr.Total != pr.Compute+pr.ExposedParamIO+pr.ExposedGradIO+pr.OptimizerIO {
+	if pr.ExposedOptimizer > pr.OptimizerIO || (!pr.Overlapped && pr.ExposedOptimizer != pr.OptimizerIO) {
+		t.Errorf("exposed optimizer step %v of %v (overlapped %v)", pr.ExposedOptimizer, pr.OptimizerIO, pr.Overlapped)
+	}
+	if pr.Total != pr.Compute+pr.ExposedParamIO+pr.ExposedGradIO+pr.ExposedOptimizer {
 		t.Errorf("total %v is not the sum of its parts: %+v", pr.Total, pr)
 	}
 	var phases time.Duration

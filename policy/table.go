@@ -153,11 +153,14 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		fmt.Fprintln(bw, "prefetch: none")
 	}
 	pr := p.Predicted
-	fmt.Fprintf(bw, "predicted step: %s (compute %s, exposed parameter I/O %s of %s, exposed gradient I/O %s of %s, optimizer I/O %s)\n\n",
+	opt := "optimizer I/O " + FormatDuration(pr.OptimizerIO)
+	if pr.Overlapped {
+		opt = fmt.Sprintf("optimizer step %s exposed of %s, overlapping backward", FormatDuration(pr.ExposedOptimizer), FormatDuration(pr.OptimizerIO))
+	}
+	fmt.Fprintf(bw, "predicted step: %s (compute %s, exposed parameter I/O %s of %s, exposed gradient I/O %s of %s, %s)\n\n",
 		FormatDuration(pr.Total), FormatDuration(pr.Compute),
 		FormatDuration(pr.ExposedParamIO), FormatDuration(pr.ParamIO),
-		FormatDuration(pr.ExposedGradIO), FormatDuration(pr.GradIO),
-		FormatDuration(pr.OptimizerIO))
+		FormatDuration(pr.ExposedGradIO), FormatDuration(pr.GradIO), opt)
 	if p.MicroBatches > 1 {
 		how := "zinf.schedule"
 		if h := p.Hints.Schedule; h == "" || h == ScheduleAuto {

@@ -137,11 +137,35 @@ type Hints struct {
 	// (gradient_accumulation_steps): ComputeSecondsPerLayer is per
 	// micro-batch, and the prediction counts k of them. 0 = 1.
 	MicroBatches int
+	// Costs are the CPU costs on the I/O path the prediction adds (all 0:
+	// none modelled). A runtime measures them while it trains (see
+	// Placement.WithCosts).
+	Costs Costs
 	// Schedule is the order of a step's micro-batches: ScheduleLayerMajor,
 	// ScheduleMicroBatchMajor, or "" / ScheduleAuto for the one predicted
 	// faster (micro-batch-major at one micro-batch, where they are the
 	// same order).
 	Schedule string
+}
+
+// Costs are CPU costs of a step that ride on its NVMe traffic and its
+// gradient hand-offs, each a rate measured on the machine (0: not
+// modelled).
+type Costs struct {
+	// ChecksumBytesPerSec is the rate the stores compute and verify
+	// CRC-32C (zinf.checksums): every NVMe byte read is verified and every
+	// byte written summed after its I/O, on the path of whoever waits for
+	// it, so the prediction adds bytes / rate to each transfer.
+	ChecksumBytesPerSec float64
+	// HandOffBytesPerSec is the rate a gradient hand-off copies or adds a
+	// gradient into its pinned sum (AccumulateGrad's arithmetic, which the
+	// loop waits for): each layer's gradient bytes, once per micro-batch.
+	HandOffBytesPerSec float64
+	// OptimizerComputeSeconds is the optimizer's arithmetic per step
+	// (Adam and its copies on the update goroutine), added to the
+	// optimizer step: its reads, updates and writes run one sub-group
+	// after another.
+	OptimizerComputeSeconds float64
 }
 
 // The orders a step's micro-batches can run in (Hints.Schedule,

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zinfio/zinf/aio"
@@ -107,7 +108,9 @@ type Store struct {
 	adopted map[string]*aio.File // files read in place (Adopt), by path
 
 	stats StoreStats
-	paths []PathStats // per path, guarded by mu
+	// sumNs and sumBytes measure the checksums' CPU time (Stats).
+	sumNs, sumBytes atomic.Int64
+	paths           []PathStats // per path, guarded by mu
 }
 
 // StoreStats are cumulative store counters.
@@ -116,7 +119,12 @@ type StoreStats struct {
 	Writes, Reads           int64
 	WriteErrors, ReadErrors int64
 	ChecksumFailures        int64
-	LiveBytes               int64 // padded bytes of current versions
+	// ChecksumTime is the time spent computing and verifying CRC-32C
+	// (zinf.checksums) over ChecksumBytes of buffers: its rate is a cost
+	// of every transfer (policy.Costs.ChecksumBytesPerSec).
+	ChecksumTime  time.Duration
+	ChecksumBytes int64
+	LiveBytes     int64 // padded bytes of current versions
 	// FileBytes is the length the swap files have reached, summed over
 	// paths: the disk space the extents span (files never shrink while the
 	// store is open). DiskBytes bounds it.
@@ -275,6 +283,7 @@ func (s *Store) Stats() StoreStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	st.ChecksumTime, st.ChecksumBytes = time.Duration(s.sumNs.Load()), s.sumBytes.Load()
 	for _, a := range s.allocs {
 		st.FileBytes += a.high
 	}
@@ -411,6 +420,11 @@ func (p *Pending) checksum() {
 	if p.err != nil || !s.opts.Checksums {
 		return
 	}
+	t0 := time.Now()
+	defer func() {
+		s.sumNs.Add(int64(time.Since(t0)))
+		s.sumBytes.Add(int64(len(p.buf)))
+	}()
 	if p.piece != nil {
 		p.pieceChecksums()
 		return

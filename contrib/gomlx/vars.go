@@ -32,9 +32,6 @@ type Var struct {
 	shared   bool
 	ownClass bool
 	idx      int // position in the trainer's variables
-	// lookup is the first layer's input whose ids are the rows the layer
-	// reads (Layer.Lookups), -1 when it reads the whole variable.
-	lookup int
 
 	// Per-loop state, owned by the one loop goroutine.
 	slot *slot   // the swap-in buffer holding (or last holding) its values
@@ -42,8 +39,7 @@ type Var struct {
 }
 
 // Bytes is the variable's size in its dtype.
-// (From its Shape, so a Var that Offload.Vars returns has it too.)
-func (v *Var) Bytes() int64 { return int64(v.Shape.ByteSize()) }
+func (v *Var) Bytes() int64 { return int64(v.numel) * int64(v.dtype.Size()) }
 
 // DefaultFilter selects what zinf holds when Options.Filter is nil: every
 // trainable variable whose dtype zinf stores (float32, bfloat16, float16).
@@ -154,7 +150,7 @@ func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes [
 			c = len(classes)
 			classes[key] = c
 		}
-		vars = append(vars, &Var{Name: v.Path(), Shape: v.Shape(), Layer: layer, v: v, dtype: dt, numel: v.Shape().Size(), class: c, lookup: -1})
+		vars = append(vars, &Var{Name: v.Path(), Shape: v.Shape(), Layer: layer, v: v, dtype: dt, numel: v.Shape().Size(), class: c})
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)

@@ -173,6 +173,9 @@ type Result struct {
 	// order the run used.
 	PredictedAtOpenMs         float64 `json:"predicted_at_open_ms"`
 	ComputeMsPerLayerMeasured float64 `json:"compute_ms_per_layer_measured"`
+	// CostsMeasured are the CPU costs on the I/O path the prediction from
+	// the measured compute adds (Runtime.MeasuredCosts).
+	CostsMeasured *policy.Costs `json:"costs_measured,omitempty"`
 	// Activations is what the activation tier held (layer-major with
 	// several micro-batches; nil otherwise).
 	Activations *ActivationReport `json:"activations,omitempty"`
@@ -643,9 +646,14 @@ func (res *Result) replan(ctx context.Context, cfg *config.Config, spec Spec, rt
 	if err != nil {
 		return fmt.Errorf("train: the prediction from the measured compute: %w", err)
 	}
-	pr := p.Placement.PredictedMicroBatchMajor
+	// The CPU costs on the I/O path rt measured: checksums, hand-offs, the
+	// optimizer's arithmetic.
+	costs := rt.MeasuredCosts()
+	res.CostsMeasured = &costs
+	pl := p.Placement.WithCosts(costs)
+	pr := pl.PredictedMicroBatchMajor
 	if res.Schedule == string(zinf.LayerMajor) {
-		pr = p.Placement.PredictedLayerMajor
+		pr = pl.PredictedLayerMajor
 	}
 	res.PredictedMs = float64(pr.Total) / 1e6
 	res.ComputeMsPerLayerMeasured = float64(c) / 1e6

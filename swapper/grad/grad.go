@@ -97,6 +97,11 @@ type Stats struct {
 	WriteErrors             int64 // failed write-behinds
 	Retries                 int64 // writes of a pinned copy re-issued after a failure (by Flush, or by an Accumulate that needs its memory)
 	WriteWait               time.Duration
+	// HandOffTime is the time Accumulate spent copying or adding
+	// HandOffBytes of gradients into their pinned sums (its arithmetic,
+	// not its I/O): the rate is policy.Costs.HandOffBytesPerSec.
+	HandOffTime  time.Duration
+	HandOffBytes int64
 	// Gauges.
 	PinnedBytes int64 // pinned memory held now (kept gradients, copies awaiting their write)
 	KeptBytes   int64 // KeepInCPUBytes budget given to kept gradients
@@ -164,6 +169,8 @@ type Swapper struct {
 	stats   Stats
 
 	writeWait atomic.Int64
+	// handOffNs and handOffBytes measure Accumulate's arithmetic (Stats).
+	handOffNs, handOffBytes atomic.Int64
 }
 
 // New validates opts and returns a Swapper.
@@ -744,6 +751,11 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 		}
 	}
 	acc := buf.Float32()[:t.n]
+	t0 := time.Now()
+	defer func() {
+		s.handOffNs.Add(int64(time.Since(t0)))
+		s.handOffBytes.Add(int64(4 * len(grad)))
+	}()
 	if !has && spans != nil {
 		clear(acc) // the sum starts at +0
 	}
@@ -1280,6 +1292,7 @@ func (s *Swapper) Stats() Stats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.WriteWait = time.Duration(s.writeWait.Load())
+	st.HandOffTime, st.HandOffBytes = time.Duration(s.handOffNs.Load()), s.handOffBytes.Load()
 	st.KeptBytes = s.kept
 	for _, t := range s.leavesLocked() {
 		if t.buf != nil {
