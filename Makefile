@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate demo-llm bible
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate demo-llm bible bench-llm
 
 all: build
 
@@ -115,6 +115,18 @@ demo-gomlx:
 # and bible-kjv (its reader) when missing.
 demo-llm: bible
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/llm
+
+# Offloaded vs in-memory training of the demo-llm model (zoo transformer,
+# vocab 100277) on the same per-layer executors: one process per
+# measurement, rounds alternating the order; medians with min..max of CPU
+# time per token, wall, GC cycles and mallocs per step, peak RSS vs the
+# training state, tokens/s (BENCHMARKS.md). ROUNDS, STEPS to change.
+ROUNDS ?= 5
+STEPS ?= 10
+bench-llm:
+	mkdir -p $(BIN)
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
+	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS)
 
 bible:
 	@if ! command -v bible >/dev/null 2>&1 || [ ! -f /usr/lib/bible.data ]; then \

@@ -9,6 +9,7 @@ import (
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
@@ -21,6 +22,14 @@ import (
 // bigVocabModel is a one-layer zoo transformer whose tied embedding is
 // its largest tensor by far.
 func bigVocabModel(store *model.Store, vocab int) *transformer.Model {
+	return bigVocabModelTied(store, vocab, true)
+}
+
+// bigVocabModelTied is bigVocabModel, its head tied to the embedding or
+// not (the zoo's own "output" weights: then the embedding table is used
+// by its lookup only).
+func bigVocabModelTied(store *model.Store, vocab int, tied bool) *transformer.Model {
+	_ = tied // the Net's option; the zoo model is the same
 	store.SetParam(model.ParamInitialSeed, int64(8))
 	return transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(64).WithNumLayers(1).
 		WithNumHeads(2).WithHeadDim(32).WithFFNDim(64).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
@@ -30,10 +39,16 @@ func bigVocabModel(store *model.Store, vocab int) *transformer.Model {
 // refuses a 1-byte pool with it).
 func minimumPool(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, vocab int) int64 {
 	t.Helper()
+	return minimumPoolTied(ctx, t, b, cfg, vocab, true)
+}
+
+// minimumPoolTied is minimumPool, tied or not.
+func minimumPoolTied(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, vocab int, tied bool) int64 {
+	t.Helper()
 	c := *cfg
 	c.Zinf.Tiers.CPUPinnedBytes = 1
 	store := model.NewStore()
-	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true})
+	net, err := zgomlx.TransformerNet(bigVocabModelTied(store, vocab, tied), zgomlx.TransformerOptions{TieEmbeddings: tied})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,4 +115,103 @@ func TestBigEmbeddingPool(t *testing.T) {
 		}
 	}
 	sameVars(ctx, t, tr.Offload(), whole)
+}
+
+// repeatBatch is a batch of tokens [2, 8] spread over a vocabulary of
+// vocab, with tokens used several times (an embedding's rows whose
+// gradients the lookup sums) and the first and last rows.
+func repeatBatch(step, vocab int) (x, y *tensors.Tensor) {
+	ids := []int{5, vocab - 1, 5, 7 + step, 4242, vocab - 1, 5, 0, 99, 99, 31337 % vocab, 7 + step, 12, vocab / 2, 5, 1}
+	xs := make([]int32, len(ids))
+	ys := make([]int32, len(ids))
+	for i, id := range ids {
+		xs[i] = int32(id)
+		ys[i] = int32((id*31 + step) % vocab)
+	}
+	return tensors.FromFlatDataAndDimensions(xs, 2, 8), tensors.FromFlatDataAndDimensions(ys, 2, 8)
+}
+
+// TestEmbeddingRows: a 100000-row embedding table that zinf streams is
+// read at the rows a batch uses only (Layer.Lookups, which
+// TransformerNet sets) and its gradient handed over for those rows (a
+// row used several times summed by the graph), with the tied head
+// reading the whole table and without: two steps bit for bit as in one
+// graph, and an evaluation reads the other variables whole and the
+// table's used rows, nothing more.
+func TestEmbeddingRows(t *testing.T) {
+	ctx := watchdog(t, 8*time.Minute)
+	b := backend(t)
+	const vocab = 100000
+	for _, tied := range []bool{false, true} {
+		t.Run(map[bool]string{false: "untied", true: "tied"}[tied], func(t *testing.T) {
+			cfg := testConfig(t, 0)
+			cfg.ZeroOptimization.SubGroupSize = 65_536
+			cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(minimumPoolTied(ctx, t, b, cfg, vocab, tied)) // the least zinf plans
+			store := model.NewStore()
+			net, err := zgomlx.TransformerNet(bigVocabModelTied(store, vocab, tied), zgomlx.TransformerOptions{TieEmbeddings: tied})
+			if err != nil {
+				t.Fatal(err)
+			}
+			xs := shapes.Make(dtypes.Int32, 2, 8)
+			if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
+				t.Fatal(err)
+			}
+			whole := clone(t, store)
+			tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer wg.Close()
+			const table = "/token_embed/embeddings"
+			if !tr.Offload().Runtime().Streamed(table) {
+				t.Fatalf("%s is not streamed: the test reads nothing by rows", table)
+			}
+			for step := range 2 {
+				x, y := repeatBatch(step, vocab)
+				lo, err := tr.Step(ctx, x, y)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				lw, err := wg.Step(x, y)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if lo != lw {
+					t.Fatalf("step %d: loss %v offloaded, %v whole graph", step, lo, lw)
+				}
+			}
+			sameVars(ctx, t, tr.Offload(), whole)
+
+			// One evaluation: every variable read once, the table by rows
+			// (and, tied, whole again for the head, which reads it all).
+			x, y := repeatBatch(5, vocab)
+			ids := tensors.MustCopyFlatData[int32](x)
+			used := map[int32]bool{}
+			for _, id := range ids {
+				used[id] = true
+			}
+			var want int64
+			for _, v := range tr.Offload().Vars() {
+				if v.Name == table {
+					want += int64(len(used)) * 64 * 4
+					if !tied {
+						continue
+					}
+				}
+				want += v.Bytes()
+			}
+			before := tr.ParamBytesRead()
+			if _, err := tr.EvalLoss(ctx, x, y); err != nil {
+				t.Fatal(err)
+			}
+			if got := tr.ParamBytesRead() - before; got != want {
+				t.Fatalf("an evaluation read %d bytes of parameters, want %d (the table's %d used rows of %d bytes, the rest whole)", got, want, len(used), 64*4)
+			}
+		})
+	}
 }

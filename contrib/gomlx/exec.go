@@ -52,6 +52,26 @@ type Layer struct {
 	// borrowers' first), and its update starts after its own layer's
 	// backward.
 	Borrow []string
+	// Lookups are variables of this layer that its graph reads only at
+	// the rows an integer input of the layer names: an embedding table
+	// gathered at the tokens. For such a variable that zinf streams (one
+	// larger than zinf.Options.PieceBytes), a pass reads only those rows
+	// from NVMe (zinf.Runtime.ReadParamRows) and hands over only their
+	// gradients (AccumulateGradRows; the rest of the table's gradient is
+	// zero); results are the same bits. Only the first layer may have
+	// Lookups (its inputs are the batch's, known before it runs). A
+	// layer that reads other rows of such a variable computes with
+	// stale values: list only variables the graph Gathers.
+	Lookups []Lookup
+}
+
+// Lookup is a variable read by rows (see Layer.Lookups).
+type Lookup struct {
+	// Var is the variable's absolute path ("/token_embed/embeddings").
+	Var string
+	// Input is the index of the layer input holding the row ids (int32
+	// or int64, any shape): the tokens.
+	Input int
 }
 
 // fn is the layer as a LayerFnN.
@@ -139,6 +159,14 @@ func (n Net) check() error {
 		case l.Fn != nil && l.FnN != nil:
 			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) sets both Fn and FnN (allowed: one)", i, l.Scope))
 		}
+		if len(l.Lookups) > 0 && i > 0 {
+			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) has Lookups (allowed: on the first layer only, whose inputs are the batch's)", i, l.Scope))
+		}
+		for _, lk := range l.Lookups {
+			if lk.Input < 0 {
+				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q): Lookup %q: Input %d (allowed: >= 0, the index of an integer input)", i, l.Scope, lk.Var, lk.Input))
+			}
+		}
 		for _, b := range l.Borrow {
 			if b == "" || !strings.HasPrefix(b, "/") {
 				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q): Borrow %q (allowed: an absolute variable path such as \"/token_embed/embeddings\")", i, l.Scope, b))
@@ -194,6 +222,8 @@ type executors struct {
 	// nOut is the number of the last layer's outputs in the loss call
 	// being built (the rest are labels).
 	nOut int
+	// inputs are the batch's inputs of the run in progress (for Lookups).
+	inputs []*tensors.Tensor
 }
 
 func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVars [][]*Var, byName map[string]*Var) (*executors, error) {
@@ -209,8 +239,19 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 	ex := &executors{backend: backend, store: store, net: net, byName: byName}
 	var errs []error
 	for i, l := range net.Layers {
-		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow}, fn: l.fn(), binds: map[*graph.Graph][]binding{}}
+		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}}
 		le.vars = append(le.vars, layerVars[i]...)
+		for _, v := range layerVars[i] {
+			v.lookup = -1
+		}
+		for _, lk := range l.Lookups {
+			v := byName[lk.Var]
+			if v == nil || v.Layer != i {
+				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q): Lookup %q is not a variable of this layer that zinf holds", i, l.Scope, lk.Var))
+				continue
+			}
+			v.lookup = lk.Input
+		}
 		le.own = len(le.vars)
 		for _, name := range l.Borrow {
 			v := byName[name]

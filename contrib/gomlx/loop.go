@@ -28,8 +28,10 @@ type paramSource interface {
 	bind(ctx context.Context, l int) error
 	unbind(l int)
 	// grad hands over v's gradient of this micro-step; last says it is the
-	// step's last micro-step, so v's gradient is final.
-	grad(ctx context.Context, v *Var, g []float32, last bool) error
+	// step's last micro-step, so v's gradient is final; rows says it is
+	// the gradient of v's lookup (Layer.Lookups) in its own layer, zero
+	// outside the rows the batch's ids name.
+	grad(ctx context.Context, v *Var, g []float32, last, rows bool) error
 	// layerDone: every gradient of layer l is final (last micro-step).
 	layerDone(ctx context.Context, l int) error
 	// fail is called when a micro-step fails before its commit; it
@@ -137,7 +139,9 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 	var dy []*tensors.Tensor
 	var pend pending
 	lp.outs = nil
+	lp.ex.inputs = xs
 	defer func() {
+		lp.ex.inputs = nil
 		close(lp.jobs) // every job started was waited for
 		<-done
 		lp.jobs = nil
@@ -294,7 +298,7 @@ func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 	defer lp.drop(p)
 	le := lp.ex.layers[p.layer]
 	for i, v := range le.vars {
-		if err := lp.grad(ctx, v, p.outs[p.k+i], last && i < le.own); err != nil {
+		if err := lp.grad(ctx, v, p.outs[p.k+i], last && i < le.own, i < le.own && v.lookup >= 0); err != nil {
 			return err
 		}
 	}
@@ -316,7 +320,7 @@ func (lp *loop) drop(p *pending) {
 // grad hands a gradient tensor over as fp32: a view of its buffer when it
 // is fp32, widened into the loop's scratch otherwise; nothing is
 // allocated in steady state.
-func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last bool) error {
+func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows bool) error {
 	_, b, err := bufferOf(lp.ex.backend, t)
 	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
@@ -325,14 +329,14 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last bool) 
 		return fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
 	}
 	if v.dtype == swapper.Float32 {
-		return lp.src.grad(ctx, v, buffers.Float32Bytes(b), last)
+		return lp.src.grad(ctx, v, buffers.Float32Bytes(b), last, rows)
 	}
 	if cap(lp.scratch) < v.numel {
 		lp.scratch = make([]float32, v.numel)
 	}
 	g := lp.scratch[:v.numel]
 	swapper.Decode(v.dtype, g, b)
-	return lp.src.grad(ctx, v, g, last)
+	return lp.src.grad(ctx, v, g, last, rows)
 }
 
 // finalizeAll frees tensors now (nil entries are fine).

@@ -198,7 +198,7 @@ func (s *memSource) bind(context.Context, int) error { return nil }
 
 func (s *memSource) unbind(int) {}
 
-func (s *memSource) grad(_ context.Context, v *Var, g []float32, last bool) error {
+func (s *memSource) grad(_ context.Context, v *Var, g []float32, last, _ bool) error {
 	if s.collect != nil {
 		if acc, ok := s.collect[v.Name]; ok {
 			accumulate(acc, g) // a tied variable's other use

@@ -42,6 +42,12 @@ type Trainer struct {
 	pending bool  // a commit failed
 	reads   int64
 	times   Timings
+
+	// Row reads of lookups (lookup.go), reused.
+	rows      []int
+	rowBytes  []byte
+	rowGrad   []float32
+	bytesRead int64
 }
 
 // Timings are the time a Trainer's loop spent in zinf, summed over
@@ -232,6 +238,11 @@ func (t *Trainer) Abort() {
 // largest layer's variables, by shape).
 func (t *Trainer) SwapBufferBytes() int64 { return t.pool.bytes }
 
+// ParamBytesRead counts the bytes copied from zinf into swap-in buffers:
+// a lookup (Layer.Lookups) that zinf streams counts only the rows its
+// batches used.
+func (t *Trainer) ParamBytesRead() int64 { return t.bytesRead }
+
 // ParamReads counts the variables copied from zinf into swap-in buffers
 // (a layer whose values are still in its buffers is not read).
 func (t *Trainer) ParamReads() int64 { return t.reads }
@@ -284,13 +295,16 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 	vars := o.layerVars[l]
 	all := s.ex.layers[l].vars // own, then borrowed
 	read := false
+	var whole []*Var // borrowed lookups their own layer read by rows
 	for i, v := range all {
 		sl, ok, err := s.pool.acquire(v, o.version)
 		if err != nil {
 			s.pool.release(all)
 			return err
 		}
-		if i >= len(vars) && !ok {
+		if i >= len(vars) && !ok && s.byRows(v) && sl.owner == v {
+			whole = append(whole, v)
+		} else if i >= len(vars) && !ok {
 			// A borrowed variable is swapped in with its own, earlier,
 			// layer and stays in its buffer (a slot class of its own).
 			sl.forget()
@@ -311,8 +325,25 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 		return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
 	}
 	defer o.rt.EndLayer(l) // the values are in GoMLX buffers: zinf's can go
+	for _, v := range whole {
+		if err := s.readWhole(ctx, v); err != nil {
+			v.slot.forget()
+			s.pool.release(all)
+			return fmt.Errorf("zgomlx: swap-in of %q (borrowed by %q): %w", v.Name, o.scopes[l], err)
+		}
+		s.reads++
+	}
 	for _, v := range vars {
 		if v.slot.version == o.version {
+			continue
+		}
+		if s.byRows(v) {
+			if err := s.readRows(ctx, v); err != nil {
+				v.slot.forget()
+				s.pool.release(all)
+				return fmt.Errorf("zgomlx: swap-in of the rows of %q: %w", v.Name, err)
+			}
+			s.reads++
 			continue
 		}
 		if err := o.rt.ReadParamBytes(ctx, v.Name, v.dtype, v.slot.bytes); err != nil {
@@ -322,15 +353,21 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 		}
 		v.slot.version = o.version
 		s.reads++
+		s.bytesRead += int64(len(v.slot.bytes))
 	}
 	return nil
 }
 
 func (s *zinfSource) unbind(l int) { s.pool.release(s.ex.layers[l].vars) }
 
-func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _ bool) error {
+func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _, rows bool) error {
 	t0 := time.Now()
-	err := s.off.rt.AccumulateGrad(ctx, v.Name, g)
+	var err error
+	if rows && s.byRows(v) {
+		err = s.gradRows(ctx, v, g)
+	} else {
+		err = s.off.rt.AccumulateGrad(ctx, v.Name, g)
+	}
 	s.times.Grads += time.Since(t0)
 	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)

@@ -32,6 +32,9 @@ type Var struct {
 	shared   bool
 	ownClass bool
 	idx      int // position in the trainer's variables
+	// lookup is the first layer's input whose ids are the rows the layer
+	// reads (Layer.Lookups), -1 when it reads the whole variable.
+	lookup int
 
 	// Per-loop state, owned by the one loop goroutine.
 	slot *slot   // the swap-in buffer holding (or last holding) its values
@@ -39,7 +42,8 @@ type Var struct {
 }
 
 // Bytes is the variable's size in its dtype.
-func (v *Var) Bytes() int64 { return int64(v.numel) * int64(v.dtype.Size()) }
+// (From its Shape, so a Var that Offload.Vars returns has it too.)
+func (v *Var) Bytes() int64 { return int64(v.Shape.ByteSize()) }
 
 // DefaultFilter selects what zinf holds when Options.Filter is nil: every
 // trainable variable whose dtype zinf stores (float32, bfloat16, float16).
@@ -150,7 +154,7 @@ func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes [
 			c = len(classes)
 			classes[key] = c
 		}
-		vars = append(vars, &Var{Name: v.Path(), Shape: v.Shape(), Layer: layer, v: v, dtype: dt, numel: v.Shape().Size(), class: c})
+		vars = append(vars, &Var{Name: v.Path(), Shape: v.Shape(), Layer: layer, v: v, dtype: dt, numel: v.Shape().Size(), class: c, lookup: -1})
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)

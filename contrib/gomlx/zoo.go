@@ -27,7 +27,8 @@ type TransformerOptions struct {
 // TransformerNet is GoMLX's zoo transformer (ml/zoo/transformer) as a
 // Net of the zoo's own exported pieces, one zinf layer each: the token
 // embedding (Model.EmbedTokens, Model.PrePositionalEncoder and the
-// embedding normalization), every block (Model.ForwardLayer, residuals
+// embedding normalization; its table is a Layer.Lookups, so a table
+// larger than zinf's piece is read at the batch's rows only), every block (Model.ForwardLayer, residuals
 // and all), and the head (the final normalization and
 // Model.LogitsFromEmbeddings). Its variables are the ones Model.Logits
 // creates, at the same paths under m.Scope, created in the same order, so
@@ -93,6 +94,10 @@ func TransformerNet(m *transformer.Model, opts TransformerOptions) (Net, error) 
 	if m.EmbedNormalization != layers.NormalizationNone {
 		embed.Also = []string{at("embed_norm")}
 	}
+	// EmbedTokens Gathers the table at the tokens (layers.Embedding): a
+	// table zinf streams is read, and its gradient handed over, at the
+	// batch's rows only.
+	embed.Lookups = []Lookup{{Var: at("token_embed/embeddings"), Input: 0}}
 	net.Layers = append(net.Layers, embed)
 	for i := range m.NumLayers {
 		net.Layers = append(net.Layers, Layer{Scope: at(fmt.Sprintf("layer_%d", i)), FnN: func(scope *model.Scope, xs []*Node) []*Node {

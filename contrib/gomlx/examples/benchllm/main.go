@@ -1,0 +1,326 @@
+// Command benchllm compares offloaded and in-memory training of GoMLX's
+// zoo transformer with a cl100k-sized vocabulary (the model make demo-llm
+// trains) on the same per-layer executors: zgomlx.Trainer (every weight,
+// master and Adam state on NVMe) against zgomlx.MemoryTrainer (the same
+// executors, the state in Go memory). Each measurement is one process
+// (so peak RSS is its own); rounds alternate which mode runs first, and
+// the summary gives medians over rounds with min..max: CPU time per
+// token, wall time per step, GC cycles and mallocs per step, peak RSS
+// against the training state, tokens/s, and the offloaded / in-memory
+// ratio of each round's pair.
+//
+//	go run ./examples/benchllm -rounds 3 -steps 6     # make bench-llm
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	_ "github.com/gomlx/compute/gobackend"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+
+	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+type options struct {
+	rounds, steps, warm int
+	layers, dim, vocab  int
+	batch, seq          int
+	pinned              int64
+	child, dir          string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds, each one offloaded and one in-memory process (the order alternates)")
+	flag.IntVar(&o.steps, "steps", 6, "timed steps per process")
+	flag.IntVar(&o.warm, "warm", 2, "untimed warm-up steps per process")
+	flag.IntVar(&o.layers, "layers", 4, "transformer blocks")
+	flag.IntVar(&o.dim, "dim", 32, "embedding dimension (heads of 8)")
+	flag.IntVar(&o.vocab, "vocab", 100277, "vocabulary (cl100k_base's by default)")
+	flag.IntVar(&o.batch, "batch", 2, "sequences per batch")
+	flag.IntVar(&o.seq, "seq", 32, "tokens per sequence")
+	flag.Int64Var(&o.pinned, "pinned", 32<<20, "zinf.tiers.cpu_pinned_bytes")
+	flag.StringVar(&o.dir, "dir", "/var/tmp", "directory for the swap files")
+	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded or memory) and print JSON")
+	flag.Parse()
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var errs []string
+	for _, c := range []struct {
+		name string
+		v    int
+		min  int
+	}{{"rounds", o.rounds, 1}, {"steps", o.steps, 1}, {"warm", o.warm, 0}, {"layers", o.layers, 1}, {"dim", o.dim, 8}, {"vocab", o.vocab, 2}, {"batch", o.batch, 1}, {"seq", o.seq, 2}} {
+		if c.v < c.min {
+			errs = append(errs, fmt.Sprintf("-%s %d (allowed: >= %d)", c.name, c.v, c.min))
+		}
+	}
+	if o.dim%8 != 0 {
+		errs = append(errs, fmt.Sprintf("-dim %d (allowed: a multiple of 8, the head size)", o.dim))
+	}
+	if o.child != "" && o.child != "offloaded" && o.child != "memory" {
+		errs = append(errs, fmt.Sprintf("-child %q (allowed: offloaded, memory)", o.child))
+	}
+	if len(errs) > 0 {
+		fmt.Fprintln(os.Stderr, "benchllm: "+strings.Join(errs, "; "))
+		os.Exit(2)
+	}
+	var err error
+	if o.child != "" {
+		err = child(o, os.Stdout)
+	} else {
+		err = bench(o, os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchllm:", err)
+		os.Exit(1)
+	}
+}
+
+// result is what one process reports.
+type result struct {
+	Mode       string    `json:"mode"`
+	WallMs     []float64 `json:"wall_ms"`
+	CPUMs      []float64 `json:"cpu_ms"`
+	GCs        []float64 `json:"gcs"`
+	Mallocs    []float64 `json:"mallocs"`
+	PeakRSS    int64     `json:"peak_rss"`
+	StateBytes int64     `json:"state_bytes"`
+	Params     int64     `json:"params"`
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func batch(o options, step int) (x, y *tensors.Tensor) {
+	n := o.batch * o.seq
+	xs := make([]int32, n)
+	ys := make([]int32, n)
+	for i := range n {
+		t := (i*7919 + step*104729) % o.vocab
+		xs[i] = int32(t)
+		ys[i] = int32((t*31 + 17) % o.vocab)
+	}
+	return tensors.FromFlatDataAndDimensions(xs, o.batch, o.seq), tensors.FromFlatDataAndDimensions(ys, o.batch, o.seq)
+}
+
+// child trains in one mode and prints its timed steps as JSON.
+func child(o options, w io.Writer) error {
+	ctx := context.Background()
+	b, err := compute.NewWithConfig(zgomlx.DefaultBackend)
+	if err != nil {
+		return err
+	}
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(1))
+	m := transformer.New(store.RootScope()).WithVocabSize(o.vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
+		WithNumHeads(o.dim / 8).WithHeadDim(8).WithFFNDim(4 * o.dim).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{})
+	if err != nil {
+		return err
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, o.batch, o.seq)); err != nil {
+		return err
+	}
+	cfg := config.Default()
+	dir, err := os.MkdirTemp(o.dir, "zinf-benchllm-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg.SetScratchDir(dir)
+	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	cfg.ZeroOptimization.SubGroupSize = 1 << 16
+	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pinned)
+	cfg.Optimizer.LR = 0.005
+	res := result{Mode: o.child}
+	for v := range store.IterVariables() {
+		res.Params += int64(v.Shape().Size())
+	}
+	var step func(x, y *tensors.Tensor) (float32, error)
+	if o.child == "offloaded" {
+		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		res.StateBytes = tr.Offload().StateBytes()
+		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
+	} else {
+		mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
+		if err != nil {
+			return err
+		}
+		defer mt.Close()
+		step = func(x, y *tensors.Tensor) (float32, error) { return mt.Step(ctx, x, y) }
+	}
+	debug.FreeOSMemory()
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // the peak covers training
+	for s := range o.warm {
+		x, y := batch(o, s)
+		if _, err := step(x, y); err != nil {
+			return err
+		}
+	}
+	for s := range o.steps {
+		x, y := batch(o, o.warm+s)
+		var a, c runtime.MemStats
+		runtime.ReadMemStats(&a)
+		c0, t0 := cpuTime(), time.Now()
+		if _, err := step(x, y); err != nil {
+			return err
+		}
+		wall, cpu := time.Since(t0), cpuTime()-c0
+		runtime.ReadMemStats(&c)
+		res.WallMs = append(res.WallMs, float64(wall)/1e6)
+		res.CPUMs = append(res.CPUMs, float64(cpu)/1e6)
+		res.GCs = append(res.GCs, float64(c.NumGC-a.NumGC))
+		res.Mallocs = append(res.Mallocs, float64(c.Mallocs-a.Mallocs))
+	}
+	res.PeakRSS = peakRSS()
+	return json.NewEncoder(w).Encode(res)
+}
+
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(max(len(v), 1))
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// bench runs the rounds and prints the summary.
+func bench(o options, w io.Writer) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	fmt.Fprintf(w, "benchllm: zoo transformer, %d layers, d=%d, vocab %d, batch %d x %d tokens; %d rounds x (%d warm-up + %d timed steps) per process; GOMAXPROCS %d, %d CPUs; load average %s\n",
+		o.layers, o.dim, o.vocab, o.batch, o.seq, o.rounds, o.warm, o.steps, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadavg())
+	var off, mem []result
+	for round := range o.rounds {
+		order := []string{"offloaded", "memory"}
+		if round%2 == 1 {
+			order = []string{"memory", "offloaded"}
+		}
+		for _, mode := range order {
+			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
+				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
+				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10)}
+			cmd := exec.Command(exe, args...)
+			cmd.Stderr = os.Stderr
+			out, err := cmd.Output()
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
+			}
+			var r result
+			if err := json.Unmarshal(out, &r); err != nil {
+				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
+			}
+			if mode == "memory" {
+				mem = append(mem, r)
+			} else {
+				off = append(off, r)
+			}
+			fmt.Fprintf(w, "round %d %-9s  wall/step %7.1f ms  CPU/step %7.1f ms  GC/step %.2f  mallocs/step %6.0f  peak RSS %6.1f MiB  (load %s)\n",
+				round+1, mode, median(r.WallMs), median(r.CPUMs), mean(r.GCs), median(r.Mallocs), float64(r.PeakRSS)/(1<<20), loadavg())
+		}
+	}
+	tokens := float64(o.batch * o.seq)
+	stat := func(rs []result, f func(result) float64) (med, lo, hi float64) {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		return median(v), slices.Min(v), slices.Max(v)
+	}
+	ratio := func(f func(result) float64) (med, lo, hi float64) {
+		v := make([]float64, len(off))
+		for i := range off {
+			v[i] = f(off[i]) / max(f(mem[i]), 1e-9)
+		}
+		return median(v), slices.Min(v), slices.Max(v)
+	}
+	fmt.Fprintf(w, "\nmedians over %d rounds (min..max); ratio = offloaded / in memory, paired by round:\n", o.rounds)
+	row := func(what, unit string, f func(result) float64) {
+		om, ol, oh := stat(off, f)
+		mm, ml, mh := stat(mem, f)
+		rm, rl, rh := ratio(f)
+		fmt.Fprintf(w, "  %-15s offloaded %7.1f%s (%.1f..%.1f)  in memory %7.1f%s (%.1f..%.1f)  ratio %.2fx (%.2f..%.2f)\n", what, om, unit, ol, oh, mm, unit, ml, mh, rm, rl, rh)
+	}
+	row("CPU time/token", " ms", func(r result) float64 { return median(r.CPUMs) / tokens })
+	row("wall time/step", " ms", func(r result) float64 { return median(r.WallMs) })
+	row("tokens/s", "", func(r result) float64 { return tokens / (median(r.WallMs) / 1e3) })
+	row("GC cycles/step", "", func(r result) float64 { return mean(r.GCs) })
+	row("mallocs/step", "", func(r result) float64 { return median(r.Mallocs) })
+	row("peak RSS", " MiB", func(r result) float64 { return float64(r.PeakRSS) / (1 << 20) })
+	o0 := off[0]
+	fmt.Fprintf(w, "  %d parameters; training state %.1f MiB (on NVMe offloaded, in Go memory in the in-memory run); pinned pool %.1f MiB; offloaded peak RSS / state %.2fx\n",
+		o0.Params, float64(o0.StateBytes)/(1<<20), float64(o.pinned)/(1<<20), float64(o0.PeakRSS)/float64(o0.StateBytes))
+	fmt.Fprintf(w, "  load average at the end %s; %s in all\n", loadavg(), time.Since(start).Round(time.Second))
+	return nil
+}

@@ -1,0 +1,109 @@
+package zgomlx
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/gomlx/compute/dtypes"
+)
+
+// Row reads of a lookup (Layer.Lookups): a streamed embedding table is
+// read at the rows the batch's ids name, into those rows of its swap-in
+// buffer (the graph Gathers only them), and its own layer's gradient is
+// handed over for those rows alone. The rows are sorted and unique, so
+// the gradient of a row used several times is the one the graph summed
+// (its Gather's scatter-add, in the ids' order), and zinf adds every
+// row's gradient as AccumulateGrad of the whole table would: bit for bit
+// the same.
+
+// byRows reports whether v is read by rows in this pass: a lookup that
+// zinf streams.
+func (s *zinfSource) byRows(v *Var) bool { return v.lookup >= 0 && s.off.rt.Streamed(v.Name) }
+
+// lookupRows returns the sorted, unique rows v's ids name in the run in
+// progress (a slice of the Trainer's, valid until the next call).
+func (s *zinfSource) lookupRows(v *Var) ([]int, error) {
+	in := s.ex.inputs
+	if v.lookup >= len(in) {
+		return nil, fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(in))
+	}
+	t := in[v.lookup]
+	_, b, err := bufferOf(s.ex.backend, t)
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: lookup %q: reading input %d: %w", v.Name, v.lookup, err)
+	}
+	rows := s.rows[:0]
+	switch t.DType() {
+	case dtypes.Int32:
+		for i := 0; i+4 <= len(b); i += 4 {
+			rows = append(rows, int(int32(binary.LittleEndian.Uint32(b[i:]))))
+		}
+	case dtypes.Int64:
+		for i := 0; i+8 <= len(b); i += 8 {
+			rows = append(rows, int(int64(binary.LittleEndian.Uint64(b[i:]))))
+		}
+	default:
+		return nil, fmt.Errorf("zgomlx: lookup %q: input %d is %s (allowed: Int32, Int64 row ids)", v.Name, v.lookup, t.DType())
+	}
+	slices.Sort(rows)
+	rows = slices.Compact(rows)
+	s.rows = rows
+	return rows, nil
+}
+
+// readRows reads the rows of v the batch uses into its slot, which then
+// holds no whole version (slot.version 0).
+func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
+	rows, err := s.lookupRows(v)
+	if err != nil {
+		return err
+	}
+	rl := s.off.rt.RowLen(v.Name)
+	rb := rl * v.dtype.Size()
+	need := len(rows) * rb
+	if cap(s.rowBytes) < need {
+		s.rowBytes = make([]byte, need)
+	}
+	buf := s.rowBytes[:need]
+	if err := s.off.rt.ReadParamRows(ctx, v.Name, rows, v.dtype, buf); err != nil {
+		return err
+	}
+	for i, r := range rows {
+		copy(v.slot.bytes[r*rb:(r+1)*rb], buf[i*rb:(i+1)*rb])
+	}
+	v.slot.version = 0
+	s.bytesRead += int64(need)
+	return nil
+}
+
+// readWhole reads all of v into its slot (a borrowed lookup, whose own
+// layer read only rows): in pieces straight into the buffer.
+func (s *zinfSource) readWhole(ctx context.Context, v *Var) error {
+	if err := s.off.rt.ReadParamRange(ctx, v.Name, 0, v.numel, v.dtype, v.slot.bytes); err != nil {
+		return err
+	}
+	v.slot.version = s.off.version
+	s.bytesRead += int64(len(v.slot.bytes))
+	return nil
+}
+
+// gradRows hands over the rows of g (v's whole gradient, zero elsewhere)
+// the batch uses.
+func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
+	rows, err := s.lookupRows(v)
+	if err != nil {
+		return err
+	}
+	rl := s.off.rt.RowLen(v.Name)
+	need := len(rows) * rl
+	if cap(s.rowGrad) < need {
+		s.rowGrad = make([]float32, need)
+	}
+	out := s.rowGrad[:need]
+	for i, r := range rows {
+		copy(out[i*rl:(i+1)*rl], g[r*rl:(r+1)*rl])
+	}
+	return s.off.rt.AccumulateGradRows(ctx, v.Name, rows, out)
+}
