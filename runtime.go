@@ -665,8 +665,13 @@ type Metrics struct {
 	// Schedule counts the prefetch scheduler's work (demand misses,
 	// prefetches).
 	Schedule         policy.SchedStats
-	BytesRead        int64 // from NVMe, all stores
-	BytesWritten     int64 // to NVMe, all stores
+	BytesRead        int64 // from NVMe, all stores (logical tensor bytes)
+	BytesWritten     int64 // to NVMe, all stores (logical tensor bytes)
+	// DeviceBytesRead and DeviceBytesWritten are what the stores'
+	// requests moved on the devices: BytesRead and BytesWritten padded to
+	// the alignment, ranged reads widened to whole checksum units — the
+	// figure a device's own counters (/sys/block/*/stat) see of zinf.
+	DeviceBytesRead, DeviceBytesWritten int64
 	ReadOps          int64
 	WriteOps         int64
 	PinnedBytes      int64 // the pool's capacity
@@ -711,6 +716,10 @@ func (r *Runtime) Metrics() Metrics {
 			m.BytesWritten += ss.BytesWritten
 			m.ReadOps += ss.Reads
 			m.WriteOps += ss.Writes
+			for _, ps := range ss.Paths {
+				m.DeviceBytesRead += ps.BytesRead
+				m.DeviceBytesWritten += ps.BytesWritten
+			}
 		}
 	}
 	if r.Device != nil {

@@ -62,6 +62,11 @@ type Options struct {
 	// check for a model too large for Verify's in-memory reference (see
 	// Result.SampleChecked).
 	Sample []string
+	// NoStateDigest skips Result.StateSHA256, which reads every parameter,
+	// master weight and optimizer state back from NVMe after the last
+	// step (about 4/5 of the model state's bytes): a run that does not
+	// compare states (zinf bench-scale) saves that read.
+	NoStateDigest bool
 	// Runtimes, when set, is called with the ranks' runtimes once they are
 	// open, and with nil before they are closed (a metrics collector reads
 	// them in between).
@@ -147,6 +152,14 @@ type Result struct {
 	ComputeMs            float64   `json:"compute_ms_per_step"`
 	BytesRead            int64     `json:"bytes_read"`
 	BytesWritten         int64     `json:"bytes_written"`
+	// DeviceReadBytes and DeviceWrittenBytes are what the stores' requests
+	// moved on the devices from the runtimes' open to the last step
+	// (zinf.Metrics.DeviceBytesRead: padded, ranged reads widened to
+	// whole checksum units); DigestReadBytes what the state digest read
+	// after it (0 with Options.NoStateDigest).
+	DeviceReadBytes    int64 `json:"device_read_bytes"`
+	DeviceWrittenBytes int64 `json:"device_written_bytes"`
+	DigestReadBytes    int64 `json:"digest_read_bytes"`
 	ReadGBps             float64   `json:"read_gbps"`
 	WriteGBps            float64   `json:"write_gbps"`
 	PeakRSSBytes         int64     `json:"peak_rss_bytes"`
@@ -549,8 +562,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for _, rt := range rts {
 		res.DemandMisses += int64(rt.Metrics().Schedule.DemandMisses)
 	}
-	if res.StateSHA256, err = be.stateDigest(ctx); err != nil {
-		return nil, err
+	if !o.NoStateDigest {
+		before := metrics(rts).DeviceBytesRead
+		if res.StateSHA256, err = be.stateDigest(ctx); err != nil {
+			return nil, err
+		}
+		res.DigestReadBytes = metrics(rts).DeviceBytesRead - before
 	}
 	if !o.Verify {
 		return res, nil
@@ -666,6 +683,7 @@ func (res *Result) replan(ctx context.Context, cfg *config.Config, spec Spec, rt
 func (res *Result) fill(m zinf.Metrics, ts zinf.TrainStats, elapsed time.Duration, ioWaits []float64, computeMs float64, opt []optStep) {
 	sec := elapsed.Seconds()
 	res.BytesRead, res.BytesWritten = m.BytesRead, m.BytesWritten
+	res.DeviceReadBytes, res.DeviceWrittenBytes = m.DeviceBytesRead, m.DeviceBytesWritten
 	res.ReadGBps, res.WriteGBps = float64(m.BytesRead)/sec/1e9, float64(m.BytesWritten)/sec/1e9
 	res.PinnedBytes, res.PinnedLocked = m.PinnedBytes, m.Pinned
 	res.StepMsMedian = median(res.StepMs)
@@ -689,6 +707,8 @@ func metrics(rts []*zinf.Runtime) zinf.Metrics {
 		x := rt.Metrics()
 		m.BytesRead += x.BytesRead
 		m.BytesWritten += x.BytesWritten
+		m.DeviceBytesRead += x.DeviceBytesRead
+		m.DeviceBytesWritten += x.DeviceBytesWritten
 		m.PinnedBytes += x.PinnedBytes
 		m.Pinned = x.Pinned && (i == 0 || m.Pinned)
 		m.Params.BytesRead += x.Params.BytesRead

@@ -500,3 +500,38 @@ func TestSchedulesSameState(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceBytesAndDigest: a run counts what its stores moved on the
+// devices (padded, at least the logical bytes) and, apart, what the state
+// digest read back after the last step — every parameter, master weight
+// and Adam moment, 16 bytes per fp32 parameter; NoStateDigest skips that
+// read and the digest.
+func TestDeviceBytesAndDigest(t *testing.T) {
+	var params int64
+	for _, d := range smallSpec.Model().Tensors {
+		n := int64(1)
+		for _, s := range d.Shape {
+			n *= int64(s)
+		}
+		params += n
+	}
+	for _, skip := range []bool{false, true} {
+		cfg := testConfig(t, nil)
+		r, err := Run(context.Background(), Options{Config: cfg, Spec: smallSpec, Steps: 2, NoStateDigest: skip, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.DeviceReadBytes < r.BytesRead || r.DeviceWrittenBytes < r.BytesWritten || r.DeviceReadBytes == 0 {
+			t.Errorf("device bytes read %d, written %d; logical %d, %d", r.DeviceReadBytes, r.DeviceWrittenBytes, r.BytesRead, r.BytesWritten)
+		}
+		if skip {
+			if r.StateSHA256 != "" || r.DigestReadBytes != 0 {
+				t.Errorf("NoStateDigest: digest %q, %d bytes read for it", r.StateSHA256, r.DigestReadBytes)
+			}
+			continue
+		}
+		if r.StateSHA256 == "" || r.DigestReadBytes < 16*params {
+			t.Errorf("digest %q read %d bytes; the state holds %d fp32 parameters (16 bytes each to read)", r.StateSHA256, r.DigestReadBytes, params)
+		}
+	}
+}

@@ -43,6 +43,43 @@ type Stat struct {
 // ReadStat reads a disk's counters (/sys/block/NAME/stat on Linux).
 func ReadStat(name string) (Stat, error) { return readStat(name) }
 
+// ProcessIO reads this process's storage I/O since it started: the bytes
+// its threads (io_uring's workers included) made the block layer read and
+// write (/proc/self/io read_bytes and write_bytes on Linux) — what a
+// disk's counters see of this process alone, whatever else runs.
+func ProcessIO() (Stat, error) { return processIO() }
+
+// parseProcIO parses /proc/PID/io.
+func parseProcIO(s string) (Stat, error) {
+	var st Stat
+	var seen int
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		var dst *int64
+		switch strings.TrimSpace(k) {
+		case "read_bytes":
+			dst = &st.BytesRead
+		case "write_bytes":
+			dst = &st.BytesWritten
+		default:
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 {
+			return Stat{}, fmt.Errorf("blockdev: io: %s is %q, not a count", strings.TrimSpace(k), strings.TrimSpace(v))
+		}
+		*dst = n
+		seen++
+	}
+	if seen != 2 {
+		return Stat{}, fmt.Errorf("blockdev: io lacks read_bytes or write_bytes: %q", s)
+	}
+	return st, nil
+}
+
 // parseStat parses the fields of /sys/block/NAME/stat (see the kernel's
 // Documentation/block/stat.rst): reads completed, reads merged, sectors
 // read, time reading, writes completed, writes merged, sectors written,

@@ -46,6 +46,14 @@ func readStat(name string) (Stat, error) {
 	return parseStat(string(b))
 }
 
+func processIO() (Stat, error) {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return Stat{}, fmt.Errorf("blockdev: %w", err)
+	}
+	return parseProcIO(string(b))
+}
+
 func uptime() (time.Duration, error) {
 	b, err := os.ReadFile("/proc/uptime")
 	if err != nil {

@@ -16,6 +16,10 @@ func readStat(name string) (Stat, error) {
 	return Stat{}, errors.New("blockdev: disk counters are read on Linux only")
 }
 
+func processIO() (Stat, error) {
+	return Stat{}, errors.New("blockdev: a process's I/O counters are read on Linux only")
+}
+
 func uptime() (time.Duration, error) {
 	return 0, errors.New("blockdev: uptime is read on Linux only")
 }

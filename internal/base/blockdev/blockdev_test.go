@@ -77,3 +77,22 @@ func TestOf(t *testing.T) {
 		t.Errorf("uptime %v, %v", up, err)
 	}
 }
+
+// TestProcessIO: this process's storage counters parse, and a bad file is
+// an error naming the field.
+func TestProcessIO(t *testing.T) {
+	st, err := parseProcIO("rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\ncancelled_write_bytes: 0\n")
+	if err != nil || st.BytesRead != 4096 || st.BytesWritten != 8192 {
+		t.Fatalf("parsed %+v, %v", st, err)
+	}
+	for _, bad := range []string{"read_bytes: x\nwrite_bytes: 1\n", "read_bytes: 1\n", "read_bytes: -1\nwrite_bytes: 1\n"} {
+		if _, err := parseProcIO(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	if runtime.GOOS == "linux" {
+		if _, err := ProcessIO(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -42,6 +43,25 @@ func TestRunSmall(t *testing.T) {
 			t.Errorf("step %d predicted %v ms, the bytes and bandwidth give %v", i+1, r.PredictedMs[i], want)
 		}
 	}
+	// zinf's own figure is the device's view of its stores (at least the
+	// steps' bytes) and holds no state digest: that would read 16 bytes
+	// per parameter back after the last step.
+	var stepRead int64
+	for _, b := range r.ReadBytes {
+		stepRead += b
+	}
+	if r.ZinfReadBytes < stepRead || r.ZinfReadBytes >= stepRead+8*r.Params || r.ZinfWrittenBytes < 2*20*r.Params {
+		t.Errorf("zinf read %d bytes (the steps %d), wrote %d (the steps %d)", r.ZinfReadBytes, stepRead, r.ZinfWrittenBytes, 2*20*r.Params)
+	}
+	// On a block device, this process's own storage reads (the kernel's
+	// count, whatever else runs) are zinf's count within 3%: every read
+	// zinf does is in it.
+	t.Logf("read: zinf %d, this process %d (counted %v), disk %q %d", r.ZinfReadBytes, r.ProcReadBytes, r.ProcCounted, r.Disk, r.DiskReadBytes)
+	if r.ProcCounted && r.Disk != "" && r.ProcReadBytes > 0 {
+		if d := math.Abs(float64(r.ZinfReadBytes-r.ProcReadBytes)) / float64(r.ProcReadBytes); d > 0.03 {
+			t.Errorf("zinf counted %d bytes read, the process read %d from the block layer (%.1f%% apart)", r.ZinfReadBytes, r.ProcReadBytes, 100*d)
+		}
+	}
 	if r.SampleChecked == 0 || len(r.Sampled) != 4 || r.PeakRSSBytes <= 0 || r.RSSBudgetBytes != 16<<20+RSSHeadroomBytes {
 		t.Fatalf("result %+v", r)
 	}
@@ -49,7 +69,7 @@ func TestRunSmall(t *testing.T) {
 	if err := r.Write(&sb); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"model state", "peak RSS", "predicted/achieved", "sampled check", "disk-bound"} {
+	for _, want := range []string{"model state", "peak RSS", "predicted/achieved", "sampled check", "disk-bound", "zinf's stores from open to close"} {
 		if !strings.Contains(sb.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, sb.String())
 		}
