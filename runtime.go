@@ -664,25 +664,25 @@ type Metrics struct {
 	Reservations Reservations
 	// Schedule counts the prefetch scheduler's work (demand misses,
 	// prefetches).
-	Schedule         policy.SchedStats
-	BytesRead        int64 // from NVMe, all stores (logical tensor bytes)
-	BytesWritten     int64 // to NVMe, all stores (logical tensor bytes)
+	Schedule     policy.SchedStats
+	BytesRead    int64 // from NVMe, all stores (logical tensor bytes)
+	BytesWritten int64 // to NVMe, all stores (logical tensor bytes)
 	// DeviceBytesRead and DeviceBytesWritten are what the stores'
 	// requests moved on the devices: BytesRead and BytesWritten padded to
 	// the alignment, ranged reads widened to whole checksum units — the
 	// figure a device's own counters (/sys/block/*/stat) see of zinf.
 	DeviceBytesRead, DeviceBytesWritten int64
-	ReadOps          int64
-	WriteOps         int64
-	PinnedBytes      int64 // the pool's capacity
-	PinnedInUseBytes int64
-	PinnedPeakBytes  int64
-	Pinned           bool // locked in RAM
-	DeviceUsedBytes  int64
-	Engine           aio.Stats
-	Params           param.Stats
-	Optimizer        optimizer.Stats
-	Grads            grad.Stats
+	ReadOps                             int64
+	WriteOps                            int64
+	PinnedBytes                         int64 // the pool's capacity
+	PinnedInUseBytes                    int64
+	PinnedPeakBytes                     int64
+	Pinned                              bool // locked in RAM
+	DeviceUsedBytes                     int64
+	Engine                              aio.Stats
+	Params                              param.Stats
+	Optimizer                           optimizer.Stats
+	Grads                               grad.Stats
 	// Train counts applied, skipped and clipped steps, speculation commits
 	// and rollbacks, and the current loss scale.
 	Train TrainStats

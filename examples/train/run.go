@@ -147,30 +147,30 @@ type Result struct {
 	StepMsMedian float64 `json:"step_ms_median"`
 	// InMemoryStepMsMedian is the reference's step time (with Verify): the
 	// same loop and simulated compute with every tensor in memory.
-	InMemoryStepMsMedian float64   `json:"in_memory_step_ms_median,omitempty"`
-	IOWaitMsMedian       float64   `json:"io_wait_ms_median"`
-	ComputeMs            float64   `json:"compute_ms_per_step"`
-	BytesRead            int64     `json:"bytes_read"`
-	BytesWritten         int64     `json:"bytes_written"`
+	InMemoryStepMsMedian float64 `json:"in_memory_step_ms_median,omitempty"`
+	IOWaitMsMedian       float64 `json:"io_wait_ms_median"`
+	ComputeMs            float64 `json:"compute_ms_per_step"`
+	BytesRead            int64   `json:"bytes_read"`
+	BytesWritten         int64   `json:"bytes_written"`
 	// DeviceReadBytes and DeviceWrittenBytes are what the stores' requests
 	// moved on the devices from the runtimes' open to the last step
 	// (zinf.Metrics.DeviceBytesRead: padded, ranged reads widened to
 	// whole checksum units); DigestReadBytes what the state digest read
 	// after it (0 with Options.NoStateDigest).
-	DeviceReadBytes    int64 `json:"device_read_bytes"`
-	DeviceWrittenBytes int64 `json:"device_written_bytes"`
-	DigestReadBytes    int64 `json:"digest_read_bytes"`
-	ReadGBps             float64   `json:"read_gbps"`
-	WriteGBps            float64   `json:"write_gbps"`
-	PeakRSSBytes         int64     `json:"peak_rss_bytes"`
-	PinnedBytes          int64     `json:"pinned_bytes"`
-	PinnedLocked         bool      `json:"pinned_locked"`
-	FinalLoss            float32   `json:"final_loss"`
-	PrefetchDepth        int       `json:"prefetch_depth"`
-	OverlapStep          bool      `json:"overlap_step"`
-	DemandMisses         int64     `json:"demand_misses"`
-	Backend              string    `json:"backend"`
-	StepMs               []float64 `json:"step_ms"`
+	DeviceReadBytes    int64     `json:"device_read_bytes"`
+	DeviceWrittenBytes int64     `json:"device_written_bytes"`
+	DigestReadBytes    int64     `json:"digest_read_bytes"`
+	ReadGBps           float64   `json:"read_gbps"`
+	WriteGBps          float64   `json:"write_gbps"`
+	PeakRSSBytes       int64     `json:"peak_rss_bytes"`
+	PinnedBytes        int64     `json:"pinned_bytes"`
+	PinnedLocked       bool      `json:"pinned_locked"`
+	FinalLoss          float32   `json:"final_loss"`
+	PrefetchDepth      int       `json:"prefetch_depth"`
+	OverlapStep        bool      `json:"overlap_step"`
+	DemandMisses       int64     `json:"demand_misses"`
+	Backend            string    `json:"backend"`
+	StepMs             []float64 `json:"step_ms"`
 	// The optimizer step alone (all ranks): time, and NVMe bytes it moved
 	// (states, gradients read back, params written back).
 	OptimizerMs       []float64 `json:"optimizer_ms"`

@@ -145,9 +145,9 @@ type Result struct {
 	// block layer read and write meanwhile (/proc/self/io; ProcCounted
 	// false where the system does not say): the disk's figures less every
 	// other process's I/O, to hold zinf's own count against.
-	ProcReadBytes    int64 `json:"process_read_bytes"`
-	ProcWrittenBytes int64 `json:"process_written_bytes"`
-	ProcCounted      bool  `json:"process_counted"`
+	ProcReadBytes    int64  `json:"process_read_bytes"`
+	ProcWrittenBytes int64  `json:"process_written_bytes"`
+	ProcCounted      bool   `json:"process_counted"`
 	Backend          string `json:"backend"`
 }
 
