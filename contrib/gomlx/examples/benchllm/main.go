@@ -48,6 +48,7 @@ type options struct {
 	batch, seq          int
 	pinned              int64
 	child, dir          string
+	rows                bool
 }
 
 func main() {
@@ -62,6 +63,7 @@ func main() {
 	flag.IntVar(&o.seq, "seq", 32, "tokens per sequence")
 	flag.Int64Var(&o.pinned, "pinned", 32<<20, "zinf.tiers.cpu_pinned_bytes")
 	flag.StringVar(&o.dir, "dir", "/var/tmp", "directory for the swap files")
+	flag.BoolVar(&o.rows, "rows", true, "read the embedding at the batch's rows (TransformerNet's Layer.Lookups); false reads it whole")
 	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded or memory) and print JSON")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -99,14 +101,16 @@ func main() {
 
 // result is what one process reports.
 type result struct {
-	Mode       string    `json:"mode"`
-	WallMs     []float64 `json:"wall_ms"`
-	CPUMs      []float64 `json:"cpu_ms"`
-	GCs        []float64 `json:"gcs"`
-	Mallocs    []float64 `json:"mallocs"`
-	PeakRSS    int64     `json:"peak_rss"`
-	StateBytes int64     `json:"state_bytes"`
-	Params     int64     `json:"params"`
+	Mode    string    `json:"mode"`
+	WallMs  []float64 `json:"wall_ms"`
+	CPUMs   []float64 `json:"cpu_ms"`
+	GCs     []float64 `json:"gcs"`
+	Mallocs []float64 `json:"mallocs"`
+	PeakRSS int64     `json:"peak_rss"`
+	// NVMe bytes per timed step (logical: read, written), offloaded only.
+	ReadPerStep, WrittenPerStep float64
+	StateBytes                  int64 `json:"state_bytes"`
+	Params                      int64 `json:"params"`
 }
 
 func cpuTime() time.Duration {
@@ -144,6 +148,9 @@ func child(o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if !o.rows {
+		net.Layers[0].Lookups = nil
+	}
 	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, o.batch, o.seq)); err != nil {
 		return err
 	}
@@ -163,6 +170,7 @@ func child(o options, w io.Writer) error {
 		res.Params += int64(v.Shape().Size())
 	}
 	var step func(x, y *tensors.Tensor) (float32, error)
+	io := func() (int64, int64) { return 0, 0 }
 	if o.child == "offloaded" {
 		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
 		if err != nil {
@@ -170,6 +178,8 @@ func child(o options, w io.Writer) error {
 		}
 		defer tr.Close()
 		res.StateBytes = tr.Offload().StateBytes()
+		rt := tr.Offload().Runtime()
+		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
 	} else {
 		mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
@@ -187,6 +197,7 @@ func child(o options, w io.Writer) error {
 			return err
 		}
 	}
+	r0, w0 := io()
 	for s := range o.steps {
 		x, y := batch(o, o.warm+s)
 		var a, c runtime.MemStats
@@ -202,6 +213,8 @@ func child(o options, w io.Writer) error {
 		res.GCs = append(res.GCs, float64(c.NumGC-a.NumGC))
 		res.Mallocs = append(res.Mallocs, float64(c.Mallocs-a.Mallocs))
 	}
+	r1, w1 := io()
+	res.ReadPerStep, res.WrittenPerStep = float64(r1-r0)/float64(o.steps), float64(w1-w0)/float64(o.steps)
 	res.PeakRSS = peakRSS()
 	return json.NewEncoder(w).Encode(res)
 }
@@ -270,7 +283,7 @@ func bench(o options, w io.Writer) error {
 		for _, mode := range order {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
-				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10)}
+				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows)}
 			cmd := exec.Command(exe, args...)
 			cmd.Stderr = os.Stderr
 			out, err := cmd.Output()
@@ -318,6 +331,10 @@ func bench(o options, w io.Writer) error {
 	row("GC cycles/step", "", func(r result) float64 { return mean(r.GCs) })
 	row("mallocs/step", "", func(r result) float64 { return median(r.Mallocs) })
 	row("peak RSS", " MiB", func(r result) float64 { return float64(r.PeakRSS) / (1 << 20) })
+	rm, rl, rh := stat(off, func(r result) float64 { return r.ReadPerStep / (1 << 20) })
+	wm, wl, wh := stat(off, func(r result) float64 { return r.WrittenPerStep / (1 << 20) })
+	fmt.Fprintf(w, "  NVMe per step (offloaded; the embedding read %s): read %.1f MiB (%.1f..%.1f), written %.1f MiB (%.1f..%.1f)\n",
+		map[bool]string{true: "at the batch's rows", false: "whole (-rows=false)"}[o.rows], rm, rl, rh, wm, wl, wh)
 	o0 := off[0]
 	fmt.Fprintf(w, "  %d parameters; training state %.1f MiB (on NVMe offloaded, in Go memory in the in-memory run); pinned pool %.1f MiB; offloaded peak RSS / state %.2fx\n",
 		o0.Params, float64(o0.StateBytes)/(1<<20), float64(o.pinned)/(1<<20), float64(o0.PeakRSS)/float64(o0.StateBytes))
