@@ -145,12 +145,12 @@ bible:
 DEMO_LLM_DIR ?= /var/tmp/zinf-demo-llm
 CKPT ?= $(if $(wildcard $(DEMO_LLM_DIR)/model.json),$(DEMO_LLM_DIR))
 GEN_MODEL ?= vocab=256,dim=256,layers=8,heads=8,kv-heads=4,ffn=1024
-GEN_FLAGS ?= --pool 16MiB --max-new-tokens 32 --batch auto
+GEN_FLAGS ?= --pool 8MiB --max-new-tokens 32 --batch auto
 demo-generate:
 	cd $(GOMLX_DIR) && ck="$(if $(CKPT),$(abspath $(CKPT)))"; \
 	if [ -n "$$ck" ] && [ -f "$$ck/model.json" ]; then src="--checkpoint $$ck"; \
 	elif [ -n "$$ck" ]; then src="--checkpoint $$ck --model $(GEN_MODEL)"; else src="--model $(GEN_MODEL)"; fi; \
-	CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate $$src $(GEN_FLAGS) --dir $${TMPDIR:-/var/tmp} \
+	ulimit -v 16000000; CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate $$src $(GEN_FLAGS) --dir $${TMPDIR:-/var/tmp} \
 	  --prompt "In the beginning God created the heaven and the earth." \
 	  --prompt "And the earth was without form, and void;" \
 	  --prompt "And God said, Let there be light:" \

@@ -370,7 +370,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	pool := g.Runtime().Metrics().PinnedBytes
 	fmt.Fprintf(stdout, "model: %s; tokenizer %s; %s\n", sp, tok.name, source)
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
-		len(g.Vars()), config.Size(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+		len(g.Vars()), mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
 	if n, b := g.InPlace(); n > 0 {
 		fmt.Fprintf(stdout, "  %d tensors (%s) read in place from their files by O_DIRECT, %d copied into the swap files\n", n, config.Size(b), len(g.Vars())-n)
 	}
@@ -441,7 +441,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		tps = float64(gen-len(prompts)) / decode.Seconds()
 	}
 	fmt.Fprintf(stdout, "generated %d tokens for %d prompts in batches of %d: %d passes, prefill %.1f ms, io-wait %.1f ms, NVMe read %s\n",
-		gen, len(prompts), batch, steps, float64(prefill)/1e6, float64(iowait)/1e6, config.Size(read))
+		gen, len(prompts), batch, steps, float64(prefill)/1e6, float64(iowait)/1e6, mib(read))
 	if len(stepTimes) > 0 {
 		slices.Sort(stepTimes)
 		med := stepTimes[len(stepTimes)/2]
@@ -765,3 +765,7 @@ func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spe
 	}
 	return generate.StoreWeights(store), fmt.Sprintf("a fresh model (no checkpoint; initialized from seed %d)", o.seed), func() { store.Finalize() }, nil
 }
+
+// mib writes a byte count as MiB with one decimal (13038848 -> "12.4 MiB"):
+// config.Size writes a count that is no whole KiB in bytes.
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
