@@ -3,6 +3,7 @@ package zgomlx_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,5 +214,67 @@ func TestEmbeddingRows(t *testing.T) {
 				t.Fatalf("an evaluation read %d bytes of parameters, want %d (the table's %d used rows of %d bytes, the rest whole)", got, want, len(used), 64*4)
 			}
 		})
+	}
+}
+
+// TestLookupRefusals: a Layer.Lookups that the loop cannot honour is
+// refused by Open, naming the layer and what is allowed: on a layer other
+// than the first, a negative input, a variable of another layer; an input
+// the batch does not have fails the step, naming it.
+func TestLookupRefusals(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	b := backend(t)
+	const table = "/token_embed/embeddings"
+	for _, c := range []struct {
+		name string
+		edit func(*zgomlx.Net)
+		want string
+	}{
+		{"not the first layer", func(n *zgomlx.Net) { n.Layers[1].Lookups = []zgomlx.Lookup{{Var: table}} }, "allowed: on the first layer only"},
+		{"negative input", func(n *zgomlx.Net) { n.Layers[0].Lookups = []zgomlx.Lookup{{Var: table, Input: -1}} }, "Input -1 (allowed: >= 0"},
+		{"another layer's variable", func(n *zgomlx.Net) {
+			n.Layers[0].Lookups = []zgomlx.Lookup{{Var: "/final_norm/rms_norm/scale"}}
+		}, "is not a variable of this layer"},
+	} {
+		store := model.NewStore()
+		net, err := zgomlx.TransformerNet(bigVocabModel(store, 100), zgomlx.TransformerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 1, 8)); err != nil {
+			t.Fatal(err)
+		}
+		c.edit(&net)
+		tr, err := zgomlx.Open(ctx, b, testConfig(t, 32<<20), store, net, zgomlx.Options{})
+		if err == nil {
+			tr.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Open returned %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
+
+	// An input the batch lacks: the table must be streamed for its rows
+	// to be read, so this one has 100000 rows.
+	cfg := testConfig(t, 0)
+	cfg.ZeroOptimization.SubGroupSize = 65_536
+	cfg.Zinf.Tiers.CPUPinnedBytes = 64 << 20
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, 100000), zgomlx.TransformerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 1, 8)); err != nil {
+		t.Fatal(err)
+	}
+	net.Layers[0].Lookups = []zgomlx.Lookup{{Var: table, Input: 1}}
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	x, y := repeatBatch(0, 100000)
+	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), "reads its rows from input 1; the batch has 1 inputs") {
+		t.Fatalf("a Lookup of an input the batch lacks: Step returned %v", err)
 	}
 }
