@@ -26,7 +26,11 @@
 // get gradients, int ones such as token ids pass along), keep its
 // variables under several scopes (Layer.Also) and read an earlier
 // layer's variable (Layer.Borrow: tied embeddings, one zinf tensor whose
-// gradient sums both uses). Net.TrainLoss takes GoMLX's train.LossFn.
+// gradient sums both uses). The first layer's Layer.Lookups names a
+// variable its graph only Gathers at an integer input (an embedding
+// table): one that zinf streams is read, and its gradient handed over,
+// at the batch's rows only (TransformerNet sets it on the token table).
+// Net.TrainLoss takes GoMLX's train.LossFn.
 //
 // # GoMLX's zoo transformer
 //
