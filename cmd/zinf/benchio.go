@@ -8,7 +8,7 @@ import (
 	"math"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 )
 
 func init() {

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 )
 
 func init() {

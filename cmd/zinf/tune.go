@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 	"github.com/zinfio/zinf/cmd/zinf/internal/plots"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/internal/probe"
 )
 

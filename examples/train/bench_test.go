@@ -2,8 +2,11 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/stats"
-	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
@@ -94,6 +97,7 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 	rounds := benchInt("ZINF_BENCH_ROUNDS", 9)
 	spec := Spec{Layers: 8, Width: width, Batch: 1, Seed: 1}
 	ctx := context.Background()
+	zinfBin := buildZinf(b)
 	for i := 0; i < b.N; i++ {
 		dir := benchDir(b)
 		cfg := benchConfig(b, dir)
@@ -113,10 +117,7 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 			for _, op := range []string{"write", "read"} {
 				ioDisk.mark()
 				ioDisk.wq = ioDisk.field(10)
-				r, err := iobench.Run(ctx, iobench.Options{Dir: dir, SizeBytes: 128 << 20, Op: op, Loops: 2, Warmup: 0, Engine: eo, Keep: true, FileName: "bench-io.dat", Logger: quiet})
-				if err != nil {
-					b.Fatal(err)
-				}
+				r := zinfIO(b, zinfBin, dir, op, eo)
 				if os.Getenv("ZINF_BENCH_TIMELINE") == "1" {
 					el := float64(time.Since(ioDisk.at)) / 1e6
 					b.Logf("  zinf io %s: %.3f GB/s, device busy %.2f, mean requests in flight %.1f", op, r.GBpsMedian,
@@ -331,4 +332,52 @@ func (d *diskStat) busy() float64 {
 		return -1
 	}
 	return float64(t-d.ticks) / (float64(time.Since(d.at)) / 1e6)
+}
+
+// ioResult is what `zinf io --json` prints that the benchmark reads.
+type ioResult struct {
+	GBpsMedian float64 `json:"gbps_median"`
+}
+
+// buildZinf builds cmd/zinf into a directory the benchmark removes.
+func buildZinf(b *testing.B) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "zinf")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/zinfio/zinf/cmd/zinf").CombinedOutput(); err != nil {
+		b.Fatalf("go build cmd/zinf: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// zinfIO runs `zinf io` (the binary bin) on dir: op ("read" or "write")
+// of a 128 MiB file bench-io.dat, kept, 2 timed loops and no warm-up, with
+// the engine options eo.
+func zinfIO(b *testing.B, bin, dir, op string, eo aio.Options) ioResult {
+	b.Helper()
+	backend := eo.Backend
+	if backend == "" {
+		backend = aio.BackendAuto
+	}
+	direct := map[aio.DirectPolicy]string{aio.DirectOptional: "optional", aio.DirectRequired: "required", aio.DirectOff: "off"}[eo.Direct]
+	args := []string{"io", "--json", "--path", dir, "--size", "128MiB", "--op", op, "--loops", "2", "--warmup", "0", "--keep",
+		"--file", "bench-io.dat", "--backend", backend, "--block-size", strconv.Itoa(eo.BlockSizeBytes),
+		"--queue-depth", strconv.Itoa(eo.QueueDepth), "--parallel", strconv.Itoa(max(eo.IntraOpParallelism, 1)), "--direct", direct}
+	if eo.SingleSubmit {
+		args = append(args, "--single-submit")
+	}
+	if eo.SerialEvents {
+		args = append(args, "--no-overlap-events")
+	}
+	cmd := exec.Command(bin, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("zinf %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	var r ioResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		b.Fatalf("zinf %s: %v in %q", strings.Join(args, " "), err, out)
+	}
+	return r
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 	"github.com/zinfio/zinf/internal/base/stats"
-	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/swapper"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 	"github.com/zinfio/zinf/trace"
 )
 

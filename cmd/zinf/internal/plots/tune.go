@@ -10,7 +10,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 )
 
 // Tune draws a sweep's block size x queue depth grid (its first stage:

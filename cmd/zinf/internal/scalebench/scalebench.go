@@ -32,11 +32,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
 	"github.com/zinfio/zinf/internal/base/blockdev"
 	"github.com/zinfio/zinf/internal/base/stats"
-	"github.com/zinfio/zinf/internal/iobench"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )

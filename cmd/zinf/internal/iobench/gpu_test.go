@@ -246,7 +246,7 @@ func TestFillPatternRanges(t *testing.T) {
 // standinSource returns a file of the repository, relative to this one.
 func standinSource(rel string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", rel)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "..", rel)
 }
 
 // TestRunGPUStandins runs both modes against the stand-in CUDA driver and

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/iobench"
+	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 )
 
 const plantSize = 64 << 10
