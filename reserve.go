@@ -319,7 +319,9 @@ func reserve(in reservationInput) Reservations {
 	if !in.inference {
 		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore, PieceElems: in.pieces.gradElems}, parts, span)
 		r.GradTensor = largestPart(in.mi, parts)
-		if in.layerMajor && in.gradStore != nil {
+		// At one micro-batch layer-major holds nothing: each gradient is
+		// handed once and written behind as micro-batch-major's is.
+		if in.layerMajor && in.gradStore != nil && in.cfg.GradientAccumulationSteps > 1 {
 			r.GradBytes = max(r.GradBytes, layerGradBytes(in, span))
 		}
 		oo := in.optOpts
