@@ -32,11 +32,18 @@ func ParamDType(cfg *config.Config) swapper.DType {
 // EngineOptions maps the config's aio section and zinf's I/O keys to engine
 // options.
 func EngineOptions(cfg *config.Config, log *slog.Logger, faults aio.FaultHook) aio.Options {
+	o := engineOptions(cfg, log, faults)
+	o.Direct, _ = aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	return o
+}
+
+// engineOptions is EngineOptions less the O_DIRECT policy (settingsOf
+// parses it once for the engine and GPUDirect Storage).
+func engineOptions(cfg *config.Config, log *slog.Logger, faults aio.FaultHook) aio.Options {
 	a := cfg.AIO
-	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
 	return aio.Options{Backend: string(cfg.Zinf.Backend), BlockSizeBytes: int(a.BlockSize), QueueDepth: a.QueueDepth,
 		IntraOpParallelism: a.IntraOpParallelism, SingleSubmit: a.SingleSubmit, SerialEvents: !a.OverlapEvents,
-		Direct: d, Logger: log, Faults: faults}
+		Logger: log, Faults: faults}
 }
 
 // Hyper maps the config's optimizer section to the optimizer's rule and
@@ -86,9 +93,17 @@ func GDSMode(cfg *config.Config) string {
 // O_DIRECT policy of zinf.direct, and the swap directories for
 // Available's filesystem check.
 func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
-	d, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	o := gdsOptions(cfg, log)
+	o.Direct, _ = aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	o.Paths = cfg.NVMePaths()
+	return o
+}
+
+// gdsOptions is GDSOptions less the O_DIRECT policy and the paths
+// (settingsOf reads them once).
+func gdsOptions(cfg *config.Config, log *slog.Logger) gds.Options {
 	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
-		Direct: d, Paths: cfg.NVMePaths(), Logger: log}
+		Logger: log}
 }
 
 // BounceOptions maps the config's aio section to the bounce path's
@@ -156,19 +171,20 @@ type deviceSettings struct {
 	simBytes  int64 // the simulated device's capacity
 }
 
-// settingsOf is cfg in each component's words; log and faults go to the
-// engine (and log to the device I/O), totalSteps to the learning-rate
-// schedule (see Options.TotalSteps).
+// settingsOf is cfg in each component's words, in one pass; log and
+// faults go to the engine (and log to the device I/O), totalSteps to the
+// learning-rate schedule (see Options.TotalSteps). The config's own
+// translations come first, then what the other packages read of it
+// (schedule, aio, config), each once.
 func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, totalSteps int) settings {
 	zo := cfg.ZeroOptimization
-	s := settings{engine: EngineOptions(cfg, log, faults), store: storeOptions(cfg, nil), dtype: ParamDType(cfg),
-		device:  deviceSettings{kind: cfg.Zinf.Device, cudaBytes: int64(cfg.Zinf.Tiers.GPUBytes), simBytes: cfg.GPUBytes(0)},
-		gdsMode: GDSMode(cfg), gds: GDSOptions(cfg, log), bounce: BounceOptions(cfg, log),
-		scaler: schedule.LossScalerOptionsOf(cfg), clip: cfg.GradientClipping, speculate: cfg.Zinf.Speculate,
-		nvmePaths: cfg.NVMePaths(), pinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, pinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
+	s := settings{engine: engineOptions(cfg, log, faults), store: storeOptions(cfg, nil), dtype: ParamDType(cfg),
+		device:  deviceSettings{kind: cfg.Zinf.Device, cudaBytes: int64(cfg.Zinf.Tiers.GPUBytes)},
+		gdsMode: GDSMode(cfg), gds: gdsOptions(cfg, log), bounce: BounceOptions(cfg, log),
+		clip: cfg.GradientClipping, speculate: cfg.Zinf.Speculate,
+		pinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, pinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
 		optimizer: optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: cfg.Zinf.PipelineDepth,
 			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg)}}
-	s.sched, s.schedErr = schedule.FromConfig(cfg, totalSteps)
 	if s.speculate == "" {
 		s.speculate = config.SpeculateAuto
 	}
@@ -179,6 +195,13 @@ func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
 		s.optimPaths = pathsFor(cfg, zo.OffloadOptimizer.NVMePath)
 	}
+	s.sched, s.schedErr = schedule.FromConfig(cfg, totalSteps)
+	s.scaler = schedule.LossScalerOptionsOf(cfg)
+	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	s.engine.Direct, s.gds.Direct = direct, direct
+	s.nvmePaths = cfg.NVMePaths()
+	s.gds.Paths = cfg.NVMePaths()
+	s.device.simBytes = cfg.GPUBytes(0)
 	return s
 }
 
