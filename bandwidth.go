@@ -168,6 +168,8 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 	if log == nil {
 		log = slog.Default()
 	}
+	// The probe's engine, built only when a path is probed.
+	eo := EngineOptions(cfg, log, nil)
 	bw := cfg.Zinf.Bandwidth
 	var out Bandwidth
 	var results map[string]probe.PathResult
@@ -236,7 +238,7 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 			continue
 		}
 		if engine == nil {
-			e, err := aio.New(EngineOptions(cfg, log, nil))
+			e, err := aio.New(eo)
 			if err != nil {
 				pb.Detail = fmt.Sprintf("no I/O engine to probe with: %v", err)
 				log.Warn("zinf: cannot probe the NVMe bandwidth; planning with the default figures", "path", path, "err", err)

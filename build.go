@@ -203,7 +203,7 @@ func (r *Runtime) openScheduler(p *planned, opts Options) {
 // alignment, less what their files already hold), naming each short path,
 // the need and the free bytes.
 func (r *Runtime) checkDiskSpace(p *planned) error {
-	needs := diskNeeds(r.Config, r.model, r.Rank, r.World, p.dtype, p.tiers, p.optOpts, p.pieces.gradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+	needs := diskNeeds(r.model, r.Rank, r.World, p.dtype, p.tiers, p.optOpts, p.pieces.gradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
 	if err := swapper.CheckSpace(needs...); err != nil {
 		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
 			r.Rank, swapper.CopyOnWriteVersions, err)

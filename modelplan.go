@@ -265,7 +265,7 @@ func makePlan(in planInput) (*planned, error) {
 		res.LayerMajorPoolBytes = lmPool
 	}
 	p := &ModelPlan{Rank: in.rank, World: in.world, Placement: placement, Reservations: res, Bandwidth: in.bw}
-	p.Disk = diskNeeds(cfg, mi, in.rank, in.world, dtype, tiers, optOpts, pcs.gradElems, in.inference, ps, gs, os)
+	p.Disk = diskNeeds(mi, in.rank, in.world, dtype, tiers, optOpts, pcs.gradElems, in.inference, ps, gs, os)
 	placement.NVMeDiskBytes = p.DiskBytes()
 	// The policy placed tensors without a pinned budget (the reservations
 	// judge pinned memory); its table shows the pool the config gives.
@@ -292,7 +292,7 @@ func makePlan(in planInput) (*planned, error) {
 // diskNeeds is the free space each store needs on each of its paths to
 // hold this rank's NVMe tensors with their copy-on-write copies (see
 // swapper.Store.SpaceNeeds), merged by path in the config's order.
-func diskNeeds(cfg *config.Config, mi *modelInfo, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+func diskNeeds(mi *modelInfo, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
 	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
 	var paramSizes, gradSizes, optimSizes []int64
 	sg := oo.SubGroupSize

@@ -21,7 +21,8 @@ var (
 // and zinf.direct "required" refuses them already (they have no O_DIRECT).
 func warnRAMPaths(paths []string, log *slog.Logger) {
 	for _, p := range paths {
-		fs := ramFilesystem(existingDir(p))
+		dir := existingDir(p)
+		fs := ramFilesystem(dir)
 		if fs == "" {
 			continue
 		}

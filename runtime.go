@@ -214,14 +214,15 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err := checkPoolMemory(int64(s.pinnedBytes)); err != nil {
 		return nil, err
 	}
-	r := &Runtime{Config: cfg, Rank: rank, World: world, DType: s.dtype, log: log, model: mi, inference: opts.Inference,
-		numel: map[string]int{}, inited: map[string]bool{}}
+	// Whatever is built from here on is closed again on failure.
+	r := &Runtime{numel: map[string]int{}, inited: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			r.Close()
 			rt = nil
 		}
 	}()
+	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, rank, world, s.dtype, log, mi, opts.Inference
 	r.trace.init(opts.Trace, rank, len(mi.layers))
 	// Measure what the plan depends on: the swap stores' geometry (their
 	// device's alignment: the stores are opened, on the engine) and the
