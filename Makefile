@@ -161,7 +161,7 @@ demo-generate:
 # variables; not part of make test).
 bench-generate:
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
-	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate.sh
+	ulimit -v 16000000; ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate.sh
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
 # (separate processes, alternating; see BENCHMARKS.md), without and with

@@ -23,7 +23,12 @@ while [ $i -lt 16 ]; do
 	printf 'And God said, %02d\n' $i >>"$work/prompts.txt" # prompts of one length
 	i=$((i + 1))
 done
-echo "model $model; $rounds rounds, $new new tokens; swap files in $dir"
+echo "model $model; $rounds rounds, $new new tokens; swap files in $dir; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# Per run: measured tokens/s at the median full decoding step; (a) the
+# NVMe-bound prediction, batch / (weight bytes per decoding step / the
+# measured read bandwidth) = batch / the plan's weight I/O time, and
+# measured / that; (c) the median step over max(compute, weight + KV I/O),
+# compute as the plan measured it (batch 1 and 4, time less the waits).
 r=1
 while [ $r -le "$rounds" ]; do
 	for pool in $pools; do
@@ -31,20 +36,43 @@ while [ $r -le "$rounds" ]; do
 			head -n "$b" "$work/prompts.txt" >"$work/p.txt"
 			out=$("$bin" --model "$model" --pool "$pool" --batch "$b" --max-new-tokens "$new" --progress=false \
 				--prompts-file "$work/p.txt" --dir "$dir" 2>&1) || { echo "$out"; exit 1; }
-			echo "$out" | awk -v r="$r" -v pool="$pool" -v b="$b" '
-				/^plan: /      { for (i = 1; i <= NF; i++) if ($i == "predicted") pred = $(i+1) }
+			echo "$out" | awk -v r="$r" -v pool="$pool" -v b="$b" -v load="$(cut -d' ' -f1 /proc/loadavg)" '
+				function ms(x) {
+					sub(/[),:]+$/, "", x)
+					if (x ~ /ms$/) { sub(/ms$/, "", x); return x + 0 }
+					if (x ~ /µs$/) { sub(/µs$/, "", x); return x / 1000 }
+					if (x ~ /ns$/) { sub(/ns$/, "", x); return x / 1e6 }
+					sub(/s$/, "", x); return x * 1000
+				}
+				/^plan: / {
+					n = 0
+					for (i = 1; i <= NF; i++) {
+						if ($i == "predicted") pred = $(i+1)
+						if ($i == "I/O") { n++; if (n == 1) io = ms($(i+1)); else kv = ms($(i+1)) }
+						if ($i == "compute") comp = ms($(i+1))
+					}
+				}
 				/^generated /  { for (i = 1; i <= NF; i++) { if ($i == "passes,") passes = $(i-1); if ($i == "io-wait") { w = $(i+1) } } }
-				/^tokens\/s: / { tps = $2; for (i = 1; i <= NF; i++) if ($i == "step") { ms = $(i+1); sub(/^\(/, "", ms) } }
-				END { printf "round %d pool %-6s batch %2d: %7.2f tokens/s (median step %s ms), predicted %7.2f, io-wait %.1f ms per pass\n", r, pool, b, tps, ms, pred, w / passes }'
+				/^tokens\/s: / { tps = $2; for (i = 1; i <= NF; i++) if ($i == "step") { st = $(i+1); sub(/^\(/, "", st) } }
+				END {
+					bound = io + kv; if (comp > bound) bound = comp
+					nvme = b * 1000 / io
+					printf "round %d pool %-6s batch %2d: %7.2f tokens/s step %7.1f ms | NVMe-bound %7.2f a= %.2f | io %6.1f compute %6.1f ms c= %.2f | plan %7.2f tokens/s, io-wait %.1f ms/pass, load %s\n", r, pool, b, tps, st, nvme, tps / nvme, io + kv, comp, st / bound, pred, w / passes, load
+				}'
 		done
 	done
 	r=$((r + 1))
 done | tee "$work/runs.txt"
-echo "medians:"
+echo "medians (min..max) over $rounds rounds; load average now $(cut -d' ' -f1-3 /proc/loadavg):"
 for pool in $pools; do
 	for b in $batches; do
-		grep " pool $pool *batch *$b:" "$work/runs.txt" | awk '{print $7, $14, $17}' | sort -n | awk -v pool="$pool" -v b="$b" '
-			{ t[NR] = $1; p[NR] = $2; w[NR] = $3 }
-			END { m = int((NR + 1) / 2); printf "  pool %-6s batch %2d: %7.2f tokens/s (min %.2f, max %.2f), predicted %.2f, measured / predicted %.2f\n", pool, b, t[m], t[1], t[NR], p[m], t[m] / p[m] }'
+		grep " pool $pool *batch *$b:" "$work/runs.txt" | awk '
+			function med(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } return a[int((n + 1) / 2)] }
+			{ for (i = 1; i <= NF; i++) { if ($i == "tokens/s") t[NR] = $(i-1); if ($i == "a=") a[NR] = $(i+1); if ($i == "c=") c[NR] = $(i+1); if ($i == "NVMe-bound") nb[NR] = $(i+1); if ($i == "io") io[NR] = $(i+1); if ($i == "compute") cp[NR] = $(i+1) } }
+			END {
+				n = NR
+				tm = med(t, n); lo = t[1]; hi = t[n]; am = med(a, n); alo = a[1]; ahi = a[n]; cm = med(c, n); clo = c[1]; chi = c[n]
+				printf "  pool %-6s batch %2d: %7.2f tokens/s (%.2f..%.2f); (a) measured / NVMe-bound %.2f (%.2f..%.2f), NVMe-bound %.2f; (c) step / max(compute, I/O) %.2f (%.2f..%.2f), I/O %.1f ms, compute %.1f ms\n", pool_, b_, tm, lo, hi, am, alo, ahi, med(nb, n), cm, clo, chi, med(io, n), med(cp, n)
+			}' pool_="$pool" b_="$b"
 	done
 done
