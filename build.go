@@ -15,15 +15,18 @@ import (
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
+	"github.com/zinfio/zinf/trace"
 )
 
 // Open's build: each component from the plan alone, once, in dependency
 // order (the engine and the swap stores come first, because the plan
 // depends on their geometry).
 
-// openStores opens the I/O engine (unless Options.Engine gives one) and
+// openStores starts the timeline (Options.Trace), which the stores record
+// into, and opens the I/O engine (unless Options.Engine gives one) and
 // the swap stores the settings ask for, on it.
-func (r *Runtime) openStores(s *settings, engine aio.Engine) (err error) {
+func (r *Runtime) openStores(s *settings, engine aio.Engine, sink trace.Sink) (err error) {
+	r.trace.init(sink, r.Rank, len(r.model.layers))
 	if r.Engine = engine; r.Engine == nil {
 		r.Engine, err = aio.New(s.engine)
 		if err != nil {

@@ -175,7 +175,7 @@ type deviceSettings struct {
 // faults go to the engine (and log to the device I/O), totalSteps to the
 // learning-rate schedule (see Options.TotalSteps). The config's own
 // translations come first, then what the other packages read of it
-// (schedule, aio, config), each once.
+// (schedule, config, aio), each once.
 func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, totalSteps int) settings {
 	zo := cfg.ZeroOptimization
 	s := settings{engine: engineOptions(cfg, log, faults), store: storeOptions(cfg, nil), dtype: ParamDType(cfg),
@@ -197,11 +197,11 @@ func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 	}
 	s.sched, s.schedErr = schedule.FromConfig(cfg, totalSteps)
 	s.scaler = schedule.LossScalerOptionsOf(cfg)
-	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
-	s.engine.Direct, s.gds.Direct = direct, direct
 	s.nvmePaths = cfg.NVMePaths()
 	s.gds.Paths = cfg.NVMePaths()
 	s.device.simBytes = cfg.GPUBytes(0)
+	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
+	s.engine.Direct, s.gds.Direct = direct, direct
 	return s
 }
 

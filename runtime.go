@@ -223,12 +223,11 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		}
 	}()
 	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, rank, world, s.dtype, log, mi, opts.Inference
-	r.trace.init(opts.Trace, rank, len(mi.layers))
 	// Measure what the plan depends on: the swap stores' geometry (their
-	// device's alignment: the stores are opened, on the engine) and the
-	// NVMe bandwidth (configured, from a tune result, cached or probed;
-	// see NVMeBandwidth).
-	if err := r.openStores(&s, opts.Engine); err != nil {
+	// device's alignment: the stores are opened, on the engine, recording
+	// into the timeline) and the NVMe bandwidth (configured, from a tune
+	// result, cached or probed; see NVMeBandwidth).
+	if err := r.openStores(&s, opts.Engine, opts.Trace); err != nil {
 		return nil, err
 	}
 	if opts.Bandwidth != nil {
