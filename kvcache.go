@@ -8,6 +8,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/memlimit"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -175,6 +176,16 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 	p, err := PlanKVCache(r.Config, layers, layerBytes)
 	if err != nil {
 		return nil, err
+	}
+	// The cache's memory (the Go heap, or pinned memory of its own beside
+	// zinf.tiers.cpu_pinned_bytes) is taken whole here: refuse what this
+	// process cannot take (MemAvailable, the cgroup, ulimit -v; the pool is
+	// already mapped, so it is counted) instead of dying out of memory.
+	if need := p.MemoryBytes + p.PinnedBytes; need > 0 {
+		if lim, ok := memlimit.Available(); ok && need > lim.Bytes {
+			return nil, fmt.Errorf("zinf: the KV cache on %s needs %s of memory (%d layers x %s), more than the %s this process may still take (%s): set zinf.kv_cache.device nvme (or auto with zinf.kv_cache.bytes below the cache), or lower the batch or the sequence length: %w",
+				p.Device, config.Size(need), layers, config.Size(layerBytes), config.Size(lim.Bytes), lim.What, buffers.ErrMemory)
+		}
 	}
 	c = &KVCache{plan: p, rt: r, inUse: -1}
 	defer func() {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/memlimit"
 )
 
@@ -54,5 +55,62 @@ func TestOpenPoolBeyondCgroup(t *testing.T) {
 		}
 		slices.Sort(names)
 		t.Fatalf("the refused Open left %v in %s", names, dir)
+	}
+}
+
+// TestKVCacheBeyondMemory: with 1.5 GiB that the process may still take
+// (a faked cgroup), OpenKVCache refuses a 4 GiB cache in memory and on the
+// cpu tier before it takes any of it, wrapping buffers.ErrMemory and naming
+// the tier, the figure, the limit and zinf.kv_cache; on NVMe (pinned
+// staging of three layers) the same cache opens.
+func TestKVCacheBeyondMemory(t *testing.T) {
+	root := t.TempDir()
+	for p, c := range map[string]string{
+		"proc/meminfo":                     "MemAvailable: 1073741824 kB\n",
+		"proc/self/cgroup":                 "0::/job\n",
+		"sys/fs/cgroup/job/memory.max":     "2147483648\n",
+		"sys/fs/cgroup/job/memory.current": "536870912\n",
+	} {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer memlimit.Override(memlimit.Source{Root: root, Rlimit: func(int) (uint64, bool) { return 0, false }})()
+	for _, dev := range []string{"memory", "cpu", "nvme"} {
+		c, _ := testConfig(t)
+		c.Zinf.KVCache.Device = config.KVCacheDevice(dev)
+		rt, err := zinf.Open(c, oneTensor("w", 5000), zinf.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		layerBytes := int64(1 << 30)
+		if dev == "nvme" {
+			layerBytes = 64 << 20 // 3 x 64 MiB of staging; the refusal is what is tested above
+		}
+		kv, err := rt.OpenKVCache(4, layerBytes)
+		if dev == "nvme" {
+			if err != nil {
+				t.Errorf("nvme: OpenKVCache = %v", err)
+			} else if err := kv.Close(); err != nil {
+				t.Error(err)
+			}
+		} else {
+			if !errors.Is(err, buffers.ErrMemory) {
+				t.Errorf("%s: OpenKVCache = %v, want buffers.ErrMemory", dev, err)
+			} else {
+				for _, w := range []string{"KV cache on " + dev, "needs 4GiB", "1536MiB", "zinf.kv_cache.device", "cgroup v2"} {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: error %q does not say %q", dev, err, w)
+					}
+				}
+			}
+		}
+		if err := rt.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

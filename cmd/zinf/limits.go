@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/memlimit"
 	"github.com/zinfio/zinf/internal/base/units"
@@ -197,4 +198,18 @@ func nextPow2(n int64) int64 {
 		p <<= 1
 	}
 	return p
+}
+
+// checkKVMemory refuses a KV cache whose memory (the Go heap, or pinned
+// memory of its own) with the pinned pool is more than this process may
+// take, as rt.OpenKVCache does once the pool is mapped.
+func checkKVMemory(cfg *config.Config, kp zinf.KVCachePlan) error {
+	pool := int64(cfg.Zinf.Tiers.CPUPinnedBytes)
+	need := pool + kp.MemoryBytes + kp.PinnedBytes
+	lim, ok := memlimit.Available()
+	if !ok || kp.MemoryBytes+kp.PinnedBytes == 0 || need <= lim.Bytes {
+		return nil
+	}
+	return fmt.Errorf("the KV cache on %s (%s) and zinf.tiers.cpu_pinned_bytes (%s) need %s, more than the %s of memory available (%s): set zinf.kv_cache.device nvme (or auto with zinf.kv_cache.bytes below the cache), or plan a shorter --kv-seq or a smaller batch",
+		kp.Device, units.FormatBytesExact(kp.MemoryBytes+kp.PinnedBytes), units.FormatBytesExact(pool), units.FormatBytesExact(need), units.FormatBytesExact(lim.Bytes), lim.What)
 }

@@ -103,6 +103,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stdout, "\nOpen refuses this KV cache: %v\n", err)
 		} else {
 			fmt.Fprintf(stdout, "\n%s\n", kp)
+			if err := checkKVMemory(cfg, kp); err != nil {
+				fmt.Fprintf(stdout, "\nOpen refuses this KV cache on this machine: %v\n", err)
+			}
 		}
 	}
 	res := p.Reservations

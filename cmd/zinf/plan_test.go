@@ -124,3 +124,25 @@ func TestPlanKVCache(t *testing.T) {
 		t.Fatalf("--kv-seq -1: exit %d, %s", code, errs)
 	}
 }
+
+// TestPlanKVCacheBeyondMemory: in a 2 GiB memory cgroup (faked), plan
+// --kv-seq reports that Open would refuse a 16 GiB KV cache in memory with
+// the pinned pool, naming both figures, the limit and what to change; a
+// cache that fits says nothing of the kind.
+func TestPlanKVCacheBeyondMemory(t *testing.T) {
+	fakeCgroup(t, 2<<30, 0)
+	code, out, errs := runCLI(t, "plan", "--model", "layers=4,width=4096,dtype=bf16,batch=64", "--kv-seq", "4096", "--no-probe")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "16 GiB cache", out, "kv cache: memory, 4 layers x 4GiB = 16GiB in memory",
+		"Open refuses this KV cache on this machine: the KV cache on memory (16 GiB (17179869184 bytes))",
+		"more than the 2 GiB", "cgroup", "zinf.kv_cache.device nvme")
+	code, out, errs = runCLI(t, "plan", "--model", "layers=4,width=256,dtype=bf16,batch=8", "--kv-seq", "1024", "--no-probe")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	if strings.Contains(out, "Open refuses this KV cache") {
+		t.Fatalf("a 32 MiB cache in a 2 GiB cgroup is refused:\n%s", out)
+	}
+}
