@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/zinfio/zinf/swapper/param"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -90,3 +91,6 @@ func (m Model) check() (*modelInfo, error) {
 	}
 	return mi, nil
 }
+
+// partition is this rank's element range of a tensor of numel elements.
+func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }

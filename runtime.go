@@ -271,9 +271,6 @@ func (r *Runtime) Bandwidth() Bandwidth {
 // ModelPlan.Disk); Open checked it.
 func (r *Runtime) DiskNeeds() []swapper.SpaceNeed { return append([]swapper.SpaceNeed(nil), r.disk...) }
 
-// partition is this rank's element range of a tensor of numel elements.
-func partition(numel, rank, world int) (lo, hi int) { return param.Partition(numel, rank, world) }
-
 // Init sets a tensor's initial values: values is the FULL tensor in fp32
 // (this rank keeps its partition). The parameter is stored in the param
 // dtype on its planned tier, the optimizer keeps the fp32 master and zeroed
