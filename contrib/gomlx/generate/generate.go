@@ -326,7 +326,7 @@ func (g *Generator) headExec(s Sampling) (*model.Exec, error) {
 	m := g.m
 	e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, x *graph.Node) *graph.Node {
 		m.Scope = m.Scope.ResetVisited()
-		return sample.SampleWithStrategy(scope, head(m, x), k.strategy, k.temperature, k.topK, k.topP)
+		return Sample(scope, head(m, x), k.strategy, k.temperature, k.topK, k.topP)
 	})
 	if err != nil {
 		return nil, err
