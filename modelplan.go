@@ -382,16 +382,6 @@ const ParamChecksumBytes = 16 << 10
 // DefaultPieceBytes is Options.PieceBytes's default: 4 MiB.
 const DefaultPieceBytes = 4 << 20
 
-// pieces is how big tensors move (see Options.PieceBytes): parameter
-// partitions larger than paramBytes are streamed in pieces of paramBytes;
-// gradients longer than gradElems are kept in pieces of gradElems (a
-// multiple of the optimizer's sub-group, which is at most a piece). Zero
-// fields: whole.
-type pieces struct {
-	paramBytes int64
-	gradElems  int
-}
-
 // planPieces resolves Options.PieceBytes (0: DefaultPieceBytes; < 0:
 // off) for the stores, and caps the optimizer's sub-group at a piece of
 // gradient so that no sub-group's record or gradient slice is larger.
@@ -420,4 +410,12 @@ func planPieces(pieceBytes int64, deviceIO bool, param, grad *swapper.Store, oo 
 		pc.gradElems = elems / sg * sg
 	}
 	return pc
+}
+
+// tiersWith is TiersFor with the NVMe bandwidth given.
+func tiersWith(cfg *config.Config, bw Bandwidth, rts []*Runtime) policy.Tiers {
+	gpuBytes, cpuBytes := tierBytes(cfg, rts)
+	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
+		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
+		PoolGranuleBytes: buffers.DefaultMinBufferBytes}
 }

@@ -3,7 +3,6 @@ package zinf
 import (
 	"time"
 
-	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/policy"
 )
@@ -26,14 +25,6 @@ func TiersFor(cfg *config.Config, rts ...*Runtime) policy.Tiers {
 		}
 	}
 	return tiersWith(cfg, bw, rts)
-}
-
-// tiersWith is TiersFor with the NVMe bandwidth given.
-func tiersWith(cfg *config.Config, bw Bandwidth, rts []*Runtime) policy.Tiers {
-	gpuBytes, cpuBytes := tierBytes(cfg, rts)
-	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
-		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
-		PoolGranuleBytes: buffers.DefaultMinBufferBytes}
 }
 
 // staticBandwidth is NVMeBandwidth without a file, a cache or a probe:

@@ -433,3 +433,13 @@ func checkPoolMemory(pool int64) error {
 	return fmt.Errorf("zinf: zinf.tiers.cpu_pinned_bytes = %s is more than the %s of memory this process may still take (%s): lower zinf.tiers.cpu_pinned_bytes: %w",
 		units.FormatBytesExact(pool), units.FormatBytesExact(lim.Bytes), lim.What, buffers.ErrMemory)
 }
+
+// pieces is how big tensors move (see Options.PieceBytes): parameter
+// partitions larger than paramBytes are streamed in pieces of paramBytes;
+// gradients longer than gradElems are kept in pieces of gradElems (a
+// multiple of the optimizer's sub-group, which is at most a piece). Zero
+// fields: whole.
+type pieces struct {
+	paramBytes int64
+	gradElems  int
+}

@@ -338,15 +338,15 @@ func modelShape(given map[string][]int64, names []string, numel map[string]int) 
 		if !ok {
 			return nil, &checkpoint.Error{Op: "save", Tensor: n, Err: fmt.Errorf("%w: CheckpointMeta.ModelShape lacks registered parameter %q", checkpoint.ErrShape, n)}
 		}
-		if e := elements(s); e != int64(numel[n]) {
+		if e := shapeElems(s); e != int64(numel[n]) {
 			return nil, &checkpoint.Error{Op: "save", Tensor: n, Err: fmt.Errorf("%w: CheckpointMeta.ModelShape gives %q shape %v (%d elements), the runtime registered %d", checkpoint.ErrShape, n, s, e, numel[n])}
 		}
 	}
 	return given, nil
 }
 
-// elements is the product of shape (-1 for a negative dimension).
-func elements(shape []int64) int64 {
+// shapeElems is the product of shape (-1 for a negative dimension).
+func shapeElems(shape []int64) int64 {
 	n := int64(1)
 	for _, d := range shape {
 		if d < 0 {
@@ -396,7 +396,7 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 		for k, suffix := range stateSuffixes(rt) {
 			k := k
 			optim.Tensors = append(optim.Tensors, checkpoint.FromFunc(name+suffix, swapper.Float32, []int64{int64(n)}, 4*int64(n),
-				func(ctx context.Context, dst []byte, off int64) error { return src.read(ctx, k, dst, off) }))
+				func(ctx context.Context, dst []byte, off int64) error { return src.readState(ctx, k, dst, off) }))
 		}
 	}
 	pj, err := json.Marshal(parts)
@@ -506,7 +506,7 @@ type stateSource struct {
 	have [][]float32 // master, then the rule's states
 }
 
-func (s *stateSource) read(ctx context.Context, k int, dst []byte, off int64) error {
+func (s *stateSource) readState(ctx context.Context, k int, dst []byte, off int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.have == nil || s.have[k] == nil {
@@ -778,7 +778,7 @@ func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapp
 		if p[2] != numel[n] {
 			return fail(n, fmt.Errorf("%w: parameter %q has %d elements in the checkpoint, %d in the runtime", checkpoint.ErrShape, n, p[2], numel[n]))
 		}
-		if sh, ok := m.ModelShape[n]; ok && elements(sh) != int64(numel[n]) {
+		if sh, ok := m.ModelShape[n]; ok && shapeElems(sh) != int64(numel[n]) {
 			return fail(n, fmt.Errorf("%w: the checkpoint's model shape of %q is %v, the runtime has %d elements", checkpoint.ErrShape, n, sh, numel[n]))
 		}
 	}
