@@ -119,16 +119,16 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOption
 	s := settingsOf(cfg, log, nil, 0)
 	in := planInput{cfg: cfg, s: &s, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference, bw: bw, pieceBytes: opts.PieceBytes,
 		gather: opts.GatherLayers}
-	sizing := func(paths []string) (*swapper.Store, error) {
-		return swapper.SizingStore(s.storeOptions(paths), swapper.DefaultDiskAlignment)
+	sizing := func(o swapper.StoreOptions) (*swapper.Store, error) {
+		return swapper.SizingStore(o, swapper.DefaultDiskAlignment)
 	}
-	if s.paramPaths != nil {
-		if in.param, err = sizing(s.paramPaths); err != nil {
+	if s.paramStore.Paths != nil {
+		if in.param, err = sizing(s.paramStore); err != nil {
 			return nil, fmt.Errorf("zinf: param swap store: %w", err)
 		}
 	}
-	if s.optimPaths != nil {
-		if in.optim, err = sizing(s.optimPaths); err != nil {
+	if s.optimStore.Paths != nil {
+		if in.optim, err = sizing(s.optimStore); err != nil {
 			return nil, fmt.Errorf("zinf: optim swap store: %w", err)
 		}
 		in.grad = in.optim

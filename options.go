@@ -140,12 +140,11 @@ func HintsFor(cfg *config.Config, layers int, computePerLayer time.Duration) pol
 // reads no file and opens nothing.
 type settings struct {
 	engine aio.Options
-	// paramPaths are the parameter store's directories, optimPaths the
-	// optimizer and gradient stores'; nil where the config keeps that
-	// state in memory.
-	paramPaths, optimPaths []string
-	nvmePaths              []string             // every swap directory (config.Config.NVMePaths)
-	store                  swapper.StoreOptions // every store's, Paths aside
+	// paramStore is the parameter store's options, optimStore the
+	// optimizer and gradient stores' (Engine, Name and Logger aside); no
+	// Paths where the config keeps that state in memory.
+	paramStore, optimStore swapper.StoreOptions
+	nvmePaths              []string // every swap directory (config.Config.NVMePaths)
 	dtype                  swapper.DType
 	device                 deviceSettings
 	gdsMode                string // GDSMode
@@ -178,7 +177,7 @@ type deviceSettings struct {
 // (schedule, config, aio), each once.
 func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, totalSteps int) settings {
 	zo := cfg.ZeroOptimization
-	s := settings{engine: engineOptions(cfg, log, faults), store: storeOptions(cfg, nil), dtype: ParamDType(cfg),
+	s := settings{engine: engineOptions(cfg, log, faults), dtype: ParamDType(cfg),
 		device:  deviceSettings{kind: cfg.Zinf.Device, cudaBytes: int64(cfg.Zinf.Tiers.GPUBytes)},
 		gdsMode: GDSMode(cfg), gds: gdsOptions(cfg, log), bounce: BounceOptions(cfg, log),
 		clip: cfg.GradientClipping, speculate: cfg.Zinf.Speculate,
@@ -189,11 +188,11 @@ func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 		s.speculate = config.SpeculateAuto
 	}
 	if zo.OffloadParam.Device == config.OffloadNVMe {
-		s.paramPaths = pathsFor(cfg, zo.OffloadParam.NVMePath)
+		s.paramStore = storeOptions(cfg, pathsFor(cfg, zo.OffloadParam.NVMePath))
 		s.maxInCPU = zo.OffloadParam.MaxInCPU
 	}
 	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
-		s.optimPaths = pathsFor(cfg, zo.OffloadOptimizer.NVMePath)
+		s.optimStore = storeOptions(cfg, pathsFor(cfg, zo.OffloadOptimizer.NVMePath))
 	}
 	s.sched, s.schedErr = schedule.FromConfig(cfg, totalSteps)
 	s.scaler = schedule.LossScalerOptionsOf(cfg)
@@ -203,11 +202,4 @@ func settingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
 	s.engine.Direct, s.gds.Direct = direct, direct
 	return s
-}
-
-// storeOptions is a swap store's options on paths.
-func (s *settings) storeOptions(paths []string) swapper.StoreOptions {
-	o := s.store
-	o.Paths = paths
-	return o
 }
