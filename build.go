@@ -35,35 +35,34 @@ func (r *Runtime) openStores(s *settings, engine aio.Engine, sink trace.Sink) (e
 		r.ownEngine = true
 	}
 	warnRAMPaths(s.nvmePaths, r.log)
+	// openStore opens the swap store name ("param", "optim" or "grad") with
+	// the settings' options o, on the runtime's engine, recording into its
+	// timeline.
+	openStore := func(name string, o swapper.StoreOptions) (*swapper.Store, error) {
+		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, r.Rank), r.log, r.trace.store(name)
+		if name == "param" {
+			o.ChecksumBytes = ParamChecksumBytes
+		}
+		st, err := swapper.OpenStore(o)
+		if err != nil {
+			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
+		}
+		return st, nil
+	}
 	if s.paramStore.Paths != nil {
-		if r.ParamStore, err = r.openStore("param", s.paramStore); err != nil {
+		if r.ParamStore, err = openStore("param", s.paramStore); err != nil {
 			return err
 		}
 	}
 	if s.optimStore.Paths != nil {
-		if r.OptimStore, err = r.openStore("optim", s.optimStore); err != nil {
+		if r.OptimStore, err = openStore("optim", s.optimStore); err != nil {
 			return err
 		}
-		if r.GradStore, err = r.openStore("grad", s.optimStore); err != nil {
+		if r.GradStore, err = openStore("grad", s.optimStore); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// openStore opens the swap store name ("param", "optim" or "grad") with
-// the settings' options o, on the runtime's engine, recording into its
-// timeline.
-func (r *Runtime) openStore(name string, o swapper.StoreOptions) (*swapper.Store, error) {
-	o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, r.Rank), r.log, r.trace.store(name)
-	if name == "param" {
-		o.ChecksumBytes = ParamChecksumBytes
-	}
-	st, err := swapper.OpenStore(o)
-	if err != nil {
-		return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
-	}
-	return st, nil
 }
 
 // build checks the plan against the pool and the disk, then builds the
