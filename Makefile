@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate demo-llm bible bench-llm
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate demo-llm bible bench-llm bench-llm-big
 
 all: build
 
@@ -127,6 +127,21 @@ bench-llm:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
 	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS)
+
+# One run whose training state exceeds this machine's RAM (not in make
+# test; about 30 GiB written to TMPDIR, default /var/tmp, which needs twice the
+# state free for zinf's copy-on-write swap files, and deleted after): the
+# zoo transformer (24 blocks, d=2048, 16 heads, FFN 8192, vocab 100277,
+# tied head: 1.41 B parameters, 26.3 GiB of state) created layer by layer
+# straight into zinf, trained 2 steps with a progress line each; step time
+# against max(the executors' compute, the plan's disk-bound prediction),
+# peak RSS against pinned pool + activations + 512 MiB, disk bytes
+# (BENCHMARKS.md). BIG_FLAGS to change the model.
+BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -batch 1 -seq 16 -steps 2 -pinned 0
+bench-llm-big:
+	mkdir -p $(BIN)
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
+	ulimit -v 18000000; $(abspath $(BIN))/zinf-benchllm -big $(BIG_FLAGS) -dir $${TMPDIR:-/var/tmp}
 
 bible:
 	@if ! command -v bible >/dev/null 2>&1 || [ ! -f /usr/lib/bible.data ]; then \

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
 	"github.com/zinfio/zinf/config"
@@ -120,6 +121,20 @@ func (o *Offload) initLayer(ctx context.Context, backend compute.Backend, l int,
 			tmp.SetParam(k, val)
 		}
 		defer tmp.Finalize()
+		// A borrowed variable (a tied head's table) is an earlier layer's,
+		// initialized there: the scratch Store has it with a value (zeros,
+		// whose untouched pages cost no memory) so that the layer's graph
+		// finds it and InitializeVariables draws nothing for it.
+		for _, name := range layer.Borrow {
+			sv := o.store.GetVariable(name)
+			if sv == nil {
+				return fmt.Errorf("borrowed variable %q is not in the Store (its layer creates it first)", name)
+			}
+			dir, base := model.SplitPath(name)
+			if _, err := tmp.Scope(dir).CreateVariable(base, tensors.FromShape(sv.Shape())); err != nil {
+				return fmt.Errorf("borrowed variable %q: %w", name, err)
+			}
+		}
 		if _, err := trace(backend, tmp, layer, x, false); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
@@ -60,6 +61,9 @@ type loop struct {
 	outF    []int // float outputs per layer
 	// outs are the last layer's outputs of a modeForward run.
 	outs []*tensors.Tensor
+	// compute sums the executors' run time (forward, loss, backward), as
+	// the worker measured each call.
+	compute time.Duration
 }
 
 // job is one executor call for the worker.
@@ -71,13 +75,16 @@ type job struct {
 type result struct {
 	outs []*tensors.Tensor
 	err  error
+	took time.Duration // the call's run time
 }
 
 // work runs jobs until the channel closes.
 func work(jobs <-chan job, results chan<- result) {
 	for j := range jobs {
 		var r result
+		t0 := time.Now()
 		r.outs, r.err = j.exec.Call(j.args...)
+		r.took = time.Since(t0)
 		results <- r
 	}
 }
@@ -173,7 +180,11 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		}
 		lp.jobs <- job{exec: e, args: a}
 	}
-	wait := func() ([]*tensors.Tensor, error) { r := <-lp.results; return r.outs, r.err }
+	wait := func() ([]*tensors.Tensor, error) {
+		r := <-lp.results
+		lp.compute += r.took
+		return r.outs, r.err
+	}
 
 	lp.src.startPass(true)
 	if err := lp.src.bind(ctx, 0); err != nil {

@@ -66,10 +66,20 @@ type Timings struct {
 	// Commit is the time in the optimizer commit (zinf.Runtime.Step):
 	// waiting for the updates still running, writing the last ones.
 	Commit time.Duration
+	// Compute is not zinf's: the time the layers' executors ran
+	// (forward, loss, backward, each call timed where it runs), summed
+	// over steps, evaluations and forward passes. Wall time minus Compute
+	// is what the step waited for besides compute.
+	Compute time.Duration
 }
 
-// Timings returns the time spent in zinf so far.
-func (t *Trainer) Timings() Timings { return t.times }
+// Timings returns the time spent in zinf so far, and the executors'
+// compute time.
+func (t *Trainer) Timings() Timings {
+	tm := t.times
+	tm.Compute = t.lp.compute
+	return tm
+}
 
 // NewTrainer builds net's per-layer executors over off's variables on
 // backend, which must share its buffers with Go (the pure-Go backend).

@@ -49,6 +49,10 @@ type options struct {
 	pinned              int64
 	child, dir          string
 	rows                bool
+	// -big: one offloaded process, created layer by layer (bench-llm-big).
+	big, tied  bool
+	heads, ffn int
+	subgroup   int
 }
 
 func main() {
@@ -61,10 +65,15 @@ func main() {
 	flag.IntVar(&o.vocab, "vocab", 100277, "vocabulary (cl100k_base's by default)")
 	flag.IntVar(&o.batch, "batch", 2, "sequences per batch")
 	flag.IntVar(&o.seq, "seq", 32, "tokens per sequence")
-	flag.Int64Var(&o.pinned, "pinned", 32<<20, "zinf.tiers.cpu_pinned_bytes")
+	flag.Int64Var(&o.pinned, "pinned", 32<<20, "zinf.tiers.cpu_pinned_bytes (-big: 0 sizes it from the plan: its minimum plus two layers)")
 	flag.StringVar(&o.dir, "dir", "/var/tmp", "directory for the swap files")
 	flag.BoolVar(&o.rows, "rows", true, "read the embedding at the batch's rows (TransformerNet's Layer.Lookups); false reads it whole")
 	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded or memory) and print JSON")
+	flag.BoolVar(&o.big, "big", false, "train one offloaded model created layer by layer (zgomlx.Create) for -steps steps with a progress line each, a model whose state may exceed RAM (make bench-llm-big); no in-memory run")
+	flag.BoolVar(&o.tied, "tied", false, "-big: tie the output head to the embedding table (TransformerOptions.TieEmbeddings)")
+	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
+	flag.IntVar(&o.ffn, "ffn", 0, "-big: FFN width (0: 4 x dim)")
+	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var errs []string
@@ -80,6 +89,18 @@ func main() {
 	if o.dim%8 != 0 {
 		errs = append(errs, fmt.Sprintf("-dim %d (allowed: a multiple of 8, the head size)", o.dim))
 	}
+	if o.heads < 0 || (o.heads > 0 && o.dim%o.heads != 0) {
+		errs = append(errs, fmt.Sprintf("-heads %d (allowed: 0, or a divisor of -dim %d)", o.heads, o.dim))
+	}
+	if o.ffn < 0 {
+		errs = append(errs, fmt.Sprintf("-ffn %d (allowed: 0 for 4 x dim, or > 0)", o.ffn))
+	}
+	if o.subgroup < 1 {
+		errs = append(errs, fmt.Sprintf("-subgroup %d (allowed: >= 1)", o.subgroup))
+	}
+	if o.big && o.child != "" {
+		errs = append(errs, "-big with -child (allowed: one of them)")
+	}
 	if o.child != "" && o.child != "offloaded" && o.child != "memory" {
 		errs = append(errs, fmt.Sprintf("-child %q (allowed: offloaded, memory)", o.child))
 	}
@@ -88,9 +109,12 @@ func main() {
 		os.Exit(2)
 	}
 	var err error
-	if o.child != "" {
+	switch {
+	case o.big:
+		err = big(o, os.Stdout)
+	case o.child != "":
 		err = child(o, os.Stdout)
-	} else {
+	default:
 		err = bench(o, os.Stdout)
 	}
 	if err != nil {

@@ -1,0 +1,57 @@
+package zgomlx_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/ml/model"
+
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// TestTimingsCompute: Timings().Compute is the executors' run time: zero
+// before anything ran, growing with every step and evaluation, and never
+// more than the wall time of the calls that ran them.
+func TestTimingsCompute(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	b := backend(t)
+	net := mlpNet(64, 64, 8)
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(3))
+	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, shapes.Make(dtypes.Float32, 16, 32), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if c := tr.Timings().Compute; c != 0 {
+		t.Fatalf("Compute %v before any step (want 0)", c)
+	}
+	var wall, last time.Duration
+	for i := range 3 {
+		x, y := mlpBatch(i, 16, 32, 8)
+		t0 := time.Now()
+		if _, err := tr.Step(ctx, x, y); err != nil {
+			t.Fatal(err)
+		}
+		wall += time.Since(t0)
+		c := tr.Timings().Compute
+		if c <= last {
+			t.Fatalf("step %d: Compute %v, not more than %v before it", i, c, last)
+		}
+		if c > wall {
+			t.Fatalf("step %d: Compute %v exceeds the steps' wall time %v", i, c, wall)
+		}
+		last = c
+	}
+	x, y := mlpBatch(9, 16, 32, 8)
+	t0 := time.Now()
+	if _, err := tr.EvalLoss(ctx, x, y); err != nil {
+		t.Fatal(err)
+	}
+	wall += time.Since(t0)
+	if c := tr.Timings().Compute; c <= last || c > wall {
+		t.Fatalf("after EvalLoss: Compute %v (before %v, wall of all calls %v)", c, last, wall)
+	}
+}
