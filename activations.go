@@ -10,6 +10,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -119,19 +120,19 @@ func (r *Runtime) OpenActivations(maxEntryBytes int64) (a *Activations, err erro
 	if pinned == 0 {
 		pinned = DefaultActivationCPUBytes
 	}
-	granule := granuleBytes()
+	granule := plan.GranuleBytes()
 	if a.device != config.ActivationsCPU {
 		if len(r.Config.NVMePaths()) == 0 {
 			if a.device == config.ActivationsNVMe {
 				return nil, errors.New(`zinf: zinf.activations.device "nvme" needs an NVMe path (zinf.nvme_paths or an offload nvme_path)`)
 			}
 		} else {
-			o := storeOptions(r.Config, r.Config.NVMePaths())
+			o := plan.StoreOptions(r.Config, r.Config.NVMePaths())
 			o.Engine, o.Name, o.Logger = r.Engine, fmt.Sprintf("act-rank%d", r.Rank), r.log
 			if a.store, err = swapper.OpenStore(o); err != nil {
 				return nil, fmt.Errorf("zinf: activations swap store: %w", err)
 			}
-			granule = granuleBytes(a.store)
+			granule = plan.GranuleBytes(a.store)
 			// Staging: a write behind and the reads ahead, at the least.
 			stage := int64(activationPrefetch+2) * buffers.SpanBytes(a.store.PaddedLen(maxEntryBytes), int(granule))
 			if a.device == config.ActivationsNVMe && (ac.CPUBytes == 0 || pinned > stage) {

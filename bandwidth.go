@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,15 +14,8 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/internal/probe"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
-)
-
-// Default NVMe bandwidths for a path nothing measured or configured:
-// conservative figures for one datacenter NVMe drive. `zinf tune` and the
-// probe at Open measure the real ones (see config.Bandwidth).
-const (
-	DefaultNVMeReadBps  = 2e9
-	DefaultNVMeWriteBps = 1.5e9
 )
 
 // BandwidthProbeTimeout bounds a probe of one path at Open: a drive slower
@@ -31,111 +23,27 @@ const (
 // defaults (and a warning) rather than holding Open up.
 const BandwidthProbeTimeout = 5 * time.Second
 
-// BandwidthSource says where a path's bandwidth figure came from.
-type BandwidthSource string
-
-// The sources, in the order they are tried.
-const (
-	// BandwidthFromConfig: zinf.bandwidth.read_bytes_per_sec and
-	// write_bytes_per_sec.
-	BandwidthFromConfig BandwidthSource = "config"
-	// BandwidthFromFile: the path's entry in zinf.bandwidth.file (a `zinf
-	// tune --bandwidth-file` result).
-	BandwidthFromFile BandwidthSource = "tune file"
-	// BandwidthFromCache: an earlier probe's result, cached in the path.
-	BandwidthFromCache BandwidthSource = "probe cache"
-	// BandwidthFromProbe: measured now.
-	BandwidthFromProbe BandwidthSource = "probe"
-	// BandwidthDefault: DefaultNVMeReadBps and DefaultNVMeWriteBps.
-	BandwidthDefault BandwidthSource = "default"
+// The NVMe bandwidth a plan uses (package plan has the types).
+type (
+	// Bandwidth is the NVMe bandwidth a plan uses, per path (plan.Bandwidth).
+	Bandwidth = plan.Bandwidth
+	// PathBandwidth is one NVMe path's bandwidth and its source.
+	PathBandwidth = plan.PathBandwidth
+	// BandwidthSource says where a path's bandwidth figure came from.
+	BandwidthSource = plan.BandwidthSource
 )
 
-// PathBandwidth is one NVMe path's sequential bandwidth and its source.
-type PathBandwidth struct {
-	Path              string
-	ReadBps, WriteBps float64
-	Source            BandwidthSource
-	// Detail says more about the source: the file and entry, when the
-	// probe measured, or why the default is used.
-	Detail string
-}
-
-// Bandwidth is the NVMe bandwidth a plan uses: one entry per NVMe path of
-// the config (config.Config.NVMePaths), in its order.
-type Bandwidth struct {
-	Paths []PathBandwidth
-	// pending holds the measurements of a BandwidthOptions.DeferCache
-	// call, to be cached by storeProbes once the run goes ahead.
-	pending []pendingProbe
-}
-
-// pendingProbe is a measurement not yet written to its path's cache.
-type pendingProbe struct {
-	path string
-	r    probe.Result
-}
-
-// storeProbes writes the measurements NVMeBandwidth deferred to their
-// paths' cache files (see probe.Store), once.
-func (b *Bandwidth) storeProbes(log *slog.Logger) {
-	for _, p := range b.pending {
-		probe.Store(p.path, p.r, probe.Options{Logger: log})
-	}
-	b.pending = nil
-}
-
-// ReadBps is the paths' read bandwidth added up (swap files are striped
-// over them).
-func (b Bandwidth) ReadBps() float64 {
-	var s float64
-	for _, p := range b.Paths {
-		s += p.ReadBps
-	}
-	return s
-}
-
-// WriteBps is the paths' write bandwidth added up.
-func (b Bandwidth) WriteBps() float64 {
-	var s float64
-	for _, p := range b.Paths {
-		s += p.WriteBps
-	}
-	return s
-}
-
-// Source summarizes the paths' sources: the one source when they share
-// it, else each with its count ("probe x1, default x1").
-func (b Bandwidth) Source() string {
-	count := map[BandwidthSource]int{}
-	var order []BandwidthSource
-	for _, p := range b.Paths {
-		if count[p.Source] == 0 {
-			order = append(order, p.Source)
-		}
-		count[p.Source]++
-	}
-	if len(order) == 1 {
-		return string(order[0])
-	}
-	parts := make([]string, len(order))
-	for i, s := range order {
-		parts[i] = fmt.Sprintf("%s x%d", s, count[s])
-	}
-	return strings.Join(parts, ", ")
-}
-
-// String lists each path's figures and source, one per line.
-func (b Bandwidth) String() string {
-	var sb strings.Builder
-	for _, p := range b.Paths {
-		fmt.Fprintf(&sb, "  %s: read %s/s, write %s/s (%s", p.Path, units.FormatBytes(int64(p.ReadBps)), units.FormatBytes(int64(p.WriteBps)), p.Source)
-		if p.Detail != "" {
-			fmt.Fprintf(&sb, ": %s", p.Detail)
-		}
-		sb.WriteString(")\n")
-	}
-	return sb.String()
-}
+// The sources of a path's bandwidth, in the order they are tried, and the
+// defaults (see plan.BandwidthSource).
+const (
+	BandwidthFromConfig = plan.BandwidthFromConfig
+	BandwidthFromFile   = plan.BandwidthFromFile
+	BandwidthFromCache  = plan.BandwidthFromCache
+	BandwidthFromProbe  = plan.BandwidthFromProbe
+	BandwidthDefault    = plan.BandwidthDefault
+	DefaultNVMeReadBps  = plan.DefaultNVMeReadBps
+	DefaultNVMeWriteBps = plan.DefaultNVMeWriteBps
+)
 
 // BandwidthOptions adjust NVMeBandwidth.
 type BandwidthOptions struct {
@@ -148,10 +56,6 @@ type BandwidthOptions struct {
 	// Logger receives warnings (a probe that failed, a cache file that
 	// cannot be used). Default slog.Default().
 	Logger *slog.Logger
-	// deferCache measures without writing the probe cache: Open and
-	// PlanModel write it (storeProbes) only once the config is accepted,
-	// so that a refused config leaves nothing in the NVMe path.
-	deferCache bool
 }
 
 // NVMeBandwidth returns each NVMe path's bandwidth for cfg, from the first
@@ -168,26 +72,50 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 	if log == nil {
 		log = slog.Default()
 	}
-	// The probe's engine, built only when a path is probed.
-	eo := EngineOptions(cfg, log, nil)
-	bw := cfg.Zinf.Bandwidth
+	bw, _, err := measureBandwidth(ctx, plan.BandwidthSettingsOf(cfg, log), opts.Engine, opts.NoProbe, false, log)
+	return bw, err
+}
+
+// pendingProbe is a measurement not yet written to its path's cache.
+type pendingProbe struct {
+	path string
+	r    probe.Result
+}
+
+// storeProbes writes the measurements measureBandwidth deferred to their
+// paths' cache files (see probe.Store).
+func storeProbes(pending []pendingProbe, log *slog.Logger) {
+	for _, p := range pending {
+		probe.Store(p.path, p.r, probe.Options{Logger: log})
+	}
+}
+
+// measureBandwidth is NVMeBandwidth from the config's bandwidth settings s;
+// engine, when not nil, moves the probe's bytes. With deferCache it
+// measures without writing the probe cache and returns the measurements
+// to cache: Open and PlanModel write them (storeProbes) only once the
+// config is accepted, so that a refused config leaves nothing in the NVMe
+// path.
+func measureBandwidth(ctx context.Context, s plan.BandwidthSettings, engine aio.Engine, noProbe, deferCache bool, log *slog.Logger) (Bandwidth, []pendingProbe, error) {
+	bw := s.Config
 	var out Bandwidth
+	var pending []pendingProbe
 	var results map[string]probe.PathResult
-	file := cfg.BandwidthFile()
+	file := s.File
 	if file != "" && bw.ReadBytesPerSec == 0 {
 		var err error
 		if results, err = probe.ReadResults(file); err != nil {
-			return Bandwidth{}, fmt.Errorf("zinf: zinf.bandwidth.file %q: %w (write it with `zinf tune --path DIR --bandwidth-file FILE`)", bw.File, err)
+			return Bandwidth{}, nil, fmt.Errorf("zinf: zinf.bandwidth.file %q: %w (write it with `zinf tune --path DIR --bandwidth-file FILE`)", bw.File, err)
 		}
 	}
-	engine := opts.Engine
+	given := engine
 	defer func() {
-		if engine != nil && opts.Engine == nil {
+		if engine != nil && given == nil {
 			engine.Close()
 		}
 	}()
-	popts := probe.Options{Bytes: int64(bw.ProbeBytes), Logger: log, NoStore: opts.deferCache}
-	for _, path := range cfg.NVMePaths() {
+	popts := probe.Options{Bytes: int64(bw.ProbeBytes), Logger: log, NoStore: deferCache}
+	for _, path := range s.Paths {
 		pb := PathBandwidth{Path: path}
 		if bw.ReadBytesPerSec > 0 {
 			pb.ReadBps, pb.WriteBps, pb.Source = float64(bw.ReadBytesPerSec), float64(bw.WriteBytesPerSec), BandwidthFromConfig
@@ -217,7 +145,7 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 			out.Paths = append(out.Paths, pb)
 			continue
 		}
-		probing := bw.Probe && !opts.NoProbe
+		probing := bw.Probe && !noProbe
 		if !probing {
 			if r, ok := probe.Cached(path, popts); ok {
 				if fsKey != "" {
@@ -238,7 +166,7 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 			continue
 		}
 		if engine == nil {
-			e, err := aio.New(eo)
+			e, err := aio.New(s.Engine)
 			if err != nil {
 				pb.Detail = fmt.Sprintf("no I/O engine to probe with: %v", err)
 				log.Warn("zinf: cannot probe the NVMe bandwidth; planning with the default figures", "path", path, "err", err)
@@ -260,18 +188,18 @@ func NVMeBandwidth(ctx context.Context, cfg *config.Config, opts BandwidthOption
 		case err == nil:
 			pb.ReadBps, pb.WriteBps, pb.Source = r.ReadBps, r.WriteBps, BandwidthFromProbe
 			pb.Detail = fmt.Sprintf("%s each way, cached in %s", units.FormatBytes(r.ProbeBytes), probe.CacheName)
-			if opts.deferCache {
-				out.pending = append(out.pending, pendingProbe{path: path, r: r})
+			if deferCache {
+				pending = append(pending, pendingProbe{path: path, r: r})
 			}
 		case ctx.Err() != nil:
-			return Bandwidth{}, fmt.Errorf("zinf: probing the bandwidth of %s: %w", path, ctx.Err())
+			return Bandwidth{}, nil, fmt.Errorf("zinf: probing the bandwidth of %s: %w", path, ctx.Err())
 		default:
 			pb.Detail = fmt.Sprintf("the probe failed: %v", err)
 			log.Warn("zinf: the NVMe bandwidth probe failed; planning with the default figures (set zinf.bandwidth.* to give them)", "path", path, "err", err)
 		}
 		out.Paths = append(out.Paths, pb)
 	}
-	return out, nil
+	return out, pending, nil
 }
 
 // The process keeps what it measured or read per filesystem, so that

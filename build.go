@@ -7,70 +7,26 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/accel/cuda"
-	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
-	"github.com/zinfio/zinf/trace"
 )
 
 // Open's build: each component from the plan alone, once, in dependency
-// order (the engine and the swap stores come first, because the plan
-// depends on their geometry).
-
-// openStores starts the timeline (Options.Trace), which the stores record
-// into, and opens the I/O engine (unless Options.Engine gives one) and
-// the swap stores the settings ask for, on it.
-func (r *Runtime) openStores(s *settings, engine aio.Engine, sink trace.Sink) (err error) {
-	r.trace.init(sink, r.Rank, len(r.model.layers))
-	if r.Engine = engine; r.Engine == nil {
-		r.Engine, err = aio.New(s.engine)
-		if err != nil {
-			return fmt.Errorf("zinf: I/O engine: %w", err)
-		}
-		r.ownEngine = true
-	}
-	warnRAMPaths(s.nvmePaths, r.log)
-	// openStore opens the swap store name ("param", "optim" or "grad") with
-	// the settings' options o, on the runtime's engine, recording into its
-	// timeline.
-	openStore := func(name string, o swapper.StoreOptions) (*swapper.Store, error) {
-		o.Engine, o.Name, o.Logger, o.Trace = r.Engine, fmt.Sprintf("%s-rank%d", name, r.Rank), r.log, r.trace.store(name)
-		if name == "param" {
-			o.ChecksumBytes = ParamChecksumBytes
-		}
-		st, err := swapper.OpenStore(o)
-		if err != nil {
-			return nil, fmt.Errorf("zinf: %s swap store: %w", name, err)
-		}
-		return st, nil
-	}
-	if s.paramStore.Paths != nil {
-		if r.ParamStore, err = openStore("param", s.paramStore); err != nil {
-			return err
-		}
-	}
-	if s.optimStore.Paths != nil {
-		if r.OptimStore, err = openStore("optim", s.optimStore); err != nil {
-			return err
-		}
-		if r.GradStore, err = openStore("grad", s.optimStore); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// order (the engine and the swap stores were opened by measure, because
+// the plan depends on their geometry).
 
 // build checks the plan against the pool and the disk, then builds the
 // pinned pool, the device and its I/O, the three swappers, the training
 // state and the prefetch scheduler from it, and joins the world of ranks.
-func (r *Runtime) build(p *planned, opts Options) (err error) {
-	log := r.log
-	r.placement, r.res, r.disk, r.tiers, r.pieces = p.plan.Placement, p.plan.Reservations, p.plan.Disk, p.tiers, p.pieces
+func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
+	log, p := r.log, &pl.Components
+	r.placement, r.res, r.disk, r.tiers, r.pieces = pl.Placement, pl.Reservations, pl.Disk, p.Tiers, p.Pieces
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
 	}
@@ -79,18 +35,18 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 	if err := r.checkDiskSpace(p); err != nil {
 		return err
 	}
-	if p.maxInCPU*int64(p.dtype.Size()) > r.res.ParamCacheBytes {
+	if p.MaxInCPU*int64(p.DType.Size()) > r.res.ParamCacheBytes {
 		log.Warn("zinf: zero_optimization.offload_param.max_in_cpu is larger than the pinned pool can spare; the parameter cache uses what fits",
-			"max_in_cpu_elements", p.maxInCPU, "cache", config.Size(r.res.ParamCacheBytes).String())
+			"max_in_cpu_elements", p.MaxInCPU, "cache", config.Size(r.res.ParamCacheBytes).String())
 	}
-	po := p.pool
+	po := p.Pool
 	po.Logger = log
 	if opts.PinnedStallTimeout > 0 {
 		po.StallTimeout = opts.PinnedStallTimeout
 	}
 	r.Pool, err = buffers.NewPool(po)
 	if err != nil {
-		return fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", p.pinnedBytes, err)
+		return fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", p.PinnedBytes, err)
 	}
 	// io_uring registered buffers: the kernel pins the arena once instead
 	// of every request's pages. Where the backend has none, or the
@@ -101,7 +57,7 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 		log.Debug("zinf: pinned pool not registered with the I/O engine", "err", err)
 	}
 	if r.Device = opts.Device; r.Device == nil {
-		r.Device, err = openDevice(p.device, log)
+		r.Device, err = openDevice(p.Device, log)
 		if err != nil {
 			return err
 		}
@@ -113,11 +69,11 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 			break
 		}
 	}
-	if err := r.openDeviceIO(p.settings); err != nil {
+	if err := r.openDeviceIO(&p.Settings); err != nil {
 		return err
 	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: r.Rank, WorldSize: r.World,
-		DType: p.dtype, MaxInCPUBytes: r.res.ParamCacheBytes, PieceBytes: r.pieces.paramBytes,
+		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, PieceBytes: r.pieces.ParamBytes,
 		// The reservations bound parameter memory; a slot count below the
 		// tensors of one layer would deadlock its barrier, so
 		// offload_param.buffer_count is not a limit here.
@@ -128,14 +84,14 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("zinf: param swapper: %w", err)
 	}
-	if err := r.setupTraining(p.settings, opts); err != nil {
+	if err := r.setupTraining(&p.Settings, opts); err != nil {
 		return err
 	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.gradElems})
+	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems})
 	if err != nil {
 		return fmt.Errorf("zinf: gradient swapper: %w", err)
 	}
-	optOpts := p.optOpts
+	optOpts := p.Optimizer
 	optOpts.Logger = log
 	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.Pool, r.Grads
 	optOpts.Params = optimizer.SinkOf[param.Waiter](r.Params)
@@ -143,8 +99,8 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("zinf: optimizer swapper: %w", err)
 	}
-	for _, d := range r.model.descs {
-		if err := r.Params.Register(d.Name, int(r.model.numel[d.Name]), p.tiers[d.Name]); err != nil {
+	for _, d := range r.model.Descs {
+		if err := r.Params.Register(d.Name, int(r.model.Numel[d.Name]), p.Tiers[d.Name]); err != nil {
 			return err
 		}
 	}
@@ -156,7 +112,7 @@ func (r *Runtime) build(p *planned, opts Options) (err error) {
 // openScheduler builds the prefetch scheduler: it prefetches NVMe
 // partitions in the order of use, within the prefetch window, as deep as
 // the plan says unless Options.PrefetchDepth says otherwise.
-func (r *Runtime) openScheduler(p *planned, opts Options) {
+func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 	depth := r.placement.PrefetchDepth
 	depthWhy := ""
 	switch {
@@ -173,8 +129,8 @@ func (r *Runtime) openScheduler(p *planned, opts Options) {
 		depth, depthWhy = -1, "no parameter lives on NVMe"
 	}
 	// Streamed partitions move in pieces as they are used: not prefetched.
-	layers := make([][]string, len(p.nvmeLayers))
-	for l, names := range p.nvmeLayers {
+	layers := make([][]string, len(p.NVMeLayers))
+	for l, names := range p.NVMeLayers {
 		for _, n := range names {
 			if !r.Params.Streamed(n) {
 				layers[l] = append(layers[l], n)
@@ -187,7 +143,7 @@ func (r *Runtime) openScheduler(p *planned, opts Options) {
 		if err != nil || n == 0 {
 			return 0
 		}
-		return buffers.SpanBytes(r.ParamStore.PaddedLen(int64(n*p.dtype.Size())), granule)
+		return buffers.SpanBytes(r.ParamStore.PaddedLen(int64(n*p.DType.Size())), granule)
 	}
 	budget := r.res.PrefetchBytes
 	if budget == 0 {
@@ -204,11 +160,11 @@ func (r *Runtime) openScheduler(p *planned, opts Options) {
 }
 
 // checkDiskSpace refuses a runtime whose NVMe paths have less free space
-// than its stores will take (diskNeeds with the open stores: their own
+// than its stores will take (plan.DiskNeeds with the open stores: their own
 // alignment, less what their files already hold), naming each short path,
 // the need and the free bytes.
-func (r *Runtime) checkDiskSpace(p *planned) error {
-	needs := diskNeeds(r.model, r.Rank, r.World, p.dtype, p.tiers, p.optOpts, p.pieces.gradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+func (r *Runtime) checkDiskSpace(p *plan.Components) error {
+	needs := plan.DiskNeeds(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
 	if err := swapper.CheckSpace(needs...); err != nil {
 		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
 			r.Rank, swapper.CopyOnWriteVersions, err)
@@ -218,20 +174,20 @@ func (r *Runtime) checkDiskSpace(p *planned) error {
 
 // openDevice opens the device the config selects: "sim", "cuda", or
 // "auto" (CUDA when it works, else the simulated device, said once).
-func openDevice(d deviceSettings, log *slog.Logger) (accel.Device, error) {
-	switch d.kind {
+func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
+	switch d.Kind {
 	case config.DeviceCUDA:
-		dev, err := cuda.Open(cuda.Options{CapacityBytes: d.cudaBytes})
+		dev, err := cuda.Open(cuda.Options{CapacityBytes: d.CUDABytes})
 		if err != nil {
 			return nil, fmt.Errorf("zinf: zinf.device is \"cuda\": %w", err)
 		}
 		return dev, nil
 	case config.DeviceAuto:
-		dev, err := cuda.Open(cuda.Options{CapacityBytes: d.cudaBytes})
+		dev, err := cuda.Open(cuda.Options{CapacityBytes: d.CUDABytes})
 		if err == nil {
 			return dev, nil
 		}
-		log.Info("zinf: no usable GPU; the GPU tier is simulated in host memory", "capacity", config.Size(d.simBytes).String(), "reason", err)
+		log.Info("zinf: no usable GPU; the GPU tier is simulated in host memory", "capacity", config.Size(d.SimBytes).String(), "reason", err)
 	}
-	return accel.NewSim(accel.SimOptions{CapacityBytes: d.simBytes, Name: "sim"})
+	return accel.NewSim(accel.SimOptions{CapacityBytes: d.SimBytes, Name: "sim"})
 }

@@ -10,17 +10,11 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/tensor"
 )
-
-// gatherSlots is how many layers' full parameters a rank holds at once
-// with Options.GatherLayers: the layer in use and the next one of the
-// pass, gathered ahead while the loop computes. The number is the same
-// on every rank (it decides the order of the collectives, which must
-// be), so it is fixed rather than sized from a rank's free memory.
-const gatherSlots = 2
 
 // CommStats counts a rank's collectives through Options.Comm (the
 // all-gathers of GatherLayers and the reduce-scatters of ReduceGrad).
@@ -132,7 +126,7 @@ func (r *Runtime) distribute(opts Options) error {
 	r.comm = c
 	r.cw = newCommWorker(c)
 	r.gatherOn = opts.GatherLayers
-	r.gather.order = make([]int, len(r.model.layers))
+	r.gather.order = make([]int, len(r.model.Layers))
 	for l := range r.gather.order {
 		r.gather.order[l] = l
 	}
@@ -150,31 +144,17 @@ func (r *Runtime) counts(numel int64, elem int) []int {
 	return out
 }
 
-// gatherBytes is the pool bytes one layer's full parameters take: the
-// largest layer's, counted at the pool's block rule.
-func gatherLayerBytes(mi *modelInfo, elem int64, span func(int64) int64) int64 {
-	var most int64
-	for _, names := range mi.layers {
-		var b int64
-		for _, n := range names {
-			b += span(mi.numel[n] * elem)
-		}
-		most = max(most, b)
-	}
-	return most
-}
-
 // startGather acquires pinned memory for layer l's full parameters and
 // queues its gather: the layer's partitions are made resident (the
 // scheduler, which also prefetches the layers after it), copied into
 // this rank's chunk of each full tensor, released, and all-gathered in
 // place. Loop goroutine.
 func (r *Runtime) startGather(ctx context.Context, l int, ahead bool) (*gatherSlot, error) {
-	names := r.model.layers[l]
+	names := r.model.Layers[l]
 	s := &gatherSlot{layer: l, names: names, bufs: make([]*buffers.Buffer, len(names)), ahead: ahead}
 	elem := r.DType.Size()
 	for i, n := range names {
-		size := int(r.model.numel[n]) * elem
+		size := int(r.model.Numel[n]) * elem
 		if size == 0 {
 			continue
 		}
@@ -221,7 +201,7 @@ func (r *Runtime) gatherLayer(ctx context.Context, s *gatherSlot) error {
 		if s.bufs[i] == nil {
 			continue
 		}
-		counts := r.counts(r.model.numel[n], elem)
+		counts := r.counts(r.model.Numel[n], elem)
 		off, total := comm.Offsets(counts)
 		full := s.bufs[i].Bytes()[:total]
 		own := full[off[r.Rank] : off[r.Rank]+counts[r.Rank]]
@@ -285,7 +265,7 @@ func (r *Runtime) dropAhead(keep int) {
 func (r *Runtime) gatherPass(order []int) {
 	r.gather.order = r.gather.order[:0]
 	for _, l := range order {
-		if l >= 0 && l < len(r.model.layers) {
+		if l >= 0 && l < len(r.model.Layers) {
 			r.gather.order = append(r.gather.order, l)
 		}
 	}
@@ -323,8 +303,8 @@ func (r *Runtime) beginGathered(ctx context.Context, l int) error {
 	}
 	if s == nil {
 		r.dropAhead(-1) // the pass went elsewhere
-		if held >= gatherSlots {
-			return fmt.Errorf("zinf: begin layer %d: %d layers are begun and not ended (with Options.GatherLayers a rank holds the full parameters of at most %d): end one first", l, held, gatherSlots)
+		if held >= plan.GatherSlots {
+			return fmt.Errorf("zinf: begin layer %d: %d layers are begun and not ended (with Options.GatherLayers a rank holds the full parameters of at most %d): end one first", l, held, plan.GatherSlots)
 		}
 		var err error
 		if s, err = r.startGather(ctx, l, false); err != nil {
@@ -382,7 +362,7 @@ func (r *Runtime) endGathered(l int) {
 
 // gatheredBytes returns the full bytes of a parameter of a begun layer.
 func (r *Runtime) gatheredBytes(op, name string) ([]byte, error) {
-	l := r.model.layer[name]
+	l := r.model.Layer[name]
 	for _, s := range r.gather.slots {
 		if s.layer != l || !s.held {
 			continue
@@ -392,7 +372,7 @@ func (r *Runtime) gatheredBytes(op, name string) ([]byte, error) {
 				if s.bufs[i] == nil {
 					return nil, nil
 				}
-				return s.bufs[i].Bytes()[:int(r.model.numel[name])*r.DType.Size()], nil
+				return s.bufs[i].Bytes()[:int(r.model.Numel[name])*r.DType.Size()], nil
 			}
 		}
 	}
@@ -412,7 +392,7 @@ func (r *Runtime) readGathered(name string, dtype tensor.DType, dst []byte, dst3
 	case dtype == r.DType:
 		copy(dst, full)
 	default:
-		tmp := make([]float32, r.model.numel[name])
+		tmp := make([]float32, r.model.Numel[name])
 		swapper.Decode(r.DType, tmp, full)
 		swapper.Encode(dtype, dst, tmp)
 	}
@@ -529,7 +509,7 @@ func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float3
 	if r.comm == nil {
 		return errors.New("zinf: ReduceGrads needs Options.Comm (this rank's comm.Comm); with the ranks' gradients already summed, use AccumulateGrad")
 	}
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: reduce %q: not a tensor of the model", name)
 	}

@@ -14,7 +14,10 @@
 // Then it builds the pinned pool, the async I/O engine, the swap stores,
 // the device (a simulated GPU when none is present) and the param, gradient
 // and optimizer swappers. PlanModel gives the same plan without opening
-// anything (`zinf plan` prints it).
+// anything (`zinf plan` prints it). The planner is package plan, a pure
+// function: Open checks its inputs (plan.Check), measures what the plan
+// depends on (memory, the NVMe bandwidth, the swap stores' geometry),
+// makes the plan (plan.Make) and builds each component from it alone.
 //
 // A training loop gives each tensor its initial values (Init), begins and
 // ends each layer in forward and backward (a barrier that also prefetches

@@ -9,6 +9,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -128,7 +129,7 @@ func Example() {
 			log.Fatal(err) // all or nothing: on a full disk nothing changed; free space and call Step again
 		}
 		for name, s := range ref {
-			optimizer.Adam(s[0], grads[name], s[1], s[2], step, zinf.Hyper(cfg))
+			optimizer.Adam(s[0], grads[name], s[1], s[2], step, plan.Hyper(cfg))
 		}
 	}
 

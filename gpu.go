@@ -7,6 +7,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/plan"
 )
 
 // openDeviceIO builds r.DeviceIO when the config selects GPUDirect Storage
@@ -23,16 +24,16 @@ import (
 // The bounce path holds 2 x aio.intra_op_parallelism staging buffers of
 // aio.block_size from the pool for the Runtime's life; TiersFor counts
 // them out of the CPU tier.
-func (r *Runtime) openDeviceIO(s *settings) error {
+func (r *Runtime) openDeviceIO(s *plan.Settings) error {
 	log := r.log
-	mode, err := gds.ParseMode(s.gdsMode)
+	mode, err := gds.ParseMode(s.GDSMode)
 	if err != nil {
 		return fmt.Errorf("zinf: zinf.gds: %w", err)
 	}
 	if mode == gds.ModeOff {
 		return nil
 	}
-	opts := gds.SelectOptions{GDS: s.gds, Bounce: s.bounce, AIO: r.Engine, Pool: r.Pool, Logger: log}
+	opts := gds.SelectOptions{GDS: s.GDS, Bounce: s.Bounce, AIO: r.Engine, Pool: r.Pool, Logger: log}
 	selectMode := mode
 	if _, isCUDA := r.Device.(*cuda.Device); !isCUDA {
 		// GPUDirect Storage moves data into GPU memory only. Say what this

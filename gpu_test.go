@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/internal/test/cudatest"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -128,8 +129,8 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if parsed.Zinf.GDS != config.GDSAuto || GDSMode(parsed) != gds.ModeAuto {
-		t.Fatalf("aio.use_gds: zinf.gds %q, mode %q; want auto", parsed.Zinf.GDS, GDSMode(parsed))
+	if parsed.Zinf.GDS != config.GDSAuto || plan.GDSMode(parsed) != gds.ModeAuto {
+		t.Fatalf("aio.use_gds: zinf.gds %q, mode %q; want auto", parsed.Zinf.GDS, plan.GDSMode(parsed))
 	}
 	for name, cfg := range map[string]*config.Config{"zinf.gds": gpuConfig(t, config.GDSAuto), "aio.use_gds": parsed} {
 		t.Run(name, func(t *testing.T) {
@@ -152,7 +153,7 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 			if len(w) != 1 {
 				t.Fatalf("%d warnings, want exactly one: %q", len(w), w)
 			}
-			avail := gds.Available(GDSOptions(cfg, nil))
+			avail := gds.Available(plan.GDSOptions(cfg, nil))
 			if avail == nil || !strings.Contains(avail.Error(), lib) && !strings.Contains(avail.Error(), "without cgo") {
 				t.Fatalf("Available with a missing library: %v", avail)
 			}
@@ -239,7 +240,7 @@ func TestDeviceIORequired(t *testing.T) {
 	if !errors.Is(err, gds.ErrUnavailable) {
 		t.Errorf("error %v does not match gds.ErrUnavailable", err)
 	}
-	avail := gds.Available(GDSOptions(cfg, nil))
+	avail := gds.Available(plan.GDSOptions(cfg, nil))
 	if avail == nil {
 		t.Fatal("Available found GPUDirect Storage usable with a missing library")
 	}
@@ -280,7 +281,7 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 	for _, mode := range []config.GDSMode{config.GDSAuto, config.GDSRequired} {
 		cfg := gpuConfig(t, mode)
 		cfg.Zinf.Tiers.GPUBytes = 0 // the device's memory
-		if err := gds.Available(GDSOptions(cfg, nil)); err != nil && !strings.Contains(err.Error(), "no usable GPU") {
+		if err := gds.Available(plan.GDSOptions(cfg, nil)); err != nil && !strings.Contains(err.Error(), "no usable GPU") {
 			t.Skipf("the cuFile stand-in cannot run here: %v", err)
 		}
 		logs := &records{}
@@ -352,7 +353,7 @@ func TestGDSMode(t *testing.T) {
 		{config.GDSRequired, false, gds.ModeRequired},
 	} {
 		c.Zinf.GDS, c.AIO.UseGDS = tc.gds, tc.useGDS
-		if got := GDSMode(c); got != tc.want {
+		if got := plan.GDSMode(c); got != tc.want {
 			t.Errorf("zinf.gds %q, use_gds %v: %q, want %q", tc.gds, tc.useGDS, got, tc.want)
 		}
 	}

@@ -24,7 +24,7 @@ func (r *Runtime) InitInPlace(ctx context.Context, name, path string, off int64,
 	if err := r.closedErr("init in place "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: init in place %q: not a tensor of the model", name)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -99,7 +100,7 @@ func PlanKVCache(cfg *config.Config, layers int, layerBytes int64) (KVCachePlan,
 			p.Device = config.KVCacheNVMe
 		}
 	}
-	granule := int(granuleBytes())
+	granule := int(plan.GranuleBytes())
 	span := func(n int64) int64 { return buffers.SpanBytes(n, granule) }
 	padded := func(n int64) int64 {
 		a := int64(swapper.DefaultDiskAlignment)
@@ -201,7 +202,7 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 			c.bufs[l] = make([]byte, layerBytes)
 		}
 	case config.KVCacheCPU:
-		if c.pool, err = buffers.NewPool(buffers.Options{CapacityBytes: p.PinnedBytes, MinBufferBytes: int(granuleBytes()), Logger: r.log}); err != nil {
+		if c.pool, err = buffers.NewPool(buffers.Options{CapacityBytes: p.PinnedBytes, MinBufferBytes: int(plan.GranuleBytes()), Logger: r.log}); err != nil {
 			return nil, fmt.Errorf("zinf: KV cache pinned memory (%s): %w", config.Size(p.PinnedBytes), err)
 		}
 		c.bufs = make([][]byte, layers)
@@ -215,12 +216,12 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 			clear(c.bufs[l])
 		}
 	case config.KVCacheNVMe:
-		o := storeOptions(r.Config, r.Config.NVMePaths())
+		o := plan.StoreOptions(r.Config, r.Config.NVMePaths())
 		o.Engine, o.Name, o.Logger = r.Engine, fmt.Sprintf("kv-rank%d", r.Rank), r.log
 		if c.store, err = swapper.OpenStore(o); err != nil {
 			return nil, fmt.Errorf("zinf: KV cache swap store: %w", err)
 		}
-		granule := int(granuleBytes(c.store))
+		granule := int(plan.GranuleBytes(c.store))
 		slot := buffers.SpanBytes(c.store.PaddedLen(layerBytes), granule)
 		n := kvSlots(layers)
 		if c.pool, err = buffers.NewPool(buffers.Options{CapacityBytes: int64(n) * slot, MinBufferBytes: granule, Logger: r.log}); err != nil {

@@ -90,7 +90,7 @@ func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
 	}
 	r.visit.k = k
 	if k > 1 && !r.inference {
-		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.layers[l]))}
+		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.Layers[l]))}
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func (r *Runtime) MeasuredCosts() policy.Costs {
 // written behind otherwise.
 func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) error {
 	h := r.held
-	if h == nil || r.model.layer[name] != h.layer {
+	if h == nil || r.model.Layer[name] != h.layer {
 		return r.Grads.Accumulate(ctx, name, part)
 	}
 	var err error

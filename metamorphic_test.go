@@ -23,6 +23,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/internal/test/testenv"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
@@ -178,7 +179,7 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
 	faultRate := []float64{0, 0.05, 0.2}[rng.IntN(3)]
 	t.Logf("layers %d, tensors %d, world %d, micro %d (loop layer-major %v, zinf.schedule %s), steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
-		layers, len(model.Tensors), world, micro, layerMajor, cfg.Zinf.Schedule, steps, zinf.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
+		layers, len(model.Tensors), world, micro, layerMajor, cfg.Zinf.Schedule, steps, plan.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -338,8 +339,8 @@ func (tr *trainRun) coin() bool { return tr.rng != nil && tr.orders && tr.rng.In
 func (tr *trainRun) run(ctx context.Context) {
 	t := tr.t
 	t.Helper()
-	hyper := zinf.Hyper(tr.cfg)
-	dtype := zinf.ParamDType(tr.cfg)
+	hyper := plan.Hyper(tr.cfg)
+	dtype := plan.ParamDType(tr.cfg)
 	L := tr.rts[0].Layers()
 	master := map[string][]float32{}
 	mom := map[string][]float32{}

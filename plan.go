@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 )
 
@@ -17,29 +18,15 @@ import (
 // (zinf.bandwidth.read_bytes_per_sec, write_bytes_per_sec) or the defaults
 // per path: no file is read and nothing probed (NVMeBandwidth does that).
 func TiersFor(cfg *config.Config, rts ...*Runtime) policy.Tiers {
-	bw := staticBandwidth(cfg)
+	bw := plan.StaticBandwidth(cfg)
 	for _, rt := range rts {
 		if rt != nil {
 			bw = rt.bandwidth
 			break
 		}
 	}
-	return tiersWith(cfg, bw, rts)
-}
-
-// staticBandwidth is NVMeBandwidth without a file, a cache or a probe:
-// the config's figures, else the defaults.
-func staticBandwidth(cfg *config.Config) Bandwidth {
-	var bw Bandwidth
-	z := cfg.Zinf.Bandwidth
-	for _, p := range cfg.NVMePaths() {
-		pb := PathBandwidth{Path: p, ReadBps: DefaultNVMeReadBps, WriteBps: DefaultNVMeWriteBps, Source: BandwidthDefault}
-		if z.ReadBytesPerSec > 0 {
-			pb.ReadBps, pb.WriteBps, pb.Source = float64(z.ReadBytesPerSec), float64(z.WriteBytesPerSec), BandwidthFromConfig
-		}
-		bw.Paths = append(bw.Paths, pb)
-	}
-	return bw
+	gpuBytes, cpuBytes := tierBytes(cfg, rts)
+	return plan.Tiers(cfg, bw, gpuBytes, cpuBytes)
 }
 
 // PlanFor places a model's tensors for this config with DeepSpeed's
@@ -54,5 +41,5 @@ func PlanFor(cfg *config.Config, m policy.ModelSpec, computePerLayer time.Durati
 	if rank >= m.World {
 		rank = 0
 	}
-	return policy.Plan(TiersFor(cfg, rts...), m.Inventory(rank, m.World), HintsFor(cfg, m.Layers, computePerLayer))
+	return policy.Plan(TiersFor(cfg, rts...), m.Inventory(rank, m.World), plan.HintsFor(cfg, m.Layers, computePerLayer))
 }

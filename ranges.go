@@ -37,7 +37,7 @@ func (r *Runtime) RowLen(name string) int {
 }
 
 func (r *Runtime) desc(name string) (tensor.Desc, bool) {
-	for _, d := range r.model.descs {
+	for _, d := range r.model.Descs {
 		if d.Name == name {
 			return d, true
 		}
@@ -78,7 +78,7 @@ func (r *Runtime) ReadParamRows(ctx context.Context, name string, rows []int, dt
 // rowSpans turns rows into element spans of the full tensor; ascending
 // requires them strictly ascending.
 func (r *Runtime) rowSpans(op, name string, rows []int, ascending bool) ([]param.Span, error) {
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return nil, fmt.Errorf("zinf: %s %q: not a tensor of the model", op, name)
 	}
@@ -99,7 +99,7 @@ func (r *Runtime) rowSpans(op, name string, rows []int, ascending bool) ([]param
 
 // readSpans reads full-tensor spans of name into dst in dtype.
 func (r *Runtime) readSpans(ctx context.Context, op, name string, spans []param.Span, dtype tensor.DType, dst []byte) error {
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: %s %q: not a tensor of the model", op, name)
 	}
@@ -155,7 +155,7 @@ func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, 
 	if err := r.closedErr("accumulate range of "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err
 	}
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: accumulate range of %q: not a tensor of the model", name)
 	}
@@ -216,7 +216,7 @@ func (r *Runtime) accumulateSpans(ctx context.Context, name string, spans []para
 	}
 	t0 := time.Now()
 	var err error
-	if h := r.held; h != nil && r.model.layer[name] == h.layer {
+	if h := r.held; h != nil && r.model.Layer[name] == h.layer {
 		// A layer-major visit holds the layer's sums in pinned memory
 		// until it ends (EndLayer writes them behind).
 		err = r.Grads.AccumulateSpansHold(ctx, name, local, vals)
@@ -283,7 +283,7 @@ func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor
 	if err := r.closedErr("read blocks of "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: read blocks of %q: not a tensor of the model", name)
 	}

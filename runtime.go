@@ -17,6 +17,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
@@ -152,13 +153,13 @@ type Runtime struct {
 	log       *slog.Logger
 	ownEngine bool
 	ownDevice bool
-	model     *modelInfo
+	model     *plan.Index
 	placement *policy.Placement
 	res       Reservations
 	bandwidth Bandwidth
 	disk      []swapper.SpaceNeed
 	tiers     map[string]tensor.Tier // each tensor's planned tier
-	pieces    pieces                 // how big tensors move
+	pieces    plan.Pieces            // how big tensors move
 	sched     *policy.Scheduler
 	overlap   bool         // StepTensor starts updates during backward
 	held      *heldLayer   // the layer-major visit holding gradients (loop goroutine)
@@ -206,12 +207,8 @@ type Runtime struct {
 // initial values with Init. Nothing is left behind on failure: whatever
 // was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
-	mi, log, rank, world, err := checkInputs(cfg, model, opts.Logger, opts.Rank, opts.WorldSize)
+	in, err := plan.Check(cfg, model, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, Faults: opts.Faults, TotalSteps: opts.TotalSteps})
 	if err != nil {
-		return nil, err
-	}
-	s := settingsOf(cfg, log, opts.Faults, opts.TotalSteps)
-	if err := checkPoolMemory(int64(s.pinnedBytes)); err != nil {
 		return nil, err
 	}
 	// Whatever is built from here on is closed again on failure.
@@ -222,34 +219,25 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 			rt = nil
 		}
 	}()
-	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, rank, world, s.dtype, log, mi, opts.Inference
-	// Measure what the plan depends on: the swap stores' geometry (their
-	// device's alignment: the stores are opened, on the engine, recording
-	// into the timeline) and the NVMe bandwidth (configured, from a tune
-	// result, cached or probed; see NVMeBandwidth).
-	if err := r.openStores(&s, opts.Engine, opts.Trace); err != nil {
-		return nil, err
-	}
-	if opts.Bandwidth != nil {
-		r.bandwidth = *opts.Bandwidth
-	} else if r.bandwidth, err = NVMeBandwidth(context.Background(), cfg, BandwidthOptions{NoProbe: opts.NoBandwidthProbe, Logger: log, deferCache: true}); err != nil {
-		return nil, err
-	}
-	// Plan: placement and prefetch, the pool's reservations, the disk, and
-	// every component's options.
-	p, err := makePlan(planInput{cfg: cfg, s: &s, mi: mi, rank: rank, world: world, computePerLayer: opts.ComputePerLayer, inference: opts.Inference,
-		gather: opts.GatherLayers && opts.Comm != nil, bw: r.bandwidth, param: r.ParamStore, grad: r.GradStore, optim: r.OptimStore,
-		pieceBytes: opts.PieceBytes})
+	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, in.Rank, in.World, in.Settings.DType, in.Log, in.Model, opts.Inference
+	// Measure what the plan depends on (memory, the stores' geometry, the
+	// NVMe bandwidth), plan, and build from the plan.
+	m, pending, err := r.measure(&in.Settings, opts)
 	if err != nil {
 		return nil, err
 	}
-	// Build from the plan.
+	r.bandwidth = m.Bandwidth
+	p, err := plan.Make(in, m, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference,
+		Gather: opts.GatherLayers && opts.Comm != nil, PieceBytes: opts.PieceBytes})
+	if err != nil {
+		return nil, err
+	}
 	if err := r.build(p, opts); err != nil {
 		return nil, err
 	}
 	// The run goes ahead: cache what the probe measured (not before, so
 	// that a refused config leaves nothing in the NVMe paths).
-	r.bandwidth.storeProbes(log)
+	storeProbes(pending, in.Log)
 	return r, nil
 }
 
@@ -282,7 +270,7 @@ func (r *Runtime) Init(ctx context.Context, name string, values []float32) error
 	if err := r.closedErr("init "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: init %q: not a tensor of the model", name)
 	}
@@ -335,29 +323,29 @@ func (r *Runtime) forgetParam(name string) error {
 	if err := r.Params.Unregister(name); err != nil {
 		return err
 	}
-	return r.Params.Register(name, int(r.model.numel[name]), r.tiers[name])
+	return r.Params.Register(name, int(r.model.Numel[name]), r.tiers[name])
 }
 
 // Partition returns this rank's element range of a tensor of the model.
 func (r *Runtime) Partition(name string) (lo, hi int) {
-	return partition(int(r.model.numel[name]), r.Rank, r.World)
+	return partition(int(r.model.Numel[name]), r.Rank, r.World)
 }
 
 // Layers returns the number of layers of the model.
-func (r *Runtime) Layers() int { return len(r.model.layers) }
+func (r *Runtime) Layers() int { return len(r.model.Layers) }
 
 // LayerTensors returns the names of layer l's tensors, in model order.
 func (r *Runtime) LayerTensors(l int) []string {
-	if l < 0 || l >= len(r.model.layers) {
+	if l < 0 || l >= len(r.model.Layers) {
 		return nil
 	}
-	return append([]string(nil), r.model.layers[l]...)
+	return append([]string(nil), r.model.Layers[l]...)
 }
 
 // Forward announces a forward pass (layers 0, 1, ...), so that prefetching
 // follows it.
 func (r *Runtime) Forward() {
-	order := make([]int, len(r.model.layers))
+	order := make([]int, len(r.model.Layers))
 	for l := range order {
 		order[l] = l
 	}
@@ -376,7 +364,7 @@ func (r *Runtime) startPass(order []int) {
 
 // Backward announces a backward pass (the last layer first).
 func (r *Runtime) Backward() {
-	L := len(r.model.layers)
+	L := len(r.model.Layers)
 	order := make([]int, L)
 	for l := range order {
 		order[l] = L - 1 - l
@@ -403,10 +391,10 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
 		return err
 	}
-	if l < 0 || l >= len(r.model.layers) {
-		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.layers)-1)
+	if l < 0 || l >= len(r.model.Layers) {
+		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.Layers)-1)
 	}
-	for _, n := range r.model.layers[l] {
+	for _, n := range r.model.Layers[l] {
 		r.mu.Lock()
 		ok := r.inited[n]
 		r.mu.Unlock()
@@ -472,7 +460,7 @@ func (r *Runtime) begunExcept(l int) string {
 // EndLayer releases layer l's parameters (no write-back: parameters are
 // read-only between steps).
 func (r *Runtime) EndLayer(l int) {
-	if l < 0 || l >= len(r.model.layers) {
+	if l < 0 || l >= len(r.model.Layers) {
 		return
 	}
 	r.trace.layerEnded(l)
@@ -535,7 +523,7 @@ func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.
 // fullRange checks that n is the named tensor's full length and returns
 // this rank's range.
 func (r *Runtime) fullRange(op, name string, n int) (lo, hi int, err error) {
-	numel, ok := r.model.numel[name]
+	numel, ok := r.model.Numel[name]
 	if !ok {
 		return 0, 0, fmt.Errorf("zinf: %s %q: not a tensor of the model", op, name)
 	}
@@ -592,7 +580,7 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 		return errInference
 	}
 	if !r.overlap {
-		if _, ok := r.model.numel[name]; !ok {
+		if _, ok := r.model.Numel[name]; !ok {
 			return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
 		}
 		return nil
@@ -600,7 +588,7 @@ func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 	if r.txn == nil {
 		if !r.speculate() {
 			// The step waits for the norm and overflow (zinf.speculate).
-			if _, ok := r.model.numel[name]; !ok {
+			if _, ok := r.model.Numel[name]; !ok {
 				return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
 			}
 			return nil
@@ -824,7 +812,7 @@ func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master 
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return nil, nil, err
 	}
-	if _, ok := r.model.numel[name]; !ok {
+	if _, ok := r.model.Numel[name]; !ok {
 		return nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
 	return r.Optimizer.ReadStates(ctx, name)
@@ -841,7 +829,7 @@ func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return err
 	}
-	if _, ok := r.model.numel[name]; !ok {
+	if _, ok := r.model.Numel[name]; !ok {
 		return fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
 	return r.Optimizer.VisitStates(ctx, name, fn)
@@ -854,7 +842,7 @@ func (r *Runtime) ReadOptimizerState(ctx context.Context, name string) (master, 
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return nil, nil, nil, err
 	}
-	if _, ok := r.model.numel[name]; !ok {
+	if _, ok := r.model.Numel[name]; !ok {
 		return nil, nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
 	return r.Optimizer.ReadState(ctx, name)

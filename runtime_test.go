@@ -18,6 +18,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -299,7 +300,7 @@ type adamRef struct {
 }
 
 func newAdamRef(cfg *config.Config, init map[string][]float32) *adamRef {
-	r := &adamRef{hyper: zinf.Hyper(cfg), w: map[string][]float32{}, m: map[string][]float32{}, v: map[string][]float32{}}
+	r := &adamRef{hyper: plan.Hyper(cfg), w: map[string][]float32{}, m: map[string][]float32{}, v: map[string][]float32{}}
 	for name, w := range init {
 		r.w[name] = append([]float32(nil), w...)
 		r.m[name] = make([]float32, len(w))

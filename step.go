@@ -10,6 +10,7 @@ import (
 
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -103,19 +104,19 @@ type TrainStats struct {
 
 // setupTraining reads the config's schedule, loss scaling and clipping
 // and checks that a world of several ranks can reduce what they need.
-func (r *Runtime) setupTraining(s *settings, opts Options) error {
+func (r *Runtime) setupTraining(s *plan.Settings, opts Options) error {
 	t := &r.train
 	var err error
-	if t.sched, err = s.sched, s.schedErr; err != nil {
+	if t.sched, err = s.Schedule, s.ScheduleErr; err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
-	if t.scaler, err = schedule.NewLossScaler(s.scaler); err != nil {
+	if t.scaler, err = schedule.NewLossScaler(s.Scaler); err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
 	r.trainStats.LossScale = t.scaler.Scale()
-	t.clip = s.clip
+	t.clip = s.Clip
 	t.checks = !opts.Inference && (t.clip > 0 || t.scaler.Enabled())
-	t.mode = s.speculate
+	t.mode = s.Speculate
 	if c := opts.Comm; c != nil {
 		if c.Size() != r.World || c.Rank() != r.Rank {
 			return fmt.Errorf("zinf: Options.Comm is rank %d of %d ranks; this runtime is rank %d of %d", c.Rank(), c.Size(), r.Rank, r.World)
@@ -267,7 +268,7 @@ func (r *Runtime) check(ctx context.Context, local error) (*stepCheck, error) {
 	}
 	var sum float64
 	if local == nil {
-		for _, d := range r.model.descs {
+		for _, d := range r.model.Descs {
 			s, err := r.Grads.SumSquaresContext(ctx, d.Name)
 			if err != nil {
 				local = err
@@ -360,7 +361,7 @@ func (r *Runtime) step(ctx context.Context) error {
 	}
 	t0 := time.Now()
 	r.mu.Lock()
-	for _, d := range r.model.descs {
+	for _, d := range r.model.Descs {
 		if !r.inited[d.Name] {
 			r.mu.Unlock()
 			return fmt.Errorf("zinf: step: tensor %q has no initial values (call Init)", d.Name)

@@ -11,6 +11,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
@@ -189,7 +190,7 @@ func TestSetLR(t *testing.T) {
 	if err := rt.SetLR(0.05); err != nil || rt.LR() != 0.05 {
 		t.Fatalf("SetLR: %v, LR %v", err, rt.LR())
 	}
-	h := zinf.Hyper(c)
+	h := plan.Hyper(c)
 	ref := map[string][3][]float32{}
 	for n, w := range init {
 		ref[n] = [3][]float32{append([]float32(nil), w...), make([]float32, len(w)), make([]float32, len(w))}

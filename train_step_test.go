@@ -19,6 +19,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/internal/test/testenv"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/swapper/param"
@@ -250,8 +251,8 @@ func (c *stepCase) reference(t *testing.T) *stepRef {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dtype := zinf.ParamDType(cfg)
-	h := zinf.Hyper(cfg)
+	dtype := plan.ParamDType(cfg)
+	h := plan.Hyper(cfg)
 	r := &stepRef{master: map[string][]float32{}, states: map[string][][]float32{}, names: h.StateNames()}
 	for _, d := range c.model.Tensors {
 		n := c.numel[d.Name]
@@ -413,9 +414,9 @@ func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtim
 	ref := c.reference(t)
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
-	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, zinf.Hyper(cfg))
+	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, plan.Hyper(cfg))
 	t.Logf("layer-major %v, world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
-		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), zinf.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
+		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), plan.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
 
 	ctx, watch := watchdog(t, 2*time.Minute)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
@@ -79,8 +80,8 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cfg.Zinf.Schedule = config.ScheduleMode(sched)
 	}
 	// The model's dtype is the parameters' dtype the runtime would use.
-	if zinf.ParamDType(cfg) != m.DType {
-		fmt.Fprintf(stderr, "plan: parameters in %s as --model says (the config says %s)\n", m.DType, zinf.ParamDType(cfg))
+	if plan.ParamDType(cfg) != m.DType {
+		fmt.Fprintf(stderr, "plan: parameters in %s as --model says (the config says %s)\n", m.DType, plan.ParamDType(cfg))
 		cfg.BF16, cfg.FP16 = m.DType == tensor.BFloat16, m.DType == tensor.Float16
 	}
 	rank, _ := cfg.RankWorld()

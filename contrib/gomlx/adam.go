@@ -31,7 +31,7 @@ const AdamScope = "zinf_adam"
 // (1e-7). It needs the variables' dtype to be zinf's param dtype.
 type AdamOptimizer struct {
 	// Hyper are the hyperparameters (zero fields take zinf's defaults);
-	// zinf.Hyper(cfg) reads them from a config.
+	// plan.Hyper(cfg) reads them from a config.
 	Hyper zopt.Hyper
 }
 

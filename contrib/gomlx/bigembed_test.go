@@ -18,6 +18,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 // bigVocabModel is a one-layer zoo transformer whose tied embedding is
@@ -96,7 +97,7 @@ func TestBigEmbeddingPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestEmbeddingRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tr.Close()
-			wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+			wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,9 +9,9 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
-	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
@@ -53,7 +53,7 @@ type memState struct {
 
 // NewMemoryTrainer builds net's executors over store's variables, which
 // must have values; cfg gives the optimizer's hyperparameters
-// (zinf.Hyper) and the param dtype (bf16.enabled / fp16.enabled), as
+// (plan.Hyper) and the param dtype (bf16.enabled / fp16.enabled), as
 // zinf.Open would take them. opts.Filter and opts.Layers select and group
 // the variables as for Register (Layers defaults to net.Scopes()).
 func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg *config.Config, opts Options) (*MemoryTrainer, error) {
@@ -78,7 +78,7 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg 
 	if err != nil {
 		return nil, err
 	}
-	mt := &MemoryTrainer{ex: ex, store: store, vars: vars, hyper: zinf.Hyper(cfg), storage: zinf.ParamDType(cfg), state: make([]memState, len(vars))}
+	mt := &MemoryTrainer{ex: ex, store: store, vars: vars, hyper: plan.Hyper(cfg), storage: plan.ParamDType(cfg), state: make([]memState, len(vars))}
 	mt.hyper.EnsureDefaults()
 	for i, v := range vars {
 		val, err := v.v.Value()

@@ -11,8 +11,8 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
-	"github.com/zinfio/zinf"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 // TestPerLayerGradientsEqualWholeGraph: the per-layer executors
@@ -112,7 +112,7 @@ func TestOffloadedEqualsInMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer mt.Close()
-			wg, err := zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(zinf.Hyper(cfg)))
+			wg, err := zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(plan.Hyper(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,8 +13,8 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
-	"github.com/zinfio/zinf"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 // lmDataset is a GoMLX train.Dataset of n lmBatch batches from first.
@@ -61,7 +61,7 @@ func TestLoopDrivesTrainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}

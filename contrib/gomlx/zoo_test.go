@@ -16,9 +16,9 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 
-	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 const zooVocab, zooSeq, zooBatch = 61, 8, 3
@@ -109,7 +109,7 @@ func TestZooTransformerEqualsWholeGraph(t *testing.T) {
 				t.Fatalf("only %d variables: %v", len(ours), ours)
 			}
 
-			wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(zinf.Hyper(cfg)))
+			wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -215,7 +215,7 @@ func TestTiedEmbeddings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mt.Close()
-	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestManyTensorsBetweenLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +420,7 @@ func TestEvalWithoutRestore(t *testing.T) {
 	}
 
 	// Training after evaluation is training from the same weights.
-	wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(zinf.Hyper(cfg)))
+	wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
@@ -101,7 +102,7 @@ func BenchmarkOptimizerVsIO(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		dir := benchDir(b)
 		cfg := benchConfig(b, dir)
-		eo := zinf.EngineOptions(cfg, quiet, nil)
+		eo := plan.EngineOptions(cfg, quiet, nil)
 		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: quiet})
 		if err != nil {
 			b.Fatal(err)

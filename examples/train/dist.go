@@ -16,6 +16,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/internal/base/testhook"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/param"
@@ -178,7 +179,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 		return nil, fmt.Errorf("train: zinf.world_size is %d (from the config file, else $WORLD_SIZE, $OMPI_COMM_WORLD_SIZE or $SLURM_NTASKS), but the job has %d ranks (processes)", w, procs)
 	}
 	spec := o.Spec
-	spec.DType = zinf.ParamDType(cfg)
+	spec.DType = plan.ParamDType(cfg)
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -192,7 +193,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 		data = procs
 	}
 	run := runMeta{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, Seed: spec.Seed, DType: spec.DType.String(),
-		Micro: micro, DataParallel: data, Hyper: zinf.Hyper(cfg)}
+		Micro: micro, DataParallel: data, Hyper: plan.Hyper(cfg)}
 	res = &Result{Steps: o.Steps, Params: spec.ParamCount(), StateBytes: spec.StateBytes(), World: procs, DType: spec.DType.String(),
 		Dist: &DistResult{Ranks: procs}}
 	var ckpt *zinf.Checkpointer

@@ -7,6 +7,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -47,7 +48,7 @@ func newMemBackend(spec Spec, cfg *config.Config, steps int) (*memBackend, error
 		return nil, err
 	}
 	_, world := cfg.RankWorld()
-	b := &memBackend{spec: spec, hyper: zinf.Hyper(cfg), sched: sched, scaler: scaler, clip: cfg.GradientClipping, ranks: world,
+	b := &memBackend{spec: spec, hyper: plan.Hyper(cfg), sched: sched, scaler: scaler, clip: cfg.GradientClipping, ranks: world,
 		master: map[string][]float32{}, compute: map[string][]float32{},
 		states: map[string][][]float32{}, grad: map[string][]float32{}, fresh: map[string]bool{}}
 	for _, n := range spec.ParamNames() {

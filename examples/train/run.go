@@ -24,6 +24,7 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/trace"
@@ -360,7 +361,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		data = world
 	}
 	run := runMeta{Layers: spec.Layers, Width: spec.Width, Batch: spec.Batch, Seed: spec.Seed, DType: spec.DType.String(),
-		Micro: micro, DataParallel: data, Hyper: zinf.Hyper(cfg)}
+		Micro: micro, DataParallel: data, Hyper: plan.Hyper(cfg)}
 	// The checkpoint directory is checked before anything is built, and
 	// before the checkpointer is opened (which tidies the directory): a
 	// refused run costs nothing and changes nothing. Then it is checked
@@ -456,7 +457,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	if len(o.Sample) > 0 {
-		if be.sample, err = newSampler(ctx, spec, rts, zinf.Hyper(cfg), cfg.GradientClipping, o.Sample); err != nil {
+		if be.sample, err = newSampler(ctx, spec, rts, plan.Hyper(cfg), cfg.GradientClipping, o.Sample); err != nil {
 			return nil, err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 )
 
 func TestSampleIndices(t *testing.T) {
@@ -79,11 +80,11 @@ func TestSampleCheckCatches(t *testing.T) {
 	cfg := testConfig(t, func(c *config.Config) { c.GradientAccumulationSteps = 1 })
 	spec := smallSpec
 	rts, be := setup(t, cfg, spec)
-	s, err := newSampler(ctx, spec, rts, zinf.Hyper(cfg), 0, []string{WeightName(1), BiasName(2), "nope"})
+	s, err := newSampler(ctx, spec, rts, plan.Hyper(cfg), 0, []string{WeightName(1), BiasName(2), "nope"})
 	if err == nil || !strings.Contains(err.Error(), `"nope"`) {
 		t.Fatalf("an unknown tensor: %v", err)
 	}
-	s, err = newSampler(ctx, spec, rts, zinf.Hyper(cfg), 0, []string{WeightName(1), BiasName(2)})
+	s, err = newSampler(ctx, spec, rts, plan.Hyper(cfg), 0, []string{WeightName(1), BiasName(2)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/plan"
 )
 
 // WeightBytes is what one decoding pass reads of the streamed weights:
@@ -14,7 +15,7 @@ import (
 // read by rows (a large one moves in pieces) only the pieces of the rows
 // it needs, counted here as none.
 func (g *Generator) WeightBytes() int64 {
-	size := int64(zinf.ParamDType(g.rt.Config).Size())
+	size := int64(plan.ParamDType(g.rt.Config).Size())
 	var n int64
 	for i, v := range g.vars {
 		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) {

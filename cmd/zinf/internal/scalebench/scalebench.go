@@ -37,6 +37,7 @@ import (
 	"github.com/zinfio/zinf/examples/train"
 	"github.com/zinfio/zinf/internal/base/blockdev"
 	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 )
@@ -295,7 +296,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer rd.Close()
 	dir := rd.Path()
-	eo := zinf.EngineOptions(cfg, o.Logger, nil)
+	eo := plan.EngineOptions(cfg, o.Logger, nil)
 	probe := func(when string) (Bandwidth, error) {
 		var b Bandwidth
 		backend := ""

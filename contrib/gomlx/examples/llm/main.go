@@ -54,6 +54,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 type options struct {
@@ -479,7 +480,7 @@ func newReference(backend compute.Backend, o options, c *corpus, cfg *config.Con
 		}
 	}
 	r.created = diff == "" && n == len(off.Vars())
-	r.wg, err = zgomlx.NewWholeGraphModel(backend, store, logits, zgomlx.TransformerLoss, zgomlx.Adam(zinf.Hyper(cfg)))
+	r.wg, err = zgomlx.NewWholeGraphModel(backend, store, logits, zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 type options struct {
@@ -460,11 +461,11 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 	fmt.Fprintf(w, "  in memory, same per-layer executors, zinf's Adam:  losses %s, parameters %s, masters and Adam moments %s\n",
 		verdict(okLoss), verdict(okParams), verdict(okStates))
 	// 2. One whole GoMLX graph with zgomlx.Adam, then with GoMLX's Adam.
-	okWhole, err := wholeGraph(o, w, backend, n, cfg, snap, zgomlx.Adam(zinf.Hyper(cfg)), "one GoMLX graph, zgomlx.Adam (zinf's Adam):   ")
+	okWhole, err := wholeGraph(o, w, backend, n, cfg, snap, zgomlx.Adam(plan.Hyper(cfg)), "one GoMLX graph, zgomlx.Adam (zinf's Adam):   ")
 	if err != nil {
 		return err
 	}
-	h := zinf.Hyper(cfg)
+	h := plan.Hyper(cfg)
 	h.EnsureDefaults()
 	if _, err := wholeGraph(o, w, backend, n, cfg, snap, gopt.Adam().LearningRate(float64(h.LR)).Betas(float64(h.Beta1), float64(h.Beta2)).Epsilon(float64(h.Eps)).Done(),
 		fmt.Sprintf("one GoMLX graph, GoMLX's Adam (eps %g):       ", h.Eps)); err != nil {

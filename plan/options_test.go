@@ -1,4 +1,4 @@
-package zinf
+package plan
 
 import (
 	"log/slog"
@@ -8,8 +8,8 @@ import (
 	"github.com/zinfio/zinf/config"
 )
 
-// TestSettingsMatchTranslators holds settingsOf, the one pass Open and
-// PlanModel read the config through, against the public translators the
+// TestSettingsMatchTranslators holds SettingsOf, the one pass zinf.Open and
+// zinf.PlanModel read the config through, against the public translators the
 // tools use: the same engine, GPUDirect Storage, bounce and optimizer
 // options, dtype and mode, for configs that differ in each key they read.
 func TestSettingsMatchTranslators(t *testing.T) {
@@ -35,21 +35,21 @@ func TestSettingsMatchTranslators(t *testing.T) {
 		c := config.Default()
 		c.SetScratchDir(t.TempDir())
 		edit(c)
-		s := settingsOf(c, log, nil, 0)
-		if got, want := s.engine, EngineOptions(c, log, nil); !reflect.DeepEqual(got, want) {
+		s := SettingsOf(c, log, nil, 0)
+		if got, want := s.Engine, EngineOptions(c, log, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: engine %+v, EngineOptions %+v", name, got, want)
 		}
-		if got, want := s.gds, GDSOptions(c, log); !reflect.DeepEqual(got, want) {
+		if got, want := s.GDS, GDSOptions(c, log); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: gds %+v, GDSOptions %+v", name, got, want)
 		}
-		if got, want := s.bounce, BounceOptions(c, log); !reflect.DeepEqual(got, want) {
+		if got, want := s.Bounce, BounceOptions(c, log); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: bounce %+v, BounceOptions %+v", name, got, want)
 		}
-		if s.gdsMode != GDSMode(c) || s.dtype != ParamDType(c) || s.optimizer.Hyper != Hyper(c) {
-			t.Errorf("%s: mode %q dtype %v hyper %+v; want %q %v %+v", name, s.gdsMode, s.dtype, s.optimizer.Hyper, GDSMode(c), ParamDType(c), Hyper(c))
+		if s.GDSMode != GDSMode(c) || s.DType != ParamDType(c) || s.Optimizer.Hyper != Hyper(c) {
+			t.Errorf("%s: mode %q dtype %v hyper %+v; want %q %v %+v", name, s.GDSMode, s.DType, s.Optimizer.Hyper, GDSMode(c), ParamDType(c), Hyper(c))
 		}
-		if !reflect.DeepEqual(s.nvmePaths, c.NVMePaths()) {
-			t.Errorf("%s: paths %v, want %v", name, s.nvmePaths, c.NVMePaths())
+		if !reflect.DeepEqual(s.NVMePaths, c.NVMePaths()) {
+			t.Errorf("%s: paths %v, want %v", name, s.NVMePaths, c.NVMePaths())
 		}
 	}
 }

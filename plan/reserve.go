@@ -1,4 +1,4 @@
-package zinf
+package plan
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/base/memlimit"
-	"github.com/zinfio/zinf/internal/base/units"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
@@ -18,7 +16,7 @@ import (
 	"github.com/zinfio/zinf/tensor"
 )
 
-// Reservations is how a Runtime splits its pinned pool: each consumer gets
+// Reservations is how a zinf.Runtime splits its pinned pool: each consumer gets
 // its own region of the arena (see buffers.Options.Reservations), so no
 // consumer can wait on memory another holds. Every figure is in pool
 // bytes, counted with the pool's block rule (buffers.SpanBytes).
@@ -51,7 +49,7 @@ type Reservations struct {
 	// device I/O.
 	StagingBytes int64
 	// GatherBytes holds the full parameters of two layers (the largest)
-	// with Options.GatherLayers: the layer in use and the next one,
+	// with zinf.Options.GatherLayers: the layer in use and the next one,
 	// gathered from every rank's partitions ahead of use; 0 without.
 	GatherBytes int64
 	// MinPoolBytes is the smallest zinf.tiers.cpu_pinned_bytes that works:
@@ -65,7 +63,7 @@ type Reservations struct {
 	LayerMajorPoolBytes int64
 	// PoolBytes is the pool's capacity.
 	PoolBytes int64
-	// PieceBytes is the piece big tensors move in (Options.PieceBytes as
+	// PieceBytes is the piece big tensors move in (zinf.Options.PieceBytes as
 	// the stores round it; 0: every tensor moves whole).
 	PieceBytes int64
 	// What sets the minimums: DemandLayer is the layer whose parameters
@@ -131,7 +129,7 @@ func (r Reservations) String() string {
 }
 
 // PoolTooSmallError says that the pinned pool cannot hold what the model
-// needs at the least; Open returns it before anything is built.
+// needs at the least; zinf.Open returns it before anything is built.
 type PoolTooSmallError struct {
 	Have, Need int64
 	Res        Reservations
@@ -177,9 +175,9 @@ func (r Reservations) largestNeed() string {
 
 func (e *PoolTooSmallError) Unwrap() error { return ErrPoolTooSmall }
 
-// granuleBytes is the pinned pool's granule for cfg: the default size class,
+// GranuleBytes is the pinned pool's granule for cfg: the default size class,
 // raised to the swap stores' alignment (their transfers need it).
-func granuleBytes(stores ...*swapper.Store) int64 {
+func GranuleBytes(stores ...*swapper.Store) int64 {
 	g := int64(max(buffers.DefaultMinBufferBytes, os.Getpagesize()))
 	for _, s := range stores {
 		if s != nil && s.Alignment() > g {
@@ -218,7 +216,7 @@ func (g sizingGrads) RangeBufferBytes(lo, hi int) int {
 // reservationInput is what reserve needs of an opening runtime.
 type reservationInput struct {
 	cfg         *config.Config
-	mi          *modelInfo
+	mi          *Index
 	rank, world int
 	dtype       tensor.DType
 	tiers       map[string]tensor.Tier
@@ -229,20 +227,20 @@ type reservationInput struct {
 	bounceBytes int64
 	optOpts     optimizer.Options
 	inference   bool
-	gather      bool // Options.GatherLayers
+	gather      bool // zinf.Options.GatherLayers
 	layerMajor  bool // the plan's schedule holds a layer's gradients in pinned memory
-	pieces      pieces
+	pieces      Pieces
 }
 
 // reserve computes the reservations for in, giving what the pool has
 // beyond the minimums to the prefetch window and the parameter cache.
 func reserve(in reservationInput) Reservations {
-	granule := granuleBytes(in.paramStore, in.gradStore, in.optimStore)
+	granule := GranuleBytes(in.paramStore, in.gradStore, in.optimStore)
 	span := func(n int64) int64 { return buffers.SpanBytes(n, int(granule)) }
 	r := Reservations{GranuleBytes: granule, PoolBytes: int64(in.cfg.Zinf.Tiers.CPUPinnedBytes)}
 	elem := int64(in.dtype.Size())
 	part := func(name string) int64 {
-		lo, hi := partition(int(in.mi.numel[name]), in.rank, in.world)
+		lo, hi := Partition(int(in.mi.Numel[name]), in.rank, in.world)
 		return int64(hi - lo)
 	}
 	padded := func(n int64) int64 {
@@ -254,7 +252,7 @@ func reserve(in reservationInput) Reservations {
 	var maxNVMe, maxGPU, layerMax, gpuSnap int64
 	var streamed string // the largest streamed partition
 	var streamedBytes int64
-	for l, names := range in.mi.layers {
+	for l, names := range in.mi.Layers {
 		var layer int64
 		var largest string
 		var largestBytes int64
@@ -265,7 +263,7 @@ func reserve(in reservationInput) Reservations {
 			}
 			switch in.tiers[n] {
 			case tensor.TierNVMe:
-				if pb := in.pieces.paramBytes; pb > 0 && b > pb {
+				if pb := in.pieces.ParamBytes; pb > 0 && b > pb {
 					// Streamed in pieces: never resident whole.
 					if b > streamedBytes {
 						streamed, streamedBytes = n, b
@@ -295,29 +293,29 @@ func reserve(in reservationInput) Reservations {
 	r.ParamDemandBytes = layerMax
 	if streamed != "" {
 		// Reads of streamed partitions go one piece at a time.
-		piece := span(in.pieces.paramBytes)
+		piece := span(in.pieces.ParamBytes)
 		r.ParamDemandBytes += piece
 		if layerMax < piece {
-			r.DemandLayer, r.DemandTensor = in.mi.layer[streamed], streamed
+			r.DemandLayer, r.DemandTensor = in.mi.Layer[streamed], streamed
 		}
 	}
-	r.PieceBytes = in.pieces.paramBytes
+	r.PieceBytes = in.pieces.ParamBytes
 	if (maxNVMe > 0 || streamed != "") && !in.inference {
 		// New values on their way to NVMe hold a buffer only until their
 		// write completes, which needs nothing else: one tensor's worth
 		// keeps the step going (more would only overlap more writes); a
 		// streamed tensor's, one piece.
 		r.ParamStageBytes = maxNVMe
-		if streamed != "" && span(in.pieces.paramBytes) > maxNVMe {
-			r.ParamStageBytes, r.StageTensor = span(in.pieces.paramBytes), streamed
+		if streamed != "" && span(in.pieces.ParamBytes) > maxNVMe {
+			r.ParamStageBytes, r.StageTensor = span(in.pieces.ParamBytes), streamed
 		}
 	}
 	var parts []int
-	for _, d := range in.mi.descs {
+	for _, d := range in.mi.Descs {
 		parts = append(parts, int(part(d.Name)))
 	}
 	if !in.inference {
-		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore, PieceElems: in.pieces.gradElems}, parts, span)
+		r.GradBytes = grad.PinnedNeedBytes(grad.Options{Store: in.gradStore, PieceElems: in.pieces.GradElems}, parts, span)
 		r.GradTensor = largestPart(in.mi, parts)
 		// At one micro-batch layer-major holds nothing: each gradient is
 		// handed once and written behind as micro-batch-major's is.
@@ -326,7 +324,7 @@ func reserve(in reservationInput) Reservations {
 		}
 		oo := in.optOpts
 		oo.Store = in.optimStore
-		oo.Grads = sizingGrads{in.gradStore, in.pieces.gradElems}
+		oo.Grads = sizingGrads{in.gradStore, in.pieces.GradElems}
 		r.OptimizerBytes = optimizer.PinnedNeedBytes(oo, parts, span)
 		sgMax := oo.SubGroupSize
 		if sgMax <= 0 {
@@ -335,7 +333,7 @@ func reserve(in reservationInput) Reservations {
 		bestSG := -1
 		for i, n := range parts {
 			if g := min(n, sgMax); g > bestSG {
-				bestSG, r.OptimizerTensor = g, in.mi.descs[i].Name
+				bestSG, r.OptimizerTensor = g, in.mi.Descs[i].Name
 			}
 		}
 		if in.optimStore == nil {
@@ -361,7 +359,7 @@ func reserve(in reservationInput) Reservations {
 		r.StagingBytes += maxNVMe
 	}
 	if in.gather {
-		r.GatherBytes = gatherSlots * gatherLayerBytes(in.mi, elem, span)
+		r.GatherBytes = GatherSlots * gatherLayerBytes(in.mi, elem, span)
 	}
 	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes + r.GatherBytes
 	if r.PoolBytes > r.MinPoolBytes {
@@ -381,10 +379,10 @@ func reserve(in reservationInput) Reservations {
 // layer before may still be in flight.
 func layerGradBytes(in reservationInput, span func(int64) int64) int64 {
 	var layerMax, largest int64
-	for _, names := range in.mi.layers {
+	for _, names := range in.mi.Layers {
 		var layer int64
 		for _, n := range names {
-			lo, hi := partition(int(in.mi.numel[n]), in.rank, in.world)
+			lo, hi := Partition(int(in.mi.Numel[n]), in.rank, in.world)
 			if hi == lo {
 				continue
 			}
@@ -408,38 +406,43 @@ func optimizerInFlight(o optimizer.Options) int {
 }
 
 // largestPart is the name of the tensor with the longest partition.
-func largestPart(mi *modelInfo, parts []int) string {
+func largestPart(mi *Index, parts []int) string {
 	best, name := -1, ""
 	for i, n := range parts {
 		if n > best {
-			best, name = n, mi.descs[i].Name
+			best, name = n, mi.Descs[i].Name
 		}
 	}
 	return name
 }
 
-// checkPoolMemory refuses a pinned pool (zinf.tiers.cpu_pinned_bytes)
-// larger than this process may still allocate: the tightest of
-// MemAvailable, the memory cgroup's limit less its usage and ulimit -v
-// less the address space mapped (memlimit.Available). It runs before
-// anything is built: the pool is mapped and locked whole, and one beyond
-// the memory is OOM-killed (a cgroup) or dies in a Go fatal out-of-memory
-// (ulimit -v). The error wraps buffers.ErrMemory.
-func checkPoolMemory(pool int64) error {
-	lim, ok := memlimit.Available()
-	if !ok || pool <= lim.Bytes {
-		return nil
-	}
-	return fmt.Errorf("zinf: zinf.tiers.cpu_pinned_bytes = %s is more than the %s of memory this process may still take (%s): lower zinf.tiers.cpu_pinned_bytes: %w",
-		units.FormatBytesExact(pool), units.FormatBytesExact(lim.Bytes), lim.What, buffers.ErrMemory)
-}
-
-// pieces is how big tensors move (see Options.PieceBytes): parameter
-// partitions larger than paramBytes are streamed in pieces of paramBytes;
-// gradients longer than gradElems are kept in pieces of gradElems (a
+// Pieces is how big tensors move (see zinf.Options.PieceBytes): parameter
+// partitions larger than ParamBytes are streamed in pieces of ParamBytes;
+// gradients longer than GradElems are kept in pieces of GradElems (a
 // multiple of the optimizer's sub-group, which is at most a piece). Zero
 // fields: whole.
-type pieces struct {
-	paramBytes int64
-	gradElems  int
+type Pieces struct {
+	ParamBytes int64
+	GradElems  int
+}
+
+// GatherSlots is how many layers' full parameters a rank holds at once
+// with zinf.Options.GatherLayers: the layer in use and the next one of the
+// pass, gathered ahead while the loop computes. The number is the same
+// on every rank (it decides the order of the collectives, which must
+// be), so it is fixed rather than sized from a rank's free memory.
+const GatherSlots = 2
+
+// gatherLayerBytes is the pool bytes one layer's full parameters take: the
+// largest layer's, counted at the pool's block rule.
+func gatherLayerBytes(mi *Index, elem int64, span func(int64) int64) int64 {
+	var most int64
+	for _, names := range mi.Layers {
+		var b int64
+		for _, n := range names {
+			b += span(mi.Numel[n] * elem)
+		}
+		most = max(most, b)
+	}
+	return most
 }

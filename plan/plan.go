@@ -1,0 +1,375 @@
+package plan
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/gds"
+	"github.com/zinfio/zinf/internal/base/units"
+	"github.com/zinfio/zinf/policy"
+	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// Plan is what zinf.Open decides for a model under a config, for one
+// rank (zinf.ModelPlan): where each tensor lives and the predicted step
+// (Placement), how the pinned pool is split and its minimum
+// (Reservations), the NVMe bandwidth the prediction uses and where it
+// comes from (Bandwidth), the free disk each NVMe path needs (Disk), and
+// the options of every component zinf.Open builds from it (Components).
+// zinf.PlanModel computes it without opening anything; an open zinf.Runtime
+// has the same figures (Plan, Reservations, Bandwidth, DiskNeeds).
+//
+// Sizes that depend on the device (padding, aligned reads) are counted for
+// an alignment of swapper.DefaultDiskAlignment (4 KiB) or the device's,
+// whichever is larger, so the minimum pool zinf.PlanModel reports is the one
+// zinf.Open enforces on any device of 4 KiB alignment or less.
+type Plan struct {
+	Rank, World  int
+	Placement    *policy.Placement
+	Reservations Reservations
+	Bandwidth    Bandwidth
+	// Disk is the free space the swap stores need on each NVMe path, in
+	// the config's order (a path that several stores share once, with
+	// their needs added): every NVMe tensor with the copies copy-on-write
+	// keeps during a step (swapper.CopyOnWriteVersions), padded and
+	// striped as the stores do, plus each store's own files. Paths on one
+	// filesystem need their sum there. An asynchronous checkpoint holds
+	// up to one more copy of what it saves until it is written.
+	Disk []swapper.SpaceNeed
+	// Components are the options zinf.Open builds each component from.
+	Components Components
+}
+
+// DiskBytes is Disk added up.
+func (p *Plan) DiskBytes() int64 {
+	var n int64
+	for _, d := range p.Disk {
+		n += d.Bytes
+	}
+	return n
+}
+
+// WriteText renders the plan for people, as `zinf plan` prints it: the
+// placement table, each NVMe path's bandwidth with its source, the disk
+// each path needs, and the pinned reservations with the minimum pool.
+func (p *Plan) WriteText(w io.Writer) error {
+	if err := p.Placement.WriteTable(w); err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(w)
+	if len(p.Bandwidth.Paths) > 0 {
+		fmt.Fprintf(bw, "\nnvme bandwidth per path (paths add up: read %s/s, write %s/s):\n%s",
+			units.FormatBytes(int64(p.Bandwidth.ReadBps())), units.FormatBytes(int64(p.Bandwidth.WriteBps())), p.Bandwidth)
+	}
+	if len(p.Disk) > 0 {
+		fmt.Fprintf(bw, "\nnvme disk: free space each path needs (swap files with their copy-on-write copies; Open checks it):\n")
+		for _, d := range p.Disk {
+			fmt.Fprintf(bw, "  %s: %s (%d bytes)\n", d.Path, units.FormatBytes(d.Bytes), d.Bytes)
+		}
+	}
+	fmt.Fprintf(bw, "\npinned memory by reservation (rank %d of %d):\n%s", p.Rank, p.World, p.Reservations)
+	return bw.Flush()
+}
+
+// Inputs are a plan's inputs, checked: the config, the model's index, the
+// rank and the world size, and the config in each component's words.
+type Inputs struct {
+	Config      *config.Config
+	Model       *Index
+	Rank, World int
+	Log         *slog.Logger
+	Settings    Settings
+}
+
+// Given is what zinf.Open and zinf.PlanModel are given beside the config
+// and the model: the logger (default slog.Default()), the rank and world
+// size when WorldSize > 0 (else the config's), and for the settings the
+// engine's fault hook and the run's total steps (zinf.Options).
+type Given struct {
+	Logger          *slog.Logger
+	Rank, WorldSize int
+	Faults          aio.FaultHook
+	TotalSteps      int
+}
+
+// Check validates what zinf.Open and zinf.PlanModel are given: the config
+// (every problem reported), the model, and the rank and world size; then
+// it reads the config in each component's words (SettingsOf).
+func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
+	if cfg == nil {
+		return nil, errors.New("zinf: nil config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r, world := cfg.RankWorld()
+	mi, err := m.Check()
+	if err != nil {
+		return nil, err
+	}
+	log := g.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if g.WorldSize > 0 {
+		r, world = g.Rank, g.WorldSize
+	}
+	if r < 0 || r >= world {
+		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
+	}
+	return &Inputs{Config: cfg, Model: mi, Rank: r, World: world, Log: log, Settings: SettingsOf(cfg, log, g.Faults, g.TotalSteps)}, nil
+}
+
+// Measured is what a plan takes from the machine: the NVMe bandwidth and
+// the swap stores' geometry (alignment, stripes, padding) — open stores
+// (zinf.Open) or sizing ones (zinf.PlanModel), nil where the config keeps
+// that state in memory. Of the stores Make reads only the geometry.
+type Measured struct {
+	Bandwidth                         Bandwidth
+	ParamStore, GradStore, OptimStore *swapper.Store
+}
+
+// Options are the caller's choices that a plan depends on (zinf.Options).
+type Options struct {
+	ComputePerLayer float64 // seconds per layer and pass
+	Inference       bool
+	Gather          bool  // GatherLayers with a Comm
+	PieceBytes      int64 // zinf.Options.PieceBytes as given
+}
+
+// Components are the options zinf.Open builds each component from, beside
+// the Settings: the tier of each tensor, the optimizer's options (the
+// sub-group capped at a piece), how big tensors move, the pinned pool's.
+type Components struct {
+	Settings
+	Tiers     map[string]tensor.Tier
+	Optimizer optimizer.Options
+	Pieces    Pieces
+	Pool      buffers.Options // the pinned pool (Logger aside)
+	// NVMeLayers are each layer's NVMe tensors, in the order of use: what
+	// the scheduler prefetches.
+	NVMeLayers [][]string
+}
+
+// Make plans placement and prefetch, sizes the pinned reservations and the
+// disk each NVMe path needs, and derives every component's options: a pure
+// function of its inputs, with no I/O. zinf.Open and zinf.PlanModel share
+// it, so they agree.
+func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
+	cfg, mi, s := in.Config, in.Model, &in.Settings
+	placement, err := placementOf(cfg, mi, in.World, o.ComputePerLayer, m.Bandwidth)
+	if err != nil {
+		return nil, err
+	}
+	tiers := make(map[string]tensor.Tier, len(mi.Descs))
+	for _, d := range mi.Descs {
+		t, ok := placement.Tier[d.Name]
+		if !ok || (t == tensor.TierNVMe && m.ParamStore == nil) {
+			t = tensor.TierCPU
+		}
+		tiers[d.Name] = t
+	}
+	optOpts := s.Optimizer
+	// Pinned memory and disk are sized for a device alignment of at least
+	// 4 KiB, so that a plan made before the stores exist (zinf.PlanModel) gives
+	// the figures zinf.Open enforces.
+	sizing := func(s *swapper.Store) *swapper.Store {
+		if s == nil {
+			return nil
+		}
+		return s.Sizing(swapper.DefaultDiskAlignment)
+	}
+	ps, gs, os := sizing(m.ParamStore), sizing(m.GradStore), sizing(m.OptimStore)
+	var bounce int64
+	if mode, _ := gds.ParseMode(s.GDSMode); mode != gds.ModeOff {
+		bo := s.Bounce
+		bounce = 2 * int64(bo.Parallelism) * buffers.SpanBytes(bo.BlockSizeBytes, int(GranuleBytes(ps, gs, os)))
+	}
+	dtype := s.DType
+	pieceBytes := o.PieceBytes // zinf.Options.PieceBytes, else zinf.piece_bytes
+	if pieceBytes == 0 {
+		pieceBytes = int64(cfg.Zinf.PieceBytes)
+	}
+	pcs := planPieces(pieceBytes, bounce > 0, ps, gs, &optOpts)
+	rin := reservationInput{cfg: cfg, mi: mi, rank: in.Rank, world: in.World, dtype: dtype, tiers: tiers,
+		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
+		bounceBytes: bounce, optOpts: optOpts, inference: o.Inference, gather: o.Gather,
+		layerMajor: placement.Schedule == policy.ScheduleLayerMajor, pieces: pcs}
+	res := reserve(rin)
+	if rin.layerMajor && (cfg.Zinf.Schedule == config.ScheduleAuto || cfg.Zinf.Schedule == "") {
+		// Auto works down to micro-batch-major's minimum, which needs
+		// less pinned memory: below layer-major's it takes that order.
+		rin.layerMajor = false
+		mb := reserve(rin)
+		lmPool := res.MinPoolBytes
+		if res.MinPoolBytes > res.PoolBytes {
+			if mb.MinPoolBytes <= mb.PoolBytes {
+				placement.Notes = append(placement.Notes, fmt.Sprintf("schedule micro-batch-major, though layer-major is predicted faster (%s vs %s): layer-major holds a layer's gradients in pinned memory and needs a pool of %s, this config has %s",
+					policy.FormatDuration(placement.PredictedLayerMajor.Total), policy.FormatDuration(placement.PredictedMicroBatchMajor.Total),
+					config.Size(lmPool), config.Size(res.PoolBytes)))
+			}
+			placement.Schedule, placement.Predicted = policy.ScheduleMicroBatchMajor, placement.PredictedMicroBatchMajor
+			res = mb
+		} else {
+			res.MinPoolBytes = min(res.MinPoolBytes, mb.MinPoolBytes)
+		}
+		res.LayerMajorPoolBytes = lmPool
+	}
+	p := &Plan{Rank: in.Rank, World: in.World, Placement: placement, Reservations: res, Bandwidth: m.Bandwidth}
+	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, ps, gs, os)
+	placement.NVMeDiskBytes = p.DiskBytes()
+	// The policy placed tensors without a pinned budget (the reservations
+	// judge pinned memory); its table shows the pool the config gives.
+	placement.Tiers.CPUBytes = res.PoolBytes
+	placement.PinnedRows = res.rows()
+	var resv [buffers.NumPurposes]int64
+	resv[buffers.PurposeParams] = res.ParamsBytes()
+	resv[buffers.PurposeGradients] = res.GradBytes
+	resv[buffers.PurposeOptimizer] = res.OptimizerBytes
+	resv[buffers.PurposeCollectives] = res.GatherBytes
+	nvmeLayers := make([][]string, len(mi.Layers))
+	for l, names := range mi.Layers {
+		for _, n := range names {
+			if tiers[n] == tensor.TierNVMe {
+				nvmeLayers[l] = append(nvmeLayers[l], n)
+			}
+		}
+	}
+	p.Components = Components{Settings: *s, Tiers: tiers, Optimizer: optOpts, Pieces: pcs, NVMeLayers: nvmeLayers,
+		Pool: buffers.Options{CapacityBytes: res.PoolBytes, MinBufferBytes: int(res.GranuleBytes), Reservations: resv,
+			StallTimeout: s.PinnedStall}}
+	return p, nil
+}
+
+// DiskNeeds is the free space each store needs on each of its paths to
+// hold this rank's NVMe tensors with their copy-on-write copies (see
+// swapper.Store.SpaceNeeds), merged by path in the config's order.
+func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
+	var paramSizes, gradSizes, optimSizes []int64
+	sg := oo.SubGroupSize
+	if sg <= 0 {
+		sg = optimizer.DefaultSubGroupSize
+	}
+	for _, d := range mi.Descs {
+		lo, hi := Partition(int(mi.Numel[d.Name]), rank, world)
+		n := int64(hi - lo)
+		if n == 0 {
+			continue
+		}
+		if tiers[d.Name] == tensor.TierNVMe {
+			paramSizes = append(paramSizes, n*int64(dtype.Size()))
+		}
+		if inference {
+			continue
+		}
+		if gradPiece > 0 && n > int64(gradPiece) {
+			for off := int64(0); off < n; off += int64(gradPiece) {
+				gradSizes = append(gradSizes, 4*min(int64(gradPiece), n-off))
+			}
+		} else {
+			gradSizes = append(gradSizes, 4*n)
+		}
+		// A sub-group's record: the master and the rule's states, as the
+		// optimizer lays them out (staggered in large sub-groups).
+		for off := int64(0); off < n; off += int64(sg) {
+			optimSizes = append(optimSizes, optimizer.LayoutForArrays(int(min(int64(sg), n-off)), 1+oo.Hyper.StateCount()).Bytes)
+		}
+	}
+	var out []swapper.SpaceNeed
+	index := map[string]int{}
+	add := func(s *swapper.Store, sizes []int64) {
+		if s == nil {
+			return
+		}
+		for _, n := range s.SpaceNeeds(sizes, swapper.CopyOnWriteVersions) {
+			if i, ok := index[n.Path]; ok {
+				out[i].Bytes += n.Bytes
+				continue
+			}
+			index[n.Path] = len(out)
+			out = append(out, n)
+		}
+	}
+	add(param, paramSizes)
+	if !inference {
+		add(grad, gradSizes)
+		add(optim, optimSizes)
+	} else {
+		// The stores exist (and take their own files) even when nothing
+		// is written to them.
+		add(grad, nil)
+		add(optim, nil)
+	}
+	return out
+}
+
+// placementOf runs the policy over the model's inventory with the NVMe
+// bandwidth bw.
+func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer float64, bw Bandwidth) (*policy.Placement, error) {
+	dtype := ParamDType(cfg)
+	inv := policy.InventoryOf(mi.Descs, mi.Numel, dtype, world)
+	h := HintsFor(cfg, len(mi.Layers), 0)
+	h.ComputeSecondsPerLayer = 2 * computePerLayer
+	// Pinned memory is the reservations' to judge (zinf.Open refuses a pool
+	// below their minimum, naming it); the policy places tensors and sizes
+	// prefetch without a pinned budget of its own, and buffer counts come
+	// from the reservations, not from buffer_count x buffer_size.
+	h.ParamBufferCount, h.ParamBufferBytes, h.OptimizerBufferCount = 0, 0, 0
+	// max_in_cpu is the parameter swapper's cache, inside the parameters'
+	// reservation, not tensors homed on the CPU tier.
+	h.MaxInCPUBytes = 0
+	tiers := Tiers(cfg, bw, cfg.GPUBytes(0), int64(cfg.Zinf.Tiers.CPUPinnedBytes))
+	tiers.CPUBytes = policy.MaxBytes
+	return policy.Plan(tiers, inv, h)
+}
+
+// DefaultPieceBytes is zinf.Options.PieceBytes's default: 4 MiB.
+const DefaultPieceBytes = 4 << 20
+
+// planPieces resolves zinf.Options.PieceBytes (0: DefaultPieceBytes; < 0:
+// off) for the stores, and caps the optimizer's sub-group at a piece of
+// gradient so that no sub-group's record or gradient slice is larger.
+// Device I/O (GDS) swaps parameters into device memory whole: none are
+// streamed then.
+func planPieces(pieceBytes int64, deviceIO bool, param, grad *swapper.Store, oo *optimizer.Options) Pieces {
+	if pieceBytes == 0 {
+		pieceBytes = DefaultPieceBytes
+	}
+	if pieceBytes < 0 {
+		return Pieces{}
+	}
+	var pc Pieces
+	if param != nil && !deviceIO {
+		u := param.PieceUnit()
+		pc.ParamBytes = max(u, (pieceBytes+u-1)/u*u)
+	}
+	if grad != nil {
+		elems := int(max(pieceBytes/4, 1))
+		sg := oo.SubGroupSize
+		if sg <= 0 {
+			sg = optimizer.DefaultSubGroupSize
+		}
+		sg = min(sg, elems)
+		oo.SubGroupSize = sg
+		pc.GradElems = elems / sg * sg
+	}
+	return pc
+}
+
+// Tiers is the policy's view of cfg's tiers with the GPU tier's and the
+// pinned CPU tier's capacities and the NVMe bandwidth given (see
+// zinf.TiersFor).
+func Tiers(cfg *config.Config, bw Bandwidth, gpuBytes, cpuBytes int64) policy.Tiers {
+	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
+		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
+		PoolGranuleBytes: buffers.DefaultMinBufferBytes}
+}
