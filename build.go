@@ -26,7 +26,7 @@ import (
 // state and the prefetch scheduler from it, and joins the world of ranks.
 func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	log, p := r.log, &pl.Components
-	r.placement, r.res, r.disk, r.tiers, r.pieces = pl.Placement, pl.Reservations, pl.Disk, p.Tiers, p.Pieces
+	r.placement, r.res, r.bandwidth, r.disk, r.tiers, r.pieces = pl.Placement, pl.Reservations, pl.Bandwidth, pl.Disk, p.Tiers, p.Pieces
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // openDeviceIO builds r.DeviceIO when the config selects GPUDirect Storage
-// (GDSMode "auto" or "required"); with "off" it leaves it nil and device
+// (plan.GDSMode "auto" or "required"); with "off" it leaves it nil and device
 // transfers take the bounce path through the pinned pool, as they always
 // did. It needs r.Pool, r.Engine and r.Device.
 //

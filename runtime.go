@@ -199,13 +199,16 @@ type Runtime struct {
 	reducePending *pendingReduce
 }
 
-// Open builds a Runtime for model from cfg: it validates both (every
-// problem is reported), plans placement and prefetch, sizes the pinned
-// pool by reservation — refusing, with a *PoolTooSmallError naming the
-// minimum and the key to change, a pool that cannot work — and opens the
-// engine, device, swap stores and swappers. Every tensor must then get its
-// initial values with Init. Nothing is left behind on failure: whatever
-// was built is closed again.
+// Open builds a Runtime for model from cfg: it checks both (plan.Check:
+// every problem is reported), measures what the plan depends on (the
+// memory the pinned pool may take; the engine and swap stores, whose
+// geometry the plan sizes with; each NVMe path's bandwidth), plans
+// placement and prefetch, the pinned pool by reservation and the disk
+// (plan.Make), and builds the pool, device, swappers and scheduler from
+// the plan alone — refusing, with a *PoolTooSmallError naming the minimum
+// and the key to change, a pool that cannot work, and an NVMe path short
+// of free space. Every tensor must then get its initial values with Init.
+// Nothing is left behind on failure: whatever was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
 	in, err := plan.Check(cfg, model, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, Faults: opts.Faults, TotalSteps: opts.TotalSteps})
 	if err != nil {
@@ -226,7 +229,6 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if err != nil {
 		return nil, err
 	}
-	r.bandwidth = m.Bandwidth
 	p, err := plan.Make(in, m, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference,
 		Gather: opts.GatherLayers && opts.Comm != nil, PieceBytes: opts.PieceBytes})
 	if err != nil {
