@@ -7,6 +7,7 @@ require (
 	github.com/gomlx/gomlx v0.28.2
 	github.com/tiktoken-go/tokenizer v0.10.0
 	github.com/zinfio/zinf v0.0.0-00010101000000-000000000000
+	golang.org/x/sys v0.49.0
 )
 
 require (
@@ -26,7 +27,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
 	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 )

@@ -72,6 +72,10 @@ type Options struct {
 	// PieceBytes: see zinf.Options (tensors larger move in pieces, and the
 	// token embedding's rows are read alone).
 	PieceBytes int64
+	// InPlaceOnly makes Open fail, naming the tensor, where InPlaceWeights
+	// cannot give a tensor in place, rather than copy it into the swap
+	// files (a model too large for a second copy on the disk).
+	InPlaceOnly bool
 }
 
 // Sampling says how the next token is chosen and when generation stops.
@@ -135,7 +139,8 @@ func (s *Sampling) ends(tok int32) bool {
 // Generator generates from one model whose weights zinf holds. It is for
 // one goroutine.
 type Generator struct {
-	rt      *zinf.Runtime
+	rt      *zinf.Runtime // nil for a mapped model (OpenMapped)
+	src     source        // where each layer's weights come from
 	backend compute.Backend
 	store   *model.Store
 	m       *transformer.Model
@@ -180,15 +185,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 		return nil, errors.New("zinf generate: Open needs a backend, a config, a ModelFn and Weights")
 	}
 	backend = WithKVCacheOps(backend)
-	store := model.NewStore()
-	var m *transformer.Model
-	if err := catch(func() error { m = fn(store.RootScope()); return nil }); err != nil {
-		return nil, fmt.Errorf("zinf generate: ModelFn: %w", err)
-	}
-	if err := checkModel(m); err != nil {
-		return nil, err
-	}
-	vars, err := discover(backend, store, m)
+	store, m, vars, err := build(backend, fn)
 	if err != nil {
 		return nil, err
 	}
@@ -201,15 +198,12 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 	if err != nil {
 		return nil, err
 	}
-	g = &Generator{rt: rt, backend: backend, store: store, m: m, vars: vars, slots: map[string]*slot{}, headEx: map[sampleKey]*model.Exec{},
-		byLayer: make([][]int, m.NumLayers+2), kvHeads: m.NumKVHeads}
-	if g.kvHeads == 0 {
-		g.kvHeads = m.NumHeads
-	}
+	g = newGenerator(rtSource{rt}, backend, store, m, vars)
+	g.rt = rt
+	gen := g // a failed return sets g to nil before the deferred Close
 	defer func() {
 		if err != nil {
-			g.Close()
-			g = nil
+			gen.Close()
 		}
 	}()
 	var buf []float32
@@ -227,10 +221,14 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 					g.inPlaceBytes += int64(v.Numel() * dt.Size())
 					continue
 				}
-				if !errors.Is(err, swapper.ErrNotInPlace) {
+				if !errors.Is(err, swapper.ErrNotInPlace) || o.InPlaceOnly {
 					return nil, err
 				}
+			} else if o.InPlaceOnly {
+				return nil, fmt.Errorf("zinf generate: %q is not in the weights' files as the runtime stores it (Options.InPlaceOnly)", v.Name)
 			}
+		} else if o.InPlaceOnly {
+			return nil, errors.New("zinf generate: Options.InPlaceOnly needs InPlaceWeights (a checkpoint or safetensors files)")
 		}
 		n := v.Numel()
 		if cap(buf) < n {
@@ -243,15 +241,63 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 			return nil, err
 		}
 	}
-	if l0 := g.byLayer[0]; len(l0) == 1 && !m.ScaleTokenEmbeddings && m.TokenTypeEmbedSize == 0 &&
-		(m.EmbedNormalization == "" || m.EmbedNormalization == layers.NormalizationNone) && strings.HasSuffix(vars[l0[0]].Name, "/token_embed/embeddings") {
-		g.rowsOf = &g.vars[l0[0]]
-	}
-	m.PopulateKVCacheConfigs()
-	if err := g.compile(); err != nil {
+	if err := g.finish(); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// build builds the model with fn on a new Store, checks it and discovers
+// its variables (no values are made).
+func build(backend compute.Backend, fn ModelFn) (*model.Store, *transformer.Model, []Var, error) {
+	store := model.NewStore()
+	var m *transformer.Model
+	if err := catch(func() error { m = fn(store.RootScope()); return nil }); err != nil {
+		return nil, nil, nil, fmt.Errorf("zinf generate: ModelFn: %w", err)
+	}
+	if err := checkModel(m); err != nil {
+		return nil, nil, nil, err
+	}
+	vars, err := discover(backend, store, m)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return store, m, vars, nil
+}
+
+func newGenerator(src source, backend compute.Backend, store *model.Store, m *transformer.Model, vars []Var) *Generator {
+	g := &Generator{src: src, backend: backend, store: store, m: m, vars: vars, slots: map[string]*slot{}, headEx: map[sampleKey]*model.Exec{},
+		byLayer: make([][]int, m.NumLayers+2), kvHeads: m.NumKVHeads}
+	if g.kvHeads == 0 {
+		g.kvHeads = m.NumHeads
+	}
+	return g
+}
+
+// finish reads a plain token embedding by rows and creates the executors,
+// once every variable is bound.
+func (g *Generator) finish() error {
+	m := g.m
+	if l0 := g.byLayer[0]; len(l0) == 1 && !m.ScaleTokenEmbeddings && m.TokenTypeEmbedSize == 0 &&
+		(m.EmbedNormalization == "" || m.EmbedNormalization == layers.NormalizationNone) && strings.HasSuffix(g.vars[l0[0]].Name, "/token_embed/embeddings") {
+		g.rowsOf = &g.vars[l0[0]]
+	}
+	m.PopulateKVCacheConfigs()
+	return g.compile()
+}
+
+// ModelVars lists the weights of the model fn builds, in zinf order (the
+// token embedding, each transformer layer, the head), without making any
+// of their values.
+func ModelVars(backend compute.Backend, fn ModelFn) ([]Var, error) {
+	if backend == nil || fn == nil {
+		return nil, errors.New("zinf generate: ModelVars needs a backend and a ModelFn")
+	}
+	store, _, vars, err := build(WithKVCacheOps(backend), fn)
+	if store != nil {
+		store.Finalize()
+	}
+	return vars, err
 }
 
 // bind gives the Store's variable v the slot of its relative path.
@@ -364,7 +410,7 @@ func (g *Generator) Close() error {
 	for _, s := range g.slots {
 		_ = s.t.FinalizeAll()
 	}
-	return g.rt.Close()
+	return g.src.close()
 }
 
 // Result is a generation's tokens and what it measured.
@@ -460,19 +506,19 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 	defer kv.free()
 	res := &Result{Tokens: make([][]int32, B), KVCache: kv.c.Plan()}
 	done := make([]bool, B)
-	m0 := g.rt.Metrics()
+	r0, w00 := g.src.bytesRead(), g.src.ioWait()
 	// The first pass feeds every prompt's first minLen tokens.
 	in := make([][]int32, B)
 	for i, p := range prompts {
 		in[i] = p[:minLen]
 	}
 	for pos := 0; pos < total-1; {
-		t0, w0 := time.Now(), g.rt.Metrics().IOWait
+		t0, w0 := time.Now(), g.src.ioWait()
 		next, err := g.pass(ctx, in, pos, kv, headEx)
 		if err != nil {
 			return nil, fmt.Errorf("zinf generate: step %d (position %d): %w", res.Steps, pos, err)
 		}
-		d, wait := time.Since(t0), g.rt.Metrics().IOWait-w0
+		d, wait := time.Since(t0), g.src.ioWait()-w0
 		if res.Steps == 0 {
 			res.Prefill = d
 		} else {
@@ -510,18 +556,17 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		}
 	}
 	res.KVStats = kv.c.Stats()
-	m1 := g.rt.Metrics()
-	res.BytesRead = m1.BytesRead - m0.BytesRead
-	res.IOWait = m1.IOWait - m0.IOWait
+	res.BytesRead = g.src.bytesRead() - r0
+	res.IOWait = g.src.ioWait() - w00
 	return res, nil
 }
 
 // pass runs one forward pass over the weights: tokens [B][S] at position
 // pos, returning the sampled next token of each sequence.
 func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *model.Exec) ([]int32, error) {
-	rt := g.rt
+	rt := g.src
 	L := g.m.NumLayers
-	rt.Forward()
+	rt.forward()
 	kv.grow(pos + len(toks[0]))
 	var x *tensors.Tensor
 	defer func() { finalize(x) }()
@@ -567,11 +612,11 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 				var next []int32
 				err = tensors.ConstFlatData(out[0], func(flat []int32) { next = slices.Clone(flat) })
 				finalize(out[0])
-				rt.EndLayer(l)
+				rt.endLayer(l)
 				return next, err
 			}
 		}
-		rt.EndLayer(l)
+		rt.endLayer(l)
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l, err)
 		}
@@ -593,7 +638,7 @@ func (g *Generator) embedRows(ctx context.Context, toks [][]int32) (*tensors.Ten
 	zd, _ := zdtype(v.Shape.DType)
 	x := tensors.FromShape(shapes.Make(v.Shape.DType, B, S, v.Shape.Dimensions[1]))
 	var rerr error
-	if err := x.MutableBytes(func(b []byte) { rerr = g.rt.ReadParamRows(ctx, v.Name, rows, zd, b) }); err != nil {
+	if err := x.MutableBytes(func(b []byte) { rerr = g.src.readRows(ctx, *v, rows, zd, b) }); err != nil {
 		finalize(x)
 		return nil, err
 	}
@@ -607,7 +652,7 @@ func (g *Generator) embedRows(ctx context.Context, toks [][]int32) (*tensors.Ten
 // beginLayer makes layer l's weights readable and swaps them into their
 // slots (the token embedding, read by rows, excepted).
 func (g *Generator) beginLayer(ctx context.Context, l int) error {
-	if err := g.rt.BeginLayer(ctx, l); err != nil {
+	if err := g.src.beginLayer(ctx, l); err != nil {
 		return err
 	}
 	if l == 0 && g.rowsOf != nil {
@@ -616,8 +661,8 @@ func (g *Generator) beginLayer(ctx context.Context, l int) error {
 	for _, i := range g.byLayer[l] {
 		v := g.vars[i]
 		zd, _ := zdtype(v.Shape.DType)
-		if err := g.rt.ReadParamBytes(ctx, v.Name, zd, g.slots[v.rel].bytes); err != nil {
-			g.rt.EndLayer(l)
+		if err := g.src.readParam(ctx, v, zd, g.slots[v.rel].bytes); err != nil {
+			g.src.endLayer(l)
 			return err
 		}
 	}
@@ -647,7 +692,7 @@ func finalize(t *tensors.Tensor) {
 // (keys, then values), read back for its layer just ahead of use.
 type kvState struct {
 	g     *Generator
-	c     *zinf.KVCache
+	c     kvCache
 	batch int
 	cur   []int  // each layer's cache length now
 	next  []int  // for the pass running
@@ -674,7 +719,7 @@ func (g *Generator) openKV(batch, promptLen, total int) (*kvState, error) {
 		s.cur[l] = g.kvLen(l, promptLen)
 		most = max(most, 2*g.kvShape(batch, max(s.cur[l], g.kvLen(l, total))).ByteSize())
 	}
-	c, err := g.rt.OpenKVCache(L, most)
+	c, err := g.src.openKV(L, most)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package generate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -15,13 +16,18 @@ import (
 // read by rows (a large one moves in pieces) only the pieces of the rows
 // it needs, counted here as none.
 func (g *Generator) WeightBytes() int64 {
-	size := int64(plan.ParamDType(g.rt.Config).Size())
 	var n int64
 	for i, v := range g.vars {
+		if g.rt == nil { // mapped: as the files hold them, the embedding by rows
+			if g.rowsOf == nil || &g.vars[i] != g.rowsOf {
+				n += v.Shape.ByteSize()
+			}
+			continue
+		}
 		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) {
 			continue
 		}
-		n += int64(v.Numel()) * size
+		n += int64(v.Numel()) * int64(plan.ParamDType(g.rt.Config).Size())
 	}
 	return n
 }
@@ -46,6 +52,9 @@ func (g *Generator) KVBytesPerSequence(total int) int64 {
 // steps' compute (their time less their waits for weights) gives a fixed
 // and a per-sequence part.
 func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch int) (zinf.GenerationPlan, error) {
+	if g.rt == nil {
+		return zinf.GenerationPlan{}, errors.New("zinf generate: plan: a mapped model (OpenMapped) has no zinf runtime to plan with")
+	}
 	if promptLen <= 0 || maxNew <= 0 || maxBatch <= 0 {
 		return zinf.GenerationPlan{}, fmt.Errorf("zinf generate: plan: prompt length %d, new tokens %d, batch %d (allowed: > 0)", promptLen, maxNew, maxBatch)
 	}

@@ -213,6 +213,9 @@ type options struct {
 	verify, quiet                                    bool
 	traceFile, metricsAddr                           string
 	progress                                         bool
+	makeModel, names, mmap                           string
+	plan, inPlaceOnly, dropCache                     bool
+	pieceBytes                                       int64
 }
 
 type promptsFlag struct{ p *[]string }
@@ -259,6 +262,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.BoolVar(&o.progress, "progress", true, "a line per decoding step")
 	fs.StringVar(&o.traceFile, "trace", "", "write the runtime's timeline (Chrome trace-event JSON, for Perfetto) to this new file")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at this address (e.g. 127.0.0.1:9400) while generating")
+	fs.StringVar(&o.makeModel, "make-model", "", "write the --model with random weights from --seed to this new safetensors file (streamed, a chunk at a time) and exit")
+	fs.StringVar(&o.names, "names", "hf", "tensor names in --safetensors: hf (Hugging Face's, --model arch=gemma) or vars (the model's variable paths, as --make-model writes them)")
+	fs.StringVar(&o.mmap, "mmap", "", "plain, sequential or willneed: generate from the --safetensors file mapped into memory and paged by the kernel (madvise per the value), not through zinf (the baseline; --names vars)")
+	fs.BoolVar(&o.plan, "plan", true, "plan the batch (runs two short generations to measure compute); false: --batch N as given, no prediction")
+	fs.BoolVar(&o.inPlaceOnly, "in-place-only", false, "fail rather than copy a weight that cannot be read in place into the swap files")
+	fs.BoolVar(&o.dropCache, "drop-cache", false, "drop the --safetensors files from the page cache first (fdatasync, then posix_fadvise DONTNEED: no other file's pages)")
+	fs.Int64Var(&o.pieceBytes, "piece-bytes", 0, "zinf.Options.PieceBytes: tensors larger move in pieces (0: the config's, else 4 MiB; -1: every tensor moves whole and is prefetched)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -268,6 +278,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	sp, err := parseSpec(o.modelSpec)
 	if err != nil {
 		return err
+	}
+	if o.makeModel != "" {
+		return makeModel(ctx, o, sp, stdout)
+	}
+	if o.names != "hf" && o.names != "vars" {
+		return fmt.Errorf("--names %q (allowed: hf, vars)", o.names)
+	}
+	var advice generate.Advice
+	if o.mmap != "" {
+		if advice, err = generate.ParseAdvice(o.mmap); err != nil {
+			return fmt.Errorf("--mmap: %w", err)
+		}
+		if o.safetensors == "" || o.names != "vars" {
+			return errors.New("--mmap maps a --safetensors file holding the model's variable paths: give --safetensors FILE --names vars")
+		}
 	}
 	if o.modelJSON == "" && o.checkpoint != "" {
 		if _, err := os.Stat(filepath.Join(o.checkpoint, "model.json")); err == nil {
@@ -313,6 +338,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.pool < 0 {
 		return fmt.Errorf("--pool %d (allowed: > 0)", o.pool)
 	}
+	if o.pieceBytes < -1 {
+		return fmt.Errorf("--piece-bytes %d (allowed: -1, 0 or a size in bytes)", o.pieceBytes)
+	}
+	if o.dropCache {
+		if o.safetensors == "" {
+			return errors.New("--drop-cache drops the --safetensors files' pages: give --safetensors")
+		}
+		for _, f := range strings.Split(o.safetensors, ",") {
+			if err := dropCache(f); err != nil {
+				return fmt.Errorf("--drop-cache: %w", err)
+			}
+		}
+	}
 	cfg, cleanup, err := loadConfig(o)
 	if err != nil {
 		return err
@@ -334,8 +372,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	defer closeW()
 
+	if o.mmap != "" {
+		return runMapped(ctx, o, sp, fn, backend, advice, tok, prompts, samp, batch, stdout)
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	gopts := generate.Options{Logger: log}
+	gopts := generate.Options{Logger: log, PieceBytes: o.pieceBytes, InPlaceOnly: o.inPlaceOnly}
 	var tw *trace.ChromeWriter
 	if o.traceFile != "" {
 		f, err := os.OpenFile(o.traceFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
@@ -390,7 +431,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if batch == 0 || batch > len(prompts) {
 		batch = len(prompts)
 	}
-	if !auto {
+	if auto && !o.plan {
+		return errors.New("--batch auto plans the batch: not with --plan=false")
+	}
+	if !auto && o.plan {
 		p, err := g.PlanBatch(ctx, longest, o.maxNew, batch)
 		if err != nil {
 			return err
@@ -401,53 +445,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		predicted = p.TokensPerSecond
 		fmt.Fprintf(stdout, "plan: %s\n  %s\n", p, p.KV)
 	}
-	var all [][]int32
-	var gen, steps int
-	var stepTimes []time.Duration // decoding steps in which every sequence generated
-	var decode, prefill, iowait time.Duration
-	var read int64
-	for lo := 0; lo < len(prompts); lo += batch {
-		chunk := prompts[lo:min(lo+batch, len(prompts))]
-		total := longest + o.maxNew
-		res, err := g.Generate(ctx, chunk, samp, func(s generate.StepInfo) {
-			if s.Step > 0 && !slices.Contains(s.Tokens, -1) {
-				stepTimes = append(stepTimes, s.Time)
-			}
-			if !o.progress {
-				return
-			}
-			what := "decode"
-			if s.Step == 0 {
-				what = "prefill"
-			}
-			fmt.Fprintf(stdout, "step %3d %-7s position %4d/%d: %8.1f ms, io-wait %7.1f ms\n", s.Step, what, s.Position, total, float64(s.Time)/1e6, float64(s.IOWait)/1e6)
-		})
-		if err != nil {
-			return err
-		}
-		all = append(all, res.Tokens...)
-		gen += res.Generated()
-		steps += res.Steps
-		decode += res.Decode
-		prefill += res.Prefill
-		iowait += res.IOWait
-		read += res.BytesRead
-		for i, t := range res.Tokens {
-			fmt.Fprintf(stdout, "[%d] %q -> %q\n", lo+i, tok.decode(chunk[i]), tok.decode(t))
-		}
+	all, kvBytes, err := generateAll(ctx, g, o, tok, prompts, samp, batch, longest, predicted, stdout)
+	if err != nil {
+		return err
 	}
-	tps := 0.0
-	if decode > 0 {
-		tps = float64(gen-len(prompts)) / decode.Seconds()
-	}
-	fmt.Fprintf(stdout, "generated %d tokens for %d prompts in batches of %d: %d passes, prefill %.1f ms, io-wait %.1f ms, NVMe read %s\n",
-		gen, len(prompts), batch, steps, float64(prefill)/1e6, float64(iowait)/1e6, mib(read))
-	if len(stepTimes) > 0 {
-		slices.Sort(stepTimes)
-		med := stepTimes[len(stepTimes)/2]
-		fmt.Fprintf(stdout, "tokens/s: %.2f at the median full decoding step (%.1f ms for %d sequences; predicted %.2f); %.2f over every decoding step, graph compilations included\n",
-			float64(batch)/med.Seconds(), float64(med)/1e6, batch, predicted, tps)
-	}
+	processLine(stdout, pool+kvBytes)
 	if !o.verify {
 		return nil
 	}
@@ -749,6 +751,12 @@ func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spe
 			return nil, "", nil, err
 		}
 		return w, "weights from the zinf checkpoint " + w.Dir, func() { w.Close() }, nil
+	case o.safetensors != "" && o.names == "vars":
+		w, err := generate.SafetensorsWeights(nil, strings.Split(o.safetensors, ",")...)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return w, "weights from " + o.safetensors + " (variable paths)", func() {}, nil
 	case o.safetensors != "":
 		if sp.Arch != "gemma" {
 			return nil, "", nil, errors.New("--safetensors reads Hugging Face's layout: give --model arch=gemma,...")
@@ -769,3 +777,68 @@ func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spe
 // mib writes a byte count as MiB with one decimal (13038848 -> "12.4 MiB"):
 // config.Size writes a count that is no whole KiB in bytes.
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// generateAll generates for prompts in batches and prints each step, the
+// texts, the tokens and the figures; it returns the tokens and the KV
+// cache's memory (the largest of the batches').
+func generateAll(ctx context.Context, g *generate.Generator, o options, tok *tokenizer, prompts [][]int32, samp generate.Sampling, batch, longest int, predicted float64, stdout io.Writer) (all [][]int32, kvBytes int64, err error) {
+	var gen, steps int
+	var stepTimes, waits []time.Duration // decoding steps in which every sequence generated
+	var decode, prefill, iowait time.Duration
+	var read int64
+	for lo := 0; lo < len(prompts); lo += batch {
+		chunk := prompts[lo:min(lo+batch, len(prompts))]
+		total := longest + o.maxNew
+		res, err := g.Generate(ctx, chunk, samp, func(s generate.StepInfo) {
+			if s.Step > 0 && !slices.Contains(s.Tokens, -1) {
+				stepTimes = append(stepTimes, s.Time)
+				waits = append(waits, s.IOWait)
+			}
+			if !o.progress {
+				return
+			}
+			what := "decode"
+			if s.Step == 0 {
+				what = "prefill"
+			}
+			fmt.Fprintf(stdout, "step %3d %-7s position %4d/%d: %8.1f ms, io-wait %7.1f ms\n", s.Step, what, s.Position, total, float64(s.Time)/1e6, float64(s.IOWait)/1e6)
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+		kvBytes = max(kvBytes, res.KVCache.MemoryBytes+res.KVCache.PinnedBytes)
+		all = append(all, res.Tokens...)
+		gen += res.Generated()
+		steps += res.Steps
+		decode += res.Decode
+		prefill += res.Prefill
+		iowait += res.IOWait
+		read += res.BytesRead
+		for i, t := range res.Tokens {
+			fmt.Fprintf(stdout, "[%d] %q -> %q\n", lo+i, tok.decode(chunk[i]), tok.decode(t))
+		}
+	}
+	tps := 0.0
+	if decode > 0 {
+		tps = float64(gen-len(prompts)) / decode.Seconds()
+	}
+	fmt.Fprintf(stdout, "generated %d tokens for %d prompts in batches of %d: %d passes, prefill %.1f ms, io-wait %.1f ms, NVMe read %s\n",
+		gen, len(prompts), batch, steps, float64(prefill)/1e6, float64(iowait)/1e6, mib(read))
+	for i, t := range all {
+		fmt.Fprintf(stdout, "tokens [%d]: %v\n", i, t)
+	}
+	if len(stepTimes) > 0 {
+		slices.Sort(stepTimes)
+		slices.Sort(waits)
+		med, w := stepTimes[len(stepTimes)/2], waits[len(waits)/2]
+		fmt.Fprintf(stdout, "decoding step: median %.1f ms = waiting for weights %.1f ms (median) + compute %.1f ms; weights read a decoding step %s\n",
+			float64(med)/1e6, float64(w)/1e6, float64(med-w)/1e6, mib(read/int64(max(1, steps))))
+		pred := ""
+		if predicted > 0 {
+			pred = fmt.Sprintf("; predicted %.2f", predicted)
+		}
+		fmt.Fprintf(stdout, "tokens/s: %.2f at the median full decoding step (%.1f ms for %d sequences%s); %.2f over every decoding step, graph compilations included\n",
+			float64(batch)/med.Seconds(), float64(med)/1e6, batch, pred, tps)
+	}
+	return all, kvBytes, nil
+}

@@ -71,6 +71,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{}, "no prompt: give --prompt or --prompts-file"},
 		{[]string{"--prompts-file", "/nonexistent/p.txt"}, "--prompts-file"},
 		{[]string{"--prompt", "x", "--checkpoint", "/nonexistent/ckpt"}, "/nonexistent/ckpt"},
+		{[]string{"--prompt", "x", "--names", "torch"}, `--names "torch" (allowed: hf, vars)`},
+		{[]string{"--prompt", "x", "--mmap", "eager", "--safetensors", "m.st", "--names", "vars"}, `--mmap: mmap advice "eager" (allowed: plain, sequential, willneed)`},
+		{[]string{"--prompt", "x", "--mmap", "plain"}, "--mmap maps a --safetensors file holding the model's variable paths"},
+		{[]string{"--prompt", "x", "--drop-cache"}, "--drop-cache drops the --safetensors files' pages"},
+		{[]string{"--prompt", "x", "--piece-bytes", "-2"}, "--piece-bytes -2 (allowed: -1, 0 or a size in bytes)"},
 	} {
 		out, err := runCLI(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -165,5 +170,59 @@ func TestTrace(t *testing.T) {
 	}
 	if _, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--prompt", "x", "--trace", path); err == nil || !strings.Contains(err.Error(), "--trace") {
 		t.Fatalf("an existing --trace file: %v", err)
+	}
+}
+
+// TestMakeModelMmap: --make-model writes a model that zinf reads in place
+// (every tensor, --in-place-only) and --mmap maps; both generate the same
+// greedy tokens, and each run reports its disk reads and peak RSS (zinf's
+// against pool + KV cache + 512 MiB).
+func TestMakeModelMmap(t *testing.T) {
+	t.Setenv("GOMLX_FUSION", "false")
+	st := filepath.Join(t.TempDir(), "model.safetensors")
+	spec := "dim=64,layers=3,heads=4,kv-heads=2,ffn=128,dtype=bf16"
+	out, err := runCLI(t, "--model", spec, "--make-model", st, "--seed", "3")
+	if err != nil || !strings.Contains(out, "of random weights from seed 3") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if _, err := runCLI(t, "--model", spec, "--make-model", st); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Fatalf("--make-model over an existing file: %v", err)
+	}
+	tokens := func(out string) string {
+		var ts []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "tokens [") {
+				ts = append(ts, l)
+			}
+		}
+		return strings.Join(ts, "\n")
+	}
+	common := []string{"--model", spec, "--safetensors", st, "--names", "vars", "--prompt", "And God said, 01", "--prompt", "And God said, 02",
+		"--max-new-tokens", "8", "--batch", "2", "--drop-cache", "--progress=false"}
+	zout, err := runCLI(t, append(common, "--in-place-only", "--piece-bytes", "-1", "--plan=false", "--pool", "1MiB", "--verify")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, zout)
+	}
+	for _, want := range []string{"read in place from their files by O_DIRECT, 0 copied", "decoding step: median ", "process: read from disk ",
+		": within", "greedy tokens equal in-memory generation: true"} {
+		if !strings.Contains(zout, want) {
+			t.Errorf("zinf's output lacks %q:\n%s", want, zout)
+		}
+	}
+	want := tokens(zout)
+	if strings.Count(want, "\n") != 1 {
+		t.Fatalf("tokens lines %q:\n%s", want, zout)
+	}
+	for _, a := range []string{"plain", "sequential", "willneed"} {
+		out, err := runCLI(t, append(common, "--mmap", a)...)
+		if err != nil {
+			t.Fatalf("--mmap %s: %v\n%s", a, err, out)
+		}
+		if got := tokens(out); got != want {
+			t.Errorf("--mmap %s: %q, through zinf %q", a, got, want)
+		}
+		if !strings.Contains(out, "(mmap, madvise: "+a+")") || !strings.Contains(out, "process: read from disk ") {
+			t.Errorf("--mmap %s output:\n%s", a, out)
+		}
 	}
 }

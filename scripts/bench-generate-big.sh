@@ -1,0 +1,124 @@
+#!/bin/sh
+# make bench-generate-big: issue 19's bar (b). A zoo transformer whose bf16
+# weights exceed the machine's RAM, written with random weights from a seed
+# (zinf-generate --make-model: streamed, a chunk at a time), then generated
+# from side by side, each side in its own process, the file dropped from
+# the page cache before each (--drop-cache: fdatasync + posix_fadvise
+# DONTNEED of that file only):
+#   zinf        every weight read in place from the file by O_DIRECT, layer
+#               by layer through the pinned pool with prefetch (--in-place-only,
+#               --piece-bytes -1: tensors move whole and are prefetched)
+#   plain       the file mmap'ed and paged by the kernel (--mmap plain)
+#   sequential  the same with MADV_SEQUENTIAL
+#   willneed    MADV_SEQUENTIAL and MADV_WILLNEED one layer ahead
+# Each prints its decoding steps (time, wait for weights), tokens/s, disk
+# reads (/proc/self/io) and peak RSS (VmHWM; zinf's against pool + KV cache
+# + 512 MiB); the script checks that every side generated the same greedy
+# tokens. Runs for tens of minutes and needs the model's size free on disk:
+# take the machine's big-run lock around it (flock /work/bigrun.lock make
+# bench-generate-big). Not part of make test.
+#   BIG_MODEL  default vocab=256,dim=2048,layers=168,heads=16,kv-heads=16,ffn=16384,dtype=bf16
+#              (14.1e9 parameters, 26.25 GiB of bf16 weights, 160 MiB a layer)
+#   BIG_SIDES  default "zinf plain"; BIG_ROUNDS default 1 (even rounds run the sides in reverse order)
+#   BIG_NEW    new tokens, default 8;  BIG_BATCH default 1;  BIG_POOL default 512MiB
+#   BIG_DIR    the model file and swap files, default $TMPDIR or /var/tmp
+#   BIG_TIMEOUT seconds a side may run, default 2400;  BIG_KEEP=1 keeps the model file
+set -eu
+bin=${ZINF_GENERATE:-bin/zinf-generate}
+model=${BIG_MODEL:-vocab=256,dim=2048,layers=168,heads=16,kv-heads=16,ffn=16384,dtype=bf16}
+sides=${BIG_SIDES:-zinf plain}
+rounds=${BIG_ROUNDS:-1}
+new=${BIG_NEW:-8}
+batch=${BIG_BATCH:-1}
+pool=${BIG_POOL:-512MiB}
+dir=${BIG_DIR:-${TMPDIR:-/var/tmp}}
+limit=${BIG_TIMEOUT:-2400}
+for s in $sides; do
+	case $s in zinf | plain | sequential | willneed) ;; *)
+		echo "BIG_SIDES: $s (allowed: zinf, plain, sequential, willneed)" >&2
+		exit 2
+		;;
+	esac
+done
+work=$(mktemp -d "$dir/zinf-bench-big.XXXXXX")
+if [ "${BIG_KEEP:-0}" = 1 ]; then
+	trap 'rm -rf "$work/swap" "$work"/*.out' EXIT INT TERM
+else
+	trap 'rm -rf "$work"' EXIT INT TERM
+fi
+st=$work/model.safetensors
+mkdir "$work/swap"
+cat >"$work/config.json" <<EOF
+{
+  "bf16": {"enabled": true},
+  "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "$work/swap", "max_in_cpu": 0}},
+  "zinf": {"device": "sim", "tiers": {"gpu_bytes": "8GiB", "cpu_pinned_bytes": "$pool"}, "checksums": false}
+}
+EOF
+prompts=""
+i=0
+while [ $i -lt "$batch" ]; do
+	prompts="$prompts --prompt $(echo ABCDEFGHIJKLMNOPQRSTUVWXYZ | cut -c$((i % 26 + 1)))" # one-token prompts: A, B, ...
+	i=$((i + 1))
+done
+echo "bench-generate-big: model $model; sides: $sides; batch $batch, $new new tokens, pool $pool; in $work"
+echo "  $(date -u +%FT%TZ) load average $(cut -d' ' -f1-3 /proc/loadavg); $(free -g | awk '/^Mem:/ {print "RAM " $2 " GiB, available " $7 " GiB"}'); disk free $(df -h --output=avail "$dir" | tail -1 | tr -d ' ')"
+(
+	ulimit -v 16000000
+	"$bin" --model "$model" --make-model "$st" --seed 1
+)
+size_kib=$(($(stat -c %s "$st") / 1024))
+run_side() { # side round
+	out=$work/$1.$2.out
+	echo "--- $1 (round $2) $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	common="--model $model --safetensors $st --names vars --batch $batch --max-new-tokens $new --drop-cache"
+	if [ "$1" = zinf ]; then
+		# shellcheck disable=SC2086
+		(
+			ulimit -v 16000000
+			timeout "$limit" "$bin" $common $prompts --config "$work/config.json" --in-place-only --piece-bytes -1 --plan=false
+		) >"$out" 2>&1 || { cat "$out"; echo "zinf side failed" >&2; return 1; }
+	else
+		# shellcheck disable=SC2086
+		(
+			ulimit -v $((size_kib + 16000000)) # the mapping is address space
+			timeout "$limit" "$bin" $common $prompts --mmap "$1"
+		) >"$out" 2>&1 || { cat "$out"; echo "$1 side failed" >&2; return 1; }
+	fi
+	grep -E '^(weights|  [0-9]+ tensors|step |tokens|decoding step|generated|process)' "$out"
+	echo "  done $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+r=1
+while [ "$r" -le "$rounds" ]; do
+	order=$sides
+	if [ $((r % 2)) = 0 ]; then
+		order=$(echo "$sides" | tr ' ' '\n' | sed '1!G;h;$!d' | tr '\n' ' ')
+	fi
+	for s in $order; do
+		run_side "$s" "$r"
+	done
+	r=$((r + 1))
+done
+echo "summary (tokens/s at the median full decoding step; zinf / side):"
+first=""
+for f in "$work"/*.out; do
+	name=$(basename "$f" .out)
+	tps=$(awk '/^tokens\/s: / {print $2}' "$f")
+	toks=$(grep '^tokens \[' "$f" | tr '\n' ' ')
+	[ -n "$first" ] || first=$toks
+	same=true
+	[ "$toks" = "$first" ] || same=false
+	printf '  %-14s %8s tokens/s; %s; same greedy tokens as the first: %s\n' "$name" "$tps" "$(grep '^process:' "$f" | sed 's/^process: //')" "$same"
+done
+all_same=true
+for f in "$work"/*.out; do
+	[ "$(grep '^tokens \[' "$f" | tr '\n' ' ')" = "$first" ] || all_same=false
+done
+for f in "$work"/*.out; do # zinf against each side of the same round
+	case $f in */zinf.*) continue ;; esac
+	n=$(basename "$f" .out)
+	zt=$(awk '/^tokens\/s: / {print $2}' "$work/zinf.${n##*.}.out" 2>/dev/null || true)
+	[ -z "$zt" ] || awk -v zt="$zt" -v n="$n" '/^tokens\/s: / {printf "  zinf / %s: %.2fx tokens/s\n", n, zt / $2}' "$f"
+done
+echo "greedy tokens equal across sides: $all_same"
+[ "$all_same" = true ]
