@@ -97,6 +97,11 @@ type Net struct {
 	// (labels, predictions: the last layer's outputs); a loss that is not
 	// a scalar is averaged, as train.Trainer does.
 	TrainLoss train.LossFn
+	// Head, when set, computes the logits from the last layer's output
+	// in blocks of an earlier layer's table (a tied output head that
+	// never holds the table whole in Go memory, see BlockedHead); the
+	// loss takes the logits. The last layer has one output then.
+	Head *BlockedHead
 }
 
 // Scopes returns the layers' scopes, for Options.Layers.
@@ -172,8 +177,23 @@ func (n Net) check() error {
 				errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q): Borrow %q (allowed: an absolute variable path such as \"/token_embed/embeddings\")", i, l.Scope, b))
 			}
 		}
+		if i == len(n.Layers)-1 && n.Head != nil {
+			for _, b := range l.Borrow {
+				if b == n.Head.Table {
+					errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d] (scope %q) borrows %q, the table Net.Head reads in blocks (allowed: one of the two)", i, l.Scope, b))
+				}
+			}
+		}
 		if l.Scope == "" || cleanScope(l.Scope) == "/" {
 			errs = append(errs, fmt.Errorf("zgomlx: Net.Layers[%d]: scope %q (allowed: a non-root scope path such as \"/block_%d\")", i, l.Scope, i))
+		}
+	}
+	if h := n.Head; h != nil {
+		if h.Rows <= 0 {
+			errs = append(errs, fmt.Errorf("zgomlx: Net.Head.Rows %d (allowed: > 0 rows a block)", h.Rows))
+		}
+		if !strings.HasPrefix(h.Table, "/") {
+			errs = append(errs, fmt.Errorf("zgomlx: Net.Head.Table %q (allowed: an absolute variable path such as \"/token_embed/embeddings\")", h.Table))
 		}
 	}
 	return errors.Join(errs...)
@@ -218,6 +238,7 @@ type executors struct {
 	net     Net
 	layers  []*layerExec
 	loss    *graph.Exec
+	head    *headExec // Net.Head's, or nil
 	byName  map[string]*Var
 	// nOut is the number of the last layer's outputs in the loss call
 	// being built (the rest are labels).
@@ -282,6 +303,12 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 			return nil, err
 		}
 		le.bwd.WithName(fmt.Sprintf("zgomlx.backward%d", i)).SetSideParamsHook(le.hook)
+	}
+	if net.Head != nil {
+		var err error
+		if ex.head, err = newHeadExec(ex, net.Head); err != nil {
+			return nil, err
+		}
 	}
 	var err error
 	ex.loss, err = graph.NewExec(backend, func(ins []*graph.Node) []*graph.Node {
@@ -476,6 +503,9 @@ func (ex *executors) close() {
 		le.bwd.Finalize()
 	}
 	ex.loss.Finalize()
+	if ex.head != nil {
+		ex.head.close()
+	}
 }
 
 // DefaultBackend is the GoMLX backend configuration zgomlx is tested

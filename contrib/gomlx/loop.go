@@ -35,6 +35,12 @@ type paramSource interface {
 	grad(ctx context.Context, v *Var, g []float32, last, rows bool) error
 	// layerDone: every gradient of layer l is final (last micro-step).
 	layerDone(ctx context.Context, l int) error
+	// readBlocks reads v in blocks of whole rows, in order, into dst,
+	// calling fn with each block's first row and rows (Net.Head).
+	readBlocks(ctx context.Context, v *Var, dst []byte, fn func(row, rows int) error) error
+	// gradRange hands over v's gradient for elements [lo, lo+len(g))
+	// of this micro-step (zero elsewhere), as grad with last false.
+	gradRange(ctx context.Context, v *Var, lo int, g []float32) error
 	// fail is called when a micro-step fails before its commit; it
 	// reports whether the step was given up (the model is as before).
 	fail() bool
@@ -154,7 +160,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		lp.jobs = nil
 		// acts[0] is the caller's; the others are ours.
 		for i := 1; i < len(acts); i++ {
-			if i == L && md == modeForward && err == nil {
+			if i == len(acts)-1 && i >= L && md == modeForward && err == nil {
 				continue // handed over in lp.outs
 			}
 			finalizeAll(acts[i])
@@ -211,12 +217,24 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		}
 		acts = append(acts, out)
 	}
+	top := L // the predictions: the last layer's outputs, or Net.Head's logits
+	if lp.ex.head != nil {
+		if len(acts[L]) != 1 {
+			return 0, fmt.Errorf("zgomlx: Net.Head needs one output of the last layer %q, it has %d", layers[L-1].layer.Scope, len(acts[L]))
+		}
+		logits, err := lp.headForward(ctx, acts[L][0])
+		if err != nil {
+			return 0, err
+		}
+		acts = append(acts, []*tensors.Tensor{logits})
+		top = L + 1
+	}
 	if md == modeForward {
-		lp.outs = acts[L]
+		lp.outs = acts[top]
 		return 0, nil
 	}
-	lp.ex.nOut = len(acts[L])
-	call(lp.ex.loss, acts[L], labels)
+	lp.ex.nOut = len(acts[top])
+	call(lp.ex.loss, acts[top], labels)
 	lo, err := wait()
 	if err != nil {
 		return 0, fmt.Errorf("zgomlx: loss: %w", err)
@@ -236,8 +254,10 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 	for l := range L {
 		outF[l] = floats(acts[l+1])
 	}
-	finalizeAll(acts[L])
-	acts[L] = nil
+	if top > L {
+		finalizeAll(acts[top])
+		acts[top] = nil
+	}
 
 	lp.src.startPass(false)
 	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(floats(acts[l])) }
@@ -246,6 +266,22 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 			return 0, err
 		}
 	}
+	if top > L {
+		// The head's backward: the table's gradient handed over block by
+		// block, h's gradient the last layer's output gradient.
+		dh, err := lp.headBackward(ctx, acts[L][0], dy[0])
+		finalizeAll(dy)
+		dy = nil
+		if err != nil {
+			if needs(L - 1) {
+				lp.src.unbind(L - 1)
+			}
+			return 0, err
+		}
+		dy = []*tensors.Tensor{dh}
+	}
+	finalizeAll(acts[L])
+	acts[L] = nil
 	for l := L - 1; l >= 0; l-- {
 		le := layers[l]
 		in := acts[l]

@@ -57,6 +57,9 @@ type memState struct {
 // zinf.Open would take them. opts.Filter and opts.Layers select and group
 // the variables as for Register (Layers defaults to net.Scopes()).
 func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg *config.Config, opts Options) (*MemoryTrainer, error) {
+	if net.Head != nil {
+		return nil, fmt.Errorf("zgomlx: Net.Head (a head in blocks of %q): MemoryTrainer does not run it; its in-memory reference is WholeGraph", net.Head.Table)
+	}
 	if err := net.check(); err != nil {
 		return nil, err
 	}
@@ -241,3 +244,11 @@ func accumulate(acc, g []float32) {
 func (s *memSource) layerDone(context.Context, int) error { return nil }
 
 func (s *memSource) fail() bool { return false }
+
+func (s *memSource) readBlocks(context.Context, *Var, []byte, func(int, int) error) error {
+	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
+}
+
+func (s *memSource) gradRange(context.Context, *Var, int, []float32) error {
+	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
+}

@@ -101,6 +101,10 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 	if err != nil {
 		return nil, err
 	}
+	if h := net.Head; h != nil && !off.rt.Streamed(h.Table) {
+		ex.close()
+		return nil, fmt.Errorf("zgomlx: Net.Head.Table %q is not streamed by zinf (a tensor larger than zinf.Options.PieceBytes is): a table that small needs no blocks (borrow it whole: Layer.Borrow)", h.Table)
+	}
 	for _, v := range off.vars {
 		if v.shared && !v.ownClass {
 			v.class, v.ownClass = off.classes, true
@@ -245,8 +249,15 @@ func (t *Trainer) Abort() {
 }
 
 // SwapBufferBytes is the Go memory the swap-in buffers hold (about the
-// largest layer's variables, by shape).
-func (t *Trainer) SwapBufferBytes() int64 { return t.pool.bytes }
+// largest layer's variables, by shape), a Net.Head's block buffers
+// included.
+func (t *Trainer) SwapBufferBytes() int64 {
+	n := t.pool.bytes
+	if t.ex.head != nil {
+		n += t.ex.head.pool.bytes
+	}
+	return n
+}
 
 // ParamBytesRead counts the bytes copied from zinf into swap-in buffers:
 // a lookup (Layer.Lookups) that zinf streams counts only the rows its
@@ -389,6 +400,26 @@ func (s *zinfSource) layerDone(ctx context.Context, l int) error {
 	t0 := time.Now()
 	err := s.off.rt.StepLayer(ctx, l)
 	s.times.StepLayer += time.Since(t0)
+	return err
+}
+
+func (s *zinfSource) readBlocks(ctx context.Context, v *Var, dst []byte, fn func(row, rows int) error) error {
+	t0 := time.Now()
+	var inFn time.Duration
+	err := s.off.rt.ReadParamBlocks(ctx, v.Name, v.dtype, dst, func(row, rows int) error {
+		s.bytesRead += int64(rows * s.off.rt.RowLen(v.Name) * v.dtype.Size())
+		t1 := time.Now()
+		defer func() { inFn += time.Since(t1) }()
+		return fn(row, rows)
+	})
+	s.times.SwapIn += time.Since(t0) - inFn
+	return err
+}
+
+func (s *zinfSource) gradRange(ctx context.Context, v *Var, lo int, g []float32) error {
+	t0 := time.Now()
+	err := s.off.rt.AccumulateGradRange(ctx, v.Name, lo, g)
+	s.times.Grads += time.Since(t0)
 	return err
 }
 

@@ -25,6 +25,12 @@ func chain(store *model.Store, net Net, xs, labels []*graph.Node) *graph.Node {
 	for _, l := range net.Layers {
 		ys = l.fn()(store.Scope(cleanScope(l.Scope)), ys)
 	}
+	if net.Head != nil {
+		if len(ys) != 1 {
+			panic(fmt.Errorf("zgomlx: Net.Head needs one output of the last layer, it has %d", len(ys)))
+		}
+		ys = []*graph.Node{net.Head.graph(store, ys[0])}
+	}
 	return net.loss(ys, labels)
 }
 

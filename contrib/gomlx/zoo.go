@@ -22,6 +22,13 @@ type TransformerOptions struct {
 	// zoo has no such option; the whole-graph reference of a tied model is
 	// the same Net in one graph (WholeGraph).
 	TieEmbeddings bool
+	// HeadBlockRows, with TieEmbeddings, computes the tied head in blocks
+	// of that many rows of the table (Net.Head, BlockedHead): the Trainer
+	// never holds the vocab x d table whole in Go memory (the embedding
+	// reads its rows, the head its blocks). Its reference is the head
+	// written blockwise in one graph (WholeGraph of the Net), not the
+	// one product over the whole table. 0: one product (Layer.Borrow).
+	HeadBlockRows int
 }
 
 // TransformerNet is GoMLX's zoo transformer (ml/zoo/transformer) as a
@@ -65,6 +72,11 @@ func TransformerNet(m *transformer.Model, opts TransformerOptions) (Net, error) 
 	refuse(m.NumKVSharedLayers != 0, "NumKVSharedLayers", m.NumKVSharedLayers, "0")
 	refuse(m.HiddenSizePerLayerInput != 0, "HiddenSizePerLayerInput", m.HiddenSizePerLayerInput, "0")
 	refuse(m.TokenTypeEmbedSize != 0, "TokenTypeEmbedSize", m.TokenTypeEmbedSize, "0")
+	if opts.HeadBlockRows != 0 {
+		refuse(opts.HeadBlockRows < 0, "(TransformerOptions.HeadBlockRows)", opts.HeadBlockRows, "0, or > 0 rows a block")
+		refuse(!opts.TieEmbeddings, "(TransformerOptions.TieEmbeddings)", opts.TieEmbeddings, "true with HeadBlockRows: the zoo's untied head stores its weights [d, vocab], whose blocks of the vocabulary are columns, not rows zinf reads in blocks")
+		refuse(m.FinalLogitSoftCap > 0, "FinalLogitSoftCap", m.FinalLogitSoftCap, "0 with HeadBlockRows")
+	}
 	if len(errs) > 0 {
 		return Net{}, errors.Join(errs...)
 	}
@@ -116,6 +128,9 @@ func TransformerNet(m *transformer.Model, opts TransformerOptions) (Net, error) 
 		if !opts.TieEmbeddings {
 			return []*Node{z.LogitsFromEmbeddings(x)}
 		}
+		if opts.HeadBlockRows > 0 {
+			return []*Node{x} // Net.Head computes the logits in blocks
+		}
 		table := z.Scope.Store().GetVariable(at("token_embed/embeddings"))
 		if table == nil {
 			panic(fmt.Errorf("zgomlx: tied head: no variable %q (the embedding layer makes it)", at("token_embed/embeddings")))
@@ -129,7 +144,10 @@ func TransformerNet(m *transformer.Model, opts TransformerOptions) (Net, error) 
 	if m.FinalNormalization != layers.NormalizationNone {
 		head.Also = []string{at("final_norm")}
 	}
-	if opts.TieEmbeddings {
+	switch {
+	case opts.TieEmbeddings && opts.HeadBlockRows > 0:
+		net.Head = &BlockedHead{Table: at("token_embed/embeddings"), Rows: opts.HeadBlockRows}
+	case opts.TieEmbeddings:
 		head.Borrow = []string{at("token_embed/embeddings")}
 	}
 	net.Layers = append(net.Layers, head)

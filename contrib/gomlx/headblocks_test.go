@@ -1,0 +1,124 @@
+package zgomlx_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/ml/model"
+
+	"github.com/zinfio/zinf"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+)
+
+// TestBlockedHead: the zoo transformer with its tied head computed in
+// blocks of the table (TransformerOptions.HeadBlockRows: Net.Head) trains
+// bit for bit as the same Net in one graph (the head written blockwise,
+// the last block padded with zero rows), losses and every variable after
+// three steps; the Trainer reads the table in blocks and at the batch's
+// rows, never whole into a Go buffer of its size.
+func TestBlockedHead(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	const vocab, rows = 20000, 4096 // 5 blocks, the last one 3616 rows padded
+	cfg := testConfig(t, 64<<20)
+	cfg.ZeroOptimization.SubGroupSize = 65_536
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if net.Head == nil || net.Head.Rows != rows || net.Head.Table != "/token_embed/embeddings" {
+		t.Fatalf("Net.Head %+v", net.Head)
+	}
+	xs := shapes.Make(dtypes.Int32, 2, 8)
+	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
+		t.Fatal(err)
+	}
+	whole := clone(t, store)
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+	tableBytes := int64(vocab * 64 * 4)
+	for step := range 3 {
+		x, y := repeatBatch(step, vocab)
+		lo, err := tr.Step(ctx, x, y)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		lw, err := wg.Step(x, y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lo != lw {
+			t.Fatalf("step %d: loss %v offloaded with the head in blocks, %v whole graph", step, lo, lw)
+		}
+	}
+	sameVars(ctx, t, tr.Offload(), whole)
+	// The table was read in blocks (twice a step: forward and backward)
+	// and at the batch's rows; no swap-in buffer holds it read whole.
+	if got := tr.SwapBufferBytes(); got >= 2*tableBytes {
+		t.Fatalf("swap-in buffers %d bytes: the %d-byte table's slot and a second copy", got, tableBytes)
+	}
+	if r := tr.ParamBytesRead(); r < 3*2*tableBytes {
+		t.Fatalf("%d bytes read in 3 steps: fewer than the table's %d bytes twice a step (the head's blocks)", r, tableBytes)
+	}
+	// Evaluation and forward passes run the head in blocks too.
+	x, y := repeatBatch(9, vocab)
+	le, err := tr.EvalLoss(ctx, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := tr.Forward(ctx, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 1 || outs[0].Shape().Dim(-1) != vocab {
+		t.Fatalf("Forward: %d outputs, the first %v (want the logits [2 8 %d])", len(outs), outs[0].Shape(), vocab)
+	}
+	outs[0].FinalizeAll()
+	if le <= 0 {
+		t.Fatalf("held-out loss %v", le)
+	}
+}
+
+// TestBlockedHeadRefusals: the options a blocked head cannot take are
+// refused with the field named.
+func TestBlockedHeadRefusals(t *testing.T) {
+	store := model.NewStore()
+	_, err := zgomlx.TransformerNet(bigVocabModel(store, 1000), zgomlx.TransformerOptions{HeadBlockRows: 128})
+	if err == nil || !strings.Contains(err.Error(), "TieEmbeddings") {
+		t.Fatalf("HeadBlockRows without TieEmbeddings: %v", err)
+	}
+	_, err = zgomlx.TransformerNet(bigVocabModel(model.NewStore(), 1000), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: -1})
+	if err == nil || !strings.Contains(err.Error(), "HeadBlockRows") {
+		t.Fatalf("HeadBlockRows -1: %v", err)
+	}
+	net, err := zgomlx.TransformerNet(bigVocabModel(model.NewStore(), 1000), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := backend(t)
+	s := model.NewStore()
+	net, _ = zgomlx.TransformerNet(bigVocabModel(s, 1000), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: 128})
+	if _, err := zgomlx.Initialize(b, s, net, shapes.Make(dtypes.Int32, 1, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zgomlx.NewMemoryTrainer(b, s, net, testConfig(t, 8<<20), zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "Net.Head") {
+		t.Fatalf("MemoryTrainer with a Net.Head: %v", err)
+	}
+	// A table that fits one piece is not streamed: blocks are refused.
+	_, err = zgomlx.Open(t.Context(), b, testConfig(t, 8<<20), s, net, zgomlx.Options{KeepValues: true})
+	if err == nil || !strings.Contains(err.Error(), "not streamed") {
+		t.Fatalf("Open with a 1000-row table in blocks: %v", err)
+	}
+}
