@@ -137,7 +137,7 @@ bench-llm:
 # against max(the executors' compute, the plan's disk-bound prediction),
 # peak RSS against pinned pool + activations + 512 MiB, disk bytes
 # (BENCHMARKS.md). BIG_FLAGS to change the model.
-BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -batch 1 -seq 16 -steps 2 -pinned 0
+BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm

@@ -52,7 +52,7 @@ func big(o options, w io.Writer) error {
 	store.SetParam(model.ParamInitialSeed, int64(1))
 	m := transformer.New(store.RootScope()).WithVocabSize(o.vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
 		WithNumHeads(heads).WithHeadDim(o.dim / heads).WithFFNDim(ffn).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
-	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: o.tied})
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: o.tied, HeadBlockRows: o.headRows})
 	if err != nil {
 		return err
 	}
@@ -64,6 +64,9 @@ func big(o options, w io.Writer) error {
 		estParams += int64(o.vocab) * int64(o.dim)
 	}
 	head := map[bool]string{true: "tied (the head reads the embedding table)", false: "untied"}[o.tied]
+	if o.headRows > 0 {
+		head = fmt.Sprintf("tied, computed in blocks of %d rows of the table (HeadBlockRows)", o.headRows)
+	}
 	fmt.Fprintf(w, "bench-llm-big: GoMLX zoo transformer (ml/zoo/transformer), %d layers, d=%d, %d heads x %d, ffn %d, RoPE, RMS final norm, vocab %d, %s head; about %.3f B parameters, %.1f GiB of state at 20 bytes each; batch %d x %d tokens, %d steps\n",
 		o.layers, o.dim, heads, o.dim/heads, ffn, o.vocab, head, float64(estParams)/1e9, float64(estParams*20)/(1<<30), o.batch, o.seq, o.steps)
 	fmt.Fprintf(w, "machine: GOMAXPROCS %d, %d CPUs, %.1f GiB RAM, %.1f GiB free on %s; load average %s\n",
@@ -100,7 +103,7 @@ func big(o options, w io.Writer) error {
 		tmp.SetParam(model.ParamInitialSeed, int64(1))
 		mt := transformer.New(tmp.RootScope()).WithVocabSize(o.vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
 			WithNumHeads(heads).WithHeadDim(o.dim / heads).WithFFNDim(ffn).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
-		nt, err := zgomlx.TransformerNet(mt, zgomlx.TransformerOptions{TieEmbeddings: o.tied})
+		nt, err := zgomlx.TransformerNet(mt, zgomlx.TransformerOptions{TieEmbeddings: o.tied, HeadBlockRows: o.headRows})
 		if err != nil {
 			return err
 		}
@@ -120,7 +123,11 @@ func big(o options, w io.Writer) error {
 
 	r0, w0 := procIO()
 	t0 := time.Now()
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, xs, zgomlx.Options{})
+	credit := zgomlx.AutoHeapCredit
+	if o.credit == "none" {
+		credit = zgomlx.NoHeapCredit
+	}
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, xs, zgomlx.Options{HeapCredit: credit})
 	if err != nil {
 		return err
 	}
@@ -137,6 +144,8 @@ func big(o options, w io.Writer) error {
 		time.Since(t0).Round(time.Second), params, float64(params)/1e9, len(off.Vars()), float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(memTotal()),
 		float64(w1-w0)/(1<<30), float64(r1-r0)/(1<<30), float64(createPeak)/(1<<20))
 
+	hc, hcs := off.HeapCredit()
+	fmt.Fprintf(w, "heap credit (-heap-credit %s): %.0f MiB, %s\n", o.credit, float64(hc)/(1<<20), hcs)
 	pl := rt.Plan()
 	pr := pl.Predicted
 	fmt.Fprintf(w, "plan (rt.Plan): predicted step %.1f s = compute %.1f s (none given: a disk-bound prediction) + exposed parameter I/O %.1f s + exposed gradient I/O %.1f s + exposed optimizer %.1f s (optimizer I/O %.1f s, overlapped %v); NVMe per step read %.2f GiB, written %.2f GiB; prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",
@@ -152,6 +161,9 @@ func big(o options, w io.Writer) error {
 
 	debug.FreeOSMemory()
 	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // the peak covers training
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	gc0 := ms0.NumGC
 	var walls, computes []time.Duration
 	var tm0 = tr.Timings()
 	for s := range o.steps {
@@ -199,6 +211,10 @@ func big(o options, w io.Writer) error {
 	fmt.Fprintf(w, "  peak RSS while training (VmHWM) %.0f MiB: %s pinned pool %.0f MiB + activations %.1f MiB + 512 MiB = %.0f MiB; the adapter's Go swap-in buffers (largest tensors' shapes, the %d x %d table among them) are %.0f MiB more: pool + swap-in buffers + activations + 512 MiB = %.0f MiB (%s); pinned peak %.0f MiB of %.0f MiB\n",
 		float64(peak)/(1<<20), verdict, float64(o.pinned)/(1<<20), float64(acts)/(1<<20), float64(bound)/(1<<20), o.vocab, o.dim, float64(swap)/(1<<20),
 		float64(bound+swap)/(1<<20), map[bool]string{true: "within", false: "ABOVE"}[peak <= bound+swap], float64(met.PinnedPeakBytes)/(1<<20), float64(met.PinnedBytes)/(1<<20))
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(w, "  Go heap at the end: in use %.0f MiB, idle not returned %.0f MiB, GC cycles %d while training (%d in all)\n",
+		float64(ms.HeapInuse)/(1<<20), float64(ms.HeapIdle-ms.HeapReleased)/(1<<20), ms.NumGC-gc0, ms.NumGC)
 	fmt.Fprintf(w, "  NVMe in all (logical): read %.2f GiB, written %.2f GiB; load average %s; %s in all\n",
 		float64(met.BytesRead)/(1<<30), float64(met.BytesWritten)/(1<<30), loadavg(), time.Since(start).Round(time.Second))
 	return nil

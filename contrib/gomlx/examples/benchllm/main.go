@@ -53,6 +53,8 @@ type options struct {
 	big, tied  bool
 	heads, ffn int
 	subgroup   int
+	credit     string
+	headRows   int
 }
 
 func main() {
@@ -73,6 +75,8 @@ func main() {
 	flag.BoolVar(&o.tied, "tied", false, "-big: tie the output head to the embedding table (TransformerOptions.TieEmbeddings)")
 	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
 	flag.IntVar(&o.ffn, "ffn", 0, "-big: FFN width (0: 4 x dim)")
+	flag.StringVar(&o.credit, "heap-credit", "auto", "-big: the Go heap credit, auto (zgomlx.AutoHeapCredit, the default: what in-memory training keeps live, at most a quarter of RAM) or none (NoHeapCredit: the collector paces by the live heap)")
+	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows); 0: one product over the whole table")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -97,6 +101,12 @@ func main() {
 	}
 	if o.subgroup < 1 {
 		errs = append(errs, fmt.Sprintf("-subgroup %d (allowed: >= 1)", o.subgroup))
+	}
+	if o.headRows < 0 || (o.headRows > 0 && !o.tied) {
+		errs = append(errs, fmt.Sprintf("-head-rows %d (allowed: 0, or > 0 with -tied)", o.headRows))
+	}
+	if o.credit != "auto" && o.credit != "none" {
+		errs = append(errs, fmt.Sprintf("-heap-credit %q (allowed: auto, none)", o.credit))
 	}
 	if o.big && o.child != "" {
 		errs = append(errs, "-big with -child (allowed: one of them)")
