@@ -559,6 +559,12 @@ func (p *Pool) holdersLocked() string {
 			}
 			fmt.Fprintf(&sb, " (%s)", strings.Join(held, ", "))
 		}
+		if w := r.waitHead; w != nil && r.alloc.freeUnits >= int64(w.units) && !r.alloc.canAlloc(w.units) {
+			// Free bytes enough, no aligned block: the buffers held are
+			// scattered over the region (see SpanBytes).
+			fmt.Fprintf(&sb, ", fragmented: %s free but no free aligned %s block (the largest is %s)",
+				formatBytes(r.alloc.freeUnits<<p.granuleShift), formatBytes(SpanBytes(int64(w.size), p.MinBufferBytes())), formatBytes(r.alloc.largestFree()<<p.granuleShift))
+		}
 		if r.waiting > 0 {
 			var ws []string
 			for w := r.waitHead; w != nil && len(ws) < 8; w = w.next {

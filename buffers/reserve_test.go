@@ -196,3 +196,42 @@ func TestStallErrorNamesEveryRegion(t *testing.T) {
 		t.Errorf("stall error %q has an empty holder list", err)
 	}
 }
+
+// TestStallNamesFragmentation: a region with the bytes a waiter needs but
+// no free aligned block for it (small buffers scattered over it, see
+// SpanBytes) says so in what the stall error reports, so that a stall is
+// not read as a region too small.
+func TestStallNamesFragmentation(t *testing.T) {
+	p, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, StallTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	acq := func(n int) *buffers.Buffer {
+		t.Helper()
+		b, err := p.Acquire(ctx, n, buffers.PurposeParams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// Two 124 KiB buffers fill the halves but their last granule; two
+	// 4 KiB ones take those granules, one in each half.
+	a, b := acq(124<<10), acq(124<<10)
+	s1, s2 := acq(4<<10), acq(4<<10)
+	a.Release()
+	b.Release()
+	_, err = p.Acquire(ctx, 88<<10, buffers.PurposeParams)
+	if !errors.Is(err, buffers.ErrStalled) {
+		t.Fatalf("88 KiB with 248 KiB free but no aligned 128 KiB block: %v, want ErrStalled", err)
+	}
+	if !strings.Contains(err.Error(), "fragmented: 248 KiB (253952 bytes) free but no free aligned 128 KiB (131072 bytes) block") {
+		t.Fatalf("the stall error does not name the fragmentation: %v", err)
+	}
+	s1.Release()
+	got := acq(88 << 10) // one half is whole again
+	got.Release()
+	s2.Release()
+}

@@ -115,8 +115,12 @@ func (s *Swapper) shrinkCache(need int64) bool {
 }
 
 // acquireBuffer takes a pool buffer for staging an update. When the pool is
-// dry it first evicts CPU-cache entries (their memory is the pool's), then
-// waits.
+// dry it first evicts CPU-cache entries (their memory is the pool's) and
+// prefetched partitions nobody claimed yet, then waits. The prefetched
+// ones must give way: a staged update's buffer needs a free aligned block
+// (buffers.SpanBytes), and small prefetched partitions scattered over the
+// region could deny it one while nothing else would release them (the
+// step, which stages, is what the next pass that claims them waits for).
 func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.Purpose) (*buffers.Buffer, error) {
 	if b, ok := s.pool.TryAcquire(size, purpose); ok {
 		return b, nil
@@ -125,6 +129,17 @@ func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.P
 		if b, ok := s.pool.TryAcquire(size, purpose); ok {
 			return b, nil
 		}
+	}
+	if purpose == buffers.PurposeParams {
+		s.mu.Lock()
+		for s.preemptOneLocked(false) {
+			s.mu.Unlock()
+			if b, ok := s.pool.TryAcquire(size, purpose); ok {
+				return b, nil
+			}
+			s.mu.Lock()
+		}
+		s.mu.Unlock()
 	}
 	return s.pool.Acquire(ctx, size, purpose)
 }

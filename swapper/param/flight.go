@@ -26,6 +26,12 @@ type flight struct {
 	slot   slotReq
 	demand bool        // someone waits for it (guarded by Swapper.mu)
 	stage  flightStage // guarded by Swapper.mu
+	// keep: the partition is claimed the moment it lands (a copy in use
+	// swapped in again after an update, or a read waiting for it), never
+	// preempted. size: the pool buffer it asks for, once awaitingBuffer.
+	// Both guarded by Swapper.mu.
+	keep bool
+	size int
 
 	done    chan struct{}
 	err     error
@@ -35,7 +41,7 @@ type flight struct {
 // startFlightLocked requests a swap-in of t (OnNVMe, swapper open). The
 // slot is requested here, not in the goroutine, so that slots are granted
 // in the order partitions were asked for.
-func (s *Swapper) startFlightLocked(t *tensor, demand bool) {
+func (s *Swapper) startFlightLocked(t *tensor, demand bool) *flight {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &flight{ctx: ctx, cancel: cancel, done: make(chan struct{}), demand: demand}
 	f.slot.demand = demand
@@ -47,6 +53,7 @@ func (s *Swapper) startFlightLocked(t *tensor, demand bool) {
 	if demand && s.gate.waiting(&f.slot) {
 		s.preemptOneLocked(true)
 	}
+	return f
 }
 
 // promoteLocked marks f as waited for: it moves ahead of queued
@@ -62,7 +69,8 @@ func (s *Swapper) promoteLocked(f *flight) {
 	case f.stage == awaitingSlot && s.gate.waiting(&f.slot):
 		s.preemptOneLocked(true)
 	case f.stage == awaitingBuffer:
-		s.preemptOneLocked(false)
+		for s.preemptForLocked(f.size) {
+		}
 	}
 }
 
@@ -104,7 +112,7 @@ func (s *Swapper) starvationLocked() int {
 // or read, back to OnNVMe: its slot goes to a starved demand fetch, and
 // its buffer to the CPU cache (toCache) or back to the pool.
 func (s *Swapper) preemptLocked(t *tensor, toCache bool) {
-	delete(s.unclaimed, t)
+	s.claimLocked(t)
 	blk := t.res
 	t.res, t.state = nil, OnNVMe
 	s.gate.release()
@@ -124,9 +132,64 @@ func (s *Swapper) preemptOneLocked(toCache bool) bool {
 	return false
 }
 
+// preemptForLocked makes room for a waited-for swap-in of a size-byte
+// buffer that the pool cannot serve: it sends back one prefetched,
+// unclaimed partition, or else one that a Wait still in progress has
+// swapped in (pending) whose buffer is smaller than size. It reports
+// whether it sent one back.
+//
+// The pending ones matter because the pool's buddy allocator needs a
+// free, aligned power-of-two block (buffers.SpanBytes), not just free
+// bytes: a layer's small partitions, placed around what an earlier layer
+// held, can leave no block for the layer's largest even though the
+// region has its bytes, and nothing else would ever release them. Only
+// smaller ones give way, so a partition is never sent back for an equal
+// or smaller one and no two swap-ins can take turns evicting each other;
+// once everything smaller is gone, every partition the region holds
+// fills whole aligned blocks of size's span, and the region's
+// reservation (the layer's sum of spans) leaves one free.
+func (s *Swapper) preemptForLocked(size int) bool {
+	if s.preemptOneLocked(false) {
+		return true
+	}
+	for t := range s.pending {
+		if t.res != nil && t.res.bytes < int64(size) {
+			s.preemptLocked(t, false)
+			return true
+		}
+	}
+	return false
+}
+
+// starvedBytesLocked is the largest buffer a waited-for swap-in waits for
+// in the pool, 0 when none does.
+func (s *Swapper) starvedBytesLocked() int {
+	n := 0
+	for f := range s.flights {
+		if f.demand && f.stage == awaitingBuffer {
+			n = max(n, f.size)
+		}
+	}
+	return n
+}
+
 // claimLocked records that t's resident copy is in use: it is no longer a
 // candidate for preemption.
-func (s *Swapper) claimLocked(t *tensor) { delete(s.unclaimed, t) }
+func (s *Swapper) claimLocked(t *tensor) {
+	delete(s.unclaimed, t)
+	delete(s.pending, t)
+}
+
+// pendLocked marks resident t as wanted by a Wait still in progress: it
+// is not handed out yet, so a larger waited-for swap-in that the pool
+// cannot place may send it back (preemptForLocked); the Wait fetches it
+// again. A claimed t stays claimed.
+func (s *Swapper) pendLocked(t *tensor) {
+	if _, ok := s.unclaimed[t]; ok {
+		delete(s.unclaimed, t)
+		s.pending[t] = struct{}{}
+	}
+}
 
 // fly runs a swap-in.
 func (s *Swapper) fly(t *tensor, f *flight) {
@@ -183,10 +246,12 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 
 // swapInBuffer takes the pool buffer for flight f. Before it blocks, it
 // evicts CPU-cache entries (their memory is the pool's) and, for a
-// waited-for swap-in, preempts an unclaimed prefetched partition.
+// waited-for swap-in, preempts unclaimed prefetched partitions and
+// smaller ones of Waits in progress (preemptForLocked) until the pool
+// serves it or none is left.
 func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
 	s.mu.Lock()
-	f.stage = awaitingBuffer
+	f.stage, f.size = awaitingBuffer, size
 	s.mu.Unlock()
 	if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
 		return b, nil
@@ -197,8 +262,12 @@ func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
 		}
 	}
 	s.mu.Lock()
-	if f.demand {
-		s.preemptOneLocked(false)
+	for f.demand && s.preemptForLocked(size) {
+		s.mu.Unlock()
+		if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
+			return b, nil
+		}
+		s.mu.Lock()
 	}
 	s.mu.Unlock()
 	return s.pool.Acquire(f.ctx, size, buffers.PurposeParams)
@@ -251,8 +320,18 @@ func (s *Swapper) land(t *tensor, f *flight, blk *block, gen uint64, slot bool, 
 		return
 	}
 	t.res, t.state = blk, Resident
+	if f.keep {
+		return // claimed: in use, or a read waits for it
+	}
 	if f.demand {
-		return // claimed by its waiter
+		// Its Wait claims it once the whole set is resident; until then
+		// a larger waited-for swap-in the pool cannot place may send it
+		// back.
+		s.pending[t] = struct{}{}
+		if int64(s.starvedBytesLocked()) > blk.bytes {
+			s.preemptLocked(t, false)
+		}
+		return
 	}
 	s.unclaimed[t] = struct{}{}
 	if kind := s.starvationLocked(); kind != notStarved {

@@ -1,11 +1,13 @@
 package param
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	ztensor "github.com/zinfio/zinf/tensor"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -142,6 +144,7 @@ type Swapper struct {
 	dfiles    deviceFiles          // swap files opened for Options.DeviceIO
 	flights   map[*flight]*tensor  // swap-ins not yet landed
 	unclaimed map[*tensor]struct{} // resident by prefetch, not yet waited for or read: preemptible
+	pending   map[*tensor]struct{} // resident for a Wait in progress, not yet claimed: preemptible by larger
 	closed    bool
 	cache     *ristretto.Cache[string, *cacheEntry]
 	stageSeq  uint64
@@ -170,6 +173,7 @@ func New(opts Options) (*Swapper, error) {
 		tensors:   make(map[string]*tensor),
 		flights:   make(map[*flight]*tensor),
 		unclaimed: make(map[*tensor]struct{}),
+		pending:   make(map[*tensor]struct{}),
 	}
 	s.opctx = swapper.NewOpContexts(ctx, nil)
 	s.gate.limit = opts.BufferCount
@@ -496,6 +500,13 @@ func (s *Swapper) Prefetch(names ...string) error {
 // swapper.ErrChecksum for corrupt bytes); a failed partition goes back to
 // OnNVMe, and a later Wait retries it. ctx bounds the wait; swap-ins it
 // started continue.
+//
+// The set is claimed (kept resident, never preempted) all at once, when
+// every partition of it is resident, and waited for largest first: until
+// then a larger partition of the set that the pool cannot place may send
+// a smaller one back, and Wait fetches it again (see preemptForLocked).
+// Claiming them one by one let a layer's small partitions hold the pool's
+// region fragmented while its largest waited for a block forever.
 func (s *Swapper) Wait(ctx context.Context, names ...string) error {
 	ts := make([]*tensor, 0, len(names))
 	var errs []error
@@ -528,20 +539,46 @@ func (s *Swapper) Wait(ctx context.Context, names ...string) error {
 			s.startFlightLocked(t, true)
 		case InFlight:
 			s.promoteLocked(t.flight)
+		case Resident:
+			s.pendLocked(t)
 		}
 		ts = append(ts, t)
 	}
 	s.mu.Unlock()
-	for _, t := range ts {
-		if err := s.waitResident(ctx, t); err != nil {
-			errs = append(errs, err)
+	slices.SortStableFunc(ts, func(a, b *tensor) int { return cmp.Compare(b.bytes, a.bytes) })
+	for {
+		failed := false
+		for _, t := range ts {
+			if err := s.waitResident(ctx, t); err != nil {
+				errs = append(errs, err)
+				failed = true
+			}
 		}
+		s.mu.Lock()
+		all := true
+		for _, t := range ts {
+			if t.state != Resident && !t.streamed {
+				all = false
+			}
+		}
+		if all || failed {
+			for _, t := range ts {
+				if t.state == Resident {
+					s.claimLocked(t)
+				}
+			}
+		}
+		s.mu.Unlock()
+		if all || failed {
+			return errors.Join(errs...)
+		}
+		// A larger partition of the set sent one back: fetch it again.
 	}
-	return errors.Join(errs...)
 }
 
-// waitResident blocks until t is resident. It re-requests t when a
-// swap-in it waited for was dropped (Release, or an update made it stale).
+// waitResident blocks until t is resident (pending: the Wait claims it).
+// It re-requests t when a swap-in it waited for was dropped (Release, a
+// preemption, or an update made it stale).
 func (s *Swapper) waitResident(ctx context.Context, t *tensor) error {
 	var blockedSince time.Time
 	defer func() {
@@ -557,7 +594,7 @@ func (s *Swapper) waitResident(ctx context.Context, t *tensor) error {
 		}
 		switch t.state {
 		case Resident:
-			s.claimLocked(t)
+			s.pendLocked(t)
 			s.mu.Unlock()
 			return nil
 		case OnNVMe:
@@ -659,6 +696,7 @@ func (s *Swapper) acquireCurrent(ctx context.Context, t *tensor) (*block, error)
 		case InFlight:
 			f := t.flight
 			s.promoteLocked(f)
+			f.keep = true // this read claims it when it lands
 			s.mu.Unlock()
 			select {
 			case <-f.done:
@@ -816,6 +854,7 @@ func (s *Swapper) Close() error {
 		}
 	}
 	clear(s.unclaimed)
+	clear(s.pending)
 	c := s.cache
 	s.cache = nil
 	s.mu.Unlock()

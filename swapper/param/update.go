@@ -143,17 +143,19 @@ func (s *Swapper) invalidateLocked(t *tensor) {
 			return
 		}
 		_, prefetched := s.unclaimed[t]
+		_, pending := s.pending[t]
 		s.claimLocked(t)
 		blk := t.res
 		t.res, t.state = nil, OnNVMe
 		s.gate.release()
 		blk.release()
-		// A copy in use is fetched again as if waited for (not preemptible).
-		s.startFlightLocked(t, !prefetched)
+		// A copy in use is fetched again as if waited for (not
+		// preemptible); one a Wait in progress swapped in, for that Wait.
+		s.startFlightLocked(t, !prefetched).keep = !prefetched && !pending
 	case InFlight:
-		demand := t.flight.demand
+		demand, keep := t.flight.demand, t.flight.keep
 		s.dropFlightLocked(t)
-		s.startFlightLocked(t, demand)
+		s.startFlightLocked(t, demand).keep = keep
 	}
 }
 

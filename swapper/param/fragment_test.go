@@ -1,0 +1,103 @@
+package param
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf/swapper"
+)
+
+// fragmented builds, on a 256 KiB pool of 4 KiB granules, the state in
+// which make stress's seed 1795746247277799838 stalled: a previous layer
+// (two partitions of 124 KiB, one in each 128 KiB half) was resident
+// while the next layer's two 4 KiB partitions were prefetched — into the
+// one free granule left at the end of each half — and then released. The
+// pool has 248 KiB free but no free aligned 128 KiB block, which the next
+// layer's 88 KiB partition needs (buffers.SpanBytes), until one of the
+// small ones goes.
+func fragmented(t *testing.T) (*Swapper, context.Context) {
+	t.Helper()
+	e := newEnv(t, envOpts{poolBytes: 256 << 10})
+	s := e.swapper(t, Options{})
+	ctx := testCtx(t)
+	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
+	sizes := map[string]int{"prev.a": 31 << 10, "prev.b": 31 << 10, "next.s1": 1 << 10, "next.s2": 1 << 10, "next.big": 22 << 10}
+	for _, n := range []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.big"} {
+		if err := s.Register(n, sizes[n], swapper.TierNVMe); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Init(ctx, n, values(uint64(len(n)+sizes[n]), sizes[n])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prefetch("next.s1", "next.s2"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.State("next.s1") != Resident || s.State("next.s2") != Resident {
+		if time.Now().After(deadline) {
+			t.Fatalf("the small partitions were not prefetched: %s, %s", s.State("next.s1"), s.State("next.s2"))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.Release("prev.a", "prev.b")
+	return s, ctx
+}
+
+// TestWaitFragmentedRegion: a layer whose small partitions were
+// prefetched into a fragmented region is still swapped in whole. Wait
+// claimed its set one partition at a time, so the small ones stayed put
+// and the largest waited for an aligned block that never came (until the
+// pool's stall timeout, two minutes by default); now the set is claimed
+// when all of it is resident and the small ones give way to the large one.
+func TestWaitFragmentedRegion(t *testing.T) {
+	s, ctx := fragmented(t)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	// The small ones first: the order a layer's tensors came in.
+	if err := s.Wait(wctx, "next.s1", "next.s2", "next.big"); err != nil {
+		t.Fatalf("Wait on a fragmented region: %v", err)
+	}
+	for _, n := range []string{"next.s1", "next.s2", "next.big"} {
+		if st := s.State(n); st != Resident {
+			t.Fatalf("%s is %s after Wait", n, st)
+		}
+		numel, _ := s.PartitionLen(n)
+		sameBits(t, n, read(t, s, n), values(uint64(len(n)+numel), numel))
+	}
+	if p := s.Stats().Preemptions; p < 1 {
+		t.Errorf("Preemptions = %d: the small partitions did not give way", p)
+	}
+	// Claimed now: a larger swap-in cannot take them back.
+	s.Release("next.s1", "next.s2", "next.big")
+}
+
+// TestStageFragmentedRegion: a staged update needs an aligned block too;
+// prefetched partitions nobody claimed give way to it instead of leaving
+// it waiting on memory that only the next pass would release.
+func TestStageFragmentedRegion(t *testing.T) {
+	s, ctx := fragmented(t)
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	numel, _ := s.PartitionLen("next.big")
+	want := values(99, numel)
+	w, err := s.StageUpdate(sctx, "next.big", want)
+	if err != nil {
+		t.Fatalf("StageUpdate on a fragmented region: %v", err)
+	}
+	if err := w.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitUpdates(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(sctx, "next.big"); err != nil {
+		t.Fatalf("Wait after the update: %v", err)
+	}
+	sameBits(t, "next.big", read(t, s, "next.big"), want)
+	s.Release("next.big")
+}
