@@ -1,12 +1,42 @@
-package param
+package param_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"math"
 	"testing"
 	"time"
 
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/swapper/param"
 )
+
+// vals are n distinct values for seed.
+func vals(seed, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.Sin(float64(i*7+seed))) * 0.5
+	}
+	return v
+}
+
+// readBack reads name's partition and fails t unless it is want, bit for
+// bit.
+func readBack(t *testing.T, s *param.Swapper, name string, want []float32) {
+	t.Helper()
+	got := make([]float32, len(want))
+	if err := s.ReadFloat32(context.Background(), name, got); err != nil {
+		t.Fatalf("read %s: %v", name, err)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %v, want %v", name, i, got[i], want[i])
+		}
+	}
+}
 
 // fragmented builds, on a 256 KiB pool of 4 KiB granules, the state in
 // which make stress's seed 1795746247277799838 stalled: a previous layer
@@ -16,18 +46,38 @@ import (
 // pool has 248 KiB free but no free aligned 128 KiB block, which the next
 // layer's 88 KiB partition needs (buffers.SpanBytes), until one of the
 // small ones goes.
-func fragmented(t *testing.T) (*Swapper, context.Context) {
+func fragmented(t *testing.T) (*param.Swapper, context.Context) {
 	t.Helper()
-	e := newEnv(t, envOpts{poolBytes: 256 << 10})
-	s := e.swapper(t, Options{})
-	ctx := testCtx(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	store, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	s, err := param.New(param.Options{Store: store, Pool: pool, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
 	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
 	sizes := map[string]int{"prev.a": 31 << 10, "prev.b": 31 << 10, "next.s1": 1 << 10, "next.s2": 1 << 10, "next.big": 22 << 10}
 	for _, n := range []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.big"} {
 		if err := s.Register(n, sizes[n], swapper.TierNVMe); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Init(ctx, n, values(uint64(len(n)+sizes[n]), sizes[n])); err != nil {
+		if err := s.Init(ctx, n, vals(len(n)+sizes[n], sizes[n])); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -38,7 +88,7 @@ func fragmented(t *testing.T) (*Swapper, context.Context) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for s.State("next.s1") != Resident || s.State("next.s2") != Resident {
+	for s.State("next.s1") != param.Resident || s.State("next.s2") != param.Resident {
 		if time.Now().After(deadline) {
 			t.Fatalf("the small partitions were not prefetched: %s, %s", s.State("next.s1"), s.State("next.s2"))
 		}
@@ -63,11 +113,11 @@ func TestWaitFragmentedRegion(t *testing.T) {
 		t.Fatalf("Wait on a fragmented region: %v", err)
 	}
 	for _, n := range []string{"next.s1", "next.s2", "next.big"} {
-		if st := s.State(n); st != Resident {
+		if st := s.State(n); st != param.Resident {
 			t.Fatalf("%s is %s after Wait", n, st)
 		}
 		numel, _ := s.PartitionLen(n)
-		sameBits(t, n, read(t, s, n), values(uint64(len(n)+numel), numel))
+		readBack(t, s, n, vals(len(n)+numel, numel))
 	}
 	if p := s.Stats().Preemptions; p < 1 {
 		t.Errorf("Preemptions = %d: the small partitions did not give way", p)
@@ -84,7 +134,7 @@ func TestStageFragmentedRegion(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	numel, _ := s.PartitionLen("next.big")
-	want := values(99, numel)
+	want := vals(99, numel)
 	w, err := s.StageUpdate(sctx, "next.big", want)
 	if err != nil {
 		t.Fatalf("StageUpdate on a fragmented region: %v", err)
@@ -98,6 +148,6 @@ func TestStageFragmentedRegion(t *testing.T) {
 	if err := s.Wait(sctx, "next.big"); err != nil {
 		t.Fatalf("Wait after the update: %v", err)
 	}
-	sameBits(t, "next.big", read(t, s, "next.big"), want)
+	readBack(t, s, "next.big", want)
 	s.Release("next.big")
 }
