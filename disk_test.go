@@ -146,6 +146,30 @@ func TestFreeSpaceCheckedAtOpen(t *testing.T) {
 	})
 }
 
+// TestFreeSpaceInference: an inference runtime needs one copy of its NVMe
+// parameters on disk (Init writes each once, nothing is updated), not the
+// two copy-on-write keeps for training: a model twice the free space
+// after its own file was refused before it could be read in place.
+func TestFreeSpaceInference(t *testing.T) {
+	var once int64 // the fp32 parameters, each stored once
+	for _, d := range diskModel.Tensors {
+		n, _ := d.Numel()
+		once += n * 4
+	}
+	rt, err := zinf.Open(diskConfig(t.TempDir()), diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Inference: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	var need int64
+	for _, n := range rt.DiskNeeds() {
+		need += n.Bytes
+	}
+	if need < once || need >= 2*once {
+		t.Fatalf("an inference runtime needs %d bytes of disk for %d bytes of parameters (want one copy, with padding and overheads)", need, once)
+	}
+}
+
 // TestFreeSpaceSharedFilesystem: two NVMe paths on one filesystem need
 // their sum there; the refusal names both.
 func TestFreeSpaceSharedFilesystem(t *testing.T) {

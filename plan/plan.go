@@ -286,11 +286,11 @@ func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]
 	}
 	var out []swapper.SpaceNeed
 	index := map[string]int{}
-	add := func(s *swapper.Store, sizes []int64) {
+	add := func(s *swapper.Store, sizes []int64, versions int) {
 		if s == nil {
 			return
 		}
-		for _, n := range s.SpaceNeeds(sizes, swapper.CopyOnWriteVersions) {
+		for _, n := range s.SpaceNeeds(sizes, versions) {
 			if i, ok := index[n.Path]; ok {
 				out[i].Bytes += n.Bytes
 				continue
@@ -299,15 +299,23 @@ func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]
 			out = append(out, n)
 		}
 	}
-	add(param, paramSizes)
+	if inference {
+		// An inference runtime writes each parameter once (Init) and never
+		// stages an update: one version, not copy-on-write's two (a
+		// tensor read in place, InitInPlace, takes none, but Open cannot
+		// know which will be).
+		add(param, paramSizes, 1)
+	} else {
+		add(param, paramSizes, swapper.CopyOnWriteVersions)
+	}
 	if !inference {
-		add(grad, gradSizes)
-		add(optim, optimSizes)
+		add(grad, gradSizes, swapper.CopyOnWriteVersions)
+		add(optim, optimSizes, swapper.CopyOnWriteVersions)
 	} else {
 		// The stores exist (and take their own files) even when nothing
 		// is written to them.
-		add(grad, nil)
-		add(optim, nil)
+		add(grad, nil, swapper.CopyOnWriteVersions)
+		add(optim, nil, swapper.CopyOnWriteVersions)
 	}
 	return out
 }
