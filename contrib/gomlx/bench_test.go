@@ -1,12 +1,15 @@
 package zgomlx_test
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
 
+	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 )
 
@@ -59,5 +62,60 @@ func BenchmarkStep(b *testing.B) {
 			b.ReportMetric(float64(ms1.NumGC-ms0.NumGC)/float64(b.N), "gc/op")
 			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(b.N), "mallocs/op")
 		})
+	}
+}
+
+// BenchmarkStepMicroBatches times a step of k micro-batches of a small
+// transformer offloaded, layer-major and micro-batch-major
+// (StepMicroBatches under each zinf.schedule), and reports the NVMe
+// parameter bytes a step reads (flat in k layer-major, about k-fold
+// micro-batch-major) and the activation tier's traffic. -count N runs the
+// cases interleaved, N rounds.
+func BenchmarkStepMicroBatches(b *testing.B) {
+	net := lmNet(64, 32, 64, 4, 6, dtypes.Float32)
+	const vocab, seq, batch = 64, 32, 8
+	for _, k := range []int{1, 4} {
+		for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
+			b.Run(fmt.Sprintf("k=%d/%s", k, sched), func(b *testing.B) {
+				ctx := b.Context()
+				be := backend(b)
+				store := newStore(b, be, net, shapes.Make(dtypes.Int32, batch, seq), 1)
+				cfg := testConfig(b, 16<<20)
+				cfg.GradientAccumulationSteps = k
+				cfg.Zinf.Schedule = sched
+				tr, err := zgomlx.Open(ctx, be, cfg, store, net, zgomlx.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer tr.Close()
+				step := func(i int) error {
+					mbs := make([]zgomlx.MicroBatch, k)
+					for m := range mbs {
+						x, y := lmBatch(i*k+m, batch, seq, vocab)
+						mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+					}
+					_, err := tr.StepMicroBatches(ctx, mbs)
+					return err
+				}
+				if err := step(0); err != nil { // compile and warm the buffers
+					b.Fatal(err)
+				}
+				rt := tr.Offload().Runtime()
+				p0, a0 := rt.Metrics().Params.BytesRead, tr.ActivationStats()
+				b.ResetTimer()
+				n := 0
+				for i := 1; b.Loop(); i++ {
+					if err := step(i); err != nil {
+						b.Fatal(err)
+					}
+					n++
+				}
+				b.StopTimer()
+				a1 := tr.ActivationStats()
+				b.ReportMetric(float64(rt.Metrics().Params.BytesRead-p0)/float64(n), "param-B/op")
+				b.ReportMetric(float64(a1.Saved-a0.Saved)/float64(n), "act-entries/op")
+				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(n*k), "ms/micro-batch")
+			})
+		}
 	}
 }

@@ -245,6 +245,9 @@ type executors struct {
 	nOut int
 	// inputs are the batch's inputs of the run in progress (for Lookups).
 	inputs []*tensors.Tensor
+	// batches are every micro-batch's inputs of a layer-major step: a
+	// lookup's swap-in reads the rows any of them names.
+	batches [][]*tensors.Tensor
 }
 
 func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVars [][]*Var, byName map[string]*Var) (*executors, error) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/gomlx/core/tensors"
 )
 
 // Row reads of a lookup (Layer.Lookups): a streamed embedding table is
@@ -23,29 +24,36 @@ import (
 func (s *zinfSource) byRows(v *Var) bool { return v.lookup >= 0 && s.off.rt.Streamed(v.Name) }
 
 // lookupRows returns the sorted, unique rows v's ids name in the run in
-// progress (a slice of the Trainer's, valid until the next call).
-func (s *zinfSource) lookupRows(v *Var) ([]int, error) {
-	in := s.ex.inputs
-	if v.lookup >= len(in) {
-		return nil, fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(in))
-	}
-	t := in[v.lookup]
-	_, b, err := bufferOf(s.ex.backend, t)
-	if err != nil {
-		return nil, fmt.Errorf("zgomlx: lookup %q: reading input %d: %w", v.Name, v.lookup, err)
+// progress (a slice of the Trainer's, valid until the next call): in
+// every micro-batch of a layer-major step when all is set (a swap-in),
+// else in the batch whose gradient is handed over.
+func (s *zinfSource) lookupRows(v *Var, all bool) ([]int, error) {
+	sets := [][]*tensors.Tensor{s.ex.inputs}
+	if all && s.ex.batches != nil {
+		sets = s.ex.batches
 	}
 	rows := s.rows[:0]
-	switch t.DType() {
-	case dtypes.Int32:
-		for i := 0; i+4 <= len(b); i += 4 {
-			rows = append(rows, int(int32(binary.LittleEndian.Uint32(b[i:]))))
+	for _, in := range sets {
+		if v.lookup >= len(in) {
+			return nil, fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(in))
 		}
-	case dtypes.Int64:
-		for i := 0; i+8 <= len(b); i += 8 {
-			rows = append(rows, int(int64(binary.LittleEndian.Uint64(b[i:]))))
+		t := in[v.lookup]
+		_, b, err := bufferOf(s.ex.backend, t)
+		if err != nil {
+			return nil, fmt.Errorf("zgomlx: lookup %q: reading input %d: %w", v.Name, v.lookup, err)
 		}
-	default:
-		return nil, fmt.Errorf("zgomlx: lookup %q: input %d is %s (allowed: Int32, Int64 row ids)", v.Name, v.lookup, t.DType())
+		switch t.DType() {
+		case dtypes.Int32:
+			for i := 0; i+4 <= len(b); i += 4 {
+				rows = append(rows, int(int32(binary.LittleEndian.Uint32(b[i:]))))
+			}
+		case dtypes.Int64:
+			for i := 0; i+8 <= len(b); i += 8 {
+				rows = append(rows, int(int64(binary.LittleEndian.Uint64(b[i:]))))
+			}
+		default:
+			return nil, fmt.Errorf("zgomlx: lookup %q: input %d is %s (allowed: Int32, Int64 row ids)", v.Name, v.lookup, t.DType())
+		}
 	}
 	slices.Sort(rows)
 	rows = slices.Compact(rows)
@@ -56,7 +64,7 @@ func (s *zinfSource) lookupRows(v *Var) ([]int, error) {
 // readRows reads the rows of v the batch uses into its slot, which then
 // holds no whole version (slot.version 0).
 func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
-	rows, err := s.lookupRows(v)
+	rows, err := s.lookupRows(v, true)
 	if err != nil {
 		return err
 	}
@@ -92,7 +100,7 @@ func (s *zinfSource) readWhole(ctx context.Context, v *Var) error {
 // gradRows hands over the rows of g (v's whole gradient, zero elsewhere)
 // the batch uses.
 func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
-	rows, err := s.lookupRows(v)
+	rows, err := s.lookupRows(v, false)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 )
 
@@ -48,6 +49,12 @@ type Trainer struct {
 	rowBytes  []byte
 	rowGrad   []float32
 	bytesRead int64
+
+	// Layer-major steps (layermajor.go): the step's state, the activation
+	// tier (opened at the first) and how each entry was saved.
+	lm      lmState
+	acts    *zinf.Activations
+	actMeta map[[2]int]actMeta
 }
 
 // Timings are the time a Trainer's loop spent in zinf, summed over
@@ -271,6 +278,10 @@ func (t *Trainer) ParamReads() int64 { return t.reads }
 // Close frees the executors and buffers, and the Offload when Open made
 // it.
 func (t *Trainer) Close() error {
+	if t.acts != nil {
+		_ = t.acts.Close() // before the runtime; it holds nothing between steps
+		t.acts = nil
+	}
 	t.ex.close()
 	t.pool.close()
 	if t.owned {
@@ -341,11 +352,22 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 	}
 	t0 := time.Now()
 	defer func() { s.times.SwapIn += time.Since(t0) }()
-	if err := o.rt.BeginLayer(ctx, l); err != nil {
-		s.pool.release(all)
-		return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
+	if s.lm.hold {
+		// A layer-major backward pass: the layer stays begun until its
+		// micro-batches' gradients are handed over (summed in pinned
+		// memory); runLayerMajor ends it.
+		if err := o.rt.BeginLayerMicroBatches(ctx, l, s.lm.k); err != nil {
+			s.pool.release(all)
+			return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
+		}
+		s.lm.open = l + 1
+	} else {
+		if err := o.rt.BeginLayer(ctx, l); err != nil {
+			s.pool.release(all)
+			return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
+		}
+		defer o.rt.EndLayer(l) // the values are in GoMLX buffers: zinf's can go
 	}
-	defer o.rt.EndLayer(l) // the values are in GoMLX buffers: zinf's can go
 	for _, v := range whole {
 		if err := s.readWhole(ctx, v); err != nil {
 			v.slot.forget()

@@ -69,10 +69,14 @@ func (l *Loop) OnEnd(name string, p train.Priority, fn func(*Loop, float32) erro
 	l.onEnd = addHook(l.onEnd, name, p, fn)
 }
 
-// RunSteps trains steps batches of ds (starting ds again when it ends):
-// each batch's Inputs go to the first layer, its Labels to the loss, and
-// both are finalized after the step (the Batch's ownership rules). It
-// returns the last loss. A hook's error ends the run, naming the hook.
+// RunSteps trains steps steps on the batches of ds (starting ds again
+// when it ends): each batch's Inputs go to the first layer, its Labels to
+// the loss, and both are finalized after the step (the Batch's ownership
+// rules). With gradient_accumulation_steps k > 1 a step takes k
+// consecutive batches as its micro-batches (Trainer.StepMicroBatches, in
+// the plan's order: layer-major or micro-batch-major) and its loss is
+// their mean. It returns the last loss. A hook's error ends the run,
+// naming the hook.
 func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float32, error) {
 	if l.Trainer == nil || ds == nil {
 		return 0, errors.New("zgomlx: Loop.RunSteps needs a Trainer and a Dataset")
@@ -86,6 +90,13 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 			return 0, fmt.Errorf("zgomlx: OnStart hook %q: %w", h.name, err)
 		}
 	}
+	k := l.Trainer.off.rt.MicroBatches()
+	var held []train.Batch // the micro-batches of the step being gathered
+	defer func() {
+		for _, b := range held {
+			_ = b.Finalize()
+		}
+	}()
 	for done := 0; done < steps; {
 		n := 0
 		for b, err := range ds.Iter() {
@@ -93,9 +104,16 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 				return l.Loss, fmt.Errorf("zgomlx: dataset %q: %w", ds.Name(), err)
 			}
 			n++
+			held = append(held, b)
+			if len(held) < k {
+				continue
+			}
 			t0 := time.Now()
-			loss, err := l.Trainer.StepN(ctx, b.Inputs, b.Labels)
-			_ = b.Finalize()
+			loss, err := l.step(ctx, held)
+			for _, b := range held {
+				_ = b.Finalize()
+			}
+			held = held[:0]
 			if err != nil {
 				return l.Loss, fmt.Errorf("zgomlx: step %d: %w", l.LoopStep+1, err)
 			}
@@ -127,6 +145,27 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 		}
 	}
 	return l.Loss, nil
+}
+
+// step trains one step on batches: one (StepN), or the step's
+// micro-batches (StepMicroBatches, the mean of their losses).
+func (l *Loop) step(ctx context.Context, batches []train.Batch) (float32, error) {
+	if len(batches) == 1 {
+		return l.Trainer.StepN(ctx, batches[0].Inputs, batches[0].Labels)
+	}
+	mbs := make([]MicroBatch, len(batches))
+	for i, b := range batches {
+		mbs[i] = MicroBatch{Inputs: b.Inputs, Labels: b.Labels}
+	}
+	losses, err := l.Trainer.StepMicroBatches(ctx, mbs)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, x := range losses {
+		sum += float64(x)
+	}
+	return float32(sum / float64(len(losses))), nil
 }
 
 // MedianStepDuration is the median of the steps' wall times so far.

@@ -13,6 +13,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
+	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/plan"
 )
@@ -130,5 +131,73 @@ func TestLoopDrivesTrainer(t *testing.T) {
 	sameVars(ctx, t, tr2.Offload(), whole)
 	if _, err := loop.RunSteps(ctx, ds, 0); err == nil || !strings.Contains(err.Error(), "steps 0") {
 		t.Fatalf("RunSteps(0): %v", err)
+	}
+}
+
+// TestLoopMicroBatches: with gradient_accumulation_steps 3 and
+// zinf.schedule layer-major, zgomlx.Loop takes three consecutive batches
+// of the Dataset per step (starting it again in the middle of a step when
+// it ends) and trains them layer-major, the layer inputs through zinf's
+// activation tier; each step's loss is the mean of its micro-batches',
+// and the model is in-memory training's (Accumulate, Accumulate, Step)
+// bit for bit.
+func TestLoopMicroBatches(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	b := backend(t)
+	cfg := testConfig(t, 8<<20)
+	cfg.GradientAccumulationSteps = 3
+	cfg.Zinf.Schedule = config.ScheduleLayerMajor
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(zooModel(store, dtypes.Float32), zgomlx.TransformerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq)); err != nil {
+		t.Fatal(err)
+	}
+	memStore := clone(t, store)
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	mt, err := zgomlx.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mt.Close()
+
+	loop := zgomlx.NewLoop(tr)
+	var got []float32
+	loop.OnStep("losses", 50, func(_ *zgomlx.Loop, loss float32) error { got = append(got, loss); return nil })
+	ds := lmDataset{name: "train", n: 4, vocab: zooVocab} // step 2 takes batches 3, 0, 1
+	if _, err := loop.RunSteps(ctx, ds, 2); err != nil {
+		t.Fatal(err)
+	}
+	if loop.LoopStep != 2 || len(got) != 2 {
+		t.Fatalf("global step %d, %d losses", loop.LoopStep, len(got))
+	}
+	for step, ids := range [][]int{{0, 1, 2}, {3, 0, 1}} {
+		var sum float64
+		for m, i := range ids {
+			x, y := lmBatch(i, zooBatch, zooSeq, zooVocab)
+			var lo float32
+			if m < 2 {
+				lo, err = mt.Accumulate(ctx, x, y)
+			} else {
+				lo, err = mt.Step(ctx, x, y)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += float64(lo)
+		}
+		if want := float32(sum / 3); got[step] != want {
+			t.Fatalf("step %d: loss %v in the loop, %v in memory", step+1, got[step], want)
+		}
+	}
+	sameVars(ctx, t, tr.Offload(), memStore)
+	if a := tr.ActivationStats(); a.Saved == 0 || a.Loaded != a.Saved {
+		t.Fatalf("the activation tier saved %d entries, loaded %d: the steps did not run layer-major", a.Saved, a.Loaded)
 	}
 }

@@ -1,0 +1,548 @@
+package zgomlx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/swapper"
+)
+
+// MicroBatch is one micro-batch of a step: the first layer's inputs and
+// the loss's labels (see Trainer.StepMicroBatches). The tensors stay the
+// caller's.
+type MicroBatch struct {
+	Inputs, Labels []*tensors.Tensor
+}
+
+// actChunkBytes is the largest entry the Trainer hands to zinf's
+// activation tier: a layer's inputs of a micro-batch go in chunks of at
+// most this, so the tier's NVMe staging (a few entries) is small and
+// known before the first step, whatever the model's shapes.
+const actChunkBytes = 1 << 20
+
+// actStride separates the chunks of two micro-batches in the tier's
+// keys: chunk c of micro-batch m is entry (layer, m*actStride+c), so the
+// tier's backward order (a layer's micro-batches in order) is the order
+// the Trainer loads them in.
+const actStride = 1 << 24
+
+// lmState is what a layer-major step tells the paramSource: the step's
+// micro-batches, whether a layer begun in bind stays begun (its
+// gradients summed in pinned memory until its visit ends), and the layer
+// begun and not ended.
+type lmState struct {
+	k    int
+	hold bool
+	open int // the layer begun and held, plus one (0: none)
+}
+
+// actMeta is how a layer's inputs of a micro-batch were saved: their
+// shapes, in order.
+type actMeta struct {
+	shapes []shapes.Shape
+}
+
+// StepMicroBatches runs one training step of len(mbs) micro-batches: the
+// gradients of every micro-batch are summed (in micro-batch order, as
+// Accumulate calls and a Step would) and the optimizer commits once. It
+// returns each micro-batch's loss.
+//
+// The order is the plan's (zinf.Runtime.Schedule: zinf.schedule,
+// "layer-major", "micro-batch-major" or "auto", the planner's pick for
+// gradient_accumulation_steps): micro-batch-major runs each micro-batch
+// forward and backward through every layer (Accumulate, ..., Step);
+// layer-major runs every micro-batch of a layer while its weights are
+// swapped in, so a step reads each layer's parameters from zinf once for
+// the forward pass and once for the backward pass whatever the number of
+// micro-batches, and each layer's gradients are summed over the
+// micro-batches in pinned memory and written once. Between a layer's
+// forward and its backward, the inputs of every layer but the first (the
+// activations the backward pass recomputes the layer from) go to zinf's
+// activation tier (zinf.activations: in memory within memory_bytes, else
+// pinned memory, else NVMe, read back ahead of the backward pass). Both
+// orders give the same bits, equal to in-memory training.
+//
+// A layer-major step keeps, besides the tier, one layer boundary per
+// micro-batch in Go memory, and for a variable another layer borrows
+// (Layer.Borrow: tied embeddings) the borrowers' gradients of every
+// micro-batch until its own layer's backward pass (its sum is then made
+// in the micro-batch-major order, for the same bits).
+//
+// It is all or nothing, as Step: an error before the commit gives the
+// step up (every micro-batch's gradients, the tier's entries) and leaves
+// the model as before — run the step again; an error of the commit wraps
+// ErrCommitPending (Commit retries it).
+//
+// A Net with a Head (a tied head computed in blocks of the table) runs
+// micro-batch-major: under zinf.schedule "auto" whatever the plan's pick,
+// and "layer-major" is refused.
+func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]float32, error) {
+	if t.pending {
+		return nil, ErrCommitPending
+	}
+	if len(mbs) == 0 {
+		return nil, errors.New("zgomlx: StepMicroBatches: no micro-batches (allowed: 1 or more, gradient_accumulation_steps for the plan's sizing)")
+	}
+	for i, mb := range mbs {
+		if err := checkBatch(mb.Inputs, mb.Labels); err != nil {
+			return nil, fmt.Errorf("zgomlx: micro-batch %d: %w", i, err)
+		}
+	}
+	layerMajor := t.off.rt.Schedule() == zinf.LayerMajor
+	if layerMajor && t.ex.head != nil {
+		// A blocked head (Net.Head) hands its table's gradient block by
+		// block; the layer-major loop does not keep that order.
+		if t.off.rt.Config.Zinf.Schedule == config.ScheduleLayerMajor {
+			return nil, errors.New(`zgomlx: StepMicroBatches: zinf.schedule "layer-major" with a Net.Head (a head in blocks of the table) (allowed: "micro-batch-major" or "auto", which runs micro-batch-major for it)`)
+		}
+		layerMajor = false
+	}
+	if !layerMajor {
+		losses := make([]float32, len(mbs))
+		for i, mb := range mbs {
+			last := i == len(mbs)-1
+			loss, err := t.lp.run(ctx, mb.Inputs, mb.Labels, last, modeTrain)
+			if err != nil {
+				// run gave the step up (zinf.Runtime.AbortStep drops every
+				// micro-step's gradients).
+				return nil, fmt.Errorf("zgomlx: micro-batch %d of %d: %w", i, len(mbs), err)
+			}
+			losses[i] = loss
+		}
+		return losses, t.Commit(ctx)
+	}
+	losses, err := t.runLayerMajor(ctx, mbs)
+	if err != nil {
+		return nil, err
+	}
+	return losses, t.Commit(ctx)
+}
+
+// checkBatch refuses a micro-batch without inputs or labels.
+func checkBatch(xs, labels []*tensors.Tensor) error {
+	if len(xs) == 0 || len(labels) == 0 {
+		return errors.New("zgomlx: no inputs or no labels")
+	}
+	for _, t := range append(append([]*tensors.Tensor(nil), xs...), labels...) {
+		if t == nil {
+			return errors.New("zgomlx: nil input or labels")
+		}
+	}
+	return nil
+}
+
+// ActivationStats are the counters of the Trainer's activation tier (the
+// layer inputs of layer-major steps): zero before the first such step.
+func (t *Trainer) ActivationStats() zinf.ActivationStats {
+	if t.acts == nil {
+		return zinf.ActivationStats{}
+	}
+	return t.acts.Stats()
+}
+
+// activations opens the Trainer's activation tier at its first
+// layer-major step.
+func (t *Trainer) activations() (*zinf.Activations, error) {
+	if t.acts != nil {
+		return t.acts, nil
+	}
+	a, err := t.off.rt.OpenActivations(actChunkBytes)
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: activation tier: %w", err)
+	}
+	t.acts = a
+	return a, nil
+}
+
+// saveInputs hands layer l's inputs of micro-batch m to the tier, in
+// chunks.
+func (t *Trainer) saveInputs(ctx context.Context, l, m int, in []*tensors.Tensor) error {
+	meta := actMeta{shapes: make([]shapes.Shape, len(in))}
+	c := 0
+	for i, x := range in {
+		meta.shapes[i] = x.Shape()
+		_, b, err := bufferOf(t.ex.backend, x)
+		if err != nil {
+			return fmt.Errorf("zgomlx: layer %q input %d: %w", t.off.scopes[l], i, err)
+		}
+		for len(b) > 0 {
+			n := min(len(b), actChunkBytes)
+			if err := t.acts.Save(ctx, l, m*actStride+c, b[:n]); err != nil {
+				return fmt.Errorf("zgomlx: saving layer %q's inputs of micro-batch %d: %w", t.off.scopes[l], m, err)
+			}
+			b = b[n:]
+			c++
+		}
+	}
+	t.actMeta[[2]int{l, m}] = meta
+	return nil
+}
+
+// loadInputs takes layer l's inputs of micro-batch m back from the tier
+// into new tensors (the caller's to finalize).
+func (t *Trainer) loadInputs(ctx context.Context, l, m int) ([]*tensors.Tensor, error) {
+	key := [2]int{l, m}
+	meta, ok := t.actMeta[key]
+	if !ok {
+		return nil, fmt.Errorf("zgomlx: layer %q's inputs of micro-batch %d were not saved", t.off.scopes[l], m)
+	}
+	delete(t.actMeta, key)
+	out := make([]*tensors.Tensor, 0, len(meta.shapes))
+	c := 0
+	for i, sh := range meta.shapes {
+		x, err := tensors.FromShapeForBackend(t.ex.backend, 0, sh)
+		if err == nil {
+			var b []byte
+			if _, b, err = bufferOf(t.ex.backend, x); err == nil {
+				if int64(len(b)) != int64(sh.ByteSize()) {
+					err = fmt.Errorf("%d bytes for shape %s", len(b), sh)
+				}
+				for len(b) > 0 && err == nil {
+					var n int
+					if n, err = t.acts.Load(ctx, l, m*actStride+c, b); err == nil {
+						b = b[n:]
+						c++
+					}
+					if n == 0 && err == nil {
+						err = errors.New("an empty chunk")
+					}
+				}
+			}
+			if err != nil {
+				finalize(x)
+			}
+		}
+		if err != nil {
+			finalizeAll(out)
+			return nil, fmt.Errorf("zgomlx: loading layer %q's input %d of micro-batch %d: %w", t.off.scopes[l], i, m, err)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// gradOf is a gradient tensor as fp32, copied (borrowed variables'
+// gradients wait for their own layer's backward pass).
+func (t *Trainer) gradOf(v *Var, x *tensors.Tensor) ([]float32, error) {
+	_, b, err := bufferOf(t.ex.backend, x)
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+	}
+	if len(b) != v.numel*v.dtype.Size() {
+		return nil, fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
+	}
+	g := make([]float32, v.numel)
+	if v.dtype == swapper.Float32 {
+		copy(g, buffers.Float32Bytes(b))
+	} else {
+		swapper.Decode(v.dtype, g, b)
+	}
+	return g, nil
+}
+
+// lmPending is a layer's backward outputs of one micro-batch whose
+// gradients are not yet handed over.
+type lmPending struct {
+	layer, micro int
+	outs         []*tensors.Tensor
+	k            int // the first gradient in outs (after the dxs)
+}
+
+// runLayerMajor is a step's forward and backward passes, layer-major
+// (see StepMicroBatches); it returns the micro-batches' losses. The
+// executors run on a worker goroutine while this one swaps the next
+// layer in, saves and loads activations and hands gradients over, as in
+// loop.run.
+func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses []float32, err error) {
+	src := (*zinfSource)(t)
+	lp := &t.lp
+	ex := t.ex
+	layers := ex.layers
+	L, k := len(layers), len(mbs)
+	acts, err := t.activations()
+	if err != nil {
+		return nil, err
+	}
+	if t.actMeta == nil {
+		t.actMeta = map[[2]int]actMeta{}
+	}
+	jobs, results := make(chan job), make(chan result)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		work(jobs, results)
+	}()
+	busy := false // a job is on the worker
+	cur := make([][]*tensors.Tensor, k)
+	owned := false // cur holds tensors of ours (not the caller's inputs)
+	dys := make([][]*tensors.Tensor, k)
+	var pend lmPending
+	var next []*tensors.Tensor // the next micro-batch's inputs, loaded ahead
+	// deferred holds the gradients of borrowed variables (per variable
+	// and micro-batch, in the borrowers' backward order) until their own
+	// layer's backward pass.
+	deferred := map[*Var][][][]float32{}
+	batches := make([][]*tensors.Tensor, k)
+	for m, mb := range mbs {
+		batches[m] = mb.Inputs
+	}
+	t.lm = lmState{k: k}
+	ex.batches, ex.inputs = batches, mbs[0].Inputs
+	drop := func(p *lmPending) {
+		for i := p.k; i < len(p.outs); i++ {
+			finalize(p.outs[i])
+		}
+		*p = lmPending{}
+	}
+	defer func() {
+		if busy {
+			r := <-results
+			finalizeAll(r.outs)
+		}
+		close(jobs) // every job started was waited for
+		<-done
+		ex.batches, ex.inputs = nil, nil
+		if owned {
+			for _, c := range cur {
+				finalizeAll(c)
+			}
+		}
+		for _, d := range dys {
+			finalizeAll(d)
+		}
+		finalizeAll(next)
+		drop(&pend)
+		clear(t.actMeta)
+		acts.Reset()
+		if err != nil {
+			// Give the step up before the layer begun ends, so that its
+			// held gradients are dropped, not written.
+			src.fail()
+			if err != nil && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
+				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
+			}
+		}
+		t.endOpen()
+		t.lm = lmState{}
+	}()
+	call := func(e *graph.Exec, args ...[]*tensors.Tensor) {
+		var a []any
+		for _, ts := range args {
+			for _, x := range ts {
+				a = append(a, x)
+			}
+		}
+		jobs <- job{exec: e, args: a}
+		busy = true
+	}
+	wait := func() ([]*tensors.Tensor, error) {
+		r := <-results
+		busy = false
+		lp.compute += r.took
+		return r.outs, r.err
+	}
+
+	// Forward: every micro-batch through layer l, then layer l+1.
+	inF, outF := make([]int, L), make([]int, L)
+	for m, mb := range mbs {
+		cur[m] = mb.Inputs
+	}
+	src.startPass(true)
+	if err := src.bind(ctx, 0); err != nil {
+		return nil, err
+	}
+	for l, le := range layers {
+		inF[l] = floats(cur[0])
+		for m := range k {
+			le.nIn = len(cur[m])
+			call(le.fwd, cur[m])
+			var serr, berr error
+			if l > 0 {
+				serr = t.saveInputs(ctx, l, m, cur[m]) // read while the worker reads it too
+			}
+			if m == k-1 && l+1 < L {
+				berr = src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
+			}
+			out, cerr := wait()
+			if cerr != nil || serr != nil || berr != nil {
+				finalizeAll(out)
+				src.unbind(l)
+				if berr == nil && m == k-1 && l+1 < L {
+					src.unbind(l + 1)
+				}
+				switch {
+				case cerr != nil:
+					return nil, fmt.Errorf("zgomlx: forward of layer %q (micro-batch %d): %w", le.layer.Scope, m, cerr)
+				case serr != nil:
+					return nil, serr
+				}
+				return nil, berr
+			}
+			if owned {
+				finalizeAll(cur[m])
+			}
+			cur[m] = out
+		}
+		owned = true
+		outF[l] = floats(cur[0])
+		src.unbind(l)
+	}
+
+	// The loss of every micro-batch, and its gradients.
+	losses = make([]float32, k)
+	ex.nOut = len(cur[0])
+	for m := range k {
+		call(ex.loss, cur[m], mbs[m].Labels)
+		lo, err := wait()
+		finalizeAll(cur[m])
+		cur[m] = nil
+		if err != nil {
+			return nil, fmt.Errorf("zgomlx: loss (micro-batch %d): %w", m, err)
+		}
+		losses[m], err = lp.scalar(lo[0])
+		finalize(lo[0])
+		dys[m] = lo[1:]
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	// handOver hands micro-batch p.micro's gradients of layer p.layer to
+	// zinf: a borrowed variable's are kept for its own layer; a variable
+	// of the layer gets the borrowers' of that micro-batch first, then its
+	// own (the micro-batch-major order); after the last micro-batch the
+	// layer's update starts.
+	handOver := func(p *lmPending) error {
+		if p.outs == nil {
+			return nil
+		}
+		defer drop(p)
+		le := layers[p.layer]
+		last := p.micro == k-1
+		ex.inputs = mbs[p.micro].Inputs // the rows of a lookup's gradient
+		for i, v := range le.vars {
+			if i >= le.own {
+				g, err := t.gradOf(v, p.outs[p.k+i])
+				if err != nil {
+					return err
+				}
+				d := deferred[v]
+				if d == nil {
+					d = make([][][]float32, k)
+					deferred[v] = d
+				}
+				d[p.micro] = append(d[p.micro], g)
+				continue
+			}
+			if d := deferred[v]; d != nil {
+				for j, g := range d[p.micro] {
+					if err := src.grad(ctx, v, g, false, false); err != nil {
+						return err
+					}
+					d[p.micro][j] = nil
+				}
+				d[p.micro] = nil
+			}
+			if err := lp.grad(ctx, v, p.outs[p.k+i], last, v.lookup >= 0); err != nil {
+				return err
+			}
+		}
+		if last {
+			return src.layerDone(ctx, p.layer)
+		}
+		return nil
+	}
+
+	// Backward: every micro-batch through layer l (its weights swapped in
+	// once, its gradients summed in pinned memory), then layer l-1.
+	src.startPass(false)
+	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(inF[l]) }
+	t.lm.hold = true
+	for l := L - 1; l >= 0; l-- {
+		le := layers[l]
+		if !needs(l) {
+			for m := range dys {
+				finalizeAll(dys[m])
+				dys[m] = nil
+			}
+			continue
+		}
+		if err := src.bind(ctx, l); err != nil {
+			return nil, err
+		}
+		input := func(m int) ([]*tensors.Tensor, error) {
+			if l == 0 {
+				return mbs[m].Inputs, nil
+			}
+			return t.loadInputs(ctx, l, m)
+		}
+		in, err := input(0)
+		if err != nil {
+			src.unbind(l)
+			return nil, err
+		}
+		for m := range k {
+			nf := floats(in)
+			le.nIn = len(in)
+			call(le.bwd, in, dys[m])
+			// While it computes: the previous micro-batch's gradients
+			// handed over, the next one's inputs loaded.
+			gerr := handOver(&pend)
+			var lerr error
+			if m+1 < k && gerr == nil {
+				next, lerr = input(m + 1)
+			}
+			outs, cerr := wait()
+			finalizeAll(dys[m])
+			dys[m] = nil
+			if l > 0 {
+				finalizeAll(in)
+			}
+			in, next = next, nil
+			if cerr == nil {
+				pend = lmPending{layer: l, micro: m, outs: outs, k: nf}
+				dys[m] = outs[:nf]
+			}
+			if cerr != nil || gerr != nil || lerr != nil {
+				if l > 0 {
+					finalizeAll(in)
+				}
+				src.unbind(l)
+				switch {
+				case cerr != nil:
+					return nil, fmt.Errorf("zgomlx: backward of layer %q (micro-batch %d): %w", le.layer.Scope, m, cerr)
+				case gerr != nil:
+					return nil, gerr
+				}
+				return nil, lerr
+			}
+		}
+		err = handOver(&pend)
+		src.unbind(l)
+		if err != nil {
+			return nil, err
+		}
+		t.endOpen() // the layer's held gradient sums are written behind
+	}
+	if err := acts.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("zgomlx: activation tier: %w", err)
+	}
+	return losses, nil
+}
+
+// endOpen ends the layer a layer-major backward pass began and holds.
+func (t *Trainer) endOpen() {
+	if t.lm.open > 0 {
+		t.off.rt.EndLayer(t.lm.open - 1)
+		t.lm.open = 0
+	}
+}

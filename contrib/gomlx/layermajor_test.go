@@ -1,0 +1,473 @@
+package zgomlx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/gomlx/ml/layers"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/plan"
+	zopt "github.com/zinfio/zinf/swapper/optimizer"
+)
+
+// lmVocab is the tied zoo transformer's vocabulary in these tests: its
+// table (lmVocab x 16 fp32) is larger than lmPiece (the swap store's
+// stripe), so zinf streams it and the embedding layer reads it by rows
+// (Layer.Lookups).
+const lmVocab, lmPiece = 17000, 1 << 20
+
+// schedCase is a model for the schedule tests: a Net, a Store initialized
+// for it, and its micro-batches.
+type schedCase struct {
+	name  string
+	net   zgomlx.Net
+	store func(t *testing.T, b compute.Backend) *model.Store
+	batch func(i int) (x, y *tensors.Tensor)
+	opts  zgomlx.Options
+	rows  string // a table the embedding layer reads by rows
+	tune  func(*config.Config)
+}
+
+// tiedZooCase is GoMLX's zoo transformer with tied embeddings (the head
+// borrows the token table, which the first layer reads by rows).
+func tiedZooCase(t *testing.T) schedCase {
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(9))
+	m := transformer.New(store.RootScope()).WithVocabSize(lmVocab).WithEmbedDim(16).WithNumLayers(2).
+		WithNumHeads(2).WithHeadDim(8).WithFFNDim(24).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return schedCase{name: "zoo-tied", net: net,
+		store: func(t *testing.T, b compute.Backend) *model.Store {
+			if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq)); err != nil {
+				t.Fatal(err)
+			}
+			return store
+		},
+		batch: func(i int) (x, y *tensors.Tensor) { return lmBatch(i, zooBatch, zooSeq, lmVocab) },
+		opts:  zgomlx.Options{Runtime: zinf.Options{PieceBytes: lmPiece}},
+		rows:  "/token_embed/embeddings",
+		tune: func(cfg *config.Config) {
+			// The streamed table's optimizer pipeline in sub-groups of a
+			// quarter piece, as TestEmbeddingRows has it.
+			cfg.ZeroOptimization.SubGroupSize = 65_536
+			cfg.Zinf.Tiers.CPUPinnedBytes = 16 << 20
+		}}
+}
+
+// mlpChainCase is an MLP chain of five layers of one shape: they share
+// the Trainer's swap-in buffers, so a layer read in one pass is read
+// again in the next.
+func mlpChainCase() schedCase {
+	const w = 24
+	net := mlpNet(w, w, w, w, w)
+	return schedCase{name: "mlp", net: net,
+		store: func(t *testing.T, b compute.Backend) *model.Store {
+			return newStore(t, b, net, shapes.Make(dtypes.Float32, 5, w), 21)
+		},
+		batch: func(i int) (x, y *tensors.Tensor) { return mlpBatch(i, 5, w, w) }}
+}
+
+// microBatches are step's k micro-batches.
+func (c schedCase) microBatches(step, k int) []zgomlx.MicroBatch {
+	mbs := make([]zgomlx.MicroBatch, k)
+	for m := range mbs {
+		x, y := c.batch(step*k + m)
+		mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+	}
+	return mbs
+}
+
+// config is testConfig with k micro-batches in the given order.
+func (c schedCase) config(t *testing.T, k int, sched config.ScheduleMode) *config.Config {
+	cfg := testConfig(t, 8<<20)
+	cfg.GradientAccumulationSteps = k
+	cfg.Zinf.Schedule = sched
+	if c.tune != nil {
+		c.tune(cfg)
+	}
+	return cfg
+}
+
+// stepMemory runs a step of micro-batches on the in-memory reference:
+// Accumulate, ..., Step.
+func stepMemory(ctx context.Context, t *testing.T, mt *zgomlx.MemoryTrainer, mbs []zgomlx.MicroBatch) []float32 {
+	t.Helper()
+	out := make([]float32, len(mbs))
+	for m, mb := range mbs {
+		var err error
+		if m < len(mbs)-1 {
+			out[m], err = mt.Accumulate(ctx, mb.Inputs[0], mb.Labels[0])
+		} else {
+			out[m], err = mt.Step(ctx, mb.Inputs[0], mb.Labels[0])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func sameLosses(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	sameBits(t, what+" losses", got, want)
+}
+
+// paramBytesRead is what zinf's parameter store read from NVMe so far.
+func paramBytesRead(tr *zgomlx.Trainer) int64 {
+	return tr.Offload().Runtime().Metrics().Params.BytesRead
+}
+
+// TestLayerMajorEqualsMicroBatchMajor trains the zoo transformer with
+// tied embeddings (its table read by rows) and an MLP chain for steps of
+// k = 1 and 3 micro-batches with StepMicroBatches, once with zinf.schedule
+// layer-major and once micro-batch-major: every loss, and after the steps
+// every parameter, master and Adam moment, equals in-memory training
+// (Accumulate, ..., Step) bit for bit; for k = 1 the whole-graph GoMLX
+// trainer too, and for k = 3 the first step's masters and moments equal
+// zinf's Adam applied to the whole-graph gradients of the three
+// micro-batches summed in order (every variable but the tied table, whose
+// two uses zinf sums one by one). The NVMe parameter bytes a layer-major step reads are flat
+// in k; a micro-batch-major step reads them once per micro-batch.
+func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
+	for _, mk := range []func(*testing.T) schedCase{tiedZooCase, func(*testing.T) schedCase { return mlpChainCase() }} {
+		c := mk(t)
+		t.Run(c.name, func(t *testing.T) {
+			ctx := watchdog(t, 6*time.Minute)
+			b := backend(t)
+			init := c.store(t, b)
+			perStep := map[string]int64{}
+			for _, k := range []int{1, 3} {
+				lmStore, mbStore, memStore, wholeStore, gradStore := clone(t, init), clone(t, init), clone(t, init), clone(t, init), clone(t, init)
+				cfgLM := c.config(t, k, config.ScheduleLayerMajor)
+				lm, err := zgomlx.Open(ctx, b, cfgLM, lmStore, c.net, c.opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer lm.Close()
+				mb, err := zgomlx.Open(ctx, b, c.config(t, k, config.ScheduleMicroBatchMajor), mbStore, c.net, c.opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer mb.Close()
+				if got := lm.Offload().Runtime().Schedule(); got != zinf.LayerMajor {
+					t.Fatalf("schedule %s, want layer-major", got)
+				}
+				if c.rows != "" && !lm.Offload().Runtime().Streamed(c.rows) {
+					t.Fatalf("%s is not streamed: nothing is read by rows", c.rows)
+				}
+				mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfgLM, zgomlx.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer mt.Close()
+				var wg *zgomlx.WholeGraph
+				if k == 1 {
+					if wg, err = zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(plan.Hyper(cfgLM))); err != nil {
+						t.Fatal(err)
+					}
+					defer wg.Close()
+				}
+				const steps = 2
+				for step := range steps {
+					mbs := c.microBatches(step, k)
+					r0, m0 := paramBytesRead(lm), paramBytesRead(mb)
+					lLM, err := lm.StepMicroBatches(ctx, mbs)
+					if err != nil {
+						t.Fatalf("k=%d step %d layer-major: %v", k, step, err)
+					}
+					lMB, err := mb.StepMicroBatches(ctx, mbs)
+					if err != nil {
+						t.Fatalf("k=%d step %d micro-batch-major: %v", k, step, err)
+					}
+					perStep[fmt.Sprintf("layer-major/%d", k)] = paramBytesRead(lm) - r0
+					perStep[fmt.Sprintf("micro-batch-major/%d", k)] = paramBytesRead(mb) - m0
+					lMem := stepMemory(ctx, t, mt, mbs)
+					sameLosses(t, fmt.Sprintf("k=%d step %d layer-major", k, step), lLM, lMem)
+					sameLosses(t, fmt.Sprintf("k=%d step %d micro-batch-major", k, step), lMB, lMem)
+					if wg != nil {
+						lw, err := wg.Step(mbs[0].Inputs[0], mbs[0].Labels[0])
+						if err != nil {
+							t.Fatal(err)
+						}
+						sameLosses(t, fmt.Sprintf("k=1 step %d whole graph", step), []float32{lw}, lLM)
+					}
+					if k > 1 && step == 0 {
+						wholeGraphMicroSteps(ctx, t, b, c, gradStore, cfgLM, mbs, lm)
+					}
+				}
+				sameModel(ctx, t, fmt.Sprintf("k=%d layer-major", k), lm, mt, memStore)
+				sameModel(ctx, t, fmt.Sprintf("k=%d micro-batch-major", k), mb, mt, memStore)
+				if wg != nil {
+					sameVars(ctx, t, lm.Offload(), wholeStore)
+				}
+				if a := lm.ActivationStats(); a.Saved == 0 || a.Loaded != a.Saved {
+					t.Fatalf("k=%d: the activation tier saved %d entries and loaded %d", k, a.Saved, a.Loaded)
+				}
+				if a := mb.ActivationStats(); a.Saved != 0 {
+					t.Fatalf("micro-batch-major saved %d activation entries", a.Saved)
+				}
+			}
+			t.Logf("parameter bytes read per step: %v", perStep)
+			if c.rows != "" {
+				return // the rows read depend on the micro-batches' tokens
+			}
+			lm1, lm3, mb1, mb3 := perStep["layer-major/1"], perStep["layer-major/3"], perStep["micro-batch-major/1"], perStep["micro-batch-major/3"]
+			if lm1 == 0 || mb1 != lm1 {
+				t.Fatalf("k=1 reads %d bytes layer-major, %d micro-batch-major (want equal, > 0)", lm1, mb1)
+			}
+			if r := float64(lm3) / float64(lm1); math.Abs(r-1) > 0.03 {
+				t.Errorf("layer-major reads %d bytes per step at k=3, %d at k=1 (%.2fx; want flat within 3%%)", lm3, lm1, r)
+			}
+			// Per micro-batch, every layer but the ones still in the swap-in
+			// buffers at the turns of the passes.
+			if r := float64(mb3) / float64(lm1); r < 2.4 {
+				t.Errorf("micro-batch-major reads %d bytes per step at k=3, %d at k=1 (%.2fx; want about 3x)", mb3, lm1, r)
+			}
+		})
+	}
+}
+
+// wholeGraphMicroSteps checks tr's masters after its first step of mbs
+// against the whole-graph reference: each micro-batch's gradients from
+// the whole Net in one graph (at the initial values in store), summed in
+// micro-batch order from +0, and zinf's Adam.
+func wholeGraphMicroSteps(ctx context.Context, t *testing.T, b compute.Backend, c schedCase, store *model.Store, cfg *config.Config, mbs []zgomlx.MicroBatch, tr *zgomlx.Trainer) {
+	t.Helper()
+	sums := map[string][]float32{}
+	for _, mb := range mbs {
+		_, g, err := zgomlx.WholeGraphGradients(b, clone(t, store), c.net, nil, mb.Inputs[0], mb.Labels[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, gi := range g {
+			if sums[name] == nil {
+				sums[name] = make([]float32, len(gi))
+			}
+			s := sums[name]
+			for i := range s {
+				s[i] = s[i] + gi[i]
+			}
+		}
+	}
+	h := plan.Hyper(cfg)
+	h.EnsureDefaults()
+	checked := 0
+	for _, v := range tr.Offload().Vars() {
+		if v.Name == c.rows {
+			// The tied table: zinf sums its gradient use by use (head,
+			// embedding, next micro-batch's head, ...), as micro-batch-major
+			// and in-memory training do; one graph adds a micro-batch's two
+			// uses first, which rounds differently once k > 1.
+			continue
+		}
+		checked++
+		g := sums[v.Name]
+		if g == nil {
+			t.Fatalf("no whole-graph gradient of %s", v.Name)
+		}
+		master := asFloat32s(t, store.GetVariable(v.Name).MustValue())
+		m, sq := make([]float32, len(master)), make([]float32, len(master))
+		zopt.Adam(master, g, m, sq, 1, h)
+		got, gm, gsq, err := tr.Offload().Runtime().ReadOptimizerState(ctx, v.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, v.Name+" master after a step of whole-graph micro-batches", got, master)
+		sameBits(t, v.Name+" exp_avg", gm, m)
+		sameBits(t, v.Name+" exp_avg_sq", gsq, sq)
+	}
+	if checked == 0 {
+		t.Fatal("no variable checked against the whole graph")
+	}
+}
+
+// TestLayerMajorActivationTiers runs layer-major steps of the tied zoo
+// transformer with the activation tier in memory, in pinned memory and on
+// NVMe (zinf.activations.device): each tier holds the layer inputs (its
+// peak), and the models are bit for bit the in-memory reference's.
+func TestLayerMajorActivationTiers(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	c := tiedZooCase(t)
+	init := c.store(t, b)
+	const k, steps = 3, 2
+	memStore := clone(t, init)
+	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, c.config(t, k, config.ScheduleLayerMajor), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mt.Close()
+	want := make([][]float32, steps)
+	for step := range steps {
+		want[step] = stepMemory(ctx, t, mt, c.microBatches(step, k))
+	}
+	for _, dev := range []config.ActivationsDevice{config.ActivationsMemory, config.ActivationsCPU, config.ActivationsNVMe} {
+		t.Run(string(dev), func(t *testing.T) {
+			cfg := c.config(t, k, config.ScheduleLayerMajor)
+			cfg.Zinf.Activations.Device = dev
+			tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			for step := range steps {
+				got, err := tr.StepMicroBatches(ctx, c.microBatches(step, k))
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				sameLosses(t, fmt.Sprintf("step %d", step), got, want[step])
+			}
+			sameModel(ctx, t, string(dev), tr, mt, memStore)
+			a := tr.ActivationStats()
+			t.Logf("%s: %+v", dev, a)
+			var peak int64
+			switch dev {
+			case config.ActivationsMemory:
+				peak = a.PeakMemoryBytes
+			case config.ActivationsCPU:
+				peak = a.PeakPinnedBytes
+			case config.ActivationsNVMe:
+				peak = a.PeakNVMeBytes
+				if a.BytesWritten == 0 || a.BytesRead != a.BytesWritten {
+					t.Errorf("nvme: %d bytes written, %d read back", a.BytesWritten, a.BytesRead)
+				}
+			}
+			// The layer inputs of k micro-batches of the blocks and the
+			// head, zooBatch x zooSeq x 16 fp32 each, are held at once.
+			if least := int64(3 * k * zooBatch * zooSeq * 16 * 4); peak < least {
+				t.Errorf("%s tier peak %d bytes, want at least %d", dev, peak, least)
+			}
+			if a.MemoryBytes+a.PinnedBytes+a.NVMeBytes != 0 || a.Loaded != a.Saved {
+				t.Errorf("entries left after the steps: %+v", a)
+			}
+		})
+	}
+}
+
+// TestLayerMajorFaultMidStep: a layer-major step whose activation tier's
+// disk fills (ENOSPC under its write-behind) or whose parameter swap-in
+// fails (EIO) is given up with nothing changed (every parameter, master
+// and moment as before it, bit for bit); running it again gives the
+// fault-free result, and the steps after it too.
+func TestLayerMajorFaultMidStep(t *testing.T) {
+	cases := []struct {
+		name string
+		rule faults.Rule
+	}{
+		{"activations-ENOSPC", faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-act-"), Nth: 2, Err: syscall.ENOSPC}},
+		{"param-read-EIO", faults.Rule{Kind: faults.Reads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 5, Err: syscall.EIO}},
+	}
+	b := backend(t)
+	c := tiedZooCase(t)
+	init := c.store(t, b)
+	const k = 3
+	for _, fc := range cases {
+		t.Run(fc.name, func(t *testing.T) {
+			ctx := watchdog(t, 4*time.Minute)
+			cfg := c.config(t, k, config.ScheduleLayerMajor)
+			cfg.Zinf.Activations.Device = config.ActivationsNVMe
+			inj := faults.New(1)
+			opts := c.opts
+			opts.Runtime.Faults = inj
+			tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			memStore := clone(t, init)
+			mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mt.Close()
+			step := func(i int) {
+				t.Helper()
+				mbs := c.microBatches(i, k)
+				got, err := tr.StepMicroBatches(ctx, mbs)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				sameLosses(t, fmt.Sprintf("step %d", i), got, stepMemory(ctx, t, mt, mbs))
+			}
+			step(0)
+			inj.Add(fc.rule)
+			_, err = tr.StepMicroBatches(ctx, c.microBatches(1, k))
+			if err == nil || inj.Hits() == 0 {
+				t.Fatalf("step 1 with %s: error %v, %d faults fired", fc.name, err, inj.Hits())
+			}
+			inj.Clear()
+			if !errors.Is(err, zgomlx.ErrStepAborted) || !errors.Is(err, fc.rule.Err) && !errors.Is(err, aio.ErrNoSpace) {
+				t.Fatalf("step 1 failed with %v (want ErrStepAborted wrapping %v)", err, fc.rule.Err)
+			}
+			t.Logf("step 1 failed: %v", err)
+			sameModel(ctx, t, "after the failed step", tr, mt, memStore)
+			if a := tr.ActivationStats(); a.MemoryBytes+a.PinnedBytes+a.NVMeBytes != 0 {
+				t.Fatalf("the failed step left activation entries: %+v", a)
+			}
+			step(1)
+			step(2)
+			sameModel(ctx, t, "after the retry and a step", tr, mt, memStore)
+		})
+	}
+}
+
+// TestLayerMajorBlockedHeadRefused: a Net whose tied head runs in blocks
+// of the table (Net.Head) hands the table's gradient block by block,
+// which the layer-major loop does not keep in order: StepMicroBatches
+// under zinf.schedule layer-major refuses it, naming the key and what is
+// allowed, before anything runs; micro-batch-major trains it.
+func TestLayerMajorBlockedHeadRefused(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	b := backend(t)
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(9))
+	m := transformer.New(store.RootScope()).WithVocabSize(lmVocab).WithEmbedDim(16).WithNumLayers(1).
+		WithNumHeads(2).WithHeadDim(8).WithFFNDim(24).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq)); err != nil {
+		t.Fatal(err)
+	}
+	c := tiedZooCase(t)
+	c.net = net
+	for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
+		tr, err := zgomlx.Open(ctx, b, c.config(t, 2, sched), clone(t, store), net, c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		_, err = tr.StepMicroBatches(ctx, c.microBatches(0, 2))
+		switch {
+		case sched == config.ScheduleLayerMajor && (err == nil || !strings.Contains(err.Error(), `zinf.schedule "layer-major" with a Net.Head`)):
+			t.Fatalf("layer-major with a blocked head: %v", err)
+		case sched == config.ScheduleMicroBatchMajor && err != nil:
+			t.Fatalf("micro-batch-major with a blocked head: %v", err)
+		}
+		if a := tr.ActivationStats(); a.Saved != 0 {
+			t.Fatalf("%s: %d activation entries saved", sched, a.Saved)
+		}
+	}
+}
