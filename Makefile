@@ -132,12 +132,13 @@ bench-llm:
 # test; about 30 GiB written to TMPDIR, default /var/tmp, which needs twice the
 # state free for zinf's copy-on-write swap files, and deleted after): the
 # zoo transformer (24 blocks, d=2048, 16 heads, FFN 8192, vocab 100277,
-# tied head: 1.41 B parameters, 26.3 GiB of state) created layer by layer
+# tied head computed in blocks of 8192 rows: 1.41 B parameters, 26.3 GiB
+# of state) created layer by layer
 # straight into zinf, trained 2 steps with a progress line each; step time
 # against max(the executors' compute, the plan's disk-bound prediction),
 # peak RSS against pinned pool + activations + 512 MiB, disk bytes
 # (BENCHMARKS.md). BIG_FLAGS to change the model.
-BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none
+BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
