@@ -65,57 +65,79 @@ func BenchmarkStep(b *testing.B) {
 	}
 }
 
-// BenchmarkStepMicroBatches times a step of k micro-batches of a small
-// transformer offloaded, layer-major and micro-batch-major
-// (StepMicroBatches under each zinf.schedule), and reports the NVMe
-// parameter bytes a step reads (flat in k layer-major, about k-fold
-// micro-batch-major) and the activation tier's traffic. -count N runs the
-// cases interleaved, N rounds.
+// BenchmarkStepMicroBatches times a step of k micro-batches offloaded,
+// layer-major and micro-batch-major (StepMicroBatches under each
+// zinf.schedule), and reports the NVMe parameter bytes a step reads (flat
+// in k layer-major, about k-fold micro-batch-major) and the activation
+// tier's entries: a small transformer (compute-bound on the pure-Go
+// backend) and an MLP of eight 1024 x 1024 layers at batch 2, whose
+// compute is well below its parameter I/O (disk-bound). Each run of the
+// benchmark is one round of every case; run it several times for
+// interleaved rounds.
 func BenchmarkStepMicroBatches(b *testing.B) {
-	net := lmNet(64, 32, 64, 4, 6, dtypes.Float32)
+	type model struct {
+		name  string
+		net   zgomlx.Net
+		x     shapes.Shape
+		pool  int64
+		batch func(i int) (x, y *tensors.Tensor)
+	}
 	const vocab, seq, batch = 64, 32, 8
-	for _, k := range []int{1, 4} {
-		for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
-			b.Run(fmt.Sprintf("k=%d/%s", k, sched), func(b *testing.B) {
-				ctx := b.Context()
-				be := backend(b)
-				store := newStore(b, be, net, shapes.Make(dtypes.Int32, batch, seq), 1)
-				cfg := testConfig(b, 16<<20)
-				cfg.GradientAccumulationSteps = k
-				cfg.Zinf.Schedule = sched
-				tr, err := zgomlx.Open(ctx, be, cfg, store, net, zgomlx.Options{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer tr.Close()
-				step := func(i int) error {
-					mbs := make([]zgomlx.MicroBatch, k)
-					for m := range mbs {
-						x, y := lmBatch(i*k+m, batch, seq, vocab)
-						mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
-					}
-					_, err := tr.StepMicroBatches(ctx, mbs)
-					return err
-				}
-				if err := step(0); err != nil { // compile and warm the buffers
-					b.Fatal(err)
-				}
-				rt := tr.Offload().Runtime()
-				p0, a0 := rt.Metrics().Params.BytesRead, tr.ActivationStats()
-				b.ResetTimer()
-				n := 0
-				for i := 1; b.Loop(); i++ {
-					if err := step(i); err != nil {
+	wide := make([]int, 8)
+	for i := range wide {
+		wide[i] = 1024
+	}
+	models := []model{
+		{"lm", lmNet(64, 32, 64, 4, 6, dtypes.Float32), shapes.Make(dtypes.Int32, batch, seq), 16 << 20,
+			func(i int) (x, y *tensors.Tensor) { return lmBatch(i, batch, seq, vocab) }},
+		{"mlp-1024x8", mlpNet(wide...), shapes.Make(dtypes.Float32, 2, 1024), 64 << 20,
+			func(i int) (x, y *tensors.Tensor) { return mlpBatch(i, 2, 1024, 1024) }},
+	}
+	for _, md := range models {
+		for _, k := range []int{1, 4} {
+			for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
+				b.Run(fmt.Sprintf("%s/k=%d/%s", md.name, k, sched), func(b *testing.B) {
+					ctx := b.Context()
+					be := backend(b)
+					store := newStore(b, be, md.net, md.x, 1)
+					cfg := testConfig(b, md.pool)
+					cfg.GradientAccumulationSteps = k
+					cfg.Zinf.Schedule = sched
+					cfg.ZeroOptimization.SubGroupSize = 262_144 // the optimizer's pipeline in 1 MiB sub-groups
+					tr, err := zgomlx.Open(ctx, be, cfg, store, md.net, zgomlx.Options{})
+					if err != nil {
 						b.Fatal(err)
 					}
-					n++
-				}
-				b.StopTimer()
-				a1 := tr.ActivationStats()
-				b.ReportMetric(float64(rt.Metrics().Params.BytesRead-p0)/float64(n), "param-B/op")
-				b.ReportMetric(float64(a1.Saved-a0.Saved)/float64(n), "act-entries/op")
-				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(n*k), "ms/micro-batch")
-			})
+					defer tr.Close()
+					step := func(i int) error {
+						mbs := make([]zgomlx.MicroBatch, k)
+						for m := range mbs {
+							x, y := md.batch(i*k + m)
+							mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+						}
+						_, err := tr.StepMicroBatches(ctx, mbs)
+						return err
+					}
+					if err := step(0); err != nil { // compile and warm the buffers
+						b.Fatal(err)
+					}
+					rt := tr.Offload().Runtime()
+					p0, a0 := rt.Metrics().Params.BytesRead, tr.ActivationStats()
+					b.ResetTimer()
+					n := 0
+					for i := 1; b.Loop(); i++ {
+						if err := step(i); err != nil {
+							b.Fatal(err)
+						}
+						n++
+					}
+					b.StopTimer()
+					a1 := tr.ActivationStats()
+					b.ReportMetric(float64(rt.Metrics().Params.BytesRead-p0)/float64(n), "param-B/op")
+					b.ReportMetric(float64(a1.Saved-a0.Saved)/float64(n), "act-entries/op")
+					b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(n*k), "ms/micro-batch")
+				})
+			}
 		}
 	}
 }

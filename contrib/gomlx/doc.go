@@ -65,6 +65,17 @@
 // goroutine, the only one that calls zinf, swaps the next layer in and
 // hands the previous layer's gradients over while a layer computes.
 //
+// # Micro-batches
+//
+// Trainer.StepMicroBatches trains a step of k micro-batches in the plan's
+// order (zinf.schedule). Layer-major, every micro-batch runs through a
+// layer while its weights are in the buffers, so each layer is read once
+// per pass whatever k, its gradients are summed over the k in pinned
+// memory, and the inputs of every layer but the first go to zinf's
+// activation tier (memory, pinned memory or NVMe) until the backward
+// pass; micro-batch-major is Accumulate, ..., Step. Both give the same
+// bits. Loop takes gradient_accumulation_steps batches per step.
+//
 // # Errors
 //
 // A step is all or nothing. A failure before its commit (a swap-in, a
