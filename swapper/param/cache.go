@@ -54,10 +54,11 @@ func (s *Swapper) cacheLocked() *ristretto.Cache[string, *cacheEntry] {
 }
 
 // cachePutLocked hands blk's reference (generation gen) to the CPU cache,
-// or drops it when there is no cache or the cache refuses it.
+// or drops it when there is no cache, the cache refuses it, or someone
+// waits for the pool's memory (poolShortLocked).
 func (s *Swapper) cachePutLocked(t *tensor, blk *block, gen uint64) {
 	c := s.cacheLocked()
-	if c == nil || blk.buf == nil || blk.bytes > s.opts.MaxInCPUBytes {
+	if c == nil || blk.buf == nil || blk.bytes > s.opts.MaxInCPUBytes || s.poolShortLocked() {
 		blk.release()
 		return
 	}
@@ -98,6 +99,11 @@ func (s *Swapper) shrinkCache(need int64) bool {
 	if c == nil {
 		return false
 	}
+	// A Set is applied by ristretto's goroutine later: until then the
+	// entry holds its buffer (cachedBytes counts it) but IterValues does
+	// not see it, and an eviction that missed it could leave a waiter
+	// with nothing that would ever release the memory.
+	c.Wait()
 	var names []string
 	freed := int64(0)
 	c.IterValues(func(e *cacheEntry) bool {
@@ -125,7 +131,20 @@ func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.P
 	if b, ok := s.pool.TryAcquire(size, purpose); ok {
 		return b, nil
 	}
-	if s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
+	// While it waits, nothing new goes to the cache or stays prefetched
+	// (poolShortLocked); counted before the cache is shrunk, so that an
+	// entry put meanwhile is seen by the shrink.
+	s.mu.Lock()
+	s.stageWaiters++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.stageWaiters--
+		s.mu.Unlock()
+	}()
+	// Freed bytes are not always a block the pool can hand out (see
+	// buffers.SpanBytes): evict until it can, or the cache is empty.
+	for s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
 		if b, ok := s.pool.TryAcquire(size, purpose); ok {
 			return b, nil
 		}

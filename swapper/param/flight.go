@@ -161,6 +161,14 @@ func (s *Swapper) preemptForLocked(size int) bool {
 	return false
 }
 
+// poolShortLocked reports whether a staged update or a waited-for swap-in
+// waits for pool memory: then released and preempted partitions give
+// their memory back instead of keeping it in the CPU cache, and landing
+// prefetches give way.
+func (s *Swapper) poolShortLocked() bool {
+	return s.stageWaiters > 0 || s.starvationLocked() == poolStarved
+}
+
 // starvedBytesLocked is the largest buffer a waited-for swap-in waits for
 // in the pool, 0 when none does.
 func (s *Swapper) starvedBytesLocked() int {
@@ -256,7 +264,7 @@ func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
 	if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
 		return b, nil
 	}
-	if s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
+	for s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
 		if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
 			return b, nil
 		}
@@ -334,9 +342,10 @@ func (s *Swapper) land(t *tensor, f *flight, blk *block, gen uint64, slot bool, 
 		return
 	}
 	s.unclaimed[t] = struct{}{}
-	if kind := s.starvationLocked(); kind != notStarved {
-		// A waited-for swap-in is stuck behind prefetches: this one, which
-		// nobody is waiting for, gives way at once.
+	if kind := s.starvationLocked(); kind != notStarved || s.stageWaiters > 0 {
+		// A waited-for swap-in or a staged update is stuck behind
+		// prefetches: this one, which nobody is waiting for, gives way
+		// at once.
 		s.preemptLocked(t, kind == slotStarved)
 	}
 }

@@ -47,6 +47,36 @@ func readBack(t *testing.T, s *param.Swapper, name string, want []float32) {
 // layer's 88 KiB partition needs (buffers.SpanBytes), until one of the
 // small ones goes.
 func fragmented(t *testing.T) (*param.Swapper, context.Context) {
+	s, _, ctx := fragmentedWith(t, 0)
+	return s, ctx
+}
+
+// fragmentedWith is fragmented with a CPU cache of maxInCPU bytes; it
+// returns the pool too.
+func fragmentedWith(t *testing.T, maxInCPU int64) (*param.Swapper, *buffers.Pool, context.Context) {
+	t.Helper()
+	s, pool, ctx := newSwapper(t, maxInCPU)
+	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prefetch("next.s1", "next.s2"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.State("next.s1") != param.Resident || s.State("next.s2") != param.Resident {
+		if time.Now().After(deadline) {
+			t.Fatalf("the small partitions were not prefetched: %s, %s", s.State("next.s1"), s.State("next.s2"))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.Release("prev.a", "prev.b")
+	return s, pool, ctx
+}
+
+// newSwapper is a swapper on a 256 KiB pool (4 KiB granules) with the
+// partitions prev.a and prev.b (124 KiB each), next.s1 and next.s2 (4 KiB)
+// and next.big (88 KiB) initialized on NVMe.
+func newSwapper(t *testing.T, maxInCPU int64) (*param.Swapper, *buffers.Pool, context.Context) {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, Logger: quiet})
@@ -64,7 +94,7 @@ func fragmented(t *testing.T) (*param.Swapper, context.Context) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	s, err := param.New(param.Options{Store: store, Pool: pool, Logger: quiet})
+	s, err := param.New(param.Options{Store: store, Pool: pool, MaxInCPUBytes: maxInCPU, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,21 +111,7 @@ func fragmented(t *testing.T) (*param.Swapper, context.Context) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Prefetch("next.s1", "next.s2"); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for s.State("next.s1") != param.Resident || s.State("next.s2") != param.Resident {
-		if time.Now().After(deadline) {
-			t.Fatalf("the small partitions were not prefetched: %s, %s", s.State("next.s1"), s.State("next.s2"))
-		}
-		time.Sleep(time.Millisecond)
-	}
-	s.Release("prev.a", "prev.b")
-	return s, ctx
+	return s, pool, ctx
 }
 
 // TestWaitFragmentedRegion: a layer whose small partitions were
@@ -147,6 +163,56 @@ func TestStageFragmentedRegion(t *testing.T) {
 	}
 	if err := s.Wait(sctx, "next.big"); err != nil {
 		t.Fatalf("Wait after the update: %v", err)
+	}
+	readBack(t, s, "next.big", want)
+	s.Release("next.big")
+}
+
+// TestStageWaitKeepsReleasesOutOfCache: while a staged update waits for
+// pool memory, partitions released go back to the pool, not into the CPU
+// cache (max_in_cpu), which would keep them (scattered over the region)
+// with nothing left to evict them: the step would wait for ever on the
+// memory of the layers its own loop had just released.
+func TestStageWaitKeepsReleasesOutOfCache(t *testing.T) {
+	s, pool, ctx := newSwapper(t, 256<<10)
+	// Both halves held whole but for their last granule, which the two
+	// small partitions take: no room for the 88 KiB update.
+	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx, "next.s1", "next.s2"); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	numel, _ := s.PartitionLen("next.big")
+	want := vals(7, numel)
+	staged := make(chan error, 1)
+	go func() {
+		w, err := s.StageUpdate(sctx, "next.big", want)
+		if err == nil {
+			err = w.Wait()
+		}
+		staged <- err
+	}()
+	for pool.Stats().Waiting == 0 {
+		select {
+		case err := <-staged:
+			t.Fatalf("the update did not wait for memory: %v", err)
+		case <-sctx.Done():
+			t.Fatal("the update never waited")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	s.Release("prev.a", "prev.b", "next.s1", "next.s2")
+	if err := <-staged; err != nil {
+		t.Fatalf("StageUpdate while the released partitions could go to the cache: %v", err)
+	}
+	if err := s.CommitUpdates(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(sctx, "next.big"); err != nil {
+		t.Fatal(err)
 	}
 	readBack(t, s, "next.big", want)
 	s.Release("next.big")

@@ -145,10 +145,12 @@ type Swapper struct {
 	flights   map[*flight]*tensor  // swap-ins not yet landed
 	unclaimed map[*tensor]struct{} // resident by prefetch, not yet waited for or read: preemptible
 	pending   map[*tensor]struct{} // resident for a Wait in progress, not yet claimed: preemptible by larger
-	closed    bool
-	cache     *ristretto.Cache[string, *cacheEntry]
-	stageSeq  uint64
-	stats     Stats // counters; gauges filled in by Stats()
+	// stageWaiters counts acquireBuffer calls waiting for pool memory.
+	stageWaiters int
+	closed       bool
+	cache        *ristretto.Cache[string, *cacheEntry]
+	stageSeq     uint64
+	stats        Stats // counters; gauges filled in by Stats()
 
 	cachedBytes atomic.Int64
 	ioWait      atomic.Int64
