@@ -75,6 +75,23 @@ func TestMetamorphic(t *testing.T) {
 	}
 }
 
+// stalledSeeds are seeds that once failed; TestMetamorphicKnownSeeds
+// runs them on every make test. 1795746247277799838 (3 layers, world 2,
+// micro 2 layer-major under a micro-batch-major plan, bf16, the pool at
+// its minimum) stalled under -race in 3 runs of 7: a layer's small
+// partitions, placed around the previous layer's, left the parameter
+// region 276 of 288 KiB free and no aligned 128 KiB block for its 88 KiB
+// partition (the mechanism, deterministically: swapper/param's
+// TestWaitFragmentedRegion and TestStageFragmentedRegion).
+var stalledSeeds = []uint64{1795746247277799838}
+
+// TestMetamorphicKnownSeeds runs the seeds that once failed.
+func TestMetamorphicKnownSeeds(t *testing.T) {
+	for _, seed := range stalledSeeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { metamorphicRun(t, seed) })
+	}
+}
+
 var primes = []int{1, 2, 3, 5, 7, 11, 13, 31, 61, 127, 251, 509, 1021, 2039, 4093, 8191}
 
 // randomModel builds a random layered model.
