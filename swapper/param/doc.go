@@ -39,6 +39,18 @@
 // back to OnNVMe, or to the CPU cache), so over-eager prefetching, or
 // consuming prefetches in another order, never deadlocks.
 //
+// The pool hands out a buffer from a free, aligned power-of-two block
+// (buffers.SpanBytes), so free bytes are not enough: small partitions
+// scattered over a region can leave no block for a large one. Wait
+// therefore claims its set all at once, when every partition of it is
+// resident, waiting for the largest first; until then a larger waited-for
+// swap-in that the pool cannot place sends the smaller ones of a set back
+// (and Wait fetches them again), a partition never giving way to one of
+// its size or smaller. A staged update (StageUpdate, StageRange) that
+// waits for memory makes unclaimed prefetches give way, and while it or a
+// waited-for swap-in waits, released partitions go back to the pool, not
+// to the CPU cache.
+//
 // # CPU cache
 //
 // With Options.MaxInCPUBytes > 0, released partitions stay in a ristretto
@@ -46,8 +58,9 @@
 // swap-in of the same partition costs no I/O (DeepSpeed's max_in_cpu). Cache
 // values are reference counted: eviction drops the cache's reference, and a
 // buffer is returned to the pool only when no resident copy or reader still
-// uses it. When the pool runs dry, a swap-in evicts cached partitions
-// before it waits.
+// uses it. When the pool runs dry, a swap-in or a staged update evicts
+// cached partitions (until the pool can serve it, or none is left) before
+// it waits.
 //
 // # Device-resident swap-ins
 //
