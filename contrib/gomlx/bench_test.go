@@ -70,8 +70,8 @@ func BenchmarkStep(b *testing.B) {
 // zinf.schedule), and reports the NVMe parameter bytes a step reads (flat
 // in k layer-major, about k-fold micro-batch-major) and the activation
 // tier's entries: a small transformer (compute-bound on the pure-Go
-// backend) and an MLP of eight 1024 x 1024 layers at batch 2, whose
-// compute is well below its parameter I/O (disk-bound). Each run of the
+// backend) and an MLP of eight 512 x 512 layers at batch 2 (little compute for
+// its parameter I/O). Each run of the
 // benchmark is one round of every case; run it several times for
 // interleaved rounds.
 func BenchmarkStepMicroBatches(b *testing.B) {
@@ -85,13 +85,13 @@ func BenchmarkStepMicroBatches(b *testing.B) {
 	const vocab, seq, batch = 64, 32, 8
 	wide := make([]int, 8)
 	for i := range wide {
-		wide[i] = 1024
+		wide[i] = 512
 	}
 	models := []model{
 		{"lm", lmNet(64, 32, 64, 4, 6, dtypes.Float32), shapes.Make(dtypes.Int32, batch, seq), 16 << 20,
 			func(i int) (x, y *tensors.Tensor) { return lmBatch(i, batch, seq, vocab) }},
-		{"mlp-1024x8", mlpNet(wide...), shapes.Make(dtypes.Float32, 2, 1024), 64 << 20,
-			func(i int) (x, y *tensors.Tensor) { return mlpBatch(i, 2, 1024, 1024) }},
+		{"mlp-512x8", mlpNet(wide...), shapes.Make(dtypes.Float32, 2, 512), 32 << 20,
+			func(i int) (x, y *tensors.Tensor) { return mlpBatch(i, 2, 512, 512) }},
 	}
 	for _, md := range models {
 		for _, k := range []int{1, 4} {
