@@ -71,11 +71,11 @@ type actMeta struct {
 // pinned memory, else NVMe, read back ahead of the backward pass). Both
 // orders give the same bits, equal to in-memory training.
 //
-// A layer-major step keeps, besides the tier, one layer boundary per
-// micro-batch in Go memory, and for a variable another layer borrows
-// (Layer.Borrow: tied embeddings) the borrowers' gradients of every
-// micro-batch until its own layer's backward pass (its sum is then made
-// in the micro-batch-major order, for the same bits).
+// A layer-major step keeps one layer boundary per micro-batch in Go
+// memory. For a variable another layer borrows (Layer.Borrow: tied
+// embeddings), the borrowers' gradients of every micro-batch go to the
+// tier too until its own layer's backward pass, where they are handed
+// over in the micro-batch-major order (the same bits).
 //
 // It is all or nothing, as Step: an error before the commit gives the
 // step up (every micro-batch's gradients, the tier's entries) and leaves
@@ -230,23 +230,72 @@ func (t *Trainer) loadInputs(ctx context.Context, l, m int) ([]*tensors.Tensor, 
 	return out, nil
 }
 
-// gradOf is a gradient tensor as fp32, copied (borrowed variables'
-// gradients wait for their own layer's backward pass).
-func (t *Trainer) gradOf(v *Var, x *tensors.Tensor) ([]float32, error) {
+// actGradBase is the first chunk index of the borrowed gradients kept
+// for a variable's own layer under (that layer, micro-batch): after the
+// layer's own inputs' chunks.
+const actGradBase = actStride / 4
+
+// defGrad is a borrowed variable's gradient of one micro-batch kept in
+// the tier until its own layer's backward pass: chunks from first.
+type defGrad struct {
+	v             *Var
+	first, chunks int
+}
+
+// saveGrad hands a borrower's gradient of v (micro-batch m) to the tier,
+// as fp32, under v's own layer; it returns where it went.
+func (t *Trainer) saveGrad(ctx context.Context, v *Var, m, first int, x *tensors.Tensor) (defGrad, error) {
 	_, b, err := bufferOf(t.ex.backend, x)
 	if err != nil {
-		return nil, fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+		return defGrad{}, fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
 	}
 	if len(b) != v.numel*v.dtype.Size() {
-		return nil, fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
+		return defGrad{}, fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
 	}
-	g := make([]float32, v.numel)
-	if v.dtype == swapper.Float32 {
-		copy(g, buffers.Float32Bytes(b))
-	} else {
+	if v.dtype != swapper.Float32 {
+		g := t.gradScratch(v.numel)
 		swapper.Decode(v.dtype, g, b)
+		b = buffers.AsBytes(g)
+	}
+	d := defGrad{v: v, first: first}
+	for len(b) > 0 {
+		n := min(len(b), actChunkBytes)
+		if err := t.acts.Save(ctx, v.Layer, m*actStride+first+d.chunks, b[:n]); err != nil {
+			return defGrad{}, fmt.Errorf("zgomlx: keeping a gradient of %q (micro-batch %d) for its layer: %w", v.Name, m, err)
+		}
+		b = b[n:]
+		d.chunks++
+	}
+	return d, nil
+}
+
+// loadGrad takes a kept gradient of micro-batch m back (fp32, in the
+// Trainer's scratch: valid until the next call).
+func (t *Trainer) loadGrad(ctx context.Context, d defGrad, m int) ([]float32, error) {
+	g := t.gradScratch(d.v.numel)
+	b := buffers.AsBytes(g)
+	for c := range d.chunks {
+		n, err := t.acts.Load(ctx, d.v.Layer, m*actStride+d.first+c, b)
+		if err == nil && n == 0 {
+			err = errors.New("an empty chunk")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("zgomlx: a kept gradient of %q (micro-batch %d): %w", d.v.Name, m, err)
+		}
+		b = b[n:]
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("zgomlx: a kept gradient of %q (micro-batch %d): %d bytes short", d.v.Name, m, len(b))
 	}
 	return g, nil
+}
+
+// gradScratch is n float32s of the Trainer's (reused).
+func (t *Trainer) gradScratch(n int) []float32 {
+	if cap(t.lmScratch) < n {
+		t.lmScratch = make([]float32, n)
+	}
+	return t.lmScratch[:n]
 }
 
 // lmPending is a layer's backward outputs of one micro-batch whose
@@ -287,10 +336,11 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	dys := make([][]*tensors.Tensor, k)
 	var pend lmPending
 	var next []*tensors.Tensor // the next micro-batch's inputs, loaded ahead
-	// deferred holds the gradients of borrowed variables (per variable
-	// and micro-batch, in the borrowers' backward order) until their own
-	// layer's backward pass.
-	deferred := map[*Var][][][]float32{}
+	// deferred are the gradients of borrowed variables the tier keeps
+	// until their own layer's backward pass, by (that layer, micro-batch),
+	// in the borrowers' backward order; next is the next free chunk index.
+	deferred := map[[2]int][]defGrad{}
+	next0 := map[[2]int]int{}
 	batches := make([][]*tensors.Tensor, k)
 	for m, mb := range mbs {
 		batches[m] = mb.Inputs
@@ -431,31 +481,36 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		ex.inputs = mbs[p.micro].Inputs // the rows of a lookup's gradient
 		for i, v := range le.vars {
 			if i >= le.own {
-				g, err := t.gradOf(v, p.outs[p.k+i])
+				key := [2]int{v.Layer, p.micro}
+				first, ok := next0[key]
+				if !ok {
+					first = actGradBase
+				}
+				d, err := t.saveGrad(ctx, v, p.micro, first, p.outs[p.k+i])
 				if err != nil {
 					return err
 				}
-				d := deferred[v]
-				if d == nil {
-					d = make([][][]float32, k)
-					deferred[v] = d
-				}
-				d[p.micro] = append(d[p.micro], g)
+				deferred[key] = append(deferred[key], d)
+				next0[key] = first + d.chunks
 				continue
 			}
-			if d := deferred[v]; d != nil {
-				for j, g := range d[p.micro] {
-					if err := src.grad(ctx, v, g, false, false); err != nil {
-						return err
-					}
-					d[p.micro][j] = nil
+			for _, d := range deferred[[2]int{p.layer, p.micro}] {
+				if d.v != v {
+					continue
 				}
-				d[p.micro] = nil
+				g, err := t.loadGrad(ctx, d, p.micro)
+				if err != nil {
+					return err
+				}
+				if err := src.grad(ctx, v, g, false, false); err != nil {
+					return err
+				}
 			}
 			if err := lp.grad(ctx, v, p.outs[p.k+i], last, v.lookup >= 0); err != nil {
 				return err
 			}
 		}
+		delete(deferred, [2]int{p.layer, p.micro})
 		if last {
 			return src.layerDone(ctx, p.layer)
 		}

@@ -304,8 +304,9 @@ func wholeGraphMicroSteps(ctx context.Context, t *testing.T, b compute.Backend, 
 
 // TestLayerMajorActivationTiers runs layer-major steps of the tied zoo
 // transformer with the activation tier in memory, in pinned memory and on
-// NVMe (zinf.activations.device): each tier holds the layer inputs (its
-// peak), and the models are bit for bit the in-memory reference's.
+// NVMe (zinf.activations.device): each tier holds the layer inputs and
+// the tied table's borrowed gradients (its peak), and the models are bit
+// for bit the in-memory reference's.
 func TestLayerMajorActivationTiers(t *testing.T) {
 	ctx := watchdog(t, 6*time.Minute)
 	b := backend(t)
@@ -357,6 +358,12 @@ func TestLayerMajorActivationTiers(t *testing.T) {
 			// head, zooBatch x zooSeq x 16 fp32 each, are held at once.
 			if least := int64(3 * k * zooBatch * zooSeq * 16 * 4); peak < least {
 				t.Errorf("%s tier peak %d bytes, want at least %d", dev, peak, least)
+			}
+			// The head's gradients of the tied table (fp32, one per
+			// micro-batch) wait in the tier for the embedding layer's
+			// backward pass.
+			if table := int64(k * lmVocab * 16 * 4); peak < table {
+				t.Errorf("%s tier peak %d bytes, want at least the tied table's %d micro-batch gradients, %d bytes", dev, peak, k, table)
 			}
 			if a.MemoryBytes+a.PinnedBytes+a.NVMeBytes != 0 || a.Loaded != a.Saved {
 				t.Errorf("entries left after the steps: %+v", a)

@@ -52,9 +52,10 @@ type Trainer struct {
 
 	// Layer-major steps (layermajor.go): the step's state, the activation
 	// tier (opened at the first) and how each entry was saved.
-	lm      lmState
-	acts    *zinf.Activations
-	actMeta map[[2]int]actMeta
+	lm        lmState
+	acts      *zinf.Activations
+	actMeta   map[[2]int]actMeta
+	lmScratch []float32 // a kept gradient, widened or loaded
 }
 
 // Timings are the time a Trainer's loop spent in zinf, summed over
