@@ -332,13 +332,13 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	}()
 	busy := false // a job is on the worker
 	cur := make([][]*tensors.Tensor, k)
-	owned := false // cur holds tensors of ours (not the caller's inputs)
+	owned := make([]bool, k) // cur[m] holds tensors of ours (not the caller's inputs)
 	dys := make([][]*tensors.Tensor, k)
 	var pend lmPending
 	var next []*tensors.Tensor // the next micro-batch's inputs, loaded ahead
 	// deferred are the gradients of borrowed variables the tier keeps
 	// until their own layer's backward pass, by (that layer, micro-batch),
-	// in the borrowers' backward order; next is the next free chunk index.
+	// in the borrowers' backward order; next0 is the next free chunk index.
 	deferred := map[[2]int][]defGrad{}
 	next0 := map[[2]int]int{}
 	batches := make([][]*tensors.Tensor, k)
@@ -361,8 +361,8 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		close(jobs) // every job started was waited for
 		<-done
 		ex.batches, ex.inputs = nil, nil
-		if owned {
-			for _, c := range cur {
+		for m, c := range cur {
+			if owned[m] {
 				finalizeAll(c)
 			}
 		}
@@ -437,12 +437,11 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 				}
 				return nil, berr
 			}
-			if owned {
+			if owned[m] {
 				finalizeAll(cur[m])
 			}
-			cur[m] = out
+			cur[m], owned[m] = out, true
 		}
-		owned = true
 		outF[l] = floats(cur[0])
 		src.unbind(l)
 	}
