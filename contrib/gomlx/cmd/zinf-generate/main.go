@@ -837,7 +837,7 @@ func generateAll(ctx context.Context, g *generate.Generator, o options, tok *tok
 		if predicted > 0 {
 			pred = fmt.Sprintf("; predicted %.2f", predicted)
 		}
-		fmt.Fprintf(stdout, "tokens/s: %.2f at the median full decoding step (%.1f ms for %d sequences%s); %.2f over every decoding step, graph compilations included\n",
+		fmt.Fprintf(stdout, "tokens/s: %.3g at the median full decoding step (%.1f ms for %d sequences%s); %.3g over every decoding step, graph compilations included\n",
 			float64(batch)/med.Seconds(), float64(med)/1e6, batch, pred, tps)
 	}
 	return all, kvBytes, nil
