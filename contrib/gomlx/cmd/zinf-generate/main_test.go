@@ -221,7 +221,7 @@ func TestMakeModelMmap(t *testing.T) {
 		if got := tokens(out); got != want {
 			t.Errorf("--mmap %s: %q, through zinf %q", a, got, want)
 		}
-		if !strings.Contains(out, "(mmap, madvise: "+a+")") || !strings.Contains(out, "process: read from disk ") {
+		if !strings.Contains(out, "(mmap, madvise: "+a+")") || !strings.Contains(out, "process: read from disk ") || !strings.Contains(out, "copied from the mapping") {
 			t.Errorf("--mmap %s output:\n%s", a, out)
 		}
 	}
