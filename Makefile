@@ -137,12 +137,14 @@ bench-llm:
 # straight into zinf, trained 2 steps with a progress line each; step time
 # against max(the executors' compute, the plan's disk-bound prediction),
 # peak RSS against pinned pool + activations + 512 MiB, disk bytes
-# (BENCHMARKS.md). BIG_FLAGS to change the model.
+# (BENCHMARKS.md). BIG_FLAGS to change the model; BIG_MEMLIMIT is the Go
+# memory limit (GOMEMLIMIT) the run keeps its heap near.
+BIG_MEMLIMIT ?= 2GiB
 BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
-	ulimit -v 18000000; $(abspath $(BIN))/zinf-benchllm -big $(BIG_FLAGS) -dir $${TMPDIR:-/var/tmp}
+	ulimit -v 18000000; GOMEMLIMIT=$(BIG_MEMLIMIT) $(abspath $(BIN))/zinf-benchllm -big $(BIG_FLAGS) -dir $${TMPDIR:-/var/tmp}
 
 bible:
 	@if ! command -v bible >/dev/null 2>&1 || [ ! -f /usr/lib/bible.data ]; then \
