@@ -121,12 +121,18 @@ func (s *Swapper) shrinkCache(need int64) bool {
 }
 
 // acquireBuffer takes a pool buffer for staging an update. When the pool is
-// dry it first evicts CPU-cache entries (their memory is the pool's) and
-// prefetched partitions nobody claimed yet, then waits. The prefetched
-// ones must give way: a staged update's buffer needs a free aligned block
-// (buffers.SpanBytes), and small prefetched partitions scattered over the
-// region could deny it one while nothing else would release them (the
-// step, which stages, is what the next pass that claims them waits for).
+// dry it first evicts CPU-cache entries (their memory is the pool's),
+// prefetched partitions nobody claimed yet and smaller ones a Wait in
+// progress holds unclaimed (preemptForLocked), then waits; while it waits,
+// such smaller partitions that land give way too (land). They must: a
+// staged update's buffer needs a free aligned block (buffers.SpanBytes),
+// and small partitions scattered over the region could deny it one while
+// nothing else would release them. Prefetched ones are claimed by the
+// next pass, which waits for the step that stages; a Wait's by its Wait,
+// which returns only when its last partition is placed, and the pool
+// serves that one only after the staged update queued before it (a step
+// overlapping the backward pass stages layer l while BeginLayer(l-1)
+// waits: TestStageBehindPendingWait).
 func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.Purpose) (*buffers.Buffer, error) {
 	if b, ok := s.pool.TryAcquire(size, purpose); ok {
 		return b, nil
@@ -134,12 +140,21 @@ func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.P
 	// While it waits, nothing new goes to the cache or stays prefetched
 	// (poolShortLocked); counted before the cache is shrunk, so that an
 	// entry put meanwhile is seen by the shrink.
+	params := purpose == buffers.PurposeParams
 	s.mu.Lock()
 	s.stageWaiters++
+	if params {
+		s.stageSizes[size]++
+	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.stageWaiters--
+		if params {
+			if s.stageSizes[size]--; s.stageSizes[size] == 0 {
+				delete(s.stageSizes, size)
+			}
+		}
 		s.mu.Unlock()
 	}()
 	// Freed bytes are not always a block the pool can hand out (see
@@ -149,9 +164,9 @@ func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.P
 			return b, nil
 		}
 	}
-	if purpose == buffers.PurposeParams {
+	if params {
 		s.mu.Lock()
-		for s.preemptOneLocked(false) {
+		for s.preemptForLocked(size) {
 			s.mu.Unlock()
 			if b, ok := s.pool.TryAcquire(size, purpose); ok {
 				return b, nil

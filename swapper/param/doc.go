@@ -47,9 +47,12 @@
 // swap-in that the pool cannot place sends the smaller ones of a set back
 // (and Wait fetches them again), a partition never giving way to one of
 // its size or smaller. A staged update (StageUpdate, StageRange) that
-// waits for memory makes unclaimed prefetches give way, and while it or a
-// waited-for swap-in waits, released partitions go back to the pool, not
-// to the CPU cache.
+// waits for memory makes unclaimed prefetches, and the smaller partitions
+// of a Wait in progress, give way the same way (a step overlapping the
+// backward pass stages one layer while BeginLayer waits for the next, and
+// the pool serves the Wait's last partition only after the update queued
+// before it), and while it or a waited-for swap-in waits, released
+// partitions go back to the pool, not to the CPU cache.
 //
 // # CPU cache
 //

@@ -132,8 +132,8 @@ func (s *Swapper) preemptOneLocked(toCache bool) bool {
 	return false
 }
 
-// preemptForLocked makes room for a waited-for swap-in of a size-byte
-// buffer that the pool cannot serve: it sends back one prefetched,
+// preemptForLocked makes room for a waited-for swap-in or a staged
+// update of a size-byte buffer that the pool cannot serve: it sends back one prefetched,
 // unclaimed partition, or else one that a Wait still in progress has
 // swapped in (pending) whose buffer is smaller than size. It reports
 // whether it sent one back.
@@ -169,14 +169,17 @@ func (s *Swapper) poolShortLocked() bool {
 	return s.stageWaiters > 0 || s.starvationLocked() == poolStarved
 }
 
-// starvedBytesLocked is the largest buffer a waited-for swap-in waits for
-// in the pool, 0 when none does.
+// starvedBytesLocked is the largest params buffer a waited-for swap-in or
+// a staged update waits for in the pool, 0 when none does.
 func (s *Swapper) starvedBytesLocked() int {
 	n := 0
 	for f := range s.flights {
 		if f.demand && f.stage == awaitingBuffer {
 			n = max(n, f.size)
 		}
+	}
+	for size := range s.stageSizes {
+		n = max(n, size)
 	}
 	return n
 }
@@ -333,8 +336,8 @@ func (s *Swapper) land(t *tensor, f *flight, blk *block, gen uint64, slot bool, 
 	}
 	if f.demand {
 		// Its Wait claims it once the whole set is resident; until then
-		// a larger waited-for swap-in the pool cannot place may send it
-		// back.
+		// a larger waited-for swap-in or staged update the pool cannot
+		// place may send it back.
 		s.pending[t] = struct{}{}
 		if int64(s.starvedBytesLocked()) > blk.bytes {
 			s.preemptLocked(t, false)

@@ -217,3 +217,110 @@ func TestStageWaitKeepsReleasesOutOfCache(t *testing.T) {
 	readBack(t, s, "next.big", want)
 	s.Release("next.big")
 }
+
+// TestStageBehindPendingWait: a staged update that the pool cannot place
+// sends back the smaller partitions a Wait in progress holds unclaimed.
+// It is the interleaving of a step that overlaps the backward pass
+// (zinf.Runtime.StepLayer): the optimizer stages layer l's update while
+// the loop's BeginLayer(l-1) waits for its set. Two of the set's small
+// partitions landed, one in each half of the region; the update (an
+// 88 KiB buffer: a free 128 KiB half) queued in the pool; the set's last
+// partition, which had no slot yet, queued behind it (the pool serves its
+// waiters in turn); then the previous layer was released. 248 KiB free
+// and no half free: the update waited for the Wait's partitions and the
+// Wait for the update, until the pool's stall timeout (TestStateFourTimesPinned
+// in contrib/gomlx, once under load: "fragmented: 24 KiB free but no free
+// aligned 16 KiB block").
+func TestStageBehindPendingWait(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	store, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	// Four slots: the previous layer's two and two of the next set's
+	// three small partitions.
+	s, err := param.New(param.Options{Store: store, Pool: pool, BufferCount: 4, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
+	sizes := map[string]int{"prev.a": 31 << 10, "prev.b": 31 << 10, "next.s1": 1 << 10, "next.s2": 1 << 10, "next.s3": 1 << 10, "other.big": 22 << 10}
+	names := []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.s3", "other.big"}
+	for _, n := range names {
+		if err := s.Register(n, sizes[n], swapper.TierNVMe); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Init(ctx, n, vals(len(n)+sizes[n], sizes[n])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	waited := make(chan error, 1)
+	go func() { waited <- s.Wait(wctx, "next.s1", "next.s2", "next.s3") }()
+	// Two of the set land, in the one free granule of each half; the
+	// third waits for a slot.
+	for s.State("next.s1") != param.Resident || s.State("next.s2") != param.Resident {
+		select {
+		case err := <-waited:
+			t.Fatalf("Wait returned with the previous layer's slots held: %v", err)
+		case <-wctx.Done():
+			t.Fatalf("the small partitions did not land: %s, %s", s.State("next.s1"), s.State("next.s2"))
+		case <-time.After(time.Millisecond):
+		}
+	}
+	want := vals(5, sizes["other.big"])
+	staged := make(chan error, 1)
+	go func() {
+		w, err := s.StageUpdate(wctx, "other.big", want)
+		if err == nil {
+			err = w.Wait()
+		}
+		staged <- err
+	}()
+	for pool.Stats().Waiting == 0 {
+		select {
+		case err := <-staged:
+			t.Fatalf("the update did not wait for memory: %v", err)
+		case <-wctx.Done():
+			t.Fatal("the update never waited for memory")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	s.Release("prev.a", "prev.b") // the previous layer ends
+	if err := <-staged; err != nil {
+		t.Fatalf("StageUpdate behind a Wait in progress: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait behind a staged update: %v", err)
+	}
+	for _, n := range []string{"next.s1", "next.s2", "next.s3"} {
+		readBack(t, s, n, vals(len(n)+sizes[n], sizes[n]))
+	}
+	s.Release("next.s1", "next.s2", "next.s3")
+	if err := s.CommitUpdates(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx, "other.big"); err != nil {
+		t.Fatal(err)
+	}
+	readBack(t, s, "other.big", want)
+	s.Release("other.big")
+}

@@ -145,8 +145,10 @@ type Swapper struct {
 	flights   map[*flight]*tensor  // swap-ins not yet landed
 	unclaimed map[*tensor]struct{} // resident by prefetch, not yet waited for or read: preemptible
 	pending   map[*tensor]struct{} // resident for a Wait in progress, not yet claimed: preemptible by larger
-	// stageWaiters counts acquireBuffer calls waiting for pool memory.
+	// stageWaiters counts acquireBuffer calls waiting for pool memory;
+	// stageSizes counts those of params buffers by size.
 	stageWaiters int
+	stageSizes   map[int]int
 	closed       bool
 	cache        *ristretto.Cache[string, *cacheEntry]
 	stageSeq     uint64
@@ -164,18 +166,19 @@ func New(opts Options) (*Swapper, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Swapper{
-		opts:      opts,
-		store:     opts.Store,
-		pool:      opts.Pool,
-		dev:       opts.Device,
-		log:       opts.Logger,
-		elem:      opts.DType.Size(),
-		ctx:       ctx,
-		cancel:    cancel,
-		tensors:   make(map[string]*tensor),
-		flights:   make(map[*flight]*tensor),
-		unclaimed: make(map[*tensor]struct{}),
-		pending:   make(map[*tensor]struct{}),
+		opts:       opts,
+		store:      opts.Store,
+		pool:       opts.Pool,
+		dev:        opts.Device,
+		log:        opts.Logger,
+		elem:       opts.DType.Size(),
+		ctx:        ctx,
+		cancel:     cancel,
+		tensors:    make(map[string]*tensor),
+		flights:    make(map[*flight]*tensor),
+		unclaimed:  make(map[*tensor]struct{}),
+		pending:    make(map[*tensor]struct{}),
+		stageSizes: make(map[int]int),
 	}
 	s.opctx = swapper.NewOpContexts(ctx, nil)
 	s.gate.limit = opts.BufferCount
