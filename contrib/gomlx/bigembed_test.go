@@ -18,7 +18,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/plan"
 )
 
 // bigVocabModel is a one-layer zoo transformer whose tied embedding is
@@ -88,20 +87,7 @@ func TestBigEmbeddingPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	xs := shapes.Make(dtypes.Int32, 1, 8)
-	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
-		t.Fatal(err)
-	}
-	whole := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wg.Close()
+	tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
 	for step := range 1 {
 		x, y := lmBatch(step, 1, 8, vocab)
 		lo, err := tr.Step(ctx, x, y)
@@ -155,20 +141,7 @@ func TestEmbeddingRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			xs := shapes.Make(dtypes.Int32, 2, 8)
-			if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
-				t.Fatal(err)
-			}
-			whole := clone(t, store)
-			tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.Close()
-			wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer wg.Close()
+			tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
 			const table = "/token_embed/embeddings"
 			if !tr.Offload().Runtime().Streamed(table) {
 				t.Fatalf("%s is not streamed: the test reads nothing by rows", table)

@@ -9,7 +9,6 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/ml/model"
 
-	"github.com/zinfio/zinf"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 )
 
@@ -34,20 +33,7 @@ func TestBlockedHead(t *testing.T) {
 		t.Fatalf("Net.Head %+v", net.Head)
 	}
 	xs := shapes.Make(dtypes.Int32, 2, 8)
-	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
-		t.Fatal(err)
-	}
-	whole := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(zinf.Hyper(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wg.Close()
+	tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
 	tableBytes := int64(vocab * 64 * 4)
 	for step := range 3 {
 		x, y := repeatBatch(step, vocab)

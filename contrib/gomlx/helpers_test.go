@@ -26,6 +26,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/plan"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -239,4 +240,28 @@ func asFloat32s(t testing.TB, v *tensors.Tensor) []float32 {
 func TestMain(m *testing.M) {
 	slog.SetDefault(quiet)
 	os.Exit(m.Run())
+}
+
+// offloadedAndWhole initializes net's variables in store for input shape
+// xs, then opens the two trainers every equality test compares: zinf's
+// (store moved to NVMe) and the whole-graph reference on a copy of the
+// initial values (returned), with the config's Adam. Both close when the
+// test ends.
+func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, store *model.Store, net zgomlx.Net, xs shapes.Shape) (*zgomlx.Trainer, *zgomlx.WholeGraph, *model.Store) {
+	t.Helper()
+	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
+		t.Fatal(err)
+	}
+	whole := clone(t, store)
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tr.Close() })
+	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { wg.Close() })
+	return tr, wg, whole
 }

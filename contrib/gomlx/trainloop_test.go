@@ -15,7 +15,6 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/plan"
 )
 
 // lmDataset is a GoMLX train.Dataset of n lmBatch batches from first.
@@ -53,20 +52,7 @@ func TestLoopDrivesTrainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	xs := shapes.Make(dtypes.Int32, zooBatch, zooSeq)
-	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
-		t.Fatal(err)
-	}
-	whole := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wg.Close()
+	tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
 
 	ds := lmDataset{name: "train", n: 3, vocab: zooVocab} // RunSteps(5) starts it again after 3
 	evalDS := lmDataset{name: "held-out", first: 50, n: 2, vocab: zooVocab}
