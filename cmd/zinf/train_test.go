@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zinfio/zinf/internal/probe"
 )
 
 func TestTrainVerifyJSON(t *testing.T) {
@@ -39,8 +41,12 @@ func TestTrainVerifyJSON(t *testing.T) {
 			t.Errorf("%s = %v, want > 0 (everything is offloaded to NVMe)", k, m[k])
 		}
 	}
-	// The runtime removes its scratch swap files from --dir.
-	if got := tree(t, dir); !slices.Equal(got, []string{"."}) {
+	// The runtime removes its scratch swap files from --dir. What may stay
+	// is the bandwidth cache (.zinf-bandwidth.json, zinf's own file, kept
+	// on purpose for the next run): it is written when this process has not
+	// measured the filesystem yet, as when this test runs alone.
+	got := slices.DeleteFunc(tree(t, dir), func(n string) bool { return n == probe.CacheName })
+	if !slices.Equal(got, []string{"."}) {
 		t.Fatalf("train left %v in --dir", got)
 	}
 }
