@@ -13,9 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/zinfio/zinf"
@@ -23,6 +20,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/base/procstat"
 	"github.com/zinfio/zinf/internal/base/stats"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
@@ -699,7 +697,7 @@ func (res *Result) fill(m zinf.Metrics, ts zinf.TrainStats, elapsed time.Duratio
 		res.OptimizerRead, res.OptimizerWritten = st.read, st.written
 	}
 	res.OptimizerMsMedian = median(res.OptimizerMs)
-	res.PeakRSSBytes = peakRSS()
+	res.PeakRSSBytes = procstat.PeakRSS()
 }
 
 func metrics(rts []*zinf.Runtime) zinf.Metrics {
@@ -821,22 +819,4 @@ func human(n float64) string {
 		return fmt.Sprintf("%.1fK", n/1e3)
 	}
 	return fmt.Sprintf("%.0f", n)
-}
-
-// peakRSS reads the process's peak resident set (VmHWM).
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }

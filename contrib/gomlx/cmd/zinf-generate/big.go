@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
+	"github.com/zinfio/zinf/internal/base/procstat"
 )
 
 // makeModel writes --model with random weights from --seed to a new
@@ -99,14 +98,14 @@ func dropCache(path string) error {
 // its peak resident set (VmHWM), against bound (pool + KV cache + 512 MiB)
 // when > 0.
 func processLine(stdout io.Writer, bound int64) {
-	read, okR := procField("/proc/self/io", "read_bytes:", 1)
-	hwm, okH := procField("/proc/self/status", "VmHWM:", 1024)
+	read, _, okR := procstat.IO()
+	hwm, okH := procstat.Status("VmHWM")
 	if !okR || !okH {
 		fmt.Fprintln(stdout, "process: /proc/self/io or /proc/self/status unreadable")
 		return
 	}
-	anon, _ := procField("/proc/self/status", "RssAnon:", 1024)
-	file, _ := procField("/proc/self/status", "RssFile:", 1024)
+	anon, _ := procstat.Status("RssAnon")
+	file, _ := procstat.Status("RssFile")
 	fmt.Fprintf(stdout, "process: read from disk %s (/proc/self/io read_bytes), peak RSS %s (VmHWM; at exit anonymous %s, file-backed %s)",
 		mib(read), mib(hwm), mib(anon), mib(file))
 	if bound > 0 {
@@ -118,22 +117,4 @@ func processLine(stdout io.Writer, bound int64) {
 		fmt.Fprintf(stdout, "; bound pool + KV cache + 512 MiB = %s: %s", mib(b), verdict)
 	}
 	fmt.Fprintln(stdout)
-}
-
-// procField reads the number after key in a /proc file, times unit.
-func procField(path, key string, unit int64) (int64, bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) >= 2 && fs[0] == key {
-			n, err := strconv.ParseInt(fs[1], 10, 64)
-			return n * unit, err == nil
-		}
-	}
-	return 0, false
 }

@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/internal/base/procstat"
 )
 
 // big trains one zoo transformer whose training state may exceed the
@@ -70,7 +69,7 @@ func big(o options, w io.Writer) error {
 	fmt.Fprintf(w, "bench-llm-big: GoMLX zoo transformer (ml/zoo/transformer), %d layers, d=%d, %d heads x %d, ffn %d, RoPE, RMS final norm, vocab %d, %s head; about %.3f B parameters, %.1f GiB of state at 20 bytes each; batch %d x %d tokens, %d steps\n",
 		o.layers, o.dim, heads, o.dim/heads, ffn, o.vocab, head, float64(estParams)/1e9, float64(estParams*20)/(1<<30), o.batch, o.seq, o.steps)
 	fmt.Fprintf(w, "machine: GOMAXPROCS %d, %d CPUs, %.1f GiB RAM, %.1f GiB free on %s; load average %s\n",
-		runtime.GOMAXPROCS(0), runtime.NumCPU(), float64(memTotal())/(1<<30), float64(freeBytes(o.dir))/(1<<30), o.dir, loadavg())
+		runtime.GOMAXPROCS(0), runtime.NumCPU(), float64(procstat.MemTotal())/(1<<30), float64(freeBytes(o.dir))/(1<<30), o.dir, loadavg())
 
 	cfg := config.Default()
 	dir, err := os.MkdirTemp(o.dir, "zinf-benchllm-big-")
@@ -121,7 +120,7 @@ func big(o options, w io.Writer) error {
 		cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pinned)
 	}
 
-	r0, w0 := procIO()
+	r0, w0, _ := procstat.IO()
 	t0 := time.Now()
 	credit := zgomlx.AutoHeapCredit
 	if o.credit == "none" {
@@ -138,10 +137,10 @@ func big(o options, w io.Writer) error {
 	for _, v := range off.Vars() {
 		params += int64(v.Shape.Size())
 	}
-	r1, w1 := procIO()
-	createPeak := peakRSS()
+	r1, w1, _ := procstat.IO()
+	createPeak := procstat.PeakRSS()
 	fmt.Fprintf(w, "created layer by layer into zinf in %s: %d parameters (%.3f B) in %d tensors; training state %.2f GiB on NVMe (params, fp32 masters, Adam moments, gradients), %.2fx this machine's RAM; disk written %.2f GiB, read %.2f GiB; peak RSS while creating %.0f MiB\n",
-		time.Since(t0).Round(time.Second), params, float64(params)/1e9, len(off.Vars()), float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(memTotal()),
+		time.Since(t0).Round(time.Second), params, float64(params)/1e9, len(off.Vars()), float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(procstat.MemTotal()),
 		float64(w1-w0)/(1<<30), float64(r1-r0)/(1<<30), float64(createPeak)/(1<<20))
 
 	hc, hcs := off.HeapCredit()
@@ -169,7 +168,7 @@ func big(o options, w io.Writer) error {
 	for s := range o.steps {
 		x, y := batch(o, s)
 		m0 := rt.Metrics()
-		r0, w0 := procIO()
+		r0, w0, _ := procstat.IO()
 		c0 := tr.Timings().Compute
 		t0 := time.Now()
 		loss, err := tr.Step(ctx, x, y)
@@ -179,16 +178,16 @@ func big(o options, w io.Writer) error {
 		wall := time.Since(t0)
 		comp := tr.Timings().Compute - c0
 		m1 := rt.Metrics()
-		r1, w1 := procIO()
+		r1, w1, _ := procstat.IO()
 		walls, computes = append(walls, wall), append(computes, comp)
 		den := max(comp, pr.Total)
 		fmt.Fprintf(w, "step %d/%d  loss %.4f  %.1f s  (compute %.1f s, prediction %.1f s: step/max %.2f)  %.2f tokens/s  NVMe read %.2f GiB written %.2f GiB (disk %.2f / %.2f GiB)  RSS %.0f MiB (peak %.0f)  load %s\n",
 			s+1, o.steps, loss, wall.Seconds(), comp.Seconds(), pr.Total.Seconds(), wall.Seconds()/den.Seconds(), float64(tokens)/wall.Seconds(),
 			float64(m1.BytesRead-m0.BytesRead)/(1<<30), float64(m1.BytesWritten-m0.BytesWritten)/(1<<30), float64(r1-r0)/(1<<30), float64(w1-w0)/(1<<30),
-			float64(rss())/(1<<20), float64(peakRSS())/(1<<20), loadavg())
+			float64(procstat.RSS())/(1<<20), float64(procstat.PeakRSS())/(1<<20), loadavg())
 	}
 	tm := tr.Timings()
-	peak := peakRSS()
+	peak := procstat.PeakRSS()
 	met := rt.Metrics()
 	fmt.Fprintf(w, "\nsummary (%d steps):\n", o.steps)
 	for i := range walls {
@@ -222,60 +221,6 @@ func big(o options, w io.Writer) error {
 
 func bwLine(r, w float64) string {
 	return fmt.Sprintf("read %.2f GB/s, write %.2f GB/s", r/1e9, w/1e9)
-}
-
-// procIO is this process's bytes read from and written to the disk
-// (/proc/self/io read_bytes, write_bytes).
-func procIO() (read, written int64) {
-	b, err := os.ReadFile("/proc/self/io")
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ": ")
-		if !ok {
-			continue
-		}
-		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		switch k {
-		case "read_bytes":
-			read = n
-		case "write_bytes":
-			written = n
-		}
-	}
-	return read, written
-}
-
-// statusKB reads a /proc/self/status field in bytes.
-func statusKB(field string) int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-func rss() int64 { return statusKB("VmRSS:") }
-
-func memTotal() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func freeBytes(dir string) int64 {

@@ -40,6 +40,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/internal/base/procstat"
 )
 
 type options struct {
@@ -249,22 +250,8 @@ func child(o options, w io.Writer) error {
 	}
 	r1, w1 := io()
 	res.ReadPerStep, res.WrittenPerStep = float64(r1-r0)/float64(o.steps), float64(w1-w0)/float64(o.steps)
-	res.PeakRSS = peakRSS()
+	res.PeakRSS = procstat.PeakRSS()
 	return json.NewEncoder(w).Encode(res)
-}
-
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func median(v []float64) float64 {

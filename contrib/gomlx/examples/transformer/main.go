@@ -51,6 +51,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/internal/base/procstat"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -369,9 +370,9 @@ func train(o options, w io.Writer) error {
 	fmt.Fprintf(w, "      swap files in %s\n", o.dir)
 	_, credit := off.HeapCredit()
 	fmt.Fprintf(w, "      Go heap credit (--heap-credit, so the GC paces as with the state on the heap): %s\n", credit)
-	initPeak := peakRSS() // creating the variables and registering them, layer by layer
-	debug.FreeOSMemory()  // what initialization freed goes back to the OS first
-	resetPeakRSS()
+	initPeak := procstat.PeakRSS() // creating the variables and registering them, layer by layer
+	debug.FreeOSMemory()           // what initialization freed goes back to the OS first
+	procstat.ResetPeakRSS()
 	recs, err := runSteps(ctx, o, func(ctx context.Context, i int) (float32, error) {
 		x, y := batch(o.s, i)
 		return tr.Step(ctx, x, y)
@@ -382,7 +383,7 @@ func train(o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	peak := peakRSS()
+	peak := procstat.PeakRSS()
 	met := rt.Metrics()
 	fmt.Fprintf(w, "\nsummary: %d steps, loss %.4f -> %.4f, step median %.1f ms, io-wait median %.1f ms\n",
 		o.steps, recs[0].loss, recs[len(recs)-1].loss, median(durs(recs)), median(waits(recs)))
@@ -588,26 +589,6 @@ func human(n float64) string {
 	return fmt.Sprintf("%.0f", n)
 }
 
-// peakRSS reads the process's peak resident set (VmHWM), 0 where /proc
-// has none.
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-// resetPeakRSS starts VmHWM over from the current RSS (Linux: writing 5
-// to clear_refs), so the peak covers training, not initialization.
-func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
-
 // childResult is what a benchmark process reports.
 type childResult struct {
 	Mode          string    `json:"mode"`
@@ -664,7 +645,7 @@ func child(o options, w io.Writer) error {
 		step = func(ctx context.Context, i int) (float32, error) { x, y := batch(o.s, i); return tr.Step(ctx, x, y) }
 	}
 	debug.FreeOSMemory() // what initialization freed goes back to the OS first
-	resetPeakRSS()
+	procstat.ResetPeakRSS()
 	if _, err := runSteps(ctx, o, step, nil, 0, 2, nil); err != nil {
 		return err
 	}
@@ -672,7 +653,7 @@ func child(o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res.PeakRSS = peakRSS()
+	res.PeakRSS = procstat.PeakRSS()
 	for _, r := range recs {
 		res.StepMs = append(res.StepMs, ms(r.dur))
 		res.Mallocs = append(res.Mallocs, r.mallocs)
