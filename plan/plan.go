@@ -199,6 +199,14 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		pieceBytes = int64(cfg.Zinf.PieceBytes)
 	}
 	pcs := planPieces(pieceBytes, bounce > 0, ps, gs, &optOpts)
+	if sg := cfg.ZeroOptimization.SubGroupSize; pieceBytes == 0 && sg < optimizer.DefaultSubGroupSize && sg > int64(optOpts.SubGroupSize) {
+		// A sub_group_size the user chose, lowered by the default piece:
+		// say so (bench-scale's one weight per sub-group, 4M elements, ran
+		// 1.34x slower capped at 1M: four times the sub-groups, a quarter
+		// of the optimizer's pipeline).
+		placement.Notes = append(placement.Notes, fmt.Sprintf("zero_optimization.sub_group_size %d is capped at %d elements, a piece of gradient (zinf.piece_bytes, default %s): set zinf.piece_bytes to %s or more to keep it (the pool's minimum grows with it)",
+			sg, optOpts.SubGroupSize, config.Size(DefaultPieceBytes), config.Size(4*sg)))
+	}
 	rin := reservationInput{cfg: cfg, mi: mi, rank: in.Rank, world: in.World, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
 		bounceBytes: bounce, optOpts: optOpts, inference: o.Inference, gather: o.Gather,

@@ -119,3 +119,34 @@ func TestCheckRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanSaysSubGroupCapped: a sub_group_size the user chose that the
+// default piece lowers is named in the plan's notes with the key that
+// keeps it; with pieces large enough, or DeepSpeed's default sub-group,
+// there is no such note.
+func TestPlanSaysSubGroupCapped(t *testing.T) {
+	big := plan.LayeredModel([]tensor.Desc{{Name: "w", Shape: []int{2048, 2048}}}, []tensor.Desc{{Name: "v", Shape: []int{2048, 2048}}})
+	notes := func(sub int64, piece config.Size) string {
+		cfg := nvmeConfig(t.TempDir())
+		cfg.Zinf.Tiers.CPUPinnedBytes = 1 << 30
+		cfg.ZeroOptimization.SubGroupSize = sub
+		cfg.Zinf.PieceBytes = piece
+		p, err := zinf.PlanModel(context.Background(), cfg, big, zinf.PlanOptions{NoBandwidthProbe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(p.Placement.Notes, "\n")
+	}
+	const key = "zero_optimization.sub_group_size 4194304 is capped at 1048576 elements"
+	if n := notes(2048*2048, 0); !strings.Contains(n, key) || !strings.Contains(n, "zinf.piece_bytes to 16MiB or more") {
+		t.Fatalf("a 4M-element sub-group under the 4 MiB default piece: notes\n%s", n)
+	}
+	for _, c := range []struct {
+		sub   int64
+		piece config.Size
+	}{{2048 * 2048, 16 << 20}, {1e9, 0}, {1 << 20, 0}} {
+		if n := notes(c.sub, c.piece); strings.Contains(n, "sub_group_size") {
+			t.Fatalf("sub_group_size %d, piece_bytes %v: notes\n%s", c.sub, c.piece, n)
+		}
+	}
+}

@@ -211,8 +211,9 @@ func (o *Options) spec() train.Spec {
 
 // Config is the configuration the bench trains with on dir: everything on
 // NVMe (no max_in_cpu cache), a pool of poolBytes, a simulated GPU just
-// large enough for its working set, one optimizer sub-group per weight,
-// O_DIRECT required, checksums on.
+// large enough for its working set, one optimizer sub-group per weight
+// (and pieces of a weight, so that the sub-group is not capped), O_DIRECT
+// required, checksums on.
 func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
 	c := config.Default()
 	c.SetScratchDir(dir)
@@ -226,6 +227,11 @@ func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
 	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	c.ZeroOptimization.OffloadParam.BufferSize = 1 // raised to the largest parameter
 	c.ZeroOptimization.SubGroupSize = int64(width * width)
+	// One sub-group per weight needs pieces of a whole weight: the default
+	// piece (plan.DefaultPieceBytes, 4 MiB) caps a sub-group at a piece of
+	// gradient, which at width 2048 would quarter the sub-groups and the
+	// optimizer's pipeline (1436 sub-groups a step instead of 359).
+	c.Zinf.PieceBytes = config.Size(4 * int64(width*width))
 	c.AIO.QueueDepth = 32
 	if err := c.Validate(); err != nil {
 		return nil, err
