@@ -3,7 +3,6 @@ package zinf_test
 import (
 	"errors"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +10,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // TestOpenPoolBeyondCgroup: in a memory cgroup of 2 GiB with 512 MiB in
@@ -21,22 +20,7 @@ import (
 // and the cgroup file; it used to map and lock the whole pool, which the
 // cgroup OOM-kills.
 func TestOpenPoolBeyondCgroup(t *testing.T) {
-	root := t.TempDir()
-	for p, c := range map[string]string{
-		"proc/meminfo":                     "MemAvailable: 1073741824 kB\n",
-		"proc/self/cgroup":                 "0::/job\n",
-		"sys/fs/cgroup/job/memory.max":     "2147483648\n",
-		"sys/fs/cgroup/job/memory.current": "536870912\n",
-	} {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer memlimit.Override(memlimit.Source{Root: root, Rlimit: func(int) (uint64, bool) { return 0, false }})()
+	testenv.FakeCgroup(t, 2<<30, 512<<20) // 1.5 GiB left
 	c, dir := testConfig(t)
 	c.Zinf.Tiers.CPUPinnedBytes = 3 << 30
 	_, err := zinf.Open(c, oneTensor("w", 5000), zinf.Options{})
@@ -64,22 +48,7 @@ func TestOpenPoolBeyondCgroup(t *testing.T) {
 // the tier, the figure, the limit and zinf.kv_cache; on NVMe (pinned
 // staging of three layers) the same cache opens.
 func TestKVCacheBeyondMemory(t *testing.T) {
-	root := t.TempDir()
-	for p, c := range map[string]string{
-		"proc/meminfo":                     "MemAvailable: 1073741824 kB\n",
-		"proc/self/cgroup":                 "0::/job\n",
-		"sys/fs/cgroup/job/memory.max":     "2147483648\n",
-		"sys/fs/cgroup/job/memory.current": "536870912\n",
-	} {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer memlimit.Override(memlimit.Source{Root: root, Rlimit: func(int) (uint64, bool) { return 0, false }})()
+	testenv.FakeCgroup(t, 2<<30, 512<<20) // 1.5 GiB left
 	for _, dev := range []string{"memory", "cpu", "nvme"} {
 		c, _ := testConfig(t)
 		c.Zinf.KVCache.Device = config.KVCacheDevice(dev)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // TestUlimitV: under ulimit -v (RLIMIT_AS) 3 GiB above what the process
@@ -53,34 +54,12 @@ func TestUlimitV(t *testing.T) {
 	}
 }
 
-// fakeCgroup makes memlimit read a cgroup v2 limit of limit bytes with
-// used bytes in use, and plenty of MemAvailable, until the test ends.
-func fakeCgroup(t *testing.T, limit, used int64) {
-	t.Helper()
-	root := t.TempDir()
-	for p, c := range map[string]string{
-		"proc/meminfo":                     "MemAvailable: 1073741824 kB\n", // 1 TiB
-		"proc/self/cgroup":                 "0::/job\n",
-		"sys/fs/cgroup/job/memory.max":     strconv.FormatInt(limit, 10),
-		"sys/fs/cgroup/job/memory.current": strconv.FormatInt(used, 10),
-	} {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(memlimit.Override(memlimit.Source{Root: root, Rlimit: func(int) (uint64, bool) { return 0, false }}))
-}
-
 // TestPinnedPoolInCgroup: in a 2 GiB memory cgroup (faked), a 3 GiB pinned
 // pool is refused before anything is built, naming the key, both figures
 // and the cgroup (it used to be OOM-killed once locked); at world size 2
 // every rank's pool counts.
 func TestPinnedPoolInCgroup(t *testing.T) {
-	fakeCgroup(t, 2<<30, 0)
+	testenv.FakeCgroup(t, 2<<30, 0)
 	dir := t.TempDir()
 	write := func(pool string) string {
 		p := filepath.Join(t.TempDir(), "c.json")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 func TestPlan(t *testing.T) {
@@ -130,7 +132,7 @@ func TestPlanKVCache(t *testing.T) {
 // the pinned pool, naming both figures, the limit and what to change; a
 // cache that fits says nothing of the kind.
 func TestPlanKVCacheBeyondMemory(t *testing.T) {
-	fakeCgroup(t, 2<<30, 0)
+	testenv.FakeCgroup(t, 2<<30, 0)
 	code, out, errs := runCLI(t, "plan", "--model", "layers=4,width=4096,dtype=bf16,batch=64", "--kv-seq", "4096", "--no-probe")
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, errs)
