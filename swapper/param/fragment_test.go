@@ -78,6 +78,23 @@ func fragmentedWith(t *testing.T, maxInCPU int64) (*param.Swapper, *buffers.Pool
 // and next.big (88 KiB) initialized on NVMe.
 func newSwapper(t *testing.T, maxInCPU int64) (*param.Swapper, *buffers.Pool, context.Context) {
 	t.Helper()
+	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
+	return swapperWith(t, param.Options{MaxInCPUBytes: maxInCPU},
+		part{"prev.a", 31 << 10}, part{"prev.b", 31 << 10}, part{"next.s1", 1 << 10}, part{"next.s2", 1 << 10}, part{"next.big", 22 << 10})
+}
+
+// part is a partition swapperWith registers: name and fp32 elements.
+type part struct {
+	name  string
+	elems int
+}
+
+// swapperWith is a swapper with options o (its Store, Pool and Logger
+// filled in) on a 256 KiB unpinned pool and a posix engine, with parts
+// registered and initialized on NVMe in order (values vals(len(name)+n, n)),
+// everything closed when the test ends, and a context of a minute.
+func swapperWith(t *testing.T, o param.Options, parts ...part) (*param.Swapper, *buffers.Pool, context.Context) {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, Logger: quiet})
 	if err != nil {
@@ -94,20 +111,19 @@ func newSwapper(t *testing.T, maxInCPU int64) (*param.Swapper, *buffers.Pool, co
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	s, err := param.New(param.Options{Store: store, Pool: pool, MaxInCPUBytes: maxInCPU, Logger: quiet})
+	o.Store, o.Pool, o.Logger = store, pool, quiet
+	s, err := param.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
-	sizes := map[string]int{"prev.a": 31 << 10, "prev.b": 31 << 10, "next.s1": 1 << 10, "next.s2": 1 << 10, "next.big": 22 << 10}
-	for _, n := range []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.big"} {
-		if err := s.Register(n, sizes[n], swapper.TierNVMe); err != nil {
+	for _, p := range parts {
+		if err := s.Register(p.name, p.elems, swapper.TierNVMe); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Init(ctx, n, vals(len(n)+sizes[n], sizes[n])); err != nil {
+		if err := s.Init(ctx, p.name, vals(len(p.name)+p.elems, p.elems)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -232,42 +248,14 @@ func TestStageWaitKeepsReleasesOutOfCache(t *testing.T) {
 // in contrib/gomlx, once under load: "fragmented: 24 KiB free but no free
 // aligned 16 KiB block").
 func TestStageBehindPendingWait(t *testing.T) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 256 << 10, Pin: buffers.PinOff, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	store, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
 	// Four slots: the previous layer's two and two of the next set's
-	// three small partitions.
-	s, err := param.New(param.Options{Store: store, Pool: pool, BufferCount: 4, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	// fp32 elements: 124 KiB, 4 KiB and 88 KiB.
+	// three small partitions. fp32 elements: 124 KiB, 4 KiB and 88 KiB.
 	sizes := map[string]int{"prev.a": 31 << 10, "prev.b": 31 << 10, "next.s1": 1 << 10, "next.s2": 1 << 10, "next.s3": 1 << 10, "other.big": 22 << 10}
-	names := []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.s3", "other.big"}
-	for _, n := range names {
-		if err := s.Register(n, sizes[n], swapper.TierNVMe); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Init(ctx, n, vals(len(n)+sizes[n], sizes[n])); err != nil {
-			t.Fatal(err)
-		}
+	var parts []part
+	for _, n := range []string{"prev.a", "prev.b", "next.s1", "next.s2", "next.s3", "other.big"} {
+		parts = append(parts, part{n, sizes[n]})
 	}
+	s, pool, ctx := swapperWith(t, param.Options{BufferCount: 4}, parts...)
 	if err := s.Wait(ctx, "prev.a", "prev.b"); err != nil {
 		t.Fatal(err)
 	}
