@@ -41,6 +41,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/internal/base/stats"
 )
 
 type options struct {
@@ -254,18 +255,6 @@ func child(o options, w io.Writer) error {
 	return json.NewEncoder(w).Encode(res)
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func mean(v []float64) float64 {
 	var s float64
 	for _, x := range v {
@@ -321,7 +310,7 @@ func bench(o options, w io.Writer) error {
 				off = append(off, r)
 			}
 			fmt.Fprintf(w, "round %d %-9s  wall/step %7.1f ms  CPU/step %7.1f ms  GC/step %.2f  mallocs/step %6.0f  peak RSS %6.1f MiB  (load %s)\n",
-				round+1, mode, median(r.WallMs), median(r.CPUMs), mean(r.GCs), median(r.Mallocs), float64(r.PeakRSS)/(1<<20), loadavg())
+				round+1, mode, stats.Median(r.WallMs), stats.Median(r.CPUMs), mean(r.GCs), stats.Median(r.Mallocs), float64(r.PeakRSS)/(1<<20), loadavg())
 		}
 	}
 	tokens := float64(o.batch * o.seq)
@@ -330,14 +319,14 @@ func bench(o options, w io.Writer) error {
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		return median(v), slices.Min(v), slices.Max(v)
+		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
 	ratio := func(f func(result) float64) (med, lo, hi float64) {
 		v := make([]float64, len(off))
 		for i := range off {
 			v[i] = f(off[i]) / max(f(mem[i]), 1e-9)
 		}
-		return median(v), slices.Min(v), slices.Max(v)
+		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
 	fmt.Fprintf(w, "\nmedians over %d rounds (min..max); ratio = offloaded / in memory, paired by round:\n", o.rounds)
 	row := func(what, unit string, f func(result) float64) {
@@ -346,11 +335,11 @@ func bench(o options, w io.Writer) error {
 		rm, rl, rh := ratio(f)
 		fmt.Fprintf(w, "  %-15s offloaded %7.1f%s (%.1f..%.1f)  in memory %7.1f%s (%.1f..%.1f)  ratio %.2fx (%.2f..%.2f)\n", what, om, unit, ol, oh, mm, unit, ml, mh, rm, rl, rh)
 	}
-	row("CPU time/token", " ms", func(r result) float64 { return median(r.CPUMs) / tokens })
-	row("wall time/step", " ms", func(r result) float64 { return median(r.WallMs) })
-	row("tokens/s", "", func(r result) float64 { return tokens / (median(r.WallMs) / 1e3) })
+	row("CPU time/token", " ms", func(r result) float64 { return stats.Median(r.CPUMs) / tokens })
+	row("wall time/step", " ms", func(r result) float64 { return stats.Median(r.WallMs) })
+	row("tokens/s", "", func(r result) float64 { return tokens / (stats.Median(r.WallMs) / 1e3) })
 	row("GC cycles/step", "", func(r result) float64 { return mean(r.GCs) })
-	row("mallocs/step", "", func(r result) float64 { return median(r.Mallocs) })
+	row("mallocs/step", "", func(r result) float64 { return stats.Median(r.Mallocs) })
 	row("peak RSS", " MiB", func(r result) float64 { return float64(r.PeakRSS) / (1 << 20) })
 	rm, rl, rh := stat(off, func(r result) float64 { return r.ReadPerStep / (1 << 20) })
 	wm, wl, wh := stat(off, func(r result) float64 { return r.WrittenPerStep / (1 << 20) })

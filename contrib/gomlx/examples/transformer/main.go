@@ -52,6 +52,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/internal/base/stats"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -386,7 +387,7 @@ func train(o options, w io.Writer) error {
 	peak := procstat.PeakRSS()
 	met := rt.Metrics()
 	fmt.Fprintf(w, "\nsummary: %d steps, loss %.4f -> %.4f, step median %.1f ms, io-wait median %.1f ms\n",
-		o.steps, recs[0].loss, recs[len(recs)-1].loss, median(durs(recs)), median(waits(recs)))
+		o.steps, recs[0].loss, recs[len(recs)-1].loss, stats.Median(durs(recs)), stats.Median(waits(recs)))
 	fmt.Fprintf(w, "  memory: peak RSS while training %s for %s of state (%.2fx; %s while creating the model), swap-in buffers %s, pinned peak %s of %s\n",
 		mib(peak), mib(state), float64(peak)/float64(state), mib(initPeak), mib(tr.SwapBufferBytes()), mib(met.PinnedPeakBytes), mib(met.PinnedBytes))
 	tm := tr.Timings()
@@ -563,18 +564,6 @@ func waits(rs []record) []float64 {
 	return out
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
@@ -706,7 +695,7 @@ func bench(o options, w io.Writer) error {
 				off = append(off, r)
 			}
 			fmt.Fprintf(w, "round %d %-9s  step median %8.1f ms  mallocs/step %7.0f  heap/step %s  gc/step %.2f  peak RSS %s\n",
-				round+1, mode, median(r.StepMs), median(u64(r.Mallocs)), mib(int64(median(u64(r.HeapBytes)))), median(u32(r.GCs)), mib(r.PeakRSS))
+				round+1, mode, stats.Median(r.StepMs), stats.Median(u64(r.Mallocs)), mib(int64(stats.Median(u64(r.HeapBytes)))), stats.Median(u32(r.GCs)), mib(r.PeakRSS))
 		}
 	}
 	pick := func(rs []childResult, f func(childResult) float64) (med, lo, hi float64) {
@@ -714,11 +703,11 @@ func bench(o options, w io.Writer) error {
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		return median(v), slices.Min(v), slices.Max(v)
+		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
-	step := func(r childResult) float64 { return median(r.StepMs) }
-	allocs := func(r childResult) float64 { return median(u64(r.Mallocs)) }
-	heap := func(r childResult) float64 { return median(u64(r.HeapBytes)) }
+	step := func(r childResult) float64 { return stats.Median(r.StepMs) }
+	allocs := func(r childResult) float64 { return stats.Median(u64(r.Mallocs)) }
+	heap := func(r childResult) float64 { return stats.Median(u64(r.HeapBytes)) }
 	gc := func(r childResult) float64 {
 		var n float64
 		for _, g := range r.GCs {
@@ -739,7 +728,7 @@ func bench(o options, w io.Writer) error {
 		for i := range off {
 			v[i] = f(off[i]) / max(f(mem[i]), 1e-9)
 		}
-		return median(v), slices.Min(v), slices.Max(v)
+		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
 	o0 := off[0]
 	L := float64(o0.Layers)
@@ -760,7 +749,7 @@ func bench(o options, w io.Writer) error {
 		fmt.Fprintf(w, "  %-16s offloaded %s (%s..%s)  in memory %s (%s..%s)  ratio %.2fx (%.2f..%.2f)\n", what, unit(om), unit(ol), unit(oh), unit(mm), unit(ml), unit(mh), rm, rl, rh)
 	}
 	row("step time", step, func(v float64) string { return fmt.Sprintf("%.1f ms", v) })
-	row("CPU time/step", func(r childResult) float64 { return median(r.CPUMs) }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) })
+	row("CPU time/step", func(r childResult) float64 { return stats.Median(r.CPUMs) }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) })
 	row("mallocs/step", allocs, func(v float64) string { return fmt.Sprintf("%.0f", v) })
 	row("heap bytes/step", heap, func(v float64) string { return mib(int64(v)) })
 	row("GC cycles/step", gc, func(v float64) string { return fmt.Sprintf("%.2f", v) })
