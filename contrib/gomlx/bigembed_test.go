@@ -88,20 +88,7 @@ func TestBigEmbeddingPool(t *testing.T) {
 	}
 	xs := shapes.Make(dtypes.Int32, 1, 8)
 	tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
-	for step := range 1 {
-		x, y := lmBatch(step, 1, 8, vocab)
-		lo, err := tr.Step(ctx, x, y)
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		lw, err := wg.Step(x, y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lo != lw {
-			t.Fatalf("step %d: loss %v offloaded, %v whole graph", step, lo, lw)
-		}
-	}
+	stepBoth(ctx, t, tr, wg, 1, "offloaded", func(step int) (x, y *tensors.Tensor) { return lmBatch(step, 1, 8, vocab) })
 	sameVars(ctx, t, tr.Offload(), whole)
 }
 
@@ -146,20 +133,7 @@ func TestEmbeddingRows(t *testing.T) {
 			if !tr.Offload().Runtime().Streamed(table) {
 				t.Fatalf("%s is not streamed: the test reads nothing by rows", table)
 			}
-			for step := range 2 {
-				x, y := repeatBatch(step, vocab)
-				lo, err := tr.Step(ctx, x, y)
-				if err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				lw, err := wg.Step(x, y)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if lo != lw {
-					t.Fatalf("step %d: loss %v offloaded, %v whole graph", step, lo, lw)
-				}
-			}
+			stepBoth(ctx, t, tr, wg, 2, "offloaded", func(step int) (x, y *tensors.Tensor) { return repeatBatch(step, vocab) })
 			sameVars(ctx, t, tr.Offload(), whole)
 
 			// One evaluation: every variable read once, the table by rows

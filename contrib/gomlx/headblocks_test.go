@@ -7,6 +7,7 @@ import (
 
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
@@ -35,20 +36,7 @@ func TestBlockedHead(t *testing.T) {
 	xs := shapes.Make(dtypes.Int32, 2, 8)
 	tr, wg, whole := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
 	tableBytes := int64(vocab * 64 * 4)
-	for step := range 3 {
-		x, y := repeatBatch(step, vocab)
-		lo, err := tr.Step(ctx, x, y)
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		lw, err := wg.Step(x, y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lo != lw {
-			t.Fatalf("step %d: loss %v offloaded with the head in blocks, %v whole graph", step, lo, lw)
-		}
-	}
+	stepBoth(ctx, t, tr, wg, 3, "offloaded with the head in blocks", func(step int) (x, y *tensors.Tensor) { return repeatBatch(step, vocab) })
 	sameVars(ctx, t, tr.Offload(), whole)
 	// The table was read in blocks (twice a step: forward and backward)
 	// and at the batch's rows; no swap-in buffer holds it read whole.

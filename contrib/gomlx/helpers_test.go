@@ -265,3 +265,25 @@ func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg
 	t.Cleanup(func() { wg.Close() })
 	return tr, wg, whole
 }
+
+// stepBoth runs steps training steps on zinf's trainer and the whole-graph
+// reference with the same batches (batch(step)) and fails the test at the
+// first step whose losses differ in any bit; what names the offloaded run
+// in the message.
+func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *zgomlx.WholeGraph, steps int, what string, batch func(step int) (x, y *tensors.Tensor)) {
+	t.Helper()
+	for step := range steps {
+		x, y := batch(step)
+		lo, err := tr.Step(ctx, x, y)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		lw, err := wg.Step(x, y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lo != lw {
+			t.Fatalf("step %d: loss %v %s, %v whole graph", step, lo, what, lw)
+		}
+	}
+}

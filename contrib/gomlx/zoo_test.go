@@ -266,35 +266,9 @@ func TestManyTensorsBetweenLayers(t *testing.T) {
 	xs := shapes.Make(dtypes.Int32, zooBatch, zooSeq)
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, int64(9))
-	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
-		t.Fatal(err)
-	}
-	wholeStore := clone(t, store)
 	cfg := testConfig(t, 8<<20)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(plan.Hyper(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wg.Close()
-	for step := range 3 {
-		x, y := lmBatch(step, zooBatch, zooSeq, vocab)
-		lo, err := tr.Step(ctx, x, y)
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		lw, err := wg.Step(x, y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lo != lw {
-			t.Fatalf("step %d: loss offloaded %v, whole graph %v", step, lo, lw)
-		}
-	}
+	tr, wg, wholeStore := offloadedAndWhole(ctx, t, b, cfg, store, net, xs)
+	stepBoth(ctx, t, tr, wg, 3, "offloaded", func(step int) (x, y *tensors.Tensor) { return lmBatch(step, zooBatch, zooSeq, vocab) })
 	sameVars(ctx, t, tr.Offload(), wholeStore)
 }
 
