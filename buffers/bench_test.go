@@ -131,6 +131,18 @@ func BenchmarkBFloat16ToFloat32(b *testing.B) {
 	}
 }
 
+// BenchmarkBFloat16ToFloat32Scalar is the scalar loop the kernel
+// replaces, for the ratio.
+func BenchmarkBFloat16ToFloat32Scalar(b *testing.B) {
+	src, dst := make([]BFloat16, convN), make([]float32, convN)
+	Float32ToBFloat16(src, randFloats(convN))
+	b.SetBytes(convN * 2)
+	b.ReportAllocs()
+	for b.Loop() {
+		bf16ToFloat32Scalar(dst, src)
+	}
+}
+
 func BenchmarkFloat32ToFloat16(b *testing.B) {
 	src, dst := randFloats(convN), make([]Float16, convN)
 	b.SetBytes(convN * 4)

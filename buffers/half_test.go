@@ -286,3 +286,42 @@ func TestBulkConversions(t *testing.T) {
 	Float16ToFloat32(nil, hf)
 	BFloat16ToFloat32(back, nil)
 }
+
+// TestBFloat16WideningEveryPattern widens every one of the 65536 bfloat16
+// bit patterns (NaNs, infinities, subnormals, both zeros), at every start
+// offset and length around the vector kernel's 16-value step, and checks
+// each value against the definition (the pattern is the float32's upper
+// half, the lower half zero) and the scalar loop; the values past the
+// length are untouched.
+func TestBFloat16WideningEveryPattern(t *testing.T) {
+	all := make([]BFloat16, 1<<16)
+	for i := range all {
+		all[i] = BFloat16(i)
+	}
+	got := make([]float32, len(all))
+	BFloat16ToFloat32(got, all)
+	for i, f := range got {
+		if b := math.Float32bits(f); b != uint32(i)<<16 {
+			t.Fatalf("pattern %#04x widened to %#08x, want %#08x", i, b, uint32(i)<<16)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for off := 0; off < 17; off++ {
+		for n := 0; n < 70; n++ {
+			src := all[r.IntN(len(all)-100)+off:]
+			src = src[:n]
+			dst := make([]float32, n+3)
+			want := make([]float32, n+3)
+			for i := range dst {
+				dst[i], want[i] = -7, -7
+			}
+			BFloat16ToFloat32(dst[off%3:], src)
+			bf16ToFloat32Scalar(want[off%3:], src)
+			for i := range dst {
+				if math.Float32bits(dst[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("offset %d length %d: element %d is %#08x, the scalar loop %#08x", off, n, i, math.Float32bits(dst[i]), math.Float32bits(want[i]))
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package buffers
+
+// widenBF16 has no vector kernel on this architecture: the caller's
+// scalar loop does every value.
+func widenBF16([]float32, []BFloat16) int { return 0 }
