@@ -2,6 +2,7 @@ package swapper
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/tensor"
@@ -71,18 +72,43 @@ const transcodeChunk = 512
 // many of to. Conversions go through float32 (exact for bf16 and fp16),
 // rounding to nearest even where to is narrower, as Encode does; nothing
 // is allocated, so a swap-in into a caller's buffer of another dtype costs
-// no Go heap.
+// no Go heap. src and dst need no alignment.
 func Transcode(from DType, src []byte, to DType, dst []byte) {
 	if from == to {
 		copy(dst, src)
 		return
 	}
-	var tmp [transcodeChunk]float32
 	fs, ts := from.Size(), to.Size()
-	for len(src) >= fs {
-		n := min(transcodeChunk, len(src)/fs)
-		Decode(from, tmp[:n], src[:n*fs])
-		Encode(to, dst[:n*ts], tmp[:n])
-		src, dst = src[n*fs:], dst[n*ts:]
+	n := len(src) / fs
+	if to == Float32 && aligned(src, fs) && aligned(dst, ts) {
+		// Widening to float32 (a narrower model computed in fp32): decode
+		// straight into dst, no stack round trip.
+		Decode(from, buffers.Float32Bytes(dst[:n*ts]), src[:n*fs])
+		return
 	}
+	var tmp [transcodeChunk]float32
+	var raw [transcodeChunk]float32 // aligned bytes for a misaligned src or dst chunk
+	for n > 0 {
+		c := min(transcodeChunk, n)
+		s, d := src[:c*fs], dst[:c*ts]
+		if !aligned(s, fs) {
+			s = buffers.AsBytes(raw[:])[:c*fs]
+			copy(s, src)
+		}
+		Decode(from, tmp[:c], s)
+		if aligned(d, ts) {
+			Encode(to, d, tmp[:c])
+		} else {
+			r := buffers.AsBytes(raw[:])[:c*ts]
+			Encode(to, r, tmp[:c])
+			copy(d, r)
+		}
+		src, dst, n = src[c*fs:], dst[c*ts:], n-c
+	}
+}
+
+// aligned says b starts on a multiple of size bytes (Decode and Encode
+// view the bytes as elements, and a misaligned view is refused).
+func aligned(b []byte, size int) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(size) == 0
 }

@@ -1,6 +1,7 @@
 package swapper_test
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -53,6 +54,14 @@ func TestTranscode(t *testing.T) {
 				}
 				if got[len(got)-1] != 0xAA || got[len(got)-2] != 0xBB || got[len(got)-3] != 0xCC {
 					t.Fatalf("n=%d %s->%s: wrote past the destination", n, from, to)
+				}
+				// A destination not aligned for its elements (widening to
+				// fp32 decodes straight into an aligned one) gives the same
+				// bytes.
+				odd := make([]byte, n*to.Size()+1)
+				swapper.Transcode(from, src, to, odd[1:])
+				if !bytes.Equal(odd[1:], wantBytes) {
+					t.Fatalf("n=%d %s->%s: into a misaligned destination, the bytes differ", n, from, to)
 				}
 			}
 		}
