@@ -100,6 +100,7 @@ test-contrib:
 	@cd $(GOMLX_DIR) && if CGO_ENABLED=0 $(GO) list -deps ./... | grep -E 'gomlx/go-xla|gomlx/backends/(xla|default)'; then \
 	  echo "contrib/gomlx must not depend on the XLA backend"; exit 1; fi
 	cd $(GOMLX_DIR) && $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o /dev/null ./cmd/zinf-generate # the benches' build
 
 # A GoMLX transformer trained with params and Adam states on NVMe,
 # verified bit for bit against in-memory training (see README).
@@ -174,11 +175,17 @@ demo-generate:
 	  --prompt "And God said, Let there be light:" \
 	  --prompt "And God saw the light, that it was good:" --verify
 
+# The generation benches build zinf-generate with Go's SIMD experiment:
+# GoMLX's pure-Go backend then has AVX2/AVX-512 float32 matmul kernels
+# (about 3x its portable loops on this machine's decoding steps). Empty:
+# the portable build.
+GOMLX_GOEXPERIMENT ?= simd
+
 # Decoding tokens/s by batch and pinned pool, interleaved rounds, against
 # zinf.PlanGeneration's prediction (scripts/bench-generate.sh; BENCH_GEN_*
 # variables; not part of make test).
 bench-generate:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ulimit -v 16000000; ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate.sh
 
 # Issue 19's bar (b): a zoo transformer whose bf16 weights exceed RAM
@@ -188,7 +195,7 @@ bench-generate:
 # of minutes and the model's size on disk: run it under the machine's
 # big-run lock. Not part of make test.
 bench-generate-big:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate-big.sh
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS

@@ -23,6 +23,8 @@
 #   BIG_NEW    new tokens, default 8;  BIG_BATCH default 1;  BIG_POOL default 512MiB
 #   BIG_NEW_MMAP new tokens of the mmap sides, default BIG_NEW (fewer shortens a run whose every
 #              step rereads the file: their tokens are then checked as a prefix of zinf's)
+#   BIG_COMPUTE the dtype the model computes in, default fp32 (each bf16 weight widened as its layer
+#              is read, every side alike; the pure-Go backend's fp32 matmul is its fast one); bf16: as stored
 #   BIG_DIR    the model file and swap files, default $TMPDIR or /var/tmp
 #   BIG_TIMEOUT seconds a side may run, default 2400;  BIG_KEEP=1 keeps the model file
 set -eu
@@ -34,6 +36,7 @@ new=${BIG_NEW:-8}
 new_mmap=${BIG_NEW_MMAP:-$new}
 batch=${BIG_BATCH:-1}
 pool=${BIG_POOL:-512MiB}
+compute=${BIG_COMPUTE:-fp32} # the dtype the model computes in (the weights stay bf16): fp32, the backend's fast matmul
 dir=${BIG_DIR:-${TMPDIR:-/var/tmp}}
 limit=${BIG_TIMEOUT:-2400}
 for s in $sides; do
@@ -65,7 +68,7 @@ while [ $i -lt "$batch" ]; do
 	prompts="$prompts --prompt $(echo ABCDEFGHIJKLMNOPQRSTUVWXYZ | cut -c$((i % 26 + 1)))" # one-token prompts: A, B, ...
 	i=$((i + 1))
 done
-echo "bench-generate-big: model $model; sides: $sides; batch $batch, $new new tokens, pool $pool; in $work"
+echo "bench-generate-big: model $model, computed in $compute; sides: $sides; batch $batch, $new new tokens, pool $pool; in $work"
 echo "  $(date -u +%FT%TZ) load average $(cut -d' ' -f1-3 /proc/loadavg); $(free -g | awk '/^Mem:/ {print "RAM " $2 " GiB, available " $7 " GiB"}'); disk free $(df -h --output=avail "$dir" | tail -1 | tr -d ' ')"
 (
 	ulimit -v 16000000
@@ -75,7 +78,7 @@ size_kib=$(($(stat -c %s "$st") / 1024))
 run_side() { # side round
 	out=$work/$1.$2.out
 	echo "--- $1 (round $2) $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-	common="--model $model --safetensors $st --names vars --batch $batch --drop-cache"
+	common="--model $model --safetensors $st --names vars --batch $batch --drop-cache --compute-dtype $compute"
 	if [ "$1" = zinf ]; then
 		common="$common --max-new-tokens $new"
 	else

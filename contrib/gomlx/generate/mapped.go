@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/compute"
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -58,7 +59,9 @@ type MappedOptions struct {
 
 // OpenMapped opens the model fn builds with its weights in safetensors
 // files that hold each variable under its own path (Var.Name) in the
-// model's dtype (as WriteRandomModel writes them), mapped whole into memory
+// model's dtype (as WriteRandomModel writes them), or in bfloat16 or
+// float16 for a float32 model (each weight widened as its layer is built:
+// a half-precision model computed in fp32), mapped whole into memory
 // (mmap, read-only, shared) and paged by the kernel: the baseline a Go user
 // reaches for with a model larger than memory. Each layer's tensors are
 // built from the mapped bytes when the layer runs (copied into the same
@@ -104,8 +107,8 @@ func OpenMapped(ctx context.Context, backend compute.Backend, fn ModelFn, o Mapp
 		if err != nil {
 			return nil, err
 		}
-		if e.dtype != zd || !sameNumel(e.shape, v) {
-			return nil, fmt.Errorf("zinf generate: %s holds %q as %s %v, the model has %s (a mapped model is used as it lies: same dtype and shape)", e.file, v.Name, e.dtype, e.shape, v.Shape)
+		if (e.dtype != zd && zd != tensor.Float32) || !sameNumel(e.shape, v) {
+			return nil, fmt.Errorf("zinf generate: %s holds %q as %s %v, the model has %s (a mapped model is used as it lies: same dtype and shape, or a bf16/fp16 file widened for a float32 model)", e.file, v.Name, e.dtype, e.shape, v.Shape)
 		}
 		if _, ok := src.maps[e.file]; !ok {
 			b, err := mapFile(e.file, o.Advice)
@@ -197,8 +200,10 @@ func (s *mappedSource) entry(v Var, dt tensor.DType) (stEntry, []byte, error) {
 	if !ok {
 		return e, nil, fmt.Errorf("zinf generate: %q is not mapped", v.Name)
 	}
-	if e.dtype != dt {
-		return e, nil, fmt.Errorf("zinf generate: %q is mapped as %s, asked for as %s", v.Name, e.dtype, dt)
+	if e.dtype != dt && dt != tensor.Float32 {
+		// Widening to fp32 (a bf16 or fp16 file, a model computed in
+		// fp32) is exact; narrowing would round: refused.
+		return e, nil, fmt.Errorf("zinf generate: %q is mapped as %s, asked for as %s (allowed: %s, or float32)", v.Name, e.dtype, dt, e.dtype)
 	}
 	return e, s.maps[e.file], nil
 }
@@ -208,11 +213,11 @@ func (s *mappedSource) readParam(_ context.Context, v Var, dt tensor.DType, dst 
 	if err != nil {
 		return err
 	}
-	if int64(len(dst)) != e.end-e.begin {
-		return fmt.Errorf("zinf generate: %q has %d bytes, the buffer %d", v.Name, e.end-e.begin, len(dst))
+	if want := (e.end - e.begin) / int64(e.dtype.Size()) * int64(dt.Size()); int64(len(dst)) != want {
+		return fmt.Errorf("zinf generate: %q has %d bytes as %s, the buffer %d", v.Name, want, dt, len(dst))
 	}
 	t0 := time.Now()
-	copy(dst, m[e.begin:e.end])
+	swapper.Transcode(e.dtype, m[e.begin:e.end], dt, dst) // a copy when the dtypes agree
 	s.wait += time.Since(t0)
 	s.read += int64(len(dst))
 	return nil
@@ -226,9 +231,9 @@ func (s *mappedSource) readRows(_ context.Context, v Var, rows []int, dt tensor.
 	if len(e.shape) != 2 {
 		return fmt.Errorf("zinf generate: %q has shape %v: rows of a 2-D tensor only", v.Name, e.shape)
 	}
-	rowBytes := e.shape[1] * int64(dt.Size())
-	if int64(len(dst)) != int64(len(rows))*rowBytes {
-		return fmt.Errorf("zinf generate: %d rows of %q are %d bytes, the buffer %d", len(rows), v.Name, int64(len(rows))*rowBytes, len(dst))
+	rowBytes, outBytes := e.shape[1]*int64(e.dtype.Size()), e.shape[1]*int64(dt.Size())
+	if int64(len(dst)) != int64(len(rows))*outBytes {
+		return fmt.Errorf("zinf generate: %d rows of %q are %d bytes as %s, the buffer %d", len(rows), v.Name, int64(len(rows))*outBytes, dt, len(dst))
 	}
 	t0 := time.Now()
 	defer func() { s.wait += time.Since(t0) }()
@@ -237,7 +242,7 @@ func (s *mappedSource) readRows(_ context.Context, v Var, rows []int, dt tensor.
 			return fmt.Errorf("zinf generate: row %d of %q (allowed: 0..%d)", r, v.Name, e.shape[0]-1)
 		}
 		at := e.begin + int64(r)*rowBytes
-		copy(dst[int64(i)*rowBytes:], m[at:at+rowBytes])
+		swapper.Transcode(e.dtype, m[at:at+rowBytes], dt, dst[int64(i)*outBytes:(int64(i)+1)*outBytes])
 		s.read += rowBytes
 	}
 	return nil

@@ -93,6 +93,74 @@ func TestMappedEqualsZinf(t *testing.T) {
 	}
 }
 
+// TestHalfWeightsComputedInFloat32: a bf16 model file generates with the
+// model built in float32 (each weight widened as its layer is read: the
+// fast path of the pure-Go backend, whose float32 matmul is the SIMD one)
+// the same greedy tokens through zinf (weights stored bf16, read in place),
+// from the mapped file and in GoMLX's in-memory generator over the widened
+// weights, and differs from the bf16-computed generation only as bf16
+// arithmetic does (the file's weights are the same).
+func TestHalfWeightsComputedInFloat32(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	if _, err := generate.WriteRandomModel(ctx, be, tiny(dtypes.BFloat16, 3), path, 5); err != nil {
+		t.Fatal(err)
+	}
+	w, err := generate.SafetensorsWeights(nil, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := tiny(dtypes.Float32, 3)
+	s := generate.Sampling{MaxNewTokens: 12}
+	ps := prompts(2, 4, 97, 3)
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if distinct(want) < 3 {
+		t.Fatalf("degenerate generation %v: the comparison shows nothing", want)
+	}
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, true), fn, w,
+		generate.Options{Logger: quiet, NoBandwidthProbe: true, PieceBytes: -1, InPlaceOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	n, b := g.InPlace()
+	if n != len(g.Vars()) {
+		t.Fatalf("%d of %d tensors read in place", n, len(g.Vars()))
+	}
+	var b32 int64
+	for _, v := range g.Vars() {
+		b32 += int64(v.Numel()) * 4
+	}
+	if b*2 != b32 {
+		t.Fatalf("in place: %d bytes, want the bf16 file's %d (half the float32 model's)", b, b32/2)
+	}
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
+	}
+	m, err := generate.OpenMapped(ctx, be, fn, generate.MappedOptions{Advice: generate.AdviceWillNeed}, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mres, err := m.Generate(ctx, ps, s, nil)
+	if cerr := m.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(mres.Tokens, want, slices.Equal) {
+		t.Fatalf("mapped:\n%v\nin memory:\n%v", mres.Tokens, want)
+	}
+}
+
 // TestOpenMappedRefuses: a file that does not hold the model as it is
 // (another dtype), or misses a tensor, is refused naming the tensor.
 func TestOpenMappedRefuses(t *testing.T) {

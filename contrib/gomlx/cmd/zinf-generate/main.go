@@ -213,7 +213,7 @@ type options struct {
 	verify, quiet                                    bool
 	traceFile, metricsAddr                           string
 	progress                                         bool
-	makeModel, names, mmap                           string
+	makeModel, names, mmap, computeDType             string
 	plan, inPlaceOnly, dropCache                     bool
 	pieceBytes                                       int64
 }
@@ -268,6 +268,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.BoolVar(&o.plan, "plan", true, "plan the batch (runs two short generations to measure compute); false: --batch N as given, no prediction")
 	fs.BoolVar(&o.inPlaceOnly, "in-place-only", false, "fail rather than copy a weight that cannot be read in place into the swap files")
 	fs.BoolVar(&o.dropCache, "drop-cache", false, "drop the --safetensors files from the page cache first (fdatasync, then posix_fadvise DONTNEED: no other file's pages)")
+	fs.StringVar(&o.computeDType, "compute-dtype", "", "the dtype the model computes in: fp32 runs a bf16 model in float32, each weight widened as its layer is read (the weights stay bf16 on disk and in the pinned pool; the pure-Go backend's float32 matmul is the fast one, with SIMD kernels when built with GOEXPERIMENT=simd); default: the model's dtype")
 	fs.Int64Var(&o.pieceBytes, "piece-bytes", 0, "zinf.Options.PieceBytes: tensors larger move in pieces (0: the config's, else 4 MiB; -1: every tensor moves whole and is prefetched)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -356,8 +357,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return err
 	}
 	defer cleanup()
+	// fnStore is the model as stored (a fresh model is initialized in its
+	// dtype), fn as computed.
+	fnStore, fn := sp.Fn(), sp.Fn()
+	computeDType := sp.DType
+	switch strings.ToLower(o.computeDType) {
+	case "":
+	case "fp32", "float32":
+		computeDType = dtypes.Float32
+	case "bf16", "bfloat16":
+		computeDType = dtypes.BFloat16
+	default:
+		return fmt.Errorf("--compute-dtype %q (allowed: fp32, bf16, or empty for the model's %s)", o.computeDType, sp.DType)
+	}
+	switch {
+	case computeDType == sp.DType:
+	case computeDType == dtypes.Float32:
+		c := sp
+		c.DType = dtypes.Float32
+		fn = c.Fn()
+	default:
+		return fmt.Errorf("--compute-dtype %s for a %s model: weights are widened, never narrowed (allowed: fp32, or the model's dtype)", computeDType, sp.DType)
+	}
 	if sp.DType == dtypes.BFloat16 {
-		cfg.BF16 = true
+		cfg.BF16 = true // the weights are stored in bf16
+	}
+	if computeDType == dtypes.BFloat16 {
 		// compute v0.1.2's fused dense has no bf16 kernel.
 		os.Setenv("GOMLX_FUSION", "false")
 	}
@@ -365,13 +390,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
-	fn := sp.Fn()
-	weights, source, closeW, err := openWeights(backend, fn, o, sp)
+	weights, source, closeW, err := openWeights(backend, fnStore, o, sp)
 	if err != nil {
 		return err
 	}
 	defer closeW()
 
+	if computeDType != sp.DType {
+		fmt.Fprintf(stdout, "computed in %s: each weight widened from %s as its layer is read (--compute-dtype)\n", computeDType, sp.DType)
+	}
 	if o.mmap != "" {
 		return runMapped(ctx, o, sp, fn, backend, advice, tok, prompts, samp, batch, stdout)
 	}
@@ -466,7 +493,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			mine = append(mine, res.Tokens...)
 		}
 	}
-	vw, _, closeV, err := openWeights(backend, fn, o, sp)
+	vw, _, closeV, err := openWeights(backend, fnStore, o, sp)
 	if err != nil {
 		return err
 	}

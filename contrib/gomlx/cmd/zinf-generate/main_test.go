@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--prompt", "x", "--mmap", "plain"}, "--mmap maps a --safetensors file holding the model's variable paths"},
 		{[]string{"--prompt", "x", "--drop-cache"}, "--drop-cache drops the --safetensors files' pages"},
 		{[]string{"--prompt", "x", "--piece-bytes", "-2"}, "--piece-bytes -2 (allowed: -1, 0 or a size in bytes)"},
+		{[]string{"--prompt", "x", "--compute-dtype", "fp8"}, `--compute-dtype "fp8" (allowed: fp32, bf16, or empty for the model's`},
+		{[]string{"--prompt", "x", "--compute-dtype", "bf16"}, "--compute-dtype BFloat16 for a Float32 model: weights are widened, never narrowed"},
 	} {
 		out, err := runCLI(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -224,5 +227,25 @@ func TestMakeModelMmap(t *testing.T) {
 		if !strings.Contains(out, "(mmap, madvise: "+a+")") || !strings.Contains(out, "process: read from disk ") || !strings.Contains(out, "copied from the mapping") {
 			t.Errorf("--mmap %s output:\n%s", a, out)
 		}
+	}
+	// The bf16 model computed in float32: the weights read in place as
+	// bf16 and widened; zinf, the mapping and the in-memory generation
+	// (over the widened weights) agree.
+	f32 := append(slices.Clone(common), "--compute-dtype", "fp32")
+	zout, err = runCLI(t, append(f32, "--in-place-only", "--piece-bytes", "-1", "--plan=false", "--pool", "1MiB", "--verify")...)
+	if err != nil {
+		t.Fatalf("--compute-dtype fp32: %v\n%s", err, zout)
+	}
+	for _, want := range []string{"computed in Float32: each weight widened from BFloat16", "read in place from their files by O_DIRECT, 0 copied", "greedy tokens equal in-memory generation: true"} {
+		if !strings.Contains(zout, want) {
+			t.Errorf("--compute-dtype fp32: zinf's output lacks %q:\n%s", want, zout)
+		}
+	}
+	mout, err := runCLI(t, append(f32, "--mmap", "willneed")...)
+	if err != nil {
+		t.Fatalf("--compute-dtype fp32 --mmap willneed: %v\n%s", err, mout)
+	}
+	if got, want := tokens(mout), tokens(zout); got != want || want == "" {
+		t.Errorf("--compute-dtype fp32: mapped %q, through zinf %q", got, want)
 	}
 }
