@@ -345,23 +345,56 @@ func (r *Runtime) LayerTensors(l int) []string {
 }
 
 // Forward announces a forward pass (layers 0, 1, ...), so that prefetching
-// follows it.
+// follows it. Prefetching stops at the last layer: what comes next (a
+// backward pass) is not known.
 func (r *Runtime) Forward() {
+	r.trace.setPass("forward")
+	r.startPass(r.forwardOrder(), false)
+}
+
+// ForwardRepeating announces a forward pass that the next pass repeats:
+// a decoding step of token generation, or a batch of evaluation, followed
+// by another. Prefetching then runs on past the pass's last layer into
+// the next pass's first ones (within the same prefetch depth and window,
+// after every layer of this pass), so the disk keeps reading while the
+// last layers compute and the next pass does not start on a demand miss.
+// The next pass announced keeps them (Forward or ForwardRepeating), or
+// releases them (Backward, Pass with another order). The last pass of a
+// loop prefetches layers that are never used: ReleasePrefetched (or
+// Close) gives them back. A training step, whose Forward is followed by
+// Backward, calls Forward.
+func (r *Runtime) ForwardRepeating() {
+	r.trace.setPass("forward")
+	r.startPass(r.forwardOrder(), true)
+}
+
+// ReleasePrefetched gives back the pinned memory of every layer
+// prefetched and not yet begun, cancelling their reads in flight: for a
+// loop of ForwardRepeating passes that has ended (the next pass would
+// start on a demand miss again). Layers begun stay until EndLayer.
+func (r *Runtime) ReleasePrefetched() {
+	r.sched.ReleasePrefetched()
+}
+
+func (r *Runtime) forwardOrder() []int {
 	order := make([]int, len(r.model.Layers))
 	for l := range order {
 		order[l] = l
 	}
-	r.trace.setPass("forward")
-	r.startPass(order)
+	return order
 }
 
 // startPass tells the scheduler (and, with GatherLayers, the gathers)
-// the order of the next pass.
-func (r *Runtime) startPass(order []int) {
+// the order of the next pass; repeat: the pass after it is the same.
+func (r *Runtime) startPass(order []int, repeat bool) {
 	if r.gatherOn {
 		r.gatherPass(order)
 	}
-	r.sched.StartPass(order)
+	if repeat {
+		r.sched.StartRepeatingPass(order)
+	} else {
+		r.sched.StartPass(order)
+	}
 }
 
 // Backward announces a backward pass (the last layer first).
@@ -372,14 +405,14 @@ func (r *Runtime) Backward() {
 		order[l] = L - 1 - l
 	}
 	r.trace.setPass("backward")
-	r.startPass(order)
+	r.startPass(order, false)
 }
 
 // Pass announces a pass visiting layers in order (for loops that are
 // neither plain forward nor backward).
 func (r *Runtime) Pass(order []int) {
 	r.trace.setPassOrder(order)
-	r.startPass(order)
+	r.startPass(order, false)
 }
 
 // BeginLayer makes layer l's parameters readable: a barrier that waits for
@@ -744,6 +777,12 @@ func (r *Runtime) Close() error {
 	if r.txn != nil {
 		r.txn.Abort()
 		r.txn = nil
+	}
+	if r.sched != nil {
+		// Layers prefetched for a pass that never came (ForwardRepeating's
+		// last pass) and layers left begun go back before the swapper
+		// closes.
+		r.sched.Reset()
 	}
 	if r.Optimizer != nil {
 		add("optimizer", r.Optimizer.Close())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -89,6 +90,7 @@ type Scheduler struct {
 	state  []layerState
 	order  []int
 	pos    int   // next position of order Begin expects
+	repeat bool  // the pass after this one visits order again
 	unused int64 // bytes prefetched, not yet in use
 	stats  SchedStats
 }
@@ -135,8 +137,24 @@ func NewScheduler(p *Placement, layers [][]string, f Fetcher, opts SchedulerOpti
 // StartPass sets the sequence of layers the next Begin calls visit
 // (forward 0..L-1, backward L-1..0); layers out of range are dropped.
 // Layers prefetched and not used are kept when the new pass uses them
-// within its first Depth layers, else released.
-func (s *Scheduler) StartPass(order []int) {
+// within its first Depth positions, else released. Prefetching stops at
+// the pass's last layer (see StartRepeatingPass).
+func (s *Scheduler) StartPass(order []int) { s.startPass(order, false) }
+
+// StartRepeatingPass is StartPass for a pass that the next pass repeats
+// (inference: every decoding step is the same forward pass). Prefetching
+// then runs on past the pass's end into the next pass's first layers,
+// within the same Depth and byte budget: near the end of the pass, the
+// window of Depth positions ahead wraps around to the order's start. A
+// layer still ahead in this pass is never taken for the next one, and
+// the layers ahead in this pass come first (prefetching stops at the
+// first layer over the budget), so the next pass's layers never compete
+// with this pass's. The next StartPass or StartRepeatingPass keeps them
+// when its order begins with them (they lie within its first Depth
+// positions), and releases them otherwise; so does ReleasePrefetched.
+func (s *Scheduler) StartRepeatingPass(order []int) { s.startPass(order, true) }
+
+func (s *Scheduler) startPass(order []int, repeat bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.order = s.order[:0]
@@ -146,6 +164,7 @@ func (s *Scheduler) StartPass(order []int) {
 		}
 	}
 	s.pos = 0
+	s.repeat = repeat
 	keep := map[int]bool{}
 	for i := 0; i < len(s.order) && i < s.depth; i++ {
 		keep[s.order[i]] = true
@@ -155,6 +174,44 @@ func (s *Scheduler) StartPass(order []int) {
 			s.drop(l)
 		}
 	}
+}
+
+// ReleasePrefetched releases every layer prefetched and not in use: for a
+// loop whose passes end (the last pass of a StartRepeatingPass loop
+// prefetched the first layers of a pass that does not come). Layers in
+// use stay until End.
+func (s *Scheduler) ReleasePrefetched() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l, st := range s.state {
+		if st == requested {
+			s.drop(l)
+		}
+	}
+}
+
+// window returns the layers at the positions pos+1..pos+depth of the
+// pass, in order: for a repeating pass, the positions past its end are
+// the next pass's, from its start, up to (not including) the layer at pos
+// again, and less any layer that comes again later in this pass. s.mu is
+// held.
+func (s *Scheduler) window(pos int) []int {
+	n := len(s.order)
+	var w []int
+	for i := pos + 1; i <= pos+s.depth; i++ {
+		if i < n {
+			w = append(w, s.order[i])
+			continue
+		}
+		if !s.repeat || i-n >= pos {
+			break
+		}
+		l := s.order[i-n]
+		if !slices.Contains(s.order[pos+1:], l) {
+			w = append(w, l)
+		}
+	}
+	return w
 }
 
 // drop releases a prefetched, unused layer. s.mu is held.
@@ -194,8 +251,8 @@ func (s *Scheduler) Begin(ctx context.Context, layer int) error {
 		// Layers skipped over will not be used in this pass unless they
 		// come again within the window.
 		window := map[int]bool{}
-		for i := pos + 1; i < len(s.order) && i <= pos+s.depth; i++ {
-			window[s.order[i]] = true
+		for _, l := range s.window(pos) {
+			window[l] = true
 		}
 		for i := s.pos; i < pos; i++ {
 			if l := s.order[i]; s.state[l] == requested && !window[l] && l != layer {
@@ -242,10 +299,10 @@ func (s *Scheduler) Begin(ctx context.Context, layer int) error {
 }
 
 // prefetchAfter prefetches the layers at positions pos+1..pos+depth in
-// order, stopping at the first that would exceed the budget. s.mu is held.
+// order (see window), stopping at the first that would exceed the budget.
+// s.mu is held.
 func (s *Scheduler) prefetchAfter(pos int) {
-	for i := pos + 1; i < len(s.order) && i <= pos+s.depth; i++ {
-		l := s.order[i]
+	for _, l := range s.window(pos) {
 		if s.state[l] != idle || len(s.layers[l]) == 0 {
 			continue
 		}
