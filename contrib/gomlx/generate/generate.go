@@ -507,6 +507,9 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 	res := &Result{Tokens: make([][]int32, B), KVCache: kv.c.Plan()}
 	done := make([]bool, B)
 	r0, w00 := g.src.bytesRead(), g.src.ioWait()
+	// Each pass prefetches the next one's first layers; the last pass's
+	// (or a failed one's) go back when Generate returns.
+	defer g.src.endPasses()
 	// The first pass feeds every prompt's first minLen tokens.
 	in := make([][]int32, B)
 	for i, p := range prompts {

@@ -96,7 +96,9 @@ func prompts(batch, n, vocab int, seed int) [][]int32 {
 
 // TestGreedyEqualsInMemory: greedy generation through zinf (weights on
 // NVMe, streamed layer by layer) gives GoMLX's in-memory generate.Generator
-// tokens, token for token, in fp32 and bf16.
+// tokens, token for token, in fp32 and bf16. Only the first pass waits
+// for a layer fetched on demand: each pass prefetches the next one's
+// first layers, and nothing stays resident when Generate returns.
 func TestGreedyEqualsInMemory(t *testing.T) {
 	for _, dt := range []dtypes.DType{dtypes.Float32, dtypes.BFloat16} {
 		t.Run(dt.String(), func(t *testing.T) {
@@ -122,12 +124,29 @@ func TestGreedyEqualsInMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer g.Close()
-			res, err := g.Generate(ctx, ps, s, nil)
+			rt := g.Runtime()
+			if d := rt.Plan().PrefetchDepth; d < 1 {
+				t.Fatalf("prefetch depth %d: the test shows nothing of prefetching across passes", d)
+			}
+			var firstMisses int64 = -1
+			res, err := g.Generate(ctx, ps, s, func(si generate.StepInfo) {
+				if si.Step == 0 {
+					firstMisses = rt.Metrics().Schedule.DemandMisses
+				}
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
 				t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
+			}
+			// Each pass prefetched the next one's first layers: the
+			// passes after the first start on a hit.
+			if m := rt.Metrics().Schedule.DemandMisses; firstMisses < 1 || m != firstMisses {
+				t.Fatalf("%d demand misses in the first pass, %d after %d passes: the later passes missed", firstMisses, m, res.Steps)
+			}
+			if r := rt.Metrics().Params.ResidentBytes; r != 0 {
+				t.Fatalf("after Generate %d bytes of weights stay resident (the last pass's prefetches)", r)
 			}
 			if distinct(res.Tokens) < 3 {
 				t.Fatalf("degenerate generation %v: the comparison shows nothing", res.Tokens)

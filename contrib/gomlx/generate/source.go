@@ -14,8 +14,13 @@ import (
 // zinf runtime (Open), or a mapped file (OpenMapped). The executors, the
 // swap-in slots and the passes are the same for both.
 type source interface {
-	// forward starts a pass.
+	// forward starts a pass that the next pass repeats (every decoding
+	// step is the same forward pass): the last layers prefetch the next
+	// pass's first ones.
 	forward()
+	// endPasses gives back what the last pass prefetched for a pass that
+	// does not come.
+	endPasses()
 	// beginLayer makes layer l's weights readable; endLayer releases them.
 	beginLayer(ctx context.Context, l int) error
 	endLayer(l int)
@@ -43,7 +48,8 @@ type kvCache interface {
 // rtSource is the zinf runtime: weights streamed through the pinned pool.
 type rtSource struct{ rt *zinf.Runtime }
 
-func (s rtSource) forward()                                    { s.rt.Forward() }
+func (s rtSource) forward()                                    { s.rt.ForwardRepeating() }
+func (s rtSource) endPasses()                                  { s.rt.ReleasePrefetched() }
 func (s rtSource) beginLayer(ctx context.Context, l int) error { return s.rt.BeginLayer(ctx, l) }
 func (s rtSource) endLayer(l int)                              { s.rt.EndLayer(l) }
 func (s rtSource) readParam(ctx context.Context, v Var, dt tensor.DType, dst []byte) error {
