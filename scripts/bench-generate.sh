@@ -8,6 +8,7 @@
 #   BENCH_GEN_POOLS  pinned pools (default "16MiB 40MiB": about one layer, and room to prefetch)
 #   BENCH_GEN_BATCHES (default "1 2 4 8"), BENCH_GEN_ROUNDS (default 3), BENCH_GEN_NEW (default 8)
 #   BENCH_GEN_DIR    swap directory (default $TMPDIR or /var/tmp)
+#   BENCH_GEN_FLAGS  more zinf-generate flags for every run (e.g. --config FILE, --piece-bytes -1)
 set -eu
 bin=${ZINF_GENERATE:-bin/zinf-generate}
 model=${BENCH_GEN_MODEL:-vocab=256,dim=512,layers=4,heads=8,kv-heads=4,ffn=2048}
@@ -16,6 +17,7 @@ batches=${BENCH_GEN_BATCHES:-1 2 4 8}
 rounds=${BENCH_GEN_ROUNDS:-3}
 new=${BENCH_GEN_NEW:-8}
 dir=${BENCH_GEN_DIR:-${TMPDIR:-/var/tmp}}
+extra=${BENCH_GEN_FLAGS:-}
 work=$(mktemp -d "$dir/zinf-bench-generate.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
 i=0
@@ -23,7 +25,7 @@ while [ $i -lt 16 ]; do
 	printf 'And God said, %02d\n' $i >>"$work/prompts.txt" # prompts of one length
 	i=$((i + 1))
 done
-echo "model $model; $rounds rounds, $new new tokens; swap files in $dir; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "model $model; $rounds rounds, $new new tokens; swap files in $dir; flags: ${extra:-none}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 # Per run: measured tokens/s at the median full decoding step; (a) the
 # NVMe-bound prediction, batch / (weight bytes per decoding step / the
 # measured read bandwidth) = batch / the plan's weight I/O time, and
@@ -34,8 +36,9 @@ while [ $r -le "$rounds" ]; do
 	for pool in $pools; do
 		for b in $batches; do
 			head -n "$b" "$work/prompts.txt" >"$work/p.txt"
+			# shellcheck disable=SC2086 # $extra is a list of flags
 			out=$("$bin" --model "$model" --pool "$pool" --batch "$b" --max-new-tokens "$new" --progress=false \
-				--prompts-file "$work/p.txt" --dir "$dir" 2>&1) || { echo "$out"; exit 1; }
+				--prompts-file "$work/p.txt" --dir "$dir" $extra 2>&1) || { echo "$out"; exit 1; }
 			echo "$out" | awk -v r="$r" -v pool="$pool" -v b="$b" -v load="$(cut -d' ' -f1 /proc/loadavg)" '
 				function ms(x) {
 					sub(/[),:]+$/, "", x)
