@@ -1,6 +1,10 @@
 package buffers
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 // haveAVX2 says the AVX2 widening kernel may run (x/sys/cpu reports it
 // only when the operating system also saves the YMM registers).
@@ -12,15 +16,30 @@ var haveAVX2 = cpu.X86.HasAVX2
 //go:noescape
 func widenBF16AVX2(dst *float32, src *BFloat16, n int)
 
-// widenBF16 widens the leading multiple of 16 of len(src) values (len(dst)
-// >= len(src)) with the AVX2 kernel and returns how many it did: 0 without
-// AVX2, and the caller does the rest.
+// widenBF16AVX2NT is widenBF16AVX2 with non-temporal stores; dst is
+// 32-byte aligned. Written in half_amd64.s.
+//
+//go:noescape
+func widenBF16AVX2NT(dst *float32, src *BFloat16, n int)
+
+// widenBF16 widens a prefix of src (len(dst) >= len(src)) with the AVX2
+// kernels and returns how many values it did: 0 without AVX2, and the
+// caller does the rest.
 func widenBF16(dst []float32, src []BFloat16) int {
-	n := len(src) &^ 15
-	if !haveAVX2 || n == 0 {
+	if !haveAVX2 || len(src) < 16 {
 		return 0
 	}
-	_ = dst[n-1]
-	widenBF16AVX2(&dst[0], &src[0], n)
-	return n
+	_ = dst[len(src)-1]
+	if len(src)*4 < widenNTBytes {
+		n := len(src) &^ 15
+		widenBF16AVX2(&dst[0], &src[0], n)
+		return n
+	}
+	// Widen up to dst's first 32-byte boundary with the scalar loop (at
+	// most 7 values: dst is 4-byte aligned), then stream.
+	head := int((32 - uintptr(unsafe.Pointer(&dst[0]))%32) % 32 / 4)
+	bf16ToFloat32Scalar(dst[:head], src[:head])
+	n := (len(src) - head) &^ 15
+	widenBF16AVX2NT(&dst[head], &src[head], n)
+	return head + n
 }

@@ -28,3 +28,32 @@ loop:
 
 done:
 	RET
+
+// func widenBF16AVX2NT(dst *float32, src *BFloat16, n int)
+// Requires: AVX2. As widenBF16AVX2, with non-temporal stores (VMOVNTDQ:
+// no read for ownership of the destination's lines, which a widening far
+// larger than the caches would otherwise pay for every line it writes);
+// dst is 32-byte aligned. SFENCE orders the stores before the return.
+TEXT ·widenBF16AVX2NT(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ   ntdone
+
+ntloop:
+	VPMOVZXWD (SI), Y0
+	VPMOVZXWD 16(SI), Y1
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VMOVNTDQ  Y0, (DI)
+	VMOVNTDQ  Y1, 32(DI)
+	ADDQ      $32, SI
+	ADDQ      $64, DI
+	DECQ      CX
+	JNZ       ntloop
+	SFENCE
+	VZEROUPPER
+
+ntdone:
+	RET

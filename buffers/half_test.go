@@ -325,3 +325,34 @@ func TestBFloat16WideningEveryPattern(t *testing.T) {
 		}
 	}
 }
+
+// TestBFloat16WideningLarge widens past the non-temporal threshold (the
+// streaming kernel, after a scalar head up to dst's 32-byte boundary) at
+// every alignment of the destination, against the scalar loop, with the
+// elements around the destination untouched.
+func TestBFloat16WideningLarge(t *testing.T) {
+	n := widenNTBytes/4 + 37
+	src := make([]BFloat16, n)
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range src {
+		src[i] = BFloat16(r.Uint32())
+	}
+	want := make([]float32, n)
+	bf16ToFloat32Scalar(want, src)
+	buf := make([]float32, n+10)
+	for off := 0; off < 9; off++ {
+		for i := range buf {
+			buf[i] = -3
+		}
+		BFloat16ToFloat32(buf[off:off+n], src)
+		for i, f := range buf {
+			w := float32(-3)
+			if i >= off && i < off+n {
+				w = want[i-off]
+			}
+			if math.Float32bits(f) != math.Float32bits(w) {
+				t.Fatalf("offset %d: element %d is %#08x, want %#08x", off, i, math.Float32bits(f), math.Float32bits(w))
+			}
+		}
+	}
+}

@@ -25,6 +25,8 @@
 #              step rereads the file: their tokens are then checked as a prefix of zinf's)
 #   BIG_COMPUTE the dtype the model computes in, default fp32 (each bf16 weight widened as its layer
 #              is read, every side alike; the pure-Go backend's fp32 matmul is its fast one); bf16: as stored
+#   BIG_MEMLIMIT GOMEMLIMIT of every side, default 768MiB (the Go heap kept near its live size:
+#              the executors' buffers and the fp32 slots of a layer); empty: Go's default
 #   BIG_DIR    the model file and swap files, default $TMPDIR or /var/tmp
 #   BIG_TIMEOUT seconds a side may run, default 2400;  BIG_KEEP=1 keeps the model file
 set -eu
@@ -36,6 +38,10 @@ new=${BIG_NEW:-8}
 new_mmap=${BIG_NEW_MMAP:-$new}
 batch=${BIG_BATCH:-1}
 pool=${BIG_POOL:-512MiB}
+memlimit=${BIG_MEMLIMIT-768MiB}
+if [ -n "$memlimit" ]; then
+	export GOMEMLIMIT="$memlimit"
+fi
 compute=${BIG_COMPUTE:-fp32} # the dtype the model computes in (the weights stay bf16): fp32, the backend's fast matmul
 dir=${BIG_DIR:-${TMPDIR:-/var/tmp}}
 limit=${BIG_TIMEOUT:-2400}
@@ -68,7 +74,7 @@ while [ $i -lt "$batch" ]; do
 	prompts="$prompts --prompt $(echo ABCDEFGHIJKLMNOPQRSTUVWXYZ | cut -c$((i % 26 + 1)))" # one-token prompts: A, B, ...
 	i=$((i + 1))
 done
-echo "bench-generate-big: model $model, computed in $compute; sides: $sides; batch $batch, $new new tokens, pool $pool; in $work"
+echo "bench-generate-big: model $model, computed in $compute; sides: $sides; batch $batch, $new new tokens, pool $pool; GOMEMLIMIT ${memlimit:-unset}; in $work"
 echo "  $(date -u +%FT%TZ) load average $(cut -d' ' -f1-3 /proc/loadavg); $(free -g | awk '/^Mem:/ {print "RAM " $2 " GiB, available " $7 " GiB"}'); disk free $(df -h --output=avail "$dir" | tail -1 | tr -d ' ')"
 (
 	ulimit -v 16000000

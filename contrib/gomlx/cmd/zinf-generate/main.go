@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -214,6 +215,7 @@ type options struct {
 	traceFile, metricsAddr                           string
 	progress                                         bool
 	makeModel, names, mmap, computeDType             string
+	cpuProfile                                       string
 	plan, inPlaceOnly, dropCache                     bool
 	pieceBytes                                       int64
 }
@@ -269,6 +271,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.BoolVar(&o.inPlaceOnly, "in-place-only", false, "fail rather than copy a weight that cannot be read in place into the swap files")
 	fs.BoolVar(&o.dropCache, "drop-cache", false, "drop the --safetensors files from the page cache first (fdatasync, then posix_fadvise DONTNEED: no other file's pages)")
 	fs.StringVar(&o.computeDType, "compute-dtype", "", "the dtype the model computes in: fp32 runs a bf16 model in float32, each weight widened as its layer is read (the weights stay bf16 on disk and in the pinned pool; the pure-Go backend's float32 matmul is the fast one, with SIMD kernels when built with GOEXPERIMENT=simd); default: the model's dtype")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the generation to this new file")
 	fs.Int64Var(&o.pieceBytes, "piece-bytes", 0, "zinf.Options.PieceBytes: tensors larger move in pieces (0: the config's, else 4 MiB; -1: every tensor moves whole and is prefetched)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -279,6 +282,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	sp, err := parseSpec(o.modelSpec)
 	if err != nil {
 		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.OpenFile(o.cpuProfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("--cpuprofile: %w", cerr)
+			}
+		}()
 	}
 	if o.makeModel != "" {
 		return makeModel(ctx, o, sp, stdout)

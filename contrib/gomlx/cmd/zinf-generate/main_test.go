@@ -174,6 +174,18 @@ func TestTrace(t *testing.T) {
 	if _, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--prompt", "x", "--trace", path); err == nil || !strings.Contains(err.Error(), "--trace") {
 		t.Fatalf("an existing --trace file: %v", err)
 	}
+	// --cpuprofile writes a profile pprof reads (gzip's magic first), and
+	// never over an existing file.
+	prof := filepath.Join(t.TempDir(), "cpu.pprof")
+	if out, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--prompt", "x", "--max-new-tokens", "2", "--cpuprofile", prof); err != nil {
+		t.Fatalf("--cpuprofile: %v\n%s", err, out)
+	}
+	if b, err := os.ReadFile(prof); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("--cpuprofile wrote %d bytes (%v), want a gzipped profile", len(b), err)
+	}
+	if _, err := runCLI(t, "--model", "dim=32,layers=2,heads=4,kv-heads=2,ffn=64", "--prompt", "x", "--cpuprofile", prof); err == nil || !strings.Contains(err.Error(), "--cpuprofile") {
+		t.Fatalf("an existing --cpuprofile file: %v", err)
+	}
 }
 
 // TestMakeModelMmap: --make-model writes a model that zinf reads in place
