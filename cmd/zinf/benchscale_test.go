@@ -22,11 +22,15 @@ func TestBenchScale(t *testing.T) {
 		PredictedMs  []float64 `json:"predicted_ms"`
 		Ratio        float64   `json:"predicted_over_achieved"`
 		Sampled      int64     `json:"sample_checked"`
+		DiskBusy     []float64 `json:"disk_busy"`
+		DiskBusyGBps []float64 `json:"disk_busy_gbps"`
+		DiskInFlight []float64 `json:"disk_in_flight"`
 	}
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
 	}
-	if r.StateBytes < 4<<20 || r.PeakRSSBytes <= 0 || len(r.StepMs) != 2 || len(r.PredictedMs) != 2 || r.Ratio <= 0 || r.Sampled <= 0 {
+	if r.StateBytes < 4<<20 || r.PeakRSSBytes <= 0 || len(r.StepMs) != 2 || len(r.PredictedMs) != 2 || r.Ratio <= 0 || r.Sampled <= 0 ||
+		len(r.DiskBusy) != 2 || len(r.DiskBusyGBps) != 2 || len(r.DiskInFlight) != 2 || r.DiskBusy[1] < 0 || r.DiskBusy[1] > 1 {
 		t.Fatalf("figures: %+v", r)
 	}
 	wantAll(t, "stderr", errs, "bench-scale:", "bandwidth before training", "step   2/2")

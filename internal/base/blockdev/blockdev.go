@@ -38,6 +38,14 @@ type Stat struct {
 	BytesRead, BytesWritten int64
 	// Reads and Writes count completed requests.
 	Reads, Writes int64
+	// Busy is the time the disk had at least one request in flight
+	// (io_ticks); InFlight the time requests spent in flight, summed over
+	// the requests (time_in_queue), so that InFlight/Busy over an interval
+	// is the average number in flight while busy. Both count in
+	// milliseconds on Linux. Timed says the system gave them (ReadStat
+	// only, not ProcessIO).
+	Busy, InFlight time.Duration
+	Timed          bool
 }
 
 // ReadStat reads a disk's counters (/sys/block/NAME/stat on Linux).
@@ -83,7 +91,8 @@ func parseProcIO(s string) (Stat, error) {
 // parseStat parses the fields of /sys/block/NAME/stat (see the kernel's
 // Documentation/block/stat.rst): reads completed, reads merged, sectors
 // read, time reading, writes completed, writes merged, sectors written,
-// ... Sectors are 512 bytes whatever the device's block size.
+// time writing, in flight, io_ticks, time_in_queue, ... Sectors are 512
+// bytes whatever the device's block size; the times are milliseconds.
 func parseStat(s string) (Stat, error) {
 	f := strings.Fields(s)
 	if len(f) < 7 {
@@ -101,7 +110,19 @@ func parseStat(s string) (Stat, error) {
 	if v[2] > (1<<63-1)/sector || v[6] > (1<<63-1)/sector {
 		return Stat{}, fmt.Errorf("blockdev: stat sectors out of range: %q", s)
 	}
-	return Stat{Reads: v[0], BytesRead: v[2] * sector, Writes: v[4], BytesWritten: v[6] * sector}, nil
+	st := Stat{Reads: v[0], BytesRead: v[2] * sector, Writes: v[4], BytesWritten: v[6] * sector}
+	if len(f) >= 11 {
+		var t [2]int64
+		for i := range t {
+			n, err := strconv.ParseInt(f[9+i], 10, 64)
+			if err != nil || n < 0 || n > int64(1<<63-1)/int64(time.Millisecond) {
+				return Stat{}, fmt.Errorf("blockdev: stat field %d is %q, not a time in milliseconds", 10+i, f[9+i])
+			}
+			t[i] = n
+		}
+		st.Busy, st.InFlight, st.Timed = time.Duration(t[0])*time.Millisecond, time.Duration(t[1])*time.Millisecond, true
+	}
+	return st, nil
 }
 
 // Uptime is how long the system has been up: the span a disk's counters

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"testing"
+	"time"
 )
 
 func TestParseStat(t *testing.T) {
@@ -12,11 +13,18 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stat{Reads: 6343060, BytesRead: 1160140618 * 512, Writes: 4845846, BytesWritten: 1217067523 * 512}
+	want := Stat{Reads: 6343060, BytesRead: 1160140618 * 512, Writes: 4845846, BytesWritten: 1217067523 * 512,
+		Busy: 996424 * time.Millisecond, InFlight: 10623524 * time.Millisecond, Timed: true}
 	if st != want {
 		t.Fatalf("%+v, want %+v", st, want)
 	}
-	for _, bad := range []string{"", "1 2 3", "1 2 x 4 5 6 7", "1 2 -3 4 5 6 7", "1 2 3 4 5 6 99999999999999999999", "1 2 36028797018963968 4 5 6 7"} {
+	// A kernel's older, shorter line: the counts without the times.
+	st, err = parseStat("1 2 3 4 5 6 7")
+	if want := (Stat{Reads: 1, BytesRead: 3 * 512, Writes: 5, BytesWritten: 7 * 512}); err != nil || st != want {
+		t.Fatalf("%+v, %v; want %+v", st, err, want)
+	}
+	for _, bad := range []string{"", "1 2 3", "1 2 x 4 5 6 7", "1 2 -3 4 5 6 7", "1 2 3 4 5 6 99999999999999999999", "1 2 36028797018963968 4 5 6 7",
+		"1 2 3 4 5 6 7 8 9 x 11", "1 2 3 4 5 6 7 8 9 10 -11", "1 2 3 4 5 6 7 8 9 9223372036854775 11"} {
 		if _, err := parseStat(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
@@ -59,8 +67,12 @@ func TestOf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.BytesWritten < before.BytesWritten || after.Writes < before.Writes {
+	if after.BytesWritten < before.BytesWritten || after.Writes < before.Writes || after.Busy < before.Busy || after.InFlight < before.InFlight {
 		t.Fatalf("counters went back: %+v then %+v", before, after)
+	}
+	// Every Linux kernel zinf runs on (4.x and later) gives the times.
+	if !after.Timed {
+		t.Fatalf("%s's counters without io_ticks: %+v", d.Name, after)
 	}
 	if after.BytesWritten == before.BytesWritten {
 		t.Logf("note: a 1 MiB fsync'ed write did not show in %s's counters (a virtual disk may lag)", d.Name)

@@ -116,6 +116,19 @@ type Result struct {
 	ReadBytes   []int64   `json:"read_bytes"`
 	WriteBytes  []int64   `json:"write_bytes"`
 	PredictedMs []float64 `json:"predicted_ms"`
+	// Per step, from the disk's own counters (Disk; every process's I/O):
+	// DiskBusy is the fraction of the step the disk had a request in
+	// flight (io_ticks), DiskBusyGBps the bytes it moved (read and
+	// written) per second busy, DiskInFlight the requests in flight on
+	// average while busy. Each step's window runs from the end of the one
+	// before to its own end, the sampled check's few reads included; the
+	// first step's start is not marked, so its figures, and every figure
+	// where the disk's counters have no times, are 0. A step at the
+	// disk's speed keeps it busy throughout (DiskBusy near 1) and moves
+	// the probe's bandwidth while busy.
+	DiskBusy     []float64 `json:"disk_busy"`
+	DiskBusyGBps []float64 `json:"disk_busy_gbps"`
+	DiskInFlight []float64 `json:"disk_in_flight"`
 	// Medians over the steps; Ratio is predicted / achieved (1: the step
 	// runs at the disk's measured speed).
 	StepMsMedian      float64 `json:"step_ms_median"`
@@ -344,9 +357,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		disk0, diskErr = blockdev.ReadStat(disk.Name)
 	}
 	proc0, procErr := blockdev.ProcessIO()
+	// The disk's counters at the end of every step: busy time and
+	// requests in flight per step.
+	var marks []diskMark
+	onStep := func(int) error {
+		if diskErr == nil {
+			st, err := blockdev.ReadStat(disk.Name)
+			marks = append(marks, diskMark{at: time.Now(), st: st, ok: err == nil})
+		}
+		return nil
+	}
 	// No state digest: it would read about 4/5 of the state back after the
 	// last step, which the bench neither needs nor reports.
-	tr, err := train.Run(ctx, train.Options{Config: cfg, Spec: spec, Steps: o.Steps, Sample: res.Sampled, Progress: o.Progress, Logger: o.Logger, NoStateDigest: true})
+	tr, err := train.Run(ctx, train.Options{Config: cfg, Spec: spec, Steps: o.Steps, Sample: res.Sampled, Progress: o.Progress, Logger: o.Logger, NoStateDigest: true,
+		OnStep: onStep})
 	if err != nil {
 		return res, err
 	}
@@ -379,11 +403,40 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.PredictedMs = append(res.PredictedMs, (float64(res.ReadBytes[i])/rbw+float64(res.WriteBytes[i])/wbw)*1e3)
 	}
 	res.IOWaitMs = tr.IOWaitMs
+	res.DiskBusy = make([]float64, len(res.StepMs))
+	res.DiskBusyGBps = make([]float64, len(res.StepMs))
+	res.DiskInFlight = make([]float64, len(res.StepMs))
+	for i := 1; i < len(marks) && i < len(res.StepMs); i++ {
+		res.DiskBusy[i], res.DiskBusyGBps[i], res.DiskInFlight[i] = diskWindow(marks[i-1], marks[i])
+	}
 	res.StepMsMedian = stats.Median(res.StepMs)
 	res.PredictedMsMedian = stats.Median(res.PredictedMs)
 	res.Ratio = res.PredictedMsMedian / res.StepMsMedian
 	res.Seconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// diskMark is a disk's counters at an instant.
+type diskMark struct {
+	at time.Time
+	st blockdev.Stat
+	ok bool
+}
+
+// diskWindow is what the disk did between two marks: the fraction of the
+// time it was busy, the bytes it moved per second busy (GB/s) and the
+// requests in flight on average while busy; zeros where a mark is missing,
+// the counters have no times or the disk was never busy.
+func diskWindow(a, b diskMark) (busy, gbps, inFlight float64) {
+	wall := b.at.Sub(a.at).Seconds()
+	if !a.ok || !b.ok || !a.st.Timed || !b.st.Timed || wall <= 0 || b.st.Busy <= a.st.Busy {
+		return 0, 0, 0
+	}
+	bs := (b.st.Busy - a.st.Busy).Seconds()
+	moved := float64(b.st.BytesRead - a.st.BytesRead + b.st.BytesWritten - a.st.BytesWritten)
+	// io_ticks count in jiffies: a window may read a little over its wall
+	// time.
+	return min(bs/wall, 1), moved / bs / 1e9, (b.st.InFlight - a.st.InFlight).Seconds() / bs
 }
 
 // versus says how zinf's count of bytes compares with a counter's
@@ -408,12 +461,32 @@ func (r *Result) Write(w io.Writer) error {
 		within, policy.FormatBytes(r.PoolBytes), policy.FormatBytes(RSSHeadroomBytes), policy.FormatBytes(r.RSSBudgetBytes), r.PinnedLocked)
 	fmt.Fprintf(w, "  bandwidth    before: read %.3f GB/s, write %.3f GB/s; after: read %.3f GB/s, write %.3f GB/s\n",
 		r.Before.ReadGBps, r.Before.WriteGBps, r.After.ReadGBps, r.After.WriteGBps)
-	fmt.Fprintf(w, "  %-5s %10s %10s %12s %12s %12s %8s\n", "step", "time ms", "io-wait", "read", "written", "disk-bound", "pred/ach")
+	fmt.Fprintf(w, "  %-5s %10s %10s %12s %12s %12s %8s %10s %10s %9s\n", "step", "time ms", "io-wait", "read", "written", "disk-bound", "pred/ach",
+		"disk busy", "GB/s busy", "in flight")
+	var busy, gbps, inFlight []float64
 	for i := range r.StepMs {
-		fmt.Fprintf(w, "  %-5d %10.0f %10.0f %12s %12s %9.0f ms %8.2f\n", i+1, r.StepMs[i], r.IOWaitMs[i], policy.FormatBytes(r.ReadBytes[i]),
+		fmt.Fprintf(w, "  %-5d %10.0f %10.0f %12s %12s %9.0f ms %8.2f", i+1, r.StepMs[i], r.IOWaitMs[i], policy.FormatBytes(r.ReadBytes[i]),
 			policy.FormatBytes(r.WriteBytes[i]), r.PredictedMs[i], r.PredictedMs[i]/r.StepMs[i])
+		if i < len(r.DiskBusy) && r.DiskBusy[i] > 0 {
+			fmt.Fprintf(w, " %9.0f%% %10.2f %9.1f\n", 100*r.DiskBusy[i], r.DiskBusyGBps[i], r.DiskInFlight[i])
+			busy, gbps, inFlight = append(busy, r.DiskBusy[i]), append(gbps, r.DiskBusyGBps[i]), append(inFlight, r.DiskInFlight[i])
+		} else {
+			fmt.Fprintf(w, " %10s %10s %9s\n", "-", "-", "-")
+		}
 	}
 	fmt.Fprintf(w, "  median step %.0f ms, disk-bound prediction %.0f ms: predicted/achieved %.2f\n", r.StepMsMedian, r.PredictedMsMedian, r.Ratio)
+	if len(busy) > 0 {
+		// The prediction's rate for the steps' mix: their bytes over the
+		// time reading and writing one after the other at the probes'
+		// mean bandwidth.
+		var rb, wb int64
+		for i := range r.ReadBytes {
+			rb, wb = rb+r.ReadBytes[i], wb+r.WriteBytes[i]
+		}
+		mix := float64(rb+wb) / (float64(rb)/((r.Before.ReadGBps+r.After.ReadGBps)/2) + float64(wb)/((r.Before.WriteGBps+r.After.WriteGBps)/2))
+		fmt.Fprintf(w, "  disk %s in the steps after the first (medians): busy %.0f%% of the step, moving %.2f GB/s while busy with %.1f requests in flight; the probes give %.2f GB/s for the steps' mix read and written one after the other\n",
+			r.Disk, 100*stats.Median(busy), stats.Median(gbps), stats.Median(inFlight), mix)
+	}
 	fmt.Fprintf(w, "  init %.1f s, whole run %.1f s; final loss %.6f\n", r.InitSeconds, r.Seconds, r.FinalLoss)
 	fmt.Fprintf(w, "  zinf's stores from open to close: read %s, written %s (device bytes: padded, whole checksum units)\n",
 		policy.FormatBytes(r.ZinfReadBytes), policy.FormatBytes(r.ZinfWrittenBytes))

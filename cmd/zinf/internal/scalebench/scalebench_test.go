@@ -9,8 +9,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/base/blockdev"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -62,6 +65,14 @@ func TestRunSmall(t *testing.T) {
 			t.Errorf("zinf counted %d bytes read, the process read %d from the block layer (%.1f%% apart)", r.ZinfReadBytes, r.ProcReadBytes, 100*d)
 		}
 	}
+	// The disk's own view of each step after the first: a busy fraction,
+	// what it moved while busy, how many requests were in flight.
+	if len(r.DiskBusy) != 2 || len(r.DiskBusyGBps) != 2 || len(r.DiskInFlight) != 2 || r.DiskBusy[0] != 0 || r.DiskBusyGBps[0] != 0 {
+		t.Fatalf("disk figures per step: busy %v, GB/s %v, in flight %v", r.DiskBusy, r.DiskBusyGBps, r.DiskInFlight)
+	}
+	if b, g, f := r.DiskBusy[1], r.DiskBusyGBps[1], r.DiskInFlight[1]; b < 0 || b > 1 || g < 0 || f < 0 || b == 0 && (g != 0 || f != 0) {
+		t.Errorf("step 2: disk busy %v, %v GB/s, %v in flight", b, r.DiskBusyGBps[1], r.DiskInFlight[1])
+	}
 	if r.SampleChecked == 0 || len(r.Sampled) != 4 || r.PeakRSSBytes <= 0 || r.RSSBudgetBytes != 16<<20+RSSHeadroomBytes {
 		t.Fatalf("result %+v", r)
 	}
@@ -69,7 +80,7 @@ func TestRunSmall(t *testing.T) {
 	if err := r.Write(&sb); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"model state", "peak RSS", "predicted/achieved", "sampled check", "disk-bound", "zinf's stores from open to close"} {
+	for _, want := range []string{"model state", "peak RSS", "predicted/achieved", "sampled check", "disk-bound", "disk busy", "zinf's stores from open to close"} {
 		if !strings.Contains(sb.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, sb.String())
 		}
@@ -81,6 +92,38 @@ func TestRunSmall(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("the run left %v in the path", ents)
+	}
+}
+
+// TestDiskWindow: a disk's busy fraction, its rate while busy and the
+// requests in flight follow from its counters at two instants; missing
+// marks, counters without times and an idle disk give zeros.
+func TestDiskWindow(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 7, 0, 0, 0, time.UTC)
+	a := diskMark{at: t0, ok: true, st: blockdev.Stat{BytesRead: 1e9, BytesWritten: 5e8, Busy: 10 * time.Second, InFlight: 40 * time.Second, Timed: true}}
+	// 2 s later: busy 1.5 s of them, 3 GB read and 1.5 GB written, 12 s
+	// of requests in flight (8 on average while busy).
+	b := diskMark{at: t0.Add(2 * time.Second), ok: true, st: blockdev.Stat{BytesRead: 4e9, BytesWritten: 2e9, Busy: 11500 * time.Millisecond, InFlight: 52 * time.Second, Timed: true}}
+	busy, gbps, inFlight := diskWindow(a, b)
+	if math.Abs(busy-0.75) > 1e-9 || math.Abs(gbps-3) > 1e-9 || math.Abs(inFlight-8) > 1e-9 {
+		t.Fatalf("busy %v, %v GB/s, %v in flight; want 0.75, 3, 8", busy, gbps, inFlight)
+	}
+	// io_ticks a jiffy over the wall time: busy throughout, not more.
+	over := b
+	over.st.Busy = a.st.Busy + 2004*time.Millisecond
+	if busy, _, _ := diskWindow(a, over); busy != 1 {
+		t.Errorf("busy %v over a window the disk was busy throughout", busy)
+	}
+	untimed := b
+	untimed.st.Timed = false
+	idle := b
+	idle.st.Busy = a.st.Busy
+	missing := b
+	missing.ok = false
+	for name, m := range map[string]diskMark{"untimed": untimed, "idle": idle, "missing": missing, "same instant": {at: t0, ok: true, st: b.st}} {
+		if busy, gbps, inFlight := diskWindow(a, m); busy != 0 || gbps != 0 || inFlight != 0 {
+			t.Errorf("%s: busy %v, %v GB/s, %v in flight; want zeros", name, busy, gbps, inFlight)
+		}
 	}
 }
 
