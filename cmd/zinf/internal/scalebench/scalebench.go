@@ -484,7 +484,7 @@ func (r *Result) Write(w io.Writer) error {
 			rb, wb = rb+r.ReadBytes[i], wb+r.WriteBytes[i]
 		}
 		mix := float64(rb+wb) / (float64(rb)/((r.Before.ReadGBps+r.After.ReadGBps)/2) + float64(wb)/((r.Before.WriteGBps+r.After.WriteGBps)/2))
-		fmt.Fprintf(w, "  disk %s in the steps after the first (medians): busy %.0f%% of the step, moving %.2f GB/s while busy with %.1f requests in flight; the probes give %.2f GB/s for the steps' mix read and written one after the other\n",
+		fmt.Fprintf(w, "  disk %s in the steps after the first (medians, every process's I/O): busy %.0f%% of the step, moving %.2f GB/s while busy with %.1f requests in flight; the probes give %.2f GB/s for the steps' mix read and written one after the other\n",
 			r.Disk, 100*stats.Median(busy), stats.Median(gbps), stats.Median(inFlight), mix)
 	}
 	fmt.Fprintf(w, "  init %.1f s, whole run %.1f s; final loss %.6f\n", r.InitSeconds, r.Seconds, r.FinalLoss)
