@@ -268,3 +268,33 @@ func TestForwardThenBackwardDoesNotWrap(t *testing.T) {
 		t.Fatalf("after backward the fetcher holds %q", h)
 	}
 }
+
+// TestSmallLayersTakeNoDepth: a layer of under 1/16 of the largest
+// layer's bytes (a token embedding and a head of a small vocabulary) is
+// prefetched with the window but takes none of its Depth positions: at
+// depth 1 the last transformer layer prefetches the head, the next pass's
+// embedding and its first transformer layer, so that one is read while
+// the last layers compute.
+func TestSmallLayersTakeNoDepth(t *testing.T) {
+	f := newRec()
+	size := func(name string) int64 {
+		if name == "w0" || name == "b0" || name == "w4" || name == "b4" {
+			return 5
+		}
+		return 100
+	}
+	s := policy.NewScheduler(nil, layersOf(5), f, policy.SchedulerOptions{Depth: 1, BudgetBytes: 220, SizeOf: size})
+	for pass := range 3 {
+		s.StartRepeatingPass(forward(5))
+		calls := visit(t, s, f, forward(5))
+		if !slices.Equal(calls[3], []string{"prefetch w4,b4", "prefetch w0,b0", "prefetch w1,b1", "release w3,b3"}) {
+			t.Fatalf("pass %d, layer 3: %q, want the head, the embedding and layer 1 prefetched", pass, calls[3])
+		}
+		if !slices.Equal(calls[1], []string{"prefetch w2,b2", "release w1,b1"}) {
+			t.Fatalf("pass %d, layer 1: %q, want layer 2 alone prefetched", pass, calls[1])
+		}
+	}
+	if st := s.Stats(); st.DemandMisses != 1 || st.PeakPrefetchedBytes > 220 {
+		t.Fatalf("%d demand misses (want 1), peak prefetched %d bytes (budget 220)", st.DemandMisses, st.PeakPrefetchedBytes)
+	}
+}

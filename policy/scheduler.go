@@ -32,7 +32,9 @@ type Fetcher interface {
 
 // SchedulerOptions tunes a Scheduler.
 type SchedulerOptions struct {
-	// Depth is how many layers ahead, in the pass order, Begin prefetches.
+	// Depth is how many layers ahead, in the pass order, Begin prefetches;
+	// a layer of under 1/16 of the largest layer's bytes (a norm, a small
+	// head) is prefetched with them and does not count.
 	// Default (0): the placement's PrefetchDepth, or none without one.
 	// Negative: none.
 	Depth int
@@ -83,6 +85,7 @@ type Scheduler struct {
 	f          Fetcher
 	layers     [][]string
 	layerBytes []int64
+	maxBytes   int64 // the largest layer's bytes
 	depth      int
 	budget     int64 // < 0: no bound
 
@@ -125,6 +128,7 @@ func NewScheduler(p *Placement, layers [][]string, f Fetcher, opts SchedulerOpti
 		for _, n := range names {
 			s.layerBytes[l] += sizeOf(n)
 		}
+		s.maxBytes = max(s.maxBytes, s.layerBytes[l])
 	}
 	s.state = make([]layerState, len(layers))
 	s.order = make([]int, len(layers))
@@ -137,7 +141,8 @@ func NewScheduler(p *Placement, layers [][]string, f Fetcher, opts SchedulerOpti
 // StartPass sets the sequence of layers the next Begin calls visit
 // (forward 0..L-1, backward L-1..0); layers out of range are dropped.
 // Layers prefetched and not used are kept when the new pass uses them
-// within its first Depth positions, else released. Prefetching stops at
+// within its first Depth positions (small layers take none, see
+// smallShare), else released. Prefetching stops at
 // the pass's last layer (see StartRepeatingPass).
 func (s *Scheduler) StartPass(order []int) { s.startPass(order, false) }
 
@@ -166,8 +171,11 @@ func (s *Scheduler) startPass(order []int, repeat bool) {
 	s.pos = 0
 	s.repeat = repeat
 	keep := map[int]bool{}
-	for i := 0; i < len(s.order) && i < s.depth; i++ {
+	for i, n := 0, 0; i < len(s.order) && n < s.depth; i++ {
 		keep[s.order[i]] = true
+		if !s.small(s.order[i]) {
+			n++
+		}
 	}
 	for l, st := range s.state {
 		if st == requested && !keep[l] {
@@ -190,25 +198,40 @@ func (s *Scheduler) ReleasePrefetched() {
 	}
 }
 
-// window returns the layers at the positions pos+1..pos+depth of the
-// pass, in order: for a repeating pass, the positions past its end are
-// the next pass's, from its start, up to (not including) the layer at pos
-// again, and less any layer that comes again later in this pass. s.mu is
-// held.
+// smallShare: a layer of under 1/smallShare of the largest layer's bytes
+// (a final norm and a small head, a small embedding) is small: it is
+// prefetched with the window but takes none of its Depth positions, so
+// that it does not keep the next large layer out of the window.
+const smallShare = 16
+
+// small reports whether layer l is small (see smallShare). s.mu is held
+// or not needed (layerBytes is fixed).
+func (s *Scheduler) small(l int) bool { return s.layerBytes[l]*smallShare < s.maxBytes }
+
+// window returns the layers of the Depth positions after pos in the pass,
+// in order (small layers take no position): for a repeating pass, the
+// positions past its end are the next pass's, from its start, up to (not
+// including) the layer at pos again, less any layer that comes again
+// later in this pass. s.mu is held.
 func (s *Scheduler) window(pos int) []int {
 	n := len(s.order)
 	var w []int
-	for i := pos + 1; i <= pos+s.depth; i++ {
-		if i < n {
-			w = append(w, s.order[i])
-			continue
+	for i, taken := pos+1, 0; taken < s.depth; i++ {
+		var l int
+		switch {
+		case i < n:
+			l = s.order[i]
+		case !s.repeat || i-n >= pos:
+			return w
+		default:
+			l = s.order[i-n]
+			if slices.Contains(s.order[pos+1:], l) {
+				continue
+			}
 		}
-		if !s.repeat || i-n >= pos {
-			break
-		}
-		l := s.order[i-n]
-		if !slices.Contains(s.order[pos+1:], l) {
-			w = append(w, l)
+		w = append(w, l)
+		if !s.small(l) {
+			taken++
 		}
 	}
 	return w
