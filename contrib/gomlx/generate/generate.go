@@ -517,7 +517,20 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 	}
 	for pos := 0; pos < total-1; {
 		t0, w0 := time.Now(), g.src.ioWait()
-		next, err := g.pass(ctx, in, pos, kv, headEx)
+		// A pass after which every sequence has its tokens is the last
+		// (an EOS may end generation earlier): it prefetches nothing of
+		// the next.
+		last := pos+len(in[0]) >= total-1
+		if !last {
+			last = true
+			for i, p := range prompts {
+				if pos+len(in[0]) < len(p) || !done[i] && len(res.Tokens[i])+1 < s.MaxNewTokens {
+					last = false
+					break
+				}
+			}
+		}
+		next, err := g.pass(ctx, in, pos, kv, headEx, !last)
 		if err != nil {
 			return nil, fmt.Errorf("zinf generate: step %d (position %d): %w", res.Steps, pos, err)
 		}
@@ -565,11 +578,12 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 }
 
 // pass runs one forward pass over the weights: tokens [B][S] at position
-// pos, returning the sampled next token of each sequence.
-func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *model.Exec) ([]int32, error) {
+// pos, returning the sampled next token of each sequence. repeat: another
+// pass follows, whose first layers this one prefetches.
+func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *model.Exec, repeat bool) ([]int32, error) {
 	rt := g.src
 	L := g.m.NumLayers
-	rt.forward()
+	rt.forward(repeat)
 	kv.grow(pos + len(toks[0]))
 	var x *tensors.Tensor
 	defer func() { finalize(x) }()

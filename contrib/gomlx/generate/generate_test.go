@@ -98,7 +98,8 @@ func prompts(batch, n, vocab int, seed int) [][]int32 {
 // NVMe, streamed layer by layer) gives GoMLX's in-memory generate.Generator
 // tokens, token for token, in fp32 and bf16. Only the first pass waits
 // for a layer fetched on demand: each pass prefetches the next one's
-// first layers, and nothing stays resident when Generate returns.
+// first layers but the last, which prefetches nothing unused, and
+// nothing stays resident when Generate returns.
 func TestGreedyEqualsInMemory(t *testing.T) {
 	for _, dt := range []dtypes.DType{dtypes.Float32, dtypes.BFloat16} {
 		t.Run(dt.String(), func(t *testing.T) {
@@ -144,6 +145,11 @@ func TestGreedyEqualsInMemory(t *testing.T) {
 			// passes after the first start on a hit.
 			if m := rt.Metrics().Schedule.DemandMisses; firstMisses < 1 || m != firstMisses {
 				t.Fatalf("%d demand misses in the first pass, %d after %d passes: the later passes missed", firstMisses, m, res.Steps)
+			}
+			// The last pass knew it was the last: nothing prefetched went
+			// unused.
+			if st := rt.Metrics().Schedule; st.Prefetches != st.Hits {
+				t.Fatalf("%d layers prefetched, %d of them used", st.Prefetches, st.Hits)
 			}
 			if r := rt.Metrics().Params.ResidentBytes; r != 0 {
 				t.Fatalf("after Generate %d bytes of weights stay resident (the last pass's prefetches)", r)

@@ -167,8 +167,8 @@ type mappedSource struct {
 	read   int64
 }
 
-func (s *mappedSource) forward()   {}
-func (s *mappedSource) endPasses() {}
+func (s *mappedSource) forward(bool) {}
+func (s *mappedSource) endPasses()   {}
 
 func (s *mappedSource) beginLayer(ctx context.Context, l int) error {
 	if err := ctx.Err(); err != nil {

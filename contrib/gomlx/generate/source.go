@@ -14,10 +14,10 @@ import (
 // zinf runtime (Open), or a mapped file (OpenMapped). The executors, the
 // swap-in slots and the passes are the same for both.
 type source interface {
-	// forward starts a pass that the next pass repeats (every decoding
-	// step is the same forward pass): the last layers prefetch the next
-	// pass's first ones.
-	forward()
+	// forward starts a pass; repeat: the next pass repeats it (every
+	// decoding step is the same forward pass), and its last layers
+	// prefetch the next pass's first ones.
+	forward(repeat bool)
 	// endPasses gives back what the last pass prefetched for a pass that
 	// does not come.
 	endPasses()
@@ -48,7 +48,13 @@ type kvCache interface {
 // rtSource is the zinf runtime: weights streamed through the pinned pool.
 type rtSource struct{ rt *zinf.Runtime }
 
-func (s rtSource) forward()                                    { s.rt.ForwardRepeating() }
+func (s rtSource) forward(repeat bool) {
+	if repeat {
+		s.rt.ForwardRepeating()
+	} else {
+		s.rt.Forward()
+	}
+}
 func (s rtSource) endPasses()                                  { s.rt.ReleasePrefetched() }
 func (s rtSource) beginLayer(ctx context.Context, l int) error { return s.rt.BeginLayer(ctx, l) }
 func (s rtSource) endLayer(l int)                              { s.rt.EndLayer(l) }
