@@ -220,7 +220,7 @@ func (s *mappedSource) readParam(_ context.Context, v Var, dt tensor.DType, dst 
 	t0 := time.Now()
 	swapper.Transcode(e.dtype, m[e.begin:e.end], dt, dst) // a copy when the dtypes agree
 	s.wait += time.Since(t0)
-	s.read += int64(len(dst))
+	s.read += e.end - e.begin // the bytes taken from the mapping (before any widening)
 	return nil
 }
 

@@ -159,6 +159,13 @@ func TestHalfWeightsComputedInFloat32(t *testing.T) {
 	if !slices.EqualFunc(mres.Tokens, want, slices.Equal) {
 		t.Fatalf("mapped:\n%v\nin memory:\n%v", mres.Tokens, want)
 	}
+	// The mapping's bytes are the file's (bf16), not the widened ones.
+	if wb := m.WeightBytes(); wb*2 > b32 {
+		t.Fatalf("mapped: %d weight bytes a pass, more than the bf16 file's %d", wb, b32/2)
+	}
+	if max := int64(mres.Steps) * b32 / 2; mres.BytesRead > max {
+		t.Fatalf("mapped: %d bytes taken from the mapping in %d passes, more than the bf16 file's %d a pass", mres.BytesRead, mres.Steps, b32/2)
+	}
 }
 
 // TestOpenMappedRefuses: a file that does not hold the model as it is

@@ -18,8 +18,14 @@ import (
 func (g *Generator) WeightBytes() int64 {
 	var n int64
 	for i, v := range g.vars {
-		if g.rt == nil { // mapped: as the files hold them, the embedding by rows
+		if g.rt == nil { // mapped: as the files hold them (a widened weight by its file's dtype), the embedding by rows
 			if g.rowsOf == nil || &g.vars[i] != g.rowsOf {
+				if ms, ok := g.src.(*mappedSource); ok {
+					if e, ok := ms.at[v.Name]; ok {
+						n += e.end - e.begin
+						continue
+					}
+				}
 				n += v.Shape.ByteSize()
 			}
 			continue
