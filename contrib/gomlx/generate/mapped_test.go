@@ -2,6 +2,7 @@ package generate_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/ml/layers/activation"
 	"github.com/gomlx/gomlx/ml/model"
@@ -66,20 +68,7 @@ func TestMappedEqualsZinf(t *testing.T) {
 				t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
 			}
 			for _, a := range []generate.Advice{generate.AdviceNone, generate.AdviceSequential, generate.AdviceWillNeed} {
-				m, err := generate.OpenMapped(ctx, be, fn, generate.MappedOptions{Advice: a}, path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				mres, err := m.Generate(ctx, ps, s, nil)
-				if cerr := m.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !slices.EqualFunc(mres.Tokens, want, slices.Equal) {
-					t.Fatalf("mapped (%s):\n%v\nin memory:\n%v", a, mres.Tokens, want)
-				}
+				m, mres := generateMapped(ctx, t, be, fn, a, path, ps, s, want)
 				if m.Runtime() != nil {
 					t.Fatal("a mapped Generator has a zinf runtime")
 				}
@@ -145,20 +134,7 @@ func TestHalfWeightsComputedInFloat32(t *testing.T) {
 	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
 		t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
 	}
-	m, err := generate.OpenMapped(ctx, be, fn, generate.MappedOptions{Advice: generate.AdviceWillNeed}, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mres, err := m.Generate(ctx, ps, s, nil)
-	if cerr := m.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.EqualFunc(mres.Tokens, want, slices.Equal) {
-		t.Fatalf("mapped:\n%v\nin memory:\n%v", mres.Tokens, want)
-	}
+	m, mres := generateMapped(ctx, t, be, fn, generate.AdviceWillNeed, path, ps, s, want)
 	// The mapping's bytes are the file's (bf16), not the widened ones.
 	if wb := m.WeightBytes(); wb*2 > b32 {
 		t.Fatalf("mapped: %d weight bytes a pass, more than the bf16 file's %d", wb, b32/2)
@@ -166,6 +142,28 @@ func TestHalfWeightsComputedInFloat32(t *testing.T) {
 	if max := int64(mres.Steps) * b32 / 2; mres.BytesRead > max {
 		t.Fatalf("mapped: %d bytes taken from the mapping in %d passes, more than the bf16 file's %d a pass", mres.BytesRead, mres.Steps, b32/2)
 	}
+}
+
+// generateMapped generates ps from the model file at path mapped with
+// advice a, closes the Generator and fails the test unless the tokens
+// are want's.
+func generateMapped(ctx context.Context, t *testing.T, be compute.Backend, fn generate.ModelFn, a generate.Advice, path string, ps [][]int32, s generate.Sampling, want [][]int32) (*generate.Generator, *generate.Result) {
+	t.Helper()
+	m, err := generate.OpenMapped(ctx, be, fn, generate.MappedOptions{Advice: a}, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Generate(ctx, ps, s, nil)
+	if cerr := m.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("mapped (%s):\n%v\nin memory:\n%v", a, res.Tokens, want)
+	}
+	return m, res
 }
 
 // TestOpenMappedRefuses: a file that does not hold the model as it is
