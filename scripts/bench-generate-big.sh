@@ -25,7 +25,7 @@
 #              step rereads the file: their tokens are then checked as a prefix of zinf's)
 #   BIG_COMPUTE the dtype the model computes in, default fp32 (each bf16 weight widened as its layer
 #              is read, every side alike; the pure-Go backend's fp32 matmul is its fast one); bf16: as stored
-#   BIG_MEMLIMIT GOMEMLIMIT of every side, default 768MiB (the Go heap kept near its live size:
+#   BIG_MEMLIMIT GOMEMLIMIT of every side, default 600MiB (the Go heap kept near its live size:
 #              the executors' buffers and the fp32 slots of a layer); empty: Go's default
 #   BIG_DIR    the model file and swap files, default $TMPDIR or /var/tmp
 #   BIG_TIMEOUT seconds a side may run, default 2400;  BIG_KEEP=1 keeps the model file
@@ -38,7 +38,7 @@ new=${BIG_NEW:-8}
 new_mmap=${BIG_NEW_MMAP:-$new}
 batch=${BIG_BATCH:-1}
 pool=${BIG_POOL:-512MiB}
-memlimit=${BIG_MEMLIMIT-768MiB}
+memlimit=${BIG_MEMLIMIT-600MiB}
 if [ -n "$memlimit" ]; then
 	export GOMEMLIMIT="$memlimit"
 fi
