@@ -33,8 +33,9 @@ type Fetcher interface {
 // SchedulerOptions tunes a Scheduler.
 type SchedulerOptions struct {
 	// Depth is how many layers ahead, in the pass order, Begin prefetches;
-	// a layer of under 1/16 of the largest layer's bytes (a norm, a small
-	// head) is prefetched with them and does not count.
+	// in a repeating pass (StartRepeatingPass), a layer of under 1/16 of
+	// the largest layer's bytes (a norm, a small head) is prefetched with
+	// them and does not count.
 	// Default (0): the placement's PrefetchDepth, or none without one.
 	// Negative: none.
 	Depth int
@@ -86,6 +87,7 @@ type Scheduler struct {
 	layers     [][]string
 	layerBytes []int64
 	maxBytes   int64 // the largest layer's bytes
+	smallFree  bool  // small layers take no depth position (a repeating pass; see smallShare)
 	depth      int
 	budget     int64 // < 0: no bound
 
@@ -169,6 +171,9 @@ func (s *Scheduler) startPass(order []int, repeat bool) {
 		}
 	}
 	s.pos = 0
+	// The layers to keep are counted the way the window that prefetched
+	// them counted (small layers free after a repeating pass).
+	s.smallFree = s.repeat || repeat
 	s.repeat = repeat
 	keep := map[int]bool{}
 	for i, n := 0, 0; i < len(s.order) && n < s.depth; i++ {
@@ -177,6 +182,7 @@ func (s *Scheduler) startPass(order []int, repeat bool) {
 			n++
 		}
 	}
+	s.smallFree = repeat
 	for l, st := range s.state {
 		if st == requested && !keep[l] {
 			s.drop(l)
@@ -198,15 +204,21 @@ func (s *Scheduler) ReleasePrefetched() {
 	}
 }
 
-// smallShare: a layer of under 1/smallShare of the largest layer's bytes
-// (a final norm and a small head, a small embedding) is small: it is
-// prefetched with the window but takes none of its Depth positions, so
-// that it does not keep the next large layer out of the window.
+// smallShare: in a repeating pass, a layer of under 1/smallShare of the
+// largest layer's bytes (a final norm and a small head, a small
+// embedding) is small: it is prefetched with the window but takes none of
+// its Depth positions, so that it does not keep the next pass's first
+// large layer out of the wrap-around. Other passes count every layer as
+// before (with small layers free, a training pass's window changed with
+// the timing of its prefetches: TestLayerMajorEqualsMicroBatchMajor in
+// contrib/gomlx read a small layer twice in some runs under -race).
 const smallShare = 16
 
-// small reports whether layer l is small (see smallShare). s.mu is held
-// or not needed (layerBytes is fixed).
-func (s *Scheduler) small(l int) bool { return s.layerBytes[l]*smallShare < s.maxBytes }
+// small reports whether layer l is small (see smallShare) and small
+// layers are free in the pass. s.mu is held.
+func (s *Scheduler) small(l int) bool {
+	return s.smallFree && s.layerBytes[l]*smallShare < s.maxBytes
+}
 
 // window returns the layers of the Depth positions after pos in the pass,
 // in order (small layers take no position): for a repeating pass, the
