@@ -174,6 +174,9 @@ func TestScrapeDuringTraining(t *testing.T) {
 	if v, _ := got.Sum("zinf_optimizer_steps_total", map[string]string{"outcome": "committed"}); v != 3 {
 		t.Errorf("committed optimizer steps %v, want 3", v)
 	}
+	if v, ok := got.Sum("zinf_param_preempted_bytes_total", nil); !ok || v != float64(rt.Metrics().Params.PreemptedBytes) {
+		t.Errorf("zinf_param_preempted_bytes_total %v (present %v), the swapper counted %d", v, ok, rt.Metrics().Params.PreemptedBytes)
+	}
 	if _, ok := got.Sum("go_goroutines", nil); !ok {
 		t.Error("the registry lacks the Go collector")
 	}

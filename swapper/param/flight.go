@@ -117,6 +117,7 @@ func (s *Swapper) preemptLocked(t *tensor, toCache bool) {
 	t.res, t.state = nil, OnNVMe
 	s.gate.release()
 	s.stats.Preemptions++
+	s.stats.PreemptedBytes += int64(t.bytes)
 	if toCache {
 		s.cachePutLocked(t, blk, t.gen)
 	} else {

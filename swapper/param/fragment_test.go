@@ -140,6 +140,7 @@ func TestWaitFragmentedRegion(t *testing.T) {
 	s, ctx := fragmented(t)
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
+	before := s.Stats()
 	// The small ones first: the order a layer's tensors came in.
 	if err := s.Wait(wctx, "next.s1", "next.s2", "next.big"); err != nil {
 		t.Fatalf("Wait on a fragmented region: %v", err)
@@ -151,8 +152,16 @@ func TestWaitFragmentedRegion(t *testing.T) {
 		numel, _ := s.PartitionLen(n)
 		readBack(t, s, n, vals(len(n)+numel, numel))
 	}
-	if p := s.Stats().Preemptions; p < 1 {
+	st := s.Stats()
+	if p := st.Preemptions; p < 1 {
 		t.Errorf("Preemptions = %d: the small partitions did not give way", p)
+	}
+	// Every byte Wait read beyond next.big is a preempted small partition
+	// read again: PreemptedBytes accounts for it (4 KiB each).
+	pre, read := st.PreemptedBytes-before.PreemptedBytes, st.BytesRead-before.BytesRead
+	if pre != 4<<10*(st.Preemptions-before.Preemptions) || read != 88<<10+pre {
+		t.Errorf("Wait read %d bytes with %d preempted (%d preemptions): want next.big's 88 KiB plus the preempted bytes, 4 KiB each",
+			read, pre, st.Preemptions-before.Preemptions)
 	}
 	// Claimed now: a larger swap-in cannot take them back.
 	s.Release("next.s1", "next.s2", "next.big")

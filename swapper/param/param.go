@@ -72,16 +72,21 @@ type Waiter interface{ Wait() error }
 
 // Stats are a swapper's cumulative counters and current gauges.
 type Stats struct {
-	BytesRead    int64         // bytes swapped in from NVMe
-	BytesWritten int64         // bytes written to NVMe (Init, staged updates)
-	SwapIns      int64         // completed NVMe reads
-	SwapInErrors int64         // failed NVMe reads
-	CacheHits    int64         // swap-ins served by the CPU cache, without I/O
-	CacheMisses  int64         // swap-ins that had to read NVMe
-	DemandMisses int64         // partitions Wait had to request itself (not prefetched)
-	Commits      int64         // successful CommitUpdates with at least one update
-	Preemptions  int64         // prefetched, unclaimed partitions sent back to make room for a waited-for one
-	IOWait       time.Duration // time Wait spent blocked on swap-ins
+	BytesRead    int64 // bytes swapped in from NVMe
+	BytesWritten int64 // bytes written to NVMe (Init, staged updates)
+	SwapIns      int64 // completed NVMe reads
+	SwapInErrors int64 // failed NVMe reads
+	CacheHits    int64 // swap-ins served by the CPU cache, without I/O
+	CacheMisses  int64 // swap-ins that had to read NVMe
+	DemandMisses int64 // partitions Wait had to request itself (not prefetched)
+	Commits      int64 // successful CommitUpdates with at least one update
+	Preemptions  int64 // prefetched, unclaimed partitions sent back to make room for a waited-for one
+	// PreemptedBytes are the partition bytes of those Preemptions: read
+	// from NVMe and given back before use, so read again when wanted.
+	// A later prefetch that takes pool memory ahead of an earlier one
+	// whose goroutine has not run yet (a loaded CPU) gives way this way.
+	PreemptedBytes int64
+	IOWait         time.Duration // time Wait spent blocked on swap-ins
 	// Gauges.
 	ResidentBytes int64 // pinned bytes of resident NVMe partitions and CPU-tier partitions
 	DeviceBytes   int64 // device bytes of GPU-tier partitions and of NVMe partitions resident on the device (Options.DeviceIO)
