@@ -229,24 +229,32 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				b.endLayer(l)
 			}
 		}
-		for {
-			err := b.step(ctx)
-			if err == nil {
-				break
-			}
-			if o.OnStepError == nil || !o.OnStepError(step, err) {
-				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
-			}
+		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
+			return err
 		}
-		loss, err := b.totalLoss(ctx, losses)
-		if err != nil {
-			return fmt.Errorf("step %d: the loss: %w", step+1, err)
+	}
+	return nil
+}
+
+// finishStep ends step (begun at t0) the same way in every order: the
+// optimizer step (retried while o.OnStepError says so), the step's loss
+// over every rank and micro-batch, and o.OnStep.
+func finishStep(ctx context.Context, b backend, o loopOptions, step int, losses []float32, t0 time.Time) error {
+	for {
+		err := b.step(ctx)
+		if err == nil {
+			break
 		}
-		if o.OnStep != nil {
-			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
-				return err
-			}
+		if o.OnStepError == nil || !o.OnStepError(step, err) {
+			return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
 		}
+	}
+	loss, err := b.totalLoss(ctx, losses)
+	if err != nil {
+		return fmt.Errorf("step %d: the loss: %w", step+1, err)
+	}
+	if o.OnStep != nil {
+		return o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0))
 	}
 	return nil
 }
@@ -429,23 +437,8 @@ func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) err
 			}
 			b.endLayer(l)
 		}
-		for {
-			err := b.step(ctx)
-			if err == nil {
-				break
-			}
-			if o.OnStepError == nil || !o.OnStepError(step, err) {
-				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
-			}
-		}
-		loss, err := b.totalLoss(ctx, losses)
-		if err != nil {
-			return fmt.Errorf("step %d: the loss: %w", step+1, err)
-		}
-		if o.OnStep != nil {
-			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
-				return err
-			}
+		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -591,23 +584,8 @@ func runLayerMajorTiered(ctx context.Context, spec Spec, b backend, o loopOption
 			}
 			ab.abortStep() // nothing of the step stays; it runs again
 		}
-		for {
-			err := b.step(ctx)
-			if err == nil {
-				break
-			}
-			if o.OnStepError == nil || !o.OnStepError(step, err) {
-				return fmt.Errorf("step %d: optimizer step: %w", step+1, err)
-			}
-		}
-		loss, err := b.totalLoss(ctx, losses)
-		if err != nil {
-			return fmt.Errorf("step %d: the loss: %w", step+1, err)
-		}
-		if o.OnStep != nil {
-			if err := o.OnStep(step, loss/float32(o.World*o.Micro), time.Since(t0)); err != nil {
-				return err
-			}
+		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
+			return err
 		}
 	}
 	return nil

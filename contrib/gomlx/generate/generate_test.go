@@ -94,6 +94,44 @@ func prompts(batch, n, vocab int, seed int) [][]int32 {
 	return out
 }
 
+// seededWeights are fn's variables initialised with seed in a fresh store.
+func seededWeights(t testing.TB, be compute.Backend, fn generate.ModelFn, seed int64) generate.Weights {
+	t.Helper()
+	store, err := generate.InitStore(be, fn, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return generate.StoreWeights(store)
+}
+
+// openGenerator opens a generator of fn over w on cfg with o, quiet and
+// without the bandwidth probe; it is closed when the test ends.
+func openGenerator(ctx context.Context, t testing.TB, be compute.Backend, cfg *config.Config, fn generate.ModelFn, w generate.Weights, o generate.Options) *generate.Generator {
+	t.Helper()
+	o.Logger, o.NoBandwidthProbe = quiet, true
+	g, err := generate.Open(ctx, be, cfg, fn, w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// reference is GoMLX's in-memory generation of ps over w: the tokens zinf
+// must equal. A degenerate one (fewer than 3 distinct tokens) would show
+// nothing, so it fails the test.
+func reference(ctx context.Context, t testing.TB, be compute.Backend, fn generate.ModelFn, w generate.Weights, ps [][]int32, s generate.Sampling) [][]int32 {
+	t.Helper()
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if distinct(want) < 3 {
+		t.Fatalf("degenerate generation %v: the comparison shows nothing", want)
+	}
+	return want
+}
+
 // TestGreedyEqualsInMemory: greedy generation through zinf (weights on
 // NVMe, streamed layer by layer) gives GoMLX's in-memory generate.Generator
 // tokens, token for token, in fp32 and bf16. Only the first pass waits
@@ -109,22 +147,14 @@ func TestGreedyEqualsInMemory(t *testing.T) {
 			}
 			be := backend(t)
 			fn := tiny(dt, 3)
-			store, err := generate.InitStore(be, fn, 42)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := generate.StoreWeights(store)
+			w := seededWeights(t, be, fn, 42)
 			s := generate.Sampling{MaxNewTokens: 20}
 			ps := prompts(3, 5, 97, 1)
 			want, err := generate.InMemory(ctx, be, fn, w, ps, s)
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
+			g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{})
 			rt := g.Runtime()
 			if d := rt.Plan().PrefetchDepth; d < 1 {
 				t.Fatalf("prefetch depth %d: the test shows nothing of prefetching across passes", d)
@@ -184,16 +214,8 @@ func TestSamplingEqualsInMemory(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
-	store, err := generate.InitStore(be, fn, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
-	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	w := seededWeights(t, be, fn, 7)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
 	ps := prompts(2, 4, 97, 3)
 	for _, s := range []generate.Sampling{
 		{Strategy: sample.StrategyTemperature, Temperature: 1.5, Seed: 11, MaxNewTokens: 12},
@@ -231,16 +253,8 @@ func TestStopTokens(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
-	store, err := generate.InitStore(be, fn, 42)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
-	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	w := seededWeights(t, be, fn, 42)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
 	ps := prompts(2, 4, 97, 5)
 	full, err := g.Generate(ctx, ps, generate.Sampling{MaxNewTokens: 16}, nil)
 	if err != nil {
@@ -284,16 +298,8 @@ func TestPromptsOfDifferentLengths(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
-	store, err := generate.InitStore(be, fn, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
-	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	w := seededWeights(t, be, fn, 3)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
 	ps := [][]int32{{5, 9, 11}, {1, 2, 3, 4, 5, 6, 7}, {40, 41, 42, 43, 44}}
 	s := generate.Sampling{MaxNewTokens: 10}
 	res, err := g.Generate(ctx, ps, s, nil)
@@ -372,11 +378,7 @@ func TestKVCacheTiers(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 5) // more layers than the NVMe tier's 3 staging buffers
-	store, err := generate.InitStore(be, fn, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
+	w := seededWeights(t, be, fn, 5)
 	ps := prompts(2, 6, 97, 9)
 	s := generate.Sampling{MaxNewTokens: 40} // past the first bucket of 32 positions
 	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
@@ -464,16 +466,8 @@ func TestRootScopeModel(t *testing.T) {
 		return transformer.New(root).WithVocabSize(97).WithEmbedDim(32).WithNumLayers(2).WithNumHeads(4).WithHeadDim(8).
 			WithFFNDim(128).WithRoPE(10000).WithFinalNormalization("rms")
 	}
-	store, err := generate.InitStore(be, fn, 17)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
-	g, err := generate.Open(ctx, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	w := seededWeights(t, be, fn, 17)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
 	if v := g.Vars()[0]; v.Name != "/token_embed/embeddings" || v.Layer != 0 {
 		t.Fatalf("first variable %+v", v)
 	}
@@ -533,16 +527,8 @@ func TestEmbeddingRows(t *testing.T) {
 		return transformer.New(root.In("transformer")).WithVocabSize(vocab).WithEmbedDim(dim).WithNumLayers(2).WithNumHeads(4).
 			WithHeadDim(8).WithFFNDim(64).WithRoPE(10000).WithNormalization("rms").WithFinalNormalization("rms").WithBias(false)
 	}
-	store, err := generate.InitStore(be, fn, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := generate.StoreWeights(store)
-	g, err := generate.Open(ctx, be, nvmeConfig(t, 8<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true, PieceBytes: 256 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	w := seededWeights(t, be, fn, 4)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 8<<20, false), fn, w, generate.Options{PieceBytes: 256 << 10})
 	if !g.Runtime().Streamed("/transformer/token_embed/embeddings") {
 		t.Fatal("the 2.4 MiB embedding is not moved in pieces of 256 KiB")
 	}
