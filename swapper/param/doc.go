@@ -33,11 +33,14 @@
 // partitions are InFlight or Resident at once; further requests queue and
 // wait for a Release, they never fail for it. The pool's budget bounds them
 // too: a swap-in waits for pool memory like any other Acquire. Slots are
-// granted in request order, waited-for partitions first; when a waited-for
+// granted in request order, waited-for partitions first, and swap-ins ask
+// the pool for memory in the order they were requested (one whose
+// goroutine runs early waits for those before it to ask); when a waited-for
 // swap-in is starved of a slot or of pool memory, a partition that was
 // prefetched but not yet waited for or read gives way (preemption: it goes
 // back to OnNVMe, or to the CPU cache), so over-eager prefetching, or
-// consuming prefetches in another order, never deadlocks.
+// consuming prefetches in another order, never deadlocks. Stats counts
+// the preempted bytes (PreemptedBytes): read, given back, read again.
 //
 // The pool hands out a buffer from a free, aligned power-of-two block
 // (buffers.SpanBytes), so free bytes are not enough: small partitions

@@ -3,6 +3,7 @@ package param
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
@@ -13,6 +14,7 @@ type flightStage uint8
 
 const (
 	awaitingSlot   flightStage = iota // queued for a BufferCount slot
+	awaitingTurn                      // has a slot, lets swap-ins requested before it reach the pool first
 	awaitingBuffer                    // has a slot, waits for pool memory
 	reading                           // reading from the store
 )
@@ -32,6 +34,11 @@ type flight struct {
 	// Both guarded by Swapper.mu.
 	keep bool
 	size int
+	// seq: the order it was requested in. atPool: it has asked the pool
+	// for its buffer (or never will: it landed). Both guarded by
+	// Swapper.mu.
+	seq    uint64
+	atPool bool
 
 	done    chan struct{}
 	err     error
@@ -45,6 +52,8 @@ func (s *Swapper) startFlightLocked(t *tensor, demand bool) *flight {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &flight{ctx: ctx, cancel: cancel, done: make(chan struct{}), demand: demand}
 	f.slot.demand = demand
+	f.seq = s.flightSeq
+	s.flightSeq++
 	s.gate.request(&f.slot)
 	t.flight, t.state, t.failed = f, InFlight, nil
 	s.flights[f] = t
@@ -256,15 +265,66 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 	s.land(t, f, hostBlock(buf), gen, true, nil)
 }
 
+// awaitTurn holds flight f back until every swap-in requested before it
+// that holds its slot has asked the pool for its buffer (or landed), then
+// marks f as asking (stage awaitingBuffer). The pool serves its waiters
+// first come, first served; without this, a flight whose goroutine ran
+// early took memory ahead of one requested before it that had not run yet
+// (a loaded CPU), and gave it back, read for nothing, when that one was
+// waited for (PreemptedBytes). Those it waits for need only the CPU to
+// get there (a slot held, a cache lookup), so the wait is short; the
+// flight's context (Close, a dropped swap-in) ends it.
+func (s *Swapper) awaitTurn(f *flight, size int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f.stage, f.size = awaitingTurn, size
+	for {
+		ahead := false
+		for g := range s.flights {
+			if g.seq < f.seq && !g.atPool && !s.gate.waiting(&g.slot) {
+				ahead = true
+				break
+			}
+		}
+		if !ahead {
+			break
+		}
+		if s.turn == nil {
+			s.turn = make(chan struct{})
+		}
+		ch := s.turn
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-f.ctx.Done():
+			s.mu.Lock()
+			return fmt.Errorf("waiting for the swap-ins requested before it to ask the pool: %w", f.ctx.Err())
+		}
+		s.mu.Lock()
+	}
+	f.stage, f.atPool = awaitingBuffer, true
+	s.nextTurnLocked()
+	return nil
+}
+
+// nextTurnLocked wakes the flights in awaitTurn: one ahead of them asked
+// the pool or landed.
+func (s *Swapper) nextTurnLocked() {
+	if s.turn != nil {
+		close(s.turn)
+		s.turn = nil
+	}
+}
+
 // swapInBuffer takes the pool buffer for flight f. Before it blocks, it
 // evicts CPU-cache entries (their memory is the pool's) and, for a
 // waited-for swap-in, preempts unclaimed prefetched partitions and
 // smaller ones of Waits in progress (preemptForLocked) until the pool
 // serves it or none is left.
 func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
-	s.mu.Lock()
-	f.stage, f.size = awaitingBuffer, size
-	s.mu.Unlock()
+	if err := s.awaitTurn(f, size); err != nil {
+		return nil, err
+	}
 	if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
 		return b, nil
 	}
@@ -293,6 +353,7 @@ func (s *Swapper) land(t *tensor, f *flight, blk *block, gen uint64, slot bool, 
 	defer s.mu.Unlock()
 	defer close(f.done)
 	delete(s.flights, f)
+	s.nextTurnLocked()
 	current := t.flight == f
 	if current && err == nil && gen != t.gen {
 		// Cannot happen (updates drop the flight before bumping the
