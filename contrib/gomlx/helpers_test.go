@@ -269,9 +269,10 @@ func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg
 // stepBoth runs steps training steps on zinf's trainer and the whole-graph
 // reference with the same batches (batch(step)) and fails the test at the
 // first step whose losses differ in any bit; what names the offloaded run
-// in the message.
-func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *zgomlx.WholeGraph, steps int, what string, batch func(step int) (x, y *tensors.Tensor)) {
+// in the message. It returns the steps' losses.
+func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *zgomlx.WholeGraph, steps int, what string, batch func(step int) (x, y *tensors.Tensor)) []float32 {
 	t.Helper()
+	losses := make([]float32, steps)
 	for step := range steps {
 		x, y := batch(step)
 		lo, err := tr.Step(ctx, x, y)
@@ -285,5 +286,7 @@ func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *zgomlx.
 		if lo != lw {
 			t.Fatalf("step %d: loss %v %s, %v whole graph", step, lo, what, lw)
 		}
+		losses[step] = lo
 	}
+	return losses
 }

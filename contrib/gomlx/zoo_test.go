@@ -114,26 +114,10 @@ func TestZooTransformerEqualsWholeGraph(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer wg.Close()
-			var first, last float32
-			for step := range 4 {
-				x, y := lmBatch(step%2, zooBatch, zooSeq, zooVocab)
-				lo, err := tr.Step(ctx, x, y)
-				if err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				lw, err := wg.Step(x, y)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if lo != lw {
-					t.Fatalf("step %d: loss %v offloaded, %v whole graph", step, lo, lw)
-				}
-				if step == 0 {
-					first = lo
-				}
-				last = lo
-			}
-			if !(last < first) {
+			losses := stepBoth(ctx, t, tr, wg, 4, "offloaded", func(step int) (x, y *tensors.Tensor) {
+				return lmBatch(step%2, zooBatch, zooSeq, zooVocab)
+			})
+			if first, last := losses[0], losses[3]; !(last < first) {
 				t.Fatalf("loss %v -> %v: training did not reduce it", first, last)
 			}
 			sameVars(ctx, t, off, whole)

@@ -8,7 +8,10 @@ package procstat
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 )
@@ -69,4 +72,21 @@ func IO() (read, written int64, ok bool) {
 	r, okR := field("/proc/self/io", "read_bytes", 1)
 	w, okW := field("/proc/self/io", "write_bytes", 1)
 	return r, w, okR && okW
+}
+
+// RunChild runs exe with args as a child process (its stderr passed
+// through, so its progress shows) and decodes the JSON it prints on stdout
+// into out: how the benchmarks measure each side in a fresh process, whose
+// peak resident set and GC counters are its own.
+func RunChild(exe string, args []string, out any) error {
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("the child's result (%d bytes of stdout): %w", len(b), err)
+	}
+	return nil
 }

@@ -64,3 +64,21 @@ func TestStatusUnknownField(t *testing.T) {
 		t.Fatalf("Status(NoSuchField) = %d, %v", n, ok)
 	}
 }
+
+// TestRunChild: a child's JSON comes back decoded; a failing child and one
+// that prints no JSON are errors.
+func TestRunChild(t *testing.T) {
+	var r struct{ Steps []float64 }
+	if err := procstat.RunChild("/bin/sh", []string{"-c", `echo '{"Steps": [1.5, 2]}'`}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Steps) != 2 || r.Steps[0] != 1.5 || r.Steps[1] != 2 {
+		t.Fatalf("decoded %+v", r)
+	}
+	if err := procstat.RunChild("/bin/sh", []string{"-c", "exit 3"}, &r); err == nil {
+		t.Fatal("a child that exits 3: no error")
+	}
+	if err := procstat.RunChild("/bin/sh", []string{"-c", "echo not json"}, &r); err == nil {
+		t.Fatal("a child that prints no JSON: no error")
+	}
+}

@@ -20,7 +20,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -294,14 +293,8 @@ func bench(o options, w io.Writer) error {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
 				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows)}
-			cmd := exec.Command(exe, args...)
-			cmd.Stderr = os.Stderr
-			out, err := cmd.Output()
-			if err != nil {
-				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
-			}
 			var r result
-			if err := json.Unmarshal(out, &r); err != nil {
+			if err := procstat.RunChild(exe, args, &r); err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
 			}
 			if mode == "memory" {

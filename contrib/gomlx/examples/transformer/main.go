@@ -30,7 +30,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -679,14 +678,8 @@ func bench(o options, w io.Writer) error {
 				args = append(args, "--bf16")
 			}
 			args = append(args, "--heap-credit", heapCreditFlag(o.heapCredit))
-			cmd := exec.Command(exe, args...)
-			cmd.Stderr = os.Stderr
-			out, err := cmd.Output()
-			if err != nil {
-				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
-			}
 			var r childResult
-			if err := json.Unmarshal(out, &r); err != nil {
+			if err := procstat.RunChild(exe, args, &r); err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
 			}
 			if mode == "memory" {
