@@ -1,7 +1,10 @@
 package zgomlx_test
 
 import (
+	"log/slog"
+	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +13,8 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 )
 
@@ -94,5 +99,79 @@ func TestBlockedHeadRefusals(t *testing.T) {
 	_, err = zgomlx.Open(t.Context(), b, testConfig(t, 8<<20), s, net, zgomlx.Options{KeepValues: true})
 	if err == nil || !strings.Contains(err.Error(), "not streamed") {
 		t.Fatalf("Open with a 1000-row table in blocks: %v", err)
+	}
+}
+
+// lockedWriter is an io.Writer safe for the runtime's goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestBlockedHeadUnderAuto: with zinf.schedule "auto" picking layer-major
+// for 2 micro-batches, a Net.Head runs them micro-batch-major (its table's
+// gradient comes block by block) and says so once, at Info level, on the
+// runtime's logger; the steps train.
+func TestBlockedHeadUnderAuto(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	const vocab, rows = 20000, 4096
+	cfg := testConfig(t, 64<<20)
+	cfg.ZeroOptimization.SubGroupSize = 65_536
+	cfg.GradientAccumulationSteps = 2
+	cfg.Zinf.Schedule = config.ScheduleAuto
+	store := model.NewStore()
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
+		t.Fatal(err)
+	}
+	var log lockedWriter
+	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if s := tr.Offload().Runtime().Schedule(); s != zinf.LayerMajor {
+		t.Skipf("the plan picked %s for 2 micro-batches here: the case does not arise", s)
+	}
+	const said = "runs micro-batch-major"
+	var losses []float32
+	for step := range 2 {
+		mbs := make([]zgomlx.MicroBatch, 2)
+		for m := range mbs {
+			x, y := repeatBatch(2*step+m, vocab)
+			mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+		}
+		l, err := tr.StepMicroBatches(ctx, mbs)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		losses = append(losses, l...)
+	}
+	if n := strings.Count(log.String(), said); n != 1 {
+		t.Fatalf("the log says %q %d times in 2 steps (want once):\n%s", said, n, log.String())
+	}
+	if a := tr.ActivationStats(); a.Saved != 0 {
+		t.Fatalf("the activation tier saved %d entries: the steps ran layer-major", a.Saved)
+	}
+	for i, l := range losses {
+		if !(l > 0) || math.IsInf(float64(l), 0) {
+			t.Fatalf("micro-batch %d: loss %v", i, l)
+		}
 	}
 }

@@ -83,8 +83,9 @@ type actMeta struct {
 // ErrCommitPending (Commit retries it).
 //
 // A Net with a Head (a tied head computed in blocks of the table) runs
-// micro-batch-major: under zinf.schedule "auto" whatever the plan's pick,
-// and "layer-major" is refused.
+// micro-batch-major: under zinf.schedule "auto" whatever the plan's pick
+// (said once at Info level on the runtime's logger when the plan picked
+// layer-major), and "layer-major" is refused.
 func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]float32, error) {
 	if t.pending {
 		return nil, ErrCommitPending
@@ -105,6 +106,11 @@ func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]flo
 			return nil, errors.New(`zgomlx: StepMicroBatches: zinf.schedule "layer-major" with a Net.Head (a head in blocks of the table) (allowed: "micro-batch-major" or "auto", which runs micro-batch-major for it)`)
 		}
 		layerMajor = false
+		if !t.headOrderSaid {
+			t.headOrderSaid = true
+			t.off.log.Info("zgomlx: zinf.schedule \"auto\" picked layer-major, but a Net.Head (a head in blocks of the table) runs micro-batch-major: each micro-batch reads the parameters again",
+				"micro_batches", len(mbs))
+		}
 	}
 	if !layerMajor {
 		losses := make([]float32, len(mbs))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/gomlx/compute"
@@ -67,6 +68,7 @@ type Options struct {
 // are for one goroutine (the training loop's).
 type Offload struct {
 	rt        *zinf.Runtime
+	log       *slog.Logger // Options.Runtime.Logger, else slog.Default()
 	store     *model.Store
 	vars      []*Var
 	byName    map[string]*Var
@@ -129,7 +131,10 @@ func openOffload(cfg *config.Config, store *model.Store, vars []*Var, scopes []s
 	if err := checkHeapCredit(opts.HeapCredit); err != nil {
 		return nil, err
 	}
-	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1}
+	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1, log: opts.Runtime.Logger}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
 	o.layerVars = groupLayers(vars, len(scopes))
 	descs := make([][]tensor.Desc, len(scopes))
 	for _, v := range vars {

@@ -41,8 +41,11 @@ type Trainer struct {
 
 	order   []int // the layers a pass reads from zinf
 	pending bool  // a commit failed
-	reads   int64
-	times   Timings
+	// headOrderSaid: StepMicroBatches logged that a Net.Head runs
+	// micro-batch-major against the plan's layer-major pick.
+	headOrderSaid bool
+	reads         int64
+	times         Timings
 
 	// Row reads of lookups (lookup.go), reused.
 	rows      []int
