@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // refuseRegister makes io_uring_register fail with errno for opcode, as a
@@ -34,22 +36,7 @@ func refuseRegister(t *testing.T, opcode uintptr, errno unix.Errno) {
 }
 
 // lockedLog is a log sink safe for the engine's goroutines.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedLog = testenv.SyncBuffer
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 

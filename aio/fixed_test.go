@@ -10,35 +10,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
-// syncBuffer is a log sink safe for the engine's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func logTo() (*slog.Logger, *syncBuffer) {
-	var b syncBuffer
+// logTo is a logger and its sink, safe for the engine's goroutines.
+func logTo() (*slog.Logger, *testenv.SyncBuffer) {
+	var b testenv.SyncBuffer
 	return slog.New(slog.NewTextHandler(&b, nil)), &b
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/zinfio/zinf/internal/base/testhook"
 	"github.com/zinfio/zinf/internal/test/faults"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // Environment switches that turn the test binary into the zinf command
@@ -237,23 +238,8 @@ func runChildEnv(t *testing.T, env []string, args ...string) (code int, stdout, 
 	return 0, out.String(), errb.String()
 }
 
-// syncBuffer is a bytes.Buffer safe to read while a child writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer safe to read while a child writes to it.
+type syncBuffer = testenv.SyncBuffer
 
 // limitAddressSpace sets RLIMIT_AS to this process's VmSize plus extra
 // bytes (a decimal string).

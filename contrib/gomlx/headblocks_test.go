@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // TestBlockedHead: the zoo transformer with its tied head computed in
@@ -102,24 +102,6 @@ func TestBlockedHeadRefusals(t *testing.T) {
 	}
 }
 
-// lockedWriter is an io.Writer safe for the runtime's goroutines.
-type lockedWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestBlockedHeadUnderAuto: with zinf.schedule "auto" picking layer-major
 // for 2 micro-batches, a Net.Head runs them micro-batch-major (its table's
 // gradient comes block by block) and says so once, at Info level, on the
@@ -140,7 +122,7 @@ func TestBlockedHeadUnderAuto(t *testing.T) {
 	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
 		t.Fatal(err)
 	}
-	var log lockedWriter
+	var log testenv.SyncBuffer // the runtime's goroutines log too
 	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
 	if err != nil {
 		t.Fatal(err)
