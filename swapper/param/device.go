@@ -115,7 +115,7 @@ func (s *Swapper) flyDevice(t *tensor, f *flight) {
 // that says how full.
 func (s *Swapper) deviceAlloc(f *flight, size int64) (accel.Mem, error) {
 	s.mu.Lock()
-	f.stage, f.atPool = awaitingBuffer, true // device memory: no turn in the pool
+	f.stage = awaitingBuffer // device memory: no turn in the pool
 	s.mu.Unlock()
 	backoff := 100 * time.Microsecond
 	for {

@@ -34,11 +34,14 @@ type flight struct {
 	// Both guarded by Swapper.mu.
 	keep bool
 	size int
-	// seq: the order it was requested in. atPool: it has asked the pool
-	// for its buffer (or never will: it landed). Both guarded by
+	// prev is the swap-in requested just before it that had not yet
+	// asked the pool for memory then (nil: none, or the gate has a slot
+	// limit); passed is closed once this one has asked the pool, or
+	// landed (awaitTurn, passLocked). prev and passedDone are guarded by
 	// Swapper.mu.
-	seq    uint64
-	atPool bool
+	prev       *flight
+	passed     chan struct{}
+	passedDone bool
 
 	done    chan struct{}
 	err     error
@@ -52,8 +55,12 @@ func (s *Swapper) startFlightLocked(t *tensor, demand bool) *flight {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &flight{ctx: ctx, cancel: cancel, done: make(chan struct{}), demand: demand}
 	f.slot.demand = demand
-	f.seq = s.flightSeq
-	s.flightSeq++
+	if s.gate.limit == 0 && s.opts.DeviceIO == nil {
+		// Every slot is granted at once: the flights ask the pool in
+		// request order, each after the one before it (awaitTurn).
+		f.passed, f.prev = make(chan struct{}), s.lastFlight
+		s.lastFlight = f
+	}
 	s.gate.request(&f.slot)
 	t.flight, t.state, t.failed = f, InFlight, nil
 	s.flights[f] = t
@@ -265,54 +272,46 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 	s.land(t, f, hostBlock(buf), gen, true, nil)
 }
 
-// awaitTurn holds flight f back until every swap-in requested before it
-// that holds its slot has asked the pool for its buffer (or landed), then
-// marks f as asking (stage awaitingBuffer). The pool serves its waiters
-// first come, first served; without this, a flight whose goroutine ran
-// early took memory ahead of one requested before it that had not run yet
-// (a loaded CPU), and gave it back, read for nothing, when that one was
-// waited for (PreemptedBytes). Those it waits for need only the CPU to
-// get there (a slot held, a cache lookup), so the wait is short; the
-// flight's context (Close, a dropped swap-in) ends it.
+// awaitTurn holds flight f back until the swap-in requested before it
+// has asked the pool for its buffer (or landed), and with it, transitively,
+// every earlier one; then f asks (stage awaitingBuffer). The pool serves
+// its waiters first come, first served; without this, a flight whose
+// goroutine ran early took memory ahead of one requested before it that
+// had not run yet (a loaded CPU), and gave it back, read for nothing, when
+// that one was waited for (PreemptedBytes). The one waited for needs only
+// the CPU to get there (no slot limit, a cache lookup), so the first never
+// waits and the chain ends; f's context (Close, a dropped swap-in) ends
+// the wait. Each flight waits on its predecessor's channel alone: no
+// broadcast, however many swap-ins are in flight.
 func (s *Swapper) awaitTurn(f *flight, size int) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	f.stage, f.size = awaitingTurn, size
-	for {
-		ahead := false
-		for g := range s.flights {
-			if g.seq < f.seq && !g.atPool && !s.gate.waiting(&g.slot) {
-				ahead = true
-				break
-			}
-		}
-		if !ahead {
-			break
-		}
-		if s.turn == nil {
-			s.turn = make(chan struct{})
-		}
-		ch := s.turn
-		s.mu.Unlock()
+	prev := f.prev
+	s.mu.Unlock()
+	if prev != nil {
 		select {
-		case <-ch:
+		case <-prev.passed:
 		case <-f.ctx.Done():
-			s.mu.Lock()
-			return fmt.Errorf("waiting for the swap-ins requested before it to ask the pool: %w", f.ctx.Err())
+			return fmt.Errorf("waiting for the swap-in requested before it to ask the pool: %w", f.ctx.Err())
 		}
-		s.mu.Lock()
 	}
-	f.stage, f.atPool = awaitingBuffer, true
-	s.nextTurnLocked()
+	s.mu.Lock()
+	f.stage = awaitingBuffer
+	s.passLocked(f)
+	s.mu.Unlock()
 	return nil
 }
 
-// nextTurnLocked wakes the flights in awaitTurn: one ahead of them asked
-// the pool or landed.
-func (s *Swapper) nextTurnLocked() {
-	if s.turn != nil {
-		close(s.turn)
-		s.turn = nil
+// passLocked records that f has asked the pool or landed: the flight
+// requested after it may ask now.
+func (s *Swapper) passLocked(f *flight) {
+	if f.passed == nil || f.passedDone {
+		return
+	}
+	f.passedDone, f.prev = true, nil
+	close(f.passed)
+	if s.lastFlight == f {
+		s.lastFlight = nil
 	}
 }
 
@@ -353,7 +352,7 @@ func (s *Swapper) land(t *tensor, f *flight, blk *block, gen uint64, slot bool, 
 	defer s.mu.Unlock()
 	defer close(f.done)
 	delete(s.flights, f)
-	s.nextTurnLocked()
+	s.passLocked(f)
 	current := t.flight == f
 	if current && err == nil && gen != t.gen {
 		// Cannot happen (updates drop the flight before bumping the

@@ -157,9 +157,8 @@ type Swapper struct {
 	closed       bool
 	cache        *ristretto.Cache[string, *cacheEntry]
 	stageSeq     uint64
-	flightSeq    uint64        // the next swap-in's request order (flight.seq)
-	turn         chan struct{} // closed when a flight asks the pool or lands (awaitTurn)
-	stats        Stats         // counters; gauges filled in by Stats()
+	lastFlight   *flight // the last swap-in requested, until it asks the pool or lands (awaitTurn)
+	stats        Stats   // counters; gauges filled in by Stats()
 
 	cachedBytes atomic.Int64
 	ioWait      atomic.Int64
