@@ -238,6 +238,9 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 		s.land(t, f, blk, gen, true, nil)
 		return
 	}
+	if h := beforeTurn; h != nil {
+		h(t.name)
+	}
 	buf, err := s.swapInBuffer(f, int(s.store.PaddedLen(int64(t.bytes))))
 	if err != nil {
 		s.land(t, f, nil, 0, true, err)
@@ -271,6 +274,12 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 	s.mu.Unlock()
 	s.land(t, f, hostBlock(buf), gen, true, nil)
 }
+
+// beforeTurn, when set (by this package's tests, before any swap-in
+// starts), runs in a swap-in's goroutine on a cache miss before it waits
+// for its turn at the pool: a test holds one there to stand for a
+// goroutine the scheduler has not run yet.
+var beforeTurn func(name string)
 
 // awaitTurn holds flight f back until the swap-in requested before it
 // has asked the pool for its buffer (or landed), and with it, transitively,

@@ -82,9 +82,9 @@ type Stats struct {
 	Commits      int64 // successful CommitUpdates with at least one update
 	Preemptions  int64 // prefetched, unclaimed partitions sent back to make room for a waited-for one
 	// PreemptedBytes are the partition bytes of those Preemptions: read
-	// from NVMe and given back before use, so read again when wanted.
-	// A later prefetch that takes pool memory ahead of an earlier one
-	// whose goroutine has not run yet (a loaded CPU) gives way this way.
+	// from NVMe and given back before use, so read again when wanted. A
+	// steadily rising figure says the pool is too tight for the prefetch
+	// window.
 	PreemptedBytes int64
 	IOWait         time.Duration // time Wait spent blocked on swap-ins
 	// Gauges.
