@@ -87,7 +87,6 @@ type Scheduler struct {
 	layers     [][]string
 	layerBytes []int64
 	maxBytes   int64 // the largest layer's bytes
-	smallFree  bool  // small layers take no depth position (a repeating pass; see smallShare)
 	depth      int
 	budget     int64 // < 0: no bound
 
@@ -173,16 +172,15 @@ func (s *Scheduler) startPass(order []int, repeat bool) {
 	s.pos = 0
 	// The layers to keep are counted the way the window that prefetched
 	// them counted (small layers free after a repeating pass).
-	s.smallFree = s.repeat || repeat
+	free := s.repeat || repeat
 	s.repeat = repeat
 	keep := map[int]bool{}
 	for i, n := 0, 0; i < len(s.order) && n < s.depth; i++ {
 		keep[s.order[i]] = true
-		if !s.small(s.order[i]) {
+		if !s.small(s.order[i], free) {
 			n++
 		}
 	}
-	s.smallFree = repeat
 	for l, st := range s.state {
 		if st == requested && !keep[l] {
 			s.drop(l)
@@ -214,10 +212,10 @@ func (s *Scheduler) ReleasePrefetched() {
 // contrib/gomlx read a small layer twice in some runs under -race).
 const smallShare = 16
 
-// small reports whether layer l is small (see smallShare) and small
-// layers are free in the pass. s.mu is held.
-func (s *Scheduler) small(l int) bool {
-	return s.smallFree && s.layerBytes[l]*smallShare < s.maxBytes
+// small reports whether layer l takes no depth position: small layers
+// are free (a repeating pass) and l is small (see smallShare).
+func (s *Scheduler) small(l int, free bool) bool {
+	return free && s.layerBytes[l]*smallShare < s.maxBytes
 }
 
 // window returns the layers of the Depth positions after pos in the pass,
@@ -242,7 +240,7 @@ func (s *Scheduler) window(pos int) []int {
 			}
 		}
 		w = append(w, l)
-		if !s.small(l) {
+		if !s.small(l, s.repeat) {
 			taken++
 		}
 	}
