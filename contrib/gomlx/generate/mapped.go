@@ -167,6 +167,23 @@ type mappedSource struct {
 	read   int64
 }
 
+// weightBytes is what a pass takes from the mapping: every weight as its
+// file holds it (a widened one by the file's dtype), but of rows (the
+// embedding read by rows) none.
+func (s *mappedSource) weightBytes(vars []Var, rows *Var) int64 {
+	var n int64
+	for i, v := range vars {
+		switch e, ok := s.at[v.Name]; {
+		case rows != nil && &vars[i] == rows:
+		case ok:
+			n += e.end - e.begin
+		default:
+			n += v.Shape.ByteSize()
+		}
+	}
+	return n
+}
+
 func (s *mappedSource) forward(bool) {}
 func (s *mappedSource) endPasses()   {}
 

@@ -16,20 +16,11 @@ import (
 // read by rows (a large one moves in pieces) only the pieces of the rows
 // it needs, counted here as none.
 func (g *Generator) WeightBytes() int64 {
+	if ms, ok := g.src.(*mappedSource); ok {
+		return ms.weightBytes(g.vars, g.rowsOf)
+	}
 	var n int64
 	for i, v := range g.vars {
-		if g.rt == nil { // mapped: as the files hold them (a widened weight by its file's dtype), the embedding by rows
-			if g.rowsOf == nil || &g.vars[i] != g.rowsOf {
-				if ms, ok := g.src.(*mappedSource); ok {
-					if e, ok := ms.at[v.Name]; ok {
-						n += e.end - e.begin
-						continue
-					}
-				}
-				n += v.Shape.ByteSize()
-			}
-			continue
-		}
 		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) {
 			continue
 		}
