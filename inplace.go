@@ -16,10 +16,10 @@ import (
 // dtype (a checkpoint's or a safetensors file's tensor). Each swap-in reads
 // them from there with O_DIRECT (see swapper.Store.Adopt); nothing is
 // written to the swap files and the file is never written or removed.
-// Where that cannot be done — no O_DIRECT, an offset that leaves the
-// tensor outside its aligned, padded span, a tensor not on NVMe or moved
-// in pieces, several ranks — it returns an error wrapping
-// swapper.ErrNotInPlace and changes nothing: call Init instead.
+// Any offset works (see swapper.Store.Adopt). Where reading in place
+// cannot be done — no O_DIRECT, a tensor not on NVMe or moved in pieces,
+// several ranks — it returns an error wrapping swapper.ErrNotInPlace and
+// changes nothing: call Init instead.
 func (r *Runtime) InitInPlace(ctx context.Context, name, path string, off int64, dtype tensor.DType) error {
 	if err := r.closedErr("init in place "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err

@@ -16,11 +16,16 @@ var ErrNotInPlace = errors.New("swapper: not readable in place")
 // version of name, read where they lie: no copy goes to the swap files,
 // and the store never writes, moves or deletes the file. Each read is one
 // O_DIRECT read of the aligned span around the bytes, padded as the
-// store's own tensors are, and the bytes are moved to the buffer's start
-// (so a tensor is read in place when its offset leaves it inside its
-// padded length from the aligned start, and the span lies in the file).
+// store's own tensors are (at most PaddedLen(length) bytes, so a pool
+// buffer sized for the tensor holds it), and the bytes are moved to the
+// buffer's start. Any offset works: the tensor's last bytes that such a
+// span cannot reach, because the offset pushes them into the block after
+// it or they lie in the file's last, partial block, are fewer than one
+// alignment unit; Adopt reads them once and keeps them in memory (the
+// file is read-only to the store, and must not change while adopted).
 // It refuses, wrapping ErrNotInPlace and changing nothing, a file that
-// cannot be opened with O_DIRECT or bytes that do not fit that rule.
+// cannot be opened with O_DIRECT; bytes past the file's end are an
+// error.
 // Ranged reads (ReadRangeAsync) of an adopted tensor are refused; a later
 // Write replaces it with a swap-file version as usual. Checksums are not
 // computed for adopted bytes (the file's own, e.g. a checkpoint's CRCs,
@@ -41,22 +46,43 @@ func (s *Store) Adopt(name, path string, off, length int64) error {
 	}
 	a := int64(f.Alignment())
 	padded := s.PaddedLen(length)
-	start := off / a * a
-	head := off - start
-	switch {
-	case padded%a != 0:
+	if padded%a != 0 {
 		return notInPlace("the store's padding %d is not a multiple of %s's alignment %d", padded, path, a)
-	case head+length > padded:
-		return notInPlace("at offset %d the tensor's %d bytes end %d bytes past the %d-byte aligned span from %d", off, length, head+length-padded, padded, start)
 	}
 	size, err := f.Size()
 	if err != nil {
 		return &TensorError{Op: "adopt", Tensor: name, Err: err}
 	}
-	if start+padded > size {
-		return notInPlace("the aligned span [%d, %d) ends past %s's %d bytes", start, start+padded, path, size)
+	if off > size-length {
+		return &TensorError{Op: "adopt", Tensor: name, Err: fmt.Errorf("bytes [%d, %d) lie past the end of %s (%d bytes)", off, off+length, path, size)}
 	}
-	v := &version{length: length, padded: padded, file: f, fileOff: start, head: head}
+	// The O_DIRECT read: the whole aligned blocks from the one holding
+	// off, at most the padded length (what a swap-in buffer holds) and
+	// none past the file's end. The tensor's bytes after it (less than
+	// one block: those in the block after a padded span that off's head
+	// pushed them into, or in the file's last, partial block) are read
+	// here once and kept.
+	start := off / a * a
+	head := off - start
+	direct := min(padded, (size-start)/a*a)
+	if direct <= head {
+		direct = 0
+	}
+	keep := length
+	if direct > 0 {
+		keep = max(0, head+length-direct)
+	}
+	if keep >= a {
+		return notInPlace("%d bytes at offset %d would leave %d bytes outside the aligned span (at most %d)", length, off, keep, a-1)
+	}
+	var tail []byte
+	if keep > 0 {
+		tail = make([]byte, keep)
+		if err := readAt(path, tail, off+length-keep); err != nil {
+			return &TensorError{Op: "adopt", Tensor: name, Err: err}
+		}
+	}
+	v := &version{length: length, padded: padded, file: f, fileOff: start, head: head, direct: direct, tail: tail}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -103,4 +129,18 @@ func (s *Store) closeAdopted() error {
 	}
 	s.adopted = nil
 	return errors.Join(errs...)
+}
+
+// readAt reads len(b) bytes of the file at path from off, through the
+// page cache (a few bytes that no aligned O_DIRECT read covers).
+func readAt(path string, b []byte, off int64) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	_, err = f.ReadAt(b, off)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

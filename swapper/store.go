@@ -146,9 +146,14 @@ type version struct {
 	refs    int      // reads in flight on this version
 	retired bool     // replaced or deleted: free extents at refs == 0
 	// A version read in place (Adopt) lives in file, not the swap files:
-	// its padded span starts at fileOff, its bytes head bytes into it.
-	file          *aio.File
-	fileOff, head int64
+	// the aligned span read by O_DIRECT is direct bytes from fileOff, the
+	// tensor's bytes begin head bytes into it, and its last bytes, when
+	// they lie past that span (in the aligned block after it, or in the
+	// file's last, partial block), are kept in tail (under one alignment
+	// unit, read once by Adopt).
+	file                  *aio.File
+	fileOff, head, direct int64
+	tail                  []byte
 }
 
 type extent struct{ off, len int64 }
@@ -455,9 +460,14 @@ func (p *Pending) Wait() error {
 		p.collect()
 		p.checksum()
 	}
-	if v := p.v; p.err == nil && v.head > 0 && p.op == "swap-in" && !p.ranged {
-		// Read in place: the tensor starts head bytes into the span read.
-		copy(p.buf[:v.length], p.buf[v.head:v.head+v.length])
+	if v := p.v; p.err == nil && v.file != nil && p.op == "swap-in" && !p.ranged {
+		// Read in place: the tensor starts head bytes into the span read,
+		// and ends with the bytes Adopt kept.
+		n := min(v.length, max(0, v.direct-v.head))
+		if v.head > 0 && n > 0 {
+			copy(p.buf[:n], p.buf[v.head:v.head+n])
+		}
+		copy(p.buf[n:v.length], v.tail)
 	}
 	// The I/O's completion, not the moment Wait was called.
 	end := p.doneAt
@@ -597,7 +607,9 @@ func (s *Store) submit(p *Pending, op aio.Op) error {
 		if op != aio.OpRead {
 			return errors.New("swapper: a version read in place is never written")
 		}
-		p.single(op, v.file, v.fileOff, p.buf[:v.padded])
+		if v.direct > 0 {
+			p.single(op, v.file, v.fileOff, p.buf[:v.direct])
+		}
 	} else if len(s.files) == 1 {
 		p.single(op, s.files[0], v.ext[0].off, p.buf[:v.padded])
 	} else {

@@ -15,9 +15,9 @@ import (
 	"github.com/gomlx/compute/dtypes"
 )
 
-// modelAlign is the alignment WriteRandomModel gives the data section and
-// each tensor's first byte: zinf reads a tensor where it lies (O_DIRECT)
-// when it starts on a device block.
+// modelAlign is the alignment WriteRandomModel gives the data section: a
+// tensor that starts on a device block is read in place with no move in
+// memory after the O_DIRECT read.
 const modelAlign = 4096
 
 // makeChunk is the values WriteRandomModel makes and writes at a time: its
@@ -31,13 +31,14 @@ const makeChunk = 1 << 18
 // for a model of any size; the model is never whole in memory). The values
 // keep activations finite: a matrix uniform with standard deviation
 // 1/sqrt(its first dimension, the fan-in), the token embedding's 1, a
-// normalization's scale 1 and every other vector 0. The data section and
-// each tensor begin on a 4096-byte boundary (the header padded with
-// spaces, as the format allows), so Open reads every tensor in place by
-// O_DIRECT (InPlaceWeights) and OpenMapped maps the file; tensors whose
-// bytes are multiples of 4096 (bf16 dimensions that are multiples of
-// 2048) lie back to back, otherwise zeros fill the gaps (and pad the
-// file's end to 4096 bytes). It returns the file's size.
+// normalization's scale 1 and every other vector 0. The data section
+// begins on a 4096-byte boundary (the header padded with spaces, as the
+// format allows) and the tensors lie back to back in it, with no holes (as
+// the format requires), so a tensor begins on a 4096-byte boundary when
+// those before it are multiples of 4096 bytes (bf16 dimensions that are
+// multiples of 2048). Open reads every tensor in place by O_DIRECT
+// (InPlaceWeights), wherever it begins, and OpenMapped maps the file. It
+// returns the file's size.
 func WriteRandomModel(ctx context.Context, backend compute.Backend, fn ModelFn, path string, seed int64) (size int64, err error) {
 	vars, err := ModelVars(backend, fn)
 	if err != nil {
@@ -63,7 +64,7 @@ func WriteRandomModel(ctx context.Context, backend compute.Backend, fn ModelFn, 
 		default:
 			return 0, fmt.Errorf("zinf generate: %q has dtype %s (allowed: float32, bfloat16, float16)", v.Name, v.Shape.DType)
 		}
-		offs[i] = roundUp64(end, modelAlign)
+		offs[i] = end
 		end = offs[i] + v.Shape.ByteSize()
 		header[v.Name] = entry{DType: name, Shape: v.Shape.Dimensions, Offsets: []int64{offs[i], end}}
 	}
@@ -120,10 +121,6 @@ func WriteRandomModel(ctx context.Context, backend compute.Backend, fn ModelFn, 
 			left -= k
 			at += int64(len(b))
 		}
-	}
-	// The last tensor's aligned span ends in the file too (zeros).
-	for ; at%modelAlign != 0; at++ {
-		w.WriteByte(0)
 	}
 	if err := w.Flush(); err != nil {
 		return 0, fmt.Errorf("zinf generate: writing %s: %w", path, err)

@@ -190,8 +190,8 @@ func errorsUnwrapAll(err error) error {
 
 // TestWriteRandomModelStreams: WriteRandomModel makes a 128 MiB model
 // with a few MiB of heap (it never holds the model), the same bytes from
-// the same seed, other bytes from another, every tensor aligned for
-// reading in place.
+// the same seed, other bytes from another, the data section aligned and
+// the tensors back to back in it (no holes, as safetensors requires).
 func TestWriteRandomModelStreams(t *testing.T) {
 	ctx := watchdog(t, 3*time.Minute)
 	be := backend(t)
@@ -264,8 +264,7 @@ func TestWriteRandomModelStreams(t *testing.T) {
 	if bytes.Equal(ba[4096:], bc[4096:]) {
 		t.Fatal("seeds 11 and 12 wrote the same weights")
 	}
-	// Aligned and in range: OpenMapped and the in-place reader accept it;
-	// values as documented.
+	// An aligned data section with no holes; values as documented.
 	w, err := generate.SafetensorsWeights(nil, a)
 	if err != nil {
 		t.Fatal(err)
@@ -274,11 +273,25 @@ func TestWriteRandomModelStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	type span struct{ lo, hi int64 }
+	var spans []span
 	for _, v := range vars {
 		_, off, _, ok := w.Locate(v)
-		if !ok || off%4096 != 0 {
-			t.Fatalf("%q at offset %d (in the file: %v): not 4096-aligned", v.Name, off, ok)
+		if !ok {
+			t.Fatalf("%q is not in the file", v.Name)
 		}
+		spans = append(spans, span{off, off + int64(v.Numel()*v.Shape.DType.Size())})
+	}
+	slices.SortFunc(spans, func(x, y span) int { return int(x.lo - y.lo) })
+	if spans[0].lo%4096 != 0 || spans[len(spans)-1].hi != size {
+		t.Fatalf("data from %d (want a multiple of 4096) to %d (want the file's %d bytes)", spans[0].lo, spans[len(spans)-1].hi, size)
+	}
+	for i := 1; i < len(spans); i++ {
+		if spans[i].lo != spans[i-1].hi {
+			t.Fatalf("a tensor at [%d, %d) after one ending at %d: not back to back", spans[i].lo, spans[i].hi, spans[i-1].hi)
+		}
+	}
+	for _, v := range vars {
 		vals := make([]float32, v.Numel())
 		if err := w.Read(ctx, v, vals); err != nil {
 			t.Fatal(err)
