@@ -87,7 +87,10 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	if err := r.setupTraining(&p.Settings, opts); err != nil {
 		return err
 	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems})
+	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems,
+		// Step flushes the gradients before it commits, so a write-behind
+		// failure that a served read could not report still aborts it.
+		ServeWhileWriting: true})
 	if err != nil {
 		return fmt.Errorf("zinf: gradient swapper: %w", err)
 	}

@@ -63,6 +63,7 @@ var (
 	cacheHits      = desc("zinf_cpu_param_cache_hits_total", "Parameter swap-ins served by the CPU cache (max_in_cpu) without NVMe I/O.")
 	cacheMisses    = desc("zinf_cpu_param_cache_misses_total", "Parameter swap-ins that had to read NVMe.")
 	cacheBytes     = desc("zinf_cpu_param_cache_bytes", "Pinned bytes the parameter cache holds.")
+	gradServed     = desc("zinf_grad_served_bytes_total", "Gradient bytes read (by the optimizer) from the pinned copy of a write-behind still in flight, instead of waiting for the write and reading them back from NVMe.")
 	preempted      = desc("zinf_param_preempted_bytes_total", "Prefetched parameter bytes given back before use to make room for a waited-for swap-in (read again when needed): a pool too tight for the prefetch window.")
 
 	gpuUsed  = desc("zinf_gpu_used_bytes", "Device memory allocated through the runtime's device.", "device")
@@ -82,7 +83,7 @@ var (
 )
 
 var all = []*prometheus.Desc{nvmeBytes, nvmeOps, nvmeErrors, nvmeCRC, nvmeLatency, nvmeLive, nvmeFile,
-	pinnedBytes, pinnedReserved, pinnedCap, pinnedPeak, pinnedLocked, pinnedWaits, cacheHits, cacheMisses, cacheBytes, preempted,
+	pinnedBytes, pinnedReserved, pinnedCap, pinnedPeak, pinnedLocked, pinnedWaits, cacheHits, cacheMisses, cacheBytes, preempted, gradServed,
 	gpuUsed, gpuParam, ioWait, steps, optSteps, optTime, optBytes, prefetch, trainSteps, rollbacks, rollbackTime, lossScale}
 
 // Describe sends every metric's description.
@@ -168,6 +169,7 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, rt *zinf.Runtime) {
 	counter(cacheMisses, float64(m.Params.CacheMisses))
 	gauge(cacheBytes, float64(m.Params.CachedBytes))
 	counter(preempted, float64(m.Params.PreemptedBytes))
+	counter(gradServed, float64(m.Grads.ServedBytes))
 
 	dev := "none"
 	if rt.Device != nil {

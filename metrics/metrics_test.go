@@ -177,6 +177,9 @@ func TestScrapeDuringTraining(t *testing.T) {
 	if v, ok := got.Sum("zinf_param_preempted_bytes_total", nil); !ok || v != float64(rt.Metrics().Params.PreemptedBytes) {
 		t.Errorf("zinf_param_preempted_bytes_total %v (present %v), the swapper counted %d", v, ok, rt.Metrics().Params.PreemptedBytes)
 	}
+	if v, ok := got.Sum("zinf_grad_served_bytes_total", nil); !ok || v != float64(rt.Metrics().Grads.ServedBytes) {
+		t.Errorf("zinf_grad_served_bytes_total %v (present %v), the swapper counted %d", v, ok, rt.Metrics().Grads.ServedBytes)
+	}
 	if _, ok := got.Sum("go_goroutines", nil); !ok {
 		t.Error("the registry lacks the Go collector")
 	}

@@ -55,5 +55,11 @@
 //
 // The optimizer reads a gradient one sub-group at a time with ReadRange,
 // straight into its own pinned buffer (a ranged store read), so the step
-// adds no gradient-sized buffer.
+// adds no gradient-sized buffer. With Options.ServeWhileWriting (the
+// runtime's setting), a read of a gradient whose write-behind is still in
+// flight — the layer just handed over — copies from the pinned copy being
+// written instead of waiting for the write and reading the bytes back;
+// such a read cannot report that write's failure, which the next
+// operation on the gradient or Flush reports (Stats.ServedReads,
+// ServedBytes).
 package grad

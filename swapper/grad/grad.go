@@ -58,6 +58,15 @@ type Options struct {
 	// is still the whole gradient's, in index order. Default 0: every
 	// gradient is one piece.
 	PieceElems int
+	// ServeWhileWriting lets a read (Read, ReadAsync, ReadRange) of a
+	// gradient whose write-behind is in flight copy from the pinned copy
+	// being written instead of waiting for the write and reading it back
+	// from the store: the optimizer reading a layer just handed over. Such
+	// a read cannot report that write's failure; the next operation on
+	// the gradient, or Flush, does. The runtime sets it: its Step flushes
+	// the gradients before it commits. Default false: every read waits
+	// for the write and reports its failure.
+	ServeWhileWriting bool
 }
 
 // EnsureDefaults fills the zero fields of o with their defaults.
@@ -97,6 +106,11 @@ type Stats struct {
 	WriteErrors             int64 // failed write-behinds
 	Retries                 int64 // writes of a pinned copy re-issued after a failure (by Flush, or by an Accumulate that needs its memory)
 	WriteWait               time.Duration
+	// ServedReads and ServedBytes count the reads served from the pinned
+	// copy of a gradient whose write-behind was still in flight (the
+	// optimizer reading a layer just handed over): no wait for the
+	// write, no store read.
+	ServedReads, ServedBytes int64
 	// HandOffTime is the time Accumulate spent copying or adding
 	// HandOffBytes of gradients into their pinned sums (its arithmetic,
 	// not its I/O): the rate is policy.Costs.HandOffBytesPerSec.
@@ -120,6 +134,7 @@ type tensor struct {
 	has        bool            // accumulated since Zero
 	dirty      bool            // the pinned copy is newer than the store
 	write      *write          // write-behind in flight
+	serving    bool            // a read copies from buf while write is in flight (see serve)
 	unreported error           // a failed write, until an operation reports it
 	sumSq      float64         // Options.SumSquares: of the accumulated values
 
@@ -311,6 +326,44 @@ func (s *Swapper) settle(ctx context.Context, t *tensor) error {
 	return err
 }
 
+// serve is settle for a read: a failure not yet reported is returned (and
+// thereby reported); with Options.ServeWhileWriting, while t's
+// write-behind is in flight, the pinned copy
+// it writes is returned instead of waiting for the write, and the read
+// copies from it, then calls served (t.op held throughout, so nothing
+// else changes the copy; the write only reads it). Otherwise it settles
+// and returns nil.
+func (s *Swapper) serve(ctx context.Context, t *tensor) (*buffers.Buffer, error) {
+	s.mu.Lock()
+	if err := t.unreported; err != nil {
+		t.unreported = nil
+		s.mu.Unlock()
+		return nil, err
+	}
+	if s.opts.ServeWhileWriting && t.write != nil && t.buf != nil && t.has {
+		t.serving = true
+		s.mu.Unlock()
+		return t.buf, nil
+	}
+	s.mu.Unlock()
+	return nil, s.settle(ctx, t)
+}
+
+// served ends a read from the pinned copy serve returned: the copy is
+// given back if its write completed meanwhile (the write leaves it to the
+// read).
+func (s *Swapper) served(t *tensor, bytes int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.serving = false
+	s.stats.ServedReads++
+	s.stats.ServedBytes += int64(bytes)
+	if t.write == nil && !t.dirty && !t.keep && t.buf != nil {
+		t.buf.Release()
+		t.buf = nil
+	}
+}
+
 // acquire takes t's buffer. Gradient memory comes back only when a
 // write-behind completes; one that fails keeps its gradient's buffer (so
 // nothing is lost) until a write of it succeeds — whether its failure was
@@ -443,10 +496,10 @@ func (s *Swapper) startWrite(t *tensor, buf *buffers.Buffer) {
 			s.stats.Writes++
 			s.stats.BytesWritten += int64(t.bytes)
 			t.dirty = false
-			if !t.keep {
+			if !t.keep && !t.serving {
 				t.buf.Release() // on disk now: give the memory back
 				t.buf = nil
-			}
+			} // else the read copying from it gives it back (served)
 		}
 		s.mu.Unlock()
 		close(w.done)
@@ -911,7 +964,11 @@ func (s *Swapper) read(ctx context.Context, t *tensor, dst []float32) error {
 		return err
 	}
 	defer t.unlock()
-	if err := s.settle(ctx, t); err != nil {
+	if buf, err := s.serve(ctx, t); err != nil || buf != nil {
+		if buf != nil {
+			copy(dst, buf.Float32()[:t.n])
+			s.served(t, 4*t.n)
+		}
 		return err
 	}
 	s.mu.Lock()
@@ -960,7 +1017,9 @@ func (s *Swapper) RangeBufferBytes(lo, hi int) int {
 // ReadRange reads elements [lo, hi) of name's accumulated gradient
 // straight into dst, the start of a pinned pool buffer of at least
 // RangeBufferBytes(lo, hi) bytes, after waiting for the gradient's
-// write-behind (a write failure not yet reported is returned instead). It
+// write-behind (a write failure not yet reported is returned instead;
+// with Options.ServeWhileWriting a write in flight is not waited for: its
+// pinned copy is copied). It
 // returns the part of dst holding the values: a gradient on the store is
 // read there directly (a ranged store read, no staging buffer), one kept in
 // pinned memory is copied, one not accumulated since Zero reads as zeros.
@@ -1064,9 +1123,15 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 		return nil, err
 	}
 	r.release = func() { t.unlock(); end() }
-	if err := s.settle(ctx, t); err != nil {
-		r.release()
-		return nil, err
+	if buf, err := s.serve(ctx, t); err != nil || buf != nil {
+		if err != nil {
+			r.release()
+			return nil, err
+		}
+		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
+		copy(r.out, buf.Float32()[lo:hi])
+		s.served(t, 4*(hi-lo))
+		return r, nil
 	}
 	s.mu.Lock()
 	buf, has := t.buf, t.has

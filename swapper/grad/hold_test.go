@@ -23,6 +23,13 @@ import (
 // a store and a gradient swapper over them, closed at the end of t.
 func holdEnv(t *testing.T, poolBytes int64) (*grad.Swapper, *swapper.Store, *faults.Injector) {
 	t.Helper()
+	return holdEnvWith(t, poolBytes, grad.Options{SumSquares: true})
+}
+
+// holdEnvWith is holdEnv with the swapper's options o (Store, Pool and
+// Logger filled in).
+func holdEnvWith(t *testing.T, poolBytes int64, o grad.Options) (*grad.Swapper, *swapper.Store, *faults.Injector) {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: poolBytes, Pin: buffers.PinOff, Logger: quiet})
 	if err != nil {
@@ -37,7 +44,8 @@ func holdEnv(t *testing.T, poolBytes int64) (*grad.Swapper, *swapper.Store, *fau
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := grad.New(grad.Options{Store: store, Pool: pool, Logger: quiet, SumSquares: true})
+	o.Store, o.Pool, o.Logger = store, pool, quiet
+	s, err := grad.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
