@@ -261,15 +261,40 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// transfer moves the whole buffer once in each direction.
+// transfer moves the whole buffer once in each direction. dropCache, when
+// set, runs before each read loop (the naive contrast drops the page
+// cache; an error means reads may be cached).
 type transfer struct {
 	read, write func(ctx context.Context) (int64, error)
+	dropCache   func() error
+}
+
+// benchFile is the file a measurement runs on: an engine's *aio.File, or
+// the naive contrast's *os.File (osFile).
+type benchFile interface {
+	Path() string
+	Direct() bool
+	Size() (int64, error)
+	Sync() error
+}
+
+// osFile is an *os.File as a benchFile (buffered: no O_DIRECT).
+type osFile struct{ *os.File }
+
+func (f osFile) Path() string { return f.Name() }
+func (f osFile) Direct() bool { return false }
+func (f osFile) Size() (int64, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return st.Size(), nil
 }
 
 // measure fills the file for reads (once), then runs the warmup and timed
 // loops of o.Op through t, recording GB/s per loop in res. label prefixes
 // progress lines.
-func measure(ctx context.Context, o Options, res *Result, label string, f *aio.File, t transfer) error {
+func measure(ctx context.Context, o Options, res *Result, label string, f benchFile, t transfer) error {
 	if o.Op == "read" {
 		// Reads use a file created and filled once.
 		if sz, _ := f.Size(); sz < o.SizeBytes {
@@ -280,7 +305,7 @@ func measure(ctx context.Context, o Options, res *Result, label string, f *aio.F
 				return err
 			}
 		}
-		if !f.Direct() {
+		if !f.Direct() && t.dropCache == nil {
 			res.CacheNote = "buffered reads: may be served from the page cache"
 		}
 	}
@@ -288,6 +313,9 @@ func measure(ctx context.Context, o Options, res *Result, label string, f *aio.F
 	for i := 0; i < o.Warmup+o.Loops; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if o.Op == "read" && t.dropCache != nil && t.dropCache() != nil {
+			res.CacheNote = "could not drop the page cache (not root): reads may be cached"
 		}
 		t0 := time.Now()
 		var n int64
@@ -352,48 +380,14 @@ func runNaive(ctx context.Context, o Options, path string) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Op: o.Op, Backend: "naive-go", Bytes: o.SizeBytes, Loops: o.Loops, Path: path, AlignBytes: 1}
-	if o.Op == "read" {
-		if st, _ := f.Stat(); st.Size() < o.SizeBytes {
-			if _, err := f.WriteAt(data, 0); err != nil {
-				return nil, err
-			}
-			if err := f.Sync(); err != nil {
-				return nil, err
-			}
-		}
+	err = measure(ctx, o, res, "naive ", osFile{f}, transfer{
+		read:      func(context.Context) (int64, error) { n, err := f.ReadAt(data, 0); return int64(n), err },
+		write:     func(context.Context) (int64, error) { n, err := f.WriteAt(data, 0); return int64(n), err },
+		dropCache: dropCaches,
+	})
+	if err != nil {
+		return nil, err
 	}
-	start := time.Now()
-	for i := 0; i < o.Warmup+o.Loops; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if o.Op == "read" && dropCaches() != nil {
-			res.CacheNote = "could not drop the page cache (not root): reads may be cached"
-		}
-		t0 := time.Now()
-		if o.Op == "read" {
-			_, err = f.ReadAt(data, 0)
-		} else {
-			_, err = f.WriteAt(data, 0)
-			if err == nil {
-				err = f.Sync()
-			}
-		}
-		if err != nil {
-			return nil, err
-		}
-		el := time.Since(t0).Seconds()
-		if i < o.Warmup {
-			continue
-		}
-		g := float64(o.SizeBytes) / el / 1e9
-		res.GBps = append(res.GBps, g)
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "  naive %s loop %d/%d: %.3f GB/s\n", o.Op, i-o.Warmup+1, o.Loops, g)
-		}
-	}
-	res.ElapsedSecs = time.Since(start).Seconds()
-	res.summarize()
 	return res, nil
 }
 
