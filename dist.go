@@ -108,6 +108,9 @@ type layerGathers struct {
 	slots []*gatherSlot
 	order []int // the pass order, as Forward, Backward or Pass gave it
 	pos   int   // the next position BeginLayer expects in order
+	// repeat: the pass after this one is the same (ForwardRepeating), so
+	// its last layer gathers the next pass's first ahead.
+	repeat bool
 }
 
 // distribute sets up what Options.Comm asks for: the collective worker,
@@ -261,8 +264,10 @@ func (r *Runtime) dropAhead(keep int) {
 	}
 }
 
-// gatherPass records a new pass order (GatherLayers).
-func (r *Runtime) gatherPass(order []int) {
+// gatherPass records a new pass order (GatherLayers); repeat: the pass
+// after it is the same.
+func (r *Runtime) gatherPass(order []int, repeat bool) {
+	r.gather.repeat = repeat
 	r.gather.order = r.gather.order[:0]
 	for _, l := range order {
 		if l >= 0 && l < len(r.model.Layers) {
@@ -330,10 +335,18 @@ func (r *Runtime) beginGathered(ctx context.Context, l int) error {
 	}
 	s.held = true
 	// Gather the next layer of the pass while this one computes, when a
-	// slot is free. Whether it is depends only on the loop's calls, the
-	// same on every rank, so every rank issues the same collectives.
-	if held == 0 && g.pos < len(g.order) {
-		next := g.order[g.pos]
+	// slot is free (after the last layer of a repeating pass, the next
+	// pass's first: gatherPass keeps it). Whether it is depends only on
+	// the loop's calls, the same on every rank, so every rank issues the
+	// same collectives.
+	next := -1
+	switch {
+	case g.pos < len(g.order):
+		next = g.order[g.pos]
+	case g.repeat && len(g.order) > 0:
+		next = g.order[0]
+	}
+	if held == 0 && next >= 0 {
 		taken := false
 		for _, x := range g.slots {
 			taken = taken || x.layer == next

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -427,6 +428,108 @@ func TestSaveCheckpointShared(t *testing.T) {
 					t.Fatalf("%s state %d [%d]: loaded %v, saved %v", name, k, i, pair[0][i], pair[1][i])
 				}
 			}
+		}
+	}
+}
+
+// TestGatherLayersRepeatingPasses: with GatherLayers, passes announced by
+// ForwardRepeating gather the next pass's first layer ahead at the last
+// layer of each pass (as each pass gathers its next layer ahead), so
+// after the first pass every layer of every pass was gathered ahead;
+// passes announced by Forward start on a gather on demand. Every rank
+// reads the full parameters, the same collectives on every rank;
+// ReleasePrefetched drops the gather left ahead and the pinned memory
+// goes back to what it was before the passes.
+func TestGatherLayersRepeatingPasses(t *testing.T) {
+	ctx, _ := watchdog(t, 2*time.Minute)
+	const procs, passes = 2, 3
+	cfg, _ := testConfig(t)
+	model := distModel()
+	init := initValues(model)
+	comms, err := comm.NewLocal(procs, comm.LocalOptions{StallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rts := make([]*zinf.Runtime, procs)
+	for r := range procs {
+		if rts[r], err = zinf.Open(cfg, model, zinf.Options{Rank: r, WorldSize: procs, Comm: comms[r], GatherLayers: true, Inference: true}); err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer rts[r].Close()
+	}
+	layers := rts[0].Layers()
+	ahead := make([][]int64, procs) // GatheredAhead after each pass, per rank
+	inUse := make([][2]int64, procs)
+	errs := onRanks(procs, func(r int) error {
+		rt := rts[r]
+		for name, w := range init {
+			if err := rt.Init(ctx, name, w); err != nil {
+				return err
+			}
+		}
+		inUse[r][0] = rt.Metrics().PinnedInUseBytes
+		pass := func(start func()) error {
+			start()
+			for l := range layers {
+				if err := rt.BeginLayer(ctx, l); err != nil {
+					return err
+				}
+				for _, name := range rt.LayerTensors(l) {
+					full := make([]float32, len(init[name]))
+					if err := rt.ReadParam(ctx, name, full); err != nil {
+						return err
+					}
+					if !slices.Equal(full, init[name]) {
+						return fmt.Errorf("%s: read %v..., want %v...", name, full[:1], init[name][:1])
+					}
+				}
+				rt.EndLayer(l)
+			}
+			ahead[r] = append(ahead[r], rt.Metrics().Comm.GatheredAhead)
+			return nil
+		}
+		for range passes {
+			if err := pass(rt.Forward); err != nil {
+				return err
+			}
+		}
+		for range passes {
+			if err := pass(rt.ForwardRepeating); err != nil {
+				return err
+			}
+		}
+		rt.ReleasePrefetched()
+		inUse[r][1] = rt.Metrics().PinnedInUseBytes
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := range procs {
+		// A layer gathered ahead is counted when it is begun.
+		var got []int64
+		for i, a := range ahead[r] {
+			prev := int64(0)
+			if i > 0 {
+				prev = ahead[r][i-1]
+			}
+			got = append(got, a-prev)
+		}
+		want := []int64{}
+		for range passes {
+			want = append(want, int64(layers-1)) // Forward: the first layer on demand
+		}
+		want = append(want, int64(layers-1)) // the first repeating pass starts on demand too
+		for range passes - 1 {
+			want = append(want, int64(layers)) // then every layer was gathered ahead
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("rank %d: layers gathered ahead per pass %v, want %v", r, got, want)
+		}
+		if inUse[r][1] != inUse[r][0] {
+			t.Errorf("rank %d: %d pinned bytes in use after ReleasePrefetched, %d before the passes", r, inUse[r][1], inUse[r][0])
 		}
 	}
 }

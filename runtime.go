@@ -361,7 +361,9 @@ func (r *Runtime) Forward() {
 // The next pass announced keeps them (Forward or ForwardRepeating), or
 // releases them (Backward, Pass with another order). The last pass of a
 // loop prefetches layers that are never used: ReleasePrefetched (or
-// Close) gives them back. A training step, whose Forward is followed by
+// Close) gives them back. With Options.GatherLayers, the pass's last
+// layer gathers the next pass's first ahead, as each layer gathers the
+// next one of its pass. A training step, whose Forward is followed by
 // Backward, calls Forward.
 func (r *Runtime) ForwardRepeating() {
 	r.trace.setPass("forward")
@@ -371,8 +373,12 @@ func (r *Runtime) ForwardRepeating() {
 // ReleasePrefetched gives back the pinned memory of every layer
 // prefetched and not yet begun, cancelling their reads in flight: for a
 // loop of ForwardRepeating passes that has ended (the next pass would
-// start on a demand miss again). Layers begun stay until EndLayer.
+// start on a demand miss again), and with Options.GatherLayers the
+// layer gathered ahead. Layers begun stay until EndLayer.
 func (r *Runtime) ReleasePrefetched() {
+	if r.gatherOn {
+		r.dropAhead(-1) // a gather ahead of the next pass's first layer
+	}
 	r.sched.ReleasePrefetched()
 }
 
@@ -388,7 +394,7 @@ func (r *Runtime) forwardOrder() []int {
 // the order of the next pass; repeat: the pass after it is the same.
 func (r *Runtime) startPass(order []int, repeat bool) {
 	if r.gatherOn {
-		r.gatherPass(order)
+		r.gatherPass(order, repeat)
 	}
 	if repeat {
 		r.sched.StartRepeatingPass(order)
