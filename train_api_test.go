@@ -378,11 +378,11 @@ func TestGradientServedWhileWriting(t *testing.T) {
 		}
 		return rt.Metrics(), w
 	}
-	slow := &faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Delay: 100 * time.Millisecond}
+	slow := &faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Delay: 300 * time.Millisecond}
 	plain, want := run(nil, false)
 	slowed, got := run(slow, false)
 	if slowed.Grads.ServedBytes == 0 || slowed.Grads.BytesRead >= plain.Grads.BytesRead+plain.Grads.ServedBytes {
-		t.Fatalf("gradient writes slowed by 100 ms: %d bytes served from pinned memory, %d read from NVMe (%d + %d served unslowed)",
+		t.Fatalf("gradient writes slowed by 300 ms: %d bytes served from pinned memory, %d read from NVMe (%d + %d served unslowed)",
 			slowed.Grads.ServedBytes, slowed.Grads.BytesRead, plain.Grads.BytesRead, plain.Grads.ServedBytes)
 	}
 	if slowed.Grads.BytesRead+slowed.Grads.ServedBytes != plain.Grads.BytesRead+plain.Grads.ServedBytes {

@@ -21,7 +21,7 @@ import (
 // it commits) when a read was served meanwhile, and the copy the failure
 // keeps serves the reads after it until a write succeeds.
 func TestReadServedWhileWriting(t *testing.T) {
-	const n, delay = 10000, 400 * time.Millisecond
+	const n, delay = 10000, 2 * time.Second
 	ctx := t.Context()
 	s, _, inj := holdEnvWith(t, 1<<20, grad.Options{ServeWhileWriting: true})
 	if err := s.Register("w", n); err != nil {
