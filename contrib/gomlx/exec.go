@@ -12,6 +12,8 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
+
+	"github.com/zinfio/zinf/swapper"
 )
 
 // LayerFn computes one layer from its input x. Its variables live under
@@ -227,6 +229,9 @@ type layerExec struct {
 
 	mu    sync.Mutex
 	binds map[*graph.Graph][]binding
+	// gathered says which lookups' gradients the backward pass gives by
+	// rows (gatheredRows), as its graph was built.
+	gathered map[*Var]bool
 }
 
 // executors are a Net's per-layer executors plus the loss's, over one
@@ -263,7 +268,7 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 	ex := &executors{backend: backend, store: store, net: net, byName: byName}
 	var errs []error
 	for i, l := range net.Layers {
-		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}}
+		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}, gathered: map[*Var]bool{}}
 		le.vars = append(le.vars, layerVars[i]...)
 		for _, v := range layerVars[i] {
 			v.lookup = -1
@@ -386,13 +391,83 @@ func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
 			wrt = append(wrt, x)
 		}
 	}
-	for _, v := range le.vars {
+	for i, v := range le.vars {
+		if i < le.own && le.ex.rowGrad(v) {
+			// The lookup's gradient by rows: the gradient of its Gather's
+			// output, which the loop sums per row (lookupGrad) instead of
+			// the graph scattering it into a zero table of the vocabulary's
+			// size. A graph that reads the table otherwise too gives it
+			// whole.
+			gt := le.lookupGather(g, v, xs)
+			le.mu.Lock()
+			le.gathered[v] = gt != nil
+			le.mu.Unlock()
+			if gt != nil {
+				wrt = append(wrt, gt)
+				continue
+			}
+		}
 		wrt = append(wrt, v.v.NodeValue(g))
 	}
 	if len(wrt) == 0 || objective == nil {
 		panic(fmt.Errorf("zgomlx: layer %q has no float input, registered variable or float output: nothing to differentiate", le.layer.Scope))
 	}
 	return graph.Gradient(objective, wrt...)
+}
+
+// rowGrad reports whether the backward pass may give v's gradient by rows
+// (the gradient of its lookup's Gather, [ids..., row length]) instead of
+// whole: a float32 variable of Layer.Lookups. The loop sums it per row in
+// the ids' order, as the graph's gradient of a Gather (a ScatterSum into
+// zeros, one id after another) would, bit for bit, without a buffer of
+// the table's size. It does so when the graph reads the table by one
+// Gather at the lookup's ids and nothing else (gatheredRows).
+func (ex *executors) rowGrad(v *Var) bool { return v.lookup >= 0 && v.dtype == swapper.Float32 }
+
+// gatheredRows reports whether the layer's backward pass gives lookup v's
+// gradient by rows (its graph was built so; see rowGrad).
+func (le *layerExec) gatheredRows(v *Var) bool {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.gathered[v]
+}
+
+// lookupGather finds the one Gather that reads lookup v in g, at ids that
+// are input v.lookup of the layer (reshaped or converted only): what
+// Layer.Lookups describes. It returns nil when the graph reads the table
+// otherwise (or also otherwise): its gradient is then taken whole.
+func (le *layerExec) lookupGather(g *graph.Graph, v *Var, xs []*graph.Node) *graph.Node {
+	table := v.v.NodeValue(g)
+	var gathers []*graph.Node
+	others := 0
+	for _, n := range g.Nodes() {
+		for k, in := range n.Inputs() {
+			if in != table {
+				continue
+			}
+			if n.Type() == graph.NodeTypeGather && k == 0 {
+				gathers = append(gathers, n)
+			} else {
+				others++
+			}
+		}
+	}
+	if len(gathers) != 1 || others > 0 || v.lookup >= len(xs) {
+		return nil
+	}
+	gt := gathers[0]
+	ids := gt.Inputs()[1]
+	ts, is, gs := table.Shape(), ids.Shape(), gt.Shape()
+	if ts.Rank() != 2 || is.Rank() < 1 || is.Dimensions[is.Rank()-1] != 1 || gs.Rank() != is.Rank() || gs.Dimensions[gs.Rank()-1] != ts.Dimensions[1] {
+		return nil // not whole rows at one id each
+	}
+	for ids != xs[v.lookup] {
+		if t := ids.Type(); t != graph.NodeTypeReshape && t != graph.NodeTypeConvertDType {
+			return nil // ids computed from the input, not the input's
+		}
+		ids = ids.Inputs()[0]
+	}
+	return gt
 }
 
 // needsBackward reports whether the layer's backward pass has anything

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/tensors"
 )
@@ -37,22 +39,9 @@ func (s *zinfSource) lookupRows(v *Var, all bool) ([]int, error) {
 		if v.lookup >= len(in) {
 			return nil, fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(in))
 		}
-		t := in[v.lookup]
-		_, b, err := bufferOf(s.ex.backend, t)
-		if err != nil {
-			return nil, fmt.Errorf("zgomlx: lookup %q: reading input %d: %w", v.Name, v.lookup, err)
-		}
-		switch t.DType() {
-		case dtypes.Int32:
-			for i := 0; i+4 <= len(b); i += 4 {
-				rows = append(rows, int(int32(binary.LittleEndian.Uint32(b[i:]))))
-			}
-		case dtypes.Int64:
-			for i := 0; i+8 <= len(b); i += 8 {
-				rows = append(rows, int(int64(binary.LittleEndian.Uint64(b[i:]))))
-			}
-		default:
-			return nil, fmt.Errorf("zgomlx: lookup %q: input %d is %s (allowed: Int32, Int64 row ids)", v.Name, v.lookup, t.DType())
+		var err error
+		if rows, err = idsOf(s.ex.backend, in[v.lookup], rows); err != nil {
+			return nil, fmt.Errorf("zgomlx: lookup %q: input %d: %w", v.Name, v.lookup, err)
 		}
 	}
 	slices.Sort(rows)
@@ -114,4 +103,41 @@ func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
 		copy(out[i*rl:(i+1)*rl], g[r*rl:(r+1)*rl])
 	}
 	return s.off.rt.AccumulateGradRows(ctx, v.Name, rows, out)
+}
+
+// idsOf appends the row ids of t (Int32 or Int64, any shape), in its
+// element order, to ids.
+func idsOf(backend compute.Backend, t *tensors.Tensor, ids []int) ([]int, error) {
+	_, b, err := bufferOf(backend, t)
+	if err != nil {
+		return ids, err
+	}
+	switch t.DType() {
+	case dtypes.Int32:
+		for i := 0; i+4 <= len(b); i += 4 {
+			ids = append(ids, int(int32(binary.LittleEndian.Uint32(b[i:]))))
+		}
+	case dtypes.Int64:
+		for i := 0; i+8 <= len(b); i += 8 {
+			ids = append(ids, int(int64(binary.LittleEndian.Uint64(b[i:]))))
+		}
+	default:
+		return ids, fmt.Errorf("the ids are %s (allowed: Int32, Int64)", t.DType())
+	}
+	return ids, nil
+}
+
+// wantsRows: a streamed lookup's gradient is handed over by rows.
+func (s *zinfSource) wantsRows(v *Var) bool { return s.byRows(v) }
+
+// gradRowSums hands over the sums of the rows the batch uses
+// (loop.lookupGrad).
+func (s *zinfSource) gradRowSums(ctx context.Context, v *Var, rows []int, sums []float32) error {
+	t0 := time.Now()
+	err := s.off.rt.AccumulateGradRows(ctx, v.Name, rows, sums)
+	s.times.Grads += time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+	}
+	return nil
 }

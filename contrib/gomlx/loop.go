@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,13 @@ type paramSource interface {
 	// readBlocks reads v in blocks of whole rows, in order, into dst,
 	// calling fn with each block's first row and rows (Net.Head).
 	readBlocks(ctx context.Context, v *Var, dst []byte, fn func(row, rows int) error) error
+	// wantsRows reports whether v's lookup gradient goes to gradRowSums
+	// (else to grad, whole, with rows false).
+	wantsRows(v *Var) bool
+	// gradRowSums hands over v's lookup gradient of this micro-step as
+	// the sums of the rows the batch's ids name: rows sorted and unique,
+	// sums row after row (see loop.lookupGrad).
+	gradRowSums(ctx context.Context, v *Var, rows []int, sums []float32) error
 	// gradRange hands over v's gradient for elements [lo, lo+len(g))
 	// of this micro-step (zero elsewhere), as grad with last false.
 	gradRange(ctx context.Context, v *Var, lo int, g []float32) error
@@ -62,6 +70,13 @@ type loop struct {
 	src     paramSource
 	acts    [][]*tensors.Tensor
 	scratch []float32 // widens bf16/fp16 gradients
+	// ids, rows, sums and dense are lookupGrad's: a lookup's ids, the
+	// rows they name, their gradients' sums, and the whole gradient for a
+	// source that takes it whole.
+	ids   []int
+	rows  []int
+	sums  []float32
+	dense []float32
 	jobs    chan job
 	results chan result
 	outF    []int // float outputs per layer
@@ -368,6 +383,9 @@ func (lp *loop) drop(p *pending) {
 // is fp32, widened into the loop's scratch otherwise; nothing is
 // allocated in steady state.
 func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows bool) error {
+	if rows && lp.ex.rowGrad(v) && lp.ex.layers[v.Layer].gatheredRows(v) {
+		return lp.lookupGrad(ctx, v, t, last)
+	}
 	_, b, err := bufferOf(lp.ex.backend, t)
 	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
@@ -384,6 +402,68 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 	g := lp.scratch[:v.numel]
 	swapper.Decode(v.dtype, g, b)
 	return lp.src.grad(ctx, v, g, last, rows)
+}
+
+// lookupGrad hands over the gradient of lookup v from t, the gradient of
+// its Gather's output (executors.rowGrad, layerExec.gatheredRows): one row of the table's length
+// per id of the batch's input v.lookup, in the ids' order. Each row's sum
+// starts at zero and adds the ids' rows in that order, in float32: what
+// the graph's ScatterSum into a zero table computes, bit for bit. A source
+// that reads the table by rows gets the sums of the rows used; another the
+// whole gradient, zero elsewhere.
+func (lp *loop) lookupGrad(ctx context.Context, v *Var, t *tensors.Tensor, last bool) error {
+	if v.lookup >= len(lp.ex.inputs) {
+		return fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(lp.ex.inputs))
+	}
+	ids, err := idsOf(lp.ex.backend, lp.ex.inputs[v.lookup], lp.ids[:0])
+	lp.ids = ids[:0]
+	if err != nil {
+		return fmt.Errorf("zgomlx: lookup %q: input %d: %w", v.Name, v.lookup, err)
+	}
+	_, b, err := bufferOf(lp.ex.backend, t)
+	if err != nil {
+		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+	}
+	width := v.Shape.Dimensions[1]
+	rowsOf := v.Shape.Dimensions[0]
+	d := buffers.Float32Bytes(b)
+	if len(d) != len(ids)*width {
+		return fmt.Errorf("zgomlx: gradient of lookup %q has %d values for %d ids of %d", v.Name, len(d), len(ids), width)
+	}
+	for _, r := range ids {
+		if r < 0 || r >= rowsOf {
+			return fmt.Errorf("zgomlx: lookup %q: id %d outside the table's %d rows", v.Name, r, rowsOf)
+		}
+	}
+	rows := append(lp.rows[:0], ids...)
+	lp.rows = rows[:0]
+	slices.Sort(rows)
+	rows = slices.Compact(rows)
+	need := len(rows) * width
+	if cap(lp.sums) < need {
+		lp.sums = make([]float32, need)
+	}
+	sums := lp.sums[:need]
+	clear(sums)
+	for p, id := range ids {
+		i, _ := slices.BinarySearch(rows, id)
+		acc, g := sums[i*width:(i+1)*width], d[p*width:(p+1)*width]
+		for j := range acc {
+			acc[j] = acc[j] + g[j]
+		}
+	}
+	if lp.src.wantsRows(v) {
+		return lp.src.gradRowSums(ctx, v, rows, sums)
+	}
+	if cap(lp.dense) < v.numel {
+		lp.dense = make([]float32, v.numel)
+	}
+	dense := lp.dense[:v.numel]
+	clear(dense)
+	for i, r := range rows {
+		copy(dense[r*width:(r+1)*width], sums[i*width:(i+1)*width])
+	}
+	return lp.src.grad(ctx, v, dense, last, false)
 }
 
 // finalizeAll frees tensors now (nil entries are fine).

@@ -249,6 +249,13 @@ func (s *memSource) readBlocks(context.Context, *Var, []byte, func(int, int) err
 	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
 }
 
+// wantsRows: the in-memory reference takes every gradient whole.
+func (s *memSource) wantsRows(*Var) bool { return false }
+
+func (s *memSource) gradRowSums(context.Context, *Var, []int, []float32) error {
+	return errors.New("zgomlx: MemoryTrainer takes lookups' gradients whole")
+}
+
 func (s *memSource) gradRange(context.Context, *Var, int, []float32) error {
 	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
 }
