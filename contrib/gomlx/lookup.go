@@ -67,6 +67,10 @@ func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
 	if err := s.off.rt.ReadParamRows(ctx, v.Name, rows, v.dtype, buf); err != nil {
 		return err
 	}
+	// The graph reads only these rows: the rows earlier passes wrote need
+	// not stay in RAM (a table's buffer would otherwise fill up with the
+	// rows of every batch, and with whatever its allocation left there).
+	dropPages(v.slot.bytes)
 	for i, r := range rows {
 		copy(v.slot.bytes[r*rb:(r+1)*rb], buf[i*rb:(i+1)*rb])
 	}
