@@ -73,10 +73,10 @@ type loop struct {
 	// ids, rows, sums and dense are lookupGrad's: a lookup's ids, the
 	// rows they name, their gradients' sums, and the whole gradient for a
 	// source that takes it whole.
-	ids   []int
-	rows  []int
-	sums  []float32
-	dense []float32
+	ids     []int
+	rows    []int
+	sums    []float32
+	dense   []float32
 	jobs    chan job
 	results chan result
 	outF    []int // float outputs per layer
