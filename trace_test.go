@@ -295,24 +295,12 @@ func TestTraceRollback(t *testing.T) {
 	c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
 	c.GradientClipping = 1e-3
 	c.Zinf.Speculate = config.SpeculateAlways
-	m := twoLayers()
 	var buf bytes.Buffer
 	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
-	rt, err := zinf.Open(c, m, zinf.Options{Trace: tw})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, rt, m := openTwoLayers(t, c, zinf.Options{Trace: tw})
 	defer rt.Close()
 	if !rt.Plan().OverlapStep {
 		t.Skip("the plan has no room to overlap the step here")
-	}
-	ctx, watch := watchdog(t, time.Minute)
-	watch(rt)
-	for _, d := range m.Tensors {
-		n, _ := d.Numel()
-		if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
-			t.Fatal(err)
-		}
 	}
 	const steps = 3
 	for step := range steps {

@@ -65,6 +65,16 @@ func TestOpenNeedsCommForGlobalChecks(t *testing.T) {
 // stepOnce accumulates g (full tensor) for every tensor and steps.
 func stepOnce(t *testing.T, ctx context.Context, rt *zinf.Runtime, g map[string][]float32, handOver bool) {
 	t.Helper()
+	backwardOnce(t, ctx, rt, g, handOver, nil)
+	if err := rt.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// backwardOnce is stepOnce's backward pass, without the Step; a
+// StepLayer error that wraps tolerate (when not nil) is not a failure.
+func backwardOnce(t *testing.T, ctx context.Context, rt *zinf.Runtime, g map[string][]float32, handOver bool, tolerate error) {
+	t.Helper()
 	rt.Backward()
 	for l := rt.Layers() - 1; l >= 0; l-- {
 		if err := rt.BeginLayer(ctx, l); err != nil {
@@ -76,19 +86,37 @@ func stepOnce(t *testing.T, ctx context.Context, rt *zinf.Runtime, g map[string]
 			}
 		}
 		if handOver {
-			if err := rt.StepLayer(ctx, l); err != nil {
+			if err := rt.StepLayer(ctx, l); err != nil && (tolerate == nil || !errors.Is(err, tolerate)) {
 				t.Fatal(err)
 			}
 		}
 		rt.EndLayer(l)
 	}
-	if err := rt.Step(ctx); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func twoLayers() zinf.Model {
 	return zinf.LayeredModel([]tensor.Desc{{Name: "a", Shape: []int{3000}}}, []tensor.Desc{{Name: "b", Shape: []int{2000}}})
+}
+
+// openTwoLayers opens twoLayers with c and opts under a one-minute
+// watchdog, its tensors initialized to zero. The caller closes it.
+func openTwoLayers(t *testing.T, c *config.Config, opts zinf.Options) (context.Context, *zinf.Runtime, zinf.Model) {
+	t.Helper()
+	m := twoLayers()
+	rt, err := zinf.Open(c, m, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, watch := watchdog(t, time.Minute)
+	watch(rt)
+	for _, d := range m.Tensors {
+		n, _ := d.Numel()
+		if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
+			rt.Close()
+			t.Fatal(err)
+		}
+	}
+	return ctx, rt, m
 }
 
 func gradsFor(m zinf.Model, step int, scale float32) map[string][]float32 {
@@ -115,22 +143,10 @@ func TestClippingNotTriggeringKeepsOverlapAndReads(t *testing.T) {
 		c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
 		c.GradientClipping = clip
 		c.Zinf.Speculate = config.SpeculateAlways
-		m := twoLayers()
-		rt, err := zinf.Open(c, m, zinf.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx, rt, m := openTwoLayers(t, c, zinf.Options{})
 		defer rt.Close()
 		if !rt.Plan().OverlapStep {
 			t.Skip("the plan has no room to overlap the step here")
-		}
-		ctx, watch := watchdog(t, time.Minute)
-		watch(rt)
-		for _, d := range m.Tensors {
-			n, _ := d.Numel()
-			if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
-				t.Fatal(err)
-			}
 		}
 		for step := range 4 {
 			stepOnce(t, ctx, rt, gradsFor(m, step, 1), true)
@@ -313,23 +329,11 @@ func TestGradientServedWhileWriting(t *testing.T) {
 	run := func(rule *faults.Rule, failOnce bool) (zinf.Metrics, []float32) {
 		c, _ := testConfig(t)
 		c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
-		m := twoLayers()
 		inj := faults.New(1)
-		rt, err := zinf.Open(c, m, zinf.Options{Faults: inj})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx, rt, m := openTwoLayers(t, c, zinf.Options{Faults: inj})
 		defer rt.Close()
 		if !rt.Plan().OverlapStep {
 			t.Fatal("the plan does not overlap the step with 32 MiB pinned")
-		}
-		ctx, watch := watchdog(t, time.Minute)
-		watch(rt)
-		for _, d := range m.Tensors {
-			n, _ := d.Numel()
-			if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
-				t.Fatal(err)
-			}
 		}
 		if rule != nil {
 			inj.Add(*rule)
@@ -338,21 +342,7 @@ func TestGradientServedWhileWriting(t *testing.T) {
 			g := gradsFor(m, step, 1)
 			if failOnce && step == 1 {
 				inj.Add(faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Delay: 50 * time.Millisecond, Err: syscall.EIO, Times: 1})
-				rt.Backward()
-				for l := rt.Layers() - 1; l >= 0; l-- {
-					if err := rt.BeginLayer(ctx, l); err != nil {
-						t.Fatal(err)
-					}
-					for _, n := range rt.LayerTensors(l) {
-						if err := rt.AccumulateGrad(ctx, n, g[n]); err != nil {
-							t.Fatal(err)
-						}
-					}
-					if err := rt.StepLayer(ctx, l); err != nil && !errors.Is(err, syscall.EIO) {
-						t.Fatal(err)
-					}
-					rt.EndLayer(l)
-				}
+				backwardOnce(t, ctx, rt, g, true, syscall.EIO)
 				// The failure is reported to the step (by the optimizer's
 				// read, or by Step's flush when the read was served): the
 				// step redoes the layer from the kept gradient, or returns
