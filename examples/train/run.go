@@ -236,6 +236,10 @@ type Result struct {
 	// (all ranks): two passes' worth layer-major, 2k micro-batch-major.
 	StepParamReadBytes []int64   `json:"step_param_read_bytes"`
 	StepWrittenBytes   []int64   `json:"step_written_bytes"`
+	// StepGradServedBytes is each step's gradient bytes the optimizer
+	// read from the pinned copy of a write still in flight instead of
+	// from NVMe (not in StepReadBytes; Metrics.Grads.ServedBytes).
+	StepGradServedBytes []int64 `json:"step_grad_served_bytes"`
 	IOWaitMs           []float64 `json:"io_wait_ms"`
 	// InitSeconds is the time from the start of Run to the first step:
 	// opening the runtimes and writing every tensor's initial values.
@@ -513,6 +517,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.StepReadBytes = append(res.StepReadBytes, m.BytesRead-prevStep.BytesRead)
 			res.StepParamReadBytes = append(res.StepParamReadBytes, m.Params.BytesRead-prevStep.Params.BytesRead)
 			res.StepWrittenBytes = append(res.StepWrittenBytes, m.BytesWritten-prevStep.BytesWritten)
+			res.StepGradServedBytes = append(res.StepGradServedBytes, m.Grads.ServedBytes-prevStep.Grads.ServedBytes)
 			written.step()
 			res.FinalLoss = loss
 			rep := report(step, loss, d, be.infos[len(be.infos)-1])
@@ -711,6 +716,7 @@ func metrics(rts []*zinf.Runtime) zinf.Metrics {
 		m.PinnedBytes += x.PinnedBytes
 		m.Pinned = x.Pinned && (i == 0 || m.Pinned)
 		m.Params.BytesRead += x.Params.BytesRead
+		m.Grads.ServedBytes += x.Grads.ServedBytes
 	}
 	return m
 }

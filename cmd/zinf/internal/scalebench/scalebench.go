@@ -115,6 +115,10 @@ type Result struct {
 	IOWaitMs    []float64 `json:"io_wait_ms"`
 	ReadBytes   []int64   `json:"read_bytes"`
 	WriteBytes  []int64   `json:"write_bytes"`
+	// ServedBytes are each step's gradient bytes the optimizer took from
+	// the pinned copy of a write still in flight instead of reading them
+	// back (not in ReadBytes: the disk never moved them again).
+	ServedBytes []int64 `json:"grad_served_bytes"`
 	PredictedMs []float64 `json:"predicted_ms"`
 	// Per step, from the disk's own counters (Disk; every process's I/O):
 	// DiskBusy is the fraction of the step the disk had a request in
@@ -392,7 +396,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if res.After, err = probe("after"); err != nil {
 		return res, err
 	}
-	res.StepMs, res.ReadBytes, res.WriteBytes = tr.StepMs, tr.StepReadBytes, tr.StepWrittenBytes
+	res.StepMs, res.ReadBytes, res.WriteBytes, res.ServedBytes = tr.StepMs, tr.StepReadBytes, tr.StepWrittenBytes, tr.StepGradServedBytes
 	res.PinnedLocked = tr.PinnedLocked
 	res.SampleChecked = tr.SampleChecked
 	res.FinalLoss = tr.FinalLoss
@@ -475,6 +479,13 @@ func (r *Result) Write(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "  median step %.0f ms, disk-bound prediction %.0f ms: predicted/achieved %.2f\n", r.StepMsMedian, r.PredictedMsMedian, r.Ratio)
+	var served int64
+	for _, b := range r.ServedBytes {
+		served += b
+	}
+	if served > 0 {
+		fmt.Fprintf(w, "  gradients served from pinned memory while written (not read back from NVMe): %s in %d steps\n", policy.FormatBytes(served), len(r.ServedBytes))
+	}
 	if len(busy) > 0 {
 		// The prediction's rate for the steps' mix: their bytes over the
 		// time reading and writing one after the other at the probes'

@@ -34,13 +34,15 @@ func TestRunSmall(t *testing.T) {
 	if r.StateBytes < 4<<20 || r.StateBytes != 20*r.Params || r.Params != int64(r.Layers)*(64*64+64) {
 		t.Fatalf("state %d bytes, %d params, %d layers", r.StateBytes, r.Params, r.Layers)
 	}
-	if len(r.StepMs) != 2 || len(r.ReadBytes) != 2 || len(r.PredictedMs) != 2 || len(r.IOWaitMs) != 2 {
+	if len(r.StepMs) != 2 || len(r.ReadBytes) != 2 || len(r.ServedBytes) != 2 || len(r.PredictedMs) != 2 || len(r.IOWaitMs) != 2 {
 		t.Fatalf("per-step figures: %+v", r)
 	}
 	rbw, wbw := (r.Before.ReadGBps+r.After.ReadGBps)/2*1e9, (r.Before.WriteGBps+r.After.WriteGBps)/2*1e9
 	for i := range r.StepMs {
-		if r.ReadBytes[i] < 24*r.Params || r.WriteBytes[i] != 20*r.Params {
-			t.Errorf("step %d read %d and wrote %d bytes; the model says at least %d and %d", i+1, r.ReadBytes[i], r.WriteBytes[i], 24*r.Params, 20*r.Params)
+		// A gradient served from pinned memory while written is not read
+		// back: it counts where the model counts its read.
+		if r.ReadBytes[i]+r.ServedBytes[i] < 24*r.Params || r.ServedBytes[i] > 4*r.Params || r.WriteBytes[i] != 20*r.Params {
+			t.Errorf("step %d read %d (+ %d gradient bytes served) and wrote %d bytes; the model says at least %d and %d", i+1, r.ReadBytes[i], r.ServedBytes[i], r.WriteBytes[i], 24*r.Params, 20*r.Params)
 		}
 		if want := (float64(r.ReadBytes[i])/rbw + float64(r.WriteBytes[i])/wbw) * 1e3; r.PredictedMs[i] != want || want <= 0 {
 			t.Errorf("step %d predicted %v ms, the bytes and bandwidth give %v", i+1, r.PredictedMs[i], want)

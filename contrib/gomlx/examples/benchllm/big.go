@@ -88,8 +88,10 @@ func big(o options, w io.Writer) error {
 	// The simulated device's tier holds no tensor here (the executors run
 	// on the CPU, from the adapter's Go buffers); it only has to admit
 	// the planner's working set (two layers of parameters and one of
-	// gradients): room for all of them.
-	cfg.Zinf.Tiers.GPUBytes = config.Size(4*estParams + 1<<30)
+	// gradients; the largest layer may be the vocab x dim table, which
+	// with few blocks outweighs the rest): room for all of them.
+	table := 4 * int64(o.vocab) * int64(o.dim)
+	cfg.Zinf.Tiers.GPUBytes = config.Size(4*estParams + 3*table + 1<<30)
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pinned)
 	xs := shapes.Make(dtypes.Int32, o.batch, o.seq)
 	if o.pinned == 0 {
