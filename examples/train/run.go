@@ -234,13 +234,13 @@ type Result struct {
 	StepReadBytes []int64 `json:"step_read_bytes"`
 	// StepParamReadBytes is each step's parameter bytes read from NVMe
 	// (all ranks): two passes' worth layer-major, 2k micro-batch-major.
-	StepParamReadBytes []int64   `json:"step_param_read_bytes"`
-	StepWrittenBytes   []int64   `json:"step_written_bytes"`
+	StepParamReadBytes []int64 `json:"step_param_read_bytes"`
+	StepWrittenBytes   []int64 `json:"step_written_bytes"`
 	// StepGradServedBytes is each step's gradient bytes the optimizer
 	// read from the pinned copy of a write still in flight instead of
 	// from NVMe (not in StepReadBytes; Metrics.Grads.ServedBytes).
-	StepGradServedBytes []int64 `json:"step_grad_served_bytes"`
-	IOWaitMs           []float64 `json:"io_wait_ms"`
+	StepGradServedBytes []int64   `json:"step_grad_served_bytes"`
+	IOWaitMs            []float64 `json:"io_wait_ms"`
 	// InitSeconds is the time from the start of Run to the first step:
 	// opening the runtimes and writing every tensor's initial values.
 	InitSeconds float64 `json:"init_seconds"`

@@ -111,14 +111,14 @@ type Result struct {
 	// written (all stores), and the disk-bound prediction: read bytes at
 	// the mean measured read bandwidth plus written bytes at the mean
 	// write bandwidth.
-	StepMs      []float64 `json:"step_ms"`
-	IOWaitMs    []float64 `json:"io_wait_ms"`
-	ReadBytes   []int64   `json:"read_bytes"`
-	WriteBytes  []int64   `json:"write_bytes"`
+	StepMs     []float64 `json:"step_ms"`
+	IOWaitMs   []float64 `json:"io_wait_ms"`
+	ReadBytes  []int64   `json:"read_bytes"`
+	WriteBytes []int64   `json:"write_bytes"`
 	// ServedBytes are each step's gradient bytes the optimizer took from
 	// the pinned copy of a write still in flight instead of reading them
 	// back (not in ReadBytes: the disk never moved them again).
-	ServedBytes []int64 `json:"grad_served_bytes"`
+	ServedBytes []int64   `json:"grad_served_bytes"`
 	PredictedMs []float64 `json:"predicted_ms"`
 	// Per step, from the disk's own counters (Disk; every process's I/O):
 	// DiskBusy is the fraction of the step the disk had a request in
