@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,6 +131,11 @@ func NewScheduler(p *Placement, layers [][]string, f Fetcher, opts SchedulerOpti
 			s.layerBytes[l] += sizeOf(n)
 		}
 		s.maxBytes = max(s.maxBytes, s.layerBytes[l])
+		// Smallest first: a small tensor (a bias, a norm) queued behind
+		// its layer's large one completes only after it — and, as the
+		// loop begins the layer and with it the next layer's fetch, often
+		// only after that one too, which the layer then waits for.
+		slices.SortStableFunc(s.layers[l], func(a, b string) int { return cmp.Compare(sizeOf(a), sizeOf(b)) })
 	}
 	s.state = make([]layerState, len(layers))
 	s.order = make([]int, len(layers))

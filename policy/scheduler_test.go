@@ -70,7 +70,8 @@ func (f *fakeFetcher) take() []string {
 	return c
 }
 
-// testLayers returns L layers of two tensors each, "wL" and "bL".
+// testLayers returns L layers of two tensors each, "wL" and "bL" (in that
+// order: the scheduler fetches the smaller bias first).
 func testLayers(L int) [][]string {
 	out := make([][]string, L)
 	for l := range out {
@@ -121,14 +122,14 @@ func TestSchedulerDepthAndRelease(t *testing.T) {
 	}
 	// Layer 0 was never prefetched: a demand miss, fetched before layers
 	// 1 and 2 are prefetched, and Wait is for its own tensors only.
-	wantCalls(t, f.take(), "prefetch w0,b0", "prefetch w1,b1", "prefetch w2,b2", "wait w0,b0")
+	wantCalls(t, f.take(), "prefetch b0,w0", "prefetch b1,w1", "prefetch b2,w2", "wait b0,w0")
 	s.End(0)
-	wantCalls(t, f.take(), "release w0,b0")
+	wantCalls(t, f.take(), "release b0,w0")
 
 	if err := s.Begin(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "prefetch w3,b3", "wait w1,b1")
+	wantCalls(t, f.take(), "prefetch b3,w3", "wait b1,w1")
 	s.End(1)
 	f.take()
 	for l := 2; l < 5; l++ {
@@ -138,9 +139,9 @@ func TestSchedulerDepthAndRelease(t *testing.T) {
 		s.End(l)
 	}
 	wantCalls(t, f.take(),
-		"prefetch w4,b4", "wait w2,b2", "release w2,b2",
-		"wait w3,b3", "release w3,b3",
-		"wait w4,b4", "release w4,b4")
+		"prefetch b4,w4", "wait b2,w2", "release b2,w2",
+		"wait b3,w3", "release b3,w3",
+		"wait b4,w4", "release b4,w4")
 	st := s.Stats()
 	if st.DemandMisses != 1 || st.Hits != 4 || st.Prefetches != 4 || st.Releases != 5 || st.Begins != 5 {
 		t.Errorf("stats %+v", st)
@@ -161,13 +162,13 @@ func TestSchedulerBudget(t *testing.T) {
 	if err := s.Begin(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "prefetch w0,b0", "prefetch w1,b1", "prefetch w2,b2", "wait w0,b0")
+	wantCalls(t, f.take(), "prefetch b0,w0", "prefetch b1,w1", "prefetch b2,w2", "wait b0,w0")
 	s.End(0)
 	if err := s.Begin(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	// Layer 1 is in use now: 101 bytes prefetched, room for one more.
-	wantCalls(t, f.take(), "release w0,b0", "prefetch w3,b3", "wait w1,b1")
+	wantCalls(t, f.take(), "release b0,w0", "prefetch b3,w3", "wait b1,w1")
 	s.End(1)
 	for l := 2; l < 6; l++ {
 		if err := s.Begin(ctx, l); err != nil {
@@ -212,7 +213,7 @@ func TestSchedulerDemandMissFirst(t *testing.T) {
 	if err := s.Begin(ctx, 4); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "release w1,b1", "prefetch w4,b4", "prefetch w5,b5", "wait w4,b4")
+	wantCalls(t, f.take(), "release b1,w1", "prefetch b4,w4", "prefetch b5,w5", "wait b4,w4")
 	if st := s.Stats(); st.DemandMisses != 2 || st.Hits != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -220,7 +221,7 @@ func TestSchedulerDemandMissFirst(t *testing.T) {
 	if err := s.Begin(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "release w4,b4", "prefetch w6,b6", "wait w5,b5")
+	wantCalls(t, f.take(), "release b4,w4", "prefetch b6,w6", "wait b5,w5")
 }
 
 func TestSchedulerBackwardPass(t *testing.T) {
@@ -239,12 +240,12 @@ func TestSchedulerBackwardPass(t *testing.T) {
 	if err := s.Begin(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "prefetch w3,b3", "prefetch w2,b2", "wait w3,b3")
+	wantCalls(t, f.take(), "prefetch b3,w3", "prefetch b2,w2", "wait b3,w3")
 	s.End(3)
 	if err := s.Begin(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "release w3,b3", "prefetch w1,b1", "wait w2,b2")
+	wantCalls(t, f.take(), "release b3,w3", "prefetch b1,w1", "wait b2,w2")
 }
 
 func TestSchedulerStartPassReleasesUnused(t *testing.T) {
@@ -260,7 +261,7 @@ func TestSchedulerStartPassReleasesUnused(t *testing.T) {
 	// so the prefetched 1 and 2 are released.
 	s.StartPass(backward(6))
 	calls := f.take()
-	wantCalls(t, calls, "release w1,b1", "release w2,b2")
+	wantCalls(t, calls, "release b1,w1", "release b2,w2")
 	// A pass that starts with a prefetched layer keeps it.
 	if err := s.Begin(ctx, 5); err != nil {
 		t.Fatal(err)
@@ -272,7 +273,7 @@ func TestSchedulerStartPassReleasesUnused(t *testing.T) {
 	if err := s.Begin(ctx, 4); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.take(), "wait w4,b4")
+	wantCalls(t, f.take(), "wait b4,w4")
 	s.Reset()
 	if len(f.inFlight) != 0 {
 		t.Errorf("Reset left %v held", f.inFlight)
@@ -296,7 +297,7 @@ func TestSchedulerErrors(t *testing.T) {
 		t.Fatalf("Begin = %v, want boom naming layer 1", err)
 	}
 	// The failed layer's tensors are released and End does nothing.
-	wantCalls(t, f.take(), "prefetch w2,b2", "wait w1,b1", "release w1,b1")
+	wantCalls(t, f.take(), "prefetch b2,w2", "wait b1,w1", "release b1,w1")
 	s.End(1)
 	wantCalls(t, f.take())
 
@@ -403,4 +404,22 @@ func TestSchedulerConcurrentStats(t *testing.T) {
 		go s.End(l)
 	}
 	<-done
+}
+
+// A layer's tensors are fetched smallest first, ties in the layer's order:
+// a norm or a bias queued behind the layer's large weight would complete
+// only after it (and after the next layer's weight, fetched when the loop
+// begins this layer).
+func TestSchedulerSmallestFirst(t *testing.T) {
+	f := newFake()
+	sizes := map[string]int64{"big": 1 << 20, "mid": 4096, "small": 8, "mid2": 4096, "next": 1 << 20, "nextb": 8}
+	layers := [][]string{{"big", "mid", "small", "mid2"}, {"next", "nextb"}}
+	s := NewScheduler(nil, layers, f, SchedulerOptions{Depth: 1, SizeOf: func(n string) int64 { return sizes[n] }})
+	if err := s.Begin(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, f.take(), "prefetch small,mid,mid2,big", "prefetch nextb,next", "wait small,mid,mid2,big")
+	if got := layers[0][0]; got != "big" {
+		t.Errorf("the caller's layer list was reordered: %v", layers[0])
+	}
 }
