@@ -391,3 +391,86 @@ func TestGradientServedWhileWriting(t *testing.T) {
 	_, failed := run(slow, true)
 	same("a failed gradient write, the step retried", failed)
 }
+
+// TestGradientWriteBehindsInFlight: with room in the pool beyond its
+// minimum, the gradient reservation holds more than one write-behind, so a
+// gradient handed over does not wait for the write of the one before it;
+// at the minimum pool it does (one buffer), and both end in the same
+// state. The gradient writes are slowed by a second each.
+func TestGradientWriteBehindsInFlight(t *testing.T) {
+	const delay = time.Second
+	run := func(pool int64) (zinf.Reservations, time.Duration, []float32) {
+		t.Helper()
+		c, _ := testConfig(t)
+		c.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
+		inj := faults.New(1)
+		m := twoEqualLayers()
+		rt, err := zinf.Open(c, m, zinf.Options{Faults: inj})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		ctx, watch := watchdog(t, time.Minute)
+		watch(rt)
+		for _, d := range m.Tensors {
+			n, _ := d.Numel()
+			if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := rt.Reservations()
+		inj.Add(faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Delay: delay})
+		// The second gradient is handed over while the first one's write
+		// (slowed) is in flight.
+		g := gradsFor(m, 0, 1)
+		if err := rt.AccumulateGrad(ctx, "b", g["b"]); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := rt.AccumulateGrad(ctx, "a", g["a"]); err != nil {
+			t.Fatal(err)
+		}
+		second := time.Since(start)
+		if err := rt.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w, _, _, err := rt.ReadOptimizerState(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, second, w
+	}
+	c, _ := testConfig(t)
+	c.Zinf.Tiers.CPUPinnedBytes = 64 << 20
+	probe, err := zinf.PlanModel(context.Background(), c, twoEqualLayers(), zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minPool := probe.Reservations.MinPoolBytes
+
+	roomy, fast, want := run(64 << 20)
+	if roomy.GradInFlight != 1+plan.GradExtraWriteBehinds || roomy.GradExtraBytes == 0 || roomy.GradBytes <= roomy.GradExtraBytes {
+		t.Fatalf("64 MiB pool: gradient reservation %d bytes, %d extra, %d in flight; want %d in flight",
+			roomy.GradBytes, roomy.GradExtraBytes, roomy.GradInFlight, 1+plan.GradExtraWriteBehinds)
+	}
+	if fast >= delay/2 {
+		t.Errorf("64 MiB pool (%d write-behinds in flight): the second layer's gradient waited %v for the first's write (slowed by %v)", roomy.GradInFlight, fast, delay)
+	}
+	tight, slow, got := run(minPool)
+	if tight.GradInFlight != 1 || tight.GradExtraBytes != 0 || tight.PrefetchBytes != 0 {
+		t.Fatalf("minimum pool %d: %d write-behinds in flight, %d extra bytes, prefetch window %d; want 1, 0, 0", minPool, tight.GradInFlight, tight.GradExtraBytes, tight.PrefetchBytes)
+	}
+	if slow < delay*9/10 {
+		t.Errorf("minimum pool: the second layer's gradient took %v, want it to wait for the first's write (%v): the reservation holds one", slow, delay)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("weight %d = %v at the minimum pool, %v with room", i, got[i], want[i])
+		}
+	}
+}
+
+// twoEqualLayers is two layers of one 16 KiB tensor each.
+func twoEqualLayers() zinf.Model {
+	return zinf.LayeredModel([]tensor.Desc{{Name: "a", Shape: []int{4096}}}, []tensor.Desc{{Name: "b", Shape: []int{4096}}})
+}

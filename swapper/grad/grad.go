@@ -1172,10 +1172,28 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 // ReadRange takes no memory of its own. More memory only lets more
 // write-behinds overlap. Empty partitions cost nothing.
 func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {
+	kept, other := pinnedNeed(opts, partitionElems, blockBytes)
+	return kept + other
+}
+
+// WriteBufferBytes is the pool bytes the largest write-behind takes (the
+// largest gradient written to the store, or its piece), counted as
+// PinnedNeedBytes counts it; 0 when every gradient is kept in pinned
+// memory. PinnedNeedBytes holds one such buffer beyond the kept ones; each
+// further one lets one more write-behind be in flight while the next
+// gradient is added (see Accumulate).
+func WriteBufferBytes(opts Options, partitionElems []int, blockBytes func(int64) int64) int64 {
+	_, other := pinnedNeed(opts, partitionElems, blockBytes)
+	return other
+}
+
+// pinnedNeed is PinnedNeedBytes split into the kept gradients' buffers and
+// the largest other one.
+func pinnedNeed(opts Options, partitionElems []int, blockBytes func(int64) int64) (kept, other int64) {
 	if blockBytes == nil {
 		blockBytes = BlockBytes(opts.Pool)
 	}
-	var kept, other, keptBudget int64
+	var keptBudget int64
 	for _, n := range partitionElems {
 		if n <= 0 {
 			continue
@@ -1197,7 +1215,7 @@ func PinnedNeedBytes(opts Options, partitionElems []int, blockBytes func(int64) 
 		}
 		other = max(other, size)
 	}
-	return kept + other
+	return kept, other
 }
 
 // BlockBytes returns the bytes p's buddy allocator reserves for a request
