@@ -231,6 +231,9 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		}
 		res.LayerMajorPoolBytes = lmPool
 	}
+	// The prediction counts the write-behinds the gradient reservation
+	// holds (more than one when the pool has room).
+	placement = placement.WithGradWriteBehinds(res.GradInFlight)
 	p := &Plan{Rank: in.Rank, World: in.World, Placement: placement, Reservations: res, Bandwidth: m.Bandwidth}
 	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, ps, gs, os)
 	placement.NVMeDiskBytes = p.DiskBytes()

@@ -791,6 +791,7 @@ func (pl *planner) model() *stepModel {
 		gradWrite: make([]float64, pl.L),
 		gradRead:  make([]float64, pl.L),
 		handOff:   make([]float64, pl.L),
+		gradBufs:  max(pl.h.GradWriteBehinds, 1),
 	}
 	nvmeParam := make([]int64, pl.L)
 	hostParam := make([]int64, pl.L)
@@ -934,6 +935,20 @@ func (pl *planner) blockOf(n int64) int64 {
 func (p *Placement) WithCosts(c Costs) *Placement {
 	q := *p
 	q.Hints.Costs = c
+	q.repredict()
+	return &q
+}
+
+// WithGradWriteBehinds returns a copy of p whose predictions count n
+// gradient write-behinds in flight at once (Hints.GradWriteBehinds: the
+// runtime's gradient reservation, plan.Reservations.GradInFlight); p
+// itself when that is what p counts. Nothing else changes.
+func (p *Placement) WithGradWriteBehinds(n int) *Placement {
+	if max(n, 1) == max(p.Hints.GradWriteBehinds, 1) {
+		return p
+	}
+	q := *p
+	q.Hints.GradWriteBehinds = n
 	q.repredict()
 	return &q
 }

@@ -98,14 +98,20 @@ type passResult struct {
 // computes for compute seconds and queues its write-behind. Compute waits
 // only while the disk is busy. With readBack (a micro-batch-major
 // backward pass after the first micro-batch), each layer's hand-off first
-// reads its gradient sum back and the loop waits for it. With syncWrite (micro-batch-major: the
-// gradient write-behind has one pinned buffer, so a hand-off waits for
-// the write before it) the loop waits for each layer's write. handOff (nil:
+// reads its gradient sum back and the loop waits for it. With bufs > 0
+// (gradients handed over one at a time: the write-behind has bufs pinned
+// buffers) a layer's hand-off first waits for a buffer, given back by the
+// write issued bufs hand-offs before; bufs 0: as many as there are
+// layers (layer-major holds a layer's sums). handOff (nil:
 // none) is each layer's hand-off arithmetic after its compute: the copies
 // and additions of its gradients into their pinned sums, which the loop
 // waits for.
-func simulatePass(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, syncWrite ...bool) passResult {
-	return simulatePassStep(order, fetch, write, readBack, handOff, compute, depth, len(syncWrite) > 0 && syncWrite[0], nil)
+func simulatePass(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, bufs ...int) passResult {
+	n := 0
+	if len(bufs) > 0 {
+		n = bufs[0]
+	}
+	return simulatePassStep(order, fetch, write, readBack, handOff, compute, depth, n, nil)
 }
 
 // optJobs is the optimizer's work per layer when it overlaps a backward
@@ -120,7 +126,7 @@ type optJobs struct {
 // simulatePassStep is simulatePass with the optimizer's updates of opt
 // (nil: none) overlapping it: passResult.end is then when the last update
 // was written.
-func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, sync bool, opt *optJobs) passResult {
+func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, compute float64, depth int, bufs int, opt *optJobs) passResult {
 	var r passResult
 	now, disk := 0.0, 0.0 // disk: when the device is free (reads and writes share it)
 	// The optimizer's writes wait for their update: they join the disk's
@@ -136,7 +142,8 @@ func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, co
 		}
 	}
 	done := make([]float64, len(order))
-	issued := 0 // positions [0, issued) have been queued
+	var writeEnds []float64 // when each gradient write issued ends
+	issued := 0             // positions [0, issued) have been queued
 	issue := func(pos int) {
 		l := order[pos]
 		disk = math.Max(disk, now) + fetch[l]
@@ -157,6 +164,14 @@ func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, co
 			issue(k)
 		}
 		now += compute
+		if w := write; bufs > 0 && w != nil && w[order[j]] > 0 && len(writeEnds) >= bufs {
+			// The hand-off's buffer comes back with the write bufs
+			// hand-offs before.
+			if free := writeEnds[len(writeEnds)-bufs]; free > now {
+				r.writeWait += free - now
+				now = free
+			}
+		}
 		if handOff != nil {
 			now += handOff[order[j]]
 			r.handOff += handOff[order[j]]
@@ -177,11 +192,8 @@ func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, co
 				flushOpt(now)
 				disk = math.Max(disk, now) + w
 				gradEnd = disk
+				writeEnds = append(writeEnds, disk)
 				r.io += w
-				if sync {
-					r.writeWait += disk - now
-					now = disk
-				}
 			}
 		}
 		if opt != nil {
@@ -214,6 +226,7 @@ type stepModel struct {
 	gradWrite  []float64 // seconds to move a layer's offloaded grads out
 	gradRead   []float64 // seconds to read a layer's NVMe grads back
 	handOff    []float64 // seconds of one micro-batch's gradient hand-offs of a layer (nil: none)
+	gradBufs   int       // gradient write-behinds in flight at once when handed over one at a time (>= 1)
 	optimizerS float64   // optimizer step I/O seconds
 	// overlap says the optimizer step overlaps the (last) backward pass,
 	// opt its work per layer then (Placement.OverlapStep).
@@ -336,31 +349,37 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 	var optDelay float64
 	if layerMajor {
 		kk := float64(k)
+		// At one micro-batch layer-major hands each gradient over once,
+		// as micro-batch-major does; with more it holds a layer's sums.
+		lmBufs := 0
+		if k == 1 {
+			lmBufs = m.gradBufs
+		}
 		f = simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare*kk, depth)
-		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth)
+		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs)
 		if opt != nil {
-			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, false, opt).end - b.end
+			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs, opt).end - b.end
 		}
 		gradWrites = 1
 		k = 1 // passes
 	} else {
-		// Micro-batch-major's gradients have one write-behind buffer: each
-		// layer's hand-off waits for the write before it.
+		// Micro-batch-major hands gradients over one at a time: a hand-off
+		// waits for a write-behind buffer.
 		f1 := simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare, depth)
-		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth, true)
+		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs)
 		f = passResult{io: f1.io * float64(k), exposed: f1.exposed * float64(k), drain: f1.drain * float64(k)}
 		b = b1
 		var readBack []float64
 		if k > 1 {
 			readBack = m.gradRead
-			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.handOffs(1), m.compute*backwardShare, depth, true)
+			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs)
 			n := float64(k - 1)
 			b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain,
 				readBack: n * bk.readBack, writeWait: b1.writeWait + n*bk.writeWait, handOff: b1.handOff + n*bk.handOff}
 			b1 = bk // the last pass
 		}
 		if opt != nil {
-			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, readBack, m.handOffs(1), m.compute*backwardShare, depth, true, opt).end - b1.end
+			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, readBack, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs, opt).end - b1.end
 		}
 		gradWrites, gradReads = int64(k), int64(k-1)
 	}

@@ -34,6 +34,23 @@ func TestSimulatePass(t *testing.T) {
 	if r := simulatePass(order, []float64{0, 0, 0, 0}, []float64{1, 1, 1, 1}, nil, nil, 1, 1); !near(r.drain, 1) || !near(r.exposed, 0) {
 		t.Errorf("writes: %+v", r)
 	}
+	// Gradients handed over one at a time through bufs write-behind
+	// buffers (1 s writes, 0.5 s of compute a layer): a hand-off waits for
+	// the write bufs hand-offs before, not for its own write (which would
+	// end the pass at 6 s), so the writes follow each other on the disk
+	// and the pass ends with the last one (4.5 s) however many buffers;
+	// the loop waits for buffers 1.5 s with one, none with more (the
+	// fetches queued behind the writes wait instead).
+	writes := []float64{1, 1, 1, 1}
+	for _, tc := range []struct {
+		bufs int
+		wait float64
+	}{{1, 1.5}, {2, 0}, {0, 0}, {4, 0}} {
+		r := simulatePass(order, []float64{0, 0, 0, 0}, writes, nil, nil, 0.5, 1, tc.bufs)
+		if !near(r.writeWait, tc.wait) || !near(r.end, 4.5) {
+			t.Errorf("%d write-behind buffers: waited %v, ended at %v; want %v, 4.5: %+v", tc.bufs, r.writeWait, r.end, tc.wait, r)
+		}
+	}
 }
 
 // autoDepth's binary search relies on exposure not growing with depth:

@@ -141,6 +141,13 @@ type Hints struct {
 	// none modelled). A runtime measures them while it trains (see
 	// Placement.WithCosts).
 	Costs Costs
+	// GradWriteBehinds is how many gradient write-behinds can be in
+	// flight at once when gradients are handed over one at a time
+	// (micro-batch-major, and layer-major at one micro-batch): a hand-off
+	// takes a pinned buffer, which the write that many hand-offs before
+	// gives back. The runtime's reservations set it (see
+	// Placement.WithGradWriteBehinds). 0 = 1.
+	GradWriteBehinds int
 	// Schedule is the order of a step's micro-batches: ScheduleLayerMajor,
 	// ScheduleMicroBatchMajor, or "" / ScheduleAuto for the one predicted
 	// faster (micro-batch-major at one micro-batch, where they are the
