@@ -121,6 +121,20 @@ func simulatePass(order []int, fetch, write, readBack, handOff []float64, comput
 // behind.
 type optJobs struct {
 	read, arith, write []float64
+	// readCRC and writeCRC are the checksum time (zinf.checksums) of
+	// each layer's reads (verified once read, before the update) and
+	// writes (summed before the write is issued): CPU time on the update's
+	// path, not the disk's, which goes on with the sub-groups the
+	// optimizer's pipeline has queued (nil: none).
+	readCRC, writeCRC []float64
+}
+
+// at is x[l], or 0 when x is nil.
+func at(x []float64, l int) float64 {
+	if x == nil {
+		return 0
+	}
+	return x[l]
 }
 
 // simulatePassStep is simulatePass with the optimizer's updates of opt
@@ -200,9 +214,9 @@ func simulatePassStep(order []int, fetch, write, readBack, handOff []float64, co
 			flushOpt(now)
 			l := order[j]
 			disk = math.Max(disk, now) + opt.read[l]
-			optFree = math.Max(optFree, disk) + opt.arith[l]
+			optFree = math.Max(optFree, disk+at(opt.readCRC, l)) + opt.arith[l]
 			if opt.write[l] > 0 {
-				optWrites = append(optWrites, pendingWrite{at: optFree, d: opt.write[l]})
+				optWrites = append(optWrites, pendingWrite{at: optFree + at(opt.writeCRC, l), d: opt.write[l]})
 			}
 		}
 	}
@@ -244,9 +258,22 @@ type stepModel struct {
 // micro-batch.
 func (m *stepModel) passes(depth int) (fwd, bwd passResult) {
 	forward, backward := m.orders()
-	fwd = simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare, depth)
-	bwd = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth)
+	fwd = m.pass(forward, false, false, nil, m.compute*forwardShare, depth, 0, nil)
+	bwd = m.pass(backward, true, false, m.handOffs(1), m.compute*backwardShare, depth, 0, nil)
 	return fwd, bwd
+}
+
+// pass simulates one pass over order with the model's fetches, its
+// gradient writes (writes) and read-backs (readBack).
+func (m *stepModel) pass(order []int, writes, readBack bool, handOff []float64, compute float64, depth, bufs int, opt *optJobs) passResult {
+	var w, rb []float64
+	if writes {
+		w = m.gradWrite
+	}
+	if readBack {
+		rb = m.gradRead
+	}
+	return simulatePassStep(order, m.fetch, w, rb, handOff, compute, depth, bufs, opt)
 }
 
 // handOffs is each layer's hand-off time for n micro-batches (nil when
@@ -355,31 +382,30 @@ func (m *stepModel) predictOrder(depth int, layerMajor bool) StepPrediction {
 		if k == 1 {
 			lmBufs = m.gradBufs
 		}
-		f = simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare*kk, depth)
-		b = simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs)
+		f = m.pass(forward, false, false, nil, m.compute*forwardShare*kk, depth, 0, nil)
+		b = m.pass(backward, true, false, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs, nil)
 		if opt != nil {
-			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, nil, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs, opt).end - b.end
+			optDelay = m.pass(backward, true, false, m.handOffs(kk), m.compute*backwardShare*kk, depth, lmBufs, opt).end - b.end
 		}
 		gradWrites = 1
 		k = 1 // passes
 	} else {
 		// Micro-batch-major hands gradients over one at a time: a hand-off
 		// waits for a write-behind buffer.
-		f1 := simulatePass(forward, m.fetch, nil, nil, nil, m.compute*forwardShare, depth)
-		b1 := simulatePass(backward, m.fetch, m.gradWrite, nil, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs)
+		f1 := m.pass(forward, false, false, nil, m.compute*forwardShare, depth, 0, nil)
+		b1 := m.pass(backward, true, false, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs, nil)
 		f = passResult{io: f1.io * float64(k), exposed: f1.exposed * float64(k), drain: f1.drain * float64(k)}
 		b = b1
-		var readBack []float64
-		if k > 1 {
-			readBack = m.gradRead
-			bk := simulatePass(backward, m.fetch, m.gradWrite, m.gradRead, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs)
+		readBack := k > 1
+		if readBack {
+			bk := m.pass(backward, true, true, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs, nil)
 			n := float64(k - 1)
 			b = passResult{io: b1.io + n*bk.io, exposed: b1.exposed + n*bk.exposed, drain: b1.drain + n*bk.drain,
 				readBack: n * bk.readBack, writeWait: b1.writeWait + n*bk.writeWait, handOff: b1.handOff + n*bk.handOff}
 			b1 = bk // the last pass
 		}
 		if opt != nil {
-			optDelay = simulatePassStep(backward, m.fetch, m.gradWrite, readBack, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs, opt).end - b1.end
+			optDelay = m.pass(backward, true, readBack, m.handOffs(1), m.compute*backwardShare, depth, m.gradBufs, opt).end - b1.end
 		}
 		gradWrites, gradReads = int64(k), int64(k-1)
 	}

@@ -53,6 +53,23 @@ func TestSimulatePass(t *testing.T) {
 	}
 }
 
+// The optimizer's checksums (verifying a layer's states once read,
+// summing them before the write) delay its update, not the disk: with 1 s
+// reads and 1 s of checksum each, two layers' updates end at 3 s (the
+// second read runs while the first is verified), not at 4 s.
+func TestSimulateOptimizerChecksumsBesideTheDisk(t *testing.T) {
+	opt := &optJobs{read: []float64{1, 1}, arith: []float64{0, 0}, write: []float64{0, 0}, readCRC: []float64{1, 1}, writeCRC: []float64{0, 0}}
+	r := simulatePassStep([]int{1, 0}, []float64{0, 0}, nil, nil, nil, 0, 1, 0, opt)
+	if !near(r.end, 3) {
+		t.Errorf("updates ended at %v, want 3: %+v", r.end, r)
+	}
+	// A write's checksum delays its issue, not the writes before it.
+	opt = &optJobs{read: []float64{0, 0}, arith: []float64{0, 0}, write: []float64{1, 1}, readCRC: []float64{0, 0}, writeCRC: []float64{1, 1}}
+	if r := simulatePassStep([]int{1, 0}, []float64{0, 0}, nil, nil, nil, 0, 1, 0, opt); !near(r.end, 3) {
+		t.Errorf("writes ended at %v, want 3 (summed at 1, written 1..2, 2..3): %+v", r.end, r)
+	}
+}
+
 // autoDepth's binary search relies on exposure not growing with depth:
 // compare it with a linear scan on random, uneven layers.
 func TestAutoDepthMatchesLinearScan(t *testing.T) {
