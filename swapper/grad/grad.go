@@ -326,8 +326,9 @@ func (s *Swapper) settle(ctx context.Context, t *tensor) error {
 	return err
 }
 
-// serve is settle for a read: a failure not yet reported is returned (and
-// thereby reported); with Options.ServeWhileWriting, while t's
+// serve is settle for a read: a failed write-behind whose sum is still in
+// pinned memory is written again first, and a failure not yet reported
+// is returned (and thereby reported); with Options.ServeWhileWriting, while t's
 // write-behind is in flight, the pinned copy
 // it writes is returned instead of waiting for the write, and the read
 // copies from it, then calls served (t.op held throughout, so nothing
@@ -335,6 +336,17 @@ func (s *Swapper) settle(ctx context.Context, t *tensor) error {
 // and returns nil.
 func (s *Swapper) serve(ctx context.Context, t *tensor) (*buffers.Buffer, error) {
 	s.mu.Lock()
+	if t.unreported != nil && rewritable(t) {
+		// The write-behind failed and the sum is still in pinned memory:
+		// write it again first (as an Accumulate short of memory would),
+		// so that a failure that does not recur is never seen.
+		t.unreported = nil
+		s.stats.Retries++
+		buf := t.buf
+		s.mu.Unlock()
+		s.startWrite(t, buf)
+		s.mu.Lock()
+	}
 	if err := t.unreported; err != nil {
 		t.unreported = nil
 		s.mu.Unlock()
@@ -388,6 +400,7 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 				held = o
 			}
 		}
+		rewrote := false // inFlight is held's write, issued here
 		if inFlight == nil && held != nil {
 			// Write the kept gradient again: when the cause is gone (space
 			// freed) its memory comes back; else the new failure is
@@ -420,7 +433,7 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 			s.startWrite(held, buf)
 			held.unlock()
 			s.mu.Lock()
-			inFlight = held.write
+			inFlight, rewrote = held.write, true
 			if inFlight == nil {
 				// Either the write could not even be issued, or it was
 				// and has already finished. Only a failure is reported;
@@ -440,7 +453,10 @@ func (s *Swapper) acquire(ctx context.Context, t *tensor) (*buffers.Buffer, erro
 			case <-ctx.Done():
 				return nil, s.named("accumulate", t, ctx.Err())
 			}
-			if held != nil {
+			// Another gradient's write gave its memory back (or failed and
+			// is rewritten on the next turn); only a failed rewrite of
+			// held's is reported.
+			if rewrote {
 				s.mu.Lock()
 				err := held.unreported
 				s.mu.Unlock()
