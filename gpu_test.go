@@ -316,11 +316,54 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 		}
 	}
 
+	// A cuFile whose driver opens but which refuses every file of the disk
+	// (CU_FILE_HANDLE_NOT_REGISTERED, as cuFile does on a virtio disk; seen
+	// on an H200 lent for the GPU checks, where "auto" then failed the first
+	// swap-in): Open checks a file on each NVMe path, so "auto" takes the
+	// bounce path with one warning naming the path and the code, and its
+	// swap-ins work; "required" is refused at Open.
+	t.Setenv("STANDIN_FAIL", "cuFileHandleRegister:5027")
+	cfg := gpuConfig(t, config.GDSAuto)
+	logs := &records{}
+	rt, err := Open(cfg, gpuModel, Options{Logger: slog.New(logs), Device: dev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rt.DeviceIOMode() != gds.NameBounce {
+		t.Errorf("every registration refused: mode %q, want bounce", rt.DeviceIOMode())
+	}
+	path := cfg.NVMePaths()[0]
+	if w := logs.warnings(); len(w) != 1 || !strings.Contains(w[0], "does not register a file in "+path) || !strings.Contains(w[0], "5027") {
+		t.Errorf("warnings %q, want one naming %s and cuFile's code", w, path)
+	}
+	deviceRoundTrip(t, rt, dev)
+	ctx := context.Background()
+	for _, d := range gpuModel.Tensors {
+		n, _ := d.Numel()
+		if err := rt.Init(ctx, d.Name, make([]float32, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l := range rt.Layers() {
+		if err := rt.BeginLayer(ctx, l); err != nil {
+			t.Fatalf("layer %d with the bounce path chosen: %v", l, err)
+		}
+		rt.EndLayer(l)
+	}
+	if err := rt.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	_, err = Open(gpuConfig(t, config.GDSRequired), gpuModel, Options{Logger: slog.New(&records{}), Device: dev})
+	if !errors.Is(err, gds.ErrUnavailable) || !strings.Contains(err.Error(), "does not register a file in") {
+		t.Errorf("required with every registration refused: %v", err)
+	}
+	t.Setenv("STANDIN_FAIL", "")
+
 	// Without cuFile on the CUDA device: one warning (gds.Select's), the
 	// bounce path; required fails with Available's error.
 	lib := noCuFile(t)
-	logs := &records{}
-	rt, err := Open(gpuConfig(t, config.GDSAuto), gpuModel, Options{Logger: slog.New(logs), Device: dev})
+	logs = &records{}
+	rt, err = Open(gpuConfig(t, config.GDSAuto), gpuModel, Options{Logger: slog.New(logs), Device: dev})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,30 @@ func Available(opts Options) error {
 	return available(opts, nil)
 }
 
+// AvailableFor is Available followed by RegistrationCheck on opts.Paths
+// with a device opened from opts.CUDA and an Engine: what "auto" and
+// "required" find when a runtime opens. zinf doctor reports it.
+func AvailableFor(opts Options) error {
+	opts.EnsureDefaults()
+	if err := available(opts, nil); err != nil {
+		return err
+	}
+	if len(opts.Paths) == 0 {
+		return nil
+	}
+	dev, err := cuda.Open(opts.CUDA)
+	if err != nil {
+		return unavailable(fmt.Errorf("gds: opening the GPU: %w", err))
+	}
+	defer dev.Close()
+	e, err := Open(dev, opts)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	return RegistrationCheck(e, opts.Paths)
+}
+
 // available is Available with an already open device (nil: probe
 // opts.CUDA).
 func available(opts Options, dev *cuda.Device) error {

@@ -65,7 +65,9 @@ type Options struct {
 	// uses the *cuda.Device it is given instead.
 	CUDA cuda.Options
 	// Paths are directories whose filesystems Available checks for
-	// GPUDirect Storage support. Default none.
+	// GPUDirect Storage support; Select ("auto", "required") and
+	// AvailableFor also check that cuFile registers a file created there
+	// (RegistrationCheck). A runtime passes its NVMe paths. Default none.
 	Paths []string
 	// Logger receives warnings. Default slog.Default().
 	Logger *slog.Logger

@@ -60,8 +60,9 @@ type SelectOptions struct {
 //
 //   - "off": the bounce path.
 //   - "auto": GPUDirect Storage when dev is a CUDA device and Available
-//     says it works and the Engine opens; otherwise the bounce path, with
-//     one warning saying why.
+//     says it works, the Engine opens and cuFile registers a file on each
+//     of GDS.Paths (RegistrationCheck); otherwise the bounce path, with one
+//     warning saying why.
 //   - "required": GPUDirect Storage, or Available's (or Open's) error.
 func Select(mode string, dev accel.Device, opts SelectOptions) (DeviceIO, error) {
 	mode, err := ParseMode(mode)
@@ -85,7 +86,10 @@ func Select(mode string, dev accel.Device, opts SelectOptions) (DeviceIO, error)
 	}
 	e, err := openGDS(dev, opts.GDS)
 	if err == nil {
-		return e, nil
+		if err = RegistrationCheck(e, opts.GDS.Paths); err == nil {
+			return e, nil
+		}
+		e.Close()
 	}
 	if mode == ModeRequired {
 		return nil, fmt.Errorf("gds: mode \"required\" but GPUDirect Storage cannot be used: %w", err)
@@ -97,6 +101,36 @@ func Select(mode string, dev accel.Device, opts SelectOptions) (DeviceIO, error)
 	opts.Logger.Warn("gds: GPUDirect Storage unavailable; using the bounce path (NVMe -> pinned host buffer -> device), which costs host memory bandwidth",
 		"reason", err.Error())
 	return b, nil
+}
+
+// RegistrationCheck has e register a file it creates in each of paths
+// with cuFile (cuFileHandleRegister, as OpenFile does), then closes and
+// removes it. A driver that opens and a supported filesystem are not
+// enough: cuFile may still refuse every file of a disk (on a virtio disk
+// without udev properties, CU_FILE_HANDLE_NOT_REGISTERED even in its
+// compatibility mode), and a swap file refused there would fail the first
+// swap-in. The error names the path and cuFile's reason, and wraps
+// ErrUnavailable.
+func RegistrationCheck(e *Engine, paths []string) error {
+	for _, dir := range paths {
+		f, err := os.CreateTemp(dir, ".zinf-gds-check-*")
+		if err != nil {
+			return unavailable(fmt.Errorf("gds: checking that cuFile registers a file in %s: %w", dir, err))
+		}
+		name := f.Name()
+		f.Close()
+		gf, err := e.OpenFile(name, os.O_RDWR, 0)
+		if err == nil {
+			err = gf.Close()
+		}
+		if rerr := os.Remove(name); rerr != nil && err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return unavailable(fmt.Errorf("gds: cuFile does not register a file in %s: %w", dir, err))
+		}
+	}
+	return nil
 }
 
 // openGDS checks availability with dev and opens the Engine.

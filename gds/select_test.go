@@ -128,3 +128,70 @@ func TestSelectBounceNeedsEngineAndPool(t *testing.T) {
 	_, err := gds.Select("off", env.sim, gds.SelectOptions{})
 	wantErr(t, err, accel.ErrInvalid, "aio engine", "buffers pool")
 }
+
+// A cuFile whose driver opens but which refuses to register the files of
+// a disk (CU_FILE_HANDLE_NOT_REGISTERED, as on a virtio disk without udev
+// properties): auto checks a file on each path before choosing GDS, so it
+// takes the bounce path with one warning naming the path and cuFile's
+// code, instead of failing the first swap-in; required fails the same
+// way; the check leaves nothing in the directory. With registration
+// working, auto chooses GDS and leaves nothing behind either.
+func TestSelectChecksFileRegistration(t *testing.T) {
+	s := newStandins(t)
+	env := newBounceEnv(t, accel.SimOptions{}, aio.Options{})
+	logs := &logCapture{}
+	opts := selectOptions(env, logs)
+	opts.GDS.Library = s.cufileLib
+	dir := t.TempDir()
+	opts.GDS.Paths = []string{dir}
+	empty := func() {
+		t.Helper()
+		if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+			t.Fatalf("%s after the check: %v %v", dir, ents, err)
+		}
+	}
+
+	io, err := gds.Select("auto", s.dev, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if io.Mode() != gds.NameGDS {
+		t.Fatalf("auto with registration working chose %q", io.Mode())
+	}
+	io.Close()
+	empty()
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("warnings %q", w)
+	}
+
+	t.Setenv("STANDIN_FAIL", "cuFileHandleRegister:5027")
+	io, err = gds.Select("auto", s.dev, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer io.Close()
+	if io.Mode() != gds.NameBounce {
+		t.Fatalf("auto with every registration refused chose %q", io.Mode())
+	}
+	if w := logs.warnings(); len(w) != 1 || !strings.Contains(w[0], "does not register a file in "+dir) || !strings.Contains(w[0], "5027") {
+		t.Errorf("warnings %q, want one naming %s and the code", w, dir)
+	}
+	empty()
+	_, err = gds.Select("required", s.dev, opts)
+	wantErr(t, err, gds.ErrUnavailable, `mode "required"`, "does not register a file in "+dir, "5027")
+	empty()
+	if st := s.cufile(t); st["handles"] != 0 || st["driver"] != 0 {
+		t.Fatalf("after the refused checks: %v", st)
+	}
+	// The bounce path chosen instead works on the same directory.
+	f, err := io.OpenFile(filepath.Join(dir, "f"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := randomBytes(3, 8192)
+	m := upload(t, s.dev, want, 0, 8192)
+	if _, err := io.WriteFromDevice(context.Background(), f, m, 0, 0, 8192); err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "file", fileBytes(t, filepath.Join(dir, "f"), 0, 8192), want)
+}

@@ -103,7 +103,7 @@ func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
 // (SettingsOf reads them once).
 func gdsOptions(cfg *config.Config, log *slog.Logger) gds.Options {
 	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
-		Logger: log}
+		Paths: cfg.NVMePaths(), Logger: log}
 }
 
 // BounceOptions maps the config's aio section to the bounce path's

@@ -86,10 +86,12 @@ func Run(paths []string) *Report {
 		r.add("cuda", true, "device %d: %s, %s total, %s free, driver CUDA %s (%s)", info.Ordinal, info.Name,
 			config.Size(info.TotalBytes), config.Size(info.FreeBytes), info.DriverVersionString(), info.Library)
 	}
-	if err := gds.Available(gds.Options{Paths: paths}); err != nil {
+	if err := gds.AvailableFor(gds.Options{Paths: paths}); err != nil {
 		r.add("cufile", false, "%v", err)
+	} else if len(paths) > 0 {
+		r.add("cufile", true, "GPUDirect Storage available: cuFile registers a file in %s", strings.Join(paths, ", "))
 	} else {
-		r.add("cufile", true, "GPUDirect Storage available")
+		r.add("cufile", true, "GPUDirect Storage available (no --path: file registration not checked)")
 	}
 	return r
 }
