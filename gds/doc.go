@@ -6,10 +6,18 @@
 //
 // Select picks the path from the config's mode ("off", "auto", "required"):
 //
-//	dio, err := gds.Select("auto", dev, gds.SelectOptions{AIO: eng, Pool: pool})
+//	dio, err := gds.Select("auto", dev, gds.SelectOptions{AIO: eng, Pool: pool,
+//		GDS: gds.Options{Paths: []string{"/nvme/swap"}}})
 //	f, err := dio.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 //	n, err := dio.ReadToDevice(ctx, f, mem, 0, fileOff, size)   // NVMe -> device
 //	n, err = dio.WriteFromDevice(ctx, f, mem, 0, fileOff, size) // device -> NVMe
+//
+// "auto" takes GPUDirect Storage only where cuFile works end to end: its
+// library loads, its driver opens, the filesystems of GDS.Paths are ones
+// it supports, and it registers a file created in each of them
+// (RegistrationCheck: cuFile may refuse every file of a disk, e.g. a
+// virtio disk without udev properties, though its driver opens); otherwise
+// the bounce path, with one warning saying why. "required" fails instead.
 //
 // Both paths implement DeviceIO and hand out the same *File type (an
 // aio.File plus, for cuFile, its registered handle), so callers do not care
