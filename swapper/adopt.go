@@ -78,7 +78,7 @@ func (s *Store) Adopt(name, path string, off, length int64) error {
 	var tail []byte
 	if keep > 0 {
 		tail = make([]byte, keep)
-		if err := readAt(path, tail, off+length-keep); err != nil {
+		if err := readAt(f.Fd(), path, tail, off+length-keep); err != nil {
 			return &TensorError{Op: "adopt", Tensor: name, Err: err}
 		}
 	}
@@ -131,16 +131,24 @@ func (s *Store) closeAdopted() error {
 	return errors.Join(errs...)
 }
 
-// readAt reads len(b) bytes of the file at path from off, through the
-// page cache (a few bytes that no aligned O_DIRECT read covers).
-func readAt(path string, b []byte, off int64) error {
+// readAt reads len(b) bytes from off of the file open as fd (O_DIRECT)
+// at path, through the page cache (a few bytes that no aligned O_DIRECT
+// read covers): it opens path again and refuses a file other than the
+// one fd reads, so that a file replaced at path meanwhile (a checkpoint
+// rewritten beside the run) never gives a tensor bytes of two files.
+func readAt(fd int, path string, b []byte, off int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	_, err = f.ReadAt(b, off)
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	defer f.Close()
+	same, err := sameFile(fd, f)
+	if err != nil {
+		return err
 	}
+	if !same {
+		return fmt.Errorf("%s was replaced since it was opened to be read in place: adopt from files that nothing rewrites while they are read", path)
+	}
+	_, err = f.ReadAt(b, off)
 	return err
 }

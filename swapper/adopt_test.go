@@ -79,3 +79,43 @@ func TestAdoptAnyOffset(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptRefusesReplacedFile: a store reads a file in place through the
+// descriptor it opened first; the few bytes of a tensor that no aligned
+// O_DIRECT read covers are read by opening the path again, and that must
+// be the same file. A file replaced at its path after a first tensor was
+// adopted from it (a checkpoint rewritten beside the run) is refused for
+// the next such tensor, instead of giving it bytes of two files; what was
+// adopted before still reads the first file's bytes.
+func TestAdoptRefusesReplacedFile(t *testing.T) {
+	r := newRig(t, 1, true, aio.BackendPosix)
+	const size = 2*4096 + 100
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weights.safetensors")
+	old := bytes.Repeat([]byte{1}, size)
+	if err := os.WriteFile(path, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.store.Adopt("a", path, 0, 4096); err != nil {
+		if errors.Is(err, swapper.ErrNotInPlace) && strings.Contains(err.Error(), "O_DIRECT") {
+			t.Skipf("no O_DIRECT here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	next := filepath.Join(dir, "next")
+	if err := os.WriteFile(next, bytes.Repeat([]byte{2}, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, path); err != nil {
+		t.Fatal(err)
+	}
+	// The file's last 100 bytes: past its last whole block, read apart.
+	err := r.store.Adopt("tail", path, 2*4096, 100)
+	if err == nil || !strings.Contains(err.Error(), "was replaced since it was opened") {
+		t.Fatalf("adopting from a replaced file: %v, want a refusal naming it", err)
+	}
+	got := r.buf(t, 4096, 0xEE).Bytes()[:4096]
+	if err := r.store.Read(context.Background(), "a", got); err != nil || !bytes.Equal(got, old[:4096]) {
+		t.Fatalf("the tensor adopted before: %v", err)
+	}
+}
