@@ -383,7 +383,7 @@ func (lp *loop) drop(p *pending) {
 // is fp32, widened into the loop's scratch otherwise; nothing is
 // allocated in steady state.
 func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows bool) error {
-	if rows && lp.ex.rowGrad(v) && lp.ex.layers[v.Layer].gatheredRows(v) {
+	if rows && lp.ex.layers[v.Layer].gatheredRows(v) { // only rowGrad variables are gathered by rows
 		return lp.lookupGrad(ctx, v, t, last)
 	}
 	_, b, err := bufferOf(lp.ex.backend, t)
