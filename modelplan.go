@@ -64,7 +64,7 @@ type PlanOptions struct {
 // opening a store, a pool or a device. The NVMe paths need not exist;
 // the bandwidth of a path that does may be probed (see NVMeBandwidth).
 func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOptions) (*ModelPlan, error) {
-	in, err := plan.Check(cfg, m, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize})
+	in, err := plan.Check(cfg, m, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}

@@ -98,6 +98,10 @@ type Given struct {
 	Rank, WorldSize int
 	Faults          aio.FaultHook
 	TotalSteps      int
+	// PieceBytes is zinf.Options.PieceBytes (0: zinf.piece_bytes, else
+	// DefaultPieceBytes; -1: whole): it caps the optimizer's sub-group,
+	// which sets the checksum unit of the gradient and optimizer stores.
+	PieceBytes int64
 }
 
 // Check validates what zinf.Open and zinf.PlanModel are given: the config
@@ -125,7 +129,42 @@ func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
 	if r < 0 || r >= world {
 		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
 	}
-	return &Inputs{Config: cfg, Model: mi, Rank: r, World: world, Log: log, Settings: SettingsOf(cfg, log, g.Faults, g.TotalSteps)}, nil
+	s := SettingsOf(cfg, log, g.Faults, g.TotalSteps)
+	if s.OptimStore.Paths != nil {
+		pieceBytes := g.PieceBytes
+		if pieceBytes == 0 {
+			pieceBytes = int64(cfg.Zinf.PieceBytes)
+		}
+		s.OptimStore.ChecksumBytes = SubGroupChecksumBytes(cfg.ZeroOptimization.SubGroupSize, pieceBytes)
+	}
+	return &Inputs{Config: cfg, Model: mi, Rank: r, World: world, Log: log, Settings: s}, nil
+}
+
+// SubGroupChecksumBytes is the bytes one checksum covers in the gradient
+// and optimizer swap stores (swapper.StoreOptions.ChecksumBytes; the
+// store rounds it to its alignment and to a divisor of its stripe): the
+// largest power of two that divides a sub-group's gradient bytes (4 an
+// element), for sub_group_size subGroupElems (0: the optimizer's default)
+// capped at a piece of gradient as the plan caps it (pieceBytes: 0 is
+// DefaultPieceBytes, < 0 no pieces). The optimizer reads a gradient one
+// sub-group at a time, and a read with checksums covers whole checksum
+// units: with one checksum per 1 MiB stripe, sub-groups of 65536 elements
+// (256 KiB) were each read as 1 MiB, four times their bytes (bench-llm-big:
+// the disk read 1.5x the step's logical bytes). A unit that divides the
+// sub-group makes every such read exact.
+func SubGroupChecksumBytes(subGroupElems, pieceBytes int64) int64 {
+	sg := subGroupElems
+	if sg <= 0 {
+		sg = optimizer.DefaultSubGroupSize
+	}
+	if pieceBytes == 0 {
+		pieceBytes = DefaultPieceBytes
+	}
+	if pieceBytes > 0 {
+		sg = min(sg, max(pieceBytes/4, 1))
+	}
+	b := 4 * sg
+	return b & -b
 }
 
 // Measured is what a plan takes from the machine: the NVMe bandwidth and
