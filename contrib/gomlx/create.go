@@ -66,9 +66,14 @@ func CreateN(ctx context.Context, backend compute.Backend, cfg *config.Config, s
 		return nil, err
 	}
 	fail := func(err error) (*Trainer, error) {
+		freeSlots(o.spare)
+		o.spare = nil
 		o.releaseHeapCredit()
 		o.rt.Close()
 		return nil, err
+	}
+	if err := o.spareRowTables(backend, net); err != nil {
+		return fail(err)
 	}
 	var had []*Var // registered variables that came with values
 	for l, layer := range net.Layers {

@@ -425,14 +425,15 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			if l > 0 {
 				serr = t.saveInputs(ctx, l, m, cur[m]) // read while the worker reads it too
 			}
-			if m == k-1 && l+1 < L {
+			ahead := !lp.serial && m == k-1 && l+1 < L
+			if ahead {
 				berr = src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
 			}
 			out, cerr := wait()
 			if cerr != nil || serr != nil || berr != nil {
 				finalizeAll(out)
 				src.unbind(l)
-				if berr == nil && m == k-1 && l+1 < L {
+				if berr == nil && ahead {
 					src.unbind(l + 1)
 				}
 				switch {
@@ -450,6 +451,11 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 		outF[l] = floats(cur[0])
 		src.unbind(l)
+		if lp.serial && l+1 < L {
+			if err := src.bind(ctx, l+1); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	// The loss of every micro-batch, and its gradients.
@@ -552,11 +558,25 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 		for m := range k {
 			nf := floats(in)
+			var gerr error
+			if lp.serial {
+				// One layer's gradients at a time: the previous ones
+				// handed over (their buffers freed) before this backward.
+				if gerr = handOver(&pend); gerr != nil {
+					if l > 0 {
+						finalizeAll(in)
+					}
+					src.unbind(l)
+					return nil, gerr
+				}
+			}
 			le.nIn = len(in)
 			call(le.bwd, in, dys[m])
 			// While it computes: the previous micro-batch's gradients
 			// handed over, the next one's inputs loaded.
-			gerr := handOver(&pend)
+			if !lp.serial {
+				gerr = handOver(&pend)
+			}
 			var lerr error
 			if m+1 < k && gerr == nil {
 				next, lerr = input(m + 1)

@@ -85,6 +85,11 @@ type loop struct {
 	// compute sums the executors' run time (forward, loss, backward), as
 	// the worker measured each call.
 	compute time.Duration
+	// serial (Options.OneLayerResident): a layer is bound after the one
+	// before it computed, and a layer's gradients are handed over before
+	// the next backward runs, so one layer's weights and one layer's
+	// gradients are in Go memory at a time.
+	serial bool
 }
 
 // job is one executor call for the worker.
@@ -212,16 +217,22 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		return 0, err
 	}
 	for l, le := range layers {
+		if lp.serial && l > 0 {
+			if err := lp.src.bind(ctx, l); err != nil {
+				return 0, err
+			}
+		}
 		le.nIn = len(acts[l])
 		call(le.fwd, acts[l])
 		var berr error
-		if l+1 < L {
+		ahead := !lp.serial && l+1 < L
+		if ahead {
 			berr = lp.src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
 		}
 		out, err := wait()
 		lp.src.unbind(l)
 		if err != nil || berr != nil {
-			if berr == nil && l+1 < L {
+			if berr == nil && ahead {
 				lp.src.unbind(l + 1)
 			}
 			finalizeAll(out)
@@ -306,18 +317,30 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 			dy = nil
 			continue
 		}
+		if lp.serial && l < L-1 {
+			// The previous layer's gradients handed over (their buffers
+			// freed), then this layer's swap-in, before it computes.
+			if err := lp.handOver(ctx, &pend, last); err != nil {
+				return 0, err
+			}
+			if err := lp.src.bind(ctx, l); err != nil {
+				return 0, err
+			}
+		}
 		le.nIn = len(in)
 		call(le.bwd, in, dy)
 		// While it computes: the next layer's swap-in, and the previous
 		// layer's gradients handed over (its update started).
 		next := l - 1
-		var berr error
-		if next >= 0 && needs(next) {
+		var berr, gerr error
+		if !lp.serial && next >= 0 && needs(next) {
 			berr = lp.src.bind(ctx, next)
 		} else {
 			next = -1
 		}
-		gerr := lp.handOver(ctx, &pend, last)
+		if !lp.serial {
+			gerr = lp.handOver(ctx, &pend, last)
+		}
 		outs, err := wait()
 		lp.src.unbind(l)
 		finalizeAll(dy)

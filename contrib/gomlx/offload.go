@@ -55,6 +55,18 @@ type Options struct {
 	// debug.SetMemoryLimit: the limit paces the collector then) or with
 	// GOGC=off. Offload.HeapCredit reports what was taken.
 	HeapCredit int64
+	// OneLayerResident makes a Trainer hold one layer's weights and one
+	// layer's gradients in Go memory at a time instead of two of each: a
+	// layer is swapped in after the layer before it has computed (not
+	// while it computes), and a layer's gradients are handed over before
+	// the next layer's backward runs (not during it). For a model whose
+	// layers are large against the machine's memory (bench-llm-big's
+	// blocks are 201 MiB of fp32 weights each), it takes one layer's
+	// weights and one layer's gradients off the peak resident set, and
+	// costs the time of those swap-ins and hand-overs, which no longer hide
+	// behind compute (the Timings' SwapIn and Grads). Results are the same
+	// bits either way. Default false: overlap.
+	OneLayerResident bool
 	// Runtime is passed to zinf.Open.
 	Runtime zinf.Options
 
@@ -84,6 +96,11 @@ type Offload struct {
 	// what became of the request.
 	credit       int64
 	creditStatus string
+	// oneLayer is Options.OneLayerResident.
+	oneLayer bool
+	// spare are swap-in buffers Create made before initializing the
+	// layers (spareRowTables); NewTrainer gives them to its slot pool.
+	spare []*slot
 }
 
 // Register hands a Store's variables to zinf: it describes them (the
@@ -131,7 +148,8 @@ func openOffload(cfg *config.Config, store *model.Store, vars []*Var, scopes []s
 	if err := checkHeapCredit(opts.HeapCredit); err != nil {
 		return nil, err
 	}
-	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1, log: opts.Runtime.Logger}
+	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1, log: opts.Runtime.Logger,
+		oneLayer: opts.OneLayerResident}
 	if o.log == nil {
 		o.log = slog.Default()
 	}

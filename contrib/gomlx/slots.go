@@ -34,6 +34,9 @@ type slotPool struct {
 	backend compute.Backend
 	classes [][]*slot
 	bytes   int64 // held by every slot, for metrics
+	// spare are buffers made ahead (Offload.spare) that newSlot hands out
+	// for their shape before it allocates.
+	spare []*slot
 }
 
 func newSlotPool(backend compute.Backend, classes int) *slotPool {
@@ -94,6 +97,13 @@ func (p *slotPool) acquire(v *Var, version uint64) (*slot, bool, error) {
 // newSlot allocates a shared-buffer tensor of shape and keeps its buffer
 // and its bytes.
 func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
+	for i, s := range p.spare {
+		if s.t.Shape().Equal(shape) {
+			p.spare = append(p.spare[:i], p.spare[i+1:]...)
+			p.bytes += int64(len(s.bytes))
+			return s, nil
+		}
+	}
 	t, err := tensors.FromShapeForBackend(p.backend, 0, shape)
 	if err != nil {
 		return nil, err
@@ -151,4 +161,43 @@ func (p *slotPool) close() {
 	}
 	p.classes = nil
 	p.bytes = 0
+	freeSlots(p.spare)
+	p.spare = nil
+}
+
+// freeSlots frees slots that belong to no pool class.
+func freeSlots(ss []*slot) {
+	for _, s := range ss {
+		_ = s.t.FinalizeAll()
+	}
+}
+
+// spareRowTables makes the swap-in buffers of the tables net's layers
+// read by rows (Layer.Lookups of variables zinf streams) before Create
+// initializes the layers. A buffer made after the layers' initial values
+// have passed through the Go heap reuses their memory, which Go zeroes
+// page by page: the table's whole size would be resident for a moment
+// (bench-llm-big: 783 MiB on top of the rest, the peak of the run), where
+// only the batch's rows are resident afterwards (dropPages). Made first
+// and its pages dropped, it costs nothing resident until rows are read
+// into it.
+func (o *Offload) spareRowTables(backend compute.Backend, net Net) error {
+	p := &slotPool{backend: backend}
+	for _, l := range net.Layers {
+		for _, lk := range l.Lookups {
+			v := o.byName[lk.Var]
+			if v == nil || !o.rt.Streamed(v.Name) {
+				continue
+			}
+			s, err := p.newSlot(v.Shape)
+			if err != nil {
+				freeSlots(o.spare)
+				o.spare = nil
+				return fmt.Errorf("zgomlx: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
+			}
+			dropPages(s.bytes) // a buffer the backend reused may be resident
+			o.spare = append(o.spare, s)
+		}
+	}
+	return nil
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 )
 
@@ -99,5 +101,58 @@ func TestSwapInReusesBuffers(t *testing.T) {
 	bindOnly()
 	if a := testing.AllocsPerRun(runs, bindOnly); a != 0 {
 		t.Errorf("binding a layer whose buffers are current allocated %.1f times", a)
+	}
+}
+
+// TestCreateMakesRowTableBuffersFirst: Create makes the swap-in buffer of
+// a table read by rows (a streamed Layer.Lookups variable) before it
+// initializes the layers, and the first swap-in of the table binds that
+// buffer instead of allocating one (spareRowTables: a buffer allocated
+// after the initial values passed through the heap is zeroed page by
+// page, all of it resident for a moment).
+func TestCreateMakesRowTableBuffersFirst(t *testing.T) {
+	ctx := context.Background()
+	backend, err := compute.NewWithConfig(DefaultBackend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(3))
+	const vocab = 20000
+	m := transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(16).WithNumLayers(1).
+		WithNumHeads(2).WithHeadDim(8).WithFFNDim(24).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := TransformerNet(m, TransformerOptions{TieEmbeddings: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.SetScratchDir(t.TempDir())
+	cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
+	cfg.ZeroOptimization.SubGroupSize = 65_536
+	xs := shapes.Make(dtypes.Int32, 2, 8)
+	tr, err := Create(ctx, backend, cfg, store, net, xs, Options{Runtime: zinf.Options{PieceBytes: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	const table = "/token_embed/embeddings"
+	if !tr.off.rt.Streamed(table) {
+		t.Fatalf("%s is not streamed", table)
+	}
+	if len(tr.pool.spare) != 1 || !tr.pool.spare[0].t.Shape().Equal(shapes.Make(dtypes.Float32, vocab, 16)) {
+		t.Fatalf("spare buffers after Create: %d, want the table's", len(tr.pool.spare))
+	}
+	spare := tr.pool.spare[0]
+	ids := make([]int32, 16)
+	for i := range ids {
+		ids[i] = int32(i * 997 % vocab)
+	}
+	x := tensors.FromFlatDataAndDimensions(ids, 2, 8)
+	if _, err := tr.Step(ctx, x, x); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.pool.spare) != 0 || tr.off.byName[table].slot != spare {
+		t.Fatalf("after a step: %d spare buffers, the table's slot is the spare one: %v", len(tr.pool.spare), tr.off.byName[table].slot == spare)
 	}
 }

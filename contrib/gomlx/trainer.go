@@ -123,7 +123,8 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 		}
 	}
 	t := &Trainer{off: off, ex: ex, pool: newSlotPool(backend, off.classes)}
-	t.lp = loop{ex: ex, src: (*zinfSource)(t)}
+	t.pool.spare, off.spare = off.spare, nil
+	t.lp = loop{ex: ex, src: (*zinfSource)(t), serial: off.oneLayer}
 	return t, nil
 }
 
