@@ -128,7 +128,7 @@ func big(o options, w io.Writer) error {
 	if o.credit == "none" {
 		credit = zgomlx.NoHeapCredit
 	}
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, xs, zgomlx.Options{HeapCredit: credit})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, xs, zgomlx.Options{HeapCredit: credit, OneLayerResident: o.oneLayer})
 	if err != nil {
 		return err
 	}
@@ -147,6 +147,11 @@ func big(o options, w io.Writer) error {
 
 	hc, hcs := off.HeapCredit()
 	fmt.Fprintf(w, "heap credit (-heap-credit %s): %.0f MiB, %s\n", o.credit, float64(hc)/(1<<20), hcs)
+	if o.oneLayer {
+		fmt.Fprintf(w, "swap-ins (-one-layer): one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident)\n")
+	} else {
+		fmt.Fprintf(w, "swap-ins: the next layer's while a layer computes, its gradients handed over during the next backward (two layers' of each in Go memory)\n")
+	}
 	pl := rt.Plan()
 	pr := pl.Predicted
 	fmt.Fprintf(w, "plan (rt.Plan): predicted step %.1f s = compute %.1f s (none given: a disk-bound prediction) + exposed parameter I/O %.1f s + exposed gradient I/O %.1f s + exposed optimizer %.1f s (optimizer I/O %.1f s, overlapped %v); NVMe per step read %.2f GiB, written %.2f GiB; prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",
@@ -160,15 +165,26 @@ func big(o options, w io.Writer) error {
 	acts := (int64(o.layers)+2)*tokens*int64(o.dim)*4 + 2*tokens*int64(o.vocab)*4
 	bound := o.pinned + acts + 512<<20
 
+	if o.trainLimit != "" {
+		lim, err := config.ParseSize(o.trainLimit)
+		if err != nil || lim <= 0 {
+			return fmt.Errorf("-train-memlimit %q: want a size such as 1600MiB (%v)", o.trainLimit, err)
+		}
+		prev := debug.SetMemoryLimit(lim)
+		fmt.Fprintf(w, "Go memory limit while training (-train-memlimit): %.0f MiB (creating: %.0f MiB)\n", float64(lim)/(1<<20), float64(prev)/(1<<20))
+	}
 	debug.FreeOSMemory()
 	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // the peak covers training
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	gc0 := ms0.NumGC
 	var walls, computes []time.Duration
+	var trainPeak int64
 	var tm0 = tr.Timings()
 	for s := range o.steps {
 		x, y := batch(o, s)
+		rss0 := procstat.RSS()
+		_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // this step's peak
 		m0 := rt.Metrics()
 		r0, w0, _ := procstat.IO()
 		c0 := tr.Timings().Compute
@@ -181,15 +197,18 @@ func big(o options, w io.Writer) error {
 		comp := tr.Timings().Compute - c0
 		m1 := rt.Metrics()
 		r1, w1, _ := procstat.IO()
+		stepPeak := procstat.PeakRSS()
+		trainPeak = max(trainPeak, stepPeak)
 		walls, computes = append(walls, wall), append(computes, comp)
 		den := max(comp, pr.Total)
-		fmt.Fprintf(w, "step %d/%d  loss %.4f  %.1f s  (compute %.1f s, prediction %.1f s: step/max %.2f)  %.2f tokens/s  NVMe read %.2f GiB written %.2f GiB (disk %.2f / %.2f GiB)  RSS %.0f MiB (peak %.0f)  load %s\n",
+		fmt.Fprintf(w, "step %d/%d  loss %.4f  %.1f s  (compute %.1f s, prediction %.1f s: step/max %.2f)  %.2f tokens/s  NVMe read %.2f GiB written %.2f GiB (the stores' requests %.2f / %.2f GiB; the process's disk I/O %.2f / %.2f GiB)  RSS %.0f MiB before, %.0f after, peak %.0f  load %s\n",
 			s+1, o.steps, loss, wall.Seconds(), comp.Seconds(), pr.Total.Seconds(), wall.Seconds()/den.Seconds(), float64(tokens)/wall.Seconds(),
-			float64(m1.BytesRead-m0.BytesRead)/(1<<30), float64(m1.BytesWritten-m0.BytesWritten)/(1<<30), float64(r1-r0)/(1<<30), float64(w1-w0)/(1<<30),
-			float64(procstat.RSS())/(1<<20), float64(procstat.PeakRSS())/(1<<20), loadavg())
+			float64(m1.BytesRead-m0.BytesRead)/(1<<30), float64(m1.BytesWritten-m0.BytesWritten)/(1<<30),
+			float64(m1.DeviceBytesRead-m0.DeviceBytesRead)/(1<<30), float64(m1.DeviceBytesWritten-m0.DeviceBytesWritten)/(1<<30), float64(r1-r0)/(1<<30), float64(w1-w0)/(1<<30),
+			float64(rss0)/(1<<20), float64(procstat.RSS())/(1<<20), float64(stepPeak)/(1<<20), loadavg())
 	}
 	tm := tr.Timings()
-	peak := procstat.PeakRSS()
+	peak := trainPeak
 	met := rt.Metrics()
 	fmt.Fprintf(w, "\nsummary (%d steps):\n", o.steps)
 	for i := range walls {

@@ -56,6 +56,8 @@ type options struct {
 	subgroup   int
 	credit     string
 	headRows   int
+	oneLayer   bool
+	trainLimit string
 }
 
 func main() {
@@ -78,6 +80,8 @@ func main() {
 	flag.IntVar(&o.ffn, "ffn", 0, "-big: FFN width (0: 4 x dim)")
 	flag.StringVar(&o.credit, "heap-credit", "auto", "-big: the Go heap credit, auto (zgomlx.AutoHeapCredit, the default: what in-memory training keeps live, at most a quarter of RAM) or none (NoHeapCredit: the collector paces by the live heap)")
 	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows); 0: one product over the whole table")
+	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
+	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -108,6 +112,14 @@ func main() {
 	}
 	if o.credit != "auto" && o.credit != "none" {
 		errs = append(errs, fmt.Sprintf("-heap-credit %q (allowed: auto, none)", o.credit))
+	}
+	if !o.big && (o.oneLayer || o.trainLimit != "") {
+		errs = append(errs, "-one-layer or -train-memlimit without -big (allowed: with -big)")
+	}
+	if o.trainLimit != "" {
+		if lim, err := config.ParseSize(o.trainLimit); err != nil || lim <= 0 {
+			errs = append(errs, fmt.Sprintf("-train-memlimit %q (allowed: a size such as 1600MiB)", o.trainLimit))
+		}
 	}
 	if o.big && o.child != "" {
 		errs = append(errs, "-big with -child (allowed: one of them)")
