@@ -138,10 +138,13 @@ bench-llm:
 # straight into zinf, trained 2 steps with a progress line each; step time
 # against max(the executors' compute, the plan's disk-bound prediction),
 # peak RSS against pinned pool + activations + 512 MiB, disk bytes
-# (BENCHMARKS.md). BIG_FLAGS to change the model; BIG_MEMLIMIT is the Go
-# memory limit (GOMEMLIMIT) the run keeps its heap near.
+# (BENCHMARKS.md). BIG_FLAGS to change the model (-layers 31: 1.77 B
+# parameters, 32.9 GiB of state, about 66 GiB free needed); one layer's
+# weights and gradients in Go memory at a time (-one-layer) and a Go memory
+# limit of 1600 MiB while training (-train-memlimit); BIG_MEMLIMIT is the
+# Go memory limit (GOMEMLIMIT) while creating.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none
+BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 1600MiB
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
