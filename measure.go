@@ -20,8 +20,9 @@ import (
 // ParamChecksumBytes is the bytes one checksum covers in the parameter
 // swap store (with zinf.checksums; swapper.StoreOptions.ChecksumBytes):
 // reading a few rows of a streamed tensor (ReadParamRows) reads and
-// verifies 16 KiB around each, not the 1 MiB stripe. The other stores
-// checksum each stripe.
+// verifies 16 KiB around each, not the 1 MiB stripe. The gradient and
+// optimizer stores checksum a sub-group's gradient bytes at most
+// (plan.SubGroupChecksumBytes); the others each stripe.
 const ParamChecksumBytes = 16 << 10
 
 // measure takes from the machine what the plan depends on: it refuses a
