@@ -47,14 +47,10 @@ func sameModel(ctx context.Context, t *testing.T, what string, tr *zgomlx.Traine
 // the step before, and that retrying as the error says (Commit for
 // ErrCommitPending, the step from the start otherwise) gives the
 // fault-free result, bit for bit with in-memory training, for this and
-// the following steps.
+// the following steps; each case with the loop overlapping swap-ins and
+// hand-overs with compute and with Options.OneLayerResident.
 func TestFaultMidStep(t *testing.T) {
-	cases := []struct {
-		name      string
-		rule      faults.Rule
-		transient bool // zinf rewrites the failed write itself: the step succeeds
-		serial    bool // every update in the commit (zinf.Options.SerialStep): the commit fails
-	}{
+	cases := []faultCase{
 		{name: "commit-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}, serial: true},
 		{name: "optimizer-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}},
 		{name: "gradient-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Err: syscall.ENOSPC}},
@@ -62,84 +58,103 @@ func TestFaultMidStep(t *testing.T) {
 		{name: "param-read-EIO", rule: faults.Rule{Kind: faults.Reads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 9, Err: syscall.EIO}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			ctx := watchdog(t, 3*time.Minute)
-			tc := lmCase(dtypes.Float32, 2)
-			b := backend(t)
-			store := newStore(t, b, tc.net, tc.x, 5)
-			memStore := clone(t, store)
-			cfg := testConfig(t, 8<<20)
-			inj := faults.New(1)
-			tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
+		for _, one := range []bool{false, true} {
+			if one {
+				c.name += "/one-layer-resident"
+			}
+			faultMidStep(t, c, one)
+		}
+	}
+}
+
+// faultCase is a fault TestFaultMidStep injects.
+type faultCase struct {
+	name      string
+	rule      faults.Rule
+	transient bool // zinf rewrites the failed write itself: the step succeeds
+	serial    bool // every update in the commit (zinf.Options.SerialStep): the commit fails
+}
+
+// faultMidStep is one case of TestFaultMidStep; one trains with
+// Options.OneLayerResident.
+func faultMidStep(t *testing.T, c faultCase, one bool) {
+	t.Run(c.name, func(t *testing.T) {
+		ctx := watchdog(t, 3*time.Minute)
+		tc := lmCase(dtypes.Float32, 2)
+		b := backend(t)
+		store := newStore(t, b, tc.net, tc.x, 5)
+		memStore := clone(t, store)
+		cfg := testConfig(t, 8<<20)
+		inj := faults.New(1)
+		tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{OneLayerResident: one, Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		mt, err := zgomlx.NewMemoryTrainer(b, memStore, tc.net, cfg, zgomlx.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mt.Close()
+		step := func(i int) {
+			t.Helper()
+			x, y := tc.batch(i)
+			lo, err := tr.Step(ctx, x, y)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("step %d: %v", i, err)
 			}
-			defer tr.Close()
-			mt, err := zgomlx.NewMemoryTrainer(b, memStore, tc.net, cfg, zgomlx.Options{})
-			if err != nil {
-				t.Fatal(err)
+			if lm, _ := mt.Step(ctx, x, y); lm != lo {
+				t.Fatalf("step %d: loss %v offloaded, %v in memory", i, lo, lm)
 			}
-			defer mt.Close()
-			step := func(i int) {
-				t.Helper()
-				x, y := tc.batch(i)
-				lo, err := tr.Step(ctx, x, y)
-				if err != nil {
-					t.Fatalf("step %d: %v", i, err)
-				}
-				if lm, _ := mt.Step(ctx, x, y); lm != lo {
-					t.Fatalf("step %d: loss %v offloaded, %v in memory", i, lo, lm)
-				}
-			}
-			step(0)
-			step(1)
-			// Step 2 fails.
-			inj.Add(c.rule)
-			x, y := tc.batch(2)
-			_, err = tr.Step(ctx, x, y)
-			if c.transient {
-				if err != nil || inj.Hits() == 0 {
-					t.Fatalf("a write that failed once: %v (%d faults fired)", err, inj.Hits())
-				}
-				inj.Clear()
-				if _, err := mt.Step(ctx, x, y); err != nil {
-					t.Fatal(err)
-				}
-				sameModel(ctx, t, "after the step a failed write was redone in", tr, mt, memStore)
-				return
-			}
-			if err == nil {
-				t.Fatalf("no error with %s (%d faults fired)", c.name, inj.Hits())
-			}
-			if inj.Hits() == 0 {
-				t.Fatalf("the step failed without the fault firing: %v", err)
+		}
+		step(0)
+		step(1)
+		// Step 2 fails.
+		inj.Add(c.rule)
+		x, y := tc.batch(2)
+		_, err = tr.Step(ctx, x, y)
+		if c.transient {
+			if err != nil || inj.Hits() == 0 {
+				t.Fatalf("a write that failed once: %v (%d faults fired)", err, inj.Hits())
 			}
 			inj.Clear()
-			if c.rule.Err == syscall.ENOSPC && !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, aio.ErrNoSpace) {
-				t.Fatalf("not ENOSPC: %v", err)
-			}
-			t.Logf("step 2 failed: %v", err)
-			if c.serial != errors.Is(err, zgomlx.ErrCommitPending) || c.serial == errors.Is(err, zgomlx.ErrStepAborted) {
-				t.Fatalf("serial step %v, but the error is %v", c.serial, err)
-			}
-			sameModel(ctx, t, "after the failed step", tr, mt, memStore)
-			if errors.Is(err, zgomlx.ErrCommitPending) {
-				if _, err := tr.Step(ctx, x, y); !errors.Is(err, zgomlx.ErrCommitPending) {
-					t.Fatalf("a new step with a commit pending: %v", err)
-				}
-				if err := tr.Commit(ctx); err != nil {
-					t.Fatalf("retried commit: %v", err)
-				}
-			} else if _, err := tr.Step(ctx, x, y); err != nil {
-				t.Fatalf("step 2 again: %v", err)
-			}
 			if _, err := mt.Step(ctx, x, y); err != nil {
 				t.Fatal(err)
 			}
-			sameModel(ctx, t, "after the retry", tr, mt, memStore)
-			step(3)
-			step(4)
-			sameModel(ctx, t, "two steps later", tr, mt, memStore)
-		})
-	}
+			sameModel(ctx, t, "after the step a failed write was redone in", tr, mt, memStore)
+			return
+		}
+		if err == nil {
+			t.Fatalf("no error with %s (%d faults fired)", c.name, inj.Hits())
+		}
+		if inj.Hits() == 0 {
+			t.Fatalf("the step failed without the fault firing: %v", err)
+		}
+		inj.Clear()
+		if c.rule.Err == syscall.ENOSPC && !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, aio.ErrNoSpace) {
+			t.Fatalf("not ENOSPC: %v", err)
+		}
+		t.Logf("step 2 failed: %v", err)
+		if c.serial != errors.Is(err, zgomlx.ErrCommitPending) || c.serial == errors.Is(err, zgomlx.ErrStepAborted) {
+			t.Fatalf("serial step %v, but the error is %v", c.serial, err)
+		}
+		sameModel(ctx, t, "after the failed step", tr, mt, memStore)
+		if errors.Is(err, zgomlx.ErrCommitPending) {
+			if _, err := tr.Step(ctx, x, y); !errors.Is(err, zgomlx.ErrCommitPending) {
+				t.Fatalf("a new step with a commit pending: %v", err)
+			}
+			if err := tr.Commit(ctx); err != nil {
+				t.Fatalf("retried commit: %v", err)
+			}
+		} else if _, err := tr.Step(ctx, x, y); err != nil {
+			t.Fatalf("step 2 again: %v", err)
+		}
+		if _, err := mt.Step(ctx, x, y); err != nil {
+			t.Fatal(err)
+		}
+		sameModel(ctx, t, "after the retry", tr, mt, memStore)
+		step(3)
+		step(4)
+		sameModel(ctx, t, "two steps later", tr, mt, memStore)
+	})
 }
