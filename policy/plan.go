@@ -297,7 +297,7 @@ func (pl *planner) notef(format string, args ...any) {
 //  5. Optimizer buffers default to three groups (read ahead, update,
 //     write behind), shrunk to fit.
 //  6. What is left of the pinned budget caches parameters in front of NVMe,
-//     up to Hints.MaxInCPUBytes, first used first.
+//     up to Hints.MaxInCPUBytes, spread over the pass (see spreadCache).
 func Plan(t Tiers, inv []Tensor, h Hints) (*Placement, error) {
 	if err := validate(t, inv, h); err != nil {
 		return nil, err
@@ -485,16 +485,7 @@ func (pl *planner) plan() (*Placement, error) {
 		if cut {
 			budget = avail
 		}
-		for i, x := range pl.inv {
-			if x.Kind != Param {
-				continue
-			}
-			if cacheBytes+x.Bytes > budget {
-				break
-			}
-			cacheBytes += x.Bytes
-			pl.tier[i] = tensor.TierCPU
-		}
+		cacheBytes = pl.spreadCache(budget)
 		if cut {
 			pl.notef("max_in_cpu cache cut from %s to %s: %s of the %s pinned budget is left after the buffers",
 				FormatBytes(pl.h.MaxInCPUBytes), FormatBytes(cacheBytes), FormatBytes(avail), FormatBytes(pl.t.CPUBytes))
@@ -996,4 +987,61 @@ func (p *Placement) repredict() {
 	if p.Schedule == ScheduleLayerMajor {
 		p.Predicted = p.PredictedLayerMajor
 	}
+}
+
+// spreadCache homes on the CPU tier (the max_in_cpu cache) NVMe
+// parameters of at most budget bytes, spread over the pass (SpreadCache),
+// and returns the bytes cached.
+func (pl *planner) spreadCache(budget int64) int64 {
+	var idx []int
+	var sizes []int64
+	for i, x := range pl.inv {
+		if x.Kind == Param && pl.tier[i] == tensor.TierNVMe {
+			idx = append(idx, i)
+			sizes = append(sizes, x.Bytes)
+		}
+	}
+	var taken int64
+	for j, keep := range SpreadCache(sizes, budget) {
+		if keep {
+			taken += sizes[j]
+			pl.tier[idx[j]] = tensor.TierCPU
+		}
+	}
+	return taken
+}
+
+// SpreadCache chooses, of tensors of the given sizes in the order a pass
+// uses them, the ones a cache of budget bytes keeps for good: spread
+// evenly over the pass. Walking the tensors in order, one is kept while
+// the bytes kept stay at the budget's share of the bytes walked (to the
+// nearest half tensor) and within the budget. In a pass that uses every
+// tensor once (a decoding step), each layer's reads then shrink by about
+// that share and overlap the compute of the layers around them; keeping
+// the first-used tensors instead would leave whole layers with nothing to
+// read while the disk idles under their compute, and the rest to read at
+// full size. A size <= 0 is never kept.
+func SpreadCache(sizes []int64, budget int64) []bool {
+	keep := make([]bool, len(sizes))
+	var total int64
+	for _, b := range sizes {
+		total += max(b, 0)
+	}
+	if total == 0 || budget <= 0 {
+		return keep
+	}
+	share := min(float64(budget)/float64(total), 1)
+	var walked, taken int64
+	for i, b := range sizes {
+		if b <= 0 {
+			continue
+		}
+		walked += b
+		if taken+b > budget || float64(taken)+float64(b)/2 > share*float64(walked) {
+			continue
+		}
+		taken += b
+		keep[i] = true
+	}
+	return keep
 }
