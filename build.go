@@ -73,7 +73,7 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 		return err
 	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: r.Rank, WorldSize: r.World,
-		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, PieceBytes: r.pieces.ParamBytes,
+		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, CacheKeep: r.cacheKeep(p.DType.Size(), opts.PrefetchDepth), PieceBytes: r.pieces.ParamBytes,
 		// The reservations bound parameter memory; a slot count below the
 		// tensors of one layer would deadlock its barrier, so
 		// offload_param.buffer_count is not a limit here.
@@ -194,3 +194,53 @@ func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
 	}
 	return accel.NewSim(accel.SimOptions{CapacityBytes: d.SimBytes, Name: "sim"})
 }
+
+// cacheKeep is, for inference, the set of NVMe parameters the CPU cache
+// (max_in_cpu) keeps: every decoding pass uses each weight once and never
+// changes it, so the cache holds a fixed set, spread over the layers
+// (policy.SpreadCache) so that the reads left overlap the compute of every
+// layer. The set fits what the prefetch window leaves of the cache's
+// memory (the two share it, and a prefetch short of memory evicts cached
+// weights, which the next pass reads again: 2 GiB a decoding step of 16
+// GiB cached in a 16.5 GiB pool, when the set took all of it). Of the
+// partitions moved whole only: a streamed one (larger than a piece) never
+// enters the cache. nil when training (the cache keeps what the passes
+// released, and the backward pass reuses the forward's last layers) or
+// without a cache.
+func (r *Runtime) cacheKeep(elem, depthOpt int) func(string) bool {
+	if !r.inference || r.res.ParamCacheBytes <= 0 {
+		return nil
+	}
+	depth := max(r.placement.PrefetchDepth, depthOpt, 0)
+	budget := min(r.res.ParamCacheBytes, r.res.PrefetchBytes-int64(depth)*r.res.ParamDemandBytes)
+	var names []string
+	var sizes []int64
+	for _, layer := range r.placement.NVMeParamsByLayer() {
+		for _, n := range layer {
+			lo, hi := r.Partition(n)
+			b := int64(hi-lo) * int64(elem)
+			if r.pieces.ParamBytes > 0 && b > r.pieces.ParamBytes {
+				b = 0 // streamed
+			}
+			names = append(names, n)
+			sizes = append(sizes, r.Pool.BlockBytes(b))
+		}
+	}
+	keep := map[string]bool{}
+	for i, k := range policy.SpreadCache(sizes, budget) {
+		if k {
+			keep[names[i]] = true
+		}
+	}
+	r.cacheSet = keep
+	return func(name string) bool { return keep[name] }
+}
+
+// CacheKeeps reports whether the parameter swapper's CPU cache
+// (offload_param.max_in_cpu, as far as the pinned pool holds it) keeps
+// the NVMe parameter name for good once read: in inference, the fixed set
+// spread over the layers that Open chose. Such a weight is read from NVMe
+// (or its file) once, then served from pinned memory by every pass while
+// the pool is not short. Always false when training, whose cache keeps
+// whatever the passes released.
+func (r *Runtime) CacheKeeps(name string) bool { return r.cacheSet[name] }

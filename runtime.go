@@ -155,6 +155,9 @@ type Runtime struct {
 	ownDevice bool
 	model     *plan.Index
 	placement *policy.Placement
+	// cacheSet is, in inference, the NVMe parameters the CPU cache keeps
+	// (cacheKeep); nil when training.
+	cacheSet  map[string]bool
 	res       Reservations
 	bandwidth Bandwidth
 	disk      []swapper.SpaceNeed

@@ -58,7 +58,7 @@ func (s *Swapper) cacheLocked() *ristretto.Cache[string, *cacheEntry] {
 // waits for the pool's memory (poolShortLocked).
 func (s *Swapper) cachePutLocked(t *tensor, blk *block, gen uint64) {
 	c := s.cacheLocked()
-	if c == nil || blk.buf == nil || blk.bytes > s.opts.MaxInCPUBytes || s.poolShortLocked() {
+	if c == nil || blk.buf == nil || blk.bytes > s.opts.MaxInCPUBytes || s.opts.CacheKeep != nil && !s.opts.CacheKeep(t.name) || s.poolShortLocked() {
 		blk.release()
 		return
 	}

@@ -33,6 +33,12 @@ type Options struct {
 	// partitions kept in pinned pool memory (a ristretto cache in front of
 	// NVMe). Default 0: no cache. At most the pool's capacity.
 	MaxInCPUBytes int64
+	// CacheKeep, when set, admits to the CPU cache only the partitions it
+	// accepts (by tensor name): a fixed set chosen for passes that use
+	// every partition once each time (inference: policy.SpreadCache),
+	// where which partitions stay matters and how recently they were used
+	// does not. Default nil: any released partition may enter.
+	CacheKeep func(name string) bool
 	// PieceBytes, when > 0, moves every NVMe partition larger than it in
 	// pieces of at most PieceBytes (a multiple of the store's PieceUnit):
 	// such a partition is streamed, never swapped in whole — Prefetch,
