@@ -555,3 +555,100 @@ func TestEmbeddingRows(t *testing.T) {
 		t.Fatalf("WeightBytes %d, want %d: the weights less the embedding read by rows", g.WeightBytes(), all-embed)
 	}
 }
+
+// TestMaxInCPUCacheSpread: with offload_param.max_in_cpu in a pool that
+// holds it, the weights the runtime keeps in pinned memory (CachedBytes)
+// are spread over the transformer layers, within the budget, read by no
+// decoding step once the cache holds them (a step reads exactly the
+// streamed weights, WeightBytes, and what it reads without the cache less
+// the cached bytes), and the tokens are GoMLX's in-memory ones.
+func TestMaxInCPUCacheSpread(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	const layers = 6
+	fn := tiny(dtypes.Float32, layers)
+	w := seededWeights(t, be, fn, 42)
+	s := generate.Sampling{MaxNewTokens: 10}
+	ps := prompts(3, 5, 97, 1)
+	want := reference(ctx, t, be, fn, w, ps, s)
+
+	// gen generates and returns the NVMe bytes each decoding step read.
+	gen := func(g *generate.Generator) []int64 {
+		t.Helper()
+		rt := g.Runtime()
+		var steps []int64
+		last := rt.Metrics().BytesRead
+		res, err := g.Generate(ctx, ps, s, func(si generate.StepInfo) {
+			now := rt.Metrics().BytesRead
+			if si.Step > 0 {
+				steps = append(steps, now-last)
+			}
+			last = now
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+			t.Fatalf("through zinf:\n%v\nin memory:\n%v", res.Tokens, want)
+		}
+		return steps
+	}
+	plain := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
+	var total int64
+	for _, v := range plain.Vars() {
+		total += int64(v.Numel()) * 4
+	}
+	if n, b := plain.CachedBytes(); n != 0 || b != 0 || plain.WeightBytes() != total {
+		t.Fatalf("no max_in_cpu: %d tensors (%d bytes) cached, %d of %d bytes streamed", n, b, plain.WeightBytes(), total)
+	}
+	stepsPlain := gen(plain)
+
+	cfg := nvmeConfig(t, 4<<20+total, false)
+	budget := total / 2
+	cfg.ZeroOptimization.OffloadParam.MaxInCPU = budget / 4 // elements
+	g := openGenerator(ctx, t, be, cfg, fn, w, generate.Options{})
+	n, cached := g.CachedBytes()
+	if n == 0 || cached > budget || cached < budget/2 {
+		t.Fatalf("%d tensors, %d bytes cached of a %d-byte max_in_cpu (weights %d)", n, cached, budget, total)
+	}
+	if g.WeightBytes()+cached != total {
+		t.Fatalf("streamed %d + cached %d != the weights' %d bytes", g.WeightBytes(), cached, total)
+	}
+	perLayer := map[int]int{}
+	for _, v := range g.Vars() {
+		if g.Runtime().CacheKeeps(v.Name) {
+			perLayer[v.Layer]++
+		}
+	}
+	for l := 1; l <= layers; l++ {
+		if perLayer[l] == 0 {
+			t.Fatalf("no weight of transformer layer %d cached (per layer: %v): the cache is not spread", l, perLayer)
+		}
+	}
+	steps := gen(g)
+	// The cache fills as the first passes release their weights; after
+	// it, a decoding step reads the streamed weights only. Each pass
+	// prefetches the next one's first layer, so a step's count is off by
+	// what the two prefetches differ: sums over the steps after the first
+	// two are within two layers (and the embedding's rows) of exact.
+	var slack int64
+	layerBytes := map[int]int64{}
+	for _, v := range g.Vars() {
+		layerBytes[v.Layer] += int64(v.Numel()) * 4
+		slack = max(slack, 2*layerBytes[v.Layer])
+	}
+	sum := func(xs []int64) (n int64) {
+		for _, x := range xs[2:] {
+			n += x
+		}
+		return n
+	}
+	k := int64(len(steps) - 2)
+	if got, want := sum(steps), k*g.WeightBytes(); got < want-slack || got > want+slack {
+		t.Fatalf("decoding steps 3.. read %d bytes, %d steps of the %d streamed = %d (slack %d); steps %v", got, k, g.WeightBytes(), want, slack, steps)
+	}
+	if got, want := sum(stepsPlain)-sum(steps), k*cached; got < want-slack || got > want+slack {
+		t.Fatalf("decoding steps 3.. read %d bytes fewer than without the cache: want %d steps x %d cached = %d (slack %d); steps %v, without the cache %v",
+			got, k, cached, want, slack, steps, stepsPlain)
+	}
+}

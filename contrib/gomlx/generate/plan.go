@@ -14,19 +14,47 @@ import (
 // WeightBytes is what one decoding pass reads of the streamed weights:
 // every weight in the runtime's parameter dtype, but of a token embedding
 // read by rows (a large one moves in pieces) only the pieces of the rows
-// it needs, counted here as none.
+// it needs, counted here as none, and none of the weights the runtime
+// holds in pinned memory (CachedBytes).
 func (g *Generator) WeightBytes() int64 {
 	if ms, ok := g.src.(*mappedSource); ok {
 		return ms.weightBytes(g.vars, g.rowsOf)
 	}
 	var n int64
 	for i, v := range g.vars {
-		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) {
+		if g.rowsOf != nil && &g.vars[i] == g.rowsOf && g.rt.Streamed(v.Name) || g.cached(v) {
 			continue
 		}
-		n += int64(v.Numel()) * int64(plan.ParamDType(g.rt.Config).Size())
+		n += g.paramBytes(v)
 	}
 	return n
+}
+
+// CachedBytes is the weights the runtime keeps in pinned host memory in
+// front of NVMe (offload_param.max_in_cpu, as far as the pinned budget
+// holds it), and how many: read from NVMe or their files once, when the
+// Generator opens, and by no decoding pass. A mapped model has none.
+func (g *Generator) CachedBytes() (tensors int, bytes int64) {
+	if g.rt == nil {
+		return 0, 0
+	}
+	for _, v := range g.vars {
+		if g.cached(v) {
+			tensors++
+			bytes += g.paramBytes(v)
+		}
+	}
+	return tensors, bytes
+}
+
+// cached reports whether the runtime holds v in pinned memory for good
+// (its max_in_cpu cache: zinf.Runtime.CacheKeeps).
+func (g *Generator) cached(v Var) bool {
+	return g.rt != nil && g.rt.CacheKeeps(v.Name)
+}
+
+func (g *Generator) paramBytes(v Var) int64 {
+	return int64(v.Numel()) * int64(plan.ParamDType(g.rt.Config).Size())
 }
 
 // KVBytesPerSequence is one layer's KV cache entry for one sequence that
