@@ -20,7 +20,10 @@
 #   BIG_MODEL  default vocab=256,dim=2048,layers=168,heads=16,kv-heads=16,ffn=16384,dtype=bf16
 #              (14.1e9 parameters, 26.25 GiB of bf16 weights, 160 MiB a layer)
 #   BIG_SIDES  default "zinf plain"; BIG_ROUNDS default 1 (even rounds run the sides in reverse order)
-#   BIG_NEW    new tokens, default 8;  BIG_BATCH default 1;  BIG_POOL default 512MiB
+#   BIG_NEW    new tokens, default 8;  BIG_BATCH default 1;  BIG_POOL default 512MiB (+ BIG_CACHE_MIB)
+#   BIG_CACHE_MIB MiB of weights zinf keeps in its pinned pool for good (--max-in-cpu, spread over
+#              the layers: read once, by no decoding step), default 0: every weight streamed every
+#              step. The pool and the zinf side's address-space limit grow by as much.
 #   BIG_NEW_MMAP new tokens of the mmap sides, default BIG_NEW (fewer shortens a run whose every
 #              step rereads the file: their tokens are then checked as a prefix of zinf's)
 #   BIG_COMPUTE the dtype the model computes in, default fp32 (each bf16 weight widened as its layer
@@ -37,7 +40,13 @@ rounds=${BIG_ROUNDS:-1}
 new=${BIG_NEW:-8}
 new_mmap=${BIG_NEW_MMAP:-$new}
 batch=${BIG_BATCH:-1}
-pool=${BIG_POOL:-512MiB}
+cache_mib=${BIG_CACHE_MIB:-0}
+case $cache_mib in '' | *[!0-9]*)
+	echo "BIG_CACHE_MIB: $cache_mib (allowed: a whole number of MiB, 0 for none)" >&2
+	exit 2
+	;;
+esac
+pool=${BIG_POOL:-$((512 + cache_mib))MiB}
 memlimit=${BIG_MEMLIMIT-600MiB}
 if [ -n "$memlimit" ]; then
 	export GOMEMLIMIT="$memlimit"
@@ -74,7 +83,7 @@ while [ $i -lt "$batch" ]; do
 	prompts="$prompts --prompt $(echo ABCDEFGHIJKLMNOPQRSTUVWXYZ | cut -c$((i % 26 + 1)))" # one-token prompts: A, B, ...
 	i=$((i + 1))
 done
-echo "bench-generate-big: model $model, computed in $compute; sides: $sides; batch $batch, $new new tokens, pool $pool; GOMEMLIMIT ${memlimit:-unset}; in $work"
+echo "bench-generate-big: model $model, computed in $compute; sides: $sides; batch $batch, $new new tokens, pool $pool (of it ${cache_mib} MiB of weights kept); GOMEMLIMIT ${memlimit:-unset}; in $work"
 echo "  $(date -u +%FT%TZ) load average $(cut -d' ' -f1-3 /proc/loadavg); $(free -g | awk '/^Mem:/ {print "RAM " $2 " GiB, available " $7 " GiB"}'); disk free $(df -h --output=avail "$dir" | tail -1 | tr -d ' ')"
 (
 	ulimit -v 16000000
@@ -93,8 +102,8 @@ run_side() { # side round
 	if [ "$1" = zinf ]; then
 		# shellcheck disable=SC2086
 		(
-			ulimit -v 16000000
-			timeout "$limit" "$bin" $common $prompts --config "$work/config.json" --in-place-only --piece-bytes -1 --plan=false
+			ulimit -v $((16000000 + cache_mib * 1024)) # the pool is address space
+			timeout "$limit" "$bin" $common $prompts --config "$work/config.json" --in-place-only --piece-bytes -1 --plan=false --max-in-cpu "${cache_mib}MiB"
 		) >"$out" 2>&1 || { cat "$out"; echo "zinf side failed" >&2; return 1; }
 	else
 		# shellcheck disable=SC2086

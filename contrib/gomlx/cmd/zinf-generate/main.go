@@ -44,6 +44,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
 	"github.com/zinfio/zinf/metrics"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -210,7 +211,7 @@ type options struct {
 	topK                                             int
 	seed                                             int64
 	eos, stop                                        string
-	pool                                             int64
+	pool, maxInCPU                                   int64
 	verify, quiet                                    bool
 	traceFile, metricsAddr                           string
 	progress                                         bool
@@ -260,6 +261,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.StringVar(&o.eos, "eos", "", "EOS token ids, comma-separated (a sequence ends at one)")
 	fs.StringVar(&o.stop, "stop", "", "stop token ids, comma-separated")
 	fs.Var(sizeFlag{&o.pool}, "pool", "pinned pool (zinf.tiers.cpu_pinned_bytes), e.g. 8MiB; default: the config's")
+	o.maxInCPU = -1
+	fs.Var(sizeFlag{&o.maxInCPU}, "max-in-cpu", "weights kept in the pinned pool for good, spread over the layers, e.g. 16GiB (offload_param.max_in_cpu, given here in bytes): read once, by no decoding pass; the pool must hold them beside its swap buffers (a cache cut to fit is said); default: the config's (the embedded one: 0, every weight streamed every pass)")
 	fs.BoolVar(&o.verify, "verify", false, "also generate greedily with GoMLX's generator, the whole model in memory, and compare the tokens")
 	fs.BoolVar(&o.progress, "progress", true, "a line per decoding step")
 	fs.StringVar(&o.traceFile, "trace", "", "write the runtime's timeline (Chrome trace-event JSON, for Perfetto) to this new file")
@@ -358,6 +361,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.pool < 0 {
 		return fmt.Errorf("--pool %d (allowed: > 0)", o.pool)
 	}
+	if o.maxInCPU >= 0 && o.mmap != "" {
+		return errors.New("--max-in-cpu keeps weights in zinf's pinned pool: not with --mmap, which has none")
+	}
 	if o.pieceBytes < -1 {
 		return fmt.Errorf("--piece-bytes %d (allowed: -1, 0 or a size in bytes)", o.pieceBytes)
 	}
@@ -400,6 +406,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	if sp.DType == dtypes.BFloat16 {
 		cfg.BF16 = true // the weights are stored in bf16
+	}
+	if o.maxInCPU >= 0 {
+		cfg.ZeroOptimization.OffloadParam.MaxInCPU = o.maxInCPU / int64(plan.ParamDType(cfg).Size()) // elements, as DeepSpeed counts them
 	}
 	if computeDType == dtypes.BFloat16 {
 		// compute v0.1.2's fused dense has no bf16 kernel.
@@ -456,8 +465,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	wb := g.WeightBytes()
 	pool := g.Runtime().Metrics().PinnedBytes
 	fmt.Fprintf(stdout, "model: %s; tokenizer %s; %s\n", sp, tok.name, source)
+	nc, cb := g.CachedBytes()
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
-		len(g.Vars()), mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+		len(g.Vars())-nc, mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb+cb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+	if want := cfg.ZeroOptimization.OffloadParam.MaxInCPU * int64(plan.ParamDType(cfg).Size()); nc > 0 || want > 0 {
+		fmt.Fprintf(stdout, "  %d tensors (%s) held in the pinned pool for good, spread over the layers: read once, by no decoding pass (max_in_cpu %s; the pool spares %s for it)\n",
+			nc, mib(cb), mib(want), mib(g.Runtime().Reservations().ParamCacheBytes))
+	}
 	if n, b := g.InPlace(); n > 0 {
 		fmt.Fprintf(stdout, "  %d tensors (%s) read in place from their files by O_DIRECT, %d copied into the swap files\n", n, config.Size(b), len(g.Vars())-n)
 	}

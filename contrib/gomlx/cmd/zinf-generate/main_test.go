@@ -261,3 +261,52 @@ func TestMakeModelMmap(t *testing.T) {
 		t.Errorf("--compute-dtype fp32: mapped %q, through zinf %q", got, want)
 	}
 }
+
+// TestMaxInCPUFlag: --max-in-cpu keeps part of the weights in the pinned
+// pool for good (said on the weights' line), each decoding step then reads
+// only the rest, the tokens still equal in-memory generation; with --mmap,
+// which has no pool, it is refused by name.
+func TestMaxInCPUFlag(t *testing.T) {
+	t.Setenv("GOMLX_FUSION", "false")
+	st := filepath.Join(t.TempDir(), "model.safetensors")
+	spec := "dim=64,layers=4,heads=4,kv-heads=2,ffn=128,dtype=bf16"
+	if out, err := runCLI(t, "--model", spec, "--make-model", st, "--seed", "5"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	common := []string{"--model", spec, "--safetensors", st, "--names", "vars", "--prompt", "And God said, 01", "--max-new-tokens", "6",
+		"--progress=false", "--in-place-only", "--piece-bytes", "-1", "--plan=false", "--verify"}
+	stepBytes := func(out string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if i := strings.Index(l, "weights read a decoding step "); i >= 0 {
+				return l[i+len("weights read a decoding step "):]
+			}
+		}
+		t.Fatalf("no decoding step line:\n%s", out)
+		return ""
+	}
+	plain, err := runCLI(t, append(common, "--pool", "2MiB")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, plain)
+	}
+	out, err := runCLI(t, append(common, "--pool", "4MiB", "--max-in-cpu", "512KiB")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"held in the pinned pool for good, spread over the layers", "(max_in_cpu 0.5 MiB;", "greedy tokens equal in-memory generation: true"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--max-in-cpu: the output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(plain, "held in the pinned pool") {
+		t.Errorf("without --max-in-cpu a cache is reported:\n%s", plain)
+	}
+	if a, b := stepBytes(plain), stepBytes(out); a == b {
+		t.Errorf("a decoding step read %s with the cache and without it", a)
+	}
+	if _, err := runCLI(t, "--model", spec, "--safetensors", st, "--names", "vars", "--prompt", "x", "--mmap", "plain", "--max-in-cpu", "1MiB"); err == nil || !strings.Contains(err.Error(), "--max-in-cpu") {
+		t.Fatalf("--max-in-cpu with --mmap: %v", err)
+	}
+	if _, err := runCLI(t, append(common, "--max-in-cpu", "lots")...); err == nil || !strings.Contains(err.Error(), "max-in-cpu") {
+		t.Fatalf("--max-in-cpu lots: %v", err)
+	}
+}
