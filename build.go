@@ -199,10 +199,9 @@ func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
 // (max_in_cpu) keeps: every decoding pass uses each weight once and never
 // changes it, so the cache holds a fixed set, spread over the layers
 // (policy.SpreadCache) so that the reads left overlap the compute of every
-// layer. The set fits what the prefetch window leaves of the cache's
-// memory (the two share it, and a prefetch short of memory evicts cached
-// weights, which the next pass reads again: 2 GiB a decoding step of 16
-// GiB cached in a 16.5 GiB pool, when the set took all of it). Of the
+// layer. The set fits what the planned prefetch window leaves of the
+// cache's memory: the two share it, and a prefetch short of memory would
+// evict cached weights for the next pass to read again. Of the
 // partitions moved whole only: a streamed one (larger than a piece) never
 // enters the cache. nil when training (the cache keeps what the passes
 // released, and the backward pass reuses the forward's last layers) or

@@ -457,7 +457,11 @@ type StepInfo struct {
 	Position int           // the position of the pass's first token
 	Time     time.Duration // the pass
 	IOWait   time.Duration // of it, waiting for weights
-	Tokens   []int32       // the token sampled for each sequence (-1: none yet, or ended)
+	// BytesRead is the weight bytes read from NVMe (or copied from a
+	// mapping) while the pass ran: its own reads, and the prefetches of the
+	// next pass's first layers that it issued.
+	BytesRead int64
+	Tokens    []int32 // the token sampled for each sequence (-1: none yet, or ended)
 }
 
 // Generate runs prompts (token ids, one sequence each) as one batch: a
@@ -516,7 +520,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		in[i] = p[:minLen]
 	}
 	for pos := 0; pos < total-1; {
-		t0, w0 := time.Now(), g.src.ioWait()
+		t0, w0, rd0 := time.Now(), g.src.ioWait(), g.src.bytesRead()
 		// A pass after which every sequence has its tokens is the last
 		// (an EOS may end generation earlier): it prefetches nothing of
 		// the next.
@@ -565,7 +569,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 			}
 		}
 		if onStep != nil {
-			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, IOWait: wait, Tokens: report})
+			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, IOWait: wait, BytesRead: g.src.bytesRead() - rd0, Tokens: report})
 		}
 		if allDone {
 			break

@@ -846,6 +846,7 @@ func generateAll(ctx context.Context, g *generate.Generator, o options, tok *tok
 	var stepTimes, waits []time.Duration // decoding steps in which every sequence generated
 	var decode, prefill, iowait time.Duration
 	var read int64
+	var decodeReads []int64 // each decoding step's: the median is the steady step's (the first's first layer came with the prefill, the last prefetches nothing)
 	for lo := 0; lo < len(prompts); lo += batch {
 		chunk := prompts[lo:min(lo+batch, len(prompts))]
 		total := longest + o.maxNew
@@ -853,6 +854,9 @@ func generateAll(ctx context.Context, g *generate.Generator, o options, tok *tok
 			if s.Step > 0 && !slices.Contains(s.Tokens, -1) {
 				stepTimes = append(stepTimes, s.Time)
 				waits = append(waits, s.IOWait)
+			}
+			if s.Step > 0 {
+				decodeReads = append(decodeReads, s.BytesRead)
 			}
 			if !o.progress {
 				return
@@ -895,8 +899,9 @@ func generateAll(ctx context.Context, g *generate.Generator, o options, tok *tok
 		slices.Sort(stepTimes)
 		slices.Sort(waits)
 		med, w := stepTimes[len(stepTimes)/2], waits[len(waits)/2]
-		fmt.Fprintf(stdout, "decoding step: median %.1f ms = waiting for weights %.1f ms (median) + compute %.1f ms; weights read a decoding step %s\n",
-			float64(med)/1e6, float64(w)/1e6, float64(med-w)/1e6, mib(read/int64(max(1, steps))))
+		slices.Sort(decodeReads)
+		fmt.Fprintf(stdout, "decoding step: median %.1f ms = waiting for weights %.1f ms (median) + compute %.1f ms; weights read a decoding step %s (median)\n",
+			float64(med)/1e6, float64(w)/1e6, float64(med-w)/1e6, mib(decodeReads[len(decodeReads)/2]))
 		pred := ""
 		if predicted > 0 {
 			pred = fmt.Sprintf("; predicted %.2f", predicted)
