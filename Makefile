@@ -194,9 +194,11 @@ bench-generate:
 # Issue 19's bar (b): a zoo transformer whose bf16 weights exceed RAM
 # (26.25 GiB by default, written with random weights, deleted at the end)
 # generating through zinf and from an mmap'ed file, side by side in
-# separate processes (scripts/bench-generate-big.sh; BIG_* variables). Tens
-# of minutes and the model's size on disk: run it under the machine's
-# big-run lock. Not part of make test.
+# separate processes (scripts/bench-generate-big.sh; BIG_* variables): zinf
+# keeps what the RAM holds of the weights in its pinned pool for good
+# (BIG_CACHE_MIB, default the memory available less 7 GiB) and streams the
+# rest. Tens of minutes and the model's size on disk: run it under the
+# machine's big-run lock. Not part of make test.
 bench-generate-big:
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate-big.sh

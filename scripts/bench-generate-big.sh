@@ -22,8 +22,10 @@
 #   BIG_SIDES  default "zinf plain"; BIG_ROUNDS default 1 (even rounds run the sides in reverse order)
 #   BIG_NEW    new tokens, default 8;  BIG_BATCH default 1;  BIG_POOL default 512MiB (+ BIG_CACHE_MIB)
 #   BIG_CACHE_MIB MiB of weights zinf keeps in its pinned pool for good (--max-in-cpu, spread over
-#              the layers: read once, by no decoding step), default 0: every weight streamed every
-#              step. The pool and the zinf side's address-space limit grow by as much.
+#              the layers: read once, by no decoding step); default auto: the memory available less
+#              7 GiB (the executors' buffers, the Go heap, the rest of the machine), in whole GiB
+#              (15-16 GiB on the 23 GiB development VM; BENCHMARKS.md's runs set 16384); 0: every weight streamed every step. The pool
+#              and the zinf side's address-space limit grow by as much.
 #   BIG_NEW_MMAP new tokens of the mmap sides, default BIG_NEW (fewer shortens a run whose every
 #              step rereads the file: their tokens are then checked as a prefix of zinf's)
 #   BIG_COMPUTE the dtype the model computes in, default fp32 (each bf16 weight widened as its layer
@@ -40,9 +42,14 @@ rounds=${BIG_ROUNDS:-1}
 new=${BIG_NEW:-8}
 new_mmap=${BIG_NEW_MMAP:-$new}
 batch=${BIG_BATCH:-1}
-cache_mib=${BIG_CACHE_MIB:-0}
+cache_mib=${BIG_CACHE_MIB:-auto}
+if [ "$cache_mib" = auto ]; then
+	avail_mib=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
+	cache_mib=$(((avail_mib - 7168) / 1024 * 1024))
+	[ "$cache_mib" -gt 0 ] || cache_mib=0
+fi
 case $cache_mib in '' | *[!0-9]*)
-	echo "BIG_CACHE_MIB: $cache_mib (allowed: a whole number of MiB, 0 for none)" >&2
+	echo "BIG_CACHE_MIB: $cache_mib (allowed: auto, or a whole number of MiB, 0 for none)" >&2
 	exit 2
 	;;
 esac
