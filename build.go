@@ -72,8 +72,12 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	if err := r.openDeviceIO(&p.Settings); err != nil {
 		return err
 	}
+	var keep func(string) bool
+	if r.cacheSet = r.cacheKeepSet(p.DType.Size(), opts.PrefetchDepth); r.cacheSet != nil {
+		keep = r.CacheKeeps
+	}
 	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: r.Rank, WorldSize: r.World,
-		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, CacheKeep: r.cacheKeep(p.DType.Size(), opts.PrefetchDepth), PieceBytes: r.pieces.ParamBytes,
+		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, CacheKeep: keep, PieceBytes: r.pieces.ParamBytes,
 		// The reservations bound parameter memory; a slot count below the
 		// tensors of one layer would deadlock its barrier, so
 		// offload_param.buffer_count is not a limit here.
@@ -195,7 +199,7 @@ func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
 	return accel.NewSim(accel.SimOptions{CapacityBytes: d.SimBytes, Name: "sim"})
 }
 
-// cacheKeep is, for inference, the set of NVMe parameters the CPU cache
+// cacheKeepSet is, for inference, the set of NVMe parameters the CPU cache
 // (max_in_cpu) keeps: every decoding pass uses each weight once and never
 // changes it, so the cache holds a fixed set, spread over the layers
 // (policy.SpreadCache) so that the reads left overlap the compute of every
@@ -206,7 +210,7 @@ func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
 // enters the cache. nil when training (the cache keeps what the passes
 // released, and the backward pass reuses the forward's last layers) or
 // without a cache.
-func (r *Runtime) cacheKeep(elem, depthOpt int) func(string) bool {
+func (r *Runtime) cacheKeepSet(elem, depthOpt int) map[string]bool {
 	if !r.inference || r.res.ParamCacheBytes <= 0 {
 		return nil
 	}
@@ -231,8 +235,7 @@ func (r *Runtime) cacheKeep(elem, depthOpt int) func(string) bool {
 			keep[names[i]] = true
 		}
 	}
-	r.cacheSet = keep
-	return func(name string) bool { return keep[name] }
+	return keep
 }
 
 // CacheKeeps reports whether the parameter swapper's CPU cache

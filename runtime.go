@@ -156,7 +156,7 @@ type Runtime struct {
 	model     *plan.Index
 	placement *policy.Placement
 	// cacheSet is, in inference, the NVMe parameters the CPU cache keeps
-	// (cacheKeep); nil when training.
+	// (cacheKeepSet); nil when training.
 	cacheSet  map[string]bool
 	res       Reservations
 	bandwidth Bandwidth
