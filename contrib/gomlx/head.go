@@ -303,6 +303,6 @@ func (lp *loop) call1(e *graph.Exec, args ...*tensors.Tensor) ([]*tensors.Tensor
 	}
 	lp.jobs <- job{exec: e, args: a}
 	r := <-lp.results
-	lp.compute += r.took
+	lp.took(-1, r.took)
 	return r.outs, r.err
 }

@@ -400,10 +400,10 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		jobs <- job{exec: e, args: a}
 		busy = true
 	}
-	wait := func() ([]*tensors.Tensor, error) {
+	wait := func(l int) ([]*tensors.Tensor, error) {
 		r := <-results
 		busy = false
-		lp.compute += r.took
+		lp.took(l, r.took)
 		return r.outs, r.err
 	}
 
@@ -429,7 +429,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			if ahead {
 				berr = src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
 			}
-			out, cerr := wait()
+			out, cerr := wait(l)
 			if cerr != nil || serr != nil || berr != nil {
 				finalizeAll(out)
 				src.unbind(l)
@@ -463,7 +463,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	ex.nOut = len(cur[0])
 	for m := range k {
 		call(ex.loss, cur[m], mbs[m].Labels)
-		lo, err := wait()
+		lo, err := wait(-1)
 		finalizeAll(cur[m])
 		cur[m] = nil
 		if err != nil {
@@ -581,7 +581,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			if m+1 < k && gerr == nil {
 				next, lerr = input(m + 1)
 			}
-			outs, cerr := wait()
+			outs, cerr := wait(l)
 			finalizeAll(dys[m])
 			dys[m] = nil
 			if l > 0 {

@@ -83,13 +83,28 @@ type loop struct {
 	// outs are the last layer's outputs of a modeForward run.
 	outs []*tensors.Tensor
 	// compute sums the executors' run time (forward, loss, backward), as
-	// the worker measured each call.
-	compute time.Duration
+	// the worker measured each call; layerCompute is the part of it spent
+	// in each layer's forward and backward calls (index: Net.Layers).
+	compute      time.Duration
+	layerCompute []time.Duration
 	// serial (Options.OneLayerResident): a layer is bound after the one
 	// before it computed, and a layer's gradients are handed over before
 	// the next backward runs, so one layer's weights and one layer's
 	// gradients are in Go memory at a time.
 	serial bool
+}
+
+// took counts an executor call's run time in compute and, for a layer's
+// call (l >= 0; the loss and a blocked head pass -1), in the layer's.
+func (lp *loop) took(l int, d time.Duration) {
+	lp.compute += d
+	if l < 0 {
+		return
+	}
+	if l >= len(lp.layerCompute) {
+		lp.layerCompute = append(lp.layerCompute, make([]time.Duration, l+1-len(lp.layerCompute))...)
+	}
+	lp.layerCompute[l] += d
 }
 
 // job is one executor call for the worker.
@@ -206,9 +221,9 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		}
 		lp.jobs <- job{exec: e, args: a}
 	}
-	wait := func() ([]*tensors.Tensor, error) {
+	wait := func(l int) ([]*tensors.Tensor, error) {
 		r := <-lp.results
-		lp.compute += r.took
+		lp.took(l, r.took)
 		return r.outs, r.err
 	}
 
@@ -229,7 +244,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		if ahead {
 			berr = lp.src.bind(ctx, l+1) // the next layer's swap-in, while this one computes
 		}
-		out, err := wait()
+		out, err := wait(l)
 		lp.src.unbind(l)
 		if err != nil || berr != nil {
 			if berr == nil && ahead {
@@ -261,7 +276,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 	}
 	lp.ex.nOut = len(acts[top])
 	call(lp.ex.loss, acts[top], labels)
-	lo, err := wait()
+	lo, err := wait(-1)
 	if err != nil {
 		return 0, fmt.Errorf("zgomlx: loss: %w", err)
 	}
@@ -341,7 +356,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		if !lp.serial {
 			gerr = lp.handOver(ctx, &pend, last)
 		}
-		outs, err := wait()
+		outs, err := wait(l)
 		lp.src.unbind(l)
 		finalizeAll(dy)
 		dy = nil

@@ -44,6 +44,7 @@ func TestTimingsCompute(t *testing.T) {
 			t.Fatalf("step %d: Compute %v exceeds the steps' wall time %v", i, c, wall)
 		}
 		last = c
+		checkLayerCompute(t, tr.Timings(), len(net.Layers))
 	}
 	x, y := mlpBatch(9, 16, 32, 8)
 	t0 := time.Now()
@@ -53,5 +54,25 @@ func TestTimingsCompute(t *testing.T) {
 	wall += time.Since(t0)
 	if c := tr.Timings().Compute; c <= last || c > wall {
 		t.Fatalf("after EvalLoss: Compute %v (before %v, wall of all calls %v)", c, last, wall)
+	}
+}
+
+// checkLayerCompute: LayerCompute has one entry per layer, each layer's
+// time is positive (every layer ran forward and backward), and together
+// they are at most Compute (the loss is in Compute only).
+func checkLayerCompute(t *testing.T, tm zgomlx.Timings, layers int) {
+	t.Helper()
+	if len(tm.LayerCompute) != layers {
+		t.Fatalf("LayerCompute has %d entries for %d layers", len(tm.LayerCompute), layers)
+	}
+	var sum time.Duration
+	for l, d := range tm.LayerCompute {
+		if d <= 0 {
+			t.Fatalf("LayerCompute[%d] = %v after a step (want > 0)", l, d)
+		}
+		sum += d
+	}
+	if sum > tm.Compute {
+		t.Fatalf("LayerCompute sums to %v, more than Compute %v", sum, tm.Compute)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gomlx/compute"
@@ -82,6 +83,11 @@ type Timings struct {
 	// over steps, evaluations and forward passes. Wall time minus Compute
 	// is what the step waited for besides compute.
 	Compute time.Duration
+	// LayerCompute is the part of Compute spent in each layer's forward
+	// and backward calls, indexed like Net.Layers (the loss and a
+	// BlockedHead are in Compute only): with the bytes a layer moves, it
+	// says whether a layer's compute can hide its I/O.
+	LayerCompute []time.Duration
 }
 
 // Timings returns the time spent in zinf so far, and the executors'
@@ -89,6 +95,7 @@ type Timings struct {
 func (t *Trainer) Timings() Timings {
 	tm := t.times
 	tm.Compute = t.lp.compute
+	tm.LayerCompute = slices.Clone(t.lp.layerCompute)
 	return tm
 }
 

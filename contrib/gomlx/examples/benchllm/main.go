@@ -158,6 +158,27 @@ type result struct {
 	ReadPerStep, WrittenPerStep float64
 	StateBytes                  int64 `json:"state_bytes"`
 	Params                      int64 `json:"params"`
+	// Offloaded only: each layer's executors' compute a timed step
+	// (Timings.LayerCompute), its NVMe I/O a step at the bandwidth Open
+	// probed (layerIO), and the parameters it holds.
+	LayerComputeMs []float64 `json:"layer_compute_ms,omitempty"`
+	LayerIOMs      []float64 `json:"layer_io_ms,omitempty"`
+	LayerParams    []int64   `json:"layer_params,omitempty"`
+	LayerScopes    []string  `json:"layer_scopes,omitempty"`
+}
+
+// layerIO is the time a layer's NVMe traffic of a step takes at read and
+// write bandwidths rd and wr (bytes/s): each of its n elements has its
+// parameter read (4 bytes; a table read at the batch's rows is counted
+// as not read), its gradient written and read back (4 + 4), its
+// optimizer record (fp32 master and two Adam moments) read and written
+// (12 + 12) and its new parameter written (4).
+func layerIO(n int64, rows bool, rd, wr float64) time.Duration {
+	read, written := 20*n, 20*n
+	if rows {
+		read -= 4 * n
+	}
+	return time.Duration((float64(read)/rd + float64(written)/wr) * 1e9)
 }
 
 func cpuTime() time.Duration {
@@ -218,6 +239,7 @@ func child(o options, w io.Writer) error {
 	}
 	var step func(x, y *tensors.Tensor) (float32, error)
 	io := func() (int64, int64) { return 0, 0 }
+	var layerCompute func() []time.Duration
 	if o.child == "offloaded" {
 		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
 		if err != nil {
@@ -228,6 +250,19 @@ func child(o options, w io.Writer) error {
 		rt := tr.Offload().Runtime()
 		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
+		layerCompute = func() []time.Duration { return tr.Timings().LayerCompute }
+		bw := rt.Bandwidth()
+		for l := range rt.Layers() {
+			var n int64
+			for _, name := range rt.LayerTensors(l) {
+				lo, hi := rt.Partition(name)
+				n += int64(hi - lo)
+			}
+			rows := o.rows && l == 0 && len(net.Layers[0].Lookups) > 0
+			res.LayerParams = append(res.LayerParams, n)
+			res.LayerScopes = append(res.LayerScopes, tr.Offload().LayerScope(l))
+			res.LayerIOMs = append(res.LayerIOMs, float64(layerIO(n, rows, bw.ReadBps(), bw.WriteBps()))/1e6)
+		}
 	} else {
 		mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
 		if err != nil {
@@ -245,6 +280,10 @@ func child(o options, w io.Writer) error {
 		}
 	}
 	r0, w0 := io()
+	var lc0 []time.Duration
+	if layerCompute != nil {
+		lc0 = layerCompute()
+	}
 	for s := range o.steps {
 		x, y := batch(o, o.warm+s)
 		var a, c runtime.MemStats
@@ -261,9 +300,50 @@ func child(o options, w io.Writer) error {
 		res.Mallocs = append(res.Mallocs, float64(c.Mallocs-a.Mallocs))
 	}
 	r1, w1 := io()
+	if layerCompute != nil {
+		for l, d := range layerCompute() {
+			if l < len(lc0) {
+				d -= lc0[l]
+			}
+			res.LayerComputeMs = append(res.LayerComputeMs, float64(d)/1e6/float64(o.steps))
+		}
+	}
 	res.ReadPerStep, res.WrittenPerStep = float64(r1-r0)/float64(o.steps), float64(w1-w0)/float64(o.steps)
 	res.PeakRSS = procstat.PeakRSS()
 	return json.NewEncoder(w).Encode(res)
+}
+
+// layerCondition prints, per layer, the offloaded runs' compute a step
+// against the layer's NVMe I/O a step at the probed bandwidth (medians
+// over rounds): the bar's "compute per layer >= I/O per layer" holds for a
+// layer when the first is at least the second.
+func layerCondition(w io.Writer, off []result) {
+	if len(off) == 0 || len(off[0].LayerIOMs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  per layer (offloaded, medians over rounds): compute a step against NVMe I/O a step at the bandwidth Open probed\n")
+	var fails []string
+	for l := range off[0].LayerIOMs {
+		var c, d []float64
+		for _, r := range off {
+			if l < len(r.LayerComputeMs) && l < len(r.LayerIOMs) {
+				c = append(c, r.LayerComputeMs[l])
+				d = append(d, r.LayerIOMs[l])
+			}
+		}
+		cm, dm := stats.Median(c), stats.Median(d)
+		holds := cm >= dm
+		if !holds {
+			fails = append(fails, off[0].LayerScopes[l])
+		}
+		fmt.Fprintf(w, "    layer %d %-24s %9d params  compute %8.1f ms  I/O %7.1f ms  %s\n", l, off[0].LayerScopes[l], off[0].LayerParams[l], cm, dm,
+			map[bool]string{true: "compute >= I/O", false: "compute < I/O"}[holds])
+	}
+	if len(fails) == 0 {
+		fmt.Fprintf(w, "  compute per layer >= I/O per layer: holds for every layer\n")
+	} else {
+		fmt.Fprintf(w, "  compute per layer >= I/O per layer: does not hold for %s\n", strings.Join(fails, ", "))
+	}
 }
 
 func mean(v []float64) float64 {
@@ -351,6 +431,7 @@ func bench(o options, w io.Writer) error {
 	fmt.Fprintf(w, "  NVMe per step (offloaded; the embedding read %s): read %.1f MiB (%.1f..%.1f), written %.1f MiB (%.1f..%.1f)\n",
 		map[bool]string{true: "at the batch's rows", false: "whole (-rows=false)"}[o.rows], rm, rl, rh, wm, wl, wh)
 	o0 := off[0]
+	layerCondition(w, off)
 	fmt.Fprintf(w, "  %d parameters; training state %.1f MiB (on NVMe offloaded, in Go memory in the in-memory run); pinned pool %.1f MiB; offloaded peak RSS / state %.2fx\n",
 		o0.Params, float64(o0.StateBytes)/(1<<20), float64(o.pinned)/(1<<20), float64(o0.PeakRSS)/float64(o0.StateBytes))
 	fmt.Fprintf(w, "  load average at the end %s; %s in all\n", loadavg(), time.Since(start).Round(time.Second))
