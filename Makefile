@@ -121,30 +121,35 @@ demo-llm: bible
 # vocab 100277) on the same per-layer executors: one process per
 # measurement, rounds alternating the order; medians with min..max of CPU
 # time per token, wall, GC cycles and mallocs per step, peak RSS vs the
-# training state, tokens/s (BENCHMARKS.md). ROUNDS, STEPS to change.
+# training state, tokens/s (BENCHMARKS.md), and per layer its compute a
+# step against its NVMe I/O (the bar's condition). ROUNDS, STEPS to change;
+# LLM_FLAGS for the model and batch (e.g. -batch 8 -seq 64: compute per
+# layer above the I/O of every layer but the embedding's gather).
 ROUNDS ?= 5
 STEPS ?= 10
+LLM_FLAGS ?=
 bench-llm:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
-	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS)
+	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS) $(LLM_FLAGS)
 
 # One run whose training state exceeds this machine's RAM (not in make
-# test; about 30 GiB written to TMPDIR, default /var/tmp, which needs twice the
+# test; about 33 GiB written to TMPDIR, default /var/tmp, which needs twice the
 # state free for zinf's copy-on-write swap files, and deleted after): the
-# zoo transformer (24 blocks, d=2048, 16 heads, FFN 8192, vocab 100277,
-# tied head computed in blocks of 8192 rows: 1.41 B parameters, 26.3 GiB
-# of state) created layer by layer
-# straight into zinf, trained 2 steps with a progress line each; step time
-# against max(the executors' compute, the plan's disk-bound prediction),
-# peak RSS against pinned pool + activations + 512 MiB, disk bytes
-# (BENCHMARKS.md). BIG_FLAGS to change the model (-layers 31: 1.77 B
-# parameters, 32.9 GiB of state, about 66 GiB free needed); one layer's
-# weights and gradients in Go memory at a time (-one-layer) and a Go memory
-# limit of 1600 MiB while training (-train-memlimit); BIG_MEMLIMIT is the
-# Go memory limit (GOMEMLIMIT) while creating.
+# zoo transformer (131 blocks, d=1024, 8 heads x 128, FFN 4096, vocab
+# 100277, tied head computed in blocks of 8192 rows: 1.75 B parameters,
+# 32.7 GiB of state) created layer by layer straight into zinf, trained 2
+# steps with a progress line each; step time against max(the executors'
+# compute, the plan's disk-bound prediction), peak RSS against pinned pool
+# + activations + 512 MiB, disk bytes (BENCHMARKS.md; about 15 minutes
+# here). One layer's weights and gradients in Go memory at a time
+# (-one-layer: 50 MiB of each at d=1024) and a Go memory limit of 1000 MiB
+# while training (-train-memlimit); BIG_MEMLIMIT is the Go memory limit
+# (GOMEMLIMIT) while creating. BIG_FLAGS to change the model (the earlier
+# default, -layers 24 -dim 2048 -heads 16 -ffn 8192 -train-memlimit
+# 1600MiB: 1.41 B parameters in 201 MiB blocks, above the RSS bound).
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 24 -dim 2048 -heads 16 -ffn 8192 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 1600MiB
+BIG_FLAGS ?= -layers 131 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 1000MiB
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
