@@ -25,9 +25,11 @@ tmp=$(mktemp -d "$base/zinf-bench-schedule.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 echo "machine: $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg); disk: $tmp"
 gbps() { ./bin/zinf io --path "$tmp" --size 64MiB --loops 3 --op "$1" --json | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["gbps_median"], 3))'; }
-rd=$(gbps read); wr=$(gbps write)
-echo "disk now (zinf io, 64 MiB, median of 3): read $rd GB/s, write $wr GB/s"
-cat > "$tmp/ds.json" <<JSON
+# The disk's rate swings within a minute here (1-4.5 GB/s): each run's
+# prediction is given the rate zinf io measures just before it.
+mkcfg() {
+  rd=$(gbps read); wr=$(gbps write)
+  cat > "$tmp/ds.json" <<JSON
 {
   "zero_optimization": {"stage": 3, "sub_group_size": 1048576,
     "offload_param": {"device": "nvme", "nvme_path": "$tmp", "max_in_cpu": 0},
@@ -36,9 +38,14 @@ cat > "$tmp/ds.json" <<JSON
            "bandwidth": {"read_bytes_per_sec": "${rd}GB", "write_bytes_per_sec": "${wr}GB"}}
 }
 JSON
+}
+mkcfg
+echo "disk now (zinf io, 64 MiB, median of 3): read $rd GB/s, write $wr GB/s (measured again before every run)"
 for r in $(seq 1 "$rounds"); do
   for k in $ks; do
     for order in layer-major micro-batch-major; do
+      mkcfg
+      echo "PROBE $k $order $rd $wr" >> "$tmp/probes.txt"
       ./bin/zinf train --config "$tmp/ds.json" --layers "$layers" --width "$width" --batch "$batch" --steps "$steps" \
         --micro-batches "$k" --schedule "$order" --compute-ms-per-layer "$compute" --json --quiet \
         | sed "s/^/RUN $k $order /" >> "$tmp/runs.txt"
@@ -59,8 +66,11 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$tmp/runs.txt" "$layers" "$width" "$batch" "$steps" "$compute" "$tmp/acts.txt" <<'PY'
+python3 - "$tmp/runs.txt" "$layers" "$width" "$batch" "$steps" "$compute" "$tmp/acts.txt" "$tmp/probes.txt" <<'PY'
 import json, statistics, sys
+probes = [tuple(map(float, l.split()[3:5])) for l in open(sys.argv[8])]
+print(f"disk before each of the {len(probes)} runs (zinf io): read {min(p[0] for p in probes):.2f}..{max(p[0] for p in probes):.2f} GB/s, "
+      f"write {min(p[1] for p in probes):.2f}..{max(p[1] for p in probes):.2f} GB/s")
 runs = {}
 for line in open(sys.argv[1]):
     _, k, order, js = line.split(" ", 3)
