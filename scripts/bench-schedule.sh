@@ -39,8 +39,6 @@ mkcfg() {
 }
 JSON
 }
-mkcfg
-echo "disk now (zinf io, 64 MiB, median of 3): read $rd GB/s, write $wr GB/s (measured again before every run)"
 for r in $(seq 1 "$rounds"); do
   for k in $ks; do
     for order in layer-major micro-batch-major; do

@@ -222,6 +222,8 @@ func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 						wholeGraphMicroSteps(ctx, t, b, c, gradStore, cfgLM, mbs, lm)
 					}
 				}
+				checkLayerCompute(t, lm.Timings(), len(c.net.Layers))
+				checkLayerCompute(t, mb.Timings(), len(c.net.Layers))
 				sameModel(ctx, t, fmt.Sprintf("k=%d layer-major", k), lm, mt, memStore)
 				sameModel(ctx, t, fmt.Sprintf("k=%d micro-batch-major", k), mb, mt, memStore)
 				if wg != nil {

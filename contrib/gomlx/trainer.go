@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gomlx/compute"
@@ -95,7 +94,8 @@ type Timings struct {
 func (t *Trainer) Timings() Timings {
 	tm := t.times
 	tm.Compute = t.lp.compute
-	tm.LayerCompute = slices.Clone(t.lp.layerCompute)
+	tm.LayerCompute = make([]time.Duration, len(t.ex.layers)) // a layer not run yet: 0
+	copy(tm.LayerCompute, t.lp.layerCompute)
 	return tm
 }
 
