@@ -162,6 +162,19 @@ func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 		r.sched = policy.NewScheduler(r.placement, layers, r.Params, policy.SchedulerOptions{Depth: -1, BudgetBytes: -1, SizeOf: func(string) int64 { return 0 }})
 	}
 	r.overlap = r.placement.OverlapStep && !opts.SerialStep
+	if r.Config.Zinf.OverlapUpdate && !opts.Inference {
+		// The update and the next forward hold their working sets together,
+		// as the update and the backward do under StepTensor: only where
+		// the plan found room for both.
+		r.overlapUpdate = r.overlap
+		if !r.overlap {
+			why := "the plan found no room in the pinned pool for the update's and the parameters' working sets together (Plan().OverlapStep is false)"
+			if opts.SerialStep {
+				why = "Options.SerialStep runs the whole update in Step"
+			}
+			r.log.Warn("zinf: zinf.overlap_update is set but Step waits for the whole update: " + why)
+		}
+	}
 	// Plan tells what this runtime does, overrides included.
 	r.placement = r.placement.Adjusted(max(depth, 0), depthWhy, r.overlap, "Options.SerialStep")
 }

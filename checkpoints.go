@@ -155,6 +155,13 @@ func checkpointState(rts []*Runtime, meta CheckpointMeta, shared bool) (checkpoi
 	if err != nil {
 		return checkpoint.State{}, err
 	}
+	for _, rt := range rts {
+		// A step Step returned from is in the checkpoint: its update (with
+		// zinf.overlap_update) is waited for; it always ends.
+		if err := rt.settled(context.Background()); err != nil {
+			return checkpoint.State{}, err
+		}
+	}
 	shape, err := modelShape(meta.ModelShape, names, numel)
 	if err != nil {
 		return checkpoint.State{}, err
@@ -575,6 +582,9 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		log = slog.Default()
 	}
 	for _, rt := range rts {
+		if err := rt.settled(ctx); err != nil {
+			return CheckpointMeta{}, err
+		}
 		rt.drainComm() // no gather ahead reads the parameters while they change
 	}
 	ranks, err := checkpoint.ListRanks(dir)
@@ -747,6 +757,7 @@ func (r *Runtime) restoreTrainState(ts *trainState) {
 	t := &r.train
 	t.pending = nil
 	t.history = nil
+	r.bgErr = nil // a step that failed after Step returned is replaced too
 	if ts == nil {
 		return
 	}

@@ -464,6 +464,9 @@ func (r *Runtime) ReduceGrad(ctx context.Context, name string, local []float32, 
 	if err := r.closedErr("reduce "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
 	if r.comm == nil {
 		return errors.New("zinf: ReduceGrad needs Options.Comm (this rank's comm.Comm); with the ranks' gradients already summed, use AccumulateGrad")
 	}
@@ -504,6 +507,9 @@ func (r *Runtime) onePerRank() []int {
 // the rounding.
 func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float32, how GradReduce) error {
 	if err := r.closedErr("reduce "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
 		return err
 	}
 	per, scale := how.Per, how.Scale

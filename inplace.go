@@ -24,6 +24,9 @@ func (r *Runtime) InitInPlace(ctx context.Context, name, path string, off int64,
 	if err := r.closedErr("init in place "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settled(ctx); err != nil {
+		return err
+	}
 	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: init in place %q: not a tensor of the model", name)

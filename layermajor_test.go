@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // overflow on the second step, gradient clipping that triggers on some
 // steps, k micro-batches per step, one optimizer rule.
 func scheduleCase(t *testing.T, rule string, k int, layerMajor bool) *stepCase {
-	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1, micro: k, steps: 4, layerMajor: layerMajor}
+	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1, micro: k, steps: 4, layerMajor: layerMajor, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
 	sizes := [][]int{{509, 61}, {1021, 7}}
 	var ls [][]tensor.Desc
 	for l, row := range sizes {

@@ -167,6 +167,9 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 		cfg.ZeroOptimization.OffloadOptimizer.Device = config.OffloadCPU
 	}
 	cfg.Zinf.Tiers.CPUPinnedBytes = 256 << 20 // generous, to learn the minimum
+	// Drawn apart, so that the seeds of stalledSeeds still draw what they
+	// drew: Step returning before its update commits.
+	cfg.Zinf.OverlapUpdate = rand.New(rand.NewPCG(seed, 0x0fe1)).IntN(2) == 0
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
@@ -200,8 +203,8 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	}
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
 	faultRate := []float64{0, 0.05, 0.2}[rng.IntN(3)]
-	t.Logf("layers %d, tensors %d, world %d, micro %d (loop layer-major %v, zinf.schedule %s), steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g",
-		layers, len(model.Tensors), world, micro, layerMajor, cfg.Zinf.Schedule, steps, plan.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate)
+	t.Logf("layers %d, tensors %d, world %d, micro %d (loop layer-major %v, zinf.schedule %s), steps %d, dtype %s, pool %d (minimum %d), pipeline %d, serial %v, prefetch %d, fault rate %g, overlap update %v",
+		layers, len(model.Tensors), world, micro, layerMajor, cfg.Zinf.Schedule, steps, plan.ParamDType(cfg), pool, minPool, cfg.Zinf.PipelineDepth, opts.SerialStep, opts.PrefetchDepth, faultRate, cfg.Zinf.OverlapUpdate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -265,7 +268,7 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 	for _, inj := range injs {
 		hits += inj.Hits()
 	}
-	t.Logf("injected faults: %d, retries: %d", hits, tr.retries.Load())
+	t.Logf("injected faults: %d, retries: %d, steps retried after Step returned: %d", hits, tr.retries.Load(), tr.recovered.Load())
 	return hits, false
 }
 
@@ -295,6 +298,66 @@ type trainRun struct {
 	// schedule.
 	layerMajor bool
 	retries    atomic.Int64
+	// recovered counts the steps whose update failed after Step returned
+	// (zinf.overlap_update) and were retried.
+	recovered atomic.Int64
+}
+
+// restartStep is what the loop's helpers panic with when a call reports
+// that the last step's update failed after Step returned
+// (zinf.ErrUpdateFailed): the step under way starts again once that one
+// is retried (trainRun.restartable).
+type restartStep struct{ err error }
+
+// updateFailed panics with restartStep when err says the last step's
+// update failed after Step returned.
+func updateFailed(err error) {
+	if errors.Is(err, zinf.ErrUpdateFailed) {
+		panic(restartStep{err})
+	}
+}
+
+// restartable runs body — one step, or the final pass — again after
+// retrying on every rank a step whose update failed after Step returned,
+// as ErrUpdateFailed's doc says: the fault clears, Step on that rank, then
+// the step under way from its first layer.
+func (tr *trainRun) restartable(ctx context.Context, body func()) {
+	t := tr.t
+	for attempt := 0; ; attempt++ {
+		var restart *restartStep
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					rs, ok := p.(restartStep)
+					if !ok {
+						panic(p)
+					}
+					restart = &rs
+				}
+			}()
+			body()
+		}()
+		if restart == nil {
+			return
+		}
+		if !tr.cfg.Zinf.OverlapUpdate || attempt >= 10 {
+			t.Fatalf("attempt %d: %v (overlap update %v)", attempt+1, restart.err, tr.cfg.Zinf.OverlapUpdate)
+		}
+		for r, rt := range tr.rts {
+			err := rt.WaitStep(ctx)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, zinf.ErrUpdateFailed) {
+				t.Fatalf("rank %d: wait for the step: %v", r, err)
+			}
+			if tr.injs != nil {
+				tr.injs[r].Clear()
+			}
+			tr.recovered.Add(1)
+			tr.retry(r, "the step that failed after Step returned", func() error { return rt.Step(ctx) })
+		}
+	}
 }
 
 // arm, with probability faultRate (times scale), adds a write fault
@@ -317,6 +380,7 @@ func (tr *trainRun) arm(r int, where string, scale float64) {
 func (tr *trainRun) retry(r int, what string, op func() error) {
 	tr.t.Helper()
 	if err := tr.retryErr(r, what, op); err != nil {
+		updateFailed(err)
 		tr.t.Fatal(err)
 	}
 }
@@ -328,6 +392,9 @@ func (tr *trainRun) retryErr(r int, what string, op func() error) error {
 		err := op()
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, zinf.ErrUpdateFailed) {
+			return err
 		}
 		injected := tr.injs != nil && tr.injs[r].Hits() > 0 && (errors.Is(err, aio.ErrNoSpace) || errors.Is(err, aio.ErrIO))
 		if !injected && !errors.Is(err, zinf.ErrRankFailed) || attempt >= 20 {
@@ -456,6 +523,7 @@ func (tr *trainRun) run(ctx context.Context) {
 				got := make([]byte, len(want)*as.Size())
 				for r, rt := range tr.rts {
 					if err := rt.ReadParamBytes(ctx, name, as, got); err != nil {
+						updateFailed(err)
 						t.Fatalf("rank %d: read %s as %s: %v", r, name, as, err)
 					}
 				}
@@ -469,6 +537,7 @@ func (tr *trainRun) run(ctx context.Context) {
 			got := make([]float32, len(want))
 			for r, rt := range tr.rts {
 				if err := rt.ReadParam(ctx, name, got); err != nil {
+					updateFailed(err)
 					t.Fatalf("rank %d: read %s: %v", r, name, err)
 				}
 			}
@@ -488,110 +557,118 @@ func (tr *trainRun) run(ctx context.Context) {
 	begin := func(step, l int, what string) {
 		for r, rt := range tr.rts {
 			if err := rt.BeginLayerMicroBatches(ctx, l, k); err != nil {
+				updateFailed(err)
 				t.Fatalf("step %d %s layer %d rank %d: %v", step, what, l, r, err)
 			}
 		}
 	}
 	for step := range tr.steps {
-		acc := map[string][]float32{}
-		// With fp16 the loop scales its gradients by the loss scale, as a
-		// backward pass of a scaled loss would, and the step unscales them.
-		scale := float32(tr.rts[0].LossScale())
-		// Micro-batch-major: a forward and a backward pass per micro-batch;
-		// layer-major: one of each, every micro-batch inside.
-		for visit := range tr.micro / k {
-			for _, l := range pass(false) {
-				begin(step, l, "forward")
-				readLayer(step, l)
-				for _, rt := range tr.rts {
-					rt.EndLayer(l)
-				}
-			}
-			for _, l := range pass(true) {
-				begin(step, l, "backward")
-				for r := range tr.rts {
-					tr.arm(r, "/zinf-grad-", 1)
-				}
-				m := visit
-				for mm := range k {
-					if k > 1 {
-						m = mm
-					}
-					for _, name := range tr.rts[0].LayerTensors(l) {
-						g := make([]float32, len(master[name]))
-						grad(name, step, m, g)
-						for i := range g {
-							g[i] *= scale
-						}
-						if a, ok := acc[name]; ok {
-							for i := range a {
-								a[i] += g[i]
-							}
-						} else {
-							acc[name] = append([]float32(nil), g...)
-						}
-						for r, rt := range tr.rts {
-							tr.retry(r, "accumulate "+name, func() error { return rt.AccumulateGrad(ctx, name, g) })
-						}
-					}
-				}
-				for r, rt := range tr.rts {
-					if (visit+1)*k == tr.micro && (tr.rng == nil || !tr.orders || tr.rng.IntN(3) != 0) {
-						// An error here comes back from Step, which
-						// discards the step; it is retried there.
-						if err := rt.StepLayer(ctx, l); err != nil && (tr.injs == nil || tr.injs[r].Hits() == 0) {
-							t.Fatalf("step %d: step layer %d rank %d: %v", step, l, r, err)
-						}
-					}
-					rt.EndLayer(l)
-				}
-			}
-			if tr.coin() && tr.coin() {
-				// An extra forward pass (evaluation) between micro-steps.
+		tr.restartable(ctx, func() {
+			acc := map[string][]float32{}
+			// With fp16 the loop scales its gradients by the loss scale, as a
+			// backward pass of a scaled loss would, and the step unscales them.
+			scale := float32(tr.rts[0].LossScale())
+			// Micro-batch-major: a forward and a backward pass per micro-batch;
+			// layer-major: one of each, every micro-batch inside.
+			for visit := range tr.micro / k {
 				for _, l := range pass(false) {
-					begin(step, l, "eval")
+					begin(step, l, "forward")
 					readLayer(step, l)
 					for _, rt := range tr.rts {
 						rt.EndLayer(l)
 					}
 				}
+				for _, l := range pass(true) {
+					begin(step, l, "backward")
+					for r := range tr.rts {
+						tr.arm(r, "/zinf-grad-", 1)
+					}
+					m := visit
+					for mm := range k {
+						if k > 1 {
+							m = mm
+						}
+						for _, name := range tr.rts[0].LayerTensors(l) {
+							g := make([]float32, len(master[name]))
+							grad(name, step, m, g)
+							for i := range g {
+								g[i] *= scale
+							}
+							if a, ok := acc[name]; ok {
+								for i := range a {
+									a[i] += g[i]
+								}
+							} else {
+								acc[name] = append([]float32(nil), g...)
+							}
+							for r, rt := range tr.rts {
+								tr.retry(r, "accumulate "+name, func() error { return rt.AccumulateGrad(ctx, name, g) })
+							}
+						}
+					}
+					for r, rt := range tr.rts {
+						if (visit+1)*k == tr.micro && (tr.rng == nil || !tr.orders || tr.rng.IntN(3) != 0) {
+							// An error here comes back from Step, which
+							// discards the step; it is retried there.
+							if err := rt.StepLayer(ctx, l); err != nil && (tr.injs == nil || tr.injs[r].Hits() == 0) {
+								updateFailed(err)
+								t.Fatalf("step %d: step layer %d rank %d: %v", step, l, r, err)
+							}
+						}
+						rt.EndLayer(l)
+					}
+				}
+				if tr.coin() && tr.coin() {
+					// An extra forward pass (evaluation) between micro-steps.
+					for _, l := range pass(false) {
+						begin(step, l, "eval")
+						readLayer(step, l)
+						for _, rt := range tr.rts {
+							rt.EndLayer(l)
+						}
+					}
+				}
+			}
+			// The ranks step together, each on its own goroutine: with fp16
+			// they reduce the overflow check over the ranks.
+			for r := range tr.rts {
+				tr.arm(r, []string{"/zinf-optim-", "/zinf-param-"}[tr.rngIntN(2)], 1)
+			}
+			errs := make([]error, len(tr.rts))
+			var wg sync.WaitGroup
+			for r, rt := range tr.rts {
+				wg.Go(func() {
+					errs[r] = tr.retryErr(r, fmt.Sprintf("step %d", step), func() error { return rt.Step(ctx) })
+					if errs[r] != nil && tr.comms != nil {
+						tr.comms[r].Abort(errs[r]) // the others stop waiting for this rank
+					}
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			p := optimizer.StepParams{LR: hyper.LR}
+			if scale != 1 {
+				p.ScaleGrads, p.GradScale = true, float32(1/float64(scale))
+			}
+			for name, g := range acc {
+				optimizer.AdamStep(master[name], g, mom[name], vel[name], step+1, hyper, p)
+			}
+		})
+	}
+	// A final forward pass sees the last step's parameters (with
+	// zinf.overlap_update, once each layer's update is published; the last
+	// step may fail meanwhile and is retried).
+	tr.restartable(ctx, func() {
+		for _, l := range pass(false) {
+			begin(tr.steps, l, "final")
+			readLayer(tr.steps, l)
+			for _, rt := range tr.rts {
+				rt.EndLayer(l)
 			}
 		}
-		// The ranks step together, each on its own goroutine: with fp16
-		// they reduce the overflow check over the ranks.
-		for r := range tr.rts {
-			tr.arm(r, []string{"/zinf-optim-", "/zinf-param-"}[tr.rngIntN(2)], 1)
-		}
-		errs := make([]error, len(tr.rts))
-		var wg sync.WaitGroup
-		for r, rt := range tr.rts {
-			wg.Go(func() {
-				errs[r] = tr.retryErr(r, fmt.Sprintf("step %d", step), func() error { return rt.Step(ctx) })
-				if errs[r] != nil && tr.comms != nil {
-					tr.comms[r].Abort(errs[r]) // the others stop waiting for this rank
-				}
-			})
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatal(err)
-		}
-		p := optimizer.StepParams{LR: hyper.LR}
-		if scale != 1 {
-			p.ScaleGrads, p.GradScale = true, float32(1/float64(scale))
-		}
-		for name, g := range acc {
-			optimizer.AdamStep(master[name], g, mom[name], vel[name], step+1, hyper, p)
-		}
-	}
-	// A final forward pass sees the last step's parameters.
-	for _, l := range pass(false) {
-		begin(tr.steps, l, "final")
-		readLayer(tr.steps, l)
-		for _, rt := range tr.rts {
-			rt.EndLayer(l)
-		}
-	}
+	})
 	for _, d := range descs {
 		for r, rt := range tr.rts {
 			lo, hi := rt.Partition(d.Name)

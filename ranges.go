@@ -56,6 +56,9 @@ func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, d
 	if err := r.closedErr("read range of "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.waitTensors(ctx, name); err != nil {
+		return err
+	}
 	return r.readSpans(ctx, "read range of", name, []param.Span{{Lo: lo, Hi: hi}}, dtype, dst)
 }
 
@@ -66,6 +69,9 @@ func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, d
 // rules are ReadParamRange's.
 func (r *Runtime) ReadParamRows(ctx context.Context, name string, rows []int, dtype tensor.DType, dst []byte) error {
 	if err := r.closedErr("read rows of "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
 	spans, err := r.rowSpans("read rows of", name, rows, false)
@@ -155,6 +161,9 @@ func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, 
 	if err := r.closedErr("accumulate range of "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
 	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: accumulate range of %q: not a tensor of the model", name)
@@ -175,6 +184,9 @@ func (r *Runtime) AccumulateGradRange(ctx context.Context, name string, lo int, 
 // fall in.
 func (r *Runtime) AccumulateGradRows(ctx context.Context, name string, rows []int, g []float32) error {
 	if err := r.closedErr("accumulate rows of "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
 		return err
 	}
 	spans, err := r.rowSpans("accumulate rows of", name, rows, true)
@@ -246,6 +258,9 @@ func (r *Runtime) Flush(ctx context.Context) error {
 	if err := r.closedErr("flush", grad.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
 	if r.inference {
 		return nil
 	}
@@ -281,6 +296,9 @@ func (r *Runtime) Streamed(name string) bool { return r.Params.Streamed(name) }
 // tensor that is not streamed must have its layer begun.
 func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor.DType, dst []byte, fn func(row, rows int) error) error {
 	if err := r.closedErr("read blocks of "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
 	numel, ok := r.model.Numel[name]

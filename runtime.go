@@ -164,12 +164,18 @@ type Runtime struct {
 	tiers     map[string]tensor.Tier // each tensor's planned tier
 	pieces    plan.Pieces            // how big tensors move
 	sched     *policy.Scheduler
-	overlap   bool         // StepTensor starts updates during backward
-	held      *heldLayer   // the layer-major visit holding gradients (loop goroutine)
-	begun     map[int]bool // layers begun and not ended, without GatherLayers (loop goroutine)
-	visit     layerVisit   // the layer begun, for the compute measurement (loop goroutine)
-	inference bool
-	trace     tracer
+	overlap   bool // StepTensor starts updates during backward
+	// overlapUpdate: Step returns before the update is committed
+	// (zinf.overlap_update); bg is that step until reaped and bgErr its
+	// failure until Step retries it (overlap.go; loop goroutine).
+	overlapUpdate bool
+	bg            *bgStep
+	bgErr         error
+	held          *heldLayer   // the layer-major visit holding gradients (loop goroutine)
+	begun         map[int]bool // layers begun and not ended, without GatherLayers (loop goroutine)
+	visit         layerVisit   // the layer begun, for the compute measurement (loop goroutine)
+	inference     bool
+	trace         tracer
 
 	mu         sync.Mutex // guards the fields below; Metrics reads them
 	params     []string
@@ -178,6 +184,9 @@ type Runtime struct {
 	stepCount  int
 	stepWaitNs int64
 	ioWaitNs   int64
+	// updateWaitNs is the time the loop waited for a background update
+	// to publish a layer's parameters (zinf.overlap_update).
+	updateWaitNs int64
 	// computeNs and computeUnits measure the loop's compute per layer
 	// visit (see Metrics.Compute).
 	computeNs    int64
@@ -273,6 +282,9 @@ func (r *Runtime) DiskNeeds() []swapper.SpaceNeed { return append([]swapper.Spac
 // layer is begun or a step is taken.
 func (r *Runtime) Init(ctx context.Context, name string, values []float32) error {
 	if err := r.closedErr("init "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settled(ctx); err != nil {
 		return err
 	}
 	numel, ok := r.model.Numel[name]
@@ -446,6 +458,11 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 			return fmt.Errorf("zinf: begin layer %d: tensor %q has no initial values (call Init)", l, n)
 		}
 	}
+	// With zinf.overlap_update the last step may still be updating: the
+	// layer's own parameters are what this waits for.
+	if err := r.waitTensors(ctx, r.model.Layers[l]...); err != nil {
+		return err
+	}
 	if r.gatherOn {
 		t0 := time.Now()
 		err := r.beginGathered(ctx, l)
@@ -527,6 +544,9 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.waitTensors(ctx, name); err != nil {
+		return err
+	}
 	lo, hi, err := r.fullRange("read", name, len(dst))
 	if err != nil {
 		return err
@@ -545,6 +565,9 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 // dtype. With Options.GatherLayers it writes the full tensor.
 func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
 	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
 	if !dtype.Valid() {
@@ -590,6 +613,9 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
 	if r.inference {
 		return errInference
 	}
@@ -618,6 +644,9 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 // An error here is also returned by Step, which discards the step.
 func (r *Runtime) StepTensor(ctx context.Context, name string) error {
 	if err := r.closedErr("step tensor "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
 		return err
 	}
 	if r.inference {
@@ -673,6 +702,10 @@ func (r *Runtime) AbortStep() {
 	if r.inference {
 		return
 	}
+	// A step updating in the background is the last Step's, not this
+	// one's: it lands; one that failed is given up with this step.
+	_ = r.settle(context.Background())
+	r.bgErr = nil
 	if r.txn != nil {
 		r.txn.Abort()
 		r.txn = nil
@@ -689,6 +722,11 @@ type Metrics struct {
 	// IOWait is the time the loop spent blocked in BeginLayer and
 	// AccumulateGrad (waiting for swap-ins or write-behind).
 	IOWait time.Duration
+	// UpdateWait is the time BeginLayer and the parameter reads waited
+	// for the last step's update to publish a layer's parameters, with
+	// zinf.overlap_update (the part of the update the next forward did
+	// not hide).
+	UpdateWait time.Duration
 	// Reservations is how the pinned pool is split.
 	Reservations Reservations
 	// Schedule counts the prefetch scheduler's work (demand misses,
@@ -731,13 +769,14 @@ func (r *Runtime) Metrics() Metrics {
 	st := r.Pool.Stats()
 	r.mu.Lock()
 	steps, ioWait := r.stepCount, time.Duration(r.ioWaitNs)
+	updateWait := time.Duration(r.updateWaitNs)
 	compute, units := time.Duration(r.computeNs), r.computeUnits
 	train := r.trainStats
 	cs := r.commStats
 	r.mu.Unlock()
 	m := Metrics{Steps: steps, IOWait: ioWait, Reservations: r.res, Schedule: r.sched.Stats(), PinnedBytes: st.CapacityBytes, PinnedInUseBytes: st.InUseBytes, PinnedPeakBytes: st.PeakInUseBytes, Pinned: st.Pinned,
 		Engine: r.Engine.Stats(), Params: r.Params.Stats(), Optimizer: r.Optimizer.Stats(), Grads: r.Grads.Stats(), Train: train, Comm: cs,
-		Compute: compute, ComputeUnits: units}
+		Compute: compute, ComputeUnits: units, UpdateWait: updateWait}
 	for _, s := range []*swapper.Store{r.ParamStore, r.GradStore, r.OptimStore} {
 		if s != nil {
 			ss := s.Stats()
@@ -780,6 +819,14 @@ func (r *Runtime) Close() error {
 	// Gathers in flight end first: they read partitions and write pinned
 	// memory.
 	r.closeDist()
+	if bg := r.bg; bg != nil {
+		// Step returned: the step is the loop's, so it lands (its commit
+		// always ends: its I/O returns).
+		if err := bg.txn.Wait(context.Background()); err != nil {
+			add(fmt.Sprintf("step %d's update, which ran on after Step returned", bg.step), err)
+		}
+		r.bg = nil
+	}
 	if r.bgCancel != nil {
 		r.bgCancel()
 	}
@@ -862,6 +909,9 @@ func (r *Runtime) ReadOptimizerStates(ctx context.Context, name string) (master 
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return nil, nil, err
 	}
+	if err := r.settled(ctx); err != nil {
+		return nil, nil, err
+	}
 	if _, ok := r.model.Numel[name]; !ok {
 		return nil, nil, fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
@@ -879,6 +929,9 @@ func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return err
 	}
+	if err := r.settled(ctx); err != nil {
+		return err
+	}
 	if _, ok := r.model.Numel[name]; !ok {
 		return fmt.Errorf("zinf: read state %q: not a tensor of the model", name)
 	}
@@ -890,6 +943,9 @@ func (r *Runtime) VisitOptimizerStates(ctx context.Context, name string, fn func
 // another optimizer, its first two states, nil where it has fewer).
 func (r *Runtime) ReadOptimizerState(ctx context.Context, name string) (master, expAvg, expAvgSq []float32, err error) {
 	if err := r.closedErr("read state "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := r.settled(ctx); err != nil {
 		return nil, nil, nil, err
 	}
 	if _, ok := r.model.Numel[name]; !ok {

@@ -83,6 +83,11 @@ type StepInfo struct {
 	// or its learning rate changed), costing RollbackTime.
 	Speculated, RolledBack bool
 	RollbackTime           time.Duration
+	// Overlapped reports that Step returned while the step's update was
+	// still running (zinf.overlap_update): its parameters are published
+	// layer by layer for the next forward pass, and a failure surfaces as
+	// ErrUpdateFailed from the next call that needs it.
+	Overlapped bool
 }
 
 // TrainStats count a Runtime's optimizer steps.
@@ -197,7 +202,7 @@ func (r *Runtime) values() schedule.Values {
 	if r.train.sched == nil || r.Optimizer == nil {
 		return schedule.Values{}
 	}
-	return r.train.sched.At(r.Optimizer.StepCount() + 1)
+	return r.train.sched.At(r.stepNumber() + 1)
 }
 
 // stepParams are the optimizer parameters of the next step with gradient
@@ -350,7 +355,9 @@ func (r *Runtime) Step(ctx context.Context) error {
 	}
 	t0 := time.Now()
 	err := r.step(ctx)
-	r.trace.optimizerDone(r.Optimizer)
+	if r.bg == nil {
+		r.trace.optimizerDone(r.Optimizer)
+	}
 	r.trace.stepDone(t0, err)
 	return err
 }
@@ -359,6 +366,12 @@ func (r *Runtime) step(ctx context.Context) error {
 	if r.inference {
 		return errInference
 	}
+	// A step still updating in the background finishes first; one that
+	// failed is retried now, from the gradients it kept.
+	if err := r.settle(ctx); err != nil && !errors.Is(err, ErrUpdateFailed) {
+		return err
+	}
+	r.bgErr = nil
 	t0 := time.Now()
 	r.mu.Lock()
 	for _, d := range r.model.Descs {
@@ -424,7 +437,11 @@ func (r *Runtime) step(ctx context.Context) error {
 			r.trace.rollback(start, info.RollbackTime)
 		}
 	case txn != nil && txn.Params() == p:
-		err = txn.Commit(ctx)
+		if r.overlapUpdate {
+			err = r.commitBackground(txn)
+		} else {
+			err = txn.Commit(ctx)
+		}
 	default:
 		if txn != nil {
 			start := time.Now()
@@ -432,16 +449,30 @@ func (r *Runtime) step(ctx context.Context) error {
 			info.RolledBack, info.RollbackTime = true, time.Since(start)
 			r.trace.rollback(start, info.RollbackTime)
 		}
-		err = r.Optimizer.StepWith(ctx, p)
+		if r.overlapUpdate {
+			var t *optimizer.StepTxn
+			if t, err = r.Optimizer.BeginStepWith(ctx, p); err == nil {
+				if err = r.commitBackground(t); err != nil {
+					t.Abort()
+				}
+			}
+		} else {
+			err = r.Optimizer.StepWith(ctx, p)
+		}
 	}
 	if err != nil {
 		r.noteRollback(info)
 		return err
 	}
-	// The step is done (applied, or skipped): forget the gradients and
-	// move the loss scale and the schedule on.
-	r.Grads.Zero()
-	tr.pending = nil
+	// The step is done (applied, or skipped) — or, with its update going
+	// on in the background, decided: move the loss scale and the schedule
+	// on. The gradients are forgotten once the update has read them (at
+	// once, or when the background step is reaped).
+	info.Overlapped = r.bg != nil
+	if r.bg == nil {
+		r.Grads.Zero()
+		tr.pending = nil
+	}
 	info.Applied = chk == nil || !chk.overflow
 	if chk != nil {
 		_ = tr.scaler.Update(chk.overflow) // checked above
@@ -452,7 +483,7 @@ func (r *Runtime) step(ctx context.Context) error {
 		}
 	}
 	info.NextLossScale = r.LossScale()
-	info.Step = r.Optimizer.StepCount()
+	info.Step = r.stepNumber()
 	if !info.Applied {
 		info.Step++
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -72,10 +73,14 @@ type stepCase struct {
 	faultRank   int
 	faultTarget string
 	layerMajor  bool // the loop runs every micro-batch of a layer at once
+	// overlapped counts the steps Step returned from with their update
+	// running on; recovered the ones whose update then failed and were
+	// retried (zinf.overlap_update).
+	overlapped, recovered *atomic.Int64
 }
 
 func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
-	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1}
+	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
 	var ls [][]tensor.Desc
 	for l := range 1 + rng.IntN(3) {
 		var ts []tensor.Desc
@@ -175,6 +180,9 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 		c.micro = 1 + rng.IntN(4)
 	}
 	cfg.GradientAccumulationSteps = c.micro
+	// Step returns before the update commits, and the next forward reads
+	// each layer as soon as it is published.
+	cfg.Zinf.OverlapUpdate = rng.IntN(2) == 0
 	return c
 }
 
@@ -415,6 +423,7 @@ func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtim
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
 	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, plan.Hyper(cfg))
+	t.Logf("overlap update %v", cfg.Zinf.OverlapUpdate)
 	t.Logf("layer-major %v, world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
 		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), plan.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
@@ -508,7 +517,7 @@ func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtim
 	for _, in := range injs {
 		hits += in.Hits()
 	}
-	t.Logf("rank 0: %+v; faults fired: %d", rts[0].Metrics().Train, hits)
+	t.Logf("rank 0: %+v; faults fired: %d; steps overlapped %d, recovered after Step returned %d", rts[0].Metrics().Train, hits, c.overlapped.Load(), c.recovered.Load())
 	return rts
 }
 
@@ -576,8 +585,6 @@ func (r *stepRef) compute0(c *stepCase, name string) []float32 {
 // checking every read and every step against the reference.
 func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.Injector, ref *stepRef) error {
 	cfg := c.cfg
-	overlap := rt.Plan().OverlapStep && !c.serial
-	checks := cfg.GradientClipping > 0 || cfg.FP16
 	retries := 0
 	retry := func(what string, op func() error) error {
 		for attempt := 0; ; attempt++ {
@@ -586,18 +593,68 @@ func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.I
 				return nil
 			}
 			retries++
+			if errors.Is(err, zinf.ErrUpdateFailed) {
+				return err // the last step failed after Step returned: the caller retries it
+			}
 			if attempt >= 20 || !(errors.Is(err, aio.ErrNoSpace) || errors.Is(err, zinf.ErrRankFailed)) {
 				return fmt.Errorf("%s: %w", what, err)
 			}
 			inj.Clear() // space returns
 		}
 	}
-	for step := range c.steps {
+	// recover retries a step whose update failed after Step returned
+	// (zinf.overlap_update), as ErrUpdateFailed's doc says: space
+	// returns, Step again, and the same outcome as the reference's.
+	recoverStep := func(step int, cause error) error {
+		if !errors.Is(cause, zinf.ErrUpdateFailed) || inj.Hits() == 0 || !errors.Is(cause, aio.ErrNoSpace) {
+			return cause
+		}
+		if !cfg.Zinf.OverlapUpdate {
+			return fmt.Errorf("ErrUpdateFailed without zinf.overlap_update: %w", cause)
+		}
+		inj.Clear()
+		retries++
+		c.recovered.Add(1)
+		if err := retry(fmt.Sprintf("step %d again", step), func() error { return rt.Step(ctx) }); err != nil {
+			return err
+		}
+		if got, want := rt.LastStep(), ref.infos[step]; got.Step != want.Step || got.Applied != want.Applied || got.NextLossScale != want.NextLossScale {
+			return fmt.Errorf("step %d retried:\n got %+v\nwant %+v", step, got, want)
+		}
+		return nil
+	}
+	for step := 0; step < c.steps; step++ {
 		if step == c.faultStep && rt.Rank == c.faultRank {
 			inj.Add(faults.Rule{Kind: faults.Writes, PathContains: c.faultTarget, Err: syscall.ENOSPC, Times: 2})
 		}
+		err := c.rankStep(ctx, rt, ref, step, retry, &retries)
+		if err != nil && step > 0 && errors.Is(err, zinf.ErrUpdateFailed) {
+			// The last step's update failed under this one's forward or
+			// backward: retry it, then run this step again from the start.
+			if err = recoverStep(step-1, err); err == nil {
+				err = c.rankStep(ctx, rt, ref, step, retry, &retries)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// The last step's update may still be running, and may fail.
+	if err := rt.WaitStep(ctx); err != nil {
+		return recoverStep(c.steps-1, err)
+	}
+	return nil
+}
+
+// rankStep is one step of rankLoop: its micro-batches and Step, checked
+// against the reference.
+func (c *stepCase) rankStep(ctx context.Context, rt *zinf.Runtime, ref *stepRef, step int, retry func(string, func() error) error, retriesp *int) error {
+	cfg := c.cfg
+	overlap := rt.Plan().OverlapStep && !c.serial
+	checks := cfg.GradientClipping > 0 || cfg.FP16
+	{
 		want := ref.infos[step]
-		retriesBefore := retries
+		retriesBefore := *retriesp
 		if s := rt.LossScale(); s != want.LossScale {
 			return fmt.Errorf("step %d: loss scale %v, reference %v", step, s, want.LossScale)
 		}
@@ -644,6 +701,12 @@ func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.I
 			return err
 		}
 		got := rt.LastStep()
+		if got.Overlapped {
+			c.overlapped.Add(1)
+			if !cfg.Zinf.OverlapUpdate {
+				return fmt.Errorf("step %d: overlapped without zinf.overlap_update", step)
+			}
+		}
 		same := got.Step == want.Step && got.Applied == want.Applied && got.Clipped == want.Clipped &&
 			math.Float64bits(got.LR) == math.Float64bits(want.LR) && got.Beta1 == want.Beta1 && got.Beta2 == want.Beta2 &&
 			got.LossScale == want.LossScale && got.NextLossScale == want.NextLossScale &&
@@ -657,7 +720,7 @@ func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.I
 		// one it was set at) speculated, and rolled back exactly when it
 		// needed a correction (clipped or skipped).
 		spec := rt.Metrics().Train.Speculated > speculatedBefore
-		if checks && overlap && cfg.Zinf.Speculate == config.SpeculateAlways && retries == retriesBefore {
+		if checks && overlap && cfg.Zinf.Speculate == config.SpeculateAlways && *retriesp == retriesBefore {
 			if !spec || !got.Speculated {
 				return fmt.Errorf("step %d did not speculate (speculate always, overlap on): %+v", step, got)
 			}

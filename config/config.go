@@ -274,6 +274,12 @@ type Zinf struct {
 	// (and is rolled back when the step turns out to need clipping or to
 	// overflow). Default auto.
 	Speculate SpeculateMode
+	// OverlapUpdate is "overlap_update": Step returns once the step is
+	// decided and its update goes on in the background, each layer's new
+	// parameters visible as soon as they are written, so the next step's
+	// forward starts while its last layers are still updating. Default
+	// false (Step returns once the whole update is committed).
+	OverlapUpdate bool
 	// Schedule is "schedule": the order of work within a step of several
 	// micro-batches (gradient_accumulation_steps): layer-major (every
 	// micro-batch of a layer while its parameters are in: one parameter

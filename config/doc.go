@@ -184,6 +184,8 @@
 //	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,
 //	                                                         start each layer's update during backward before the
 //	                                                         global norm and overflow are known (see below)
+//	zinf.overlap_update          bool      false             Step returns once the step is decided; the update goes
+//	                                                         on while the next forward runs (see below)
 //	zinf.schedule                word      "auto"            auto | layer-major | micro-batch-major: the order of a
 //	                                                         step's micro-batches (gradient_accumulation_steps);
 //	                                                         auto = the planner predicts both and picks (see below)
@@ -304,6 +306,20 @@
 // or fp16 overflowed) — steps that did not speculate still tell whether
 // they would have needed one, so auto starts speculating again once
 // clipping stops triggering.
+//
+// zinf.overlap_update: Step decides the step (the norm, overflow and
+// clipping) and returns while the update is still running, each tensor's
+// new parameters published as soon as they are written, the tensors not
+// yet updated in forward order. BeginLayer(l) of the next step waits for
+// layer l's update only, so the next forward's first layers compute while
+// the last ones update; AccumulateGrad, Step and anything that reads
+// optimizer state wait for the whole step. Results are bit for bit those
+// of a Step that returns after the commit. The step stays all or
+// nothing: if the update fails after Step returned, every parameter it
+// published is put back, and the next BeginLayer, AccumulateGrad or Step
+// returns an error wrapping zinf.ErrUpdateFailed: call Step again (it
+// retries the failed step from the same gradients) and rerun the
+// micro-batches from the first layer.
 //
 // zinf.schedule: the order of a step's micro-batches
 // (gradient_accumulation_steps = k). "micro-batch-major" is

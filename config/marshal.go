@@ -163,6 +163,8 @@ type wireZinf struct {
 	PieceBytes    Size          `json:"piece_bytes,omitempty"`
 	PrefetchDepth int           `json:"prefetch_depth"`
 	Speculate     SpeculateMode `json:"speculate"`
+	// OverlapUpdate is written only when set, so files stay as they were.
+	OverlapUpdate bool `json:"overlap_update,omitempty"`
 	// Schedule is written only when it is not auto, so files stay as they were.
 	Schedule ScheduleMode `json:"schedule,omitempty"`
 	// OptimizerWorkers is written only when set, so files stay as they were.
@@ -260,6 +262,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
 	w.Zinf.Speculate = zi.Speculate
+	w.Zinf.OverlapUpdate = zi.OverlapUpdate
 	if zi.Schedule != ScheduleAuto {
 		w.Zinf.Schedule = zi.Schedule
 	}

@@ -584,6 +584,7 @@ func schema(c *Config) []spec {
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
+		leaf("overlap_update", boolInto(&c.Zinf.OverlapUpdate)),
 		leaf("schedule", stringInto(&c.Zinf.Schedule)),
 		section("bandwidth",
 			leaf("read_bytes_per_sec", sizeInto(&c.Zinf.Bandwidth.ReadBytesPerSec)),

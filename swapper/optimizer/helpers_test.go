@@ -290,6 +290,9 @@ type rigConfig struct {
 	// asyncGrads serves the gradients through an AsyncGradSource wrapper
 	// of the fake (see asyncGrads).
 	asyncGrads bool
+	// publish gives the optimizer a RangeSink that is also a Publisher
+	// (pubSink).
+	publish bool
 }
 
 // rig is an optimizer with a real store and pool, fake params and grads,
@@ -302,6 +305,7 @@ type rig struct {
 	pool  *buffers.Pool
 	sink  *fakeSink
 	rsink *rangeSink // nil with wholeSink
+	psink *pubSink   // with publish
 	grads *fakeGrads
 	opt   *optimizer.Optimizer
 	md    *model
@@ -364,6 +368,10 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 		} else {
 			r.rsink = newRangeSink(r.sink)
 			opts.Params = r.rsink
+			if cfg.publish {
+				r.psink = &pubSink{rangeSink: r.rsink, published: map[string][]float32{}}
+				opts.Params = r.psink
+			}
 		}
 	}
 	if cfg.exactPool {

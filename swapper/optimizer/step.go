@@ -98,6 +98,8 @@ type stepRun struct {
 	start    time.Time
 	tlMu     sync.Mutex
 	timeline []SubGroupTiming
+
+	pub pubState // CommitAsync's publishing (publish.go)
 }
 
 // item is one sub-group on its way through the pipeline, with everything
@@ -542,6 +544,9 @@ func (r *stepRun) retire(it *item) {
 		r.tokens.release(r.weight(sg))
 	}
 	r.record(it)
+	if last(sg) && !it.failed && !r.failed() {
+		r.tensorRetired(sg.t)
+	}
 }
 
 // commit publishes a step whose every sub-group was written and staged.

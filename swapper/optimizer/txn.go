@@ -29,6 +29,11 @@ type StepTxn struct {
 	ended  bool             // Commit or Abort called, or aborted by Close: the queue is closed
 	closed bool             // ended by Close
 
+	// async is closed when a commit CommitAsync started has finished,
+	// with its result in asyncErr (nil before CommitAsync; set under mu).
+	async    chan struct{}
+	asyncErr error
+
 	// Guarded by o.opMu.
 	finished bool  // states committed or discarded, stats recorded
 	result   error // what a Commit still waiting learns once finished
@@ -100,6 +105,10 @@ func (o *Optimizer) begin(ctx context.Context, p StepParams) (*StepTxn, error) {
 	r := &stepRun{o: o, step: stepNo, params: p, hyper: h, args: newAdamArgsExact(stepNo, h), tensors: tensors, sgs: sgs, depth: o.opts.PipelineDepth,
 		queue: make(chan *tensor, len(tensors)), done: make(chan struct{})}
 	r.initWindows()
+	r.pub.retired = make(map[*tensor]bool, len(tensors))
+	if o.opts.Params != nil {
+		r.pub.sink = publisherOf(o.opts.Params)
+	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	t := &StepTxn{o: o, r: r, start: time.Now(), handed: make(map[*tensor]bool)}
 	r.start = t.start

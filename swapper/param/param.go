@@ -80,7 +80,11 @@ type Stats struct {
 	CacheMisses  int64 // swap-ins that had to read NVMe
 	DemandMisses int64 // partitions Wait had to request itself (not prefetched)
 	Commits      int64 // successful CommitUpdates with at least one update
-	Preemptions  int64 // prefetched, unclaimed partitions sent back to make room for a waited-for one
+	// Published counts updates made current before their step committed
+	// (PublishUpdate); Reverted the published tensors DiscardUpdates put
+	// back.
+	Published, Reverted int64
+	Preemptions         int64 // prefetched, unclaimed partitions sent back to make room for a waited-for one
 	// PreemptedBytes are the partition bytes of those Preemptions: read
 	// from NVMe and given back before use, so read again when wanted. A
 	// steadily rising figure says the pool is too tight for the prefetch
@@ -118,6 +122,9 @@ type tensor struct {
 	cur *block
 
 	staged *staged
+	// prev is the version PublishUpdate replaced, kept until CommitUpdates
+	// drops it or DiscardUpdates puts it back.
+	prev *published
 	// streamed: an NVMe partition larger than Options.PieceBytes, moved
 	// in pieces and never resident. building: a StageRange in progress.
 	streamed bool
@@ -858,6 +865,13 @@ func (s *Swapper) Close() error {
 		if t.staged != nil {
 			staged = append(staged, t.staged)
 			t.staged = nil
+		}
+		if t.prev != nil {
+			// The step never committed: its last published version stays
+			// in the store (Close ends a runtime whose step was left
+			// undecided), the older one goes.
+			t.prev.drop(s)
+			t.prev = nil
 		}
 		t.flight = nil
 		if t.tier == swapper.TierNVMe && t.n > 0 {

@@ -269,7 +269,15 @@ func (s *Swapper) CommitUpdates() error {
 		st.t.staged = nil
 		s.installLocked(st.t, st)
 	}
-	if len(live) > 0 {
+	published := false
+	for _, t := range s.tensors {
+		if t.prev != nil {
+			t.prev.drop(s)
+			t.prev = nil
+			published = true
+		}
+	}
+	if len(live) > 0 || published {
 		s.stats.Commits++
 	}
 	return nil
@@ -277,7 +285,10 @@ func (s *Swapper) CommitUpdates() error {
 
 // DiscardUpdates drops every staged update (after a failed optimizer
 // step): staged writes are waited for and deleted, staged buffers freed.
-// The current values are untouched.
+// Every update published since the last commit (PublishUpdate) is put
+// back: the previous version becomes current again, and copies of the
+// published one are invalidated as a commit invalidates them. The values
+// of the last commit are then current everywhere.
 func (s *Swapper) DiscardUpdates() {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -289,9 +300,116 @@ func (s *Swapper) DiscardUpdates() {
 			snap = append(snap, t.staged)
 			t.staged = nil
 		}
+		if t.prev != nil {
+			s.revertLocked(t)
+		}
 	}
 	s.mu.Unlock()
 	for _, st := range snap {
 		s.dispose(st)
 	}
+}
+
+// published is the version of a tensor that PublishUpdate replaced: for
+// NVMe under the store key key, for CPU and GPU tiers the copy blk.
+type published struct {
+	key string
+	blk *block
+}
+
+// prevMark names the store key a published tensor's previous version is
+// kept under until the step commits or is discarded.
+const prevMark = "@prev"
+
+// drop forgets the previous version for good.
+func (p *published) drop(s *Swapper) {
+	if p.key != "" {
+		s.store.Delete(p.key)
+	}
+	if p.blk != nil {
+		p.blk.release()
+		p.blk = nil
+	}
+}
+
+// PublishUpdate makes name's staged update current now, before the step
+// commits, keeping the version it replaces: reads from then on see the new
+// values (resident copies, swap-ins in flight and cache entries are
+// invalidated as CommitUpdates invalidates them), CommitUpdates drops the
+// kept version and DiscardUpdates puts it back. It waits for the staged
+// write; if that failed it changes nothing and returns the error. A tensor
+// with nothing staged (a rank's empty partition, or one published already)
+// is left as it is. This is how an optimizer step overlaps the next
+// forward pass (optimizer.StepTxn.CommitAsync): each layer's parameters
+// become readable as soon as they are written, while the step as a whole
+// can still be undone.
+func (s *Swapper) PublishUpdate(name string) error {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.mu.Lock()
+	t, err := s.lookupLocked("publish", name)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	st := t.staged
+	s.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	if err := st.Wait(); err != nil {
+		return &swapper.TensorError{Op: "publish", Tensor: name, Err: fmt.Errorf("staged update: %w", err)}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return &swapper.TensorError{Op: "publish", Tensor: name, Err: ErrClosed}
+	}
+	if t.staged != st {
+		return nil // replaced or dropped meanwhile
+	}
+	pub := t.prev
+	if pub == nil {
+		pub = &published{}
+	}
+	if st.key != "" {
+		if pub.key == "" {
+			// The first publish of the step keeps the committed version.
+			pub.key = t.key + prevMark
+			if err := s.store.Rename([2]string{t.key, pub.key}, [2]string{st.key, t.key}); err != nil {
+				return &swapper.TensorError{Op: "publish", Tensor: name, Err: err}
+			}
+		} else if err := s.store.Rename([2]string{st.key, t.key}); err != nil {
+			return &swapper.TensorError{Op: "publish", Tensor: name, Err: err}
+		}
+	}
+	t.staged = nil
+	if t.tier != swapper.TierNVMe && pub.blk == nil {
+		// Keep the committed copy rather than release it.
+		pub.blk, t.cur = t.cur, nil
+	}
+	t.prev = pub
+	s.installLocked(t, st)
+	s.stats.Published++
+	return nil
+}
+
+// revertLocked puts t's committed version back after PublishUpdate.
+func (s *Swapper) revertLocked(t *tensor) {
+	pub := t.prev
+	t.prev = nil
+	if pub.key != "" {
+		if err := s.store.Rename([2]string{pub.key, t.key}); err != nil {
+			// Only a closed store refuses a rename of a key it holds.
+			s.log.Error("param: could not put back the committed version of a published tensor", "tensor", t.name, "error", err)
+		}
+	}
+	if pub.blk != nil {
+		s.installLocked(t, &staged{t: t, blk: pub.blk})
+		pub.blk = nil
+	} else {
+		t.gen++
+		s.invalidateLocked(t)
+	}
+	s.stats.Reverted++
 }
