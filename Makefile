@@ -7,7 +7,7 @@ DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
+.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
 
 all: build
 
@@ -67,6 +67,11 @@ bench-scale: build
 # interleaved, k = 1, 4, 8, disk-bound (ROUNDS, KS, SCHED_DIR; see the script).
 bench-schedule: build
 	./scripts/bench-schedule.sh
+
+# The update overlapping the next forward (zinf.overlap_update) against
+# Step waiting for it, interleaved; not in make test.
+bench-overlap: build
+	./scripts/bench-overlap.sh
 
 bench-adam:
 	BENCH=$${BENCH:-Adam} ./scripts/bench-optimizers.sh

@@ -173,3 +173,8 @@ func (r *Runtime) WaitStep(ctx context.Context) error {
 	}
 	return r.settle(ctx)
 }
+
+// OverlapUpdate reports whether Step returns before its update is
+// committed (zinf.overlap_update, where the plan has room for it: see
+// the warning Open logs otherwise).
+func (r *Runtime) OverlapUpdate() bool { return r.overlapUpdate }

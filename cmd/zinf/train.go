@@ -213,6 +213,7 @@ type stepFlags struct {
 	lossScale float64
 	schedule  string
 	micro     int
+	overlap   bool
 	set       map[string]bool
 }
 
@@ -223,6 +224,7 @@ func (s *stepFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&s.lossScale, "loss-scale", 0, "fp16.loss_scale: 0 = dynamic, > 0 static (default: the config's)")
 	fs.StringVar(&s.schedule, "schedule", "", "zinf.schedule: the order of a step's micro-batches, auto, layer-major or micro-batch-major (default: the config's)")
 	fs.IntVar(&s.micro, "micro-batches", 0, "gradient_accumulation_steps: micro-batches per optimizer step (default: the config's)")
+	fs.BoolVar(&s.overlap, "overlap-update", false, "zinf.overlap_update: Step returns once the step is decided and the update runs on under the next step's forward (default: the config's)")
 }
 
 // check reads which flags were given and refuses bad values by name.
@@ -281,6 +283,9 @@ func (s *stepFlags) apply(cfg *config.Config) error {
 	if s.set["micro-batches"] {
 		cfg.GradientAccumulationSteps = s.micro
 	}
+	if s.set["overlap-update"] {
+		cfg.Zinf.OverlapUpdate = s.overlap
+	}
 	return cfg.Validate()
 }
 
@@ -295,6 +300,9 @@ func printTrainSummary(w io.Writer, r *train.Result, verify bool) error {
 	if r.InMemoryStepMsMedian > 0 {
 		fmt.Fprintf(w, "  overlap: the same loop in memory takes %.1f ms per step (%.1f ms of it simulated GPU time): offloaded / in-memory = %.2fx (optimizer step overlapped with backward: %v)\n",
 			r.InMemoryStepMsMedian, r.ComputeMs, r.StepMsMedian/r.InMemoryStepMsMedian, r.OverlapStep)
+	}
+	if r.OverlapUpdate {
+		fmt.Fprintf(w, "  update: each step's update ran on under the next step's forward (zinf.overlap_update); the forwards waited %.1f ms for it in all\n", r.UpdateWaitMs)
 	}
 	if r.SkippedSteps+r.ClippedSteps+r.Speculated > 0 || r.LossScale != 1 {
 		fmt.Fprintf(w, "  step: %d applied, %d skipped (fp16 overflow), %d clipped; loss scale now %g; speculative updates %d: %d committed, %d rolled back (%.1f ms)\n",

@@ -451,46 +451,59 @@ func TestTrainStepFlagsBad(t *testing.T) {
 }
 
 // TestTrainSchedules: --schedule layer-major and micro-batch-major with
-// --micro-batches 3 both pass --verify (bit for bit in-memory training,
-// run micro-batch-major) and give the same state_sha256; the JSON keeps
-// step_ms_median, step_read_bytes and state_sha256 and says the schedule;
-// layer-major reads fewer NVMe bytes per step (its parameters once per
-// pass, its gradients never read back before the step).
+// --micro-batches 3, each with and without --overlap-update, all pass
+// --verify (bit for bit in-memory training, run micro-batch-major) and
+// give the same state_sha256; the JSON keeps step_ms_median,
+// step_read_bytes and state_sha256 and says the schedule and whether the
+// update overlapped; layer-major reads fewer NVMe bytes per step (its
+// parameters once per pass, its gradients never read back before the
+// step).
 func TestTrainSchedules(t *testing.T) {
 	type result struct {
 		Schedule      string  `json:"schedule"`
+		OverlapUpdate bool    `json:"overlap_update"`
 		StateSHA256   string  `json:"state_sha256"`
 		BitwiseEqual  *bool   `json:"bitwise_equal"`
 		StepMsMedian  float64 `json:"step_ms_median"`
 		StepReadBytes []int64 `json:"step_read_bytes"`
 	}
-	var got []result
-	for _, sched := range []string{"layer-major", "micro-batch-major"} {
-		dir := t.TempDir()
-		cfg := filepath.Join(dir, "ds.json")
-		// Parameters on NVMe without a cache: every pass reads them.
-		js := fmt.Sprintf(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q, "max_in_cpu": 0}, "offload_optimizer": {"device": "nvme", "nvme_path": %q}}}`, dir, dir)
-		if err := os.WriteFile(cfg, []byte(js), 0o644); err != nil {
-			t.Fatal(err)
+	got := map[string]result{}
+	for _, update := range []bool{false, true} {
+		for _, sched := range []string{"layer-major", "micro-batch-major"} {
+			what := fmt.Sprintf("--schedule %s --overlap-update=%v", sched, update)
+			dir := t.TempDir()
+			cfg := filepath.Join(dir, "ds.json")
+			// Parameters on NVMe without a cache: every pass reads them.
+			js := fmt.Sprintf(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q, "max_in_cpu": 0}, "offload_optimizer": {"device": "nvme", "nvme_path": %q}}}`, dir, dir)
+			if err := os.WriteFile(cfg, []byte(js), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := runCLI(t, "train", "--config", cfg, "--dir", dir, "--layers", "3", "--width", "32", "--steps", "2",
+				"--micro-batches", "3", "--schedule", sched, fmt.Sprintf("--overlap-update=%v", update), "--verify", "--json")
+			if code != 0 {
+				t.Fatalf("%s: exit %d:\n%s", what, code, errs)
+			}
+			var r result
+			if err := json.Unmarshal([]byte(out), &r); err != nil {
+				t.Fatalf("%s: %v\n%s", what, err, out)
+			}
+			if r.Schedule != sched || r.OverlapUpdate != update || r.BitwiseEqual == nil || !*r.BitwiseEqual || r.StateSHA256 == "" || r.StepMsMedian <= 0 || len(r.StepReadBytes) != 2 {
+				t.Fatalf("%s: %+v", what, r)
+			}
+			got[what] = r
 		}
-		code, out, errs := runCLI(t, "train", "--config", cfg, "--dir", dir, "--layers", "3", "--width", "32", "--steps", "2",
-			"--micro-batches", "3", "--schedule", sched, "--verify", "--json")
-		if code != 0 {
-			t.Fatalf("--schedule %s: exit %d:\n%s", sched, code, errs)
-		}
-		var r result
-		if err := json.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("--schedule %s: %v\n%s", sched, err, out)
-		}
-		if r.Schedule != sched || r.BitwiseEqual == nil || !*r.BitwiseEqual || r.StateSHA256 == "" || r.StepMsMedian <= 0 || len(r.StepReadBytes) != 2 {
-			t.Fatalf("--schedule %s: %+v", sched, r)
-		}
-		got = append(got, r)
 	}
-	if got[0].StateSHA256 != got[1].StateSHA256 {
-		t.Errorf("state_sha256: layer-major %s, micro-batch-major %s", got[0].StateSHA256, got[1].StateSHA256)
+	var first string
+	for what, r := range got {
+		if first == "" {
+			first = what
+		}
+		if r.StateSHA256 != got[first].StateSHA256 {
+			t.Errorf("state_sha256: %s %s, %s %s", what, r.StateSHA256, first, got[first].StateSHA256)
+		}
 	}
-	if lm, mb := got[0].StepReadBytes[1], got[1].StepReadBytes[1]; lm >= mb {
+	lm, mb := got["--schedule layer-major --overlap-update=false"].StepReadBytes[1], got["--schedule micro-batch-major --overlap-update=false"].StepReadBytes[1]
+	if lm >= mb {
 		t.Errorf("NVMe bytes read in step 2: layer-major %d, micro-batch-major %d", lm, mb)
 	}
 }

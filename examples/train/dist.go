@@ -467,3 +467,14 @@ func stateDigest(spec Spec, st map[string][][]float32) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// recoverUpdate implements updateRecoverer for this process's rank.
+func (b *distBackend) recoverUpdate(ctx context.Context, retry func(error) bool) error {
+	if err := retryFailedUpdate(ctx, b.rt, retry); err != nil {
+		return err
+	}
+	if len(b.infos) > 0 {
+		b.infos[len(b.infos)-1] = b.rt.LastStep()
+	}
+	return nil
+}

@@ -2,9 +2,11 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 )
 
@@ -160,8 +162,7 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 			time.Sleep(o.ComputePerLayer)
 		}
 	}
-	for step := o.Start; step < o.Start+o.Steps; step++ {
-		t0 := time.Now()
+	return drive(ctx, b, o, func(step int, t0 time.Time) error {
 		lossScale := float32(b.lossScale())
 		for m := 0; m < o.Micro; m++ {
 			var ys [][]float32
@@ -216,7 +217,7 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 						if err == nil {
 							break
 						}
-						if o.OnStepError == nil || !o.OnStepError(step, err) {
+						if errors.Is(err, zinf.ErrUpdateFailed) || o.OnStepError == nil || !o.OnStepError(step, err) {
 							// Steps are numbered from 1 in messages, as in the
 							// progress lines and the optimizer's own errors.
 							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
@@ -229,11 +230,8 @@ func runLoop(ctx context.Context, spec Spec, b backend, o loopOptions) error {
 				b.endLayer(l)
 			}
 		}
-		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
-			return err
-		}
-	}
-	return nil
+		return finishStep(ctx, b, o, step, losses, t0)
+	})
 }
 
 // finishStep ends step (begun at t0) the same way in every order: the
@@ -365,8 +363,7 @@ func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) err
 			time.Sleep(time.Duration(K) * o.ComputePerLayer)
 		}
 	}
-	for step := o.Start; step < o.Start+o.Steps; step++ {
-		t0 := time.Now()
+	return drive(ctx, b, o, func(step int, t0 time.Time) error {
 		lossScale := float32(b.lossScale())
 		ys := make([][][]float32, K)
 		for m := range K {
@@ -425,7 +422,7 @@ func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) err
 						if err == nil {
 							break
 						}
-						if o.OnStepError == nil || !o.OnStepError(step, err) {
+						if errors.Is(err, zinf.ErrUpdateFailed) || o.OnStepError == nil || !o.OnStepError(step, err) {
 							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
 						}
 					}
@@ -437,11 +434,8 @@ func runLayerMajor(ctx context.Context, spec Spec, b backend, o loopOptions) err
 			}
 			b.endLayer(l)
 		}
-		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
-			return err
-		}
-	}
-	return nil
+		return finishStep(ctx, b, o, step, losses, t0)
+	})
 }
 
 // runLayerMajorTiered is runLayerMajor with the activations in o.Acts:
@@ -556,7 +550,7 @@ func runLayerMajorTiered(ctx context.Context, spec Spec, b backend, o loopOption
 						if err == nil {
 							break
 						}
-						if o.OnStepError == nil || !o.OnStepError(step, err) {
+						if errors.Is(err, zinf.ErrUpdateFailed) || o.OnStepError == nil || !o.OnStepError(step, err) {
 							return fmt.Errorf("step %d (micro-step %d of %d) layer %d: %w", step+1, m+1, o.Micro, l, err)
 						}
 					}
@@ -570,23 +564,75 @@ func runLayerMajorTiered(ctx context.Context, spec Spec, b backend, o loopOption
 		}
 		return acts.Flush(ctx)
 	}
-	for step := o.Start; step < o.Start+o.Steps; step++ {
-		t0 := time.Now()
+	return drive(ctx, b, o, func(step int, t0 time.Time) error {
 		for {
 			err := passes(step, float32(b.lossScale()))
 			if err == nil {
 				break
 			}
 			acts.Reset()
+			if errors.Is(err, zinf.ErrUpdateFailed) {
+				return err // the last step's, not this one's: drive retries it
+			}
 			ab, ok := b.(interface{ abortStep() })
 			if !ok || o.OnStepError == nil || !o.OnStepError(step, err) {
 				return fmt.Errorf("step %d: %w", step+1, err)
 			}
 			ab.abortStep() // nothing of the step stays; it runs again
 		}
-		if err := finishStep(ctx, b, o, step, losses, t0); err != nil {
-			return err
+		return finishStep(ctx, b, o, step, losses, t0)
+	})
+}
+
+// updateRecoverer is a backend whose optimizer step may go on after it
+// returned (zinf.overlap_update).
+type updateRecoverer interface {
+	// recoverUpdate waits for the last step's update on every rank and,
+	// on a rank where it failed, runs that step again (Step) while retry
+	// allows; it returns the failure retry refused.
+	recoverUpdate(ctx context.Context, retry func(error) bool) error
+}
+
+// maxUpdateRetries bounds how often one step starts over because the
+// step before it failed after its Step returned.
+const maxUpdateRetries = 20
+
+// drive runs the steps, one at a time (one(step, t0) does a step begun at
+// t0). With zinf.overlap_update a step's update runs on under the next
+// step's forward pass, and when it fails the next step's calls report
+// zinf.ErrUpdateFailed: the failed step is retried — as o.OnStepError
+// allows, like any failed optimizer step — and the step under way runs
+// again from its start (its forward may have read the failed step's
+// parameters). After the last step, drive waits for its update too.
+func drive(ctx context.Context, b backend, o loopOptions, one func(step int, t0 time.Time) error) error {
+	recoverLast := func(step int, cause error) error {
+		u, ok := b.(updateRecoverer)
+		if !ok {
+			return cause
+		}
+		err := u.recoverUpdate(ctx, func(err error) bool { return o.OnStepError != nil && o.OnStepError(step, err) })
+		if err != nil {
+			return fmt.Errorf("step %d: optimizer step (its update failed after Step returned): %w", step+1, err)
+		}
+		return nil
+	}
+	for step := o.Start; step < o.Start+o.Steps; step++ {
+		t0 := time.Now()
+		for attempt := 0; ; attempt++ {
+			err := one(step, t0)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, zinf.ErrUpdateFailed) || step == o.Start || attempt >= maxUpdateRetries {
+				return err
+			}
+			if err := recoverLast(step-1, err); err != nil {
+				return err
+			}
 		}
 	}
-	return nil
+	if o.Steps == 0 {
+		return nil
+	}
+	return recoverLast(o.Start+o.Steps-1, nil)
 }

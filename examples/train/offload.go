@@ -312,3 +312,37 @@ func (b *zinfBackend) stateDigest(ctx context.Context) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// recoverUpdate implements updateRecoverer: each rank's step is its own
+// (all or nothing per rank), so only the ranks whose update failed step
+// again — alone: the check their step reduced over the ranks is kept.
+func (b *zinfBackend) recoverUpdate(ctx context.Context, retry func(error) bool) error {
+	for r, rt := range b.rts {
+		if err := retryFailedUpdate(ctx, rt, retry); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	if len(b.infos) > 0 {
+		b.infos[len(b.infos)-1] = b.rts[0].LastStep() // the retried step's, if it was
+	}
+	return nil
+}
+
+// retryFailedUpdate waits for rt's last step's update and, when it failed
+// after Step returned (zinf.ErrUpdateFailed), runs the step again while
+// retry allows. (A retried step may fail after Step returned again: the
+// next step's calls report it, and it is retried once more.)
+func retryFailedUpdate(ctx context.Context, rt *zinf.Runtime, retry func(error) bool) error {
+	err := rt.WaitStep(ctx)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, zinf.ErrUpdateFailed) || !retry(err) {
+		return err
+	}
+	for {
+		if err = rt.Step(ctx); err == nil || !retry(err) {
+			return err
+		}
+	}
+}

@@ -167,6 +167,11 @@ type Result struct {
 	FinalLoss          float32   `json:"final_loss"`
 	PrefetchDepth      int       `json:"prefetch_depth"`
 	OverlapStep        bool      `json:"overlap_step"`
+	// OverlapUpdate says each step's update ran on under the next step's
+	// forward pass (zinf.overlap_update); UpdateWaitMs is the time the
+	// forward passes waited for a layer's update, in all.
+	OverlapUpdate bool    `json:"overlap_update"`
+	UpdateWaitMs  float64 `json:"update_wait_ms"`
 	DemandMisses       int64     `json:"demand_misses"`
 	Backend            string    `json:"backend"`
 	StepMs             []float64 `json:"step_ms"`
@@ -241,6 +246,11 @@ type Result struct {
 	// from NVMe (not in StepReadBytes; Metrics.Grads.ServedBytes).
 	StepGradServedBytes []int64   `json:"step_grad_served_bytes"`
 	IOWaitMs            []float64 `json:"io_wait_ms"`
+	// TrainMs is the steps' wall time, from the first step's start until
+	// the last step's update is committed (with zinf.overlap_update it
+	// runs on after the last step's Step returned, so StepMs does not
+	// hold it).
+	TrainMs float64 `json:"train_ms"`
 	// InitSeconds is the time from the start of Run to the first step:
 	// opening the runtimes and writing every tensor's initial values.
 	InitSeconds float64 `json:"init_seconds"`
@@ -431,6 +441,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.PrefetchDepth = depth
 	res.OverlapStep = !o.SerialStep && pl.OverlapStep
+	res.OverlapUpdate = rts[0].OverlapUpdate()
 	res.PredictedMs = float64(pl.Predicted.Total) / 1e6
 	res.Schedule = string(rts[0].Schedule())
 	layerMajor := rts[0].Schedule() == zinf.LayerMajor
@@ -548,6 +559,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	res.TrainMs = float64(time.Since(t0)) / 1e6
 	if ckpt != nil {
 		if err := ckpt.Close(); err != nil {
 			return nil, err
@@ -696,6 +708,7 @@ func (res *Result) fill(m zinf.Metrics, ts zinf.TrainStats, elapsed time.Duratio
 	res.AppliedSteps, res.SkippedSteps, res.ClippedSteps = ts.Applied, ts.Skipped, ts.Clipped
 	res.Speculated, res.Commits, res.Rollbacks = ts.Speculated, ts.Commits, ts.Rollbacks
 	res.RollbackMs = float64(ts.RollbackTime) / 1e6
+	res.UpdateWaitMs = float64(m.UpdateWait) / 1e6
 	res.LossScale = ts.LossScale
 	for _, st := range opt {
 		res.OptimizerMs = append(res.OptimizerMs, float64(st.d)/1e6)
@@ -717,6 +730,7 @@ func metrics(rts []*zinf.Runtime) zinf.Metrics {
 		m.Pinned = x.Pinned && (i == 0 || m.Pinned)
 		m.Params.BytesRead += x.Params.BytesRead
 		m.Grads.ServedBytes += x.Grads.ServedBytes
+		m.UpdateWait += x.UpdateWait
 	}
 	return m
 }

@@ -219,6 +219,24 @@ func setup(t *testing.T, cfg *config.Config, spec Spec, opts ...zinf.Options) ([
 	return rts, be
 }
 
+// statesSnapshot is snapshot's optimizer states only.
+func statesSnapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
+	t.Helper()
+	out := map[string][]float32{}
+	for _, n := range spec.ParamNames() {
+		for r, rt := range be.rts {
+			m, a, s, err := rt.ReadOptimizerState(context.Background(), n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[fmt.Sprintf("%d/%s.master", r, n)] = m
+			out[fmt.Sprintf("%d/%s.exp_avg", r, n)] = a
+			out[fmt.Sprintf("%d/%s.exp_avg_sq", r, n)] = s
+		}
+	}
+	return out
+}
+
 // snapshot reads every parameter's compute values and every rank's
 // optimizer state.
 func snapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
@@ -266,13 +284,18 @@ func TestENOSPCDuringStep(t *testing.T) {
 		target  string
 		overlap bool
 		clip    bool
-	}{{"/zinf-optim-", false, false}, {"/zinf-param-", false, false}, {"/zinf-grad-", false, false}, {"/zinf-optim-", true, false},
-		{"/zinf-param-", true, false}, {"/zinf-grad-", true, false}, {"/zinf-optim-", true, true}, {"/zinf-grad-", true, true}} {
+		// update: zinf.overlap_update, the update of the step that fails
+		// running on under the next step's forward.
+		update bool
+	}{{"/zinf-optim-", false, false, false}, {"/zinf-param-", false, false, false}, {"/zinf-grad-", false, false, false}, {"/zinf-optim-", true, false, false},
+		{"/zinf-param-", true, false, false}, {"/zinf-grad-", true, false, false}, {"/zinf-optim-", true, true, false}, {"/zinf-grad-", true, true, false},
+		{"/zinf-optim-", true, false, true}, {"/zinf-param-", true, true, true}, {"/zinf-grad-", true, false, true}} {
 		target := tc.target
-		t.Run(fmt.Sprintf("%s/overlap=%v/clip=%v", strings.Trim(target, "/-"), tc.overlap, tc.clip), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/overlap=%v/clip=%v/update=%v", strings.Trim(target, "/-"), tc.overlap, tc.clip, tc.update), func(t *testing.T) {
 			cfg := testConfig(t, func(c *config.Config) {
 				c.Zinf.WorldSize = 2
 				c.Zinf.PipelineDepth = 2
+				c.Zinf.OverlapUpdate = tc.update
 				if tc.clip {
 					// Speculative steps during the fault, some rolled back.
 					c.GradientClipping = 0.02
@@ -284,7 +307,7 @@ func TestENOSPCDuringStep(t *testing.T) {
 			_, be := setup(t, cfg, spec, zinf.Options{Faults: inj})
 			const steps, faultAt = 4, 2
 			var before map[string][]float32
-			failures := 0
+			failures, updateFailures := 0, 0
 			err := runLoop(context.Background(), spec, be, loopOptions{Steps: steps, Micro: 2, World: 2, OverlapStep: tc.overlap,
 				OnStep: func(step int, _ float32, _ time.Duration) error {
 					if step == faultAt-1 {
@@ -308,7 +331,17 @@ func TestENOSPCDuringStep(t *testing.T) {
 					// running when space returned, after other ranks
 					// committed on the retry.)
 					if failures == 1 {
-						if d := sameSnapshot(before, snapshot(t, spec, be)); d != "" {
+						now := map[string][]float32(nil)
+						if errors.Is(err, zinf.ErrUpdateFailed) {
+							// The step failed after Step returned: the
+							// parameters are readable again once it is
+							// retried; its states are the last commit's now.
+							now = statesSnapshot(t, spec, be)
+							updateFailures++
+						} else {
+							now = snapshot(t, spec, be)
+						}
+						if d := sameSnapshot(now, before); d != "" {
 							t.Errorf("state changed by the failed step at %s", d)
 						}
 					}
@@ -322,6 +355,12 @@ func TestENOSPCDuringStep(t *testing.T) {
 			// per tensor and rank), so there is at least one failure.
 			if failures == 0 || inj.Hits() == 0 {
 				t.Fatalf("no failure surfaced (fault hits %d)", inj.Hits())
+			}
+			if tc.update && target != "/zinf-grad-" && updateFailures == 0 {
+				t.Fatalf("overlap_update: no step failed after Step returned (%d failures)", failures)
+			}
+			if !tc.update && updateFailures != 0 {
+				t.Fatalf("ErrUpdateFailed without zinf.overlap_update")
 			}
 			ref := mustMem(t, spec, cfg)
 			if err := runLoop(context.Background(), spec, ref, loopOptions{Steps: steps, Micro: 2, World: 2}); err != nil {
