@@ -156,25 +156,25 @@ type Result struct {
 	// (zinf.Metrics.DeviceBytesRead: padded, ranged reads widened to
 	// whole checksum units); DigestReadBytes what the state digest read
 	// after it (0 with Options.NoStateDigest).
-	DeviceReadBytes    int64     `json:"device_read_bytes"`
-	DeviceWrittenBytes int64     `json:"device_written_bytes"`
-	DigestReadBytes    int64     `json:"digest_read_bytes"`
-	ReadGBps           float64   `json:"read_gbps"`
-	WriteGBps          float64   `json:"write_gbps"`
-	PeakRSSBytes       int64     `json:"peak_rss_bytes"`
-	PinnedBytes        int64     `json:"pinned_bytes"`
-	PinnedLocked       bool      `json:"pinned_locked"`
-	FinalLoss          float32   `json:"final_loss"`
-	PrefetchDepth      int       `json:"prefetch_depth"`
-	OverlapStep        bool      `json:"overlap_step"`
+	DeviceReadBytes    int64   `json:"device_read_bytes"`
+	DeviceWrittenBytes int64   `json:"device_written_bytes"`
+	DigestReadBytes    int64   `json:"digest_read_bytes"`
+	ReadGBps           float64 `json:"read_gbps"`
+	WriteGBps          float64 `json:"write_gbps"`
+	PeakRSSBytes       int64   `json:"peak_rss_bytes"`
+	PinnedBytes        int64   `json:"pinned_bytes"`
+	PinnedLocked       bool    `json:"pinned_locked"`
+	FinalLoss          float32 `json:"final_loss"`
+	PrefetchDepth      int     `json:"prefetch_depth"`
+	OverlapStep        bool    `json:"overlap_step"`
 	// OverlapUpdate says each step's update ran on under the next step's
 	// forward pass (zinf.overlap_update); UpdateWaitMs is the time the
 	// forward passes waited for a layer's update, in all.
-	OverlapUpdate bool    `json:"overlap_update"`
-	UpdateWaitMs  float64 `json:"update_wait_ms"`
-	DemandMisses       int64     `json:"demand_misses"`
-	Backend            string    `json:"backend"`
-	StepMs             []float64 `json:"step_ms"`
+	OverlapUpdate bool      `json:"overlap_update"`
+	UpdateWaitMs  float64   `json:"update_wait_ms"`
+	DemandMisses  int64     `json:"demand_misses"`
+	Backend       string    `json:"backend"`
+	StepMs        []float64 `json:"step_ms"`
 	// The optimizer step alone (all ranks): time, and NVMe bytes it moved
 	// (states, gradients read back, params written back).
 	OptimizerMs       []float64 `json:"optimizer_ms"`
