@@ -166,11 +166,16 @@ func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 		// The update and the next forward hold their working sets together,
 		// as the update and the backward do under StepTensor: only where
 		// the plan found room for both.
-		r.overlapUpdate = r.overlap
-		if !r.overlap {
+		r.overlapUpdate = r.overlap && !opts.GatherLayers
+		if !r.overlapUpdate {
 			why := "the plan found no room in the pinned pool for the update's and the parameters' working sets together (Plan().OverlapStep is false)"
-			if opts.SerialStep {
+			switch {
+			case opts.SerialStep:
 				why = "Options.SerialStep runs the whole update in Step"
+			case opts.GatherLayers:
+				// A layer's gather runs ahead of its BeginLayer, on every rank:
+				// it would read partitions not yet updated.
+				why = "Options.GatherLayers gathers each layer ahead of its BeginLayer, which would read partitions whose update is still running"
 			}
 			r.log.Warn("zinf: zinf.overlap_update is set but Step waits for the whole update: " + why)
 		}

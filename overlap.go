@@ -109,8 +109,8 @@ func (r *Runtime) reap() {
 	r.mu.Lock()
 	r.trainStats, r.last, r.stepCount = bg.stats, bg.last, bg.stepCount
 	r.mu.Unlock()
-	r.bgErr = fmt.Errorf("zinf: step %d: %w: nothing of it was committed and the parameters it had published are put back; call Step to retry it from the same gradients, then run the current step again from its first layer: %w",
-		bg.step, ErrUpdateFailed, err)
+	r.bgErr = fmt.Errorf("%w (step %d): nothing of it was committed and the parameters it had published are put back; call Step to retry it from the same gradients, then run the current step again from its first layer: %w",
+		ErrUpdateFailed, bg.step, err)
 	r.log.Warn("zinf: a step's update failed after Step returned; nothing of it was committed", "step", bg.step, "error", err)
 }
 

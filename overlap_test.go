@@ -292,7 +292,7 @@ func TestOverlapUpdateFailure(t *testing.T) {
 	if !errors.Is(failed, zinf.ErrUpdateFailed) || !errors.Is(failed, aio.ErrNoSpace) {
 		t.Fatalf("after the failed update: %v, want ErrUpdateFailed wrapping ENOSPC", failed)
 	}
-	if msg := failed.Error(); !strings.Contains(msg, "step 2") || !strings.Contains(msg, "call Step") {
+	if msg := failed.Error(); !strings.Contains(msg, "(step 2)") || !strings.Contains(msg, "call Step") {
 		t.Errorf("the error does not name the step and what to do: %v", msg)
 	}
 	// It stays until Step: the gradient calls and reads say so too.

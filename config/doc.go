@@ -319,7 +319,11 @@
 // published is put back, and the next BeginLayer, AccumulateGrad or Step
 // returns an error wrapping zinf.ErrUpdateFailed: call Step again (it
 // retries the failed step from the same gradients) and rerun the
-// micro-batches from the first layer.
+// micro-batches from the first layer. It takes effect where the plan has
+// room for the update and the parameters together (Plan().OverlapStep),
+// and not with zinf.Options.GatherLayers (ranks as processes gather each
+// layer ahead of its use); otherwise Open logs why and Step waits for the
+// whole update.
 //
 // zinf.schedule: the order of a step's micro-batches
 // (gradient_accumulation_steps = k). "micro-batch-major" is

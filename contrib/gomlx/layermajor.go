@@ -119,8 +119,10 @@ func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]flo
 			loss, err := t.lp.run(ctx, mb.Inputs, mb.Labels, last, modeTrain)
 			if err != nil {
 				// run gave the step up (zinf.Runtime.AbortStep drops every
-				// micro-step's gradients).
-				return nil, fmt.Errorf("zgomlx: micro-batch %d of %d: %w", i, len(mbs), err)
+				// micro-step's gradients) — unless it ran into the last
+				// step's update failing (ErrCommitPending: Commit retries
+				// that one, then this step runs again).
+				return nil, fmt.Errorf("zgomlx: micro-batch %d of %d: %w", i, len(mbs), t.updateFailed(err))
 			}
 			losses[i] = loss
 		}
@@ -128,7 +130,7 @@ func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]flo
 	}
 	losses, err := t.runLayerMajor(ctx, mbs)
 	if err != nil {
-		return nil, err
+		return nil, t.updateFailed(err)
 	}
 	return losses, t.Commit(ctx)
 }
@@ -382,8 +384,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		if err != nil {
 			// Give the step up before the layer begun ends, so that its
 			// held gradients are dropped, not written.
-			src.fail()
-			if err != nil && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
+			if src.fail(err) && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
 				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
 			}
 		}

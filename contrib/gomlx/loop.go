@@ -49,9 +49,12 @@ type paramSource interface {
 	// gradRange hands over v's gradient for elements [lo, lo+len(g))
 	// of this micro-step (zero elsewhere), as grad with last false.
 	gradRange(ctx context.Context, v *Var, lo int, g []float32) error
-	// fail is called when a micro-step fails before its commit; it
-	// reports whether the step was given up (the model is as before).
-	fail() bool
+	// fail is called when a micro-step fails before its commit, with the
+	// error; it reports whether the step was given up (the model is as
+	// before). An error saying the last step's update failed after its
+	// commit returned (zinf.ErrUpdateFailed) gives nothing up: that step
+	// is retried by Commit, this one run again.
+	fail(err error) bool
 }
 
 // loop runs micro-steps of a Net over a paramSource with per-layer
@@ -207,7 +210,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		if err != nil && md == modeTrain {
 			// A layer that cannot be recomputed fails every retry: the
 			// step is given up, but the error says why, not "retry".
-			if lp.src.fail() && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
+			if lp.src.fail(err) && !errors.Is(err, ErrNotPure) && !strings.Contains(err.Error(), ErrNotPure.Error()) {
 				err = fmt.Errorf("%w: %w", ErrStepAborted, err)
 			}
 		}

@@ -243,7 +243,7 @@ func accumulate(acc, g []float32) {
 
 func (s *memSource) layerDone(context.Context, int) error { return nil }
 
-func (s *memSource) fail() bool { return false }
+func (s *memSource) fail(error) bool { return false }
 
 func (s *memSource) readBlocks(context.Context, *Var, []byte, func(int, int) error) error {
 	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")

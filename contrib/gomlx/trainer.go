@@ -202,9 +202,26 @@ func (t *Trainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32,
 	}
 	loss, err := t.lp.run(ctx, one(x), one(labels), true, modeTrain)
 	if err != nil {
-		return loss, err
+		return loss, t.updateFailed(err)
 	}
 	return loss, t.Commit(ctx)
+}
+
+// updateFailed turns the error of a micro-step, a forward pass or an
+// evaluation that ran into the last step's update failing after its
+// commit returned (zinf.overlap_update: the update runs on under the next
+// forward pass; zinf.ErrUpdateFailed) into ErrCommitPending: nothing of
+// that step was committed, its gradients are kept, Commit runs it again,
+// and then the call that failed is made again (a Step from its first
+// micro-step). Other errors are returned as they are.
+func (t *Trainer) updateFailed(err error) error {
+	if !errors.Is(err, zinf.ErrUpdateFailed) {
+		return err
+	}
+	t.pending = true
+	t.off.version++ // what the failed call read was the failed step's
+	t.pool.unkeepAll()
+	return fmt.Errorf("%w: %w", ErrCommitPending, err)
 }
 
 // Forward runs the model's forward pass on inputs xs (the first layer's),
@@ -217,7 +234,7 @@ func (t *Trainer) Forward(ctx context.Context, xs ...*tensors.Tensor) ([]*tensor
 		return nil, ErrCommitPending
 	}
 	if _, err := t.lp.run(ctx, xs, nil, false, modeForward); err != nil {
-		return nil, err
+		return nil, t.updateFailed(err)
 	}
 	outs := t.lp.outs
 	t.lp.outs = nil
@@ -230,7 +247,8 @@ func (t *Trainer) EvalLoss(ctx context.Context, x, labels *tensors.Tensor) (floa
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	return t.lp.run(ctx, one(x), one(labels), false, modeLoss)
+	loss, err := t.lp.run(ctx, one(x), one(labels), false, modeLoss)
+	return loss, t.updateFailed(err)
 }
 
 // Accumulate runs a micro-step that is not the step's last: its
@@ -239,7 +257,8 @@ func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (fl
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	return t.lp.run(ctx, one(x), one(labels), false, modeTrain)
+	loss, err := t.lp.run(ctx, one(x), one(labels), false, modeTrain)
+	return loss, t.updateFailed(err)
 }
 
 // Commit runs (or, after ErrCommitPending, runs again) the optimizer
@@ -457,8 +476,11 @@ func (s *zinfSource) gradRange(ctx context.Context, v *Var, lo int, g []float32)
 	return err
 }
 
-func (s *zinfSource) fail() bool {
-	s.off.rt.AbortStep()
+func (s *zinfSource) fail(err error) bool {
 	s.pool.unkeepAll()
+	if errors.Is(err, zinf.ErrUpdateFailed) {
+		return false // the last step's: Commit retries it (see Trainer.updateFailed)
+	}
+	s.off.rt.AbortStep()
 	return true
 }

@@ -256,7 +256,7 @@ func (t *Trainer) StepN(ctx context.Context, xs, labels []*tensors.Tensor) (floa
 	}
 	loss, err := t.lp.run(ctx, xs, labels, true, modeTrain)
 	if err != nil {
-		return loss, err
+		return loss, t.updateFailed(err)
 	}
 	return loss, t.Commit(ctx)
 }
@@ -265,5 +265,6 @@ func (t *Trainer) evalN(ctx context.Context, xs, labels []*tensors.Tensor) (floa
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	return t.lp.run(ctx, xs, labels, false, modeLoss)
+	loss, err := t.lp.run(ctx, xs, labels, false, modeLoss)
+	return loss, t.updateFailed(err)
 }
