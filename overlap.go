@@ -42,6 +42,14 @@ type bgStep struct {
 // context is often cancelled as Step returns); Close waits for the commit
 // before it ends that context.
 func (r *Runtime) commitBackground(txn *optimizer.StepTxn) error {
+	// The next forward's prefetches wait for each tensor's new values
+	// rather than read the old ones and read again (held until each is
+	// published, or the step ends).
+	names := make([]string, len(r.model.Descs))
+	for i, d := range r.model.Descs {
+		names[i] = d.Name
+	}
+	r.Params.HoldPrefetch(names...)
 	if err := txn.CommitAsync(r.bgCtx); err != nil {
 		return err
 	}

@@ -125,6 +125,9 @@ type tensor struct {
 	// prev is the version PublishUpdate replaced, kept until CommitUpdates
 	// drops it or DiscardUpdates puts it back.
 	prev *published
+	// held: an update is coming (HoldPrefetch), so a prefetch waits for
+	// it (wanted) instead of reading the version it replaces.
+	held, wanted bool
 	// streamed: an NVMe partition larger than Options.PieceBytes, moved
 	// in pieces and never resident. building: a StageRange in progress.
 	streamed bool
@@ -506,6 +509,10 @@ func (s *Swapper) Prefetch(names ...string) error {
 			errs = append(errs, &swapper.TensorError{Op: "prefetch", Tensor: name, Err: ErrNotInitialized})
 			continue
 		}
+		if t.held {
+			t.wanted = true // read once the update is current (releaseHeldLocked)
+			continue
+		}
 		s.startFlightLocked(t, false)
 	}
 	return errors.Join(errs...)
@@ -787,6 +794,7 @@ func (s *Swapper) Release(names ...string) {
 		if !ok || t.tier != swapper.TierNVMe || t.n == 0 || t.streamed {
 			continue
 		}
+		t.wanted = false
 		switch t.state {
 		case Resident:
 			s.claimLocked(t)

@@ -117,3 +117,52 @@ func TestPublishFailedWrite(t *testing.T) {
 		t.Fatal("PublishUpdate of an unknown tensor succeeded")
 	}
 }
+
+// TestHoldPrefetch: a prefetch of a tensor whose update is coming waits
+// for it and then reads the new version only (one read, not two); a
+// Release drops a deferred prefetch; DiscardUpdates and CommitUpdates end
+// every hold.
+func TestHoldPrefetch(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	s := e.swapper(t, Options{})
+	ctx := testCtx(t)
+	const n = 2000
+	for _, name := range []string{"a", "b", "c"} {
+		s.Register(name, n, swapper.TierNVMe)
+		if err := s.Init(ctx, name, values(1, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.HoldPrefetch("a", "b", "c")
+	if err := s.Prefetch("a", "b", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.InFlight != 0 || st.SwapIns != 0 {
+		t.Fatalf("held prefetches started: %d in flight, %d swap-ins", st.InFlight, st.SwapIns)
+	}
+	s.Release("c") // the pass changed: c's deferred prefetch goes
+	if _, err := s.StageUpdate(ctx, "a", values(2, n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PublishUpdate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	sameBits(t, "a", read(t, s, "a"), values(2, n))
+	s.Release("a")
+	if st := s.Stats(); st.SwapIns != 1 {
+		t.Fatalf("%d swap-ins for one prefetched, published tensor; want 1", st.SwapIns)
+	}
+	s.DiscardUpdates() // ends b's hold: its deferred prefetch starts now
+	if err := s.Wait(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	sameBits(t, "b", read(t, s, "b"), values(1, n))
+	s.Release("b")
+	sameBits(t, "a after the discard", readNow(t, s, "a"), values(1, n))
+	if st := s.Stats(); st.InFlight != 0 {
+		t.Fatalf("%d swap-ins left in flight (c's dropped prefetch started?)", st.InFlight)
+	}
+}

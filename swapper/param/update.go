@@ -276,6 +276,7 @@ func (s *Swapper) CommitUpdates() error {
 			t.prev = nil
 			published = true
 		}
+		s.releaseHeldLocked(t)
 	}
 	if len(live) > 0 || published {
 		s.stats.Commits++
@@ -303,10 +304,42 @@ func (s *Swapper) DiscardUpdates() {
 		if t.prev != nil {
 			s.revertLocked(t)
 		}
+		s.releaseHeldLocked(t)
 	}
 	s.mu.Unlock()
 	for _, st := range snap {
 		s.dispose(st)
+	}
+}
+
+// HoldPrefetch says that updates of the named tensors are coming
+// (published one by one, as an optimizer step committing asynchronously
+// writes them): a Prefetch of one of them is deferred until its update is
+// current — PublishUpdate, or CommitUpdates or DiscardUpdates, which end
+// every hold — instead of reading the version about to be replaced and
+// reading again after it. Wait is not deferred: it reads what is current.
+// Release drops a deferred prefetch.
+func (s *Swapper) HoldPrefetch(names ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range names {
+		if t, ok := s.tensors[name]; ok && t.tier == swapper.TierNVMe && !t.streamed && t.n > 0 {
+			t.held = true
+		}
+	}
+}
+
+// releaseHeldLocked ends t's hold and starts the prefetch it deferred.
+func (s *Swapper) releaseHeldLocked(t *tensor) {
+	if !t.held {
+		return
+	}
+	t.held = false
+	if t.wanted {
+		t.wanted = false
+		if t.state == OnNVMe && t.inited && !s.closed {
+			s.startFlightLocked(t, false)
+		}
 	}
 }
 
@@ -353,6 +386,9 @@ func (s *Swapper) PublishUpdate(name string) error {
 		return err
 	}
 	st := t.staged
+	if st == nil {
+		s.releaseHeldLocked(t)
+	}
 	s.mu.Unlock()
 	if st == nil {
 		return nil
@@ -390,6 +426,7 @@ func (s *Swapper) PublishUpdate(name string) error {
 	}
 	t.prev = pub
 	s.installLocked(t, st)
+	s.releaseHeldLocked(t)
 	s.stats.Published++
 	return nil
 }
