@@ -75,6 +75,29 @@ func overlapGrad(name string, step, n int) []float32 {
 // (BeginLayer, ReadParam, EndLayer; AccumulateGrad, StepLayer) and then
 // Step, returning the first error; reads are checked against want.
 func overlapStep(ctx context.Context, rt *zinf.Runtime, names []string, numel map[string]int, step int, want map[string][]float32) error {
+	if err := overlapForward(ctx, rt, names, numel, step, want); err != nil {
+		return err
+	}
+	rt.Backward()
+	for l := len(names) - 1; l >= 0; l-- {
+		if err := rt.BeginLayer(ctx, l); err != nil {
+			return err
+		}
+		n := names[l]
+		if err := rt.AccumulateGrad(ctx, n, overlapGrad(n, step, numel[n])); err != nil {
+			return err
+		}
+		if err := rt.StepLayer(ctx, l); err != nil {
+			return err
+		}
+		rt.EndLayer(l)
+	}
+	return rt.Step(ctx)
+}
+
+// overlapForward is a forward pass reading every layer, each checked
+// against want (nil: not checked).
+func overlapForward(ctx context.Context, rt *zinf.Runtime, names []string, numel map[string]int, step int, want map[string][]float32) error {
 	rt.Forward()
 	for l, n := range names {
 		if err := rt.BeginLayer(ctx, l); err != nil {
@@ -93,21 +116,16 @@ func overlapStep(ctx context.Context, rt *zinf.Runtime, names []string, numel ma
 			}
 		}
 	}
-	rt.Backward()
-	for l := len(names) - 1; l >= 0; l-- {
-		if err := rt.BeginLayer(ctx, l); err != nil {
-			return err
-		}
-		n := names[l]
-		if err := rt.AccumulateGrad(ctx, n, overlapGrad(n, step, numel[n])); err != nil {
-			return err
-		}
-		if err := rt.StepLayer(ctx, l); err != nil {
-			return err
-		}
-		rt.EndLayer(l)
+	return nil
+}
+
+// forwardEquals runs a forward pass reading every layer and fails the
+// test unless each equals want bit for bit.
+func forwardEquals(ctx context.Context, t *testing.T, rt *zinf.Runtime, names []string, numel map[string]int, want map[string][]float32) {
+	t.Helper()
+	if err := overlapForward(ctx, rt, names, numel, -1, want); err != nil {
+		t.Fatal(err)
 	}
-	return rt.Step(ctx)
 }
 
 // overlapReference is in-memory Adam over the same gradients: the
@@ -137,17 +155,16 @@ func overlapReference(cfg *config.Config, names []string, numel map[string]int, 
 	return out
 }
 
-// TestOverlapUpdateNextForward: with zinf.overlap_update, Step returns
-// before its update is committed, the next forward's first layer is
-// readable while the last ones are still updating, every read equals
-// in-memory training bit for bit, and the optimizer states at the end too.
-func TestOverlapUpdateNextForward(t *testing.T) {
+// openOverlap opens overlapModel with overlapConfig and a fault
+// injector, under a watchdog, with the initial values; ref is in-memory
+// training's parameters before step 0 and after each of steps steps.
+func openOverlap(t *testing.T, steps int) (ctx context.Context, rt *zinf.Runtime, inj *faults.Injector, names []string, numel map[string]int, ref []map[string][]float32) {
+	t.Helper()
 	model, names, numel := overlapModel()
 	cfg := overlapConfig(t)
-	const steps = 3
-	ref := overlapReference(cfg, names, numel, steps)
+	ref = overlapReference(cfg, names, numel, steps)
 	ctx, watch := watchdog(t, 2*time.Minute)
-	inj := faults.New(1)
+	inj = faults.New(1)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quiet, Faults: inj, NoBandwidthProbe: true})
 	if err != nil {
@@ -155,7 +172,7 @@ func TestOverlapUpdateNextForward(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Close() })
 	watch(rt)
-	if !rt.Plan().OverlapStep {
+	if !rt.Plan().OverlapStep || !rt.OverlapUpdate() {
 		t.Fatalf("the plan has no room to overlap the update: %+v", rt.Reservations())
 	}
 	for _, n := range names {
@@ -163,6 +180,16 @@ func TestOverlapUpdateNextForward(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return ctx, rt, inj, names, numel, ref
+}
+
+// TestOverlapUpdateNextForward: with zinf.overlap_update, Step returns
+// before its update is committed, the next forward's first layer is
+// readable while the last ones are still updating, every read equals
+// in-memory training bit for bit, and the optimizer states at the end too.
+func TestOverlapUpdateNextForward(t *testing.T) {
+	const steps = 3
+	ctx, rt, inj, names, numel, ref := openOverlap(t, steps)
 	// Every optimizer record write takes 150 ms: the update of four
 	// tensors, one after the other, takes at least 600 ms.
 	const delay = 150 * time.Millisecond
@@ -214,22 +241,7 @@ func TestOverlapUpdateNextForward(t *testing.T) {
 		t.Errorf("UpdateWait %v: the next forward never waited for an update", m.UpdateWait)
 	}
 	// A final forward: every layer holds the last step's values.
-	rt.Forward()
-	for l, n := range names {
-		if err := rt.BeginLayer(ctx, l); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]float32, numel[n])
-		if err := rt.ReadParam(ctx, n, got); err != nil {
-			t.Fatal(err)
-		}
-		rt.EndLayer(l)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(ref[steps][n][i]) {
-				t.Fatalf("final %s[%d] = %v, in memory %v", n, i, got[i], ref[steps][n][i])
-			}
-		}
-	}
+	forwardEquals(ctx, t, rt, names, numel, ref[steps])
 }
 
 // TestOverlapUpdateFailure: the update fails (ENOSPC on the last
@@ -240,24 +252,8 @@ func TestOverlapUpdateNextForward(t *testing.T) {
 // before; Step retries the step and the run then equals in-memory
 // training bit for bit.
 func TestOverlapUpdateFailure(t *testing.T) {
-	model, names, numel := overlapModel()
-	cfg := overlapConfig(t)
 	const steps = 3
-	ref := overlapReference(cfg, names, numel, steps)
-	ctx, watch := watchdog(t, 2*time.Minute)
-	inj := faults.New(2)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rt, err := zinf.Open(cfg, model, zinf.Options{Logger: quiet, Faults: inj, NoBandwidthProbe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
-	watch(rt)
-	for _, n := range names {
-		if err := rt.Init(ctx, n, overlapInit(n, numel[n])); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ctx, rt, inj, names, numel, ref := openOverlap(t, steps)
 	if err := overlapStep(ctx, rt, names, numel, 0, ref[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -332,20 +328,5 @@ func TestOverlapUpdateFailure(t *testing.T) {
 	if err := rt.WaitStep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rt.Forward()
-	for l, n := range names {
-		if err := rt.BeginLayer(ctx, l); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]float32, numel[n])
-		if err := rt.ReadParam(ctx, n, got); err != nil {
-			t.Fatal(err)
-		}
-		rt.EndLayer(l)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(ref[3][n][i]) {
-				t.Fatalf("final %s[%d] = %v, in memory %v", n, i, got[i], ref[3][n][i])
-			}
-		}
-	}
+	forwardEquals(ctx, t, rt, names, numel, ref[3])
 }

@@ -91,15 +91,13 @@ func (r *stepRun) publishLocked(t *tensor) {
 // ErrStepEnded (ErrClosed after Close); Abort after CommitAsync does
 // nothing.
 func (t *StepTxn) CommitAsync(ctx context.Context) error {
-	r, o := t.r, t.o
+	r := t.r
 	t.mu.Lock()
-	if t.ended {
-		err := t.endedErr()
+	handed, err := t.closeHandOver()
+	if err != nil {
 		t.mu.Unlock()
-		return &Error{Op: "step", SubGroup: -1, Step: r.step, Err: err}
+		return err
 	}
-	t.ended = true
-	handed := len(t.handed)
 	// Take back what the pipeline has not picked up yet, and queue it with
 	// the tensors not handed over, in registration order.
 	var backlog []*tensor
@@ -145,19 +143,7 @@ drain:
 
 	drainStart := time.Now()
 	go func() {
-		stop := context.AfterFunc(ctx, func() { r.cancel(context.Cause(ctx)) })
-		<-r.done
-		stop()
-		drain := time.Since(drainStart)
-		o.opMu.Lock()
-		var err error
-		if t.finished { // aborted by Close meanwhile
-			err = t.result
-		} else {
-			err = t.finish(false, handed, drain, nil)
-		}
-		o.opMu.Unlock()
-		t.asyncErr = err
+		t.asyncErr = t.await(ctx, handed, drainStart, false)
 		close(t.async)
 	}()
 	return nil

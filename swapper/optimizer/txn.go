@@ -171,15 +171,13 @@ func (t *StepTxn) Commit(ctx context.Context) error { return t.commit(ctx, false
 
 // commit implements Commit; locked says o.opMu is held (by Step).
 func (t *StepTxn) commit(ctx context.Context, locked bool) error {
-	r, o := t.r, t.o
+	r := t.r
 	t.mu.Lock()
-	if t.ended {
-		err := t.endedErr()
+	handed, err := t.closeHandOver()
+	if err != nil {
 		t.mu.Unlock()
-		return &Error{Op: "step", SubGroup: -1, Step: r.step, Err: err}
+		return err
 	}
-	t.ended = true
-	handed := len(t.handed)
 	for _, tn := range r.tensors {
 		if !t.handed[tn] {
 			r.queue <- tn
@@ -187,18 +185,33 @@ func (t *StepTxn) commit(ctx context.Context, locked bool) error {
 	}
 	close(r.queue)
 	t.mu.Unlock()
+	return t.await(ctx, handed, time.Now(), locked)
+}
 
-	drainStart := time.Now()
+// closeHandOver ends the hand-overs for Commit or CommitAsync (t.mu is
+// held): it returns how many tensors were handed over, or the error of a
+// transaction that has ended already.
+func (t *StepTxn) closeHandOver() (handed int, err error) {
+	if t.ended {
+		return 0, &Error{Op: "step", SubGroup: -1, Step: t.r.step, Err: t.endedErr()}
+	}
+	t.ended = true
+	return len(t.handed), nil
+}
+
+// await waits for the pipeline, which ctx cancels, and then commits or
+// discards the step (finish); locked says o.opMu is held (by Step).
+func (t *StepTxn) await(ctx context.Context, handed int, drainStart time.Time, locked bool) error {
+	r, o := t.r, t.o
 	stop := context.AfterFunc(ctx, func() { r.cancel(context.Cause(ctx)) })
 	<-r.done
 	stop()
 	drain := time.Since(drainStart)
-
 	if !locked {
 		o.opMu.Lock()
 		defer o.opMu.Unlock()
 	}
-	if t.finished { // aborted by Close while Commit waited
+	if t.finished { // aborted by Close while the commit waited
 		return t.result
 	}
 	return t.finish(false, handed, drain, nil)
