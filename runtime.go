@@ -819,17 +819,6 @@ func (r *Runtime) Close() error {
 	// Gathers in flight end first: they read partitions and write pinned
 	// memory.
 	r.closeDist()
-	if bg := r.bg; bg != nil {
-		// Step returned: the step is the loop's, so it lands (its commit
-		// always ends: its I/O returns).
-		if err := bg.txn.Wait(context.Background()); err != nil {
-			add(fmt.Sprintf("step %d's update, which ran on after Step returned", bg.step), err)
-		}
-		r.bg = nil
-	}
-	if r.bgCancel != nil {
-		r.bgCancel()
-	}
 	if r.txn != nil {
 		r.txn.Abort()
 		r.txn = nil
@@ -837,8 +826,20 @@ func (r *Runtime) Close() error {
 	if r.sched != nil {
 		// Layers prefetched for a pass that never came (ForwardRepeating's
 		// last pass) and layers left begun go back before the swapper
-		// closes.
+		// closes (and before a step's update below waits for the pool).
 		r.sched.Reset()
+	}
+	if bg := r.bg; bg != nil {
+		// Step returned: the step is the loop's, so it lands (its commit
+		// always ends: its I/O returns, and a pool that gives nothing back
+		// fails it after zinf.pinned_stall_timeout).
+		if err := bg.txn.Wait(context.Background()); err != nil {
+			add(fmt.Sprintf("step %d's update, which ran on after Step returned", bg.step), err)
+		}
+		r.bg = nil
+	}
+	if r.bgCancel != nil {
+		r.bgCancel()
 	}
 	if r.Optimizer != nil {
 		add("optimizer", r.Optimizer.Close())
