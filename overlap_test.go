@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/plan"
@@ -329,4 +331,68 @@ func TestOverlapUpdateFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	forwardEquals(ctx, t, rt, names, numel, ref[3])
+}
+
+// TestOverlapUpdateCheckpoint: a checkpoint saved right after Step
+// returned, while the step's update still runs, holds that step (the
+// save waits for it), and a runtime that loads it reads the step's
+// parameters and states; Close with an update running lands it too.
+func TestOverlapUpdateCheckpoint(t *testing.T) {
+	const steps = 2
+	ctx, rt, inj, names, numel, ref := openOverlap(t, steps)
+	inj.Add(faults.Rule{Kind: faults.Writes, PathContains: "/zinf-optim-", Delay: 40 * time.Millisecond})
+	if err := overlapStep(ctx, rt, names, numel, 0, ref[0]); err != nil {
+		t.Fatal(err)
+	}
+	if !rt.LastStep().Overlapped || rt.Metrics().Optimizer.Steps != 0 {
+		t.Fatalf("step 1 did not overlap: %+v", rt.LastStep())
+	}
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if _, err := zinf.SaveCheckpoint(ctx, dir, []*zinf.Runtime{rt}, zinf.CheckpointMeta{Step: 1}, checkpoint.SaveOptions{Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	model, _, _ := overlapModel()
+	rt2, err := zinf.Open(overlapConfig(t), model, zinf.Options{Logger: quiet, NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt2.Close() })
+	for _, n := range names {
+		if err := rt2.Init(ctx, n, make([]float32, numel[n])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := zinf.LoadCheckpoint(ctx, dir, []*zinf.Runtime{rt2}); err != nil {
+		t.Fatal(err)
+	}
+	forwardEquals(ctx, t, rt2, names, numel, ref[1])
+	for _, n := range names {
+		a, _, _, err := rt.ReadOptimizerState(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, _, err := rt2.ReadOptimizerState(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("%s master[%d]: %v saved, %v loaded", n, i, a[i], b[i])
+			}
+		}
+	}
+	// Close right after Step returned: the update lands, no error.
+	if err := overlapStep(ctx, rt, names, numel, 1, ref[1]); err != nil {
+		t.Fatal(err)
+	}
+	if !rt.LastStep().Overlapped {
+		t.Fatalf("step 2 did not overlap: %+v", rt.LastStep())
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatalf("Close with an update running: %v", err)
+	}
+	if got := rt.Metrics().Optimizer.Steps; got != steps {
+		t.Fatalf("after Close: %d optimizer steps committed, want %d", got, steps)
+	}
 }
