@@ -146,7 +146,25 @@ func (r *Runtime) waitTensors(ctx context.Context, names ...string) error {
 	r.mu.Lock()
 	r.updateWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()
+	if bg.txn.Failing() {
+		// Failed, and what it published may be going back: wait for it.
+		return r.settle(ctx)
+	}
 	return r.poll()
+}
+
+// checkRead ends a parameter read (*err nil so far) that waitTensors let
+// through while a step's update ran on: if the step has failed since,
+// what the read returned may be a value being put back, so the read
+// returns the step's failure (ErrUpdateFailed) instead. A step not
+// failing once the read is done had published what it read.
+func (r *Runtime) checkRead(ctx context.Context, err *error) {
+	if *err != nil {
+		return
+	}
+	if bg := r.bg; bg != nil && bg.txn.Failing() {
+		*err = r.settle(ctx)
+	}
 }
 
 // stepNumber is the optimizer step count as the loop sees it: a step

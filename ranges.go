@@ -52,13 +52,14 @@ func (r *Runtime) desc(name string) (tensor.Desc, bool) {
 // with no Go heap buffer of the tensor's size. The parameter's layer must
 // be begun. Without Options.GatherLayers the range must lie in this
 // rank's partition (see Partition); with it, anywhere in the tensor.
-func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, dtype tensor.DType, dst []byte) error {
+func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, dtype tensor.DType, dst []byte) (err error) {
 	if err := r.closedErr("read range of "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
 	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
+	defer r.checkRead(ctx, &err)
 	return r.readSpans(ctx, "read range of", name, []param.Span{{Lo: lo, Hi: hi}}, dtype, dst)
 }
 
@@ -67,13 +68,14 @@ func (r *Runtime) ReadParamRange(ctx context.Context, name string, lo, hi int, d
 // encoded in dtype, back to back into dst (len(rows) x RowLen x
 // dtype.Size() bytes). Only those rows are read. Residency and partition
 // rules are ReadParamRange's.
-func (r *Runtime) ReadParamRows(ctx context.Context, name string, rows []int, dtype tensor.DType, dst []byte) error {
+func (r *Runtime) ReadParamRows(ctx context.Context, name string, rows []int, dtype tensor.DType, dst []byte) (err error) {
 	if err := r.closedErr("read rows of "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
 	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
+	defer r.checkRead(ctx, &err)
 	spans, err := r.rowSpans("read rows of", name, rows, false)
 	if err != nil {
 		return err
@@ -294,13 +296,14 @@ func (r *Runtime) Streamed(name string) bool { return r.Params.Streamed(name) }
 // rank's partition must be the whole tensor (world size 1, or a tensor
 // too small to partition; else read its range with ReadParamRange); a
 // tensor that is not streamed must have its layer begun.
-func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor.DType, dst []byte, fn func(row, rows int) error) error {
+func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor.DType, dst []byte, fn func(row, rows int) error) (err error) {
 	if err := r.closedErr("read blocks of "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
 	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
+	defer r.checkRead(ctx, &err)
 	numel, ok := r.model.Numel[name]
 	if !ok {
 		return fmt.Errorf("zinf: read blocks of %q: not a tensor of the model", name)

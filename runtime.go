@@ -540,13 +540,14 @@ func (r *Runtime) EndLayer(l int) {
 // loop of every rank in one process can share it. The parameter's layer
 // must be begun. With Options.GatherLayers it writes the full tensor,
 // gathered from every rank, into dst.
-func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) error {
+func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) (err error) {
 	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
 	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
+	defer r.checkRead(ctx, &err)
 	lo, hi, err := r.fullRange("read", name, len(dst))
 	if err != nil {
 		return err
@@ -563,13 +564,14 @@ func (r *Runtime) ReadParam(ctx context.Context, name string, dst []float32) err
 // otherwise (no Go heap buffer either way, so a framework can swap a
 // parameter straight into its own tensor). dst holds the full tensor in
 // dtype. With Options.GatherLayers it writes the full tensor.
-func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) error {
+func (r *Runtime) ReadParamBytes(ctx context.Context, name string, dtype tensor.DType, dst []byte) (err error) {
 	if err := r.closedErr("read "+strconv.Quote(name), param.ErrClosed); err != nil {
 		return err
 	}
 	if err := r.waitTensors(ctx, name); err != nil {
 		return err
 	}
+	defer r.checkRead(ctx, &err)
 	if !dtype.Valid() {
 		return fmt.Errorf("zinf: read %q: unknown dtype %d", name, dtype)
 	}

@@ -246,6 +246,9 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		placement.Notes = append(placement.Notes, fmt.Sprintf("zero_optimization.sub_group_size %d is capped at %d elements, a piece of gradient (zinf.piece_bytes, default %s): set zinf.piece_bytes to %s or more to keep it (the pool's minimum grows with it)",
 			sg, optOpts.SubGroupSize, config.Size(DefaultPieceBytes), config.Size(4*sg)))
 	}
+	if cfg.Zinf.OverlapUpdate && !o.Inference {
+		placement.Notes = append(placement.Notes, "zinf.overlap_update: Step returns before the update commits, which runs on under the next forward; the predicted step does not model that overlap (it predicts a Step that waits for the update)")
+	}
 	rin := reservationInput{cfg: cfg, mi: mi, rank: in.Rank, world: in.World, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
 		bounceBytes: bounce, optOpts: optOpts, inference: o.Inference, gather: o.Gather,

@@ -149,6 +149,13 @@ drain:
 	return nil
 }
 
+// Failing reports that the step has failed (or been aborted), from the
+// moment of the failure — before anything it published is put back, so
+// a value read from a published tensor and then followed by Failing()
+// false was the step's new value. Wait returns the failure once the
+// step is discarded.
+func (t *StepTxn) Failing() bool { return t.r.failed() || t.r.undoing.Load() }
+
 // Done is closed once a transaction committing asynchronously has
 // finished (committed or discarded); nil before CommitAsync.
 func (t *StepTxn) Done() <-chan struct{} {

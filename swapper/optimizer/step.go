@@ -100,6 +100,9 @@ type stepRun struct {
 	timeline []SubGroupTiming
 
 	pub pubState // CommitAsync's publishing (publish.go)
+	// undoing is set before a failed step's staged and published updates
+	// are discarded (abort), so that a reader can tell (StepTxn.Failing).
+	undoing atomic.Bool
 }
 
 // item is one sub-group on its way through the pipeline, with everything
@@ -587,6 +590,7 @@ func (o *Optimizer) commit(r *stepRun) error {
 			if rerr := st.Rename(back...); rerr != nil {
 				o.opts.Logger.Error("optimizer: parameters failed to commit and the optimizer states could not be rolled back: states are one step ahead of the parameters",
 					slog.Int("step", r.step), slog.Any("commit_error", err), slog.Any("rollback_error", rerr))
+				r.undoing.Store(true)
 				params.DiscardUpdates()
 				return fail(errors.Join(err, rerr))
 			}
@@ -602,6 +606,7 @@ func (o *Optimizer) commit(r *stepRun) error {
 
 // abort drops what a failed step staged.
 func (o *Optimizer) abort(r *stepRun) {
+	r.undoing.Store(true) // before anything published is put back (StepTxn.Failing)
 	if st := o.opts.Store; st != nil {
 		for _, sg := range r.sgs {
 			st.Delete(sg.staged())
