@@ -242,20 +242,9 @@ func statesSnapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float
 func snapshot(t *testing.T, spec Spec, be *zinfBackend) map[string][]float32 {
 	t.Helper()
 	ctx := context.Background()
-	out := map[string][]float32{}
+	out := statesSnapshot(t, spec, be)
 	if err := be.readAll(ctx, func(n string, v []float32) error { out[n] = append([]float32(nil), v...); return nil }); err != nil {
 		t.Fatal(err)
-	}
-	for _, n := range spec.ParamNames() {
-		for r, rt := range be.rts {
-			m, a, s, err := rt.ReadOptimizerState(ctx, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[fmt.Sprintf("%d/%s.master", r, n)] = m
-			out[fmt.Sprintf("%d/%s.exp_avg", r, n)] = a
-			out[fmt.Sprintf("%d/%s.exp_avg_sq", r, n)] = s
-		}
 	}
 	return out
 }
