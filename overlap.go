@@ -26,8 +26,7 @@ var ErrUpdateFailed = errors.New("zinf: the last step's update failed after Step
 // bgStep is a step whose update runs on after Step returned, with what
 // Step changed ahead of its commit and puts back if it fails.
 type bgStep struct {
-	txn  *optimizer.StepTxn
-	step int // the optimizer step it takes
+	txn *optimizer.StepTxn
 
 	scaler    schedule.LossScaler
 	history   []bool
@@ -54,7 +53,7 @@ func (r *Runtime) commitBackground(txn *optimizer.StepTxn) error {
 		return err
 	}
 	t := &r.train
-	bg := &bgStep{txn: txn, step: txn.Step(), history: slices.Clone(t.history)}
+	bg := &bgStep{txn: txn, history: slices.Clone(t.history)}
 	if t.scaler != nil {
 		bg.scaler = *t.scaler
 	}
@@ -71,12 +70,15 @@ func (r *Runtime) commitBackground(txn *optimizer.StepTxn) error {
 func (r *Runtime) settle(ctx context.Context) error {
 	if bg := r.bg; bg != nil {
 		if err := bg.txn.Wait(ctx); err != nil && !bg.finished() {
-			return fmt.Errorf("zinf: waiting for step %d's update: %w", bg.step, err)
+			return fmt.Errorf("zinf: waiting for step %d's update: %w", bg.step(), err)
 		}
 		r.reap()
 	}
 	return r.bgErr
 }
+
+// step is the optimizer step bg takes.
+func (bg *bgStep) step() int { return bg.txn.Step() }
 
 func (bg *bgStep) finished() bool {
 	select {
@@ -118,8 +120,8 @@ func (r *Runtime) reap() {
 	r.trainStats, r.last, r.stepCount = bg.stats, bg.last, bg.stepCount
 	r.mu.Unlock()
 	r.bgErr = fmt.Errorf("%w (step %d): nothing of it was committed and the parameters it had published are put back; call Step to retry it from the same gradients, then run the current step again from its first layer: %w",
-		ErrUpdateFailed, bg.step, err)
-	r.log.Warn("zinf: a step's update failed after Step returned; nothing of it was committed", "step", bg.step, "error", err)
+		ErrUpdateFailed, bg.step(), err)
+	r.log.Warn("zinf: a step's update failed after Step returned; nothing of it was committed", "step", bg.step(), "error", err)
 }
 
 // waitTensors waits until the named parameters hold the values of the
@@ -140,7 +142,7 @@ func (r *Runtime) waitTensors(ctx context.Context, names ...string) error {
 			if bg.finished() {
 				break
 			}
-			return fmt.Errorf("zinf: waiting for %q's update of step %d: %w", n, bg.step, err)
+			return fmt.Errorf("zinf: waiting for %q's update of step %d: %w", n, bg.step(), err)
 		}
 	}
 	r.mu.Lock()
@@ -171,8 +173,8 @@ func (r *Runtime) checkRead(ctx context.Context, err *error) {
 // Step returned from counts although its commit may still be running.
 func (r *Runtime) stepNumber() int {
 	n := r.Optimizer.StepCount()
-	if bg := r.bg; bg != nil && n < bg.step {
-		n = bg.step
+	if bg := r.bg; bg != nil && n < bg.step() {
+		n = bg.step()
 	}
 	return n
 }

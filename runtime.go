@@ -836,7 +836,7 @@ func (r *Runtime) Close() error {
 		// always ends: its I/O returns, and a pool that gives nothing back
 		// fails it after zinf.pinned_stall_timeout).
 		if err := bg.txn.Wait(context.Background()); err != nil {
-			add(fmt.Sprintf("step %d's update, which ran on after Step returned", bg.step), err)
+			add(fmt.Sprintf("step %d's update, which ran on after Step returned", bg.step()), err)
 		}
 		r.bg = nil
 	}

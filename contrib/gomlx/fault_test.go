@@ -67,6 +67,20 @@ func TestFaultMidStep(t *testing.T) {
 	}
 }
 
+// stepWithMemory runs step i of tc on the Trainer and on the MemoryTrainer
+// and fails the test unless both succeed with the same loss.
+func stepWithMemory(ctx context.Context, t *testing.T, tc trainCase, tr *zgomlx.Trainer, mt *zgomlx.MemoryTrainer, i int) {
+	t.Helper()
+	x, y := tc.batch(i)
+	lo, err := tr.Step(ctx, x, y)
+	if err != nil {
+		t.Fatalf("step %d: %v", i, err)
+	}
+	if lm, _ := mt.Step(ctx, x, y); lm != lo {
+		t.Fatalf("step %d: loss %v offloaded, %v in memory", i, lo, lm)
+	}
+}
+
 // faultCase is a fault TestFaultMidStep injects.
 type faultCase struct {
 	name      string
@@ -98,14 +112,7 @@ func faultMidStep(t *testing.T, c faultCase, one bool) {
 		defer mt.Close()
 		step := func(i int) {
 			t.Helper()
-			x, y := tc.batch(i)
-			lo, err := tr.Step(ctx, x, y)
-			if err != nil {
-				t.Fatalf("step %d: %v", i, err)
-			}
-			if lm, _ := mt.Step(ctx, x, y); lm != lo {
-				t.Fatalf("step %d: loss %v offloaded, %v in memory", i, lo, lm)
-			}
+			stepWithMemory(ctx, t, tc, tr, mt, i)
 		}
 		step(0)
 		step(1)

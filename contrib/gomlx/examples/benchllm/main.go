@@ -58,6 +58,8 @@ type options struct {
 	headRows   int
 	oneLayer   bool
 	trainLimit string
+	// overlap: the offloaded process sets zinf.overlap_update.
+	overlap bool
 }
 
 func main() {
@@ -83,6 +85,7 @@ func main() {
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
+	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var errs []string
@@ -241,6 +244,7 @@ func child(o options, w io.Writer) error {
 	io := func() (int64, int64) { return 0, 0 }
 	var layerCompute func() []time.Duration
 	if o.child == "offloaded" {
+		cfg.Zinf.OverlapUpdate = o.overlap
 		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
 		if err != nil {
 			return err
@@ -248,6 +252,9 @@ func child(o options, w io.Writer) error {
 		defer tr.Close()
 		res.StateBytes = tr.Offload().StateBytes()
 		rt := tr.Offload().Runtime()
+		if o.overlap && !rt.OverlapUpdate() {
+			return fmt.Errorf("-overlap-update: the runtime does not overlap the update (plan: overlap step %v)", rt.Plan().OverlapStep)
+		}
 		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
 		layerCompute = func() []time.Duration { return tr.Timings().LayerCompute }
@@ -375,6 +382,9 @@ func bench(o options, w io.Writer) error {
 	start := time.Now()
 	fmt.Fprintf(w, "benchllm: zoo transformer, %d layers, d=%d, vocab %d, batch %d x %d tokens; %d rounds x (%d warm-up + %d timed steps) per process; GOMAXPROCS %d, %d CPUs; load average %s\n",
 		o.layers, o.dim, o.vocab, o.batch, o.seq, o.rounds, o.warm, o.steps, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadavg())
+	if o.overlap {
+		fmt.Fprintf(w, "offloaded with zinf.overlap_update: each step's update runs on under the next step's forward\n")
+	}
 	var off, mem []result
 	for round := range o.rounds {
 		order := []string{"offloaded", "memory"}
@@ -384,7 +394,8 @@ func bench(o options, w io.Writer) error {
 		for _, mode := range order {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
-				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows)}
+				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows),
+				"-overlap-update=" + strconv.FormatBool(o.overlap)}
 			var r result
 			if err := procstat.RunChild(exe, args, &r); err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
