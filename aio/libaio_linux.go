@@ -156,11 +156,14 @@ func libaioAvailable() error {
 		return libaioSetupError(1, errno)
 	}
 	var errs []string
-	if _, errno := ioSubmit(ctx, nil); errno != 0 {
+	// A signal (the Go runtime's preemption, say) may interrupt either
+	// call: that says nothing of whether the syscall is allowed, so it is
+	// retried, as the ring retries it.
+	if errno := retryEINTR(func() unix.Errno { _, e := ioSubmit(ctx, nil); return e }); errno != 0 {
 		errs = append(errs, "io_submit: "+errno.Error())
 	}
 	var ts unix.Timespec
-	if _, errno := ioGetevents(ctx, 0, nil, &ts); errno != 0 {
+	if errno := retryEINTR(func() unix.Errno { _, e := ioGetevents(ctx, 0, nil, &ts); return e }); errno != 0 {
 		errs = append(errs, "io_getevents: "+errno.Error())
 	}
 	if errno := ioDestroy(ctx); errno != 0 {
@@ -171,6 +174,22 @@ func libaioAvailable() error {
 			ErrUnavailable, strings.Join(errs, ", "))
 	}
 	return nil
+}
+
+// probeEINTRTries bounds the retries of a probe call a signal
+// interrupted.
+const probeEINTRTries = 100
+
+// retryEINTR runs call until it returns something other than EINTR, at
+// most probeEINTRTries times, and returns the last errno.
+func retryEINTR(call func() unix.Errno) unix.Errno {
+	var errno unix.Errno
+	for range probeEINTRTries {
+		if errno = call(); errno != unix.EINTR {
+			return errno
+		}
+	}
+	return errno
 }
 
 // libaioSetupError explains why io_setup(entries) failed.

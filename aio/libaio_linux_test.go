@@ -664,3 +664,26 @@ func BenchmarkLibaio4K(b *testing.B) {
 		})
 	}
 }
+
+// TestRetryEINTR: a probe call interrupted by a signal is called again
+// (up to probeEINTRTries times), so an EINTR never reads as "filtered".
+func TestRetryEINTR(t *testing.T) {
+	calls := 0
+	if errno := retryEINTR(func() unix.Errno {
+		calls++
+		if calls < 3 {
+			return unix.EINTR
+		}
+		return 0
+	}); errno != 0 || calls != 3 {
+		t.Fatalf("errno %v after %d calls; want 0 after 3", errno, calls)
+	}
+	calls = 0
+	if errno := retryEINTR(func() unix.Errno { calls++; return unix.EINTR }); errno != unix.EINTR || calls != probeEINTRTries {
+		t.Fatalf("always EINTR: errno %v after %d calls; want EINTR after %d", errno, calls, probeEINTRTries)
+	}
+	calls = 0
+	if errno := retryEINTR(func() unix.Errno { calls++; return unix.EPERM }); errno != unix.EPERM || calls != 1 {
+		t.Fatalf("EPERM: errno %v after %d calls", errno, calls)
+	}
+}

@@ -849,8 +849,11 @@ func probeUring() error {
 	defer r.close()
 
 	var probe uringProbe
-	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), uringRegisterProbe,
-		uintptr(unsafe.Pointer(&probe)), uintptr(len(probe.ops)), 0, 0)
+	errno := retryEINTR(func() unix.Errno {
+		_, _, e := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), uringRegisterProbe,
+			uintptr(unsafe.Pointer(&probe)), uintptr(len(probe.ops)), 0, 0)
+		return e
+	})
 	switch {
 	case errno == unix.EINVAL:
 		return unavailable("the kernel cannot list its opcodes (IORING_REGISTER_PROBE: %w); IORING_OP_READ/WRITE need Linux 5.6", errno)
