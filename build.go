@@ -35,6 +35,11 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	if err := r.checkDiskSpace(p); err != nil {
 		return err
 	}
+	if pl.Preallocate {
+		if err := plan.Preallocate(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.ParamStore, r.GradStore, r.OptimStore); err != nil {
+			return fmt.Errorf("zinf: rank %d: %w (zinf.preallocate false turns it off)", r.Rank, err)
+		}
+	}
 	if p.MaxInCPU*int64(p.DType.Size()) > r.res.ParamCacheBytes {
 		log.Warn("zinf: zero_optimization.offload_param.max_in_cpu is larger than the pinned pool can spare; the parameter cache uses what fits",
 			"max_in_cpu_elements", p.MaxInCPU, "cache", config.Size(r.res.ParamCacheBytes).String())

@@ -226,3 +226,67 @@ func TestPlanTableShowsReservations(t *testing.T) {
 		t.Errorf("the table does not show the reservations:\n%s", sb.String())
 	}
 }
+
+// TestPreallocateAtOpen: a training runtime takes the disk its plan counts
+// at Open (zinf.preallocate, the default), before any step; the first
+// step's staged copies then land in that space, and training does not
+// grow the files. With the key false, or for an inference runtime, Open
+// takes next to nothing.
+func TestPreallocateAtOpen(t *testing.T) {
+	open := func(t *testing.T, dir string, prealloc, inference bool) *zinf.Runtime {
+		t.Helper()
+		cfg := diskConfig(dir)
+		cfg.Zinf.Preallocate = prealloc
+		rt, err := zinf.Open(cfg, diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Inference: inference})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		return rt
+	}
+	// What the stores' own files take beside their extents: a run
+	// directory and a lock file per store.
+	const stores = 3
+	slack := int64(stores) * swapper.PathOverheadBytes
+
+	t.Run("training", func(t *testing.T) {
+		dir := t.TempDir()
+		rt := open(t, dir, true, false)
+		var need int64
+		for _, n := range rt.DiskNeeds() {
+			need += n.Bytes
+		}
+		var once int64 // the tensors, each stored once
+		for _, d := range diskModel.Tensors {
+			n, _ := d.Numel()
+			once += n * (4 + 4 + 12) // fp32 param, gradient, optimizer record
+		}
+		// Two copies of every tensor, padded to the stores' alignment
+		// (which may be finer than the plan's 4 KiB).
+		taken := diskUsed(t, dir)
+		if taken < 2*once || taken > need {
+			t.Fatalf("after Open the swap files take %d bytes; want two copies of the tensors' %d bytes and at most the plan's %d", taken, once, need)
+		}
+		ctx, watch := watchdog(t, 2*time.Minute)
+		watch(rt)
+		tr := &trainRun{t: t, rng: rand.New(rand.NewPCG(3, 4)), model: diskModel, cfg: rt.Config, rts: []*zinf.Runtime{rt}, micro: 2, steps: 3}
+		tr.run(ctx)
+		if after := diskUsed(t, dir); after > taken+slack {
+			t.Fatalf("training grew the swap files from %d to %d bytes", taken, after)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		dir := t.TempDir()
+		open(t, dir, false, false)
+		if taken := diskUsed(t, dir); taken > slack {
+			t.Fatalf("zinf.preallocate false: Open took %d bytes of disk", taken)
+		}
+	})
+	t.Run("inference", func(t *testing.T) {
+		dir := t.TempDir()
+		open(t, dir, true, true)
+		if taken := diskUsed(t, dir); taken > slack {
+			t.Fatalf("an inference runtime took %d bytes of disk at Open", taken)
+		}
+	})
+}

@@ -251,6 +251,11 @@ type Zinf struct {
 	// SwapFileBytes is "swap_file_bytes": size each swap file is
 	// preallocated to. Default 0: files grow as tensors are added.
 	SwapFileBytes Size
+	// Preallocate is "preallocate": a training runtime reserves (with
+	// fallocate) the swap file space its plan counts at Open, so that
+	// writes during training overwrite reserved space instead of growing
+	// the files. Default true.
+	Preallocate bool
 	// PieceBytes is "piece_bytes": tensors larger than it move in pieces
 	// of it (see zinf.Options.PieceBytes, which overrides it). Default 0:
 	// 4 MiB; a size above the largest tensor moves every tensor whole.
@@ -524,6 +529,7 @@ func defaults() *Config {
 		Zinf: Zinf{
 			Tiers:         Tiers{CPUPinnedBytes: 256 * MiB},
 			Checksums:     true,
+			Preallocate:   true,
 			Direct:        DirectOptional,
 			Backend:       BackendAuto,
 			PipelineDepth: 1,

@@ -159,6 +159,9 @@ type wireZinf struct {
 	Rank          int        `json:"rank"`
 	WorldSize     int        `json:"world_size"`
 	SwapFileBytes Size       `json:"swap_file_bytes"`
+	// Preallocate is written only when false (its default is true), so
+	// files stay as they were.
+	Preallocate *bool `json:"preallocate,omitempty"`
 	// PieceBytes is written only when set, so files stay as they were.
 	PieceBytes    Size          `json:"piece_bytes,omitempty"`
 	PrefetchDepth int           `json:"prefetch_depth"`
@@ -258,6 +261,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.Rank = zi.Rank
 	w.Zinf.WorldSize = zi.WorldSize
 	w.Zinf.SwapFileBytes = zi.SwapFileBytes
+	if !zi.Preallocate {
+		w.Zinf.Preallocate = new(bool)
+	}
 	w.Zinf.PieceBytes = zi.PieceBytes
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers

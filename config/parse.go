@@ -580,6 +580,7 @@ func schema(c *Config) []spec {
 		leaf("rank", intInto(&c.Zinf.Rank)),
 		leaf("world_size", intInto(&c.Zinf.WorldSize)),
 		leaf("swap_file_bytes", sizeInto(&c.Zinf.SwapFileBytes)),
+		leaf("preallocate", boolInto(&c.Zinf.Preallocate)),
 		leaf("piece_bytes", sizeInto(&c.Zinf.PieceBytes)),
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),

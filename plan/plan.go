@@ -44,6 +44,9 @@ type Plan struct {
 	// filesystem need their sum there. An asynchronous checkpoint holds
 	// up to one more copy of what it saves until it is written.
 	Disk []swapper.SpaceNeed
+	// Preallocate says that Open reserves Disk in the swap files
+	// (zinf.preallocate, a training runtime: see Preallocate).
+	Preallocate bool
 	// Components are the options zinf.Open builds each component from.
 	Components Components
 }
@@ -70,7 +73,11 @@ func (p *Plan) WriteText(w io.Writer) error {
 			units.FormatBytes(int64(p.Bandwidth.ReadBps())), units.FormatBytes(int64(p.Bandwidth.WriteBps())), p.Bandwidth)
 	}
 	if len(p.Disk) > 0 {
-		fmt.Fprintf(bw, "\nnvme disk: free space each path needs (swap files with their copy-on-write copies; Open checks it):\n")
+		checks := "Open checks it"
+		if p.Preallocate {
+			checks = "Open checks it and reserves it, zinf.preallocate"
+		}
+		fmt.Fprintf(bw, "\nnvme disk: free space each path needs (swap files with their copy-on-write copies; %s):\n", checks)
 		for _, d := range p.Disk {
 			fmt.Fprintf(bw, "  %s: %s (%d bytes)\n", d.Path, units.FormatBytes(d.Bytes), d.Bytes)
 		}
@@ -278,6 +285,7 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 	placement = placement.WithGradWriteBehinds(res.GradInFlight)
 	p := &Plan{Rank: in.Rank, World: in.World, Placement: placement, Reservations: res, Bandwidth: m.Bandwidth}
 	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, ps, gs, os)
+	p.Preallocate = cfg.Zinf.Preallocate && !o.Inference
 	placement.NVMeDiskBytes = p.DiskBytes()
 	// The policy placed tensors without a pinned budget (the reservations
 	// judge pinned memory); its table shows the pool the config gives.
@@ -307,6 +315,54 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 // swapper.Store.SpaceNeeds), merged by path in the config's order.
 func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
 	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []swapper.SpaceNeed {
+	var out []swapper.SpaceNeed
+	index := map[string]int{}
+	for _, k := range storeKeysOf(mi, rank, world, dtype, tiers, oo, gradPiece, inference, param, grad, optim) {
+		for _, n := range k.store.SpaceNeeds(k.sizes, k.versions) {
+			if i, ok := index[n.Path]; ok {
+				out[i].Bytes += n.Bytes
+				continue
+			}
+			index[n.Path] = len(out)
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Preallocate reserves, in each store's swap files, the extents DiskNeeds
+// counts for a training runtime (swapper.Store.Preallocate): the first
+// step's staged copies then overwrite reserved space instead of growing
+// the files, and no step runs out of disk on them. An inference runtime
+// writes each parameter once, or none when they are read in place, and
+// is not preallocated.
+func Preallocate(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+	oo optimizer.Options, gradPiece int, param, grad, optim *swapper.Store) error {
+	for _, k := range storeKeysOf(mi, rank, world, dtype, tiers, oo, gradPiece, false, param, grad, optim) {
+		if len(k.sizes) == 0 {
+			continue
+		}
+		if err := k.store.Preallocate(k.sizes, k.versions); err != nil {
+			return fmt.Errorf("preallocating the %s store: %w", k.what, err)
+		}
+	}
+	return nil
+}
+
+// storeKeys are the logical sizes of the keys one swap store holds at
+// once, and how many versions of each.
+type storeKeys struct {
+	what     string
+	store    *swapper.Store
+	sizes    []int64
+	versions int
+}
+
+// storeKeysOf lists, for each open store (nil ones left out), the keys it
+// holds for this rank: one per NVMe parameter partition, one per gradient
+// partition or piece, one per optimizer sub-group record.
+func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []storeKeys {
 	var paramSizes, gradSizes, optimSizes []int64
 	sg := oo.SubGroupSize
 	if sg <= 0 {
@@ -337,38 +393,24 @@ func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]
 			optimSizes = append(optimSizes, optimizer.LayoutForArrays(int(min(int64(sg), n-off)), 1+oo.Hyper.StateCount()).Bytes)
 		}
 	}
-	var out []swapper.SpaceNeed
-	index := map[string]int{}
-	add := func(s *swapper.Store, sizes []int64, versions int) {
-		if s == nil {
-			return
-		}
-		for _, n := range s.SpaceNeeds(sizes, versions) {
-			if i, ok := index[n.Path]; ok {
-				out[i].Bytes += n.Bytes
-				continue
-			}
-			index[n.Path] = len(out)
-			out = append(out, n)
-		}
-	}
+	// An inference runtime writes each parameter once (Init) and never
+	// stages an update: one version, not copy-on-write's two (a tensor
+	// read in place, InitInPlace, takes none, but Open cannot know which
+	// will be). Its gradient and optimizer stores exist (and take their
+	// own files) with nothing written to them.
+	paramVersions := swapper.CopyOnWriteVersions
 	if inference {
-		// An inference runtime writes each parameter once (Init) and never
-		// stages an update: one version, not copy-on-write's two (a
-		// tensor read in place, InitInPlace, takes none, but Open cannot
-		// know which will be).
-		add(param, paramSizes, 1)
-	} else {
-		add(param, paramSizes, swapper.CopyOnWriteVersions)
+		paramVersions = 1
 	}
-	if !inference {
-		add(grad, gradSizes, swapper.CopyOnWriteVersions)
-		add(optim, optimSizes, swapper.CopyOnWriteVersions)
-	} else {
-		// The stores exist (and take their own files) even when nothing
-		// is written to them.
-		add(grad, nil, swapper.CopyOnWriteVersions)
-		add(optim, nil, swapper.CopyOnWriteVersions)
+	var out []storeKeys
+	for _, k := range []storeKeys{
+		{"parameter", param, paramSizes, paramVersions},
+		{"gradient", grad, gradSizes, swapper.CopyOnWriteVersions},
+		{"optimizer", optim, optimSizes, swapper.CopyOnWriteVersions},
+	} {
+		if k.store != nil {
+			out = append(out, k)
+		}
 	}
 	return out
 }

@@ -47,6 +47,18 @@ const PathOverheadBytes = 64 << 10
 // store, which writes a few tensors behind at a time, stays nearer one
 // copy. Zero and negative sizes take no space.
 func (o StoreOptions) DiskBytes(sizes []int64, alignment int64, versions int) int64 {
+	var need int64
+	for _, b := range o.pathBytes(sizes, alignment, versions) {
+		need = max(need, max(b, o.ReserveBytes))
+	}
+	return need + PathOverheadBytes
+}
+
+// pathBytes is, for each of o.Paths (one when there are none), the most
+// the allocator lets that path's swap file grow to holding tensors of the
+// given sizes with versions copies each: versions times the padded
+// extents striped onto the path. Defaults as DiskBytes.
+func (o StoreOptions) pathBytes(sizes []int64, alignment int64, versions int) []int64 {
 	if alignment <= 0 {
 		alignment = DefaultDiskAlignment
 	}
@@ -80,11 +92,10 @@ func (o StoreOptions) DiskBytes(sizes []int64, alignment int64, versions int) in
 			perPath[full%int64(paths)] += rest
 		}
 	}
-	var need int64
-	for _, b := range perPath {
-		need = max(need, max(int64(versions)*b, o.ReserveBytes))
+	for p := range perPath {
+		perPath[p] *= int64(versions)
 	}
-	return need + PathOverheadBytes
+	return perPath
 }
 
 // DiskBytes is StoreOptions.DiskBytes for this store's paths, stripe and
@@ -249,6 +260,46 @@ func (s *Store) SpaceNeeds(sizes []int64, versions int) []SpaceNeed {
 		out[i] = SpaceNeed{Path: p, Bytes: max(need-taken, 0)}
 	}
 	return out
+}
+
+// Preallocate reserves on each path, with fallocate, the space the
+// store's swap file there can grow to while holding tensors of the given
+// logical sizes with versions copies each (DiskBytes less the store's own
+// small files; 0 versions means CopyOnWriteVersions). Writes into that
+// space then neither allocate blocks nor extend the file: on ext4 an
+// O_DIRECT write that extends its file completes synchronously under the
+// inode's lock, and one into a hole allocates blocks as it goes, both
+// slower than an overwrite (the first training step writes every staged
+// copy into new space). It also means a training step cannot run out of
+// space on the extents the plan counted. Files are never shrunk; a file
+// already as long is left alone. Where the filesystem has no fallocate
+// the file is only lengthened (aio.File.Allocate). An error names the path
+// and the bytes.
+func (s *Store) Preallocate(sizes []int64, versions int) error {
+	o := s.opts
+	o.StripeBytes = s.stripe
+	want := o.pathBytes(sizes, s.align, versions)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	for i, f := range s.files {
+		if i >= len(want) || want[i] <= 0 {
+			continue
+		}
+		have, err := f.Size()
+		if err != nil {
+			return fmt.Errorf("swapper: preallocating the swap file on %s: %w", o.Paths[i], err)
+		}
+		if have >= want[i] {
+			continue
+		}
+		if err := f.Allocate(want[i]); err != nil {
+			return fmt.Errorf("swapper: preallocating %s (%d bytes) for the swap file on %s: %w", config.Size(want[i]), want[i], o.Paths[i], err)
+		}
+	}
+	return nil
 }
 
 // dirBytes is the disk space dir and the files directly in it take (run

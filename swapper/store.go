@@ -125,9 +125,10 @@ type StoreStats struct {
 	ChecksumTime  time.Duration
 	ChecksumBytes int64
 	LiveBytes     int64 // padded bytes of current versions
-	// FileBytes is the length the swap files have reached, summed over
-	// paths: the disk space the extents span (files never shrink while the
-	// store is open). DiskBytes bounds it.
+	// FileBytes is the length the swap files' extents have reached,
+	// summed over paths: the disk space the extents span (files never
+	// shrink while the store is open; a file that ReserveBytes or
+	// Preallocate lengthened is longer). DiskBytes bounds it.
 	FileBytes int64
 	// ReadLatency and WriteLatency are the latencies of successful reads
 	// and writes, from submission to the completion of their I/O.
