@@ -134,48 +134,57 @@ var workloads = []workload{
 // once (params staged until commit, optimizer records until the step
 // commits), that it is over by no more than PathOverheadBytes per path.
 func TestDiskBytesBoundsRealFiles(t *testing.T) {
+	forEachWorkload(t, func(t *testing.T, r *rig, w workload, paths int, bufs []*buffers.Buffer) {
+		ctx := t.Context()
+		// The first version of every tensor, as registration writes it.
+		if err := writeAll(r.store, w.sizes, bufs, key, 4); err != nil {
+			t.Fatal(err)
+		}
+		predicted := r.store.DiskBytes(w.sizes, swapper.CopyOnWriteVersions)
+		var fullest int64 // the most any path took at any step
+		for step := range 4 {
+			if err := w.step(ctx, r.store, bufs); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			for _, b := range onDisk(t, r.store) {
+				fullest = max(fullest, b)
+			}
+		}
+		st := r.store.Stats()
+		t.Logf("predicted %d bytes per path, the fullest path took %d (extents span %d over all paths), live %d",
+			predicted, fullest, st.FileBytes, st.LiveBytes)
+		if fullest > predicted || st.FileBytes > predicted*int64(paths) {
+			t.Fatalf("DiskBytes %d is below what the files took: %d on a path, %d spanned", predicted, fullest, st.FileBytes)
+		}
+		// The gradient store writes only a few tensors behind at a
+		// time, so it stays nearer one copy: only the bound holds.
+		if w.name != "grads" {
+			if slack := predicted - fullest; slack > swapper.PathOverheadBytes {
+				t.Fatalf("DiskBytes %d over-predicts by %d, more than the stated margin %d", predicted, slack, swapper.PathOverheadBytes)
+			}
+		}
+		// Reading back still works after the steps.
+		n, _ := r.store.Len(key(0))
+		got := r.buf(t, int(n), 0)
+		if err := r.store.Read(ctx, key(0), got.Bytes()[:n]); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// forEachWorkload runs f, as a subtest, for every workload on a fresh
+// store of 1 and of 2 paths, with a buffer per tensor filled with its
+// index + 1.
+func forEachWorkload(t *testing.T, f func(t *testing.T, r *rig, w workload, paths int, bufs []*buffers.Buffer)) {
 	for _, paths := range []int{1, 2} {
 		for _, w := range workloads {
 			t.Run(fmt.Sprintf("%s/paths=%d", w.name, paths), func(t *testing.T) {
-				ctx := t.Context()
 				r := newRig(t, paths, true, aio.BackendAuto)
 				bufs := make([]*buffers.Buffer, len(w.sizes))
 				for i, n := range w.sizes {
-					bufs[i] = r.buf(t, int(n), byte(i))
+					bufs[i] = r.buf(t, int(n), byte(i+1))
 				}
-				// The first version of every tensor, as registration writes it.
-				if err := writeAll(r.store, w.sizes, bufs, key, 4); err != nil {
-					t.Fatal(err)
-				}
-				predicted := r.store.DiskBytes(w.sizes, swapper.CopyOnWriteVersions)
-				var fullest int64 // the most any path took at any step
-				for step := range 4 {
-					if err := w.step(ctx, r.store, bufs); err != nil {
-						t.Fatalf("step %d: %v", step, err)
-					}
-					for _, b := range onDisk(t, r.store) {
-						fullest = max(fullest, b)
-					}
-				}
-				st := r.store.Stats()
-				t.Logf("predicted %d bytes per path, the fullest path took %d (extents span %d over all paths), live %d",
-					predicted, fullest, st.FileBytes, st.LiveBytes)
-				if fullest > predicted || st.FileBytes > predicted*int64(paths) {
-					t.Fatalf("DiskBytes %d is below what the files took: %d on a path, %d spanned", predicted, fullest, st.FileBytes)
-				}
-				// The gradient store writes only a few tensors behind at a
-				// time, so it stays nearer one copy: only the bound holds.
-				if w.name != "grads" {
-					if slack := predicted - fullest; slack > swapper.PathOverheadBytes {
-						t.Fatalf("DiskBytes %d over-predicts by %d, more than the stated margin %d", predicted, slack, swapper.PathOverheadBytes)
-					}
-				}
-				// Reading back still works after the steps.
-				n, _ := r.store.Len(key(0))
-				got := r.buf(t, int(n), 0)
-				if err := r.store.Read(ctx, key(0), got.Bytes()[:n]); err != nil {
-					t.Fatal(err)
-				}
+				f(t, r, w, paths, bufs)
 			})
 		}
 	}
