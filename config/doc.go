@@ -315,8 +315,10 @@
 // fallocate. Without it the first step writes every staged copy past the
 // files' ends: on ext4 an O_DIRECT write that extends a file completes
 // synchronously under the inode's lock and one into new space allocates
-// blocks as it goes, and that step ran about 1.2x the steps after it on a
-// virtio disk, against about 1.05x preallocated. Reserved space also
+// blocks as it goes. On a virtio disk, at 1.8 GiB of state, that step ran
+// 1.15-1.25x the steps after it, and 1.02-1.07x in three runs of four
+// preallocated; at 28 GiB the difference was inside the disk's swings
+// (BENCHMARKS.md). Reserved space also
 // means a step cannot run out of disk on the extents the plan counted
 // (a checkpoint's extra copy is not reserved). The space is taken from
 // the start whether or not training fills it; Open checks it is free
