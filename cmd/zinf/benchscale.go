@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/zinfio/zinf/cmd/zinf/internal/scalebench"
@@ -23,6 +24,7 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&o.Width, "width", 2048, "layer width")
 	fs.IntVar(&o.Steps, "steps", 3, "training steps")
 	sizeVar(fs, &o.ProbeBytes, "probe-size", 512<<20, "file the bandwidth is measured with before and after training")
+	fs.Float64Var(&o.MixedSeconds, "mixed-seconds", scalebench.DefaultMixedSeconds, "seconds of the mixed probe (a file read and another written at once) before and after training; 0: none")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object with the results")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -35,6 +37,12 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := errors.Join(checkMemory("--pool", o.PoolBytes, o.PoolBytes, "the pinned pool"),
 		checkMemory("--probe-size", o.ProbeBytes, nextPow2(o.ProbeBytes), "the bandwidth probe's pinned buffer")); err != nil {
 		return err
+	}
+	if o.MixedSeconds < 0 || o.MixedSeconds > 600 {
+		return fmt.Errorf("--mixed-seconds %g is invalid (allowed: 0..600; 0: no mixed probe)", o.MixedSeconds)
+	}
+	if o.MixedSeconds == 0 {
+		o.MixedSeconds = -1 // none; zero in Options is the default
 	}
 	o.Progress = stderr
 	if !asJSON {

@@ -62,12 +62,24 @@ type Options struct {
 	// ProbeBytes is the file the bandwidth is measured with, before and
 	// after training, through the engine training uses. Default 512 MiB.
 	ProbeBytes int64
+	// MixedSeconds is how long the mixed probe runs, before and after
+	// training, after the separate read and write probes: a stream
+	// reading one file of ProbeBytes and another writing a second at
+	// once, through the engine training uses (iobench.RunMixed). 0: 10 s;
+	// negative: no mixed probe.
+	MixedSeconds float64
 	// Progress receives the plan, a line per phase and per step (nil:
 	// silent).
 	Progress io.Writer
 	// Logger receives the runtime's warnings.
 	Logger *slog.Logger
 }
+
+// DefaultMixedSeconds is Options.MixedSeconds's default.
+const DefaultMixedSeconds = 10
+
+// mixed says whether the run has a mixed probe.
+func (o *Options) mixed() bool { return o.MixedSeconds > 0 }
 
 // RSSHeadroomBytes is what the bench allows the process beyond the pinned
 // pool: the Go heap (a layer's weights and gradients for the loop, the
@@ -80,6 +92,9 @@ const RSSHeadroomBytes = 256 << 20
 type Bandwidth struct {
 	ReadGBps  float64 `json:"read_gbps"`
 	WriteGBps float64 `json:"write_gbps"`
+	// Mixed is the disk under the mixed probe (nil without one): what a
+	// sustained load of reads and writes at once got.
+	Mixed *iobench.MixedResult `json:"mixed,omitempty"`
 }
 
 // Result is what a run measured.
@@ -120,6 +135,11 @@ type Result struct {
 	// back (not in ReadBytes: the disk never moved them again).
 	ServedBytes []int64   `json:"grad_served_bytes"`
 	PredictedMs []float64 `json:"predicted_ms"`
+	// MixedPredictedMs is each step's bytes (read and written) at the
+	// mixed probes' mean rate: the disk-bound time when the disk gives a
+	// step's concurrent reads and writes what it gave the mixed probe
+	// (empty without one).
+	MixedPredictedMs []float64 `json:"mixed_predicted_ms,omitempty"`
 	// Per step, from the disk's own counters (Disk; every process's I/O):
 	// DiskBusy is the fraction of the step the disk had a request in
 	// flight (io_ticks), DiskBusyGBps the bytes it moved (read and
@@ -138,6 +158,10 @@ type Result struct {
 	StepMsMedian      float64 `json:"step_ms_median"`
 	PredictedMsMedian float64 `json:"predicted_ms_median"`
 	Ratio             float64 `json:"predicted_over_achieved"`
+	// MixedPredictedMsMedian and MixedRatio are the same against the
+	// mixed probes (0 without them).
+	MixedPredictedMsMedian float64 `json:"mixed_predicted_ms_median,omitempty"`
+	MixedRatio             float64 `json:"mixed_predicted_over_achieved,omitempty"`
 	// InitSeconds is the time to open the runtimes and write the initial
 	// state; Seconds the whole run.
 	InitSeconds float64 `json:"init_seconds"`
@@ -185,6 +209,9 @@ func (o *Options) defaults() {
 	if o.ProbeBytes == 0 {
 		o.ProbeBytes = 512 << 20
 	}
+	if o.MixedSeconds == 0 {
+		o.MixedSeconds = DefaultMixedSeconds
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -214,6 +241,9 @@ func (o *Options) check() error {
 	}
 	if o.ProbeBytes < 1<<20 || o.ProbeBytes%(1<<20) != 0 {
 		errs = append(errs, fmt.Errorf("--probe-size %d is invalid: a whole number of MiB, at least 1MiB", o.ProbeBytes))
+	}
+	if o.MixedSeconds > 600 {
+		errs = append(errs, fmt.Errorf("--mixed-seconds %g is invalid (allowed: up to 600 seconds; 0: 10; negative: no mixed probe)", o.MixedSeconds))
 	}
 	return errors.Join(errs...)
 }
@@ -285,7 +315,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{Dir: o.Dir, Layers: spec.Layers, Width: spec.Width, Params: spec.ParamCount(), StateBytes: spec.ParamCount() * 20,
 		PoolBytes: o.PoolBytes, RSSBudgetBytes: o.PoolBytes + RSSHeadroomBytes, MemTotalBytes: memTotal()}
-	if res.DiskNeedBytes, err = diskNeed(ctx, spec, cfg, o.ProbeBytes, o.Logger); err != nil {
+	probeFiles := o.ProbeBytes
+	if o.mixed() {
+		// The mixed probe's two files, after the separate probes' one is
+		// removed.
+		probeFiles = 2 * o.ProbeBytes
+	}
+	if res.DiskNeedBytes, err = diskNeed(ctx, spec, cfg, probeFiles, o.Logger); err != nil {
 		return nil, err
 	}
 	var st unix.Statfs_t
@@ -294,9 +330,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.DiskFreeBytes = int64(st.Bavail) * int64(st.Bsize)
 	if res.DiskFreeBytes < res.DiskNeedBytes {
-		return res, fmt.Errorf("%w: %s of model state needs %s (%d bytes) free on %s (the swap stores with their copy-on-write copies as zinf plan counts them, and a %s bandwidth probe); %s (%d bytes) are free: free space, choose another --path or a smaller --state",
+		return res, fmt.Errorf("%w: %s of model state needs %s (%d bytes) free on %s (the swap stores with their copy-on-write copies as zinf plan counts them, and %s of bandwidth probe files); %s (%d bytes) are free: free space, choose another --path or a smaller --state",
 			ErrNoSpace, policy.FormatBytes(res.StateBytes), policy.FormatBytes(res.DiskNeedBytes), res.DiskNeedBytes, o.Dir,
-			policy.FormatBytes(o.ProbeBytes), policy.FormatBytes(res.DiskFreeBytes), res.DiskFreeBytes)
+			policy.FormatBytes(probeFiles), policy.FormatBytes(res.DiskFreeBytes), res.DiskFreeBytes)
 	}
 	say := func(format string, a ...any) {
 		if o.Progress != nil {
@@ -339,6 +375,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		os.Remove(filepath.Join(dir, "zinf-bench-scale-probe.dat"))
 		say("bandwidth %s training (zinf io, %s, block %s, queue depth %d: %s x 3, median): read %.3f GB/s, write %.3f GB/s",
 			when, backend, policy.FormatBytes(int64(eo.BlockSizeBytes)), eo.QueueDepth, policy.FormatBytes(o.ProbeBytes), b.ReadGBps, b.WriteGBps)
+		if o.mixed() {
+			m, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: o.ProbeBytes, Engine: eo, Logger: o.Logger,
+				Duration: time.Duration(o.MixedSeconds * float64(time.Second))})
+			if err != nil {
+				return b, fmt.Errorf("mixed bandwidth probe %s: %w", when, err)
+			}
+			b.Mixed = m
+			say("bandwidth %s training, mixed (a file of %s read and another written at once, %d requests of %s in flight each, %.0f s): %.3f GB/s (read %.3f, write %.3f)",
+				when, policy.FormatBytes(o.ProbeBytes), 2, policy.FormatBytes(min(16<<20, o.ProbeBytes)), m.Seconds, m.GBps, m.ReadGBps, m.WriteGBps)
+		}
 		return b, nil
 	}
 	if res.Before, err = probe("before"); err != nil {
@@ -416,6 +462,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.StepMsMedian = stats.Median(res.StepMs)
 	res.PredictedMsMedian = stats.Median(res.PredictedMs)
 	res.Ratio = res.PredictedMsMedian / res.StepMsMedian
+	if res.Before.Mixed != nil && res.After.Mixed != nil {
+		mbw := (res.Before.Mixed.GBps + res.After.Mixed.GBps) / 2 * 1e9
+		for i := range res.StepMs {
+			res.MixedPredictedMs = append(res.MixedPredictedMs, float64(res.ReadBytes[i]+res.WriteBytes[i])/mbw*1e3)
+		}
+		res.MixedPredictedMsMedian = stats.Median(res.MixedPredictedMs)
+		res.MixedRatio = res.MixedPredictedMsMedian / res.StepMsMedian
+	}
 	res.Seconds = time.Since(start).Seconds()
 	return res, nil
 }
@@ -479,6 +533,10 @@ func (r *Result) Write(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "  median step %.0f ms, disk-bound prediction %.0f ms: predicted/achieved %.2f\n", r.StepMsMedian, r.PredictedMsMedian, r.Ratio)
+	if r.MixedRatio > 0 {
+		fmt.Fprintf(w, "  at the mixed probes' rate (%.3f GB/s before, %.3f after, reads and writes at once) the steps' bytes take %.0f ms: predicted/achieved %.2f\n",
+			r.Before.Mixed.GBps, r.After.Mixed.GBps, r.MixedPredictedMsMedian, r.MixedRatio)
+	}
 	var served int64
 	for _, b := range r.ServedBytes {
 		served += b
