@@ -1,4 +1,4 @@
-package iobench_test
+package iobench
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
 )
 
 // pieceLog records every piece the engine issues after the files are laid
@@ -57,7 +56,7 @@ func TestRunMixedReadsAndWritesAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	log := newLog()
 	const size = 4 << 20
-	r, err := iobench.RunMixed(context.Background(), iobench.MixedOptions{Dir: dir, SizeBytes: size, ChunkBytes: 1 << 20,
+	r, err := RunMixed(context.Background(), MixedOptions{Dir: dir, SizeBytes: size, ChunkBytes: 1 << 20,
 		Duration: 300 * time.Millisecond, Engine: aio.Options{Backend: "posix", QueueDepth: 4, Faults: log}})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +94,7 @@ func TestRunMixedWriteErrorEndsIt(t *testing.T) {
 	log.failFrom = 6
 	done := make(chan error, 1)
 	go func() {
-		_, err := iobench.RunMixed(context.Background(), iobench.MixedOptions{Dir: dir, SizeBytes: 4 << 20, ChunkBytes: 1 << 20,
+		_, err := RunMixed(context.Background(), MixedOptions{Dir: dir, SizeBytes: 4 << 20, ChunkBytes: 1 << 20,
 			Duration: time.Minute, Engine: aio.Options{Backend: "posix", QueueDepth: 4, Faults: log}})
 		done <- err
 	}()
@@ -117,7 +116,7 @@ func TestRunMixedCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: 2 << 20, ChunkBytes: 1 << 20,
+	_, err := RunMixed(ctx, MixedOptions{Dir: dir, SizeBytes: 2 << 20, ChunkBytes: 1 << 20,
 		Duration: time.Minute, Engine: aio.Options{Backend: "posix"}})
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 20*time.Second {
 		t.Fatalf("err = %v after %v, want the deadline, soon", err, time.Since(start))
@@ -130,7 +129,7 @@ func TestRunMixedLeavesOthersFiles(t *testing.T) {
 	if err := os.WriteFile(mine, []byte("not zinf's"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := iobench.RunMixed(context.Background(), iobench.MixedOptions{Dir: dir, SizeBytes: 1 << 20, Duration: time.Millisecond,
+	_, err := RunMixed(context.Background(), MixedOptions{Dir: dir, SizeBytes: 1 << 20, Duration: time.Millisecond,
 		Engine: aio.Options{Backend: "posix"}})
 	if err == nil || !strings.Contains(err.Error(), "zinf-mixed-write.dat") {
 		t.Fatalf("err = %v, want a refusal naming the file", err)
@@ -144,24 +143,11 @@ func TestRunMixedLeavesOthersFiles(t *testing.T) {
 }
 
 func TestMixedOptionsCheck(t *testing.T) {
-	o := iobench.MixedOptions{SizeBytes: 3 << 20, ChunkBytes: 2 << 20, InFlight: 65, Duration: -time.Second}
+	o := MixedOptions{SizeBytes: 3 << 20, ChunkBytes: 2 << 20, InFlight: 65, Duration: -time.Second}
 	err := o.Check()
 	for _, want := range []string{"directory is required", "divide the size", "in flight 65", "must not be negative"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Check() = %v, want it to say %q", err, want)
 		}
 	}
-}
-
-func listing(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	return names
 }
