@@ -25,6 +25,7 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&o.Steps, "steps", 3, "training steps")
 	sizeVar(fs, &o.ProbeBytes, "probe-size", 512<<20, "file the bandwidth is measured with before and after training")
 	fs.Float64Var(&o.MixedSeconds, "mixed-seconds", scalebench.DefaultMixedSeconds, "seconds of the mixed probe (a file read and another written at once) before and after training; 0: none")
+	sizeVar(fs, &o.MixedBytes, "mixed-size", 0, "each of the mixed probe's two files (default: --probe-size); disk only, not memory")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object with the results")
 	if err := parseFlags(fs, args); err != nil {
 		return err

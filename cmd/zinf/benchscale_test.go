@@ -11,7 +11,7 @@ import (
 // figures, nothing left in --path; bad flags are named.
 func TestBenchScale(t *testing.T) {
 	dir := t.TempDir()
-	code, out, errs := runCLI(t, "bench-scale", "--path", dir, "--state", "4MiB", "--pool", "16MiB", "--width", "64", "--steps", "2", "--probe-size", "1MiB", "--mixed-seconds", "0.2", "--json")
+	code, out, errs := runCLI(t, "bench-scale", "--path", dir, "--state", "4MiB", "--pool", "16MiB", "--width", "64", "--steps", "2", "--probe-size", "1MiB", "--mixed-seconds", "0.2", "--mixed-size", "2MiB", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, errs)
 	}
@@ -53,7 +53,7 @@ func TestBenchScale(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("bench-scale left %v", ents)
 	}
-	for _, c := range [][]string{{"--state", "0"}, {"--pool", "1"}, {"--steps", "0"}, {"--width", "2"}, {"--mixed-seconds", "-1"}, {"--mixed-seconds", "601"}} {
+	for _, c := range [][]string{{"--state", "0"}, {"--pool", "1"}, {"--steps", "0"}, {"--width", "2"}, {"--mixed-seconds", "-1"}, {"--mixed-seconds", "601"}, {"--mixed-size", "1000"}} {
 		code, _, errs := runCLI(t, append([]string{"bench-scale", "--path", dir}, c...)...)
 		if code == 0 || !strings.Contains(errs, c[0]) {
 			t.Errorf("%v: exit %d, %s", c, code, errs)

@@ -68,6 +68,12 @@ type Options struct {
 	// once, through the engine training uses (iobench.RunMixed). 0: 10 s;
 	// negative: no mixed probe.
 	MixedSeconds float64
+	// MixedBytes is each of the mixed probe's two files. Default
+	// ProbeBytes. It takes disk, not memory (the probe moves 16 MiB
+	// requests through 64 MiB of buffers): a disk whose rate depends on
+	// how much of it a load spans (a host caching part of a virtual disk)
+	// is measured as a large step finds it only over files as large.
+	MixedBytes int64
 	// Progress receives the plan, a line per phase and per step (nil:
 	// silent).
 	Progress io.Writer
@@ -77,6 +83,19 @@ type Options struct {
 
 // DefaultMixedSeconds is Options.MixedSeconds's default.
 const DefaultMixedSeconds = 10
+
+// mixedChunk is the mixed probe's request: 16 MiB (a weight of the
+// bench's default width), or the whole file when smaller, or 1 MiB when
+// 16 MiB does not divide it.
+func mixedChunk(size int64) int64 {
+	switch {
+	case size <= 16<<20:
+		return size
+	case size%(16<<20) == 0:
+		return 16 << 20
+	}
+	return 1 << 20
+}
 
 // mixed says whether the run has a mixed probe.
 func (o *Options) mixed() bool { return o.MixedSeconds > 0 }
@@ -212,6 +231,9 @@ func (o *Options) defaults() {
 	if o.MixedSeconds == 0 {
 		o.MixedSeconds = DefaultMixedSeconds
 	}
+	if o.MixedBytes == 0 {
+		o.MixedBytes = o.ProbeBytes
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -241,6 +263,9 @@ func (o *Options) check() error {
 	}
 	if o.ProbeBytes < 1<<20 || o.ProbeBytes%(1<<20) != 0 {
 		errs = append(errs, fmt.Errorf("--probe-size %d is invalid: a whole number of MiB, at least 1MiB", o.ProbeBytes))
+	}
+	if o.MixedBytes < 1<<20 || o.MixedBytes%(1<<20) != 0 {
+		errs = append(errs, fmt.Errorf("--mixed-size %d is invalid: a whole number of MiB, at least 1MiB", o.MixedBytes))
 	}
 	if o.MixedSeconds > 600 {
 		errs = append(errs, fmt.Errorf("--mixed-seconds %g is invalid (allowed: up to 600 seconds; 0: 10; negative: no mixed probe)", o.MixedSeconds))
@@ -319,7 +344,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.mixed() {
 		// The mixed probe's two files, after the separate probes' one is
 		// removed.
-		probeFiles = 2 * o.ProbeBytes
+		probeFiles = max(o.ProbeBytes, 2*o.MixedBytes)
 	}
 	if res.DiskNeedBytes, err = diskNeed(ctx, spec, cfg, probeFiles, o.Logger); err != nil {
 		return nil, err
@@ -376,14 +401,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		say("bandwidth %s training (zinf io, %s, block %s, queue depth %d: %s x 3, median): read %.3f GB/s, write %.3f GB/s",
 			when, backend, policy.FormatBytes(int64(eo.BlockSizeBytes)), eo.QueueDepth, policy.FormatBytes(o.ProbeBytes), b.ReadGBps, b.WriteGBps)
 		if o.mixed() {
-			m, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: o.ProbeBytes, Engine: eo, Logger: o.Logger,
+			m, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: o.MixedBytes, ChunkBytes: mixedChunk(o.MixedBytes), Engine: eo, Logger: o.Logger,
 				Duration: time.Duration(o.MixedSeconds * float64(time.Second))})
 			if err != nil {
 				return b, fmt.Errorf("mixed bandwidth probe %s: %w", when, err)
 			}
 			b.Mixed = m
 			say("bandwidth %s training, mixed (a file of %s read and another written at once, %d requests of %s in flight each, %.0f s): %.3f GB/s (read %.3f, write %.3f)",
-				when, policy.FormatBytes(o.ProbeBytes), 2, policy.FormatBytes(min(16<<20, o.ProbeBytes)), m.Seconds, m.GBps, m.ReadGBps, m.WriteGBps)
+				when, policy.FormatBytes(o.MixedBytes), 2, policy.FormatBytes(mixedChunk(o.MixedBytes)), m.Seconds, m.GBps, m.ReadGBps, m.WriteGBps)
 		}
 		return b, nil
 	}
