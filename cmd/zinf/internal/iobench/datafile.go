@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -157,6 +158,20 @@ func (d *dataFile) openRead() (*os.File, error) {
 		return nil, err
 	}
 	if err := d.check(int(f.Fd())); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// openEngine opens the claimed file through e and checks that the
+// descriptor is the file claimed.
+func (d *dataFile) openEngine(e aio.Engine) (*aio.File, error) {
+	f, err := e.Open(d.path, d.openFlags(), 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.check(f.Fd()); err != nil {
 		f.Close()
 		return nil, err
 	}

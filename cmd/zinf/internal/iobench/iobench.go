@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -211,27 +210,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer e.Close()
 	// One pinned buffer of the whole size, as ds_io uses.
-	capBytes := int64(1) << bits.Len64(uint64(o.SizeBytes-1))
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: max(capBytes, 1<<20), Logger: o.Logger})
+	data, pinned, release, err := stagingBuffer(ctx, e, o.SizeBytes, o.Logger)
 	if err != nil {
 		return nil, err
 	}
-	defer pool.Close()
-	// As the runtime does: io_uring registers the buffer once (a refused
-	// registration is logged by the engine). Other backends have no
-	// registered buffers; asking would log that once per measurement.
-	if e.Name() == aio.BackendUring {
-		_ = pool.Register(e)
-	}
-	buf, err := pool.Acquire(ctx, int(o.SizeBytes), buffers.PurposeStaging)
-	if err != nil {
-		return nil, err
-	}
-	defer buf.Release()
-	data := buf.Bytes()
-	for i := 0; i+8 <= len(data); i += 4096 {
-		data[i] = byte(i >> 12)
-	}
+	defer release()
 	df, err := claimDataFile(path, o.Op, o.SizeBytes, o.private, o.Overwrite)
 	if err != nil {
 		return nil, err
@@ -239,17 +222,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if !o.Keep {
 		defer df.remove()
 	}
-	f, err := e.Open(path, df.openFlags(), 0o600)
+	f, err := df.openEngine(e)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if err := df.check(f.Fd()); err != nil {
-		return nil, err
-	}
 	res := &Result{Op: o.Op, Backend: e.Name(), Bytes: o.SizeBytes, Loops: o.Loops, BlockSize: o.Engine.BlockSizeBytes,
 		QueueDepth: o.Engine.QueueDepth, Parallel: o.Engine.IntraOpParallelism, SingleSub: o.Engine.SingleSubmit,
-		Overlap: !o.Engine.SerialEvents, Direct: f.Direct(), Pinned: pool.Pinned(), Path: path, AlignBytes: f.Alignment()}
+		Overlap: !o.Engine.SerialEvents, Direct: f.Direct(), Pinned: pinned, Path: path, AlignBytes: f.Alignment()}
 	err = measure(ctx, o, res, "", f, transfer{
 		read:  func(ctx context.Context) (int64, error) { n, err := e.ReadAt(ctx, f, data, 0); return int64(n), err },
 		write: func(ctx context.Context) (int64, error) { n, err := e.WriteAt(ctx, f, data, 0); return int64(n), err },
@@ -259,6 +239,31 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.Registered = e.Stats().FixedBufferPieces > 0
 	return res, nil
+}
+
+// stagingBuffer is one pinned buffer of size bytes from a pool of its
+// own, its pages touched with a pattern; release frees both. As the
+// runtime does, io_uring registers it once (a refused registration is
+// logged by the engine); other backends have no registered buffers, and
+// asking would log that once per measurement.
+func stagingBuffer(ctx context.Context, e aio.Engine, size int64, log *slog.Logger) (data []byte, pinned bool, release func(), err error) {
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: max(nextPow2(size), 1<<20), Logger: log})
+	if err != nil {
+		return nil, false, nil, err
+	}
+	if e.Name() == aio.BackendUring {
+		_ = pool.Register(e)
+	}
+	buf, err := pool.Acquire(ctx, int(size), buffers.PurposeStaging)
+	if err != nil {
+		pool.Close()
+		return nil, false, nil, err
+	}
+	data = buf.Bytes()
+	for i := 0; i+8 <= len(data); i += 4096 {
+		data[i] = byte(i >> 12)
+	}
+	return data, pool.Pinned(), func() { buf.Release(); pool.Close() }, nil
 }
 
 // transfer moves the whole buffer once in each direction. dropCache, when

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/buffers"
 )
 
 // MixedOptions describe a measurement of the disk under reads and writes
@@ -28,9 +27,12 @@ type MixedOptions struct {
 	// SizeBytes is each file's size; the streams wrap around it. Required,
 	// a multiple of ChunkBytes.
 	SizeBytes int64
-	// ChunkBytes is one request's size. Default min(16 MiB, SizeBytes).
+	// ChunkBytes is one request's size. Default 16 MiB, or the whole file
+	// when smaller, or 1 MiB when 16 MiB does not divide the file.
 	ChunkBytes int64
-	// InFlight is the requests each stream keeps in flight. Default 2.
+	// InFlight is the requests each stream keeps in flight. Default: 32
+	// MiB in flight per stream (2 of 16 MiB, 32 of 1 MiB), at most the
+	// file's chunks, 2..64.
 	InFlight int
 	// Duration is how long the streams run after both files are laid out.
 	// Default 10 s.
@@ -48,14 +50,26 @@ type MixedResult struct {
 	// GBps is ReadGBps + WriteGBps: the disk's rate for a mixed load.
 	GBps    float64 `json:"gbps"`
 	Seconds float64 `json:"seconds"`
+	// SizeBytes, ChunkBytes and InFlight are the load as run (defaults
+	// filled): each file, one request, requests in flight per stream.
+	SizeBytes  int64 `json:"size_bytes"`
+	ChunkBytes int64 `json:"chunk_bytes"`
+	InFlight   int   `json:"in_flight"`
 }
 
 func (o *MixedOptions) fill() {
 	if o.ChunkBytes == 0 {
-		o.ChunkBytes = min(16<<20, o.SizeBytes)
+		switch {
+		case o.SizeBytes <= 16<<20:
+			o.ChunkBytes = o.SizeBytes
+		case o.SizeBytes%(16<<20) == 0:
+			o.ChunkBytes = 16 << 20
+		default:
+			o.ChunkBytes = 1 << 20
+		}
 	}
 	if o.InFlight == 0 {
-		o.InFlight = 2
+		o.InFlight = int(max(2, min(64, (32<<20)/o.ChunkBytes, o.SizeBytes/o.ChunkBytes)))
 	}
 	if o.Duration == 0 {
 		o.Duration = 10 * time.Second
@@ -102,24 +116,11 @@ func RunMixed(ctx context.Context, o MixedOptions) (*MixedResult, error) {
 		return nil, err
 	}
 	defer e.Close()
-	bufBytes := int64(2*o.InFlight) * o.ChunkBytes
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: nextPow2(max(bufBytes, 1<<20)), Logger: o.Logger})
+	data, _, release, err := stagingBuffer(ctx, e, int64(2*o.InFlight)*o.ChunkBytes, o.Logger)
 	if err != nil {
 		return nil, err
 	}
-	defer pool.Close()
-	if e.Name() == aio.BackendUring {
-		_ = pool.Register(e)
-	}
-	buf, err := pool.Acquire(ctx, int(bufBytes), buffers.PurposeStaging)
-	if err != nil {
-		return nil, err
-	}
-	defer buf.Release()
-	data := buf.Bytes()
-	for i := 0; i < len(data); i += 4096 {
-		data[i] = byte(i >> 12)
-	}
+	defer release()
 	chunk := func(i int) []byte { return data[int64(i)*o.ChunkBytes : int64(i+1)*o.ChunkBytes] }
 	var files [2]*aio.File
 	for i, name := range []string{"zinf-mixed-read.dat", "zinf-mixed-write.dat"} {
@@ -129,14 +130,11 @@ func RunMixed(ctx context.Context, o MixedOptions) (*MixedResult, error) {
 			return nil, err
 		}
 		defer df.remove()
-		f, err := e.Open(path, df.openFlags(), 0o600)
+		f, err := df.openEngine(e)
 		if err != nil {
 			return nil, err
 		}
 		defer f.Close()
-		if err := df.check(f.Fd()); err != nil {
-			return nil, err
-		}
 		// Lay the file out: the reads read written blocks and the writes
 		// overwrite them, as a step after the first does.
 		for off := int64(0); off < o.SizeBytes; off += o.ChunkBytes {
@@ -178,7 +176,8 @@ func RunMixed(ctx context.Context, o MixedOptions) (*MixedResult, error) {
 			return nil, fmt.Errorf("mixed probe: %s %s: %w", []string{"reading", "writing"}[s], files[s].Path(), err)
 		}
 	}
-	r := &MixedResult{ReadGBps: float64(moved[0]) / el / 1e9, WriteGBps: float64(moved[1]) / el / 1e9, Seconds: el}
+	r := &MixedResult{ReadGBps: float64(moved[0]) / el / 1e9, WriteGBps: float64(moved[1]) / el / 1e9, Seconds: el,
+		SizeBytes: o.SizeBytes, ChunkBytes: o.ChunkBytes, InFlight: o.InFlight}
 	r.GBps = r.ReadGBps + r.WriteGBps
 	return r, nil
 }

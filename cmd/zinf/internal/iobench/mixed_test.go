@@ -61,7 +61,8 @@ func TestRunMixedReadsAndWritesAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.ReadGBps <= 0 || r.WriteGBps <= 0 || r.GBps != r.ReadGBps+r.WriteGBps || r.Seconds < 0.3 {
+	if r.ReadGBps <= 0 || r.WriteGBps <= 0 || r.GBps != r.ReadGBps+r.WriteGBps || r.Seconds < 0.3 ||
+		r.SizeBytes != size || r.ChunkBytes != 1<<20 || r.InFlight != 4 {
 		t.Fatalf("result %+v: want both directions moving, GBps their sum, at least the duration", r)
 	}
 	// Each stream kept to its own file and inside it.
@@ -148,6 +149,22 @@ func TestMixedOptionsCheck(t *testing.T) {
 	for _, want := range []string{"directory is required", "divide the size", "in flight 65", "must not be negative"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Check() = %v, want it to say %q", err, want)
+		}
+	}
+}
+
+func TestMixedChunkDefault(t *testing.T) {
+	for _, c := range []struct {
+		size, chunk int64
+		inFlight    int
+	}{
+		{4 << 20, 4 << 20, 2}, {16 << 20, 16 << 20, 2}, {32 << 20, 16 << 20, 2}, {24 << 20, 1 << 20, 24},
+		{64 << 20, 16 << 20, 2}, {40 << 20, 1 << 20, 32}, {8 << 30, 16 << 20, 2},
+	} {
+		o := MixedOptions{Dir: "d", SizeBytes: c.size}
+		o.fill()
+		if o.ChunkBytes != c.chunk || o.InFlight != c.inFlight || o.Check() != nil {
+			t.Errorf("size %d: chunk %d, in flight %d (want %d, %d), Check %v", c.size, o.ChunkBytes, o.InFlight, c.chunk, c.inFlight, o.Check())
 		}
 	}
 }

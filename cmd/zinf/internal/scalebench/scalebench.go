@@ -84,19 +84,6 @@ type Options struct {
 // DefaultMixedSeconds is Options.MixedSeconds's default.
 const DefaultMixedSeconds = 10
 
-// mixedChunk is the mixed probe's request: 16 MiB (a weight of the
-// bench's default width), or the whole file when smaller, or 1 MiB when
-// 16 MiB does not divide it.
-func mixedChunk(size int64) int64 {
-	switch {
-	case size <= 16<<20:
-		return size
-	case size%(16<<20) == 0:
-		return 16 << 20
-	}
-	return 1 << 20
-}
-
 // mixed says whether the run has a mixed probe.
 func (o *Options) mixed() bool { return o.MixedSeconds > 0 }
 
@@ -401,14 +388,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		say("bandwidth %s training (zinf io, %s, block %s, queue depth %d: %s x 3, median): read %.3f GB/s, write %.3f GB/s",
 			when, backend, policy.FormatBytes(int64(eo.BlockSizeBytes)), eo.QueueDepth, policy.FormatBytes(o.ProbeBytes), b.ReadGBps, b.WriteGBps)
 		if o.mixed() {
-			m, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: o.MixedBytes, ChunkBytes: mixedChunk(o.MixedBytes), Engine: eo, Logger: o.Logger,
+			m, err := iobench.RunMixed(ctx, iobench.MixedOptions{Dir: dir, SizeBytes: o.MixedBytes, Engine: eo, Logger: o.Logger,
 				Duration: time.Duration(o.MixedSeconds * float64(time.Second))})
 			if err != nil {
 				return b, fmt.Errorf("mixed bandwidth probe %s: %w", when, err)
 			}
 			b.Mixed = m
 			say("bandwidth %s training, mixed (a file of %s read and another written at once, %d requests of %s in flight each, %.0f s): %.3f GB/s (read %.3f, write %.3f)",
-				when, policy.FormatBytes(o.MixedBytes), 2, policy.FormatBytes(mixedChunk(o.MixedBytes)), m.Seconds, m.GBps, m.ReadGBps, m.WriteGBps)
+				when, policy.FormatBytes(m.SizeBytes), m.InFlight, policy.FormatBytes(m.ChunkBytes), m.Seconds, m.GBps, m.ReadGBps, m.WriteGBps)
 		}
 		return b, nil
 	}
