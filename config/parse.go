@@ -12,7 +12,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/zinfio/zinf/internal/base/regfile"
+	"github.com/zinfio/zinf/regfile"
 )
 
 // MaxFileBytes bounds a config file. Real configs are a few KiB; the bound

@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/zinfio/zinf/cmd/zinf/internal/plots"
-	"github.com/zinfio/zinf/internal/base/regfile"
+	"github.com/zinfio/zinf/regfile"
 	"github.com/zinfio/zinf/trace"
 )
 

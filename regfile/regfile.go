@@ -4,7 +4,9 @@
 // tape) never ends or has side effects; neither is what a user meant by
 // "the config file". Open refuses them before it opens anything, and
 // checks again on the descriptor it opened (the path may have been
-// replaced in between), so it never blocks.
+// replaced in between), so it never blocks. It is public so that commands
+// outside this module (the GoMLX adapter's zinf-generate) apply the same
+// rule to the files their flags name.
 package regfile
 
 import (
