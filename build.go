@@ -194,8 +194,12 @@ func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 // alignment, less what their files already hold), naming each short path,
 // the need and the free bytes.
 func (r *Runtime) checkDiskSpace(p *plan.Components) error {
-	needs := plan.DiskNeeds(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
-	if err := swapper.CheckSpace(needs...); err != nil {
+	// A KV cache opened later (OpenKVCache) checks its own swap files
+	// together with what these stores still need then.
+	r.storeNeeds = func() []swapper.SpaceNeed {
+		return plan.DiskNeeds(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+	}
+	if err := swapper.CheckSpace(r.storeNeeds()...); err != nil {
 		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
 			r.Rank, swapper.CopyOnWriteVersions, err)
 	}

@@ -290,3 +290,67 @@ func TestPreallocateAtOpen(t *testing.T) {
 		}
 	})
 }
+
+// TestKVCacheDiskCheckedAtOpen: a KV cache on NVMe writes every layer's
+// entry, copy-on-write, into swap files beside the runtime's; one the
+// filesystem cannot hold is refused when it is opened, naming the path,
+// the bytes needed and the bytes free, and leaves nothing behind, instead
+// of failing with ENOSPC in the middle of decoding. One that fits opens.
+func TestKVCacheDiskCheckedAtOpen(t *testing.T) {
+	mnt := mountTmpfs(t, 20<<20)
+	c := config.Default()
+	c.SetScratchDir(mnt)
+	c.Zinf.Tiers.CPUPinnedBytes = 1 << 20
+	c.Zinf.KVCache = config.KVCache{Device: config.KVCacheNVMe}
+	c.Zinf.Bandwidth.Probe = false
+	rt, err := zinf.Open(c, zinf.LayeredModel([]tensor.Desc{{Name: "w", Shape: []int{64}}}), zinf.Options{Inference: true, NoBandwidthProbe: true, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if err := rt.Init(context.Background(), "w", make([]float32, 64)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadDir(mnt)
+
+	// 4 layers x 3 MiB: 12 MiB of cache, 24 MiB of swap files with
+	// copy-on-write, more than the 20 MiB filesystem.
+	const layers, layerBytes = 4, 3 << 20
+	kv, err := rt.OpenKVCache(layers, layerBytes)
+	if err == nil {
+		kv.Close()
+		t.Fatalf("a KV cache needing %d bytes of disk opened on a %d-byte filesystem", 2*layers*layerBytes, 20<<20)
+	}
+	var se *swapper.SpaceError
+	if !errors.As(err, &se) || !errors.Is(err, aio.ErrNoSpace) {
+		t.Fatalf("OpenKVCache on a too-small filesystem: %v, want a *swapper.SpaceError", err)
+	}
+	if se.Path != mnt || se.NeedBytes < 2*layers*layerBytes || se.FreeBytes >= se.NeedBytes || se.FreeBytes > 20<<20 {
+		t.Errorf("SpaceError %+v", se)
+	}
+	for _, want := range []string{mnt, "KV cache", strconv.FormatInt(se.NeedBytes, 10), strconv.FormatInt(se.FreeBytes, 10)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	if after, _ := os.ReadDir(mnt); len(after) != len(before) {
+		t.Errorf("the refused KV cache left entries in %s: %d before, %d after", mnt, len(before), len(after))
+	}
+
+	// 2 layers x 3 MiB (12 MiB of swap files) fits, and works.
+	kv, err = rt.OpenKVCache(2, layerBytes)
+	if err != nil {
+		t.Fatalf("a KV cache that fits: %v", err)
+	}
+	defer kv.Close()
+	for l := range 2 {
+		b, err := kv.Begin(context.Background(), l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(b, 1, l)
+		if err := kv.End(l, len(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -73,8 +73,14 @@ func (e *KVCacheTooSmallError) Error() string {
 	case config.KVCacheNVMe:
 		what = fmt.Sprintf("the pinned staging of %d layers", kvSlots(p.Layers))
 	}
-	return fmt.Sprintf("zinf: zinf.kv_cache.bytes = %s is too small for this KV cache on %s (%d layers x %s): %s needs %s (%d bytes); raise zinf.kv_cache.bytes, lower the batch or the sequence length, or set zinf.kv_cache.device to nvme",
-		config.Size(p.BudgetBytes), p.Device, p.Layers, config.Size(p.LayerBytes), what, config.Size(e.Need), e.Need)
+	advice := "raise zinf.kv_cache.bytes, lower the batch or the sequence length, or set zinf.kv_cache.device to nvme"
+	if p.Device == config.KVCacheNVMe {
+		// Already there: nvme stages through a few layers, which only a
+		// larger budget or smaller layers fit.
+		advice = "raise zinf.kv_cache.bytes, or lower the batch or the sequence length"
+	}
+	return fmt.Sprintf("zinf: zinf.kv_cache.bytes = %s is too small for this KV cache on %s (%d layers x %s): %s needs %s (%d bytes); %s",
+		config.Size(p.BudgetBytes), p.Device, p.Layers, config.Size(p.LayerBytes), what, config.Size(e.Need), e.Need, advice)
 }
 
 func (e *KVCacheTooSmallError) Unwrap() error { return ErrKVCacheTooSmall }
@@ -189,9 +195,12 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 		}
 	}
 	c = &KVCache{plan: p, rt: r, inUse: -1}
+	// The error returns below set c to nil: close what was built through
+	// a copy.
+	built := c
 	defer func() {
 		if err != nil {
-			c.Close()
+			built.Close()
 			c = nil
 		}
 	}()
@@ -220,6 +229,21 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 		o.Engine, o.Name, o.Logger = r.Engine, fmt.Sprintf("kv-rank%d", r.Rank), r.log
 		if c.store, err = swapper.OpenStore(o); err != nil {
 			return nil, fmt.Errorf("zinf: KV cache swap store: %w", err)
+		}
+		// Every layer's entry is written, copy-on-write, into swap files
+		// beside the runtime's: refuse now what the disk cannot hold,
+		// instead of failing with ENOSPC in the middle of decoding.
+		sizes := make([]int64, layers)
+		for l := range sizes {
+			sizes[l] = layerBytes
+		}
+		needs := c.store.SpaceNeeds(sizes, swapper.CopyOnWriteVersions)
+		if r.storeNeeds != nil {
+			needs = append(r.storeNeeds(), needs...)
+		}
+		if err := swapper.CheckSpace(needs...); err != nil {
+			return nil, fmt.Errorf("zinf: not enough free disk for the KV cache on nvme (%d layers x %s = %s, %s of swap files with copy-on-write, beside the runtime's own): lower the batch or the sequence length, or give zinf.nvme_paths more space: %w",
+				layers, config.Size(layerBytes), config.Size(p.CacheBytes), config.Size(c.store.DiskBytes(sizes, swapper.CopyOnWriteVersions)), err)
 		}
 		granule := int(plan.GranuleBytes(c.store))
 		slot := buffers.SpanBytes(c.store.PaddedLen(layerBytes), granule)

@@ -111,6 +111,11 @@ func TestKVCacheBudget(t *testing.T) {
 		if !errors.As(err, &e) || !errors.Is(err, zinf.ErrKVCacheTooSmall) || !strings.Contains(err.Error(), tc.need) || !strings.Contains(err.Error(), "zinf.kv_cache.bytes = 8KiB") {
 			t.Fatalf("%s: %v, want a KVCacheTooSmallError saying %q", tc.dev, err, tc.need)
 		}
+		// The advice names only what would help: a cache already on nvme is
+		// not told to move there.
+		if advises := strings.Contains(err.Error(), "zinf.kv_cache.device to nvme"); advises != (tc.dev != config.KVCacheNVMe) {
+			t.Errorf("%s: the advice to move to nvme is %v: %v", tc.dev, advises, err)
+		}
 		c.Zinf.KVCache.Bytes = config.Size(e.Need)
 		if _, err := zinf.PlanKVCache(c, 4, 8000); err != nil {
 			t.Fatalf("%s with the budget the error named: %v", tc.dev, err)

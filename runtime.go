@@ -161,10 +161,13 @@ type Runtime struct {
 	res       Reservations
 	bandwidth Bandwidth
 	disk      []swapper.SpaceNeed
-	tiers     map[string]tensor.Tier // each tensor's planned tier
-	pieces    plan.Pieces            // how big tensors move
-	sched     *policy.Scheduler
-	overlap   bool // StepTensor starts updates during backward
+	// storeNeeds is the free space the runtime's stores still need on each
+	// NVMe path (plan.DiskNeeds less what their files already take).
+	storeNeeds func() []swapper.SpaceNeed
+	tiers      map[string]tensor.Tier // each tensor's planned tier
+	pieces     plan.Pieces            // how big tensors move
+	sched      *policy.Scheduler
+	overlap    bool // StepTensor starts updates during backward
 	// overlapUpdate: Step returns before the update is committed
 	// (zinf.overlap_update); bg is that step until reaped and bgErr its
 	// failure until Step retries it (overlap.go; loop goroutine).
