@@ -17,7 +17,10 @@
 // flock'ed while it lives; a process that dies without Close (kill -9, an
 // OOM kill) leaves its directory unlocked, and the next OpenStore in that
 // path reports and removes it (StoreOptions.KeepStale keeps it; FindStale
-// lists such directories without touching them).
+// lists such directories without touching them). The directory is made
+// under a temporary name with its lock file in it, then renamed; what a
+// process killed while making it leaves (no lock file, nothing else in it)
+// is removed too once older than IncompleteGrace.
 //
 // DiskBytes says how much disk a store needs for a set of tensors, an
 // upper bound its allocator keeps, and CheckFreeSpace compares that with

@@ -39,14 +39,9 @@ func NewRunDir(parent, name string, log *slog.Logger) (*RunDir, error) {
 		return nil, err
 	}
 	sweepStale(parent, false, log)
-	dir, err := os.MkdirTemp(parent, fmt.Sprintf("%s%s-%d-", runDirPrefix, name, os.Getpid()))
+	dir, lock, err := makeRunDir(parent, name)
 	if err != nil {
 		return nil, fmt.Errorf("swapper: creating a run directory in %s: %w", parent, err)
-	}
-	lock, err := createLock(dir)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("swapper: creating the run lock in %s: %w", dir, err)
 	}
 	testhook.Hit("swapper/run-dir")
 	return &RunDir{path: dir, lock: lock}, nil

@@ -18,7 +18,7 @@ import (
 )
 
 // A store's run directory is named runDirPrefix + Name + "-" + pid + "-" +
-// a random number (os.MkdirTemp), and holds lockName, a file carrying
+// a random number (made by makeRunDir), and holds lockName, a file carrying
 // lockMagic that the store keeps flock'ed for its whole life. The kernel
 // drops a dead process's flock, SIGKILL included, so a run directory whose
 // lock file nobody holds belongs to a run that is gone: its swap files hold
@@ -33,8 +33,49 @@ const (
 	maxLockBytes = 4096
 )
 
-// runDirPattern matches the names OpenStore gives run directories.
-var runDirPattern = regexp.MustCompile(`^zinf-(.+)-([0-9]{1,10})-([0-9]{1,20})$`)
+// runDirPattern matches the names OpenStore gives run directories;
+// initDirPattern the names they have while being made (makeRunDir), before
+// their lock file is in place.
+var (
+	runDirPattern  = regexp.MustCompile(`^zinf-(.+)-([0-9]{1,10})-([0-9]{1,20})$`)
+	initDirPattern = regexp.MustCompile(`^\.zinf-init-(.+)-([0-9]{1,10})-([0-9]{1,20})$`)
+)
+
+// initDirPrefix begins the name a run directory has while it is made.
+const initDirPrefix = ".zinf-init-"
+
+// IncompleteGrace is how old a run directory without a lock file must be
+// (its modification time) before FindStale lists it and a sweep removes
+// it: one holding nothing, or only a lock file being written that nobody
+// holds, is what a process killed while making it leaves (makeRunDir takes
+// microseconds), and a younger one may be another process's being made.
+const IncompleteGrace = 10 * time.Minute
+
+// makeRunDir creates and locks a run directory named for name in parent:
+// it is made under a temporary name (".zinf-init-" + name + "-" + pid +
+// "-" + a random number), its lock file is created in it, and only then is
+// it renamed to its final name ("zinf-" + the rest), so a run directory
+// under its final name always holds its lock file. A process killed in
+// between leaves a temporary directory, empty or holding a lock nobody
+// holds, which the sweeps remove (scanStale).
+func makeRunDir(parent, name string) (string, *os.File, error) {
+	tmp, err := os.MkdirTemp(parent, fmt.Sprintf("%s%s-%d-", initDirPrefix, name, os.Getpid()))
+	if err != nil {
+		return "", nil, err
+	}
+	lock, err := createLock(tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return "", nil, fmt.Errorf("creating the run lock in %s: %w", tmp, err)
+	}
+	dir := filepath.Join(parent, runDirPrefix+strings.TrimPrefix(filepath.Base(tmp), initDirPrefix))
+	if err := renameNoReplace(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		lock.Close()
+		return "", nil, err
+	}
+	return dir, lock, nil
+}
 
 // StaleRun is the swap space of a store whose process is gone, found by
 // FindStale.
@@ -55,6 +96,12 @@ type StaleRun struct {
 	// Bytes is the disk space its files take (allocated blocks, so sparse
 	// and preallocated files count what they really use).
 	Bytes int64 `json:"bytes"`
+	// Incomplete is set for a directory whose making was interrupted (a
+	// process killed between creating the directory and its lock file): it
+	// holds no lock file, only possibly one being written that nobody
+	// holds, and is older than IncompleteGrace. PID then comes from its
+	// name, and Host and Started are unknown.
+	Incomplete bool `json:"incomplete,omitempty"`
 }
 
 // FindStale lists the run directories in swap path path that a store of
@@ -85,12 +132,26 @@ func scanStale(path string, found func(r StaleRun, lock *os.File)) error {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
 	for _, e := range entries {
 		m := runDirPattern.FindStringSubmatch(e.Name())
+		if m == nil {
+			m = initDirPattern.FindStringSubmatch(e.Name())
+		}
 		if m == nil || !e.IsDir() { // IsDir from the dirent: a symlink is not followed
 			continue
 		}
 		dir := filepath.Join(path, e.Name())
 		lock, rec, ok := claimStaleLock(filepath.Join(dir, lockName))
 		if !ok {
+			// No lock file (or one not ours, or held): a directory whose
+			// making was interrupted, if it holds nothing else.
+			lock, ok = claimIncomplete(dir)
+			if !ok {
+				continue
+			}
+			pid, _ := strconv.Atoi(m[2])
+			found(StaleRun{Dir: dir, Name: m[1], PID: pid, Bytes: diskUsage(dir), Incomplete: true}, lock)
+			if lock != nil {
+				lock.Close()
+			}
 			continue
 		}
 		r := StaleRun{Dir: dir, Name: m[1], PID: rec.pid, Host: rec.host, Started: rec.started, Bytes: diskUsage(dir)}
@@ -98,6 +159,48 @@ func scanStale(path string, found func(r StaleRun, lock *os.File)) error {
 		lock.Close()
 	}
 	return nil
+}
+
+// claimIncomplete reports whether run directory dir is what a process
+// killed while making it leaves: no lock file, nothing in it but possibly
+// the lock file being written (lockName + ".init", a regular file nobody
+// holds; the caller then holds it until it closes the returned file, nil
+// when there is none), and a modification time older than IncompleteGrace
+// (a younger one may be a live process's being made).
+func claimIncomplete(dir string) (*os.File, bool) {
+	st, err := os.Lstat(dir)
+	if err != nil || !st.IsDir() || time.Since(st.ModTime()) < IncompleteGrace {
+		return nil, false
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) > 1 {
+		return nil, false
+	}
+	if len(entries) == 0 {
+		return nil, true
+	}
+	if entries[0].Name() != lockName+".init" || !entries[0].Type().IsRegular() {
+		return nil, false
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockName+".init"), os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return nil, false
+	}
+	if ok, err := tryLock(f); err != nil || !ok {
+		f.Close() // held: its maker is alive
+		return nil, false
+	}
+	return f, true
+}
+
+// removeIncomplete removes a directory claimIncomplete accepted: its lock
+// file being written, if any, then the directory, which must then be empty
+// (os.Remove, not RemoveAll: nothing that appeared since is touched).
+func removeIncomplete(dir string) error {
+	if err := os.Remove(filepath.Join(dir, lockName+".init")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Remove(dir)
 }
 
 type lockRecord struct {
@@ -228,7 +331,12 @@ func sweepStale(path string, keep bool, log *slog.Logger) {
 		default:
 			// The lock is held across the removal, so no other cleaner
 			// acts on the directory meanwhile.
-			if err := os.RemoveAll(r.Dir); err != nil {
+			remove := os.RemoveAll
+			if r.Incomplete {
+				remove = removeIncomplete
+				attrs = append(attrs, "incomplete", true)
+			}
+			if err := remove(r.Dir); err != nil {
 				log.Warn("swapper: removing the swap space of a run that is gone failed", append(attrs, "err", err)...)
 				return
 			}

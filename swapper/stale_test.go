@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -229,5 +230,114 @@ func TestFindStaleLeavesLiveStores(t *testing.T) {
 	}
 	if st, err := swapper.FindStale(filepath.Join(dir, "missing")); err != nil || st != nil {
 		t.Fatalf("missing path: %+v, %v", st, err)
+	}
+}
+
+// TestIncompleteRunDirs: a process killed between making a run directory
+// and its lock file leaves an empty directory (older zinf: under the final
+// name; now: under the temporary ".zinf-init-" name), or one holding only
+// the lock file being written, or a complete lock under the temporary
+// name. Once older than IncompleteGrace, FindStale lists each (zinf doctor
+// counts them) and the next OpenStore removes them; a young one (maybe
+// being made by a live process), one whose lock being written is held,
+// one holding anything else, and directories of other names are kept.
+func TestIncompleteRunDirs(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-2 * swapper.IncompleteGrace)
+	mk := func(name string, files map[string]string, mtime time.Time) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for f, data := range files {
+			if err := os.WriteFile(filepath.Join(p, f), []byte(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const lock = "zinf swap store lock v1\npid=999999 host=%s started=2026-01-01T00:00:00Z\n"
+	host, _ := os.Hostname()
+	gone := []string{
+		mk("zinf-act-rank0-999999-11", nil, old),                                                                      // empty, final name
+		mk(".zinf-init-act-rank0-999999-12", nil, old),                                                                // empty, being made
+		mk(".zinf-init-act-rank0-999999-13", map[string]string{"zinf-swap.lock.init": ""}, old),                       // its lock being written
+		mk(".zinf-init-kv-rank0-999999-14", map[string]string{"zinf-swap.lock": fmt.Sprintf(lock, host)}, time.Now()), // locked, not yet renamed
+	}
+	kept := []string{
+		mk("zinf-act-rank0-999999-21", nil, time.Now()),                           // young: maybe being made
+		mk("zinf-act-rank0-999999-22", map[string]string{"data": "x"}, old),       // holds something else
+		mk(".zinf-init-act-rank0-999999-23", map[string]string{"other": ""}, old), // holds something else
+		mk("zinf-act", nil, old),            // not a run directory's name
+		mk("zinf-act-rank0-x-24", nil, old), // not a run directory's name
+		mk(".zinf-init-act-rank0-999999-25", map[string]string{"zinf-swap.lock.init": ""}, old), // held below: its maker is alive
+	}
+	held, err := os.Open(filepath.Join(kept[5], "zinf-swap.lock.init"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := syscall.Flock(int(held.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(kept[5], old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	stale, err := swapper.FindStale(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, r := range stale {
+		found = append(found, r.Dir)
+		if wantIncomplete := r.Dir != gone[3]; r.Incomplete != wantIncomplete || r.PID != 999999 {
+			t.Errorf("FindStale: %+v: want Incomplete %v, PID 999999", r, wantIncomplete)
+		}
+	}
+	wantFound := append([]string(nil), gone...)
+	slices.Sort(wantFound)
+	slices.Sort(found)
+	if !slices.Equal(found, wantFound) {
+		t.Fatalf("FindStale lists %v, want %v", found, wantFound)
+	}
+
+	e, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{dir}, Engine: e, Name: "act-rank0", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, p := range gone {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("OpenStore kept %s, which a killed run left", p)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("OpenStore removed %s: %v", p, err)
+		}
+	}
+	// The store's own directory is complete under its final name, and
+	// nothing is left under a temporary one.
+	own := s.Paths()[0]
+	if !strings.HasPrefix(filepath.Base(own), fmt.Sprintf("zinf-act-rank0-%d-", os.Getpid())) {
+		t.Errorf("store directory %s", own)
+	}
+	if _, err := os.Lstat(filepath.Join(own, "zinf-swap.lock")); err != nil {
+		t.Errorf("the store's directory has no lock file: %v", err)
+	}
+	for _, n := range entries(t, dir) {
+		if strings.HasPrefix(n, ".zinf-init-") && !slices.Contains([]string{filepath.Base(kept[2]), filepath.Base(kept[5])}, n) {
+			t.Errorf("a temporary directory %s is left", n)
+		}
 	}
 }

@@ -193,17 +193,12 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 			return nil, err
 		}
 		sweepStale(p, opts.KeepStale, opts.Logger)
-		dir, err := os.MkdirTemp(p, fmt.Sprintf("%s%s-%d-", runDirPrefix, opts.Name, os.Getpid()))
+		dir, lock, err := makeRunDir(p, opts.Name)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("swapper: creating scratch dir in %s: %w", p, err)
 		}
 		s.dirs = append(s.dirs, dir)
-		lock, err := createLock(dir)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("swapper: creating the run lock in %s: %w", dir, err)
-		}
 		s.locks = append(s.locks, lock)
 		f, err := opts.Engine.Open(filepath.Join(dir, fmt.Sprintf("swap.%d", i)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {

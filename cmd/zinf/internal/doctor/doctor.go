@@ -235,6 +235,9 @@ func (r *Report) stale(p string) {
 		if s.Host != "" && s.Host != host {
 			who += " on host " + s.Host + ", not removed automatically"
 		}
+		if s.Incomplete {
+			who += ", killed while making it"
+		}
 		list = append(list, fmt.Sprintf("%s (%s, %s, %s)", s.Dir, runKind(s.Name), who, config.Size(s.Bytes)))
 	}
 	r.add(name, false, "%d run(s) that are gone left %s (%d bytes): %s; the next zinf run in this path (one that opens a swap store, or bench-io, tune, ckpt bench, bench-scale) removes them",
@@ -254,6 +257,8 @@ func runKind(name string) string {
 		return "zinf ckpt bench"
 	case "bench-scale-probe":
 		return "zinf bench-scale's probe"
+	case "generate":
+		return "zinf-generate"
 	}
 	return "swap store " + name
 }

@@ -166,3 +166,23 @@ func TestRAMBackedPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestIncompleteRunDirCounted: an empty run directory older than
+// swapper.IncompleteGrace, as a process killed between making it and its
+// lock file leaves, is counted and said to be one.
+func TestIncompleteRunDirCounted(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "zinf-act-rank0-999999-7")
+	if err := os.Mkdir(empty, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * swapper.IncompleteGrace)
+	if err := os.Chtimes(empty, old, old); err != nil {
+		t.Fatal(err)
+	}
+	c := check(t, doctor.Run([]string{dir}), "stale "+dir)
+	if c.OK || len(c.Stale) != 1 || c.Stale[0].Dir != empty || !c.Stale[0].Incomplete || c.Stale[0].PID != 999999 ||
+		!strings.Contains(c.Detail, empty) || !strings.Contains(c.Detail, "killed while making it") {
+		t.Fatalf("stale check %+v: want the empty run directory counted", c)
+	}
+}
