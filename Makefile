@@ -6,6 +6,12 @@ TESTFLAGS ?= -race -count=1 -timeout 15m
 DEMO_DIR  ?=
 # The GoMLX adapter: its own module, so zinf's core keeps its dependencies.
 GOMLX_DIR := contrib/gomlx
+# Every GoMLX program of the project is built with Go's SIMD experiment:
+# GoMLX's pure-Go backend then has AVX2/AVX-512 matmul kernels (fp32, bf16,
+# f16, f64), 20-40x its portable loops on this machine (see README, "Build
+# with SIMD"). Empty: the portable build (make test-contrib tests both).
+GOMLX_GOEXPERIMENT ?= simd
+GOMLX_ENV := CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT)
 
 .PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
 
@@ -102,17 +108,20 @@ demo: build
 # the dependency check fails if the XLA backend sneaks in. -race needs cgo
 # for the detector itself; checkptr is off because the Go backend's matmul
 # (compute v0.1.2) does pointer arithmetic checkptr rejects.
+# Both builds are tested: the SIMD one the targets below use, and the
+# portable one a program built without the experiment gets.
 test-contrib:
 	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) vet ./...
+	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=simd $(GO) vet ./...
 	@cd $(GOMLX_DIR) && if CGO_ENABLED=0 $(GO) list -deps ./... | grep -E 'gomlx/go-xla|gomlx/backends/(xla|default)'; then \
 	  echo "contrib/gomlx must not depend on the XLA backend"; exit 1; fi
-	cd $(GOMLX_DIR) && $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o /dev/null ./cmd/zinf-generate # the benches' build
+	cd $(GOMLX_DIR) && GOEXPERIMENT=simd $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
+	cd $(GOMLX_DIR) && GOEXPERIMENT= $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
 
 # A GoMLX transformer trained with params and Adam states on NVMe,
 # verified bit for bit against in-memory training (see README).
 demo-gomlx:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/transformer --verify
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) run ./examples/transformer --verify
 
 # GoMLX's own zoo transformer (4 layers, d=32, cl100k's 100277-token
 # vocabulary) trained on the King James Bible for 100 steps with every
@@ -122,7 +131,7 @@ demo-gomlx:
 # checkpoint (see README). Installs Debian's bible-kjv-text (the text)
 # and bible-kjv (its reader) when missing.
 demo-llm: bible
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) run ./examples/llm
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) run ./examples/llm
 
 # Offloaded vs in-memory training of the demo-llm model (zoo transformer,
 # vocab 100277) on the same per-layer executors: one process per
@@ -137,7 +146,7 @@ STEPS ?= 10
 LLM_FLAGS ?=
 bench-llm:
 	mkdir -p $(BIN)
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
 	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS) $(LLM_FLAGS)
 
 # One run whose training state exceeds this machine's RAM (not in make
@@ -159,7 +168,7 @@ BIG_MEMLIMIT ?= 2GiB
 BIG_FLAGS ?= -layers 131 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -tied -head-rows 8192 -batch 1 -seq 16 -steps 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 1000MiB
 bench-llm-big:
 	mkdir -p $(BIN)
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
 	ulimit -v 18000000; GOMEMLIMIT=$(BIG_MEMLIMIT) $(abspath $(BIN))/zinf-benchllm -big $(BIG_FLAGS) -dir $${TMPDIR:-/var/tmp}
 
 bible:
@@ -184,23 +193,17 @@ demo-generate:
 	cd $(GOMLX_DIR) && ck="$(if $(CKPT),$(abspath $(CKPT)))"; \
 	if [ -n "$$ck" ] && [ -f "$$ck/model.json" ]; then src="--checkpoint $$ck"; \
 	elif [ -n "$$ck" ]; then src="--checkpoint $$ck --model $(GEN_MODEL)"; else src="--model $(GEN_MODEL)"; fi; \
-	ulimit -v 16000000; CGO_ENABLED=0 $(GO) run ./cmd/zinf-generate $$src $(GEN_FLAGS) --dir $${TMPDIR:-/var/tmp} \
+	ulimit -v 16000000; $(GOMLX_ENV) $(GO) run ./cmd/zinf-generate $$src $(GEN_FLAGS) --dir $${TMPDIR:-/var/tmp} \
 	  --prompt "In the beginning God created the heaven and the earth." \
 	  --prompt "And the earth was without form, and void;" \
 	  --prompt "And God said, Let there be light:" \
 	  --prompt "And God saw the light, that it was good:" --verify
 
-# The generation benches build zinf-generate with Go's SIMD experiment:
-# GoMLX's pure-Go backend then has AVX2/AVX-512 float32 matmul kernels
-# (about 3x its portable loops on this machine's decoding steps). Empty:
-# the portable build.
-GOMLX_GOEXPERIMENT ?= simd
-
 # Decoding tokens/s by batch and pinned pool, interleaved rounds, against
 # zinf.PlanGeneration's prediction (scripts/bench-generate.sh; BENCH_GEN_*
 # variables; not part of make test).
 bench-generate:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ulimit -v 16000000; ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate.sh
 
 # Issue 19's bar (b): a zoo transformer whose bf16 weights exceed RAM
@@ -212,7 +215,7 @@ bench-generate:
 # rest. Tens of minutes and the model's size on disk: run it under the
 # machine's big-run lock. Not part of make test.
 bench-generate-big:
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate-big.sh
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
@@ -220,7 +223,7 @@ bench-generate-big:
 # zgomlx.Options.HeapCredit (fewer GC cycles for a larger heap).
 bench-gomlx:
 	mkdir -p $(BIN)
-	cd $(GOMLX_DIR) && CGO_ENABLED=0 $(GO) build -o ../../$(BIN)/gomlx-transformer ./examples/transformer
+	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o ../../$(BIN)/gomlx-transformer ./examples/transformer
 	./$(BIN)/gomlx-transformer --bench 5 --heap-credit none
 	./$(BIN)/gomlx-transformer --bench 5 --heap-credit auto
 

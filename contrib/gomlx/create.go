@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 )
 
 // Create is Open for a model whose variables do not exist yet, or would
@@ -48,6 +49,7 @@ func CreateN(ctx context.Context, backend compute.Backend, cfg *config.Config, s
 	if err := checkTrainer(backend, cfg); err != nil {
 		return nil, err
 	}
+	backendinfo.WarnPortable(opts.Runtime.Logger, backend)
 	ins := make([][]shapes.Shape, len(net.Layers))
 	for i, l := range net.Layers {
 		ins[i] = xs

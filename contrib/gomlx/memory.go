@@ -11,6 +11,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
@@ -66,6 +67,7 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg 
 	if err := mirrorable(cfg); err != nil {
 		return nil, err
 	}
+	backendinfo.WarnPortable(opts.Runtime.Logger, backend)
 	if len(opts.Layers) == 0 {
 		opts.Layers, opts.also = net.Scopes(), net.also()
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 )
 
 // ErrCommitPending is returned (wrapped in the step's error) when a
@@ -162,6 +163,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, stor
 	if err := checkTrainer(backend, cfg); err != nil {
 		return nil, err
 	}
+	backendinfo.WarnPortable(opts.Runtime.Logger, backend)
 	opts.Layers, opts.also = net.Scopes(), net.also()
 	off, err := Register(ctx, cfg, store, opts)
 	if err != nil {

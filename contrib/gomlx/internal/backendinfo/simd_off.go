@@ -1,0 +1,5 @@
+//go:build !(amd64 && goexperiment.simd)
+
+package backendinfo
+
+const simdBuild = false
