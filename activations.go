@@ -107,9 +107,12 @@ func (r *Runtime) OpenActivations(maxEntryBytes int64) (a *Activations, err erro
 		// activations in CPU (pinned) memory.
 		a.device = config.ActivationsCPU
 	}
+	// A refusal removes what was made (the swap store's run directory
+	// included). The error returns set a to nil: close through a copy.
+	made := a
 	defer func() {
 		if err != nil {
-			a.Close()
+			made.Close()
 			a = nil
 		}
 	}()

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -228,5 +230,40 @@ func TestActivationTierENOSPC(t *testing.T) {
 			}
 			sameState(t, "after the retry", got.state, ref.state)
 		})
+	}
+}
+
+// TestActivationsRefusalLeavesNothing: activations auto with a cpu_bytes
+// below the nvme tier's staging are refused, naming the key and the bytes,
+// and the refused OpenActivations leaves no directory behind (its swap
+// store's run directory is removed at once, not left to the next run).
+func TestActivationsRefusalLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	c := config.Default()
+	c.SetScratchDir(dir)
+	c.Zinf.Tiers.CPUPinnedBytes = 8 << 20
+	c.Zinf.Bandwidth.Probe = false
+	c.Zinf.Activations = config.Activations{Device: config.ActivationsAuto, MemoryBytes: 4096, CPUBytes: 4096}
+	rt, err := zinf.Open(c, zinf.LayeredModel([]tensor.Desc{{Name: "w", Shape: []int{64}}}), zinf.Options{NoBandwidthProbe: true, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	before, _ := os.ReadDir(dir)
+	a, err := rt.OpenActivations(1 << 20)
+	if err == nil {
+		a.Close()
+		t.Fatal("activations auto with 4 KiB of cpu_bytes for entries of 1 MiB were accepted")
+	}
+	if !strings.Contains(err.Error(), "zinf.activations.cpu_bytes = 4KiB") || !strings.Contains(err.Error(), "staging") {
+		t.Errorf("the refusal does not name the key, the value and the need: %v", err)
+	}
+	after, _ := os.ReadDir(dir)
+	if len(after) != len(before) {
+		var names []string
+		for _, e := range after {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the refused OpenActivations left entries in %s: %d before, now %v", dir, len(before), names)
 	}
 }
