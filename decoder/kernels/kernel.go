@@ -1,0 +1,67 @@
+package kernels
+
+//go:generate sh -c "cd internal/asmgen && go run . -out ../../kernel_amd64.s -stubs ../../kernel_amd64_stubs.go -pkg kernels"
+
+// kernel is one implementation of the row products, per dtype.
+type kernel struct {
+	name                string
+	f32, bf16, q8_0, q4 rowFunc
+}
+
+// row returns the kernel's row function for t.
+func (k *kernel) row(t DType) rowFunc {
+	switch t {
+	case F32:
+		return k.f32
+	case BF16:
+		return k.bf16
+	case Q8_0:
+		return k.q8_0
+	case Q4_0:
+		return k.q4
+	}
+	return nil
+}
+
+// KernelScalar names the scalar reference kernels, which every machine
+// has and which define the results.
+const KernelScalar = "scalar"
+
+// KernelAVX2 names the amd64 kernels on 256-bit registers (AVX2, FMA and
+// F16C).
+const KernelAVX2 = "avx2"
+
+var scalarKernel = &kernel{name: KernelScalar, f32: rowF32Scalar, bf16: rowBF16Scalar, q8_0: rowQ8Scalar, q4: rowQ4Scalar}
+
+// simdKernels lists the SIMD kernels this machine can run, the preferred
+// first; the architecture's init fills it.
+var simdKernels []*kernel
+
+// Kernels returns the names of the kernels this machine can run, the one
+// products use by default first; KernelScalar is always last.
+func Kernels() []string {
+	var names []string
+	for _, k := range simdKernels {
+		names = append(names, k.name)
+	}
+	return append(names, KernelScalar)
+}
+
+// findKernel returns the kernel named name ("" for the default).
+func findKernel(name string) *kernel {
+	if name == "" {
+		if len(simdKernels) > 0 {
+			return simdKernels[0]
+		}
+		return scalarKernel
+	}
+	for _, k := range simdKernels {
+		if k.name == name {
+			return k
+		}
+	}
+	if name == KernelScalar {
+		return scalarKernel
+	}
+	return nil
+}

@@ -1,0 +1,210 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Matrix is a row-major weight matrix of Rows x Cols as Hugging Face and
+// GGUF store a linear layer's weight (out features x in features): row r
+// holds the weights of output r, in Type, RowBytes(Type, Cols) bytes a
+// row, rows back to back. Data is read, never written or retained past a
+// call; it needs no alignment.
+type Matrix struct {
+	Type       DType
+	Rows, Cols int
+	Data       []byte
+}
+
+// ErrClosed is returned by the products of a closed Pool.
+var ErrClosed = errors.New("kernels: the pool is closed")
+
+// Options configure a Pool.
+type Options struct {
+	// Workers is the number of goroutines a product is split over (the
+	// calling one included); 0 means runtime.GOMAXPROCS(0).
+	Workers int
+	// Kernel names the kernel to use (one of Kernels()); "" picks the
+	// first, the fastest this machine has. Every kernel gives the same
+	// bits, so this matters for speed and for tests only.
+	Kernel string
+}
+
+// minRowsPerWorker keeps small products on fewer goroutines: handing a
+// worker less than this costs more than it saves.
+const minRowsPerWorker = 16
+
+// Pool splits products over a bounded set of worker goroutines by ranges
+// of rows. A product allocates nothing in the steady state. Products on
+// one Pool run one at a time (each uses every worker); a Pool is safe for
+// concurrent use.
+type Pool struct {
+	mu      sync.Mutex
+	k       *kernel
+	workers int
+	closed  bool
+	work    chan int
+	done    chan struct{}
+	job     job // the product in progress, under mu
+	// outs holds each chunk's row scratch: on the heap once, since a
+	// frame's scratch would escape through the kernel's function value.
+	outs []rowOut
+}
+
+// job is one product, split into chunks of rows.
+type job struct {
+	w      Matrix
+	row    rowFunc
+	rb     int // bytes of a row
+	n      int // columns the row function covers
+	x, y   []float32
+	batch  int
+	chunks int
+	outs   []rowOut
+}
+
+// NewPool starts a pool's workers. Close stops them.
+func NewPool(o Options) (*Pool, error) {
+	if o.Workers < 0 {
+		return nil, fmt.Errorf("kernels: Options.Workers %d is negative (0 means GOMAXPROCS)", o.Workers)
+	}
+	k := findKernel(o.Kernel)
+	if k == nil {
+		return nil, fmt.Errorf("kernels: Options.Kernel %q is not one of this machine's kernels %q", o.Kernel, Kernels())
+	}
+	workers := o.Workers
+	if workers == 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	p := &Pool{k: k, workers: workers, work: make(chan int, workers), done: make(chan struct{}, workers), outs: make([]rowOut, workers)}
+	for range workers - 1 {
+		go p.worker()
+	}
+	return p, nil
+}
+
+// Kernel returns the name of the pool's kernel.
+func (p *Pool) Kernel() string { return p.k.name }
+
+// Workers returns the number of goroutines a product is split over.
+func (p *Pool) Workers() int { return p.workers }
+
+// Close stops the pool's workers; later products return ErrClosed.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.closed = true
+		close(p.work)
+	}
+}
+
+func (p *Pool) worker() {
+	for i := range p.work {
+		p.job.run(i)
+		p.done <- struct{}{}
+	}
+}
+
+var defaultPool = sync.OnceValue(func() *Pool {
+	p, err := NewPool(Options{})
+	if err != nil {
+		panic(err) // unreachable: the default options are valid
+	}
+	return p
+})
+
+// MatMul computes y[b*Rows+r] = sum over c of W[r][c] * x[b*Cols+c] for
+// the batch vectors b (1 to MaxBatch) on a pool of GOMAXPROCS workers
+// shared by the process. See Pool.MatMul.
+func MatMul(y []float32, w Matrix, x []float32, batch int) error {
+	return defaultPool().MatMul(y, w, x, batch)
+}
+
+// MatMul computes y[b*Rows+r] = sum over c of W[r][c] * x[b*Cols+c] for
+// the batch vectors b (1 to MaxBatch), reading each weight from memory
+// once for all of them and dequantizing it in registers. x holds
+// batch*Cols values, y batch*Rows; the sums follow the accumulation order
+// of the package documentation, so every kernel and every split gives the
+// same bits. Bad shapes return an error and leave y untouched.
+func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
+	rb, err := check(y, w, x, batch)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	n := w.Cols &^ (Lanes - 1)
+	if w.Type.quantized() {
+		n = w.Cols
+	}
+	chunks := min(p.workers, (w.Rows+minRowsPerWorker-1)/minRowsPerWorker)
+	p.job = job{w: w, row: p.k.row(w.Type), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1), outs: p.outs}
+	for i := 1; i < p.job.chunks; i++ {
+		p.work <- i
+	}
+	p.job.run(0)
+	for i := 1; i < p.job.chunks; i++ {
+		<-p.done
+	}
+	p.job = job{} // drop the references to the caller's slices
+	return nil
+}
+
+// check validates a product's shapes and returns the bytes of a row.
+func check(y []float32, w Matrix, x []float32, batch int) (int, error) {
+	if batch < 1 || batch > MaxBatch {
+		return 0, fmt.Errorf("kernels: batch %d is outside 1..%d", batch, MaxBatch)
+	}
+	if w.Rows < 0 || w.Cols < 0 || w.Rows > MaxDim || w.Cols > MaxDim {
+		return 0, fmt.Errorf("kernels: matrix shape %d x %d is outside 0..%d", w.Rows, w.Cols, MaxDim)
+	}
+	rb, err := RowBytes(w.Type, w.Cols)
+	if err != nil {
+		return 0, err
+	}
+	if w.Rows > 0 && rb > 0 && w.Rows > len(w.Data)/rb || w.Rows*rb != len(w.Data) {
+		return 0, fmt.Errorf("kernels: a %v matrix of %d x %d takes %d bytes a row, Data has %d bytes (want rows*%d)", w.Type, w.Rows, w.Cols, rb, len(w.Data), rb)
+	}
+	if len(x) != batch*w.Cols {
+		return 0, fmt.Errorf("kernels: x has %d values, want batch %d x cols %d = %d", len(x), batch, w.Cols, batch*w.Cols)
+	}
+	if len(y) != batch*w.Rows {
+		return 0, fmt.Errorf("kernels: y has %d values, want batch %d x rows %d = %d", len(y), batch, w.Rows, batch*w.Rows)
+	}
+	return rb, nil
+}
+
+// run computes chunk i of the job's rows.
+func (j *job) run(i int) {
+	out := &j.outs[i]
+	lo := j.w.Rows * i / j.chunks
+	hi := j.w.Rows * (i + 1) / j.chunks
+	cols := j.w.Cols
+	for r := lo; r < hi; r++ {
+		row := j.w.Data[r*j.rb : (r+1)*j.rb]
+		j.row(row, j.n, j.x, cols, j.batch, out)
+		for b := range j.batch {
+			s := out.sum[b]
+			// The tail of an F32 or BF16 row past the last whole group
+			// of Lanes columns, one column at a time.
+			for c := j.n; c < cols; c++ {
+				s = FMA32(weightAt(j.w.Type, row, c), j.x[b*cols+c], s)
+			}
+			j.y[b*j.w.Rows+r] = s
+		}
+	}
+}
+
+// weightAt returns weight c of an F32 or BF16 row.
+func weightAt(t DType, row []byte, c int) float32 {
+	if t == BF16 {
+		return BF16ToFloat32(le16(row[2*c:]))
+	}
+	return f32At(row, c)
+}

@@ -1,0 +1,223 @@
+package kernels_test
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zinfio/zinf/decoder/kernels"
+)
+
+// A linear layer quantized to Q8_0 and multiplied through the public API
+// gives the float64 product of the dequantized weights within the
+// package's error bound, with every kernel the machine has, bit for bit
+// the same.
+func TestMatMulQuantizedLayer(t *testing.T) {
+	const rows, cols, batch = 40, 256, 3
+	rng := rand.New(rand.NewPCG(3, 4))
+	wf := make([]float32, rows*cols)
+	for i := range wf {
+		wf[i] = float32(rng.NormFloat64())
+	}
+	rb, err := kernels.RowBytes(kernels.Q8_0, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, rows*rb)
+	if _, err := kernels.QuantizeQ8_0(data, wf); err != nil {
+		t.Fatal(err)
+	}
+	deq := make([]float32, rows*cols)
+	if err := kernels.Dequantize(deq, kernels.Q8_0, data); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, batch*cols)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	w := kernels.Matrix{Type: kernels.Q8_0, Rows: rows, Cols: cols, Data: data}
+	y := make([]float32, batch*rows)
+	if err := kernels.MatMul(y, w, x, batch); err != nil {
+		t.Fatal(err)
+	}
+	for b := range batch {
+		for r := range rows {
+			var exact, mag float64
+			for c := range cols {
+				v := float64(deq[r*cols+c]) * float64(x[b*cols+c])
+				exact += v
+				mag += math.Abs(v)
+			}
+			if e := math.Abs(float64(y[b*rows+r]) - exact); e > 1.01*float64(cols/16+19)*math.Ldexp(1, -24)*mag {
+				t.Fatalf("y[%d][%d] = %v, float64 %v", b, r, y[b*rows+r], exact)
+			}
+			// Quantization itself stays close to the original weights.
+			var orig float64
+			for c := range cols {
+				orig += float64(wf[r*cols+c]) * float64(x[b*cols+c])
+			}
+			if math.Abs(orig-exact) > 0.02*mag {
+				t.Fatalf("Q8_0 product %v is far from the fp32 product %v", exact, orig)
+			}
+		}
+	}
+	for _, name := range kernels.Kernels() {
+		p, err := kernels.NewPool(kernels.Options{Kernel: name, Workers: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		y2 := make([]float32, len(y))
+		err = p.MatMul(y2, w, x, batch)
+		p.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range y {
+			if math.Float32bits(y[i]) != math.Float32bits(y2[i]) {
+				t.Fatalf("kernel %s: y[%d] = %v, default kernel %v", name, i, y2[i], y[i])
+			}
+		}
+	}
+}
+
+// Bad shapes are errors that name what is wrong, never panics, and leave
+// y untouched.
+func TestMatMulBadShapes(t *testing.T) {
+	f32 := func(rows, cols int) kernels.Matrix {
+		return kernels.Matrix{Type: kernels.F32, Rows: rows, Cols: cols, Data: make([]byte, 4*rows*cols)}
+	}
+	for _, c := range []struct {
+		name  string
+		w     kernels.Matrix
+		x, y  int
+		batch int
+		want  string
+	}{
+		{"batch 0", f32(2, 3), 0, 0, 0, "batch 0"},
+		{"batch 9", f32(2, 3), 27, 18, 9, "batch 9"},
+		{"short x", f32(2, 3), 2, 2, 1, "x has 2 values"},
+		{"long y", f32(2, 3), 3, 3, 1, "y has 3 values"},
+		{"short data", kernels.Matrix{Type: kernels.F32, Rows: 2, Cols: 3, Data: make([]byte, 23)}, 3, 2, 1, "Data has 23 bytes"},
+		{"q8 odd cols", kernels.Matrix{Type: kernels.Q8_0, Rows: 1, Cols: 48, Data: make([]byte, 51)}, 48, 1, 1, "not a multiple of 32"},
+		{"q4 data", kernels.Matrix{Type: kernels.Q4_0, Rows: 2, Cols: 32, Data: make([]byte, 35)}, 32, 2, 1, "Data has 35 bytes"},
+		{"negative", kernels.Matrix{Type: kernels.F32, Rows: -1, Cols: 3}, 3, 0, 1, "outside"},
+		{"huge", kernels.Matrix{Type: kernels.F32, Rows: 1 << 62, Cols: 1 << 2}, 4, 0, 1, "outside"},
+		{"huge rows of 0 cols", kernels.Matrix{Type: kernels.F32, Rows: 1 << 41, Cols: 0}, 0, 0, 1, "outside"},
+		{"unknown dtype", kernels.Matrix{Type: 0, Rows: 1, Cols: 1, Data: make([]byte, 4)}, 1, 1, 1, "unknown dtype"},
+	} {
+		y := make([]float32, c.y)
+		for i := range y {
+			y[i] = 42
+		}
+		err := kernels.MatMul(y, c.w, make([]float32, c.x), c.batch)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+		for i := range y {
+			if y[i] != 42 {
+				t.Fatalf("%s: y was written", c.name)
+			}
+		}
+	}
+	if _, err := kernels.NewPool(kernels.Options{Kernel: "avx9000"}); err == nil || !strings.Contains(err.Error(), "avx9000") {
+		t.Errorf("NewPool with an unknown kernel: %v", err)
+	}
+	if _, err := kernels.NewPool(kernels.Options{Workers: -1}); err == nil || !strings.Contains(err.Error(), "Workers") {
+		t.Errorf("NewPool with -1 workers: %v", err)
+	}
+	p, err := kernels.NewPool(kernels.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	p.Close()
+	if err := p.MatMul(make([]float32, 2), f32(2, 3), make([]float32, 3), 1); !errors.Is(err, kernels.ErrClosed) {
+		t.Errorf("MatMul on a closed pool: %v", err)
+	}
+}
+
+// Zero-sized products are valid: no columns give zeros.
+func TestMatMulEmpty(t *testing.T) {
+	for _, ty := range []kernels.DType{kernels.F32, kernels.BF16, kernels.Q8_0, kernels.Q4_0} {
+		y := []float32{5, 6}
+		if err := kernels.MatMul(y, kernels.Matrix{Type: ty, Rows: 1, Cols: 0}, nil, 2); err != nil || y[0] != 0 || y[1] != 0 {
+			t.Errorf("%v with 0 columns: y %v err %v", ty, y, err)
+		}
+		if err := kernels.MatMul(nil, kernels.Matrix{Type: ty, Rows: 0, Cols: 32, Data: nil}, make([]float32, 32), 1); err != nil {
+			t.Errorf("%v with 0 rows: %v", ty, err)
+		}
+	}
+}
+
+// A product allocates nothing once the pool runs.
+func TestMatMulAllocs(t *testing.T) {
+	for _, name := range kernels.Kernels() {
+		p, err := kernels.NewPool(kernels.Options{Kernel: name, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := kernels.Matrix{Type: kernels.Q4_0, Rows: 64, Cols: 128, Data: make([]byte, 64*4*18)}
+		x := make([]float32, 5*128)
+		y := make([]float32, 5*64)
+		allocs := testing.AllocsPerRun(20, func() {
+			if err := p.MatMul(y, w, x, 5); err != nil {
+				t.Fatal(err)
+			}
+		})
+		p.Close()
+		if allocs != 0 {
+			t.Errorf("kernel %s: %v allocations a product, want 0", name, allocs)
+		}
+	}
+}
+
+// Products from many goroutines on one pool each get their own result.
+func TestMatMulConcurrent(t *testing.T) {
+	p, err := kernels.NewPool(kernels.Options{Workers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const rows, cols = 50, 48
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			data := make([]byte, rows*cols*4)
+			for r := range rows {
+				b := math.Float32bits(float32(g + 1))
+				for c := range cols {
+					i := 4 * (r*cols + c)
+					data[i], data[i+1], data[i+2], data[i+3] = byte(b), byte(b>>8), byte(b>>16), byte(b>>24)
+				}
+			}
+			x := make([]float32, cols)
+			for i := range x {
+				x[i] = 1
+			}
+			y := make([]float32, rows)
+			for range 50 {
+				if err := p.MatMul(y, kernels.Matrix{Type: kernels.F32, Rows: rows, Cols: cols, Data: data}, x, 1); err != nil {
+					t.Error(err)
+					return
+				}
+				for r, v := range y {
+					if v != float32((g+1)*cols) {
+						t.Errorf("goroutine %d: y[%d] = %v", g, r, v)
+						return
+					}
+				}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("concurrent products did not finish in 2 minutes")
+	}
+}

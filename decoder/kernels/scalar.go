@@ -1,0 +1,156 @@
+package kernels
+
+import "math"
+
+// Lanes is the number of partial sums of the accumulation order contract:
+// column c of a dot product feeds partial sum c mod Lanes.
+const Lanes = 16
+
+// MaxBatch is the largest number of vectors one product multiplies.
+const MaxBatch = 8
+
+// FMA32 returns a*b + c rounded once to binary32 (round to nearest, ties
+// to even), the result of the VFMADD instructions on binary32 lanes. It
+// computes a*b + c exactly as a float64 sum and its error term (a*b is
+// exact in float64), rounds that sum to odd in float64, and rounds the
+// result to binary32: rounding to odd first makes the second rounding
+// correct, since float64 carries more than 24+2 bits (Boldo and
+// Melquiond). A plain float32(math.FMA(a, b, c)) would round twice and
+// differ in rare ties.
+func FMA32(a, b, c float32) float32 {
+	p := float64(a) * float64(b) // exact: 24+24 bits fit in 53
+	cc := float64(c)
+	s := p + cc
+	// TwoSum: s + e == p + cc exactly.
+	bb := s - p
+	e := (p - (s - bb)) + (cc - bb)
+	if e != 0 && !math.IsInf(s, 0) {
+		bits := math.Float64bits(s)
+		if bits&1 == 0 {
+			// Move s one unit towards the exact value, onto the odd
+			// neighbour; e's sign says which side the exact value lies.
+			if (e > 0) == (s > 0) {
+				bits++
+			} else {
+				bits--
+			}
+			s = math.Float64frombits(bits)
+		}
+	}
+	return float32(s)
+}
+
+// reduce16 sums the 16 partial sums in the contract's fixed tree: halves
+// first (lane j with lane j+8), then quarters, then pairs, then the last
+// two, the lower lane first in every addition.
+func reduce16(acc *[Lanes]float32) float32 {
+	var s8 [8]float32
+	for j := range 8 {
+		s8[j] = acc[j] + acc[j+8]
+	}
+	var s4 [4]float32
+	for j := range 4 {
+		s4[j] = s8[j] + s8[j+4]
+	}
+	s2 := [2]float32{s4[0] + s4[2], s4[1] + s4[3]}
+	return s2[0] + s2[1]
+}
+
+// rowFunc computes, for one row of weights w (in the kernel's dtype) and
+// nb ≤ MaxBatch vectors x[b*xstride : b*xstride+n], the dot products over
+// the first n columns (n a multiple of Lanes, and of BlockSize for the
+// block formats) in the contract's order: the 16 partial sums, then
+// reduce16. out.sum[b] receives vector b's result.
+type rowFunc func(w []byte, n int, x []float32, xstride, nb int, out *rowOut)
+
+// rowOut is a row's scratch: the scalar kernels' partial sums and every
+// kernel's results. One lives in each worker's frame.
+type rowOut struct {
+	acc [MaxBatch][Lanes]float32
+	sum [MaxBatch]float32
+	_   [32]byte // 576 bytes: neighbouring workers' scratch shares no cache line
+}
+
+// The scalar reference kernels. They define the results every SIMD kernel
+// must reproduce bit for bit.
+
+func rowF32Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	var wv [Lanes]float32
+	for c := 0; c < n; c += Lanes {
+		for j := range Lanes {
+			wv[j] = math.Float32frombits(le32(w[4*(c+j):]))
+		}
+		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+	}
+	finish(n, nb, out)
+}
+
+func rowBF16Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	var wv [Lanes]float32
+	for c := 0; c < n; c += Lanes {
+		for j := range Lanes {
+			wv[j] = BF16ToFloat32(le16(w[2*(c+j):]))
+		}
+		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+	}
+	finish(n, nb, out)
+}
+
+func rowQ8Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	var wv [Lanes]float32
+	for c := 0; c < n; c += BlockSize {
+		blk := w[c/BlockSize*q8BlockBytes:]
+		d := HalfToFloat32(le16(blk))
+		for h := 0; h < BlockSize; h += Lanes {
+			for j := range Lanes {
+				wv[j] = float32(int8(blk[2+h+j])) * d
+			}
+			lanesFMA(&wv, c+h, x, xstride, nb, out, c+h == 0)
+		}
+	}
+	finish(n, nb, out)
+}
+
+func rowQ4Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	var wv [Lanes]float32
+	for c := 0; c < n; c += BlockSize {
+		blk := w[c/BlockSize*q4BlockBytes:]
+		d := HalfToFloat32(le16(blk))
+		for j := range Lanes {
+			wv[j] = float32(int32(blk[2+j]&0xf)-8) * d
+		}
+		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+		for j := range Lanes {
+			wv[j] = float32(int32(blk[2+j]>>4)-8) * d
+		}
+		lanesFMA(&wv, c+Lanes, x, xstride, nb, out, false)
+	}
+	finish(n, nb, out)
+}
+
+// lanesFMA adds w[j]*x[b][c+j] into partial sum j of every vector b, with
+// one rounding each (FMA32). first starts the partial sums at zero.
+func lanesFMA(w *[Lanes]float32, c int, x []float32, xstride, nb int, out *rowOut, first bool) {
+	if first {
+		out.acc = [MaxBatch][Lanes]float32{}
+	}
+	for b := range nb {
+		xb := x[b*xstride+c : b*xstride+c+Lanes]
+		a := &out.acc[b]
+		for j := range Lanes {
+			a[j] = FMA32(w[j], xb[j], a[j])
+		}
+	}
+}
+
+// finish reduces the partial sums of every vector into out.sum (zero when
+// n is 0).
+func finish(n, nb int, out *rowOut) {
+	for b := range nb {
+		if n == 0 {
+			out.sum[b] = 0
+			continue
+		}
+		out.sum[b] = reduce16(&out.acc[b])
+	}
+}

@@ -1,0 +1,118 @@
+package kernels
+
+import (
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// fma32Exact is a*b + c rounded once to binary32, computed with
+// math/big at a precision that holds every such sum exactly.
+func fma32Exact(a, b, c float32) float32 {
+	x := new(big.Float).SetPrec(1200).SetFloat64(float64(a))
+	x.Mul(x, new(big.Float).SetFloat64(float64(b)))
+	x.Add(x, new(big.Float).SetFloat64(float64(c)))
+	f, _ := x.Float32()
+	if f == 0 && x.Sign() == 0 {
+		// An exact zero's sign: +0 unless both a*b and c are -0 (round
+		// to nearest); big.Float does not track it.
+		return a*b + c
+	}
+	return f
+}
+
+// TestFMA32 checks FMA32 against an exact computation on random operands
+// (normal, subnormal and cancelling), and on a case where rounding the
+// float64 fused result to binary32 rounds twice and errs.
+func TestFMA32(t *testing.T) {
+	// a*b = 1 + 2^-11 + 2^-24, a binary32 tie; c = 2^-70 breaks it upwards.
+	a := float32(1 + 1.0/4096)
+	c := float32(math.Ldexp(1, -70))
+	want := float32(1 + 1.0/2048 + 1.0/(1<<23))
+	if got := FMA32(a, a, c); got != want {
+		t.Fatalf("FMA32 double-rounding case = %v, want %v", got, want)
+	}
+	if naive := float32(math.FMA(float64(a), float64(a), float64(c))); naive == want {
+		t.Fatalf("the double-rounding case does not tell the naive fused float64 apart")
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	r := func() float32 {
+		switch rng.IntN(8) {
+		case 0:
+			return math.Float32frombits(rng.Uint32() & 0x807f_ffff) // subnormal
+		case 1:
+			return 0
+		}
+		return float32((rng.Float64()*2 - 1) * math.Ldexp(1, rng.IntN(80)-40))
+	}
+	for range 200000 {
+		a, b, c := r(), r(), r()
+		if rng.IntN(4) == 0 {
+			c = -a * b // cancellation
+		}
+		if got, want := FMA32(a, b, c), fma32Exact(a, b, c); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("FMA32(%v, %v, %v) = %v, want %v", a, b, c, got, want)
+		}
+	}
+}
+
+// TestScalarAgainstFloat64 bounds the scalar reference's error against
+// the float64 dot product of the same (dequantized) weights: |ref - exact|
+// ≤ k * 2^-24 * sum |w*x| with k = ceil(cols/16) + 4 + 15, the roundings
+// on the longest path of the contract (a lane's fused multiply-adds, the
+// four additions of the tree, the tail's fused multiply-adds), times 1.01
+// for the higher-order terms.
+func TestScalarAgainstFloat64(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	p, err := NewPool(Options{Kernel: KernelScalar})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for trial := range 400 {
+		ty := allTypes[trial%4]
+		rows, cols, batch := randShape(rng, ty)
+		w := randMatrix(rng, ty, rows, cols)
+		x := randVec(rng, batch*cols)
+		y := make([]float32, batch*rows)
+		if err := p.MatMul(y, w, x, batch); err != nil {
+			t.Fatal(err)
+		}
+		wf := make([]float32, rows*cols)
+		if err := Dequantize(wf, ty, w.Data); err != nil {
+			t.Fatal(err)
+		}
+		k := float64((cols+15)/16 + 4 + 15)
+		for b := range batch {
+			for r := range rows {
+				var exact, mag float64
+				for c := range cols {
+					v := float64(wf[r*cols+c]) * float64(x[b*cols+c])
+					exact += v
+					mag += math.Abs(v)
+				}
+				bound := 1.01 * k * math.Ldexp(1, -24) * mag
+				if e := math.Abs(float64(y[b*rows+r]) - exact); e > bound {
+					t.Fatalf("%v %d x %d: y[%d][%d] = %v, float64 %v: error %g > bound %g", ty, rows, cols, b, r, y[b*rows+r], exact, e, bound)
+				}
+			}
+		}
+	}
+}
+
+// TestReduceTree pins the reduction tree with partial sums whose sum
+// depends on the order.
+func TestReduceTree(t *testing.T) {
+	var acc [Lanes]float32
+	big, one := float32(1<<24), float32(1)
+	acc[0], acc[8] = big, one // s8[0] = 2^24 + 1 rounds to 2^24
+	acc[4], acc[12] = one, one
+	acc[1], acc[9] = -big, 0
+	// Tree: s8 = {2^24, -2^24, 0, 0, 2, 0, 0, 0}; s4 = {2^24+2, -2^24, 0, 0};
+	// s2 = {2^24+2, -2^24}; sum 2.
+	if got := reduce16(&acc); got != 2 {
+		t.Fatalf("reduce16 = %v, want 2", got)
+	}
+}
