@@ -26,8 +26,9 @@ const (
 )
 
 // MaxDim bounds a matrix's rows and columns, so that no size computed
-// from them overflows.
-const MaxDim = 1 << 40
+// from them overflows an int: 2^40 where int has 64 bits, 2^24 where it
+// has 32.
+const MaxDim = 1 << 24 << (16 * (^uint(0) >> 63))
 
 // BlockSize is the number of weights in one Q8_0 or Q4_0 block.
 const BlockSize = 32

@@ -88,27 +88,45 @@ func diffKernel(k *kernel, seed uint64, trials int) error {
 		if trial < 2*len(allTypes) {
 			batch = MaxBatch // every type with a full batch at least once
 		}
-		w := randMatrix(rng, t, rows, cols)
-		x := randVec(rng, batch*cols)
-		got, want := make([]float32, batch*rows), make([]float32, batch*rows)
-		p, err := NewPool(Options{Workers: 1 + rng.IntN(3)})
-		if err != nil {
+		if err := diffWith(k, ref, rng, t, rows, cols, batch); err != nil {
 			return err
 		}
-		p.k = k
-		err = p.MatMul(got, w, x, batch)
-		p.Close()
-		if err != nil {
-			return err
-		}
-		if err := ref.MatMul(want, w, x, batch); err != nil {
-			return err
-		}
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				return fmt.Errorf("%s, %v %d x %d, batch %d: y[%d] (vector %d, row %d) = %v (%#08x), scalar %v (%#08x)",
-					k.name, t, rows, cols, batch, i, i/rows, i%rows, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
-			}
+	}
+	return nil
+}
+
+// diffShape compares kernel k with the scalar reference on one random
+// product of the given shape.
+func diffShape(k *kernel, seed uint64, t DType, rows, cols, batch int) error {
+	ref, err := NewPool(Options{Workers: 1, Kernel: KernelScalar})
+	if err != nil {
+		return err
+	}
+	defer ref.Close()
+	return diffWith(k, ref, rand.New(rand.NewPCG(seed, uint64(cols))), t, rows, cols, batch)
+}
+
+func diffWith(k *kernel, ref *Pool, rng *rand.Rand, t DType, rows, cols, batch int) error {
+	w := randMatrix(rng, t, rows, cols)
+	x := randVec(rng, batch*cols)
+	got, want := make([]float32, batch*rows), make([]float32, batch*rows)
+	p, err := NewPool(Options{Workers: 1 + rng.IntN(3)})
+	if err != nil {
+		return err
+	}
+	p.k = k
+	err = p.MatMul(got, w, x, batch)
+	p.Close()
+	if err != nil {
+		return err
+	}
+	if err := ref.MatMul(want, w, x, batch); err != nil {
+		return err
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return fmt.Errorf("%s, %v %d x %d, batch %d: y[%d] (vector %d, row %d) = %v (%#08x), scalar %v (%#08x)",
+				k.name, t, rows, cols, batch, i, i/rows, i%rows, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 		}
 	}
 	return nil

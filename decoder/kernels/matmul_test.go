@@ -105,8 +105,8 @@ func TestMatMulBadShapes(t *testing.T) {
 		{"q8 odd cols", kernels.Matrix{Type: kernels.Q8_0, Rows: 1, Cols: 48, Data: make([]byte, 51)}, 48, 1, 1, "not a multiple of 32"},
 		{"q4 data", kernels.Matrix{Type: kernels.Q4_0, Rows: 2, Cols: 32, Data: make([]byte, 35)}, 32, 2, 1, "Data has 35 bytes"},
 		{"negative", kernels.Matrix{Type: kernels.F32, Rows: -1, Cols: 3}, 3, 0, 1, "outside"},
-		{"huge", kernels.Matrix{Type: kernels.F32, Rows: 1 << 62, Cols: 1 << 2}, 4, 0, 1, "outside"},
-		{"huge rows of 0 cols", kernels.Matrix{Type: kernels.F32, Rows: 1 << 41, Cols: 0}, 0, 0, 1, "outside"},
+		{"huge", kernels.Matrix{Type: kernels.F32, Rows: math.MaxInt, Cols: 1 << 2}, 4, 0, 1, "outside"},
+		{"huge rows of 0 cols", kernels.Matrix{Type: kernels.F32, Rows: kernels.MaxDim + 1, Cols: 0}, 0, 0, 1, "outside"},
 		{"unknown dtype", kernels.Matrix{Type: 0, Rows: 1, Cols: 1, Data: make([]byte, 4)}, 1, 1, 1, "unknown dtype"},
 	} {
 		y := make([]float32, c.y)

@@ -1,0 +1,229 @@
+// Command asmgen writes the assembly of the decoder's matrix kernels for
+// amd64 with avo: ../../kernel_amd64.s and its Go declarations
+// ../../kernel_amd64_stubs.go. Run it through go generate in
+// decoder/kernels:
+//
+//	cd decoder/kernels && go generate
+//
+// It is its own module so that avo is a dependency of this generator only,
+// never of zinf: the generated files are committed and build with nothing
+// but the Go toolchain.
+//
+// Every kernel computes, for one row of weights and one to four vectors,
+// exactly what the scalar reference (rowF32Scalar ... rowQ4Scalar in
+// ../../scalar.go) computes: partial sum j (of 16) takes columns c ≡ j mod
+// 16, each step a fused multiply-add rounded once (VFMADD231PS, as FMA32),
+// the weights widened exactly (bf16 by a shift, int8 and nibbles through
+// VCVTDQ2PS, times the binary16 scale widened by VCVTPH2PS: products that
+// are exact in binary32); then the fixed reduction tree of reduce16
+// (lanes j and j+8, then j and j+4, then j and j+2, then the last two).
+// Two YMM registers hold the 16 partial sums of a vector.
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// maxNB is the number of vectors one kernel call serves: 2 accumulators
+// each, plus the weights and constants, in AVX2's 16 vector registers.
+const maxNB = 4
+
+// dtype describes one weight format's inner loop.
+type dtype struct {
+	name    string
+	cols    int // columns per loop iteration
+	wstep   int // weight bytes per loop iteration
+	prepare func() []VecVirtual
+	// load widens the weights of the iteration's columns [h, h+16) into
+	// two vectors (lanes 0-7, 8-15).
+	load func(w Register, consts []VecVirtual, h int, scale VecVirtual) (VecVirtual, VecVirtual)
+	// scale loads the block's scale (block formats), or returns nil.
+	scale func(w Register) VecVirtual
+}
+
+func main() {
+	ConstraintExpr("amd64")
+	f32 := dtype{name: "F32", cols: 16, wstep: 64,
+		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
+			a, b := YMM(), YMM()
+			VMOVUPS(Mem{Base: w}, a)
+			VMOVUPS(Mem{Base: w, Disp: 32}, b)
+			return a, b
+		}}
+	bf16 := dtype{name: "BF16", cols: 16, wstep: 32,
+		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
+			a, b := YMM(), YMM()
+			VPMOVZXWD(Mem{Base: w}, a)
+			VPMOVZXWD(Mem{Base: w, Disp: 16}, b)
+			VPSLLD(U8(16), a, a)
+			VPSLLD(U8(16), b, b)
+			return a, b
+		}}
+	q8 := dtype{name: "Q8_0", cols: 32, wstep: 34, scale: halfScale,
+		load: func(w Register, _ []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
+			a, b := YMM(), YMM()
+			VPMOVSXBD(Mem{Base: w, Disp: 2 + h}, a)
+			VPMOVSXBD(Mem{Base: w, Disp: 2 + h + 8}, b)
+			VCVTDQ2PS(a, a)
+			VCVTDQ2PS(b, b)
+			VMULPS(d, a, a)
+			VMULPS(d, b, b)
+			return a, b
+		}}
+	q4 := dtype{name: "Q4_0", cols: 32, wstep: 18, scale: halfScale,
+		prepare: func() []VecVirtual {
+			// Byte constants: the nibble mask and the offset 8.
+			return []VecVirtual{byteConst(0x0f), byteConst(0x08)}
+		},
+		load: func(w Register, k []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
+			// Columns [0,16) are the low nibbles of the 16 bytes,
+			// [16,32) the high ones.
+			q := XMM()
+			VMOVDQU(Mem{Base: w, Disp: 2}, q)
+			if h != 0 {
+				VPSRLW(U8(4), q, q)
+			}
+			VPAND(k[0].AsX(), q, q)
+			VPSUBB(k[1].AsX(), q, q) // nibble - 8, a signed byte
+			a, b := YMM(), YMM()
+			VPMOVSXBD(q, a)
+			VPSRLDQ(U8(8), q, q)
+			VPMOVSXBD(q, b)
+			VCVTDQ2PS(a, a)
+			VCVTDQ2PS(b, b)
+			VMULPS(d, a, a)
+			VMULPS(d, b, b)
+			return a, b
+		}}
+	for _, t := range []dtype{f32, bf16, q8, q4} {
+		for nb := 1; nb <= maxNB; nb++ {
+			gen(t, nb)
+		}
+	}
+	gen(f32, 0) // the memory-read kernel
+	Generate()
+}
+
+// halfScale loads the little-endian binary16 at w and returns it widened
+// (exactly) to binary32 in every lane of a YMM register.
+func halfScale(w Register) VecVirtual {
+	h := XMM()
+	VPBROADCASTW(Mem{Base: w}, h)
+	d := YMM()
+	VCVTPH2PS(h, d)
+	return d
+}
+
+// byteConst returns a YMM register with every byte set to v.
+func byteConst(v byte) VecVirtual {
+	r := GP32()
+	MOVL(U32(uint32(v)*0x01010101), r)
+	x := XMM()
+	VMOVD(r, x)
+	y := YMM()
+	VPBROADCASTD(x, y)
+	return y
+}
+
+// gen emits row<T>AVX2x<nb>(w *byte, x *float32, xstride, n int, out
+// *float32): the dot products of the n weights at w (n a positive multiple
+// of the type's columns per iteration) with nb vectors, vector b at x +
+// b*xstride bytes, into out[b]. nb == 0 emits sumF32AVX2 instead, the
+// memory-read kernel: the 16-lane sum of n float32 values.
+func gen(t dtype, nb int) {
+	name := fmt.Sprintf("row%sAVX2x%d", t.name, nb)
+	if nb == 0 {
+		name = "sumF32AVX2"
+		TEXT(name, NOSPLIT, "func(w *byte, n int) float32")
+		Pragma("noescape")
+		Doc(name + " returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.")
+	} else {
+		TEXT(name, NOSPLIT, "func(w *byte, x *float32, xstride, n int, out *float32)")
+		Pragma("noescape")
+		Doc(fmt.Sprintf("%s writes to out[0..%d) the dot products of the n %s weights at w (n a positive multiple of %d) with %d vectors, vector b at x + b*xstride bytes, in the scalar reference's order.", name, nb, t.name, t.cols, nb))
+	}
+	w := Load(Param("w"), GP64())
+	n := Load(Param("n"), GP64())
+	vecs := max(nb, 1)
+	xs := make([]Register, nb)
+	if nb > 0 {
+		x := Load(Param("x"), GP64())
+		stride := Load(Param("xstride"), GP64())
+		for b := range nb {
+			xs[b] = GP64()
+			if b == 0 {
+				MOVQ(x, xs[b])
+			} else {
+				LEAQ(Mem{Base: xs[b-1], Index: stride, Scale: 1}, xs[b])
+			}
+		}
+	}
+	var consts []VecVirtual
+	if t.prepare != nil {
+		consts = t.prepare()
+	}
+	Comment("Two accumulators a vector: partial sums 0-7 and 8-15.")
+	accA, accB := make([]VecVirtual, vecs), make([]VecVirtual, vecs)
+	for b := range vecs {
+		accA[b], accB[b] = YMM(), YMM()
+		VXORPS(accA[b], accA[b], accA[b])
+		VXORPS(accB[b], accB[b], accB[b])
+	}
+	i := GP64() // byte offset into the vectors
+	XORQ(i, i)
+	CMPQ(n, U8(0))
+	JLE(LabelRef(name + "_reduce"))
+	Label(name + "_loop")
+	var d VecVirtual
+	if t.scale != nil {
+		d = t.scale(w)
+	}
+	for h := 0; h < t.cols; h += 16 {
+		wa, wb := t.load(w, consts, h, d)
+		if nb == 0 {
+			VADDPS(wa, accA[0], accA[0])
+			VADDPS(wb, accB[0], accB[0])
+			continue
+		}
+		for b := range nb {
+			VFMADD231PS(Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}, wa, accA[b])
+			VFMADD231PS(Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}, wb, accB[b])
+		}
+	}
+	ADDQ(U32(t.wstep), w)
+	ADDQ(U32(4*t.cols), i)
+	SUBQ(U32(t.cols), n)
+	JG(LabelRef(name + "_loop"))
+
+	Label(name + "_reduce")
+	Comment("The reduction tree of reduce16.")
+	var out Register
+	if nb > 0 {
+		out = Load(Param("out"), GP64())
+	}
+	for b := range vecs {
+		s := accA[b]
+		VADDPS(accB[b], s, s) // s8[j] = acc[j] + acc[j+8]
+		hi := XMM()
+		VEXTRACTF128(U8(1), s, hi)
+		s4 := XMM()
+		VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
+		t2 := XMM()
+		VMOVHLPS(s4, s4, t2)
+		VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+		t1 := XMM()
+		VMOVSHDUP(s4, t1)
+		VADDSS(t1, s4, s4) // s2[0] + s2[1]
+		if nb == 0 {
+			Store(s4, ReturnIndex(0))
+		} else {
+			VMOVSS(s4, Mem{Base: out, Disp: 4 * b})
+		}
+	}
+	VZEROUPPER()
+	RET()
+}

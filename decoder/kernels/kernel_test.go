@@ -1,0 +1,226 @@
+package kernels
+
+import (
+	"testing"
+	"time"
+)
+
+func seedNow() uint64 { return uint64(time.Now().UnixNano()) }
+
+// TestKernelsMatchScalar runs every SIMD kernel the machine has against
+// the scalar reference on random shapes (odd column counts for f32 and
+// bf16, batches 1 to 8, 1 to 3 workers) and requires equal bits.
+func TestKernelsMatchScalar(t *testing.T) {
+	if len(simdKernels) == 0 {
+		t.Skip("no SIMD kernel on this machine: products use the scalar reference")
+	}
+	seed := seedNow()
+	t.Logf("seed %d", seed)
+	for _, k := range simdKernels {
+		if err := diffKernel(k, seed, 600); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestKernelsLongRows covers rows far longer than the random shapes, as
+// the decoder's layers have them.
+func TestKernelsLongRows(t *testing.T) {
+	seed := seedNow()
+	for _, k := range simdKernels {
+		for _, ty := range allTypes {
+			cols := []int{4096, 11008 + 32}
+			if !ty.quantized() {
+				cols = append(cols, 11008+21) // a tail of 5 columns
+			}
+			for _, cols := range cols {
+				if err := diffShape(k, seed, ty, 9, cols, 8); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+}
+
+// TestDifferentialTestsCatchMutants runs the differential test on Go
+// models of the AVX2 kernels (modelKernel): the faithful model (two
+// 8-lane accumulators a vector, groups of four vectors, the shuffles of
+// the reduction) must pass, and every model with one deviation a
+// hand-written kernel could have must fail. That shows the differential
+// test would catch such a mistake in the assembly.
+func TestDifferentialTestsCatchMutants(t *testing.T) {
+	seed := seedNow()
+	t.Logf("seed %d", seed)
+	for _, m := range append([]string{"faithful"}, mutations...) {
+		t.Run(m, func(t *testing.T) {
+			err := diffKernel(modelKernel(m), seed, 120)
+			switch {
+			case m == "faithful" && err != nil:
+				t.Fatalf("the faithful model differs from the scalar reference: %v", err)
+			case m != "faithful" && err == nil:
+				t.Fatalf("the differential test let the mutant %q through", m)
+			case err != nil:
+				t.Logf("caught: %v", err)
+			}
+		})
+	}
+}
+
+// mutations name the deviations of the model kernels.
+var mutations = []string{
+	"unfused-multiply-add",  // multiply, round, add, round
+	"float64-accumulator",   // partial sums in float64, rounded at the end
+	"sequential-reduction",  // lanes summed 0..15 in order
+	"adjacent-reduction",    // lanes summed in pairs (0,1), (2,3), ...
+	"q4-nibbles-swapped",    // high nibbles first
+	"q4-unsigned-nibbles",   // nibble without the offset 8
+	"q8-unsigned-bytes",     // quants as uint8
+	"scale-as-bf16",         // the block scale read as bfloat16
+	"bf16-as-half",          // bf16 weights read as binary16
+	"second-group-same-x",   // vectors 4..7 multiplied with vectors 0..3
+	"skips-last-16-columns", // the loop stops a group early
+	"lanes-0-1-swapped",     // columns 0 and 1 mod 16 feed each other's partial sums
+}
+
+// modelKernel returns Go models of the AVX2 kernels, with mutation m.
+func modelKernel(m string) *kernel {
+	return &kernel{name: "model-" + m, f32: modelRow(F32, m), bf16: modelRow(BF16, m), q8_0: modelRow(Q8_0, m), q4: modelRow(Q4_0, m)}
+}
+
+func modelRow(t DType, m string) rowFunc {
+	return func(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+		if n == 0 {
+			clear(out.sum[:nb])
+			return
+		}
+		for b0 := 0; b0 < nb; b0 += 4 {
+			k := min(4, nb-b0)
+			xo := b0 * xstride
+			if m == "second-group-same-x" {
+				xo = 0
+			}
+			var acc [4][Lanes]float32 // Y registers A (lanes 0-7) and B (8-15)
+			var acc64 [4][Lanes]float64
+			for c := 0; c < n; c += Lanes {
+				if m == "skips-last-16-columns" && c+Lanes == n && n > Lanes {
+					break
+				}
+				wv := modelLoad(t, w, c, m)
+				for b := range k {
+					for j := range Lanes {
+						l := j
+						if m == "lanes-0-1-swapped" && j < 2 {
+							l = 1 - j
+						}
+						xv := x[xo+b*xstride+c+j]
+						switch m {
+						case "unfused-multiply-add":
+							acc[b][l] = acc[b][l] + wv[j]*xv
+						case "float64-accumulator":
+							acc64[b][l] += float64(wv[j]) * float64(xv)
+						default:
+							acc[b][l] = FMA32(wv[j], xv, acc[b][l])
+						}
+					}
+				}
+			}
+			for b := range k {
+				if m == "float64-accumulator" {
+					for j := range Lanes {
+						acc[b][j] = float32(acc64[b][j])
+					}
+				}
+				out.sum[b0+b] = modelReduce(&acc[b], m)
+			}
+		}
+	}
+}
+
+// modelReduce models the reduction of the AVX2 kernels: VADDPS of the two
+// accumulators, VEXTRACTF128 and VADDPS, VMOVHLPS and VADDPS, VMOVSHDUP
+// and VADDSS.
+func modelReduce(a *[Lanes]float32, m string) float32 {
+	switch m {
+	case "sequential-reduction":
+		var s float32
+		for _, v := range a {
+			s += v
+		}
+		return s
+	case "adjacent-reduction":
+		v := a[:]
+		for len(v) > 1 {
+			h := make([]float32, len(v)/2)
+			for j := range h {
+				h[j] = v[2*j] + v[2*j+1]
+			}
+			v = h
+		}
+		return v[0]
+	}
+	var y [8]float32 // Y_A = Y_A + Y_B
+	for j := range 8 {
+		y[j] = a[j] + a[j+8]
+	}
+	var x4 [4]float32 // X_lo + X_hi
+	for j := range 4 {
+		x4[j] = y[j] + y[j+4]
+	}
+	x2 := [2]float32{x4[0] + x4[2], x4[1] + x4[3]} // + VMOVHLPS
+	return x2[0] + x2[1]                           // + VMOVSHDUP
+}
+
+// modelLoad widens the 16 weights of columns [c, c+16).
+func modelLoad(t DType, w []byte, c int, m string) [Lanes]float32 {
+	var v [Lanes]float32
+	scale := func(blk []byte) float32 {
+		if m == "scale-as-bf16" {
+			return BF16ToFloat32(le16(blk))
+		}
+		return HalfToFloat32(le16(blk))
+	}
+	switch t {
+	case F32:
+		for j := range Lanes {
+			v[j] = f32At(w, c+j)
+		}
+	case BF16:
+		for j := range Lanes {
+			if m == "bf16-as-half" {
+				v[j] = HalfToFloat32(le16(w[2*(c+j):]))
+			} else {
+				v[j] = BF16ToFloat32(le16(w[2*(c+j):]))
+			}
+		}
+	case Q8_0:
+		blk := w[c/BlockSize*q8BlockBytes:]
+		d := scale(blk)
+		for j := range Lanes {
+			q := blk[2+c%BlockSize+j]
+			if m == "q8-unsigned-bytes" {
+				v[j] = float32(q) * d
+			} else {
+				v[j] = float32(int8(q)) * d
+			}
+		}
+	case Q4_0:
+		blk := w[c/BlockSize*q4BlockBytes:]
+		d := scale(blk)
+		high := c%BlockSize != 0
+		if m == "q4-nibbles-swapped" {
+			high = !high
+		}
+		for j := range Lanes {
+			q := blk[2+j] & 0xf
+			if high {
+				q = blk[2+j] >> 4
+			}
+			off := int32(8)
+			if m == "q4-unsigned-nibbles" {
+				off = 0
+			}
+			v[j] = float32(int32(q)-off) * d
+		}
+	}
+	return v
+}
