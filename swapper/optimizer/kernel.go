@@ -64,6 +64,11 @@ type kernel struct {
 	sgd     func(w, grad, buf *float32, n int, args [sgdArgCount]float32, mode int)
 	adagrad func(w, grad, s *float32, n int, args [adagradArgCount]float32, mode int)
 	lion    func(w, grad, m *float32, n int, args [lionArgCount]float32, mode int)
+	// adam8 runs Adam8 on blocks whole blocks of Blockwise8BlockSize
+	// elements (adam8Scalar's operations): p, grad, the codes qm, qv and
+	// one absmax per block in am, av, updated in place; tm and tv are the
+	// maps' tables, scratch adam8ScratchLen float32s. Nil: scalar.
+	adam8 func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [adamArgCount]float32, mode int, tm, tv *quantTable, scratch *float32)
 }
 
 var scalarKernel = &kernel{name: KernelScalar, lanes: 1}
