@@ -65,3 +65,17 @@ func findKernel(name string) *kernel {
 	}
 	return nil
 }
+
+// sumF32 returns the sum of the values of w in the 16-lane order, with the
+// SIMD of the machine's first kernel where len(w) is a multiple of Lanes:
+// the benchmarks' memory-read figure, against which the products' reading
+// of weights is measured.
+var sumF32 = func(w []float32) float32 {
+	var acc [Lanes]float32
+	for i := 0; i+Lanes <= len(w); i += Lanes {
+		for j := range Lanes {
+			acc[j] += w[i+j]
+		}
+	}
+	return reduce16(&acc)
+}

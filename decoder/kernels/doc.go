@@ -1,0 +1,100 @@
+// Package kernels holds the arithmetic of zinf's native decoder: the
+// matrix-vector and small-batch matrix products of a decoder-only
+// transformer's linear layers, computed straight from the bytes the
+// weights are stored in (zinf's pinned buffers, a mapped file), with no
+// widened copy of a weight matrix and no dependency outside the Go
+// toolchain.
+//
+// # Products
+//
+// MatMul (on a shared pool) and Pool.MatMul compute
+//
+//	y[b*Rows + r] = sum over c of W[r][c] * x[b*Cols + c]
+//
+// for 1 to MaxBatch (8) vectors x at once: W is row-major, Rows x Cols,
+// as Hugging Face and GGUF store a linear layer's weight (out features by
+// in features); x and y are float32. A row's bytes are read from memory
+// once for the whole batch: the kernels serve up to four vectors in one
+// pass over a row, and a batch of five to eight takes the row a second
+// time from the cache. The rows are split into contiguous ranges over a
+// bounded set of goroutines (GOMAXPROCS by default, Options.Workers
+// otherwise); a product allocates nothing once its pool runs. Shapes are
+// checked before anything is computed: a wrong length, a dimension
+// outside 0..MaxDim, a block format's column count that is not a multiple
+// of 32, or an unknown type returns an error and leaves y untouched.
+//
+// # Formats
+//
+// A Matrix's Data holds rows back to back, RowBytes(Type, Cols) bytes
+// each, in one of four types, all little-endian and needing no alignment:
+//
+//   - F32: IEEE 754 binary32.
+//   - BF16: bfloat16, the upper half of a binary32; widened exactly by a
+//     16-bit shift.
+//   - Q8_0: llama.cpp's 8-bit blocks of 32 weights, 34 bytes: a binary16
+//     scale d, then 32 signed bytes q; weight i is q[i]*d.
+//   - Q4_0: llama.cpp's 4-bit blocks of 32 weights, 18 bytes: a binary16
+//     scale d, then 16 bytes; weight i < 16 is the low nibble n of byte i,
+//     weight i+16 the high nibble of byte i, each standing for (n-8)*d.
+//
+// The products of a block format's quant and its widened scale are exact
+// in binary32, so a dequantized weight has one value whichever kernel
+// computes it; Dequantize writes the same values out. QuantizeQ8_0 and
+// QuantizeQ4_0 follow llama.cpp's reference quantizers (their doc
+// comments give the rounding), so a block they write is the block
+// llama.cpp writes for the same numbers, up to the scale's conversion to
+// binary16, which rounds to nearest, ties to even, as F16C does.
+//
+// # The accumulation order
+//
+// Floating-point sums depend on their order, so the package defines one
+// and every kernel keeps it, giving the same bits on every machine, for
+// every split over workers and every batch size. For one row and one
+// vector:
+//
+//  1. Sixteen partial sums p[0..15] start at +0. For each group of 16
+//     columns c0, c0+16, ... below Cols rounded down to a multiple of 16,
+//     in increasing order, p[j] = fma(w[c0+j], x[c0+j], p[j]): a fused
+//     multiply-add rounded once to binary32 (FMA32). Partial sum j thus
+//     takes the columns c ≡ j (mod 16).
+//  2. A fixed tree reduces them: s8[j] = p[j] + p[j+8] for j < 8, s4[j] =
+//     s8[j] + s8[j+4], s2[j] = s4[j] + s4[j+2], s = s2[0] + s2[1] (zero
+//     when there is no whole group).
+//  3. The last Cols mod 16 columns (F32 and BF16 only; the block formats
+//     have none) follow one at a time: s = fma(w[c], x[c], s).
+//
+// The scalar kernels (KernelScalar) are this definition written out in
+// Go, and the reference the tests hold every SIMD kernel to, bit for bit.
+// The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
+// sum of |w*x| (a test checks the bound against float64).
+//
+// # Kernels
+//
+// On amd64 with AVX2, FMA and F16C the products run on kernels
+// generated as assembly by internal/asmgen (go generate; the .s and its
+// declarations are committed): two YMM registers hold a vector's 16
+// partial sums, the weights are widened in registers (VPMOVZXWD and a
+// shift for bf16, VPMOVSXBD or nibble masks and VCVTDQ2PS times the
+// VCVTPH2PS-widened scale for the blocks), and the reduction's shuffles
+// add the lanes in the tree above. Kernels lists what the machine has;
+// Options.Kernel picks one (for tests and benchmarks: the bits do not
+// depend on it). Other architectures, and amd64 without those features,
+// use the scalar kernels, which are correct but several times slower: the
+// fused multiply-add of FMA32 is emulated in float64 with a rounding to
+// odd, since Go has no binary32 fused multiply-add.
+//
+// # Caveats
+//
+//   - No AVX-512, AVX512_BF16 or NEON kernels yet: AVX-512 machines run
+//     the AVX2 kernels (the same bits). An AVX512_BF16 kernel
+//     (VDPBF16PS) would round differently from the exact widening and
+//     would need its own documented mode.
+//   - NaN payloads are not part of the contract: weights or inputs that
+//     are NaN or infinite give a NaN or an infinity, but which NaN may
+//     differ between kernels.
+//   - A batch of more than four vectors passes over each row twice, the
+//     second time from the cache; for rows much longer than the first
+//     level cache, the batch's vectors are read from the second level
+//     cache at every row, which bounds batched products of long rows
+//     below the memory's bandwidth.
+package kernels
