@@ -319,6 +319,39 @@ func (r *Reader) CheckModelShape(expected map[string][]int64) error {
 	return nil
 }
 
+// CheckHeaders checks the safetensors header of every file holding one of
+// the named tensors (every file of the rank when none is named) by the
+// rule ReadTensor applies on a file's first use and Verify applies too:
+// its CRC-32C is the manifest's and it describes exactly the manifest's
+// tensors. It is for a reader that takes the tensors' places from the
+// manifest and reads the bytes itself (in place), which ReadTensor's
+// check would otherwise never see. A mismatch returns an error wrapping
+// ErrCorrupt naming the file, the header and the manifest; a name the
+// rank does not hold, one wrapping ErrNotFound.
+func (r *Reader) CheckHeaders(ctx context.Context, names ...string) error {
+	var files []string
+	if len(names) == 0 {
+		for i := range r.m.Files {
+			files = append(files, r.m.Files[i].Name)
+		}
+	}
+	for _, n := range names {
+		t, ok := r.byName[n]
+		if !ok {
+			return &Error{Op: "read", Path: r.rankDir, Tensor: n, Err: ErrNotFound}
+		}
+		if !slices.Contains(files, t.File) {
+			files = append(files, t.File)
+		}
+	}
+	for _, f := range files {
+		if _, err := r.file(ctx, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ReadTensor reads tensor name into dst, whose length must be the
 // tensor's size, and verifies its CRC-32C (and, on a file's first use, the
 // checksum of the file's header). A mismatch returns an error wrapping
