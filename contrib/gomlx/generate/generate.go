@@ -189,6 +189,14 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 	if err != nil {
 		return nil, err
 	}
+	if c, ok := w.(ModelChecker); ok {
+		// Before the runtime makes anything: weights of another model
+		// (a shape, a tensor too many or too few) are refused whole.
+		if err := c.CheckModel(vars); err != nil {
+			store.Finalize()
+			return nil, err
+		}
+	}
 	descs := make([]tensor.Desc, len(vars))
 	for i, v := range vars {
 		descs[i] = v.Desc()

@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/compute"
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf/regfile"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -87,6 +88,10 @@ func OpenMapped(ctx context.Context, backend compute.Backend, fn ModelFn, o Mapp
 	if err != nil {
 		return nil, err
 	}
+	if err := st.CheckModel(vars); err != nil {
+		store.Finalize()
+		return nil, err
+	}
 	src := &mappedSource{maps: map[string][]byte{}, at: map[string]stEntry{}, layers: make([][]stEntry, m.NumLayers+2), advice: o.Advice}
 	g = newGenerator(src, backend, store, m, vars)
 	gen := g // a failed return sets g to nil before the deferred Close
@@ -107,7 +112,7 @@ func OpenMapped(ctx context.Context, backend compute.Backend, fn ModelFn, o Mapp
 		if err != nil {
 			return nil, err
 		}
-		if (e.dtype != zd && zd != tensor.Float32) || !sameNumel(e.shape, v) {
+		if (e.dtype != zd && zd != tensor.Float32) || fits(e, v.Name, false, v) != nil {
 			return nil, fmt.Errorf("zinf generate: %s holds %q as %s %v, the model has %s (a mapped model is used as it lies: same dtype and shape, or a bf16/fp16 file widened for a float32 model)", e.file, v.Name, e.dtype, e.shape, v.Shape)
 		}
 		if _, ok := src.maps[e.file]; !ok {
@@ -132,15 +137,11 @@ func OpenMapped(ctx context.Context, backend compute.Backend, fn ModelFn, o Mapp
 
 // mapFile maps path read-only and shared, with the advice's madvise.
 func mapFile(path string, a Advice) ([]byte, error) {
-	f, err := os.Open(path)
+	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("zinf generate: %w", err)
 	}
 	defer f.Close() // the mapping outlives the descriptor
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("zinf generate: %w", err)
-	}
 	if fi.Size() <= 0 || int64(int(fi.Size())) != fi.Size() {
 		return nil, fmt.Errorf("zinf generate: %s: %d bytes cannot be mapped", path, fi.Size())
 	}

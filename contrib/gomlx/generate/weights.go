@@ -3,19 +3,20 @@ package generate
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/regfile"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -38,6 +39,9 @@ func CheckpointWeights(dir string) (*CkptWeights, error) {
 			return nil, fmt.Errorf("zinf generate: %w", lerr)
 		}
 	}
+	if err := notRegularIn(dir); err != nil {
+		return nil, err
+	}
 	r, err := checkpoint.OpenRank(dir, 0)
 	if err != nil {
 		return nil, fmt.Errorf("zinf generate: checkpoint %s: %w", dir, err)
@@ -46,7 +50,59 @@ func CheckpointWeights(dir string) (*CkptWeights, error) {
 		r.Close()
 		return nil, fmt.Errorf("zinf generate: checkpoint %s has %d ranks (a world of 1 is supported: each rank holds a partition)", dir, m.WorldSize)
 	}
-	return &CkptWeights{r: r, Dir: dir}, nil
+	w := &CkptWeights{r: r, Dir: dir, params: r.Names()}
+	var ps []string
+	for _, ti := range r.Tensors() {
+		if ti.File == zinf.CheckpointParamsFile {
+			ps = append(ps, ti.Name)
+		}
+	}
+	if len(ps) > 0 { // else every tensor is a parameter
+		slices.Sort(ps)
+		w.params = ps
+	}
+	// The parameters are read in place (Locate) by the offsets the manifest
+	// gives, so the header of their file is checked now, by the rule
+	// ReadTensor, zinf ckpt verify and a resume apply: a header that
+	// disagrees with the manifest is refused, never read past.
+	if err := r.CheckHeaders(context.Background(), w.params...); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("zinf generate: checkpoint %s: %w", dir, err)
+	}
+	for _, n := range r.Meta().ModelShape {
+		if len(n) != 1 {
+			w.recorded = r.Meta().ModelShape // shapes, not the flat default
+			break
+		}
+	}
+	return w, nil
+}
+
+// notRegularIn names the first file of the checkpoint dir (or its rank
+// directories) that is neither a regular file nor a directory: the reader
+// refuses such a file without opening it, by its size, and this says why.
+func notRegularIn(dir string) error {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // the reader's error says it
+	}
+	for _, de := range des {
+		p := filepath.Join(dir, de.Name())
+		st, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if st.IsDir() && strings.HasPrefix(de.Name(), "rank-") {
+			if err := notRegularIn(p); err != nil {
+				return err
+			}
+			continue
+		}
+		if !st.IsDir() && !st.Mode().IsRegular() {
+			return fmt.Errorf("zinf generate: checkpoint %s: %w", dir, &regfile.NotRegularError{Path: p, Kind: regfile.Kind(st.Mode())})
+		}
+	}
+	return nil
 }
 
 // CkptWeights are a zinf checkpoint's weights (CheckpointWeights).
@@ -54,6 +110,124 @@ type CkptWeights struct {
 	r   *checkpoint.Reader
 	Dir string // the checkpoint read
 	buf []byte
+	// params are the checkpoint's parameters (its params file's tensors,
+	// or every tensor when it has none), sorted.
+	params []string
+	// recorded is the model shape saved with the checkpoint, when it
+	// records shapes (zinf.CheckpointMeta.ModelShape; a checkpoint saved
+	// without one records every parameter flat: nil here).
+	recorded map[string][]int64
+	nonFinite
+}
+
+// shapeOf is the shape the checkpoint gives ti, and whether it is the
+// shape (exact) or only a size: the recorded model shape when there is
+// one, else the tensor's own when it has other than one dimension (a
+// tensor [n] may be a flat partition of any shape).
+func (w *CkptWeights) shapeOf(ti checkpoint.TensorInfo) ([]int64, bool) {
+	if s, ok := w.recorded[ti.Name]; ok {
+		return s, true
+	}
+	return ti.Shape, len(ti.Shape) != 1
+}
+
+// fits says whether the checkpoint's ti is v's, and why not.
+func (w *CkptWeights) fits(ti checkpoint.TensorInfo, v Var) error {
+	s, exact := w.shapeOf(ti)
+	if exact && !slices.Equal(s, dims(v)) || !exact && numel(s) != int64(v.Numel()) {
+		return fmt.Errorf("the checkpoint's %q has shape %v, the model's %v", v.Name, s, dims(v))
+	}
+	if numel(ti.Shape) != int64(v.Numel()) {
+		return fmt.Errorf("the checkpoint's %q holds %d values (shape %v), the model's %v %d", v.Name, numel(ti.Shape), ti.Shape, dims(v), v.Numel())
+	}
+	return nil
+}
+
+// CheckModel checks, before anything is read, that the checkpoint holds
+// exactly the model's variables (ModelChecker): each one, with the
+// model's shape (the recorded model shape's, when the checkpoint has
+// one), and no parameter the model does not have.
+func (w *CkptWeights) CheckModel(vars []Var) error {
+	var missing, shapes []string
+	model := make(map[string]bool, len(vars))
+	for _, v := range vars {
+		model[v.Name] = true
+		ti, err := w.r.Tensor(v.Name)
+		if err != nil {
+			missing = append(missing, fmt.Sprintf("%s %v", v.Name, dims(v)))
+			continue
+		}
+		if err := w.fits(ti, v); err != nil {
+			shapes = append(shapes, err.Error())
+		}
+	}
+	var extra []string
+	for _, n := range w.params {
+		if !model[n] {
+			extra = append(extra, n)
+		}
+	}
+	for n := range w.recorded {
+		if !model[n] && !slices.Contains(w.params, n) {
+			extra = append(extra, n)
+		}
+	}
+	return modelErr("the checkpoint "+w.Dir, missing, extra, shapes)
+}
+
+// ErrWrongModel is wrapped by ModelChecker's errors: the weights are not
+// the model's.
+var ErrWrongModel = errors.New("the weights are not the model's")
+
+// modelErr says how weights (what) differ from the model, or nil.
+func modelErr(what string, missing, extra, shapes []string) error {
+	var errs []error
+	if len(shapes) > 0 {
+		errs = append(errs, fmt.Errorf("zinf generate: %s does not hold the model's shapes: %s", what, list(shapes)))
+	}
+	if len(extra) > 0 {
+		slices.Sort(extra)
+		errs = append(errs, fmt.Errorf("zinf generate: %s holds %d tensors the model does not have (another model: check its hyperparameters): %s", what, len(extra), list(extra)))
+	}
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("zinf generate: %s lacks %d of the model's variables: %s", what, len(missing), list(missing)))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return wrongModel{errors.Join(errs...)}
+}
+
+// wrongModel is modelErr's error: it reads as its findings and matches
+// ErrWrongModel.
+type wrongModel struct{ error }
+
+func (e wrongModel) Unwrap() error        { return e.error }
+func (e wrongModel) Is(target error) bool { return target == ErrWrongModel }
+
+// list writes up to 16 items, then how many more.
+func list(items []string) string {
+	const most = 16
+	if len(items) <= most {
+		return strings.Join(items, "; ")
+	}
+	return fmt.Sprintf("%s; and %d more", strings.Join(items[:most], "; "), len(items)-most)
+}
+
+func dims(v Var) []int64 {
+	out := make([]int64, v.Shape.Rank())
+	for i, d := range v.Shape.Dimensions {
+		out[i] = int64(d)
+	}
+	return out
+}
+
+func numel(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n
 }
 
 func (w *CkptWeights) Read(ctx context.Context, v Var, dst []float32) error {
@@ -61,12 +235,11 @@ func (w *CkptWeights) Read(ctx context.Context, v Var, dst []float32) error {
 	if err != nil {
 		return err
 	}
-	n := int64(1)
-	for _, d := range ti.Shape {
-		n *= d
+	if int64(len(dst)) != int64(v.Numel()) {
+		return fmt.Errorf("%d values for the model's %q %v", len(dst), v.Name, dims(v))
 	}
-	if n != int64(len(dst)) {
-		return fmt.Errorf("the checkpoint's %q has shape %v, the model %s", v.Name, ti.Shape, v.Shape)
+	if err := w.fits(ti, v); err != nil {
+		return err
 	}
 	if int64(cap(w.buf)) < ti.Bytes {
 		w.buf = make([]byte, ti.Bytes)
@@ -75,30 +248,64 @@ func (w *CkptWeights) Read(ctx context.Context, v Var, dst []float32) error {
 	if err := w.r.ReadTensor(ctx, v.Name, b); err != nil {
 		return err
 	}
-	return widen(ti.DType, b, dst)
+	if err := widen(ti.DType, b, dst); err != nil {
+		return err
+	}
+	w.count(v.Name, dst)
+	return nil
 }
 
 // Locate is where the checkpoint holds v (InPlaceWeights): Open reads it
 // there when the layout allows. The checkpoint's CRCs are not checked for
-// tensors read in place (zinf ckpt verify checks them).
+// tensors read in place (zinf ckpt verify checks them); their file's
+// header was checked against the manifest by CheckpointWeights.
 func (w *CkptWeights) Locate(v Var) (string, int64, tensor.DType, bool) {
 	ti, err := w.r.Tensor(v.Name)
-	if err != nil || !sameNumel(ti.Shape, v) {
+	if err != nil || w.fits(ti, v) != nil {
 		return "", 0, 0, false
 	}
 	return filepath.Join(w.r.Meta().RankDir, ti.File), ti.Offset, ti.DType, true
 }
 
-func sameNumel(shape []int64, v Var) bool {
-	n := int64(1)
-	for _, d := range shape {
-		n *= d
-	}
-	return n == int64(v.Numel())
-}
-
 // Close closes the checkpoint.
 func (w *CkptWeights) Close() error { return w.r.Close() }
+
+// ModelChecker is implemented by Weights that can check, before any
+// tensor is read, that they are the model's: Open and OpenMapped call
+// CheckModel with the model's variables, and refuse the weights when it
+// fails (a tensor of another shape, a tensor the model does not have, a
+// variable the weights lack), naming them.
+type ModelChecker interface {
+	CheckModel(vars []Var) error
+}
+
+// nonFinite counts the NaN and infinite values of the tensors Read
+// widened (a count made while the values are converted anyway: tensors
+// read in place are not scanned, which would cost a pass over them).
+type nonFinite struct {
+	counts map[string]int
+}
+
+func (n *nonFinite) count(name string, vals []float32) {
+	c := 0
+	for _, x := range vals {
+		if x-x != 0 { // NaN or ±Inf
+			c++
+		}
+	}
+	if c > 0 {
+		if n.counts == nil {
+			n.counts = map[string]int{}
+		}
+		n.counts[name] = c
+	}
+}
+
+// NonFinite returns, for each tensor Read converted that holds NaN or
+// infinite values, how many: a model with them generates what its
+// arithmetic makes of them (GoMLX's in-memory generation would too), so
+// a caller may warn. Tensors read in place are not scanned.
+func (n *nonFinite) NonFinite() map[string]int { return n.counts }
 
 // widen converts little-endian values of dtype d to fp32.
 func widen(d tensor.DType, b []byte, dst []float32) error {
@@ -176,21 +383,19 @@ func SafetensorsWeights(name func(Var) (string, bool), files ...string) (*STWeig
 
 // STWeights are safetensors weights (SafetensorsWeights).
 type STWeights struct {
-	name    func(Var) (string, bool)
-	entries map[string]stEntry
-	buf     []byte
+	name      func(Var) (string, bool)
+	entries   map[string]stEntry
+	nameBytes int64 // the entries' names together (maxNamesBytes)
+	buf       []byte
+	nonFinite
 }
 
 func (w *STWeights) index(path string) error {
-	f, err := os.Open(path)
+	f, st, err := regfile.Open(path)
 	if err != nil {
 		return fmt.Errorf("zinf generate: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
 	var n [8]byte
 	if _, err := io.ReadFull(f, n[:]); err != nil {
 		return fmt.Errorf("zinf generate: %s: reading the header length: %w", path, err)
@@ -199,65 +404,84 @@ func (w *STWeights) index(path string) error {
 	if hl < 2 || hl > maxHeader || int64(hl)+8 > st.Size() {
 		return fmt.Errorf("zinf generate: %s: header length %d (allowed: 2..%d, within the file's %d bytes)", path, hl, maxHeader, st.Size())
 	}
-	h := make([]byte, hl)
-	if _, err := io.ReadFull(f, h); err != nil {
-		return fmt.Errorf("zinf generate: %s: reading the header: %w", path, err)
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(h, &raw); err != nil {
-		return fmt.Errorf("zinf generate: %s: header: %w", path, err)
-	}
 	start := 8 + int64(hl)
-	for k, m := range raw {
-		if k == "__metadata__" {
-			continue
-		}
-		var e struct {
-			DType   string  `json:"dtype"`
-			Shape   []int64 `json:"shape"`
-			Offsets []int64 `json:"data_offsets"`
-		}
-		if err := json.Unmarshal(m, &e); err != nil {
-			return fmt.Errorf("zinf generate: %s: tensor %q: %w", path, k, err)
-		}
-		var dt tensor.DType
-		switch e.DType {
-		case "F32":
-			dt = tensor.Float32
-		case "BF16":
-			dt = tensor.BFloat16
-		case "F16":
-			dt = tensor.Float16
-		default:
-			return fmt.Errorf("zinf generate: %s: tensor %q: dtype %q (allowed: F32, BF16, F16)", path, k, e.DType)
-		}
-		numel := int64(1)
-		for _, d := range e.Shape {
-			if d < 0 || d > 1<<40 || (d > 0 && numel > (1<<50)/d) {
-				return fmt.Errorf("zinf generate: %s: tensor %q: shape %v", path, k, e.Shape)
-			}
-			numel *= d
-		}
-		if len(e.Offsets) != 2 || e.Offsets[0] < 0 || e.Offsets[1] < e.Offsets[0] || start+e.Offsets[1] > st.Size() || e.Offsets[1]-e.Offsets[0] != numel*int64(dt.Size()) {
-			return fmt.Errorf("zinf generate: %s: tensor %q: data_offsets %v for %d %s values (the file has %d bytes of data)", path, k, e.Offsets, numel, e.DType, st.Size()-start)
-		}
-		if _, dup := w.entries[k]; dup {
-			return fmt.Errorf("zinf generate: tensor %q is in two files (%s and %s)", k, w.entries[k].file, path)
-		}
-		w.entries[k] = stEntry{file: path, dtype: dt, shape: e.Shape, begin: start + e.Offsets[0], end: start + e.Offsets[1]}
-	}
-	return nil
+	return w.readHeader(path, f, int64(hl), start, st.Size()-start)
 }
 
-// Locate is where the files hold v, unless it is stored transposed
-// (InPlaceWeights).
-func (w *STWeights) Locate(v Var) (string, int64, tensor.DType, bool) {
+// lookup is where the files hold v: the entry, its name in the files and
+// whether it is stored transposed.
+func (w *STWeights) lookup(v Var) (stEntry, string, bool, bool) {
 	name, transposed := v.Name, false
 	if w.name != nil {
 		name, transposed = w.name(v)
 	}
 	e, ok := w.entries[name]
-	if !ok || transposed || !sameNumel(e.shape, v) {
+	return e, name, transposed, ok
+}
+
+// fits says whether e, named name in the files, is v's: of v's shape, or
+// of its transpose when stored transposed. A tensor of another shape with
+// as many values is refused: its bytes would be reinterpreted.
+func fits(e stEntry, name string, transposed bool, v Var) error {
+	want := dims(v)
+	if transposed {
+		if len(want) != 2 {
+			return fmt.Errorf("%q is stored transposed, but the model's %q has shape %v (2-D only)", name, v.Name, want)
+		}
+		want = []int64{want[1], want[0]}
+		if !slices.Equal(e.shape, want) {
+			return fmt.Errorf("%q has shape %v, the transpose of the model's %q %v is %v", name, e.shape, v.Name, dims(v), want)
+		}
+		return nil
+	}
+	if !slices.Equal(e.shape, want) {
+		if name != v.Name {
+			return fmt.Errorf("%q has shape %v, the model's %q %v", name, e.shape, v.Name, want)
+		}
+		return fmt.Errorf("%q has shape %v, the model's %v", name, e.shape, want)
+	}
+	return nil
+}
+
+// CheckModel checks, before anything is read, that the files hold exactly
+// the model's variables (ModelChecker): each one, with the model's shape
+// (its transpose where the names say it is stored transposed), and no
+// tensor the model does not have; of a Hugging Face file (HFNames), the
+// rotary embeddings' inv_freq buffers some hold are not weights, and are
+// ignored.
+func (w *STWeights) CheckModel(vars []Var) error {
+	var missing, shapes []string
+	used := make(map[string]bool, len(vars))
+	for _, v := range vars {
+		e, name, transposed, ok := w.lookup(v)
+		if !ok {
+			if name != v.Name {
+				missing = append(missing, fmt.Sprintf("%s %v (as %s)", v.Name, dims(v), name))
+			} else {
+				missing = append(missing, fmt.Sprintf("%s %v", v.Name, dims(v)))
+			}
+			continue
+		}
+		used[name] = true
+		if err := fits(e, name, transposed, v); err != nil {
+			shapes = append(shapes, err.Error())
+		}
+	}
+	var extra []string
+	for n, e := range w.entries {
+		if used[n] || w.name != nil && strings.HasSuffix(n, ".rotary_emb.inv_freq") {
+			continue
+		}
+		extra = append(extra, fmt.Sprintf("%s %v", n, e.shape))
+	}
+	return modelErr("the safetensors files", missing, extra, shapes)
+}
+
+// Locate is where the files hold v, unless it is stored transposed or has
+// another shape (InPlaceWeights).
+func (w *STWeights) Locate(v Var) (string, int64, tensor.DType, bool) {
+	e, name, transposed, ok := w.lookup(v)
+	if !ok || transposed || fits(e, name, false, v) != nil {
 		return "", 0, 0, false
 	}
 	return e.file, e.begin, e.dtype, true
@@ -274,30 +498,24 @@ func (w *STWeights) Names() []string {
 }
 
 func (w *STWeights) Read(_ context.Context, v Var, dst []float32) error {
-	name, transposed := v.Name, false
-	if w.name != nil {
-		name, transposed = w.name(v)
-	}
-	e, ok := w.entries[name]
+	e, name, transposed, ok := w.lookup(v)
 	if !ok {
 		return fmt.Errorf("no tensor %q in the safetensors files", name)
 	}
-	numel := int64(1)
-	for _, d := range e.shape {
-		numel *= d
+	if len(dst) != v.Numel() {
+		return fmt.Errorf("%d values for the model's %q %v", len(dst), v.Name, dims(v))
 	}
-	if numel != int64(len(dst)) {
-		return fmt.Errorf("%q has shape %v (%d values), the model's %q %s", name, e.shape, numel, v.Name, v.Shape)
-	}
-	if transposed && (len(e.shape) != 2 || v.Shape.Rank() != 2 || e.shape[0] != int64(v.Shape.Dimensions[1])) {
-		return fmt.Errorf("%q has shape %v: not the transpose of the model's %q %s", name, e.shape, v.Name, v.Shape)
+	if err := fits(e, name, transposed, v); err != nil {
+		return err
 	}
 	n := e.end - e.begin
 	if int64(cap(w.buf)) < n {
 		w.buf = make([]byte, n)
 	}
 	b := w.buf[:n]
-	f, err := os.Open(e.file)
+	// Opened again by the rule index applied: the path may name another
+	// file by now.
+	f, _, err := regfile.Open(e.file)
 	if err != nil {
 		return err
 	}
@@ -306,12 +524,17 @@ func (w *STWeights) Read(_ context.Context, v Var, dst []float32) error {
 		return fmt.Errorf("%s: reading %q: %w", e.file, name, err)
 	}
 	if !transposed {
-		return widen(e.dtype, b, dst)
+		if err := widen(e.dtype, b, dst); err != nil {
+			return err
+		}
+		w.count(v.Name, dst)
+		return nil
 	}
 	tmp := make([]float32, len(dst))
 	if err := widen(e.dtype, b, tmp); err != nil {
 		return err
 	}
+	w.count(v.Name, tmp)
 	rows, cols := int(e.shape[0]), int(e.shape[1])
 	for r := range rows {
 		for c := range cols {
