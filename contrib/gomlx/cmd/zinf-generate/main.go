@@ -45,6 +45,7 @@ import (
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
 	"github.com/zinfio/zinf/metrics"
 	"github.com/zinfio/zinf/plan"
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -782,12 +783,15 @@ func loadConfig(o options) (*config.Config, func(), error) {
 	if len(cfg.NVMePaths()) == 0 || cfg.ZeroOptimization.OffloadParam.NVMePath == "" && len(cfg.Zinf.NVMePaths) == 0 {
 		dir := o.dir
 		if dir == "" {
-			d, err := os.MkdirTemp("", "zinf-generate-")
+			// A locked run directory (as zinf's tools make theirs): the
+			// directory a killed run left, swap stores and all, is removed
+			// by the next run here, and one a live run holds is not.
+			d, err := swapper.NewRunDir(os.TempDir(), "generate", nil)
 			if err != nil {
 				return nil, nil, err
 			}
-			dir = d
-			cleanup = func() { os.RemoveAll(d) }
+			dir = d.Path()
+			cleanup = func() { d.Close() }
 		}
 		cfg.SetScratchDir(dir)
 	}
