@@ -18,10 +18,18 @@
 // are exact in binary32); then the fixed reduction tree of reduce16
 // (lanes j and j+8, then j and j+4, then j and j+2, then the last two).
 // Two YMM registers hold the 16 partial sums of a vector.
+//
+// -mutate NAME builds one deliberate deviation into the kernels, for
+// mutants.sh to show that the differential tests catch it; -mutate list
+// prints the names.
 package main
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"slices"
+	"strings"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -45,7 +53,33 @@ type dtype struct {
 	scale func(w Register) VecVirtual
 }
 
+// mutations are the deviations -mutate can build in, each one a mistake a
+// hand-written kernel could make.
+var mutations = []string{
+	"unfused",            // VMULPS and VADDPS for VFMADD231PS: two roundings
+	"reduce-hadd",        // the tree's third level adds neighbouring lanes
+	"q4-nibbles-swapped", // high nibbles for columns 0-15
+	"q4-no-offset",       // nibbles without the offset 8
+	"q8-zero-extend",     // quants widened as unsigned bytes
+	"bf16-shift-15",      // bf16 widened by a 15-bit shift
+	"drops-last-step",    // one loop iteration too few
+	"x-stride-ignored",   // every vector read at the first vector's address
+}
+
+// mutation is the deviation being built in ("" for none).
+var mutation string
+
 func main() {
+	flag.StringVar(&mutation, "mutate", "", "build the named deviation into the kernels (list: print the names)")
+	flag.Parse() // avo registers its flags (-out, -stubs, -pkg) on the same set
+	if mutation == "list" {
+		fmt.Println(strings.Join(mutations, "\n"))
+		return
+	}
+	if mutation != "" && !slices.Contains(mutations, mutation) {
+		fmt.Fprintf(os.Stderr, "asmgen: unknown mutation %q (-mutate list prints them)\n", mutation)
+		os.Exit(2)
+	}
 	ConstraintExpr("amd64")
 	f32 := dtype{name: "F32", cols: 16, wstep: 64,
 		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
@@ -59,14 +93,22 @@ func main() {
 			a, b := YMM(), YMM()
 			VPMOVZXWD(Mem{Base: w}, a)
 			VPMOVZXWD(Mem{Base: w, Disp: 16}, b)
-			VPSLLD(U8(16), a, a)
-			VPSLLD(U8(16), b, b)
+			shift := U8(16)
+			if mutation == "bf16-shift-15" {
+				shift = U8(15)
+			}
+			VPSLLD(shift, a, a)
+			VPSLLD(shift, b, b)
 			return a, b
 		}}
 	q8 := dtype{name: "Q8_0", cols: 32, wstep: 34, scale: halfScale,
 		load: func(w Register, _ []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
-			VPMOVSXBD(Mem{Base: w, Disp: 2 + h}, a)
+			if mutation == "q8-zero-extend" {
+				VPMOVZXBD(Mem{Base: w, Disp: 2 + h}, a)
+			} else {
+				VPMOVSXBD(Mem{Base: w, Disp: 2 + h}, a)
+			}
 			VPMOVSXBD(Mem{Base: w, Disp: 2 + h + 8}, b)
 			VCVTDQ2PS(a, a)
 			VCVTDQ2PS(b, b)
@@ -84,11 +126,13 @@ func main() {
 			// [16,32) the high ones.
 			q := XMM()
 			VMOVDQU(Mem{Base: w, Disp: 2}, q)
-			if h != 0 {
+			if (h != 0) != (mutation == "q4-nibbles-swapped") {
 				VPSRLW(U8(4), q, q)
 			}
 			VPAND(k[0].AsX(), q, q)
-			VPSUBB(k[1].AsX(), q, q) // nibble - 8, a signed byte
+			if mutation != "q4-no-offset" {
+				VPSUBB(k[1].AsX(), q, q) // nibble - 8, a signed byte
+			}
 			a, b := YMM(), YMM()
 			VPMOVSXBD(q, a)
 			VPSRLDQ(U8(8), q, q)
@@ -158,7 +202,11 @@ func gen(t dtype, nb int) {
 			if b == 0 {
 				MOVQ(x, xs[b])
 			} else {
-				LEAQ(Mem{Base: xs[b-1], Index: stride, Scale: 1}, xs[b])
+				if mutation == "x-stride-ignored" {
+					MOVQ(xs[b-1], xs[b])
+				} else {
+					LEAQ(Mem{Base: xs[b-1], Index: stride, Scale: 1}, xs[b])
+				}
 			}
 		}
 	}
@@ -175,6 +223,9 @@ func gen(t dtype, nb int) {
 	}
 	i := GP64() // byte offset into the vectors
 	XORQ(i, i)
+	if mutation == "drops-last-step" && nb > 0 {
+		SUBQ(U32(t.cols), n)
+	}
 	CMPQ(n, U8(0))
 	JLE(LabelRef(name + "_reduce"))
 	Label(name + "_loop")
@@ -190,8 +241,18 @@ func gen(t dtype, nb int) {
 			continue
 		}
 		for b := range nb {
-			VFMADD231PS(Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}, wa, accA[b])
-			VFMADD231PS(Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}, wb, accB[b])
+			xa := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}
+			xb := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}
+			if mutation == "unfused" {
+				for _, p := range [][3]Op{{xa, wa, accA[b]}, {xb, wb, accB[b]}} {
+					t := YMM()
+					VMULPS(p[0], p[1], t)
+					VADDPS(t, p[2], p[2])
+				}
+				continue
+			}
+			VFMADD231PS(xa, wa, accA[b])
+			VFMADD231PS(xb, wb, accB[b])
 		}
 	}
 	ADDQ(U32(t.wstep), w)
@@ -212,9 +273,13 @@ func gen(t dtype, nb int) {
 		VEXTRACTF128(U8(1), s, hi)
 		s4 := XMM()
 		VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
-		t2 := XMM()
-		VMOVHLPS(s4, s4, t2)
-		VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+		if mutation == "reduce-hadd" {
+			VHADDPS(s4, s4, s4)
+		} else {
+			t2 := XMM()
+			VMOVHLPS(s4, s4, t2)
+			VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+		}
 		t1 := XMM()
 		VMOVSHDUP(s4, t1)
 		VADDSS(t1, s4, s4) // s2[0] + s2[1]
