@@ -2,9 +2,12 @@ package zinf_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,5 +253,102 @@ func TestLayerMajorOneMicroBatchHoldsNothing(t *testing.T) {
 	}
 	if lm, mb := grads["k4/true"], grads["k4/false"]; lm <= mb {
 		t.Errorf("k=4: layer-major reserves %d bytes for gradients, micro-batch-major %d: a layer's sums are held in pinned memory", lm, mb)
+	}
+}
+
+// TestLayerMajorGradientsInPieces: a layer-major step of several
+// micro-batches holds a layer's gradient sums in pinned memory; a gradient
+// longer than a piece is held in pieces (a buffer each), so the gradient
+// reservation is the pieces' buffers plus one piece's write-behind, not
+// two whole-table power-of-two blocks (64 MiB for a 100k x 64 table's
+// 24.4 MiB). A smaller zinf.piece_bytes lowers it (a little), and a pool
+// below it is refused with advice that works: the micro-batch-major
+// schedule.
+func TestLayerMajorGradientsInPieces(t *testing.T) {
+	const rows, dim = 100_000, 64
+	model := zinf.LayeredModel(
+		[]tensor.Desc{{Name: "emb", Shape: []int{rows, dim}}},
+		[]tensor.Desc{{Name: "l1.w", Shape: []int{dim, dim}}},
+	)
+	cfgFor := func(dir string, piece int64) *config.Config {
+		c := config.Default()
+		c.SetScratchDir(dir)
+		c.ZeroOptimization.OffloadParam.MaxInCPU = 0
+		c.Zinf.Tiers.CPUPinnedBytes = 16 << 20 // below the minimum: no extra write-behinds
+		c.Zinf.Bandwidth.Probe = false
+		c.Zinf.Schedule = config.ScheduleLayerMajor
+		c.GradientAccumulationSteps = 2
+		c.ZeroOptimization.SubGroupSize = 65_536 // a small optimizer pipeline: the gradients weigh most
+		c.Zinf.PieceBytes = config.Size(piece)
+		return c
+	}
+	for _, piece := range []int64{4 << 20, 1 << 20} {
+		t.Run(config.Size(piece).String(), func(t *testing.T) {
+			p, err := zinf.PlanModel(context.Background(), cfgFor(filepath.Join(t.TempDir(), "nvme"), piece), model, zinf.PlanOptions{NoBandwidthProbe: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := p.Reservations
+			g := res.GranuleBytes
+			// The pool's buddy blocks: a power of two of granules.
+			block := func(n int64) int64 {
+				b := g
+				for b < n {
+					b *= 2
+				}
+				return b
+			}
+			pad := func(n int64) int64 { return (n + 4095) / 4096 * 4096 }
+			pieceElems := piece / 4
+			elems := int64(rows * dim)
+			full, rest := elems/pieceElems, elems%pieceElems
+			held := full*block(pad(4*pieceElems)) + block(pad(4*rest))
+			want := held + block(pad(4*pieceElems)) // and one piece written behind
+			if res.GradBytes != want || res.GradHeldLayer != 0 {
+				t.Fatalf("gradient reservation %d (layer %d), want %d: %d pieces of %d elements and one of %d held, one written behind",
+					res.GradBytes, res.GradHeldLayer, want, full, pieceElems, rest)
+			}
+			if whole := 2 * block(pad(4*elems)); res.GradBytes >= whole {
+				t.Fatalf("gradient reservation %d, not below the two whole-table blocks %d", res.GradBytes, whole)
+			}
+
+			_, err = zinf.Open(cfgFor(t.TempDir(), piece), model, zinf.Options{NoBandwidthProbe: true, Logger: quietLog})
+			var pe *zinf.PoolTooSmallError
+			if !errors.As(err, &pe) {
+				t.Fatalf("Open with a 16 MiB pool: %v, want a PoolTooSmallError", err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "zinf.schedule micro-batch-major") || !strings.Contains(msg, "gradients of layer 0") || strings.Contains(msg, "lower zinf.piece_bytes") {
+				t.Errorf("the refusal should name the layer-major hold and the schedule that avoids it: %v", err)
+			}
+		})
+	}
+}
+
+// TestLayerMajorPiecedAtMinimumPool: a layer-major step of 3 micro-batches
+// whose largest gradient is held in pieces trains in a pool of exactly
+// the plan's minimum (the reservation counts the pieces' buffers), equal
+// to the in-memory reference.
+func TestLayerMajorPiecedAtMinimumPool(t *testing.T) {
+	c := scheduleCase(t, "adam", 3, true)
+	c.numel["l0.t0"] = 70_000 // 280 KB of gradient: five pieces of 64 KiB
+	c.model = zinf.LayeredModel(
+		[]tensor.Desc{{Name: "l0.t0", Shape: []int{70_000}}, {Name: "l0.t1", Shape: []int{61}}},
+		[]tensor.Desc{{Name: "l1.t0", Shape: []int{1021}}, {Name: "l1.t1", Shape: []int{7}}},
+	)
+	c.cfg.Zinf.PieceBytes = 64 << 10
+	probe := *c.cfg
+	probe.GradientClipping = 0 // run sets the threshold
+	p, err := zinf.PlanModel(context.Background(), &probe, c.model, zinf.PlanOptions{NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Reservations.GradHeldLayer != 0 {
+		t.Fatalf("the gradient reservation is not the layer-major hold of layer 0: %+v", p.Reservations)
+	}
+	c.cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(p.Reservations.MinPoolBytes)
+	rts := c.run(t, 7, rand.New(rand.NewPCG(7, 1)))
+	if !t.Failed() && rts[0].Schedule() != zinf.LayerMajor {
+		t.Fatalf("schedule %s", rts[0].Schedule())
 	}
 }

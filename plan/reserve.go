@@ -85,6 +85,10 @@ type Reservations struct {
 	// sub-group).
 	DemandLayer                                            int
 	DemandTensor, StageTensor, GradTensor, OptimizerTensor string
+	// GradHeldLayer is, when a layer-major step's hold of a layer's
+	// gradient sums sets GradBytes (several micro-batches), that layer;
+	// -1 otherwise.
+	GradHeldLayer int
 	// GranuleBytes is the pool's allocation granule.
 	GranuleBytes int64
 }
@@ -174,7 +178,7 @@ func (r Reservations) largestNeed() string {
 			r.DemandLayer, config.Size(r.ParamDemandBytes), r.DemandTensor, piece)},
 		{r.ParamResidentBytes, fmt.Sprintf("parameters kept in the pool on the cpu tier, twice (%s): put them on NVMe (zero_optimization.offload_param.device \"nvme\")", config.Size(r.ParamResidentBytes))},
 		{r.ParamStageBytes, fmt.Sprintf("a parameter's new values staged on their way to NVMe (%s), set by %q: lower %s below its size, so that it is written in pieces", config.Size(r.ParamStageBytes), r.StageTensor, piece)},
-		{r.GradBytes, fmt.Sprintf("the gradient write-behind (%s), set by %q: gradients longer than a piece are written in pieces: lower %s", config.Size(r.GradBytes), r.GradTensor, piece)},
+		{r.GradBytes, r.gradNeed(piece)},
 		{r.OptimizerBytes, fmt.Sprintf("the optimizer's step pipeline (%s), set by the sub-groups of %q: lower zero_optimization.sub_group_size, offload_optimizer.buffer_count or zinf.pipeline_depth", config.Size(r.OptimizerBytes), r.OptimizerTensor)},
 		{r.StagingBytes, fmt.Sprintf("device staging (%s): GPU-tier copies and the GDS bounce path (aio.block_size, zinf.gds)", config.Size(r.StagingBytes))},
 		{r.GatherBytes, fmt.Sprintf("two gathered layers (%s, Options.GatherLayers)", config.Size(r.GatherBytes))},
@@ -186,6 +190,17 @@ func (r Reservations) largestNeed() string {
 		}
 	}
 	return "the largest part is " + best.say
+}
+
+// gradNeed says what sets the gradient reservation and what lowers it.
+func (r Reservations) gradNeed(piece string) string {
+	if r.GradHeldLayer >= 0 {
+		// A smaller piece lowers only the write-behind beside the sums,
+		// which are the layer's whole gradients whatever their pieces.
+		return fmt.Sprintf("the gradients of layer %d (%s with a piece's write-behind), whose sums over the micro-batches a layer-major step holds in pinned memory: zinf.schedule micro-batch-major (or auto, which takes it below this pool) holds none",
+			r.GradHeldLayer, config.Size(r.GradBytes))
+	}
+	return fmt.Sprintf("the gradient write-behind (%s), set by %q: gradients longer than a piece are written in pieces: lower %s", config.Size(r.GradBytes), r.GradTensor, piece)
 }
 
 func (e *PoolTooSmallError) Unwrap() error { return ErrPoolTooSmall }
@@ -339,8 +354,11 @@ func reserve(in reservationInput) Reservations {
 		r.GradTensor = largestPart(in.mi, parts)
 		// At one micro-batch layer-major holds nothing: each gradient is
 		// handed once and written behind as micro-batch-major's is.
+		r.GradHeldLayer = -1
 		if in.layerMajor && in.gradStore != nil && in.cfg.GradientAccumulationSteps > 1 {
-			r.GradBytes = max(r.GradBytes, layerGradBytes(in, span))
+			if held, layer := layerGradBytes(in, span); held > r.GradBytes {
+				r.GradBytes, r.GradHeldLayer = held, layer
+			}
 		}
 		oo := in.optOpts
 		oo.Store = in.optimStore
@@ -411,25 +429,42 @@ func reserve(in reservationInput) Reservations {
 const GradExtraWriteBehinds = 2
 
 // layerGradBytes is the pinned memory a layer-major step's gradients
-// need: the largest layer's gradient sums, held while its micro-batches
-// are handed over, plus the largest gradient, whose write-behind from the
-// layer before may still be in flight.
-func layerGradBytes(in reservationInput, span func(int64) int64) int64 {
+// need, and the layer that sets it: the largest layer's gradient sums,
+// held while its micro-batches are handed over, plus the largest buffer
+// one more gradient takes, whose write-behind from the layer before may
+// still be in flight. A gradient longer than a piece is held as the
+// gradient swapper keeps it, in pieces (each a buffer of its own), and
+// its write-behinds take a piece at a time.
+func layerGradBytes(in reservationInput, span func(int64) int64) (int64, int) {
+	piece := in.pieces.GradElems
 	var layerMax, largest int64
-	for _, names := range in.mi.Layers {
+	maxLayer := -1
+	for l, names := range in.mi.Layers {
 		var layer int64
 		for _, n := range names {
 			lo, hi := Partition(int(in.mi.Numel[n]), in.rank, in.world)
-			if hi == lo {
+			elems := int64(hi - lo)
+			if elems == 0 {
 				continue
 			}
-			b := span(in.gradStore.PaddedLen(4 * int64(hi-lo)))
-			layer += b
-			largest = max(largest, b)
+			buf := func(e int64) int64 { return span(in.gradStore.PaddedLen(4 * e)) }
+			if piece > 0 && elems > int64(piece) {
+				full, rest := elems/int64(piece), elems%int64(piece)
+				layer += full * buf(int64(piece))
+				if rest > 0 {
+					layer += buf(rest)
+				}
+				largest = max(largest, buf(int64(piece)))
+				continue
+			}
+			layer += buf(elems)
+			largest = max(largest, buf(elems))
 		}
-		layerMax = max(layerMax, layer)
+		if layer > layerMax {
+			layerMax, maxLayer = layer, l
+		}
 	}
-	return layerMax + largest
+	return layerMax + largest, maxLayer
 }
 
 // optimizerInFlight is the number of sub-groups the optimizer's step
