@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
 	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/regfile"
 )
 
 // makeModel writes --model with random weights from --seed to a new
@@ -80,7 +80,7 @@ func runMapped(ctx context.Context, o options, sp Spec, fn generate.ModelFn, bac
 // dropCache drops path's pages from the page cache (its own pages only:
 // fdatasync, then posix_fadvise DONTNEED).
 func dropCache(path string) error {
-	f, err := os.Open(path)
+	f, _, err := regfile.Open(path)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -45,19 +47,85 @@ import (
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
 	"github.com/zinfio/zinf/metrics"
 	"github.com/zinfio/zinf/plan"
+	"github.com/zinfio/zinf/regfile"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/trace"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+func main() { os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// runMain runs the command and returns its exit status: 0, 1 for a
+// failure, 2 for -h, and for a run that SIGINT or SIGTERM cut short
+// 128 + the signal's number (130, 143), as cmd/zinf and a shell do,
+// whatever error the cancellation surfaced as.
+func runMain(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signalContext(stderr)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "zinf-generate:", err)
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
+	err := run(ctx, args, stdout, stderr)
+	if err == nil {
+		return 0
+	}
+	var se signalError
+	if errors.As(context.Cause(ctx), &se) {
+		fmt.Fprintf(stderr, "zinf-generate: interrupted by %v\n", se.sig)
+		return 128 + int(se.sig)
+	}
+	fmt.Fprintln(stderr, "zinf-generate:", err)
+	if errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	return 1
+}
+
+// signalError is the cause of a context cancelled by a signal.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
+
+// interruptGrace is how long a run has to return on its own (closing the
+// runtime, which removes its swap files) after SIGINT or SIGTERM cancelled
+// its context. Past it, or at a second signal, the process exits with
+// 128 + the signal's number: a wait no context reaches cannot keep it
+// alive, and what it leaves is what a crash leaves, which the next run
+// on the directory sweeps.
+const interruptGrace = 5 * time.Second
+
+// signalContext returns a context cancelled, with a signalError as its
+// cause, on SIGINT or SIGTERM; stop releases the signals.
+func signalContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		sig := syscall.SIGINT
+		select {
+		case s := <-sigs:
+			if ss, ok := s.(syscall.Signal); ok {
+				sig = ss
+			}
+			cancel(signalError{sig})
+		case <-done:
+			return
 		}
-		os.Exit(1)
+		timer := time.NewTimer(interruptGrace)
+		defer timer.Stop()
+		why := ""
+		select {
+		case <-sigs:
+			why = "again"
+		case <-timer.C:
+			why = fmt.Sprintf("and still running %v later", interruptGrace)
+		case <-done:
+			return
+		}
+		fmt.Fprintf(stderr, "zinf-generate: interrupted by %v %s; exiting now\n", sig, why)
+		os.Exit(128 + int(sig))
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
 	}
 }
 
@@ -448,9 +516,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	g, err := generate.Open(ctx, backend, cfg, fn, weights, gopts)
 	if err != nil {
-		return err
+		return wrongModel(err, sp)
 	}
 	defer func() { err = errors.Join(err, g.Close()) }()
+	warnNonFinite(weights, stderr)
 	if o.metricsAddr != "" {
 		c := metrics.New(g.Runtime())
 		srv, err := metrics.Serve(o.metricsAddr, metrics.NewRegistry(c))
@@ -561,10 +630,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	return nil
 }
 
+// wrongModel says, of weights that are not the model's, which model was
+// asked for.
+func wrongModel(err error, sp Spec) error {
+	if errors.Is(err, generate.ErrWrongModel) {
+		return fmt.Errorf("%w\n  the model asked for (--model, or model.json): %s, bias=%t, norm=%s, act=%s", err, sp, sp.Bias, sp.Norm, sp.Act)
+	}
+	return err
+}
+
+// warnNonFinite warns, a line per tensor, of NaN or infinite values in
+// the weights converted at load (those read in place are not scanned: a
+// pass over weights larger than memory, for a warning).
+func warnNonFinite(w generate.Weights, stderr io.Writer) {
+	nf, ok := w.(interface{ NonFinite() map[string]int })
+	if !ok {
+		return
+	}
+	counts := nf.NonFinite()
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Fprintf(stderr, "zinf-generate: warning: the weights' %q hold %d NaN or infinite values: generation computes with them\n", name, counts[name])
+	}
+}
+
 func readPrompts(o options, tok *tokenizer) ([][]int32, error) {
 	texts := slices.Clone(o.prompts)
 	if o.promptsFile != "" {
-		f, err := os.Open(o.promptsFile)
+		f, _, err := regfile.Open(o.promptsFile)
 		if err != nil {
 			return nil, fmt.Errorf("--prompts-file: %w", err)
 		}
@@ -688,12 +780,19 @@ type modelJSON struct {
 // loadModelJSON reads a model.json: the zoo transformer's defaults (layer
 // norms, GELU, biases) where it says nothing.
 func loadModelJSON(path string) (sp Spec, tok, ckpt string, err error) {
-	b, err := os.ReadFile(path)
+	f, _, err := regfile.Open(path)
+	if err != nil {
+		return sp, "", "", fmt.Errorf("--model-json: %w", err)
+	}
+	defer f.Close()
+	// Read no more than the bound (and a byte to see it passed), whatever
+	// the file's size.
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20+1))
 	if err != nil {
 		return sp, "", "", fmt.Errorf("--model-json: %w", err)
 	}
 	if len(b) > 1<<20 {
-		return sp, "", "", fmt.Errorf("--model-json %s: %d bytes (a model description is far smaller)", path, len(b))
+		return sp, "", "", fmt.Errorf("--model-json %s: more than %d bytes (a model description is far smaller)", path, 1<<20)
 	}
 	var j modelJSON
 	if err := json.Unmarshal(b, &j); err != nil {
@@ -752,13 +851,14 @@ func sampling(o options) (generate.Sampling, error) {
 		return generate.Sampling{}, err
 	}
 	var errs []error
-	if o.temperature <= 0 {
-		errs = append(errs, fmt.Errorf("--temperature %g (allowed: > 0)", o.temperature))
+	// Written so that NaN, which every comparison fails, is refused too.
+	if !(o.temperature > 0) || math.IsInf(o.temperature, 1) {
+		errs = append(errs, fmt.Errorf("--temperature %g (allowed: a finite number > 0)", o.temperature))
 	}
 	if o.topK <= 0 {
 		errs = append(errs, fmt.Errorf("--top-k %d (allowed: > 0)", o.topK))
 	}
-	if o.topP <= 0 || o.topP > 1 {
+	if !(o.topP > 0 && o.topP <= 1) {
 		errs = append(errs, fmt.Errorf("--top-p %g (allowed: 0 < p <= 1)", o.topP))
 	}
 	if o.maxNew <= 0 || o.maxNew > 1<<16 {
@@ -812,13 +912,13 @@ func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spe
 	case o.checkpoint != "":
 		w, err := generate.CheckpointWeights(o.checkpoint)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, "", nil, fmt.Errorf("--checkpoint: %w", err)
 		}
 		return w, "weights from the zinf checkpoint " + w.Dir, func() { w.Close() }, nil
 	case o.safetensors != "" && o.names == "vars":
 		w, err := generate.SafetensorsWeights(nil, strings.Split(o.safetensors, ",")...)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, "", nil, fmt.Errorf("--safetensors: %w", err)
 		}
 		return w, "weights from " + o.safetensors + " (variable paths)", func() {}, nil
 	case o.safetensors != "":
@@ -827,7 +927,7 @@ func openWeights(backend compute.Backend, fn generate.ModelFn, o options, sp Spe
 		}
 		w, err := generate.SafetensorsWeights(generate.HFNames, strings.Split(o.safetensors, ",")...)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, "", nil, fmt.Errorf("--safetensors: %w", err)
 		}
 		return w, "weights from " + o.safetensors, func() {}, nil
 	}
