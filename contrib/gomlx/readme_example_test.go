@@ -18,9 +18,10 @@ import (
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 )
 
-// trainZoo is the README's "GoMLX's zoo transformer, trained with every
-// weight on NVMe" code, line for line (keep the two the same): the
-// example below compiles and runs it.
+// trainZoo is docs/gomlx.md's "GoMLX's zoo transformer, trained with
+// every weight on NVMe" code, line for line (docs/snippets_test.go in
+// zinf's module checks the two are the same): the example below compiles
+// and runs it.
 func trainZoo(ctx context.Context, backend compute.Backend, steps, batch, seq int, next func() (tokens, nextTokens *tensors.Tensor), evalTokens, evalNext *tensors.Tensor, dir string) (before, after float32, err error) {
 	store := model.NewStore()
 	m := transformer.New(store.RootScope()).WithVocabSize(100277).WithEmbedDim(32).WithNumLayers(4).
@@ -54,7 +55,7 @@ func trainZoo(ctx context.Context, backend compute.Backend, steps, batch, seq in
 	return before, after, err
 }
 
-// The README's zoo transformer code, run for 3 steps on a repeated
+// docs/gomlx.md's zoo transformer code, run for 3 steps on a repeated
 // sentence: the held-out loss (the same sentence) falls, and the
 // checkpoint is written.
 func ExampleTransformerNet() {
