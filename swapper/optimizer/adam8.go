@@ -86,7 +86,7 @@ func (k *kernel) runAdam8(p, g []float32, qm, qv []uint8, am, av []float32, a *a
 	if k.adam8 != nil && full > 0 {
 		var scratch [adam8ScratchLen]float32
 		t := quantTables()
-		k.adam8(&p[0], &g[0], &qm[0], &qv[0], &am[0], &av[0], full, a.k, a.mode, &t.signed, &t.unsigned, &scratch[0])
+		k.adam8(&p[0], &g[0], &qm[0], &qv[0], &am[0], &av[0], full, a.k, a.mode, t.signed.bytes(), t.unsigned.bytes(), &scratch[0])
 		done = full * Blockwise8BlockSize
 	}
 	if done < n {

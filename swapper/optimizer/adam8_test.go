@@ -77,32 +77,88 @@ func (s *q8State) diff(o *q8State) string {
 var adam8Lengths = []int{0, 1, 7, 8, 17, 255, 256, 257, 300, 511, 512, 513, 1000, 3*256 + 129, 4096}
 
 // TestAdam8MatchesReference runs Adam8 on every kernel against the
-// in-memory reference (dequantize, Adam on the scalar loop, quantize) on
-// random states with and without special values (zeros, subnormals, huge
-// and tiny magnitudes, infinities, NaNs), every weight-decay mode and
-// several steps, comparing every bit of the master, the codes and the
-// absmax.
+// in-memory reference (dequantize, Adam on the scalar loop, quantize):
+// diffAdam8's random and directed cases.
 func TestAdam8MatchesReference(t *testing.T) {
 	seed := uint64(time1())
 	t.Logf("seed %d", seed)
-	r := rand.New(rand.NewPCG(seed, 41))
 	for _, k := range optimizer.Kernels() {
-		for _, n := range adam8Lengths {
-			for _, special := range []float64{0, 0.02, 0.3} {
-				for hi, h := range kernelHypers(r) {
-					base := newQ8State(r, n, special)
-					want, got := base.clone(), base.clone()
-					for step := 1; step <= 3; step++ {
-						want.reference(step, h)
-						k.Adam8(got.p, got.g, got.m, got.v, got.am, got.av, step, h)
-						if d := got.diff(want); d != "" {
-							t.Fatalf("%s n=%d special=%g hyper %d step %d: %s", k, n, special, hi, step, d)
-						}
+		if err := diffAdam8(k, seed); err != nil {
+			t.Errorf("%s: %v", k, err)
+		}
+	}
+}
+
+// diffAdam8 compares Adam8 on k with the in-memory reference, every bit
+// of the master, the codes and the absmax, and returns the first
+// difference:
+//
+//   - random states with and without special values (zeros, subnormals,
+//     huge and tiny magnitudes, infinities, NaNs), every weight-decay mode,
+//     three steps, at lengths that leave every kind of tail;
+//   - directed blocks whose new exp_avg lands exactly on chosen values:
+//     with Beta1 = 0.5, zero moments and a gradient of 2 first in each
+//     block, the block's absmax is 1 and each exp_avg/absmax is exactly
+//     half its gradient, so the codes are taken at every threshold (ties),
+//     the float32s either side of it, and the edges of every lookup bucket
+//     of both signs; and a first block of zeros, whose absmax is 0.
+func diffAdam8(k optimizer.Kernel, seed uint64) error {
+	r := rand.New(rand.NewPCG(seed, 41))
+	for _, n := range adam8Lengths {
+		for _, special := range []float64{0, 0.02, 0.3} {
+			for hi, h := range kernelHypers(r) {
+				base := newQ8State(r, n, special)
+				want, got := base.clone(), base.clone()
+				for step := 1; step <= 3; step++ {
+					want.reference(step, h)
+					k.Adam8(got.p, got.g, got.m, got.v, got.am, got.av, step, h)
+					if d := got.diff(want); d != "" {
+						return fmt.Errorf("n=%d special=%g hyper %d step %d: %s", n, special, hi, step, d)
 					}
 				}
 			}
 		}
 	}
+	var probes []float32
+	for _, m := range []optimizer.QuantMap{optimizer.SignedDynamicMap(), optimizer.UnsignedDynamicMap()} {
+		thr := m.Thresholds()
+		for _, x := range thr[:255] {
+			probes = append(probes, x, math.Nextafter32(x, -2), math.Nextafter32(x, 2))
+		}
+	}
+	for top := uint32(0x3400); top <= 0x3f80; top++ {
+		for _, u := range []uint32{top << 16, top<<16 - 1} {
+			probes = append(probes, math.Float32frombits(u), -math.Float32frombits(u))
+		}
+	}
+	r.Shuffle(len(probes), func(i, j int) { probes[i], probes[j] = probes[j], probes[i] })
+	const per = 255                       // probes per block, after its leading 2
+	blocks := 1 + (len(probes)+per-1)/per // block 0 all zeros: absmax 0
+	n := blocks*256 - 3                   // the last block a tail
+	base := &q8State{p: make([]float32, n), g: make([]float32, n), m: make([]uint8, n), v: make([]uint8, n)}
+	nb := optimizer.FormatBlockwise8.Blocks(int64(n))
+	base.am, base.av = make([]float32, nb), make([]float32, nb)
+	optimizer.SignedDynamicMap().Quantize(base.m, base.am, make([]float32, n))
+	optimizer.UnsignedDynamicMap().Quantize(base.v, base.av, make([]float32, n))
+	for i := range n {
+		base.p[i] = float32(r.NormFloat64())
+		if i < 256 {
+			continue
+		}
+		if i%256 == 0 {
+			base.g[i] = 2
+		} else if j := (i/256-1)*per + i%256 - 1; j < len(probes) {
+			base.g[i] = 2 * probes[j]
+		}
+	}
+	h := optimizer.Hyper{LR: 0.01, Beta1: 0.5, Beta2: 0.5}
+	want, got := base.clone(), base.clone()
+	want.reference(1, h)
+	k.Adam8(got.p, got.g, got.m, got.v, got.am, got.av, 1, h)
+	if d := got.diff(want); d != "" {
+		return fmt.Errorf("directed codes: %s", d)
+	}
+	return nil
 }
 
 // TestAdam8EdgeBlocks covers blocks whose absmax is 0 (zero moments and

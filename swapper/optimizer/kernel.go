@@ -68,7 +68,7 @@ type kernel struct {
 	// elements (adam8Scalar's operations): p, grad, the codes qm, qv and
 	// one absmax per block in am, av, updated in place; tm and tv are the
 	// maps' tables, scratch adam8ScratchLen float32s. Nil: scalar.
-	adam8 func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [adamArgCount]float32, mode int, tm, tv *quantTable, scratch *float32)
+	adam8 func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [adamArgCount]float32, mode int, tm, tv *byte, scratch *float32)
 }
 
 var scalarKernel = &kernel{name: KernelScalar, lanes: 1}

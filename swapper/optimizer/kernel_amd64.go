@@ -6,11 +6,21 @@ import "golang.org/x/sys/cpu"
 // machines get 8-lane kernels on YMM registers, AVX-512 machines 16-lane
 // ones on ZMM registers (chosen first). x/sys/cpu reports a feature only
 // when the operating system also saves its registers.
+//
+// Adam over 8-bit moments (adam8) runs its AVX2 body on AVX-512 machines
+// too (they all have AVX2): the generated adam8AVX512 has not yet run on
+// an AVX-512 CPU, and untested assembly is worse than a narrower kernel.
+// TestAdam8AVX512Candidate checks it wherever it can run; once it has
+// passed there it can replace adam8AVX2 here.
 func init() {
 	if cpu.X86.HasAVX512F {
-		simdKernels = append(simdKernels, &kernel{name: KernelAVX512, lanes: 16, adam: adamAVX512, sgd: sgdAVX512, adagrad: adagradAVX512, lion: lionAVX512})
+		var adam8 func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [adamArgCount]float32, mode int, tm, tv *byte, scratch *float32)
+		if cpu.X86.HasAVX2 {
+			adam8 = adam8AVX2
+		}
+		simdKernels = append(simdKernels, &kernel{name: KernelAVX512, lanes: 16, adam: adamAVX512, sgd: sgdAVX512, adagrad: adagradAVX512, lion: lionAVX512, adam8: adam8})
 	}
 	if cpu.X86.HasAVX2 {
-		simdKernels = append(simdKernels, &kernel{name: KernelAVX2, lanes: 8, adam: adamAVX2, sgd: sgdAVX2, adagrad: adagradAVX2, lion: lionAVX2})
+		simdKernels = append(simdKernels, &kernel{name: KernelAVX2, lanes: 8, adam: adamAVX2, sgd: sgdAVX2, adagrad: adagradAVX2, lion: lionAVX2, adam8: adam8AVX2})
 	}
 }

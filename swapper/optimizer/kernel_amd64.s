@@ -2143,3 +2143,1023 @@ lionAVX512_mode1_single:
 lionAVX512_mode1_done:
 	VZEROUPPER
 	RET
+
+// func adam8AVX2(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)
+// Requires: AVX, AVX2, CMOV
+TEXT ·adam8AVX2(SB), NOSPLIT, $0-128
+	MOVQ p+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ qm+16(FP), DX
+	MOVQ qv+24(FP), BX
+	MOVQ am+32(FP), SI
+	MOVQ av+40(FP), DI
+	MOVQ blocks+48(FP), R8
+	MOVQ mode+96(FP), R9
+	MOVQ tm+104(FP), R10
+	MOVQ tv+112(FP), R11
+	MOVQ scratch+120(FP), R12
+
+	// The constants: broadcast, into registers (AVX-512) or the scratch (AVX2).
+	VBROADCASTSS args_0+56(FP), Y0
+	VMOVUPS      Y0, 2048(R12)
+	VBROADCASTSS args_1+60(FP), Y0
+	VMOVUPS      Y0, 2080(R12)
+	VBROADCASTSS args_2+64(FP), Y0
+	VMOVUPS      Y0, 2112(R12)
+	VBROADCASTSS args_3+68(FP), Y0
+	VMOVUPS      Y0, 2144(R12)
+	VBROADCASTSS args_4+72(FP), Y0
+	VMOVUPS      Y0, 2176(R12)
+	VBROADCASTSS args_5+76(FP), Y0
+	VMOVUPS      Y0, 2208(R12)
+	VBROADCASTSS args_6+80(FP), Y0
+	VMOVUPS      Y0, 2240(R12)
+	VBROADCASTSS args_7+84(FP), Y0
+	VMOVUPS      Y0, 2272(R12)
+	VBROADCASTSS args_8+88(FP), Y0
+	VMOVUPS      Y0, 2304(R12)
+	MOVL         $0x7fffffff, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2336(R12)
+	MOVL         $0x00003400, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2368(R12)
+	MOVL         $0x00000b80, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2400(R12)
+	MOVL         $0x00000b81, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2432(R12)
+	MOVL         $0x000000ff, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2464(R12)
+	MOVL         $0x00000000, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 2496(R12)
+	MOVL         $0x0c080400, R13
+	MOVL         R13, 2528(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2532(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2536(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2540(R12)
+	MOVL         $0x0c080400, R13
+	MOVL         R13, 2544(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2548(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2552(R12)
+	MOVL         $0x80808080, R13
+	MOVL         R13, 2556(R12)
+	MOVL         $0x00000000, R13
+	MOVL         R13, 2560(R12)
+	MOVL         $0x00000004, R13
+	MOVL         R13, 2564(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2568(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2572(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2576(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2580(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2584(R12)
+	MOVL         $0x00000001, R13
+	MOVL         R13, 2588(R12)
+	CMPQ         R9, $0x01
+	JEQ          adam8AVX2_l2
+	CMPQ         R9, $0x02
+	JEQ          adam8AVX2_adamw
+
+adam8AVX2_plain_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX2_plain_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Y0
+	VBROADCASTSS (DI), Y1
+	VPXOR        Y2, Y2, Y2
+	VPXOR        Y3, Y3, Y3
+	XORQ         R9, R9
+
+adam8AVX2_plain_update:
+	VPMOVZXBD  (DX)(R9*1), Y4
+	VPXOR      Y5, Y5, Y5
+	VPCMPEQD   Y6, Y6, Y6
+	VGATHERDPS Y6, (R10)(Y4*4), Y5
+	VMULPS     Y0, Y5, Y4
+	VPMOVZXBD  (BX)(R9*1), Y5
+	VPXOR      Y6, Y6, Y6
+	VPCMPEQD   Y7, Y7, Y7
+	VGATHERDPS Y7, (R11)(Y5*4), Y6
+	VMULPS     Y1, Y6, Y5
+	VMOVUPS    (AX)(R9*4), Y6
+	VMOVUPS    (CX)(R9*4), Y7
+	VMULPS     2048(R12), Y4, Y4
+	VMULPS     2080(R12), Y7, Y8
+	VADDPS     Y4, Y8, Y4
+	VMULPS     2112(R12), Y5, Y5
+	VMULPS     2144(R12), Y7, Y8
+	VMULPS     Y8, Y7, Y8
+	VADDPS     Y5, Y8, Y5
+	VSQRTPS    Y5, Y8
+	VDIVPS     2176(R12), Y8, Y8
+	VADDPS     2208(R12), Y8, Y8
+	VDIVPS     Y8, Y4, Y7
+	VMULPS     2240(R12), Y7, Y7
+	VSUBPS     Y7, Y6, Y6
+	VMOVUPS    Y6, (AX)(R9*4)
+	VMOVUPS    Y4, (R12)(R9*4)
+	VMOVUPS    Y5, 1024(R12)(R9*4)
+	VPAND      2336(R12), Y4, Y4
+	VPMAXUD    Y4, Y2, Y2
+	VPAND      2336(R12), Y5, Y5
+	VPMAXUD    Y5, Y3, Y3
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_plain_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI128 $0x01, Y2, X0
+	VPMAXUD      X0, X2, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, R9
+	MOVL         R9, (SI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	VEXTRACTI128 $0x01, Y3, X1
+	VPMAXUD      X1, X3, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPMAXUD      X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPMAXUD      X2, X1, X1
+	VMOVD        X1, R9
+	MOVL         R9, (DI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX2_plain_quant:
+	VMOVUPS    (R12)(R9*4), Y2
+	VDIVPS     Y0, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R10)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R10)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Y2
+	VDIVPS     Y1, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R11)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R11)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (BX)(R9*1)
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_plain_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX2_plain_block
+
+adam8AVX2_plain_done:
+	VZEROUPPER
+	RET
+
+adam8AVX2_l2:
+adam8AVX2_l2_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX2_l2_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Y0
+	VBROADCASTSS (DI), Y1
+	VPXOR        Y2, Y2, Y2
+	VPXOR        Y3, Y3, Y3
+	XORQ         R9, R9
+
+adam8AVX2_l2_update:
+	VPMOVZXBD  (DX)(R9*1), Y4
+	VPXOR      Y5, Y5, Y5
+	VPCMPEQD   Y6, Y6, Y6
+	VGATHERDPS Y6, (R10)(Y4*4), Y5
+	VMULPS     Y0, Y5, Y4
+	VPMOVZXBD  (BX)(R9*1), Y5
+	VPXOR      Y6, Y6, Y6
+	VPCMPEQD   Y7, Y7, Y7
+	VGATHERDPS Y7, (R11)(Y5*4), Y6
+	VMULPS     Y1, Y6, Y5
+	VMOVUPS    (AX)(R9*4), Y6
+	VMOVUPS    (CX)(R9*4), Y7
+	VMULPS     2272(R12), Y6, Y8
+	VADDPS     Y8, Y7, Y7
+	VMULPS     2048(R12), Y4, Y4
+	VMULPS     2080(R12), Y7, Y8
+	VADDPS     Y4, Y8, Y4
+	VMULPS     2112(R12), Y5, Y5
+	VMULPS     2144(R12), Y7, Y8
+	VMULPS     Y8, Y7, Y8
+	VADDPS     Y5, Y8, Y5
+	VSQRTPS    Y5, Y8
+	VDIVPS     2176(R12), Y8, Y8
+	VADDPS     2208(R12), Y8, Y8
+	VDIVPS     Y8, Y4, Y7
+	VMULPS     2240(R12), Y7, Y7
+	VSUBPS     Y7, Y6, Y6
+	VMOVUPS    Y6, (AX)(R9*4)
+	VMOVUPS    Y4, (R12)(R9*4)
+	VMOVUPS    Y5, 1024(R12)(R9*4)
+	VPAND      2336(R12), Y4, Y4
+	VPMAXUD    Y4, Y2, Y2
+	VPAND      2336(R12), Y5, Y5
+	VPMAXUD    Y5, Y3, Y3
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_l2_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI128 $0x01, Y2, X0
+	VPMAXUD      X0, X2, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, R9
+	MOVL         R9, (SI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	VEXTRACTI128 $0x01, Y3, X1
+	VPMAXUD      X1, X3, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPMAXUD      X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPMAXUD      X2, X1, X1
+	VMOVD        X1, R9
+	MOVL         R9, (DI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX2_l2_quant:
+	VMOVUPS    (R12)(R9*4), Y2
+	VDIVPS     Y0, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R10)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R10)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Y2
+	VDIVPS     Y1, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R11)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R11)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (BX)(R9*1)
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_l2_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX2_l2_block
+
+adam8AVX2_l2_done:
+	VZEROUPPER
+	RET
+
+adam8AVX2_adamw:
+adam8AVX2_adamw_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX2_adamw_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Y0
+	VBROADCASTSS (DI), Y1
+	VPXOR        Y2, Y2, Y2
+	VPXOR        Y3, Y3, Y3
+	XORQ         R9, R9
+
+adam8AVX2_adamw_update:
+	VPMOVZXBD  (DX)(R9*1), Y4
+	VPXOR      Y5, Y5, Y5
+	VPCMPEQD   Y6, Y6, Y6
+	VGATHERDPS Y6, (R10)(Y4*4), Y5
+	VMULPS     Y0, Y5, Y4
+	VPMOVZXBD  (BX)(R9*1), Y5
+	VPXOR      Y6, Y6, Y6
+	VPCMPEQD   Y7, Y7, Y7
+	VGATHERDPS Y7, (R11)(Y5*4), Y6
+	VMULPS     Y1, Y6, Y5
+	VMOVUPS    (AX)(R9*4), Y6
+	VMOVUPS    (CX)(R9*4), Y7
+	VMULPS     2304(R12), Y6, Y6
+	VMULPS     2048(R12), Y4, Y4
+	VMULPS     2080(R12), Y7, Y8
+	VADDPS     Y4, Y8, Y4
+	VMULPS     2112(R12), Y5, Y5
+	VMULPS     2144(R12), Y7, Y8
+	VMULPS     Y8, Y7, Y8
+	VADDPS     Y5, Y8, Y5
+	VSQRTPS    Y5, Y8
+	VDIVPS     2176(R12), Y8, Y8
+	VADDPS     2208(R12), Y8, Y8
+	VDIVPS     Y8, Y4, Y7
+	VMULPS     2240(R12), Y7, Y7
+	VSUBPS     Y7, Y6, Y6
+	VMOVUPS    Y6, (AX)(R9*4)
+	VMOVUPS    Y4, (R12)(R9*4)
+	VMOVUPS    Y5, 1024(R12)(R9*4)
+	VPAND      2336(R12), Y4, Y4
+	VPMAXUD    Y4, Y2, Y2
+	VPAND      2336(R12), Y5, Y5
+	VPMAXUD    Y5, Y3, Y3
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_adamw_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI128 $0x01, Y2, X0
+	VPMAXUD      X0, X2, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, R9
+	MOVL         R9, (SI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	VEXTRACTI128 $0x01, Y3, X1
+	VPMAXUD      X1, X3, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPMAXUD      X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPMAXUD      X2, X1, X1
+	VMOVD        X1, R9
+	MOVL         R9, (DI)
+	MOVL         $0x3f800000, R13
+	TESTL        R9, R9
+	CMOVLEQ      R13, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX2_adamw_quant:
+	VMOVUPS    (R12)(R9*4), Y2
+	VDIVPS     Y0, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R10)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R10)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Y2
+	VDIVPS     Y1, Y2, Y2
+	VPAND      2336(R12), Y2, Y3
+	VPSRLD     $0x10, Y3, Y3
+	VPSUBD     2368(R12), Y3, Y3
+	VPMAXSD    2496(R12), Y3, Y3
+	VPMINSD    2400(R12), Y3, Y3
+	VPSRAD     $0x1f, Y2, Y4
+	VPAND      2432(R12), Y4, Y4
+	VPADDD     Y4, Y3, Y3
+	VPXOR      Y4, Y4, Y4
+	VPCMPEQD   Y5, Y5, Y5
+	VPGATHERDD Y5, 2048(R11)(Y3*1), Y4
+	VPAND      2464(R12), Y4, Y4
+	VPXOR      Y3, Y3, Y3
+	VPCMPEQD   Y5, Y5, Y5
+	VGATHERDPS Y5, 1024(R11)(Y4*4), Y3
+	VCMPPS     $0x1d, Y3, Y2, Y2
+	VPSUBD     Y2, Y4, Y4
+	VPSHUFB    2528(R12), Y4, Y4
+	VMOVDQU    2560(R12), Y2
+	VPERMD     Y4, Y2, Y4
+	VMOVQ      X4, (BX)(R9*1)
+	ADDQ       $0x08, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX2_adamw_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX2_adamw_block
+
+adam8AVX2_adamw_done:
+	VZEROUPPER
+	RET
+
+// func adam8AVX512(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV
+TEXT ·adam8AVX512(SB), NOSPLIT, $0-128
+	MOVQ p+0(FP), AX
+	MOVQ grad+8(FP), CX
+	MOVQ qm+16(FP), DX
+	MOVQ qv+24(FP), BX
+	MOVQ am+32(FP), SI
+	MOVQ av+40(FP), DI
+	MOVQ blocks+48(FP), R8
+	MOVQ mode+96(FP), R9
+	MOVQ tm+104(FP), R10
+	MOVQ tv+112(FP), R11
+	MOVQ scratch+120(FP), R12
+
+	// The constants: broadcast, into registers (AVX-512) or the scratch (AVX2).
+	VBROADCASTSS args_0+56(FP), Z0
+	VBROADCASTSS args_1+60(FP), Z1
+	VBROADCASTSS args_2+64(FP), Z2
+	VBROADCASTSS args_3+68(FP), Z3
+	VBROADCASTSS args_4+72(FP), Z4
+	VBROADCASTSS args_5+76(FP), Z5
+	VBROADCASTSS args_6+80(FP), Z6
+	VBROADCASTSS args_7+84(FP), Z7
+	VBROADCASTSS args_8+88(FP), Z8
+	MOVL         $0x7fffffff, R13
+	VMOVD        R13, X9
+	VPBROADCASTD X9, Z9
+	MOVL         $0x00003400, R13
+	VMOVD        R13, X10
+	VPBROADCASTD X10, Z10
+	MOVL         $0x00000b80, R13
+	VMOVD        R13, X11
+	VPBROADCASTD X11, Z11
+	MOVL         $0x00000b81, R13
+	VMOVD        R13, X12
+	VPBROADCASTD X12, Z12
+	MOVL         $0x000000ff, R13
+	VMOVD        R13, X13
+	VPBROADCASTD X13, Z13
+	MOVL         $0x00000000, R13
+	VMOVD        R13, X14
+	VPBROADCASTD X14, Z14
+	MOVL         $0x00000001, R13
+	VMOVD        R13, X15
+	VPBROADCASTD X15, Z15
+	CMPQ         R9, $0x01
+	JEQ          adam8AVX512_l2
+	CMPQ         R9, $0x02
+	JEQ          adam8AVX512_adamw
+
+adam8AVX512_plain_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX512_plain_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Z7
+	VBROADCASTSS (DI), Z8
+	VPXORD       Z16, Z16, Z16
+	VPXORD       Z17, Z17, Z17
+	XORQ         R9, R9
+
+adam8AVX512_plain_update:
+	VPMOVZXBD  (DX)(R9*1), Z24
+	VPXORD     Z18, Z18, Z18
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R10)(Z24*4), K1, Z18
+	VMULPS     Z7, Z18, Z24
+	VPMOVZXBD  (BX)(R9*1), Z25
+	VPXORD     Z19, Z19, Z19
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R11)(Z25*4), K1, Z19
+	VMULPS     Z8, Z19, Z25
+	VMOVUPS    (AX)(R9*4), Z26
+	VMOVUPS    (CX)(R9*4), Z27
+	VMULPS     Z0, Z24, Z24
+	VMULPS     Z1, Z27, Z28
+	VADDPS     Z24, Z28, Z24
+	VMULPS     Z2, Z25, Z25
+	VMULPS     Z3, Z27, Z28
+	VMULPS     Z28, Z27, Z28
+	VADDPS     Z25, Z28, Z25
+	VSQRTPS    Z25, Z28
+	VDIVPS     Z4, Z28, Z28
+	VADDPS     Z5, Z28, Z28
+	VDIVPS     Z28, Z24, Z27
+	VMULPS     Z6, Z27, Z27
+	VSUBPS     Z27, Z26, Z26
+	VMOVUPS    Z26, (AX)(R9*4)
+	VMOVUPS    Z24, (R12)(R9*4)
+	VMOVUPS    Z25, 1024(R12)(R9*4)
+	VPANDD     Z9, Z24, Z24
+	VPMAXUD    Z24, Z16, Z16
+	VPANDD     Z9, Z25, Z25
+	VPMAXUD    Z25, Z17, Z17
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_plain_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI64X4 $0x01, Z16, Y7
+	VPMAXUD       Y7, Y16, Y7
+	VEXTRACTI32X4 $0x01, Y7, X8
+	VPMAXUD       X8, X7, X8
+	VPSHUFD       $0x4e, X8, X7
+	VPMAXUD       X7, X8, X8
+	VPSHUFD       $0xb1, X8, X7
+	VPMAXUD       X7, X8, X8
+	VMOVD         X8, R9
+	MOVL          R9, (SI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X7
+	VPBROADCASTD  X7, Z7
+	VEXTRACTI64X4 $0x01, Z17, Y8
+	VPMAXUD       Y8, Y17, Y8
+	VEXTRACTI32X4 $0x01, Y8, X24
+	VPMAXUD       X24, X8, X24
+	VPSHUFD       $0x4e, X24, X8
+	VPMAXUD       X8, X24, X24
+	VPSHUFD       $0xb1, X24, X8
+	VPMAXUD       X8, X24, X24
+	VMOVD         X24, R9
+	MOVL          R9, (DI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X8
+	VPBROADCASTD  X8, Z8
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX512_plain_quant:
+	VMOVUPS    (R12)(R9*4), Z24
+	VDIVPS     Z7, Z24, Z24
+	VPANDD     Z9, Z24, Z25
+	VPSRLD     $0x10, Z25, Z25
+	VPSUBD     Z10, Z25, Z25
+	VPMAXSD    Z14, Z25, Z25
+	VPMINSD    Z11, Z25, Z25
+	VPSRAD     $0x1f, Z24, Z26
+	VPANDD     Z12, Z26, Z26
+	VPADDD     Z26, Z25, Z25
+	VPXORD     Z20, Z20, Z20
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R10)(Z25*1), K1, Z20
+	VPANDD     Z13, Z20, Z20
+	VPXORD     Z21, Z21, Z21
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R10)(Z20*4), K1, Z21
+	VCMPPS     $0x1d, Z21, Z24, K1
+	VPADDD     Z15, Z20, K1, Z20
+	VPMOVDB    Z20, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Z24
+	VDIVPS     Z8, Z24, Z24
+	VPANDD     Z9, Z24, Z25
+	VPSRLD     $0x10, Z25, Z25
+	VPSUBD     Z10, Z25, Z25
+	VPMAXSD    Z14, Z25, Z25
+	VPMINSD    Z11, Z25, Z25
+	VPSRAD     $0x1f, Z24, Z26
+	VPANDD     Z12, Z26, Z26
+	VPADDD     Z26, Z25, Z25
+	VPXORD     Z22, Z22, Z22
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R11)(Z25*1), K1, Z22
+	VPANDD     Z13, Z22, Z22
+	VPXORD     Z23, Z23, Z23
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R11)(Z22*4), K1, Z23
+	VCMPPS     $0x1d, Z23, Z24, K1
+	VPADDD     Z15, Z22, K1, Z22
+	VPMOVDB    Z22, (BX)(R9*1)
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_plain_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX512_plain_block
+
+adam8AVX512_plain_done:
+	VZEROUPPER
+	RET
+
+adam8AVX512_l2:
+adam8AVX512_l2_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX512_l2_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Z8
+	VBROADCASTSS (DI), Z24
+	VPXORD       Z16, Z16, Z16
+	VPXORD       Z17, Z17, Z17
+	XORQ         R9, R9
+
+adam8AVX512_l2_update:
+	VPMOVZXBD  (DX)(R9*1), Z25
+	VPXORD     Z18, Z18, Z18
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R10)(Z25*4), K1, Z18
+	VMULPS     Z8, Z18, Z25
+	VPMOVZXBD  (BX)(R9*1), Z26
+	VPXORD     Z19, Z19, Z19
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R11)(Z26*4), K1, Z19
+	VMULPS     Z24, Z19, Z26
+	VMOVUPS    (AX)(R9*4), Z27
+	VMOVUPS    (CX)(R9*4), Z28
+	VMULPS     Z7, Z27, Z29
+	VADDPS     Z29, Z28, Z28
+	VMULPS     Z0, Z25, Z25
+	VMULPS     Z1, Z28, Z29
+	VADDPS     Z25, Z29, Z25
+	VMULPS     Z2, Z26, Z26
+	VMULPS     Z3, Z28, Z29
+	VMULPS     Z29, Z28, Z29
+	VADDPS     Z26, Z29, Z26
+	VSQRTPS    Z26, Z29
+	VDIVPS     Z4, Z29, Z29
+	VADDPS     Z5, Z29, Z29
+	VDIVPS     Z29, Z25, Z28
+	VMULPS     Z6, Z28, Z28
+	VSUBPS     Z28, Z27, Z27
+	VMOVUPS    Z27, (AX)(R9*4)
+	VMOVUPS    Z25, (R12)(R9*4)
+	VMOVUPS    Z26, 1024(R12)(R9*4)
+	VPANDD     Z9, Z25, Z25
+	VPMAXUD    Z25, Z16, Z16
+	VPANDD     Z9, Z26, Z26
+	VPMAXUD    Z26, Z17, Z17
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_l2_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI64X4 $0x01, Z16, Y8
+	VPMAXUD       Y8, Y16, Y8
+	VEXTRACTI32X4 $0x01, Y8, X24
+	VPMAXUD       X24, X8, X24
+	VPSHUFD       $0x4e, X24, X8
+	VPMAXUD       X8, X24, X24
+	VPSHUFD       $0xb1, X24, X8
+	VPMAXUD       X8, X24, X24
+	VMOVD         X24, R9
+	MOVL          R9, (SI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X8
+	VPBROADCASTD  X8, Z8
+	VEXTRACTI64X4 $0x01, Z17, Y24
+	VPMAXUD       Y24, Y17, Y24
+	VEXTRACTI32X4 $0x01, Y24, X25
+	VPMAXUD       X25, X24, X25
+	VPSHUFD       $0x4e, X25, X24
+	VPMAXUD       X24, X25, X25
+	VPSHUFD       $0xb1, X25, X24
+	VPMAXUD       X24, X25, X25
+	VMOVD         X25, R9
+	MOVL          R9, (DI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X24
+	VPBROADCASTD  X24, Z24
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX512_l2_quant:
+	VMOVUPS    (R12)(R9*4), Z25
+	VDIVPS     Z8, Z25, Z25
+	VPANDD     Z9, Z25, Z26
+	VPSRLD     $0x10, Z26, Z26
+	VPSUBD     Z10, Z26, Z26
+	VPMAXSD    Z14, Z26, Z26
+	VPMINSD    Z11, Z26, Z26
+	VPSRAD     $0x1f, Z25, Z27
+	VPANDD     Z12, Z27, Z27
+	VPADDD     Z27, Z26, Z26
+	VPXORD     Z20, Z20, Z20
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R10)(Z26*1), K1, Z20
+	VPANDD     Z13, Z20, Z20
+	VPXORD     Z21, Z21, Z21
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R10)(Z20*4), K1, Z21
+	VCMPPS     $0x1d, Z21, Z25, K1
+	VPADDD     Z15, Z20, K1, Z20
+	VPMOVDB    Z20, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Z25
+	VDIVPS     Z24, Z25, Z25
+	VPANDD     Z9, Z25, Z26
+	VPSRLD     $0x10, Z26, Z26
+	VPSUBD     Z10, Z26, Z26
+	VPMAXSD    Z14, Z26, Z26
+	VPMINSD    Z11, Z26, Z26
+	VPSRAD     $0x1f, Z25, Z27
+	VPANDD     Z12, Z27, Z27
+	VPADDD     Z27, Z26, Z26
+	VPXORD     Z22, Z22, Z22
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R11)(Z26*1), K1, Z22
+	VPANDD     Z13, Z22, Z22
+	VPXORD     Z23, Z23, Z23
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R11)(Z22*4), K1, Z23
+	VCMPPS     $0x1d, Z23, Z25, K1
+	VPADDD     Z15, Z22, K1, Z22
+	VPMOVDB    Z22, (BX)(R9*1)
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_l2_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX512_l2_block
+
+adam8AVX512_l2_done:
+	VZEROUPPER
+	RET
+
+adam8AVX512_adamw:
+adam8AVX512_adamw_block:
+	CMPQ R8, $0x00
+	JEQ  adam8AVX512_adamw_done
+
+	// Phase 1: dequantize, update, keep the new moments and their absmax.
+	VBROADCASTSS (SI), Z7
+	VBROADCASTSS (DI), Z24
+	VPXORD       Z16, Z16, Z16
+	VPXORD       Z17, Z17, Z17
+	XORQ         R9, R9
+
+adam8AVX512_adamw_update:
+	VPMOVZXBD  (DX)(R9*1), Z25
+	VPXORD     Z18, Z18, Z18
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R10)(Z25*4), K1, Z18
+	VMULPS     Z7, Z18, Z25
+	VPMOVZXBD  (BX)(R9*1), Z26
+	VPXORD     Z19, Z19, Z19
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS (R11)(Z26*4), K1, Z19
+	VMULPS     Z24, Z19, Z26
+	VMOVUPS    (AX)(R9*4), Z27
+	VMOVUPS    (CX)(R9*4), Z28
+	VMULPS     Z8, Z27, Z27
+	VMULPS     Z0, Z25, Z25
+	VMULPS     Z1, Z28, Z29
+	VADDPS     Z25, Z29, Z25
+	VMULPS     Z2, Z26, Z26
+	VMULPS     Z3, Z28, Z29
+	VMULPS     Z29, Z28, Z29
+	VADDPS     Z26, Z29, Z26
+	VSQRTPS    Z26, Z29
+	VDIVPS     Z4, Z29, Z29
+	VADDPS     Z5, Z29, Z29
+	VDIVPS     Z29, Z25, Z28
+	VMULPS     Z6, Z28, Z28
+	VSUBPS     Z28, Z27, Z27
+	VMOVUPS    Z27, (AX)(R9*4)
+	VMOVUPS    Z25, (R12)(R9*4)
+	VMOVUPS    Z26, 1024(R12)(R9*4)
+	VPANDD     Z9, Z25, Z25
+	VPMAXUD    Z25, Z16, Z16
+	VPANDD     Z9, Z26, Z26
+	VPMAXUD    Z26, Z17, Z17
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_adamw_update
+
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	VEXTRACTI64X4 $0x01, Z16, Y7
+	VPMAXUD       Y7, Y16, Y7
+	VEXTRACTI32X4 $0x01, Y7, X24
+	VPMAXUD       X24, X7, X24
+	VPSHUFD       $0x4e, X24, X7
+	VPMAXUD       X7, X24, X24
+	VPSHUFD       $0xb1, X24, X7
+	VPMAXUD       X7, X24, X24
+	VMOVD         X24, R9
+	MOVL          R9, (SI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X7
+	VPBROADCASTD  X7, Z7
+	VEXTRACTI64X4 $0x01, Z17, Y24
+	VPMAXUD       Y24, Y17, Y24
+	VEXTRACTI32X4 $0x01, Y24, X25
+	VPMAXUD       X25, X24, X25
+	VPSHUFD       $0x4e, X25, X24
+	VPMAXUD       X24, X25, X25
+	VPSHUFD       $0xb1, X25, X24
+	VPMAXUD       X24, X25, X25
+	VMOVD         X25, R9
+	MOVL          R9, (DI)
+	MOVL          $0x3f800000, R13
+	TESTL         R9, R9
+	CMOVLEQ       R13, R9
+	VMOVD         R9, X24
+	VPBROADCASTD  X24, Z24
+
+	// Phase 3: requantize the block from the scratch.
+	XORQ R9, R9
+
+adam8AVX512_adamw_quant:
+	VMOVUPS    (R12)(R9*4), Z25
+	VDIVPS     Z7, Z25, Z25
+	VPANDD     Z9, Z25, Z26
+	VPSRLD     $0x10, Z26, Z26
+	VPSUBD     Z10, Z26, Z26
+	VPMAXSD    Z14, Z26, Z26
+	VPMINSD    Z11, Z26, Z26
+	VPSRAD     $0x1f, Z25, Z27
+	VPANDD     Z12, Z27, Z27
+	VPADDD     Z27, Z26, Z26
+	VPXORD     Z20, Z20, Z20
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R10)(Z26*1), K1, Z20
+	VPANDD     Z13, Z20, Z20
+	VPXORD     Z21, Z21, Z21
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R10)(Z20*4), K1, Z21
+	VCMPPS     $0x1d, Z21, Z25, K1
+	VPADDD     Z15, Z20, K1, Z20
+	VPMOVDB    Z20, (DX)(R9*1)
+	VMOVUPS    1024(R12)(R9*4), Z25
+	VDIVPS     Z24, Z25, Z25
+	VPANDD     Z9, Z25, Z26
+	VPSRLD     $0x10, Z26, Z26
+	VPSUBD     Z10, Z26, Z26
+	VPMAXSD    Z14, Z26, Z26
+	VPMINSD    Z11, Z26, Z26
+	VPSRAD     $0x1f, Z25, Z27
+	VPANDD     Z12, Z27, Z27
+	VPADDD     Z27, Z26, Z26
+	VPXORD     Z22, Z22, Z22
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VPGATHERDD 2048(R11)(Z26*1), K1, Z22
+	VPANDD     Z13, Z22, Z22
+	VPXORD     Z23, Z23, Z23
+	MOVL       $0x0000ffff, R13
+	KMOVW      R13, K1
+	VGATHERDPS 1024(R11)(Z22*4), K1, Z23
+	VCMPPS     $0x1d, Z23, Z25, K1
+	VPADDD     Z15, Z22, K1, Z22
+	VPMOVDB    Z22, (BX)(R9*1)
+	ADDQ       $0x10, R9
+	CMPQ       R9, $0x00000100
+	JL         adam8AVX512_adamw_quant
+	ADDQ       $0x00000400, AX
+	ADDQ       $0x00000400, CX
+	ADDQ       $0x00000100, DX
+	ADDQ       $0x00000100, BX
+	ADDQ       $0x04, SI
+	ADDQ       $0x04, DI
+	DECQ       R8
+	JMP        adam8AVX512_adamw_block
+
+adam8AVX512_adamw_done:
+	VZEROUPPER
+	RET

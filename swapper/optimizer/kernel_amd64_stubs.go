@@ -43,3 +43,13 @@ func adagradAVX512(w *float32, grad *float32, s *float32, n int, args [3]float32
 //
 //go:noescape
 func lionAVX512(w *float32, grad *float32, m *float32, n int, args [8]float32, mode int)
+
+// adam8AVX2 runs Adam over 8-bit blockwise moments (adam8Scalar) on blocks whole blocks of 256 elements, 8 lanes at a time; tm and tv are the maps' quantTables, scratch holds adam8ScratchLen float32s.
+//
+//go:noescape
+func adam8AVX2(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)
+
+// adam8AVX512 runs Adam over 8-bit blockwise moments (adam8Scalar) on blocks whole blocks of 256 elements, 16 lanes at a time; tm and tv are the maps' quantTables, scratch holds adam8ScratchLen float32s.
+//
+//go:noescape
+func adam8AVX512(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"unsafe"
 )
 
 // QuantMap is one of the two 256-entry dynamic quantization maps of 8-bit
@@ -120,6 +121,9 @@ const (
 	quantTableThr    = 1024
 	quantTableBucket = 2048
 )
+
+// bytes returns t's address as the kernels take it.
+func (t *quantTable) bytes() *byte { return (*byte)(unsafe.Pointer(t)) }
 
 // bucketOf returns the index into quantTable.bucket of y's bucket.
 func bucketOf(y float32) int {

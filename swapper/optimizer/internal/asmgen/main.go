@@ -101,6 +101,9 @@ func main() {
 		genAdagrad(s)
 		genLion(s)
 	}
+	for _, s := range []isa{avx2, avx512} {
+		genAdam8(s)
+	}
 	Generate()
 }
 

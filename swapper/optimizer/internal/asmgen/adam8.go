@@ -1,0 +1,381 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// Adam over 8-bit blockwise moments (../../adam8.go): the block size, the
+// code tables' layout (quantTable in ../../quant8.go) and the scratch
+// the caller passes (adam8ScratchLen float32s).
+const (
+	q8Block       = 256
+	q8Values      = 0    // quantTableValues: the 256 map entries
+	q8Thr         = 1024 // quantTableThr: the 256 thresholds
+	q8Bucket      = 2048 // quantTableBucket: the bucket codes (bytes)
+	q8BucketLo    = 0x3400
+	q8BucketCount = 0x3f80 - 0x3400 + 1
+	// The scratch: the block's new exp_avg at 0, exp_avg_sq at 1024, and
+	// from 2048 the constants the AVX2 kernel keeps in memory, 32 bytes
+	// each.
+	scrM      = 0
+	scrV      = 4 * q8Block
+	scrConsts = 8 * q8Block
+	cmpGEOQ   = 0x1d // VCMPPS: greater or equal, ordered, quiet
+)
+
+// Integer constants of the code lookup (after the argCount float ones).
+const (
+	icAbsMask   = argCount + iota // 0x7fffffff: clears the sign bit
+	icBucketLo                    // q8BucketLo
+	icBucketTop                   // q8BucketCount-1
+	icBucketNeg                   // q8BucketCount: the negative half's offset
+	icByte                        // 0xff
+	icZero                        // 0
+	icShuffle                     // AVX2: each 128-bit lane's dword low bytes to its first dword
+	icPerm                        // AVX2: dwords 0 and 4 to 0 and 1
+	icOne                         // AVX-512: 1
+	icCount
+)
+
+// q8 is the state of one 8-bit kernel's generation: its ISA and where
+// its constants are (a register on AVX-512, the scratch on AVX2, whose 16
+// registers the update needs).
+type q8 struct {
+	s      isa
+	consts []Op
+}
+
+// c returns constant j as an operand: usable only as an instruction's
+// first (Go order) source, the one x86 lets be in memory.
+func (q *q8) c(j int) Op { return q.consts[j] }
+
+// and, vand: integer AND of vectors (VPANDD on ZMM, VPAND on YMM).
+func (q *q8) and(a, b, dst Op) {
+	if q.s.masks {
+		VPANDD(a, b, dst)
+	} else {
+		VPAND(a, b, dst)
+	}
+}
+
+// genAdam8 emits adam8<ISA>(p, grad, qm, qv, am, av, blocks, args, mode,
+// tm, tv, scratch): adam8Scalar on blocks whole blocks. Per block:
+//
+//  1. for each vector: dequantize exp_avg and exp_avg_sq (gather the map
+//     entries of the codes, times the block's absmax), run Adam's body
+//     (the operations of adamScalar, as genAdam), store the master, keep
+//     the new moments in the scratch and their largest magnitudes (an
+//     unsigned maximum of the bits with the sign cleared);
+//  2. store the new absmax; the divisor is it, or 1.0 when it is 0;
+//  3. for each vector of the scratch: y = moment/divisor, its bucket from
+//     the top 16 bits of |y| (clamped; the negative half for a set sign
+//     bit), the bucket's code (a gather of bytes), one more if y is at or
+//     above that code's threshold (a gather and an ordered compare), the
+//     codes packed to bytes and stored.
+func genAdam8(s isa) {
+	name := "adam8" + s.name
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [%d]float32, mode int, tm, tv *byte, scratch *float32)", argCount))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s runs Adam over 8-bit blockwise moments (adam8Scalar) on blocks whole blocks of %d elements, %d lanes at a time; tm and tv are the maps' quantTables, scratch holds adam8ScratchLen float32s.", name, q8Block, s.lanes))
+	p := Load(Param("p"), GP64())
+	g := Load(Param("grad"), GP64())
+	qm := Load(Param("qm"), GP64())
+	qv := Load(Param("qv"), GP64())
+	am := Load(Param("am"), GP64())
+	av := Load(Param("av"), GP64())
+	blocks := Load(Param("blocks"), GP64())
+	mode := Load(Param("mode"), GP64())
+	tm := Load(Param("tm"), GP64())
+	tv := Load(Param("tv"), GP64())
+	scr := Load(Param("scratch"), GP64())
+
+	q := &q8{s: s, consts: make([]Op, icCount)}
+	Comment("The constants: broadcast, into registers (AVX-512) or the scratch (AVX2).")
+	put := func(j int, v VecVirtual) {
+		if s.masks {
+			q.consts[j] = v
+			return
+		}
+		m := Mem{Base: scr, Disp: scrConsts + 32*j}
+		VMOVUPS(v, m)
+		q.consts[j] = m
+	}
+	for j := range argCount {
+		put(j, broadcast(s, j))
+	}
+	ints := map[int]uint32{icAbsMask: 0x7fff_ffff, icBucketLo: q8BucketLo, icBucketTop: q8BucketCount - 1, icBucketNeg: q8BucketCount, icByte: 0xff, icZero: 0, icOne: 1}
+	for j := icAbsMask; j < icCount; j++ {
+		v, ok := ints[j] // looked up in a fixed order: the output is stable
+		if !ok || (j == icOne && !s.masks) {
+			continue
+		}
+		r := GP32()
+		MOVL(U32(v), r)
+		x := s.vec()
+		VMOVD(r, x.AsX())
+		VPBROADCASTD(x.AsX(), x)
+		put(j, x)
+	}
+	if !s.masks {
+		// VPSHUFB: bytes 0, 4, 8, 12 of each 128-bit lane to its bytes
+		// 0-3 (the rest zeroed: index bit 7 set); VPERMD: dwords 0 and 4
+		// to dwords 0 and 1.
+		for _, c := range []struct {
+			j     int
+			words [8]uint32
+		}{
+			{icShuffle, [8]uint32{0x0c08_0400, 0x8080_8080, 0x8080_8080, 0x8080_8080, 0x0c08_0400, 0x8080_8080, 0x8080_8080, 0x8080_8080}},
+			{icPerm, [8]uint32{0, 4, 1, 1, 1, 1, 1, 1}},
+		} {
+			j, words := c.j, c.words
+			r := GP32()
+			for k, w := range words {
+				MOVL(U32(w), r)
+				MOVL(r, Mem{Base: scr, Disp: scrConsts + 32*j + 4*k})
+			}
+			q.consts[j] = Mem{Base: scr, Disp: scrConsts + 32*j}
+		}
+	}
+
+	CMPQ(mode, U8(decayL2))
+	JEQ(LabelRef(name + "_l2"))
+	CMPQ(mode, U8(decayAdamW))
+	JEQ(LabelRef(name + "_adamw"))
+	args := q8Args{p, g, qm, qv, am, av, blocks, tm, tv, scr}
+	q.blocks(name+"_plain", decayNone, args)
+	Label(name + "_l2")
+	q.blocks(name+"_l2", decayL2, args)
+	Label(name + "_adamw")
+	q.blocks(name+"_adamw", decayAdamW, args)
+}
+
+// q8Args are the kernel's pointer and count registers.
+type q8Args struct {
+	p, g, qm, qv, am, av, blocks, tm, tv, scr Register
+}
+
+// blocks emits the loop over blocks for one weight-decay mode, and the
+// return.
+func (q *q8) blocks(label string, mode int, a q8Args) {
+	s := q.s
+	Label(label + "_block")
+	CMPQ(a.blocks, U8(0))
+	JEQ(LabelRef(label + "_done"))
+
+	Comment("Phase 1: dequantize, update, keep the new moments and their absmax.")
+	amv, avv := s.vec(), s.vec()
+	VBROADCASTSS(Mem{Base: a.am}, amv)
+	VBROADCASTSS(Mem{Base: a.av}, avv)
+	accM, accV := s.vec(), s.vec()
+	q.zero(accM)
+	q.zero(accV)
+	i := GP64()
+	XORQ(i, i)
+	Label(label + "_update")
+	q.update(mode, a, i, amv, avv, accM, accV)
+	ADDQ(U8(s.lanes), i)
+	CMPQ(i, U32(q8Block))
+	JL(LabelRef(label + "_update"))
+
+	Comment("Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).")
+	divM := q.absmax(accM, a.am)
+	divV := q.absmax(accV, a.av)
+
+	Comment("Phase 3: requantize the block from the scratch.")
+	XORQ(i, i)
+	Label(label + "_quant")
+	q.quantize(Mem{Base: a.scr, Index: i, Scale: 4, Disp: scrM}, divM, a.tm, Mem{Base: a.qm, Index: i, Scale: 1})
+	q.quantize(Mem{Base: a.scr, Index: i, Scale: 4, Disp: scrV}, divV, a.tv, Mem{Base: a.qv, Index: i, Scale: 1})
+	ADDQ(U8(s.lanes), i)
+	CMPQ(i, U32(q8Block))
+	JL(LabelRef(label + "_quant"))
+
+	ADDQ(U32(4*q8Block), a.p)
+	ADDQ(U32(4*q8Block), a.g)
+	ADDQ(U32(q8Block), a.qm)
+	ADDQ(U32(q8Block), a.qv)
+	ADDQ(U8(4), a.am)
+	ADDQ(U8(4), a.av)
+	DECQ(a.blocks)
+	JMP(LabelRef(label + "_block"))
+	Label(label + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// zero sets v to all zeros.
+func (q *q8) zero(v VecVirtual) {
+	if q.s.masks {
+		VPXORD(v, v, v)
+	} else {
+		VPXOR(v, v, v)
+	}
+}
+
+// gatherMask returns an all-ones gather mask: a K register (AVX-512) or
+// a vector (AVX2). A gather clears it, so every gather takes a new one.
+func (q *q8) gatherMask() Op {
+	if q.s.masks {
+		r := GP32()
+		MOVL(U32(0xffff), r)
+		k := K()
+		KMOVW(r, k)
+		return k
+	}
+	m := q.s.vec()
+	VPCMPEQD(m, m, m)
+	return m
+}
+
+// gather loads, for each lane, 4 bytes at base+disp+idx*scale into dst
+// (its old value, zeroed, is the one kept where the mask is clear: none).
+func (q *q8) gather(ps bool, base Register, disp int, idx VecVirtual, scale uint8, dst VecVirtual) {
+	q.zero(dst)
+	mask := q.gatherMask()
+	m := Mem{Base: base, Index: idx, Scale: scale, Disp: disp}
+	switch {
+	case q.s.masks && ps:
+		VGATHERDPS(m, mask, dst)
+	case q.s.masks:
+		VPGATHERDD(m, mask, dst)
+	case ps:
+		VGATHERDPS(mask, m, dst)
+	default:
+		VPGATHERDD(mask, m, dst)
+	}
+}
+
+// dequant returns the map entries of the lanes' codes at codes, times the
+// block's absmax (map first, as dequantizeBlock).
+func (q *q8) dequant(codes Mem, table Register, absmax VecVirtual) VecVirtual {
+	s := q.s
+	idx, e, out := s.vec(), s.vec(), s.vec()
+	VPMOVZXBD(codes, idx)
+	q.gather(true, table, q8Values, idx, 4, e)
+	VMULPS(absmax, e, out)
+	return out
+}
+
+// update dequantizes, updates and stores one vector at element i, the
+// operations of genAdam's body in its order, and folds the new moments'
+// magnitudes into accM, accV.
+func (q *q8) update(mode int, a q8Args, i Register, amv, avv, accM, accV VecVirtual) {
+	s := q.s
+	f32 := func(base Register, disp int) Mem { return Mem{Base: base, Index: i, Scale: 4, Disp: disp} }
+	md := q.dequant(Mem{Base: a.qm, Index: i, Scale: 1}, a.tm, amv)
+	vd := q.dequant(Mem{Base: a.qv, Index: i, Scale: 1}, a.tv, avv)
+	vp, vg, vm, vv, t := s.vec(), s.vec(), s.vec(), s.vec(), s.vec()
+	VMOVUPS(f32(a.p, 0), vp)
+	VMOVUPS(f32(a.g, 0), vg)
+	switch mode {
+	case decayL2:
+		VMULPS(q.c(argL2), vp, t) // t = p*l2
+		VADDPS(t, vg, vg)         // g = g + t
+	case decayAdamW:
+		VMULPS(q.c(argDecay), vp, vp) // p = p*decay
+	}
+	// m = b1*m + c1*g, the c1*g term first.
+	VMULPS(q.c(argBeta1), md, vm)
+	VMULPS(q.c(argOneMinusBeta1), vg, t)
+	VADDPS(vm, t, vm)
+	// v = b2*v + (c2*g)*g, the (c2*g)*g term first, g first in its product.
+	VMULPS(q.c(argBeta2), vd, vv)
+	VMULPS(q.c(argOneMinusBeta2), vg, t)
+	VMULPS(t, vg, t)
+	VADDPS(vv, t, vv)
+	// denom = sqrt(v)/bc2sqrt + eps
+	VSQRTPS(vv, t)
+	VDIVPS(q.c(argBC2Sqrt), t, t)
+	VADDPS(q.c(argEps), t, t)
+	// p = p - stepSize*(m/denom)
+	VDIVPS(t, vm, vg)
+	VMULPS(q.c(argStepSize), vg, vg)
+	VSUBPS(vg, vp, vp)
+	VMOVUPS(vp, f32(a.p, 0))
+	VMOVUPS(vm, f32(a.scr, scrM))
+	VMOVUPS(vv, f32(a.scr, scrV))
+	// The magnitudes' bits, unsigned maximum.
+	q.and(q.c(icAbsMask), vm, vm)
+	VPMAXUD(vm, accM, accM)
+	q.and(q.c(icAbsMask), vv, vv)
+	VPMAXUD(vv, accV, accV)
+}
+
+// absmax reduces acc to its largest lane, stores it (the block's absmax)
+// at dst and returns the divisor broadcast: the absmax, or 1.0 if 0.
+func (q *q8) absmax(acc VecVirtual, dst Register) VecVirtual {
+	s := q.s
+	x := acc.AsX()
+	if s.masks {
+		y := YMM()
+		VEXTRACTI64X4(U8(1), acc, y)
+		VPMAXUD(y, acc.AsY(), y)
+		x = XMM()
+		VEXTRACTI32X4(U8(1), y, x)
+		VPMAXUD(x, y.AsX(), x)
+	} else {
+		x = XMM()
+		VEXTRACTI128(U8(1), acc, x)
+		VPMAXUD(x, acc.AsX(), x)
+	}
+	t := XMM()
+	VPSHUFD(U8(0x4e), x, t)
+	VPMAXUD(t, x, x)
+	VPSHUFD(U8(0xb1), x, t)
+	VPMAXUD(t, x, x)
+	r := GP32()
+	VMOVD(x, r)
+	MOVL(r, Mem{Base: dst})
+	one := GP32()
+	MOVL(U32(0x3f80_0000), one)
+	TESTL(r, r)
+	CMOVLEQ(one, r)
+	d := s.vec()
+	VMOVD(r, d.AsX())
+	VPBROADCASTD(d.AsX(), d)
+	return d
+}
+
+// quantize codes the lanes at src (divided by div) with table and stores
+// the codes as bytes at dst.
+func (q *q8) quantize(src Mem, div VecVirtual, table Register, dst Mem) {
+	s := q.s
+	x, y := s.vec(), s.vec()
+	VMOVUPS(src, x)
+	VDIVPS(div, x, y) // y = x/div
+	// k = clamp((bits(|y|)>>16) - bucketLo, 0, top), + the negative half's
+	// offset when the sign bit is set.
+	k, sg := s.vec(), s.vec()
+	q.and(q.c(icAbsMask), y, k)
+	VPSRLD(U8(16), k, k)
+	VPSUBD(q.c(icBucketLo), k, k)
+	VPMAXSD(q.c(icZero), k, k)
+	VPMINSD(q.c(icBucketTop), k, k)
+	VPSRAD(U8(31), y, sg)
+	q.and(q.c(icBucketNeg), sg, sg)
+	VPADDD(sg, k, k)
+	// The bucket's code, then its threshold.
+	base, thr := s.vec(), s.vec()
+	q.gather(false, table, q8Bucket, k, 1, base)
+	q.and(q.c(icByte), base, base)
+	q.gather(true, table, q8Thr, base, 4, thr)
+	if s.masks {
+		ge := K()
+		VCMPPS(U8(cmpGEOQ), thr, y, ge) // y >= thr
+		VPADDD(q.c(icOne), base, ge, base)
+		VPMOVDB(base, dst)
+		return
+	}
+	ge := s.vec()
+	VCMPPS(U8(cmpGEOQ), thr, y, ge) // all ones where y >= thr
+	VPSUBD(ge, base, base)          // base - (-1)
+	VPSHUFB(q.c(icShuffle), base, base)
+	perm := s.vec()
+	VMOVDQU(q.c(icPerm), perm)
+	VPERMD(base, perm, base)
+	VMOVQ(base.AsX(), dst)
+}
