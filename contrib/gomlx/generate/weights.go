@@ -183,14 +183,15 @@ var ErrWrongModel = errors.New("the weights are not the model's")
 func modelErr(what string, missing, extra, shapes []string) error {
 	var errs []error
 	if len(shapes) > 0 {
-		errs = append(errs, fmt.Errorf("zinf generate: %s does not hold the model's shapes: %s", what, list(shapes)))
+		errs = append(errs, fmt.Errorf("zinf generate: %s: not the model's shapes: %s", what, list(shapes)))
 	}
 	if len(extra) > 0 {
 		slices.Sort(extra)
-		errs = append(errs, fmt.Errorf("zinf generate: %s holds %d tensors the model does not have (another model: check its hyperparameters): %s", what, len(extra), list(extra)))
+		errs = append(errs, fmt.Errorf("zinf generate: %s: %s the model does not have (another model: check its hyperparameters): %s", what, count(len(extra), "tensor"), list(extra)))
 	}
 	if len(missing) > 0 {
-		errs = append(errs, fmt.Errorf("zinf generate: %s lacks %d of the model's variables: %s", what, len(missing), list(missing)))
+		slices.Sort(missing)
+		errs = append(errs, fmt.Errorf("zinf generate: %s: %d of the model's variables missing: %s", what, len(missing), list(missing)))
 	}
 	if len(errs) == 0 {
 		return nil
@@ -204,6 +205,14 @@ type wrongModel struct{ error }
 
 func (e wrongModel) Unwrap() error        { return e.error }
 func (e wrongModel) Is(target error) bool { return target == ErrWrongModel }
+
+// count writes n things.
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
 
 // list writes up to 16 items, then how many more.
 func list(items []string) string {
@@ -369,7 +378,7 @@ type stEntry struct {
 // is read when asked for, so the model is never whole in memory. With name
 // nil, variables are looked up by their own path.
 func SafetensorsWeights(name func(Var) (string, bool), files ...string) (*STWeights, error) {
-	w := &STWeights{name: name, entries: map[string]stEntry{}}
+	w := &STWeights{name: name, entries: map[string]stEntry{}, files: files}
 	for _, f := range files {
 		if err := w.index(f); err != nil {
 			return nil, err
@@ -386,6 +395,7 @@ type STWeights struct {
 	name      func(Var) (string, bool)
 	entries   map[string]stEntry
 	nameBytes int64 // the entries' names together (maxNamesBytes)
+	files     []string
 	buf       []byte
 	nonFinite
 }
@@ -474,7 +484,7 @@ func (w *STWeights) CheckModel(vars []Var) error {
 		}
 		extra = append(extra, fmt.Sprintf("%s %v", n, e.shape))
 	}
-	return modelErr("the safetensors files", missing, extra, shapes)
+	return modelErr("the safetensors files "+strings.Join(w.files, ", "), missing, extra, shapes)
 }
 
 // Locate is where the files hold v, unless it is stored transposed or has
