@@ -119,6 +119,35 @@ func firstDiff(got, want string) string {
 	return "equal"
 }
 
+// checkSnippets returns what is wrong with the Go blocks of one Markdown
+// text (file names it in the messages) and how many there are.
+func checkSnippets(file, md string) (problems []string, n int) {
+	for _, b := range blocks(md) {
+		if b.lang != "go" && b.lang != "golang" {
+			continue
+		}
+		n++
+		m := markerRE.FindStringSubmatch(b.marker)
+		if m == nil {
+			problems = append(problems, fmt.Sprintf("%s:%d: a Go block without a marker line <!-- go: FILE FUNCTION --> before it (last line before it: %q)", file, b.line, b.marker))
+			continue
+		}
+		decl, body, err := funcSource(filepath.Join(root, m[1]), m[2])
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s:%d: %v", file, b.line, err))
+			continue
+		}
+		want := body
+		if strings.HasPrefix(b.text, "func ") {
+			want = decl
+		}
+		if b.text != want {
+			problems = append(problems, fmt.Sprintf("%s:%d: the block differs from %s's %s (copy the function into the document): %s", file, b.line, m[1], m[2], firstDiff(b.text, want)))
+		}
+	}
+	return problems, n
+}
+
 // TestSnippets checks that every Go block of README.md and docs/*.md is
 // preceded by a marker naming the function it shows, and equals that
 // function line for line: its body, or the whole declaration when the
@@ -127,38 +156,53 @@ func firstDiff(got, want string) string {
 // contrib/gomlx and contrib/gomlx/generate), so no Go code the documents
 // show goes uncompiled or drifts from the API.
 func TestSnippets(t *testing.T) {
-	n := 0
+	total := 0
 	for _, file := range documents(t, false) {
 		md, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, b := range blocks(string(md)) {
-			if b.lang != "go" && b.lang != "golang" {
-				continue
-			}
-			n++
-			m := markerRE.FindStringSubmatch(b.marker)
-			if m == nil {
-				t.Errorf("%s:%d: a Go block without a marker line <!-- go: FILE FUNCTION --> before it (last line before it: %q)", file, b.line, b.marker)
-				continue
-			}
-			decl, body, err := funcSource(filepath.Join(root, m[1]), m[2])
-			if err != nil {
-				t.Errorf("%s:%d: %v", file, b.line, err)
-				continue
-			}
-			want := body
-			if strings.HasPrefix(b.text, "func ") {
-				want = decl
-			}
-			if b.text != want {
-				t.Errorf("%s:%d: the block differs from %s's %s (copy the function into the document): %s", file, b.line, m[1], m[2], firstDiff(b.text, want))
-			}
+		problems, n := checkSnippets(file, string(md))
+		for _, p := range problems {
+			t.Error(p)
 		}
+		total += n
 	}
-	if n == 0 {
+	if total == 0 {
 		t.Fatal("no Go blocks found: the documents moved?")
+	}
+}
+
+// TestSnippetsCatchDrift feeds the check blocks of this file's own slug
+// function: a copy passes, whole or as its body; a changed line, a
+// missing marker and an unknown function are each reported.
+func TestSnippetsCatchDrift(t *testing.T) {
+	decl, body, err := funcSource("snippets_test.go", "slug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := "<!-- go: docs/snippets_test.go slug -->\n"
+	cases := []struct {
+		name, md string
+		bad      string // a piece of the one problem expected; "" for none
+	}{
+		{"declaration", marker + "```go\n" + decl + "\n```\n", ""},
+		{"body", "text\n\n" + marker + "```go\n" + body + "\n```\n", ""},
+		{"changed", marker + "```go\n" + strings.Replace(body, "'-'", "'+'", 1) + "\n```\n", "differs"},
+		{"no marker", "```go\n" + body + "\n```\n", "without a marker"},
+		{"unknown function", "<!-- go: docs/snippets_test.go nosuch -->\n```go\n" + body + "\n```\n", "no function nosuch"},
+	}
+	for _, c := range cases {
+		problems, n := checkSnippets("x.md", c.md)
+		if n != 1 {
+			t.Errorf("%s: %d Go blocks, want 1", c.name, n)
+		}
+		switch {
+		case c.bad == "" && len(problems) != 0:
+			t.Errorf("%s: %v, want no problem", c.name, problems)
+		case c.bad != "" && (len(problems) != 1 || !strings.Contains(problems[0], c.bad)):
+			t.Errorf("%s: %v, want one problem saying %q", c.name, problems, c.bad)
+		}
 	}
 }
 
