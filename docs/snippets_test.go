@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/zinfio/zinf/config"
 )
 
 // root is the repository's root, seen from this package's directory.
@@ -239,53 +241,122 @@ func anchors(md string) map[string]bool {
 	return a
 }
 
+// checkLinks returns the relative links and images of a Markdown text,
+// outside code blocks, that do not resolve: the file or directory is
+// missing, or an anchor names no heading of the Markdown file it points
+// in. file is where the text lives; links resolve from its directory.
+func checkLinks(file, md string) (problems []string, n int) {
+	fence := false
+	for i, l := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			fence = !fence
+		}
+		if fence {
+			continue
+		}
+		for _, m := range linkRE.FindAllStringSubmatch(l, -1) {
+			target := m[1]
+			if schemeRE.MatchString(target) {
+				continue // http:, https:, mailto:
+			}
+			n++
+			path, anchor, _ := strings.Cut(target, "#")
+			dest := file // an anchor in the same text
+			if path != "" {
+				dest = filepath.Join(filepath.Dir(file), path)
+				if _, err := os.Stat(dest); err != nil {
+					problems = append(problems, fmt.Sprintf("%s:%d: link %q: %v", file, i+1, target, err))
+					continue
+				}
+			}
+			if anchor == "" || !strings.HasSuffix(dest, ".md") {
+				continue
+			}
+			text := md
+			if dest != file {
+				b, err := os.ReadFile(dest)
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("%s:%d: link %q: %v", file, i+1, target, err))
+					continue
+				}
+				text = string(b)
+			}
+			if !anchors(text)[anchor] {
+				problems = append(problems, fmt.Sprintf("%s:%d: link %q: no heading with anchor #%s in %s", file, i+1, target, anchor, dest))
+			}
+		}
+	}
+	return problems, n
+}
+
+// schemeRE is a link's scheme (http:, https:, mailto:).
+var schemeRE = regexp.MustCompile(`^[a-z]+:`)
+
 // TestLinks checks every relative link and image of README.md,
 // BENCHMARKS.md and docs/*.md, outside code blocks: the file or directory
 // exists, and an anchor names a heading of the Markdown file it points in.
 func TestLinks(t *testing.T) {
-	n := 0
+	total := 0
 	for _, file := range documents(t, true) {
 		md, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fence := false
-		for i, l := range strings.Split(string(md), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), "```") {
-				fence = !fence
-			}
-			if fence {
+		problems, n := checkLinks(file, string(md))
+		for _, p := range problems {
+			t.Error(p)
+		}
+		total += n
+	}
+	if total == 0 {
+		t.Fatal("no relative links found: the documents moved?")
+	}
+}
+
+// TestLinksCatchBreakage: a missing file, a missing anchor and a missing
+// anchor in the same file are reported; good links, links in code blocks
+// and absolute URLs are not.
+func TestLinksCatchBreakage(t *testing.T) {
+	md := "# Top\n\n## A section\n\n" +
+		"[ok](config.md) [ok](config.md#errors) [ok](#a-section) [web](https://example.com/x)\n" +
+		"[gone](nosuch.md) [no anchor](config.md#nosuch) [no local anchor](#nowhere)\n" +
+		"```\n[in code](nosuch2.md)\n```\n"
+	problems, n := checkLinks("doc.md", md)
+	if n != 6 {
+		t.Errorf("%d relative links counted, want 6", n)
+	}
+	want := []string{"nosuch.md", "#nosuch", "#nowhere"}
+	if len(problems) != len(want) {
+		t.Fatalf("problems %q, want %d", problems, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(problems[i], w) {
+			t.Errorf("problem %d %q does not name %q", i, problems[i], w)
+		}
+	}
+}
+
+// TestConfigExamples parses every JSON block of README.md and docs/*.md
+// that is a config (it has a zero_optimization or zinf section) with
+// config.Parse: the examples the documents give are configs zinf takes.
+func TestConfigExamples(t *testing.T) {
+	n := 0
+	for _, file := range documents(t, false) {
+		md, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blocks(string(md)) {
+			if b.lang != "json" || !strings.Contains(b.text, `"zero_optimization"`) && !strings.Contains(b.text, `"zinf"`) {
 				continue
 			}
-			for _, m := range linkRE.FindAllStringSubmatch(l, -1) {
-				target := m[1]
-				if regexp.MustCompile(`^[a-z]+:`).MatchString(target) {
-					continue // http:, https:, mailto:
-				}
-				n++
-				path, anchor, _ := strings.Cut(target, "#")
-				dest := file
-				if path != "" {
-					dest = filepath.Join(filepath.Dir(file), path)
-				}
-				if _, err := os.Stat(dest); err != nil {
-					t.Errorf("%s:%d: link %q: %v", file, i+1, target, err)
-					continue
-				}
-				if anchor == "" || !strings.HasSuffix(dest, ".md") {
-					continue
-				}
-				text, err := os.ReadFile(dest)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !anchors(string(text))[anchor] {
-					t.Errorf("%s:%d: link %q: no heading with anchor #%s in %s", file, i+1, target, anchor, dest)
-				}
+			n++
+			if _, err := config.Parse([]byte(b.text)); err != nil {
+				t.Errorf("%s:%d: the config example does not parse: %v", file, b.line, err)
 			}
 		}
 	}
 	if n == 0 {
-		t.Fatal("no relative links found: the documents moved?")
+		t.Fatal("no config examples found: the documents moved?")
 	}
 }
