@@ -114,13 +114,42 @@ type quantTable struct {
 	// ones) hold the code of the bucket's lowest value: for a negative
 	// bucket, of its largest magnitude.
 	bucket [bucketBytes]uint8
+	// packed[k] is bucket[k] and its threshold in one word, for the SIMD
+	// kernels (one gather instead of two): the code in bits 24-31 and in
+	// bits 0-16 the threshold's key, where key(y) is the low 16 bits of
+	// |y|, complemented for a negative y (so that within a bucket, whose
+	// values share their top 16 bits, y >= t exactly when key(y) >=
+	// key(t)), or 0x10000 (above every key) for a bucket without a
+	// threshold. packedCode is the lookup; the tests compare it with code.
+	packed [2 * bucketCount]uint32
 }
 
 const (
 	quantTableValues = 0
 	quantTableThr    = 1024
 	quantTableBucket = 2048
+	quantTablePacked = quantTableBucket + bucketBytes
 )
+
+// packedKey is key(y) of quantTable.packed.
+func packedKey(y float32) uint32 {
+	u := math.Float32bits(y)
+	k := u & 0xffff
+	if u>>31 != 0 {
+		k ^= 0xffff
+	}
+	return k
+}
+
+// packedCode is code by the packed table, as the SIMD kernels compute it.
+func (t *quantTable) packedCode(y float32) uint8 {
+	e := t.packed[bucketOf(y)]
+	c := uint8(e >> 24)
+	if packedKey(y) >= e&0x1_ffff {
+		c++
+	}
+	return c
+}
 
 // bytes returns t's address as the kernels take it.
 func (t *quantTable) bytes() *byte { return (*byte)(unsafe.Pointer(t)) }
@@ -267,6 +296,17 @@ func newQuantTable(values [256]float32) quantTable {
 				panic(fmt.Sprintf("optimizer: quantization bucket [%g, %g] holds more than one threshold", r[0], r[1]))
 			}
 			t.bucket[half*bucketCount+k] = uint8(c)
+			key := uint32(0x1_0000)
+			if t.countCode(r[1]) > c {
+				// The bucket holds t.thr[c]. The clamped end buckets take
+				// values of other top bits, where keys do not order them:
+				// they must hold none.
+				if k == 0 || k == bucketCount-1 {
+					panic(fmt.Sprintf("optimizer: quantization bucket [%g, %g] (clamped) holds a threshold", r[0], r[1]))
+				}
+				key = packedKey(t.thr[c])
+			}
+			t.packed[half*bucketCount+k] = uint32(c)<<24 | key
 		}
 	}
 	return t

@@ -8,7 +8,7 @@ import (
 )
 
 // TestQuantCodeMatchesCount compares the one-comparison bucket lookup
-// (code, which the kernels implement) with the definition (countCode: the
+// (code, and packedCode, which the kernels implement) with the definition (countCode: the
 // thresholds at or below y, by binary search). Both are non-decreasing
 // step functions of y on each sign, changing value only at a threshold or
 // a bucket edge, so agreeing on every threshold, every bucket edge and
@@ -23,6 +23,9 @@ func TestQuantCodeMatchesCount(t *testing.T) {
 			}
 			if got, want := int(tab.code(y)), tab.countCode(y); got != want {
 				t.Fatalf("%s: code(%g [%#08x]) = %d, the definition gives %d", name, y, math.Float32bits(y), got, want)
+			}
+			if got, want := tab.packedCode(y), tab.code(y); got != want {
+				t.Fatalf("%s: packedCode(%g [%#08x]) = %d, code gives %d", name, y, math.Float32bits(y), got, want)
 			}
 		}
 		for _, x := range tab.thr[:255] {
@@ -48,8 +51,11 @@ func TestQuantCodeMatchesCount(t *testing.T) {
 // tables at (internal/asmgen declares the same numbers).
 func TestQuantTableLayout(t *testing.T) {
 	var q quantTable
-	if unsafe.Offsetof(q.values) != quantTableValues || unsafe.Offsetof(q.thr) != quantTableThr || unsafe.Offsetof(q.bucket) != quantTableBucket {
-		t.Fatalf("quantTable offsets %d %d %d, the kernels read %d %d %d", unsafe.Offsetof(q.values), unsafe.Offsetof(q.thr), unsafe.Offsetof(q.bucket), quantTableValues, quantTableThr, quantTableBucket)
+	if unsafe.Offsetof(q.values) != quantTableValues || unsafe.Offsetof(q.thr) != quantTableThr || unsafe.Offsetof(q.bucket) != quantTableBucket || unsafe.Offsetof(q.packed) != quantTablePacked {
+		t.Fatalf("quantTable offsets %d %d %d %d, the kernels read %d %d %d %d", unsafe.Offsetof(q.values), unsafe.Offsetof(q.thr), unsafe.Offsetof(q.bucket), unsafe.Offsetof(q.packed), quantTableValues, quantTableThr, quantTableBucket, quantTablePacked)
+	}
+	if quantTablePacked != 7944 {
+		t.Fatalf("quantTablePacked = %d; internal/asmgen reads the packed table at 7944", quantTablePacked)
 	}
 	if len(q.bucket) < 2*bucketCount+3 {
 		t.Fatalf("bucket table %d bytes: the kernels read 4 bytes at offsets up to %d", len(q.bucket), 2*bucketCount-1)

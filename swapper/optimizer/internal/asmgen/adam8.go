@@ -15,7 +15,7 @@ const (
 	q8Block       = 256
 	q8Values      = 0    // quantTableValues: the 256 map entries
 	q8Thr         = 1024 // quantTableThr: the 256 thresholds
-	q8Bucket      = 2048 // quantTableBucket: the bucket codes (bytes)
+	q8Packed      = 7944 // quantTablePacked: code<<24 | threshold key, per bucket
 	q8BucketLo    = 0x3400
 	q8BucketCount = 0x3f80 - 0x3400 + 1
 	// The scratch: the block's new exp_avg at 0, exp_avg_sq at 1024, and
@@ -33,11 +33,12 @@ const (
 	icBucketLo                    // q8BucketLo
 	icBucketTop                   // q8BucketCount-1
 	icBucketNeg                   // q8BucketCount: the negative half's offset
-	icByte                        // 0xff
+	icLow16                       // 0xffff: a key's bits
+	icKeyMask                     // 0x1ffff: a packed entry's threshold key
 	icZero                        // 0
+	icOne                         // 1
 	icShuffle                     // AVX2: each 128-bit lane's dword low bytes to its first dword
 	icPerm                        // AVX2: dwords 0 and 4 to 0 and 1
-	icOne                         // AVX-512: 1
 	icCount
 )
 
@@ -73,9 +74,9 @@ func (q *q8) and(a, b, dst Op) {
 //  2. store the new absmax; the divisor is it, or 1.0 when it is 0;
 //  3. for each vector of the scratch: y = moment/divisor, its bucket from
 //     the top 16 bits of |y| (clamped; the negative half for a set sign
-//     bit), the bucket's code (a gather of bytes), one more if y is at or
-//     above that code's threshold (a gather and an ordered compare), the
-//     codes packed to bytes and stored.
+//     bit), the bucket's packed entry (one gather): its code, one more if
+//     y's key is at or above the entry's threshold key (an integer
+//     compare), the codes packed to bytes and stored.
 func genAdam8(s isa) {
 	name := "adam8" + s.name
 	TEXT(name, NOSPLIT, fmt.Sprintf("func(p, grad *float32, qm, qv *uint8, am, av *float32, blocks int, args [%d]float32, mode int, tm, tv *byte, scratch *float32)", argCount))
@@ -107,10 +108,10 @@ func genAdam8(s isa) {
 	for j := range argCount {
 		put(j, broadcast(s, j))
 	}
-	ints := map[int]uint32{icAbsMask: 0x7fff_ffff, icBucketLo: q8BucketLo, icBucketTop: q8BucketCount - 1, icBucketNeg: q8BucketCount, icByte: 0xff, icZero: 0, icOne: 1}
+	ints := map[int]uint32{icAbsMask: 0x7fff_ffff, icBucketLo: q8BucketLo, icBucketTop: q8BucketCount - 1, icBucketNeg: q8BucketCount, icLow16: 0xffff, icKeyMask: 0x1_ffff, icZero: 0, icOne: 1}
 	for j := icAbsMask; j < icCount; j++ {
 		v, ok := ints[j] // looked up in a fixed order: the output is stable
-		if !ok || (j == icOne && !s.masks) {
+		if !ok {
 			continue
 		}
 		r := GP32()
@@ -341,7 +342,7 @@ func (q *q8) absmax(acc VecVirtual, dst Register) VecVirtual {
 }
 
 // quantize codes the lanes at src (divided by div) with table and stores
-// the codes as bytes at dst.
+// the codes as bytes at dst: packedCode, lane by lane.
 func (q *q8) quantize(src Mem, div VecVirtual, table Register, dst Mem) {
 	s := q.s
 	x, y := s.vec(), s.vec()
@@ -349,33 +350,47 @@ func (q *q8) quantize(src Mem, div VecVirtual, table Register, dst Mem) {
 	VDIVPS(div, x, y) // y = x/div
 	// k = clamp((bits(|y|)>>16) - bucketLo, 0, top), + the negative half's
 	// offset when the sign bit is set.
-	k, sg := s.vec(), s.vec()
-	q.and(q.c(icAbsMask), y, k)
-	VPSRLD(U8(16), k, k)
+	a, k, sg := s.vec(), s.vec(), s.vec()
+	q.and(q.c(icAbsMask), y, a)
+	VPSRLD(U8(16), a, k)
 	VPSUBD(q.c(icBucketLo), k, k)
 	VPMAXSD(q.c(icZero), k, k)
 	VPMINSD(q.c(icBucketTop), k, k)
 	VPSRAD(U8(31), y, sg)
-	q.and(q.c(icBucketNeg), sg, sg)
-	VPADDD(sg, k, k)
-	// The bucket's code, then its threshold.
-	base, thr := s.vec(), s.vec()
-	q.gather(false, table, q8Bucket, k, 1, base)
-	q.and(q.c(icByte), base, base)
-	q.gather(true, table, q8Thr, base, 4, thr)
+	t := s.vec()
+	q.and(q.c(icBucketNeg), sg, t)
+	VPADDD(t, k, k)
+	// The bucket's entry: its code (bits 24-31) and threshold key.
+	e := s.vec()
+	q.gather(false, table, q8Packed, k, 4, e)
+	// key = low 16 bits of |y|, complemented when negative.
+	q.and(q.c(icLow16), a, a)
+	q.and(q.c(icLow16), sg, sg)
+	q.xor(sg, a, a)
+	q.and(q.c(icKeyMask), e, t) // the threshold key
+	VPSRLD(U8(24), e, e)        // the code
 	if s.masks {
 		ge := K()
-		VCMPPS(U8(cmpGEOQ), thr, y, ge) // y >= thr
-		VPADDD(q.c(icOne), base, ge, base)
-		VPMOVDB(base, dst)
+		VPCMPUD(U8(5), t, a, ge) // key >= threshold key (not less than)
+		VPADDD(q.c(icOne), e, ge, e)
+		VPMOVDB(e, dst)
 		return
 	}
-	ge := s.vec()
-	VCMPPS(U8(cmpGEOQ), thr, y, ge) // all ones where y >= thr
-	VPSUBD(ge, base, base)          // base - (-1)
-	VPSHUFB(q.c(icShuffle), base, base)
+	VPADDD(q.c(icOne), a, a) // key+1 > threshold key: key >= it
+	VPCMPGTD(t, a, a)        // all ones where so
+	VPSUBD(a, e, e)          // code - (-1)
+	VPSHUFB(q.c(icShuffle), e, e)
 	perm := s.vec()
 	VMOVDQU(q.c(icPerm), perm)
-	VPERMD(base, perm, base)
-	VMOVQ(base.AsX(), dst)
+	VPERMD(e, perm, e)
+	VMOVQ(e.AsX(), dst)
+}
+
+// xor is the integer XOR of vectors (VPXORD on ZMM, VPXOR on YMM).
+func (q *q8) xor(a, b, dst Op) {
+	if q.s.masks {
+		VPXORD(a, b, dst)
+	} else {
+		VPXOR(a, b, dst)
+	}
 }
