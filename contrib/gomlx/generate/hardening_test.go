@@ -432,3 +432,25 @@ func TestNonFiniteWeightsCounted(t *testing.T) {
 		t.Fatalf("NonFinite() = %v, want %s: 3", nf, vars[0].Name)
 	}
 }
+
+// FuzzSafetensorsHeader: no header makes the reader panic or take a
+// tensor outside the file.
+func FuzzSafetensorsHeader(f *testing.F) {
+	f.Add(`{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8)
+	f.Add(`{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8],"x":[1,{"y":"\u00e9"}]},"b":{"dtype":"F16","shape":[0],"data_offsets":[8,8]}}`, 8)
+	f.Add(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}} `, 8)
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, header string, data int) {
+		if data < 0 || data > 1<<12 || len(header) > 1<<12 {
+			return
+		}
+		path := writeRaw(t, dir, "f.safetensors", header, make([]byte, data))
+		w, err := generate.SafetensorsWeights(nil, path)
+		if err != nil {
+			return
+		}
+		if len(w.Names()) == 0 {
+			t.Fatal("no tensors, no error")
+		}
+	})
+}
