@@ -13,15 +13,20 @@
 //
 // for 1 to MaxBatch (8) vectors x at once: W is row-major, Rows x Cols,
 // as Hugging Face and GGUF store a linear layer's weight (out features by
-// in features); x and y are float32. A row's bytes are read from memory
+// in features); x and y are float32. A weight's bytes are read from memory
 // once for the whole batch: the kernels serve up to four vectors in one
-// pass over a row, and a batch of five to eight takes the row a second
-// time from the cache. The rows are split into contiguous ranges over a
-// bounded set of goroutines (GOMAXPROCS by default, Options.Workers
-// otherwise); a product allocates nothing once its pool runs. Shapes are
-// checked before anything is computed: a wrong length, a dimension
-// outside 0..MaxDim, a block format's column count that is not a multiple
-// of 32, or an unknown type returns an error and leaves y untouched.
+// pass, and a batch of five to eight takes the same bytes a second time
+// from the cache. Rows go through the columns in tiles, eight rows at a
+// time, each tile sized so that the batch's part of the vectors (8 KiB at
+// most) stays in the first level cache while the rows' weights stream
+// past it; the partial sums carry over from tile to tile, so the tiles
+// leave the order below unchanged. The rows are split into contiguous
+// ranges over a bounded set of goroutines (GOMAXPROCS by default,
+// Options.Workers otherwise); a product allocates nothing once its pool
+// runs. Shapes are checked before anything is computed: a wrong length, a
+// dimension outside 0..MaxDim, a block format's column count that is not
+// a multiple of 32, or an unknown type returns an error and leaves y
+// untouched.
 //
 // # Formats
 //
@@ -65,6 +70,8 @@
 //
 // The scalar kernels (KernelScalar) are this definition written out in
 // Go, and the reference the tests hold every SIMD kernel to, bit for bit.
+// The kernels compute step 1; steps 2 and 3 are Go code every kernel
+// shares.
 // The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
 // sum of |w*x| (a test checks the bound against float64).
 //
@@ -92,9 +99,6 @@
 //   - NaN payloads are not part of the contract: weights or inputs that
 //     are NaN or infinite give a NaN or an infinity, but which NaN may
 //     differ between kernels.
-//   - A batch of more than four vectors passes over each row twice, the
-//     second time from the cache; for rows much longer than the first
-//     level cache, the batch's vectors are read from the second level
-//     cache at every row, which bounds batched products of long rows
-//     below the memory's bandwidth.
+//   - A batch of more than four vectors passes over each tile of a row
+//     twice, the second time from the cache.
 package kernels

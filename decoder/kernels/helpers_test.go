@@ -88,6 +88,14 @@ func diffKernel(k *kernel, seed uint64, trials int) error {
 		if trial < 2*len(allTypes) {
 			batch = MaxBatch // every type with a full batch at least once
 		}
+		if trial%8 >= 6 {
+			// Rows of several column tiles.
+			cols = BlockSize * (20 + rng.IntN(80))
+			if !t.quantized() {
+				cols += rng.IntN(BlockSize)
+			}
+			rows = 1 + rng.IntN(20)
+		}
 		if err := diffWith(k, ref, rng, t, rows, cols, batch); err != nil {
 			return err
 		}

@@ -32,7 +32,7 @@ func hasF16C() bool {
 }
 
 // asmFunc is the signature of the generated row kernels.
-type asmFunc func(w *byte, x *float32, xstride, n int, out *float32)
+type asmFunc func(w *byte, x *float32, xstride, n int, acc *float32)
 
 var avx2Kernel = &kernel{
 	name: KernelAVX2,
@@ -43,17 +43,16 @@ var avx2Kernel = &kernel{
 }
 
 // asmRow makes a rowFunc of the kernels for one to four vectors: a batch
-// of more than four takes the row in groups of four, the row's bytes read
-// from memory by the first group and from the cache by the others.
+// of more than four takes the run of columns in groups of four, its bytes
+// read from memory by the first group and from the cache by the others.
 func asmRow(fns [4]asmFunc) rowFunc {
-	return func(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	return func(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 		if n == 0 {
-			clear(out.sum[:nb])
 			return
 		}
 		for b0 := 0; b0 < nb; b0 += 4 {
 			k := min(4, nb-b0)
-			fns[k-1](&w[0], &x[b0*xstride], 4*xstride, n, &out.sum[b0])
+			fns[k-1](&w[0], &x[b0*xstride], 4*xstride, n, &acc[b0][0])
 		}
 	}
 }

@@ -4,7 +4,7 @@
 
 #include "textflag.h"
 
-// func rowF32AVX2x1(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowF32AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
 TEXT ·rowF32AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -13,37 +13,31 @@ TEXT ·rowF32AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ xstride+16(FP), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
-	CMPQ   CX, $0x00
-	JLE    rowF32AVX2x1_reduce
+	MOVQ    acc+32(FP), BX
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	XORQ    SI, SI
+	CMPQ    CX, $0x00
+	JLE     rowF32AVX2x1_reduce
 
 rowF32AVX2x1_loop:
 	VMOVUPS     (AX), Y2
 	VMOVUPS     32(AX), Y3
-	VFMADD231PS (DX)(BX*1), Y2, Y0
-	VFMADD231PS 32(DX)(BX*1), Y3, Y1
+	VFMADD231PS (DX)(SI*1), Y2, Y0
+	VFMADD231PS 32(DX)(SI*1), Y3, Y1
 	ADDQ        $0x00000040, AX
-	ADDQ        $0x00000040, BX
+	ADDQ        $0x00000040, SI
 	SUBQ        $0x00000010, CX
 	JG          rowF32AVX2x1_loop
 
 rowF32AVX2x1_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x2(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowF32AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
 TEXT ·rowF32AVX2x2(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -53,49 +47,37 @@ TEXT ·rowF32AVX2x2(SB), NOSPLIT, $0-40
 	LEAQ (DX)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   SI, SI
-	CMPQ   CX, $0x00
-	JLE    rowF32AVX2x2_reduce
+	MOVQ    acc+32(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	XORQ    DI, DI
+	CMPQ    CX, $0x00
+	JLE     rowF32AVX2x2_reduce
 
 rowF32AVX2x2_loop:
 	VMOVUPS     (AX), Y4
 	VMOVUPS     32(AX), Y5
-	VFMADD231PS (DX)(SI*1), Y4, Y0
-	VFMADD231PS 32(DX)(SI*1), Y5, Y1
-	VFMADD231PS (BX)(SI*1), Y4, Y2
-	VFMADD231PS 32(BX)(SI*1), Y5, Y3
+	VFMADD231PS (DX)(DI*1), Y4, Y0
+	VFMADD231PS 32(DX)(DI*1), Y5, Y1
+	VFMADD231PS (BX)(DI*1), Y4, Y2
+	VFMADD231PS 32(BX)(DI*1), Y5, Y3
 	ADDQ        $0x00000040, AX
-	ADDQ        $0x00000040, SI
+	ADDQ        $0x00000040, DI
 	SUBQ        $0x00000010, CX
 	JG          rowF32AVX2x2_loop
 
 rowF32AVX2x2_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x3(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowF32AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
 TEXT ·rowF32AVX2x3(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -106,61 +88,43 @@ TEXT ·rowF32AVX2x3(SB), NOSPLIT, $0-40
 	LEAQ (SI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	XORQ   DI, DI
-	CMPQ   CX, $0x00
-	JLE    rowF32AVX2x3_reduce
+	MOVQ    acc+32(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	XORQ    R8, R8
+	CMPQ    CX, $0x00
+	JLE     rowF32AVX2x3_reduce
 
 rowF32AVX2x3_loop:
 	VMOVUPS     (AX), Y6
 	VMOVUPS     32(AX), Y7
-	VFMADD231PS (DX)(DI*1), Y6, Y0
-	VFMADD231PS 32(DX)(DI*1), Y7, Y1
-	VFMADD231PS (SI)(DI*1), Y6, Y2
-	VFMADD231PS 32(SI)(DI*1), Y7, Y3
-	VFMADD231PS (BX)(DI*1), Y6, Y4
-	VFMADD231PS 32(BX)(DI*1), Y7, Y5
+	VFMADD231PS (DX)(R8*1), Y6, Y0
+	VFMADD231PS 32(DX)(R8*1), Y7, Y1
+	VFMADD231PS (SI)(R8*1), Y6, Y2
+	VFMADD231PS 32(SI)(R8*1), Y7, Y3
+	VFMADD231PS (BX)(R8*1), Y6, Y4
+	VFMADD231PS 32(BX)(R8*1), Y7, Y5
 	ADDQ        $0x00000040, AX
-	ADDQ        $0x00000040, DI
+	ADDQ        $0x00000040, R8
 	SUBQ        $0x00000010, CX
 	JG          rowF32AVX2x3_loop
 
 rowF32AVX2x3_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x4(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowF32AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
 TEXT ·rowF32AVX2x4(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -172,73 +136,49 @@ TEXT ·rowF32AVX2x4(SB), NOSPLIT, $0-40
 	LEAQ (DI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   R8, R8
-	CMPQ   CX, $0x00
-	JLE    rowF32AVX2x4_reduce
+	MOVQ    acc+32(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS 128(R8), Y4
+	VMOVUPS 160(R8), Y5
+	VMOVUPS 192(R8), Y6
+	VMOVUPS 224(R8), Y7
+	XORQ    R9, R9
+	CMPQ    CX, $0x00
+	JLE     rowF32AVX2x4_reduce
 
 rowF32AVX2x4_loop:
 	VMOVUPS     (AX), Y8
 	VMOVUPS     32(AX), Y9
-	VFMADD231PS (DX)(R8*1), Y8, Y0
-	VFMADD231PS 32(DX)(R8*1), Y9, Y1
-	VFMADD231PS (SI)(R8*1), Y8, Y2
-	VFMADD231PS 32(SI)(R8*1), Y9, Y3
-	VFMADD231PS (DI)(R8*1), Y8, Y4
-	VFMADD231PS 32(DI)(R8*1), Y9, Y5
-	VFMADD231PS (BX)(R8*1), Y8, Y6
-	VFMADD231PS 32(BX)(R8*1), Y9, Y7
+	VFMADD231PS (DX)(R9*1), Y8, Y0
+	VFMADD231PS 32(DX)(R9*1), Y9, Y1
+	VFMADD231PS (SI)(R9*1), Y8, Y2
+	VFMADD231PS 32(SI)(R9*1), Y9, Y3
+	VFMADD231PS (DI)(R9*1), Y8, Y4
+	VFMADD231PS 32(DI)(R9*1), Y9, Y5
+	VFMADD231PS (BX)(R9*1), Y8, Y6
+	VFMADD231PS 32(BX)(R9*1), Y9, Y7
 	ADDQ        $0x00000040, AX
-	ADDQ        $0x00000040, R8
+	ADDQ        $0x00000040, R9
 	SUBQ        $0x00000010, CX
 	JG          rowF32AVX2x4_loop
 
 rowF32AVX2x4_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X0
-	VADDPS       X0, X6, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 12(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 64(R8)
+	VMOVUPS Y3, 96(R8)
+	VMOVUPS Y4, 128(R8)
+	VMOVUPS Y5, 160(R8)
+	VMOVUPS Y6, 192(R8)
+	VMOVUPS Y7, 224(R8)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x1(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowBF16AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -247,39 +187,33 @@ TEXT ·rowBF16AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ xstride+16(FP), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
-	CMPQ   CX, $0x00
-	JLE    rowBF16AVX2x1_reduce
+	MOVQ    acc+32(FP), BX
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	XORQ    SI, SI
+	CMPQ    CX, $0x00
+	JLE     rowBF16AVX2x1_reduce
 
 rowBF16AVX2x1_loop:
 	VPMOVZXWD   (AX), Y2
 	VPMOVZXWD   16(AX), Y3
 	VPSLLD      $0x10, Y2, Y2
 	VPSLLD      $0x10, Y3, Y3
-	VFMADD231PS (DX)(BX*1), Y2, Y0
-	VFMADD231PS 32(DX)(BX*1), Y3, Y1
+	VFMADD231PS (DX)(SI*1), Y2, Y0
+	VFMADD231PS 32(DX)(SI*1), Y3, Y1
 	ADDQ        $0x00000020, AX
-	ADDQ        $0x00000040, BX
+	ADDQ        $0x00000040, SI
 	SUBQ        $0x00000010, CX
 	JG          rowBF16AVX2x1_loop
 
 rowBF16AVX2x1_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x2(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowBF16AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x2(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -289,51 +223,39 @@ TEXT ·rowBF16AVX2x2(SB), NOSPLIT, $0-40
 	LEAQ (DX)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   SI, SI
-	CMPQ   CX, $0x00
-	JLE    rowBF16AVX2x2_reduce
+	MOVQ    acc+32(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	XORQ    DI, DI
+	CMPQ    CX, $0x00
+	JLE     rowBF16AVX2x2_reduce
 
 rowBF16AVX2x2_loop:
 	VPMOVZXWD   (AX), Y4
 	VPMOVZXWD   16(AX), Y5
 	VPSLLD      $0x10, Y4, Y4
 	VPSLLD      $0x10, Y5, Y5
-	VFMADD231PS (DX)(SI*1), Y4, Y0
-	VFMADD231PS 32(DX)(SI*1), Y5, Y1
-	VFMADD231PS (BX)(SI*1), Y4, Y2
-	VFMADD231PS 32(BX)(SI*1), Y5, Y3
+	VFMADD231PS (DX)(DI*1), Y4, Y0
+	VFMADD231PS 32(DX)(DI*1), Y5, Y1
+	VFMADD231PS (BX)(DI*1), Y4, Y2
+	VFMADD231PS 32(BX)(DI*1), Y5, Y3
 	ADDQ        $0x00000020, AX
-	ADDQ        $0x00000040, SI
+	ADDQ        $0x00000040, DI
 	SUBQ        $0x00000010, CX
 	JG          rowBF16AVX2x2_loop
 
 rowBF16AVX2x2_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x3(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowBF16AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x3(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -344,63 +266,45 @@ TEXT ·rowBF16AVX2x3(SB), NOSPLIT, $0-40
 	LEAQ (SI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	XORQ   DI, DI
-	CMPQ   CX, $0x00
-	JLE    rowBF16AVX2x3_reduce
+	MOVQ    acc+32(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	XORQ    R8, R8
+	CMPQ    CX, $0x00
+	JLE     rowBF16AVX2x3_reduce
 
 rowBF16AVX2x3_loop:
 	VPMOVZXWD   (AX), Y6
 	VPMOVZXWD   16(AX), Y7
 	VPSLLD      $0x10, Y6, Y6
 	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS (DX)(DI*1), Y6, Y0
-	VFMADD231PS 32(DX)(DI*1), Y7, Y1
-	VFMADD231PS (SI)(DI*1), Y6, Y2
-	VFMADD231PS 32(SI)(DI*1), Y7, Y3
-	VFMADD231PS (BX)(DI*1), Y6, Y4
-	VFMADD231PS 32(BX)(DI*1), Y7, Y5
+	VFMADD231PS (DX)(R8*1), Y6, Y0
+	VFMADD231PS 32(DX)(R8*1), Y7, Y1
+	VFMADD231PS (SI)(R8*1), Y6, Y2
+	VFMADD231PS 32(SI)(R8*1), Y7, Y3
+	VFMADD231PS (BX)(R8*1), Y6, Y4
+	VFMADD231PS 32(BX)(R8*1), Y7, Y5
 	ADDQ        $0x00000020, AX
-	ADDQ        $0x00000040, DI
+	ADDQ        $0x00000040, R8
 	SUBQ        $0x00000010, CX
 	JG          rowBF16AVX2x3_loop
 
 rowBF16AVX2x3_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x4(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowBF16AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x4(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -412,75 +316,51 @@ TEXT ·rowBF16AVX2x4(SB), NOSPLIT, $0-40
 	LEAQ (DI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   R8, R8
-	CMPQ   CX, $0x00
-	JLE    rowBF16AVX2x4_reduce
+	MOVQ    acc+32(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS 128(R8), Y4
+	VMOVUPS 160(R8), Y5
+	VMOVUPS 192(R8), Y6
+	VMOVUPS 224(R8), Y7
+	XORQ    R9, R9
+	CMPQ    CX, $0x00
+	JLE     rowBF16AVX2x4_reduce
 
 rowBF16AVX2x4_loop:
 	VPMOVZXWD   (AX), Y8
 	VPMOVZXWD   16(AX), Y9
 	VPSLLD      $0x10, Y8, Y8
 	VPSLLD      $0x10, Y9, Y9
-	VFMADD231PS (DX)(R8*1), Y8, Y0
-	VFMADD231PS 32(DX)(R8*1), Y9, Y1
-	VFMADD231PS (SI)(R8*1), Y8, Y2
-	VFMADD231PS 32(SI)(R8*1), Y9, Y3
-	VFMADD231PS (DI)(R8*1), Y8, Y4
-	VFMADD231PS 32(DI)(R8*1), Y9, Y5
-	VFMADD231PS (BX)(R8*1), Y8, Y6
-	VFMADD231PS 32(BX)(R8*1), Y9, Y7
+	VFMADD231PS (DX)(R9*1), Y8, Y0
+	VFMADD231PS 32(DX)(R9*1), Y9, Y1
+	VFMADD231PS (SI)(R9*1), Y8, Y2
+	VFMADD231PS 32(SI)(R9*1), Y9, Y3
+	VFMADD231PS (DI)(R9*1), Y8, Y4
+	VFMADD231PS 32(DI)(R9*1), Y9, Y5
+	VFMADD231PS (BX)(R9*1), Y8, Y6
+	VFMADD231PS 32(BX)(R9*1), Y9, Y7
 	ADDQ        $0x00000020, AX
-	ADDQ        $0x00000040, R8
+	ADDQ        $0x00000040, R9
 	SUBQ        $0x00000010, CX
 	JG          rowBF16AVX2x4_loop
 
 rowBF16AVX2x4_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X0
-	VADDPS       X0, X6, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 12(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 64(R8)
+	VMOVUPS Y3, 96(R8)
+	VMOVUPS Y4, 128(R8)
+	VMOVUPS Y5, 160(R8)
+	VMOVUPS Y6, 192(R8)
+	VMOVUPS Y7, 224(R8)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x1(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ8_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ8_0AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -489,11 +369,12 @@ TEXT ·rowQ8_0AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ xstride+16(FP), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
-	CMPQ   CX, $0x00
-	JLE    rowQ8_0AVX2x1_reduce
+	MOVQ    acc+32(FP), BX
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	XORQ    SI, SI
+	CMPQ    CX, $0x00
+	JLE     rowQ8_0AVX2x1_reduce
 
 rowQ8_0AVX2x1_loop:
 	VPBROADCASTW (AX), X2
@@ -504,36 +385,29 @@ rowQ8_0AVX2x1_loop:
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y2, Y3, Y3
 	VMULPS       Y2, Y4, Y4
-	VFMADD231PS  (DX)(BX*1), Y3, Y0
-	VFMADD231PS  32(DX)(BX*1), Y4, Y1
+	VFMADD231PS  (DX)(SI*1), Y3, Y0
+	VFMADD231PS  32(DX)(SI*1), Y4, Y1
 	VPMOVSXBD    18(AX), Y3
 	VPMOVSXBD    26(AX), Y4
 	VCVTDQ2PS    Y3, Y3
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y2, Y3, Y3
 	VMULPS       Y2, Y4, Y4
-	VFMADD231PS  64(DX)(BX*1), Y3, Y0
-	VFMADD231PS  96(DX)(BX*1), Y4, Y1
+	VFMADD231PS  64(DX)(SI*1), Y3, Y0
+	VFMADD231PS  96(DX)(SI*1), Y4, Y1
 	ADDQ         $0x00000022, AX
-	ADDQ         $0x00000080, BX
+	ADDQ         $0x00000080, SI
 	SUBQ         $0x00000020, CX
 	JG           rowQ8_0AVX2x1_loop
 
 rowQ8_0AVX2x1_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x2(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ8_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ8_0AVX2x2(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -543,13 +417,14 @@ TEXT ·rowQ8_0AVX2x2(SB), NOSPLIT, $0-40
 	LEAQ (DX)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   SI, SI
-	CMPQ   CX, $0x00
-	JLE    rowQ8_0AVX2x2_reduce
+	MOVQ    acc+32(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	XORQ    DI, DI
+	CMPQ    CX, $0x00
+	JLE     rowQ8_0AVX2x2_reduce
 
 rowQ8_0AVX2x2_loop:
 	VPBROADCASTW (AX), X4
@@ -560,48 +435,35 @@ rowQ8_0AVX2x2_loop:
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y4, Y5, Y5
 	VMULPS       Y4, Y6, Y6
-	VFMADD231PS  (DX)(SI*1), Y5, Y0
-	VFMADD231PS  32(DX)(SI*1), Y6, Y1
-	VFMADD231PS  (BX)(SI*1), Y5, Y2
-	VFMADD231PS  32(BX)(SI*1), Y6, Y3
+	VFMADD231PS  (DX)(DI*1), Y5, Y0
+	VFMADD231PS  32(DX)(DI*1), Y6, Y1
+	VFMADD231PS  (BX)(DI*1), Y5, Y2
+	VFMADD231PS  32(BX)(DI*1), Y6, Y3
 	VPMOVSXBD    18(AX), Y5
 	VPMOVSXBD    26(AX), Y6
 	VCVTDQ2PS    Y5, Y5
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y4, Y5, Y5
 	VMULPS       Y4, Y6, Y6
-	VFMADD231PS  64(DX)(SI*1), Y5, Y0
-	VFMADD231PS  96(DX)(SI*1), Y6, Y1
-	VFMADD231PS  64(BX)(SI*1), Y5, Y2
-	VFMADD231PS  96(BX)(SI*1), Y6, Y3
+	VFMADD231PS  64(DX)(DI*1), Y5, Y0
+	VFMADD231PS  96(DX)(DI*1), Y6, Y1
+	VFMADD231PS  64(BX)(DI*1), Y5, Y2
+	VFMADD231PS  96(BX)(DI*1), Y6, Y3
 	ADDQ         $0x00000022, AX
-	ADDQ         $0x00000080, SI
+	ADDQ         $0x00000080, DI
 	SUBQ         $0x00000020, CX
 	JG           rowQ8_0AVX2x2_loop
 
 rowQ8_0AVX2x2_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x3(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ8_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ8_0AVX2x3(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -612,15 +474,16 @@ TEXT ·rowQ8_0AVX2x3(SB), NOSPLIT, $0-40
 	LEAQ (SI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	XORQ   DI, DI
-	CMPQ   CX, $0x00
-	JLE    rowQ8_0AVX2x3_reduce
+	MOVQ    acc+32(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	XORQ    R8, R8
+	CMPQ    CX, $0x00
+	JLE     rowQ8_0AVX2x3_reduce
 
 rowQ8_0AVX2x3_loop:
 	VPBROADCASTW (AX), X6
@@ -631,60 +494,41 @@ rowQ8_0AVX2x3_loop:
 	VCVTDQ2PS    Y8, Y8
 	VMULPS       Y6, Y7, Y7
 	VMULPS       Y6, Y8, Y8
-	VFMADD231PS  (DX)(DI*1), Y7, Y0
-	VFMADD231PS  32(DX)(DI*1), Y8, Y1
-	VFMADD231PS  (SI)(DI*1), Y7, Y2
-	VFMADD231PS  32(SI)(DI*1), Y8, Y3
-	VFMADD231PS  (BX)(DI*1), Y7, Y4
-	VFMADD231PS  32(BX)(DI*1), Y8, Y5
+	VFMADD231PS  (DX)(R8*1), Y7, Y0
+	VFMADD231PS  32(DX)(R8*1), Y8, Y1
+	VFMADD231PS  (SI)(R8*1), Y7, Y2
+	VFMADD231PS  32(SI)(R8*1), Y8, Y3
+	VFMADD231PS  (BX)(R8*1), Y7, Y4
+	VFMADD231PS  32(BX)(R8*1), Y8, Y5
 	VPMOVSXBD    18(AX), Y7
 	VPMOVSXBD    26(AX), Y8
 	VCVTDQ2PS    Y7, Y7
 	VCVTDQ2PS    Y8, Y8
 	VMULPS       Y6, Y7, Y7
 	VMULPS       Y6, Y8, Y8
-	VFMADD231PS  64(DX)(DI*1), Y7, Y0
-	VFMADD231PS  96(DX)(DI*1), Y8, Y1
-	VFMADD231PS  64(SI)(DI*1), Y7, Y2
-	VFMADD231PS  96(SI)(DI*1), Y8, Y3
-	VFMADD231PS  64(BX)(DI*1), Y7, Y4
-	VFMADD231PS  96(BX)(DI*1), Y8, Y5
+	VFMADD231PS  64(DX)(R8*1), Y7, Y0
+	VFMADD231PS  96(DX)(R8*1), Y8, Y1
+	VFMADD231PS  64(SI)(R8*1), Y7, Y2
+	VFMADD231PS  96(SI)(R8*1), Y8, Y3
+	VFMADD231PS  64(BX)(R8*1), Y7, Y4
+	VFMADD231PS  96(BX)(R8*1), Y8, Y5
 	ADDQ         $0x00000022, AX
-	ADDQ         $0x00000080, DI
+	ADDQ         $0x00000080, R8
 	SUBQ         $0x00000020, CX
 	JG           rowQ8_0AVX2x3_loop
 
 rowQ8_0AVX2x3_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x4(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ8_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ8_0AVX2x4(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
@@ -696,17 +540,18 @@ TEXT ·rowQ8_0AVX2x4(SB), NOSPLIT, $0-40
 	LEAQ (DI)(BX*1), BX
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   R8, R8
-	CMPQ   CX, $0x00
-	JLE    rowQ8_0AVX2x4_reduce
+	MOVQ    acc+32(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS 128(R8), Y4
+	VMOVUPS 160(R8), Y5
+	VMOVUPS 192(R8), Y6
+	VMOVUPS 224(R8), Y7
+	XORQ    R9, R9
+	CMPQ    CX, $0x00
+	JLE     rowQ8_0AVX2x4_reduce
 
 rowQ8_0AVX2x4_loop:
 	VPBROADCASTW (AX), X8
@@ -717,72 +562,47 @@ rowQ8_0AVX2x4_loop:
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y9, Y9
 	VMULPS       Y8, Y10, Y10
-	VFMADD231PS  (DX)(R8*1), Y9, Y0
-	VFMADD231PS  32(DX)(R8*1), Y10, Y1
-	VFMADD231PS  (SI)(R8*1), Y9, Y2
-	VFMADD231PS  32(SI)(R8*1), Y10, Y3
-	VFMADD231PS  (DI)(R8*1), Y9, Y4
-	VFMADD231PS  32(DI)(R8*1), Y10, Y5
-	VFMADD231PS  (BX)(R8*1), Y9, Y6
-	VFMADD231PS  32(BX)(R8*1), Y10, Y7
+	VFMADD231PS  (DX)(R9*1), Y9, Y0
+	VFMADD231PS  32(DX)(R9*1), Y10, Y1
+	VFMADD231PS  (SI)(R9*1), Y9, Y2
+	VFMADD231PS  32(SI)(R9*1), Y10, Y3
+	VFMADD231PS  (DI)(R9*1), Y9, Y4
+	VFMADD231PS  32(DI)(R9*1), Y10, Y5
+	VFMADD231PS  (BX)(R9*1), Y9, Y6
+	VFMADD231PS  32(BX)(R9*1), Y10, Y7
 	VPMOVSXBD    18(AX), Y9
 	VPMOVSXBD    26(AX), Y10
 	VCVTDQ2PS    Y9, Y9
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y9, Y9
 	VMULPS       Y8, Y10, Y10
-	VFMADD231PS  64(DX)(R8*1), Y9, Y0
-	VFMADD231PS  96(DX)(R8*1), Y10, Y1
-	VFMADD231PS  64(SI)(R8*1), Y9, Y2
-	VFMADD231PS  96(SI)(R8*1), Y10, Y3
-	VFMADD231PS  64(DI)(R8*1), Y9, Y4
-	VFMADD231PS  96(DI)(R8*1), Y10, Y5
-	VFMADD231PS  64(BX)(R8*1), Y9, Y6
-	VFMADD231PS  96(BX)(R8*1), Y10, Y7
+	VFMADD231PS  64(DX)(R9*1), Y9, Y0
+	VFMADD231PS  96(DX)(R9*1), Y10, Y1
+	VFMADD231PS  64(SI)(R9*1), Y9, Y2
+	VFMADD231PS  96(SI)(R9*1), Y10, Y3
+	VFMADD231PS  64(DI)(R9*1), Y9, Y4
+	VFMADD231PS  96(DI)(R9*1), Y10, Y5
+	VFMADD231PS  64(BX)(R9*1), Y9, Y6
+	VFMADD231PS  96(BX)(R9*1), Y10, Y7
 	ADDQ         $0x00000022, AX
-	ADDQ         $0x00000080, R8
+	ADDQ         $0x00000080, R9
 	SUBQ         $0x00000020, CX
 	JG           rowQ8_0AVX2x4_loop
 
 rowQ8_0AVX2x4_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X1
-	VADDPS       X1, X0, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X0
-	VADDPS       X0, X6, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 12(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 64(R8)
+	VMOVUPS Y3, 96(R8)
+	VMOVUPS Y4, 128(R8)
+	VMOVUPS Y5, 160(R8)
+	VMOVUPS Y6, 192(R8)
+	VMOVUPS Y7, 224(R8)
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x1(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ4_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ4_0AVX2x1(SB), NOSPLIT, $0-40
 	MOVQ         w+0(FP), AX
@@ -797,11 +617,12 @@ TEXT ·rowQ4_0AVX2x1(SB), NOSPLIT, $0-40
 	VPBROADCASTD X1, Y1
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   BX, BX
-	CMPQ   CX, $0x00
-	JLE    rowQ4_0AVX2x1_reduce
+	MOVQ    acc+32(FP), BX
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	XORQ    SI, SI
+	CMPQ    CX, $0x00
+	JLE     rowQ4_0AVX2x1_reduce
 
 rowQ4_0AVX2x1_loop:
 	VPBROADCASTW (AX), X4
@@ -816,8 +637,8 @@ rowQ4_0AVX2x1_loop:
 	VCVTDQ2PS    Y5, Y5
 	VMULPS       Y4, Y6, Y6
 	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  (DX)(BX*1), Y6, Y2
-	VFMADD231PS  32(DX)(BX*1), Y5, Y3
+	VFMADD231PS  (DX)(SI*1), Y6, Y2
+	VFMADD231PS  32(DX)(SI*1), Y5, Y3
 	VMOVDQU      2(AX), X5
 	VPSRLW       $0x04, X5, X5
 	VPAND        X0, X5, X5
@@ -829,28 +650,21 @@ rowQ4_0AVX2x1_loop:
 	VCVTDQ2PS    Y5, Y5
 	VMULPS       Y4, Y6, Y6
 	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  64(DX)(BX*1), Y6, Y2
-	VFMADD231PS  96(DX)(BX*1), Y5, Y3
+	VFMADD231PS  64(DX)(SI*1), Y6, Y2
+	VFMADD231PS  96(DX)(SI*1), Y5, Y3
 	ADDQ         $0x00000012, AX
-	ADDQ         $0x00000080, BX
+	ADDQ         $0x00000080, SI
 	SUBQ         $0x00000020, CX
 	JG           rowQ4_0AVX2x1_loop
 
 rowQ4_0AVX2x1_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (BX)
+	VMOVUPS Y3, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x2(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ4_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ4_0AVX2x2(SB), NOSPLIT, $0-40
 	MOVQ         w+0(FP), AX
@@ -866,13 +680,14 @@ TEXT ·rowQ4_0AVX2x2(SB), NOSPLIT, $0-40
 	VPBROADCASTD X1, Y1
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	XORQ   SI, SI
-	CMPQ   CX, $0x00
-	JLE    rowQ4_0AVX2x2_reduce
+	MOVQ    acc+32(FP), SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	VMOVUPS 64(SI), Y4
+	VMOVUPS 96(SI), Y5
+	XORQ    DI, DI
+	CMPQ    CX, $0x00
+	JLE     rowQ4_0AVX2x2_reduce
 
 rowQ4_0AVX2x2_loop:
 	VPBROADCASTW (AX), X6
@@ -887,10 +702,10 @@ rowQ4_0AVX2x2_loop:
 	VCVTDQ2PS    Y7, Y7
 	VMULPS       Y6, Y8, Y8
 	VMULPS       Y6, Y7, Y7
-	VFMADD231PS  (DX)(SI*1), Y8, Y2
-	VFMADD231PS  32(DX)(SI*1), Y7, Y3
-	VFMADD231PS  (BX)(SI*1), Y8, Y4
-	VFMADD231PS  32(BX)(SI*1), Y7, Y5
+	VFMADD231PS  (DX)(DI*1), Y8, Y2
+	VFMADD231PS  32(DX)(DI*1), Y7, Y3
+	VFMADD231PS  (BX)(DI*1), Y8, Y4
+	VFMADD231PS  32(BX)(DI*1), Y7, Y5
 	VMOVDQU      2(AX), X7
 	VPSRLW       $0x04, X7, X7
 	VPAND        X0, X7, X7
@@ -902,38 +717,25 @@ rowQ4_0AVX2x2_loop:
 	VCVTDQ2PS    Y7, Y7
 	VMULPS       Y6, Y8, Y8
 	VMULPS       Y6, Y7, Y7
-	VFMADD231PS  64(DX)(SI*1), Y8, Y2
-	VFMADD231PS  96(DX)(SI*1), Y7, Y3
-	VFMADD231PS  64(BX)(SI*1), Y8, Y4
-	VFMADD231PS  96(BX)(SI*1), Y7, Y5
+	VFMADD231PS  64(DX)(DI*1), Y8, Y2
+	VFMADD231PS  96(DX)(DI*1), Y7, Y3
+	VFMADD231PS  64(BX)(DI*1), Y8, Y4
+	VFMADD231PS  96(BX)(DI*1), Y7, Y5
 	ADDQ         $0x00000012, AX
-	ADDQ         $0x00000080, SI
+	ADDQ         $0x00000080, DI
 	SUBQ         $0x00000020, CX
 	JG           rowQ4_0AVX2x2_loop
 
 rowQ4_0AVX2x2_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (SI)
+	VMOVUPS Y3, 32(SI)
+	VMOVUPS Y4, 64(SI)
+	VMOVUPS Y5, 96(SI)
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x3(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ4_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ4_0AVX2x3(SB), NOSPLIT, $0-40
 	MOVQ         w+0(FP), AX
@@ -950,15 +752,16 @@ TEXT ·rowQ4_0AVX2x3(SB), NOSPLIT, $0-40
 	VPBROADCASTD X1, Y1
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   DI, DI
-	CMPQ   CX, $0x00
-	JLE    rowQ4_0AVX2x3_reduce
+	MOVQ    acc+32(FP), DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMOVUPS 64(DI), Y4
+	VMOVUPS 96(DI), Y5
+	VMOVUPS 128(DI), Y6
+	VMOVUPS 160(DI), Y7
+	XORQ    R8, R8
+	CMPQ    CX, $0x00
+	JLE     rowQ4_0AVX2x3_reduce
 
 rowQ4_0AVX2x3_loop:
 	VPBROADCASTW (AX), X8
@@ -973,12 +776,12 @@ rowQ4_0AVX2x3_loop:
 	VCVTDQ2PS    Y9, Y9
 	VMULPS       Y8, Y10, Y10
 	VMULPS       Y8, Y9, Y9
-	VFMADD231PS  (DX)(DI*1), Y10, Y2
-	VFMADD231PS  32(DX)(DI*1), Y9, Y3
-	VFMADD231PS  (SI)(DI*1), Y10, Y4
-	VFMADD231PS  32(SI)(DI*1), Y9, Y5
-	VFMADD231PS  (BX)(DI*1), Y10, Y6
-	VFMADD231PS  32(BX)(DI*1), Y9, Y7
+	VFMADD231PS  (DX)(R8*1), Y10, Y2
+	VFMADD231PS  32(DX)(R8*1), Y9, Y3
+	VFMADD231PS  (SI)(R8*1), Y10, Y4
+	VFMADD231PS  32(SI)(R8*1), Y9, Y5
+	VFMADD231PS  (BX)(R8*1), Y10, Y6
+	VFMADD231PS  32(BX)(R8*1), Y9, Y7
 	VMOVDQU      2(AX), X9
 	VPSRLW       $0x04, X9, X9
 	VPAND        X0, X9, X9
@@ -990,48 +793,29 @@ rowQ4_0AVX2x3_loop:
 	VCVTDQ2PS    Y9, Y9
 	VMULPS       Y8, Y10, Y10
 	VMULPS       Y8, Y9, Y9
-	VFMADD231PS  64(DX)(DI*1), Y10, Y2
-	VFMADD231PS  96(DX)(DI*1), Y9, Y3
-	VFMADD231PS  64(SI)(DI*1), Y10, Y4
-	VFMADD231PS  96(SI)(DI*1), Y9, Y5
-	VFMADD231PS  64(BX)(DI*1), Y10, Y6
-	VFMADD231PS  96(BX)(DI*1), Y9, Y7
+	VFMADD231PS  64(DX)(R8*1), Y10, Y2
+	VFMADD231PS  96(DX)(R8*1), Y9, Y3
+	VFMADD231PS  64(SI)(R8*1), Y10, Y4
+	VFMADD231PS  96(SI)(R8*1), Y9, Y5
+	VFMADD231PS  64(BX)(R8*1), Y10, Y6
+	VFMADD231PS  96(BX)(R8*1), Y9, Y7
 	ADDQ         $0x00000012, AX
-	ADDQ         $0x00000080, DI
+	ADDQ         $0x00000080, R8
 	SUBQ         $0x00000020, CX
 	JG           rowQ4_0AVX2x3_loop
 
 rowQ4_0AVX2x3_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X0
-	VADDPS       X0, X6, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (DI)
+	VMOVUPS Y3, 32(DI)
+	VMOVUPS Y4, 64(DI)
+	VMOVUPS Y5, 96(DI)
+	VMOVUPS Y6, 128(DI)
+	VMOVUPS Y7, 160(DI)
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x4(w *byte, x *float32, xstride int, n int, out *float32)
+// func rowQ4_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·rowQ4_0AVX2x4(SB), NOSPLIT, $0-40
 	MOVQ         w+0(FP), AX
@@ -1049,17 +833,18 @@ TEXT ·rowQ4_0AVX2x4(SB), NOSPLIT, $0-40
 	VPBROADCASTD X1, Y1
 
 	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	XORQ   R8, R8
-	CMPQ   CX, $0x00
-	JLE    rowQ4_0AVX2x4_reduce
+	MOVQ    acc+32(FP), R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	VMOVUPS 64(R8), Y4
+	VMOVUPS 96(R8), Y5
+	VMOVUPS 128(R8), Y6
+	VMOVUPS 160(R8), Y7
+	VMOVUPS 192(R8), Y8
+	VMOVUPS 224(R8), Y9
+	XORQ    R9, R9
+	CMPQ    CX, $0x00
+	JLE     rowQ4_0AVX2x4_reduce
 
 rowQ4_0AVX2x4_loop:
 	VPBROADCASTW (AX), X10
@@ -1074,14 +859,14 @@ rowQ4_0AVX2x4_loop:
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y10, Y12, Y12
 	VMULPS       Y10, Y11, Y11
-	VFMADD231PS  (DX)(R8*1), Y12, Y2
-	VFMADD231PS  32(DX)(R8*1), Y11, Y3
-	VFMADD231PS  (SI)(R8*1), Y12, Y4
-	VFMADD231PS  32(SI)(R8*1), Y11, Y5
-	VFMADD231PS  (DI)(R8*1), Y12, Y6
-	VFMADD231PS  32(DI)(R8*1), Y11, Y7
-	VFMADD231PS  (BX)(R8*1), Y12, Y8
-	VFMADD231PS  32(BX)(R8*1), Y11, Y9
+	VFMADD231PS  (DX)(R9*1), Y12, Y2
+	VFMADD231PS  32(DX)(R9*1), Y11, Y3
+	VFMADD231PS  (SI)(R9*1), Y12, Y4
+	VFMADD231PS  32(SI)(R9*1), Y11, Y5
+	VFMADD231PS  (DI)(R9*1), Y12, Y6
+	VFMADD231PS  32(DI)(R9*1), Y11, Y7
+	VFMADD231PS  (BX)(R9*1), Y12, Y8
+	VFMADD231PS  32(BX)(R9*1), Y11, Y9
 	VMOVDQU      2(AX), X11
 	VPSRLW       $0x04, X11, X11
 	VPAND        X0, X11, X11
@@ -1093,54 +878,29 @@ rowQ4_0AVX2x4_loop:
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y10, Y12, Y12
 	VMULPS       Y10, Y11, Y11
-	VFMADD231PS  64(DX)(R8*1), Y12, Y2
-	VFMADD231PS  96(DX)(R8*1), Y11, Y3
-	VFMADD231PS  64(SI)(R8*1), Y12, Y4
-	VFMADD231PS  96(SI)(R8*1), Y11, Y5
-	VFMADD231PS  64(DI)(R8*1), Y12, Y6
-	VFMADD231PS  96(DI)(R8*1), Y11, Y7
-	VFMADD231PS  64(BX)(R8*1), Y12, Y8
-	VFMADD231PS  96(BX)(R8*1), Y11, Y9
+	VFMADD231PS  64(DX)(R9*1), Y12, Y2
+	VFMADD231PS  96(DX)(R9*1), Y11, Y3
+	VFMADD231PS  64(SI)(R9*1), Y12, Y4
+	VFMADD231PS  96(SI)(R9*1), Y11, Y5
+	VFMADD231PS  64(DI)(R9*1), Y12, Y6
+	VFMADD231PS  96(DI)(R9*1), Y11, Y7
+	VFMADD231PS  64(BX)(R9*1), Y12, Y8
+	VFMADD231PS  96(BX)(R9*1), Y11, Y9
 	ADDQ         $0x00000012, AX
-	ADDQ         $0x00000080, R8
+	ADDQ         $0x00000080, R9
 	SUBQ         $0x00000020, CX
 	JG           rowQ4_0AVX2x4_loop
 
 rowQ4_0AVX2x4_reduce:
-	// The reduction tree of reduce16.
-	MOVQ         out+32(FP), AX
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X0
-	VADDPS       X0, X2, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, (AX)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X0
-	VADDPS       X0, X4, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 4(AX)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X0
-	VADDPS       X0, X6, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 8(AX)
-	VADDPS       Y9, Y8, Y8
-	VEXTRACTF128 $0x01, Y8, X0
-	VADDPS       X0, X8, X0
-	VMOVHLPS     X0, X0, X1
-	VADDPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VADDSS       X1, X0, X0
-	VMOVSS       X0, 12(AX)
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (R8)
+	VMOVUPS Y3, 32(R8)
+	VMOVUPS Y4, 64(R8)
+	VMOVUPS Y5, 96(R8)
+	VMOVUPS Y6, 128(R8)
+	VMOVUPS Y7, 160(R8)
+	VMOVUPS Y8, 192(R8)
+	VMOVUPS Y9, 224(R8)
 	VZEROUPPER
 	RET
 

@@ -44,8 +44,8 @@ func TestKernelsLongRows(t *testing.T) {
 
 // TestDifferentialTestsCatchMutants runs the differential test on Go
 // models of the AVX2 kernels (modelKernel): the faithful model (two
-// 8-lane accumulators a vector, groups of four vectors, the shuffles of
-// the reduction) must pass, and every model with one deviation a
+// 8-lane accumulators a vector loaded and stored around a run of columns,
+// groups of four vectors) must pass, and every model with one deviation a
 // hand-written kernel could have must fail. That shows the differential
 // test would catch such a mistake in the assembly.
 func TestDifferentialTestsCatchMutants(t *testing.T) {
@@ -70,8 +70,7 @@ func TestDifferentialTestsCatchMutants(t *testing.T) {
 var mutations = []string{
 	"unfused-multiply-add",  // multiply, round, add, round
 	"float64-accumulator",   // partial sums in float64, rounded at the end
-	"sequential-reduction",  // lanes summed 0..15 in order
-	"adjacent-reduction",    // lanes summed in pairs (0,1), (2,3), ...
+	"acc-not-loaded",        // partial sums restarted at zero in every column tile
 	"q4-nibbles-swapped",    // high nibbles first
 	"q4-unsigned-nibbles",   // nibble without the offset 8
 	"q8-unsigned-bytes",     // quants as uint8
@@ -88,9 +87,8 @@ func modelKernel(m string) *kernel {
 }
 
 func modelRow(t DType, m string) rowFunc {
-	return func(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+	return func(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 		if n == 0 {
-			clear(out.sum[:nb])
 			return
 		}
 		for b0 := 0; b0 < nb; b0 += 4 {
@@ -99,8 +97,18 @@ func modelRow(t DType, m string) rowFunc {
 			if m == "second-group-same-x" {
 				xo = 0
 			}
-			var acc [4][Lanes]float32 // Y registers A (lanes 0-7) and B (8-15)
-			var acc64 [4][Lanes]float64
+			// The Y registers: A (lanes 0-7) and B (8-15) of each vector,
+			// loaded from acc.
+			var y [4][Lanes]float32
+			var y64 [4][Lanes]float64
+			for b := range k {
+				if m != "acc-not-loaded" {
+					y[b] = acc[b0+b]
+				}
+				for j := range Lanes {
+					y64[b][j] = float64(y[b][j])
+				}
+			}
 			for c := 0; c < n; c += Lanes {
 				if m == "skips-last-16-columns" && c+Lanes == n && n > Lanes {
 					break
@@ -115,11 +123,11 @@ func modelRow(t DType, m string) rowFunc {
 						xv := x[xo+b*xstride+c+j]
 						switch m {
 						case "unfused-multiply-add":
-							acc[b][l] = acc[b][l] + wv[j]*xv
+							y[b][l] = y[b][l] + wv[j]*xv
 						case "float64-accumulator":
-							acc64[b][l] += float64(wv[j]) * float64(xv)
+							y64[b][l] += float64(wv[j]) * float64(xv)
 						default:
-							acc[b][l] = FMA32(wv[j], xv, acc[b][l])
+							y[b][l] = FMA32(wv[j], xv, y[b][l])
 						}
 					}
 				}
@@ -127,47 +135,13 @@ func modelRow(t DType, m string) rowFunc {
 			for b := range k {
 				if m == "float64-accumulator" {
 					for j := range Lanes {
-						acc[b][j] = float32(acc64[b][j])
+						y[b][j] = float32(y64[b][j])
 					}
 				}
-				out.sum[b0+b] = modelReduce(&acc[b], m)
+				acc[b0+b] = y[b]
 			}
 		}
 	}
-}
-
-// modelReduce models the reduction of the AVX2 kernels: VADDPS of the two
-// accumulators, VEXTRACTF128 and VADDPS, VMOVHLPS and VADDPS, VMOVSHDUP
-// and VADDSS.
-func modelReduce(a *[Lanes]float32, m string) float32 {
-	switch m {
-	case "sequential-reduction":
-		var s float32
-		for _, v := range a {
-			s += v
-		}
-		return s
-	case "adjacent-reduction":
-		v := a[:]
-		for len(v) > 1 {
-			h := make([]float32, len(v)/2)
-			for j := range h {
-				h[j] = v[2*j] + v[2*j+1]
-			}
-			v = h
-		}
-		return v[0]
-	}
-	var y [8]float32 // Y_A = Y_A + Y_B
-	for j := range 8 {
-		y[j] = a[j] + a[j+8]
-	}
-	var x4 [4]float32 // X_lo + X_hi
-	for j := range 4 {
-		x4[j] = y[j] + y[j+4]
-	}
-	x2 := [2]float32{x4[0] + x4[2], x4[1] + x4[3]} // + VMOVHLPS
-	return x2[0] + x2[1]                           // + VMOVSHDUP
 }
 
 // modelLoad widens the 16 weights of columns [c, c+16).

@@ -48,9 +48,9 @@ type Pool struct {
 	work    chan int
 	done    chan struct{}
 	job     job // the product in progress, under mu
-	// outs holds each chunk's row scratch: on the heap once, since a
-	// frame's scratch would escape through the kernel's function value.
-	outs []rowOut
+	// scratch holds each chunk's partial sums: on the heap once, since a
+	// frame's would escape through the kernel's function value.
+	scratch []chunkScratch
 }
 
 // job is one product, split into chunks of rows.
@@ -62,7 +62,27 @@ type job struct {
 	x, y   []float32
 	batch  int
 	chunks int
-	outs   []rowOut
+	tile   int // columns a tile
+	b32    int // bytes of 32 columns
+	// scratch is the pool's, one per chunk.
+	scratch []chunkScratch
+}
+
+// rowBlock is the number of rows a chunk takes through the column tiles
+// together: each tile of the vectors is read from the first level cache
+// once it is there, by rowBlock rows.
+const rowBlock = 8
+
+// tileBytes bounds the bytes of the vectors a column tile covers (all the
+// batch's vectors together), so that they stay in the first level cache
+// while rowBlock rows stream through it.
+const tileBytes = 8 << 10
+
+// chunkScratch is one chunk's partial sums, padded so that neighbouring
+// chunks share no cache line.
+type chunkScratch struct {
+	acc [rowBlock]accs
+	_   [64]byte
 }
 
 // NewPool starts a pool's workers. Close stops them.
@@ -78,7 +98,7 @@ func NewPool(o Options) (*Pool, error) {
 	if workers == 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	p := &Pool{k: k, workers: workers, work: make(chan int, workers), done: make(chan struct{}, workers), outs: make([]rowOut, workers)}
+	p := &Pool{k: k, workers: workers, work: make(chan int, workers), done: make(chan struct{}, workers), scratch: make([]chunkScratch, workers)}
 	for range workers - 1 {
 		go p.worker()
 	}
@@ -144,7 +164,10 @@ func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
 		n = w.Cols
 	}
 	chunks := min(p.workers, (w.Rows+minRowsPerWorker-1)/minRowsPerWorker)
-	p.job = job{w: w, row: p.k.row(w.Type), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1), outs: p.outs}
+	b32, _ := RowBytes(w.Type, BlockSize)
+	tile := max(BlockSize, tileBytes/4/batch/BlockSize*BlockSize)
+	p.job = job{w: w, row: p.k.row(w.Type), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1),
+		tile: tile, b32: b32, scratch: p.scratch}
 	for i := 1; i < p.job.chunks; i++ {
 		p.work <- i
 	}
@@ -180,23 +203,40 @@ func check(y []float32, w Matrix, x []float32, batch int) (int, error) {
 	return rb, nil
 }
 
-// run computes chunk i of the job's rows.
+// run computes chunk i of the job's rows: rowBlock rows at a time, each
+// block through the columns in tiles (the partial sums carried from tile
+// to tile), then reduced, then the tail columns.
 func (j *job) run(i int) {
-	out := &j.outs[i]
+	sc := &j.scratch[i]
 	lo := j.w.Rows * i / j.chunks
 	hi := j.w.Rows * (i + 1) / j.chunks
 	cols := j.w.Cols
-	for r := lo; r < hi; r++ {
-		row := j.w.Data[r*j.rb : (r+1)*j.rb]
-		j.row(row, j.n, j.x, cols, j.batch, out)
-		for b := range j.batch {
-			s := out.sum[b]
-			// The tail of an F32 or BF16 row past the last whole group
-			// of Lanes columns, one column at a time.
-			for c := j.n; c < cols; c++ {
-				s = FMA32(weightAt(j.w.Type, row, c), j.x[b*cols+c], s)
+	for r0 := lo; r0 < hi; r0 += rowBlock {
+		r1 := min(hi, r0+rowBlock)
+		for r := r0; r < r1; r++ {
+			sc.acc[r-r0] = accs{}
+		}
+		for c0 := 0; c0 < j.n; c0 += j.tile {
+			nc := min(j.tile, j.n-c0)
+			off := c0 / BlockSize * j.b32
+			for r := r0; r < r1; r++ {
+				j.row(j.w.Data[r*j.rb+off:(r+1)*j.rb], nc, j.x[c0:], cols, j.batch, &sc.acc[r-r0])
 			}
-			j.y[b*j.w.Rows+r] = s
+		}
+		for r := r0; r < r1; r++ {
+			row := j.w.Data[r*j.rb : (r+1)*j.rb]
+			for b := range j.batch {
+				var s float32
+				if j.n > 0 {
+					s = reduce16(&sc.acc[r-r0][b])
+				}
+				// The tail of an F32 or BF16 row past the last whole
+				// group of Lanes columns, one column at a time.
+				for c := j.n; c < cols; c++ {
+					s = FMA32(weightAt(j.w.Type, row, c), j.x[b*cols+c], s)
+				}
+				j.y[b*j.w.Rows+r] = s
+			}
 		}
 	}
 }

@@ -56,47 +56,44 @@ func reduce16(acc *[Lanes]float32) float32 {
 	return s2[0] + s2[1]
 }
 
-// rowFunc computes, for one row of weights w (in the kernel's dtype) and
-// nb ≤ MaxBatch vectors x[b*xstride : b*xstride+n], the dot products over
-// the first n columns (n a multiple of Lanes, and of BlockSize for the
-// block formats) in the contract's order: the 16 partial sums, then
-// reduce16. out.sum[b] receives vector b's result.
-type rowFunc func(w []byte, n int, x []float32, xstride, nb int, out *rowOut)
+// rowFunc adds, for a run of n columns of one row of weights (w holds
+// them from the run's first column on, in the kernel's dtype; n a multiple
+// of Lanes, and of BlockSize for the block formats) and nb ≤ MaxBatch
+// vectors (vector b's values for those columns from x[b*xstride] on), the
+// products into the vectors' partial sums: acc[b][j] takes the run's
+// columns c ≡ j mod Lanes, in increasing order, one FMA32 each. A run that
+// starts at a multiple of Lanes thus continues the contract's partial sums
+// where the previous run left them, which lets a product take its rows in
+// column tiles.
+type rowFunc func(w []byte, n int, x []float32, xstride, nb int, acc *accs)
 
-// rowOut is a row's scratch: the scalar kernels' partial sums and every
-// kernel's results. One lives in each worker's frame.
-type rowOut struct {
-	acc [MaxBatch][Lanes]float32
-	sum [MaxBatch]float32
-	_   [32]byte // 576 bytes: neighbouring workers' scratch shares no cache line
-}
+// accs holds the partial sums of up to MaxBatch vectors for one row.
+type accs = [MaxBatch][Lanes]float32
 
 // The scalar reference kernels. They define the results every SIMD kernel
 // must reproduce bit for bit.
 
-func rowF32Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+func rowF32Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 	var wv [Lanes]float32
 	for c := 0; c < n; c += Lanes {
 		for j := range Lanes {
-			wv[j] = math.Float32frombits(le32(w[4*(c+j):]))
+			wv[j] = f32At(w, c+j)
 		}
-		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+		lanesFMA(&wv, c, x, xstride, nb, acc)
 	}
-	finish(n, nb, out)
 }
 
-func rowBF16Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+func rowBF16Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 	var wv [Lanes]float32
 	for c := 0; c < n; c += Lanes {
 		for j := range Lanes {
 			wv[j] = BF16ToFloat32(le16(w[2*(c+j):]))
 		}
-		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+		lanesFMA(&wv, c, x, xstride, nb, acc)
 	}
-	finish(n, nb, out)
 }
 
-func rowQ8Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+func rowQ8Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 	var wv [Lanes]float32
 	for c := 0; c < n; c += BlockSize {
 		blk := w[c/BlockSize*q8BlockBytes:]
@@ -105,13 +102,12 @@ func rowQ8Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
 			for j := range Lanes {
 				wv[j] = float32(int8(blk[2+h+j])) * d
 			}
-			lanesFMA(&wv, c+h, x, xstride, nb, out, c+h == 0)
+			lanesFMA(&wv, c+h, x, xstride, nb, acc)
 		}
 	}
-	finish(n, nb, out)
 }
 
-func rowQ4Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
+func rowQ4Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 	var wv [Lanes]float32
 	for c := 0; c < n; c += BlockSize {
 		blk := w[c/BlockSize*q4BlockBytes:]
@@ -119,38 +115,22 @@ func rowQ4Scalar(w []byte, n int, x []float32, xstride, nb int, out *rowOut) {
 		for j := range Lanes {
 			wv[j] = float32(int32(blk[2+j]&0xf)-8) * d
 		}
-		lanesFMA(&wv, c, x, xstride, nb, out, c == 0)
+		lanesFMA(&wv, c, x, xstride, nb, acc)
 		for j := range Lanes {
 			wv[j] = float32(int32(blk[2+j]>>4)-8) * d
 		}
-		lanesFMA(&wv, c+Lanes, x, xstride, nb, out, false)
+		lanesFMA(&wv, c+Lanes, x, xstride, nb, acc)
 	}
-	finish(n, nb, out)
 }
 
 // lanesFMA adds w[j]*x[b][c+j] into partial sum j of every vector b, with
-// one rounding each (FMA32). first starts the partial sums at zero.
-func lanesFMA(w *[Lanes]float32, c int, x []float32, xstride, nb int, out *rowOut, first bool) {
-	if first {
-		out.acc = [MaxBatch][Lanes]float32{}
-	}
+// one rounding each (FMA32).
+func lanesFMA(w *[Lanes]float32, c int, x []float32, xstride, nb int, acc *accs) {
 	for b := range nb {
 		xb := x[b*xstride+c : b*xstride+c+Lanes]
-		a := &out.acc[b]
+		a := &acc[b]
 		for j := range Lanes {
 			a[j] = FMA32(w[j], xb[j], a[j])
 		}
-	}
-}
-
-// finish reduces the partial sums of every vector into out.sum (zero when
-// n is 0).
-func finish(n, nb int, out *rowOut) {
-	for b := range nb {
-		if n == 0 {
-			out.sum[b] = 0
-			continue
-		}
-		out.sum[b] = reduce16(&out.acc[b])
 	}
 }

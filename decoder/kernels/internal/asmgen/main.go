@@ -9,15 +9,17 @@
 // never of zinf: the generated files are committed and build with nothing
 // but the Go toolchain.
 //
-// Every kernel computes, for one row of weights and one to four vectors,
-// exactly what the scalar reference (rowF32Scalar ... rowQ4Scalar in
-// ../../scalar.go) computes: partial sum j (of 16) takes columns c ≡ j mod
-// 16, each step a fused multiply-add rounded once (VFMADD231PS, as FMA32),
-// the weights widened exactly (bf16 by a shift, int8 and nibbles through
-// VCVTDQ2PS, times the binary16 scale widened by VCVTPH2PS: products that
-// are exact in binary32); then the fixed reduction tree of reduce16
-// (lanes j and j+8, then j and j+4, then j and j+2, then the last two).
-// Two YMM registers hold the 16 partial sums of a vector.
+// Every kernel computes, for a run of columns of one row of weights and
+// one to four vectors, exactly what the scalar reference (rowF32Scalar ...
+// rowQ4Scalar in ../../scalar.go) computes: partial sum j (of 16) takes
+// columns c ≡ j mod 16, each step a fused multiply-add rounded once
+// (VFMADD231PS, as FMA32), the weights widened exactly (bf16 by a shift,
+// int8 and nibbles through VCVTDQ2PS, times the binary16 scale widened by
+// VCVTPH2PS: products that are exact in binary32). Two YMM registers hold
+// the 16 partial sums of a vector; they are loaded from and stored back to
+// memory, so that a row can be taken in column tiles, and the caller
+// reduces them in the fixed tree of reduce16. The memory-read kernel
+// (sumF32AVX2) reduces its own sums in that tree with shuffles.
 //
 // -mutate NAME builds one deliberate deviation into the kernels, for
 // mutants.sh to show that the differential tests catch it; -mutate list
@@ -57,7 +59,8 @@ type dtype struct {
 // hand-written kernel could make.
 var mutations = []string{
 	"unfused",            // VMULPS and VADDPS for VFMADD231PS: two roundings
-	"reduce-hadd",        // the tree's third level adds neighbouring lanes
+	"acc-not-loaded",     // partial sums restarted at zero: the column tiles lost
+	"acc-stride-32",      // vector b's partial sums stored at the wrong place
 	"q4-nibbles-swapped", // high nibbles for columns 0-15
 	"q4-no-offset",       // nibbles without the offset 8
 	"q8-zero-extend",     // quants widened as unsigned bytes
@@ -186,9 +189,9 @@ func gen(t dtype, nb int) {
 		Pragma("noescape")
 		Doc(name + " returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.")
 	} else {
-		TEXT(name, NOSPLIT, "func(w *byte, x *float32, xstride, n int, out *float32)")
+		TEXT(name, NOSPLIT, "func(w *byte, x *float32, xstride, n int, acc *float32)")
 		Pragma("noescape")
-		Doc(fmt.Sprintf("%s writes to out[0..%d) the dot products of the n %s weights at w (n a positive multiple of %d) with %d vectors, vector b at x + b*xstride bytes, in the scalar reference's order.", name, nb, t.name, t.cols, nb))
+		Doc(fmt.Sprintf("%s adds the products of the n %s weights at w (n a positive multiple of %d) with %d vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.", name, t.name, t.cols, nb))
 	}
 	w := Load(Param("w"), GP64())
 	n := Load(Param("n"), GP64())
@@ -216,10 +219,19 @@ func gen(t dtype, nb int) {
 	}
 	Comment("Two accumulators a vector: partial sums 0-7 and 8-15.")
 	accA, accB := make([]VecVirtual, vecs), make([]VecVirtual, vecs)
+	var accp Register
+	if nb > 0 {
+		accp = Load(Param("acc"), GP64())
+	}
 	for b := range vecs {
 		accA[b], accB[b] = YMM(), YMM()
-		VXORPS(accA[b], accA[b], accA[b])
-		VXORPS(accB[b], accB[b], accB[b])
+		if nb == 0 || mutation == "acc-not-loaded" {
+			VXORPS(accA[b], accA[b], accA[b])
+			VXORPS(accB[b], accB[b], accB[b])
+		} else {
+			VMOVUPS(Mem{Base: accp, Disp: 64 * b}, accA[b])
+			VMOVUPS(Mem{Base: accp, Disp: 64*b + 32}, accB[b])
+		}
 	}
 	i := GP64() // byte offset into the vectors
 	XORQ(i, i)
@@ -261,34 +273,34 @@ func gen(t dtype, nb int) {
 	JG(LabelRef(name + "_loop"))
 
 	Label(name + "_reduce")
-	Comment("The reduction tree of reduce16.")
-	var out Register
 	if nb > 0 {
-		out = Load(Param("out"), GP64())
-	}
-	for b := range vecs {
-		s := accA[b]
-		VADDPS(accB[b], s, s) // s8[j] = acc[j] + acc[j+8]
-		hi := XMM()
-		VEXTRACTF128(U8(1), s, hi)
-		s4 := XMM()
-		VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
-		if mutation == "reduce-hadd" {
-			VHADDPS(s4, s4, s4)
-		} else {
-			t2 := XMM()
-			VMOVHLPS(s4, s4, t2)
-			VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+		Comment("Store the partial sums; the caller reduces them (reduce16).")
+		for b := range nb {
+			disp := 64 * b
+			if mutation == "acc-stride-32" {
+				disp = 32 * b
+			}
+			VMOVUPS(accA[b], Mem{Base: accp, Disp: disp})
+			VMOVUPS(accB[b], Mem{Base: accp, Disp: disp + 32})
 		}
-		t1 := XMM()
-		VMOVSHDUP(s4, t1)
-		VADDSS(t1, s4, s4) // s2[0] + s2[1]
-		if nb == 0 {
-			Store(s4, ReturnIndex(0))
-		} else {
-			VMOVSS(s4, Mem{Base: out, Disp: 4 * b})
-		}
+		VZEROUPPER()
+		RET()
+		return
 	}
+	Comment("The reduction tree of reduce16.")
+	s := accA[0]
+	VADDPS(accB[0], s, s) // s8[j] = acc[j] + acc[j+8]
+	hi := XMM()
+	VEXTRACTF128(U8(1), s, hi)
+	s4 := XMM()
+	VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
+	t2 := XMM()
+	VMOVHLPS(s4, s4, t2)
+	VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+	t1 := XMM()
+	VMOVSHDUP(s4, t1)
+	VADDSS(t1, s4, s4) // s2[0] + s2[1]
+	Store(s4, ReturnIndex(0))
 	VZEROUPPER()
 	RET()
 }
