@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zinfio/zinf/contrib/gomlx/generate"
 )
 
 // runMainWatched runs the command as main does and returns its exit status
@@ -201,5 +203,23 @@ func TestSignalExitStatus(t *testing.T) {
 		if err != nil || len(left) > 0 {
 			t.Errorf("%v: --dir holds %q after the run (%v)", c.sig, left, err)
 		}
+	}
+}
+
+// nanWeights report NaN/Inf counts as the generator's Weights do.
+type nanWeights struct{ generate.Weights }
+
+func (nanWeights) NonFinite() map[string]int { return map[string]int{"/b": 2, "/a": 1} }
+
+// TestWarnNonFinite: weights holding NaN or infinite values are warned of
+// at load, a line per tensor naming it and the count (they generated
+// silently).
+func TestWarnNonFinite(t *testing.T) {
+	var out bytes.Buffer
+	warnNonFinite(nanWeights{}, &out)
+	want := "zinf-generate: warning: the weights' \"/a\" hold 1 NaN or infinite values: generation computes with them\n" +
+		"zinf-generate: warning: the weights' \"/b\" hold 2 NaN or infinite values: generation computes with them\n"
+	if out.String() != want {
+		t.Fatalf("warnings:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
