@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -226,8 +228,14 @@ func (d *decoder) object(n *node, path string, specs []spec) {
 		d.typeProblem(n, path, kObject.String())
 		return
 	}
-	seen := map[string]bool{}
-	for _, m := range n.members {
+	seen := make(map[string]bool, len(n.members))
+	for i, m := range n.members {
+		if len(d.problems) == cap(d.problems) {
+			// Growing by the members left, each of which may be a
+			// problem, instead of append's quarter at a time: a file of
+			// many unknown keys allocated its problems five times over.
+			d.problems = slices.Grow(d.problems, len(n.members)-i)
+		}
 		key := join(path, m.key)
 		if seen[m.key] {
 			d.problemAt(m.keyOff, Problem{Key: key, Msg: "is written more than once"})
@@ -285,9 +293,10 @@ func (d *decoder) candidates(path string, specs []spec) *keySet {
 	if k, ok := d.known[path]; ok {
 		return k
 	}
-	k := &keySet{names: make([]string, len(specs)), norms: make([]string, len(specs))}
+	k := &keySet{names: make([]string, len(specs)), norms: make([]string, len(specs)), runes: make([]int, len(specs)), chars: make([]charSet, len(specs))}
 	for i, s := range specs {
 		k.names[i], k.norms[i] = s.name, normKey(s.name)
+		k.runes[i], k.chars[i] = utf8.RuneCountInString(s.name), charsOf(s.name)
 	}
 	if d.known == nil {
 		d.known = map[string]*keySet{}
@@ -885,7 +894,51 @@ func keyIndex(specs []spec) map[string][]string {
 }
 
 // keySet is a section's known keys, and each in normKey's form.
-type keySet struct{ names, norms []string }
+type keySet struct {
+	names, norms []string
+	runes        []int     // each name's length in runes
+	chars        []charSet // the bytes each name holds
+}
+
+// charSet is the set of bytes a string holds, for a lower bound of the
+// edit distance: every byte of one string that the other does not hold
+// costs an edit of its own (a substitution or a deletion; transpositions
+// only move bytes). Only ASCII strings get a set (ok); the others are
+// compared without this bound.
+type charSet struct {
+	bits [2]uint64
+	ok   bool // the string is ASCII
+}
+
+func charsOf(s string) charSet {
+	var c charSet
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return charSet{}
+		}
+		c.bits[s[i]>>6] |= 1 << (s[i] & 63)
+	}
+	c.ok = true
+	return c
+}
+
+// absentFrom counts the distinct bytes of c that o does not hold: a lower
+// bound of missing, in constant time.
+func (c charSet) absentFrom(o charSet) int {
+	return bits.OnesCount64(c.bits[0]&^o.bits[0]) + bits.OnesCount64(c.bits[1]&^o.bits[1])
+}
+
+// missing counts the bytes of ASCII string s that c does not hold: a lower
+// bound of the edit distance between s and the string of c (both ASCII).
+func (c charSet) missing(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if c.bits[s[i]>>6]&(1<<(s[i]&63)) == 0 {
+			n++
+		}
+	}
+	return n
+}
 
 // closest returns the known key nearest to key, or "" when none is near
 // enough to be a likely typo. Case, '-' and '_' differences count as near.
@@ -898,14 +951,21 @@ func (k *keySet) closest(key string) string {
 	nk := normKey(key)
 	lower := strings.ToLower(key)
 	runes := utf8.RuneCountInString(lower)
+	ascii := isASCII(lower)
+	keyChars := charsOf(lower)
 	limit := min(max(len(key)/3, 1), 3)
 	best, bestDist := "", limit+1
 	for i, c := range k.names {
 		if k.norms[i] == nk {
 			return c
 		}
-		// The distance is at least the difference in length.
-		if d := runes - utf8.RuneCountInString(c); d >= bestDist || -d >= bestDist {
+		// The distance is at least the difference in length, and at least
+		// the bytes of the key the name does not hold: most keys of a
+		// file of many unknown keys are ruled out by these alone.
+		if d := runes - k.runes[i]; d >= bestDist || -d >= bestDist {
+			continue
+		}
+		if ascii && k.chars[i].ok && (keyChars.absentFrom(k.chars[i]) >= bestDist || k.chars[i].missing(lower) >= bestDist) {
 			continue
 		}
 		if dist := editDistance(lower, c, bestDist-1); dist < bestDist {

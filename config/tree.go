@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -52,8 +53,12 @@ const maxRaw = 60
 // offsets are exact) and returns its tree. A syntax error comes back as a
 // Problem with a line and column.
 func buildTree(data []byte) (*node, *Problem) {
-	var raw json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
+	if !json.Valid(data) {
+		var raw json.RawMessage
+		err := json.Unmarshal(data, &raw)
+		if err == nil {
+			err = errors.New("not valid JSON") // json.Valid and Unmarshal disagree: never seen
+		}
 		off := len(data)
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -69,111 +74,232 @@ func buildTree(data []byte) (*node, *Problem) {
 		}
 		return nil, &Problem{Msg: "invalid JSON: " + msg, Line: line, Column: col}
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	t := &treeReader{dec: dec, data: data}
+	// Every member is written with a ':' (strings may hold more), and
+	// takes at least 5 bytes ("":0,): room for them all up front, so the
+	// stack they are collected in is not copied as it grows.
+	t := &treeReader{data: data, text: string(data), members: make([]member, 0, min(bytes.Count(data, []byte{':'}), len(data)/5))}
 	n, err := t.value()
 	if err != nil {
 		// Unreachable after the check above, but never panic on input.
-		line, col := position(data, int(dec.InputOffset()))
+		line, col := position(data, t.pos)
 		return nil, &Problem{Msg: "invalid JSON: " + err.Error(), Line: line, Column: col}
 	}
 	return n, nil
 }
 
+// treeReader walks JSON text that json.Valid accepted, building nodes as
+// it goes. It reads the bytes itself rather than through json.Decoder's
+// tokens: those allocated several objects per value (an error value at the
+// end of each one among them), which a file of many keys paid for in
+// garbage collection. Strings with escapes or invalid UTF-8 are decoded by
+// encoding/json, so every value reads as json.Unmarshal reads it. It still
+// checks what it relies on, and returns an error instead of panicking on
+// text it did not expect.
 type treeReader struct {
-	dec  *json.Decoder
 	data []byte
+	// text is data as one string: keys, numbers and texts for messages
+	// are slices of it instead of a string each.
+	text string
+	pos  int
+	// slab hands out nodes a batch at a time, not one allocation each.
+	slab []node
+	// members and elems are stacks the objects and arrays being read
+	// collect their members in; each gets an exact copy when it ends
+	// (appending to its own slice allocated it about five times over).
+	members []member
+	elems   []*node
 }
 
-// token reads one token and where it starts. json.Decoder consumes the ','
-// or ':' before a token together with it, so the start is found by skipping
-// those and white space from the offset before the call.
-func (t *treeReader) token() (json.Token, int, string, error) {
-	before := int(t.dec.InputOffset())
-	tok, err := t.dec.Token()
-	if err != nil {
-		return nil, before, "", err
+func (t *treeReader) newNode(off int) *node {
+	if len(t.slab) == 0 {
+		t.slab = make([]node, 256)
 	}
-	after := int(t.dec.InputOffset())
-	start := before
-	for start < after {
-		switch t.data[start] {
-		case ' ', '\t', '\r', '\n', ',', ':':
-			start++
+	n := &t.slab[0]
+	t.slab = t.slab[1:]
+	n.off = off
+	return n
+}
+
+func (t *treeReader) skipSpace() {
+	for t.pos < len(t.data) {
+		switch t.data[t.pos] {
+		case ' ', '\t', '\r', '\n':
+			t.pos++
+		default:
+			return
+		}
+	}
+}
+
+// eat consumes c after white space, reporting whether it was there.
+func (t *treeReader) eat(c byte) bool {
+	t.skipSpace()
+	if t.pos < len(t.data) && t.data[t.pos] == c {
+		t.pos++
+		return true
+	}
+	return false
+}
+
+func (t *treeReader) unexpected(what string) error {
+	if t.pos >= len(t.data) {
+		return fmt.Errorf("unexpected end of JSON input, want %s", what)
+	}
+	return fmt.Errorf("unexpected %q at offset %d, want %s", t.data[t.pos], t.pos, what)
+}
+
+// str reads a string at t.pos, returning its decoded value.
+func (t *treeReader) str() (string, error) {
+	if t.pos >= len(t.data) || t.data[t.pos] != '"' {
+		return "", t.unexpected("a string")
+	}
+	start := t.pos
+	plain := true
+	i := start + 1
+	for ; i < len(t.data); i++ {
+		c := t.data[i]
+		if c == '\\' {
+			plain = false
+			i++
 			continue
 		}
-		break
+		if c == '"' {
+			break
+		}
+		if c >= utf8.RuneSelf {
+			plain = false
+		}
 	}
-	end := min(after, start+maxRaw+utf8.UTFMax)
-	text := shorten(string(t.data[start:end]))
-	if end < after && len(text) <= maxRaw {
+	if i >= len(t.data) {
+		t.pos = len(t.data)
+		return "", t.unexpected("the end of a string")
+	}
+	t.pos = i + 1
+	body := t.data[start+1 : i]
+	if plain || utf8.Valid(body) && bytes.IndexByte(body, '\\') < 0 {
+		return t.text[start+1 : i], nil
+	}
+	var v string
+	if err := json.Unmarshal(t.data[start:t.pos], &v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// rawText is the text of the value at data[start:end], shortened for
+// messages.
+func (t *treeReader) rawText(start, end int) string {
+	cut := min(end, start+maxRaw+utf8.UTFMax)
+	text := shorten(t.text[start:cut])
+	if cut < end && len(text) <= maxRaw {
 		text += "..."
 	}
-	return tok, start, text, nil
+	return text
 }
 
 func (t *treeReader) value() (*node, error) {
-	tok, start, text, err := t.token()
-	if err != nil {
-		return nil, err
+	t.skipSpace()
+	if t.pos >= len(t.data) {
+		return nil, t.unexpected("a value")
 	}
-	return t.valueFrom(tok, start, text)
-}
-
-func (t *treeReader) valueFrom(tok json.Token, start int, text string) (*node, error) {
-	n := &node{off: start, raw: shorten(text)}
-	switch v := tok.(type) {
-	case nil:
-		n.kind = kNull
-	case bool:
-		n.kind, n.b = kBool, v
-	case json.Number:
-		n.kind, n.str = kNumber, string(v)
-	case string:
-		n.kind, n.str = kString, v
-	case json.Delim:
-		switch v {
-		case '{':
-			n.kind = kObject
-			for t.dec.More() {
-				ktok, kstart, _, err := t.token()
+	start := t.pos
+	n := t.newNode(start)
+	switch c := t.data[t.pos]; c {
+	case '{':
+		t.pos++
+		n.kind = kObject
+		base := len(t.members)
+		if !t.eat('}') {
+			for {
+				t.skipSpace()
+				kstart := t.pos
+				key, err := t.str()
 				if err != nil {
 					return nil, err
 				}
-				key, ok := ktok.(string)
-				if !ok {
-					return nil, fmt.Errorf("object key is %T", ktok)
+				if !t.eat(':') {
+					return nil, t.unexpected("':'")
 				}
 				val, err := t.value()
 				if err != nil {
 					return nil, err
 				}
-				n.members = append(n.members, member{key: key, keyOff: kstart, val: val})
-			}
-		case '[':
-			n.kind = kArray
-			for t.dec.More() {
-				val, err := t.value()
-				if err != nil {
-					return nil, err
+				t.members = append(t.members, member{key: key, keyOff: kstart, val: val})
+				if t.eat(',') {
+					continue
 				}
-				n.elems = append(n.elems, val)
+				if t.eat('}') {
+					break
+				}
+				return nil, t.unexpected("',' or '}'")
 			}
-		default:
-			return nil, fmt.Errorf("unexpected %q", v)
 		}
-		if _, _, _, err := t.token(); err != nil { // the closing delimiter
+		if len(t.members) > base {
+			n.members = slices.Clone(t.members[base:])
+			clear(t.members[base:])
+			t.members = t.members[:base]
+		}
+		n.raw = t.rawText(start, t.pos)
+		return n, nil
+	case '[':
+		t.pos++
+		n.kind = kArray
+		base := len(t.elems)
+		if !t.eat(']') {
+			for {
+				val, err := t.value()
+				if err != nil {
+					return nil, err
+				}
+				t.elems = append(t.elems, val)
+				if t.eat(',') {
+					continue
+				}
+				if t.eat(']') {
+					break
+				}
+				return nil, t.unexpected("',' or ']'")
+			}
+		}
+		if len(t.elems) > base {
+			n.elems = slices.Clone(t.elems[base:])
+			clear(t.elems[base:])
+			t.elems = t.elems[:base]
+		}
+		n.raw = t.rawText(start, t.pos)
+		return n, nil
+	case '"':
+		v, err := t.str()
+		if err != nil {
 			return nil, err
 		}
-		end := min(int(t.dec.InputOffset()), len(t.data), start+maxRaw+utf8.UTFMax)
-		n.raw = shorten(string(t.data[start:end]))
-		if end < int(t.dec.InputOffset()) && len(n.raw) <= maxRaw {
-			n.raw += "..."
+		n.kind, n.str = kString, v
+	case 't', 'f', 'n':
+		for _, lit := range []string{"true", "false", "null"} {
+			if bytes.HasPrefix(t.data[t.pos:], []byte(lit)) {
+				t.pos += len(lit)
+				n.kind, n.b = kBool, lit == "true"
+				if lit == "null" {
+					n.kind = kNull
+				}
+				break
+			}
+		}
+		if t.pos == start {
+			return nil, t.unexpected("a value")
 		}
 	default:
-		return nil, fmt.Errorf("unexpected token %T", tok)
+		for t.pos < len(t.data) && strings.IndexByte("+-0123456789.eE", t.data[t.pos]) >= 0 {
+			t.pos++
+		}
+		if t.pos == start {
+			return nil, t.unexpected("a value")
+		}
+		n.kind, n.str = kNumber, t.text[start:t.pos]
 	}
+	// A scalar's text is shortened as its token's was, then once more as
+	// the node's (the same result as before this reader).
+	n.raw = shorten(t.rawText(start, t.pos))
 	return n, nil
 }
 
