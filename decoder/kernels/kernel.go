@@ -5,11 +5,11 @@ package kernels
 // kernel is one implementation of the row products, per dtype.
 type kernel struct {
 	name                string
-	f32, bf16, q8_0, q4 rowFunc
+	f32, bf16, q8_0, q4 blockFunc
 }
 
 // row returns the kernel's row function for t.
-func (k *kernel) row(t DType) rowFunc {
+func (k *kernel) row(t DType) blockFunc {
 	switch t {
 	case F32:
 		return k.f32
@@ -31,7 +31,7 @@ const KernelScalar = "scalar"
 // F16C).
 const KernelAVX2 = "avx2"
 
-var scalarKernel = &kernel{name: KernelScalar, f32: rowF32Scalar, bf16: rowBF16Scalar, q8_0: rowQ8Scalar, q4: rowQ4Scalar}
+var scalarKernel = &kernel{name: KernelScalar, f32: perRow(rowF32Scalar), bf16: perRow(rowBF16Scalar), q8_0: perRow(rowQ8Scalar), q4: perRow(rowQ4Scalar)}
 
 // simdKernels lists the SIMD kernels this machine can run, the preferred
 // first; the architecture's init fills it.

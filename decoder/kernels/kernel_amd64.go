@@ -31,28 +31,53 @@ func hasF16C() bool {
 	return ecx&(1<<29) != 0
 }
 
-// asmFunc is the signature of the generated row kernels.
-type asmFunc func(w *byte, x *float32, xstride, n int, acc *float32)
+// asmFunc is the signature of the generated kernels.
+type asmFunc func(w *byte, wstride int, x *float32, xstride, n int, acc *float32)
+
+// asmKernels are one dtype's kernels: by[nb-1][rows] serves nb vectors and
+// rows rows at once (nil where none was generated; rows 1 always is).
+type asmKernels [4][5]asmFunc
 
 var avx2Kernel = &kernel{
 	name: KernelAVX2,
-	f32:  asmRow([4]asmFunc{rowF32AVX2x1, rowF32AVX2x2, rowF32AVX2x3, rowF32AVX2x4}),
-	bf16: asmRow([4]asmFunc{rowBF16AVX2x1, rowBF16AVX2x2, rowBF16AVX2x3, rowBF16AVX2x4}),
-	q8_0: asmRow([4]asmFunc{rowQ8_0AVX2x1, rowQ8_0AVX2x2, rowQ8_0AVX2x3, rowQ8_0AVX2x4}),
-	q4:   asmRow([4]asmFunc{rowQ4_0AVX2x1, rowQ4_0AVX2x2, rowQ4_0AVX2x3, rowQ4_0AVX2x4}),
+	f32: asmBlock(asmKernels{
+		{1: rowF32AVX2x1r1, 2: rowF32AVX2x1r2, 4: rowF32AVX2x1r4},
+		{1: rowF32AVX2x2r1, 2: rowF32AVX2x2r2}, {1: rowF32AVX2x3r1}, {1: rowF32AVX2x4r1}}),
+	bf16: asmBlock(asmKernels{
+		{1: rowBF16AVX2x1r1, 2: rowBF16AVX2x1r2, 4: rowBF16AVX2x1r4},
+		{1: rowBF16AVX2x2r1, 2: rowBF16AVX2x2r2}, {1: rowBF16AVX2x3r1}, {1: rowBF16AVX2x4r1}}),
+	q8_0: asmBlock(asmKernels{
+		{1: rowQ8_0AVX2x1r1, 2: rowQ8_0AVX2x1r2, 4: rowQ8_0AVX2x1r4},
+		{1: rowQ8_0AVX2x2r1, 2: rowQ8_0AVX2x2r2}, {1: rowQ8_0AVX2x3r1}, {1: rowQ8_0AVX2x4r1}}),
+	q4: asmBlock(asmKernels{
+		{1: rowQ4_0AVX2x1r1, 2: rowQ4_0AVX2x1r2, 4: rowQ4_0AVX2x1r4},
+		{1: rowQ4_0AVX2x2r1, 2: rowQ4_0AVX2x2r2}, {1: rowQ4_0AVX2x3r1}, {1: rowQ4_0AVX2x4r1}}),
 }
 
-// asmRow makes a rowFunc of the kernels for one to four vectors: a batch
-// of more than four takes the run of columns in groups of four, its bytes
-// read from memory by the first group and from the cache by the others.
-func asmRow(fns [4]asmFunc) rowFunc {
-	return func(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
+// asmBlock makes a blockFunc of one dtype's kernels: the vectors in
+// groups of up to four (a batch of more than four takes the run of
+// columns twice, its bytes read from memory by the first group and from
+// the cache by the second), the rows in the widest steps generated for the
+// group's size, the rest one at a time.
+func asmBlock(k asmKernels) blockFunc {
+	return func(w []byte, wstride, nrows, n int, x []float32, xstride, nb int, acc *[rowBlock]accs) {
 		if n == 0 {
 			return
 		}
 		for b0 := 0; b0 < nb; b0 += 4 {
-			k := min(4, nb-b0)
-			fns[k-1](&w[0], &x[b0*xstride], 4*xstride, n, &acc[b0][0])
+			g := min(4, nb-b0)
+			byRows := &k[g-1]
+			r := 0
+			for _, step := range [...]int{4, 2} {
+				if f := byRows[step]; f != nil {
+					for ; r+step <= nrows; r += step {
+						f(&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0])
+					}
+				}
+			}
+			for ; r < nrows; r++ {
+				byRows[1](&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0])
+			}
 		}
 	}
 }

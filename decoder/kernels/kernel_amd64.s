@@ -4,71 +4,179 @@
 
 #include "textflag.h"
 
-// func rowF32AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
-TEXT ·rowF32AVX2x1(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowF32AVX2x1r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), BX
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), BX
 	VMOVUPS (BX), Y0
 	VMOVUPS 32(BX), Y1
 	XORQ    SI, SI
-	CMPQ    CX, $0x00
-	JLE     rowF32AVX2x1_reduce
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x1r1_store
 
-rowF32AVX2x1_loop:
-	VMOVUPS     (AX), Y2
-	VMOVUPS     32(AX), Y3
+rowF32AVX2x1r1_loop:
+	VMOVUPS     (CX), Y2
+	VMOVUPS     32(CX), Y3
 	VFMADD231PS (DX)(SI*1), Y2, Y0
 	VFMADD231PS 32(DX)(SI*1), Y3, Y1
-	ADDQ        $0x00000040, AX
+	ADDQ        $0x00000040, CX
 	ADDQ        $0x00000040, SI
-	SUBQ        $0x00000010, CX
-	JG          rowF32AVX2x1_loop
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x1r1_loop
 
-rowF32AVX2x1_reduce:
+rowF32AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (BX)
 	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
-TEXT ·rowF32AVX2x2(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowF32AVX2x1r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 512(SI), Y2
+	VMOVUPS 544(SI), Y3
+	XORQ    DI, DI
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x1r2_store
+
+rowF32AVX2x1r2_loop:
+	VMOVUPS     (CX), Y4
+	VMOVUPS     32(CX), Y5
+	VFMADD231PS (BX)(DI*1), Y4, Y0
+	VFMADD231PS 32(BX)(DI*1), Y5, Y1
+	VMOVUPS     (DX), Y4
+	VMOVUPS     32(DX), Y5
+	VFMADD231PS (BX)(DI*1), Y4, Y2
+	VFMADD231PS 32(BX)(DI*1), Y5, Y3
+	ADDQ        $0x00000040, CX
+	ADDQ        $0x00000040, DX
+	ADDQ        $0x00000040, DI
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x1r2_loop
+
+rowF32AVX2x1r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 512(SI)
+	VMOVUPS Y3, 544(SI)
+	VZEROUPPER
+	RET
+
+// func rowF32AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, FMA3
+TEXT ·rowF32AVX2x1r4(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ x+16(FP), DI
+	MOVQ xstride+24(FP), R8
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 512(R8), Y2
+	VMOVUPS 544(R8), Y3
+	VMOVUPS 1024(R8), Y4
+	VMOVUPS 1056(R8), Y5
+	VMOVUPS 1536(R8), Y6
+	VMOVUPS 1568(R8), Y7
+	XORQ    R9, R9
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x1r4_store
+
+rowF32AVX2x1r4_loop:
+	VMOVUPS     (CX), Y8
+	VMOVUPS     32(CX), Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y0
+	VFMADD231PS 32(DI)(R9*1), Y9, Y1
+	VMOVUPS     (BX), Y8
+	VMOVUPS     32(BX), Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y2
+	VFMADD231PS 32(DI)(R9*1), Y9, Y3
+	VMOVUPS     (SI), Y8
+	VMOVUPS     32(SI), Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y4
+	VFMADD231PS 32(DI)(R9*1), Y9, Y5
+	VMOVUPS     (DX), Y8
+	VMOVUPS     32(DX), Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y6
+	VFMADD231PS 32(DI)(R9*1), Y9, Y7
+	ADDQ        $0x00000040, CX
+	ADDQ        $0x00000040, BX
+	ADDQ        $0x00000040, SI
+	ADDQ        $0x00000040, DX
+	ADDQ        $0x00000040, R9
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x1r4_loop
+
+rowF32AVX2x1r4_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 512(R8)
+	VMOVUPS Y3, 544(R8)
+	VMOVUPS Y4, 1024(R8)
+	VMOVUPS Y5, 1056(R8)
+	VMOVUPS Y6, 1536(R8)
+	VMOVUPS Y7, 1568(R8)
+	VZEROUPPER
+	RET
+
+// func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, FMA3
+TEXT ·rowF32AVX2x2r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), SI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
 	VMOVUPS (SI), Y0
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
 	XORQ    DI, DI
-	CMPQ    CX, $0x00
-	JLE     rowF32AVX2x2_reduce
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x2r1_store
 
-rowF32AVX2x2_loop:
-	VMOVUPS     (AX), Y4
-	VMOVUPS     32(AX), Y5
+rowF32AVX2x2r1_loop:
+	VMOVUPS     (CX), Y4
+	VMOVUPS     32(CX), Y5
 	VFMADD231PS (DX)(DI*1), Y4, Y0
 	VFMADD231PS 32(DX)(DI*1), Y5, Y1
 	VFMADD231PS (BX)(DI*1), Y4, Y2
 	VFMADD231PS 32(BX)(DI*1), Y5, Y3
-	ADDQ        $0x00000040, AX
+	ADDQ        $0x00000040, CX
 	ADDQ        $0x00000040, DI
-	SUBQ        $0x00000010, CX
-	JG          rowF32AVX2x2_loop
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x2r1_loop
 
-rowF32AVX2x2_reduce:
+rowF32AVX2x2r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (SI)
 	VMOVUPS Y1, 32(SI)
@@ -77,18 +185,75 @@ rowF32AVX2x2_reduce:
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
-TEXT ·rowF32AVX2x3(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowF32AVX2x2r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 512(DI), Y4
+	VMOVUPS 544(DI), Y5
+	VMOVUPS 576(DI), Y6
+	VMOVUPS 608(DI), Y7
+	XORQ    R8, R8
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x2r2_store
+
+rowF32AVX2x2r2_loop:
+	VMOVUPS     (CX), Y8
+	VMOVUPS     32(CX), Y9
+	VFMADD231PS (BX)(R8*1), Y8, Y0
+	VFMADD231PS 32(BX)(R8*1), Y9, Y1
+	VFMADD231PS (SI)(R8*1), Y8, Y2
+	VFMADD231PS 32(SI)(R8*1), Y9, Y3
+	VMOVUPS     (DX), Y8
+	VMOVUPS     32(DX), Y9
+	VFMADD231PS (BX)(R8*1), Y8, Y4
+	VFMADD231PS 32(BX)(R8*1), Y9, Y5
+	VFMADD231PS (SI)(R8*1), Y8, Y6
+	VFMADD231PS 32(SI)(R8*1), Y9, Y7
+	ADDQ        $0x00000040, CX
+	ADDQ        $0x00000040, DX
+	ADDQ        $0x00000040, R8
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x2r2_loop
+
+rowF32AVX2x2r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 512(DI)
+	VMOVUPS Y5, 544(DI)
+	VMOVUPS Y6, 576(DI)
+	VMOVUPS Y7, 608(DI)
+	VZEROUPPER
+	RET
+
+// func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, FMA3
+TEXT ·rowF32AVX2x3r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), DI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
 	VMOVUPS (DI), Y0
 	VMOVUPS 32(DI), Y1
 	VMOVUPS 64(DI), Y2
@@ -96,24 +261,24 @@ TEXT ·rowF32AVX2x3(SB), NOSPLIT, $0-40
 	VMOVUPS 128(DI), Y4
 	VMOVUPS 160(DI), Y5
 	XORQ    R8, R8
-	CMPQ    CX, $0x00
-	JLE     rowF32AVX2x3_reduce
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x3r1_store
 
-rowF32AVX2x3_loop:
-	VMOVUPS     (AX), Y6
-	VMOVUPS     32(AX), Y7
+rowF32AVX2x3r1_loop:
+	VMOVUPS     (CX), Y6
+	VMOVUPS     32(CX), Y7
 	VFMADD231PS (DX)(R8*1), Y6, Y0
 	VFMADD231PS 32(DX)(R8*1), Y7, Y1
 	VFMADD231PS (SI)(R8*1), Y6, Y2
 	VFMADD231PS 32(SI)(R8*1), Y7, Y3
 	VFMADD231PS (BX)(R8*1), Y6, Y4
 	VFMADD231PS 32(BX)(R8*1), Y7, Y5
-	ADDQ        $0x00000040, AX
+	ADDQ        $0x00000040, CX
 	ADDQ        $0x00000040, R8
-	SUBQ        $0x00000010, CX
-	JG          rowF32AVX2x3_loop
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x3r1_loop
 
-rowF32AVX2x3_reduce:
+rowF32AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
@@ -124,19 +289,19 @@ rowF32AVX2x3_reduce:
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, FMA3
-TEXT ·rowF32AVX2x4(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowF32AVX2x4r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), DI
 	LEAQ (DI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), R8
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
 	VMOVUPS (R8), Y0
 	VMOVUPS 32(R8), Y1
 	VMOVUPS 64(R8), Y2
@@ -146,12 +311,12 @@ TEXT ·rowF32AVX2x4(SB), NOSPLIT, $0-40
 	VMOVUPS 192(R8), Y6
 	VMOVUPS 224(R8), Y7
 	XORQ    R9, R9
-	CMPQ    CX, $0x00
-	JLE     rowF32AVX2x4_reduce
+	CMPQ    AX, $0x00
+	JLE     rowF32AVX2x4r1_store
 
-rowF32AVX2x4_loop:
-	VMOVUPS     (AX), Y8
-	VMOVUPS     32(AX), Y9
+rowF32AVX2x4r1_loop:
+	VMOVUPS     (CX), Y8
+	VMOVUPS     32(CX), Y9
 	VFMADD231PS (DX)(R9*1), Y8, Y0
 	VFMADD231PS 32(DX)(R9*1), Y9, Y1
 	VFMADD231PS (SI)(R9*1), Y8, Y2
@@ -160,12 +325,12 @@ rowF32AVX2x4_loop:
 	VFMADD231PS 32(DI)(R9*1), Y9, Y5
 	VFMADD231PS (BX)(R9*1), Y8, Y6
 	VFMADD231PS 32(BX)(R9*1), Y9, Y7
-	ADDQ        $0x00000040, AX
+	ADDQ        $0x00000040, CX
 	ADDQ        $0x00000040, R9
-	SUBQ        $0x00000010, CX
-	JG          rowF32AVX2x4_loop
+	SUBQ        $0x00000010, AX
+	JG          rowF32AVX2x4r1_loop
 
-rowF32AVX2x4_reduce:
+rowF32AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (R8)
 	VMOVUPS Y1, 32(R8)
@@ -178,75 +343,195 @@ rowF32AVX2x4_reduce:
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·rowBF16AVX2x1(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowBF16AVX2x1r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), BX
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), BX
 	VMOVUPS (BX), Y0
 	VMOVUPS 32(BX), Y1
 	XORQ    SI, SI
-	CMPQ    CX, $0x00
-	JLE     rowBF16AVX2x1_reduce
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x1r1_store
 
-rowBF16AVX2x1_loop:
-	VPMOVZXWD   (AX), Y2
-	VPMOVZXWD   16(AX), Y3
+rowBF16AVX2x1r1_loop:
+	VPMOVZXWD   (CX), Y2
+	VPMOVZXWD   16(CX), Y3
 	VPSLLD      $0x10, Y2, Y2
 	VPSLLD      $0x10, Y3, Y3
 	VFMADD231PS (DX)(SI*1), Y2, Y0
 	VFMADD231PS 32(DX)(SI*1), Y3, Y1
-	ADDQ        $0x00000020, AX
+	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, SI
-	SUBQ        $0x00000010, CX
-	JG          rowBF16AVX2x1_loop
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x1r1_loop
 
-rowBF16AVX2x1_reduce:
+rowBF16AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (BX)
 	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowBF16AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·rowBF16AVX2x2(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowBF16AVX2x1r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 512(SI), Y2
+	VMOVUPS 544(SI), Y3
+	XORQ    DI, DI
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x1r2_store
+
+rowBF16AVX2x1r2_loop:
+	VPMOVZXWD   (CX), Y4
+	VPMOVZXWD   16(CX), Y5
+	VPSLLD      $0x10, Y4, Y4
+	VPSLLD      $0x10, Y5, Y5
+	VFMADD231PS (BX)(DI*1), Y4, Y0
+	VFMADD231PS 32(BX)(DI*1), Y5, Y1
+	VPMOVZXWD   (DX), Y4
+	VPMOVZXWD   16(DX), Y5
+	VPSLLD      $0x10, Y4, Y4
+	VPSLLD      $0x10, Y5, Y5
+	VFMADD231PS (BX)(DI*1), Y4, Y2
+	VFMADD231PS 32(BX)(DI*1), Y5, Y3
+	ADDQ        $0x00000020, CX
+	ADDQ        $0x00000020, DX
+	ADDQ        $0x00000040, DI
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x1r2_loop
+
+rowBF16AVX2x1r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 512(SI)
+	VMOVUPS Y3, 544(SI)
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x1r4(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ x+16(FP), DI
+	MOVQ xstride+24(FP), R8
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 512(R8), Y2
+	VMOVUPS 544(R8), Y3
+	VMOVUPS 1024(R8), Y4
+	VMOVUPS 1056(R8), Y5
+	VMOVUPS 1536(R8), Y6
+	VMOVUPS 1568(R8), Y7
+	XORQ    R9, R9
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x1r4_store
+
+rowBF16AVX2x1r4_loop:
+	VPMOVZXWD   (CX), Y8
+	VPMOVZXWD   16(CX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y0
+	VFMADD231PS 32(DI)(R9*1), Y9, Y1
+	VPMOVZXWD   (BX), Y8
+	VPMOVZXWD   16(BX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y2
+	VFMADD231PS 32(DI)(R9*1), Y9, Y3
+	VPMOVZXWD   (SI), Y8
+	VPMOVZXWD   16(SI), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y4
+	VFMADD231PS 32(DI)(R9*1), Y9, Y5
+	VPMOVZXWD   (DX), Y8
+	VPMOVZXWD   16(DX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (DI)(R9*1), Y8, Y6
+	VFMADD231PS 32(DI)(R9*1), Y9, Y7
+	ADDQ        $0x00000020, CX
+	ADDQ        $0x00000020, BX
+	ADDQ        $0x00000020, SI
+	ADDQ        $0x00000020, DX
+	ADDQ        $0x00000040, R9
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x1r4_loop
+
+rowBF16AVX2x1r4_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 512(R8)
+	VMOVUPS Y3, 544(R8)
+	VMOVUPS Y4, 1024(R8)
+	VMOVUPS Y5, 1056(R8)
+	VMOVUPS Y6, 1536(R8)
+	VMOVUPS Y7, 1568(R8)
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), SI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
 	VMOVUPS (SI), Y0
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
 	XORQ    DI, DI
-	CMPQ    CX, $0x00
-	JLE     rowBF16AVX2x2_reduce
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x2r1_store
 
-rowBF16AVX2x2_loop:
-	VPMOVZXWD   (AX), Y4
-	VPMOVZXWD   16(AX), Y5
+rowBF16AVX2x2r1_loop:
+	VPMOVZXWD   (CX), Y4
+	VPMOVZXWD   16(CX), Y5
 	VPSLLD      $0x10, Y4, Y4
 	VPSLLD      $0x10, Y5, Y5
 	VFMADD231PS (DX)(DI*1), Y4, Y0
 	VFMADD231PS 32(DX)(DI*1), Y5, Y1
 	VFMADD231PS (BX)(DI*1), Y4, Y2
 	VFMADD231PS 32(BX)(DI*1), Y5, Y3
-	ADDQ        $0x00000020, AX
+	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, DI
-	SUBQ        $0x00000010, CX
-	JG          rowBF16AVX2x2_loop
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x2r1_loop
 
-rowBF16AVX2x2_reduce:
+rowBF16AVX2x2r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (SI)
 	VMOVUPS Y1, 32(SI)
@@ -255,18 +540,79 @@ rowBF16AVX2x2_reduce:
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowBF16AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·rowBF16AVX2x3(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowBF16AVX2x2r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 512(DI), Y4
+	VMOVUPS 544(DI), Y5
+	VMOVUPS 576(DI), Y6
+	VMOVUPS 608(DI), Y7
+	XORQ    R8, R8
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x2r2_store
+
+rowBF16AVX2x2r2_loop:
+	VPMOVZXWD   (CX), Y8
+	VPMOVZXWD   16(CX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (BX)(R8*1), Y8, Y0
+	VFMADD231PS 32(BX)(R8*1), Y9, Y1
+	VFMADD231PS (SI)(R8*1), Y8, Y2
+	VFMADD231PS 32(SI)(R8*1), Y9, Y3
+	VPMOVZXWD   (DX), Y8
+	VPMOVZXWD   16(DX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (BX)(R8*1), Y8, Y4
+	VFMADD231PS 32(BX)(R8*1), Y9, Y5
+	VFMADD231PS (SI)(R8*1), Y8, Y6
+	VFMADD231PS 32(SI)(R8*1), Y9, Y7
+	ADDQ        $0x00000020, CX
+	ADDQ        $0x00000020, DX
+	ADDQ        $0x00000040, R8
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x2r2_loop
+
+rowBF16AVX2x2r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 512(DI)
+	VMOVUPS Y5, 544(DI)
+	VMOVUPS Y6, 576(DI)
+	VMOVUPS Y7, 608(DI)
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), DI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
 	VMOVUPS (DI), Y0
 	VMOVUPS 32(DI), Y1
 	VMOVUPS 64(DI), Y2
@@ -274,12 +620,12 @@ TEXT ·rowBF16AVX2x3(SB), NOSPLIT, $0-40
 	VMOVUPS 128(DI), Y4
 	VMOVUPS 160(DI), Y5
 	XORQ    R8, R8
-	CMPQ    CX, $0x00
-	JLE     rowBF16AVX2x3_reduce
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x3r1_store
 
-rowBF16AVX2x3_loop:
-	VPMOVZXWD   (AX), Y6
-	VPMOVZXWD   16(AX), Y7
+rowBF16AVX2x3r1_loop:
+	VPMOVZXWD   (CX), Y6
+	VPMOVZXWD   16(CX), Y7
 	VPSLLD      $0x10, Y6, Y6
 	VPSLLD      $0x10, Y7, Y7
 	VFMADD231PS (DX)(R8*1), Y6, Y0
@@ -288,12 +634,12 @@ rowBF16AVX2x3_loop:
 	VFMADD231PS 32(SI)(R8*1), Y7, Y3
 	VFMADD231PS (BX)(R8*1), Y6, Y4
 	VFMADD231PS 32(BX)(R8*1), Y7, Y5
-	ADDQ        $0x00000020, AX
+	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, R8
-	SUBQ        $0x00000010, CX
-	JG          rowBF16AVX2x3_loop
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x3r1_loop
 
-rowBF16AVX2x3_reduce:
+rowBF16AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
@@ -304,19 +650,19 @@ rowBF16AVX2x3_reduce:
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·rowBF16AVX2x4(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), DI
 	LEAQ (DI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), R8
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
 	VMOVUPS (R8), Y0
 	VMOVUPS 32(R8), Y1
 	VMOVUPS 64(R8), Y2
@@ -326,12 +672,12 @@ TEXT ·rowBF16AVX2x4(SB), NOSPLIT, $0-40
 	VMOVUPS 192(R8), Y6
 	VMOVUPS 224(R8), Y7
 	XORQ    R9, R9
-	CMPQ    CX, $0x00
-	JLE     rowBF16AVX2x4_reduce
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x4r1_store
 
-rowBF16AVX2x4_loop:
-	VPMOVZXWD   (AX), Y8
-	VPMOVZXWD   16(AX), Y9
+rowBF16AVX2x4r1_loop:
+	VPMOVZXWD   (CX), Y8
+	VPMOVZXWD   16(CX), Y9
 	VPSLLD      $0x10, Y8, Y8
 	VPSLLD      $0x10, Y9, Y9
 	VFMADD231PS (DX)(R9*1), Y8, Y0
@@ -342,12 +688,12 @@ rowBF16AVX2x4_loop:
 	VFMADD231PS 32(DI)(R9*1), Y9, Y5
 	VFMADD231PS (BX)(R9*1), Y8, Y6
 	VFMADD231PS 32(BX)(R9*1), Y9, Y7
-	ADDQ        $0x00000020, AX
+	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, R9
-	SUBQ        $0x00000010, CX
-	JG          rowBF16AVX2x4_loop
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x4r1_loop
 
-rowBF16AVX2x4_reduce:
+rowBF16AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (R8)
 	VMOVUPS Y1, 32(R8)
@@ -360,77 +706,269 @@ rowBF16AVX2x4_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ8_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ8_0AVX2x1(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowQ8_0AVX2x1r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), BX
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), BX
 	VMOVUPS (BX), Y0
 	VMOVUPS 32(BX), Y1
 	XORQ    SI, SI
-	CMPQ    CX, $0x00
-	JLE     rowQ8_0AVX2x1_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x1r1_store
 
-rowQ8_0AVX2x1_loop:
-	VPBROADCASTW (AX), X2
+rowQ8_0AVX2x1r1_loop:
+	VPBROADCASTW (CX), X2
 	VCVTPH2PS    X2, Y2
-	VPMOVSXBD    2(AX), Y3
-	VPMOVSXBD    10(AX), Y4
+	VPMOVSXBD    2(CX), Y3
+	VPMOVSXBD    10(CX), Y4
 	VCVTDQ2PS    Y3, Y3
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y2, Y3, Y3
 	VMULPS       Y2, Y4, Y4
 	VFMADD231PS  (DX)(SI*1), Y3, Y0
 	VFMADD231PS  32(DX)(SI*1), Y4, Y1
-	VPMOVSXBD    18(AX), Y3
-	VPMOVSXBD    26(AX), Y4
+	VPMOVSXBD    18(CX), Y3
+	VPMOVSXBD    26(CX), Y4
 	VCVTDQ2PS    Y3, Y3
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y2, Y3, Y3
 	VMULPS       Y2, Y4, Y4
 	VFMADD231PS  64(DX)(SI*1), Y3, Y0
 	VFMADD231PS  96(DX)(SI*1), Y4, Y1
-	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, CX
 	ADDQ         $0x00000080, SI
-	SUBQ         $0x00000020, CX
-	JG           rowQ8_0AVX2x1_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x1r1_loop
 
-rowQ8_0AVX2x1_reduce:
+rowQ8_0AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (BX)
 	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ8_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ8_0AVX2x2(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowQ8_0AVX2x1r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 512(SI), Y2
+	VMOVUPS 544(SI), Y3
+	XORQ    DI, DI
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x1r2_store
+
+rowQ8_0AVX2x1r2_loop:
+	VPBROADCASTW (CX), X4
+	VCVTPH2PS    X4, Y4
+	VPMOVSXBD    2(CX), Y5
+	VPMOVSXBD    10(CX), Y6
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y5, Y5
+	VMULPS       Y4, Y6, Y6
+	VFMADD231PS  (BX)(DI*1), Y5, Y0
+	VFMADD231PS  32(BX)(DI*1), Y6, Y1
+	VPMOVSXBD    18(CX), Y5
+	VPMOVSXBD    26(CX), Y6
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y5, Y5
+	VMULPS       Y4, Y6, Y6
+	VFMADD231PS  64(BX)(DI*1), Y5, Y0
+	VFMADD231PS  96(BX)(DI*1), Y6, Y1
+	VPBROADCASTW (DX), X4
+	VCVTPH2PS    X4, Y4
+	VPMOVSXBD    2(DX), Y5
+	VPMOVSXBD    10(DX), Y6
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y5, Y5
+	VMULPS       Y4, Y6, Y6
+	VFMADD231PS  (BX)(DI*1), Y5, Y2
+	VFMADD231PS  32(BX)(DI*1), Y6, Y3
+	VPMOVSXBD    18(DX), Y5
+	VPMOVSXBD    26(DX), Y6
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y5, Y5
+	VMULPS       Y4, Y6, Y6
+	VFMADD231PS  64(BX)(DI*1), Y5, Y2
+	VFMADD231PS  96(BX)(DI*1), Y6, Y3
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000022, DX
+	ADDQ         $0x00000080, DI
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x1r2_loop
+
+rowQ8_0AVX2x1r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 512(SI)
+	VMOVUPS Y3, 544(SI)
+	VZEROUPPER
+	RET
+
+// func rowQ8_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ8_0AVX2x1r4(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ x+16(FP), DI
+	MOVQ xstride+24(FP), R8
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 512(R8), Y2
+	VMOVUPS 544(R8), Y3
+	VMOVUPS 1024(R8), Y4
+	VMOVUPS 1056(R8), Y5
+	VMOVUPS 1536(R8), Y6
+	VMOVUPS 1568(R8), Y7
+	XORQ    R9, R9
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x1r4_store
+
+rowQ8_0AVX2x1r4_loop:
+	VPBROADCASTW (CX), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(CX), Y9
+	VPMOVSXBD    10(CX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (DI)(R9*1), Y9, Y0
+	VFMADD231PS  32(DI)(R9*1), Y10, Y1
+	VPMOVSXBD    18(CX), Y9
+	VPMOVSXBD    26(CX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(DI)(R9*1), Y9, Y0
+	VFMADD231PS  96(DI)(R9*1), Y10, Y1
+	VPBROADCASTW (BX), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(BX), Y9
+	VPMOVSXBD    10(BX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (DI)(R9*1), Y9, Y2
+	VFMADD231PS  32(DI)(R9*1), Y10, Y3
+	VPMOVSXBD    18(BX), Y9
+	VPMOVSXBD    26(BX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(DI)(R9*1), Y9, Y2
+	VFMADD231PS  96(DI)(R9*1), Y10, Y3
+	VPBROADCASTW (SI), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(SI), Y9
+	VPMOVSXBD    10(SI), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (DI)(R9*1), Y9, Y4
+	VFMADD231PS  32(DI)(R9*1), Y10, Y5
+	VPMOVSXBD    18(SI), Y9
+	VPMOVSXBD    26(SI), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(DI)(R9*1), Y9, Y4
+	VFMADD231PS  96(DI)(R9*1), Y10, Y5
+	VPBROADCASTW (DX), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(DX), Y9
+	VPMOVSXBD    10(DX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (DI)(R9*1), Y9, Y6
+	VFMADD231PS  32(DI)(R9*1), Y10, Y7
+	VPMOVSXBD    18(DX), Y9
+	VPMOVSXBD    26(DX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(DI)(R9*1), Y9, Y6
+	VFMADD231PS  96(DI)(R9*1), Y10, Y7
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000022, BX
+	ADDQ         $0x00000022, SI
+	ADDQ         $0x00000022, DX
+	ADDQ         $0x00000080, R9
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x1r4_loop
+
+rowQ8_0AVX2x1r4_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 512(R8)
+	VMOVUPS Y3, 544(R8)
+	VMOVUPS Y4, 1024(R8)
+	VMOVUPS Y5, 1056(R8)
+	VMOVUPS Y6, 1536(R8)
+	VMOVUPS Y7, 1568(R8)
+	VZEROUPPER
+	RET
+
+// func rowQ8_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ8_0AVX2x2r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), SI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
 	VMOVUPS (SI), Y0
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
 	XORQ    DI, DI
-	CMPQ    CX, $0x00
-	JLE     rowQ8_0AVX2x2_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x2r1_store
 
-rowQ8_0AVX2x2_loop:
-	VPBROADCASTW (AX), X4
+rowQ8_0AVX2x2r1_loop:
+	VPBROADCASTW (CX), X4
 	VCVTPH2PS    X4, Y4
-	VPMOVSXBD    2(AX), Y5
-	VPMOVSXBD    10(AX), Y6
+	VPMOVSXBD    2(CX), Y5
+	VPMOVSXBD    10(CX), Y6
 	VCVTDQ2PS    Y5, Y5
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y4, Y5, Y5
@@ -439,8 +977,8 @@ rowQ8_0AVX2x2_loop:
 	VFMADD231PS  32(DX)(DI*1), Y6, Y1
 	VFMADD231PS  (BX)(DI*1), Y5, Y2
 	VFMADD231PS  32(BX)(DI*1), Y6, Y3
-	VPMOVSXBD    18(AX), Y5
-	VPMOVSXBD    26(AX), Y6
+	VPMOVSXBD    18(CX), Y5
+	VPMOVSXBD    26(CX), Y6
 	VCVTDQ2PS    Y5, Y5
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y4, Y5, Y5
@@ -449,12 +987,12 @@ rowQ8_0AVX2x2_loop:
 	VFMADD231PS  96(DX)(DI*1), Y6, Y1
 	VFMADD231PS  64(BX)(DI*1), Y5, Y2
 	VFMADD231PS  96(BX)(DI*1), Y6, Y3
-	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, CX
 	ADDQ         $0x00000080, DI
-	SUBQ         $0x00000020, CX
-	JG           rowQ8_0AVX2x2_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x2r1_loop
 
-rowQ8_0AVX2x2_reduce:
+rowQ8_0AVX2x2r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (SI)
 	VMOVUPS Y1, 32(SI)
@@ -463,18 +1001,107 @@ rowQ8_0AVX2x2_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ8_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ8_0AVX2x3(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowQ8_0AVX2x2r2(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ wstride+8(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ x+16(FP), BX
+	MOVQ xstride+24(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 512(DI), Y4
+	VMOVUPS 544(DI), Y5
+	VMOVUPS 576(DI), Y6
+	VMOVUPS 608(DI), Y7
+	XORQ    R8, R8
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x2r2_store
+
+rowQ8_0AVX2x2r2_loop:
+	VPBROADCASTW (CX), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(CX), Y9
+	VPMOVSXBD    10(CX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (BX)(R8*1), Y9, Y0
+	VFMADD231PS  32(BX)(R8*1), Y10, Y1
+	VFMADD231PS  (SI)(R8*1), Y9, Y2
+	VFMADD231PS  32(SI)(R8*1), Y10, Y3
+	VPMOVSXBD    18(CX), Y9
+	VPMOVSXBD    26(CX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(BX)(R8*1), Y9, Y0
+	VFMADD231PS  96(BX)(R8*1), Y10, Y1
+	VFMADD231PS  64(SI)(R8*1), Y9, Y2
+	VFMADD231PS  96(SI)(R8*1), Y10, Y3
+	VPBROADCASTW (DX), X8
+	VCVTPH2PS    X8, Y8
+	VPMOVSXBD    2(DX), Y9
+	VPMOVSXBD    10(DX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  (BX)(R8*1), Y9, Y4
+	VFMADD231PS  32(BX)(R8*1), Y10, Y5
+	VFMADD231PS  (SI)(R8*1), Y9, Y6
+	VFMADD231PS  32(SI)(R8*1), Y10, Y7
+	VPMOVSXBD    18(DX), Y9
+	VPMOVSXBD    26(DX), Y10
+	VCVTDQ2PS    Y9, Y9
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y9, Y9
+	VMULPS       Y8, Y10, Y10
+	VFMADD231PS  64(BX)(R8*1), Y9, Y4
+	VFMADD231PS  96(BX)(R8*1), Y10, Y5
+	VFMADD231PS  64(SI)(R8*1), Y9, Y6
+	VFMADD231PS  96(SI)(R8*1), Y10, Y7
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000022, DX
+	ADDQ         $0x00000080, R8
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x2r2_loop
+
+rowQ8_0AVX2x2r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 512(DI)
+	VMOVUPS Y5, 544(DI)
+	VMOVUPS Y6, 576(DI)
+	VMOVUPS Y7, 608(DI)
+	VZEROUPPER
+	RET
+
+// func rowQ8_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ8_0AVX2x3r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), DI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
 	VMOVUPS (DI), Y0
 	VMOVUPS 32(DI), Y1
 	VMOVUPS 64(DI), Y2
@@ -482,14 +1109,14 @@ TEXT ·rowQ8_0AVX2x3(SB), NOSPLIT, $0-40
 	VMOVUPS 128(DI), Y4
 	VMOVUPS 160(DI), Y5
 	XORQ    R8, R8
-	CMPQ    CX, $0x00
-	JLE     rowQ8_0AVX2x3_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x3r1_store
 
-rowQ8_0AVX2x3_loop:
-	VPBROADCASTW (AX), X6
+rowQ8_0AVX2x3r1_loop:
+	VPBROADCASTW (CX), X6
 	VCVTPH2PS    X6, Y6
-	VPMOVSXBD    2(AX), Y7
-	VPMOVSXBD    10(AX), Y8
+	VPMOVSXBD    2(CX), Y7
+	VPMOVSXBD    10(CX), Y8
 	VCVTDQ2PS    Y7, Y7
 	VCVTDQ2PS    Y8, Y8
 	VMULPS       Y6, Y7, Y7
@@ -500,8 +1127,8 @@ rowQ8_0AVX2x3_loop:
 	VFMADD231PS  32(SI)(R8*1), Y8, Y3
 	VFMADD231PS  (BX)(R8*1), Y7, Y4
 	VFMADD231PS  32(BX)(R8*1), Y8, Y5
-	VPMOVSXBD    18(AX), Y7
-	VPMOVSXBD    26(AX), Y8
+	VPMOVSXBD    18(CX), Y7
+	VPMOVSXBD    26(CX), Y8
 	VCVTDQ2PS    Y7, Y7
 	VCVTDQ2PS    Y8, Y8
 	VMULPS       Y6, Y7, Y7
@@ -512,12 +1139,12 @@ rowQ8_0AVX2x3_loop:
 	VFMADD231PS  96(SI)(R8*1), Y8, Y3
 	VFMADD231PS  64(BX)(R8*1), Y7, Y4
 	VFMADD231PS  96(BX)(R8*1), Y8, Y5
-	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, CX
 	ADDQ         $0x00000080, R8
-	SUBQ         $0x00000020, CX
-	JG           rowQ8_0AVX2x3_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x3r1_loop
 
-rowQ8_0AVX2x3_reduce:
+rowQ8_0AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
@@ -528,19 +1155,19 @@ rowQ8_0AVX2x3_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ8_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ8_0AVX2x4(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), AX
-	MOVQ n+24(FP), CX
-	MOVQ x+8(FP), DX
-	MOVQ xstride+16(FP), BX
+TEXT ·rowQ8_0AVX2x4r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 	LEAQ (DX)(BX*1), SI
 	LEAQ (SI)(BX*1), DI
 	LEAQ (DI)(BX*1), BX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), R8
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
 	VMOVUPS (R8), Y0
 	VMOVUPS 32(R8), Y1
 	VMOVUPS 64(R8), Y2
@@ -550,14 +1177,14 @@ TEXT ·rowQ8_0AVX2x4(SB), NOSPLIT, $0-40
 	VMOVUPS 192(R8), Y6
 	VMOVUPS 224(R8), Y7
 	XORQ    R9, R9
-	CMPQ    CX, $0x00
-	JLE     rowQ8_0AVX2x4_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ8_0AVX2x4r1_store
 
-rowQ8_0AVX2x4_loop:
-	VPBROADCASTW (AX), X8
+rowQ8_0AVX2x4r1_loop:
+	VPBROADCASTW (CX), X8
 	VCVTPH2PS    X8, Y8
-	VPMOVSXBD    2(AX), Y9
-	VPMOVSXBD    10(AX), Y10
+	VPMOVSXBD    2(CX), Y9
+	VPMOVSXBD    10(CX), Y10
 	VCVTDQ2PS    Y9, Y9
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y9, Y9
@@ -570,8 +1197,8 @@ rowQ8_0AVX2x4_loop:
 	VFMADD231PS  32(DI)(R9*1), Y10, Y5
 	VFMADD231PS  (BX)(R9*1), Y9, Y6
 	VFMADD231PS  32(BX)(R9*1), Y10, Y7
-	VPMOVSXBD    18(AX), Y9
-	VPMOVSXBD    26(AX), Y10
+	VPMOVSXBD    18(CX), Y9
+	VPMOVSXBD    26(CX), Y10
 	VCVTDQ2PS    Y9, Y9
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y9, Y9
@@ -584,12 +1211,12 @@ rowQ8_0AVX2x4_loop:
 	VFMADD231PS  96(DI)(R9*1), Y10, Y5
 	VFMADD231PS  64(BX)(R9*1), Y9, Y6
 	VFMADD231PS  96(BX)(R9*1), Y10, Y7
-	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, CX
 	ADDQ         $0x00000080, R9
-	SUBQ         $0x00000020, CX
-	JG           rowQ8_0AVX2x4_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ8_0AVX2x4r1_loop
 
-rowQ8_0AVX2x4_reduce:
+rowQ8_0AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (R8)
 	VMOVUPS Y1, 32(R8)
@@ -602,13 +1229,13 @@ rowQ8_0AVX2x4_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ4_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ4_0AVX2x1(SB), NOSPLIT, $0-40
-	MOVQ         w+0(FP), AX
-	MOVQ         n+24(FP), CX
-	MOVQ         x+8(FP), DX
-	MOVQ         xstride+16(FP), BX
+TEXT ·rowQ4_0AVX2x1r1(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         xstride+24(FP), BX
 	MOVL         $0x0f0f0f0f, BX
 	VMOVD        BX, X0
 	VPBROADCASTD X0, Y0
@@ -616,18 +1243,18 @@ TEXT ·rowQ4_0AVX2x1(SB), NOSPLIT, $0-40
 	VMOVD        BX, X1
 	VPBROADCASTD X1, Y1
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), BX
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), BX
 	VMOVUPS (BX), Y2
 	VMOVUPS 32(BX), Y3
 	XORQ    SI, SI
-	CMPQ    CX, $0x00
-	JLE     rowQ4_0AVX2x1_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x1r1_store
 
-rowQ4_0AVX2x1_loop:
-	VPBROADCASTW (AX), X4
+rowQ4_0AVX2x1r1_loop:
+	VPBROADCASTW (CX), X4
 	VCVTPH2PS    X4, Y4
-	VMOVDQU      2(AX), X5
+	VMOVDQU      2(CX), X5
 	VPAND        X0, X5, X5
 	VPSUBB       X1, X5, X5
 	VPMOVSXBD    X5, Y6
@@ -639,7 +1266,7 @@ rowQ4_0AVX2x1_loop:
 	VMULPS       Y4, Y5, Y5
 	VFMADD231PS  (DX)(SI*1), Y6, Y2
 	VFMADD231PS  32(DX)(SI*1), Y5, Y3
-	VMOVDQU      2(AX), X5
+	VMOVDQU      2(CX), X5
 	VPSRLW       $0x04, X5, X5
 	VPAND        X0, X5, X5
 	VPSUBB       X1, X5, X5
@@ -652,25 +1279,283 @@ rowQ4_0AVX2x1_loop:
 	VMULPS       Y4, Y5, Y5
 	VFMADD231PS  64(DX)(SI*1), Y6, Y2
 	VFMADD231PS  96(DX)(SI*1), Y5, Y3
-	ADDQ         $0x00000012, AX
+	ADDQ         $0x00000012, CX
 	ADDQ         $0x00000080, SI
-	SUBQ         $0x00000020, CX
-	JG           rowQ4_0AVX2x1_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x1r1_loop
 
-rowQ4_0AVX2x1_reduce:
+rowQ4_0AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y2, (BX)
 	VMOVUPS Y3, 32(BX)
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ4_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ4_0AVX2x2(SB), NOSPLIT, $0-40
-	MOVQ         w+0(FP), AX
-	MOVQ         n+24(FP), CX
-	MOVQ         x+8(FP), DX
-	MOVQ         xstride+16(FP), BX
+TEXT ·rowQ4_0AVX2x1r2(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         x+16(FP), BX
+	MOVQ         xstride+24(FP), SI
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x08080808, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	VMOVUPS 512(SI), Y4
+	VMOVUPS 544(SI), Y5
+	XORQ    DI, DI
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x1r2_store
+
+rowQ4_0AVX2x1r2_loop:
+	VPBROADCASTW (CX), X6
+	VCVTPH2PS    X6, Y6
+	VMOVDQU      2(CX), X7
+	VPAND        X0, X7, X7
+	VPSUBB       X1, X7, X7
+	VPMOVSXBD    X7, Y8
+	VPSRLDQ      $0x08, X7, X7
+	VPMOVSXBD    X7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y6, Y8, Y8
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  (BX)(DI*1), Y8, Y2
+	VFMADD231PS  32(BX)(DI*1), Y7, Y3
+	VMOVDQU      2(CX), X7
+	VPSRLW       $0x04, X7, X7
+	VPAND        X0, X7, X7
+	VPSUBB       X1, X7, X7
+	VPMOVSXBD    X7, Y8
+	VPSRLDQ      $0x08, X7, X7
+	VPMOVSXBD    X7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y6, Y8, Y8
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  64(BX)(DI*1), Y8, Y2
+	VFMADD231PS  96(BX)(DI*1), Y7, Y3
+	VPBROADCASTW (DX), X6
+	VCVTPH2PS    X6, Y6
+	VMOVDQU      2(DX), X7
+	VPAND        X0, X7, X7
+	VPSUBB       X1, X7, X7
+	VPMOVSXBD    X7, Y8
+	VPSRLDQ      $0x08, X7, X7
+	VPMOVSXBD    X7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y6, Y8, Y8
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  (BX)(DI*1), Y8, Y4
+	VFMADD231PS  32(BX)(DI*1), Y7, Y5
+	VMOVDQU      2(DX), X7
+	VPSRLW       $0x04, X7, X7
+	VPAND        X0, X7, X7
+	VPSUBB       X1, X7, X7
+	VPMOVSXBD    X7, Y8
+	VPSRLDQ      $0x08, X7, X7
+	VPMOVSXBD    X7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y6, Y8, Y8
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  64(BX)(DI*1), Y8, Y4
+	VFMADD231PS  96(BX)(DI*1), Y7, Y5
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000012, DX
+	ADDQ         $0x00000080, DI
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x1r2_loop
+
+rowQ4_0AVX2x1r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (SI)
+	VMOVUPS Y3, 32(SI)
+	VMOVUPS Y4, 512(SI)
+	VMOVUPS Y5, 544(SI)
+	VZEROUPPER
+	RET
+
+// func rowQ4_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ4_0AVX2x1r4(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         x+16(FP), DI
+	MOVQ         xstride+24(FP), R8
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x08080808, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	VMOVUPS 512(R8), Y4
+	VMOVUPS 544(R8), Y5
+	VMOVUPS 1024(R8), Y6
+	VMOVUPS 1056(R8), Y7
+	VMOVUPS 1536(R8), Y8
+	VMOVUPS 1568(R8), Y9
+	XORQ    R9, R9
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x1r4_store
+
+rowQ4_0AVX2x1r4_loop:
+	VPBROADCASTW (CX), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(CX), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (DI)(R9*1), Y12, Y2
+	VFMADD231PS  32(DI)(R9*1), Y11, Y3
+	VMOVDQU      2(CX), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(DI)(R9*1), Y12, Y2
+	VFMADD231PS  96(DI)(R9*1), Y11, Y3
+	VPBROADCASTW (BX), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(BX), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (DI)(R9*1), Y12, Y4
+	VFMADD231PS  32(DI)(R9*1), Y11, Y5
+	VMOVDQU      2(BX), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(DI)(R9*1), Y12, Y4
+	VFMADD231PS  96(DI)(R9*1), Y11, Y5
+	VPBROADCASTW (SI), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(SI), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (DI)(R9*1), Y12, Y6
+	VFMADD231PS  32(DI)(R9*1), Y11, Y7
+	VMOVDQU      2(SI), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(DI)(R9*1), Y12, Y6
+	VFMADD231PS  96(DI)(R9*1), Y11, Y7
+	VPBROADCASTW (DX), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(DX), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (DI)(R9*1), Y12, Y8
+	VFMADD231PS  32(DI)(R9*1), Y11, Y9
+	VMOVDQU      2(DX), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(DI)(R9*1), Y12, Y8
+	VFMADD231PS  96(DI)(R9*1), Y11, Y9
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000012, BX
+	ADDQ         $0x00000012, SI
+	ADDQ         $0x00000012, DX
+	ADDQ         $0x00000080, R9
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x1r4_loop
+
+rowQ4_0AVX2x1r4_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (R8)
+	VMOVUPS Y3, 32(R8)
+	VMOVUPS Y4, 512(R8)
+	VMOVUPS Y5, 544(R8)
+	VMOVUPS Y6, 1024(R8)
+	VMOVUPS Y7, 1056(R8)
+	VMOVUPS Y8, 1536(R8)
+	VMOVUPS Y9, 1568(R8)
+	VZEROUPPER
+	RET
+
+// func rowQ4_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ4_0AVX2x2r1(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         xstride+24(FP), BX
 	LEAQ         (DX)(BX*1), BX
 	MOVL         $0x0f0f0f0f, SI
 	VMOVD        SI, X0
@@ -679,20 +1564,20 @@ TEXT ·rowQ4_0AVX2x2(SB), NOSPLIT, $0-40
 	VMOVD        SI, X1
 	VPBROADCASTD X1, Y1
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), SI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
 	VMOVUPS (SI), Y2
 	VMOVUPS 32(SI), Y3
 	VMOVUPS 64(SI), Y4
 	VMOVUPS 96(SI), Y5
 	XORQ    DI, DI
-	CMPQ    CX, $0x00
-	JLE     rowQ4_0AVX2x2_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x2r1_store
 
-rowQ4_0AVX2x2_loop:
-	VPBROADCASTW (AX), X6
+rowQ4_0AVX2x2r1_loop:
+	VPBROADCASTW (CX), X6
 	VCVTPH2PS    X6, Y6
-	VMOVDQU      2(AX), X7
+	VMOVDQU      2(CX), X7
 	VPAND        X0, X7, X7
 	VPSUBB       X1, X7, X7
 	VPMOVSXBD    X7, Y8
@@ -706,7 +1591,7 @@ rowQ4_0AVX2x2_loop:
 	VFMADD231PS  32(DX)(DI*1), Y7, Y3
 	VFMADD231PS  (BX)(DI*1), Y8, Y4
 	VFMADD231PS  32(BX)(DI*1), Y7, Y5
-	VMOVDQU      2(AX), X7
+	VMOVDQU      2(CX), X7
 	VPSRLW       $0x04, X7, X7
 	VPAND        X0, X7, X7
 	VPSUBB       X1, X7, X7
@@ -721,12 +1606,12 @@ rowQ4_0AVX2x2_loop:
 	VFMADD231PS  96(DX)(DI*1), Y7, Y3
 	VFMADD231PS  64(BX)(DI*1), Y8, Y4
 	VFMADD231PS  96(BX)(DI*1), Y7, Y5
-	ADDQ         $0x00000012, AX
+	ADDQ         $0x00000012, CX
 	ADDQ         $0x00000080, DI
-	SUBQ         $0x00000020, CX
-	JG           rowQ4_0AVX2x2_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x2r1_loop
 
-rowQ4_0AVX2x2_reduce:
+rowQ4_0AVX2x2r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y2, (SI)
 	VMOVUPS Y3, 32(SI)
@@ -735,13 +1620,126 @@ rowQ4_0AVX2x2_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ4_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ4_0AVX2x3(SB), NOSPLIT, $0-40
-	MOVQ         w+0(FP), AX
-	MOVQ         n+24(FP), CX
-	MOVQ         x+8(FP), DX
-	MOVQ         xstride+16(FP), BX
+TEXT ·rowQ4_0AVX2x2r2(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         x+16(FP), BX
+	MOVQ         xstride+24(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x08080808, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMOVUPS 64(DI), Y4
+	VMOVUPS 96(DI), Y5
+	VMOVUPS 512(DI), Y6
+	VMOVUPS 544(DI), Y7
+	VMOVUPS 576(DI), Y8
+	VMOVUPS 608(DI), Y9
+	XORQ    R8, R8
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x2r2_store
+
+rowQ4_0AVX2x2r2_loop:
+	VPBROADCASTW (CX), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(CX), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (BX)(R8*1), Y12, Y2
+	VFMADD231PS  32(BX)(R8*1), Y11, Y3
+	VFMADD231PS  (SI)(R8*1), Y12, Y4
+	VFMADD231PS  32(SI)(R8*1), Y11, Y5
+	VMOVDQU      2(CX), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(BX)(R8*1), Y12, Y2
+	VFMADD231PS  96(BX)(R8*1), Y11, Y3
+	VFMADD231PS  64(SI)(R8*1), Y12, Y4
+	VFMADD231PS  96(SI)(R8*1), Y11, Y5
+	VPBROADCASTW (DX), X10
+	VCVTPH2PS    X10, Y10
+	VMOVDQU      2(DX), X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  (BX)(R8*1), Y12, Y6
+	VFMADD231PS  32(BX)(R8*1), Y11, Y7
+	VFMADD231PS  (SI)(R8*1), Y12, Y8
+	VFMADD231PS  32(SI)(R8*1), Y11, Y9
+	VMOVDQU      2(DX), X11
+	VPSRLW       $0x04, X11, X11
+	VPAND        X0, X11, X11
+	VPSUBB       X1, X11, X11
+	VPMOVSXBD    X11, Y12
+	VPSRLDQ      $0x08, X11, X11
+	VPMOVSXBD    X11, Y11
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y10, Y12, Y12
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  64(BX)(R8*1), Y12, Y6
+	VFMADD231PS  96(BX)(R8*1), Y11, Y7
+	VFMADD231PS  64(SI)(R8*1), Y12, Y8
+	VFMADD231PS  96(SI)(R8*1), Y11, Y9
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000012, DX
+	ADDQ         $0x00000080, R8
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x2r2_loop
+
+rowQ4_0AVX2x2r2_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y2, (DI)
+	VMOVUPS Y3, 32(DI)
+	VMOVUPS Y4, 64(DI)
+	VMOVUPS Y5, 96(DI)
+	VMOVUPS Y6, 512(DI)
+	VMOVUPS Y7, 544(DI)
+	VMOVUPS Y8, 576(DI)
+	VMOVUPS Y9, 608(DI)
+	VZEROUPPER
+	RET
+
+// func rowQ4_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·rowQ4_0AVX2x3r1(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         xstride+24(FP), BX
 	LEAQ         (DX)(BX*1), SI
 	LEAQ         (SI)(BX*1), BX
 	MOVL         $0x0f0f0f0f, DI
@@ -751,8 +1749,8 @@ TEXT ·rowQ4_0AVX2x3(SB), NOSPLIT, $0-40
 	VMOVD        DI, X1
 	VPBROADCASTD X1, Y1
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), DI
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), DI
 	VMOVUPS (DI), Y2
 	VMOVUPS 32(DI), Y3
 	VMOVUPS 64(DI), Y4
@@ -760,13 +1758,13 @@ TEXT ·rowQ4_0AVX2x3(SB), NOSPLIT, $0-40
 	VMOVUPS 128(DI), Y6
 	VMOVUPS 160(DI), Y7
 	XORQ    R8, R8
-	CMPQ    CX, $0x00
-	JLE     rowQ4_0AVX2x3_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x3r1_store
 
-rowQ4_0AVX2x3_loop:
-	VPBROADCASTW (AX), X8
+rowQ4_0AVX2x3r1_loop:
+	VPBROADCASTW (CX), X8
 	VCVTPH2PS    X8, Y8
-	VMOVDQU      2(AX), X9
+	VMOVDQU      2(CX), X9
 	VPAND        X0, X9, X9
 	VPSUBB       X1, X9, X9
 	VPMOVSXBD    X9, Y10
@@ -782,7 +1780,7 @@ rowQ4_0AVX2x3_loop:
 	VFMADD231PS  32(SI)(R8*1), Y9, Y5
 	VFMADD231PS  (BX)(R8*1), Y10, Y6
 	VFMADD231PS  32(BX)(R8*1), Y9, Y7
-	VMOVDQU      2(AX), X9
+	VMOVDQU      2(CX), X9
 	VPSRLW       $0x04, X9, X9
 	VPAND        X0, X9, X9
 	VPSUBB       X1, X9, X9
@@ -799,12 +1797,12 @@ rowQ4_0AVX2x3_loop:
 	VFMADD231PS  96(SI)(R8*1), Y9, Y5
 	VFMADD231PS  64(BX)(R8*1), Y10, Y6
 	VFMADD231PS  96(BX)(R8*1), Y9, Y7
-	ADDQ         $0x00000012, AX
+	ADDQ         $0x00000012, CX
 	ADDQ         $0x00000080, R8
-	SUBQ         $0x00000020, CX
-	JG           rowQ4_0AVX2x3_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x3r1_loop
 
-rowQ4_0AVX2x3_reduce:
+rowQ4_0AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y2, (DI)
 	VMOVUPS Y3, 32(DI)
@@ -815,13 +1813,13 @@ rowQ4_0AVX2x3_reduce:
 	VZEROUPPER
 	RET
 
-// func rowQ4_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+// func rowQ4_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·rowQ4_0AVX2x4(SB), NOSPLIT, $0-40
-	MOVQ         w+0(FP), AX
-	MOVQ         n+24(FP), CX
-	MOVQ         x+8(FP), DX
-	MOVQ         xstride+16(FP), BX
+TEXT ·rowQ4_0AVX2x4r1(SB), NOSPLIT, $0-48
+	MOVQ         n+32(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         xstride+24(FP), BX
 	LEAQ         (DX)(BX*1), SI
 	LEAQ         (SI)(BX*1), DI
 	LEAQ         (DI)(BX*1), BX
@@ -832,8 +1830,8 @@ TEXT ·rowQ4_0AVX2x4(SB), NOSPLIT, $0-40
 	VMOVD        R8, X1
 	VPBROADCASTD X1, Y1
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+32(FP), R8
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), R8
 	VMOVUPS (R8), Y2
 	VMOVUPS 32(R8), Y3
 	VMOVUPS 64(R8), Y4
@@ -843,13 +1841,13 @@ TEXT ·rowQ4_0AVX2x4(SB), NOSPLIT, $0-40
 	VMOVUPS 192(R8), Y8
 	VMOVUPS 224(R8), Y9
 	XORQ    R9, R9
-	CMPQ    CX, $0x00
-	JLE     rowQ4_0AVX2x4_reduce
+	CMPQ    AX, $0x00
+	JLE     rowQ4_0AVX2x4r1_store
 
-rowQ4_0AVX2x4_loop:
-	VPBROADCASTW (AX), X10
+rowQ4_0AVX2x4r1_loop:
+	VPBROADCASTW (CX), X10
 	VCVTPH2PS    X10, Y10
-	VMOVDQU      2(AX), X11
+	VMOVDQU      2(CX), X11
 	VPAND        X0, X11, X11
 	VPSUBB       X1, X11, X11
 	VPMOVSXBD    X11, Y12
@@ -867,7 +1865,7 @@ rowQ4_0AVX2x4_loop:
 	VFMADD231PS  32(DI)(R9*1), Y11, Y7
 	VFMADD231PS  (BX)(R9*1), Y12, Y8
 	VFMADD231PS  32(BX)(R9*1), Y11, Y9
-	VMOVDQU      2(AX), X11
+	VMOVDQU      2(CX), X11
 	VPSRLW       $0x04, X11, X11
 	VPAND        X0, X11, X11
 	VPSUBB       X1, X11, X11
@@ -886,12 +1884,12 @@ rowQ4_0AVX2x4_loop:
 	VFMADD231PS  96(DI)(R9*1), Y11, Y7
 	VFMADD231PS  64(BX)(R9*1), Y12, Y8
 	VFMADD231PS  96(BX)(R9*1), Y11, Y9
-	ADDQ         $0x00000012, AX
+	ADDQ         $0x00000012, CX
 	ADDQ         $0x00000080, R9
-	SUBQ         $0x00000020, CX
-	JG           rowQ4_0AVX2x4_loop
+	SUBQ         $0x00000020, AX
+	JG           rowQ4_0AVX2x4r1_loop
 
-rowQ4_0AVX2x4_reduce:
+rowQ4_0AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y2, (R8)
 	VMOVUPS Y3, 32(R8)
@@ -907,27 +1905,27 @@ rowQ4_0AVX2x4_reduce:
 // func sumF32AVX2(w *byte, n int) float32
 // Requires: AVX, SSE
 TEXT ·sumF32AVX2(SB), NOSPLIT, $0-20
-	MOVQ w+0(FP), AX
-	MOVQ n+8(FP), CX
+	MOVQ n+8(FP), AX
+	MOVQ w+0(FP), CX
 
-	// Two accumulators a vector: partial sums 0-7 and 8-15.
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	XORQ   DX, DX
-	CMPQ   CX, $0x00
-	JLE    sumF32AVX2_reduce
+	CMPQ   AX, $0x00
+	JLE    sumF32AVX2_store
 
 sumF32AVX2_loop:
-	VMOVUPS (AX), Y2
-	VMOVUPS 32(AX), Y3
+	VMOVUPS (CX), Y2
+	VMOVUPS 32(CX), Y3
 	VADDPS  Y2, Y0, Y0
 	VADDPS  Y3, Y1, Y1
-	ADDQ    $0x00000040, AX
+	ADDQ    $0x00000040, CX
 	ADDQ    $0x00000040, DX
-	SUBQ    $0x00000010, CX
+	SUBQ    $0x00000010, AX
 	JG      sumF32AVX2_loop
 
-sumF32AVX2_reduce:
+sumF32AVX2_store:
 	// The reduction tree of reduce16.
 	VADDPS       Y1, Y0, Y0
 	VEXTRACTF128 $0x01, Y0, X1

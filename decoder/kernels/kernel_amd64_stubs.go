@@ -4,85 +4,145 @@
 
 package kernels
 
-// rowF32AVX2x1 adds the products of the n F32 weights at w (n a positive multiple of 16) with 1 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x1r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowF32AVX2x2 adds the products of the n F32 weights at w (n a positive multiple of 16) with 2 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x1r2 adds the products of n F32 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowF32AVX2x3 adds the products of the n F32 weights at w (n a positive multiple of 16) with 3 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x1r4 adds the products of n F32 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowF32AVX2x4 adds the products of the n F32 weights at w (n a positive multiple of 16) with 4 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x2r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowBF16AVX2x1 adds the products of the n BF16 weights at w (n a positive multiple of 16) with 1 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x2r2 adds the products of n F32 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowBF16AVX2x2 adds the products of the n BF16 weights at w (n a positive multiple of 16) with 2 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x3r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowBF16AVX2x3 adds the products of the n BF16 weights at w (n a positive multiple of 16) with 3 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x4r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowBF16AVX2x4 adds the products of the n BF16 weights at w (n a positive multiple of 16) with 4 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x1r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ8_0AVX2x1 adds the products of the n Q8_0 weights at w (n a positive multiple of 32) with 1 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x1r2 adds the products of n BF16 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ8_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ8_0AVX2x2 adds the products of the n Q8_0 weights at w (n a positive multiple of 32) with 2 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x1r4 adds the products of n BF16 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ8_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ8_0AVX2x3 adds the products of the n Q8_0 weights at w (n a positive multiple of 32) with 3 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x2r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ8_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ8_0AVX2x4 adds the products of the n Q8_0 weights at w (n a positive multiple of 32) with 4 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x2r2 adds the products of n BF16 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ8_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ4_0AVX2x1 adds the products of the n Q4_0 weights at w (n a positive multiple of 32) with 1 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x3r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ4_0AVX2x1(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ4_0AVX2x2 adds the products of the n Q4_0 weights at w (n a positive multiple of 32) with 2 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x4r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ4_0AVX2x2(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ4_0AVX2x3 adds the products of the n Q4_0 weights at w (n a positive multiple of 32) with 3 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowQ8_0AVX2x1r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ4_0AVX2x3(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowQ8_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ4_0AVX2x4 adds the products of the n Q4_0 weights at w (n a positive multiple of 32) with 4 vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.
+// rowQ8_0AVX2x1r2 adds the products of n Q8_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowQ4_0AVX2x4(w *byte, x *float32, xstride int, n int, acc *float32)
+func rowQ8_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ8_0AVX2x1r4 adds the products of n Q8_0 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ8_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ8_0AVX2x2r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ8_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ8_0AVX2x2r2 adds the products of n Q8_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ8_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ8_0AVX2x3r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ8_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ8_0AVX2x4r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ8_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x1r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x1r2 adds the products of n Q4_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x1r4 adds the products of n Q4_0 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x2r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x2r2 adds the products of n Q4_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x3r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+
+// rowQ4_0AVX2x4r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func rowQ4_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
 // sumF32AVX2 returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.
 //

@@ -83,7 +83,7 @@ var mutations = []string{
 
 // modelKernel returns Go models of the AVX2 kernels, with mutation m.
 func modelKernel(m string) *kernel {
-	return &kernel{name: "model-" + m, f32: modelRow(F32, m), bf16: modelRow(BF16, m), q8_0: modelRow(Q8_0, m), q4: modelRow(Q4_0, m)}
+	return &kernel{name: "model-" + m, f32: perRow(modelRow(F32, m)), bf16: perRow(modelRow(BF16, m)), q8_0: perRow(modelRow(Q8_0, m)), q4: perRow(modelRow(Q4_0, m))}
 }
 
 func modelRow(t DType, m string) rowFunc {

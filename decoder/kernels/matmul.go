@@ -56,7 +56,7 @@ type Pool struct {
 // job is one product, split into chunks of rows.
 type job struct {
 	w      Matrix
-	row    rowFunc
+	row    blockFunc
 	rb     int // bytes of a row
 	n      int // columns the row function covers
 	x, y   []float32
@@ -219,9 +219,7 @@ func (j *job) run(i int) {
 		for c0 := 0; c0 < j.n; c0 += j.tile {
 			nc := min(j.tile, j.n-c0)
 			off := c0 / BlockSize * j.b32
-			for r := r0; r < r1; r++ {
-				j.row(j.w.Data[r*j.rb+off:(r+1)*j.rb], nc, j.x[c0:], cols, j.batch, &sc.acc[r-r0])
-			}
+			j.row(j.w.Data[r0*j.rb+off:r1*j.rb], j.rb, r1-r0, nc, j.x[c0:], cols, j.batch, &sc.acc)
 		}
 		for r := r0; r < r1; r++ {
 			row := j.w.Data[r*j.rb : (r+1)*j.rb]

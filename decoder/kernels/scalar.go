@@ -70,6 +70,20 @@ type rowFunc func(w []byte, n int, x []float32, xstride, nb int, acc *accs)
 // accs holds the partial sums of up to MaxBatch vectors for one row.
 type accs = [MaxBatch][Lanes]float32
 
+// blockFunc is a rowFunc over nrows ≤ rowBlock rows: row r's weights
+// from w[r*wstride] on, its partial sums acc[r]. Kernels take several rows
+// at once for the independent chains of fused multiply-adds they give.
+type blockFunc func(w []byte, wstride, nrows, n int, x []float32, xstride, nb int, acc *[rowBlock]accs)
+
+// perRow makes a blockFunc of a rowFunc, one row after the other.
+func perRow(f rowFunc) blockFunc {
+	return func(w []byte, wstride, nrows, n int, x []float32, xstride, nb int, acc *[rowBlock]accs) {
+		for r := range nrows {
+			f(w[r*wstride:], n, x, xstride, nb, &acc[r])
+		}
+	}
+}
+
 // The scalar reference kernels. They define the results every SIMD kernel
 // must reproduce bit for bit.
 

@@ -67,6 +67,7 @@ var mutations = []string{
 	"bf16-shift-15",      // bf16 widened by a 15-bit shift
 	"drops-last-step",    // one loop iteration too few
 	"x-stride-ignored",   // every vector read at the first vector's address
+	"row-stride-ignored", // every row of a multi-row kernel read at the first row's address
 }
 
 // mutation is the deviation being built in ("" for none).
@@ -148,10 +149,12 @@ func main() {
 		}}
 	for _, t := range []dtype{f32, bf16, q8, q4} {
 		for nb := 1; nb <= maxNB; nb++ {
-			gen(t, nb)
+			for _, rows := range rowsFor[nb] {
+				gen(t, nb, rows)
+			}
 		}
 	}
-	gen(f32, 0) // the memory-read kernel
+	gen(f32, 0, 1) // the memory-read kernel
 	Generate()
 }
 
@@ -176,25 +179,51 @@ func byteConst(v byte) VecVirtual {
 	return y
 }
 
-// gen emits row<T>AVX2x<nb>(w *byte, x *float32, xstride, n int, out
-// *float32): the dot products of the n weights at w (n a positive multiple
-// of the type's columns per iteration) with nb vectors, vector b at x +
-// b*xstride bytes, into out[b]. nb == 0 emits sumF32AVX2 instead, the
-// memory-read kernel: the 16-lane sum of n float32 values.
-func gen(t dtype, nb int) {
-	name := fmt.Sprintf("row%sAVX2x%d", t.name, nb)
+// accRowBytes is the distance between two rows' partial sums at acc:
+// MaxBatch vectors of 16 float32 (accs in ../../scalar.go).
+const accRowBytes = 8 * 64
+
+// rowsFor lists, per number of vectors, the numbers of rows a kernel takes
+// at once. A vector's 16 partial sums are only two chains of dependent
+// fused multiply-adds; more rows give the CPU more independent chains
+// while the accumulators (2 * rows * vectors) still fit the 16 registers
+// with the weights, the scale and the nibble constants.
+var rowsFor = map[int][]int{1: {1, 2, 4}, 2: {1, 2}, 3: {1}, 4: {1}}
+
+// gen emits row<T>AVX2x<nb>r<R>(w *byte, wstride int, x *float32,
+// xstride, n int, acc *float32): for R rows of weights (row r at w +
+// r*wstride bytes, n weights each from there, n a positive multiple of
+// the type's columns per iteration) and nb vectors (vector b at x +
+// b*xstride bytes), it adds the products into the 16 partial sums of row
+// r and vector b at acc + r*accRowBytes + 64*b bytes. nb == 0 emits
+// sumF32AVX2 instead, the memory-read kernel: the 16-lane sum of n
+// float32 values.
+func gen(t dtype, nb, rows int) {
+	name := fmt.Sprintf("row%sAVX2x%dr%d", t.name, nb, rows)
 	if nb == 0 {
 		name = "sumF32AVX2"
 		TEXT(name, NOSPLIT, "func(w *byte, n int) float32")
 		Pragma("noescape")
 		Doc(name + " returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.")
 	} else {
-		TEXT(name, NOSPLIT, "func(w *byte, x *float32, xstride, n int, acc *float32)")
+		TEXT(name, NOSPLIT, "func(w *byte, wstride int, x *float32, xstride, n int, acc *float32)")
 		Pragma("noescape")
-		Doc(fmt.Sprintf("%s adds the products of the n %s weights at w (n a positive multiple of %d) with %d vectors, vector b at x + b*xstride bytes, into the 16 partial sums of each vector, vector b's at acc + 64*b bytes, in the scalar reference's order.", name, t.name, t.cols, nb))
+		Doc(fmt.Sprintf("%s adds the products of n %s weights of %d rows (row r at w + r*wstride bytes; n a positive multiple of %d) with %d vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + %d*r + 64*b bytes, in the scalar reference's order.", name, t.name, rows, t.cols, nb, accRowBytes))
 	}
-	w := Load(Param("w"), GP64())
 	n := Load(Param("n"), GP64())
+	ws := make([]Register, rows)
+	ws[0] = Load(Param("w"), GP64())
+	if rows > 1 {
+		wstride := Load(Param("wstride"), GP64())
+		for r := 1; r < rows; r++ {
+			ws[r] = GP64()
+			if mutation == "row-stride-ignored" {
+				MOVQ(ws[r-1], ws[r])
+			} else {
+				LEAQ(Mem{Base: ws[r-1], Index: wstride, Scale: 1}, ws[r])
+			}
+		}
+	}
 	vecs := max(nb, 1)
 	xs := make([]Register, nb)
 	if nb > 0 {
@@ -217,20 +246,25 @@ func gen(t dtype, nb int) {
 	if t.prepare != nil {
 		consts = t.prepare()
 	}
-	Comment("Two accumulators a vector: partial sums 0-7 and 8-15.")
-	accA, accB := make([]VecVirtual, vecs), make([]VecVirtual, vecs)
+	Comment("Two accumulators a row and vector: partial sums 0-7 and 8-15.")
+	accA, accB := make([][]VecVirtual, rows), make([][]VecVirtual, rows)
 	var accp Register
 	if nb > 0 {
 		accp = Load(Param("acc"), GP64())
 	}
-	for b := range vecs {
-		accA[b], accB[b] = YMM(), YMM()
-		if nb == 0 || mutation == "acc-not-loaded" {
-			VXORPS(accA[b], accA[b], accA[b])
-			VXORPS(accB[b], accB[b], accB[b])
-		} else {
-			VMOVUPS(Mem{Base: accp, Disp: 64 * b}, accA[b])
-			VMOVUPS(Mem{Base: accp, Disp: 64*b + 32}, accB[b])
+	at := func(r, b int) int { return accRowBytes*r + 64*b }
+	for r := range rows {
+		accA[r], accB[r] = make([]VecVirtual, vecs), make([]VecVirtual, vecs)
+		for b := range vecs {
+			a, c := YMM(), YMM()
+			accA[r][b], accB[r][b] = a, c
+			if nb == 0 || mutation == "acc-not-loaded" {
+				VXORPS(a, a, a)
+				VXORPS(c, c, c)
+			} else {
+				VMOVUPS(Mem{Base: accp, Disp: at(r, b)}, a)
+				VMOVUPS(Mem{Base: accp, Disp: at(r, b) + 32}, c)
+			}
 		}
 	}
 	i := GP64() // byte offset into the vectors
@@ -239,57 +273,63 @@ func gen(t dtype, nb int) {
 		SUBQ(U32(t.cols), n)
 	}
 	CMPQ(n, U8(0))
-	JLE(LabelRef(name + "_reduce"))
+	JLE(LabelRef(name + "_store"))
 	Label(name + "_loop")
-	var d VecVirtual
-	if t.scale != nil {
-		d = t.scale(w)
-	}
-	for h := 0; h < t.cols; h += 16 {
-		wa, wb := t.load(w, consts, h, d)
-		if nb == 0 {
-			VADDPS(wa, accA[0], accA[0])
-			VADDPS(wb, accB[0], accB[0])
-			continue
+	for r := range rows {
+		var d VecVirtual
+		if t.scale != nil {
+			d = t.scale(ws[r])
 		}
-		for b := range nb {
-			xa := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}
-			xb := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}
-			if mutation == "unfused" {
-				for _, p := range [][3]Op{{xa, wa, accA[b]}, {xb, wb, accB[b]}} {
-					t := YMM()
-					VMULPS(p[0], p[1], t)
-					VADDPS(t, p[2], p[2])
-				}
+		for h := 0; h < t.cols; h += 16 {
+			wa, wb := t.load(ws[r], consts, h, d)
+			if nb == 0 {
+				VADDPS(wa, accA[0][0], accA[0][0])
+				VADDPS(wb, accB[0][0], accB[0][0])
 				continue
 			}
-			VFMADD231PS(xa, wa, accA[b])
-			VFMADD231PS(xb, wb, accB[b])
+			for b := range nb {
+				xa := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}
+				xb := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}
+				if mutation == "unfused" {
+					for _, p := range [][3]Op{{xa, wa, accA[r][b]}, {xb, wb, accB[r][b]}} {
+						t := YMM()
+						VMULPS(p[0], p[1], t)
+						VADDPS(t, p[2], p[2])
+					}
+					continue
+				}
+				VFMADD231PS(xa, wa, accA[r][b])
+				VFMADD231PS(xb, wb, accB[r][b])
+			}
 		}
 	}
-	ADDQ(U32(t.wstep), w)
+	for r := range rows {
+		ADDQ(U32(t.wstep), ws[r])
+	}
 	ADDQ(U32(4*t.cols), i)
 	SUBQ(U32(t.cols), n)
 	JG(LabelRef(name + "_loop"))
 
-	Label(name + "_reduce")
+	Label(name + "_store")
 	if nb > 0 {
 		Comment("Store the partial sums; the caller reduces them (reduce16).")
-		for b := range nb {
-			disp := 64 * b
-			if mutation == "acc-stride-32" {
-				disp = 32 * b
+		for r := range rows {
+			for b := range nb {
+				disp := at(r, b)
+				if mutation == "acc-stride-32" {
+					disp = accRowBytes*r + 32*b
+				}
+				VMOVUPS(accA[r][b], Mem{Base: accp, Disp: disp})
+				VMOVUPS(accB[r][b], Mem{Base: accp, Disp: disp + 32})
 			}
-			VMOVUPS(accA[b], Mem{Base: accp, Disp: disp})
-			VMOVUPS(accB[b], Mem{Base: accp, Disp: disp + 32})
 		}
 		VZEROUPPER()
 		RET()
 		return
 	}
 	Comment("The reduction tree of reduce16.")
-	s := accA[0]
-	VADDPS(accB[0], s, s) // s8[j] = acc[j] + acc[j+8]
+	s := accA[0][0]
+	VADDPS(accB[0][0], s, s) // s8[j] = acc[j] + acc[j+8]
 	hi := XMM()
 	VEXTRACTF128(U8(1), s, hi)
 	s4 := XMM()
