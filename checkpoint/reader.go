@@ -450,6 +450,20 @@ func (r *Reader) file(ctx context.Context, name string) (*openFile, error) {
 // The header's length was bounded (maxHeaderBytes, and the file's real
 // size) when the manifest was read.
 func (r *Reader) checkHeader(ctx context.Context, of *openFile) (herr, err error) {
+	var tensors []*TensorEntry
+	for i := range r.m.Tensors {
+		if r.m.Tensors[i].File == of.entry.Name {
+			tensors = append(tensors, &r.m.Tensors[i])
+		}
+	}
+	// Reading and parsing a header costs a multiple of its size: one
+	// longer than the writer could have made for the manifest's tensors is
+	// refused unread (a header of a million entries under the format's
+	// 100 MB took some 800 MiB).
+	if most := headerBound(r.m, tensors); of.entry.HeaderBytes > most {
+		return corruptf("the safetensors header of %s is %d bytes, more than the manifest's %d tensors and metadata can take (%d): not a header the writer made",
+			of.entry.Name, of.entry.HeaderBytes, len(tensors), most), nil
+	}
 	hb := make([]byte, 0, of.entry.HeaderBytes)
 	if err := r.stream(ctx, of, 0, of.entry.HeaderBytes, func(p []byte) error { hb = append(hb, p...); return nil }); err != nil {
 		return nil, err
@@ -458,16 +472,26 @@ func (r *Reader) checkHeader(ctx context.Context, of *openFile) (herr, err error
 		return corruptf("the safetensors header of %s is damaged: crc32c %08x, the manifest says %08x",
 			of.entry.Name, got, of.entry.HeaderCRC32C), nil
 	}
-	var tensors []*TensorEntry
-	for i := range r.m.Tensors {
-		if r.m.Tensors[i].File == of.entry.Name {
-			tensors = append(tensors, &r.m.Tensors[i])
-		}
-	}
 	if err := checkHeaderAgainst(hb, of.entry, tensors); err != nil {
 		return corruptf("the safetensors header of %s disagrees with the manifest: %v", of.entry.Name, err), nil
 	}
 	return nil, nil
+}
+
+// headerBound is the most bytes encodeHeader writes for tensors and the
+// rank's metadata (headerMeta: fixed keys, the checkpoint's name and the
+// user metadata the manifest repeats), with every string byte counted as
+// an escape's 6 and every number as 20 digits, padding included.
+func headerBound(m *RankManifest, tensors []*TensorEntry) int64 {
+	const esc = 6
+	n := int64(8+64+8) + 256 + esc*int64(len(m.Name))
+	for k, v := range m.User {
+		n += esc*int64(len("user.")+len(k)+len(v)) + 8
+	}
+	for _, t := range tensors {
+		n += esc*int64(len(t.Name)) + 128 + 21*int64(len(t.Shape))
+	}
+	return n
 }
 
 // bounce returns the Reader's pinned bounce memory (made on first use).
