@@ -71,24 +71,31 @@
 // The scalar kernels (KernelScalar) are this definition written out in
 // Go, and the reference the tests hold every SIMD kernel to, bit for bit.
 // The kernels compute step 1; steps 2 and 3 are Go code every kernel
-// shares.
-// The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
+// shares. The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
 // sum of |w*x| (a test checks the bound against float64).
 //
 // # Kernels
 //
 // On amd64 with AVX2, FMA and F16C the products run on kernels
 // generated as assembly by internal/asmgen (go generate; the .s and its
-// declarations are committed): two YMM registers hold a vector's 16
-// partial sums, the weights are widened in registers (VPMOVZXWD and a
-// shift for bf16, VPMOVSXBD or nibble masks and VCVTDQ2PS times the
-// VCVTPH2PS-widened scale for the blocks), and the reduction's shuffles
-// add the lanes in the tree above. Kernels lists what the machine has;
-// Options.Kernel picks one (for tests and benchmarks: the bits do not
-// depend on it). Other architectures, and amd64 without those features,
-// use the scalar kernels, which are correct but several times slower: the
-// fused multiply-add of FMA32 is emulated in float64 with a rounding to
-// odd, since Go has no binary32 fused multiply-add.
+// declarations are committed). Two YMM registers hold the 16 partial sums
+// of a row and vector, loaded and stored around a tile. A kernel takes up
+// to four rows at once (four rows of one vector, two of two, one of three
+// or four): a vector's partial sums are only two chains of dependent fused
+// multiply-adds, and more rows give the CPU independent ones. The weights
+// are widened in registers: VPMOVZXWD and a shift for bf16, VPMOVSXBD (of
+// the bytes, or of the masked nibbles less 8) and VCVTDQ2PS times the
+// VCVTPH2PS-widened scale for the blocks. The tests compare every kernel
+// with the scalar one on random shapes, bit for bit, and
+// internal/asmgen/mutants.sh builds deliberate mistakes into the assembly
+// and requires the tests to catch each. Kernels lists what the machine
+// has; Options.Kernel picks one (for tests and benchmarks: the bits do not
+// depend on it).
+//
+// Other architectures, and amd64 without those features, use the scalar
+// kernels. They are correct but far slower (two orders of magnitude on
+// the benchmarks' shapes): Go has no binary32 fused multiply-add, so
+// FMA32 emulates it in float64 with a rounding to odd.
 //
 // # Caveats
 //
@@ -101,4 +108,8 @@
 //     differ between kernels.
 //   - A batch of more than four vectors passes over each tile of a row
 //     twice, the second time from the cache.
+//   - The block formats cost arithmetic: widening a Q4_0 block takes
+//     about two dozen instructions for 18 bytes, so on a machine with few
+//     cores Q4_0 products run below the memory's bandwidth (see the
+//     benchmarks, BenchmarkMatMul against BenchmarkMemoryRead).
 package kernels
