@@ -119,7 +119,7 @@ test-contrib:
 	cd $(GOMLX_DIR) && GOEXPERIMENT= $(GO) test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 10m ./...
 
 # A GoMLX transformer trained with params and Adam states on NVMe,
-# verified bit for bit against in-memory training (see README).
+# verified bit for bit against in-memory training (docs/gomlx.md).
 demo-gomlx:
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) run ./examples/transformer --verify
 
@@ -128,7 +128,7 @@ demo-gomlx:
 # weight, master and Adam state on NVMe ($$DEMO_DIR, default
 # /var/tmp/zinf-demo-llm), checked bit for bit against the zoo's model
 # trained in memory in one graph; it saves the model there as a zinf
-# checkpoint (see README). Installs Debian's bible-kjv-text (the text)
+# checkpoint (docs/gomlx.md). Installs Debian's bible-kjv-text (the text)
 # and bible-kjv (its reader) when missing.
 demo-llm: bible
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) run ./examples/llm
