@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // Matrix is a row-major weight matrix of Rows x Cols as Hugging Face and
@@ -245,4 +246,20 @@ func weightAt(t DType, row []byte, c int) float32 {
 		return BF16ToFloat32(le16(row[2*c:]))
 	}
 	return f32At(row, c)
+}
+
+// F32Matrix returns a Matrix of type F32 over w (rows*cols values, row
+// major) without copying: its Data aliases w's memory.
+func F32Matrix(rows, cols int, w []float32) (Matrix, error) {
+	if rows < 0 || cols < 0 || rows > MaxDim || cols > MaxDim {
+		return Matrix{}, fmt.Errorf("kernels: matrix shape %d x %d is outside 0..%d", rows, cols, MaxDim)
+	}
+	if cols > 0 && rows > len(w)/cols || len(w) != rows*cols {
+		return Matrix{}, fmt.Errorf("kernels: a %d x %d matrix has %d values, w has %d", rows, cols, rows*cols, len(w))
+	}
+	m := Matrix{Type: F32, Rows: rows, Cols: cols}
+	if len(w) > 0 {
+		m.Data = unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w))
+	}
+	return m, nil
 }

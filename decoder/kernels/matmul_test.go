@@ -221,3 +221,77 @@ func TestMatMulConcurrent(t *testing.T) {
 		t.Fatal("concurrent products did not finish in 2 minutes")
 	}
 }
+
+// F32Matrix views float32 weights without a copy; the product matches
+// the plain sum for small integers (exact in any order).
+func TestF32Matrix(t *testing.T) {
+	w := []float32{1, 2, 3, 4, 5, 6}
+	m, err := kernels.F32Matrix(2, 3, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := make([]float32, 2)
+	if err := kernels.MatMul(y, m, []float32{1, 1, 1}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if y[0] != 6 || y[1] != 15 {
+		t.Fatalf("y = %v, want [6 15]", y)
+	}
+	if _, err := kernels.F32Matrix(2, 2, w); err == nil {
+		t.Error("F32Matrix with 6 values for 2 x 2: no error")
+	}
+	if _, err := kernels.F32Matrix(-1, 2, nil); err == nil {
+		t.Error("F32Matrix with -1 rows: no error")
+	}
+}
+
+// Random shapes, lengths and types, mostly wrong, never panic: the
+// product either returns an error or fills y.
+func TestMatMulNeverPanics(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	pick := func() int {
+		switch rng.IntN(6) {
+		case 0:
+			return -rng.IntN(3) - 1
+		case 1:
+			return 0
+		case 2:
+			return math.MaxInt - rng.IntN(3)
+		}
+		return rng.IntN(70)
+	}
+	for range 5000 {
+		w := kernels.Matrix{Type: kernels.DType(rng.IntN(6)), Rows: pick(), Cols: pick()}
+		if n := pick(); n >= 0 && n < 1<<16 {
+			w.Data = make([]byte, n*rng.IntN(40))
+		}
+		batch := rng.IntN(11) - 1
+		var x, y []float32
+		if n := pick(); n >= 0 && n < 1<<16 {
+			x = make([]float32, n*rng.IntN(9))
+		}
+		if n := pick(); n >= 0 && n < 1<<16 {
+			y = make([]float32, n*rng.IntN(9))
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("MatMul(%d y, %v %d x %d with %d bytes, %d x, batch %d) panicked: %v", len(y), w.Type, w.Rows, w.Cols, len(w.Data), len(x), batch, r)
+				}
+			}()
+			_ = kernels.MatMul(y, w, x, batch)
+		}()
+	}
+}
+
+// A shape whose product overflows an int is not mistaken for a match.
+func TestF32MatrixOverflow(t *testing.T) {
+	if math.MaxInt == math.MaxInt32 {
+		t.Skip("32-bit int: MaxDim is small")
+	}
+	// MaxDim * MaxDim/2^16 = 2^64 (where int has 64 bits), which wraps to 0.
+	rows, cols := kernels.MaxDim, kernels.MaxDim>>16
+	if _, err := kernels.F32Matrix(rows, cols, nil); err == nil {
+		t.Errorf("F32Matrix(%d, %d, nil): no error", rows, cols)
+	}
+}
