@@ -2,6 +2,7 @@ package generate
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
@@ -14,8 +15,9 @@ import (
 // pure-Go backend does, so neither GoMLX's own generate.Generator with a
 // KV cache nor the zoo's ForwardLayer with a cache compiles on it. The
 // stand-in covers the updates the KV cache makes (one position along one
-// axis, at a dynamic index): a Where over an Iota mask and the update
-// broadcast along that axis, which moves values bit for bit. Any other
+// axis, at a dynamic index), moving values bit for bit: for float32,
+// float64 and bfloat16 two scatters of that position alone (see
+// scatterPosition), for other dtypes a Where over an Iota mask. Any other
 // update still reports the backend's error. Open and InMemory wrap their
 // backend with it.
 func WithKVCacheOps(b compute.Backend) compute.Backend {
@@ -219,6 +221,68 @@ func (f dusFunction) DynamicUpdateSlice(operand, update compute.Value, start []c
 	if s, err = f.Clamp(lo, s, hi); err != nil {
 		return nil, err
 	}
+	switch os.DType {
+	case dtypes.Float32, dtypes.Float64, dtypes.BFloat16:
+		return f.scatterPosition(operand, update, s, os, us, axis)
+	}
+	return f.wherePosition(operand, update, s, os, axis)
+}
+
+// scatterPosition writes update (one position along axis of operand) at
+// s with two scatters that touch only that position's values, where the
+// backend runs them in place on an operand no other op reads (a KV cache's
+// chain of updates): a ScatterMax of +Inf, then a ScatterMin of the
+// update, min(+Inf, u) = u bit for bit (NaN included). A Where over the
+// whole operand per position made a prefill of n positions cost n passes
+// over its cache, its graph n full-size masks. The one difference from a
+// plain copy: a position holding NaN before the write keeps it (max(NaN,
+// +Inf) is NaN); the KV cache writes positions it has not filled, or ones
+// a rolling cache overwrites, whose NaN had spread to every later score.
+func (f dusFunction) scatterPosition(operand, update, s compute.Value, os, us shapes.Shape, axis int) (compute.Value, error) {
+	// The update without its axis of one: the scatter's window covers
+	// every other axis whole, and the axis is inserted at the index.
+	dims := make([]int, 0, us.Rank()-1)
+	window := make([]int, 0, us.Rank()-1)
+	for i, d := range us.Dimensions {
+		if i != axis {
+			dims = append(dims, d)
+			window = append(window, len(window))
+		}
+	}
+	u, err := f.Reshape(update, dims...)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := f.Reshape(s, 1)
+	if err != nil {
+		return nil, err
+	}
+	inf, err := f.Constant([]float32{float32(math.Inf(1))})
+	if err != nil {
+		return nil, err
+	}
+	if inf, err = f.Reshape(inf); err != nil {
+		return nil, err
+	}
+	if os.DType != dtypes.Float32 {
+		if inf, err = f.ConvertDType(inf, os.DType); err != nil {
+			return nil, err
+		}
+	}
+	if inf, err = f.BroadcastInDim(inf, shapes.Make(os.DType, dims...), nil); err != nil {
+		return nil, err
+	}
+	cleared, err := f.ScatterMax(operand, idx, inf, 0, window, []int{axis}, []int{axis}, true, true)
+	if err != nil {
+		return nil, err
+	}
+	return f.ScatterMin(cleared, idx, u, 0, window, []int{axis}, []int{axis}, true, true)
+}
+
+// wherePosition writes update at s with a Where over an Iota mask and the
+// update broadcast along axis, which moves values bit for bit (the dtypes
+// the backend's scatters do not combine).
+func (f dusFunction) wherePosition(operand, update, s compute.Value, os shapes.Shape, axis int) (compute.Value, error) {
 	idx := shapes.Make(dtypes.Int32, os.Dimensions...)
 	iota, err := f.Iota(idx, axis)
 	if err != nil {
