@@ -76,7 +76,16 @@ type Options struct {
 	// cannot give a tensor in place, rather than copy it into the swap
 	// files (a model too large for a second copy on the disk).
 	InPlaceOnly bool
+	// PrefillBytes bounds the memory a prefill takes beyond the pinned
+	// pool and the KV cache (Generator.PrefillBytes: its activations and
+	// one chunk's working set); Generate and PlanBatch refuse prompts that
+	// need more. Default: DefaultPrefillBytes.
+	PrefillBytes int64
 }
+
+// DefaultPrefillBytes is Options.PrefillBytes' default: half the 512 MiB
+// zinf-generate allows beside the pinned pool and the KV cache.
+const DefaultPrefillBytes = 256 << 20
 
 // Sampling says how the next token is chosen and when generation stops.
 type Sampling struct {
@@ -147,10 +156,14 @@ type Generator struct {
 	vars    []Var
 	byLayer [][]int // indexes into vars per zinf layer
 	slots   map[string]*slot
-	embedEx *model.Exec
-	layerEx []*model.Exec
-	headEx  map[sampleKey]*model.Exec
-	kvHeads int
+	embedEx *boundedExec
+	layerEx []*boundedExec
+	headEx  map[sampleKey]*boundedExec
+	// prefillBytes is Options.PrefillBytes; chunks is the graph calls
+	// the last transformer layer run made (Result.PrefillChunks).
+	prefillBytes int64
+	chunks       int
+	kvHeads      int
 	// rowsOf, when set, is the token embedding read by rows: the model's
 	// input is exactly the rows of its tokens (no scaling, token types or
 	// normalization), so only those rows are read from NVMe.
@@ -208,6 +221,9 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 	}
 	g = newGenerator(rtSource{rt}, backend, store, m, vars)
 	g.rt = rt
+	if o.PrefillBytes > 0 {
+		g.prefillBytes = o.PrefillBytes
+	}
 	gen := g // a failed return sets g to nil before the deferred Close
 	defer func() {
 		if err != nil {
@@ -274,8 +290,8 @@ func build(backend compute.Backend, fn ModelFn) (*model.Store, *transformer.Mode
 }
 
 func newGenerator(src source, backend compute.Backend, store *model.Store, m *transformer.Model, vars []Var) *Generator {
-	g := &Generator{src: src, backend: backend, store: store, m: m, vars: vars, slots: map[string]*slot{}, headEx: map[sampleKey]*model.Exec{},
-		byLayer: make([][]int, m.NumLayers+2), kvHeads: m.NumKVHeads}
+	g := &Generator{src: src, backend: backend, store: store, m: m, vars: vars, slots: map[string]*slot{}, headEx: map[sampleKey]*boundedExec{},
+		byLayer: make([][]int, m.NumLayers+2), kvHeads: m.NumKVHeads, prefillBytes: DefaultPrefillBytes}
 	if g.kvHeads == 0 {
 		g.kvHeads = m.NumHeads
 	}
@@ -342,52 +358,106 @@ func (g *Generator) bind(v Var) error {
 // compile creates the executors (graphs compile on first use per shape).
 func (g *Generator) compile() error {
 	m := g.m
-	var err error
-	g.embedEx, err = model.NewExec(g.backend, g.store, func(scope *model.Scope, tokens *graph.Node) *graph.Node {
-		m.Scope = m.Scope.ResetVisited()
-		return embed(m, tokens)
-	})
-	if err != nil {
-		return err
-	}
-	g.embedEx.WithName("zinf.generate.embed")
-	for l := range m.NumLayers {
-		e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, in []*graph.Node) []*graph.Node {
+	g.embedEx = &boundedExec{make: func() (*model.Exec, error) {
+		e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, tokens *graph.Node) *graph.Node {
 			m.Scope = m.Scope.ResetVisited()
-			path := m.KVCache.OrderedScopes[l]
-			cache := kvcache.KVCacheNodes{path + kvcache.KeySuffix: in[2], path + kvcache.ValueSuffix: in[3]}
-			x := m.ForwardLayer(m.Scope.In("layer_%d", l), l, in[0], in[1], cache, nil, nil, transformer.CallOptions{})
-			return []*graph.Node{x, cache[path+kvcache.KeySuffix], cache[path+kvcache.ValueSuffix]}
+			return embed(m, tokens)
 		})
-		if err != nil {
-			return err
+		if err == nil {
+			e.WithName("zinf.generate.embed")
 		}
-		e.WithName(fmt.Sprintf("zinf.generate.layer%d", l))
-		g.layerEx = append(g.layerEx, e)
+		return e, err
+	}}
+	for l := range m.NumLayers {
+		g.layerEx = append(g.layerEx, &boundedExec{make: func() (*model.Exec, error) {
+			e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, in []*graph.Node) []*graph.Node {
+				m.Scope = m.Scope.ResetVisited()
+				path := m.KVCache.OrderedScopes[l]
+				cache := kvcache.KVCacheNodes{path + kvcache.KeySuffix: in[2], path + kvcache.ValueSuffix: in[3]}
+				x := m.ForwardLayer(m.Scope.In("layer_%d", l), l, in[0], in[1], cache, nil, nil, transformer.CallOptions{})
+				return []*graph.Node{x, cache[path+kvcache.KeySuffix], cache[path+kvcache.ValueSuffix]}
+			})
+			if err == nil {
+				e.WithName(fmt.Sprintf("zinf.generate.layer%d", l))
+			}
+			return e, err
+		}})
 	}
 	return nil
 }
 
+// maxGraphs is the graphs a boundedExec keeps, under GoMLX's default
+// cache size (graph.DefaultExecMaxCacheSize), past which an Exec refuses
+// every new input shape.
+const maxGraphs = 24
+
+// boundedExec is an executor whose compiled graphs (one per input shape:
+// the batch, the positions of a pass or a prefill's chunk, the KV cache's
+// bucketed length) stay bounded over a Generator's life: when maxGraphs
+// shapes are compiled, the next new one makes the Exec anew, freeing its
+// graphs, rather than fail.
+type boundedExec struct {
+	make   func() (*model.Exec, error)
+	e      *model.Exec
+	shapes map[string]bool
+}
+
+// call runs the executor on args, whose input shapes key names, turning a
+// panic into an error.
+func (b *boundedExec) call(k string, args ...any) ([]*tensors.Tensor, error) {
+	if b.e != nil && !b.shapes[k] && len(b.shapes) >= maxGraphs {
+		b.finalize()
+	}
+	if b.e == nil {
+		e, err := b.make()
+		if err != nil {
+			return nil, err
+		}
+		b.e, b.shapes = e, map[string]bool{}
+	}
+	b.shapes[k] = true
+	return call(b.e, args...)
+}
+
+// shapeKey names a graph's input shapes.
+func shapeKey(ss ...shapes.Shape) string {
+	var b strings.Builder
+	for _, s := range ss {
+		b.WriteString(s.String())
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+func (b *boundedExec) finalize() {
+	if b != nil && b.e != nil {
+		b.e.Finalize()
+		b.e = nil
+	}
+}
+
 // headExec is the head's executor for a sampling configuration.
-func (g *Generator) headExec(s Sampling) (*model.Exec, error) {
+func (g *Generator) headExec(s Sampling) *boundedExec {
 	k := sampleKey{s.Strategy, s.Temperature, s.TopK, s.TopP}
 	if s.Strategy == sample.StrategyGreedy {
 		k = sampleKey{}
 	}
 	if e := g.headEx[k]; e != nil {
-		return e, nil
+		return e
 	}
 	m := g.m
-	e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, x *graph.Node) *graph.Node {
-		m.Scope = m.Scope.ResetVisited()
-		return Sample(scope, head(m, x), k.strategy, k.temperature, k.topK, k.topP)
-	})
-	if err != nil {
-		return nil, err
-	}
-	e.WithName("zinf.generate.head")
+	e := &boundedExec{make: func() (*model.Exec, error) {
+		e, err := model.NewExec(g.backend, g.store, func(scope *model.Scope, x *graph.Node) *graph.Node {
+			m.Scope = m.Scope.ResetVisited()
+			return Sample(scope, head(m, x), k.strategy, k.temperature, k.topK, k.topP)
+		})
+		if err == nil {
+			e.WithName("zinf.generate.head")
+		}
+		return e, err
+	}}
 	g.headEx[k] = e
-	return e, nil
+	return e
 }
 
 // Runtime is the zinf runtime holding the weights (plan, metrics).
@@ -406,14 +476,12 @@ func (g *Generator) Close() error {
 		return nil
 	}
 	g.closed = true
-	if g.embedEx != nil {
-		g.embedEx.Finalize()
-	}
+	g.embedEx.finalize()
 	for _, e := range g.layerEx {
-		e.Finalize()
+		e.finalize()
 	}
 	for _, e := range g.headEx {
-		e.Finalize()
+		e.finalize()
 	}
 	for _, s := range g.slots {
 		_ = s.t.FinalizeAll()
@@ -428,6 +496,11 @@ type Result struct {
 	Tokens [][]int32
 	// Steps is the forward passes run (the prefill included).
 	Steps int
+	// PrefillChunks is the chunks each transformer layer ran the prefill
+	// in: 1, one graph of all its positions, up to 64 of them (fewer over
+	// a long KV cache or for a large layer); a longer prompt runs in
+	// chunks of that many, in order, each over the KV cache so far.
+	PrefillChunks int
 	// Prefill and Decode are the time of the first pass and of the others;
 	// DecodeCompute is Decode less its waits for weights.
 	Prefill, Decode, DecodeCompute time.Duration
@@ -503,14 +576,14 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 	if lim := g.m.KVCache.MaxSeqLenPerLayerType[0]; total > lim {
 		return nil, fmt.Errorf("zinf generate: %d prompt tokens + %d new tokens exceed the KV cache's %d positions", maxLen, s.MaxNewTokens, lim)
 	}
-	headEx, err := g.headExec(s)
-	if err != nil {
-		return nil, err
+	B := len(prompts)
+	if need := g.PrefillBytes(B, minLen); need > g.prefillBytes {
+		return nil, g.prefillError(B, minLen, need)
 	}
+	headEx := g.headExec(s)
 	if err := g.store.SetRNGStateFromSeed(s.Seed); err != nil {
 		return nil, err
 	}
-	B := len(prompts)
 	kv, err := g.openKV(B, minLen, total)
 	if err != nil {
 		return nil, err
@@ -548,7 +621,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		}
 		d, wait := time.Since(t0), g.src.ioWait()-w0
 		if res.Steps == 0 {
-			res.Prefill = d
+			res.Prefill, res.PrefillChunks = d, g.chunks
 		} else {
 			res.Decode += d
 			res.DecodeCompute += d - wait
@@ -592,7 +665,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 // pass runs one forward pass over the weights: tokens [B][S] at position
 // pos, returning the sampled next token of each sequence. repeat: another
 // pass follows, whose first layers this one prefetches.
-func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *model.Exec, repeat bool) ([]int32, error) {
+func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvState, headEx *boundedExec, repeat bool) ([]int32, error) {
 	rt := g.src
 	L := g.m.NumLayers
 	rt.forward(repeat)
@@ -609,34 +682,23 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 			x, err = g.embedRows(ctx, toks)
 		case l == 0:
 			var out []*tensors.Tensor
-			out, err = call(g.embedEx, tensors.FromValue(toks))
+			t := tensors.FromValue(toks)
+			out, err = g.embedEx.call(shapeKey(t.Shape()), t)
 			if err == nil {
 				x = out[0]
 			}
 		case l <= L:
-			var out []*tensors.Tensor
-			var k, v *tensors.Tensor
-			if k, v, err = kv.load(ctx, l-1); err != nil {
-				break
-			}
-			xd, derr := graph.DonateTensorBuffer(x, g.backend, 0)
-			kd, kerr := graph.DonateTensorBuffer(k, g.backend, 0)
-			vd, verr := graph.DonateTensorBuffer(v, g.backend, 0)
-			if err = errors.Join(derr, kerr, verr); err == nil {
-				x = nil
-				out, err = call(g.layerEx[l-1], xd, tensors.FromValue(int32(pos)), kd, vd)
-			}
-			if err != nil {
-				finalize(k)
-				finalize(v)
-				kv.abandon(l - 1)
-				break
-			}
-			x = out[0]
-			err = kv.store(l-1, out[1], out[2])
+			in := x
+			x = nil // the layer owns it
+			x, err = g.layer(ctx, l-1, in, pos, kv)
 		default:
+			// The head samples from the last position's logits (as GoMLX's
+			// generator does): the others' are never computed.
+			if x, err = lastPosition(x); err != nil {
+				break
+			}
 			var out []*tensors.Tensor
-			out, err = call(headEx, x)
+			out, err = headEx.call(shapeKey(x.Shape()), x)
 			if err == nil {
 				var next []int32
 				err = tensors.ConstFlatData(out[0], func(flat []int32) { next = slices.Clone(flat) })
@@ -651,6 +713,188 @@ func (g *Generator) pass(ctx context.Context, toks [][]int32, pos int, kv *kvSta
 		}
 	}
 	return nil, errors.New("no head layer")
+}
+
+// layer runs transformer layer l over x [B, S, dim] (which it owns) at
+// position pos, its KV cache read from and written back to kv, and returns
+// its output. A pass of more positions than prefillChunk allows (a
+// prefill) runs in chunks, in order, checking ctx between them: each a
+// graph of bounded size whose queries attend the positions before them
+// through the KV cache so far (its bucketed length, GoMLX's kvcache
+// CacheSeqLen, grows from chunk to chunk), as in one pass of them all.
+func (g *Generator) layer(ctx context.Context, l int, x *tensors.Tensor, pos int, kv *kvState) (_ *tensors.Tensor, err error) {
+	k, v, err := kv.load(ctx, l)
+	if err != nil {
+		finalize(x)
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			finalize(k)
+			finalize(v)
+			kv.abandon(l)
+		}
+	}()
+	xs := x.Shape()
+	B, S := xs.Dimensions[0], xs.Dimensions[1]
+	g.chunks = 1
+	if S <= g.prefillChunk(B, k.Shape().Dimensions[2]) {
+		var y *tensors.Tensor
+		if y, k, v, err = g.layerCall(l, x, pos, k, v); err != nil {
+			return nil, err
+		}
+		if err = kv.store(l, k, v); err != nil {
+			k, v = nil, nil // store finalizes them
+			finalize(y)
+			return nil, err
+		}
+		return y, nil
+	}
+	defer finalize(x)
+	row := xs.Size() / (B * S) * xs.DType.Size() // bytes of one position
+	out := tensors.FromShape(xs)
+	defer func() {
+		if err != nil {
+			finalize(out)
+		}
+	}()
+	g.chunks = 0
+	for c0 := 0; c0 < S; g.chunks++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// Full chunks, then the rest in chunks of powers of two: a
+		// bounded set of graph shapes whatever the prompt's length.
+		n := g.prefillChunk(B, g.kvLen(l, pos+min(S, c0+maxPrefillChunk)))
+		for n > S-c0 {
+			n /= 2
+		}
+		// The cache of the positions up to the chunk's end: those after
+		// it are not written yet.
+		if k, err = resizeSeq(k, g.kvLen(l, pos+c0+n)); err == nil {
+			v, err = resizeSeq(v, g.kvLen(l, pos+c0+n))
+		}
+		if err != nil {
+			return nil, err
+		}
+		xc := tensors.FromShape(shapes.Make(xs.DType, B, n, xs.Dimensions[2]))
+		var inner error
+		merr := xc.MutableBytes(func(dst []byte) {
+			inner = x.ConstBytes(func(src []byte) {
+				for b := range B {
+					copy(dst[b*n*row:(b+1)*n*row], src[(b*S+c0)*row:(b*S+c0+n)*row])
+				}
+			})
+		})
+		if err = errors.Join(merr, inner); err != nil {
+			finalize(xc)
+			return nil, err
+		}
+		var y *tensors.Tensor
+		if y, k, v, err = g.layerCall(l, xc, pos+c0, k, v); err != nil {
+			return nil, err
+		}
+		cerr := y.ConstBytes(func(src []byte) {
+			inner = out.MutableBytes(func(dst []byte) {
+				for b := range B {
+					copy(dst[(b*S+c0)*row:(b*S+c0+n)*row], src[b*n*row:(b+1)*n*row])
+				}
+			})
+		})
+		finalize(y)
+		if err = errors.Join(cerr, inner); err != nil {
+			return nil, err
+		}
+		c0 += n
+	}
+	if err = kv.store(l, k, v); err != nil {
+		k, v = nil, nil
+		return nil, err
+	}
+	return out, nil
+}
+
+// layerCall runs layer l's graph once: x [B, n, dim] at position pos over
+// the KV cache k, v, all three donated (the graph updates the cache in
+// place); it returns the layer's output and the updated cache. On an
+// error the inputs are freed.
+func (g *Generator) layerCall(l int, x *tensors.Tensor, pos int, k, v *tensors.Tensor) (y, k2, v2 *tensors.Tensor, err error) {
+	key := shapeKey(x.Shape(), k.Shape())
+	xd, xerr := graph.DonateTensorBuffer(x, g.backend, 0)
+	kd, kerr := graph.DonateTensorBuffer(k, g.backend, 0)
+	vd, verr := graph.DonateTensorBuffer(v, g.backend, 0)
+	// A donated tensor keeps its local copy, if it had one: freed now.
+	finalize(x)
+	finalize(k)
+	finalize(v)
+	if err := errors.Join(xerr, kerr, verr); err != nil {
+		return nil, nil, nil, err
+	}
+	out, err := g.layerEx[l].call(key, xd, tensors.FromValue(int32(pos)), kd, vd)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return out[0], out[1], out[2], nil
+}
+
+// resizeSeq is the KV cache tensor t [batch, heads, length, head dim] with
+// n positions: its first n (the later ones are not written yet), or all of
+// them and zeros after (as kvcache.PadTensors pads). t is freed when
+// another tensor is returned, or on an error.
+func resizeSeq(t *tensors.Tensor, n int) (*tensors.Tensor, error) {
+	ts := t.Shape()
+	if ts.Rank() != 4 {
+		finalize(t)
+		return nil, fmt.Errorf("KV cache tensor %s (want rank 4)", ts)
+	}
+	S := ts.Dimensions[2]
+	if S == n {
+		return t, nil
+	}
+	defer finalize(t)
+	dims := slices.Clone(ts.Dimensions)
+	dims[2] = n
+	r := tensors.FromShape(shapes.Make(ts.DType, dims...))
+	row := ts.Dimensions[3] * ts.DType.Size()
+	keep := min(S, n) * row
+	var inner error
+	merr := r.MutableBytes(func(dst []byte) {
+		inner = t.ConstBytes(func(src []byte) {
+			for i := range ts.Dimensions[0] * ts.Dimensions[1] {
+				copy(dst[i*n*row:i*n*row+keep], src[i*S*row:i*S*row+keep])
+			}
+		})
+	})
+	if err := errors.Join(merr, inner); err != nil {
+		finalize(r)
+		return nil, err
+	}
+	return r, nil
+}
+
+// lastPosition is x [B, S, dim]'s last position, [B, 1, dim]; x is freed.
+func lastPosition(x *tensors.Tensor) (*tensors.Tensor, error) {
+	xs := x.Shape()
+	B, S := xs.Dimensions[0], xs.Dimensions[1]
+	if S == 1 {
+		return x, nil
+	}
+	defer finalize(x)
+	row := xs.Size() / (B * S) * xs.DType.Size()
+	y := tensors.FromShape(shapes.Make(xs.DType, B, 1, xs.Dimensions[2]))
+	var inner error
+	merr := y.MutableBytes(func(dst []byte) {
+		inner = x.ConstBytes(func(src []byte) {
+			for b := range B {
+				copy(dst[b*row:(b+1)*row], src[(b*S+S-1)*row:(b*S+S)*row])
+			}
+		})
+	})
+	if err := errors.Join(merr, inner); err != nil {
+		finalize(y)
+		return nil, err
+	}
+	return y, nil
 }
 
 // embedRows is the token embedding of toks [B][S]: the rows of the tokens,
