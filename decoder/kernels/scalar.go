@@ -10,14 +10,28 @@ const Lanes = 16
 const MaxBatch = 8
 
 // FMA32 returns a*b + c rounded once to binary32 (round to nearest, ties
-// to even), the result of the VFMADD instructions on binary32 lanes. It
-// computes a*b + c exactly as a float64 sum and its error term (a*b is
-// exact in float64), rounds that sum to odd in float64, and rounds the
-// result to binary32: rounding to odd first makes the second rounding
-// correct, since float64 carries more than 24+2 bits (Boldo and
-// Melquiond). A plain float32(math.FMA(a, b, c)) would round twice and
-// differ in rare ties.
+// to even), the result of the VFMADD instructions on binary32 lanes. Go
+// has no binary32 fused multiply-add, and float32(math.FMA(a, b, c))
+// rounds twice: to float64, then to binary32. That is still the correct
+// result unless the float64 lands exactly on a binary32 midpoint (a tie
+// the exact value may not be) or in binary32's subnormal range, where the
+// midpoints lie elsewhere; those rare cases take fma32Odd.
 func FMA32(a, b, c float32) float32 {
+	s := math.FMA(float64(a), float64(b), float64(c))
+	// A binary32 midpoint of the normal range has a 1 followed by 28
+	// zeros below binary32's 24 significant bits.
+	if math.Float64bits(s)&(1<<29-1) != 1<<28 && math.Abs(s) >= 0x1p-126 {
+		return float32(s)
+	}
+	return fma32Odd(a, b, c)
+}
+
+// fma32Odd computes a*b + c exactly as a float64 sum and its error term
+// (a*b is exact in float64), rounds that sum to odd in float64, and
+// rounds the result to binary32: rounding to odd first makes the second
+// rounding correct, since float64 carries more than 24+2 bits (Boldo and
+// Melquiond).
+func fma32Odd(a, b, c float32) float32 {
 	p := float64(a) * float64(b) // exact: 24+24 bits fit in 53
 	cc := float64(c)
 	s := p + cc

@@ -34,6 +34,20 @@ func TestFMA32(t *testing.T) {
 	if got := FMA32(a, a, c); got != want {
 		t.Fatalf("FMA32 double-rounding case = %v, want %v", got, want)
 	}
+	// The same tie broken downwards, and an exact tie (to even).
+	if got, want := FMA32(a, a, -c), float32(1+1.0/2048); got != want {
+		t.Fatalf("FMA32 double-rounding case below = %v, want %v", got, want)
+	}
+	if got, want := FMA32(a, a, 0), float32(1+1.0/2048); got != want {
+		t.Fatalf("FMA32 exact tie = %v, want %v", got, want)
+	}
+	// Results in binary32's subnormal range.
+	tiny := float32(math.Ldexp(1, -75))
+	for _, c := range []float32{0, math.Float32frombits(1), -math.Float32frombits(3)} {
+		if got, want := FMA32(tiny, tiny*1.5, c), fma32Exact(tiny, tiny*1.5, c); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("FMA32 subnormal case = %v, want %v", got, want)
+		}
+	}
 	if naive := float32(math.FMA(float64(a), float64(a), float64(c))); naive == want {
 		t.Fatalf("the double-rounding case does not tell the naive fused float64 apart")
 	}
@@ -52,8 +66,12 @@ func TestFMA32(t *testing.T) {
 		if rng.IntN(4) == 0 {
 			c = -a * b // cancellation
 		}
-		if got, want := FMA32(a, b, c), fma32Exact(a, b, c); math.Float32bits(got) != math.Float32bits(want) {
+		want := fma32Exact(a, b, c)
+		if got := FMA32(a, b, c); math.Float32bits(got) != math.Float32bits(want) {
 			t.Fatalf("FMA32(%v, %v, %v) = %v, want %v", a, b, c, got, want)
+		}
+		if got := fma32Odd(a, b, c); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("fma32Odd(%v, %v, %v) = %v, want %v", a, b, c, got, want)
 		}
 	}
 }
