@@ -298,6 +298,7 @@ func (d *decoder) candidates(path string, specs []spec) *keySet {
 		k.names[i], k.norms[i] = s.name, normKey(s.name)
 		k.runes[i], k.chars[i] = utf8.RuneCountInString(s.name), charsOf(s.name)
 	}
+	k.all = charsOf(strings.Join(k.names, "") + strings.Join(k.norms, ""))
 	if d.known == nil {
 		d.known = map[string]*keySet{}
 	}
@@ -898,6 +899,7 @@ type keySet struct {
 	names, norms []string
 	runes        []int     // each name's length in runes
 	chars        []charSet // the bytes each name holds
+	all          charSet   // the bytes any name or its normal form holds
 }
 
 // charSet is the set of bytes a string holds, for a lower bound of the
@@ -955,6 +957,12 @@ func (k *keySet) closest(key string) string {
 	keyChars := charsOf(lower)
 	limit := min(max(len(key)/3, 1), 3)
 	best, bestDist := "", limit+1
+	if ascii && k.all.ok && k.all.missing(lower) >= bestDist && k.all.missing(nk) > 0 {
+		// More of the key's bytes than the limit are in no name (so
+		// missing from each), and its normal form holds one that no
+		// normal form holds: nothing is near.
+		return ""
+	}
 	for i, c := range k.names {
 		if k.norms[i] == nk {
 			return c
