@@ -200,7 +200,10 @@ func removeIncomplete(dir string) error {
 	if err := os.Remove(filepath.Join(dir, lockName+".init")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return os.Remove(dir)
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err // not empty (something appeared since): kept
+	}
+	return nil // removed, here or by another cleaner meanwhile
 }
 
 type lockRecord struct {
