@@ -1,0 +1,563 @@
+package decoder
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/zinfio/zinf/decoder/kernels"
+)
+
+// KVCache holds the keys and values of every layer and position of a
+// batch of sequences in memory the caller provides: K and V each hold
+// Layers x Batch x MaxLen x KVHeads x HeadDim float32 values, in that
+// order (row-major), the keys after RoPE.
+type KVCache struct {
+	K, V           []float32
+	Batch, MaxLen  int
+	layers, stride int // stride: values of one sequence in one layer
+	kvDim          int
+}
+
+// NewKVCache checks k and v against the configuration and wraps them.
+func NewKVCache(c Config, batch, maxLen int, k, v []float32) (*KVCache, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if batch < 1 || batch > maxSize {
+		return nil, fmt.Errorf("decoder: KV cache batch %d is outside 1..%d", batch, maxSize)
+	}
+	if maxLen < 1 || maxLen > MaxCacheLen {
+		return nil, fmt.Errorf("decoder: KV cache length %d is outside 1..%d", maxLen, MaxCacheLen)
+	}
+	kvDim := c.kvHeads() * c.HeadDim
+	n := int64(c.Layers) * int64(batch) * int64(maxLen) * int64(kvDim)
+	if n > math.MaxInt/2 || int64(len(k)) != n || int64(len(v)) != n {
+		return nil, fmt.Errorf("decoder: KV cache K has %d values and V %d, want layers %d x batch %d x length %d x kv-heads %d x head-dim %d = %d each",
+			len(k), len(v), c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, n)
+	}
+	return &KVCache{K: k, V: v, Batch: batch, MaxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
+}
+
+// Decoder computes a model's forward pass over weights handed to it layer
+// by layer. It holds the activations of the pass in progress; a Decoder is
+// not safe for concurrent use (use one per goroutine; they may share a
+// kernels.Pool, which serializes products).
+type Decoder struct {
+	c    Config
+	pool *kernels.Pool
+	freq []float32 // RoPE's inverse frequencies, one per rotated pair
+
+	// The pass in progress.
+	cache  *KVCache
+	batch  int
+	steps  int   // new tokens per sequence
+	pos    []int // the first new position of each sequence
+	next   int   // the next layer Layer expects; Layers once all ran
+	active bool
+
+	// Scratch, grown on demand and kept.
+	x, h, q, k, v, o, a, f, g, vec, vec2, scores, row []float32
+}
+
+// New returns a decoder of the model c whose products run on pool (nil:
+// kernels.MatMul's shared pool).
+func New(c Config, pool *kernels.Pool) (*Decoder, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Decoder{c: c, pool: pool}
+	if r := c.ropeDims(); r > 0 {
+		// As the zoo computes them, in float32: base^(2i/r), then its
+		// reciprocal.
+		base := float32(c.RoPEBase)
+		for i := range r / 2 {
+			e := float32(i) * float32(2.0/float64(r))
+			d.freq = append(d.freq, 1/float32(math.Pow(float64(base), float64(e))))
+		}
+	}
+	return d, nil
+}
+
+// Config returns the decoder's configuration.
+func (d *Decoder) Config() Config { return d.c }
+
+// grow returns s with length n, reusing its memory.
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// Begin starts a forward pass over the new tokens of each sequence of the
+// cache's batch: tokens[b] holds the same number of tokens for every
+// sequence (one for a decoding step, the prompt for a prefill), at
+// positions pos[b], pos[b]+1, ... of the cache; the cache's earlier
+// positions of the sequence must hold its keys and values. The pass reads
+// the token embeddings from w.Embedding (and w's embedding norm); Layer
+// then runs the layers in order and Logits ends the pass.
+func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWeights) error {
+	c := &d.c
+	d.active = false
+	if cache == nil || cache.layers != c.Layers || cache.kvDim != c.kvHeads()*c.HeadDim {
+		return errors.New("decoder: Begin needs a KV cache made by NewKVCache for this configuration")
+	}
+	if len(tokens) != cache.Batch || len(pos) != cache.Batch {
+		return fmt.Errorf("decoder: %d sequences of tokens and %d positions for a KV cache of batch %d (want one each per sequence)", len(tokens), len(pos), cache.Batch)
+	}
+	steps := len(tokens[0])
+	for b := range tokens {
+		if len(tokens[b]) != steps || steps == 0 {
+			return fmt.Errorf("decoder: sequence %d has %d new tokens, sequence 0 %d (want the same count, at least 1, for every sequence)", b, len(tokens[b]), steps)
+		}
+		if pos[b] < 0 || pos[b] > cache.MaxLen-steps {
+			return fmt.Errorf("decoder: sequence %d: %d new tokens at position %d do not fit a KV cache of %d positions", b, steps, pos[b], cache.MaxLen)
+		}
+		for _, t := range tokens[b] {
+			if t < 0 || int(t) >= c.Vocab {
+				return fmt.Errorf("decoder: sequence %d: token %d is outside 0..%d (the vocabulary)", b, t, c.Vocab-1)
+			}
+		}
+	}
+	if err := checkType("Embedding", w.Embedding.Type, OutIn); err != nil {
+		return err
+	}
+	rb, _ := kernels.RowBytes(w.Embedding.Type, c.Dim)
+	if rb == 0 || len(w.Embedding.Data)/rb < c.Vocab || len(w.Embedding.Data) != c.Vocab*rb {
+		return fmt.Errorf("decoder: weight Embedding: %d bytes, want vocab %d x %d bytes a row of %d %v values", len(w.Embedding.Data), c.Vocab, rb, c.Dim, w.Embedding.Type)
+	}
+	n := cache.Batch * steps
+	d.x = grow(d.x, n*c.Dim)
+	scale := float32(1)
+	if c.EmbedScale {
+		scale = float32(math.Sqrt(float64(c.Dim)))
+	}
+	for b := range tokens {
+		for t, tok := range tokens[b] {
+			row := d.x[(b*steps+t)*c.Dim:][:c.Dim]
+			if err := kernels.Dequantize(row, w.Embedding.Type, w.Embedding.Data[int(tok)*rb:]); err != nil {
+				return fmt.Errorf("decoder: weight Embedding: %w", err)
+			}
+			if c.EmbedScale {
+				for i := range row {
+					row[i] *= scale
+				}
+			}
+		}
+	}
+	if err := d.norm(d.x, n, c.EmbedNorm, "EmbedNorm", w.EmbedNormScale, w.EmbedNormOffset); err != nil {
+		return err
+	}
+	d.cache, d.batch, d.steps, d.next, d.active = cache, cache.Batch, steps, 0, true
+	d.pos = append(d.pos[:0], pos...)
+	return nil
+}
+
+// Layer runs transformer layer l (0-based; layers run in order, each once a
+// pass) on the weights w: it reads them during the call only.
+func (d *Decoder) Layer(l int, w *LayerWeights) error {
+	c := &d.c
+	if !d.active {
+		return errors.New("decoder: Layer outside a pass (call Begin first)")
+	}
+	if l != d.next {
+		return fmt.Errorf("decoder: Layer %d, want layer %d next (layers run in order, 0..%d)", l, d.next, c.Layers-1)
+	}
+	if err := d.layer(l, w); err != nil {
+		d.active = false
+		return fmt.Errorf("decoder: layer %d: %w", l, err)
+	}
+	d.next++
+	return nil
+}
+
+// Logits ends the pass: the final norm and the head on the last new
+// position of each sequence, written to out (Batch x Vocab values). With
+// TiedHead the head is w.Embedding.
+func (d *Decoder) Logits(w *ModelWeights, out []float32) error {
+	c := &d.c
+	if !d.active || d.next != c.Layers {
+		return fmt.Errorf("decoder: Logits before the pass ran its %d layers (%d ran)", c.Layers, d.next)
+	}
+	if len(out) != d.batch*c.Vocab {
+		return fmt.Errorf("decoder: Logits: out has %d values, want batch %d x vocab %d", len(out), d.batch, c.Vocab)
+	}
+	d.active = false
+	d.h = grow(d.h, d.batch*c.Dim)
+	for b := range d.batch {
+		copy(d.h[b*c.Dim:][:c.Dim], d.x[(b*d.steps+d.steps-1)*c.Dim:][:c.Dim])
+	}
+	if err := d.norm(d.h, d.batch, c.FinalNorm, "FinalNorm", w.FinalNormScale, w.FinalNormOffset); err != nil {
+		return err
+	}
+	head, layout := w.Head, c.HeadLayout
+	if c.TiedHead {
+		head, layout = w.Embedding, OutIn
+	}
+	return d.linear(out, "Head", head, layout, c.Vocab, c.Dim, d.h, d.batch, Tensor{})
+}
+
+// layer is one transformer layer on d.x (n = batch x steps rows).
+func (d *Decoder) layer(l int, w *LayerWeights) error {
+	c := &d.c
+	n := d.batch * d.steps
+	dim, hd, heads, kvh := c.Dim, c.HeadDim, c.Heads, c.kvHeads()
+	qDim, kvDim := heads*hd, kvh*hd
+	d.h = grow(d.h, n*dim)
+	copy(d.h, d.x[:n*dim])
+	if c.Block != PostNorm {
+		if err := d.norm(d.h, n, c.Norm, "AttnNorm", w[AttnNorm], w[AttnNormOffset]); err != nil {
+			return err
+		}
+	}
+	d.q, d.k, d.v = grow(d.q, n*qDim), grow(d.k, n*kvDim), grow(d.v, n*kvDim)
+	qb, kb, vb := Tensor{}, Tensor{}, Tensor{}
+	if c.QKVBias {
+		qb, kb, vb = w[QueryBias], w[KeyBias], w[ValueBias]
+	}
+	if err := d.linear(d.q, "Query", w[Query], c.Layout, qDim, dim, d.h, n, qb); err != nil {
+		return err
+	}
+	if err := d.linear(d.k, "Key", w[Key], c.Layout, kvDim, dim, d.h, n, kb); err != nil {
+		return err
+	}
+	if err := d.linear(d.v, "Value", w[Value], c.Layout, kvDim, dim, d.h, n, vb); err != nil {
+		return err
+	}
+	// RoPE on the new queries and keys, then the keys and values into the
+	// cache.
+	cache := d.cache
+	for b := range d.batch {
+		for t := range d.steps {
+			r, p := b*d.steps+t, d.pos[b]+t
+			d.rope(d.q[r*qDim:][:qDim], heads, p)
+			d.rope(d.k[r*kvDim:][:kvDim], kvh, p)
+			off := l*cache.Batch*cache.stride + b*cache.stride + p*kvDim
+			copy(cache.K[off:off+kvDim], d.k[r*kvDim:])
+			copy(cache.V[off:off+kvDim], d.v[r*kvDim:])
+		}
+	}
+	d.o = grow(d.o, n*qDim)
+	d.attention(l)
+	d.a = grow(d.a, n*dim)
+	ob := Tensor{}
+	if c.OutBias {
+		ob = w[OutBias]
+	}
+	if err := d.linear(d.a, "Out", w[Out], c.Layout, dim, qDim, d.o, n, ob); err != nil {
+		return err
+	}
+	if c.Block == Sandwich {
+		if err := d.norm(d.a, n, c.Norm, "PostAttnNorm", w[PostAttnNorm], w[PostAttnNormOffset]); err != nil {
+			return err
+		}
+	}
+	for i := range n * dim {
+		d.x[i] += d.a[i]
+	}
+	if c.Block == PostNorm {
+		if err := d.norm(d.x, n, c.Norm, "AttnNorm", w[AttnNorm], w[AttnNormOffset]); err != nil {
+			return err
+		}
+	}
+
+	// The feed-forward network.
+	copy(d.h, d.x[:n*dim])
+	if c.Block != PostNorm {
+		if err := d.norm(d.h, n, c.Norm, "FFNNorm", w[FFNNorm], w[FFNNormOffset]); err != nil {
+			return err
+		}
+	}
+	F := c.FFNDim
+	bias := func(r Role) Tensor {
+		if c.FFNBias {
+			return w[r]
+		}
+		return Tensor{}
+	}
+	d.f = grow(d.f, n*F)
+	switch {
+	case c.FusedGateUp:
+		d.g = grow(d.g, n*2*F)
+		if err := d.linear(d.g, "Up", w[Up], c.Layout, 2*F, dim, d.h, n, bias(UpBias)); err != nil {
+			return err
+		}
+		for r := range n {
+			gu := d.g[r*2*F:][:2*F]
+			fr := d.f[r*F:][:F]
+			for i := range fr {
+				fr[i] = act(c.Activation, gu[i]) * gu[F+i]
+			}
+		}
+	case c.Gated:
+		d.g = grow(d.g, n*F)
+		if err := d.linear(d.g, "Gate", w[Gate], c.Layout, F, dim, d.h, n, bias(GateBias)); err != nil {
+			return err
+		}
+		if err := d.linear(d.f, "Up", w[Up], c.Layout, F, dim, d.h, n, bias(UpBias)); err != nil {
+			return err
+		}
+		for i := range n * F {
+			d.f[i] = act(c.Activation, d.g[i]) * d.f[i]
+		}
+	default:
+		if err := d.linear(d.f, "Up", w[Up], c.Layout, F, dim, d.h, n, bias(UpBias)); err != nil {
+			return err
+		}
+		for i := range n * F {
+			d.f[i] = act(c.Activation, d.f[i])
+		}
+	}
+	if err := d.linear(d.a, "Down", w[Down], c.Layout, dim, F, d.f, n, bias(DownBias)); err != nil {
+		return err
+	}
+	if c.Block == Sandwich {
+		if err := d.norm(d.a, n, c.Norm, "PostFFNNorm", w[PostFFNNorm], w[PostFFNNormOffset]); err != nil {
+			return err
+		}
+	}
+	for i := range n * dim {
+		d.x[i] += d.a[i]
+	}
+	if c.Block == PostNorm {
+		if err := d.norm(d.x, n, c.Norm, "FFNNorm", w[FFNNorm], w[FFNNormOffset]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rope rotates the first ropeDims dimensions of each of the heads of x at
+// position p, pairing (i, i+r/2), or (2i, 2i+1) when interleaved.
+func (d *Decoder) rope(x []float32, heads, p int) {
+	r := len(d.freq) * 2
+	if r == 0 {
+		return
+	}
+	hd := d.c.HeadDim
+	half := r / 2
+	for i, f := range d.freq {
+		// float32 angles, as the zoo computes them.
+		ang := float64(float32(p) * f)
+		cs, sn := float32(math.Cos(ang)), float32(math.Sin(ang))
+		for h := range heads {
+			v := x[h*hd:]
+			i1, i2 := i, i+half
+			if d.c.RoPEInterleaved {
+				i1, i2 = 2*i, 2*i+1
+			}
+			x1, x2 := v[i1], v[i2]
+			v[i1] = x1*cs - x2*sn
+			v[i2] = x1*sn + x2*cs
+		}
+	}
+}
+
+// attention computes d.o from d.q and layer l's cache: causal softmax
+// attention of each new position over the sequence's positions up to it,
+// query head h reading key/value head h / (Heads / KVHeads).
+func (d *Decoder) attention(l int) {
+	c := &d.c
+	hd, heads, kvh := c.HeadDim, c.Heads, c.kvHeads()
+	group := heads / kvh
+	qDim, kvDim := heads*hd, kvh*hd
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	cache := d.cache
+	for b := range d.batch {
+		base := l*cache.Batch*cache.stride + b*cache.stride
+		K, V := cache.K[base:base+cache.stride], cache.V[base:base+cache.stride]
+		for t := range d.steps {
+			r, p := b*d.steps+t, d.pos[b]+t
+			d.scores = grow(d.scores, p+1)
+			s := d.scores
+			for h := range heads {
+				q := d.q[r*qDim+h*hd:][:hd]
+				ko := (h / group) * hd
+				m := float32(math.Inf(-1))
+				for j := 0; j <= p; j++ {
+					k := K[j*kvDim+ko:][:hd]
+					var dot float32
+					for i, qi := range q {
+						dot += qi * k[i]
+					}
+					s[j] = dot * scale
+					m = max(m, s[j])
+				}
+				var sum float32
+				for j := range s {
+					s[j] = float32(math.Exp(float64(s[j] - m)))
+					sum += s[j]
+				}
+				o := d.o[r*qDim+h*hd:][:hd]
+				clear(o)
+				inv := 1 / sum
+				for j := range s {
+					a := s[j] * inv
+					vj := V[j*kvDim+ko:][:hd]
+					for i := range o {
+						o[i] += a * vj[i]
+					}
+				}
+			}
+		}
+	}
+}
+
+// act applies the activation.
+func act(a Activation, x float32) float32 {
+	switch a {
+	case SiLU:
+		return x / (1 + float32(math.Exp(float64(-x))))
+	case GELU:
+		return float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
+	case GELUTanh:
+		xf := float64(x)
+		return float32(0.5 * xf * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(xf+0.044715*xf*xf*xf))))
+	case ReLU:
+		return max(x, 0)
+	}
+	return x
+}
+
+// vector widens a vector weight (a norm's scale, a bias) of n values into
+// dst.
+func vector(dst []float32, name string, t Tensor, n int) ([]float32, error) {
+	dst = grow(dst, n)
+	if t.Type != kernels.F32 && t.Type != kernels.BF16 {
+		return nil, fmt.Errorf("weight %s: type %v (allowed for vectors: f32, bf16)", name, t.Type)
+	}
+	rb, _ := kernels.RowBytes(t.Type, n)
+	if len(t.Data) != rb {
+		return nil, fmt.Errorf("weight %s: %d bytes, want %d %v values (%d bytes)", name, len(t.Data), n, t.Type, rb)
+	}
+	if err := kernels.Dequantize(dst, t.Type, t.Data); err != nil {
+		return nil, fmt.Errorf("weight %s: %w", name, err)
+	}
+	return dst, nil
+}
+
+// norm normalizes the n rows of x (Dim values each) in place.
+func (d *Decoder) norm(x []float32, n int, kind Norm, name string, scale, offset Tensor) error {
+	if kind == NoNorm {
+		return nil
+	}
+	dim := d.c.Dim
+	var err error
+	if d.vec, err = vector(d.vec, name+" scale", scale, dim); err != nil {
+		return err
+	}
+	g := d.vec
+	switch kind {
+	case RMSNorm:
+		off := float32(d.c.NormScaleOffset)
+		eps := float32(d.c.NormEps)
+		for r := range n {
+			row := x[r*dim:][:dim]
+			var ss float32
+			for _, v := range row {
+				ss += v * v
+			}
+			rms := float32(math.Sqrt(float64(ss/float32(dim) + eps)))
+			for i := range row {
+				row[i] = row[i] / rms * (g[i] + off)
+			}
+		}
+	case LayerNorm:
+		if d.vec2, err = vector(d.vec2, name+" offset", offset, dim); err != nil {
+			return err
+		}
+		beta := d.vec2
+		eps := float32(d.c.NormEps)
+		for r := range n {
+			row := x[r*dim:][:dim]
+			var mean float32
+			for _, v := range row {
+				mean += v
+			}
+			mean /= float32(dim)
+			var vr float32
+			for _, v := range row {
+				vr += (v - mean) * (v - mean)
+			}
+			vr /= float32(dim)
+			den := float32(math.Sqrt(float64(vr + eps)))
+			for i := range row {
+				row[i] = (row[i]-mean)/den*g[i] + beta[i]
+			}
+		}
+	}
+	return nil
+}
+
+// linear computes y = W x (+ bias) for the n rows of x (cols values each)
+// into y (n x rows values): on decoder/kernels for OutIn, MaxBatch rows at
+// a time; on inOut for InOut.
+func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows, cols int, x []float32, n int, bias Tensor) error {
+	err := checkType(name, w.Type, layout)
+	if err != nil {
+		return err
+	}
+	if layout == OutIn {
+		m := kernels.Matrix{Type: w.Type, Rows: rows, Cols: cols, Data: w.Data}
+		for r0 := 0; r0 < n; r0 += kernels.MaxBatch {
+			bn := min(kernels.MaxBatch, n-r0)
+			var err error
+			if d.pool != nil {
+				err = d.pool.MatMul(y[r0*rows:(r0+bn)*rows], m, x[r0*cols:(r0+bn)*cols], bn)
+			} else {
+				err = kernels.MatMul(y[r0*rows:(r0+bn)*rows], m, x[r0*cols:(r0+bn)*cols], bn)
+			}
+			if err != nil {
+				return fmt.Errorf("weight %s (%d x %d, out-in): %w", name, rows, cols, err)
+			}
+		}
+	} else if d.row, err = inOut(y[:n*rows], w, rows, cols, x[:n*cols], n, d.row); err != nil {
+		return fmt.Errorf("weight %s (%d x %d, in-out): %w", name, cols, rows, err)
+	}
+	if bias.Data == nil {
+		return nil
+	}
+	if d.vec2, err = vector(d.vec2, name+" bias", bias, rows); err != nil {
+		return err
+	}
+	for r := range n {
+		yr := y[r*rows:][:rows]
+		for i, b := range d.vec2 {
+			yr[i] += b
+		}
+	}
+	return nil
+}
+
+// inOut computes y[b][o] = sum over i of x[b][i] * W[i][o] for a weight
+// stored in features by out features (F32 or BF16): a row of W at a time,
+// added to every output of the batch, so the weight is read once and in
+// order.
+func inOut(y []float32, w Tensor, outs, ins int, x []float32, n int, row []float32) ([]float32, error) {
+	rb, err := kernels.RowBytes(w.Type, outs)
+	if err != nil {
+		return row, err
+	}
+	if rb == 0 || len(w.Data)/rb < ins || len(w.Data) != ins*rb {
+		return row, fmt.Errorf("%d bytes, want %d rows of %d %v values (%d bytes)", len(w.Data), ins, outs, w.Type, ins*rb)
+	}
+	clear(y)
+	row = grow(row, outs)
+	for i := range ins {
+		if err := kernels.Dequantize(row, w.Type, w.Data[i*rb:(i+1)*rb]); err != nil {
+			return row, err
+		}
+		for b := range n {
+			xi := x[b*ins+i]
+			if xi == 0 {
+				continue
+			}
+			yb := y[b*outs:][:outs]
+			for o, wv := range row {
+				yb[o] += xi * wv
+			}
+		}
+	}
+	return row, nil
+}
