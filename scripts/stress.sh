@@ -40,13 +40,22 @@ fi
 if [ "${STRESS_FUZZ:-1}" != 0 ]; then
 	targets=$(grep -rl --include='*_test.go' '^func Fuzz' . | sort)
 	for f in $targets; do
-		pkg=./$(dirname "${f#./}")
+		dir=$(dirname "${f#./}")
+		# A target in a nested module (contrib/gomlx) runs from that
+		# module's root: the core module does not contain its packages.
+		mod=.
+		d=$dir
+		while [ "$d" != . ]; do
+			if [ -f "$d/go.mod" ]; then mod=$d; break; fi
+			d=$(dirname "$d")
+		done
+		if [ "$mod" = . ]; then pkg=./$dir; elif [ "$dir" = "$mod" ]; then pkg=.; else pkg=./${dir#"$mod"/}; fi
 		for t in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
-			echo "== stress: fuzz $pkg $t for $FUZZTIME"
-			corpus=$pkg/testdata/fuzz/$t
+			echo "== stress: fuzz $mod $pkg $t for $FUZZTIME"
+			corpus=$dir/testdata/fuzz/$t
 			inputs() { ls "$corpus" 2>/dev/null | wc -l; }
 			before=$(inputs)
-			if ! $GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg"; then
+			if ! (cd "$mod" && $GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg"); then
 				if [ "$(inputs)" != "$before" ]; then
 					failed="$failed $t" # a failing input, written to $corpus
 				else
@@ -55,7 +64,7 @@ if [ "${STRESS_FUZZ:-1}" != 0 ]; then
 					# no input (go.dev/issue/75804, fixed in Go 1.27): once
 					# more, and a second failure counts.
 					echo "== stress: $t failed without a failing input; running it once more"
-					$GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg" || failed="$failed $t"
+					(cd "$mod" && $GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" "$pkg") || failed="$failed $t"
 				fi
 			fi
 		done
