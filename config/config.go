@@ -30,6 +30,12 @@ type Config struct {
 	// GradientAccumulationSteps is "gradient_accumulation_steps": micro-steps
 	// whose gradients are summed before one optimizer step. Default 1.
 	GradientAccumulationSteps int
+	// GradientAccumulationAuto is gradient_accumulation_steps "auto"
+	// (DeepSpeed's spelling): the planner picks the micro-batches a
+	// layer-major step needs for its compute to cover its NVMe traffic
+	// (policy.Placement.MicroBatchesToHideIO); GradientAccumulationSteps
+	// stays 1 then. A number is the user's k and is kept as given.
+	GradientAccumulationAuto bool
 	// MicroBatch is "train_micro_batch_size_per_gpu". Default 1.
 	MicroBatch int
 	// GradientClipping is "gradient_clipping": the largest global L2 norm

@@ -759,12 +759,19 @@ func TestDeprecatedAndCompatibleForms(t *testing.T) {
 	}
 	parseErr(t, `{"bfloat16": {"enabled": true}, "bf16": {"enabled": true}}`)
 
-	// Hugging Face's "auto" reads as the default, with a warning.
+	// Hugging Face's "auto" reads as the default, with a warning; but
+	// gradient_accumulation_steps "auto" lets the planner pick k, said by
+	// GradientAccumulationAuto and not warned about.
 	c = mustParse(t, `{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
 		"fp16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
 		"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}}`)
-	if c.MicroBatch != 1 || c.GradientAccumulationSteps != 1 || c.FP16 || c.Optimizer.LR != 1e-3 || len(c.Warnings) != 8 {
+	if c.MicroBatch != 1 || c.GradientAccumulationSteps != 1 || !c.GradientAccumulationAuto || c.FP16 || c.Optimizer.LR != 1e-3 || len(c.Warnings) != 7 {
 		t.Errorf("auto: %+v, warnings %q", c, c.Warnings)
+	}
+	for _, w := range c.Warnings {
+		if strings.Contains(w, "gradient_accumulation_steps") {
+			t.Errorf("gradient_accumulation_steps \"auto\" warned: %q", w)
+		}
 	}
 	// "auto" is not accepted where zinf does not know what it would mean.
 	parseErr(t, `{"aio": {"queue_depth": "auto"}}`)

@@ -136,7 +136,9 @@
 //	scheduler.params.cycle_min_mom              float     0.8           OneCycle, [0, 1)
 //	scheduler.params.cycle_max_mom              float     0.9           OneCycle, [0, 1)
 //	scheduler.params.decay_mom_rate             float     0             OneCycle (>= 0)
-//	gradient_accumulation_steps                 int       1             micro-steps per optimizer step (>= 1)
+//	gradient_accumulation_steps                 int|auto  1             micro-steps per optimizer step (>= 1); "auto":
+//	                                                                    the planner picks the k whose compute covers a
+//	                                                                    layer-major step's NVMe I/O
 //	train_micro_batch_size_per_gpu              int       1             samples per micro-step (>= 1)
 //
 // optimizer.params.amsgrad, bias_correction and maximize are accepted only

@@ -12,7 +12,7 @@ import (
 
 type wireConfig struct {
 	TrainMicroBatch           int           `json:"train_micro_batch_size_per_gpu"`
-	GradientAccumulationSteps int           `json:"gradient_accumulation_steps"`
+	GradientAccumulationSteps any           `json:"gradient_accumulation_steps"` // a number or "auto"
 	GradientClipping          float64       `json:"gradient_clipping"`
 	Optimizer                 wireOptimizer `json:"optimizer"`
 	Scheduler                 *wireSched    `json:"scheduler,omitempty"`
@@ -216,6 +216,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	var w wireConfig
 	w.TrainMicroBatch = c.MicroBatch
 	w.GradientAccumulationSteps = c.GradientAccumulationSteps
+	if c.GradientAccumulationAuto {
+		w.GradientAccumulationSteps = "auto"
+	}
 	w.Optimizer = optimizerWire(c.Optimizer)
 	w.GradientClipping = c.GradientClipping
 	if c.CPUCheckpointing {

@@ -452,6 +452,21 @@ func stringInto[T ~string](p *T) reader {
 	}
 }
 
+// accumulationSteps reads gradient_accumulation_steps: a number, the
+// user's micro-batches per step, or "auto", which lets the planner pick
+// them (Config.GradientAccumulationAuto). Unlike the other "auto" values
+// it is no stand-in for a default, so it is not warned about.
+func accumulationSteps(c *Config) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind == kString && n.str == "auto" {
+			c.GradientAccumulationSteps, c.GradientAccumulationAuto = 1, true
+			return
+		}
+		c.GradientAccumulationAuto = false
+		intInto(&c.GradientAccumulationSteps)(d, n, key)
+	}
+}
+
 // autoable wraps a reader so that it also accepts Hugging Face's "auto".
 func autoable(def string, read reader) reader {
 	return func(d *decoder, n *node, key string) {
@@ -626,7 +641,7 @@ func schema(c *Config) []spec {
 		fp16,
 		bf16,
 		bfloat16,
-		leaf("gradient_accumulation_steps", autoable("1", intInto(&c.GradientAccumulationSteps))),
+		leaf("gradient_accumulation_steps", accumulationSteps(c)),
 		leaf("train_micro_batch_size_per_gpu", autoable("1", intInto(&c.MicroBatch))),
 		leaf("gradient_clipping", autoable("0 (no clipping)", floatInto(&c.GradientClipping))),
 		{name: "scheduler", set: schedulerSection(c), fields: schedulerSpecs(c)},

@@ -231,6 +231,9 @@ var enumValues = map[string][]string{
 // allowedFor describes what key accepts, for messages about a value of the
 // wrong type.
 func allowedFor(key string) string {
+	if key == "gradient_accumulation_steps" {
+		return `>= 1, or "auto" (the planner picks)`
+	}
 	if l, ok := intLimits[key]; ok {
 		return rangeText(l[0], l[1])
 	}
