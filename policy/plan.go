@@ -976,17 +976,22 @@ func (p *Placement) Adjusted(depth int, depthWhy string, overlap bool, overlapWh
 // repredict predicts p's step again from its inputs, its prefetch depth
 // and whether its optimizer step overlaps the backward pass.
 func (p *Placement) repredict() {
-	pl := &planner{t: p.Tiers, h: p.Hints, inv: p.inv, L: p.Layers, tier: make([]tensor.Tier, len(p.inv))}
-	for i, x := range p.inv {
-		pl.tier[i] = p.Tier[x.Name]
-	}
-	m := pl.model()
+	m := p.stepModel()
 	m.overlap = p.OverlapStep
 	p.PredictedLayerMajor, p.PredictedMicroBatchMajor = m.predictOrder(p.PrefetchDepth, true), m.predictOrder(p.PrefetchDepth, false)
 	p.Predicted = p.PredictedMicroBatchMajor
 	if p.Schedule == ScheduleLayerMajor {
 		p.Predicted = p.PredictedLayerMajor
 	}
+}
+
+// stepModel is the per-layer model of p's step, from its inputs and homes.
+func (p *Placement) stepModel() *stepModel {
+	pl := &planner{t: p.Tiers, h: p.Hints, inv: p.inv, L: p.Layers, tier: make([]tensor.Tier, len(p.inv))}
+	for i, x := range p.inv {
+		pl.tier[i] = p.Tier[x.Name]
+	}
+	return pl.model()
 }
 
 // spreadCache homes on the CPU tier (the max_in_cpu cache) NVMe
