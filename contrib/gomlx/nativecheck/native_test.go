@@ -207,7 +207,6 @@ func TestNativeDecoderMatchesGoMLX(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	const P, S = 5, 6
 	for i, tc := range nativeCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			store, m := randomStore(t, be, tc.fn, int64(11+i))
@@ -219,51 +218,7 @@ func TestNativeDecoderMatchesGoMLX(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			prompts := testPrompts(2, P, c.Vocab, i)
-			gen, logits := native(t, c, &mw, lw, prompts, S, pool)
-
-			// GoMLX's forward on prompt + generated tokens (the last
-			// generated token is not fed back, as in generation).
-			full := make([][]int32, len(prompts))
-			for b := range prompts {
-				full[b] = append(append([]int32(nil), prompts[b]...), gen[b][:S-1]...)
-			}
-			want := gomlxLogits(t, be, store, tc.fn, full)
-			worst := 0.0
-			for s := range S {
-				for b := range prompts {
-					w, g := want[b][P-1+s], logits[s][b]
-					scale := 1.0
-					for _, v := range w {
-						scale = max(scale, math.Abs(float64(v)))
-					}
-					for k := range w {
-						e := math.Abs(float64(g[k])-float64(w[k])) / scale
-						worst = max(worst, e)
-						if e > tolerance {
-							t.Fatalf("step %d sequence %d logit %d: native %v, GoMLX %v (relative error %.3g > %g)", s, b, k, g[k], w[k], e, tolerance)
-						}
-					}
-				}
-			}
-			t.Logf("%+v: worst relative logit error %.3g", c, worst)
-
-			ref, err := generate.InMemory(ctx, be, tc.fn, generate.StoreWeights(store), prompts, generate.Sampling{MaxNewTokens: S})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprint(ref) != fmt.Sprint(gen) {
-				t.Fatalf("greedy tokens: native %v, GoMLX's generator %v", gen, ref)
-			}
-			distinct := map[int32]bool{}
-			for _, g := range gen {
-				for _, v := range g {
-					distinct[v] = true
-				}
-			}
-			if len(distinct) < 3 {
-				t.Fatalf("degenerate generation %v: the comparison shows little", gen)
-			}
+			compareWithGoMLX(ctx, t, be, pool, store, tc.fn, c, &mw, lw, i)
 		})
 	}
 }
@@ -282,5 +237,135 @@ func TestNativeZooConfigRefuses(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+// compareWithGoMLX runs the native decoder on mw and lw (a prefill of a
+// 5-token prompt, then greedy steps, 2 sequences) and holds every step's
+// logits to GoMLX's forward pass of the model in store on the same tokens,
+// and the greedy tokens to GoMLX's generator.
+func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, pool *kernels.Pool, store *model.Store, fn generate.ModelFn, c decoder.Config, mw *decoder.ModelWeights, lw []decoder.LayerWeights, i int) {
+	t.Helper()
+	const P, S = 5, 6
+	prompts := testPrompts(2, P, c.Vocab, i)
+	gen, logits := native(t, c, mw, lw, prompts, S, pool)
+
+	// GoMLX's forward on prompt + generated tokens (the last
+	// generated token is not fed back, as in generation).
+	full := make([][]int32, len(prompts))
+	for b := range prompts {
+		full[b] = append(append([]int32(nil), prompts[b]...), gen[b][:S-1]...)
+	}
+	want := gomlxLogits(t, be, store, fn, full)
+	worst := 0.0
+	for s := range S {
+		for b := range prompts {
+			w, g := want[b][P-1+s], logits[s][b]
+			scale := 1.0
+			for _, v := range w {
+				scale = max(scale, math.Abs(float64(v)))
+			}
+			for k := range w {
+				e := math.Abs(float64(g[k])-float64(w[k])) / scale
+				worst = max(worst, e)
+				if e > tolerance {
+					t.Fatalf("step %d sequence %d logit %d: native %v, GoMLX %v (relative error %.3g > %g)", s, b, k, g[k], w[k], e, tolerance)
+				}
+			}
+		}
+	}
+	t.Logf("%+v: worst relative logit error %.3g", c, worst)
+
+	ref, err := generate.InMemory(ctx, be, fn, generate.StoreWeights(store), prompts, generate.Sampling{MaxNewTokens: S})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ref) != fmt.Sprint(gen) {
+		t.Fatalf("greedy tokens: native %v, GoMLX's generator %v", gen, ref)
+	}
+	distinct := map[int32]bool{}
+	for _, g := range gen {
+		for _, v := range g {
+			distinct[v] = true
+		}
+	}
+	if len(distinct) < 3 {
+		t.Fatalf("degenerate generation %v: the comparison shows little", gen)
+	}
+}
+
+// TestNativeQuantizedMatchesGoMLX: a model whose matrices and embedding
+// the native decoder reads as Q8_0 or Q4_0 blocks gives GoMLX's logits
+// (within the tolerance) and greedy tokens on the same model with those
+// weights dequantized (the zoo's output head, stored in-out, stays f32).
+func TestNativeQuantizedMatchesGoMLX(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	be := backend(t)
+	pool, err := kernels.NewPool(kernels.Options{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	fn := zoo(97, 64, 2, 4, 2, 16, 96, func(m *transformer.Model) *transformer.Model {
+		return m.WithNormalization("rms").WithFinalNormalization("rms").WithActivation(activation.TypeSwiGLU).
+			WithBias(true).WithTransposedWeights(true)
+	})
+	for i, typ := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+		t.Run(typ.String(), func(t *testing.T) {
+			store, m := randomStore(t, be, fn, int64(21+i))
+			c, err := nativecheck.ZooConfig(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mw, lw, err := nativecheck.StoreWeights(store, c, "/transformer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			names, err := c.Names(decoder.ZooNames, "/transformer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			quantized := 0
+			for _, n := range names {
+				if len(c.Shape(n.Role)) != 2 || n.Role == decoder.Head {
+					continue
+				}
+				tt := &mw.Embedding
+				if n.Layer >= 0 {
+					tt = &lw[n.Layer][n.Role]
+				}
+				vals := make([]float32, len(tt.Data)/4)
+				if err := kernels.Dequantize(vals, kernels.F32, tt.Data); err != nil {
+					t.Fatal(err)
+				}
+				rb, err := kernels.RowBytes(typ, len(vals))
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := make([]byte, rb)
+				if typ == kernels.Q8_0 {
+					_, err = kernels.QuantizeQ8_0(q, vals)
+				} else {
+					_, err = kernels.QuantizeQ4_0(q, vals)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := kernels.Dequantize(vals, typ, q); err != nil {
+					t.Fatal(err)
+				}
+				*tt = decoder.Tensor{Type: typ, Data: q}
+				v := store.GetVariable(n.Name)
+				if err := v.SetValue(tensors.FromFlatDataAndDimensions(vals, v.Shape().Dimensions...)); err != nil {
+					t.Fatal(err)
+				}
+				quantized++
+			}
+			if want := 1 + c.Layers*6; quantized != want {
+				t.Fatalf("%d matrices quantized, want %d", quantized, want)
+			}
+			compareWithGoMLX(ctx, t, be, pool, store, fn, c, &mw, lw, i)
+		})
 	}
 }
