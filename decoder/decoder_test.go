@@ -110,7 +110,7 @@ func (m *model) as(t testing.TB, typ kernels.DType) *model {
 
 // run is a prefill of prompts then greedy steps; it returns every step's
 // logits and the final cache.
-func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool) ([][]float32, *decoder.KVCache) {
+func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool) ([][]float32, [2][]float32) {
 	t.Helper()
 	c := m.c
 	d, err := decoder.New(c, nil)
@@ -123,7 +123,8 @@ func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool) ([
 		kv = c.Heads
 	}
 	n := c.Layers * batch * maxLen * kv * c.HeadDim
-	cache, err := decoder.NewKVCache(c, batch, maxLen, make([]float32, n), make([]float32, n))
+	kc, vc := make([]float32, n), make([]float32, n)
+	cache, err := decoder.NewKVCache(c, batch, maxLen, kc, vc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool) ([
 		out = pass(toks)
 		all = append(all, out)
 	}
-	return all, cache
+	return all, [2][]float32{kc, vc}
 }
 
 func prompts(batch, n, vocab int) [][]int32 {
@@ -203,7 +204,7 @@ func TestPrefillEqualsSteps(t *testing.T) {
 				t.Fatalf("%v: step %d: prefill logits %v, one by one %v", c.Block, s, a[s][:4], b[s][:4])
 			}
 		}
-		if !slices.Equal(ca.K, cb.K) || !slices.Equal(ca.V, cb.V) {
+		if !slices.Equal(ca[0], cb[0]) || !slices.Equal(ca[1], cb[1]) {
 			t.Fatalf("%v: the KV caches differ", c.Block)
 		}
 	}
@@ -469,6 +470,25 @@ func TestPassErrors(t *testing.T) {
 		}
 	}
 	check("logits length", d.Logits(&m.mw, make([]float32, 3)), "out has 3 values, want batch 1 x vocab 61")
+
+	// A bias the configuration asks for and the weights lack is an error,
+	// not a silent zero.
+	cb := c
+	cb.QKVBias = true
+	db, err := decoder.New(cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Begin(cache, tok, []int{0}, &m.mw); err != nil {
+		t.Fatal(err)
+	}
+	check("missing bias", db.Layer(0, &m.layers[0]), "layer 0: weight Query bias is missing (want 64 f32 or bf16 values)")
+	bad = m.layers[0]
+	bad[decoder.Value] = decoder.Tensor{}
+	if err := d.Begin(cache, tok, []int{0}, &m.mw); err != nil {
+		t.Fatal(err)
+	}
+	check("missing matrix", d.Layer(0, &bad), "layer 0: weight Value is missing (want 32 x 64 values)")
 }
 
 // TestNames: the Hugging Face and zoo names of a Llama-shaped and a

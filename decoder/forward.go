@@ -9,15 +9,22 @@ import (
 )
 
 // KVCache holds the keys and values of every layer and position of a
-// batch of sequences in memory the caller provides: K and V each hold
+// batch of sequences in memory the caller provides: k and v each hold
 // Layers x Batch x MaxLen x KVHeads x HeadDim float32 values, in that
-// order (row-major), the keys after RoPE.
+// order (row-major), the keys after RoPE. The caller may read them (to
+// move a sequence's entries to another tier, say) between passes.
 type KVCache struct {
-	K, V           []float32
-	Batch, MaxLen  int
+	k, v           []float32
+	batch, maxLen  int
 	layers, stride int // stride: values of one sequence in one layer
 	kvDim          int
 }
+
+// Batch returns the sequences the cache holds.
+func (kv *KVCache) Batch() int { return kv.batch }
+
+// MaxLen returns the positions the cache holds for each sequence.
+func (kv *KVCache) MaxLen() int { return kv.maxLen }
 
 // NewKVCache checks k and v against the configuration and wraps them.
 func NewKVCache(c Config, batch, maxLen int, k, v []float32) (*KVCache, error) {
@@ -36,7 +43,7 @@ func NewKVCache(c Config, batch, maxLen int, k, v []float32) (*KVCache, error) {
 		return nil, fmt.Errorf("decoder: KV cache K has %d values and V %d, want layers %d x batch %d x length %d x kv-heads %d x head-dim %d = %d each",
 			len(k), len(v), c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, n)
 	}
-	return &KVCache{K: k, V: v, Batch: batch, MaxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
+	return &KVCache{k: k, v: v, batch: batch, maxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
 }
 
 // Decoder computes a model's forward pass over weights handed to it layer
@@ -103,16 +110,16 @@ func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWei
 	if cache == nil || cache.layers != c.Layers || cache.kvDim != c.kvHeads()*c.HeadDim {
 		return errors.New("decoder: Begin needs a KV cache made by NewKVCache for this configuration")
 	}
-	if len(tokens) != cache.Batch || len(pos) != cache.Batch {
-		return fmt.Errorf("decoder: %d sequences of tokens and %d positions for a KV cache of batch %d (want one each per sequence)", len(tokens), len(pos), cache.Batch)
+	if len(tokens) != cache.batch || len(pos) != cache.batch {
+		return fmt.Errorf("decoder: %d sequences of tokens and %d positions for a KV cache of batch %d (want one each per sequence)", len(tokens), len(pos), cache.batch)
 	}
 	steps := len(tokens[0])
 	for b := range tokens {
 		if len(tokens[b]) != steps || steps == 0 {
 			return fmt.Errorf("decoder: sequence %d has %d new tokens, sequence 0 %d (want the same count, at least 1, for every sequence)", b, len(tokens[b]), steps)
 		}
-		if pos[b] < 0 || pos[b] > cache.MaxLen-steps {
-			return fmt.Errorf("decoder: sequence %d: %d new tokens at position %d do not fit a KV cache of %d positions", b, steps, pos[b], cache.MaxLen)
+		if pos[b] < 0 || pos[b] > cache.maxLen-steps {
+			return fmt.Errorf("decoder: sequence %d: %d new tokens at position %d do not fit a KV cache of %d positions", b, steps, pos[b], cache.maxLen)
 		}
 		for _, t := range tokens[b] {
 			if t < 0 || int(t) >= c.Vocab {
@@ -123,11 +130,14 @@ func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWei
 	if err := checkType("Embedding", w.Embedding.Type, OutIn); err != nil {
 		return err
 	}
-	rb, _ := kernels.RowBytes(w.Embedding.Type, c.Dim)
+	rb, err := kernels.RowBytes(w.Embedding.Type, c.Dim)
+	if err != nil {
+		return fmt.Errorf("decoder: weight Embedding: %w", err)
+	}
 	if rb == 0 || len(w.Embedding.Data)/rb < c.Vocab || len(w.Embedding.Data) != c.Vocab*rb {
 		return fmt.Errorf("decoder: weight Embedding: %d bytes, want vocab %d x %d bytes a row of %d %v values", len(w.Embedding.Data), c.Vocab, rb, c.Dim, w.Embedding.Type)
 	}
-	n := cache.Batch * steps
+	n := cache.batch * steps
 	d.x = grow(d.x, n*c.Dim)
 	scale := float32(1)
 	if c.EmbedScale {
@@ -149,7 +159,7 @@ func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWei
 	if err := d.norm(d.x, n, c.EmbedNorm, "EmbedNorm", w.EmbedNormScale, w.EmbedNormOffset); err != nil {
 		return err
 	}
-	d.cache, d.batch, d.steps, d.next, d.active = cache, cache.Batch, steps, 0, true
+	d.cache, d.batch, d.steps, d.next, d.active = cache, cache.batch, steps, 0, true
 	d.pos = append(d.pos[:0], pos...)
 	return nil
 }
@@ -195,7 +205,7 @@ func (d *Decoder) Logits(w *ModelWeights, out []float32) error {
 	if c.TiedHead {
 		head, layout = w.Embedding, OutIn
 	}
-	return d.linear(out, "Head", head, layout, c.Vocab, c.Dim, d.h, d.batch, Tensor{})
+	return d.linear(out, "Head", head, layout, c.Vocab, c.Dim, d.h, d.batch, nil)
 }
 
 // layer is one transformer layer on d.x (n = batch x steps rows).
@@ -212,9 +222,9 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 		}
 	}
 	d.q, d.k, d.v = grow(d.q, n*qDim), grow(d.k, n*kvDim), grow(d.v, n*kvDim)
-	qb, kb, vb := Tensor{}, Tensor{}, Tensor{}
+	var qb, kb, vb *Tensor
 	if c.QKVBias {
-		qb, kb, vb = w[QueryBias], w[KeyBias], w[ValueBias]
+		qb, kb, vb = &w[QueryBias], &w[KeyBias], &w[ValueBias]
 	}
 	if err := d.linear(d.q, "Query", w[Query], c.Layout, qDim, dim, d.h, n, qb); err != nil {
 		return err
@@ -233,17 +243,17 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 			r, p := b*d.steps+t, d.pos[b]+t
 			d.rope(d.q[r*qDim:][:qDim], heads, p)
 			d.rope(d.k[r*kvDim:][:kvDim], kvh, p)
-			off := l*cache.Batch*cache.stride + b*cache.stride + p*kvDim
-			copy(cache.K[off:off+kvDim], d.k[r*kvDim:])
-			copy(cache.V[off:off+kvDim], d.v[r*kvDim:])
+			off := l*cache.batch*cache.stride + b*cache.stride + p*kvDim
+			copy(cache.k[off:off+kvDim], d.k[r*kvDim:])
+			copy(cache.v[off:off+kvDim], d.v[r*kvDim:])
 		}
 	}
 	d.o = grow(d.o, n*qDim)
 	d.attention(l)
 	d.a = grow(d.a, n*dim)
-	ob := Tensor{}
+	var ob *Tensor
 	if c.OutBias {
-		ob = w[OutBias]
+		ob = &w[OutBias]
 	}
 	if err := d.linear(d.a, "Out", w[Out], c.Layout, dim, qDim, d.o, n, ob); err != nil {
 		return err
@@ -270,11 +280,11 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 		}
 	}
 	F := c.FFNDim
-	bias := func(r Role) Tensor {
+	bias := func(r Role) *Tensor {
 		if c.FFNBias {
-			return w[r]
+			return &w[r]
 		}
-		return Tensor{}
+		return nil
 	}
 	d.f = grow(d.f, n*F)
 	switch {
@@ -365,8 +375,8 @@ func (d *Decoder) attention(l int) {
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	cache := d.cache
 	for b := range d.batch {
-		base := l*cache.Batch*cache.stride + b*cache.stride
-		K, V := cache.K[base:base+cache.stride], cache.V[base:base+cache.stride]
+		base := l*cache.batch*cache.stride + b*cache.stride
+		K, V := cache.k[base:base+cache.stride], cache.v[base:base+cache.stride]
 		for t := range d.steps {
 			r, p := b*d.steps+t, d.pos[b]+t
 			d.scores = grow(d.scores, p+1)
@@ -424,6 +434,9 @@ func act(a Activation, x float32) float32 {
 // dst.
 func vector(dst []float32, name string, t Tensor, n int) ([]float32, error) {
 	dst = grow(dst, n)
+	if t.Data == nil {
+		return nil, fmt.Errorf("weight %s is missing (want %d f32 or bf16 values)", name, n)
+	}
 	if t.Type != kernels.F32 && t.Type != kernels.BF16 {
 		return nil, fmt.Errorf("weight %s: type %v (allowed for vectors: f32, bf16)", name, t.Type)
 	}
@@ -493,7 +506,10 @@ func (d *Decoder) norm(x []float32, n int, kind Norm, name string, scale, offset
 // linear computes y = W x (+ bias) for the n rows of x (cols values each)
 // into y (n x rows values): on decoder/kernels for OutIn, MaxBatch rows at
 // a time; on inOut for InOut.
-func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows, cols int, x []float32, n int, bias Tensor) error {
+func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows, cols int, x []float32, n int, bias *Tensor) error {
+	if w.Data == nil && rows > 0 && cols > 0 {
+		return fmt.Errorf("weight %s is missing (want %d x %d values)", name, rows, cols)
+	}
 	err := checkType(name, w.Type, layout)
 	if err != nil {
 		return err
@@ -515,10 +531,10 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 	} else if d.row, err = inOut(y[:n*rows], w, rows, cols, x[:n*cols], n, d.row); err != nil {
 		return fmt.Errorf("weight %s (%d x %d, in-out): %w", name, cols, rows, err)
 	}
-	if bias.Data == nil {
+	if bias == nil {
 		return nil
 	}
-	if d.vec2, err = vector(d.vec2, name+" bias", bias, rows); err != nil {
+	if d.vec2, err = vector(d.vec2, name+" bias", *bias, rows); err != nil {
 		return err
 	}
 	for r := range n {
