@@ -110,10 +110,14 @@ func (m *model) as(t testing.TB, typ kernels.DType) *model {
 
 // run is a prefill of prompts then greedy steps; it returns every step's
 // logits and the final cache.
-func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool) ([][]float32, [2][]float32) {
+func run(t testing.TB, m *model, prompts [][]int32, steps int, oneByOne bool, pool ...*kernels.Pool) ([][]float32, [2][]float32) {
 	t.Helper()
 	c := m.c
-	d, err := decoder.New(c, nil)
+	var p *kernels.Pool
+	if len(pool) > 0 {
+		p = pool[0]
+	}
+	d, err := decoder.New(c, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,6 +227,29 @@ func TestBatchEqualsSingle(t *testing.T) {
 			if !slices.Equal(one[s], all[s][b*c.Vocab:(b+1)*c.Vocab]) {
 				t.Fatalf("sequence %d step %d: alone %v, in the batch %v", b, s, one[s][:4], all[s][b*c.Vocab:][:4])
 			}
+		}
+	}
+}
+
+// TestWorkersSameBits: attention split over several goroutines (a long
+// prefill) gives the bits of one goroutine, as the products do.
+func TestWorkersSameBits(t *testing.T) {
+	c := llama()
+	m := randomModel(t, c, 17).as(t, kernels.F32)
+	ps := prompts(2, 48, c.Vocab)
+	var got [][][]float32
+	for _, w := range []int{1, 3} {
+		pool, err := kernels.NewPool(kernels.Options{Workers: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := run(t, m, ps, 2, false, pool)
+		pool.Close()
+		got = append(got, out)
+	}
+	for s := range got[0] {
+		if !slices.Equal(got[0][s], got[1][s]) {
+			t.Fatalf("step %d: one worker %v, three %v", s, got[0][s][:4], got[1][s][:4])
 		}
 	}
 }

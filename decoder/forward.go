@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/zinfio/zinf/decoder/kernels"
 )
@@ -64,7 +66,9 @@ type Decoder struct {
 	active bool
 
 	// Scratch, grown on demand and kept.
-	x, h, q, k, v, o, a, f, g, vec, vec2, scores, row []float32
+	x, h, q, k, v, o, a, f, g, vec, vec2, row []float32
+	scores                                    [][]float32 // one per worker
+	workers                                   int         // goroutines attention is split over
 }
 
 // New returns a decoder of the model c whose products run on pool (nil:
@@ -73,7 +77,10 @@ func New(c Config, pool *kernels.Pool) (*Decoder, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Decoder{c: c, pool: pool}
+	d := &Decoder{c: c, pool: pool, workers: runtime.GOMAXPROCS(0)}
+	if pool != nil {
+		d.workers = pool.Workers()
+	}
 	if r := c.ropeDims(); r > 0 {
 		// As the zoo computes them, in float32: base^(2i/r), then its
 		// reciprocal.
@@ -366,52 +373,82 @@ func (d *Decoder) rope(x []float32, heads, p int) {
 
 // attention computes d.o from d.q and layer l's cache: causal softmax
 // attention of each new position over the sequence's positions up to it,
-// query head h reading key/value head h / (Heads / KVHeads).
+// query head h reading key/value head h / (Heads / KVHeads). The (row,
+// head) pairs are split into contiguous ranges over the decoder's workers
+// when there is enough work; each pair is computed the same way whatever
+// the split, so the bits do not depend on it.
 func (d *Decoder) attention(l int) {
+	c := &d.c
+	pairs := d.batch * d.steps * c.Heads
+	work := 0 // multiply-adds, about
+	for b := range d.batch {
+		work += d.steps * (d.pos[b] + d.steps) * c.Heads * c.HeadDim * 2
+	}
+	workers := min(d.workers, pairs, max(1, work/minAttnWork))
+	for len(d.scores) < workers {
+		d.scores = append(d.scores, nil)
+	}
+	if workers <= 1 {
+		d.scores[0] = d.attend(l, 0, pairs, d.scores[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		lo, hi := pairs*w/workers, pairs*(w+1)/workers
+		wg.Go(func() { d.scores[w] = d.attend(l, lo, hi, d.scores[w]) })
+	}
+	wg.Wait()
+}
+
+// minAttnWork is the multiply-adds below which another goroutine costs
+// more than it saves.
+const minAttnWork = 1 << 16
+
+// attend computes the (row, head) pairs lo..hi-1 of attention with the
+// scratch s, and returns the scratch.
+func (d *Decoder) attend(l, lo, hi int, s []float32) []float32 {
 	c := &d.c
 	hd, heads, kvh := c.HeadDim, c.Heads, c.kvHeads()
 	group := heads / kvh
 	qDim, kvDim := heads*hd, kvh*hd
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	cache := d.cache
-	for b := range d.batch {
+	for pair := lo; pair < hi; pair++ {
+		r, h := pair/heads, pair%heads
+		b, t := r/d.steps, r%d.steps
+		p := d.pos[b] + t
 		base := l*cache.batch*cache.stride + b*cache.stride
 		K, V := cache.k[base:base+cache.stride], cache.v[base:base+cache.stride]
-		for t := range d.steps {
-			r, p := b*d.steps+t, d.pos[b]+t
-			d.scores = grow(d.scores, p+1)
-			s := d.scores
-			for h := range heads {
-				q := d.q[r*qDim+h*hd:][:hd]
-				ko := (h / group) * hd
-				m := float32(math.Inf(-1))
-				for j := 0; j <= p; j++ {
-					k := K[j*kvDim+ko:][:hd]
-					var dot float32
-					for i, qi := range q {
-						dot += qi * k[i]
-					}
-					s[j] = dot * scale
-					m = max(m, s[j])
-				}
-				var sum float32
-				for j := range s {
-					s[j] = float32(math.Exp(float64(s[j] - m)))
-					sum += s[j]
-				}
-				o := d.o[r*qDim+h*hd:][:hd]
-				clear(o)
-				inv := 1 / sum
-				for j := range s {
-					a := s[j] * inv
-					vj := V[j*kvDim+ko:][:hd]
-					for i := range o {
-						o[i] += a * vj[i]
-					}
-				}
+		s = grow(s, p+1)
+		q := d.q[r*qDim+h*hd:][:hd]
+		ko := (h / group) * hd
+		m := float32(math.Inf(-1))
+		for j := range s {
+			k := K[j*kvDim+ko:][:hd]
+			var dot float32
+			for i, qi := range q {
+				dot += qi * k[i]
+			}
+			s[j] = dot * scale
+			m = max(m, s[j])
+		}
+		var sum float32
+		for j := range s {
+			s[j] = float32(math.Exp(float64(s[j] - m)))
+			sum += s[j]
+		}
+		o := d.o[r*qDim+h*hd:][:hd]
+		clear(o)
+		inv := 1 / sum
+		for j := range s {
+			a := s[j] * inv
+			vj := V[j*kvDim+ko:][:hd]
+			for i := range o {
+				o[i] += a * vj[i]
 			}
 		}
 	}
+	return s
 }
 
 // act applies the activation.
