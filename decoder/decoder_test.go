@@ -561,3 +561,57 @@ func TestNames(t *testing.T) {
 		t.Errorf("zoo names\n%q\nwant\n%q", got, want)
 	}
 }
+
+// TestInOutLayout: weights stored in features by out features (the zoo's
+// default) give the logits of the same weights stored out by in, within
+// float32 rounding (the sums run in another order), and the same bits on
+// one worker or three.
+func TestInOutLayout(t *testing.T) {
+	c := llama()
+	c.Vocab, c.Dim, c.FFNDim, c.HeadDim = 600, 128, 512, 32
+	m := randomModel(t, c, 19).as(t, kernels.F32)
+	ci := c
+	ci.Layout, ci.HeadLayout = decoder.InOut, decoder.InOut
+	tr := &model{c: ci, vals: map[decoder.Name][]float32{}}
+	for n, v := range m.vals {
+		shape := c.Shape(n.Role)
+		if len(shape) == 2 && n.Role != decoder.Embedding {
+			rows, cols := shape[0], shape[1]
+			w := make([]float32, len(v))
+			for r := range rows {
+				for k := range cols {
+					w[k*rows+r] = v[r*cols+k]
+				}
+			}
+			v = w
+		}
+		tr.vals[n] = v
+	}
+	tr = tr.as(t, kernels.F32)
+	ps := prompts(2, 5, c.Vocab)
+	want, _ := run(t, m, ps, 3, false)
+	var got [][][]float32
+	for _, w := range []int{1, 3} {
+		pool, err := kernels.NewPool(kernels.Options{Workers: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := run(t, tr, ps, 3, false, pool)
+		pool.Close()
+		got = append(got, out)
+	}
+	for s := range want {
+		if !slices.Equal(got[0][s], got[1][s]) {
+			t.Fatalf("step %d: one worker %v, three %v", s, got[0][s][:4], got[1][s][:4])
+		}
+		scale := 1.0
+		for _, v := range want[s] {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+		for i := range want[s] {
+			if e := math.Abs(float64(got[0][s][i]-want[s][i])) / scale; e > 1e-5 {
+				t.Fatalf("step %d logit %d: in-out %v, out-in %v (relative error %.3g)", s, i, got[0][s][i], want[s][i], e)
+			}
+		}
+	}
+}

@@ -66,9 +66,10 @@ type Decoder struct {
 	active bool
 
 	// Scratch, grown on demand and kept.
-	x, h, q, k, v, o, a, f, g, vec, vec2, row []float32
-	scores                                    [][]float32 // one per worker
-	workers                                   int         // goroutines attention is split over
+	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
+	rows                                 [][]float32 // inOut's, one per worker
+	scores                               [][]float32 // one per worker
+	workers                              int         // goroutines attention is split over
 }
 
 // New returns a decoder of the model c whose products run on pool (nil:
@@ -565,7 +566,7 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 				return fmt.Errorf("weight %s (%d x %d, out-in): %w", name, rows, cols, err)
 			}
 		}
-	} else if d.row, err = inOut(y[:n*rows], w, rows, cols, x[:n*cols], n, d.row); err != nil {
+	} else if err = d.inOut(y[:n*rows], w, rows, cols, x[:n*cols], n); err != nil {
 		return fmt.Errorf("weight %s (%d x %d, in-out): %w", name, cols, rows, err)
 	}
 	if bias == nil {
@@ -586,31 +587,51 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 // inOut computes y[b][o] = sum over i of x[b][i] * W[i][o] for a weight
 // stored in features by out features (F32 or BF16): a row of W at a time,
 // added to every output of the batch, so the weight is read once and in
-// order.
-func inOut(y []float32, w Tensor, outs, ins int, x []float32, n int, row []float32) ([]float32, error) {
+// order. The outputs are split into contiguous ranges over the workers
+// when the matrix is large enough; each output's sum runs over i in
+// increasing order whatever the split.
+func (d *Decoder) inOut(y []float32, w Tensor, outs, ins int, x []float32, n int) error {
 	rb, err := kernels.RowBytes(w.Type, outs)
 	if err != nil {
-		return row, err
+		return err
 	}
 	if rb == 0 || len(w.Data)/rb < ins || len(w.Data) != ins*rb {
-		return row, fmt.Errorf("%d bytes, want %d rows of %d %v values (%d bytes)", len(w.Data), ins, outs, w.Type, ins*rb)
+		return fmt.Errorf("%d bytes, want %d rows of %d %v values (%d bytes)", len(w.Data), ins, outs, w.Type, ins*rb)
 	}
 	clear(y)
-	row = grow(row, outs)
-	for i := range ins {
-		if err := kernels.Dequantize(row, w.Type, w.Data[i*rb:(i+1)*rb]); err != nil {
-			return row, err
-		}
-		for b := range n {
-			xi := x[b*ins+i]
-			if xi == 0 {
-				continue
-			}
-			yb := y[b*outs:][:outs]
-			for o, wv := range row {
-				yb[o] += xi * wv
+	workers := min(d.workers, max(1, outs*ins/minInOutWork), max(1, outs/64))
+	for len(d.rows) < workers {
+		d.rows = append(d.rows, nil)
+	}
+	es := rb / max(outs, 1) // bytes a value
+	part := func(wk, lo, hi int) {
+		row := grow(d.rows[wk], hi-lo)
+		d.rows[wk] = row
+		for i := range ins {
+			// Cannot fail: the type and the length were checked above.
+			_ = kernels.Dequantize(row, w.Type, w.Data[i*rb+lo*es:i*rb+hi*es])
+			for b := range n {
+				xi := x[b*ins+i]
+				yb := y[b*outs+lo : b*outs+hi]
+				for o, wv := range row {
+					yb[o] += xi * wv
+				}
 			}
 		}
 	}
-	return row, nil
+	if workers <= 1 {
+		part(0, 0, outs)
+		return nil
+	}
+	var wg sync.WaitGroup
+	for wk := range workers {
+		lo, hi := outs*wk/workers, outs*(wk+1)/workers
+		wg.Go(func() { part(wk, lo, hi) })
+	}
+	wg.Wait()
+	return nil
 }
+
+// minInOutWork is the weights below which another goroutine costs more
+// than it saves in inOut.
+const minInOutWork = 1 << 15
