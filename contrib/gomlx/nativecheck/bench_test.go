@@ -20,8 +20,8 @@ import (
 	"github.com/zinfio/zinf/decoder/kernels"
 )
 
-// TestNativeThroughput measures decoding tokens/s of the native decoder
-// and of GoMLX's generator (its KV cache, everything in memory) on one
+// TestNativeThroughput measures decoding tokens/s (all sequences, batch 1 and 4) of
+// the native decoder and of GoMLX's generator (its KV cache, everything in memory) on one
 // zoo model, interleaved in one process, and logs them: a measurement, not
 // a check (no speed is asserted). It runs only with ZINF_NATIVE_BENCH=1.
 // GoMLX's figure is the difference of two generations (112 and 16 new
@@ -56,34 +56,36 @@ func TestNativeThroughput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	prompts := testPrompts(1, 8, c.Vocab, 0)
-	const short, long = 16, 112
-	var nat, gom []float64
-	for round := range 5 {
-		start := time.Now()
-		native(t, c, &mw, lw, prompts, long, pool)
-		nat = append(nat, float64(long)/time.Since(start).Seconds())
-
-		var d [2]time.Duration
-		for i, n := range []int{short, long} {
+	for _, batch := range []int{1, 4} {
+		prompts := testPrompts(batch, 8, c.Vocab, 0)
+		const short, long = 16, 112
+		var nat, gom []float64
+		for round := range 3 {
 			start := time.Now()
-			if _, err := generate.InMemory(ctx, be, fn, generate.StoreWeights(store), prompts, generate.Sampling{MaxNewTokens: n}); err != nil {
-				t.Fatal(err)
+			native(t, c, &mw, lw, prompts, long, pool)
+			nat = append(nat, float64(batch*long)/time.Since(start).Seconds())
+
+			var d [2]time.Duration
+			for i, n := range []int{short, long} {
+				start := time.Now()
+				if _, err := generate.InMemory(ctx, be, fn, generate.StoreWeights(store), prompts, generate.Sampling{MaxNewTokens: n}); err != nil {
+					t.Fatal(err)
+				}
+				d[i] = time.Since(start)
 			}
-			d[i] = time.Since(start)
+			gom = append(gom, float64(batch*(long-short))/(d[1]-d[0]).Seconds())
+			t.Logf("batch %d round %d: native %.1f tokens/s (prefill of 8, %d steps), GoMLX %.1f tokens/s (%v for %d tokens, %v for %d)",
+				batch, round, nat[round], long, gom[round], d[1], long, d[0], short)
 		}
-		gom = append(gom, float64(long-short)/(d[1]-d[0]).Seconds())
-		t.Logf("round %d: native %.1f tokens/s (prefill of 8, %d steps), GoMLX %.1f tokens/s (%v for %d tokens, %v for %d)",
-			round, nat[round], long, gom[round], d[1], long, d[0], short)
+		med := func(v []float64) (float64, float64, float64) {
+			s := slices.Clone(v)
+			sort.Float64s(s)
+			return s[len(s)/2], s[0], s[len(s)-1]
+		}
+		a, amin, amax := med(nat)
+		b, bmin, bmax := med(gom)
+		t.Logf("model: %d layers, dim %d, ffn %d, vocab %d, fp32, batch %d; GOMAXPROCS %d, kernel %s, backend %q",
+			c.Layers, c.Dim, c.FFNDim, c.Vocab, batch, runtime.GOMAXPROCS(0), pool.Kernel(), be.Name())
+		t.Logf("batch %d: native %.1f tokens/s (%.1f..%.1f); GoMLX generator %.1f (%.1f..%.1f); ratio %.1fx", batch, a, amin, amax, b, bmin, bmax, a/b)
 	}
-	med := func(v []float64) (float64, float64, float64) {
-		s := slices.Clone(v)
-		sort.Float64s(s)
-		return s[len(s)/2], s[0], s[len(s)-1]
-	}
-	a, amin, amax := med(nat)
-	b, bmin, bmax := med(gom)
-	t.Logf("model: %d layers, dim %d, ffn %d, vocab %d, fp32, batch 1; GOMAXPROCS %d, kernel %s, backend %q",
-		c.Layers, c.Dim, c.FFNDim, c.Vocab, runtime.GOMAXPROCS(0), pool.Kernel(), be.Name())
-	t.Logf("native %.1f tokens/s (%.1f..%.1f); GoMLX generator %.1f (%.1f..%.1f); ratio %.1fx", a, amin, amax, b, bmin, bmax, a/b)
 }
