@@ -44,8 +44,38 @@ type heldLayer struct {
 func (r *Runtime) Schedule() Schedule { return Schedule(r.placement.Schedule) }
 
 // MicroBatches returns the micro-batches of a step:
-// gradient_accumulation_steps.
-func (r *Runtime) MicroBatches() int { return max(r.Config.GradientAccumulationSteps, 1) }
+// gradient_accumulation_steps, or under "auto" the plan's (Plan().
+// MicroBatches: the k that hides the I/O at Options.ComputePerLayer, or
+// plan.AutoMicroBatchesUnmeasured when that is not given; a loop takes
+// MicroBatchesToHideIO once it has measured its compute).
+func (r *Runtime) MicroBatches() int {
+	if r.Config.GradientAccumulationAuto {
+		return max(r.placement.MicroBatches, 1)
+	}
+	return max(r.Config.GradientAccumulationSteps, 1)
+}
+
+// MicroBatchesToHideIO says how many micro-batches a layer-major step of
+// this runtime needs for its compute to cover its NVMe traffic
+// (policy.Placement.MicroBatchesToHideIO, with the CPU costs measured so
+// far: MeasuredCosts), at computePerLayer, the compute per layer, pass and
+// micro-batch (MeasuredComputePerLayer's unit); 0 takes
+// MeasuredComputePerLayer, else Options.ComputePerLayer. Its MicroBatches
+// is 0 while the compute is not known. Under gradient_accumulation_steps
+// "auto" a loop runs that many micro-batches a step (zgomlx.Loop does);
+// a number in the config is the user's k, whatever this says.
+func (r *Runtime) MicroBatchesToHideIO(computePerLayer time.Duration) policy.IOCover {
+	p := r.placement.WithCosts(r.MeasuredCosts())
+	if computePerLayer <= 0 {
+		computePerLayer = r.MeasuredComputePerLayer()
+	}
+	if computePerLayer <= 0 {
+		return p.MicroBatchesToHideIO()
+	}
+	// The plan's compute per layer is a micro-batch's forward and
+	// backward: two passes.
+	return p.MicroBatchesToHideIOAt(2 * computePerLayer.Seconds())
+}
 
 // BeginLayerMicroBatches begins layer l (as BeginLayer) for k
 // micro-batches at once: the layer-major order, where every micro-batch

@@ -259,7 +259,13 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 	rin := reservationInput{cfg: cfg, mi: mi, rank: in.Rank, world: in.World, dtype: dtype, tiers: tiers,
 		paramStore: ps, gradStore: gs, optimStore: os, prefetch: placement.PrefetchDepth,
 		bounceBytes: bounce, optOpts: optOpts, inference: o.Inference, gather: o.Gather,
-		layerMajor: placement.Schedule == policy.ScheduleLayerMajor, pieces: pcs}
+		layerMajor: placement.Schedule == policy.ScheduleLayerMajor, micro: placement.MicroBatches, pieces: pcs}
+	if cfg.GradientAccumulationAuto {
+		// A loop may take more micro-batches than the plan's once it
+		// has measured its compute: layer-major then holds a layer's
+		// gradients.
+		rin.micro = max(rin.micro, AutoMicroBatchesUnmeasured)
+	}
 	res := reserve(rin)
 	if rin.layerMajor && (cfg.Zinf.Schedule == config.ScheduleAuto || cfg.Zinf.Schedule == "") {
 		// Auto works down to micro-batch-major's minimum, which needs
@@ -432,8 +438,36 @@ func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer float
 	h.MaxInCPUBytes = 0
 	tiers := Tiers(cfg, bw, cfg.GPUBytes(0), int64(cfg.Zinf.Tiers.CPUPinnedBytes))
 	tiers.CPUBytes = policy.MaxBytes
-	return policy.Plan(tiers, inv, h)
+	p, err := policy.Plan(tiers, inv, h)
+	if err != nil || !cfg.GradientAccumulationAuto {
+		return p, err
+	}
+	// gradient_accumulation_steps "auto": the micro-batches whose compute
+	// covers a layer-major step's I/O, which does not depend on them (nor
+	// do the homes), so one plan tells them; then the plan for them.
+	c := p.MicroBatchesToHideIO()
+	k, why := c.MicroBatches, c.String()
+	if !c.Known() {
+		k = AutoMicroBatchesUnmeasured
+		why = fmt.Sprintf("%d until the compute per layer is known (zinf.Options.ComputePerLayer, or the loop's measured one: Runtime.MicroBatchesToHideIO); %s", k, why)
+	}
+	if k != h.MicroBatches {
+		h.MicroBatches = k
+		if p, err = policy.Plan(tiers, inv, h); err != nil {
+			return nil, err
+		}
+	}
+	p.Notes = append(p.Notes, fmt.Sprintf("gradient_accumulation_steps \"auto\": k = %d; %s", k, why))
+	return p, nil
 }
+
+// AutoMicroBatchesUnmeasured is the micro-batches a plan under
+// gradient_accumulation_steps "auto" counts while the compute is not known:
+// the fewest that one layer-major read of the parameters serves, so that
+// the schedule and the pinned reservations are layer-major's. A loop
+// measures its compute at them and then takes the planner's k
+// (zinf.Runtime.MicroBatchesToHideIO).
+const AutoMicroBatchesUnmeasured = 2
 
 // DefaultPieceBytes is zinf.Options.PieceBytes's default: 4 MiB.
 const DefaultPieceBytes = 4 << 20

@@ -259,6 +259,7 @@ type reservationInput struct {
 	inference   bool
 	gather      bool // zinf.Options.GatherLayers
 	layerMajor  bool // the plan's schedule holds a layer's gradients in pinned memory
+	micro       int  // the plan's micro-batches per step (Placement.MicroBatches)
 	pieces      Pieces
 }
 
@@ -355,7 +356,7 @@ func reserve(in reservationInput) Reservations {
 		// At one micro-batch layer-major holds nothing: each gradient is
 		// handed once and written behind as micro-batch-major's is.
 		r.GradHeldLayer = -1
-		if in.layerMajor && in.gradStore != nil && in.cfg.GradientAccumulationSteps > 1 {
+		if in.layerMajor && in.gradStore != nil && in.micro > 1 {
 			if held, layer := layerGradBytes(in, span); held > r.GradBytes {
 				r.GradBytes, r.GradHeldLayer = held, layer
 			}

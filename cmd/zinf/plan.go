@@ -36,7 +36,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var sched string
 	var micro int
 	fs.StringVar(&sched, "schedule", "", "zinf.schedule: auto, layer-major or micro-batch-major (default: the config's)")
-	fs.IntVar(&micro, "micro-batches", 0, "gradient_accumulation_steps: micro-batches per step (default: the config's); the prediction counts them")
+	fs.IntVar(&micro, "micro-batches", 0, "gradient_accumulation_steps: micro-batches per step (default: the config's, whose \"auto\" lets the planner pick them); the prediction counts them")
 	fs.BoolVar(&noProbe, "no-probe", false, "do not probe an NVMe path's bandwidth (use the config's, the tune file's, a cached one or the default)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -74,7 +74,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer cleanup()
 	if set["micro-batches"] {
-		cfg.GradientAccumulationSteps = micro
+		cfg.GradientAccumulationSteps, cfg.GradientAccumulationAuto = micro, false
 	}
 	if set["schedule"] {
 		cfg.Zinf.Schedule = config.ScheduleMode(sched)
@@ -97,6 +97,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := p.WriteText(stdout); err != nil {
 		return err
 	}
+	writeHideIO(stdout, p.Placement)
 	if kvSeq > 0 {
 		layerBytes := 2 * int64(max(m.Batch, 1)) * int64(kvSeq) * int64(m.Width) * int64(m.DType.Size())
 		kp, err := zinf.PlanKVCache(cfg, m.Layers, layerBytes)
@@ -154,4 +155,19 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	return nil
+}
+
+// writeHideIO prints the micro-batches a layer-major step needs for its
+// compute to cover its NVMe I/O (policy.Placement.MicroBatchesToHideIO),
+// and how to give the compute when it is not known.
+func writeHideIO(w io.Writer, pl *policy.Placement) {
+	c := pl.MicroBatchesToHideIO()
+	fmt.Fprintf(w, "\n%s\n", c)
+	switch {
+	case c.IOPerStep <= 0:
+	case !c.Known():
+		fmt.Fprintln(w, "  give the compute: --compute-ms-per-layer (in Go: zinf.Options.ComputePerLayer, or Runtime.MicroBatchesToHideIO after a step or two, at the compute the runtime measured)")
+	case c.MicroBatches > 1 && pl.Schedule != policy.ScheduleLayerMajor:
+		fmt.Fprintf(w, "  in layer-major order (zinf.schedule layer-major; auto picks it at 2 or more micro-batches when it predicts it faster); this plan runs %s at %d, which reads the parameters again for every micro-batch\n", pl.Schedule, pl.MicroBatches)
+	}
 }

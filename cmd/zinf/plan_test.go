@@ -2,12 +2,15 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf/internal/test/testenv"
+	"github.com/zinfio/zinf/policy"
 )
 
 func TestPlan(t *testing.T) {
@@ -147,4 +150,66 @@ func TestPlanKVCacheBeyondMemory(t *testing.T) {
 	if strings.Contains(out, "Open refuses this KV cache") {
 		t.Fatalf("a 32 MiB cache in a 2 GiB cgroup is refused:\n%s", out)
 	}
+}
+
+// TestPlanMicroBatchesToHideIO: zinf plan prints the micro-batches a
+// layer-major step needs for its compute to cover its NVMe I/O, derived
+// here from the model's shapes and the config's bandwidth: every parameter
+// read in both passes and every gradient written once (the passes), the
+// gradients and Adam's states read and the states and parameters written
+// (the optimizer step, overlapping the backward pass), over one
+// micro-batch's compute. Under gradient_accumulation_steps "auto" the
+// plan takes that k; without the compute plan says how to give it.
+func TestPlanMicroBatchesToHideIO(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "ds.json")
+	cfg := fmt.Sprintf(`{"gradient_accumulation_steps": "auto",
+		"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q}, "offload_optimizer": {"device": "nvme", "nvme_path": %q}},
+		"zinf": {"tiers": {"cpu_pinned_bytes": "256MiB"}, "bandwidth": {"read_bytes_per_sec": 2e9, "write_bytes_per_sec": 1e9}}}`, dir, dir)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := policy.ParseModelSpec("layers=4,width=256,dtype=fp32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var params, grads, states float64
+	for _, x := range spec.Inventory(0, 1) {
+		switch x.Kind {
+		case policy.Param:
+			params += float64(x.Bytes)
+		case policy.Grad:
+			grads += float64(x.Bytes)
+		case policy.OptimState:
+			states += float64(x.Bytes)
+		}
+	}
+	const read, write, layers = 2e9, 1e9, 4
+	io := 2*params/read + grads/write + (grads+states)/read + (states+params)/write
+	const computeMs = 0.02 // per layer and pass: a micro-batch is 2 x 4 of them
+	perMicro := 2 * layers * computeMs / 1e3
+	k := int(math.Ceil(io/perMicro - 1e-9))
+	want := fmt.Sprintf("micro-batches to hide the I/O: k >= %d (compute %s per micro-batch, I/O %s per step)",
+		k, policy.FormatDuration(time.Duration(math.Round(perMicro*1e9))), policy.FormatDuration(time.Duration(math.Round(io*1e9))))
+	code, out, errs := runCLI(t, "plan", "--config", cfgPath, "--no-probe", "--model", "layers=4,width=256,dtype=fp32", "--compute-ms-per-layer", fmt.Sprint(computeMs))
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, want+"\n", fmt.Sprintf(`gradient_accumulation_steps "auto": k = %d`, k), fmt.Sprintf("%d micro-batches per step", k))
+
+	// A compute of the I/O's size hides it at one micro-batch.
+	code, out, errs = runCLI(t, "plan", "--config", cfgPath, "--no-probe", "--model", "layers=4,width=256,dtype=fp32", "--compute-ms-per-layer", fmt.Sprint(io*1e3/(2*layers)*1.01))
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, "micro-batches to hide the I/O: already hidden at k=1 (compute ")
+
+	// Without the compute: not known, and how to give it; "auto" plans
+	// for two micro-batches meanwhile.
+	code, out, errs = runCLI(t, "plan", "--config", cfgPath, "--no-probe", "--model", "layers=4,width=256,dtype=fp32")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, "micro-batches to hide the I/O: not known without the compute per layer (I/O "+policy.FormatDuration(time.Duration(io*1e9)),
+		"give the compute: --compute-ms-per-layer", `gradient_accumulation_steps "auto": k = 2`)
 }
