@@ -455,6 +455,11 @@ func TestPassErrors(t *testing.T) {
 	if _, err := decoder.NewKVCache(c, 1, 8, make([]float32, n-1), make([]float32, n)); err == nil || !strings.Contains(err.Error(), "want layers 2 x batch 1 x length 8") {
 		t.Errorf("short cache: %v", err)
 	}
+	big := c
+	big.Layers, big.Heads, big.KVHeads, big.HeadDim = 1<<24, 1<<12, 1<<12, 1<<12
+	if _, err := decoder.NewKVCache(big, 1<<24, decoder.MaxCacheLen, nil, nil); err == nil || !strings.Contains(err.Error(), "values is above") {
+		t.Errorf("a KV cache whose size overflows: %v", err)
+	}
 	cache, err := decoder.NewKVCache(c, 1, 8, make([]float32, n), make([]float32, n))
 	if err != nil {
 		t.Fatal(err)
@@ -611,6 +616,75 @@ func TestInOutLayout(t *testing.T) {
 		for i := range want[s] {
 			if e := math.Abs(float64(got[0][s][i]-want[s][i])) / scale; e > 1e-5 {
 				t.Fatalf("step %d logit %d: in-out %v, out-in %v (relative error %.3g)", s, i, got[0][s][i], want[s][i], e)
+			}
+		}
+	}
+}
+
+// TestEveryWeightChecked: a weight one byte short, or of a type its place
+// does not take, is an error naming it, whichever weight it is; nothing
+// panics.
+func TestEveryWeightChecked(t *testing.T) {
+	for _, c := range []decoder.Config{llama(), func() decoder.Config {
+		c := llama()
+		c.Block, c.Norm, c.FinalNorm, c.EmbedNorm, c.FusedGateUp = decoder.Sandwich, decoder.LayerNorm, decoder.LayerNorm, decoder.RMSNorm, true
+		c.QKVBias, c.OutBias, c.FFNBias, c.Layout, c.HeadLayout = true, true, true, decoder.InOut, decoder.InOut
+		return c
+	}()} {
+		m := randomModel(t, c, 2).as(t, kernels.F32)
+		names, err := c.Names(decoder.HFNames, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := decoder.New(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := c.Layers * 8 * c.KVHeads * c.HeadDim
+		cache, err := decoder.NewKVCache(c, 1, 8, make([]float32, n), make([]float32, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, nm := range names {
+			for _, mode := range []string{"short", "q4_0"} {
+				mw, layers := m.mw, slices.Clone(m.layers)
+				var tt *decoder.Tensor
+				if nm.Layer >= 0 {
+					tt = &layers[nm.Layer][nm.Role]
+				} else {
+					switch nm.Role {
+					case decoder.Embedding:
+						tt = &mw.Embedding
+					case decoder.EmbedNormScale:
+						tt = &mw.EmbedNormScale
+					case decoder.EmbedNormOffset:
+						tt = &mw.EmbedNormOffset
+					case decoder.FinalNormScale:
+						tt = &mw.FinalNormScale
+					case decoder.FinalNormOffset:
+						tt = &mw.FinalNormOffset
+					case decoder.Head:
+						tt = &mw.Head
+					}
+				}
+				if mode == "short" {
+					tt.Data = tt.Data[:len(tt.Data)-1]
+				} else {
+					tt.Type = kernels.Q4_0
+					if nm.Role == decoder.Embedding {
+						continue // a Q4_0 embedding of these bytes is a valid (other) table when the length fits
+					}
+				}
+				err := d.Begin(cache, [][]int32{{1, 2}}, []int{0}, &mw)
+				for l := 0; err == nil && l < c.Layers; l++ {
+					err = d.Layer(l, &layers[l])
+				}
+				if err == nil {
+					err = d.Logits(&mw, make([]float32, c.Vocab))
+				}
+				if err == nil {
+					t.Errorf("%v %s (%s): no error", c.Block, nm.Name, mode)
+				}
 			}
 		}
 	}

@@ -68,11 +68,16 @@
 //   - Weights in the zoo's default in-out layout (its dense layers without
 //     WithTransposedWeights, and its output head always) cannot go through
 //     decoder/kernels, whose matrices are out-in: they run on this
-//     package's column loop (f32 and bf16 only, one goroutine, no SIMD).
-//     Hugging Face and GGUF weights are out-in.
-//   - Attention, norms, RoPE and activations are scalar Go on one
-//     goroutine: at long contexts attention, not the weights, bounds a
-//     step.
+//     package's loop over the weight's rows (f32 and bf16 only, split by
+//     output columns over the workers, no SIMD). Hugging Face and GGUF
+//     weights are out-in.
+//   - Attention is scalar Go, split by (position, head) over the workers
+//     when there is enough of it; norms, RoPE and activations are scalar
+//     Go on one goroutine. At long contexts attention, not the weights,
+//     bounds a step.
+//   - A Decoder's results do not depend on the number of workers, nor on
+//     whether the prompt is fed as a prefill or a token at a time: the
+//     same bits (the tests check both).
 //   - The logits are those of the last new position only.
 //   - Not covered: sliding windows, soft caps, QK norms (Gemma 3, Qwen 3),
 //     RoPE scaling, per-layer embeddings, KV-shared layers.

@@ -40,12 +40,28 @@ func NewKVCache(c Config, batch, maxLen int, k, v []float32) (*KVCache, error) {
 		return nil, fmt.Errorf("decoder: KV cache length %d is outside 1..%d", maxLen, MaxCacheLen)
 	}
 	kvDim := c.kvHeads() * c.HeadDim
-	n := int64(c.Layers) * int64(batch) * int64(maxLen) * int64(kvDim)
-	if n > math.MaxInt/2 || int64(len(k)) != n || int64(len(v)) != n {
+	n, ok := mulBounded(c.Layers, batch, maxLen, kvDim)
+	if !ok {
+		return nil, fmt.Errorf("decoder: KV cache of layers %d x batch %d x length %d x kv-heads %d x head-dim %d values is above %d", c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, math.MaxInt/2)
+	}
+	if len(k) != n || len(v) != n {
 		return nil, fmt.Errorf("decoder: KV cache K has %d values and V %d, want layers %d x batch %d x length %d x kv-heads %d x head-dim %d = %d each",
 			len(k), len(v), c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, n)
 	}
 	return &KVCache{k: k, v: v, batch: batch, maxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
+}
+
+// mulBounded returns the product of the factors (each at least 1) and
+// whether it stays below math.MaxInt/2.
+func mulBounded(f ...int) (int, bool) {
+	p := 1
+	for _, x := range f {
+		if x < 1 || p > math.MaxInt/2/x {
+			return 0, false
+		}
+		p *= x
+	}
+	return p, true
 }
 
 // Decoder computes a model's forward pass over weights handed to it layer
