@@ -121,9 +121,13 @@ type Name struct {
 // Names lists the weights the configuration needs, by name, in the
 // convention n: the layers' first, then the embedding, the norms and the
 // head. scope is the zoo model's scope path (e.g. "/transformer"; ignored
-// for HFNames). zooGemma selects the zoo's Gemma scopes (self_attn, mlp,
-// input_norm, ...) for a Sandwich or PreNorm block; the zoo's standard
-// architecture is PostNorm.
+// for HFNames). Under ZooNames a PostNorm block takes the zoo's standard
+// architecture's scopes (attn, norm1, norm2, ff1, ff2) and a Sandwich
+// block its Gemma scopes (self_attn, input_norm, post_attention_norm,
+// pre_feedforward_norm, post_feedforward_norm, mlp/gate_proj, ...); the
+// zoo has no PreNorm architecture. Under HFNames a PreNorm block's second
+// norm is post_attention_layernorm (before the FFN, as Llama and Qwen name
+// it) and a Sandwich block's is the attention output's (Gemma 2 and 3).
 func (c *Config) Names(n Naming, scope string) ([]Name, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
