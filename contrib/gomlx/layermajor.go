@@ -54,7 +54,10 @@ type actMeta struct {
 // StepMicroBatches runs one training step of len(mbs) micro-batches: the
 // gradients of every micro-batch are summed (in micro-batch order, as
 // Accumulate calls and a Step would) and the optimizer commits once. It
-// returns each micro-batch's loss.
+// returns each micro-batch's loss. How many is the caller's: under
+// gradient_accumulation_steps "auto", the k that hides the step's NVMe
+// I/O is Offload().Runtime().MicroBatchesToHideIO(0).MicroBatches once a
+// step or two have measured the compute (Loop does this: Loop.MicroBatches).
 //
 // The order is the plan's (zinf.Runtime.Schedule: zinf.schedule,
 // "layer-major", "micro-batch-major" or "auto", the planner's pick for

@@ -31,11 +31,79 @@ type Loop struct {
 	// Loss is the last step's loss; MovingAverageLoss its exponential
 	// moving average (weight 0.1 for the newest step).
 	Loss, MovingAverageLoss float32
+	// MicroBatches, when > 0, is the micro-batches of every step
+	// RunSteps runs: the caller's k. 0 (the default) takes the
+	// runtime's: gradient_accumulation_steps, a number, stays as given;
+	// under "auto" the loop starts at the plan's k
+	// (zinf.Runtime.MicroBatches) and, once AutoMeasureSteps steps have
+	// run, takes the k whose compute covers a layer-major step's NVMe
+	// I/O at the compute per layer the runtime measured in the last of
+	// them (zinf.Runtime.MicroBatchesToHideIO), said once at Info level on
+	// the runtime's logger. MicroBatchesPerStep says which k runs.
+	MicroBatches int
 
 	onStart []loopHook[func(*Loop, train.Dataset) error]
 	onStep  []loopHook[func(*Loop, float32) error]
 	onEnd   []loopHook[func(*Loop, float32) error]
 	times   []time.Duration
+	auto    autoMicroBatches
+}
+
+// AutoMeasureSteps is how many steps a Loop under
+// gradient_accumulation_steps "auto" runs at the plan's k before it takes
+// the k that hides the I/O: the compute is measured over the last of
+// them, as the first also compiles the graphs.
+const AutoMeasureSteps = 2
+
+// autoMicroBatches is a Loop's choice of k under "auto": the steps
+// measured so far, the runtime's compute counters after the one before
+// the last, and the k taken (0: none yet).
+type autoMicroBatches struct {
+	steps   int
+	compute time.Duration
+	units   int64
+	k       int
+}
+
+// MicroBatchesPerStep is the micro-batches the next step of RunSteps
+// takes: MicroBatches when set, else the k chosen under "auto" once
+// measured, else the runtime's (zinf.Runtime.MicroBatches).
+func (l *Loop) MicroBatchesPerStep() int {
+	switch {
+	case l.MicroBatches > 0:
+		return l.MicroBatches
+	case l.auto.k > 0:
+		return l.auto.k
+	}
+	return l.Trainer.off.rt.MicroBatches()
+}
+
+// measureAuto counts a step under gradient_accumulation_steps "auto" and,
+// once AutoMeasureSteps have run, takes the k that hides the I/O at the
+// compute per layer measured over the last one.
+func (l *Loop) measureAuto() {
+	rt := l.Trainer.off.rt
+	if l.MicroBatches > 0 || l.auto.k > 0 || !rt.Config.GradientAccumulationAuto {
+		return
+	}
+	l.auto.steps++
+	m := rt.Metrics()
+	if l.auto.steps < AutoMeasureSteps {
+		l.auto.compute, l.auto.units = m.Compute, m.ComputeUnits
+		return
+	}
+	units := m.ComputeUnits - l.auto.units
+	if units <= 0 {
+		return // no layer visit measured: try again after the next step
+	}
+	perLayer := (m.Compute - l.auto.compute) / time.Duration(units)
+	c := rt.MicroBatchesToHideIO(perLayer)
+	if !c.Known() {
+		return
+	}
+	l.auto.k = c.MicroBatches
+	l.Trainer.off.log.Info("zgomlx: gradient_accumulation_steps \"auto\": "+c.String(),
+		"micro_batches", c.MicroBatches, "compute_per_layer", perLayer, "after_step", l.LoopStep)
 }
 
 type loopHook[F any] struct {
@@ -72,10 +140,11 @@ func (l *Loop) OnEnd(name string, p train.Priority, fn func(*Loop, float32) erro
 // RunSteps trains steps steps on the batches of ds (starting ds again
 // when it ends): each batch's Inputs go to the first layer, its Labels to
 // the loss, and both are finalized after the step (the Batch's ownership
-// rules). With gradient_accumulation_steps k > 1 a step takes k
-// consecutive batches as its micro-batches (Trainer.StepMicroBatches, in
-// the plan's order: layer-major or micro-batch-major) and its loss is
-// their mean. It returns the last loss. A hook's error ends the run,
+// rules). With k > 1 micro-batches a step (Loop.MicroBatches,
+// gradient_accumulation_steps, or the planner's k under "auto") a step
+// takes k consecutive batches as its micro-batches
+// (Trainer.StepMicroBatches, in the plan's order: layer-major or
+// micro-batch-major) and its loss is their mean. It returns the last loss. A hook's error ends the run,
 // naming the hook.
 func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float32, error) {
 	if l.Trainer == nil || ds == nil {
@@ -90,7 +159,6 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 			return 0, fmt.Errorf("zgomlx: OnStart hook %q: %w", h.name, err)
 		}
 	}
-	k := l.Trainer.off.rt.MicroBatches()
 	var held []train.Batch // the micro-batches of the step being gathered
 	defer func() {
 		for _, b := range held {
@@ -105,7 +173,7 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 			}
 			n++
 			held = append(held, b)
-			if len(held) < k {
+			if len(held) < l.MicroBatchesPerStep() {
 				continue
 			}
 			t0 := time.Now()
@@ -119,6 +187,7 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 			}
 			l.times = append(l.times, time.Since(t0))
 			l.LoopStep++
+			l.measureAuto()
 			done++
 			l.Loss = loss
 			if l.LoopStep == l.StartStep+1 && l.MovingAverageLoss == 0 {
