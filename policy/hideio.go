@@ -19,7 +19,9 @@ import (
 //
 // What runs after the backward pass, with no compute under it (the
 // optimizer step when it does not overlap the pass), is exposed whatever
-// k is.
+// k is. At that k the compute equals the disk's time; the step still
+// waits for the pipeline's ends (the first layer's read, the last
+// layer's writes and update), which the step prediction shows.
 type IOCover struct {
 	// ComputePerMicroBatch is one micro-batch's forward and backward
 	// compute over every layer: Hints.ComputeSecondsPerLayer times the
