@@ -2,6 +2,7 @@ package decoder_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -687,5 +688,58 @@ func TestEveryWeightChecked(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestBinding: a model bound by Hugging Face name, a layer at a time, as
+// a streaming caller binds views of its buffers, gives the logits of the
+// model built by role; a name the views lack is an error naming it.
+func TestBinding(t *testing.T) {
+	c := llama()
+	m := randomModel(t, c, 23).as(t, kernels.F32)
+	byName := map[string]decoder.Tensor{}
+	for n := range m.vals {
+		if n.Layer >= 0 {
+			byName[n.Name] = m.layers[n.Layer][n.Role]
+		}
+	}
+	byName["model.embed_tokens.weight"] = m.mw.Embedding
+	byName["model.norm.weight"] = m.mw.FinalNormScale
+	byName["lm_head.weight"] = m.mw.Head
+	view := func(name string) (decoder.Tensor, error) {
+		t, ok := byName[name]
+		if !ok {
+			return t, errors.New("no such tensor")
+		}
+		return t, nil
+	}
+	b, err := c.Binding(decoder.HFNames, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := &model{c: c, layers: make([]decoder.LayerWeights, c.Layers)}
+	if err := b.Model(view, &bound.mw); err != nil {
+		t.Fatal(err)
+	}
+	for l := range c.Layers {
+		if err := b.Layer(l, view, &bound.layers[l]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := prompts(1, 4, c.Vocab)
+	want, _ := run(t, m, ps, 2, false)
+	got, _ := run(t, bound, ps, 2, false)
+	for s := range want {
+		if !slices.Equal(got[s], want[s]) {
+			t.Fatalf("step %d: bound %v, by role %v", s, got[s][:4], want[s][:4])
+		}
+	}
+	delete(byName, "model.layers.1.mlp.up_proj.weight")
+	var lw decoder.LayerWeights
+	if err := b.Layer(1, view, &lw); err == nil || !strings.Contains(err.Error(), `weight "model.layers.1.mlp.up_proj.weight": no such tensor`) {
+		t.Errorf("a missing tensor: %v", err)
+	}
+	if err := b.Layer(2, view, &lw); err == nil || !strings.Contains(err.Error(), "layer 2 is outside 0..1") {
+		t.Errorf("layer 2 of 2: %v", err)
 	}
 }

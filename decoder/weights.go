@@ -293,3 +293,69 @@ func (c *Config) Shape(r Role) []int {
 	}
 	return nil
 }
+
+// Binding holds the names of a configuration's weights by layer, so that
+// the views of a layer's weights can be gathered by name as a streaming
+// caller swaps them in (zinf's generator: a view of each pinned buffer).
+type Binding struct {
+	layers [][]Name
+	model  []Name
+}
+
+// Binding lists the weights of c under the naming n (see Names).
+func (c *Config) Binding(n Naming, scope string) (*Binding, error) {
+	names, err := c.Names(n, scope)
+	if err != nil {
+		return nil, err
+	}
+	b := &Binding{layers: make([][]Name, c.Layers)}
+	for _, nm := range names {
+		if nm.Layer >= 0 {
+			b.layers[nm.Layer] = append(b.layers[nm.Layer], nm)
+		} else {
+			b.model = append(b.model, nm)
+		}
+	}
+	return b, nil
+}
+
+// Names returns the names of layer l's weights (nil for a layer outside
+// the model).
+func (b *Binding) Names(l int) []Name {
+	if l < 0 || l >= len(b.layers) {
+		return nil
+	}
+	return b.layers[l]
+}
+
+// Layer fills dst with layer l's weights, each the view that view returns
+// for its name; an error from view is returned with the name.
+func (b *Binding) Layer(l int, view func(name string) (Tensor, error), dst *LayerWeights) error {
+	if l < 0 || l >= len(b.layers) {
+		return fmt.Errorf("decoder: layer %d is outside 0..%d", l, len(b.layers)-1)
+	}
+	*dst = LayerWeights{}
+	for _, nm := range b.layers[l] {
+		t, err := view(nm.Name)
+		if err != nil {
+			return fmt.Errorf("decoder: weight %q: %w", nm.Name, err)
+		}
+		dst[nm.Role] = t
+	}
+	return nil
+}
+
+// Model fills dst with the weights outside the layers.
+func (b *Binding) Model(view func(name string) (Tensor, error), dst *ModelWeights) error {
+	*dst = ModelWeights{}
+	for _, nm := range b.model {
+		t, err := view(nm.Name)
+		if err != nil {
+			return fmt.Errorf("decoder: weight %q: %w", nm.Name, err)
+		}
+		if err := dst.Set(nm.Role, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
