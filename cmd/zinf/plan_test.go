@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/policy"
 )
@@ -212,4 +213,38 @@ func TestPlanMicroBatchesToHideIO(t *testing.T) {
 	}
 	wantAll(t, "plan", out, "micro-batches to hide the I/O: not known without the compute per layer (I/O "+policy.FormatDuration(time.Duration(io*1e9)),
 		"give the compute: --compute-ms-per-layer", `gradient_accumulation_steps "auto": k = 2`)
+}
+
+// TestMicroBatchesFlagOverridesAuto: --micro-batches is the user's k over
+// a config's gradient_accumulation_steps "auto", in zinf plan and in zinf
+// train's step flags.
+func TestMicroBatchesFlagOverridesAuto(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "ds.json")
+	cfg := fmt.Sprintf(`{"gradient_accumulation_steps": "auto",
+		"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": %q}, "offload_optimizer": {"device": "nvme", "nvme_path": %q}},
+		"zinf": {"bandwidth": {"read_bytes_per_sec": 2e9, "write_bytes_per_sec": 1e9}}}`, dir, dir)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCLI(t, "plan", "--config", cfgPath, "--no-probe", "--model", "layers=4,width=256,dtype=fp32", "--compute-ms-per-layer", "0.02", "--micro-batches", "5")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan", out, "5 micro-batches per step", "micro-batches to hide the I/O: k >= ")
+	if strings.Contains(out, `gradient_accumulation_steps "auto"`) {
+		t.Errorf("--micro-batches 5 still planned as auto:\n%s", out)
+	}
+
+	c, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := stepFlags{micro: 3, set: map[string]bool{"micro-batches": true}}
+	if err := s.apply(c); err != nil {
+		t.Fatal(err)
+	}
+	if c.GradientAccumulationSteps != 3 || c.GradientAccumulationAuto {
+		t.Errorf("zinf train --micro-batches 3 over auto: k %d, auto %v", c.GradientAccumulationSteps, c.GradientAccumulationAuto)
+	}
 }

@@ -281,7 +281,7 @@ func (s *stepFlags) apply(cfg *config.Config) error {
 		cfg.Zinf.Schedule = config.ScheduleMode(s.schedule)
 	}
 	if s.set["micro-batches"] {
-		cfg.GradientAccumulationSteps = s.micro
+		cfg.GradientAccumulationSteps, cfg.GradientAccumulationAuto = s.micro, false
 	}
 	if s.set["overlap-update"] {
 		cfg.Zinf.OverlapUpdate = s.overlap
