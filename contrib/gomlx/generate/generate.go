@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"time"
@@ -81,6 +83,11 @@ type Options struct {
 	// one chunk's working set); Generate and PlanBatch refuse prompts that
 	// need more. Default: DefaultPrefillBytes.
 	PrefillBytes int64
+	// Decoder picks the path generations run on: DecoderAuto ("" too:
+	// the native decoder where it covers the model and the generation,
+	// GoMLX's graphs otherwise), DecoderNative or DecoderGoMLX (see
+	// native.go).
+	Decoder string
 }
 
 // DefaultPrefillBytes is Options.PrefillBytes' default: half the 512 MiB
@@ -172,6 +179,12 @@ type Generator struct {
 	inPlace      int
 	inPlaceBytes int64
 	closed       bool
+	// native is the native decoder, when it covers the model
+	// (Options.Decoder); decoderLine says which path, decoderLog where
+	// a generation's fallback is said.
+	native      *native
+	decoderLine string
+	decoderLog  *slog.Logger
 }
 
 type sampleKey struct {
@@ -266,6 +279,9 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 		}
 	}
 	if err := g.finish(); err != nil {
+		return nil, err
+	}
+	if err := g.pickDecoder(o); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -512,6 +528,9 @@ type Result struct {
 	// its traffic with NVMe.
 	KVCache zinf.KVCachePlan
 	KVStats zinf.KVCacheStats
+	// Decoder is the path the generation ran on: DecoderNative or
+	// DecoderGoMLX.
+	Decoder string
 }
 
 // Generated is the number of tokens generated over the batch.
@@ -580,6 +599,9 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 	if need := g.PrefillBytes(B, minLen); need > g.prefillBytes {
 		return nil, g.prefillError(B, minLen, need)
 	}
+	if res, ok, err := g.tryNative(ctx, prompts, s, minLen, total, onStep); ok {
+		return res, err
+	}
 	headEx := g.headExec(s)
 	if err := g.store.SetRNGStateFromSeed(s.Seed); err != nil {
 		return nil, err
@@ -589,7 +611,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		return nil, err
 	}
 	defer kv.free()
-	res := &Result{Tokens: make([][]int32, B), KVCache: kv.c.Plan()}
+	res := &Result{Tokens: make([][]int32, B), KVCache: kv.c.Plan(), Decoder: DecoderGoMLX}
 	done := make([]bool, B)
 	r0, w00 := g.src.bytesRead(), g.src.ioWait()
 	// Each pass prefetches the next one's first layers; the last pass's
@@ -759,10 +781,12 @@ func (g *Generator) layer(ctx context.Context, l int, x *tensors.Tensor, pos int
 		}
 	}()
 	g.chunks = 0
+	gc := newGCPacer(prefillGarbage)
 	for c0 := 0; c0 < S; g.chunks++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		gc.step()
 		// Full chunks, then the rest in chunks of powers of two: a
 		// bounded set of graph shapes whatever the prompt's length.
 		n := g.prefillChunk(B, g.kvLen(l, pos+min(S, c0+maxPrefillChunk)))
@@ -835,6 +859,55 @@ func (g *Generator) layerCall(l int, x *tensors.Tensor, pos int, k, v *tensors.T
 		return nil, nil, nil, err
 	}
 	return out[0], out[1], out[2], nil
+}
+
+// gcPacer bounds the garbage a prefill's chunks leave between two
+// collections. Each chunk's graph allocates its intermediates anew (the
+// attention scores of its positions over the cache, per head), megabytes
+// that are garbage when it returns; the collector lets the heap grow by
+// GOGC% of the whole live heap (the model's swap-in buffers included)
+// before it runs, so a long prefill on a wide model reached twice its live
+// heap: 880 MiB for a 4000-token prompt at width 2048 (744 MiB with a
+// collection every 128 MiB) where the printed bound was 608 MiB. A
+// collection whenever the chunks have allocated limit bytes since the last
+// one keeps the peak near the live heap plus limit (PrefillBytes counts
+// prefillGarbage).
+type gcPacer struct {
+	limit   uint64
+	samples []metrics.Sample
+	allocs  uint64 // at the last collection
+	cycles  uint64
+}
+
+func newGCPacer(limit uint64) *gcPacer {
+	p := &gcPacer{limit: limit, samples: []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}}
+	p.allocs, p.cycles = p.read()
+	return p
+}
+
+func (p *gcPacer) read() (allocs, cycles uint64) {
+	metrics.Read(p.samples)
+	if p.samples[0].Value.Kind() == metrics.KindUint64 {
+		allocs = p.samples[0].Value.Uint64()
+	}
+	if p.samples[1].Value.Kind() == metrics.KindUint64 {
+		cycles = p.samples[1].Value.Uint64()
+	}
+	return allocs, cycles
+}
+
+// step collects when limit bytes were allocated since the last collection
+// (its own or the runtime's).
+func (p *gcPacer) step() {
+	allocs, cycles := p.read()
+	if cycles != p.cycles {
+		p.allocs, p.cycles = allocs, cycles
+		return
+	}
+	if allocs-p.allocs >= p.limit {
+		runtime.GC()
+		p.allocs, p.cycles = p.read()
+	}
 }
 
 // resizeSeq is the KV cache tensor t [batch, heads, length, head dim] with

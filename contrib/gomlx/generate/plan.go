@@ -165,6 +165,9 @@ const (
 	maxPrefillChunk   = 64
 	prefillChunkBytes = 8 << 20
 	prefillChunkFlops = 1 << 30
+	// prefillGarbage is what a prefill's chunks may allocate between two
+	// collections (gcPacer).
+	prefillGarbage = 64 << 20
 )
 
 // prefillChunk is the positions of one chunk of a prefill of batch
@@ -190,12 +193,13 @@ func (g *Generator) prefillChunk(batch, n int) int {
 // PrefillBytes is the memory a prefill of batch prompts of n tokens takes
 // beyond the pinned pool and the KV cache: its activations (a layer's input
 // and output, and a copy of each, for every position: they grow with the
-// prompt), one chunk's intermediates (bounded, see prefillChunk) and one
+// prompt), one chunk's intermediates (bounded, see prefillChunk), the
+// garbage the chunks leave between two collections (gcPacer) and one
 // layer's KV cache entry read out of the cache. Generate and PlanBatch
 // refuse a prefill that needs more than Options.PrefillBytes.
 func (g *Generator) PrefillBytes(batch, n int) int64 {
 	act := int64(batch) * int64(n) * int64(g.m.EmbedDim) * int64(g.m.DType.Size())
-	return 4*act + 8*prefillChunkBytes + int64(batch)*g.KVBytesPerSequence(n)
+	return 4*act + 8*prefillChunkBytes + prefillGarbage + int64(batch)*g.KVBytesPerSequence(n)
 }
 
 // PrefillBound is Options.PrefillBytes (or its default).
@@ -205,7 +209,7 @@ func (g *Generator) PrefillBound() int64 { return g.prefillBytes }
 // need bytes, with the figures.
 func (g *Generator) prefillError(batch, n int, need int64) error {
 	act := int64(batch) * int64(n) * int64(g.m.EmbedDim) * int64(g.m.DType.Size())
-	return fmt.Errorf("zinf generate: a prefill of %d prompt(s) of %d tokens needs %s (4 x %s of activations: %d x %d positions x %d dims of %s; and %s for one chunk and one layer's KV cache), over the bound of %s (Options.PrefillBytes): shorten the prompts, prefill fewer at once, or raise the bound",
+	return fmt.Errorf("zinf generate: a prefill of %d prompt(s) of %d tokens needs %s (4 x %s of activations: %d x %d positions x %d dims of %s; and %s for one chunk, its garbage and one layer's KV cache), over the bound of %s (Options.PrefillBytes): shorten the prompts, prefill fewer at once, or raise the bound",
 		batch, n, mib(need), mib(act), batch, n, g.m.EmbedDim, g.m.DType, mib(need-4*act), mib(g.prefillBytes))
 }
 

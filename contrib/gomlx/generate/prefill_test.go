@@ -183,7 +183,7 @@ func TestOverlongPromptRefused(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
-	const bound = 66 << 20
+	const bound = 130 << 20
 	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, seededWeights(t, be, fn, 3), generate.Options{PrefillBytes: bound})
 	if got := g.PrefillBound(); got != bound {
 		t.Fatalf("PrefillBound %d, want %d", got, bound)
@@ -204,7 +204,7 @@ func TestOverlongPromptRefused(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: a prompt of %d positions needing %d bytes to prefill, over %d, was accepted", what, n, need, bound)
 		}
-		for _, want := range []string{"6000 tokens", fig, "66.0 MiB", "Options.PrefillBytes"} {
+		for _, want := range []string{"6000 tokens", fig, "130.0 MiB", "Options.PrefillBytes"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Fatalf("%s: %v\n(want it to name %q)", what, err, want)
 			}
