@@ -21,13 +21,24 @@ import (
 // KV cache so far, and the greedy tokens are GoMLX's in-memory
 // generator's, which prefills it in one graph: at every chunk boundary
 // (a prompt of 1 position, one under a chunk, a chunk, one over, several
-// chunks and an odd rest), for a batch of 2.
+// chunks and an odd rest), for a batch of 2, in fp32 and bf16.
 func TestChunkedPrefillEqualsInMemory(t *testing.T) {
+	for _, dt := range []dtypes.DType{dtypes.Float32, dtypes.BFloat16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			if dt == dtypes.BFloat16 {
+				t.Setenv("GOMLX_FUSION", "false")
+			}
+			chunkedPrefillEqualsInMemory(t, dt)
+		})
+	}
+}
+
+func chunkedPrefillEqualsInMemory(t *testing.T, dt dtypes.DType) {
 	ctx := watchdog(t, 6*time.Minute)
 	be := backend(t)
-	fn := tiny(dtypes.Float32, 2)
+	fn := tiny(dt, 2)
 	w := seededWeights(t, be, fn, 42)
-	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{})
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{})
 	s := generate.Sampling{MaxNewTokens: 6}
 	for _, c := range []struct{ n, chunks int }{{1, 1}, {63, 1}, {64, 1}, {65, 2}, {129, 3}, {64*3 + 37, 3 + 3}} {
 		ps := prompts(2, c.n, 97, c.n)
