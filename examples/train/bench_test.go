@@ -17,7 +17,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )

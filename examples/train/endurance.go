@@ -2,7 +2,7 @@ package train
 
 import (
 	"github.com/zinfio/zinf"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 	"github.com/zinfio/zinf/swapper"
 )
 

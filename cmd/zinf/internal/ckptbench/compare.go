@@ -19,7 +19,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/cmd/zinf/internal/iobench"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 	"github.com/zinfio/zinf/swapper"
 )
 

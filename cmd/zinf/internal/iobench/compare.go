@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 )
 
 // CompareOptions describe a zinf-versus-fio comparison on one file.

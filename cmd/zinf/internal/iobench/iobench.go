@@ -20,7 +20,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 )
 
 // Options describe one measurement.

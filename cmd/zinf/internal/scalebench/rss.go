@@ -1,6 +1,6 @@
 package scalebench
 
-import "github.com/zinfio/zinf/internal/base/procstat"
+import "github.com/zinfio/zinf/metrics/procstat"
 
 // peakRSS is the process's peak resident set (VmHWM).
 func peakRSS() int64 { return procstat.PeakRSS() }

@@ -36,7 +36,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/examples/train"
 	"github.com/zinfio/zinf/internal/base/blockdev"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"

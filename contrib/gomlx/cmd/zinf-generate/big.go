@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
-	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/regfile"
 )
 

@@ -22,7 +22,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/metrics/procstat"
 )
 
 // big trains one zoo transformer whose training state may exceed the

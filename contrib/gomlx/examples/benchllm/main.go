@@ -39,8 +39,8 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/base/procstat"
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/procstat"
+	"github.com/zinfio/zinf/metrics/stats"
 )
 
 type options struct {

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/base/stats"
+	"github.com/zinfio/zinf/metrics/stats"
 )
 
 func TestMedian(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/zinfio/zinf/internal/base/procstat"
+	"github.com/zinfio/zinf/metrics/procstat"
 )
 
 // TestCounters: on Linux the resident set grows by what the process
