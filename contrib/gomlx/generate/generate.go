@@ -502,7 +502,7 @@ func (g *Generator) Close() error {
 	for _, s := range g.slots {
 		_ = s.t.FinalizeAll()
 	}
-	return g.src.close()
+	return errors.Join(g.closeNative(), g.src.close())
 }
 
 // Result is a generation's tokens and what it measured.

@@ -389,7 +389,8 @@ func TestKVCacheTiers(t *testing.T) {
 		t.Run(string(dev), func(t *testing.T) {
 			c := nvmeConfig(t, 4<<20, false)
 			c.Zinf.KVCache = config.KVCache{Device: dev}
-			g, err := generate.Open(ctx, be, c, fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true})
+			// The GoMLX path's cache, in its layout, on each tier.
+			g, err := generate.Open(ctx, be, c, fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true, Decoder: generate.DecoderGoMLX})
 			if err != nil {
 				t.Fatal(err)
 			}

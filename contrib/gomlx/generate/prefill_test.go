@@ -38,7 +38,8 @@ func chunkedPrefillEqualsInMemory(t *testing.T, dt dtypes.DType) {
 	be := backend(t)
 	fn := tiny(dt, 2)
 	w := seededWeights(t, be, fn, 42)
-	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{})
+	// The GoMLX path's chunks (the native decoder prefills in one pass).
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{Decoder: generate.DecoderGoMLX})
 	s := generate.Sampling{MaxNewTokens: 6}
 	for _, c := range []struct{ n, chunks int }{{1, 1}, {63, 1}, {64, 1}, {65, 2}, {129, 3}, {64*3 + 37, 3 + 3}} {
 		ps := prompts(2, c.n, 97, c.n)
@@ -74,7 +75,7 @@ func TestLongPrefillMemoryBounded(t *testing.T) {
 	}
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
-	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, seededWeights(t, be, fn, 7), generate.Options{})
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, seededWeights(t, be, fn, 7), generate.Options{Decoder: generate.DecoderGoMLX}) // its chunks
 	// Warm up (graphs compiled, the runtime's buffers made), then reset
 	// the peak: what is left is the prefill's own.
 	if _, err := g.Generate(ctx, prompts(1, 100, 97, 1), generate.Sampling{MaxNewTokens: 2}, nil); err != nil {
@@ -133,7 +134,7 @@ func TestCancelDuringPrefill(t *testing.T) {
 	be := backend(t)
 	fn := tiny(dtypes.Float32, 2)
 	cfg := nvmeConfig(t, 4<<20, false)
-	g, err := generate.Open(ctx, be, cfg, fn, seededWeights(t, be, fn, 9), generate.Options{Logger: quiet, NoBandwidthProbe: true})
+	g, err := generate.Open(ctx, be, cfg, fn, seededWeights(t, be, fn, 9), generate.Options{Logger: quiet, NoBandwidthProbe: true, Decoder: generate.DecoderGoMLX}) // its chunks
 	if err != nil {
 		t.Fatal(err)
 	}

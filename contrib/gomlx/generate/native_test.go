@@ -1,0 +1,254 @@
+package generate_test
+
+import (
+	"bytes"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/gomlx/ml/layers/activation"
+	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/zoo/transformer"
+	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
+
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/generate"
+)
+
+// mid is a zoo transformer of about 300 KB of weights (4 layers: 4 heads
+// over 2 kv-heads, RMS norms, SiLU, RoPE), its dense layers out-in
+// (WithTransposedWeights: the decoder's products on decoder/kernels) or
+// in the zoo's default in-out layout; ffn sizes its FFN.
+func mid(layers, ffn int, outIn bool) generate.ModelFn {
+	return func(root *model.Scope) *transformer.Model {
+		return transformer.New(root.In("transformer")).
+			WithVocabSize(97).WithEmbedDim(48).WithNumLayers(layers).WithNumHeads(4).WithNumKVHeads(2).WithHeadDim(12).
+			WithFFNDim(ffn).WithRoPE(10000).WithNormalization("rms").WithFinalNormalization("rms").
+			WithActivation(activation.TypeSilu).WithBias(false).WithDType(dtypes.Float32).WithTransposedWeights(outIn)
+	}
+}
+
+// TestNativeGreedyEqualsInMemory: with the weights on NVMe streamed
+// through a pool a fraction of their size, greedy generation on the
+// native decoder (several layers, kv-heads < heads, a prompt of 5 tokens,
+// batch 2) gives GoMLX's in-memory tokens, every weight read where zinf
+// swapped it in (no copy), with zinf's prefetch as on the GoMLX path: the
+// same demand misses and bytes read from NVMe.
+func TestNativeGreedyEqualsInMemory(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fn   generate.ModelFn
+	}{{"in-out", mid(4, 96, false)}, {"out-in", mid(4, 96, true)}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := watchdog(t, 4*time.Minute)
+			be := backend(t)
+			w := seededWeights(t, be, c.fn, 42)
+			s := generate.Sampling{MaxNewTokens: 16}
+			ps := prompts(2, 5, 97, 1)
+			want := reference(ctx, t, be, c.fn, w, ps, s)
+			g := openGenerator(ctx, t, be, nvmeConfig(t, 128<<10, false), c.fn, w, generate.Options{Decoder: generate.DecoderNative})
+			if d := g.Decoder(); !strings.HasPrefix(d, "native (4 layers, 4 heads, 2 kv-heads") {
+				t.Fatalf("Decoder() = %q, want the native decoder", d)
+			}
+			if wb := g.WeightBytes(); wb <= 2*128<<10 {
+				t.Fatalf("weights of %d bytes, under twice the 128 KiB pool: the test streams little", wb)
+			}
+			rt := g.Runtime()
+			res, err := g.Generate(ctx, ps, s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gg := openGenerator(ctx, t, be, nvmeConfig(t, 128<<10, false), c.fn, w, generate.Options{Decoder: generate.DecoderGoMLX})
+			ref, err := gg.Generate(ctx, ps, s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Decoder != generate.DecoderNative {
+				t.Fatalf("the generation ran on %q", res.Decoder)
+			}
+			if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+				t.Fatalf("native through zinf:\n%v\nGoMLX in memory:\n%v", res.Tokens, want)
+			}
+			if n := g.CopiedWeights(); n != 0 {
+				t.Fatalf("%d weights were copied, not read where zinf holds them", n)
+			}
+			if res.BytesRead == 0 {
+				t.Fatal("no bytes read from NVMe: the weights were not streamed")
+			}
+			ms, gs := rt.Metrics().Schedule, gg.Runtime().Metrics().Schedule
+			if ms.DemandMisses != gs.DemandMisses || ms.Prefetches != gs.Prefetches || res.BytesRead == 0 || math.Abs(float64(res.BytesRead-ref.BytesRead)) > 0.01*float64(ref.BytesRead) {
+				t.Fatalf("native: %d demand misses, %d prefetches, %d bytes read; GoMLX path: %d, %d, %d", ms.DemandMisses, ms.Prefetches, res.BytesRead, gs.DemandMisses, gs.Prefetches, ref.BytesRead)
+			}
+			if r := rt.Metrics().Params.ResidentBytes; r != 0 {
+				t.Fatalf("after Generate %d bytes of weights stay resident", r)
+			}
+			if res.Steps != s.MaxNewTokens || res.KVCache.Device != config.KVCacheMemory {
+				t.Fatalf("%d passes for %d tokens, KV cache on %q", res.Steps, s.MaxNewTokens, res.KVCache.Device)
+			}
+		})
+	}
+}
+
+// TestNativePiecesCopied: a weight zinf moves in pieces has no single
+// buffer to view; the native decoder reads it through a copy and still
+// gives GoMLX's tokens.
+func TestNativePiecesCopied(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(2, 8192, true) // FFN matrices of 1.5 MiB
+	w := seededWeights(t, be, fn, 5)
+	s := generate.Sampling{MaxNewTokens: 10}
+	ps := prompts(2, 4, 97, 2)
+	want := reference(ctx, t, be, fn, w, ps, s)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 16<<20, false), fn, w, generate.Options{Decoder: generate.DecoderNative, PieceBytes: 256 << 10})
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("native:\n%v\nin memory:\n%v", res.Tokens, want)
+	}
+	var streamed []string
+	for _, v := range g.Vars() {
+		if g.Runtime().Streamed(v.Name) {
+			streamed = append(streamed, v.Name)
+		}
+	}
+	if len(streamed) == 0 || g.CopiedWeights() != len(streamed) {
+		t.Fatalf("%d weights copied; moved in pieces: %q", g.CopiedWeights(), streamed)
+	}
+}
+
+// TestNativeDecoderOption: Options.Decoder forces each path (the same
+// tokens either way), a bad value is refused naming what is allowed, and
+// under auto a generation the native decoder does not cover (sampling,
+// a KV cache on NVMe) runs on GoMLX, said in a warning, while native
+// refuses it.
+func TestNativeDecoderOption(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(2, 96, true)
+	w := seededWeights(t, be, fn, 9)
+	s := generate.Sampling{MaxNewTokens: 10}
+	ps := prompts(2, 3, 97, 4)
+	want := reference(ctx, t, be, fn, w, ps, s)
+
+	if _, err := generate.Open(ctx, be, nvmeConfig(t, 1<<20, false), fn, w, generate.Options{Logger: quiet, NoBandwidthProbe: true, Decoder: "fast"}); err == nil ||
+		!strings.Contains(err.Error(), `decoder "fast" (allowed: auto, native, gomlx)`) {
+		t.Fatalf("Decoder fast: %v", err)
+	}
+	for _, c := range []struct{ opt, path, line string }{
+		{"", generate.DecoderNative, "native ("},
+		{generate.DecoderAuto, generate.DecoderNative, "native ("},
+		{generate.DecoderNative, generate.DecoderNative, "native ("},
+		{generate.DecoderGoMLX, generate.DecoderGoMLX, "gomlx (Options.Decoder gomlx)"},
+	} {
+		g := openGenerator(ctx, t, be, nvmeConfig(t, 1<<20, false), fn, w, generate.Options{Decoder: c.opt})
+		if !strings.HasPrefix(g.Decoder(), c.line) {
+			t.Fatalf("Decoder %q: Decoder() = %q, want %q...", c.opt, g.Decoder(), c.line)
+		}
+		res, err := g.Generate(ctx, ps, s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Decoder != c.path || !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+			t.Fatalf("Decoder %q: ran on %q, tokens %v, want %v", c.opt, res.Decoder, res.Tokens, want)
+		}
+	}
+
+	topK := generate.Sampling{Strategy: sample.StrategyTopK, TopK: 5, Seed: 3, MaxNewTokens: 6}
+	kvNVMe := func() *config.Config {
+		c := nvmeConfig(t, 1<<20, false)
+		c.Zinf.KVCache.Device = config.KVCacheNVMe
+		return c
+	}
+	for _, c := range []struct {
+		name string
+		cfg  *config.Config
+		s    generate.Sampling
+		why  string
+	}{
+		{"sampling", nvmeConfig(t, 1<<20, false), topK, "sampling top_k"},
+		{"kv-on-nvme", kvNVMe(), s, "is on nvme"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			o := generate.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), NoBandwidthProbe: true}
+			g, err := generate.Open(ctx, be, c.cfg, fn, w, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			res, err := g.Generate(ctx, ps, c.s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Decoder != generate.DecoderGoMLX || !strings.Contains(logs.String(), "the native decoder does not cover this generation") ||
+				!strings.Contains(logs.String(), c.why) {
+				t.Fatalf("ran on %q; log:\n%s", res.Decoder, logs.String())
+			}
+			if c.s.Strategy == sample.StrategyGreedy && !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+				t.Fatalf("fallback tokens %v, want %v", res.Tokens, want)
+			}
+			o.Decoder = generate.DecoderNative
+			gn, err := generate.Open(ctx, be, c.cfg, fn, w, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gn.Close()
+			if _, err := gn.Generate(ctx, ps, c.s, nil); err == nil || !strings.Contains(err.Error(), "decoder native (Options.Decoder)") || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("native forced on %s: %v", c.name, err)
+			}
+		})
+	}
+}
+
+// TestNativeFallbackUncovered: a model the native decoder does not cover
+// (no RoPE) runs on GoMLX under auto, Decoder() and the log line saying
+// why, and is refused at Open under native.
+func TestNativeFallbackUncovered(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := func(root *model.Scope) *transformer.Model {
+		return transformer.New(root.In("transformer")).
+			WithVocabSize(97).WithEmbedDim(32).WithNumLayers(2).WithNumHeads(4).WithNumKVHeads(2).WithHeadDim(8).
+			WithFFNDim(48).WithNormalization("rms").WithFinalNormalization("rms").
+			WithActivation(activation.TypeSilu).WithBias(false).WithDType(dtypes.Float32)
+	}
+	w := seededWeights(t, be, fn, 3)
+	var logs bytes.Buffer
+	o := generate.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), NoBandwidthProbe: true}
+	g, err := generate.Open(ctx, be, nvmeConfig(t, 1<<20, false), fn, w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const why = "does not cover a zoo model without RoPE"
+	if d := g.Decoder(); !strings.HasPrefix(d, "gomlx: the native decoder does not cover this model") || !strings.Contains(d, why) {
+		t.Fatalf("Decoder() = %q", d)
+	}
+	if l := logs.String(); strings.Count(l, "\n") != 1 || !strings.Contains(l, "decoder gomlx") || !strings.Contains(l, why) {
+		t.Fatalf("want one log line saying why, got:\n%s", l)
+	}
+	s := generate.Sampling{MaxNewTokens: 8}
+	ps := prompts(2, 3, 97, 1)
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := generate.InMemory(ctx, be, fn, w, ps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decoder != generate.DecoderGoMLX || !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("ran on %q: %v, want %v", res.Decoder, res.Tokens, want)
+	}
+	o.Decoder = generate.DecoderNative
+	if _, err := generate.Open(ctx, be, nvmeConfig(t, 1<<20, false), fn, w, o); err == nil || !strings.Contains(err.Error(), "decoder native: ") || !strings.Contains(err.Error(), why) {
+		t.Fatalf("native forced on an uncovered model: %v", err)
+	}
+}
