@@ -288,6 +288,7 @@ type options struct {
 	cpuProfile                                       string
 	plan, inPlaceOnly, dropCache                     bool
 	pieceBytes                                       int64
+	decoder                                          string
 }
 
 type promptsFlag struct{ p *[]string }
@@ -345,8 +346,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.StringVar(&o.computeDType, "compute-dtype", "", "the dtype the model computes in: fp32 runs a bf16 model in float32, each weight widened as its layer is read (the weights stay bf16 on disk and in the pinned pool; the pure-Go backend's float32 matmul is the fast one, with SIMD kernels when built with GOEXPERIMENT=simd); default: the model's dtype")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the generation to this new file")
 	fs.Int64Var(&o.pieceBytes, "piece-bytes", 0, "zinf.Options.PieceBytes: tensors larger move in pieces (0: the config's, else 4 MiB; -1: every tensor moves whole and is prefetched)")
+	fs.StringVar(&o.decoder, "decoder", "auto", "the forward pass: auto (the native decoder where it covers the model and the generation: greedy, KV cache in memory; GoMLX's graphs otherwise, said in a line), native or gomlx")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if _, err := generate.ParseDecoder(o.decoder); err != nil {
+		return fmt.Errorf("--decoder %q (allowed: auto, native, gomlx)", o.decoder)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -430,6 +435,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.pool < 0 {
 		return fmt.Errorf("--pool %d (allowed: > 0)", o.pool)
 	}
+	if o.decoder == generate.DecoderNative && o.mmap != "" {
+		return errors.New("--decoder native reads the weights in zinf's pinned buffers: not with --mmap (give --decoder auto or gomlx)")
+	}
 	if o.maxInCPU >= 0 && o.mmap != "" {
 		return errors.New("--max-in-cpu keeps weights in zinf's pinned pool: not with --mmap, which has none")
 	}
@@ -500,7 +508,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return runMapped(ctx, o, sp, fn, backend, advice, tok, prompts, samp, batch, stdout)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	gopts := generate.Options{Logger: log, PieceBytes: o.pieceBytes, InPlaceOnly: o.inPlaceOnly}
+	gopts := generate.Options{Logger: log, PieceBytes: o.pieceBytes, InPlaceOnly: o.inPlaceOnly, Decoder: o.decoder}
 	var tw *trace.ChromeWriter
 	if o.traceFile != "" {
 		f, err := os.OpenFile(o.traceFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
@@ -535,6 +543,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	wb := g.WeightBytes()
 	pool := g.Runtime().Metrics().PinnedBytes
 	fmt.Fprintf(stdout, "model: %s; tokenizer %s; %s\n", sp, tok.name, source)
+	fmt.Fprintf(stdout, "decoder: %s\n", g.Decoder())
 	nc, cb := g.CachedBytes()
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
 		len(g.Vars())-nc, mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb+cb)/float64(pool), g.Runtime().Plan().PrefetchDepth)

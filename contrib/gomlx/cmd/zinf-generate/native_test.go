@@ -1,0 +1,40 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDecoderFlag: --decoder native and gomlx each run (said in the
+// decoder line) and --verify holds either to GoMLX's in-memory greedy
+// tokens; a bad value, and native with --mmap, are refused naming what
+// is allowed.
+func TestDecoderFlag(t *testing.T) {
+	for _, c := range []struct{ flag, line string }{
+		{"native", "decoder: native (3 layers, 4 heads, 2 kv-heads"},
+		{"gomlx", "decoder: gomlx (Options.Decoder gomlx)"},
+		{"auto", "decoder: native (3 layers"},
+	} {
+		out, err := runCLI(t, "--model", "dim=64,layers=3,heads=4,kv-heads=2,ffn=128", "--pool", "256KiB", "--prompt", "In the beginning",
+			"--prompt", "And God said, ", "--max-new-tokens", "8", "--decoder", c.flag, "--verify")
+		if err != nil {
+			t.Fatalf("--decoder %s: %v\n%s", c.flag, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if !strings.Contains(out, c.line) || lines[len(lines)-1] != "greedy tokens equal in-memory generation: true" {
+			t.Fatalf("--decoder %s: want %q and the tokens equal:\n%s", c.flag, c.line, out)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--prompt", "x", "--decoder", "fast"}, `--decoder "fast" (allowed: auto, native, gomlx)`},
+		{[]string{"--prompt", "x", "--decoder", "native", "--mmap", "plain", "--safetensors", "m.st", "--names", "vars"}, "--decoder native reads the weights in zinf's pinned buffers: not with --mmap"},
+	} {
+		out, err := runCLI(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v (want %q)\n%s", c.args, err, c.want, out)
+		}
+	}
+}
