@@ -6,17 +6,23 @@ import (
 )
 
 // TestDecoderFlag: --decoder native and gomlx each run (said in the
-// decoder line) and --verify holds either to GoMLX's in-memory greedy
-// tokens; a bad value, and native with --mmap, are refused naming what
-// is allowed.
+// decoder line), auto picks native for an out-in model (arch=gemma) and
+// GoMLX for the standard architecture's in-out layers, saying why, and
+// --verify holds each to GoMLX's in-memory greedy tokens; a bad value,
+// and native with --mmap, are refused naming what is allowed.
 func TestDecoderFlag(t *testing.T) {
 	for _, c := range []struct{ flag, line string }{
 		{"native", "decoder: native (3 layers, 4 heads, 2 kv-heads"},
 		{"gomlx", "decoder: gomlx (Options.Decoder gomlx)"},
-		{"auto", "decoder: native (3 layers"},
+		{"auto", "decoder: gomlx: the native decoder does not cover this model: the zoo's in-out dense layers"},
+		{"auto --model arch=gemma", "decoder: native (3 layers"},
 	} {
-		out, err := runCLI(t, "--model", "dim=64,layers=3,heads=4,kv-heads=2,ffn=128", "--pool", "256KiB", "--prompt", "In the beginning",
-			"--prompt", "And God said, ", "--max-new-tokens", "8", "--decoder", c.flag, "--verify")
+		flag, model := c.flag, "dim=64,layers=3,heads=4,kv-heads=2,ffn=128"
+		if f, arch, ok := strings.Cut(flag, " --model "); ok {
+			flag, model = f, model+","+arch
+		}
+		out, err := runCLI(t, "--model", model, "--pool", "256KiB", "--prompt", "In the beginning",
+			"--prompt", "And God said, ", "--max-new-tokens", "8", "--decoder", flag, "--verify")
 		if err != nil {
 			t.Fatalf("--decoder %s: %v\n%s", c.flag, err, out)
 		}
