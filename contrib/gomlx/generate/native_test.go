@@ -252,3 +252,55 @@ func TestNativeFallbackUncovered(t *testing.T) {
 		t.Fatalf("native forced on an uncovered model: %v", err)
 	}
 }
+
+// TestNativeKeptSet: with offload_param.max_in_cpu keeping part of the
+// weights in the pinned pool, the native decoder reads the kept ones
+// where the pool keeps them: once the cache holds them a decoding step
+// reads from NVMe about what it reads on the GoMLX path (the streamed
+// weights), less than without the kept set, and the tokens are GoMLX's.
+func TestNativeKeptSet(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(4, 96, true)
+	w := seededWeights(t, be, fn, 42)
+	s := generate.Sampling{MaxNewTokens: 10}
+	ps := prompts(2, 5, 97, 1)
+	want := reference(ctx, t, be, fn, w, ps, s)
+	var total int64
+	for _, v := range openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, false), fn, w, generate.Options{Decoder: generate.DecoderGoMLX}).Vars() {
+		total += int64(v.Numel()) * 4
+	}
+	// lastSteps is the NVMe bytes of the decoding steps after the first
+	// two (the cache fills as the first passes release their weights).
+	lastSteps := func(decoder string, keep bool) int64 {
+		t.Helper()
+		cfg := nvmeConfig(t, 4<<20+total, false)
+		if keep {
+			cfg.ZeroOptimization.OffloadParam.MaxInCPU = total / 2 / 4 // elements
+		}
+		g := openGenerator(ctx, t, be, cfg, fn, w, generate.Options{Decoder: decoder})
+		if n, _ := g.CachedBytes(); keep && n == 0 {
+			t.Fatal("no weight kept: the test shows nothing")
+		}
+		var sum int64
+		res, err := g.Generate(ctx, ps, s, func(si generate.StepInfo) {
+			if si.Step > 2 {
+				sum += si.BytesRead
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Decoder != decoder || !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+			t.Fatalf("%s (kept %v): ran on %q, tokens %v, want %v", decoder, keep, res.Decoder, res.Tokens, want)
+		}
+		return sum
+	}
+	plain, kept, ref := lastSteps(generate.DecoderNative, false), lastSteps(generate.DecoderNative, true), lastSteps(generate.DecoderGoMLX, true)
+	// Within a tenth of the GoMLX path's: each pass prefetches the next
+	// one's first layer, so a step's count is off by what two prefetches
+	// differ.
+	if math.Abs(float64(kept-ref)) > float64(ref)/10 || kept >= plain*3/4 {
+		t.Fatalf("decoding steps read %d bytes with weights kept (GoMLX path: %d), %d without", kept, ref, plain)
+	}
+}
