@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -302,5 +303,38 @@ func TestNativeKeptSet(t *testing.T) {
 	// differ.
 	if math.Abs(float64(kept-ref)) > float64(ref)/10 || kept >= plain*3/4 {
 		t.Fatalf("decoding steps read %d bytes with weights kept (GoMLX path: %d), %d without", kept, ref, plain)
+	}
+}
+
+// TestNativeBF16Weights: a bf16 model file computed in float32 (the
+// weights bf16 on disk and in the pool): the native decoder reads the
+// bf16 bytes where zinf swapped them in (no copy, no widening into a new
+// buffer) and gives GoMLX's in-memory tokens of the float32 model.
+func TestNativeBF16Weights(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	bf16 := func(root *model.Scope) *transformer.Model { return mid(3, 96, true)(root).WithDType(dtypes.BFloat16) }
+	if _, err := generate.WriteRandomModel(ctx, be, bf16, path, 5); err != nil {
+		t.Fatal(err)
+	}
+	w, err := generate.SafetensorsWeights(nil, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := mid(3, 96, true)
+	s := generate.Sampling{MaxNewTokens: 12}
+	ps := prompts(2, 4, 97, 3)
+	want := reference(ctx, t, be, fn, w, ps, s)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, true), fn, w, generate.Options{PieceBytes: -1, InPlaceOnly: true})
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decoder != generate.DecoderNative || !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("ran on %q: %v, want %v", res.Decoder, res.Tokens, want)
+	}
+	if n := g.CopiedWeights(); n != 0 {
+		t.Fatalf("%d bf16 weights copied", n)
 	}
 }
