@@ -528,7 +528,12 @@ func (w *STWeights) readHeader(path string, r io.Reader, hl, start, dataBytes in
 		if spans[i].begin != spans[j].begin {
 			return spans[i].begin < spans[j].begin
 		}
-		return spans[i].end < spans[j].end
+		if spans[i].end != spans[j].end {
+			return spans[i].end < spans[j].end
+		}
+		// The entries come from a map: names break the tie, so the same
+		// file gets the same message every time.
+		return spans[i].name < spans[j].name
 	})
 	var at int64
 	var prev string
