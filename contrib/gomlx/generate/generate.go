@@ -39,6 +39,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
@@ -90,8 +91,9 @@ type Options struct {
 	Decoder string
 }
 
-// DefaultPrefillBytes is Options.PrefillBytes' default: half the 512 MiB
-// zinf-generate allows beside the pinned pool and the KV cache.
+// DefaultPrefillBytes is Options.PrefillBytes' default: a prompt of a few
+// thousand tokens on a model of a few thousand dimensions (zinf-generate
+// --prefill-bytes sets it; its memory bound counts the prefill's figure).
 const DefaultPrefillBytes = 256 << 20
 
 // Sampling says how the next token is chosen and when generation stops.
@@ -227,6 +229,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 	for i, v := range vars {
 		descs[i] = v.Desc()
 	}
+	backendinfo.WarnPortable(o.Logger, backend)
 	rt, err := zinf.Open(cfg, zinf.Model{Tensors: descs, Layers: m.NumLayers + 2}, zinf.Options{Logger: o.Logger, Inference: true,
 		PrefetchDepth: o.PrefetchDepth, Trace: o.Trace, NoBandwidthProbe: o.NoBandwidthProbe, PieceBytes: o.PieceBytes})
 	if err != nil {

@@ -209,7 +209,7 @@ func (g *Generator) PrefillBound() int64 { return g.prefillBytes }
 // need bytes, with the figures.
 func (g *Generator) prefillError(batch, n int, need int64) error {
 	act := int64(batch) * int64(n) * int64(g.m.EmbedDim) * int64(g.m.DType.Size())
-	return fmt.Errorf("zinf generate: a prefill of %d prompt(s) of %d tokens needs %s (4 x %s of activations: %d x %d positions x %d dims of %s; and %s for one chunk, its garbage and one layer's KV cache), over the bound of %s (Options.PrefillBytes): shorten the prompts, prefill fewer at once, or raise the bound",
+	return fmt.Errorf("zinf generate: a prefill of %d prompt(s) of %d tokens needs %s (4 x %s of activations: %d x %d positions x %d dims of %s; and %s for one chunk, its garbage and one layer's KV cache), over the bound of %s (Options.PrefillBytes, zinf-generate --prefill-bytes): shorten the prompts, prefill fewer at once, or raise the bound",
 		batch, n, mib(need), mib(act), batch, n, g.m.EmbedDim, g.m.DType, mib(need-4*act), mib(g.prefillBytes))
 }
 

@@ -73,7 +73,7 @@ func runMapped(ctx context.Context, o options, sp Spec, fn generate.ModelFn, bac
 	if _, _, err := generateAll(ctx, g, o, tok, prompts, samp, batch, longest, 0, stdout); err != nil {
 		return err
 	}
-	processLine(stdout, 0)
+	processLine(stdout, 0, 0)
 	return nil
 }
 
@@ -95,9 +95,10 @@ func dropCache(path string) error {
 }
 
 // processLine prints what the process read from disk (/proc/self/io) and
-// its peak resident set (VmHWM), against bound (pool + KV cache + 512 MiB)
-// when > 0.
-func processLine(stdout io.Writer, bound int64) {
+// its peak resident set (VmHWM), against bound (pool + KV cache) + prefill
+// (what the plan allowed the longest prompt's prefill) + 512 MiB when
+// bound > 0.
+func processLine(stdout io.Writer, bound, prefill int64) {
 	read, _, okR := procstat.IO()
 	hwm, okH := procstat.Status("VmHWM")
 	if !okR || !okH {
@@ -109,12 +110,12 @@ func processLine(stdout io.Writer, bound int64) {
 	fmt.Fprintf(stdout, "process: read from disk %s (/proc/self/io read_bytes), peak RSS %s (VmHWM; at exit anonymous %s, file-backed %s)",
 		mib(read), mib(hwm), mib(anon), mib(file))
 	if bound > 0 {
-		b := bound + 512<<20
+		b := bound + prefill + 512<<20
 		verdict := "within"
 		if hwm > b {
 			verdict = "OVER"
 		}
-		fmt.Fprintf(stdout, "; bound pool + KV cache + 512 MiB = %s: %s", mib(b), verdict)
+		fmt.Fprintf(stdout, "; bound pool + KV cache + prefill %s + 512 MiB = %s: %s", mib(prefill), mib(b), verdict)
 	}
 	fmt.Fprintln(stdout)
 }

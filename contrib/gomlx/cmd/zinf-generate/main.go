@@ -289,6 +289,7 @@ type options struct {
 	plan, inPlaceOnly, dropCache                     bool
 	pieceBytes                                       int64
 	decoder                                          string
+	prefillBytes                                     int64
 }
 
 type promptsFlag struct{ p *[]string }
@@ -345,6 +346,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.BoolVar(&o.dropCache, "drop-cache", false, "drop the --safetensors files from the page cache first (fdatasync, then posix_fadvise DONTNEED: no other file's pages)")
 	fs.StringVar(&o.computeDType, "compute-dtype", "", "the dtype the model computes in: fp32 runs a bf16 model in float32, each weight widened as its layer is read (the weights stay bf16 on disk and in the pinned pool; the pure-Go backend's float32 matmul is the fast one, with SIMD kernels when built with GOEXPERIMENT=simd); default: the model's dtype")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the generation to this new file")
+	fs.Var(sizeFlag{&o.prefillBytes}, "prefill-bytes", "memory a prompt's prefill may take beyond the pinned pool and the KV cache (generate.Options.PrefillBytes), e.g. 1GiB: a longer prompt is refused with the figure; default 256MiB")
 	fs.Int64Var(&o.pieceBytes, "piece-bytes", 0, "zinf.Options.PieceBytes: tensors larger move in pieces (0: the config's, else 4 MiB; -1: every tensor moves whole and is prefetched)")
 	fs.StringVar(&o.decoder, "decoder", "auto", "the forward pass: auto (the native decoder where it covers the model and the generation: greedy, KV cache in memory; GoMLX's graphs otherwise, said in a line), native or gomlx")
 	if err := fs.Parse(args); err != nil {
@@ -508,7 +510,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return runMapped(ctx, o, sp, fn, backend, advice, tok, prompts, samp, batch, stdout)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	gopts := generate.Options{Logger: log, PieceBytes: o.pieceBytes, InPlaceOnly: o.inPlaceOnly, Decoder: o.decoder}
+	gopts := generate.Options{Logger: log, PieceBytes: o.pieceBytes, InPlaceOnly: o.inPlaceOnly, Decoder: o.decoder, PrefillBytes: o.prefillBytes}
 	var tw *trace.ChromeWriter
 	if o.traceFile != "" {
 		f, err := os.OpenFile(o.traceFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
@@ -588,7 +590,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
-	processLine(stdout, pool+kvBytes)
+	// The bound counts what the plan allowed the prefill beside the pool
+	// and the KV cache (its activations, one chunk, its garbage).
+	processLine(stdout, pool+kvBytes, g.PrefillBytes(min(batch, len(prompts)), longest))
 	if !o.verify {
 		return nil
 	}
