@@ -54,15 +54,18 @@
 //
 // zinf-generate streams a model layer by layer through its pinned pool:
 // it swaps layer l's tensors in, runs the layer and releases them. With
-// the native decoder it will do the same with Layer in place of the GoMLX
-// layer graph: Begin on the embedding layer's views, then, as each layer
+// the native decoder (contrib/gomlx/generate, Options.Decoder) it does the
+// same with Layer in place of the GoMLX layer graph: Begin on the
+// embedding layer's views, then, as each layer
 // is swapped in, a LayerWeights of views of its pinned buffers, gathered
 // by name with a Binding (Binding.Layer with a function from a tensor
 // name to the view of its pinned buffer), handed to Layer, and Logits on
 // the head's views; the KV cache is a float32 buffer the generator allocates
-// (or takes from its KV tiers) once per generation. The generator picks
-// the native decoder when the model maps to a Config (for the zoo,
-// contrib/gomlx/nativecheck.ZooConfig) and keeps the GoMLX path otherwise.
+// (through the runtime's KV cache, in memory) once per generation. Under
+// Options.Decoder auto the generator picks the native decoder when the
+// model maps to a Config (for the zoo, contrib/gomlx/nativecheck.ZooConfig)
+// with out-in weights, the KV cache in memory and greedy sampling, and
+// keeps the GoMLX path otherwise, saying why.
 //
 // # Caveats
 //
