@@ -13,7 +13,7 @@ GOMLX_DIR := contrib/gomlx
 GOMLX_GOEXPERIMENT ?= simd
 GOMLX_ENV := CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT)
 
-.PHONY: all build build-mpi test test-short test-arm64 bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
+.PHONY: all build build-mpi test test-short test-arm64 test-kernel-mutants bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
 
 all: build
 
@@ -35,6 +35,15 @@ test: lint
 # every mutant the kernel generator can build caught by those tests.
 test-arm64:
 	./scripts/test-arm64.sh
+
+# The decoder's amd64 kernels: the generated assembly is what the generator
+# writes, and every mutant the generator can build into it fails the
+# differential tests (decoder/kernels/internal/asmgen/mutants.sh). Needs
+# AVX2, FMA and F16C; on a CPU without them it says so and runs nothing.
+test-kernel-mutants:
+	@if [ "$$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then \
+	  ./decoder/kernels/internal/asmgen/mutants.sh; \
+	else echo "test-kernel-mutants: this CPU lacks AVX2, FMA or F16C: the decoder's amd64 kernels cannot run here (NOT tested)"; fi
 
 test-short: lint
 	$(GO) test -short -count=1 $(PKGS)
