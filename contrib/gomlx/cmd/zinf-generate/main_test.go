@@ -26,7 +26,9 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	defer cancel()
 	var out, errs bytes.Buffer
 	err := run(ctx, append([]string{"--dir", t.TempDir()}, args...), &out, &errs)
-	return out.String() + errs.String(), err
+	// Standard error first: the log's lines (a warning of the portable
+	// build, say) come before the output whose last line tests read.
+	return errs.String() + out.String(), err
 }
 
 // TestGenerateVerify: a fresh model generates for a batch of prompts with
