@@ -308,9 +308,15 @@ func shorten(s string) string {
 	if len(s) <= maxRaw {
 		return s
 	}
+	// Back to the start of the rune the limit falls in: at most
+	// UTFMax-1 bytes. Text that is not UTF-8 there (a string of
+	// continuation bytes) is cut at the limit, not walked back to nothing.
 	cut := maxRaw
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
+	for back := 0; back < utf8.UTFMax-1 && cut > 0 && !utf8.RuneStart(s[cut]); back++ {
 		cut--
+	}
+	if !utf8.RuneStart(s[cut]) {
+		cut = maxRaw
 	}
 	return s[:cut] + "..."
 }
