@@ -653,27 +653,7 @@ func (g *Generator) Generate(ctx context.Context, prompts [][]int32, s Sampling,
 		}
 		res.Steps++
 		pos += len(in[0])
-		report := make([]int32, B)
-		allDone := true
-		for i, p := range prompts {
-			report[i] = -1
-			switch {
-			case pos < len(p): // still reading its prompt
-				in[i] = p[pos : pos+1]
-			case done[i] || len(res.Tokens[i]) >= s.MaxNewTokens:
-				in[i] = []int32{0} // ended: its row runs on, unused
-			default:
-				res.Tokens[i] = append(res.Tokens[i], next[i])
-				report[i] = next[i]
-				in[i] = []int32{next[i]}
-				if s.ends(next[i]) {
-					done[i] = true
-				}
-			}
-			if !done[i] && len(res.Tokens[i]) < s.MaxNewTokens {
-				allDone = false
-			}
-		}
+		report, allDone := advance(prompts, pos, next, s, res, done, in)
 		if onStep != nil {
 			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, IOWait: wait, BytesRead: g.src.bytesRead() - rd0, Tokens: report})
 		}
@@ -1159,4 +1139,35 @@ func (s *kvState) free() error {
 		return nil
 	}
 	return s.c.Close()
+}
+
+// advance moves every sequence of a batch on after a pass at position pos
+// gave next: a sequence still reading its prompt takes the prompt's next
+// token, an ended one runs on unused, the others keep next (ending at an
+// EOS or stop token). It sets in for the next pass and reports the tokens
+// kept (-1: none) and whether every sequence has ended. The GoMLX and
+// native loops share it.
+func advance(prompts [][]int32, pos int, next []int32, s Sampling, res *Result, done []bool, in [][]int32) (report []int32, allDone bool) {
+	report = make([]int32, len(prompts))
+	allDone = true
+	for i, p := range prompts {
+		report[i] = -1
+		switch {
+		case pos < len(p): // still reading its prompt
+			in[i] = p[pos : pos+1]
+		case done[i] || len(res.Tokens[i]) >= s.MaxNewTokens:
+			in[i] = []int32{0} // ended: its row runs on, unused
+		default:
+			res.Tokens[i] = append(res.Tokens[i], next[i])
+			report[i] = next[i]
+			in[i] = []int32{next[i]}
+			if s.ends(next[i]) {
+				done[i] = true
+			}
+		}
+		if !done[i] && len(res.Tokens[i]) < s.MaxNewTokens {
+			allDone = false
+		}
+	}
+	return report, allDone
 }

@@ -284,27 +284,7 @@ func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sam
 		}
 		res.Steps++
 		pos += len(in[0])
-		report := make([]int32, B)
-		allDone := true
-		for i, p := range prompts {
-			report[i] = -1
-			switch {
-			case pos < len(p):
-				in[i] = p[pos : pos+1]
-			case done[i] || len(res.Tokens[i]) >= s.MaxNewTokens:
-				in[i] = []int32{0}
-			default:
-				res.Tokens[i] = append(res.Tokens[i], next[i])
-				report[i] = next[i]
-				in[i] = []int32{next[i]}
-				if s.ends(next[i]) {
-					done[i] = true
-				}
-			}
-			if !done[i] && len(res.Tokens[i]) < s.MaxNewTokens {
-				allDone = false
-			}
-		}
+		report, allDone := advance(prompts, pos, next, s, res, done, in)
 		if onStep != nil {
 			onStep(StepInfo{Step: res.Steps - 1, Position: pos - 1, Time: d, IOWait: wait, BytesRead: g.src.bytesRead() - rd0, Tokens: report})
 		}
