@@ -248,8 +248,10 @@ func (c *Config) Names(n Naming, scope string) ([]Name, error) {
 		if !c.TiedHead {
 			add(Head, -1, "lm_head.weight")
 		}
+	case GGUFNames:
+		out = c.ggufNames()
 	default:
-		return nil, fmt.Errorf("decoder: naming %d (allowed: ZooNames, HFNames)", int(n))
+		return nil, fmt.Errorf("decoder: naming %d (allowed: ZooNames, HFNames, GGUFNames)", int(n))
 	}
 	return out, nil
 }
