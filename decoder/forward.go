@@ -83,7 +83,6 @@ type Decoder struct {
 
 	// Scratch, grown on demand and kept.
 	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
-	rows                                 [][]float32 // inOut's, one per worker
 	scores                               [][]float32 // one per worker
 	workers                              int         // goroutines attention is split over
 }
@@ -601,53 +600,26 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 }
 
 // inOut computes y[b][o] = sum over i of x[b][i] * W[i][o] for a weight
-// stored in features by out features (F32 or BF16): a row of W at a time,
-// added to every output of the batch, so the weight is read once and in
-// order. The outputs are split into contiguous ranges over the workers
-// when the matrix is large enough; each output's sum runs over i in
-// increasing order whatever the split.
+// stored in features by out features (F32 or BF16) on the kernels'
+// in-out products (kernels.Pool.MatMulInOut), MaxBatch rows of x at a
+// time: each weight row is read once for those rows, broadcast times the
+// row into many outputs' sums at once, the outputs split by column ranges
+// over the workers; every output's sum takes the rows in increasing
+// order, whatever the split.
 func (d *Decoder) inOut(y []float32, w Tensor, outs, ins int, x []float32, n int) error {
-	rb, err := kernels.RowBytes(w.Type, outs)
-	if err != nil {
-		return err
-	}
-	if rb == 0 || len(w.Data)/rb < ins || len(w.Data) != ins*rb {
-		return fmt.Errorf("%d bytes, want %d rows of %d %v values (%d bytes)", len(w.Data), ins, outs, w.Type, ins*rb)
-	}
-	clear(y)
-	workers := min(d.workers, max(1, outs*ins/minInOutWork), max(1, outs/64))
-	for len(d.rows) < workers {
-		d.rows = append(d.rows, nil)
-	}
-	es := rb / max(outs, 1) // bytes a value
-	part := func(wk, lo, hi int) {
-		row := grow(d.rows[wk], hi-lo)
-		d.rows[wk] = row
-		for i := range ins {
-			// Cannot fail: the type and the length were checked above.
-			_ = kernels.Dequantize(row, w.Type, w.Data[i*rb+lo*es:i*rb+hi*es])
-			for b := range n {
-				xi := x[b*ins+i]
-				yb := y[b*outs+lo : b*outs+hi]
-				for o, wv := range row {
-					yb[o] += xi * wv
-				}
-			}
+	m := kernels.Matrix{Type: w.Type, Rows: ins, Cols: outs, Data: w.Data}
+	for r0 := 0; r0 < n; r0 += kernels.MaxBatch {
+		bn := min(kernels.MaxBatch, n-r0)
+		yb, xb := y[r0*outs:(r0+bn)*outs], x[r0*ins:(r0+bn)*ins]
+		var err error
+		if d.pool != nil {
+			err = d.pool.MatMulInOut(yb, m, xb, bn)
+		} else {
+			err = kernels.MatMulInOut(yb, m, xb, bn)
+		}
+		if err != nil {
+			return err
 		}
 	}
-	if workers <= 1 {
-		part(0, 0, outs)
-		return nil
-	}
-	var wg sync.WaitGroup
-	for wk := range workers {
-		lo, hi := outs*wk/workers, outs*(wk+1)/workers
-		wg.Go(func() { part(wk, lo, hi) })
-	}
-	wg.Wait()
 	return nil
 }
-
-// minInOutWork is the weights below which another goroutine costs more
-// than it saves in inOut.
-const minInOutWork = 1 << 15

@@ -86,3 +86,37 @@ func BenchmarkMemoryRead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatMulInOut is BenchmarkMatMul's shapes stored in features by
+// out features (MatMulInOut), f32 and bf16.
+func BenchmarkMatMulInOut(b *testing.B) {
+	for _, sh := range benchShapes {
+		for _, t := range []DType{F32, BF16} {
+			for _, batch := range []int{1, 4} {
+				for _, kn := range Kernels() {
+					name := fmt.Sprintf("%dx%d/%v/batch=%d/%s", sh.rows, sh.cols, t, batch, kn)
+					b.Run(name, func(b *testing.B) {
+						if kn == KernelScalar && testing.Short() {
+							b.Skip("the scalar kernel under -short")
+						}
+						w := benchMatrix(t, sh.rows, sh.cols) // rows inputs, cols outputs
+						x := randVec(rand.New(rand.NewPCG(2, 3)), batch*sh.rows)
+						y := make([]float32, batch*sh.cols)
+						p, err := NewPool(Options{Kernel: kn})
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer p.Close()
+						b.SetBytes(int64(len(w.Data)))
+						b.ReportAllocs()
+						for b.Loop() {
+							if err := p.MatMulInOut(y, w, x, batch); err != nil {
+								b.Fatal(err)
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}

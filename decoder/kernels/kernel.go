@@ -6,6 +6,16 @@ package kernels
 type kernel struct {
 	name                string
 	f32, bf16, q8_0, q4 blockFunc
+	// ioF32 and ioBF16 are the in-out products' (MatMulInOut).
+	ioF32, ioBF16 ioFunc
+}
+
+// inOut returns the kernel's in-out function for t (F32 or BF16).
+func (k *kernel) inOut(t DType) ioFunc {
+	if t == BF16 {
+		return k.ioBF16
+	}
+	return k.ioF32
 }
 
 // row returns the kernel's row function for t.
@@ -31,7 +41,8 @@ const KernelScalar = "scalar"
 // F16C).
 const KernelAVX2 = "avx2"
 
-var scalarKernel = &kernel{name: KernelScalar, f32: perRow(rowF32Scalar), bf16: perRow(rowBF16Scalar), q8_0: perRow(rowQ8Scalar), q4: perRow(rowQ4Scalar)}
+var scalarKernel = &kernel{name: KernelScalar, f32: perRow(rowF32Scalar), bf16: perRow(rowBF16Scalar), q8_0: perRow(rowQ8Scalar), q4: perRow(rowQ4Scalar),
+	ioF32: inOutScalar(F32), ioBF16: inOutScalar(BF16)}
 
 // simdKernels lists the SIMD kernels this machine can run, the preferred
 // first; the architecture's init fills it.

@@ -1937,3 +1937,886 @@ sumF32AVX2_store:
 	MOVSS        X0, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func inoutF32AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x1w64(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), DI
+	MOVQ ystride+48(FP), R8
+
+inoutF32AVX2x1w64_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	MOVQ    DX, R8
+	XORQ    R9, R9
+
+inoutF32AVX2x1w64_row:
+	VBROADCASTSS (SI)(R9*1), Y8
+	VFMADD231PS  (R8), Y8, Y0
+	VFMADD231PS  32(R8), Y8, Y1
+	VFMADD231PS  64(R8), Y8, Y2
+	VFMADD231PS  96(R8), Y8, Y3
+	VFMADD231PS  128(R8), Y8, Y4
+	VFMADD231PS  160(R8), Y8, Y5
+	VFMADD231PS  192(R8), Y8, Y6
+	VFMADD231PS  224(R8), Y8, Y7
+	ADDQ         BX, R8
+	ADDQ         $0x04, R9
+	CMPQ         R9, AX
+	JL           inoutF32AVX2x1w64_row
+	VMOVUPS      Y0, (DI)
+	VMOVUPS      Y1, 32(DI)
+	VMOVUPS      Y2, 64(DI)
+	VMOVUPS      Y3, 96(DI)
+	VMOVUPS      Y4, 128(DI)
+	VMOVUPS      Y5, 160(DI)
+	VMOVUPS      Y6, 192(DI)
+	VMOVUPS      Y7, 224(DI)
+	ADDQ         $0x00000100, DI
+	ADDQ         $0x00000100, DX
+	SUBQ         $0x00000040, CX
+	JG           inoutF32AVX2x1w64_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x1w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x1w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), DI
+	MOVQ ystride+48(FP), R8
+
+inoutF32AVX2x1w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (DI), Y0
+	MOVQ    DX, R8
+	XORQ    R9, R9
+
+inoutF32AVX2x1w8_row:
+	VBROADCASTSS (SI)(R9*1), Y1
+	VFMADD231PS  (R8), Y1, Y0
+	ADDQ         BX, R8
+	ADDQ         $0x04, R9
+	CMPQ         R9, AX
+	JL           inoutF32AVX2x1w8_row
+	VMOVUPS      Y0, (DI)
+	ADDQ         $0x00000020, DI
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutF32AVX2x1w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x2w32(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x2w32(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), DI
+	LEAQ (R8)(R9*1), R9
+
+inoutF32AVX2x2w32_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	VMOVUPS 64(R9), Y6
+	VMOVUPS 96(R9), Y7
+	MOVQ    DX, R10
+	XORQ    R11, R11
+
+inoutF32AVX2x2w32_row:
+	VBROADCASTSS (SI)(R11*1), Y8
+	VBROADCASTSS (DI)(R11*1), Y9
+	VMOVUPS      (R10), Y10
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y10, Y9, Y4
+	VMOVUPS      32(R10), Y10
+	VFMADD231PS  Y10, Y8, Y1
+	VFMADD231PS  Y10, Y9, Y5
+	VMOVUPS      64(R10), Y10
+	VFMADD231PS  Y10, Y8, Y2
+	VFMADD231PS  Y10, Y9, Y6
+	VMOVUPS      96(R10), Y10
+	VFMADD231PS  Y10, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y7
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	CMPQ         R11, AX
+	JL           inoutF32AVX2x2w32_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	VMOVUPS      Y2, 64(R8)
+	VMOVUPS      Y3, 96(R8)
+	ADDQ         $0x00000080, R8
+	VMOVUPS      Y4, (R9)
+	VMOVUPS      Y5, 32(R9)
+	VMOVUPS      Y6, 64(R9)
+	VMOVUPS      Y7, 96(R9)
+	ADDQ         $0x00000080, R9
+	ADDQ         $0x00000080, DX
+	SUBQ         $0x00000020, CX
+	JG           inoutF32AVX2x2w32_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x2w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x2w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), DI
+	LEAQ (R8)(R9*1), R9
+
+inoutF32AVX2x2w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R9), Y1
+	MOVQ    DX, R10
+	XORQ    R11, R11
+
+inoutF32AVX2x2w8_row:
+	VBROADCASTSS (SI)(R11*1), Y2
+	VBROADCASTSS (DI)(R11*1), Y3
+	VMOVUPS      (R10), Y4
+	VFMADD231PS  Y4, Y2, Y0
+	VFMADD231PS  Y4, Y3, Y1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	CMPQ         R11, AX
+	JL           inoutF32AVX2x2w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutF32AVX2x2w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x3w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x3w16(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), DI
+	LEAQ (R11)(R9*1), R9
+
+inoutF32AVX2x3w16_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS (R11), Y2
+	VMOVUPS 32(R11), Y3
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	MOVQ    DX, R12
+	XORQ    R13, R13
+
+inoutF32AVX2x3w16_row:
+	VBROADCASTSS (SI)(R13*1), Y6
+	VBROADCASTSS (R10)(R13*1), Y7
+	VBROADCASTSS (DI)(R13*1), Y8
+	VMOVUPS      (R12), Y9
+	VFMADD231PS  Y9, Y6, Y0
+	VFMADD231PS  Y9, Y7, Y2
+	VFMADD231PS  Y9, Y8, Y4
+	VMOVUPS      32(R12), Y9
+	VFMADD231PS  Y9, Y6, Y1
+	VFMADD231PS  Y9, Y7, Y3
+	VFMADD231PS  Y9, Y8, Y5
+	ADDQ         BX, R12
+	ADDQ         $0x04, R13
+	CMPQ         R13, AX
+	JL           inoutF32AVX2x3w16_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	ADDQ         $0x00000040, R8
+	VMOVUPS      Y2, (R11)
+	VMOVUPS      Y3, 32(R11)
+	ADDQ         $0x00000040, R11
+	VMOVUPS      Y4, (R9)
+	VMOVUPS      Y5, 32(R9)
+	ADDQ         $0x00000040, R9
+	ADDQ         $0x00000040, DX
+	SUBQ         $0x00000010, CX
+	JG           inoutF32AVX2x3w16_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x3w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x3w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), DI
+	LEAQ (R11)(R9*1), R9
+
+inoutF32AVX2x3w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R11), Y1
+	VMOVUPS (R9), Y2
+	MOVQ    DX, R12
+	XORQ    R13, R13
+
+inoutF32AVX2x3w8_row:
+	VBROADCASTSS (SI)(R13*1), Y3
+	VBROADCASTSS (R10)(R13*1), Y4
+	VBROADCASTSS (DI)(R13*1), Y5
+	VMOVUPS      (R12), Y6
+	VFMADD231PS  Y6, Y3, Y0
+	VFMADD231PS  Y6, Y4, Y1
+	VFMADD231PS  Y6, Y5, Y2
+	ADDQ         BX, R12
+	ADDQ         $0x04, R13
+	CMPQ         R13, AX
+	JL           inoutF32AVX2x3w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R11)
+	ADDQ         $0x00000020, R11
+	VMOVUPS      Y2, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutF32AVX2x3w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x4w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x4w16(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), R12
+	LEAQ (R11)(R9*1), R13
+	LEAQ (R12)(DI*1), DI
+	LEAQ (R13)(R9*1), R9
+
+inoutF32AVX2x4w16_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS (R11), Y2
+	VMOVUPS 32(R11), Y3
+	VMOVUPS (R13), Y4
+	VMOVUPS 32(R13), Y5
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	MOVQ    DX, R14
+	XORQ    R15, R15
+
+inoutF32AVX2x4w16_row:
+	VBROADCASTSS (SI)(R15*1), Y8
+	VBROADCASTSS (R10)(R15*1), Y9
+	VBROADCASTSS (R12)(R15*1), Y10
+	VBROADCASTSS (DI)(R15*1), Y11
+	VMOVUPS      (R14), Y12
+	VFMADD231PS  Y12, Y8, Y0
+	VFMADD231PS  Y12, Y9, Y2
+	VFMADD231PS  Y12, Y10, Y4
+	VFMADD231PS  Y12, Y11, Y6
+	VMOVUPS      32(R14), Y12
+	VFMADD231PS  Y12, Y8, Y1
+	VFMADD231PS  Y12, Y9, Y3
+	VFMADD231PS  Y12, Y10, Y5
+	VFMADD231PS  Y12, Y11, Y7
+	ADDQ         BX, R14
+	ADDQ         $0x04, R15
+	CMPQ         R15, AX
+	JL           inoutF32AVX2x4w16_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	ADDQ         $0x00000040, R8
+	VMOVUPS      Y2, (R11)
+	VMOVUPS      Y3, 32(R11)
+	ADDQ         $0x00000040, R11
+	VMOVUPS      Y4, (R13)
+	VMOVUPS      Y5, 32(R13)
+	ADDQ         $0x00000040, R13
+	VMOVUPS      Y6, (R9)
+	VMOVUPS      Y7, 32(R9)
+	ADDQ         $0x00000040, R9
+	ADDQ         $0x00000040, DX
+	SUBQ         $0x00000010, CX
+	JG           inoutF32AVX2x4w16_tile
+	VZEROUPPER
+	RET
+
+// func inoutF32AVX2x4w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, FMA3
+TEXT ·inoutF32AVX2x4w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), R12
+	LEAQ (R11)(R9*1), R13
+	LEAQ (R12)(DI*1), DI
+	LEAQ (R13)(R9*1), R9
+
+inoutF32AVX2x4w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R11), Y1
+	VMOVUPS (R13), Y2
+	VMOVUPS (R9), Y3
+	MOVQ    DX, R14
+	XORQ    R15, R15
+
+inoutF32AVX2x4w8_row:
+	VBROADCASTSS (SI)(R15*1), Y4
+	VBROADCASTSS (R10)(R15*1), Y5
+	VBROADCASTSS (R12)(R15*1), Y6
+	VBROADCASTSS (DI)(R15*1), Y7
+	VMOVUPS      (R14), Y8
+	VFMADD231PS  Y8, Y4, Y0
+	VFMADD231PS  Y8, Y5, Y1
+	VFMADD231PS  Y8, Y6, Y2
+	VFMADD231PS  Y8, Y7, Y3
+	ADDQ         BX, R14
+	ADDQ         $0x04, R15
+	CMPQ         R15, AX
+	JL           inoutF32AVX2x4w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R11)
+	ADDQ         $0x00000020, R11
+	VMOVUPS      Y2, (R13)
+	ADDQ         $0x00000020, R13
+	VMOVUPS      Y3, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutF32AVX2x4w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x1w64(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), DI
+	MOVQ ystride+48(FP), R8
+
+inoutBF16AVX2x1w64_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	MOVQ    DX, R8
+	XORQ    R9, R9
+
+inoutBF16AVX2x1w64_row:
+	VBROADCASTSS (SI)(R9*1), Y8
+	VPMOVZXWD    (R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VPMOVZXWD    16(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VPMOVZXWD    32(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VPMOVZXWD    48(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VPMOVZXWD    64(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVZXWD    80(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VPMOVZXWD    96(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VPMOVZXWD    112(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y7
+	ADDQ         BX, R8
+	ADDQ         $0x04, R9
+	CMPQ         R9, AX
+	JL           inoutBF16AVX2x1w64_row
+	VMOVUPS      Y0, (DI)
+	VMOVUPS      Y1, 32(DI)
+	VMOVUPS      Y2, 64(DI)
+	VMOVUPS      Y3, 96(DI)
+	VMOVUPS      Y4, 128(DI)
+	VMOVUPS      Y5, 160(DI)
+	VMOVUPS      Y6, 192(DI)
+	VMOVUPS      Y7, 224(DI)
+	ADDQ         $0x00000100, DI
+	ADDQ         $0x00000080, DX
+	SUBQ         $0x00000040, CX
+	JG           inoutBF16AVX2x1w64_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x1w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x1w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), DI
+	MOVQ ystride+48(FP), R8
+
+inoutBF16AVX2x1w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (DI), Y0
+	MOVQ    DX, R8
+	XORQ    R9, R9
+
+inoutBF16AVX2x1w8_row:
+	VBROADCASTSS (SI)(R9*1), Y1
+	VPMOVZXWD    (R8), Y2
+	VPSLLD       $0x10, Y2, Y2
+	VFMADD231PS  Y2, Y1, Y0
+	ADDQ         BX, R8
+	ADDQ         $0x04, R9
+	CMPQ         R9, AX
+	JL           inoutBF16AVX2x1w8_row
+	VMOVUPS      Y0, (DI)
+	ADDQ         $0x00000020, DI
+	ADDQ         $0x00000010, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutBF16AVX2x1w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x2w32(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x2w32(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), DI
+	LEAQ (R8)(R9*1), R9
+
+inoutBF16AVX2x2w32_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	VMOVUPS 64(R9), Y6
+	VMOVUPS 96(R9), Y7
+	MOVQ    DX, R10
+	XORQ    R11, R11
+
+inoutBF16AVX2x2w32_row:
+	VBROADCASTSS (SI)(R11*1), Y8
+	VBROADCASTSS (DI)(R11*1), Y9
+	VPMOVZXWD    (R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y10, Y9, Y4
+	VPMOVZXWD    16(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y1
+	VFMADD231PS  Y10, Y9, Y5
+	VPMOVZXWD    32(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y2
+	VFMADD231PS  Y10, Y9, Y6
+	VPMOVZXWD    48(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y7
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	CMPQ         R11, AX
+	JL           inoutBF16AVX2x2w32_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	VMOVUPS      Y2, 64(R8)
+	VMOVUPS      Y3, 96(R8)
+	ADDQ         $0x00000080, R8
+	VMOVUPS      Y4, (R9)
+	VMOVUPS      Y5, 32(R9)
+	VMOVUPS      Y6, 64(R9)
+	VMOVUPS      Y7, 96(R9)
+	ADDQ         $0x00000080, R9
+	ADDQ         $0x00000040, DX
+	SUBQ         $0x00000020, CX
+	JG           inoutBF16AVX2x2w32_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x2w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x2w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), DI
+	LEAQ (R8)(R9*1), R9
+
+inoutBF16AVX2x2w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R9), Y1
+	MOVQ    DX, R10
+	XORQ    R11, R11
+
+inoutBF16AVX2x2w8_row:
+	VBROADCASTSS (SI)(R11*1), Y2
+	VBROADCASTSS (DI)(R11*1), Y3
+	VPMOVZXWD    (R10), Y4
+	VPSLLD       $0x10, Y4, Y4
+	VFMADD231PS  Y4, Y2, Y0
+	VFMADD231PS  Y4, Y3, Y1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	CMPQ         R11, AX
+	JL           inoutBF16AVX2x2w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000010, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutBF16AVX2x2w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x3w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x3w16(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), DI
+	LEAQ (R11)(R9*1), R9
+
+inoutBF16AVX2x3w16_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS (R11), Y2
+	VMOVUPS 32(R11), Y3
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	MOVQ    DX, R12
+	XORQ    R13, R13
+
+inoutBF16AVX2x3w16_row:
+	VBROADCASTSS (SI)(R13*1), Y6
+	VBROADCASTSS (R10)(R13*1), Y7
+	VBROADCASTSS (DI)(R13*1), Y8
+	VPMOVZXWD    (R12), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y6, Y0
+	VFMADD231PS  Y9, Y7, Y2
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVZXWD    16(R12), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y6, Y1
+	VFMADD231PS  Y9, Y7, Y3
+	VFMADD231PS  Y9, Y8, Y5
+	ADDQ         BX, R12
+	ADDQ         $0x04, R13
+	CMPQ         R13, AX
+	JL           inoutBF16AVX2x3w16_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	ADDQ         $0x00000040, R8
+	VMOVUPS      Y2, (R11)
+	VMOVUPS      Y3, 32(R11)
+	ADDQ         $0x00000040, R11
+	VMOVUPS      Y4, (R9)
+	VMOVUPS      Y5, 32(R9)
+	ADDQ         $0x00000040, R9
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000010, CX
+	JG           inoutBF16AVX2x3w16_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x3w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x3w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), DI
+	LEAQ (R11)(R9*1), R9
+
+inoutBF16AVX2x3w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R11), Y1
+	VMOVUPS (R9), Y2
+	MOVQ    DX, R12
+	XORQ    R13, R13
+
+inoutBF16AVX2x3w8_row:
+	VBROADCASTSS (SI)(R13*1), Y3
+	VBROADCASTSS (R10)(R13*1), Y4
+	VBROADCASTSS (DI)(R13*1), Y5
+	VPMOVZXWD    (R12), Y6
+	VPSLLD       $0x10, Y6, Y6
+	VFMADD231PS  Y6, Y3, Y0
+	VFMADD231PS  Y6, Y4, Y1
+	VFMADD231PS  Y6, Y5, Y2
+	ADDQ         BX, R12
+	ADDQ         $0x04, R13
+	CMPQ         R13, AX
+	JL           inoutBF16AVX2x3w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R11)
+	ADDQ         $0x00000020, R11
+	VMOVUPS      Y2, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000010, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutBF16AVX2x3w8_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x4w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x4w16(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), R12
+	LEAQ (R11)(R9*1), R13
+	LEAQ (R12)(DI*1), DI
+	LEAQ (R13)(R9*1), R9
+
+inoutBF16AVX2x4w16_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS (R11), Y2
+	VMOVUPS 32(R11), Y3
+	VMOVUPS (R13), Y4
+	VMOVUPS 32(R13), Y5
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	MOVQ    DX, R14
+	XORQ    R15, R15
+
+inoutBF16AVX2x4w16_row:
+	VBROADCASTSS (SI)(R15*1), Y8
+	VBROADCASTSS (R10)(R15*1), Y9
+	VBROADCASTSS (R12)(R15*1), Y10
+	VBROADCASTSS (DI)(R15*1), Y11
+	VPMOVZXWD    (R14), Y12
+	VPSLLD       $0x10, Y12, Y12
+	VFMADD231PS  Y12, Y8, Y0
+	VFMADD231PS  Y12, Y9, Y2
+	VFMADD231PS  Y12, Y10, Y4
+	VFMADD231PS  Y12, Y11, Y6
+	VPMOVZXWD    16(R14), Y12
+	VPSLLD       $0x10, Y12, Y12
+	VFMADD231PS  Y12, Y8, Y1
+	VFMADD231PS  Y12, Y9, Y3
+	VFMADD231PS  Y12, Y10, Y5
+	VFMADD231PS  Y12, Y11, Y7
+	ADDQ         BX, R14
+	ADDQ         $0x04, R15
+	CMPQ         R15, AX
+	JL           inoutBF16AVX2x4w16_row
+	VMOVUPS      Y0, (R8)
+	VMOVUPS      Y1, 32(R8)
+	ADDQ         $0x00000040, R8
+	VMOVUPS      Y2, (R11)
+	VMOVUPS      Y3, 32(R11)
+	ADDQ         $0x00000040, R11
+	VMOVUPS      Y4, (R13)
+	VMOVUPS      Y5, 32(R13)
+	ADDQ         $0x00000040, R13
+	VMOVUPS      Y6, (R9)
+	VMOVUPS      Y7, 32(R9)
+	ADDQ         $0x00000040, R9
+	ADDQ         $0x00000020, DX
+	SUBQ         $0x00000010, CX
+	JG           inoutBF16AVX2x4w16_tile
+	VZEROUPPER
+	RET
+
+// func inoutBF16AVX2x4w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·inoutBF16AVX2x4w8(SB), NOSPLIT, $0-64
+	MOVQ rows+32(FP), AX
+	SHLQ $0x02, AX
+	MOVQ n+56(FP), CX
+	MOVQ w+0(FP), DX
+	MOVQ wstride+8(FP), BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), DI
+	MOVQ y+40(FP), R8
+	MOVQ ystride+48(FP), R9
+	LEAQ (SI)(DI*1), R10
+	LEAQ (R8)(R9*1), R11
+	LEAQ (R10)(DI*1), R12
+	LEAQ (R11)(R9*1), R13
+	LEAQ (R12)(DI*1), DI
+	LEAQ (R13)(R9*1), R9
+
+inoutBF16AVX2x4w8_tile:
+	// The tile's sums, 8 outputs to a register.
+	VMOVUPS (R8), Y0
+	VMOVUPS (R11), Y1
+	VMOVUPS (R13), Y2
+	VMOVUPS (R9), Y3
+	MOVQ    DX, R14
+	XORQ    R15, R15
+
+inoutBF16AVX2x4w8_row:
+	VBROADCASTSS (SI)(R15*1), Y4
+	VBROADCASTSS (R10)(R15*1), Y5
+	VBROADCASTSS (R12)(R15*1), Y6
+	VBROADCASTSS (DI)(R15*1), Y7
+	VPMOVZXWD    (R14), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VFMADD231PS  Y8, Y4, Y0
+	VFMADD231PS  Y8, Y5, Y1
+	VFMADD231PS  Y8, Y6, Y2
+	VFMADD231PS  Y8, Y7, Y3
+	ADDQ         BX, R14
+	ADDQ         $0x04, R15
+	CMPQ         R15, AX
+	JL           inoutBF16AVX2x4w8_row
+	VMOVUPS      Y0, (R8)
+	ADDQ         $0x00000020, R8
+	VMOVUPS      Y1, (R11)
+	ADDQ         $0x00000020, R11
+	VMOVUPS      Y2, (R13)
+	ADDQ         $0x00000020, R13
+	VMOVUPS      Y3, (R9)
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000010, DX
+	SUBQ         $0x00000008, CX
+	JG           inoutBF16AVX2x4w8_tile
+	VZEROUPPER
+	RET

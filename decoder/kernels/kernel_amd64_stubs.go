@@ -148,3 +148,83 @@ func rowQ4_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *
 //
 //go:noescape
 func sumF32AVX2(w *byte, n int) float32
+
+// inoutF32AVX2x1w64 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 64), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x1w8 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x1w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x2w32 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 2 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 32), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x2w32(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x2w8 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 2 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x2w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x3w16 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 3 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 16), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x3w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x3w8 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 3 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x3w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x4w16 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 4 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 16), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x4w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutF32AVX2x4w8 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 4 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutF32AVX2x4w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x1w64 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 64), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x1w8 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x1w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x2w32 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 2 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 32), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x2w32(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x2w8 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 2 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x2w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x3w16 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 3 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 16), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x3w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x3w8 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 3 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x3w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x4w16 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 4 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 16), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x4w16(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// inoutBF16AVX2x4w8 adds, for rows rows of an in-out BF16 matrix (row i at w + i*wstride bytes) and 4 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 8), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
+//
+//go:noescape
+func inoutBF16AVX2x4w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)

@@ -68,6 +68,15 @@ var mutations = []string{
 	"drops-last-step",    // one loop iteration too few
 	"x-stride-ignored",   // every vector read at the first vector's address
 	"row-stride-ignored", // every row of a multi-row kernel read at the first row's address
+	// The in-out kernels' own (the row kernels are left as they are).
+	"io-unfused",          // VMULPS and VADDPS for VFMADD231PS
+	"io-acc-not-loaded",   // the outputs' sums restarted at zero in every row block
+	"io-x-not-advanced",   // every row multiplied with the vector's first value
+	"io-row-stride-32",    // the next row read 32 bytes on, not a row on
+	"io-y-stride-ignored", // every vector's sums stored at the first vector's place
+	"io-drops-last-row",   // one row too few
+	"io-bf16-shift-15",    // bf16 widened by a 15-bit shift
+	"io-lanes-swapped",    // the two halves of a 16-column group exchanged
 }
 
 // mutation is the deviation being built in ("" for none).
@@ -155,6 +164,13 @@ func main() {
 		}
 	}
 	gen(f32, 0, 1) // the memory-read kernel
+	for _, t := range []ioType{{"F32", 4}, {"BF16", 2}} {
+		for nb := 1; nb <= maxNB; nb++ {
+			for _, width := range ioWidths[nb] {
+				genInOut(t, nb, width)
+			}
+		}
+	}
 	Generate()
 }
 
@@ -341,6 +357,152 @@ func gen(t dtype, nb, rows int) {
 	VMOVSHDUP(s4, t1)
 	VADDSS(t1, s4, s4) // s2[0] + s2[1]
 	Store(s4, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// ioType is a weight format of the in-out kernels: its name and bytes a
+// value.
+type ioType struct {
+	name  string
+	bytes int
+}
+
+// ioWidths lists, per number of vectors, the output columns an in-out
+// kernel takes at once: the widest whose sums (width/8 registers per
+// vector) fit AVX2's 16 registers with the weights and the broadcast
+// inputs, and 8 for the columns past the last wide tile.
+var ioWidths = map[int][]int{1: {64, 8}, 2: {32, 8}, 3: {16, 8}, 4: {16, 8}}
+
+// genInOut emits inout<T>AVX2x<nb>w<W>(w *byte, wstride int, x *float32,
+// xstride, rows int, y *float32, ystride, n int): for n output columns
+// (n a positive multiple of W) of rows rows (rows ≥ 1) of an in-out
+// matrix (row i, an input feature, at w + i*wstride bytes) and nb
+// vectors (vector b's inputs for those rows at x + b*xstride bytes), it
+// adds, row after row, x[b][i] * W[i][c] into the sum of output c of
+// vector b at y + b*ystride + 4c bytes, each a fused multiply-add rounded
+// once: the scalar reference's order (inOutScalar), which takes every
+// output's rows in increasing order. It goes through the columns W at a
+// time, the W sums of each vector in registers while the rows pass; the
+// sums are loaded from y and stored back, so that the caller can take the
+// rows in blocks.
+func genInOut(t ioType, nb, width int) {
+	name := fmt.Sprintf("inout%sAVX2x%dw%d", t.name, nb, width)
+	TEXT(name, NOSPLIT, "func(w *byte, wstride int, x *float32, xstride, rows int, y *float32, ystride, n int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s adds, for rows rows of an in-out %s matrix (row i at w + i*wstride bytes) and %d vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of %d), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.", name, t.name, nb, width))
+	rows4 := Load(Param("rows"), GP64())
+	SHLQ(U8(2), rows4) // the byte offset past the last row's input
+	if mutation == "io-drops-last-row" {
+		SUBQ(U8(4), rows4)
+	}
+	n := Load(Param("n"), GP64())
+	wt := Load(Param("w"), GP64())
+	wstride := Load(Param("wstride"), GP64())
+	if mutation == "io-row-stride-32" {
+		MOVQ(U32(32), wstride)
+	}
+	xs, ys := make([]Register, nb), make([]Register, nb)
+	{
+		x := Load(Param("x"), GP64())
+		xstride := Load(Param("xstride"), GP64())
+		y := Load(Param("y"), GP64())
+		ystride := Load(Param("ystride"), GP64())
+		if mutation == "io-y-stride-ignored" {
+			XORQ(ystride, ystride)
+		}
+		xs[0], ys[0] = x, y
+		for b := 1; b < nb; b++ {
+			xs[b], ys[b] = GP64(), GP64()
+			LEAQ(Mem{Base: xs[b-1], Index: xstride, Scale: 1}, xs[b])
+			LEAQ(Mem{Base: ys[b-1], Index: ystride, Scale: 1}, ys[b])
+		}
+	}
+	regs := width / 8
+	acc := make([][]VecVirtual, nb)
+	for b := range nb {
+		acc[b] = make([]VecVirtual, regs)
+		for k := range regs {
+			acc[b][k] = YMM()
+		}
+	}
+	wp, i := GP64(), GP64()
+	Label(name + "_tile")
+	Comment("The tile's sums, 8 outputs to a register.")
+	for b := range nb {
+		for k := range regs {
+			if mutation == "io-acc-not-loaded" {
+				VXORPS(acc[b][k], acc[b][k], acc[b][k])
+			} else {
+				VMOVUPS(Mem{Base: ys[b], Disp: 32 * k}, acc[b][k])
+			}
+		}
+	}
+	MOVQ(wt, wp)
+	XORQ(i, i)
+	Label(name + "_row")
+	xb := make([]VecVirtual, nb)
+	for b := range nb {
+		xb[b] = YMM()
+		if mutation == "io-x-not-advanced" {
+			VBROADCASTSS(Mem{Base: xs[b]}, xb[b])
+		} else {
+			VBROADCASTSS(Mem{Base: xs[b], Index: i, Scale: 1}, xb[b])
+		}
+	}
+	// load returns the weights of columns [8k, 8k+8) widened to float32,
+	// or the memory operand f32 weights are multiplied from directly.
+	load := func(k int) Op {
+		kk := k
+		if mutation == "io-lanes-swapped" && regs >= 2 {
+			kk = k ^ 1
+		}
+		switch t.name {
+		case "F32":
+			m := Mem{Base: wp, Disp: 32 * kk}
+			if nb == 1 {
+				return m
+			}
+			v := YMM()
+			VMOVUPS(m, v)
+			return v
+		default: // BF16
+			v := YMM()
+			VPMOVZXWD(Mem{Base: wp, Disp: 16 * kk}, v)
+			shift := U8(16)
+			if mutation == "io-bf16-shift-15" {
+				shift = U8(15)
+			}
+			VPSLLD(shift, v, v)
+			return v
+		}
+	}
+	for k := range regs {
+		wv := load(k)
+		for b := range nb {
+			if mutation == "io-unfused" {
+				p := YMM()
+				VMULPS(wv, xb[b], p)
+				VADDPS(p, acc[b][k], acc[b][k])
+				continue
+			}
+			VFMADD231PS(wv, xb[b], acc[b][k])
+		}
+	}
+	ADDQ(wstride, wp)
+	ADDQ(U8(4), i)
+	CMPQ(i, rows4)
+	JL(LabelRef(name + "_row"))
+
+	for b := range nb {
+		for k := range regs {
+			VMOVUPS(acc[b][k], Mem{Base: ys[b], Disp: 32 * k})
+		}
+		ADDQ(U32(4*width), ys[b])
+	}
+	ADDQ(U32(t.bytes*width), wt)
+	SUBQ(U32(width), n)
+	JG(LabelRef(name + "_tile"))
 	VZEROUPPER()
 	RET()
 }
