@@ -57,16 +57,85 @@ func (k Kernel) AdamBF16(p, g []float32, m, v []buffers.BFloat16, step int, h Hy
 		panic(fmt.Sprintf("optimizer.AdamBF16: %d parameters but %d gradients, %d exp_avg, %d exp_avg_sq", n, len(g), len(m), len(v)))
 	}
 	a := newAdamArgs(step, h)
-	kern := k.impl()
+	k.impl().runAdamBF16(p, g[:n], m[:n], v[:n], &a)
+}
+
+// runAdamBF16 runs AdamBF16 on equal-length operands, a stack block of
+// moments at a time.
+func (k *kernel) runAdamBF16(p, g []float32, m, v []buffers.BFloat16, a *adamArgs) {
+	n := len(p)
 	var mt, vt [Blockwise8BlockSize]float32
 	for lo := 0; lo < n; lo += Blockwise8BlockSize {
 		hi := min(lo+Blockwise8BlockSize, n)
 		mb, vb := mt[:hi-lo], vt[:hi-lo]
 		buffers.BFloat16ToFloat32(mb, m[lo:hi])
 		buffers.BFloat16ToFloat32(vb, v[lo:hi])
-		kern.runAdam(p[lo:hi], g[lo:hi], mb, vb, &a)
+		k.runAdam(p[lo:hi], g[lo:hi], mb, vb, a)
 		buffers.Float32ToBFloat16(m[lo:hi], mb)
 		buffers.Float32ToBFloat16(v[lo:hi], vb)
+	}
+}
+
+// Adam8Step is one step of Adam over 8-bit blockwise moments as the
+// optimizer takes it with params p on states in FormatBlockwise8 (Options.
+// StateFormat): the gradients are scaled in place (when p.ScaleGrads),
+// then Adam8 runs with h.With(p). An in-memory reference that calls it on
+// whole tensors (blocks counted from each tensor's first element) gets
+// exactly the bits of the optimizer's steps, whose sub-groups start on
+// block boundaries (Options.Validate). g is modified.
+func Adam8Step(pw, g []float32, m, v []uint8, mAbsmax, vAbsmax []float32, step int, h Hyper, p StepParams) {
+	n := len(pw)
+	blocks := int(FormatBlockwise8.Blocks(int64(n)))
+	if len(g) < n || len(m) < n || len(v) < n || len(mAbsmax) < blocks || len(vAbsmax) < blocks {
+		panic(fmt.Sprintf("optimizer.Adam8Step: %d parameters (%d blocks) but %d gradients, %d exp_avg and %d exp_avg_sq codes, %d and %d absmax", n, blocks, len(g), len(m), len(v), len(mAbsmax), len(vAbsmax)))
+	}
+	if p.ScaleGrads {
+		ScaleGrad(g[:n], p.GradScale)
+	}
+	a := newAdamArgsExact(step, h.With(p))
+	DefaultKernel().impl().runAdam8(pw, g[:n], m[:n], v[:n], mAbsmax[:blocks], vAbsmax[:blocks], &a)
+}
+
+// AdamBF16Step is AdamStep over bfloat16 moments (FormatBF16): the
+// gradients scaled in place (when p.ScaleGrads), then AdamBF16 with
+// h.With(p); the bits of the optimizer's steps on such states. g is
+// modified.
+func AdamBF16Step(pw, g []float32, m, v []buffers.BFloat16, step int, h Hyper, p StepParams) {
+	n := len(pw)
+	if len(g) < n || len(m) < n || len(v) < n {
+		panic(fmt.Sprintf("optimizer.AdamBF16Step: %d parameters but %d gradients, %d exp_avg, %d exp_avg_sq", n, len(g), len(m), len(v)))
+	}
+	if p.ScaleGrads {
+		ScaleGrad(g[:n], p.GradScale)
+	}
+	a := newAdamArgsExact(step, h.With(p))
+	DefaultKernel().impl().runAdamBF16(pw, g[:n], m[:n], v[:n], &a)
+}
+
+// adamRecordSplit runs one Adam step with a on rec, a record of a
+// compressed layout l (bf16 or 8-bit states), with gradients g, on up to
+// workers goroutines. The chunks are whole blocks (Blockwise8BlockSize
+// elements), so every block is updated by one call and the bits are those
+// of one call over the whole record.
+func (k *kernel) adamRecordSplit(l RecordLayout, rec, g []float32, a *adamArgs, workers int) {
+	p := l.array(rec, 0)
+	n := l.Elems
+	g = g[:n]
+	switch l.Format.Encoding {
+	case EncodingBlockwise8:
+		qm, am := l.state8(rec, 1)
+		qv, av := l.state8(rec, 2)
+		splitAligned(n, workers, Blockwise8BlockSize, func(lo, hi int) {
+			b := lo / Blockwise8BlockSize
+			k.runAdam8(p[lo:hi], g[lo:hi], qm[lo:hi], qv[lo:hi], am[b:], av[b:], a)
+		})
+	case EncodingBF16:
+		m, v := l.stateBF16(rec, 1), l.stateBF16(rec, 2)
+		splitAligned(n, workers, Blockwise8BlockSize, func(lo, hi int) {
+			k.runAdamBF16(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], a)
+		})
+	default:
+		panic(fmt.Sprintf("optimizer: adamRecordSplit on a %s record", l.Format))
 	}
 }
 

@@ -16,6 +16,9 @@ var (
 	ErrRegistered = errors.New("optimizer: tensor already registered")
 	// ErrLength: a slice's length differs from the tensor's partition.
 	ErrLength = errors.New("optimizer: length mismatch")
+	// ErrFormat: states in another StateFormat than the optimizer's
+	// (LoadEncodedStates).
+	ErrFormat = errors.New("optimizer: state format mismatch")
 	// ErrPoolTooSmall: the pool can never hold the buffers a tensor needs.
 	ErrPoolTooSmall = errors.New("optimizer: pinned pool too small")
 	// ErrStepOpen: a step transaction (BeginStep) is open.

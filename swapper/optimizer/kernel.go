@@ -320,13 +320,18 @@ func splitWorkers(n, workers int) int { return min(workers, n/minChunk) }
 // minChunk elements (whole cache lines, so no two write one line) until
 // none is left, and returns when every call has. Callers run an update
 // that needs one goroutine themselves, without the closure split takes.
-func split(n, workers int, f func(lo, hi int)) {
+func split(n, workers int, f func(lo, hi int)) { splitAligned(n, workers, 16, f) }
+
+// splitAligned is split with chunks of a multiple of align elements (a
+// power of two dividing minChunk), so that no chunk boundary falls inside
+// a block of align elements.
+func splitAligned(n, workers, align int, f func(lo, hi int)) {
 	w := splitWorkers(n, workers)
 	if w <= 1 {
 		f(0, n)
 		return
 	}
-	chunk := max(minChunk, (n/(w*chunksPerWorker)+15)&^15)
+	chunk := max(minChunk, (n/(w*chunksPerWorker)+align-1)&^(align-1))
 	chunks := (n + chunk - 1) / chunk
 	var next atomic.Int64
 	run := func() {

@@ -25,6 +25,8 @@ type Optimizer struct {
 	sz    sizer   // sizes the pinned buffers of sub-groups
 	kern  *kernel // runs the update rule
 	width int     // arrays of a record: the master and the rule's states
+	// format is how the rule's states are stored (Options.StateFormat).
+	format StateFormat
 
 	// opMu serialises the operations that touch states.
 	opMu   sync.Mutex
@@ -105,27 +107,36 @@ const (
 )
 
 // RecordLayout says where a sub-group's states lie in its record (on NVMe
-// and in pinned memory): Elems fp32 values of each of its Arrays arrays —
-// the master, then the update rule's states (Adam: exp_avg, exp_avg_sq), in
-// StateKind order — at byte offsets Offsets, in a record of Bytes bytes.
+// and in pinned memory): Elems values of each of its Arrays arrays — the
+// fp32 master, then the update rule's states (Adam: exp_avg, exp_avg_sq),
+// in StateKind order, stored in Format (fp32 unless Options.StateFormat
+// says otherwise) — at byte offsets Offsets, Lens bytes each, in a record
+// of Bytes bytes.
+//
+// A state in FormatBlockwise8 is its absmax (one float32 per block of
+// Blockwise8BlockSize elements) followed by its codes (one byte per
+// element), padded to a multiple of 4 bytes; in FormatBF16 it is Elems
+// bfloat16s, padded likewise.
 //
 // A sub-group of fewer than StaggerMinElems elements has them back to
-// back (0, 4n, 8n; 12n bytes). A larger one staggers them: master starts
-// one cache line (64 bytes) into the record and each state a page plus a
-// cache line after the page-aligned end of the previous one, so master,
-// exp_avg and exp_avg_sq start 64, 128 and 192 bytes past a page boundary
-// while the gradient slice (read into page-aligned memory) starts on one.
-// Back to back, the four operands of an update of 64 Mi elements would lie
-// exactly 2^28 bytes apart and map to the same cache sets (on huge pages,
-// in every level); staggered, they start on four different cache lines of
-// a page, so no two are congruent modulo any power of two from 256 bytes
-// up. The padding (8 to 16.5 KiB of zero
-// bytes per record) costs at most 2.1% of a record, at the threshold, and
-// less than 0.01% from 16 Mi elements up.
+// back (fp32: 0, 4n, 8n; 12n bytes). A larger one staggers them: master
+// starts one cache line (64 bytes) into the record and each state a page
+// plus a cache line after the page-aligned end of the previous one, so
+// master, exp_avg and exp_avg_sq start 64, 128 and 192 bytes past a page
+// boundary while the gradient slice (read into page-aligned memory)
+// starts on one. Back to back, the four operands of an update of 64 Mi
+// elements would lie exactly 2^28 bytes apart and map to the same cache
+// sets (on huge pages, in every level); staggered, they start on four
+// different cache lines of a page, so no two are congruent modulo any
+// power of two from 256 bytes up. The padding (8 to 16.5 KiB of zero
+// bytes per record) costs at most 2.1% of an fp32 record, at the
+// threshold, and less than 0.01% from 16 Mi elements up.
 type RecordLayout struct {
 	Elems   int
 	Arrays  int
+	Format  StateFormat
 	Offsets [MaxArrays]int64
+	Lens    [MaxArrays]int64
 	Bytes   int64
 }
 
@@ -137,33 +148,71 @@ const MaxArrays = 3
 func LayoutFor(n int) RecordLayout { return LayoutForArrays(n, 3) }
 
 // LayoutForArrays returns the layout of a record of arrays arrays (1 to
-// MaxArrays: the master and the rule's states) of n elements each.
+// MaxArrays: the master and the rule's states) of n fp32 elements each.
 func LayoutForArrays(n, arrays int) RecordLayout {
-	seg := 4 * int64(n)
-	l := RecordLayout{Elems: n, Arrays: arrays}
-	if n < StaggerMinElems {
-		for k := range arrays {
-			l.Offsets[k] = int64(k) * seg
+	return LayoutForFormat(n, arrays, FormatFP32)
+}
+
+// LayoutForFormat returns the layout of a record of arrays arrays (1 to
+// MaxArrays) of n elements each: the fp32 master, then arrays-1 states in
+// format f (which must be valid).
+func LayoutForFormat(n, arrays int, f StateFormat) RecordLayout {
+	l := RecordLayout{Elems: n, Arrays: arrays, Format: f}
+	if f.Encoding == EncodingBlockwise8 && f.BlockSize == 0 {
+		l.Format.BlockSize = Blockwise8BlockSize
+	}
+	for k := range arrays {
+		l.Lens[k] = 4 * int64(n)
+		if k > 0 {
+			l.Lens[k] = roundUp(f.StateBytes(int64(n)), 4)
 		}
-		l.Bytes = int64(arrays) * seg
+	}
+	if n < StaggerMinElems {
+		at := int64(0)
+		for k := range arrays {
+			l.Offsets[k] = at
+			at += l.Lens[k]
+		}
+		l.Bytes = at
 		return l
 	}
-	stride := roundUp(seg, staggerPage) + staggerPage + staggerLine
+	at := int64(staggerLine)
 	for k := range arrays {
-		l.Offsets[k] = staggerLine + int64(k)*stride
+		l.Offsets[k] = at
+		at += roundUp(l.Lens[k], staggerPage) + staggerPage + staggerLine
 	}
-	l.Bytes = l.Offsets[arrays-1] + seg
+	l.Bytes = l.Offsets[arrays-1] + l.Lens[arrays-1]
 	return l
 }
 
-// array returns array k of rec, a record of this layout.
+// array returns array k of rec, a record of this layout, as fp32: the
+// master, or a state of an fp32 record.
 func (l RecordLayout) array(rec []float32, k int) []float32 {
 	lo := int(l.Offsets[k] / 4)
 	return rec[lo : lo+l.Elems : lo+l.Elems]
 }
 
+// compressed reports whether the states are stored narrower than fp32.
+func (l RecordLayout) compressed() bool { return l.Format.Encoding != EncodingFP32 }
+
+// state8 returns state k (k >= 1) of rec, a record of an 8-bit blockwise
+// layout: its codes and its absmax.
+func (l RecordLayout) state8(rec []float32, k int) (codes []uint8, absmax []float32) {
+	blocks := int(l.Format.Blocks(int64(l.Elems)))
+	lo := int(l.Offsets[k] / 4)
+	absmax = rec[lo : lo+blocks : lo+blocks]
+	b := buffers.AsBytes(rec[lo+blocks : lo+int(l.Lens[k]/4)])
+	return b[:l.Elems:l.Elems], absmax
+}
+
+// stateBF16 returns state k (k >= 1) of rec, a record of a bf16 layout.
+func (l RecordLayout) stateBF16(rec []float32, k int) []buffers.BFloat16 {
+	lo := int(l.Offsets[k] / 4)
+	return buffers.View[buffers.BFloat16](buffers.AsBytes(rec[lo : lo+int(l.Lens[k]/4)]))[:l.Elems:l.Elems]
+}
+
 // states returns the master and the first two states inside rec, a record
-// of this layout (nil for arrays it does not have).
+// of this fp32 layout (nil for arrays it does not have).
 func (l RecordLayout) states(rec []float32) (master, expAvg, expAvgSq []float32) {
 	var out [3][]float32
 	for k := range min(l.Arrays, 3) {
@@ -172,19 +221,65 @@ func (l RecordLayout) states(rec []float32) (master, expAvg, expAvgSq []float32)
 	return out[0], out[1], out[2]
 }
 
-// pads returns the parts of rec outside the three states, to be zeroed
-// when a record is built.
+// pads returns the parts of rec outside the arrays, to be zeroed when a
+// record is built.
 func (l RecordLayout) pads(rec []float32) [][]float32 {
 	var out [][]float32
 	at := 0
-	for _, off := range l.Offsets[:l.Arrays] {
+	for k, off := range l.Offsets[:l.Arrays] {
 		lo := int(off / 4)
 		if lo > at {
 			out = append(out, rec[at:lo])
 		}
-		at = lo + l.Elems
+		at = lo + int(l.Lens[k]/4)
 	}
 	return out
+}
+
+// encode stores state k (k >= 1) of rec, a record of this layout, from
+// the fp32 values src: a copy, rounded to bf16, or quantized blockwise
+// (exp_avg, the first state, with SignedDynamicMap; the second with
+// UnsignedDynamicMap). It zeroes the padding of a narrow state.
+func (l RecordLayout) encode(rec []float32, k int, src []float32) {
+	switch l.Format.Encoding {
+	case EncodingBF16:
+		dst := l.stateBF16(rec, k)
+		buffers.Float32ToBFloat16(dst, src[:l.Elems])
+		lo := int(l.Offsets[k] / 4)
+		b := buffers.AsBytes(rec[lo : lo+int(l.Lens[k]/4)])
+		clear(b[2*l.Elems:])
+	case EncodingBlockwise8:
+		codes, absmax := l.state8(rec, k)
+		stateMap(k).Quantize(codes, absmax, src[:l.Elems])
+		lo := int(l.Offsets[k] / 4)
+		b := buffers.AsBytes(rec[lo+len(absmax) : lo+int(l.Lens[k]/4)])
+		clear(b[l.Elems:])
+	default:
+		copy(l.array(rec, k), src[:l.Elems])
+	}
+}
+
+// decode writes state k (k >= 1) of rec, a record of this layout, to dst
+// as fp32: a copy, widened from bf16 or dequantized.
+func (l RecordLayout) decode(dst, rec []float32, k int) {
+	switch l.Format.Encoding {
+	case EncodingBF16:
+		buffers.BFloat16ToFloat32(dst[:l.Elems], l.stateBF16(rec, k))
+	case EncodingBlockwise8:
+		codes, absmax := l.state8(rec, k)
+		stateMap(k).Dequantize(dst[:l.Elems], codes, absmax)
+	default:
+		copy(dst[:l.Elems], l.array(rec, k))
+	}
+}
+
+// stateMap is the map of state k (k >= 1) of an 8-bit record: signed for
+// Adam's exp_avg (k = 1), unsigned for exp_avg_sq (k = 2).
+func stateMap(k int) QuantMap {
+	if k == 1 {
+		return SignedDynamicMap()
+	}
+	return UnsignedDynamicMap()
 }
 
 // staged and prev name a sub-group's record while a step is being committed.
@@ -196,7 +291,7 @@ type Stats struct {
 	Tensors    int   // registered tensors
 	SubGroups  int   // sub-groups over all tensors
 	Elements   int64 // parameter elements over all tensors
-	StateBytes int64 // bytes of the master and the rule's states (Adam: 12 per element)
+	StateBytes int64 // bytes of the master and the rule's states (Adam: 12 per element in fp32; see StateFormat.RecordBytes)
 	// RecordBytes is the bytes of the sub-groups' records: StateBytes plus
 	// the stagger of large sub-groups (see RecordLayout). A step reads and
 	// writes each record once.
@@ -281,7 +376,7 @@ func New(opts Options) (*Optimizer, error) {
 	if err != nil {
 		return nil, err // Validate reported it
 	}
-	return &Optimizer{opts: opts, sz: newSizer(opts, nil), kern: k.impl(), width: 1 + opts.Hyper.StateCount(), byName: make(map[string]*tensor)}, nil
+	return &Optimizer{opts: opts, sz: newSizer(opts, nil), kern: k.impl(), width: 1 + opts.Hyper.StateCount(), format: opts.StateFormat, byName: make(map[string]*tensor)}, nil
 }
 
 // Kernel returns the kernel the optimizer's steps run the update rule on.
@@ -327,7 +422,7 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	t := &tensor{name: name, n: len(master)}
 	for j, off := 0, 0; off < t.n; j, off = j+1, off+o.opts.SubGroupSize {
 		n := min(o.opts.SubGroupSize, t.n-off)
-		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutForArrays(n, o.width),
+		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutForFormat(n, o.width, o.format),
 			key: fmt.Sprintf("%s/%s#%d", o.opts.Prefix, name, j)})
 	}
 	if err := o.checkPool(t); err != nil {
@@ -343,7 +438,7 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	o.stats.Tensors++
 	o.stats.SubGroups += len(t.sgs)
 	o.stats.Elements += int64(t.n)
-	o.stats.StateBytes += 4 * int64(o.width) * int64(t.n)
+	o.stats.StateBytes += 4*int64(t.n) + int64(o.width-1)*o.format.StateBytes(int64(t.n))
 	for _, sg := range t.sgs {
 		o.stats.RecordBytes += sg.lay.Bytes
 	}
@@ -394,12 +489,13 @@ type sizer struct {
 	granule int64
 	sgSize  int
 	arrays  int // of a record: the master and the rule's states
+	format  StateFormat
 	block   func(int64) int64
 }
 
 // newSizer sizes for opts (defaulted); block nil means opts.Pool's blocks.
 func newSizer(opts Options, block func(int64) int64) sizer {
-	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, arrays: 1 + opts.Hyper.StateCount(), block: block}
+	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, arrays: 1 + opts.Hyper.StateCount(), format: opts.StateFormat, block: block}
 	switch {
 	case opts.Pool != nil:
 		z.granule = int64(opts.Pool.MinBufferBytes())
@@ -420,7 +516,7 @@ func (z sizer) recRegion(n int) int64 {
 	if z.store == nil {
 		return 0
 	}
-	return roundUp(z.store.PaddedLen(LayoutForArrays(n, z.arrays).Bytes), z.granule)
+	return roundUp(z.store.PaddedLen(LayoutForFormat(n, z.arrays, z.format).Bytes), z.granule)
 }
 
 // slot is the buffer a step takes for the sub-group [lo, hi) of a tensor:
@@ -448,7 +544,7 @@ func (z sizer) need(parts []int) needs {
 			m := min(z.sgSize, n-off)
 			nd.subGroups++
 			if z.store == nil {
-				nd.resident += 2 * z.block(LayoutForArrays(m, z.arrays).Bytes)
+				nd.resident += 2 * z.block(LayoutForFormat(m, z.arrays, z.format).Bytes)
 			}
 			s := z.slot(off, off+m)
 			nd.slot = max(nd.slot, s)
@@ -529,22 +625,36 @@ func (o *Optimizer) writeStates(ctx context.Context, t *tensor, master []float32
 	h := o.opts.Hyper
 	fill := func(rec []float32, sg *subGroup) {
 		lo, hi := sg.off, sg.off+sg.n
-		arrays := sg.arrays(rec)
-		copy(arrays[0], master[lo:hi])
-		for k, a := range arrays[1:] {
-			if states != nil {
-				copy(a, states[k][lo:hi])
-				continue
-			}
-			v := h.initialState(k)
-			for i := range a {
-				a[i] = v
-			}
-		}
 		for _, pad := range sg.lay.pads(rec) {
 			clear(pad)
 		}
+		copy(sg.lay.array(rec, 0), master[lo:hi])
+		var init []float32
+		for k := 1; k < sg.lay.Arrays; k++ {
+			if states != nil {
+				sg.lay.encode(rec, k, states[k-1][lo:hi])
+				continue
+			}
+			if !sg.lay.compressed() {
+				a := sg.lay.array(rec, k)
+				v := h.initialState(k - 1)
+				for i := range a {
+					a[i] = v
+				}
+				continue
+			}
+			if init == nil {
+				init = make([]float32, sg.n) // zeros: Adam's initial moments
+			}
+			sg.lay.encode(rec, k, init)
+		}
 	}
+	return o.writeRecords(ctx, t, fill, replace)
+}
+
+// writeRecords writes the records fill builds for every sub-group of t,
+// as writeStates describes.
+func (o *Optimizer) writeRecords(ctx context.Context, t *tensor, fill func([]float32, *subGroup), replace bool) error {
 	st := o.opts.Store
 	if st == nil {
 		if replace {
@@ -759,6 +869,31 @@ func (o *Optimizer) elems(name string) (int, error) {
 // few elements of a large tensor reads them in bounded memory. An error
 // from fn stops the visit and is returned.
 func (o *Optimizer) VisitStates(ctx context.Context, name string, fn func(off int, master []float32, states [][]float32) error) error {
+	var wide [][]float32 // compressed states, decoded
+	return o.visitRecords(ctx, name, func(sg *subGroup, rec []float32) error {
+		if !sg.lay.compressed() {
+			arrays := sg.arrays(rec)
+			return fn(sg.off, arrays[0], arrays[1:])
+		}
+		if wide == nil {
+			wide = make([][]float32, o.width-1)
+			for k := range wide {
+				wide[k] = make([]float32, min(o.opts.SubGroupSize, sg.t.n))
+			}
+		}
+		st := make([][]float32, len(wide))
+		for k := range st {
+			st[k] = wide[k][:sg.n]
+			sg.lay.decode(st[k], rec, k+1)
+		}
+		return fn(sg.off, sg.lay.array(rec, 0), st)
+	})
+}
+
+// visitRecords calls fn with each sub-group of a tensor, in order, and
+// its committed record (valid only during the call, not to be written),
+// as VisitStates describes.
+func (o *Optimizer) visitRecords(ctx context.Context, name string, fn func(sg *subGroup, rec []float32) error) error {
 	o.opMu.Lock()
 	defer o.opMu.Unlock()
 	fail := func(sg int, err error) error {
@@ -771,10 +906,7 @@ func (o *Optimizer) VisitStates(ctx context.Context, name string, fn func(off in
 	if !ok {
 		return fail(-1, ErrNotRegistered)
 	}
-	out := func(rec []float32, sg *subGroup) error {
-		arrays := sg.arrays(rec)
-		return fn(sg.off, arrays[0], arrays[1:])
-	}
+	out := func(rec []float32, sg *subGroup) error { return fn(sg, rec) }
 	for _, sg := range t.sgs {
 		if o.opts.Store == nil {
 			if err := out(sg.mem[sg.cur].Float32(), sg); err != nil {
@@ -829,18 +961,55 @@ func (o *Optimizer) LoadStates(ctx context.Context, name string, master []float3
 	if len(states) != o.width-1 {
 		return fail(fmt.Errorf("%w: %s keeps %d states (%v); got %d", ErrLength, o.opts.Hyper.Rule, o.width-1, o.opts.Hyper.StateNames(), len(states)))
 	}
-	if len(master) != t.n {
-		return fail(fmt.Errorf("%w: the partition has %d elements; got master %d", ErrLength, t.n, len(master)))
-	}
 	for k, st := range states {
 		if len(st) != t.n {
 			return fail(fmt.Errorf("%w: the partition has %d elements; got %s %d", ErrLength, t.n, o.opts.Hyper.StateNames()[k], len(st)))
 		}
 	}
+	return o.loadLocked(ctx, t, master, step, func(rec []float32, sg *subGroup) {
+		for k := 1; k < sg.lay.Arrays; k++ {
+			sg.lay.encode(rec, k, states[k-1][sg.off:sg.off+sg.n])
+		}
+	})
+}
+
+// loadWith replaces a registered tensor's records: master and the states
+// fillStates writes into each sub-group's record, and sets the step
+// counter (LoadStates' contract).
+func (o *Optimizer) loadWith(ctx context.Context, name string, master []float32, step int, fillStates func(rec []float32, sg *subGroup)) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	fail := func(err error) error { return &Error{Op: "load", Tensor: name, SubGroup: -1, Err: err} }
+	if o.closed {
+		return fail(ErrClosed)
+	}
+	if o.txn != nil {
+		return fail(ErrStepOpen)
+	}
+	t, ok := o.lookup(name)
+	if !ok {
+		return fail(ErrNotRegistered)
+	}
+	return o.loadLocked(ctx, t, master, step, fillStates)
+}
+
+// loadLocked is loadWith on t, with opMu held.
+func (o *Optimizer) loadLocked(ctx context.Context, t *tensor, master []float32, step int, fillStates func(rec []float32, sg *subGroup)) error {
+	fail := func(err error) error { return &Error{Op: "load", Tensor: t.name, SubGroup: -1, Err: err} }
+	if len(master) != t.n {
+		return fail(fmt.Errorf("%w: the partition has %d elements; got master %d", ErrLength, t.n, len(master)))
+	}
 	if step < 0 {
 		return fail(fmt.Errorf("step %d is negative", step))
 	}
-	if err := o.writeStates(ctx, t, master, states, true); err != nil {
+	fill := func(rec []float32, sg *subGroup) {
+		for _, pad := range sg.lay.pads(rec) {
+			clear(pad)
+		}
+		copy(sg.lay.array(rec, 0), master[sg.off:sg.off+sg.n])
+		fillStates(rec, sg)
+	}
+	if err := o.writeRecords(ctx, t, fill, true); err != nil {
 		return fail(err)
 	}
 	o.mu.Lock()
@@ -893,9 +1062,10 @@ type StateRecord struct {
 // StateRecords lists the records holding name's committed states, in
 // element order, for readers that stream them straight from the store
 // (checkpoints pin and read them without going through ReadState). ok is
-// false when the states are kept in pinned memory or name is unknown.
+// false when the states are kept in pinned memory, stored narrower than
+// fp32 (Options.StateFormat) or name is unknown.
 func (o *Optimizer) StateRecords(name string) (recs []StateRecord, ok bool) {
-	if o.opts.Store == nil {
+	if o.opts.Store == nil || o.format.Encoding != EncodingFP32 {
 		return nil, false
 	}
 	t, found := o.lookup(name)

@@ -216,6 +216,18 @@ type Options struct {
 	BufferCount int
 	// Hyper are Adam's hyperparameters; zero fields take their defaults.
 	Hyper Hyper
+	// StateFormat is how the rule's states (Adam's exp_avg and exp_avg_sq)
+	// are stored in the records, on NVMe and in pinned memory; the master
+	// is always fp32 (config key zinf.optimizer_states). The zero value is
+	// FormatFP32; FormatBF16 and FormatBlockwise8 (8-bit blockwise, see
+	// QuantMap) take 2 bytes and 1.016 bytes per element and state instead
+	// of 4, and are for Adam (Hyper.Rule RuleAdam) only. With
+	// FormatBlockwise8, SubGroupSize must be a multiple of
+	// Blockwise8BlockSize, so that every sub-group starts a block and a
+	// step gives the bits of Adam8Step on whole tensors. ReadStates,
+	// VisitStates and snapshots give such states dequantized (widened) to
+	// fp32; LoadStates quantizes (rounds) what it is given.
+	StateFormat StateFormat
 	// Kernel names the implementation of the update rule the step runs:
 	// "auto" (the widest SIMD kernel this CPU runs), "scalar" (the
 	// portable reference loop) or a SIMD kernel ("avx2", "avx512"; see
@@ -292,6 +304,16 @@ func (o *Options) Validate() error {
 	}
 	if err := o.Hyper.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := o.StateFormat.Validate(); err != nil {
+		bad("StateFormat", o.StateFormat, err.Error())
+	} else if o.StateFormat.Encoding != EncodingFP32 {
+		if o.Hyper.Rule != RuleAdam {
+			bad("StateFormat", o.StateFormat, fmt.Sprintf("compressed states are implemented for Adam only; %s keeps fp32 states (use fp32)", o.Hyper.Rule))
+		}
+		if o.StateFormat.Encoding == EncodingBlockwise8 && o.SubGroupSize%Blockwise8BlockSize != 0 {
+			bad("SubGroupSize", o.SubGroupSize, fmt.Sprintf("with 8-bit states it must be a multiple of %d (the block size), so that sub-groups start blocks", Blockwise8BlockSize))
+		}
 	}
 	if o.Store != nil && o.Pool != nil {
 		// Pool buffers start at multiples of the granule; the store's

@@ -142,8 +142,9 @@ func (s *StateSnapshot) Len(name string) (int, bool) {
 }
 
 // Segments returns state k of name as little-endian fp32 bytes, without a
-// copy: one slice per sub-group, in element order; back to back they are
-// the partition's state. The slices are read-only and valid until
+// copy (states stored narrower than fp32, see Options.StateFormat: a
+// decoded copy): one slice per sub-group, in element order; back to back
+// they are the partition's state. The slices are read-only and valid until
 // Release. ok is false for a name the snapshot does not hold, an invalid
 // kind, and after Release.
 func (s *StateSnapshot) Segments(name string, k StateKind) (segs [][]byte, ok bool) {
@@ -153,6 +154,13 @@ func (s *StateSnapshot) Segments(name string, k StateKind) (segs [][]byte, ok bo
 	}
 	segs = make([][]byte, len(recs))
 	for i, r := range recs {
+		if l := r.sg.lay; k != Master && l.compressed() {
+			// Narrower than fp32 (Options.StateFormat): a decoded copy.
+			wide := make([]float32, r.n)
+			l.decode(wide, r.buf.Float32(), int(k))
+			segs[i] = buffers.AsBytes(wide)
+			continue
+		}
 		lo := r.sg.lay.Offsets[k]
 		segs[i] = r.buf.Bytes()[lo : lo+4*int64(r.n)]
 	}

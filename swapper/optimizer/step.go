@@ -456,7 +456,9 @@ func (r *stepRun) update(it *item) {
 	if r.params.ScaleGrads {
 		ScaleGrad(it.grad[:n], r.params.GradScale)
 	}
-	if r.hyper.Rule == RuleAdam {
+	if sg.lay.compressed() {
+		o.kern.adamRecordSplit(sg.lay, it.state, it.grad[:n], &r.args, o.opts.UpdateWorkers)
+	} else if r.hyper.Rule == RuleAdam {
 		p, m, v := sg.states(it.state)
 		o.kern.adamSplit(p, it.grad[:n], m, v, &r.args, o.opts.UpdateWorkers)
 	} else {
