@@ -185,16 +185,27 @@
 //
 // # Compressed states
 //
-// The update math of narrower optimizer states is here; the runtime's
-// record layout, checkpoints and configuration do not use it yet.
-// StateFormat describes how a record's states are stored (the master is
-// always fp32): FormatFP32 (today's), FormatBF16 (bfloat16, rounded to
+// Options.StateFormat (config key zinf.optimizer_states) stores Adam's
+// moments narrower than fp32 in the records, on NVMe and in pinned
+// memory. StateFormat describes how a record's states are stored (the
+// master is always fp32): FormatFP32 (today's), FormatBF16 (bfloat16, rounded to
 // nearest even) and FormatBlockwise8 (one byte per element, an index into
 // a 256-entry dynamic map, and one fp32 absmax per Blockwise8BlockSize =
 // 256 elements, the granularity bitsandbytes' blockwise 8-bit optimizers
 // use). StateBytes and RecordBytes give the bytes a state or a record of n
 // elements takes: an Adam record is 12 bytes per element in fp32, 8 in
-// bf16 and 6.03 in 8 bits.
+// bf16 and 6.03 in 8 bits. A record of such states (LayoutForFormat) holds
+// the master, then each state: bf16 values, or its absmax (one float32
+// per block) followed by its codes. Sub-groups of 8-bit states start on
+// block boundaries (SubGroupSize a multiple of 256), so a step gives
+// exactly the bits of Adam8Step (AdamBF16Step) on whole tensors, whatever
+// the tier, pipeline depth, worker count or kernel
+// (TestCompressedStatesBitForBit). ReadStates, VisitStates and snapshots
+// give the states decoded to fp32, and LoadStates encodes what it is
+// given; ReadEncodedStates and LoadEncodedStates move them as stored
+// (codes and absmax), which resuming bit for bit needs: decoding and
+// encoding again changes a block whose largest magnitude is negative (the
+// signed map has +1 but not -1).
 //
 // The two maps are bitsandbytes' dynamic maps (SignedDynamicMap for
 // exp_avg, UnsignedDynamicMap for exp_avg_sq), computed in float32 from
