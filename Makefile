@@ -13,7 +13,7 @@ GOMLX_DIR := contrib/gomlx
 GOMLX_GOEXPERIMENT ?= simd
 GOMLX_ENV := CGO_ENABLED=0 GOEXPERIMENT=$(GOMLX_GOEXPERIMENT)
 
-.PHONY: all build build-mpi test test-short test-arm64 test-kernel-mutants bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big demo-llm bible bench-llm bench-llm-big
+.PHONY: all build build-mpi test test-short test-arm64 test-kernel-mutants bench bench-io bench-adam bench-scale bench-schedule bench-overlap bench-optimizers bench-mpi demo demo-mpi lint fmt vet doctor tune clean gpu-tests stress test-contrib demo-gomlx bench-gomlx demo-generate bench-generate bench-generate-big bench-llamacpp demo-llm bible bench-llm bench-llm-big
 
 all: build
 
@@ -226,6 +226,19 @@ bench-generate:
 bench-generate-big:
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-generate ./cmd/zinf-generate
 	ZINF_GENERATE=$(abspath $(BIN))/zinf-generate sh scripts/bench-generate-big.sh
+
+# zinf's native decoder (cmd/zinf-decode) and llama.cpp side by side on the
+# same GGUF files (internal/cmd/bench-llamacpp): one llama model of random
+# weights written in f32, bf16 and q8_0, a greedy-continuation check, then
+# decoding tokens/s at batch 1 and 4 over interleaved rounds; medians,
+# min..max and zinf / llama.cpp. LLAMA_CPP is llama.cpp's directory
+# (build/bin: llama-bench, llama-batched-bench, llama-simple); without it
+# the bench says so and is skipped. Not part of make test.
+LLAMA_CPP ?= /var/tmp/llamacpp
+BENCH_LLAMACPP_FLAGS ?= -size 400m -tokens 32 -rounds 3
+bench-llamacpp:
+	$(GO) build -o $(BIN)/zinf-decode ./cmd/zinf-decode
+	$(GO) run ./internal/cmd/bench-llamacpp -llama-cpp $(LLAMA_CPP) -zinf-decode $(BIN)/zinf-decode -dir $${TMPDIR:-/var/tmp} $(BENCH_LLAMACPP_FLAGS)
 
 # Offloaded vs in-memory GoMLX training: step time, allocations, GC, RSS
 # (separate processes, alternating; see BENCHMARKS.md), without and with

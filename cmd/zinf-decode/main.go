@@ -1,0 +1,333 @@
+// Command zinf-decode decodes greedily with zinf's native decoder from a
+// GGUF file of the llama architecture: it reads the header, puts every
+// weight in one buffer of a zinf pinned pool (read from the file in
+// place, tensor by tensor, as stored: f32, bf16, q8_0, q4_0; f16 widened
+// to f32), prefills a prompt for each of -batch sequences and times
+// -tokens greedy decoding steps, printing one JSON object: the tokens a
+// second over all sequences, each step's time, and the generated ids and
+// their text.
+//
+//	zinf-decode -model model.gguf -batch 1 -tokens 64
+//
+// The prompt is -prompt-ids (comma-separated token ids), or -prompt-bytes
+// (a text whose every byte is looked up as the SentencePiece byte token
+// <0xNN>, after <s>: what llama.cpp's tokenizer gives a vocabulary with no
+// other token for those bytes, such as gguf.Writer.SetByteVocab's), or,
+// by default, the BOS token. Every sequence of the batch gets the same
+// prompt and so the same tokens; -prompt-len N instead gives sequence b
+// the ids (b*131 + i*17 + 3) mod vocab, i < N, so that the batch's
+// sequences differ (as llama.cpp's batched bench's random prompts do).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/decoder"
+	"github.com/zinfio/zinf/decoder/kernels"
+	"github.com/zinfio/zinf/gguf"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "zinf-decode:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+// Result is what zinf-decode prints.
+type Result struct {
+	Model      string  `json:"model"`
+	Types      string  `json:"types"` // the matrices' stored types
+	Params     int64   `json:"params"`
+	Batch      int     `json:"batch"`
+	Tokens     int     `json:"tokens"` // decoding steps timed
+	Prompt     int     `json:"prompt"` // prompt tokens of each sequence
+	Workers    int     `json:"workers"`
+	Kernel     string  `json:"kernel"`
+	Pinned     bool    `json:"pinned"`
+	LoadS      float64 `json:"load_s"`
+	PrefillS   float64 `json:"prefill_s"`
+	DecodeS    float64 `json:"decode_s"`
+	TokensPerS float64 `json:"tokens_per_s"` // batch x tokens / decode_s
+	StepMedMs  float64 `json:"step_median_ms"`
+	StepMinMs  float64 `json:"step_min_ms"`
+	StepMaxMs  float64 `json:"step_max_ms"`
+	// IDs are the tokens each sequence generated (the first from the
+	// prefill's logits); Text their pieces (sequence 0).
+	IDs  [][]int32 `json:"ids"`
+	Text string    `json:"text"`
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("zinf-decode", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	model := fs.String("model", "", "the GGUF file (llama architecture)")
+	batch := fs.Int("batch", 1, "sequences decoded together (1..64)")
+	tokens := fs.Int("tokens", 32, "greedy decoding steps timed (1..65536)")
+	promptIDs := fs.String("prompt-ids", "", "the prompt as comma-separated token ids")
+	promptBytes := fs.String("prompt-bytes", "", "the prompt as text, each byte its <0xNN> token after <s>")
+	promptLen := fs.Int("prompt-len", 0, "a prompt of this many ids, different for each sequence (0: the BOS token, or -prompt-ids / -prompt-bytes)")
+	workers := fs.Int("threads", 0, "goroutines the products are split over (0: GOMAXPROCS)")
+	pin := fs.String("pin", "auto", "pin the weights' pool: auto, required or off")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case *model == "":
+		return errors.New("-model is required (a GGUF file)")
+	case *batch < 1 || *batch > 64:
+		return fmt.Errorf("-batch %d is outside 1..64", *batch)
+	case *tokens < 1 || *tokens > 1<<16:
+		return fmt.Errorf("-tokens %d is outside 1..65536", *tokens)
+	case *workers < 0:
+		return fmt.Errorf("-threads %d is negative (0 means GOMAXPROCS)", *workers)
+	case *promptLen < 0 || *promptLen > 1<<16:
+		return fmt.Errorf("-prompt-len %d is outside 0..65536", *promptLen)
+	case btoi(*promptIDs != "")+btoi(*promptBytes != "")+btoi(*promptLen > 0) > 1:
+		return errors.New("-prompt-ids, -prompt-bytes and -prompt-len exclude each other (give one)")
+	}
+	pinPolicy, err := buffers.ParsePinPolicy(*pin)
+	if err != nil {
+		return fmt.Errorf("-pin %q: allowed: auto, required, off", *pin)
+	}
+
+	start := time.Now()
+	f, err := gguf.Open(*model)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	m, err := f.Model()
+	if err != nil {
+		return err
+	}
+	c := m.Config
+	tok, _ := f.Tokenizer() // optional: the text of the ids
+	prompts, err := makePrompts(c, tok, *batch, *promptIDs, *promptBytes, *promptLen)
+	if err != nil {
+		return err
+	}
+	maxLen := len(prompts[0]) + *tokens
+	if maxLen > m.ContextLength {
+		return fmt.Errorf("a prompt of %d and %d tokens need %d positions, above the model's context_length %d", len(prompts[0]), *tokens, maxLen, m.ContextLength)
+	}
+
+	// One pinned buffer holds every weight, each tensor at a 64-byte
+	// boundary (a cache line: the kernels' loads never straddle two
+	// tensors' lines).
+	names, err := c.Names(decoder.GGUFNames, "")
+	if err != nil {
+		return err
+	}
+	var total int64
+	types := map[string]bool{}
+	var params int64
+	for _, n := range names {
+		ti, _ := f.Tensor(n.Name)
+		b, err := f.DataBytes(ti)
+		if err != nil {
+			return err
+		}
+		total += (b + 63) &^ 63
+		params += ti.Elements()
+		if len(ti.Dims) == 2 {
+			types[ti.Type.String()] = true
+		}
+	}
+	capacity := int64(1 << 21)
+	for capacity < total {
+		capacity *= 2
+	}
+	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: capacity, MinBufferBytes: 1 << 21, Pin: pinPolicy})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	buf, err := pool.Acquire(ctx, int(total), buffers.PurposeParams)
+	if err != nil {
+		return err
+	}
+	defer buf.Release()
+	mem := buf.Bytes()
+	alloc := func(n int) ([]byte, error) {
+		s := mem[:n:n]
+		mem = mem[(n+63)&^63:]
+		return s, nil
+	}
+	mw, layers, err := f.Weights(c, alloc)
+	if err != nil {
+		return err
+	}
+	load := time.Since(start)
+
+	kp, err := kernels.NewPool(kernels.Options{Workers: *workers})
+	if err != nil {
+		return err
+	}
+	defer kp.Close()
+	d, err := decoder.New(c, kp)
+	if err != nil {
+		return err
+	}
+	kvh := c.KVHeads
+	if kvh == 0 {
+		kvh = c.Heads
+	}
+	n := c.Layers * *batch * maxLen * kvh * c.HeadDim
+	cache, err := decoder.NewKVCache(c, *batch, maxLen, make([]float32, n), make([]float32, n))
+	if err != nil {
+		return err
+	}
+	logits := make([]float32, *batch*c.Vocab)
+	pos := make([]int, *batch)
+	pass := func(toks [][]int32) error {
+		if err := d.Begin(cache, toks, pos, &mw); err != nil {
+			return err
+		}
+		for l := range c.Layers {
+			if err := d.Layer(l, &layers[l]); err != nil {
+				return err
+			}
+		}
+		if err := d.Logits(&mw, logits); err != nil {
+			return err
+		}
+		for b := range pos {
+			pos[b] += len(toks[b])
+		}
+		return nil
+	}
+	ids := make([][]int32, *batch)
+	next := func() [][]int32 {
+		toks := make([][]int32, *batch)
+		for b := range toks {
+			row := logits[b*c.Vocab : (b+1)*c.Vocab]
+			id := int32(slices.Index(row, slices.Max(row)))
+			ids[b] = append(ids[b], id)
+			toks[b] = []int32{id}
+		}
+		return toks
+	}
+	t0 := time.Now()
+	if err := pass(prompts); err != nil {
+		return err
+	}
+	prefill := time.Since(t0)
+	steps := make([]float64, 0, *tokens)
+	t0 = time.Now()
+	for range *tokens {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		s := time.Now()
+		if err := pass(next()); err != nil {
+			return err
+		}
+		steps = append(steps, time.Since(s).Seconds()*1e3)
+	}
+	decode := time.Since(t0)
+	next()
+	ids0 := ids[0][:*tokens] // the tokens fed or about to be; the last step's is not fed
+	var text strings.Builder
+	if tok != nil {
+		for _, id := range ids0 {
+			text.WriteString(tok.Piece(int(id)))
+		}
+	}
+	for b := range ids {
+		ids[b] = ids[b][:*tokens]
+	}
+	sorted := slices.Clone(steps)
+	sort.Float64s(sorted)
+	tl := make([]string, 0, len(types))
+	for t := range types {
+		tl = append(tl, t)
+	}
+	sort.Strings(tl)
+	r := Result{Model: *model, Types: strings.Join(tl, ","), Params: params, Batch: *batch, Tokens: *tokens, Prompt: len(prompts[0]),
+		Workers: kp.Workers(), Kernel: kp.Kernel(), Pinned: pool.Pinned(), LoadS: load.Seconds(), PrefillS: prefill.Seconds(),
+		DecodeS: decode.Seconds(), TokensPerS: float64(*batch**tokens) / decode.Seconds(),
+		StepMedMs: sorted[len(sorted)/2], StepMinMs: sorted[0], StepMaxMs: sorted[len(sorted)-1], IDs: ids, Text: text.String()}
+	if math.IsInf(r.TokensPerS, 0) {
+		r.TokensPerS = 0
+	}
+	enc := json.NewEncoder(stdout)
+	return enc.Encode(r)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// makePrompts returns each sequence's prompt.
+func makePrompts(c decoder.Config, tok *gguf.Tokenizer, batch int, ids, text string, n int) ([][]int32, error) {
+	var p []int32
+	switch {
+	case ids != "":
+		for _, s := range strings.Split(ids, ",") {
+			v, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || v < 0 || v >= c.Vocab {
+				return nil, fmt.Errorf("-prompt-ids: %q is not a token id 0..%d", s, c.Vocab-1)
+			}
+			p = append(p, int32(v))
+		}
+	case text != "":
+		if tok == nil || tok.BOS < 0 {
+			return nil, errors.New("-prompt-bytes: the file has no tokenizer with a BOS token")
+		}
+		index := map[string]int{}
+		for i, s := range tok.Tokens {
+			if len(s) == 6 && strings.HasPrefix(s, "<0x") {
+				index[s] = i
+			}
+		}
+		p = append(p, int32(tok.BOS))
+		for i := range len(text) {
+			id, ok := index[fmt.Sprintf("<0x%02X>", text[i])]
+			if !ok {
+				return nil, fmt.Errorf("-prompt-bytes: the vocabulary has no byte token <0x%02X>", text[i])
+			}
+			p = append(p, int32(id))
+		}
+	case n > 0:
+		out := make([][]int32, batch)
+		for b := range out {
+			for i := range n {
+				out[b] = append(out[b], int32((b*131+i*17+3)%c.Vocab))
+			}
+		}
+		return out, nil
+	default:
+		bos := 1
+		if tok != nil && tok.BOS >= 0 {
+			bos = tok.BOS
+		}
+		if bos >= c.Vocab {
+			bos = 0
+		}
+		p = []int32{int32(bos)}
+	}
+	out := make([][]int32, batch)
+	for b := range out {
+		out[b] = p
+	}
+	return out, nil
+}
