@@ -120,11 +120,6 @@ func (g *Generator) newNative(mode string) (*native, string) {
 	if err != nil {
 		return nil, err.Error()
 	}
-	if cfg.Layout == decoder.InOut && mode != DecoderNative {
-		// Measured: the decoder's loop over in-out rows (no SIMD) took
-		// twice GoMLX's compute a step on an 8-layer, width-512 zoo model.
-		return nil, "the zoo's in-out dense layers (a model without WithTransposedWeights) run on the decoder's scalar loop, slower than GoMLX's graphs (Options.Decoder native runs them so anyway)"
-	}
 	if cfg.TiedHead {
 		return nil, "a tied head (the embedding is not swapped in with the head)"
 	}

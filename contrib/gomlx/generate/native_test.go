@@ -343,3 +343,28 @@ func TestNativeBF16Weights(t *testing.T) {
 		t.Fatalf("%d bf16 weights copied", n)
 	}
 }
+
+// TestNativeAutoInOut: under Options.Decoder auto a model of the zoo's
+// default in-out dense layers (no WithTransposedWeights: zinf-generate's
+// standard architecture) runs on the native decoder, its in-out products
+// on decoder/kernels, with GoMLX's in-memory tokens.
+func TestNativeAutoInOut(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(3, 96, false)
+	w := seededWeights(t, be, fn, 13)
+	s := generate.Sampling{MaxNewTokens: 10}
+	ps := prompts(3, 3, 97, 6)
+	want := reference(ctx, t, be, fn, w, ps, s)
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 1<<20, false), fn, w, generate.Options{Decoder: generate.DecoderAuto})
+	if !strings.HasPrefix(g.Decoder(), "native (") {
+		t.Fatalf("Decoder() = %q, want native", g.Decoder())
+	}
+	res, err := g.Generate(ctx, ps, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decoder != generate.DecoderNative || !slices.EqualFunc(res.Tokens, want, slices.Equal) {
+		t.Fatalf("ran on %q, tokens %v, want %v", res.Decoder, res.Tokens, want)
+	}
+}

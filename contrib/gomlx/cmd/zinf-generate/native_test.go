@@ -6,15 +6,16 @@ import (
 )
 
 // TestDecoderFlag: --decoder native and gomlx each run (said in the
-// decoder line), auto picks native for an out-in model (arch=gemma) and
-// GoMLX for the standard architecture's in-out layers, saying why, and
+// decoder line), auto picks native for the standard architecture's
+// in-out layers (the decoder's in-out kernels) and an out-in model
+// (arch=gemma), and
 // --verify holds each to GoMLX's in-memory greedy tokens; a bad value,
 // and native with --mmap, are refused naming what is allowed.
 func TestDecoderFlag(t *testing.T) {
 	for _, c := range []struct{ flag, line string }{
 		{"native", "decoder: native (3 layers, 4 heads, 2 kv-heads"},
 		{"gomlx", "decoder: gomlx (Options.Decoder gomlx)"},
-		{"auto", "decoder: gomlx: the native decoder does not cover this model: the zoo's in-out dense layers"},
+		{"auto", "decoder: native (3 layers, 4 heads, 2 kv-heads"},
 		{"auto --model arch=gemma", "decoder: native (3 layers"},
 	} {
 		flag, model := c.flag, "dim=64,layers=3,heads=4,kv-heads=2,ffn=128"
