@@ -30,8 +30,12 @@ func TestGGUFNames(t *testing.T) {
 	}
 	for _, v := range []func(*decoder.Config){
 		func(c *decoder.Config) { c.TiedHead = true },
-		func(c *decoder.Config) { c.Block, c.Norm, c.QKVBias, c.OutBias, c.FFNBias = decoder.Sandwich, decoder.LayerNorm, true, true, true },
-		func(c *decoder.Config) { c.Block, c.EmbedNorm, c.Gated, c.FusedGateUp = decoder.PostNorm, decoder.RMSNorm, true, true },
+		func(c *decoder.Config) {
+			c.Block, c.Norm, c.QKVBias, c.OutBias, c.FFNBias = decoder.Sandwich, decoder.LayerNorm, true, true, true
+		},
+		func(c *decoder.Config) {
+			c.Block, c.EmbedNorm, c.Gated, c.FusedGateUp = decoder.PostNorm, decoder.RMSNorm, true, true
+		},
 	} {
 		c := llama()
 		v(&c)
