@@ -280,6 +280,13 @@ type Zinf struct {
 	// (optimizer.Options.UpdateWorkers). Default 0: GOMAXPROCS. The split
 	// never changes results and needs no pinned memory.
 	OptimizerWorkers int
+	// OptimizerStates is "optimizer_states": how the optimizer's states
+	// (Adam's exp_avg and exp_avg_sq) are stored, on NVMe and in pinned
+	// memory: "fp32" (the default), "bf16" (2 bytes an element) or "8bit"
+	// (blockwise, 1 byte an element plus an fp32 absmax per 256;
+	// optimizer.StateFormat). The fp32 master weights stay fp32. The
+	// compressed formats are for Adam and AdamW only.
+	OptimizerStates OptimizerStates
 	// Speculate is "speculate": with gradient_clipping or fp16 on, whether
 	// each layer's optimizer update still starts during the backward pass
 	// (and is rolled back when the step turns out to need clipping or to
@@ -533,20 +540,21 @@ func defaults() *Config {
 			OverlapEvents:      true,
 		},
 		Zinf: Zinf{
-			Tiers:         Tiers{CPUPinnedBytes: 256 * MiB},
-			Checksums:     true,
-			Preallocate:   true,
-			Direct:        DirectOptional,
-			Backend:       BackendAuto,
-			PipelineDepth: 1,
-			GDS:           GDSOff,
-			Device:        DeviceAuto,
-			WorldSize:     1,
-			Speculate:     SpeculateAuto,
-			Schedule:      ScheduleAuto,
-			Bandwidth:     Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
-			KVCache:       KVCache{Device: KVCacheAuto},
-			Activations:   Activations{Device: ActivationsAuto},
+			Tiers:           Tiers{CPUPinnedBytes: 256 * MiB},
+			Checksums:       true,
+			Preallocate:     true,
+			Direct:          DirectOptional,
+			Backend:         BackendAuto,
+			PipelineDepth:   1,
+			GDS:             GDSOff,
+			Device:          DeviceAuto,
+			WorldSize:       1,
+			Speculate:       SpeculateAuto,
+			Schedule:        ScheduleAuto,
+			OptimizerStates: OptimizerStatesFP32,
+			Bandwidth:       Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
+			KVCache:         KVCache{Device: KVCacheAuto},
+			Activations:     Activations{Device: ActivationsAuto},
 
 			PinnedStallTimeout:   DefaultPinnedStallTimeout,
 			CommStallTimeout:     DefaultCommStallTimeout,

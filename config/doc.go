@@ -185,6 +185,9 @@
 //	zinf.prefetch_depth          int       0                 layers prefetched ahead, 0..1024; 0 = the policy decides
 //	zinf.optimizer_workers       int       0                 cores one optimizer sub-group's update is split over,
 //	                                                         0..1024; 0 = GOMAXPROCS (results do not depend on it)
+//	zinf.optimizer_states        word      "fp32"            fp32 | bf16 | 8bit: how Adam's exp_avg and exp_avg_sq are
+//	                                                         stored on NVMe and in pinned memory (8bit: blockwise, an
+//	                                                         fp32 absmax per 256 elements); masters stay fp32
 //	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,
 //	                                                         start each layer's update during backward before the
 //	                                                         global norm and overflow are known (see below)

@@ -172,7 +172,10 @@ type wireZinf struct {
 	Schedule ScheduleMode `json:"schedule,omitempty"`
 	// OptimizerWorkers is written only when set, so files stay as they were.
 	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
-	Bandwidth        struct {
+	// OptimizerStates is written only when it is not fp32, so files stay
+	// as they were.
+	OptimizerStates OptimizerStates `json:"optimizer_states,omitempty"`
+	Bandwidth       struct {
 		ReadBytesPerSec  Size   `json:"read_bytes_per_sec"`
 		WriteBytesPerSec Size   `json:"write_bytes_per_sec"`
 		File             string `json:"file,omitempty"`
@@ -270,6 +273,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.PieceBytes = zi.PieceBytes
 	w.Zinf.PrefetchDepth = zi.PrefetchDepth
 	w.Zinf.OptimizerWorkers = zi.OptimizerWorkers
+	if zi.OptimizerStates != OptimizerStatesFP32 {
+		w.Zinf.OptimizerStates = zi.OptimizerStates
+	}
 	w.Zinf.Speculate = zi.Speculate
 	w.Zinf.OverlapUpdate = zi.OverlapUpdate
 	if zi.Schedule != ScheduleAuto {

@@ -609,6 +609,7 @@ func schema(c *Config) []spec {
 		leaf("piece_bytes", sizeInto(&c.Zinf.PieceBytes)),
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
+		leaf("optimizer_states", stringInto(&c.Zinf.OptimizerStates)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
 		leaf("overlap_update", boolInto(&c.Zinf.OverlapUpdate)),
 		leaf("schedule", stringInto(&c.Zinf.Schedule)),

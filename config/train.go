@@ -144,6 +144,25 @@ const (
 	SpeculateNever SpeculateMode = "never"
 )
 
+// OptimizerStates is the "zinf.optimizer_states" format: how the
+// optimizer's states are stored (optimizer.ParseStateFormat takes the
+// same words).
+type OptimizerStates string
+
+// The state formats.
+const (
+	// OptimizerStatesFP32 keeps every state as fp32 (12 bytes an element
+	// for Adam's record: master and two moments).
+	OptimizerStatesFP32 OptimizerStates = "fp32"
+	// OptimizerStatesBF16 keeps Adam's moments as bfloat16 (8 bytes an
+	// element for the record).
+	OptimizerStatesBF16 OptimizerStates = "bf16"
+	// OptimizerStates8Bit keeps Adam's moments 8-bit blockwise, as
+	// bitsandbytes' 8-bit optimizers do (about 6.03 bytes an element for
+	// the record).
+	OptimizerStates8Bit OptimizerStates = "8bit"
+)
+
 // ScheduleMode is the "zinf.schedule" policy: the order of work within
 // a step of several micro-batches (gradient_accumulation_steps). Both
 // orders give the same results bit for bit; they differ in NVMe traffic
@@ -431,4 +450,9 @@ func (c *Config) validateTraining(k *checker) {
 	}
 	k.enum("zinf.speculate", string(c.Zinf.Speculate))
 	k.enum("zinf.schedule", string(c.Zinf.Schedule))
+	k.enum("zinf.optimizer_states", string(c.Zinf.OptimizerStates))
+	if s := c.Zinf.OptimizerStates; s != OptimizerStatesFP32 && slices.Contains(enumValues["zinf.optimizer_states"], string(s)) &&
+		!slices.Contains(adamTypes, c.Optimizer.Type) {
+		k.add("zinf.optimizer_states", strconv.Quote(string(s)), fmt.Sprintf("is for Adam and AdamW; optimizer.type is %s", c.Optimizer.Type), string(OptimizerStatesFP32)+" (or optimizer.type Adam, AdamW)")
+	}
 }

@@ -222,6 +222,7 @@ var enumValues = map[string][]string{
 	"zinf.device":                  {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
 	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
 	"zinf.schedule":                {string(ScheduleAuto), string(ScheduleLayerMajor), string(ScheduleMicroBatchMajor)},
+	"zinf.optimizer_states":        {string(OptimizerStatesFP32), string(OptimizerStatesBF16), string(OptimizerStates8Bit)},
 	"zinf.kv_cache.device":         {string(KVCacheAuto), string(KVCacheMemory), string(KVCacheCPU), string(KVCacheNVMe)},
 	"zinf.activations.device":      {string(ActivationsAuto), string(ActivationsMemory), string(ActivationsCPU), string(ActivationsNVMe)},
 	"scheduler.type":               schedulerTypes,
