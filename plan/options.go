@@ -188,8 +188,9 @@ func SettingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 		GDSMode: GDSMode(cfg), GDS: gdsOptions(cfg, log), Bounce: BounceOptions(cfg, log),
 		Clip: cfg.GradientClipping, Speculate: cfg.Zinf.Speculate,
 		PinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, PinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
-		Optimizer: optimizer.Options{SubGroupSize: int(min(zo.SubGroupSize, 1<<30)), PipelineDepth: cfg.Zinf.PipelineDepth,
-			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg)}}
+		Optimizer: optimizer.Options{SubGroupSize: SubGroupSizeOf(cfg), PipelineDepth: cfg.Zinf.PipelineDepth,
+			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg),
+			StateFormat: StateFormatOf(cfg)}}
 	if s.Speculate == "" {
 		s.Speculate = config.SpeculateAuto
 	}

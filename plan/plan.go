@@ -496,6 +496,9 @@ func planPieces(pieceBytes int64, deviceIO bool, param, grad *swapper.Store, oo 
 			sg = optimizer.DefaultSubGroupSize
 		}
 		sg = min(sg, elems)
+		if oo.StateFormat.Encoding == optimizer.EncodingBlockwise8 {
+			sg = max(sg/optimizer.Blockwise8BlockSize, 1) * optimizer.Blockwise8BlockSize // sub-groups start blocks
+		}
 		oo.SubGroupSize = sg
 		pc.GradElems = elems / sg * sg
 	}
