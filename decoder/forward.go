@@ -484,21 +484,22 @@ func act(a Activation, x float32) float32 {
 }
 
 // vector widens a vector weight (a norm's scale, a bias) of n values into
-// dst.
-func vector(dst []float32, name string, t Tensor, n int) ([]float32, error) {
+// dst. The weight is named name and part ("AttnNorm", "scale"), joined
+// only for an error: a decoding step allocates nothing.
+func vector(dst []float32, name, part string, t Tensor, n int) ([]float32, error) {
 	dst = grow(dst, n)
 	if t.Data == nil {
-		return nil, fmt.Errorf("weight %s is missing (want %d f32 or bf16 values)", name, n)
+		return nil, fmt.Errorf("weight %s %s is missing (want %d f32 or bf16 values)", name, part, n)
 	}
 	if t.Type != kernels.F32 && t.Type != kernels.BF16 {
-		return nil, fmt.Errorf("weight %s: type %v (allowed for vectors: f32, bf16)", name, t.Type)
+		return nil, fmt.Errorf("weight %s %s: type %v (allowed for vectors: f32, bf16)", name, part, t.Type)
 	}
 	rb, _ := kernels.RowBytes(t.Type, n)
 	if len(t.Data) != rb {
-		return nil, fmt.Errorf("weight %s: %d bytes, want %d %v values (%d bytes)", name, len(t.Data), n, t.Type, rb)
+		return nil, fmt.Errorf("weight %s %s: %d bytes, want %d %v values (%d bytes)", name, part, len(t.Data), n, t.Type, rb)
 	}
 	if err := kernels.Dequantize(dst, t.Type, t.Data); err != nil {
-		return nil, fmt.Errorf("weight %s: %w", name, err)
+		return nil, fmt.Errorf("weight %s %s: %w", name, part, err)
 	}
 	return dst, nil
 }
@@ -510,7 +511,7 @@ func (d *Decoder) norm(x []float32, n int, kind Norm, name string, scale, offset
 	}
 	dim := d.c.Dim
 	var err error
-	if d.vec, err = vector(d.vec, name+" scale", scale, dim); err != nil {
+	if d.vec, err = vector(d.vec, name, "scale", scale, dim); err != nil {
 		return err
 	}
 	g := d.vec
@@ -530,7 +531,7 @@ func (d *Decoder) norm(x []float32, n int, kind Norm, name string, scale, offset
 			}
 		}
 	case LayerNorm:
-		if d.vec2, err = vector(d.vec2, name+" offset", offset, dim); err != nil {
+		if d.vec2, err = vector(d.vec2, name, "offset", offset, dim); err != nil {
 			return err
 		}
 		beta := d.vec2
@@ -587,7 +588,7 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 	if bias == nil {
 		return nil
 	}
-	if d.vec2, err = vector(d.vec2, name+" bias", *bias, rows); err != nil {
+	if d.vec2, err = vector(d.vec2, name, "bias", *bias, rows); err != nil {
 		return err
 	}
 	for r := range n {

@@ -129,3 +129,10 @@ func (j *job) runInOut(i int) {
 		}
 	}
 }
+
+// SumF32 returns the sum of w in the 16-lane order of the products, with
+// the SIMD of the machine's first kernel where len(w) is a multiple of
+// Lanes: a plain read of memory, which benchmarks run beside a product to
+// measure the memory's bandwidth the product's reading of weights is a
+// share of.
+func SumF32(w []float32) float32 { return sumF32(w) }
