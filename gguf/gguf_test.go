@@ -2,6 +2,7 @@ package gguf_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -432,7 +433,10 @@ func TestModelRefusals(t *testing.T) {
 }
 
 // TestReadsGGUFPy: a file written by llama.cpp's own Python writer
-// (gguf-py) reads back with its metadata and tensors. Skipped where
+// (gguf-py) reads back with its metadata and tensors, and gguf-py's reader
+// reads a file zinf wrote with the same offsets, types, shapes, metadata
+// and dequantized values as zinf's kernels (the q8_0 and q4_0 layouts are
+// the same on both sides). Skipped where
 // gguf-py (LLAMA_CPP or /var/tmp/llamacpp, gguf-py/) or numpy is absent.
 func TestReadsGGUFPy(t *testing.T) {
 	dir := os.Getenv("LLAMA_CPP")
@@ -497,6 +501,49 @@ w.close()
 	x := make([]float32, 128)
 	for i := range x {
 		x[i] = (float32(i) - 60) / 8
+	}
+
+	// The other way: gguf-py's reader reads a file zinf wrote (its
+	// offsets, types, shapes and metadata).
+	zw := gguf.NewWriter()
+	zw.Set("general.architecture", "llama")
+	zw.Set("z.list", []string{"p", "qq"})
+	zw.Set("z.f", float32(0.5))
+	zw.AddTensor("z.f32", gguf.F32, []int{2, 64}, encode(t, kernels.F32, x))
+	zw.AddTensor("z.q8", gguf.Q8_0, []int{2, 64}, encode(t, kernels.Q8_0, x))
+	zw.AddTensor("z.q4", gguf.Q4_0, []int{2, 64}, encode(t, kernels.Q4_0, x))
+	zpath := filepath.Join(t.TempDir(), "zinf.gguf")
+	if err := zw.WriteFile(zpath); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(python, "-c", `
+import sys, numpy as np, gguf
+r = gguf.GGUFReader(sys.argv[1])
+print(r.get_field("z.list").contents(), r.get_field("z.f").contents())
+for t in r.tensors:
+    d = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1)
+    print(t.name, t.tensor_type.name, list(t.shape), "%.4f %.4f" % (d[0], d[127]))
+`, zpath)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+py)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gguf-py's reader on zinf's file: %v\n%s", err, out)
+	}
+	// The first and last values as zinf's kernels dequantize them.
+	want := "['p', 'qq'] 0.5\n"
+	for _, z := range []struct {
+		name, typ string
+		t         kernels.DType
+	}{{"z.f32", "F32", kernels.F32}, {"z.q8", "Q8_0", kernels.Q8_0}, {"z.q4", "Q4_0", kernels.Q4_0}} {
+		b := encode(t, z.t, x)
+		v := make([]float32, 64)
+		kernels.Dequantize(v, z.t, b)
+		first := v[0]
+		kernels.Dequantize(v, z.t, b[len(b)/2:])
+		want += fmt.Sprintf("%s %s [64, 2] %.4f %.4f\n", z.name, z.typ, first, v[63])
+	}
+	if string(out) != want {
+		t.Fatalf("gguf-py read zinf's file as\n%s\nwant\n%s", out, want)
 	}
 	for _, tc := range []struct {
 		name string
