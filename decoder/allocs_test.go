@@ -8,8 +8,9 @@ import (
 )
 
 // TestStepAllocatesNothing: once its scratch has grown, a decoding step
-// (the embedding, every layer with its norms and biases, the head)
-// allocates nothing, out-in and in-out alike.
+// (the embedding, every layer with its norms and biases, attention split
+// over the workers at a long context, the head) allocates nothing, out-in
+// and in-out alike, batch 1 and 4.
 func TestStepAllocatesNothing(t *testing.T) {
 	c := llama()
 	c.QKVBias = true
@@ -24,28 +25,33 @@ func TestStepAllocatesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const maxLen = 8
-		n := c.Layers * maxLen * c.KVHeads * c.HeadDim
-		cache, err := decoder.NewKVCache(c, 1, maxLen, make([]float32, n), make([]float32, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks, pos, out := [][]int32{{3}}, []int{2}, make([]float32, c.Vocab)
-		step := func() {
-			if err := d.Begin(cache, toks, pos, &m.mw); err != nil {
+		for _, sh := range []struct{ batch, pos int }{{1, 2}, {4, 600}} {
+			const maxLen = 1024
+			n := c.Layers * sh.batch * maxLen * c.KVHeads * c.HeadDim
+			cache, err := decoder.NewKVCache(c, sh.batch, maxLen, make([]float32, n), make([]float32, n))
+			if err != nil {
 				t.Fatal(err)
 			}
-			for l := range c.Layers {
-				if err := d.Layer(l, &m.layers[l]); err != nil {
+			toks, pos, out := make([][]int32, sh.batch), make([]int, sh.batch), make([]float32, sh.batch*c.Vocab)
+			for b := range toks {
+				toks[b], pos[b] = []int32{int32(3 + b)}, sh.pos
+			}
+			step := func() {
+				if err := d.Begin(cache, toks, pos, &m.mw); err != nil {
+					t.Fatal(err)
+				}
+				for l := range c.Layers {
+					if err := d.Layer(l, &m.layers[l]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := d.Logits(&m.mw, out); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := d.Logits(&m.mw, out); err != nil {
-				t.Fatal(err)
+			if a := testing.AllocsPerRun(10, step); a != 0 {
+				t.Errorf("%v, batch %d at position %d: %v allocations a decoding step, want 0", layout, sh.batch, sh.pos, a)
 			}
-		}
-		if a := testing.AllocsPerRun(10, step); a != 0 {
-			t.Errorf("%v: %v allocations a decoding step, want 0", layout, a)
 		}
 		pool.Close()
 	}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
-	"sync"
 
 	"github.com/zinfio/zinf/decoder/kernels"
 )
@@ -85,6 +83,10 @@ type Decoder struct {
 	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
 	scores                               [][]float32 // one per worker
 	workers                              int         // goroutines attention is split over
+	// attention's split in progress, read by attnChunk (d.attnChunkOf,
+	// made once in New).
+	attnChunk                     func(int)
+	attnL, attnPairs, attnWorkers int
 }
 
 // New returns a decoder of the model c whose products run on pool (nil:
@@ -93,10 +95,13 @@ func New(c Config, pool *kernels.Pool) (*Decoder, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Decoder{c: c, pool: pool, workers: runtime.GOMAXPROCS(0)}
+	d := &Decoder{c: c, pool: pool}
 	if pool != nil {
 		d.workers = pool.Workers()
+	} else {
+		d.workers = kernels.DefaultWorkers()
 	}
+	d.attnChunk = d.attnChunkOf
 	if r := c.ropeDims(); r > 0 {
 		// As the zoo computes them, in float32: base^(2i/r), then its
 		// reciprocal.
@@ -272,7 +277,9 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 		}
 	}
 	d.o = grow(d.o, n*qDim)
-	d.attention(l)
+	if err := d.attention(l); err != nil {
+		return err
+	}
 	d.a = grow(d.a, n*dim)
 	var ob *Tensor
 	if c.OutBias {
@@ -390,10 +397,11 @@ func (d *Decoder) rope(x []float32, heads, p int) {
 // attention computes d.o from d.q and layer l's cache: causal softmax
 // attention of each new position over the sequence's positions up to it,
 // query head h reading key/value head h / (Heads / KVHeads). The (row,
-// head) pairs are split into contiguous ranges over the decoder's workers
-// when there is enough work; each pair is computed the same way whatever
-// the split, so the bits do not depend on it.
-func (d *Decoder) attention(l int) {
+// head) pairs are split into contiguous ranges over the kernels pool's
+// workers (Pool.Parallel: no goroutine started, nothing allocated) when
+// there is enough work; each pair is computed the same way whatever the
+// split, so the bits do not depend on it.
+func (d *Decoder) attention(l int) error {
 	c := &d.c
 	pairs := d.batch * d.steps * c.Heads
 	work := 0 // multiply-adds, about
@@ -406,14 +414,21 @@ func (d *Decoder) attention(l int) {
 	}
 	if workers <= 1 {
 		d.scores[0] = d.attend(l, 0, pairs, d.scores[0])
-		return
+		return nil
 	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		lo, hi := pairs*w/workers, pairs*(w+1)/workers
-		wg.Go(func() { d.scores[w] = d.attend(l, lo, hi, d.scores[w]) })
+	d.attnL, d.attnPairs, d.attnWorkers = l, pairs, workers
+	if d.pool != nil {
+		return d.pool.Parallel(workers, d.attnChunk)
 	}
-	wg.Wait()
+	return kernels.Parallel(workers, d.attnChunk)
+}
+
+// attnChunkOf is chunk w of attention's pairs (d.attnL, d.attnPairs,
+// d.attnWorkers): a function made once, so that the fan-out on the
+// kernels' pool allocates nothing.
+func (d *Decoder) attnChunkOf(w int) {
+	lo, hi := d.attnPairs*w/d.attnWorkers, d.attnPairs*(w+1)/d.attnWorkers
+	d.scores[w] = d.attend(d.attnL, lo, hi, d.scores[w])
 }
 
 // minAttnWork is the multiply-adds below which another goroutine costs

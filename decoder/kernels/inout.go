@@ -136,3 +136,39 @@ func (j *job) runInOut(i int) {
 // measure the memory's bandwidth the product's reading of weights is a
 // share of.
 func SumF32(w []float32) float32 { return sumF32(w) }
+
+// Parallel calls f(0) ... f(chunks-1), at most Workers() of them at once,
+// on the pool's goroutines (f(0) on the calling one), and returns when
+// every call has returned: the fan-out of the rest of a decoding step
+// (attention) on the goroutines the products already run on, with no
+// goroutine started and nothing allocated per call (f itself made once).
+// chunks above Workers() is an error, as is a closed pool. Calls run
+// between products, never beside one.
+func (p *Pool) Parallel(chunks int, f func(chunk int)) error {
+	if chunks < 1 || chunks > p.workers {
+		return fmt.Errorf("kernels: Parallel over %d chunks, want 1..%d (the pool's workers)", chunks, p.workers)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.job = job{fn: f, chunks: chunks}
+	for i := 1; i < chunks; i++ {
+		p.work <- i
+	}
+	f(0)
+	for i := 1; i < chunks; i++ {
+		<-p.done
+	}
+	p.job = job{}
+	return nil
+}
+
+// Parallel is Pool.Parallel on the pool of GOMAXPROCS workers that
+// MatMul and MatMulInOut share.
+func Parallel(chunks int, f func(chunk int)) error { return defaultPool().Parallel(chunks, f) }
+
+// DefaultWorkers returns the number of workers of the pool MatMul,
+// MatMulInOut and Parallel share.
+func DefaultWorkers() int { return defaultPool().Workers() }

@@ -191,3 +191,38 @@ func TestInOutAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestParallel: every chunk runs once, on at most the pool's workers; a
+// chunk count outside 1..Workers or a closed pool is an error; a call
+// allocates nothing.
+func TestParallel(t *testing.T) {
+	p, err := NewPool(Options{Workers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hits [3]int
+	f := func(i int) { hits[i]++ }
+	for chunks := 1; chunks <= 3; chunks++ {
+		hits = [3]int{}
+		if err := p.Parallel(chunks, f); err != nil {
+			t.Fatal(err)
+		}
+		for i, h := range hits {
+			if want := map[bool]int{true: 1, false: 0}[i < chunks]; h != want {
+				t.Fatalf("%d chunks: chunk %d ran %d times", chunks, i, h)
+			}
+		}
+	}
+	if a := testing.AllocsPerRun(20, func() { _ = p.Parallel(3, f) }); a != 0 {
+		t.Errorf("%v allocations a call, want 0", a)
+	}
+	for _, n := range []int{0, 4} {
+		if err := p.Parallel(n, f); err == nil {
+			t.Errorf("Parallel(%d) on 3 workers: no error", n)
+		}
+	}
+	p.Close()
+	if err := p.Parallel(1, f); err != ErrClosed {
+		t.Errorf("Parallel on a closed pool: %v, want ErrClosed", err)
+	}
+}

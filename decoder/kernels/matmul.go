@@ -58,10 +58,11 @@ type Pool struct {
 type job struct {
 	w      Matrix
 	row    blockFunc
-	io     ioFunc // an in-out product's kernel
-	inout  bool   // an in-out product (MatMulInOut): chunks of columns
-	rb     int    // bytes of a row
-	n      int    // columns the row function covers
+	io     ioFunc          // an in-out product's kernel
+	inout  bool            // an in-out product (MatMulInOut): chunks of columns
+	fn     func(chunk int) // Parallel's function, or nil
+	rb     int             // bytes of a row
+	n      int             // columns the row function covers
 	x, y   []float32
 	batch  int
 	chunks int
@@ -210,6 +211,10 @@ func check(y []float32, w Matrix, x []float32, batch int) (int, error) {
 // block through the columns in tiles (the partial sums carried from tile
 // to tile), then reduced, then the tail columns.
 func (j *job) run(i int) {
+	if j.fn != nil {
+		j.fn(i)
+		return
+	}
 	if j.inout {
 		j.runInOut(i)
 		return
