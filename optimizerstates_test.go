@@ -1,0 +1,234 @@
+package zinf_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
+	"github.com/zinfio/zinf/swapper/optimizer"
+	"github.com/zinfio/zinf/tensor"
+)
+
+// TestOptimizerStates8BitEqualsInMemory trains a small model through the
+// public API with zinf.optimizer_states "8bit" — the optimizer on NVMe
+// or in pinned memory, one micro-batch or eight (layer-major and
+// micro-batch-major), gradient clipping that triggers on some steps —
+// and holds every parameter the forward passes read, the final masters
+// and the decoded moments to an in-memory reference bit for bit: the
+// micro-batches' gradients summed in float32 in order, the global norm's
+// clip factor (DeepSpeed's), then optimizer.Adam8Step on whole tensors.
+func TestOptimizerStates8BitEqualsInMemory(t *testing.T) {
+	type tc struct {
+		micro    int
+		schedule config.ScheduleMode
+		device   config.OffloadDevice
+	}
+	var cases []tc
+	for _, dev := range []config.OffloadDevice{config.OffloadNVMe, config.OffloadCPU} {
+		cases = append(cases, tc{1, config.ScheduleMicroBatchMajor, dev}, tc{8, config.ScheduleLayerMajor, dev}, tc{8, config.ScheduleMicroBatchMajor, dev})
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("k=%d/%s/optimizer=%s", c.micro, c.schedule, c.device), func(t *testing.T) {
+			cfg := config.Default()
+			cfg.SetScratchDir(t.TempDir())
+			cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+			cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
+			cfg.ZeroOptimization.OffloadOptimizer.Device = c.device
+			cfg.ZeroOptimization.SubGroupSize = 600 // rounded down to 512: sub-groups of two blocks
+			cfg.Zinf.OptimizerStates = config.OptimizerStates8Bit
+			cfg.Zinf.Schedule = c.schedule
+			cfg.GradientAccumulationSteps = c.micro
+			cfg.GradientClipping = 0.1 // the norms are 0.03 to 0.53: some steps clip, some do not
+			cfg.Optimizer.LR = 0.01
+			layers := [][]tensor.Desc{
+				{{Name: "l0.w", Shape: []int{700}}, {Name: "l0.b", Shape: []int{3}}},
+				{{Name: "l1.w", Shape: []int{1030}}},
+			}
+			model := zinf.LayeredModel(layers...)
+			rt, err := zinf.Open(cfg, model, zinf.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.Close()
+			if got := string(rt.Schedule()); got != string(c.schedule) {
+				t.Fatalf("schedule %s, want %s", got, c.schedule)
+			}
+			ctx := context.Background()
+			ref := newRef8(model)
+			for _, d := range model.Tensors {
+				if err := rt.Init(ctx, d.Name, ref.p[d.Name]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := plan.Hyper(cfg)
+			clipped := 0
+			const steps = 5
+			for step := 1; step <= steps; step++ {
+				grad := func(name string, micro int) []float32 {
+					g := make([]float32, len(ref.p[name]))
+					amp := 0.002 * float64(1+(step%3)*4)
+					for i := range g {
+						g[i] = float32(math.Cos(float64(i*7+step*13+micro*3+len(name)*5)) * amp)
+					}
+					return g
+				}
+				read := func(l int) {
+					for _, name := range rt.LayerTensors(l) {
+						w := make([]float32, len(ref.p[name]))
+						if err := rt.ReadParam(ctx, name, w); err != nil {
+							t.Fatal(err)
+						}
+						if i := diffAt(w, ref.p[name]); i >= 0 {
+							t.Fatalf("step %d: %s read %#x at %d, reference %#x", step, name, math.Float32bits(w[i]), i, math.Float32bits(ref.p[name][i]))
+						}
+					}
+				}
+				if c.schedule == config.ScheduleLayerMajor {
+					rt.Forward()
+					for l := range rt.Layers() {
+						if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
+							t.Fatal(err)
+						}
+						read(l)
+						rt.EndLayer(l)
+					}
+					rt.Backward()
+					for l := rt.Layers() - 1; l >= 0; l-- {
+						if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
+							t.Fatal(err)
+						}
+						for m := range c.micro {
+							for _, name := range rt.LayerTensors(l) {
+								if err := rt.AccumulateGrad(ctx, name, grad(name, m)); err != nil {
+									t.Fatal(err)
+								}
+							}
+						}
+						_ = rt.StepLayer(ctx, l) // a failure is returned by Step too
+						rt.EndLayer(l)
+					}
+				} else {
+					for m := range c.micro {
+						rt.Forward()
+						for l := range rt.Layers() {
+							if err := rt.BeginLayer(ctx, l); err != nil {
+								t.Fatal(err)
+							}
+							read(l)
+							rt.EndLayer(l)
+						}
+						rt.Backward()
+						for l := rt.Layers() - 1; l >= 0; l-- {
+							if err := rt.BeginLayer(ctx, l); err != nil {
+								t.Fatal(err)
+							}
+							for _, name := range rt.LayerTensors(l) {
+								if err := rt.AccumulateGrad(ctx, name, grad(name, m)); err != nil {
+									t.Fatal(err)
+								}
+							}
+							if m == c.micro-1 {
+								_ = rt.StepLayer(ctx, l)
+							}
+							rt.EndLayer(l)
+						}
+					}
+				}
+				if err := rt.Step(ctx); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				// The reference: sum, clip, Adam8Step.
+				acc := map[string][]float32{}
+				var sum float64
+				for _, d := range model.Tensors {
+					a := make([]float32, len(ref.p[d.Name]))
+					for m := range c.micro {
+						for i, x := range grad(d.Name, m) {
+							a[i] += x
+						}
+					}
+					acc[d.Name] = a
+					sum += optimizer.SumSquares(a)
+				}
+				f, _, coef := optimizer.GradFactor(sum, 1, cfg.GradientClipping)
+				info := rt.LastStep()
+				if info.Clipped != (coef < 1) || math.Float64bits(info.ClipCoef) != math.Float64bits(coef) {
+					t.Fatalf("step %d: clipped %v coef %v, reference coef %v", step, info.Clipped, info.ClipCoef, coef)
+				}
+				if info.Clipped {
+					clipped++
+				}
+				p := optimizer.StepParams{LR: float32(cfg.Optimizer.LR), LR64: cfg.Optimizer.LR, ScaleGrads: f != 1, GradScale: f}
+				for _, d := range model.Tensors {
+					n := d.Name
+					optimizer.Adam8Step(ref.p[n], acc[n], ref.qm[n], ref.qv[n], ref.am[n], ref.av[n], step, h, p)
+				}
+			}
+			if clipped == 0 || clipped == steps {
+				t.Errorf("clipping triggered on %d of %d steps: the test wants both kinds", clipped, steps)
+			}
+			if err := rt.WaitStep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range model.Tensors {
+				n := d.Name
+				master, m, v, err := rt.ReadOptimizerState(ctx, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wm, wv := make([]float32, len(m)), make([]float32, len(v))
+				optimizer.SignedDynamicMap().Dequantize(wm, ref.qm[n], ref.am[n])
+				optimizer.UnsignedDynamicMap().Dequantize(wv, ref.qv[n], ref.av[n])
+				for _, x := range []struct {
+					what      string
+					got, want []float32
+				}{{"master", master, ref.p[n]}, {"exp_avg", m, wm}, {"exp_avg_sq", v, wv}} {
+					if i := diffAt(x.got, x.want); i >= 0 {
+						t.Fatalf("%s %s differs at %d: %#x, reference %#x", n, x.what, i, math.Float32bits(x.got[i]), math.Float32bits(x.want[i]))
+					}
+				}
+			}
+		})
+	}
+}
+
+// ref8 is the in-memory reference of Adam over 8-bit moments.
+type ref8 struct {
+	p      map[string][]float32
+	qm, qv map[string][]uint8
+	am, av map[string][]float32
+}
+
+func newRef8(model zinf.Model) *ref8 {
+	r := &ref8{p: map[string][]float32{}, qm: map[string][]uint8{}, qv: map[string][]uint8{}, am: map[string][]float32{}, av: map[string][]float32{}}
+	for _, d := range model.Tensors {
+		n, _ := d.Numel()
+		w := make([]float32, n)
+		for i := range w {
+			w[i] = float32(math.Sin(float64(i)*0.37+float64(len(d.Name)))) * 0.1
+		}
+		blocks := optimizer.FormatBlockwise8.Blocks(int64(n))
+		r.p[d.Name] = w
+		r.qm[d.Name], r.qv[d.Name] = make([]uint8, n), make([]uint8, n)
+		r.am[d.Name], r.av[d.Name] = make([]float32, blocks), make([]float32, blocks)
+		zeros := make([]float32, n)
+		optimizer.SignedDynamicMap().Quantize(r.qm[d.Name], r.am[d.Name], zeros)
+		optimizer.UnsignedDynamicMap().Quantize(r.qv[d.Name], r.av[d.Name], zeros)
+	}
+	return r
+}
+
+// diffAt is the first index where a and b differ in bits (or length), or
+// -1.
+func diffAt(a, b []float32) int {
+	for i := range max(len(a), len(b)) {
+		if i >= len(a) || i >= len(b) || math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
