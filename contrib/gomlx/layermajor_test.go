@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -244,8 +243,12 @@ func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 			if lm1 == 0 || mb1 != lm1 {
 				t.Fatalf("k=1 reads %d bytes layer-major, %d micro-batch-major (want equal, > 0)", lm1, mb1)
 			}
-			if r := float64(lm3) / float64(lm1); math.Abs(r-1) > 0.03 {
-				t.Errorf("layer-major reads %d bytes per step at k=3, %d at k=1 (%.2fx; want flat within 3%%)", lm3, lm1, r)
+			// Flat in k past one: k > 1 begins the last layer again for its
+			// backward (its weights still in their buffers), so that its
+			// micro-batches' gradients are summed in pinned memory: one of
+			// the chain's five equal layers more than k = 1 reads.
+			if r := float64(lm3) / float64(lm1); r < 0.97 || r > 1.25*1.03 {
+				t.Errorf("layer-major reads %d bytes per step at k=3, %d at k=1 (%.2fx; want 1..1.25x: at most the last layer more)", lm3, lm1, r)
 			}
 			// Per micro-batch, every layer but the ones still in the swap-in
 			// buffers at the turns of the passes.

@@ -380,9 +380,16 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 		v.cur = sl.buf
 		read = read || !ok
 	}
-	if !read {
+	if !read && !(s.lm.hold && s.lm.k > 1) {
 		return nil
 	}
+	// A layer-major backward pass of k > 1 micro-batches begins its layer
+	// even when its weights are still in their buffers (the last layer,
+	// right after its forward): the begun layer is what holds its
+	// micro-batches' gradient sums in pinned memory, else each
+	// micro-batch's gradient would be written and read back (k-1 more of
+	// each a step). Beginning it reads its weights once more, as the
+	// plan counts (a read per layer and pass).
 	t0 := time.Now()
 	defer func() { s.times.SwapIn += time.Since(t0) }()
 	if s.lm.hold {
