@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -190,6 +191,17 @@ func (mt *MemoryTrainer) State(name string) (master, expAvg, expAvgSq []float32,
 
 // Steps returns the number of steps taken.
 func (mt *MemoryTrainer) Steps() int { return mt.steps }
+
+// Timings returns the executors' compute so far (Compute and
+// LayerCompute, as Trainer.Timings counts them); the fields that time
+// zinf's calls are zero, as the MemoryTrainer makes none. With the wall
+// time of a step it says what the step spent besides compute (the
+// optimizer's updates in Go memory).
+func (mt *MemoryTrainer) Timings() Timings {
+	tm := Timings{Compute: mt.lp.compute, LayerCompute: make([]time.Duration, len(mt.ex.layers))}
+	copy(tm.LayerCompute, mt.lp.layerCompute)
+	return tm
+}
 
 // Close frees the executors (the Store keeps its values).
 func (mt *MemoryTrainer) Close() { mt.ex.close() }

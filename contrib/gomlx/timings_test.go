@@ -76,3 +76,43 @@ func checkLayerCompute(t *testing.T, tm zgomlx.Timings, layers int) {
 		t.Fatalf("LayerCompute sums to %v, more than Compute %v", sum, tm.Compute)
 	}
 }
+
+// TestMemoryTrainerTimings: MemoryTrainer.Timings counts its executors'
+// compute as the Trainer's does (zero before a step, growing, within the
+// wall time, one entry per layer), and times none of zinf's calls.
+func TestMemoryTrainerTimings(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	b := backend(t)
+	net := mlpNet(64, 64, 8)
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(3))
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Float32, 16, 32)); err != nil {
+		t.Fatal(err)
+	}
+	mt, err := zgomlx.NewMemoryTrainer(b, store, net, testConfig(t, 8<<20), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mt.Close()
+	if c := mt.Timings().Compute; c != 0 {
+		t.Fatalf("Compute %v before any step (want 0)", c)
+	}
+	var wall, last time.Duration
+	for i := range 2 {
+		x, y := mlpBatch(i, 16, 32, 8)
+		t0 := time.Now()
+		if _, err := mt.Step(ctx, x, y); err != nil {
+			t.Fatal(err)
+		}
+		wall += time.Since(t0)
+		tm := mt.Timings()
+		if tm.Compute <= last || tm.Compute > wall {
+			t.Fatalf("step %d: Compute %v (before %v, wall of the steps %v)", i, tm.Compute, last, wall)
+		}
+		if tm.SwapIn != 0 || tm.Grads != 0 || tm.StepLayer != 0 || tm.Commit != 0 {
+			t.Fatalf("step %d: zinf's calls timed in memory: %+v", i, tm)
+		}
+		last = tm.Compute
+		checkLayerCompute(t, tm, len(net.Layers))
+	}
+}
