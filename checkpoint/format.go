@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // FormatName is the "format" field of every zinf checkpoint.json and
@@ -240,9 +241,9 @@ func parseHeader(b []byte) (*parsedHeader, error) {
 		if err := dec.Decode(&ht); err != nil {
 			return nil, fmt.Errorf("tensor %q: %v", k, err)
 		}
-		dt, err := swapper.ParseDType(ht.DType)
+		dt, err := parseDType(ht.DType)
 		if err != nil || dt.SafetensorsName() != ht.DType {
-			return nil, fmt.Errorf("tensor %q: dtype %q is not one zinf writes (F32, BF16, F16)", k, ht.DType)
+			return nil, fmt.Errorf("tensor %q: dtype %q is not one zinf writes (F32, BF16, F16, U8)", k, ht.DType)
 		}
 		elems, err := numElements(ht.Shape)
 		if err != nil {
@@ -511,7 +512,7 @@ func (m *RankManifest) check() error {
 		if f == nil {
 			return fmt.Errorf("tensor %q is in file %q, which is not listed", t.Name, t.File)
 		}
-		dt, err := swapper.ParseDType(t.DType)
+		dt, err := parseDType(t.DType)
 		if err != nil {
 			return fmt.Errorf("tensor %q: %v", t.Name, err)
 		}
@@ -542,7 +543,7 @@ func (m *RankManifest) check() error {
 
 // info converts a manifest entry.
 func (t *TensorEntry) info() TensorInfo {
-	dt, _ := swapper.ParseDType(t.DType) // checked when the manifest was read
+	dt, _ := parseDType(t.DType) // checked when the manifest was read
 	return TensorInfo{Name: t.Name, File: t.File, DType: dt, Shape: append([]int64{}, t.Shape...), Offset: t.Offset, Bytes: t.Bytes, CRC32C: t.CRC32C}
 }
 
@@ -575,4 +576,14 @@ func mergeUser(a, b map[string]string) map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// parseDType reads a tensor's dtype as a checkpoint spells it: the
+// parameter dtypes (swapper.ParseDType) and "U8", the codes of 8-bit
+// optimizer states (tensor.Uint8), which are no parameter dtype.
+func parseDType(s string) (swapper.DType, error) {
+	if s == "U8" {
+		return tensor.Uint8, nil
+	}
+	return swapper.ParseDType(s)
 }

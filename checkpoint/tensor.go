@@ -13,6 +13,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // Tensor is one named tensor to save: its element type, shape, size and a
@@ -421,7 +422,7 @@ func (t *Tensor) check() error {
 		return errors.New("tensor name is not valid UTF-8")
 	}
 	switch t.DType {
-	case swapper.Float32, swapper.BFloat16, swapper.Float16:
+	case swapper.Float32, swapper.BFloat16, swapper.Float16, tensor.Uint8:
 	default:
 		return fmt.Errorf("unknown dtype %d", t.DType)
 	}

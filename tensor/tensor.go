@@ -20,39 +20,54 @@ const (
 	BFloat16
 	// Float16 is IEEE binary16.
 	Float16
+	// Uint8 is an unsigned byte: the codes of 8-bit optimizer states in
+	// checkpoints (zinf.optimizer_states "8bit"). No parameter is stored
+	// or computed in it: Valid reports false, and ParseDType does not
+	// read it (checkpoint headers spell it "U8").
+	Uint8
 )
 
 // Size returns the bytes per element.
 func (d DType) Size() int {
-	if d == Float32 {
+	switch d {
+	case Float32:
 		return 4
+	case Uint8:
+		return 1
 	}
 	return 2
 }
 
-// String returns "fp32", "bf16" or "fp16".
+// String returns "fp32", "bf16", "fp16" or "uint8".
 func (d DType) String() string {
 	switch d {
 	case BFloat16:
 		return "bf16"
 	case Float16:
 		return "fp16"
+	case Uint8:
+		return "uint8"
 	}
 	return "fp32"
 }
 
-// SafetensorsName returns the dtype's safetensors spelling (F32, BF16, F16).
+// SafetensorsName returns the dtype's safetensors spelling (F32, BF16, F16,
+// U8).
 func (d DType) SafetensorsName() string {
 	switch d {
 	case BFloat16:
 		return "BF16"
 	case Float16:
 		return "F16"
+	case Uint8:
+		return "U8"
 	}
 	return "F32"
 }
 
-// Valid reports whether d is one of the defined dtypes.
+// Valid reports whether d is one of the dtypes tensors are stored and
+// computed in (Float32, BFloat16, Float16; not Uint8, which only holds
+// codes in checkpoints).
 func (d DType) Valid() bool { return d <= Float16 }
 
 // ParseDType reads "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16".
