@@ -49,7 +49,7 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	if opts.PinnedStallTimeout > 0 {
 		po.StallTimeout = opts.PinnedStallTimeout
 	}
-	r.Pool, err = buffers.NewPool(po)
+	r.pool, err = buffers.NewPool(po)
 	if err != nil {
 		return fmt.Errorf("zinf: pinned pool (zinf.tiers.cpu_pinned_bytes = %s): %w", p.PinnedBytes, err)
 	}
@@ -58,18 +58,18 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	// registration is refused (the memlock limit), the engine says so once
 	// and moves the buffers as ordinary memory; the pool unregisters the
 	// arena before it unmaps it.
-	if err := r.Pool.Register(r.Engine); err != nil {
+	if err := r.pool.Register(r.Engine); err != nil {
 		log.Debug("zinf: pinned pool not registered with the I/O engine", "err", err)
 	}
-	if r.Device = opts.Device; r.Device == nil {
-		r.Device, err = openDevice(p.Device, log)
+	if r.device = opts.Device; r.device == nil {
+		r.device, err = openDevice(p.Device, log)
 		if err != nil {
 			return err
 		}
 		r.ownDevice = true
 	}
-	for _, reg := range r.Pool.Regions() {
-		if err := r.Device.RegisterHost(reg); err != nil {
+	for _, reg := range r.pool.Regions() {
+		if err := r.device.RegisterHost(reg); err != nil {
 			log.Warn("zinf: could not register the pinned pool with the device; copies will be staged", "err", err)
 			break
 		}
@@ -81,7 +81,7 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	if r.cacheSet = r.cacheKeepSet(p.DType.Size(), opts.PrefetchDepth); r.cacheSet != nil {
 		keep = r.CacheKeeps
 	}
-	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.Pool, Device: r.Device, Rank: r.Rank, WorldSize: r.World,
+	r.Params, err = param.New(param.Options{Store: r.ParamStore, Pool: r.pool, Device: r.device, Rank: r.Rank, WorldSize: r.World,
 		DType: p.DType, MaxInCPUBytes: r.res.ParamCacheBytes, CacheKeep: keep, PieceBytes: r.pieces.ParamBytes,
 		// The reservations bound parameter memory; a slot count below the
 		// tensors of one layer would deadlock its barrier, so
@@ -89,14 +89,14 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 		BufferCount: 0, Logger: log,
 		// With GDS selected (aio.use_gds / zinf.gds), NVMe partitions are
 		// swapped into device memory through DeviceIO, as DeepSpeed does.
-		DeviceIO: r.DeviceIO})
+		DeviceIO: r.deviceIO})
 	if err != nil {
 		return fmt.Errorf("zinf: param swapper: %w", err)
 	}
 	if err := r.setupTraining(&p.Settings, opts); err != nil {
 		return err
 	}
-	r.Grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.Pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems,
+	r.grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems,
 		// Step flushes the gradients before it commits, so a write-behind
 		// failure that a served read could not report still aborts it.
 		ServeWhileWriting: true})
@@ -105,7 +105,7 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	}
 	optOpts := p.Optimizer
 	optOpts.Logger = log
-	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.Pool, r.Grads
+	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.pool, r.grads
 	optOpts.Params = optimizer.SinkOf[param.Waiter](r.Params)
 	r.Optimizer, err = optimizer.New(optOpts)
 	if err != nil {
@@ -253,7 +253,7 @@ func (r *Runtime) cacheKeepSet(elem, depthOpt int) map[string]bool {
 				b = 0 // streamed
 			}
 			names = append(names, n)
-			sizes = append(sizes, r.Pool.BlockBytes(b))
+			sizes = append(sizes, r.pool.BlockBytes(b))
 		}
 	}
 	keep := map[string]bool{}

@@ -470,7 +470,7 @@ func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n
 				for i := range g {
 					g[i] = rng.Float32() - 0.5
 				}
-				if err := rt.Grads.Accumulate(ctx, p.name, g); err != nil {
+				if err := rt.grads.Accumulate(ctx, p.name, g); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -498,7 +498,7 @@ func trainSteps(t *testing.T, rts []*Runtime, params []ckptParam, seed uint64, n
 func holders(rts []*Runtime) string {
 	var sb strings.Builder
 	for _, rt := range rts {
-		fmt.Fprintf(&sb, "rank %d: %s\n", rt.Rank, rt.Pool.Holders())
+		fmt.Fprintf(&sb, "rank %d: %s\n", rt.Rank, rt.pool.Holders())
 	}
 	return sb.String()
 }
@@ -507,7 +507,7 @@ func holders(rts []*Runtime) string {
 func outstanding(rts []*Runtime) []int64 {
 	out := make([]int64, len(rts))
 	for i, rt := range rts {
-		out[i] = rt.Pool.Stats().Outstanding
+		out[i] = rt.pool.Stats().Outstanding
 	}
 	return out
 }

@@ -16,103 +16,6 @@ import (
 	"github.com/zinfio/zinf/tensor"
 )
 
-// CommStats counts a rank's collectives through Options.Comm (the
-// all-gathers of GatherLayers and the reduce-scatters of ReduceGrad).
-// Bytes are payload as the collectives address it: an all-gather of a
-// tensor sends this rank's partition to every other rank and receives
-// theirs; a reduce-scatter sends every other rank its chunk of each of
-// this rank's vectors and receives this rank's chunk of theirs.
-type CommStats struct {
-	Gathers        int64 // tensors all-gathered
-	GatherSent     int64 // bytes
-	GatherReceived int64 // bytes
-	// GatherWait is the time BeginLayer waited for its layer's gather
-	// (zero when the gather ahead finished during the previous layer).
-	GatherWait time.Duration
-	// GatherTime is the time the gathers took (partition reads and the
-	// collectives, overlapped with the loop's compute or not).
-	GatherTime time.Duration
-	// GatheredAhead counts layers gathered ahead of their BeginLayer.
-	GatheredAhead int64
-
-	ReduceScatters        int64 // ReduceGrad calls
-	ReduceScatterSent     int64 // bytes
-	ReduceScatterReceived int64 // bytes
-	ReduceScatterTime     time.Duration
-}
-
-// commWorker runs a rank's collectives one after another, in the order
-// they were issued — every rank issues the same sequence — on a
-// goroutine of its own, so that the gather of the next layer overlaps
-// the loop's compute.
-type commWorker struct {
-	c    comm.Comm
-	jobs chan *commJob
-	done chan struct{}
-}
-
-type commJob struct {
-	run  func() error
-	done chan struct{}
-	err  error
-}
-
-func newCommWorker(c comm.Comm) *commWorker {
-	w := &commWorker{c: c, jobs: make(chan *commJob, 8), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for j := range w.jobs {
-			j.err = j.run()
-			close(j.done)
-		}
-	}()
-	return w
-}
-
-// submit queues run; the worker runs queued jobs in order.
-func (w *commWorker) submit(run func() error) *commJob {
-	j := &commJob{run: run, done: make(chan struct{})}
-	w.jobs <- j
-	return j
-}
-
-// wait waits for j; ctx ends the wait, not the job (a collective in
-// flight ends only with every rank, or with the world's failure).
-func (j *commJob) wait(ctx context.Context) error {
-	select {
-	case <-j.done:
-		return j.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// stop lets the queued jobs finish and ends the worker.
-func (w *commWorker) stop() {
-	close(w.jobs)
-	<-w.done
-}
-
-// gatherSlot is one layer's full parameters, gathered or being gathered.
-type gatherSlot struct {
-	layer int
-	names []string
-	bufs  []*buffers.Buffer // full tensor in the param dtype; nil for an empty tensor
-	job   *commJob
-	held  bool // begun and not ended
-	ahead bool // issued before its BeginLayer
-}
-
-// layerGathers is the loop's view of the gathered layers (loop goroutine).
-type layerGathers struct {
-	slots []*gatherSlot
-	order []int // the pass order, as Forward, Backward or Pass gave it
-	pos   int   // the next position BeginLayer expects in order
-	// repeat: the pass after this one is the same (ForwardRepeating), so
-	// its last layer gathers the next pass's first ahead.
-	repeat bool
-}
-
 // distribute sets up what Options.Comm asks for: the collective worker,
 // and with GatherLayers the gather state. Called by Open.
 func (r *Runtime) distribute(opts Options) error {
@@ -161,7 +64,7 @@ func (r *Runtime) startGather(ctx context.Context, l int, ahead bool) (*gatherSl
 		if size == 0 {
 			continue
 		}
-		b, err := r.Pool.Acquire(ctx, size, buffers.PurposeCollectives)
+		b, err := r.pool.Acquire(ctx, size, buffers.PurposeCollectives)
 		if err != nil {
 			s.release()
 			return nil, fmt.Errorf("zinf: gathering layer %d: pinned memory for %q: %w", l, n, err)
@@ -232,15 +135,6 @@ func (r *Runtime) gatherLayer(ctx context.Context, s *gatherSlot) error {
 		r.mu.Unlock()
 	}
 	return nil
-}
-
-func (s *gatherSlot) release() {
-	for i, b := range s.bufs {
-		if b != nil {
-			b.Release()
-			s.bufs[i] = nil
-		}
-	}
 }
 
 // dropSlot waits for a slot's gather (a collective is never abandoned
@@ -436,14 +330,6 @@ func (r *Runtime) drainComm() {
 	r.dropAhead(-1)
 	j := r.cw.submit(func() error { return nil })
 	<-j.done
-}
-
-// pendingReduce is a reduce-scatter whose result the gradient swapper
-// did not take (a full disk): a retried ReduceGrad accumulates it
-// without running the collective again, which the other ranks will not.
-type pendingReduce struct {
-	name string
-	part []float32
 }
 
 // ReduceGrad hands this rank's own gradient of a parameter for one

@@ -10,12 +10,12 @@ import (
 	"github.com/zinfio/zinf/plan"
 )
 
-// openDeviceIO builds r.DeviceIO when the config selects GPUDirect Storage
+// openDeviceIO builds r.deviceIO when the config selects GPUDirect Storage
 // (plan.GDSMode "auto" or "required"); with "off" it leaves it nil and device
 // transfers take the bounce path through the pinned pool, as they always
-// did. It needs r.Pool, r.Engine and r.Device.
+// did. It needs r.pool, r.Engine and r.device.
 //
-//   - "auto": cuFile when r.Device is a CUDA device and gds.Available says
+//   - "auto": cuFile when r.device is a CUDA device and gds.Available says
 //     it works; otherwise the bounce path (NVMe -> pinned host buffer ->
 //     device) with exactly one warning saying why.
 //   - "required": cuFile, or an error carrying Available's diagnosis, and
@@ -33,9 +33,9 @@ func (r *Runtime) openDeviceIO(s *plan.Settings) error {
 	if mode == gds.ModeOff {
 		return nil
 	}
-	opts := gds.SelectOptions{GDS: s.GDS, Bounce: s.Bounce, AIO: r.Engine, Pool: r.Pool, Logger: log}
+	opts := gds.SelectOptions{GDS: s.GDS, Bounce: s.Bounce, AIO: r.Engine, Pool: r.pool, Logger: log}
 	selectMode := mode
-	if _, isCUDA := r.Device.(*cuda.Device); !isCUDA {
+	if _, isCUDA := r.device.(*cuda.Device); !isCUDA {
 		// GPUDirect Storage moves data into GPU memory only. Say what this
 		// machine lacks for it (Available's diagnosis: the cuFile library,
 		// a GPU, the nvidia-fs driver, the filesystem), which is more use
@@ -43,37 +43,37 @@ func (r *Runtime) openDeviceIO(s *plan.Settings) error {
 		reason := gds.Available(opts.GDS)
 		if reason == nil {
 			reason = fmt.Errorf("gds: device %s is not a CUDA device; GPUDirect Storage moves data to GPU memory only (set zinf.device to \"cuda\" or \"auto\"): %w",
-				r.Device.Name(), gds.ErrUnavailable)
+				r.device.Name(), gds.ErrUnavailable)
 		}
 		if mode == gds.ModeRequired {
-			return fmt.Errorf("zinf: zinf.gds is \"required\" but GPUDirect Storage cannot be used with device %s: %w", r.Device.Name(), reason)
+			return fmt.Errorf("zinf: zinf.gds is \"required\" but GPUDirect Storage cannot be used with device %s: %w", r.device.Name(), reason)
 		}
 		log.Warn("zinf: zinf.gds is \"auto\" but GPUDirect Storage is unavailable; device transfers use the bounce path (NVMe -> pinned host buffer -> device)",
-			"device", r.Device.Name(), "reason", reason.Error())
+			"device", r.device.Name(), "reason", reason.Error())
 		selectMode = gds.ModeOff
 	}
-	before := r.Pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging]
-	dio, err := gds.Select(selectMode, r.Device, opts)
+	before := r.pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging]
+	dio, err := gds.Select(selectMode, r.device, opts)
 	if err != nil {
 		if mode == gds.ModeRequired {
 			return fmt.Errorf("zinf: zinf.gds is \"required\": %w", err)
 		}
 		return fmt.Errorf("zinf: zinf.gds is %q: building the bounce path: %w", mode, err)
 	}
-	r.DeviceIO = dio
-	r.deviceIOStagingBytes = r.Pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging] - before
-	log.Debug("zinf: device I/O ready", "mode", dio.Mode(), "device", r.Device.Name(), "staging_bytes", r.deviceIOStagingBytes)
+	r.deviceIO = dio
+	r.deviceIOStagingBytes = r.pool.Stats().InUseBytesByPurpose[buffers.PurposeStaging] - before
+	log.Debug("zinf: device I/O ready", "mode", dio.Mode(), "device", r.device.Name(), "staging_bytes", r.deviceIOStagingBytes)
 	return nil
 }
 
-// closeDeviceIO closes r.DeviceIO: it must run after the swappers that use
+// closeDeviceIO closes r.deviceIO: it must run after the swappers that use
 // it and before the engine, pool and device it was built over.
 func (r *Runtime) closeDeviceIO() error {
-	if r.DeviceIO == nil {
+	if r.deviceIO == nil {
 		return nil
 	}
-	err := r.DeviceIO.Close()
-	r.DeviceIO = nil
+	err := r.deviceIO.Close()
+	r.deviceIO = nil
 	r.deviceIOStagingBytes = 0
 	return err
 }
@@ -84,19 +84,19 @@ func (r *Runtime) closeDeviceIO() error {
 // simulated device, config.DefaultSimGPUBytes.
 func (r *Runtime) GPUCapacityBytes() int64 {
 	var deviceBytes int64
-	if d, ok := r.Device.(*cuda.Device); ok {
+	if d, ok := r.device.(*cuda.Device); ok {
 		deviceBytes = d.CapacityBytes()
 	}
 	return r.Config.GPUBytes(deviceBytes)
 }
 
-// DeviceIOMode returns r.DeviceIO's mode ("gds" or "bounce"), or "off"
+// DeviceIOMode returns r.deviceIO's mode ("gds" or "bounce"), or "off"
 // when the config does not select GPUDirect Storage (no DeviceIO).
 func (r *Runtime) DeviceIOMode() string {
-	if r.DeviceIO == nil {
+	if r.deviceIO == nil {
 		return gds.ModeOff
 	}
-	return r.DeviceIO.Mode()
+	return r.deviceIO.Mode()
 }
 
 // tierBytes returns the GPU and pinned-CPU capacities that runtimes opened

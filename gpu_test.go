@@ -105,7 +105,7 @@ func TestDeviceIOOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	if rt.DeviceIO != nil || rt.DeviceIOMode() != gds.ModeOff {
+	if rt.deviceIO != nil || rt.DeviceIOMode() != gds.ModeOff {
 		t.Errorf("zinf.gds off built a DeviceIO (%s)", rt.DeviceIOMode())
 	}
 	if w := logs.warnings(); len(w) != 0 {
@@ -146,7 +146,7 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 					t.Errorf("Close: %v", err)
 				}
 			}()
-			if rt.DeviceIO == nil || rt.DeviceIOMode() != gds.NameBounce {
+			if rt.deviceIO == nil || rt.DeviceIOMode() != gds.NameBounce {
 				t.Fatalf("mode %q, want bounce", rt.DeviceIOMode())
 			}
 			w := logs.warnings()
@@ -173,7 +173,7 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 }
 
 // deviceRoundTrip writes device bytes to a file and reads them back into
-// another allocation through rt.DeviceIO.
+// another allocation through rt.deviceIO.
 func deviceRoundTrip(t *testing.T, rt *Runtime, dev accel.Device) {
 	t.Helper()
 	const size = 3<<20 + 4096 + 11
@@ -203,15 +203,15 @@ func deviceRoundTrip(t *testing.T, rt *Runtime, dev accel.Device) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	f, err := rt.DeviceIO.OpenFile(filepath.Join(rt.Config.NVMePaths()[0], "device-io-test"), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := rt.deviceIO.OpenFile(filepath.Join(rt.Config.NVMePaths()[0], "device-io-test"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if n, err := rt.DeviceIO.WriteFromDevice(ctx, f, src, 0, 4096, size); err != nil || n != size {
+	if n, err := rt.deviceIO.WriteFromDevice(ctx, f, src, 0, 4096, size); err != nil || n != size {
 		t.Fatalf("WriteFromDevice = %d, %v", n, err)
 	}
-	if n, err := rt.DeviceIO.ReadToDevice(ctx, f, dst, 0, 4096, size); err != nil || n != size {
+	if n, err := rt.deviceIO.ReadToDevice(ctx, f, dst, 0, 4096, size); err != nil || n != size {
 		t.Fatalf("ReadToDevice = %d, %v", n, err)
 	}
 	got := make([]byte, size)

@@ -2,39 +2,11 @@ package zinf
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/policy"
 	"github.com/zinfio/zinf/swapper"
-	"github.com/zinfio/zinf/swapper/param"
 )
-
-// Schedule is the order of work within a step of k micro-batches
-// (gradient_accumulation_steps): config.ScheduleLayerMajor or
-// config.ScheduleMicroBatchMajor (see zinf.schedule in package config).
-type Schedule = config.ScheduleMode
-
-// The two orders a step's micro-batches can run in.
-const (
-	// LayerMajor runs every micro-batch of a layer while its parameters
-	// are in: BeginLayerMicroBatches(ctx, l, k) once per layer and pass.
-	LayerMajor = config.ScheduleLayerMajor
-	// MicroBatchMajor runs each micro-batch forward and backward through
-	// every layer (ZeRO-Infinity's order): BeginLayer once per layer, pass
-	// and micro-batch.
-	MicroBatchMajor = config.ScheduleMicroBatchMajor
-)
-
-// heldLayer is the layer a layer-major visit holds gradients for: the
-// layer BeginLayerMicroBatches began for k > 1 micro-batches, and how
-// many of each tensor's gradients AccumulateGrad has added since.
-type heldLayer struct {
-	layer, k int
-	count    map[string]int
-}
 
 // Schedule returns the order the plan chose for a step's micro-batches:
 // LayerMajor or MicroBatchMajor (zinf.schedule, or the planner's pick
@@ -75,62 +47,6 @@ func (r *Runtime) MicroBatchesToHideIO(computePerLayer time.Duration) policy.IOC
 	// The plan's compute per layer is a micro-batch's forward and
 	// backward: two passes.
 	return p.MicroBatchesToHideIOAt(2 * computePerLayer.Seconds())
-}
-
-// BeginLayerMicroBatches begins layer l (as BeginLayer) for k
-// micro-batches at once: the layer-major order, where every micro-batch
-// of a layer runs while its parameters are in, so a step reads each
-// parameter once per pass instead of once per pass and micro-batch. In the
-// backward pass the loop hands each of the layer's gradients k times, in
-// micro-batch order (AccumulateGrad or ReduceGrad); the runtime sums them
-// in pinned memory, in that order — the same additions as k
-// micro-batch-major visits, so the same bits — and writes each sum behind
-// once, after its k-th. EndLayer writes behind what fewer than k
-// hand-offs left in memory. k = 1 is BeginLayer.
-//
-// A layer-major step, with k := rt.MicroBatches():
-//
-//	rt.Forward()
-//	for l := 0; l < rt.Layers(); l++ {
-//		rt.BeginLayerMicroBatches(ctx, l, k)
-//		// read the parameters; forward every micro-batch through layer l,
-//		// keeping each one's activations for its backward
-//		rt.EndLayer(l)
-//	}
-//	rt.Backward()
-//	for l := rt.Layers() - 1; l >= 0; l-- {
-//		rt.BeginLayerMicroBatches(ctx, l, k)
-//		for m := 0; m < k; m++ {
-//			// backward of micro-batch m through layer l
-//			rt.AccumulateGrad(ctx, name, g) // per tensor of the layer
-//		}
-//		rt.StepLayer(ctx, l)
-//		rt.EndLayer(l)
-//	}
-//	rt.Step(ctx)
-func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
-	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
-		return err
-	}
-	if k < 1 {
-		return fmt.Errorf("zinf: begin layer %d: %d micro-batches (allowed: 1 or more)", l, k)
-	}
-	if err := r.BeginLayer(ctx, l); err != nil {
-		return err
-	}
-	r.visit.k = k
-	if k > 1 && !r.inference {
-		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.Layers[l]))}
-	}
-	return nil
-}
-
-// layerVisit is the layer begun, for the compute measurement: when
-// BeginLayer returned, the runtime's I/O wait then, its micro-batches.
-type layerVisit struct {
-	layer, k int
-	start    time.Time
-	wait0    int64
 }
 
 // beginVisit starts measuring layer l's visit.
@@ -195,8 +111,8 @@ func (r *Runtime) MeasuredCosts() policy.Costs {
 	if sumNs > 0 && sumBytes > 0 {
 		c.ChecksumBytesPerSec = float64(sumBytes) / time.Duration(sumNs).Seconds()
 	}
-	if r.Grads != nil {
-		if g := r.Grads.Stats(); g.HandOffTime > 0 && g.HandOffBytes > 0 {
+	if r.grads != nil {
+		if g := r.grads.Stats(); g.HandOffTime > 0 && g.HandOffBytes > 0 {
 			c.HandOffBytesPerSec = float64(g.HandOffBytes) / g.HandOffTime.Seconds()
 		}
 	}
@@ -214,13 +130,13 @@ func (r *Runtime) MeasuredCosts() policy.Costs {
 func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) error {
 	h := r.held
 	if h == nil || r.model.Layer[name] != h.layer {
-		return r.Grads.Accumulate(ctx, name, part)
+		return r.grads.Accumulate(ctx, name, part)
 	}
 	var err error
 	if c := h.count[name]; c+1 < h.k {
-		err = r.Grads.AccumulateHold(ctx, name, part)
+		err = r.grads.AccumulateHold(ctx, name, part)
 	} else {
-		err = r.Grads.Accumulate(ctx, name, part)
+		err = r.grads.Accumulate(ctx, name, part)
 	}
 	if err == nil {
 		h.count[name]++
@@ -239,7 +155,7 @@ func (r *Runtime) endHeld(l int) {
 	r.held = nil
 	for name, c := range h.count {
 		if c < h.k {
-			_ = r.Grads.WriteBehind(r.bgCtx, name)
+			_ = r.grads.WriteBehind(r.bgCtx, name)
 		}
 	}
 }

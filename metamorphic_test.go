@@ -258,7 +258,7 @@ func metamorphicRun(t *testing.T, seed uint64) (hits int, refused bool) {
 		case <-done:
 		case <-time.After(90 * time.Second):
 			for r, rt := range rts {
-				t.Errorf("watchdog: rank %d pool holders: %s", r, rt.Pool.Holders())
+				t.Errorf("watchdog: rank %d pool holders: %s", r, zinf.PoolOf(rt).Holders())
 			}
 			cancel()
 		}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
@@ -22,18 +21,6 @@ import (
 // read the failed step's parameters. AbortStep gives the failed step up
 // instead (its gradients are dropped).
 var ErrUpdateFailed = errors.New("zinf: the last step's update failed after Step returned")
-
-// bgStep is a step whose update runs on after Step returned, with what
-// Step changed ahead of its commit and puts back if it fails.
-type bgStep struct {
-	txn *optimizer.StepTxn
-
-	scaler    schedule.LossScaler
-	history   []bool
-	stats     TrainStats
-	last      StepInfo
-	stepCount int
-}
 
 // commitBackground ends txn's hand-over and lets its commit run on in the
 // background; Step then returns. It is used with zinf.overlap_update.
@@ -77,18 +64,6 @@ func (r *Runtime) settle(ctx context.Context) error {
 	return r.bgErr
 }
 
-// step is the optimizer step bg takes.
-func (bg *bgStep) step() int { return bg.txn.Step() }
-
-func (bg *bgStep) finished() bool {
-	select {
-	case <-bg.txn.Done():
-		return true
-	default:
-		return false
-	}
-}
-
 // poll reaps a background step that has finished, without waiting, and
 // returns the error of one that failed.
 func (r *Runtime) poll() error {
@@ -107,7 +82,7 @@ func (r *Runtime) reap() {
 	err := bg.txn.Wait(context.Background()) // finished: does not wait
 	r.trace.optimizerDone(r.Optimizer)
 	if err == nil {
-		r.Grads.Zero()
+		r.grads.Zero()
 		r.train.pending = nil
 		return
 	}

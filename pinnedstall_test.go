@@ -39,14 +39,14 @@ func TestPinnedStallTimeoutSet(t *testing.T) {
 			defer cancel()
 			// The largest buffer the parameters' region holds is more
 			// than half of it: a second one waits for the first.
-			n := rt.Pool.MaxBufferBytesFor(buffers.PurposeParams)
-			held, err := rt.Pool.Acquire(ctx, n, buffers.PurposeParams)
+			n := zinf.PoolOf(rt).MaxBufferBytesFor(buffers.PurposeParams)
+			held, err := zinf.PoolOf(rt).Acquire(ctx, n, buffers.PurposeParams)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer held.Release()
 			t0 := time.Now()
-			_, err = rt.Pool.Acquire(ctx, n, buffers.PurposeParams)
+			_, err = zinf.PoolOf(rt).Acquire(ctx, n, buffers.PurposeParams)
 			if !errors.Is(err, buffers.ErrStalled) {
 				t.Fatalf("after %v: %v, want ErrStalled from a 1 s stall timer", time.Since(t0).Round(time.Millisecond), err)
 			}

@@ -233,12 +233,12 @@ func (r *Runtime) accumulateSpans(ctx context.Context, name string, spans []para
 	if h := r.held; h != nil && r.model.Layer[name] == h.layer {
 		// A layer-major visit holds the layer's sums in pinned memory
 		// until it ends (EndLayer writes them behind).
-		err = r.Grads.AccumulateSpansHold(ctx, name, local, vals)
+		err = r.grads.AccumulateSpansHold(ctx, name, local, vals)
 		if _, ok := h.count[name]; !ok && err == nil {
 			h.count[name] = 0
 		}
 	} else {
-		err = r.Grads.AccumulateSpans(ctx, name, local, vals)
+		err = r.grads.AccumulateSpans(ctx, name, local, vals)
 	}
 	if err == nil {
 		r.train.pending = nil // the gradients changed: a step retried after this checks them again
@@ -267,7 +267,7 @@ func (r *Runtime) Flush(ctx context.Context) error {
 		return nil
 	}
 	t0 := time.Now()
-	err := r.Grads.Flush(ctx)
+	err := r.grads.Flush(ctx)
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
 	r.mu.Unlock()

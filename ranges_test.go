@@ -329,10 +329,10 @@ func TestAccumulateGradRangesBitIdentical(t *testing.T) {
 					for _, d := range model.Tensors {
 						lo, hi := whole[r].Partition(d.Name)
 						ga, gb := make([]float32, hi-lo), make([]float32, hi-lo)
-						if err := whole[r].Grads.Read(ctx, d.Name, ga); err != nil {
+						if err := zinf.GradsOf(whole[r]).Read(ctx, d.Name, ga); err != nil {
 							t.Fatal(err)
 						}
-						if err := pieces[r].Grads.Read(ctx, d.Name, gb); err != nil {
+						if err := zinf.GradsOf(pieces[r]).Read(ctx, d.Name, gb); err != nil {
 							t.Fatal(err)
 						}
 						if !sameBits(ga, gb) {

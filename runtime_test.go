@@ -62,7 +62,7 @@ func watchdog(t *testing.T, d time.Duration) (ctx context.Context, watch func(..
 			defer mu.Unlock()
 			var sb strings.Builder
 			for _, rt := range rts {
-				fmt.Fprintf(&sb, "rank %d of %d, pool holders:\n%s\n", rt.Rank, rt.World, rt.Pool.Holders())
+				fmt.Fprintf(&sb, "rank %d of %d, pool holders:\n%s\n", rt.Rank, rt.World, zinf.PoolOf(rt).Holders())
 			}
 			t.Errorf("watchdog: the test ran past %s\n%s", d, sb.String())
 		case <-done:

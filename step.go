@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
+	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
@@ -22,90 +24,6 @@ const (
 	speculationWindow   = 8
 	speculationMaxWrong = speculationWindow / 2
 )
-
-// training is a Runtime's optimizer-step state beyond the optimizer
-// itself: the learning-rate schedule, the fp16 loss scaler, gradient
-// clipping and speculation. It is touched by the loop goroutine only
-// (Step, StepTensor, SetLR, AccumulateGrad); Metrics reads the counters
-// under Runtime.mu.
-type training struct {
-	sched    schedule.Schedule
-	lr       *float64 // SetLR: replaces sched
-	scaler   *schedule.LossScaler
-	clip     float64
-	checks   bool // the step needs the global norm or overflow
-	comm     comm.Comm
-	mode     config.SpeculateMode
-	history  []bool     // auto: whether each recent checked step needed a correction
-	pending  *stepCheck // the last step's check, kept while its step has not completed
-	txnCheck bool       // the open transaction speculates on a check
-}
-
-// stepCheck is what the global reduction of a step decided.
-type stepCheck struct {
-	sumSq    float64
-	overflow bool
-	factor   float32
-	norm     float64
-	coef     float64
-	scale    float64
-}
-
-// StepInfo describes the last optimizer step Step completed.
-type StepInfo struct {
-	// Step is the optimizer step number of an applied step (its Adam bias
-	// correction count); for a skipped step, the number the next applied
-	// step will have.
-	Step int
-	// Applied is false for a step skipped because the fp16 gradients
-	// overflowed (inf or NaN): nothing was updated, the gradients were
-	// dropped and the loss scale lowered (see schedule.LossScaler).
-	Applied bool
-	// LR is the learning rate the step used (or would have); Beta1 and
-	// Beta2 are set when OneCycle cycles the momentum.
-	LR           float64
-	Beta1, Beta2 float64
-	// LossScale is the loss scale the step's gradients carried (1 without
-	// fp16); NextLossScale the one for the next step's loss.
-	LossScale, NextLossScale float64
-	// GradNorm is the global L2 norm of the unscaled gradients over every
-	// rank, when it was computed (gradient_clipping or fp16 on; else NaN).
-	GradNorm float64
-	// ClipCoef is what the gradients were multiplied by for clipping: 1
-	// when clipping did not trigger (or is off), else
-	// gradient_clipping / (GradNorm + 1e-6).
-	ClipCoef float64
-	// Clipped reports that clipping triggered.
-	Clipped bool
-	// Speculated reports that the step's update started during the
-	// backward pass (StepTensor) before the norm and overflow were known;
-	// RolledBack that it had to be discarded (the step was clipped, skipped
-	// or its learning rate changed), costing RollbackTime.
-	Speculated, RolledBack bool
-	RollbackTime           time.Duration
-	// Overlapped reports that Step returned while the step's update was
-	// still running (zinf.overlap_update): its parameters are published
-	// layer by layer for the next forward pass, and a failure surfaces as
-	// ErrUpdateFailed from the next call that needs it.
-	Overlapped bool
-}
-
-// TrainStats count a Runtime's optimizer steps.
-type TrainStats struct {
-	// Applied and Skipped count completed steps (Skipped: fp16 overflow);
-	// Clipped the applied steps whose gradients were clipped.
-	Applied, Skipped, Clipped int
-	// Speculated counts the steps with gradient_clipping or fp16 on whose
-	// update started during backward; Commits the ones committed as they
-	// were, Rollbacks the ones discarded. RollbackTime is the time Step
-	// spent discarding them (stopping the pipeline, waiting for its I/O,
-	// deleting what it staged); the step run again after a clip rollback
-	// is not counted in it.
-	Speculated, Commits, Rollbacks int
-	RollbackTime                   time.Duration
-	// LossScale is the current loss scale (1 without fp16).
-	LossScale float64
-}
 
 // setupTraining reads the config's schedule, loss scaling and clipping
 // and checks that a world of several ranks can reduce what they need.
@@ -274,7 +192,7 @@ func (r *Runtime) check(ctx context.Context, local error) (*stepCheck, error) {
 	var sum float64
 	if local == nil {
 		for _, d := range r.model.Descs {
-			s, err := r.Grads.SumSquaresContext(ctx, d.Name)
+			s, err := r.grads.SumSquaresContext(ctx, d.Name)
 			if err != nil {
 				local = err
 				break
@@ -393,7 +311,7 @@ func (r *Runtime) step(ctx context.Context) error {
 		}
 	}
 	tr := &r.train
-	flushErr := r.Grads.Flush(ctx)
+	flushErr := r.grads.Flush(ctx)
 	if flushErr != nil {
 		flushErr = fmt.Errorf("zinf: gradient write-behind: %w", flushErr)
 	}
@@ -470,7 +388,7 @@ func (r *Runtime) step(ctx context.Context) error {
 	// once, or when the background step is reaped).
 	info.Overlapped = r.bg != nil
 	if r.bg == nil {
-		r.Grads.Zero()
+		r.grads.Zero()
 		tr.pending = nil
 	}
 	info.Applied = chk == nil || !chk.overflow
@@ -525,4 +443,119 @@ func (r *Runtime) noteRollback(info StepInfo) {
 	r.trainStats.Rollbacks++
 	r.trainStats.RollbackTime += info.RollbackTime
 	r.mu.Unlock()
+}
+
+// AccumulateGrad adds a micro-step's gradient of a parameter (the full
+// tensor, already reduced over ranks; this rank keeps its partition). It
+// is written behind: the call returns once the values are copied. A
+// failed call adds nothing and may be retried. (A gradient kept in pieces,
+// see Options.PieceBytes, may fail after some pieces were added: its
+// retry — the same call, with the same values — adds only the others.
+// Retry the call, or give the step up with AbortStep, before handing the
+// tensor another gradient.)
+func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) error {
+	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+	if r.inference {
+		return errInference
+	}
+	lo, hi, err := r.fullRange("accumulate", name, len(g))
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err = r.accumulate(ctx, name, g[lo:hi])
+	if err == nil {
+		r.train.pending = nil // the gradients changed: a step retried after this checks them again
+	}
+	r.mu.Lock()
+	r.ioWaitNs += int64(time.Since(t0))
+	r.mu.Unlock()
+	r.trace.gradWait(name, t0, err)
+	return err
+}
+
+// StepTensor hands a parameter whose gradient is final (its last
+// micro-step's AccumulateGrad is done) to the optimizer now, so its update
+// runs in the background while the loop computes the rest of the backward
+// pass — when the plan found room for both working sets (Plan().OverlapStep);
+// otherwise the update waits for Step. Results are identical to a plain
+// Step: Adam works per element, and nothing is visible before the commit.
+// An error here is also returned by Step, which discards the step.
+func (r *Runtime) StepTensor(ctx context.Context, name string) error {
+	if err := r.closedErr("step tensor "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+	if r.inference {
+		return errInference
+	}
+	if !r.overlap {
+		if _, ok := r.model.Numel[name]; !ok {
+			return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
+		}
+		return nil
+	}
+	if r.txn == nil {
+		if !r.speculate() {
+			// The step waits for the norm and overflow (zinf.speculate).
+			if _, ok := r.model.Numel[name]; !ok {
+				return fmt.Errorf("zinf: step tensor %q: not a tensor of the model", name)
+			}
+			return nil
+		}
+		txn, err := r.beginStep(ctx)
+		if err != nil {
+			return err
+		}
+		r.txn = txn
+	}
+	return r.txn.Tensor(name)
+}
+
+// StepLayer is StepTensor for every tensor of layer l.
+func (r *Runtime) StepLayer(ctx context.Context, l int) error {
+	if err := r.closedErr("step layer "+strconv.Itoa(l), optimizer.ErrClosed); err != nil {
+		return err
+	}
+	var first error
+	for _, n := range r.LayerTensors(l) {
+		if err := r.StepTensor(ctx, n); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// AbortStep gives up the optimizer step in progress: updates StepTensor
+// started are abandoned (waiting for their I/O), every gradient
+// accumulated since the last Step, of every micro-step, is dropped, and so
+// is a gradient check kept for a retry of Step. Parameters, optimizer
+// states, the step count, the loss scale and the schedule stay as the last
+// Step left them, so a loop whose backward pass failed half-way (a full
+// disk under AccumulateGrad, say) calls AbortStep and runs the step again
+// from its first micro-step, with the same result as if nothing had
+// failed. In a data-parallel job every rank gives the step up.
+func (r *Runtime) AbortStep() {
+	if r.inference {
+		return
+	}
+	// A step updating in the background is the last Step's, not this
+	// one's: it lands; one that failed is given up with this step.
+	_ = r.settle(context.Background())
+	r.bgErr = nil
+	if r.txn != nil {
+		r.txn.Abort()
+		r.txn = nil
+	}
+	r.train.pending = nil
+	r.train.txnCheck = false
+	r.held = nil
+	r.grads.Zero()
 }

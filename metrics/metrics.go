@@ -152,7 +152,7 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, rt *zinf.Runtime) {
 		gauge(nvmeFile, float64(st.FileBytes), s.name)
 	}
 
-	ps := rt.Pool.Stats()
+	ps := m.Pool
 	for p := buffers.Purpose(0); p < buffers.NumPurposes; p++ {
 		gauge(pinnedBytes, float64(ps.InUseBytesByPurpose[p]), p.String())
 		gauge(pinnedReserved, float64(ps.ReservedBytes[p]), p.String())
@@ -171,10 +171,7 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, rt *zinf.Runtime) {
 	counter(preempted, float64(m.Params.PreemptedBytes))
 	counter(gradServed, float64(m.Grads.ServedBytes))
 
-	dev := "none"
-	if rt.Device != nil {
-		dev = rt.Device.Name()
-	}
+	dev := m.DeviceName
 	gauge(gpuUsed, float64(m.DeviceUsedBytes), dev)
 	gauge(gpuParam, float64(m.Params.DeviceBytes))
 

@@ -162,7 +162,7 @@ func TestScrapeDuringTraining(t *testing.T) {
 			}
 		}
 	}
-	ps := rt.Pool.Stats()
+	ps := rt.Metrics().Pool
 	if v, _ := got.Sum("zinf_cpu_pinned_capacity_bytes", nil); v != float64(ps.CapacityBytes) {
 		t.Errorf("pinned capacity %v, pool has %d", v, ps.CapacityBytes)
 	}
