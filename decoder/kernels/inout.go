@@ -118,17 +118,35 @@ func (j *job) runInOut(i int) {
 		return
 	}
 	es := j.rb / max(outs, 1) // bytes a value
-	for r0 := 0; r0 < ins; r0 += ioRowBlock {
-		rows := min(ioRowBlock, ins-r0)
-		w := j.w.Data[r0*j.rb:]
-		if hi > lo {
-			j.io(w[lo*es:], j.rb, rows, hi-lo, j.x[r0:], ins, j.batch, j.y[lo:], outs)
+	// The columns in spans whose sums stay in the first level cache
+	// while every row block passes over them.
+	span := max(64, ioSumBytes/4/j.batch/64*64)
+	for c0 := lo; c0 < hi+tail; c0 += span {
+		c1 := min(c0+span, hi)
+		if c1 >= hi {
+			c1 = hi + tail // the last span takes the tail
 		}
-		if tail > 0 {
-			inOutScalar(j.w.Type)(w[hi*es:], j.rb, rows, tail, j.x[r0:], ins, j.batch, j.y[hi:], outs)
+		wide := min(c1, hi) - c0 // columns on the kernel, a multiple of 8
+		for r0 := 0; r0 < ins; r0 += ioRowBlock {
+			rows := min(ioRowBlock, ins-r0)
+			w := j.w.Data[r0*j.rb:]
+			if wide > 0 {
+				j.io(w[c0*es:], j.rb, rows, wide, j.x[r0:], ins, j.batch, j.y[c0:], outs)
+			}
+			if c1 > hi {
+				inOutScalar(j.w.Type)(w[hi*es:], j.rb, rows, c1-hi, j.x[r0:], ins, j.batch, j.y[hi:], outs)
+			}
+		}
+		if c1 >= hi {
+			break
 		}
 	}
 }
+
+// ioSumBytes bounds the outputs' sums (all the batch's vectors) an
+// in-out chunk keeps in the first level cache while its rows pass over
+// them: past it the sums would go to memory and back once per row block.
+const ioSumBytes = 16 << 10
 
 // SumF32 returns the sum of w in the 16-lane order of the products, with
 // the SIMD of the machine's first kernel where len(w) is a multiple of
