@@ -368,3 +368,42 @@ func TestNativeAutoInOut(t *testing.T) {
 		t.Fatalf("ran on %q, tokens %v, want %v", res.Decoder, res.Tokens, want)
 	}
 }
+
+// TestCheckNativeLogits: the native decoder's logits along a greedy
+// generation are within NativeLogitTolerance of GoMLX's forward pass,
+// with no flip; a generated token replaced by one GoMLX ranks lower is
+// reported as the sequence's first flip, not a near tie, with both
+// tokens' logits on both paths.
+func TestCheckNativeLogits(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(2, 96, false)
+	w := seededWeights(t, be, fn, 17)
+	ps := prompts(2, 4, 97, 2)
+	gen := reference(ctx, t, be, fn, w, ps, generate.Sampling{MaxNewTokens: 8})
+	lc, err := generate.CheckNativeLogits(ctx, be, fn, w, ps, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lc.Within() || len(lc.Flips) != 0 || lc.Positions != 16 {
+		t.Fatalf("greedy tokens: %+v", lc)
+	}
+	t.Logf("max error %.3g over %d positions", lc.MaxError, lc.Positions)
+	bad := [][]int32{slices.Clone(gen[0]), slices.Clone(gen[1])}
+	bad[1][3] = (bad[1][3] + 1) % 97
+	lc, err = generate.CheckNativeLogits(ctx, be, fn, w, ps, bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lc.Within() || len(lc.Flips) != 1 {
+		t.Fatalf("a replaced token: %+v", lc)
+	}
+	f := lc.Flips[0]
+	if f.Seq != 1 || f.Step != 3 || f.Token != bad[1][3] || f.GoMLXToken != gen[1][3] || f.NearTie || f.NativeTokenIsArgmax ||
+		!(f.GoMLX[1] > f.GoMLX[0]) || !(f.Native[1] > f.Native[0]) || !strings.Contains(f.String(), "not a near tie") {
+		t.Fatalf("flip %+v (%s)", f, f)
+	}
+	if _, err := generate.CheckNativeLogits(ctx, be, fn, w, ps, gen[:1]); err == nil {
+		t.Fatal("2 prompts and 1 generated sequence: no error")
+	}
+}

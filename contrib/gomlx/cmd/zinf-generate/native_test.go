@@ -9,7 +9,8 @@ import (
 // decoder line), auto picks native for the standard architecture's
 // in-out layers (the decoder's in-out kernels) and an out-in model
 // (arch=gemma), and
-// --verify holds each to GoMLX's in-memory greedy tokens; a bad value,
+// --verify holds each to GoMLX's in-memory greedy tokens (and a native
+// run's logits to GoMLX's forward pass on the same tokens); a bad value,
 // and native with --mmap, are refused naming what is allowed.
 func TestDecoderFlag(t *testing.T) {
 	for _, c := range []struct{ flag, line string }{
@@ -30,6 +31,11 @@ func TestDecoderFlag(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		if !strings.Contains(out, c.line) || lines[len(lines)-1] != "greedy tokens equal in-memory generation: true" {
 			t.Fatalf("--decoder %s: want %q and the tokens equal:\n%s", c.flag, c.line, out)
+		}
+		// A native run's logits are held to GoMLX's forward pass.
+		if native := strings.Contains(c.line, "decoder: native"); native != strings.Contains(out, "native logits against GoMLX's forward pass on the same tokens: 16 positions") ||
+			native && !strings.Contains(lines[len(lines)-2], "tolerance 0.0001): within") {
+			t.Fatalf("--decoder %s: the logits line:\n%s", c.flag, out)
 		}
 	}
 	for _, c := range []struct {
