@@ -98,7 +98,7 @@ func WriteStepBytes(w io.Writer, cfg *config.Config, pl *policy.Placement) {
 		fmt.Fprintf(w, "  %-28s %6.2f (params read %.2f, written %.2f; gradients written %.2f, read %.2f; optimizer records read %.2f, written %.2f)\n",
 			label, b.Total(), b.ParamRead, b.ParamWrite, b.GradWrite, b.GradRead, b.StateRead, b.StateWrite)
 	}
-	fmt.Fprintf(w, "\nnvme bytes per parameter per step (%s, %d micro-batches; padding and checksums aside):\n", schedule, micro)
+	fmt.Fprintf(w, "\nnvme bytes per parameter per step (%s, k=%d; padding and checksums aside):\n", schedule, micro)
 	line(fmt.Sprintf("optimizer states %s:", f), StepBytesPerParam(cfg, f, micro, schedule))
 	if f != optimizer.FormatFP32 {
 		line("optimizer states fp32:", StepBytesPerParam(cfg, optimizer.FormatFP32, micro, schedule))

@@ -83,7 +83,7 @@ func TestStateFormatOfConfig(t *testing.T) {
 	var b strings.Builder
 	plan.WriteStepBytes(&b, c, &policy.Placement{Schedule: policy.ScheduleLayerMajor, MicroBatches: 1})
 	out := b.String()
-	for _, want := range []string{"nvme bytes per parameter per step", "optimizer states 8bit:", "20.06", "optimizer states fp32:", "32.00"} {
+	for _, want := range []string{"nvme bytes per parameter per step", "optimizer states 8bit:", "20.06", "layer-major, k=1", "optimizer states fp32:", "32.00"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("WriteStepBytes lacks %q:\n%s", want, out)
 		}
