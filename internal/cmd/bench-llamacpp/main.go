@@ -64,6 +64,7 @@ func run() error {
 	threads := flag.Int("threads", runtime.NumCPU(), "threads of both systems")
 	seed := flag.Uint64("seed", 1, "the weights' seed")
 	check := flag.Int("check", 8, "greedy tokens compared between the two systems (0: no check)")
+	keep := flag.Bool("keep", false, "keep the run's directory of model files (its path is printed)")
 	flag.Parse()
 
 	bin := filepath.Join(*llama, "build", "bin")
@@ -106,7 +107,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work) // the run's own directory
+	if *keep {
+		fmt.Printf("# model files kept in %s\n", work)
+	} else {
+		defer os.RemoveAll(work) // the run's own directory
+	}
 	commit, _ := os.ReadFile(filepath.Join(*llama, "COMMIT"))
 	c := decoder.Config{Vocab: vocab, Dim: shape.Dim, Layers: shape.Layers, Heads: shape.Heads, KVHeads: shape.KVHeads,
 		HeadDim: shape.HeadDim, FFNDim: shape.FFNDim, Block: decoder.PreNorm, Norm: decoder.RMSNorm, FinalNorm: decoder.RMSNorm,
@@ -134,7 +139,7 @@ func run() error {
 	for _, t := range dtypes {
 		path := filepath.Join(work, "model-"+t.String()+".gguf")
 		start := time.Now()
-		if err := writeModel(path, c, shape, t, *seed, max(256, 2*(*prompt+*tokens)+64)); err != nil {
+		if err := writeModel(path, c, shape, t, *seed, max(4096, 2*(*prompt+*tokens)+64)); err != nil {
 			return err
 		}
 		st, _ := os.Stat(path)
@@ -336,7 +341,27 @@ func llamaTokensPerS(bin, path string, batch, tokens, prompt, threads int) (floa
 		}
 		return rs[0].AvgTS, nil
 	}
-	ctx := batch*(prompt+tokens) + 64
+	// llama.cpp splits the context among the sequences (each gets
+	// -c / batch positions) while the bench checks the batch's positions
+	// together against one sequence's share: -c must be batch^2 times a
+	// sequence's need, or the case is skipped without a word.
+	ctx := batch * batch * (prompt + tokens + 16)
+	// llama.cpp's log thread sometimes loses the result line at exit (2
+	// runs of 6 on a loaded 2-vCPU machine, exit status 0): run again.
+	var err error
+	for try := range 4 {
+		var v float64
+		if v, err = batchedOnce(bin, path, batch, tokens, prompt, threads, ctx); err == nil {
+			return v, nil
+		}
+		fmt.Fprintf(os.Stderr, "bench-llamacpp: try %d: %v\n", try+1, err)
+	}
+	return 0, err
+}
+
+// batchedOnce runs llama-batched-bench once and returns its decoding
+// tokens/s over the batch.
+func batchedOnce(bin, path string, batch, tokens, prompt, threads, ctx int) (float64, error) {
 	cmd := exec.Command(filepath.Join(bin, "llama-batched-bench"), "-m", path, "-t", fmt.Sprint(threads), "-c", fmt.Sprint(ctx),
 		"-b", "2048", "-ub", "512", "-npp", fmt.Sprint(prompt), "-ntg", fmt.Sprint(tokens), "-npl", fmt.Sprint(batch), "--output-format", "jsonl")
 	var stdout, stderr bytes.Buffer
