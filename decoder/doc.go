@@ -2,7 +2,8 @@
 // decoder-only transformer computed straight from the bytes its weights
 // are stored in (zinf's pinned buffers, a mapped file), with fp32
 // activations, a KV cache in memory the caller provides and every
-// matrix product of an out-in weight on decoder/kernels. It depends on
+// matrix product on decoder/kernels (out-in weights on its row products,
+// the zoo's in-out weights on its in-out products). It depends on
 // nothing outside zinf's core module.
 //
 // # Models
@@ -63,22 +64,24 @@
 // the head's views; the KV cache is a float32 buffer the generator allocates
 // (through the runtime's KV cache, in memory) once per generation. Under
 // Options.Decoder auto the generator picks the native decoder when the
-// model maps to a Config (for the zoo, contrib/gomlx/nativecheck.ZooConfig)
-// with out-in weights, the KV cache in memory and greedy sampling, and
-// keeps the GoMLX path otherwise, saying why.
+// model maps to a Config (for the zoo, contrib/gomlx/nativecheck.ZooConfig;
+// in-out or out-in weights), the KV cache in memory and greedy sampling,
+// and keeps the GoMLX path otherwise, saying why.
 //
 // # Caveats
 //
 //   - Weights in the zoo's default in-out layout (its dense layers without
-//     WithTransposedWeights, and its output head always) cannot go through
-//     decoder/kernels, whose matrices are out-in: they run on this
-//     package's loop over the weight's rows (f32 and bf16 only, split by
-//     output columns over the workers, no SIMD). Hugging Face and GGUF
-//     weights are out-in.
-//   - Attention is scalar Go, split by (position, head) over the workers
-//     when there is enough of it; norms, RoPE and activations are scalar
-//     Go on one goroutine. At long contexts attention, not the weights,
-//     bounds a step.
+//     WithTransposedWeights, and its output head always) run on
+//     kernels.MatMulInOut: f32 and bf16 only (a block format there is an
+//     error naming the weight), each output's sum in another order than
+//     the same weights stored out-in give (the logits agree within float32
+//     rounding, not bit for bit). Hugging Face and GGUF weights are
+//     out-in.
+//   - Attention is scalar Go, split by (position, head) over the kernels
+//     pool's workers (Pool.Parallel) when there is enough of it; norms,
+//     RoPE and activations are scalar Go on one goroutine. At long
+//     contexts attention, not the weights, bounds a step. A decoding step
+//     allocates nothing once its scratch has grown.
 //   - A Decoder's results do not depend on the number of workers, nor on
 //     whether the prompt is fed as a prefill or a token at a time: the
 //     same bits (the tests check both).

@@ -28,6 +28,29 @@
 // a multiple of 32, or an unknown type returns an error and leaves y
 // untouched.
 //
+// # In-out products
+//
+// MatMulInOut (and Pool.MatMulInOut) take a matrix stored the other way
+// round, in features by out features as GoMLX's dense layers store it
+// (Rows inputs, Cols outputs, F32 or BF16):
+//
+//	y[b*Cols + c] = sum over r of x[b*Rows + r] * W[r][c]
+//
+// Their order is another one, also fixed: every output's sum starts at +0
+// and takes the rows in increasing order, s = fma(x[r], W[r][c], s), one
+// FMA32 each. The kernels keep the sums of 8 to 64 outputs of up to four
+// vectors in registers while a block of 8 rows passes (each row's input
+// broadcast, its weights widened and multiplied into all those sums at
+// once: an axpy a row, reading the weights in the order they lie), store
+// them, and go on with the next columns; a chunk takes its columns in
+// spans whose sums stay in the first level cache while all the row blocks
+// pass, and the columns are split into contiguous ranges (multiples of 8)
+// over the workers. The columns past the last multiple of 8 run on the
+// scalar reference. The bits do not depend on the kernel, the split or
+// the batch (TestInOutKernelsMatchScalar), but they are not MatMul's on
+// the transposed matrix. Block formats are refused: their blocks run
+// along the outputs there, and no model zinf reads stores them so.
+//
 // # Formats
 //
 // A Matrix's Data holds rows back to back, RowBytes(Type, Cols) bytes
@@ -88,8 +111,9 @@
 // VCVTPH2PS-widened scale for the blocks. The tests compare every kernel
 // with the scalar one on random shapes, bit for bit, and
 // internal/asmgen/mutants.sh builds deliberate mistakes into the assembly
-// and requires the tests to catch each. Kernels lists what the machine
-// has; Options.Kernel picks one (for tests and benchmarks: the bits do not
+// and requires the tests to catch each (the row and the in-out kernels'
+// own mistakes). Kernels lists what the machine has; Options.Kernel
+// picks one (for tests and benchmarks: the bits do not
 // depend on it).
 //
 // Other architectures, and amd64 without those features, use the scalar
@@ -99,7 +123,7 @@
 //
 // # Caveats
 //
-//   - No AVX-512, AVX512_BF16 or NEON kernels yet: AVX-512 machines run
+//   - No AVX-512, AVX512_BF16 or NEON kernels yet (row or in-out): AVX-512 machines run
 //     the AVX2 kernels (the same bits). An AVX512_BF16 kernel
 //     (VDPBF16PS) would round differently from the exact widening and
 //     would need its own documented mode.
