@@ -30,9 +30,11 @@ const (
 	// CheckpointParamsFile holds the rank's parameter partitions in the
 	// parameter dtype, each named by its parameter.
 	CheckpointParamsFile = "params.safetensors"
-	// CheckpointOptimizerFile holds the rank's fp32 optimizer partitions:
+	// CheckpointOptimizerFile holds the rank's optimizer partitions:
 	// "<param>.master" and one per state of the optimizer's rule (Adam:
-	// "<param>.exp_avg" and "<param>.exp_avg_sq"; see stateSuffixes).
+	// "<param>.exp_avg" and "<param>.exp_avg_sq"; see stateSuffixes), in
+	// fp32, or as stored when zinf.optimizer_states is bf16 or 8bit (see
+	// metaOptimizerStates).
 	CheckpointOptimizerFile = "optimizer.safetensors"
 
 	// metaKind marks a checkpoint written by CheckpointState (state-wide).
@@ -199,6 +201,9 @@ func checkpointState(rts []*Runtime, meta CheckpointMeta, shared bool) (checkpoi
 	user[metaOptimizerStep] = strconv.Itoa(step)
 	user[metaTrainState] = string(tsJSON)
 	user[metaParamDType] = rts[0].DType.String()
+	if f := stateFormatOf(rts[0]); f.Encoding != optimizer.EncodingFP32 {
+		user[metaOptimizerStates] = f.String()
+	}
 	st := checkpoint.State{Step: meta.Step, Config: cfg, ModelShape: shape, User: user}
 	if shared {
 		st.WorldSize = rts[0].World
@@ -391,6 +396,10 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 			continue // nothing of it on this rank
 		}
 		params.Tensors = append(params.Tensors, paramTensor(rt, name, n))
+		if f := stateFormatOf(rt); f.Encoding != optimizer.EncodingFP32 {
+			optim.Tensors = append(optim.Tensors, encodedStates(rt, name, n, f)...)
+			continue
+		}
 		if ts, ok := storedStates(rt, name, n); ok {
 			optim.Tensors = append(optim.Tensors, ts...)
 			continue
@@ -644,8 +653,14 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 	}
 	dt := rts[0].DType
 	suffixes := stateSuffixes(rts[0])
+	savedFormat := optimizer.FormatFP32
+	if w, ok := meta0.User[metaOptimizerStates]; ok {
+		if savedFormat, err = optimizer.ParseStateFormat(w); err != nil || savedFormat == optimizer.FormatFP32 {
+			return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s = %q: allowed: bf16, 8bit", checkpoint.ErrCorrupt, metaOptimizerStates, w)}
+		}
+	}
 	for i := range saved {
-		if err := checkSavedRank(&saved[i], names, numel, dt, suffixes); err != nil {
+		if err := checkSavedRank(&saved[i], names, numel, dt, suffixes, savedFormat); err != nil {
 			return CheckpointMeta{}, err
 		}
 	}
@@ -706,7 +721,16 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 	}
 	// Optimizer states, one parameter at a time.
+	encoded := savedFormat != optimizer.FormatFP32 || stateFormatOf(rts[0]) != optimizer.FormatFP32
+	if encoded {
+		if err := loadEncodedOptimizer(ctx, log, saved, rts, names, numel, suffixes, savedFormat, optStep); err != nil {
+			return CheckpointMeta{}, err
+		}
+	}
 	for _, n := range names {
+		if encoded {
+			break // loadEncodedOptimizer did
+		}
 		st := make([][]float32, len(suffixes))
 		for k, suffix := range suffixes {
 			st[k] = make([]float32, numel[n])
@@ -773,7 +797,7 @@ func (r *Runtime) restoreTrainState(ts *trainState) {
 // checkSavedRank parses a saved rank's partitions and checks its tensors
 // against the runtimes' parameters (names and element counts both ways,
 // dtypes, sizes).
-func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType, suffixes []string) error {
+func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType, suffixes []string, f optimizer.StateFormat) error {
 	m := s.r.Meta()
 	fail := func(tensor string, err error) error {
 		return &checkpoint.Error{Op: "load", Path: m.RankDir, Tensor: tensor, Err: err}
@@ -807,16 +831,7 @@ func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapp
 		if elems == 0 {
 			continue
 		}
-		want := []struct {
-			name string
-			dt   swapper.DType
-		}{{n, dt}}
-		for _, suffix := range suffixes {
-			want = append(want, struct {
-				name string
-				dt   swapper.DType
-			}{n + suffix, swapper.Float32})
-		}
+		want := append([]savedTensor{{n, dt, elems}}, savedStateTensors(n, suffixes, f, elems)...)
 		for _, w := range want {
 			ti, err := s.r.Tensor(w.name)
 			if err != nil {
@@ -825,8 +840,8 @@ func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapp
 			if ti.DType != w.dt {
 				return fail(w.name, fmt.Errorf("tensor %q is %s in the checkpoint, the runtime needs %s (parameter dtype %s)", w.name, ti.DType, w.dt, dt))
 			}
-			if ti.Bytes != elems*int64(w.dt.Size()) {
-				return fail(w.name, fmt.Errorf("%w: tensor %q is %d bytes, its partition [%d, %d) needs %d", checkpoint.ErrCorrupt, w.name, ti.Bytes, p[0], p[1], elems*int64(w.dt.Size())))
+			if ti.Bytes != w.elems*int64(w.dt.Size()) {
+				return fail(w.name, fmt.Errorf("%w: tensor %q is %d bytes, its partition [%d, %d) needs %d", checkpoint.ErrCorrupt, w.name, ti.Bytes, p[0], p[1], w.elems*int64(w.dt.Size())))
 			}
 		}
 	}

@@ -3,10 +3,14 @@ package zinf_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -231,4 +235,141 @@ func diffAt(a, b []float32) int {
 		}
 	}
 	return -1
+}
+
+// TestOptimizerStates8BitCheckpointResume: a run with 8-bit optimizer
+// states (on NVMe or in pinned memory) saves a checkpoint after 3 steps
+// and goes on for 3 more; a fresh run of the same config that loads the
+// checkpoint and takes the same 3 steps ends with the same masters and
+// the same codes and absmax bit for bit (the checkpoint keeps the states
+// as stored: U8 codes with their absmax). Loading the checkpoint into an
+// fp32 run decodes the states, exactly the 8-bit run's decoded states,
+// and says so in the log.
+func TestOptimizerStates8BitCheckpointResume(t *testing.T) {
+	for _, dev := range []config.OffloadDevice{config.OffloadNVMe, config.OffloadCPU} {
+		t.Run("optimizer="+string(dev), func(t *testing.T) {
+			ctx := context.Background()
+			layers := [][]tensor.Desc{
+				{{Name: "l0.w", Shape: []int{700}}, {Name: "l0.b", Shape: []int{3}}},
+				{{Name: "l1.w", Shape: []int{1030}}},
+			}
+			model := zinf.LayeredModel(layers...)
+			numel := map[string]int{}
+			for _, d := range model.Tensors {
+				n, _ := d.Numel()
+				numel[d.Name] = int(n)
+			}
+			open := func(states config.OptimizerStates, log *slog.Logger) *zinf.Runtime {
+				cfg := config.Default()
+				cfg.SetScratchDir(t.TempDir())
+				cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+				cfg.ZeroOptimization.OffloadOptimizer.Device = dev
+				cfg.ZeroOptimization.SubGroupSize = 512
+				cfg.Zinf.OptimizerStates = states
+				cfg.GradientClipping = 0.1
+				cfg.Optimizer.LR = 0.01
+				rt, err := zinf.Open(cfg, model, zinf.Options{Logger: log})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { rt.Close() })
+				for _, d := range model.Tensors {
+					if err := rt.Init(ctx, d.Name, make([]float32, numel[d.Name])); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return rt
+			}
+			train := func(rt *zinf.Runtime, from, to int) {
+				for step := from; step <= to; step++ {
+					rt.Forward()
+					for l := range rt.Layers() {
+						if err := rt.BeginLayer(ctx, l); err != nil {
+							t.Fatal(err)
+						}
+						rt.EndLayer(l)
+					}
+					rt.Backward()
+					for l := rt.Layers() - 1; l >= 0; l-- {
+						if err := rt.BeginLayer(ctx, l); err != nil {
+							t.Fatal(err)
+						}
+						for _, name := range rt.LayerTensors(l) {
+							g := make([]float32, numel[name])
+							for i := range g {
+								g[i] = float32(math.Cos(float64(i*7+step*13+len(name)*5)) * 0.002 * float64(1+(step%3)*4))
+							}
+							if err := rt.AccumulateGrad(ctx, name, g); err != nil {
+								t.Fatal(err)
+							}
+						}
+						_ = rt.StepLayer(ctx, l)
+						rt.EndLayer(l)
+					}
+					if err := rt.Step(ctx); err != nil {
+						t.Fatalf("step %d: %v", step, err)
+					}
+				}
+			}
+			a := open(config.OptimizerStates8Bit, nil)
+			train(a, 1, 3)
+			dir := filepath.Join(t.TempDir(), "step-000003")
+			if _, err := zinf.SaveCheckpoint(ctx, dir, []*zinf.Runtime{a}, zinf.CheckpointMeta{Step: 3}, checkpoint.SaveOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			saved := map[string][3][]float32{}
+			for _, d := range model.Tensors {
+				m, ea, eas, err := a.ReadOptimizerState(ctx, d.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				saved[d.Name] = [3][]float32{m, ea, eas}
+			}
+			train(a, 4, 6)
+
+			b := open(config.OptimizerStates8Bit, nil)
+			if _, err := zinf.LoadCheckpoint(ctx, dir, []*zinf.Runtime{b}); err != nil {
+				t.Fatal(err)
+			}
+			train(b, 4, 6)
+			for _, d := range model.Tensors {
+				ma, sa, err := a.Optimizer.ReadEncodedStates(ctx, d.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mb, sb, err := b.Optimizer.ReadEncodedStates(ctx, d.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i := diffAt(ma, mb); i >= 0 {
+					t.Fatalf("%s: resumed master differs at %d", d.Name, i)
+				}
+				for k := range sa {
+					if string(sa[k].Data) != string(sb[k].Data) || diffAt(sa[k].Absmax, sb[k].Absmax) >= 0 {
+						t.Fatalf("%s: resumed state %d (codes, absmax) differs", d.Name, k)
+					}
+				}
+			}
+
+			var logged strings.Builder
+			c := open(config.OptimizerStatesFP32, slog.New(slog.NewTextHandler(&logged, nil)))
+			if _, err := zinf.LoadCheckpoint(ctx, dir, []*zinf.Runtime{c}); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(logged.String(), "optimizer states converted") || !strings.Contains(logged.String(), "saved=8bit run=fp32") {
+				t.Errorf("loading 8-bit states into an fp32 run is not logged:\n%s", logged.String())
+			}
+			for _, d := range model.Tensors {
+				m, ea, eas, err := c.ReadOptimizerState(ctx, d.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k, got := range [][]float32{m, ea, eas} {
+					if i := diffAt(got, saved[d.Name][k]); i >= 0 {
+						t.Fatalf("%s: state %d loaded into fp32 differs from the 8-bit run's decoded state at %d", d.Name, k, i)
+					}
+				}
+			}
+		})
+	}
 }
