@@ -129,7 +129,7 @@ func run() error {
 		params += p
 	}
 	fmt.Printf("# zinf native decoder vs llama.cpp %.12s, same GGUF files\n", strings.TrimSpace(string(commit)))
-	fmt.Printf("# machine: %s, %d CPUs; threads %d; %s\n", cpuModel(), runtime.NumCPU(), *threads, runtime.Version())
+	fmt.Printf("# machine: %s, %d CPUs; threads %d; %s; load average at the start %s\n", cpuModel(), runtime.NumCPU(), *threads, runtime.Version(), loadAvg())
 	fmt.Printf("# model: llama, %d parameters (dim %d, %d layers, %d heads, %d kv heads, ffn %d, vocab %d), random weights seed %d\n",
 		params, c.Dim, c.Layers, c.Heads, c.KVHeads, c.FFNDim, c.Vocab, *seed)
 	fmt.Printf("# %d decoding steps a measurement, %d rounds, order alternating; batch 1: llama-bench -p 0 -n %d; batch>1: llama-batched-bench -npp %d -ntg %d (zinf: the same prompt length)\n",
@@ -186,7 +186,10 @@ func run() error {
 			}
 		}
 	}
-	fmt.Println()
+	// Other processes on the cores skew both systems, llama.cpp's most
+	// (its threads wait for each other at every operation): the load
+	// says how quiet the machine was.
+	fmt.Printf("# load average at the end %s\n\n", loadAvg())
 	fmt.Println("| case | llama.cpp tokens/s | zinf tokens/s | zinf / llama.cpp |")
 	fmt.Println("|---|---|---|---|")
 	for _, t := range dtypes {
@@ -457,4 +460,18 @@ func cpuModel() string {
 		}
 	}
 	return runtime.GOARCH
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages ("?" where
+// /proc/loadavg is absent).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
