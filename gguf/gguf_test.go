@@ -2,6 +2,7 @@ package gguf_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -574,5 +575,115 @@ for t in r.tensors:
 				t.Fatalf("tensor %s value %d: %v, want %v within %v", tc.name, i, got[i], x[i], tc.tol)
 			}
 		}
+	}
+}
+
+// TestDecoderFromF16File: a llama model whose matrices are stored in f16
+// (the type most converted GGUF files use) runs on the decoder widened to
+// f32 as it is read: the logits of the f16 values widened by hand, bit for
+// bit.
+func TestDecoderFromF16File(t *testing.T) {
+	c := llamaConfig()
+	c.RoPEInterleaved = true
+	m := hfModel(c, 9)
+	for _, layers := range m {
+		for _, v := range layers {
+			for i, f := range v {
+				v[i] = kernels.HalfToFloat32(kernels.Float32ToHalf(f))
+			}
+		}
+	}
+	w, byName := direct(t, c, m, kernels.F32, false)
+	gw := gguf.NewWriter()
+	if err := errors.Join(gw.SetLlama("f16", gguf.ModelShape{Dim: c.Dim, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
+		HeadDim: c.HeadDim, FFNDim: c.FFNDim, RoPEBase: c.RoPEBase, NormEps: c.NormEps}, 64), gw.SetByteVocab(c.Vocab)); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := c.Names(decoder.GGUFNames, "")
+	for _, n := range names {
+		shape := c.Shape(n.Role)
+		typ, data := gguf.F32, byName[n.Name].Data
+		if len(shape) == 2 {
+			typ = gguf.F16
+			h := make([]byte, len(data)/2)
+			for i := range len(data) / 4 {
+				binary.LittleEndian.PutUint16(h[2*i:], kernels.Float32ToHalf(math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))))
+			}
+			data = h
+		}
+		if err := gw.AddTensor(n.Name, typ, shape, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "f16.gguf")
+	if err := gw.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	model, err := f.Model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, layers, err := f.Weights(model.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layers[0][decoder.Query].Type != kernels.F32 || len(layers[0][decoder.Query].Data) != 4*c.Heads*c.HeadDim*c.Dim {
+		t.Fatalf("an f16 query matrix reads as %v of %d bytes, want f32", layers[0][decoder.Query].Type, len(layers[0][decoder.Query].Data))
+	}
+	prompt := gguf.ByteTokens("f16")
+	got, want := greedy(t, model.Config, weights{mw, layers}, prompt, 3), greedy(t, c, w, prompt, 3)
+	for s := range got {
+		for i := range got[s] {
+			if math.Float32bits(got[s][i]) != math.Float32bits(want[s][i]) {
+				t.Fatalf("pass %d logit %d: %v from the f16 file, %v from its values in f32", s, i, got[s][i], want[s][i])
+			}
+		}
+	}
+}
+
+// TestTokenizerRefusals: tokenizer metadata that does not fit the token
+// list is refused naming the key.
+func TestTokenizerRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kv   map[string]any
+		want string
+	}{
+		{"no model", map[string]any{"tokenizer.ggml.tokens": []string{"a"}}, "tokenizer.ggml.model: absent"},
+		{"no tokens", map[string]any{"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.tokens: absent"},
+		{"scores", map[string]any{"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": []string{"a", "b"}, "tokenizer.ggml.scores": []float32{0}}, "tokenizer.ggml.scores: [0] (want 2 float32 values"},
+		{"types", map[string]any{"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": []string{"a", "b"}, "tokenizer.ggml.token_type": []uint8{1, 1}}, "tokenizer.ggml.token_type: [1 1] (want 2 int32 values"},
+		{"bos", map[string]any{"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": []string{"a", "b"}, "tokenizer.ggml.bos_token_id": uint32(2)}, "tokenizer.ggml.bos_token_id: 2 (allowed: a token id 0..1)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := gguf.NewWriter()
+			keys := make([]string, 0, len(tc.kv))
+			for k := range tc.kv {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				if err := w.Set(k, tc.kv[k]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path := filepath.Join(t.TempDir(), "tok.gguf")
+			if err := w.WriteFile(path); err != nil {
+				t.Fatal(err)
+			}
+			f, err := gguf.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.Tokenizer(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Tokenizer: %v, want an error holding %q", err, tc.want)
+			}
+		})
 	}
 }
