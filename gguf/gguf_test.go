@@ -687,3 +687,35 @@ func TestTokenizerRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestTiedHead: a file without output.weight is a tied head (llama.cpp
+// reads the head from token_embd then): Model says so and the decoder's
+// logits are those of the same weights handed to it directly.
+func TestTiedHead(t *testing.T) {
+	c := llamaConfig()
+	c.RoPEInterleaved, c.TiedHead = true, true
+	w, byName := direct(t, c, hfModel(c, 11), kernels.BF16, false)
+	f, err := gguf.Open(writeLlama(t, c, byName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	model, err := f.Model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !model.Config.TiedHead {
+		t.Fatal("no output.weight, and Model's Config is not TiedHead")
+	}
+	mw, layers, err := f.Weights(model.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := gguf.ByteTokens("tied")
+	got, want := greedy(t, model.Config, weights{mw, layers}, prompt, 2), greedy(t, c, w, prompt, 2)
+	for s := range got {
+		if !slices.Equal(got[s], want[s]) {
+			t.Fatalf("pass %d: the logits differ from the same weights in memory", s)
+		}
+	}
+}
