@@ -43,7 +43,7 @@ func TestMicroBatchesToHideIORuntime(t *testing.T) {
 	kOf := func(c policy.IOCover) int {
 		return max(int(math.Ceil((c.IOPerStep-c.AfterBackward).Seconds()/perMicro-1e-6)), 1)
 	}
-	ctx, rt, m := openTwoLayers(t, autoConfig(t, `"auto"`), zinf.Options{ComputePerLayer: perPass.Seconds()})
+	ctx, rt, m := openTwoLayers(t, autoConfig(t, `"auto"`), zinf.Options{ComputePerLayer: perPass})
 	p := rt.Plan().MicroBatchesToHideIO()
 	if p.IOPerStep <= 0 {
 		rt.Close()
@@ -103,7 +103,7 @@ func TestMicroBatchesToHideIORuntime(t *testing.T) {
 	rt.Close()
 
 	// A number is the user's.
-	_, rt, _ = openTwoLayers(t, autoConfig(t, "3"), zinf.Options{ComputePerLayer: perPass.Seconds()})
+	_, rt, _ = openTwoLayers(t, autoConfig(t, "3"), zinf.Options{ComputePerLayer: perPass})
 	defer rt.Close()
 	if rt.MicroBatches() != 3 || rt.Plan().MicroBatches != 3 {
 		t.Errorf("gradient_accumulation_steps 3: runtime %d, plan %d", rt.MicroBatches(), rt.Plan().MicroBatches)

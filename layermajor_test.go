@@ -169,7 +169,7 @@ func TestMeasuredComputePerLayer(t *testing.T) {
 	if m := rt.Metrics(); m.ComputeUnits != int64(4*len(c.layers)) || m.Compute < time.Duration(len(c.layers))*visit {
 		t.Fatalf("metrics: %v over %d units", m.Compute, m.ComputeUnits)
 	}
-	p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: got.Seconds(), NoBandwidthProbe: true})
+	p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: got, NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestMeasuredCosts(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: 0.001, NoBandwidthProbe: true})
+			p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: time.Millisecond, NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
 			}

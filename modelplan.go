@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
@@ -38,9 +39,9 @@ const DefaultPieceBytes = plan.DefaultPieceBytes
 type PlanOptions struct {
 	// Rank and WorldSize, when WorldSize > 0, override the config's.
 	Rank, WorldSize int
-	// ComputePerLayer is the loop's compute time per layer and pass, in
-	// seconds (see Options.ComputePerLayer).
-	ComputePerLayer float64
+	// ComputePerLayer is the loop's compute time per layer and pass (see
+	// Options.ComputePerLayer).
+	ComputePerLayer time.Duration
 	// Inference plans for forward passes only (see Options.Inference).
 	Inference bool
 	// GatherLayers plans the pinned memory of gathered layers (see

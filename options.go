@@ -32,10 +32,10 @@ type Options struct {
 	// A wait that can never be served (buffers.ErrDeadlock) is reported
 	// at once whatever it says.
 	PinnedStallTimeout time.Duration
-	// ComputePerLayer is the loop's compute time per layer and pass, in
-	// seconds, when known: the planner sizes the prefetch depth from it
-	// and predicts the step time. Default 0: one layer ahead.
-	ComputePerLayer float64
+	// ComputePerLayer is the loop's compute time per layer and pass, when
+	// known: the planner sizes the prefetch depth from it and predicts the
+	// step time. Default 0: one layer ahead.
+	ComputePerLayer time.Duration
 	// NoBandwidthProbe never probes an NVMe path's bandwidth at Open,
 	// whatever zinf.bandwidth.probe says: the plan uses the configured,
 	// tune-file or cached figures, or the defaults (see NVMeBandwidth).

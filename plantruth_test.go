@@ -3,6 +3,7 @@ package zinf_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
@@ -33,7 +34,7 @@ func TestPlanTellsOverrides(t *testing.T) {
 		// early delay the gradient writes: a limit of that model, not what
 		// this test is about.)
 		cfg.Zinf.Bandwidth.ReadBytesPerSec, cfg.Zinf.Bandwidth.WriteBytesPerSec = 2e9, 2e9
-		opts.Logger, opts.NoBandwidthProbe, opts.ComputePerLayer = quietLog, true, 0.001
+		opts.Logger, opts.NoBandwidthProbe, opts.ComputePerLayer = quietLog, true, time.Millisecond
 		rt, err := zinf.Open(cfg, model, opts)
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
@@ -185,7 +186,7 @@ type Measured struct {
 
 // Options are the caller's choices that a plan depends on (zinf.Options).
 type Options struct {
-	ComputePerLayer float64 // seconds per layer and pass
+	ComputePerLayer time.Duration // per layer and pass
 	Inference       bool
 	Gather          bool  // GatherLayers with a Comm
 	PieceBytes      int64 // zinf.Options.PieceBytes as given
@@ -423,11 +424,10 @@ func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[strin
 
 // placementOf runs the policy over the model's inventory with the NVMe
 // bandwidth bw.
-func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer float64, bw Bandwidth) (*policy.Placement, error) {
+func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer time.Duration, bw Bandwidth) (*policy.Placement, error) {
 	dtype := ParamDType(cfg)
 	inv := policy.InventoryOf(mi.Descs, mi.Numel, dtype, world)
-	h := HintsFor(cfg, len(mi.Layers), 0)
-	h.ComputeSecondsPerLayer = 2 * computePerLayer
+	h := HintsFor(cfg, len(mi.Layers), computePerLayer)
 	// Pinned memory is the reservations' to judge (zinf.Open refuses a pool
 	// below their minimum, naming it); the policy places tensors and sizes
 	// prefetch without a pinned budget of its own, and buffer counts come

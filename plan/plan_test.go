@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
@@ -66,7 +67,7 @@ func TestMakeIsPureAndIsPlanModel(t *testing.T) {
 		t.Fatalf("checked inputs: rank %d world %d layers %d param store paths %v", in.Rank, in.World, len(in.Model.Layers), in.Settings.ParamStore.Paths)
 	}
 	bw := plan.StaticBandwidth(cfg)
-	o := plan.Options{ComputePerLayer: 0.002}
+	o := plan.Options{ComputePerLayer: 2 * time.Millisecond}
 	p1, err := plan.Make(in, measured(t, in, bw), o)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +90,7 @@ func TestMakeIsPureAndIsPlanModel(t *testing.T) {
 		t.Errorf("the pool's options %+v do not follow the reservations %+v", p1.Components.Pool, p1.Reservations)
 	}
 
-	zp, err := zinf.PlanModel(context.Background(), cfg, model, zinf.PlanOptions{Bandwidth: &bw, ComputePerLayer: 0.002})
+	zp, err := zinf.PlanModel(context.Background(), cfg, model, zinf.PlanOptions{Bandwidth: &bw, ComputePerLayer: 2 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

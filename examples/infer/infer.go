@@ -74,7 +74,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	rt, err := zinf.Open(o.Config, spec.Model(), zinf.Options{Logger: o.Logger, Rank: 0, WorldSize: 1, Inference: true,
-		PrefetchDepth: o.Prefetch, ComputePerLayer: o.ComputePerLayer.Seconds()})
+		PrefetchDepth: o.Prefetch, ComputePerLayer: o.ComputePerLayer})
 	if err != nil {
 		return nil, err
 	}

@@ -215,7 +215,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	data = run.DataParallel
 	first, per := blocks(data, procs)
 	rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: me, WorldSize: procs, Faults: o.Faults, Comm: c, GatherLayers: true,
-		ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, TotalSteps: o.Steps})
+		ComputePerLayer: o.ComputePerLayer, PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, TotalSteps: o.Steps})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", me, err)
 	}

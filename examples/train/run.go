@@ -420,7 +420,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	for r := 0; r < world; r++ {
 		rt, err := zinf.Open(cfg, spec.Model(), zinf.Options{Logger: log, Rank: r, WorldSize: world, Faults: o.Faults, Trace: o.Trace,
-			ComputePerLayer: o.ComputePerLayer.Seconds(), PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r],
+			ComputePerLayer: o.ComputePerLayer, PrefetchDepth: o.PrefetchDepth, SerialStep: o.SerialStep, Comm: comms[r],
 			TotalSteps: o.Steps})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: %w", r, err)
@@ -675,7 +675,7 @@ func (res *Result) replan(ctx context.Context, cfg *config.Config, spec Spec, rt
 		return nil
 	}
 	bw := rt.Bandwidth()
-	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{Rank: rt.Rank, WorldSize: rt.World, ComputePerLayer: c.Seconds(), Bandwidth: &bw, Logger: log})
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{Rank: rt.Rank, WorldSize: rt.World, ComputePerLayer: c, Bandwidth: &bw, Logger: log})
 	if err != nil {
 		return fmt.Errorf("train: the prediction from the measured compute: %w", err)
 	}
