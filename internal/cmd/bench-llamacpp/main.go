@@ -315,12 +315,15 @@ func agree(bin, zinf, path string, t kernels.DType, n, threads int) {
 func pieces(s string) []string {
 	var out []string
 	for len(s) > 0 {
-		if s[0] == '[' {
-			if j := strings.IndexByte(s, ']'); j > 0 {
-				out = append(out, s[:j+1])
-				s = s[j+1:]
-				continue
-			}
+		// "[t", digits, "]": a filler token; anything else one byte.
+		j := 2
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if strings.HasPrefix(s, "[t") && j > 2 && j < len(s) && s[j] == ']' {
+			out = append(out, s[:j+1])
+			s = s[j+1:]
+			continue
 		}
 		out = append(out, s[:1])
 		s = s[1:]
