@@ -1,37 +1,55 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
+	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/layers"
 	"github.com/gomlx/gomlx/ml/model"
+	"github.com/gomlx/gomlx/ml/train"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/metrics/procstat"
+	"github.com/zinfio/zinf/metrics/stats"
 )
 
 // big trains one zoo transformer whose training state may exceed the
 // machine's RAM (make bench-llm-big): created layer by layer straight
 // into zinf (zgomlx.Create: one layer's values in memory at a time),
-// every weight, master, Adam moment and gradient on NVMe, o.steps steps
-// with a progress line each; then step time against max(the executors'
-// measured compute, the planner's disk-bound prediction), peak RSS
-// against pinned pool + activations + 512 MiB, and the disk's bytes.
+// every weight, master, Adam moment and gradient on NVMe, trained by
+// zgomlx.Loop under gradient_accumulation_steps "auto" layer-major:
+// zgomlx.AutoMeasureSteps warm-up steps at the plan's k, then o.steps
+// timed steps at the planner's k (the micro-batches whose compute covers
+// the step's NVMe I/O). After each timed step a child process trains a
+// slice of the same model in memory (sliceChild: -slice-blocks of the
+// same blocks, the embedding and the head, at the same micro-batch shape
+// and k) whose time, scaled to every block, is the in-memory compute
+// rate the offloaded step is compared with. Each step reports tokens/s
+// both ways and their ratio, peak RSS against pinned pool + activations
+// + 512 MiB, the NVMe bytes against the plan's prediction, and the busy
+// share of the disk holding o.dir (/proc/diskstats io_ticks); a summary
+// block of medians (min..max) ends the run.
 func big(o options, w io.Writer) error {
 	ctx := context.Background()
 	start := time.Now()
@@ -39,14 +57,7 @@ func big(o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	heads := o.heads
-	if heads == 0 {
-		heads = o.dim / 8
-	}
-	ffn := o.ffn
-	if ffn == 0 {
-		ffn = 4 * o.dim
-	}
+	heads, ffn := bigShape(o)
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, int64(1))
 	m := transformer.New(store.RootScope()).WithVocabSize(o.vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
@@ -85,6 +96,17 @@ func big(o options, w io.Writer) error {
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	cfg.ZeroOptimization.SubGroupSize = int64(o.subgroup)
 	cfg.Optimizer.LR = 0.005
+	// The planner's k (gradient_accumulation_steps "auto", item 2 of the
+	// loop's design): AutoMeasureSteps steps at the plan's k, then the k
+	// whose compute covers the step's NVMe I/O. Layer-major: one read of
+	// the weights per pass serves every micro-batch. A Net.Head (-head-rows)
+	// runs micro-batch-major (StepMicroBatches says why), so it asks for
+	// auto and is reported as such.
+	cfg.GradientAccumulationAuto = true
+	cfg.Zinf.Schedule = config.ScheduleLayerMajor
+	if o.headRows > 0 {
+		cfg.Zinf.Schedule = config.ScheduleAuto
+	}
 	// The simulated device's tier holds no tensor here (the executors run
 	// on the CPU, from the adapter's Go buffers); it only has to admit
 	// the planner's working set (two layers of parameters and one of
@@ -141,8 +163,9 @@ func big(o options, w io.Writer) error {
 	}
 	r1, w1, _ := procstat.IO()
 	createPeak := procstat.PeakRSS()
+	ram := procstat.MemTotal()
 	fmt.Fprintf(w, "created layer by layer into zinf in %s: %d parameters (%.3f B) in %d tensors; training state %.2f GiB on NVMe (params, fp32 masters, Adam moments, gradients), %.2fx this machine's RAM; disk written %.2f GiB, read %.2f GiB; peak RSS while creating %.0f MiB\n",
-		time.Since(t0).Round(time.Second), params, float64(params)/1e9, len(off.Vars()), float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(procstat.MemTotal()),
+		time.Since(t0).Round(time.Second), params, float64(params)/1e9, len(off.Vars()), float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(ram),
 		float64(w1-w0)/(1<<30), float64(r1-r0)/(1<<30), float64(createPeak)/(1<<20))
 
 	hc, hcs := off.HeapCredit()
@@ -154,16 +177,12 @@ func big(o options, w io.Writer) error {
 	}
 	pl := rt.Plan()
 	pr := pl.Predicted
-	fmt.Fprintf(w, "plan (rt.Plan): predicted step %.1f s = compute %.1f s (none given: a disk-bound prediction) + exposed parameter I/O %.1f s + exposed gradient I/O %.1f s + exposed optimizer %.1f s (optimizer I/O %.1f s, overlapped %v); NVMe per step read %.2f GiB, written %.2f GiB; prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",
-		pr.Total.Seconds(), pr.Compute.Seconds(), pr.ExposedParamIO.Seconds(), pr.ExposedGradIO.Seconds(), pr.ExposedOptimizer.Seconds(), pr.OptimizerIO.Seconds(), pr.Overlapped,
-		float64(pr.NVMeReadBytes)/(1<<30), float64(pr.NVMeWriteBytes)/(1<<30), pl.PrefetchDepth, float64(o.pinned)/(1<<20), bwLine(rt.Bandwidth().ReadBps(), rt.Bandwidth().WriteBps()))
-
-	// Activations the loop keeps: every layer's output [batch, seq, d]
-	// (fp32) until its backward, and the logits [batch, seq, vocab] with
-	// their gradient.
-	tokens := int64(o.batch * o.seq)
-	acts := (int64(o.layers)+2)*tokens*int64(o.dim)*4 + 2*tokens*int64(o.vocab)*4
-	bound := o.pinned + acts + 512<<20
+	predBytes := pr.NVMeReadBytes + pr.NVMeWriteBytes
+	fmt.Fprintf(w, "plan (rt.Plan): schedule %s, %d micro-batches a step until the compute is measured; predicted step %.1f s (compute unknown: a disk-bound prediction); NVMe per step read %.2f GiB, written %.2f GiB (layer-major: the same for every k); prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",
+		rt.Schedule(), rt.MicroBatches(), pr.Total.Seconds(), float64(pr.NVMeReadBytes)/(1<<30), float64(pr.NVMeWriteBytes)/(1<<30), pl.PrefetchDepth, float64(o.pinned)/(1<<20),
+		bwLine(rt.Bandwidth().ReadBps(), rt.Bandwidth().WriteBps()))
+	disk := diskOf(o.dir)
+	fmt.Fprintf(w, "disk busy share from /proc/diskstats io_ticks of %s\n", disk)
 
 	if o.trainLimit != "" {
 		lim, err := config.ParseSize(o.trainLimit)
@@ -174,70 +193,406 @@ func big(o options, w io.Writer) error {
 		fmt.Fprintf(w, "Go memory limit while training (-train-memlimit): %.0f MiB (creating: %.0f MiB)\n", float64(lim)/(1<<20), float64(prev)/(1<<20))
 	}
 	debug.FreeOSMemory()
-	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // the peak covers training
+	procstat.ResetPeakRSS() // the peak covers training
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	gc0 := ms0.NumGC
-	var walls, computes []time.Duration
-	var trainPeak int64
+	tokens := int64(o.batch * o.seq)
+	loop := zgomlx.NewLoop(tr)
+	next := 0
+	ds := bigDataset{o: o, next: &next}
+	lm := rt.Schedule() == zinf.LayerMajor && o.headRows == 0
+
+	// measure runs one step of the loop and what it moved.
+	type stepStat struct {
+		k                   int
+		loss                float32
+		wall, compute       time.Duration
+		read, written       int64 // the stores' logical bytes
+		devRead, devWritten int64 // the stores' device requests
+		busy                float64
+		rssBefore, rssAfter int64
+	}
+	measure := func() (stepStat, error) {
+		st := stepStat{k: loop.MicroBatchesPerStep(), rssBefore: procstat.RSS()}
+		m0 := rt.Metrics()
+		c0 := tr.Timings().Compute
+		d0, dok := disk.ioTicks()
+		t0 := time.Now()
+		loss, err := loop.RunSteps(ctx, ds, 1)
+		st.wall = time.Since(t0)
+		if err != nil {
+			return st, err
+		}
+		d1, _ := disk.ioTicks()
+		m1 := rt.Metrics()
+		st.loss, st.compute = loss, tr.Timings().Compute-c0
+		st.read, st.written = m1.BytesRead-m0.BytesRead, m1.BytesWritten-m0.BytesWritten
+		st.devRead, st.devWritten = m1.DeviceBytesRead-m0.DeviceBytesRead, m1.DeviceBytesWritten-m0.DeviceBytesWritten
+		st.busy = math.NaN()
+		if dok {
+			st.busy = float64(d1-d0) / float64(st.wall.Milliseconds())
+		}
+		st.rssAfter = procstat.RSS()
+		return st, nil
+	}
+	line := func(what string, st stepStat) {
+		tok := float64(int64(st.k) * tokens)
+		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
+			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), tok/st.wall.Seconds(),
+			float64(st.read)/(1<<30), 100*(float64(st.read)/float64(pr.NVMeReadBytes)-1), float64(st.written)/(1<<30), 100*(float64(st.written)/float64(pr.NVMeWriteBytes)-1),
+			100*(float64(st.read+st.written)/float64(predBytes)-1), float64(predBytes)/(1<<30), float64(st.devRead)/(1<<30), float64(st.devWritten)/(1<<30),
+			pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
+	}
+	for i := range zgomlx.AutoMeasureSteps {
+		st, err := measure()
+		if err != nil {
+			return fmt.Errorf("warm-up step %d: %w", i+1, err)
+		}
+		line(fmt.Sprintf("warm-up %d/%d (the plan's k; compiles, measures the compute)", i+1, zgomlx.AutoMeasureSteps), st)
+	}
+	k := loop.MicroBatchesPerStep()
+	cover := rt.MicroBatchesToHideIO(0)
+	fmt.Fprintf(w, "the timed steps run k=%d %s: the planner's k that zgomlx.Loop took under \"auto\" from the compute of the last warm-up step; at the compute of every step so far (%.0f ms per layer, pass and micro-batch) the planner says %s\n",
+		k, map[bool]string{true: "layer-major", false: "micro-batch-major (a Net.Head: -head-rows)"}[lm], float64(rt.MeasuredComputePerLayer())/1e6, cover)
+
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// Activations the loop keeps: every layer's input [batch, seq, d]
+	// (fp32) of every micro-batch until its backward (in memory: the
+	// activation tier's default), and the logits [batch, seq, vocab] of
+	// one micro-batch with their gradient.
+	acts := int64(k)*(int64(o.layers)+2)*tokens*int64(o.dim)*4 + 2*tokens*int64(o.vocab)*4
+	bound := o.pinned + acts + 512<<20
+
+	var steps []stepStat
+	var memTokS, ratios []float64
 	var tm0 = tr.Timings()
 	for s := range o.steps {
-		x, y := batch(o, s)
-		rss0 := procstat.RSS()
-		_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) // this step's peak
-		m0 := rt.Metrics()
-		r0, w0, _ := procstat.IO()
-		c0 := tr.Timings().Compute
-		t0 := time.Now()
-		loss, err := tr.Step(ctx, x, y)
+		st, err := measure()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", s+1, err)
 		}
-		wall := time.Since(t0)
-		comp := tr.Timings().Compute - c0
-		m1 := rt.Metrics()
-		r1, w1, _ := procstat.IO()
-		stepPeak := procstat.PeakRSS()
-		trainPeak = max(trainPeak, stepPeak)
-		walls, computes = append(walls, wall), append(computes, comp)
-		den := max(comp, pr.Total)
-		fmt.Fprintf(w, "step %d/%d  loss %.4f  %.1f s  (compute %.1f s, prediction %.1f s: step/max %.2f)  %.2f tokens/s  NVMe read %.2f GiB written %.2f GiB (the stores' requests %.2f / %.2f GiB; the process's disk I/O %.2f / %.2f GiB)  RSS %.0f MiB before, %.0f after, peak %.0f  load %s\n",
-			s+1, o.steps, loss, wall.Seconds(), comp.Seconds(), pr.Total.Seconds(), wall.Seconds()/den.Seconds(), float64(tokens)/wall.Seconds(),
-			float64(m1.BytesRead-m0.BytesRead)/(1<<30), float64(m1.BytesWritten-m0.BytesWritten)/(1<<30),
-			float64(m1.DeviceBytesRead-m0.DeviceBytesRead)/(1<<30), float64(m1.DeviceBytesWritten-m0.DeviceBytesWritten)/(1<<30), float64(r1-r0)/(1<<30), float64(w1-w0)/(1<<30),
-			float64(rss0)/(1<<20), float64(procstat.RSS())/(1<<20), float64(stepPeak)/(1<<20), loadavg())
+		steps = append(steps, st)
+		line(fmt.Sprintf("step %d/%d", s+1, o.steps), st)
+		// The in-memory slice, between two offloaded steps.
+		var sr sliceResult
+		t0 := time.Now()
+		if err := procstat.RunChild(exe, sliceArgs(o, k), &sr); err != nil {
+			return fmt.Errorf("in-memory slice after step %d: %w", s+1, err)
+		}
+		est := sr.estimate(o.layers)
+		tok := float64(int64(k)*tokens) / est.Seconds()
+		offTok := float64(int64(k)*tokens) / st.wall.Seconds()
+		memTokS, ratios = append(memTokS, tok), append(ratios, offTok/tok)
+		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, %.1f s in all): step %.2f s, its executors' compute %.2f s (%.1f ms a block) -> %d blocks: compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
+			sr.Blocks, k, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, sr.blockMs(), o.layers, est.Seconds(), tok, offTok/tok, loadavg())
 	}
 	tm := tr.Timings()
-	peak := trainPeak
+	peak := procstat.PeakRSS()
 	met := rt.Metrics()
-	fmt.Fprintf(w, "\nsummary (%d steps):\n", o.steps)
-	for i := range walls {
-		den := max(computes[i], pr.Total)
-		which := "compute"
-		if pr.Total > computes[i] {
-			which = "the disk-bound prediction"
-		}
-		fmt.Fprintf(w, "  step %d: %.1f s against max(compute %.1f s, prediction %.1f s) = %s: %.2fx; %.2f GFLOP/s of compute (8 FLOP per parameter per token: forward, recomputed forward, backward)\n",
-			i+1, walls[i].Seconds(), computes[i].Seconds(), pr.Total.Seconds(), which, walls[i].Seconds()/den.Seconds(), 8*float64(params)*float64(tokens)/computes[i].Seconds()/1e9)
-	}
-	per := func(d time.Duration) float64 { return d.Seconds() / float64(o.steps) }
-	fmt.Fprintf(w, "  zinf calls of the loop per step: swap-in %.1f s, gradients %.1f s, update start %.1f s, commit %.1f s (the first three overlap compute); runtime's measured compute per layer and pass %.0f ms\n",
-		per(tm.SwapIn-tm0.SwapIn), per(tm.Grads-tm0.Grads), per(tm.StepLayer-tm0.StepLayer), per(tm.Commit-tm0.Commit), float64(rt.MeasuredComputePerLayer())/1e6)
-	verdict := "within"
-	if peak > bound {
-		verdict = "ABOVE"
-	}
-	swap := tr.SwapBufferBytes()
-	fmt.Fprintf(w, "  peak RSS while training (VmHWM) %.0f MiB: %s pinned pool %.0f MiB + activations %.1f MiB + 512 MiB = %.0f MiB; the adapter's Go swap-in buffers (largest tensors' shapes, the %d x %d table among them) are %.0f MiB more: pool + swap-in buffers + activations + 512 MiB = %.0f MiB (%s); pinned peak %.0f MiB of %.0f MiB\n",
-		float64(peak)/(1<<20), verdict, float64(o.pinned)/(1<<20), float64(acts)/(1<<20), float64(bound)/(1<<20), o.vocab, o.dim, float64(swap)/(1<<20),
-		float64(bound+swap)/(1<<20), map[bool]string{true: "within", false: "ABOVE"}[peak <= bound+swap], float64(met.PinnedPeakBytes)/(1<<20), float64(met.PinnedBytes)/(1<<20))
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	fmt.Fprintf(w, "  Go heap at the end: in use %.0f MiB, idle not returned %.0f MiB, GC cycles %d while training (%d in all)\n",
-		float64(ms.HeapInuse)/(1<<20), float64(ms.HeapIdle-ms.HeapReleased)/(1<<20), ms.NumGC-gc0, ms.NumGC)
-	fmt.Fprintf(w, "  NVMe in all (logical): read %.2f GiB, written %.2f GiB; load average %s; %s in all\n",
-		float64(met.BytesRead)/(1<<30), float64(met.BytesWritten)/(1<<30), loadavg(), time.Since(start).Round(time.Second))
+	per := func(d time.Duration) float64 { return d.Seconds() / float64(o.steps) }
+	fmt.Fprintf(w, "\nzinf calls of the loop per timed step: swap-in %.1f s, gradients %.1f s, update start %.1f s, commit %.1f s (the first three overlap compute); runtime's measured compute per layer, pass and micro-batch %.0f ms\n",
+		per(tm.SwapIn-tm0.SwapIn), per(tm.Grads-tm0.Grads), per(tm.StepLayer-tm0.StepLayer), per(tm.Commit-tm0.Commit), float64(rt.MeasuredComputePerLayer())/1e6)
+	fmt.Fprintf(w, "Go heap at the end: in use %.0f MiB, idle not returned %.0f MiB, GC cycles %d while training (%d in all); swap-in buffers %.0f MiB; pinned peak %.0f MiB of %.0f MiB\n",
+		float64(ms.HeapInuse)/(1<<20), float64(ms.HeapIdle-ms.HeapReleased)/(1<<20), ms.NumGC-gc0, ms.NumGC, float64(tr.SwapBufferBytes())/(1<<20),
+		float64(met.PinnedPeakBytes)/(1<<20), float64(met.PinnedBytes)/(1<<20))
+
+	// The summary, as BENCHMARKS.md takes it.
+	col := func(f func(stepStat) float64) []float64 {
+		v := make([]float64, len(steps))
+		for i, st := range steps {
+			v[i] = f(st)
+		}
+		return v
+	}
+	tokOff := col(func(st stepStat) float64 { return float64(int64(st.k)*tokens) / st.wall.Seconds() })
+	nvme := col(func(st stepStat) float64 { return float64(st.read + st.written) })
+	dev := col(func(st stepStat) float64 {
+		return 100 * (float64(st.read+st.written)/float64(predBytes) - 1)
+	})
+	maxDev := slices.MaxFunc(dev, func(a, b float64) int { return cmpAbs(a, b) })
+	busy := col(func(st stepStat) float64 { return 100 * st.busy })
+	verdict := func(ok bool) string { return map[bool]string{true: "met", false: "NOT met"}[ok] }
+	fmt.Fprintf(w, "\nsummary: medians over %d timed steps (min..max); load average at the end %s; %s in all\n", o.steps, loadavg(), time.Since(start).Round(time.Second))
+	fmt.Fprintf(w, "| bench-llm-big (%s) | |\n|---|---|\n", buildLine())
+	fmt.Fprintf(w, "| model | zoo transformer, %d blocks, d=%d, ffn %d, vocab %d, %s head; %.3f B parameters; state %.2f GiB = %.2fx RAM (%.1f GiB) |\n",
+		o.layers, o.dim, ffn, o.vocab, map[bool]string{true: "tied", false: "untied"}[o.tied], float64(params)/1e9, float64(off.StateBytes())/(1<<30), float64(off.StateBytes())/float64(ram), float64(ram)/(1<<30))
+	fmt.Fprintf(w, "| micro-batches | k=%d (%s, gradient_accumulation_steps \"auto\"), %d x %d tokens each |\n", k, map[bool]string{true: "layer-major", false: "micro-batch-major"}[lm], o.batch, o.seq)
+	fmt.Fprintf(w, "| offloaded step | %s s |\n", medRange(col(func(st stepStat) float64 { return st.wall.Seconds() }), "%.1f"))
+	fmt.Fprintf(w, "| offloaded tokens/s | %s |\n", medRange(tokOff, "%.2f"))
+	fmt.Fprintf(w, "| in-memory compute-bound tokens/s (the executors' compute of %d blocks + embedding + head in memory, scaled to %d blocks) | %s |\n", o.sliceBlocks, o.layers, medRange(memTokS, "%.2f"))
+	fmt.Fprintf(w, "| offloaded / in memory | %s (bar >= 0.9: %s) |\n", medRange(ratios, "%.3f"), verdict(stats.Median(ratios) >= 0.9))
+	swap := tr.SwapBufferBytes()
+	fmt.Fprintf(w, "| peak RSS (VmHWM, training) | %.0f MiB against pinned pool %.0f + activations %.1f + 512 = %.0f MiB (%s); the adapter's Go swap-in buffers (the largest layers' shapes) are %.0f MiB more |\n",
+		float64(peak)/(1<<20), float64(o.pinned)/(1<<20), float64(acts)/(1<<20), float64(bound)/(1<<20), verdict(peak <= bound), float64(swap)/(1<<20))
+	rd := col(func(st stepStat) float64 { return 100 * (float64(st.read)/float64(pr.NVMeReadBytes) - 1) })
+	wr := col(func(st stepStat) float64 { return 100 * (float64(st.written)/float64(pr.NVMeWriteBytes) - 1) })
+	fmt.Fprintf(w, "| NVMe per step (read + written) | %s GiB against the plan's %.2f GiB: %s%% (read %s%%, written %s%%; bar within 3%%: %s) |\n",
+		medRange(scale(nvme, 1.0/(1<<30)), "%.2f"), float64(predBytes)/(1<<30), medRange(dev, "%+.1f"), medRange(rd, "%+.1f"), medRange(wr, "%+.1f"), verdict(math.Abs(maxDev) <= 3))
+	if !o.tied {
+		// What the plan counts that this loop does not move: the
+		// embedding table whole for the forward pass (the loop reads its
+		// batch's rows) and for the backward (a lookup's backward needs
+		// no weights), and its gradient read back by the optimizer (taken
+		// from the pinned copy just handed over: the last layer of the
+		// backward). Said, not hidden: the bar's figure is the line above.
+		table := 4 * int64(o.vocab) * int64(o.dim)
+		adj := col(func(st stepStat) float64 { return 100 * (float64(st.read+st.written)/float64(predBytes-3*table) - 1) })
+		fmt.Fprintf(w, "| NVMe per step against the plan less 3 x the table (%.2f GiB: its whole reads for both passes and its gradient's read-back, which the loop does not make) | %s%% |\n",
+			float64(3*table)/(1<<30), medRange(adj, "%+.1f"))
+	}
+	fmt.Fprintf(w, "| disk busy share (%s) | %s%% |\n", disk.name, medRange(busy, "%.0f"))
 	return nil
+}
+
+// bigDataset is the -big run's train.Dataset: batch(o, i) for i = 0, 1,
+// ... across RunSteps calls (next counts them), without end.
+type bigDataset struct {
+	o    options
+	next *int
+}
+
+func (d bigDataset) Name() string { return "synthetic" }
+
+func (d bigDataset) Iter() iter.Seq2[train.Batch, error] {
+	return func(yield func(train.Batch, error) bool) {
+		for {
+			x, y := batch(d.o, *d.next)
+			*d.next++
+			if !yield(train.Batch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}, nil) {
+				return
+			}
+		}
+	}
+}
+
+// sliceResult is what an in-memory slice child reports: its timed
+// step's wall and compute, each block's compute, in ms.
+type sliceResult struct {
+	Blocks    int       `json:"blocks"`
+	WallMs    float64   `json:"wall_ms"`
+	ComputeMs float64   `json:"compute_ms"`
+	BlockMs   []float64 `json:"block_ms"`
+	PeakRSS   int64     `json:"peak_rss"`
+}
+
+func (r sliceResult) blockMs() float64 { return stats.Median(r.BlockMs) }
+
+// estimate is the in-memory compute-bound step of the whole model at the
+// slice's shape and k: the slice's executors' compute (every micro-batch's
+// forward, loss and backward of the embedding, its blocks and the head)
+// plus, for every block it lacks, a block's (the median of its blocks').
+// The in-memory optimizer's time (Adam in Go over every weight, which
+// MemoryTrainer runs while the next layer computes) is left out: the
+// rate is the arithmetic's, the fastest in-memory training could go, and
+// the ratio against it errs low.
+func (r sliceResult) estimate(layers int) time.Duration {
+	ms := r.ComputeMs + float64(layers-r.Blocks)*r.blockMs()
+	return time.Duration(ms * 1e6)
+}
+
+// sliceArgs are the arguments of the in-memory slice child after an
+// offloaded step of k micro-batches.
+func sliceArgs(o options, k int) []string {
+	return []string{"-child", "slice", "-layers", strconv.Itoa(o.sliceBlocks), "-dim", strconv.Itoa(o.dim), "-heads", strconv.Itoa(o.heads),
+		"-ffn", strconv.Itoa(o.ffn), "-vocab", strconv.Itoa(o.vocab), "-tied=" + strconv.FormatBool(o.tied), "-batch", strconv.Itoa(o.batch),
+		"-seq", strconv.Itoa(o.seq), "-k", strconv.Itoa(k), "-steps", "1", "-warm", "1"}
+}
+
+// sliceChild trains o.layers blocks of the -big model (with its
+// embedding and head) in Go memory (zgomlx.MemoryTrainer: the same
+// per-layer executors, zinf's Adam) at o.k micro-batches a step: o.warm
+// untimed steps, then one timed, printed as JSON. A tied model's head is
+// one product over the table (the blocked head, -head-rows, has no
+// in-memory trainer): the same arithmetic.
+func sliceChild(o options, w io.Writer) error {
+	// The parent's GOMEMLIMIT is sized for its streamed state, not for a
+	// slice held whole: no limit here.
+	debug.SetMemoryLimit(math.MaxInt64)
+	ctx := context.Background()
+	b, err := compute.NewWithConfig(zgomlx.DefaultBackend)
+	if err != nil {
+		return err
+	}
+	heads, ffn := bigShape(o)
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(1))
+	m := transformer.New(store.RootScope()).WithVocabSize(o.vocab).WithEmbedDim(o.dim).WithNumLayers(o.layers).
+		WithNumHeads(heads).WithHeadDim(o.dim / heads).WithFFNDim(ffn).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: o.tied})
+	if err != nil {
+		return err
+	}
+	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, o.batch, o.seq)); err != nil {
+		return err
+	}
+	cfg := config.Default()
+	cfg.Optimizer.LR = 0.005
+	mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
+	if err != nil {
+		return err
+	}
+	defer mt.Close()
+	n := 0
+	step := func() error {
+		for i := range o.k {
+			x, y := batch(o, n)
+			n++
+			var err error
+			if i < o.k-1 {
+				_, err = mt.Accumulate(ctx, x, y)
+			} else {
+				_, err = mt.Step(ctx, x, y)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for range o.warm {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	tm0 := mt.Timings()
+	t0 := time.Now()
+	if err := step(); err != nil {
+		return err
+	}
+	res := sliceResult{Blocks: o.layers, WallMs: float64(time.Since(t0)) / 1e6, PeakRSS: procstat.PeakRSS()}
+	tm := mt.Timings()
+	res.ComputeMs = float64(tm.Compute-tm0.Compute) / 1e6
+	// TransformerNet's layers: the embedding, the blocks, the head.
+	for l := 1; l <= o.layers && l < len(tm.LayerCompute); l++ {
+		res.BlockMs = append(res.BlockMs, float64(tm.LayerCompute[l]-tm0.LayerCompute[l])/1e6)
+	}
+	return jsonOut(w, res)
+}
+
+// bigShape is the -big model's heads and FFN width (0: dim/8 and 4 x dim).
+func bigShape(o options) (heads, ffn int) {
+	heads, ffn = o.heads, o.ffn
+	if heads == 0 {
+		heads = o.dim / 8
+	}
+	if ffn == 0 {
+		ffn = 4 * o.dim
+	}
+	return heads, ffn
+}
+
+// diskDev is the block device holding a directory, as /proc/diskstats
+// names it.
+type diskDev struct {
+	major, minor uint32
+	name         string // "" when /proc/diskstats does not list it
+}
+
+// diskOf finds the device holding dir (its st_dev) in /proc/diskstats.
+func diskOf(dir string) diskDev {
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Clean(dir), &st); err != nil {
+		return diskDev{}
+	}
+	dev := uint64(st.Dev)
+	d := diskDev{major: uint32((dev>>8)&0xfff | (dev>>32)&^0xfff), minor: uint32(dev&0xff | (dev>>12)&^0xff)}
+	d.name, _, _ = diskstatsLine(d.major, d.minor)
+	return d
+}
+
+func (d diskDev) String() string {
+	if d.name == "" {
+		return fmt.Sprintf("device %d:%d (not in /proc/diskstats: busy share unknown)", d.major, d.minor)
+	}
+	return fmt.Sprintf("%s (%d:%d)", d.name, d.major, d.minor)
+}
+
+// ioTicks is the device's io_ticks: the milliseconds it had I/O in
+// flight since boot.
+func (d diskDev) ioTicks() (int64, bool) {
+	if d.name == "" {
+		return 0, false
+	}
+	_, t, ok := diskstatsLine(d.major, d.minor)
+	return t, ok
+}
+
+// diskstatsLine reads /proc/diskstats for the device major:minor: its
+// name and io_ticks (the 13th field).
+func diskstatsLine(major, minor uint32) (name string, ioTicks int64, ok bool) {
+	f, err := os.Open("/proc/diskstats")
+	if err != nil {
+		return "", 0, false
+	}
+	defer f.Close()
+	return parseDiskstats(f, major, minor)
+}
+
+func parseDiskstats(r io.Reader, major, minor uint32) (name string, ioTicks int64, ok bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 13 || f[0] != strconv.FormatUint(uint64(major), 10) || f[1] != strconv.FormatUint(uint64(minor), 10) {
+			continue
+		}
+		t, err := strconv.ParseInt(f[12], 10, 64)
+		if err != nil {
+			return f[2], 0, false
+		}
+		return f[2], t, true
+	}
+	return "", 0, false
+}
+
+// medRange is the median of v with its min..max, each in format f.
+func medRange(v []float64, f string) string {
+	if len(v) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf(f+" ("+f+".."+f+")", stats.Median(v), slices.Min(v), slices.Max(v))
+}
+
+func scale(v []float64, s float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = x * s
+	}
+	return out
+}
+
+func cmpAbs(a, b float64) int {
+	switch {
+	case math.Abs(a) < math.Abs(b):
+		return -1
+	case math.Abs(a) > math.Abs(b):
+		return 1
+	}
+	return 0
+}
+
+func pct(x float64) string {
+	if math.IsNaN(x) {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.0f%%", 100*x)
+}
+
+// buildLine says whether the backend's SIMD kernels are in this build.
+func buildLine() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "GOEXPERIMENT" && strings.Contains(s.Value, "simd") {
+				return "GOEXPERIMENT=simd"
+			}
+		}
+	}
+	return "portable build"
 }
 
 func bwLine(r, w float64) string {

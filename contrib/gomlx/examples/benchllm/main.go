@@ -60,6 +60,9 @@ type options struct {
 	trainLimit string
 	// overlap: the offloaded process sets zinf.overlap_update.
 	overlap bool
+	// sliceBlocks: -big's in-memory slice; k: a slice child's
+	// micro-batches a step.
+	sliceBlocks, k int
 }
 
 func main() {
@@ -75,13 +78,15 @@ func main() {
 	flag.Int64Var(&o.pinned, "pinned", 32<<20, "zinf.tiers.cpu_pinned_bytes (-big: 0 sizes it from the plan: its minimum plus two layers)")
 	flag.StringVar(&o.dir, "dir", "/var/tmp", "directory for the swap files")
 	flag.BoolVar(&o.rows, "rows", true, "read the embedding at the batch's rows (TransformerNet's Layer.Lookups); false reads it whole")
-	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded or memory) and print JSON")
-	flag.BoolVar(&o.big, "big", false, "train one offloaded model created layer by layer (zgomlx.Create) for -steps steps with a progress line each, a model whose state may exceed RAM (make bench-llm-big); no in-memory run")
+	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded, memory, or -big's in-memory slice) and print JSON")
+	flag.IntVar(&o.sliceBlocks, "slice-blocks", 2, "-big: blocks of the in-memory slice (with the embedding and the head) whose step, scaled to every block, is the in-memory compute rate the offloaded steps are compared with")
+	flag.IntVar(&o.k, "k", 1, "internal: a slice child's micro-batches a step")
+	flag.BoolVar(&o.big, "big", false, "train one offloaded model created layer by layer (zgomlx.Create), a model whose state may exceed RAM (make bench-llm-big), by zgomlx.Loop under gradient_accumulation_steps \"auto\" layer-major: warm-up steps at the plan's k, then -steps steps at the planner's k, each followed by an in-memory run of -slice-blocks of its blocks in a child process (the compute-bound rate it is compared with)")
 	flag.BoolVar(&o.tied, "tied", false, "-big: tie the output head to the embedding table (TransformerOptions.TieEmbeddings)")
 	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
 	flag.IntVar(&o.ffn, "ffn", 0, "-big: FFN width (0: 4 x dim)")
 	flag.StringVar(&o.credit, "heap-credit", "auto", "-big: the Go heap credit, auto (zgomlx.AutoHeapCredit, the default: what in-memory training keeps live, at most a quarter of RAM) or none (NoHeapCredit: the collector paces by the live heap)")
-	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows); 0: one product over the whole table")
+	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows; such a head runs micro-batch-major); 0: one product over the whole table")
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
@@ -93,7 +98,7 @@ func main() {
 		name string
 		v    int
 		min  int
-	}{{"rounds", o.rounds, 1}, {"steps", o.steps, 1}, {"warm", o.warm, 0}, {"layers", o.layers, 1}, {"dim", o.dim, 8}, {"vocab", o.vocab, 2}, {"batch", o.batch, 1}, {"seq", o.seq, 2}} {
+	}{{"rounds", o.rounds, 1}, {"steps", o.steps, 1}, {"warm", o.warm, 0}, {"slice-blocks", o.sliceBlocks, 1}, {"k", o.k, 1}, {"layers", o.layers, 1}, {"dim", o.dim, 8}, {"vocab", o.vocab, 2}, {"batch", o.batch, 1}, {"seq", o.seq, 2}} {
 		if c.v < c.min {
 			errs = append(errs, fmt.Sprintf("-%s %d (allowed: >= %d)", c.name, c.v, c.min))
 		}
@@ -127,8 +132,11 @@ func main() {
 	if o.big && o.child != "" {
 		errs = append(errs, "-big with -child (allowed: one of them)")
 	}
-	if o.child != "" && o.child != "offloaded" && o.child != "memory" {
-		errs = append(errs, fmt.Sprintf("-child %q (allowed: offloaded, memory)", o.child))
+	if o.big && o.sliceBlocks > o.layers {
+		errs = append(errs, fmt.Sprintf("-slice-blocks %d (allowed: 1..-layers %d)", o.sliceBlocks, o.layers))
+	}
+	if o.child != "" && o.child != "offloaded" && o.child != "memory" && o.child != "slice" {
+		errs = append(errs, fmt.Sprintf("-child %q (allowed: offloaded, memory, slice)", o.child))
 	}
 	if len(errs) > 0 {
 		fmt.Fprintln(os.Stderr, "benchllm: "+strings.Join(errs, "; "))
@@ -138,6 +146,8 @@ func main() {
 	switch {
 	case o.big:
 		err = big(o, os.Stdout)
+	case o.child == "slice":
+		err = sliceChild(o, os.Stdout)
 	case o.child != "":
 		err = child(o, os.Stdout)
 	default:
@@ -168,6 +178,11 @@ type result struct {
 	LayerIOMs      []float64 `json:"layer_io_ms,omitempty"`
 	LayerParams    []int64   `json:"layer_params,omitempty"`
 	LayerScopes    []string  `json:"layer_scopes,omitempty"`
+	// Offloaded only: the loop's waits in zinf a timed step (Timings):
+	// swap-ins (with overlap_update: for the update still running too) and
+	// the commit (the updates the backward did not cover).
+	SwapInMs float64 `json:"swap_in_ms,omitempty"`
+	CommitMs float64 `json:"commit_ms,omitempty"`
 }
 
 // layerIO is the time a layer's NVMe traffic of a step takes at read and
@@ -243,6 +258,7 @@ func child(o options, w io.Writer) error {
 	var step func(x, y *tensors.Tensor) (float32, error)
 	io := func() (int64, int64) { return 0, 0 }
 	var layerCompute func() []time.Duration
+	var timings func() zgomlx.Timings
 	if o.child == "offloaded" {
 		cfg.Zinf.OverlapUpdate = o.overlap
 		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
@@ -258,6 +274,7 @@ func child(o options, w io.Writer) error {
 		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
 		layerCompute = func() []time.Duration { return tr.Timings().LayerCompute }
+		timings = tr.Timings
 		bw := rt.Bandwidth()
 		for l := range rt.Layers() {
 			var n int64
@@ -291,6 +308,10 @@ func child(o options, w io.Writer) error {
 	if layerCompute != nil {
 		lc0 = layerCompute()
 	}
+	var tm0 zgomlx.Timings
+	if timings != nil {
+		tm0 = timings()
+	}
 	for s := range o.steps {
 		x, y := batch(o, o.warm+s)
 		var a, c runtime.MemStats
@@ -316,9 +337,16 @@ func child(o options, w io.Writer) error {
 		}
 	}
 	res.ReadPerStep, res.WrittenPerStep = float64(r1-r0)/float64(o.steps), float64(w1-w0)/float64(o.steps)
+	if timings != nil {
+		tm := timings()
+		res.SwapInMs, res.CommitMs = float64(tm.SwapIn-tm0.SwapIn)/1e6/float64(o.steps), float64(tm.Commit-tm0.Commit)/1e6/float64(o.steps)
+	}
 	res.PeakRSS = procstat.PeakRSS()
-	return json.NewEncoder(w).Encode(res)
+	return jsonOut(w, res)
 }
+
+// jsonOut prints a child's result for procstat.RunChild.
+func jsonOut(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }
 
 // layerCondition prints, per layer, the offloaded runs' compute a step
 // against the layer's NVMe I/O a step at the probed bandwidth (medians
@@ -405,8 +433,12 @@ func bench(o options, w io.Writer) error {
 			} else {
 				off = append(off, r)
 			}
-			fmt.Fprintf(w, "round %d %-9s  wall/step %7.1f ms  CPU/step %7.1f ms  GC/step %.2f  mallocs/step %6.0f  peak RSS %6.1f MiB  (load %s)\n",
-				round+1, mode, stats.Median(r.WallMs), stats.Median(r.CPUMs), mean(r.GCs), stats.Median(r.Mallocs), float64(r.PeakRSS)/(1<<20), loadavg())
+			zw := ""
+			if mode == "offloaded" {
+				zw = fmt.Sprintf("  swap-in %.1f ms  commit %.1f ms", r.SwapInMs, r.CommitMs)
+			}
+			fmt.Fprintf(w, "round %d %-9s  wall/step %7.1f ms  CPU/step %7.1f ms  GC/step %.2f  mallocs/step %6.0f  peak RSS %6.1f MiB%s  (load %s)\n",
+				round+1, mode, stats.Median(r.WallMs), stats.Median(r.CPUMs), mean(r.GCs), stats.Median(r.Mallocs), float64(r.PeakRSS)/(1<<20), zw, loadavg())
 		}
 	}
 	tokens := float64(o.batch * o.seq)

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParseDiskstats: the device is found by major:minor and its
+// io_ticks is the 13th field; a device not listed is not found.
+func TestParseDiskstats(t *testing.T) {
+	const stats = ` 254       0 vda 1000 2 30000 400 500 6 70000 800 0 12345 1500 0 0 0 0
+ 254       1 vda1 10 0 300 4 5 0 700 8 0 999 12 0 0 0 0
+   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+`
+	name, ticks, ok := parseDiskstats(strings.NewReader(stats), 254, 1)
+	if !ok || name != "vda1" || ticks != 999 {
+		t.Fatalf("254:1: %q %d %v, want vda1 999 true", name, ticks, ok)
+	}
+	if name, ticks, ok = parseDiskstats(strings.NewReader(stats), 254, 0); !ok || name != "vda" || ticks != 12345 {
+		t.Fatalf("254:0: %q %d %v, want vda 12345 true", name, ticks, ok)
+	}
+	if _, _, ok = parseDiskstats(strings.NewReader(stats), 8, 0); ok {
+		t.Fatal("8:0 found in stats that do not list it")
+	}
+}
+
+// TestSliceEstimate: the in-memory step of L blocks is the slice's
+// compute plus, per missing block, the median of its blocks' compute.
+func TestSliceEstimate(t *testing.T) {
+	r := sliceResult{Blocks: 2, WallMs: 900, ComputeMs: 800, BlockMs: []float64{100, 120}}
+	if got, want := r.estimate(10), time.Duration((800+8*110)*1e6); got != want {
+		t.Fatalf("estimate(10) = %v, want %v", got, want)
+	}
+	if got := medRange([]float64{3, 1, 2}, "%.1f"); got != "2.0 (1.0..3.0)" {
+		t.Fatalf("medRange = %q", got)
+	}
+}
