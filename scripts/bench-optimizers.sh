@@ -33,7 +33,7 @@ for r in $(seq 1 "$rounds"); do
     printf "round %d: machine %.0f%% busy, %.2f of %d CPUs used by others\n", r, 100 * b / t, cpus * other / t, cpus }'
 done
 cat "$out"/round.* | awk '
-  /^Benchmark(Adam|Rules)\// {
+  /^Benchmark(Adam|Adam8|Rules)\// {
     name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
     if (!(name in seen)) { seen[name] = 1; order[++n] = name }
     for (i = 2; i <= NF; i++) {
@@ -66,5 +66,16 @@ cat "$out"/round.* | awk '
     for (k = 1; k <= n; k++) {
       v = order[k]
       printf "%-44s %-26s %-26s %-9s %-9s %s\n", v, stat(wall[v]), stat(cpu[v]), ratio(wall[v], v, "wall"), ratio(cpu[v], v, "cpu"), allocs[v]
+    }
+    # BenchmarkAdam8: the 8-bit kernel against the fp32 kernel on the same
+    # elements (the bar of the issue: >= 1.5x) and against the fp32 kernel in
+    # the L2 cache (n=16Ki: the ceiling of any kernel running the body of Adam).
+    for (k = 1; k <= n; k++) {
+      v = order[k]
+      if (v !~ /^Adam8\/.*\/adam8$/) continue
+      f = v; sub(/\/adam8$/, "/adam32", f)
+      c = f; sub(/^Adam8\/n=[0-9]+[KM]i\//, "Adam8/n=16Ki/", c)
+      if (median(cpu[f]) > 0 && median(cpu[c]) > 0)
+        printf "%s: %.2fx the Gelem/cpu-s of the fp32 kernel (%.2fx wall); the fp32 kernel out of cache runs at %.2fx its in-cache speed\n", v, median(cpu[v]) / median(cpu[f]), median(wall[v]) / median(wall[f]), median(cpu[f]) / median(cpu[c])
     }
   }'
