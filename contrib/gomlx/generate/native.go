@@ -106,7 +106,7 @@ func (g *Generator) pickDecoder(o Options) error {
 	if kvh == 0 {
 		kvh = n.cfg.Heads
 	}
-	g.decoderLine = fmt.Sprintf("native (%d layers, %d heads, %d kv-heads; weights read where zinf swapped them in; greedy, KV cache in memory: other generations run on GoMLX)", n.cfg.Layers, n.cfg.Heads, kvh)
+	g.decoderLine = fmt.Sprintf("native (%d layers, %d heads, %d kv-heads; weights read where zinf swapped them in; KV cache in memory: one on nvme, and sampling under auto, run on GoMLX)", n.cfg.Layers, n.cfg.Heads, kvh)
 	log.Info("zinf generate: decoder native")
 	return nil
 }
@@ -187,8 +187,10 @@ func (g *Generator) Decoder() string {
 // nativeCovers says whether a generation of batch sequences reaching total
 // positions with sampling s runs on the native decoder, and why not.
 func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCachePlan, why string) {
-	if s.Strategy != sample.StrategyGreedy {
-		return kv, fmt.Sprintf("sampling %s (the native decoder samples greedily only; GoMLX's graphs draw from the seed)", s.Strategy)
+	if s.Strategy != sample.StrategyGreedy && g.native.mode != DecoderNative {
+		// Auto keeps what the GoMLX path promises: a seed's draws equal
+		// GoMLX's in-memory generator's.
+		return kv, fmt.Sprintf("sampling %s under auto runs on GoMLX, whose draws from the seed are the in-memory generator's (Options.Decoder native samples on the native decoder: the same distribution, other draws)", s.Strategy)
 	}
 	c := &g.native.cfg
 	kvh := c.KVHeads
@@ -213,7 +215,8 @@ func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCacheP
 // buffers zinf swapped its weights into. The KV cache is float32 keys
 // and values of the decoder's layout, one buffer for all the layers, on
 // the tier zinf.kv_cache plans (memory, or pinned with cpu); the token
-// is the greedy choice from the decoder's logits.
+// is drawn from the decoder's logits in Go by the strategy (greedy, or
+// nativeSampler's masks and draw).
 func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sampling, minLen, total int, kvPlan zinf.KVCachePlan, onStep func(StepInfo)) (_ *Result, err error) {
 	n := g.native
 	c := &n.cfg
@@ -251,6 +254,7 @@ func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sam
 	}
 	positions := make([]int, B)
 	n.logits = grow32(n.logits, B*c.Vocab)
+	pick := newNativeSampler(s)
 	for pos := 0; pos < total-1; {
 		t0, w0, rd0 := time.Now(), g.src.ioWait(), g.src.bytesRead()
 		last := pos+len(in[0]) >= total-1
@@ -269,7 +273,7 @@ func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sam
 		if err := g.nativePass(ctx, cache, in, positions, !last); err != nil {
 			return nil, fmt.Errorf("zinf generate: step %d (position %d): %w", res.Steps, pos, err)
 		}
-		next := greedy(n.logits, B, c.Vocab)
+		next := pick.next(n.logits, B, c.Vocab)
 		d, wait := time.Since(t0), g.src.ioWait()-w0
 		if res.Steps == 0 {
 			res.Prefill, res.PrefillChunks = d, 1

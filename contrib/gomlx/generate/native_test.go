@@ -131,9 +131,8 @@ func TestNativePiecesCopied(t *testing.T) {
 
 // TestNativeDecoderOption: Options.Decoder forces each path (the same
 // tokens either way), a bad value is refused naming what is allowed, and
-// under auto a generation the native decoder does not cover (sampling,
-// a KV cache on NVMe) runs on GoMLX, said in a warning, while native
-// refuses it.
+// under auto a generation the native decoder does not cover (a KV cache
+// on NVMe) runs on GoMLX, said in a warning, while native refuses it.
 func TestNativeDecoderOption(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	be := backend(t)
@@ -166,7 +165,6 @@ func TestNativeDecoderOption(t *testing.T) {
 		}
 	}
 
-	topK := generate.Sampling{Strategy: sample.StrategyTopK, TopK: 5, Seed: 3, MaxNewTokens: 6}
 	kvNVMe := func() *config.Config {
 		c := nvmeConfig(t, 1<<20, false)
 		c.Zinf.KVCache.Device = config.KVCacheNVMe
@@ -178,7 +176,6 @@ func TestNativeDecoderOption(t *testing.T) {
 		s    generate.Sampling
 		why  string
 	}{
-		{"sampling", nvmeConfig(t, 1<<20, false), topK, "sampling top_k"},
 		{"kv-on-nvme", kvNVMe(), s, "is on nvme"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -405,5 +402,65 @@ func TestCheckNativeLogits(t *testing.T) {
 	}
 	if _, err := generate.CheckNativeLogits(ctx, be, fn, w, ps, gen[:1]); err == nil {
 		t.Fatal("2 prompts and 1 generated sequence: no error")
+	}
+}
+
+// TestNativeSampling: under Options.Decoder native, temperature, top-k
+// and top-p generations run on the native decoder (it refused them
+// before): a seed draws the same tokens twice, another seed others; top-k
+// 1 and a temperature of 1e-6 give GoMLX's greedy tokens. Under auto a
+// sampling generation runs on GoMLX, saying why.
+func TestNativeSampling(t *testing.T) {
+	ctx := watchdog(t, 4*time.Minute)
+	be := backend(t)
+	fn := mid(2, 96, false)
+	w := seededWeights(t, be, fn, 21)
+	ps := prompts(2, 3, 97, 7)
+	greedyTokens := reference(ctx, t, be, fn, w, ps, generate.Sampling{MaxNewTokens: 10})
+	g := openGenerator(ctx, t, be, nvmeConfig(t, 1<<20, false), fn, w, generate.Options{Decoder: generate.DecoderNative})
+	run := func(s generate.Sampling) [][]int32 {
+		t.Helper()
+		s.MaxNewTokens = 10
+		res, err := g.Generate(ctx, ps, s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Decoder != generate.DecoderNative {
+			t.Fatalf("%s ran on %q", s.Strategy, res.Decoder)
+		}
+		return res.Tokens
+	}
+	eq := func(a, b [][]int32) bool { return slices.EqualFunc(a, b, slices.Equal) }
+	for _, s := range []generate.Sampling{
+		{Strategy: sample.StrategyTemperature, Temperature: 1.5},
+		{Strategy: sample.StrategyTopK, TopK: 5},
+		{Strategy: sample.StrategyTopP, TopP: 0.9},
+	} {
+		s.Seed = 3
+		a, b := run(s), run(s)
+		s.Seed = 4
+		c := run(s)
+		if !eq(a, b) || eq(a, c) {
+			t.Fatalf("%s: seed 3 %v then %v, seed 4 %v", s.Strategy, a, b, c)
+		}
+	}
+	if got := run(generate.Sampling{Strategy: sample.StrategyTopK, TopK: 1, Seed: 8}); !eq(got, greedyTokens) {
+		t.Fatalf("top-k 1: %v, greedy %v", got, greedyTokens)
+	}
+	if got := run(generate.Sampling{Strategy: sample.StrategyTemperature, Temperature: 1e-6, Seed: 8}); !eq(got, greedyTokens) {
+		t.Fatalf("temperature 1e-6: %v, greedy %v", got, greedyTokens)
+	}
+	var logs bytes.Buffer
+	ga, err := generate.Open(ctx, be, nvmeConfig(t, 1<<20, false), fn, w, generate.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), NoBandwidthProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ga.Close()
+	res, err := ga.Generate(ctx, ps, generate.Sampling{Strategy: sample.StrategyTopK, TopK: 5, Seed: 3, MaxNewTokens: 6}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decoder != generate.DecoderGoMLX || !strings.Contains(logs.String(), "sampling top_k under auto runs on GoMLX") {
+		t.Fatalf("auto, top-k: ran on %q; log:\n%s", res.Decoder, logs.String())
 	}
 }
