@@ -9,19 +9,28 @@ import (
 
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/swapper"
 )
 
 // TestCheckpointStreamedTensor: a parameter larger than a piece (streamed:
 // never resident, written piece by piece) is saved and loaded — into
 // another world size, where it is streamed too — with its optimizer
-// states, bit for bit.
+// states, bit for bit. The piece is 1 MiB (the swap store's stripe), so a
+// tensor of 600k elements is streamed at both world sizes (a partition of
+// 1.2 MiB or more) with a quarter of the I/O of one larger than the
+// default piece; make stress runs the default piece (4 MiB) with a tensor
+// of 2.4M elements.
 func TestCheckpointStreamedTensor(t *testing.T) {
-	params := []ckptParam{{"b", 33, 0, swapper.TierNVMe}, {"emb", 2_400_007, 1, swapper.TierNVMe}}
+	numel, pieceBytes := testenv.Scale(600_007, 2_400_007), config.Size(testenv.Scale(1<<20, 0))
+	params := []ckptParam{{"b", 33, 0, swapper.TierNVMe}, {"emb", numel, 1, swapper.TierNVMe}}
 	for _, c := range [][2]int{{1, 2}, {2, 1}} {
 		t.Run(fmt.Sprintf("%dto%d", c[0], c[1]), func(t *testing.T) {
 			ctx := context.Background()
-			pool := func(cfg *config.Config) { cfg.Zinf.Tiers.CPUPinnedBytes = 48 << 20 }
+			pool := func(cfg *config.Config) {
+				cfg.Zinf.Tiers.CPUPinnedBytes = 48 << 20
+				cfg.Zinf.PieceBytes = pieceBytes
+			}
 			src := openRanksOf(t, params, c[0], swapper.Float32, 1, pool)
 			for _, rt := range src {
 				if !rt.Params.Streamed("emb") {

@@ -122,7 +122,11 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if mpiBinary.dir != "" {
+		os.RemoveAll(mpiBinary.dir)
+	}
+	os.Exit(code)
 }
 
 // hitCounter counts how often each testhook point was reached.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,36 @@ func mpiJob(t *testing.T, bin string, n int, env []string, args ...string) mpite
 	return res
 }
 
+// mpiBinary is this package's test binary built with the mpi tag, built
+// once for all the MPI tests of a run: each build links the whole program
+// with cgo, which took most of each test's time (a minute on a loaded
+// machine). TestMain removes its directory.
+var mpiBinary struct {
+	once  sync.Once
+	dir   string
+	path  string
+	built bool
+}
+
+// mpiTestBinary returns mpiBinary's path, building it on first use; a
+// test after a failed build fails too, saying so.
+func mpiTestBinary(t *testing.T) string {
+	t.Helper()
+	mpiBinary.once.Do(func() {
+		dir, err := os.MkdirTemp("", "zinf-mpi-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mpiBinary.dir = dir
+		mpiBinary.path = mpitest.Build(t, "./cmd/zinf", dir, true)
+		mpiBinary.built = true
+	})
+	if !mpiBinary.built {
+		t.Fatal("building ./cmd/zinf with -tags mpi failed (see the first MPI test)")
+	}
+	return mpiBinary.path
+}
+
 // TestTrainMPI: zinf train under mpirun -np 1 to 4 (Open MPI, ranks as
 // processes, layers gathered and gradients reduce-scattered through
 // MPI) ends in the state of the in-process world of the same size and
@@ -75,7 +106,7 @@ func mpiJob(t *testing.T, bin string, n int, env []string, args ...string) mpite
 // rank's final state equals in-memory training (--verify).
 func TestTrainMPI(t *testing.T) {
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	scratch := t.TempDir()
 	for n := 1; n <= 4; n++ {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
@@ -113,7 +144,7 @@ func TestTrainMPI(t *testing.T) {
 // whether it did here.
 func TestTrainMPIClipFP16(t *testing.T) {
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	scratch := t.TempDir()
 	args := []string{"--steps", "4", "--dir", scratch, "--clip", "0.001", "--fp16"}
 	res := mpiJob(t, bin, 3, nil, append(args, "--verify")...)
@@ -158,7 +189,7 @@ func failedRanks(out string, bad int, why string) map[int]bool {
 // that was never interrupted, bit for bit.
 func TestTrainMPIKill(t *testing.T) {
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	perStep := 2 * 3 * max(1, config.Default().GradientAccumulationSteps)
 	killAndResume(t, bin, 3, 1, 4*perStep+5, 4, []int{2, 4, 1})
 }
@@ -171,7 +202,7 @@ func TestStressMPIKills(t *testing.T) {
 		t.Skip("ZINF_STRESS=1 (make stress) runs it")
 	}
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -259,7 +290,7 @@ func killAndResume(t *testing.T, bin string, procs, rank, hit, saved int, resume
 // of waiting for zinf.comm_stall_timeout (10 minutes).
 func TestTrainMPIStop(t *testing.T) {
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	// The embedded config, with the key added.
 	var doc map[string]any
 	if err := json.Unmarshal(config.DefaultJSON(), &doc); err != nil {
@@ -310,7 +341,7 @@ func TestTrainMPIStop(t *testing.T) {
 // waiting for it.
 func TestTrainMPIFullDisk(t *testing.T) {
 	mpitest.Require(t)
-	bin := mpitest.Build(t, "./cmd/zinf", t.TempDir(), true)
+	bin := mpiTestBinary(t)
 	res := mpiJob(t, bin, 3, []string{childRankEnv + "=2", childENOSPCEnv + "=40"}, "--steps", "6", "--dir", t.TempDir())
 	if res.Err == nil {
 		t.Fatalf("the job succeeded with rank 2's disk full:\n%s", res.Output)
