@@ -35,7 +35,7 @@ func (r *Runtime) measure(s *plan.Settings, opts Options) (m plan.Measured, pend
 	if err := checkPoolMemory(int64(s.PinnedBytes)); err != nil {
 		return m, nil, err
 	}
-	if err := r.openStores(s, opts.Engine, opts.Trace); err != nil {
+	if err := r.openStores(s, opts.Engine, opts.Faults, opts.Trace); err != nil {
 		return m, nil, err
 	}
 	m.ParamStore, m.GradStore, m.OptimStore = r.ParamStore, r.GradStore, r.OptimStore
@@ -64,12 +64,14 @@ func checkPoolMemory(pool int64) error {
 }
 
 // openStores starts the timeline (Options.Trace), which the stores record
-// into, and opens the I/O engine (unless Options.Engine gives one) and
-// the swap stores the settings ask for, on it.
-func (r *Runtime) openStores(s *plan.Settings, engine aio.Engine, sink trace.Sink) (err error) {
+// into, and opens the I/O engine (unless Options.Engine gives one, else
+// with Options.Faults) and the swap stores the settings ask for, on it.
+func (r *Runtime) openStores(s *plan.Settings, engine aio.Engine, faults aio.FaultHook, sink trace.Sink) (err error) {
 	r.trace.init(sink, r.Rank, len(r.model.Layers))
 	if r.Engine = engine; r.Engine == nil {
-		r.Engine, err = aio.New(s.Engine)
+		eo := s.Engine
+		eo.Faults = faults
+		r.Engine, err = aio.New(eo)
 		if err != nil {
 			return fmt.Errorf("zinf: I/O engine: %w", err)
 		}

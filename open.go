@@ -24,7 +24,7 @@ import (
 // of free space. Every tensor must then get its initial values with Init.
 // Nothing is left behind on failure: whatever was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
-	in, err := plan.Check(cfg, model, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, Faults: opts.Faults, TotalSteps: opts.TotalSteps, PieceBytes: opts.PieceBytes})
+	in, err := plan.Check(cfg, model, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,7 @@ const (
 func (r *Runtime) setupTraining(s *plan.Settings, opts Options) error {
 	t := &r.train
 	var err error
-	if t.sched, err = s.Schedule, s.ScheduleErr; err != nil {
+	if t.sched, err = schedule.FromConfig(r.Config, opts.TotalSteps); err != nil {
 		return fmt.Errorf("zinf: %w", err)
 	}
 	if t.scaler, err = schedule.NewLossScaler(s.Scaler); err != nil {

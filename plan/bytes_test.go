@@ -76,7 +76,7 @@ func TestStateFormatOfConfig(t *testing.T) {
 	if n := plan.SubGroupSizeOf(c); n != 256 {
 		t.Errorf("SubGroupSizeOf(100): %d, want 256", n)
 	}
-	s := plan.SettingsOf(c, nil, nil, 0)
+	s := plan.SettingsOf(c, nil)
 	if s.Optimizer.StateFormat != optimizer.FormatBlockwise8 || s.Optimizer.SubGroupSize != 256 {
 		t.Errorf("SettingsOf: optimizer format %v, sub-group %d", s.Optimizer.StateFormat, s.Optimizer.SubGroupSize)
 	}

@@ -152,11 +152,7 @@ type Settings struct {
 	GDSMode   string // GDSMode
 	GDS       gds.Options
 	Bounce    gds.BounceOptions
-	Schedule  schedule.Schedule
-	// ScheduleErr is why the config's scheduler cannot run (zinf.Open
-	// reports it).
-	ScheduleErr error
-	Scaler      schedule.LossScalerOptions
+	Scaler    schedule.LossScalerOptions
 	// Optimizer is the config's part of the optimizer's options:
 	// sub-groups, pipeline, buffers, workers, rule.
 	Optimizer   optimizer.Options
@@ -176,14 +172,15 @@ type DeviceSettings struct {
 	SimBytes  int64 // the simulated device's capacity
 }
 
-// SettingsOf is cfg in each component's words, in one pass; log and
-// faults go to the engine (and log to the device I/O), totalSteps to the
-// learning-rate schedule (see zinf.Options.TotalSteps). The config's own
-// translations come first, then what the other packages read of it
-// (schedule, config, aio), each once.
-func SettingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, totalSteps int) Settings {
+// SettingsOf is cfg in each component's words, in one pass; log goes to
+// the engine and the device I/O. The config's own translations come
+// first, then what the other packages read of it (schedule, config, aio),
+// each once. What the caller gives beside the config (an engine's fault
+// hook, the run's total steps for the learning-rate schedule) is the
+// builder's, not the settings'.
+func SettingsOf(cfg *config.Config, log *slog.Logger) Settings {
 	zo := cfg.ZeroOptimization
-	s := Settings{Engine: engineOptions(cfg, log, faults), DType: ParamDType(cfg),
+	s := Settings{Engine: engineOptions(cfg, log, nil), DType: ParamDType(cfg),
 		Device:  DeviceSettings{Kind: cfg.Zinf.Device, CUDABytes: int64(cfg.Zinf.Tiers.GPUBytes)},
 		GDSMode: GDSMode(cfg), GDS: gdsOptions(cfg, log), Bounce: BounceOptions(cfg, log),
 		Clip: cfg.GradientClipping, Speculate: cfg.Zinf.Speculate,
@@ -201,7 +198,6 @@ func SettingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
 		s.OptimStore = StoreOptions(cfg, pathsFor(cfg, zo.OffloadOptimizer.NVMePath))
 	}
-	s.Schedule, s.ScheduleErr = schedule.FromConfig(cfg, totalSteps)
 	s.Scaler = schedule.LossScalerOptionsOf(cfg)
 	s.Bandwidth = BandwidthSettings{Config: cfg.Zinf.Bandwidth, File: cfg.BandwidthFile()}
 	s.NVMePaths = cfg.NVMePaths()
@@ -211,6 +207,5 @@ func SettingsOf(cfg *config.Config, log *slog.Logger, faults aio.FaultHook, tota
 	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
 	s.Engine.Direct, s.GDS.Direct = direct, direct
 	s.Bandwidth.Engine = s.Engine
-	s.Bandwidth.Engine.Faults = nil
 	return s
 }

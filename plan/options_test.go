@@ -35,7 +35,7 @@ func TestSettingsMatchTranslators(t *testing.T) {
 		c := config.Default()
 		c.SetScratchDir(t.TempDir())
 		edit(c)
-		s := SettingsOf(c, log, nil, 0)
+		s := SettingsOf(c, log)
 		if got, want := s.Engine, EngineOptions(c, log, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: engine %+v, EngineOptions %+v", name, got, want)
 		}

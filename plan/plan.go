@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
@@ -98,14 +97,12 @@ type Inputs struct {
 }
 
 // Given is what zinf.Open and zinf.PlanModel are given beside the config
-// and the model: the logger (default slog.Default()), the rank and world
-// size when WorldSize > 0 (else the config's), and for the settings the
-// engine's fault hook and the run's total steps (zinf.Options).
+// and the model that a plan depends on: the logger (default
+// slog.Default()), the rank and world size when WorldSize > 0 (else the
+// config's), and the piece size.
 type Given struct {
 	Logger          *slog.Logger
 	Rank, WorldSize int
-	Faults          aio.FaultHook
-	TotalSteps      int
 	// PieceBytes is zinf.Options.PieceBytes (0: zinf.piece_bytes, else
 	// DefaultPieceBytes; -1: whole): it caps the optimizer's sub-group,
 	// which sets the checksum unit of the gradient and optimizer stores.
@@ -137,7 +134,7 @@ func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
 	if r < 0 || r >= world {
 		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
 	}
-	s := SettingsOf(cfg, log, g.Faults, g.TotalSteps)
+	s := SettingsOf(cfg, log)
 	if s.OptimStore.Paths != nil {
 		pieceBytes := g.PieceBytes
 		if pieceBytes == 0 {
