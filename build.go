@@ -36,8 +36,14 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 		return err
 	}
 	if pl.Preallocate {
-		if err := plan.Preallocate(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.ParamStore, r.GradStore, r.OptimStore); err != nil {
-			return fmt.Errorf("zinf: rank %d: %w (zinf.preallocate false turns it off)", r.Rank, err)
+		// The plan counts the keys; the stores reserve their space here.
+		for _, k := range plan.KeysOf(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, false, r.ParamStore, r.GradStore, r.OptimStore) {
+			if len(k.Sizes) == 0 {
+				continue
+			}
+			if err := k.Store.Preallocate(k.Sizes, k.Versions); err != nil {
+				return fmt.Errorf("zinf: rank %d: preallocating the %s store: %w (zinf.preallocate false turns it off)", r.Rank, k.What, err)
+			}
 		}
 	}
 	if p.MaxInCPU*int64(p.DType.Size()) > r.res.ParamCacheBytes {

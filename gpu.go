@@ -5,7 +5,6 @@ import (
 
 	"github.com/zinfio/zinf/accel/cuda"
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/gds"
 	"github.com/zinfio/zinf/plan"
 )
@@ -22,8 +21,7 @@ import (
 //     Open fails.
 //
 // The bounce path holds 2 x aio.intra_op_parallelism staging buffers of
-// aio.block_size from the pool for the Runtime's life; TiersFor counts
-// them out of the CPU tier.
+// aio.block_size from the pool for the Runtime's life.
 func (r *Runtime) openDeviceIO(s *plan.Settings) error {
 	log := r.log
 	mode, err := gds.ParseMode(s.GDSMode)
@@ -97,24 +95,4 @@ func (r *Runtime) DeviceIOMode() string {
 		return gds.ModeOff
 	}
 	return r.deviceIO.Mode()
-}
-
-// tierBytes returns the GPU and pinned-CPU capacities that runtimes opened
-// with cfg give placement: the smallest GPU capacity among them, and the
-// pinned pool less the most any of them holds for device I/O staging.
-func tierBytes(cfg *config.Config, rts []*Runtime) (gpuBytes, cpuBytes int64) {
-	gpuBytes, cpuBytes = cfg.GPUBytes(0), int64(cfg.Zinf.Tiers.CPUPinnedBytes)
-	var staging int64
-	first := true
-	for _, rt := range rts {
-		if rt == nil {
-			continue
-		}
-		if g := rt.GPUCapacityBytes(); first || g < gpuBytes {
-			gpuBytes = g
-		}
-		first = false
-		staging = max(staging, rt.deviceIOStagingBytes)
-	}
-	return gpuBytes, max(cpuBytes-staging, 0)
 }

@@ -111,7 +111,7 @@ func TestDeviceIOOff(t *testing.T) {
 	if w := logs.warnings(); len(w) != 0 {
 		t.Errorf("warnings: %q", w)
 	}
-	if got := TiersFor(rt.Config, rt).CPUBytes; got != 16<<20 {
+	if got := tiersFor(rt.Config, rt).CPUBytes; got != 16<<20 {
 		t.Errorf("CPU tier %d, want the whole pool: nothing is held for staging", got)
 	}
 }
@@ -164,7 +164,7 @@ func TestDeviceIOAutoFallsBack(t *testing.T) {
 				}
 			}
 			// The staging buffers are counted out of the CPU tier.
-			if got, want := TiersFor(cfg, rt).CPUBytes, int64(16<<20-2<<20); got != want {
+			if got, want := tiersFor(cfg, rt).CPUBytes, int64(16<<20-2<<20); got != want {
 				t.Errorf("CPU tier %d, want %d (the pool less two 1 MiB staging buffers)", got, want)
 			}
 			deviceRoundTrip(t, rt, sim)
@@ -298,18 +298,14 @@ func TestDeviceIOWithCUDAStandins(t *testing.T) {
 		if got := rt.GPUCapacityBytes(); got != dev.CapacityBytes() || got <= 0 {
 			t.Errorf("GPU capacity %d, want the device's %d", got, dev.CapacityBytes())
 		}
-		if tiers := TiersFor(cfg, rt); tiers.GPUBytes != dev.CapacityBytes() || tiers.CPUBytes != 16<<20 {
+		if tiers := tiersFor(cfg, rt); tiers.GPUBytes != dev.CapacityBytes() || tiers.CPUBytes != 16<<20 {
 			t.Errorf("tiers %+v: want the device's %d bytes and the whole pool (cuFile stages nothing)", tiers, dev.CapacityBytes())
 		}
-		if TiersFor(cfg).GPUBytes != int64(config.DefaultSimGPUBytes) {
-			t.Errorf("without a runtime the GPU tier is %d, want the config's default", TiersFor(cfg).GPUBytes)
+		if tiersFor(cfg).GPUBytes != int64(config.DefaultSimGPUBytes) {
+			t.Errorf("without a runtime the GPU tier is %d, want the config's default", tiersFor(cfg).GPUBytes)
 		}
 		if mode == config.GDSAuto {
 			deviceRoundTrip(t, rt, dev)
-			m := policy.ModelSpec{Layers: 4, Width: 128, Batch: 1, World: 1}
-			if _, err := PlanFor(cfg, m, 0, rt); err != nil {
-				t.Errorf("PlanFor with the runtime: %v", err)
-			}
 		}
 		if err := rt.Close(); err != nil {
 			t.Errorf("%s: Close: %v", mode, err)
@@ -400,4 +396,45 @@ func TestGDSMode(t *testing.T) {
 			t.Errorf("zinf.gds %q, use_gds %v: %q, want %q", tc.gds, tc.useGDS, got, tc.want)
 		}
 	}
+}
+
+// tierBytes returns the GPU and pinned-CPU capacities that runtimes opened
+// with cfg give placement: the smallest GPU capacity among them, and the
+// pinned pool less the most any of them holds for device I/O staging.
+func tierBytes(cfg *config.Config, rts []*Runtime) (gpuBytes, cpuBytes int64) {
+	gpuBytes, cpuBytes = cfg.GPUBytes(0), int64(cfg.Zinf.Tiers.CPUPinnedBytes)
+	var staging int64
+	first := true
+	for _, rt := range rts {
+		if rt == nil {
+			continue
+		}
+		if g := rt.GPUCapacityBytes(); first || g < gpuBytes {
+			gpuBytes = g
+		}
+		first = false
+		staging = max(staging, rt.deviceIOStagingBytes)
+	}
+	return gpuBytes, max(cpuBytes-staging, 0)
+}
+
+// tiersFor maps a config's tiers to the policy's view of them. Given the
+// runtimes opened with cfg, the GPU tier is the device memory they have (a
+// CUDA device's capacity when zinf.tiers.gpu_bytes is unset; see
+// Runtime.GPUCapacityBytes), the CPU tier leaves out the pinned staging
+// buffers their device I/O holds, and the NVMe bandwidth is the one the
+// first runtime planned with (Runtime.Bandwidth). Without runtimes it is
+// what the config says, and the NVMe bandwidth is the config's figures
+// (zinf.bandwidth.read_bytes_per_sec, write_bytes_per_sec) or the defaults
+// per path: no file is read and nothing probed (NVMeBandwidth does that).
+func tiersFor(cfg *config.Config, rts ...*Runtime) policy.Tiers {
+	bw := plan.StaticBandwidth(cfg)
+	for _, rt := range rts {
+		if rt != nil {
+			bw = rt.bandwidth
+			break
+		}
+	}
+	gpuBytes, cpuBytes := tierBytes(cfg, rts)
+	return plan.Tiers(cfg, bw, gpuBytes, cpuBytes)
 }

@@ -322,7 +322,7 @@ func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]
 	var out []swapper.SpaceNeed
 	index := map[string]int{}
 	for _, k := range storeKeysOf(mi, rank, world, dtype, tiers, oo, gradPiece, inference, param, grad, optim) {
-		for _, n := range k.store.SpaceNeeds(k.sizes, k.versions) {
+		for _, n := range k.Store.SpaceNeeds(k.Sizes, k.Versions) {
 			if i, ok := index[n.Path]; ok {
 				out[i].Bytes += n.Bytes
 				continue
@@ -334,39 +334,32 @@ func DiskNeeds(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]
 	return out
 }
 
-// Preallocate reserves, in each store's swap files, the extents DiskNeeds
-// counts for a training runtime (swapper.Store.Preallocate): the first
-// step's staged copies then overwrite reserved space instead of growing
-// the files, and no step runs out of disk on them. An inference runtime
-// writes each parameter once, or none when they are read in place, and
-// is not preallocated.
-func Preallocate(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
-	oo optimizer.Options, gradPiece int, param, grad, optim *swapper.Store) error {
-	for _, k := range storeKeysOf(mi, rank, world, dtype, tiers, oo, gradPiece, false, param, grad, optim) {
-		if len(k.sizes) == 0 {
-			continue
-		}
-		if err := k.store.Preallocate(k.sizes, k.versions); err != nil {
-			return fmt.Errorf("preallocating the %s store: %w", k.what, err)
-		}
-	}
-	return nil
+// StoreKeys are the logical sizes of the keys one swap store holds at
+// once for a rank, and how many versions of each: what DiskNeeds counts,
+// and what zinf.Open reserves in the store's swap files with
+// zinf.preallocate (swapper.Store.Preallocate), so that the first step's
+// staged copies overwrite reserved space instead of growing the files and
+// no step runs out of disk on them.
+type StoreKeys struct {
+	What     string // "parameter", "gradient" or "optimizer"
+	Store    *swapper.Store
+	Sizes    []int64
+	Versions int
 }
 
-// storeKeys are the logical sizes of the keys one swap store holds at
-// once, and how many versions of each.
-type storeKeys struct {
-	what     string
-	store    *swapper.Store
-	sizes    []int64
-	versions int
+// KeysOf lists, for each store given (nil ones left out), the keys it
+// holds for this rank (see StoreKeys). An inference runtime writes each
+// parameter once (one version), or none when they are read in place.
+func KeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
+	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []StoreKeys {
+	return storeKeysOf(mi, rank, world, dtype, tiers, oo, gradPiece, inference, param, grad, optim)
 }
 
 // storeKeysOf lists, for each open store (nil ones left out), the keys it
 // holds for this rank: one per NVMe parameter partition, one per gradient
 // partition or piece, one per optimizer sub-group record.
 func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[string]tensor.Tier,
-	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []storeKeys {
+	oo optimizer.Options, gradPiece int, inference bool, param, grad, optim *swapper.Store) []StoreKeys {
 	var paramSizes, gradSizes, optimSizes []int64
 	sg := oo.SubGroupSize
 	if sg <= 0 {
@@ -406,13 +399,13 @@ func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[strin
 	if inference {
 		paramVersions = 1
 	}
-	var out []storeKeys
-	for _, k := range []storeKeys{
+	var out []StoreKeys
+	for _, k := range []StoreKeys{
 		{"parameter", param, paramSizes, paramVersions},
 		{"gradient", grad, gradSizes, swapper.CopyOnWriteVersions},
 		{"optimizer", optim, optimSizes, swapper.CopyOnWriteVersions},
 	} {
-		if k.store != nil {
+		if k.Store != nil {
 			out = append(out, k)
 		}
 	}
@@ -503,8 +496,7 @@ func planPieces(pieceBytes int64, deviceIO bool, param, grad *swapper.Store, oo 
 }
 
 // Tiers is the policy's view of cfg's tiers with the GPU tier's and the
-// pinned CPU tier's capacities and the NVMe bandwidth given (see
-// zinf.TiersFor).
+// pinned CPU tier's capacities and the NVMe bandwidth given.
 func Tiers(cfg *config.Config, bw Bandwidth, gpuBytes, cpuBytes int64) policy.Tiers {
 	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
 		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
