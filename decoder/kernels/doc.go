@@ -116,6 +116,13 @@
 // picks one (for tests and benchmarks: the bits do not
 // depend on it).
 //
+// On arm64 the f32 and bf16 products (row and in-out) run on NEON
+// kernels that internal/asmgen -neon prints as Go assembly (FMLA on four
+// lanes, one rounding as FMA32; bf16 widened by interleaving zeros below
+// it), tested under qemu-aarch64 against the scalar kernels with their
+// own mutants (internal/asmgen/neon-mutants.sh, make test-arm64); Q8_0
+// and Q4_0 stay on the scalar kernels there.
+//
 // Other architectures, and amd64 without those features, use the scalar
 // kernels. They are correct but far slower (two orders of magnitude on
 // the benchmarks' shapes): Go has no binary32 fused multiply-add, so
@@ -123,8 +130,9 @@
 //
 // # Caveats
 //
-//   - No AVX-512, AVX512_BF16 or NEON kernels yet (row or in-out): AVX-512 machines run
-//     the AVX2 kernels (the same bits). An AVX512_BF16 kernel
+//   - No AVX-512 or AVX512_BF16 kernels yet, and no NEON kernels of the
+//     block formats: AVX-512 machines run the AVX2 kernels (the same
+//     bits). An AVX512_BF16 kernel
 //     (VDPBF16PS) would round differently from the exact widening and
 //     would need its own documented mode.
 //   - NaN payloads are not part of the contract: weights or inputs that

@@ -1,6 +1,7 @@
 package kernels
 
 //go:generate sh -c "cd internal/asmgen && go run . -out ../../kernel_amd64.s -stubs ../../kernel_amd64_stubs.go -pkg kernels"
+//go:generate sh -c "cd internal/asmgen && go run . -neon ../../kernel_arm64.s -neonstubs ../../kernel_arm64_stubs.go"
 
 // kernel is one implementation of the row products, per dtype.
 type kernel struct {

@@ -123,7 +123,9 @@ func modelRow(t DType, m string) rowFunc {
 						xv := x[xo+b*xstride+c+j]
 						switch m {
 						case "unfused-multiply-add":
-							y[b][l] = y[b][l] + wv[j]*xv
+							// The conversion rounds the product: without
+							// it Go may fuse the two (it does on arm64).
+							y[b][l] = y[b][l] + float32(wv[j]*xv)
 						case "float64-accumulator":
 							y64[b][l] += float64(wv[j]) * float64(xv)
 						default:

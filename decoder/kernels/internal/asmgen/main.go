@@ -84,7 +84,21 @@ var mutation string
 
 func main() {
 	flag.StringVar(&mutation, "mutate", "", "build the named deviation into the kernels (list: print the names)")
+	neonOut := flag.String("neon", "", "write the arm64 NEON kernels to `file` (and not the amd64 ones)")
+	neonStubs := flag.String("neonstubs", "", "write the NEON kernels' Go declarations to `file`")
+	neonMutate := flag.String("neon-mutate", "", "build the named deviation into the NEON kernels (list: print the names)")
 	flag.Parse() // avo registers its flags (-out, -stubs, -pkg) on the same set
+	if *neonMutate == "list" {
+		fmt.Println(strings.Join(neonMutations, "\n"))
+		return
+	}
+	if *neonOut != "" || *neonStubs != "" {
+		if err := writeNEONKernels(*neonOut, *neonStubs, *neonMutate); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		return
+	}
 	if mutation == "list" {
 		fmt.Println(strings.Join(mutations, "\n"))
 		return

@@ -1,0 +1,85 @@
+package kernels
+
+// The Go side of the generated kernels (amd64 and arm64): how a product
+// calls them over its rows, vectors and columns.
+
+// asmFunc is the signature of the generated kernels.
+type asmFunc func(w *byte, wstride int, x *float32, xstride, n int, acc *float32)
+
+// asmKernels are one dtype's kernels: by[nb-1][rows] serves nb vectors and
+// rows rows at once (nil where none was generated; rows 1 always is).
+type asmKernels [4][5]asmFunc
+
+// ioAsm is a generated in-out kernel: n columns, width at a time, for nb
+// vectors.
+type ioAsm func(w *byte, wstride int, x *float32, xstride, rows int, y *float32, ystride, n int)
+
+// ioKernels are one dtype's in-out kernels by number of vectors (index
+// nb-1): the wide one, then the 8-column one.
+type ioKernels [4][2]struct {
+	width int
+	f     ioAsm
+}
+
+// ioTile is the columns a group of vectors takes before the next group
+// of a batch of more than four vectors takes the same: the weights of a
+// block's rows for that many columns stay in the first level cache.
+const ioTile = 256
+
+// asmInOut makes an ioFunc of one dtype's in-out kernels (es bytes a
+// weight; n a multiple of 8): the vectors in groups of up to four, each
+// group's widest kernel over as many columns as it takes, its 8-column
+// kernel over the rest; a batch of more than four in tiles of ioTile
+// columns, so that the second group reads the weights from the cache.
+func asmInOut(es int, k ioKernels) ioFunc {
+	return func(w []byte, wstride, rows, n int, x []float32, xstride, nb int, y []float32, ystride int) {
+		if rows == 0 || n == 0 {
+			return
+		}
+		tile := n
+		if nb > 4 {
+			tile = ioTile
+		}
+		for c0 := 0; c0 < n; c0 += tile {
+			cn := min(tile, n-c0)
+			for b0 := 0; b0 < nb; b0 += 4 {
+				g := &k[min(4, nb-b0)-1]
+				c := c0
+				for _, kw := range g {
+					if m := (c0 + cn - c) / kw.width * kw.width; m > 0 {
+						kw.f(&w[c*es], wstride, &x[b0*xstride], 4*xstride, rows, &y[b0*ystride+c], 4*ystride, m)
+						c += m
+					}
+				}
+			}
+		}
+	}
+}
+
+// asmBlock makes a blockFunc of one dtype's kernels: the vectors in
+// groups of up to four (a batch of more than four takes the run of
+// columns twice, its bytes read from memory by the first group and from
+// the cache by the second), the rows in the widest steps generated for the
+// group's size, the rest one at a time.
+func asmBlock(k asmKernels) blockFunc {
+	return func(w []byte, wstride, nrows, n int, x []float32, xstride, nb int, acc *[rowBlock]accs) {
+		if n == 0 {
+			return
+		}
+		for b0 := 0; b0 < nb; b0 += 4 {
+			g := min(4, nb-b0)
+			byRows := &k[g-1]
+			r := 0
+			for _, step := range [...]int{4, 2} {
+				if f := byRows[step]; f != nil {
+					for ; r+step <= nrows; r += step {
+						f(&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0])
+					}
+				}
+			}
+			for ; r < nrows; r++ {
+				byRows[1](&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0])
+			}
+		}
+	}
+}
