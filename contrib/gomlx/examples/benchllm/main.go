@@ -63,6 +63,9 @@ type options struct {
 	// sliceBlocks: -big's in-memory slice; k: a slice child's
 	// micro-batches a step.
 	sliceBlocks, k int
+	// pipelineDepth: the offloaded process's zinf.pipeline_depth (-1:
+	// the config's default).
+	pipelineDepth int
 }
 
 func main() {
@@ -81,6 +84,7 @@ func main() {
 	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded, memory, or -big's in-memory slice) and print JSON")
 	flag.IntVar(&o.sliceBlocks, "slice-blocks", 2, "-big: blocks of the in-memory slice (with the embedding and the head) whose step, scaled to every block, is the in-memory compute rate the offloaded steps are compared with")
 	flag.IntVar(&o.k, "k", 1, "internal: a slice child's micro-batches a step")
+	flag.IntVar(&o.pipelineDepth, "pipeline-depth", -1, "the offloaded process's zinf.pipeline_depth, 0..16: sub-groups the optimizer reads ahead of and writes behind the one it updates (-1: the config's default, 1)")
 	flag.BoolVar(&o.big, "big", false, "train one offloaded model created layer by layer (zgomlx.Create), a model whose state may exceed RAM (make bench-llm-big), by zgomlx.Loop under gradient_accumulation_steps \"auto\" layer-major: warm-up steps at the plan's k, then -steps steps at the planner's k, each followed by an in-memory run of -slice-blocks of its blocks in a child process (the compute-bound rate it is compared with)")
 	flag.BoolVar(&o.tied, "tied", false, "-big: tie the output head to the embedding table (TransformerOptions.TieEmbeddings)")
 	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
@@ -131,6 +135,9 @@ func main() {
 	}
 	if o.big && o.child != "" {
 		errs = append(errs, "-big with -child (allowed: one of them)")
+	}
+	if o.pipelineDepth < -1 || o.pipelineDepth > 16 {
+		errs = append(errs, fmt.Sprintf("-pipeline-depth %d (allowed: -1 for the default, or 0..16)", o.pipelineDepth))
 	}
 	if o.big && o.sliceBlocks > o.layers {
 		errs = append(errs, fmt.Sprintf("-slice-blocks %d (allowed: 1..-layers %d)", o.sliceBlocks, o.layers))
@@ -261,6 +268,9 @@ func child(o options, w io.Writer) error {
 	var timings func() zgomlx.Timings
 	if o.child == "offloaded" {
 		cfg.Zinf.OverlapUpdate = o.overlap
+		if o.pipelineDepth >= 0 {
+			cfg.Zinf.PipelineDepth = o.pipelineDepth
+		}
 		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
 		if err != nil {
 			return err
@@ -413,6 +423,9 @@ func bench(o options, w io.Writer) error {
 	if o.overlap {
 		fmt.Fprintf(w, "offloaded with zinf.overlap_update: each step's update runs on under the next step's forward\n")
 	}
+	if o.pipelineDepth >= 0 {
+		fmt.Fprintf(w, "offloaded with zinf.pipeline_depth %d\n", o.pipelineDepth)
+	}
 	var off, mem []result
 	for round := range o.rounds {
 		order := []string{"offloaded", "memory"}
@@ -423,7 +436,7 @@ func bench(o options, w io.Writer) error {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
 				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows),
-				"-overlap-update=" + strconv.FormatBool(o.overlap)}
+				"-overlap-update=" + strconv.FormatBool(o.overlap), "-pipeline-depth", strconv.Itoa(o.pipelineDepth)}
 			var r result
 			if err := procstat.RunChild(exe, args, &r); err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
