@@ -3,6 +3,7 @@ package optimizer
 import (
 	"context"
 	"fmt"
+	"path"
 
 	"github.com/zinfio/zinf/buffers"
 )
@@ -61,13 +62,9 @@ func (s EncodedState) Decode(k StateKind) ([]float32, error) {
 // its rule's states (Hyper.StateNames order) as the records store them,
 // as of the last committed step.
 func (o *Optimizer) ReadEncodedStates(ctx context.Context, name string) (master []float32, states []EncodedState, err error) {
-	n, err := o.elems(name)
+	n, f, err := o.elemsFormat(name)
 	if err != nil {
 		return nil, nil, &Error{Op: "read-state", Tensor: name, SubGroup: -1, Err: err}
-	}
-	f := o.format
-	if f.Encoding == EncodingBlockwise8 {
-		f = FormatBlockwise8
 	}
 	master = make([]float32, n)
 	states = make([]EncodedState, o.width-1)
@@ -108,13 +105,9 @@ func (o *Optimizer) ReadEncodedStates(ctx context.Context, name string) (master 
 // (ErrFormat): decode them (EncodedState.Decode) and use LoadStates.
 func (o *Optimizer) LoadEncodedStates(ctx context.Context, name string, master []float32, states []EncodedState, step int) error {
 	fail := func(err error) error { return &Error{Op: "load", Tensor: name, SubGroup: -1, Err: err} }
-	n, err := o.elems(name)
+	n, f, err := o.elemsFormat(name)
 	if err != nil {
 		return fail(err)
-	}
-	f := o.format
-	if f.Encoding == EncodingBlockwise8 {
-		f = FormatBlockwise8
 	}
 	if len(states) != o.width-1 {
 		return fail(fmt.Errorf("%w: %s keeps %d states (%v); got %d", ErrLength, o.opts.Hyper.Rule, o.width-1, o.opts.Hyper.StateNames(), len(states)))
@@ -147,3 +140,71 @@ func (o *Optimizer) LoadEncodedStates(ctx context.Context, name string, master [
 		}
 	})
 }
+
+// StateFormatOf returns how name's states are stored (Options.StateFormat
+// or StateFormatFor; the block size of 8-bit states set), and whether
+// name is registered.
+func (o *Optimizer) StateFormatOf(name string) (StateFormat, bool) {
+	t, ok := o.lookup(name)
+	if !ok {
+		return StateFormat{}, false
+	}
+	return t.format.normalized(), true
+}
+
+// elemsFormat returns a registered tensor's element count and state
+// format (normalized).
+func (o *Optimizer) elemsFormat(name string) (int, StateFormat, error) {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if o.closed {
+		return 0, StateFormat{}, ErrClosed
+	}
+	t, ok := o.lookup(name)
+	if !ok {
+		return 0, StateFormat{}, ErrNotRegistered
+	}
+	return t.n, t.format.normalized(), nil
+}
+
+// normalized is f with the block size of 8-bit states set.
+func (f StateFormat) normalized() StateFormat {
+	if f.Encoding == EncodingBlockwise8 && f.BlockSize == 0 {
+		f.BlockSize = Blockwise8BlockSize
+	}
+	return f
+}
+
+// KeepFP32 returns a StateFormatFor rule: fp32 states for tensors of fewer
+// than minElems elements and for those whose name matches one of patterns
+// (path.Match globs, such as "*embed*"), f for the others. A malformed
+// pattern matches nothing (ValidatePatterns reports it).
+func KeepFP32(f StateFormat, minElems int, patterns []string) func(name string, elems int) StateFormat {
+	return func(name string, elems int) StateFormat {
+		if elems < minElems {
+			return FormatFP32
+		}
+		for _, p := range patterns {
+			if ok, _ := path.Match(p, name); ok {
+				return FormatFP32
+			}
+		}
+		return f
+	}
+}
+
+// ValidatePatterns reports the first malformed path.Match pattern.
+func ValidatePatterns(patterns []string) error {
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return fmt.Errorf("pattern %q: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// MinCompressedElems is the fewest elements a tensor needs for compressed
+// states under the planner's rule (plan: KeepFP32): bitsandbytes'
+// min_8bit_size. Smaller tensors cost little in fp32 and train badly
+// compressed.
+const MinCompressedElems = 4096

@@ -49,9 +49,10 @@ type Optimizer struct {
 
 // tensor is one registered parameter partition.
 type tensor struct {
-	name string
-	n    int         // elements in the partition
-	sgs  []*subGroup // its sub-groups, in order
+	name   string
+	n      int         // elements in the partition
+	sgs    []*subGroup // its sub-groups, in order
+	format StateFormat // how its states are stored (Options.StateFormat, StateFormatFor)
 }
 
 // subGroup is a chunk [off, off+n) of a tensor's partition. Its states are
@@ -419,10 +420,22 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	if dup {
 		return fail(ErrRegistered)
 	}
-	t := &tensor{name: name, n: len(master)}
+	t := &tensor{name: name, n: len(master), format: o.format}
+	if f := o.opts.StateFormatFor; f != nil {
+		t.format = f(name, len(master))
+		if err := t.format.Validate(); err != nil {
+			return fail(err)
+		}
+		if t.format.Encoding != EncodingFP32 && o.opts.Hyper.Rule != RuleAdam {
+			return fail(fmt.Errorf("StateFormatFor gives %s states; %s keeps fp32 states", t.format, o.opts.Hyper.Rule))
+		}
+		if t.format.Encoding == EncodingBlockwise8 && o.opts.SubGroupSize%Blockwise8BlockSize != 0 {
+			return fail(fmt.Errorf("StateFormatFor gives 8-bit states, which need a SubGroupSize that is a multiple of %d (it is %d)", Blockwise8BlockSize, o.opts.SubGroupSize))
+		}
+	}
 	for j, off := 0, 0; off < t.n; j, off = j+1, off+o.opts.SubGroupSize {
 		n := min(o.opts.SubGroupSize, t.n-off)
-		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutForFormat(n, o.width, o.format),
+		t.sgs = append(t.sgs, &subGroup{t: t, j: j, off: off, n: n, lay: LayoutForFormat(n, o.width, t.format),
 			key: fmt.Sprintf("%s/%s#%d", o.opts.Prefix, name, j)})
 	}
 	if err := o.checkPool(t); err != nil {
@@ -438,7 +451,7 @@ func (o *Optimizer) Register(name string, master []float32) error {
 	o.stats.Tensors++
 	o.stats.SubGroups += len(t.sgs)
 	o.stats.Elements += int64(t.n)
-	o.stats.StateBytes += 4*int64(t.n) + int64(o.width-1)*o.format.StateBytes(int64(t.n))
+	o.stats.StateBytes += 4*int64(t.n) + int64(o.width-1)*t.format.StateBytes(int64(t.n))
 	for _, sg := range t.sgs {
 		o.stats.RecordBytes += sg.lay.Bytes
 	}
@@ -496,6 +509,9 @@ type sizer struct {
 // newSizer sizes for opts (defaulted); block nil means opts.Pool's blocks.
 func newSizer(opts Options, block func(int64) int64) sizer {
 	z := sizer{store: opts.Store, grads: opts.Grads, granule: 1, sgSize: opts.SubGroupSize, arrays: 1 + opts.Hyper.StateCount(), format: opts.StateFormat, block: block}
+	if opts.StateFormatFor != nil {
+		z.format = FormatFP32 // per tensor: the widest
+	}
 	switch {
 	case opts.Pool != nil:
 		z.granule = int64(opts.Pool.MinBufferBytes())
@@ -1065,11 +1081,11 @@ type StateRecord struct {
 // false when the states are kept in pinned memory, stored narrower than
 // fp32 (Options.StateFormat) or name is unknown.
 func (o *Optimizer) StateRecords(name string) (recs []StateRecord, ok bool) {
-	if o.opts.Store == nil || o.format.Encoding != EncodingFP32 {
+	if o.opts.Store == nil {
 		return nil, false
 	}
 	t, found := o.lookup(name)
-	if !found {
+	if !found || t.format.Encoding != EncodingFP32 {
 		return nil, false
 	}
 	for _, sg := range t.sgs {

@@ -228,6 +228,18 @@ type Options struct {
 	// VisitStates and snapshots give such states dequantized (widened) to
 	// fp32; LoadStates quantizes (rounds) what it is given.
 	StateFormat StateFormat
+	// StateFormatFor, when set, picks each tensor's state format at
+	// Register from its name and element count, overriding StateFormat
+	// (which stays the format the planner's sizes assume narrowest:
+	// PinnedNeedBytes then sizes every record as fp32, the widest). It
+	// must return a valid format (Register fails otherwise) and only
+	// fp32 for another rule than Adam. Compressed states of small tensors
+	// and of embedding tables train badly: their blocks mix elements whose
+	// gradients differ by more than the maps' range, and an exp_avg_sq
+	// coded as zero beside a nonzero exp_avg makes an update of lr*m/eps
+	// (bitsandbytes keeps tensors under 4096 elements and embeddings in
+	// 32-bit states for that reason); KeepFP32 is such a rule.
+	StateFormatFor func(name string, elems int) StateFormat
 	// Kernel names the implementation of the update rule the step runs:
 	// "auto" (the widest SIMD kernel this CPU runs), "scalar" (the
 	// portable reference loop) or a SIMD kernel ("avx2", "avx512"; see

@@ -278,3 +278,58 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// TestStateFormatFor: with a KeepFP32 rule, tensors under the size
+// threshold and those whose name matches a pattern keep fp32 states and
+// the others 8-bit ones, in one optimizer: each steps exactly as its
+// format's reference (AdamStep, Adam8Step), and StateFormatOf and the
+// state bytes say which is which.
+func TestStateFormatFor(t *testing.T) {
+	specs := []spec{{"layer.w", 9000}, {"tok_embed.weight", 8192}, {"layer.b", 100}}
+	rule := optimizer.KeepFP32(optimizer.FormatBlockwise8, optimizer.MinCompressedElems, []string{"*embed*"})
+	r := newRig(t, rigConfig{poolBytes: 16 << 20, specs: specs, seed: 3,
+		opts: optimizer.Options{SubGroupSize: 4096, StateFormatFor: rule, Hyper: optimizer.Hyper{LR: 1e-3}}})
+	want := map[string]optimizer.StateFormat{"layer.w": optimizer.FormatBlockwise8, "tok_embed.weight": optimizer.FormatFP32, "layer.b": optimizer.FormatFP32}
+	var bytes int64
+	for _, s := range specs {
+		f, ok := r.opt.StateFormatOf(s.name)
+		if !ok || f != want[s.name] {
+			t.Errorf("%s: format %v (%v), want %v", s.name, f, ok, want[s.name])
+		}
+		bytes += f.RecordBytes(optimizer.Hyper{}, int64(s.n))
+	}
+	if got := r.opt.Stats().StateBytes; got != bytes {
+		t.Errorf("StateBytes %d, want %d", got, bytes)
+	}
+	ref := newCompressedRef(optimizer.FormatBlockwise8, r.md)
+	ctx := context.Background()
+	for step := 1; step <= 3; step++ {
+		g := r.md.grads(step)
+		p := clippedParams(g, step)
+		r.grads.set(g)
+		if err := r.opt.StepWith(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range specs {
+			gc := append([]float32(nil), g[s.name]...)
+			if want[s.name] == optimizer.FormatFP32 {
+				optimizer.AdamStep(r.md.p[s.name], gc, r.md.m[s.name], r.md.v[s.name], step, r.md.h, p)
+				continue
+			}
+			optimizer.Adam8Step(ref.p[s.name], gc, ref.qm[s.name], ref.qv[s.name], ref.am[s.name], ref.av[s.name], step, r.md.h, p)
+		}
+	}
+	pub := r.sink.snapshot()
+	for _, s := range specs {
+		w := ref.p[s.name]
+		if want[s.name] == optimizer.FormatFP32 {
+			w = r.md.p[s.name]
+		}
+		if i := firstDiff(pub[s.name], w); i >= 0 {
+			t.Errorf("%s (%v): master differs at %d", s.name, want[s.name], i)
+		}
+	}
+	if err := optimizer.ValidatePatterns([]string{"[a-"}); err == nil {
+		t.Error("ValidatePatterns accepts a malformed pattern")
+	}
+}
