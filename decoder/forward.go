@@ -14,7 +14,9 @@ import (
 // order (row-major), the keys after RoPE. The caller may read them (to
 // move a sequence's entries to another tier, say) between passes.
 type KVCache struct {
-	k, v           []float32
+	// lk and lv are each layer's keys and values (Batch x MaxLen x
+	// KVHeads x HeadDim values), nil for a layer not bound.
+	lk, lv         [][]float32
 	batch, maxLen  int
 	layers, stride int // stride: values of one sequence in one layer
 	kvDim          int
@@ -46,7 +48,58 @@ func NewKVCache(c Config, batch, maxLen int, k, v []float32) (*KVCache, error) {
 		return nil, fmt.Errorf("decoder: KV cache K has %d values and V %d, want layers %d x batch %d x length %d x kv-heads %d x head-dim %d = %d each",
 			len(k), len(v), c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, n)
 	}
-	return &KVCache{k: k, v: v, batch: batch, maxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
+	kv := &KVCache{lk: make([][]float32, c.Layers), lv: make([][]float32, c.Layers), batch: batch, maxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}
+	per := n / c.Layers
+	for l := range c.Layers {
+		kv.lk[l], kv.lv[l] = k[l*per:(l+1)*per:(l+1)*per], v[l*per:(l+1)*per:(l+1)*per]
+	}
+	return kv, nil
+}
+
+// NewLayerKVCache returns a KV cache for batch sequences of maxLen
+// positions whose layers' keys and values the caller binds a layer at a
+// time (BindLayer) before the layer runs: for a cache on a tier that
+// hands out one layer's entry at a time (zinf's KV cache on NVMe). A
+// layer's entry holds LayerValues() keys, then as many values, in
+// NewKVCache's layout less its layer dimension.
+func NewLayerKVCache(c Config, batch, maxLen int) (*KVCache, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if batch < 1 || batch > maxSize {
+		return nil, fmt.Errorf("decoder: KV cache batch %d is outside 1..%d", batch, maxSize)
+	}
+	if maxLen < 1 || maxLen > MaxCacheLen {
+		return nil, fmt.Errorf("decoder: KV cache length %d is outside 1..%d", maxLen, MaxCacheLen)
+	}
+	kvDim := c.kvHeads() * c.HeadDim
+	if _, ok := mulBounded(c.Layers, batch, maxLen, kvDim); !ok {
+		return nil, fmt.Errorf("decoder: KV cache of layers %d x batch %d x length %d x kv-heads %d x head-dim %d values is above %d", c.Layers, batch, maxLen, c.kvHeads(), c.HeadDim, math.MaxInt/2)
+	}
+	return &KVCache{lk: make([][]float32, c.Layers), lv: make([][]float32, c.Layers), batch: batch, maxLen: maxLen, layers: c.Layers, stride: maxLen * kvDim, kvDim: kvDim}, nil
+}
+
+// LayerValues returns the number of keys (and of values) of one layer:
+// Batch x MaxLen x KVHeads x HeadDim.
+func (kv *KVCache) LayerValues() int { return kv.batch * kv.stride }
+
+// BindLayer makes k and v (LayerValues() values each) layer l's keys and
+// values from now on: the cache reads and writes them when the layer
+// runs. nil for both unbinds the layer (a Layer call on it is then an
+// error); the caller keeps them valid while bound.
+func (kv *KVCache) BindLayer(l int, k, v []float32) error {
+	if l < 0 || l >= kv.layers {
+		return fmt.Errorf("decoder: BindLayer: layer %d is outside 0..%d", l, kv.layers-1)
+	}
+	if k == nil && v == nil {
+		kv.lk[l], kv.lv[l] = nil, nil
+		return nil
+	}
+	if n := kv.LayerValues(); len(k) != n || len(v) != n {
+		return fmt.Errorf("decoder: BindLayer(%d): K has %d values and V %d, want batch %d x length %d x kv-heads x head-dim %d = %d each", l, len(k), len(v), kv.batch, kv.maxLen, kv.kvDim, n)
+	}
+	kv.lk[l], kv.lv[l] = k, v
+	return nil
 }
 
 // mulBounded returns the product of the factors (each at least 1) and
@@ -266,14 +319,17 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 	// RoPE on the new queries and keys, then the keys and values into the
 	// cache.
 	cache := d.cache
+	if cache.lk[l] == nil {
+		return fmt.Errorf("the KV cache's layer %d is not bound (KVCache.BindLayer)", l)
+	}
 	for b := range d.batch {
 		for t := range d.steps {
 			r, p := b*d.steps+t, d.pos[b]+t
 			d.rope(d.q[r*qDim:][:qDim], heads, p)
 			d.rope(d.k[r*kvDim:][:kvDim], kvh, p)
-			off := l*cache.batch*cache.stride + b*cache.stride + p*kvDim
-			copy(cache.k[off:off+kvDim], d.k[r*kvDim:])
-			copy(cache.v[off:off+kvDim], d.v[r*kvDim:])
+			off := b*cache.stride + p*kvDim
+			copy(cache.lk[l][off:off+kvDim], d.k[r*kvDim:])
+			copy(cache.lv[l][off:off+kvDim], d.v[r*kvDim:])
 		}
 	}
 	d.o = grow(d.o, n*qDim)
@@ -448,8 +504,8 @@ func (d *Decoder) attend(l, lo, hi int, s []float32) []float32 {
 		r, h := pair/heads, pair%heads
 		b, t := r/d.steps, r%d.steps
 		p := d.pos[b] + t
-		base := l*cache.batch*cache.stride + b*cache.stride
-		K, V := cache.k[base:base+cache.stride], cache.v[base:base+cache.stride]
+		base := b * cache.stride
+		K, V := cache.lk[l][base:base+cache.stride], cache.lv[l][base:base+cache.stride]
 		s = grow(s, p+1)
 		q := d.q[r*qDim+h*hd:][:hd]
 		ko := (h / group) * hd
