@@ -287,6 +287,13 @@ type Zinf struct {
 	// optimizer.StateFormat). The fp32 master weights stay fp32. The
 	// compressed formats are for Adam and AdamW only.
 	OptimizerStates OptimizerStates
+	// OptimizerStatesFP32 is "optimizer_states_fp32": tensor name
+	// patterns (path.Match globs, e.g. "*embed*") whose states stay fp32
+	// when OptimizerStates is bf16 or 8bit, as bitsandbytes keeps
+	// embeddings in 32-bit states: a table whose rows get gradients now
+	// and then trains badly on 8-bit moments. Tensors of fewer than 4096
+	// elements stay fp32 too (optimizer.MinCompressedElems). Default none.
+	OptimizerStatesFP32 []string
 	// Speculate is "speculate": with gradient_clipping or fp16 on, whether
 	// each layer's optimizer update still starts during the backward pass
 	// (and is rolled back when the step turns out to need clipping or to

@@ -174,8 +174,9 @@ type wireZinf struct {
 	OptimizerWorkers int `json:"optimizer_workers,omitempty"`
 	// OptimizerStates is written only when it is not fp32, so files stay
 	// as they were.
-	OptimizerStates OptimizerStates `json:"optimizer_states,omitempty"`
-	Bandwidth       struct {
+	OptimizerStates     OptimizerStates `json:"optimizer_states,omitempty"`
+	OptimizerStatesFP32 []string        `json:"optimizer_states_fp32,omitempty"`
+	Bandwidth           struct {
 		ReadBytesPerSec  Size   `json:"read_bytes_per_sec"`
 		WriteBytesPerSec Size   `json:"write_bytes_per_sec"`
 		File             string `json:"file,omitempty"`
@@ -276,6 +277,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	if zi.OptimizerStates != OptimizerStatesFP32 {
 		w.Zinf.OptimizerStates = zi.OptimizerStates
 	}
+	w.Zinf.OptimizerStatesFP32 = zi.OptimizerStatesFP32
 	w.Zinf.Speculate = zi.Speculate
 	w.Zinf.OverlapUpdate = zi.OverlapUpdate
 	if zi.Schedule != ScheduleAuto {

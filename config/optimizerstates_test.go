@@ -9,8 +9,9 @@ import (
 
 // TestOptimizerStatesKey: zinf.optimizer_states defaults to fp32, takes
 // bf16 and 8bit, round-trips through MarshalJSON (written only when not
-// fp32), and a bad word or a rule without compressed states is refused
-// with the key, the value and what is allowed.
+// fp32) with zinf.optimizer_states_fp32, and a bad word, a malformed
+// pattern or a rule without compressed states is refused with the key,
+// the value and what is allowed.
 func TestOptimizerStatesKey(t *testing.T) {
 	c, err := config.Parse([]byte(`{}`))
 	if err != nil {
@@ -23,7 +24,7 @@ func TestOptimizerStatesKey(t *testing.T) {
 		t.Errorf("the default is written (%v):\n%s", err, out)
 	}
 	for _, w := range []config.OptimizerStates{config.OptimizerStatesBF16, config.OptimizerStates8Bit} {
-		c, err := config.Parse([]byte(`{"zinf": {"optimizer_states": "` + string(w) + `"}}`))
+		c, err := config.Parse([]byte(`{"zinf": {"optimizer_states": "` + string(w) + `", "optimizer_states_fp32": ["*embed*"]}}`))
 		if err != nil {
 			t.Fatalf("%s: %v", w, err)
 		}
@@ -35,8 +36,8 @@ func TestOptimizerStatesKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		back, err := config.Parse(out)
-		if err != nil || back.Zinf.OptimizerStates != w {
-			t.Fatalf("round trip of %s: %v, %q", w, err, back.Zinf.OptimizerStates)
+		if err != nil || back.Zinf.OptimizerStates != w || len(back.Zinf.OptimizerStatesFP32) != 1 || back.Zinf.OptimizerStatesFP32[0] != "*embed*" {
+			t.Fatalf("round trip of %s: %v, %q %q", w, err, back.Zinf.OptimizerStates, back.Zinf.OptimizerStatesFP32)
 		}
 	}
 	for _, c := range []struct{ json, want string }{
@@ -45,6 +46,7 @@ func TestOptimizerStatesKey(t *testing.T) {
 		{`{"zinf": {"optimizer_states": "int4"}}`, `fp32, bf16, 8bit`},
 		{`{"zinf": {"optimizer_states": 8}}`, `zinf.optimizer_states`},
 		{`{"zinf": {"optimizer_states": "8bit"}, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}`, `is for Adam and AdamW; optimizer.type is SGD`},
+		{`{"zinf": {"optimizer_states": "8bit", "optimizer_states_fp32": ["*embed*", "[a-"]}}`, `zinf.optimizer_states_fp32: "[a-" is not a pattern`},
 	} {
 		_, err := config.Parse([]byte(c.json))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -610,6 +610,7 @@ func schema(c *Config) []spec {
 		leaf("prefetch_depth", intInto(&c.Zinf.PrefetchDepth)),
 		leaf("optimizer_workers", intInto(&c.Zinf.OptimizerWorkers)),
 		leaf("optimizer_states", stringInto(&c.Zinf.OptimizerStates)),
+		leaf("optimizer_states_fp32", stringsInto(&c.Zinf.OptimizerStatesFP32)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
 		leaf("overlap_update", boolInto(&c.Zinf.OverlapUpdate)),
 		leaf("schedule", stringInto(&c.Zinf.Schedule)),

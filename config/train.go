@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -451,6 +452,11 @@ func (c *Config) validateTraining(k *checker) {
 	k.enum("zinf.speculate", string(c.Zinf.Speculate))
 	k.enum("zinf.schedule", string(c.Zinf.Schedule))
 	k.enum("zinf.optimizer_states", string(c.Zinf.OptimizerStates))
+	for _, p := range c.Zinf.OptimizerStatesFP32 {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			k.add("zinf.optimizer_states_fp32", strconv.Quote(p), "is not a pattern", `path.Match globs of tensor names, such as "*embed*"`)
+		}
+	}
 	if s := c.Zinf.OptimizerStates; s != OptimizerStatesFP32 && slices.Contains(enumValues["zinf.optimizer_states"], string(s)) &&
 		!slices.Contains(adamTypes, c.Optimizer.Type) {
 		k.add("zinf.optimizer_states", strconv.Quote(string(s)), fmt.Sprintf("is for Adam and AdamW; optimizer.type is %s", c.Optimizer.Type), string(OptimizerStatesFP32)+" (or optimizer.type Adam, AdamW)")

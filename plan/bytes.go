@@ -19,6 +19,18 @@ func StateFormatOf(cfg *config.Config) optimizer.StateFormat {
 	return f
 }
 
+// StateFormatForOf is the optimizer's per-tensor rule for cfg's
+// compressed states (nil for fp32): optimizer.KeepFP32 with
+// zinf.optimizer_states_fp32's patterns, tensors under
+// optimizer.MinCompressedElems elements in fp32 too.
+func StateFormatForOf(cfg *config.Config) func(name string, elems int) optimizer.StateFormat {
+	f := StateFormatOf(cfg)
+	if f == optimizer.FormatFP32 {
+		return nil
+	}
+	return optimizer.KeepFP32(f, optimizer.MinCompressedElems, cfg.Zinf.OptimizerStatesFP32)
+}
+
 // SubGroupSizeOf is the optimizer's sub-group size for cfg:
 // zero_optimization.sub_group_size capped at 2^30 elements and, with 8-bit
 // states, rounded down to a multiple of their block
@@ -38,7 +50,9 @@ func SubGroupSizeOf(cfg *config.Config) int {
 // and read back, and the optimizer's records (master and states) read and
 // written. They count the tensors as the runtime moves them: parameters
 // in their dtype, gradients and masters in fp32, the states in their
-// format (zinf.optimizer_states), and nothing for a tier in memory.
+// format (zinf.optimizer_states; tensors kept in fp32 by
+// zinf.optimizer_states_fp32 or their size count as fp32 ones), and
+// nothing for a tier in memory.
 // Padding, checksums and a CPU cache in front of NVMe
 // (offload_param.max_in_cpu) are not counted.
 type StepBytes struct {

@@ -76,9 +76,19 @@ func TestStateFormatOfConfig(t *testing.T) {
 	if n := plan.SubGroupSizeOf(c); n != 256 {
 		t.Errorf("SubGroupSizeOf(100): %d, want 256", n)
 	}
+	c.Zinf.OptimizerStatesFP32 = []string{"*embed*"}
 	s := plan.SettingsOf(c, nil)
-	if s.Optimizer.StateFormat != optimizer.FormatBlockwise8 || s.Optimizer.SubGroupSize != 256 {
-		t.Errorf("SettingsOf: optimizer format %v, sub-group %d", s.Optimizer.StateFormat, s.Optimizer.SubGroupSize)
+	if s.Optimizer.StateFormat != optimizer.FormatBlockwise8 || s.Optimizer.SubGroupSize != 256 || s.Optimizer.StateFormatFor == nil {
+		t.Fatalf("SettingsOf: optimizer format %v, sub-group %d", s.Optimizer.StateFormat, s.Optimizer.SubGroupSize)
+	}
+	for _, x := range []struct {
+		name  string
+		elems int
+		want  optimizer.StateFormat
+	}{{"l0.w", 1 << 20, optimizer.FormatBlockwise8}, {"tok_embed.w", 1 << 20, optimizer.FormatFP32}, {"l0.b", 4095, optimizer.FormatFP32}} {
+		if f := s.Optimizer.StateFormatFor(x.name, x.elems); f != x.want {
+			t.Errorf("StateFormatFor(%s, %d) = %v, want %v", x.name, x.elems, f, x.want)
+		}
 	}
 	var b strings.Builder
 	plan.WriteStepBytes(&b, c, &policy.Placement{Schedule: policy.ScheduleLayerMajor, MicroBatches: 1})

@@ -187,7 +187,7 @@ func SettingsOf(cfg *config.Config, log *slog.Logger) Settings {
 		PinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, PinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
 		Optimizer: optimizer.Options{SubGroupSize: SubGroupSizeOf(cfg), PipelineDepth: cfg.Zinf.PipelineDepth,
 			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg),
-			StateFormat: StateFormatOf(cfg)}}
+			StateFormat: StateFormatOf(cfg), StateFormatFor: StateFormatForOf(cfg)}}
 	if s.Speculate == "" {
 		s.Speculate = config.SpeculateAuto
 	}
