@@ -69,18 +69,6 @@ func (r *Runtime) trainState() trainState {
 	return st
 }
 
-// stateSuffixes are the suffixes of a parameter's optimizer tensors in
-// rt's checkpoints: ".master", then one per state of the optimizer's rule
-// (Adam: ".exp_avg", ".exp_avg_sq"; SGD with momentum: ".momentum_buffer";
-// Adagrad: ".sum"; Lion: ".exp_avg"), in record order.
-func stateSuffixes(rt *Runtime) []string {
-	out := []string{".master"}
-	for _, n := range rt.Optimizer.Options().Hyper.StateNames() {
-		out = append(out, "."+n)
-	}
-	return out
-}
-
 // CheckpointMeta is what a training checkpoint records besides the
 // tensors (SaveCheckpoint) and what LoadCheckpoint reports back.
 type CheckpointMeta struct {
@@ -396,7 +384,7 @@ func rankState(rt *Runtime, names []string, numel map[string]int) (checkpoint.Ra
 			continue // nothing of it on this rank
 		}
 		params.Tensors = append(params.Tensors, paramTensor(rt, name, n))
-		if f := stateFormatOf(rt); f.Encoding != optimizer.EncodingFP32 {
+		if f := tensorFormat(rt, name); f.Encoding != optimizer.EncodingFP32 {
 			optim.Tensors = append(optim.Tensors, encodedStates(rt, name, n, f)...)
 			continue
 		}
@@ -540,12 +528,6 @@ func (s *stateSource) readState(ctx context.Context, k int, dst []byte, off int6
 	return nil
 }
 
-// savedRank is one rank of a checkpoint being loaded.
-type savedRank struct {
-	r     *checkpoint.Reader
-	parts map[string][3]int
-}
-
 // LoadCheckpoint restores the training checkpoint dir (written by
 // SaveCheckpoint or SaveCheckpointAsync) into rts, every rank of a job in
 // rank order, whose parameters are already registered (RegisterParam, with
@@ -653,14 +635,13 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 	}
 	dt := rts[0].DType
 	suffixes := stateSuffixes(rts[0])
-	savedFormat := optimizer.FormatFP32
 	if w, ok := meta0.User[metaOptimizerStates]; ok {
-		if savedFormat, err = optimizer.ParseStateFormat(w); err != nil || savedFormat == optimizer.FormatFP32 {
+		if f, err := optimizer.ParseStateFormat(w); err != nil || f == optimizer.FormatFP32 {
 			return CheckpointMeta{}, &checkpoint.Error{Op: "load", Path: dir, Err: fmt.Errorf("%w: metadata %s = %q: allowed: bf16, 8bit", checkpoint.ErrCorrupt, metaOptimizerStates, w)}
 		}
 	}
 	for i := range saved {
-		if err := checkSavedRank(&saved[i], names, numel, dt, suffixes, savedFormat); err != nil {
+		if err := checkSavedRank(&saved[i], names, numel, dt, suffixes); err != nil {
 			return CheckpointMeta{}, err
 		}
 	}
@@ -721,15 +702,13 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 		}
 	}
 	// Optimizer states, one parameter at a time.
-	encoded := savedFormat != optimizer.FormatFP32 || stateFormatOf(rts[0]) != optimizer.FormatFP32
-	if encoded {
-		if err := loadEncodedOptimizer(ctx, log, saved, rts, names, numel, suffixes, savedFormat, optStep); err != nil {
-			return CheckpointMeta{}, err
-		}
-	}
+	logged := false
 	for _, n := range names {
-		if encoded {
-			break // loadEncodedOptimizer did
+		if compressedAnywhere(saved, rts, n) {
+			if err := loadTensorStates(ctx, log, saved, rts, n, numel[n], suffixes, optStep, &logged); err != nil {
+				return CheckpointMeta{}, err
+			}
+			continue
 		}
 		st := make([][]float32, len(suffixes))
 		for k, suffix := range suffixes {
@@ -797,7 +776,7 @@ func (r *Runtime) restoreTrainState(ts *trainState) {
 // checkSavedRank parses a saved rank's partitions and checks its tensors
 // against the runtimes' parameters (names and element counts both ways,
 // dtypes, sizes).
-func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType, suffixes []string, f optimizer.StateFormat) error {
+func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapper.DType, suffixes []string) error {
 	m := s.r.Meta()
 	fail := func(tensor string, err error) error {
 		return &checkpoint.Error{Op: "load", Path: m.RankDir, Tensor: tensor, Err: err}
@@ -831,6 +810,11 @@ func checkSavedRank(s *savedRank, names []string, numel map[string]int, dt swapp
 		if elems == 0 {
 			continue
 		}
+		if s.formats == nil {
+			s.formats = map[string]optimizer.StateFormat{}
+		}
+		f := savedFormat(s.r, n, suffixes)
+		s.formats[n] = f
 		want := append([]savedTensor{{n, dt, elems}}, savedStateTensors(n, suffixes, f, elems)...)
 		for _, w := range want {
 			ti, err := s.r.Tensor(w.name)

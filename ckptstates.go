@@ -26,7 +26,8 @@ const metaOptimizerStates = "zinf.optimizer_states"
 // absmaxSuffix follows a state's suffix for the absmax of its 8-bit codes.
 const absmaxSuffix = ".absmax"
 
-// stateFormatOf returns rt's optimizer state format, its block size set.
+// stateFormatOf returns rt's optimizer state format (zinf.optimizer_states;
+// some tensors may keep fp32 states: tensorFormat), its block size set.
 func stateFormatOf(rt *Runtime) optimizer.StateFormat {
 	f := rt.Optimizer.Options().StateFormat
 	if f.Encoding == optimizer.EncodingBlockwise8 {
@@ -148,85 +149,155 @@ func readSavedStates(ctx context.Context, s *savedRank, n string, suffixes []str
 	return master, states, nil
 }
 
-// loadEncodedOptimizer loads the optimizer states of a checkpoint whose
-// states are in format f (not fp32, or a run whose are not) into rts. Where
-// f is the runtimes' format and every runtime's partitions are the saved
-// ones (same world size), each rank's states are loaded as they were
-// saved (Optimizer.LoadEncodedStates): bit for bit. Otherwise they are
-// decoded to fp32, re-partitioned and loaded with LoadStates, which
-// encodes them in the runtimes' format, and the logger says so once.
-func loadEncodedOptimizer(ctx context.Context, log *slog.Logger, saved []savedRank, rts []*Runtime, names []string, numel map[string]int, suffixes []string, f optimizer.StateFormat, optStep int) error {
-	rf := stateFormatOf(rts[0])
+// loadTensorStates loads the optimizer states of parameter n into rts
+// where a saved rank or a runtime keeps them narrower than fp32 (each
+// saved rank's format is read off its tensors' dtypes: savedRank.formats;
+// each runtime's from its optimizer, per tensor). Where every runtime's
+// format and partition of n are its saved rank's (same world size), each
+// rank's states are loaded as they were saved
+// (Optimizer.LoadEncodedStates): bit for bit. Otherwise they are decoded
+// to fp32, re-partitioned and loaded with LoadStates, which encodes them
+// in each runtime's format, and the log says so (once per load: *logged).
+func loadTensorStates(ctx context.Context, log *slog.Logger, saved []savedRank, rts []*Runtime, n string, numel int, suffixes []string, optStep int, logged *bool) error {
 	byRank := map[int]*savedRank{}
 	for i := range saved {
 		byRank[saved[i].r.Meta().Rank] = &saved[i]
 	}
-	same := rf == f && len(saved) == len(rts)
+	same := len(saved) == len(rts)
+	why := "the partitions differ (another world size)"
+	var sf, rf optimizer.StateFormat
 	for _, rt := range rts {
 		s := byRank[rt.Rank]
-		for _, n := range names {
-			lo, hi := rt.Partition(n)
-			if s == nil || s.parts[n][0] != lo || s.parts[n][1] != hi {
-				same = false
-			}
+		lo, hi := rt.Partition(n)
+		if s == nil || s.parts[n][0] != lo || s.parts[n][1] != hi {
+			same = false
+			continue
+		}
+		if hi > lo && s.formats[n] != tensorFormat(rt, n) {
+			same, why = false, "zinf.optimizer_states differs"
+			sf, rf = s.formats[n], tensorFormat(rt, n)
 		}
 	}
 	if same {
-		for _, n := range names {
-			for _, rt := range rts {
-				s := byRank[rt.Rank]
-				lo, hi := rt.Partition(n)
-				if hi == lo {
-					continue
-				}
-				m, st, err := readSavedStates(ctx, s, n, suffixes, f, hi-lo)
-				if err != nil {
-					return err
-				}
-				if err := rt.Optimizer.LoadEncodedStates(ctx, n, m, st, optStep); err != nil {
-					return fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
-				}
+		for _, rt := range rts {
+			s := byRank[rt.Rank]
+			lo, hi := rt.Partition(n)
+			if hi == lo {
+				continue
+			}
+			m, st, err := readSavedStates(ctx, s, n, suffixes, s.formats[n], hi-lo)
+			if err != nil {
+				return err
+			}
+			if err := rt.Optimizer.LoadEncodedStates(ctx, n, m, st, optStep); err != nil {
+				return fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
 			}
 		}
 		return nil
 	}
-	log.Info("zinf: checkpoint: optimizer states converted", slog.String("saved", f.String()), slog.String("run", rf.String()),
-		slog.String("why", map[bool]string{true: "the partitions differ (another world size)", false: "zinf.optimizer_states differs"}[rf == f]),
-		slog.String("how", "decoded to fp32 and encoded again: the run goes on close to the saved one, not bit for bit"))
-	for _, n := range names {
-		st := make([][]float32, len(suffixes))
-		for k := range st {
-			st[k] = make([]float32, numel[n])
+	if !*logged {
+		*logged = true
+		log.Info("zinf: checkpoint: optimizer states converted", slog.String("tensor", n), slog.String("saved", sf.String()), slog.String("run", rf.String()),
+			slog.String("why", why), slog.String("how", "decoded to fp32 and encoded again: the run goes on close to the saved one, not bit for bit"))
+	}
+	st := make([][]float32, len(suffixes))
+	for k := range st {
+		st[k] = make([]float32, numel)
+	}
+	for i := range saved {
+		s := &saved[i]
+		p := s.parts[n]
+		if p[1] == p[0] {
+			continue
 		}
-		for i := range saved {
-			s := &saved[i]
-			p := s.parts[n]
-			if p[1] == p[0] {
-				continue
-			}
-			m, enc, err := readSavedStates(ctx, s, n, suffixes, f, p[1]-p[0])
+		m, enc, err := readSavedStates(ctx, s, n, suffixes, s.formats[n], p[1]-p[0])
+		if err != nil {
+			return err
+		}
+		copy(st[0][p[0]:], m)
+		for k, e := range enc {
+			d, err := e.Decode(optimizer.StateKind(k + 1))
 			if err != nil {
-				return err
+				return fmt.Errorf("zinf: checkpoint: %s%s: %w", n, suffixes[k+1], err)
 			}
-			copy(st[0][p[0]:], m)
-			for k, e := range enc {
-				d, err := e.Decode(optimizer.StateKind(k + 1))
-				if err != nil {
-					return fmt.Errorf("zinf: checkpoint: %s%s: %w", n, suffixes[k+1], err)
-				}
-				copy(st[k+1][p[0]:], d)
-			}
+			copy(st[k+1][p[0]:], d)
 		}
-		for _, rt := range rts {
-			lo, hi := rt.Partition(n)
-			states := make([][]float32, len(st)-1)
-			for k := range states {
-				states[k] = st[k+1][lo:hi]
-			}
-			if err := rt.Optimizer.LoadStates(ctx, n, st[0][lo:hi], states, optStep); err != nil {
-				return fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
-			}
+	}
+	for _, rt := range rts {
+		lo, hi := rt.Partition(n)
+		states := make([][]float32, len(st)-1)
+		for k := range states {
+			states[k] = st[k+1][lo:hi]
+		}
+		if err := rt.Optimizer.LoadStates(ctx, n, st[0][lo:hi], states, optStep); err != nil {
+			return fmt.Errorf("zinf: checkpoint: rank %d: %w", rt.Rank, err)
 		}
 	}
 	return nil
+}
+
+// compressedAnywhere reports whether a saved rank or a runtime keeps n's
+// optimizer states narrower than fp32.
+func compressedAnywhere(saved []savedRank, rts []*Runtime, n string) bool {
+	for i := range saved {
+		if saved[i].formats[n] != optimizer.FormatFP32 {
+			return true
+		}
+	}
+	for _, rt := range rts {
+		if tensorFormat(rt, n) != optimizer.FormatFP32 {
+			return true
+		}
+	}
+	return false
+}
+
+// savedFormat reads the format of a saved rank's optimizer states of n
+// off the dtype of its first state ("<n>.exp_avg": U8 for 8-bit, BF16 for
+// bf16); fp32 otherwise, and for a rule without states.
+func savedFormat(r *checkpoint.Reader, n string, suffixes []string) optimizer.StateFormat {
+	if len(suffixes) < 2 {
+		return optimizer.FormatFP32
+	}
+	ti, err := r.Tensor(n + suffixes[1])
+	if err != nil {
+		return optimizer.FormatFP32
+	}
+	switch ti.DType {
+	case tensor.Uint8:
+		return optimizer.FormatBlockwise8
+	case swapper.BFloat16:
+		return optimizer.FormatBF16
+	}
+	return optimizer.FormatFP32
+}
+
+// tensorFormat is how rt's optimizer stores n's states (fp32 for a name it
+// does not hold).
+func tensorFormat(rt *Runtime, n string) optimizer.StateFormat {
+	if f, ok := rt.Optimizer.StateFormatOf(n); ok {
+		return f
+	}
+	return optimizer.FormatFP32
+}
+
+// stateSuffixes are the suffixes of a parameter's optimizer tensors in
+// rt's checkpoints: ".master", then one per state of the optimizer's rule
+// (Adam: ".exp_avg", ".exp_avg_sq"; SGD with momentum: ".momentum_buffer";
+// Adagrad: ".sum"; Lion: ".exp_avg"), in record order.
+func stateSuffixes(rt *Runtime) []string {
+	out := []string{".master"}
+	for _, n := range rt.Optimizer.Options().Hyper.StateNames() {
+		out = append(out, "."+n)
+	}
+	return out
+}
+
+// savedRank is one rank of a checkpoint being loaded.
+type savedRank struct {
+	r     *checkpoint.Reader
+	parts map[string][3]int
+	// formats are its optimizer states' formats by parameter (savedFormat;
+	// set by checkSavedRank).
+	formats map[string]optimizer.StateFormat
 }
