@@ -13,6 +13,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -567,12 +568,9 @@ func (le *layerExec) bind(g *graph.Graph, in []compute.Buffer) ([]binding, error
 	return bs, nil
 }
 
-// finalize releases a tensor's memory now (nil is fine).
-func finalize(t *tensors.Tensor) {
-	if t != nil {
-		_ = t.FinalizeAll()
-	}
-}
+// finalize releases a tensor's memory now (nil is fine; see
+// layerexec.Finalize).
+func finalize(t *tensors.Tensor) { layerexec.Finalize(t) }
 
 // close frees the compiled graphs.
 func (ex *executors) close() {

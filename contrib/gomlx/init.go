@@ -7,7 +7,8 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/ml/model"
-	"github.com/gomlx/gomlx/support/exceptions"
+
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 )
 
 // Initialize creates net's variables in store for an input of shape x
@@ -53,7 +54,7 @@ func InitializeN(backend compute.Backend, store *model.Store, net Net, xs []shap
 func trace(backend compute.Backend, store *model.Store, l Layer, xs []shapes.Shape, strict bool) (ys []shapes.Shape, err error) {
 	g := graph.NewGraph(backend, "zgomlx.trace")
 	defer g.Finalize()
-	err = exceptions.TryCatch[error](func() {
+	err = layerexec.Catch(func() error {
 		model.SetStore(g, store)
 		store.SetTraining(g, true)
 		in := make([]*graph.Node, len(xs))
@@ -63,6 +64,7 @@ func trace(backend compute.Backend, store *model.Store, l Layer, xs []shapes.Sha
 		for _, y := range l.fn()(store.Scope(cleanScope(l.Scope)), in) {
 			ys = append(ys, y.Shape())
 		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("zgomlx: layer %q on inputs %v: %w", l.Scope, xs, err)

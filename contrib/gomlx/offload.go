@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -17,6 +16,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -340,15 +340,7 @@ func (o *Offload) Close() error {
 }
 
 // bufferOf returns a GoMLX tensor's backend buffer and its bytes, without
-// copying (the Go backend shares its buffers with Go).
+// copying (see layerexec.Shared).
 func bufferOf(backend compute.Backend, t *tensors.Tensor) (compute.Buffer, []byte, error) {
-	buf, err := t.Buffer(backend, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	flat, err := buf.Data()
-	if err != nil {
-		return nil, nil, err
-	}
-	return buf, dtypes.UnsafeByteSliceFromAny(flat), nil
+	return layerexec.Shared(backend, t)
 }

@@ -4,9 +4,10 @@ import (
 	"fmt"
 
 	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/tensors"
+
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 )
 
 type compBuf = compute.Buffer
@@ -104,22 +105,11 @@ func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
 			return s, nil
 		}
 	}
-	t, err := tensors.FromShapeForBackend(p.backend, 0, shape)
+	b, err := layerexec.NewBuffer(p.backend, shape)
 	if err != nil {
 		return nil, err
 	}
-	s := &slot{t: t}
-	if s.buf, err = t.Buffer(p.backend, 0); err != nil {
-		return nil, err
-	}
-	flat, err := s.buf.Data()
-	if err != nil {
-		return nil, fmt.Errorf("the backend has no shared buffers: %w", err)
-	}
-	s.bytes = dtypes.UnsafeByteSliceFromAny(flat)
-	if int64(len(s.bytes)) != shape.ByteSize() {
-		return nil, fmt.Errorf("shared buffer of %d bytes for %d", len(s.bytes), shape.ByteSize())
-	}
+	s := &slot{t: b.T, buf: b.Buf, bytes: b.Bytes}
 	p.bytes += int64(len(s.bytes))
 	return s, nil
 }
@@ -156,7 +146,7 @@ func (p *slotPool) close() {
 			if s.owner != nil && s.owner.slot == s {
 				s.owner.slot = nil
 			}
-			_ = s.t.FinalizeAll()
+			layerexec.Finalize(s.t)
 		}
 	}
 	p.classes = nil
@@ -168,7 +158,7 @@ func (p *slotPool) close() {
 // freeSlots frees slots that belong to no pool class.
 func freeSlots(ss []*slot) {
 	for _, s := range ss {
-		_ = s.t.FinalizeAll()
+		layerexec.Finalize(s.t)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/ml/model"
 
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -52,18 +53,8 @@ func DefaultFilter(v *model.Variable) bool {
 	return v.Trainable && ok
 }
 
-// zinfDType maps a GoMLX dtype to zinf's.
-func zinfDType(d dtypes.DType) (tensor.DType, bool) {
-	switch d {
-	case dtypes.Float32:
-		return tensor.Float32, true
-	case dtypes.BFloat16:
-		return tensor.BFloat16, true
-	case dtypes.Float16:
-		return tensor.Float16, true
-	}
-	return 0, false
-}
+// zinfDType maps a GoMLX dtype to zinf's (see layerexec.DType).
+func zinfDType(d dtypes.DType) (tensor.DType, bool) { return layerexec.DType(d) }
 
 // cleanScope normalizes a scope path: a leading "/", no trailing one.
 func cleanScope(s string) string {

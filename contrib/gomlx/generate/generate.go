@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -40,6 +39,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
@@ -196,9 +196,10 @@ type sampleKey struct {
 	topP        float64
 }
 
-// slot is a swap-in buffer: a GoMLX tensor over a backend shared buffer,
-// the value of every variable of its relative path (one per transformer
-// layer), so zinf's bytes land where the executor reads them.
+// slot is a swap-in buffer (layerexec.NewBuffer, as the trainer's): a
+// GoMLX tensor over a backend shared buffer, the value of every variable
+// of its relative path (one per transformer layer), so zinf's bytes land
+// where the executor reads them.
 type slot struct {
 	t     *tensors.Tensor
 	bytes []byte
@@ -347,22 +348,11 @@ func ModelVars(backend compute.Backend, fn ModelFn) ([]Var, error) {
 func (g *Generator) bind(v Var) error {
 	s := g.slots[v.rel]
 	if s == nil {
-		t, err := tensors.FromShapeForBackend(g.backend, 0, v.Shape)
+		b, err := layerexec.NewBuffer(g.backend, v.Shape)
 		if err != nil {
 			return fmt.Errorf("zinf generate: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
 		}
-		buf, err := t.Buffer(g.backend, 0)
-		if err != nil {
-			return err
-		}
-		flat, err := buf.Data()
-		if err != nil {
-			return fmt.Errorf("zinf generate: the backend has no shared buffers: %w", err)
-		}
-		s = &slot{t: t, bytes: dtypes.UnsafeByteSliceFromAny(flat)}
-		if int64(len(s.bytes)) != v.Shape.ByteSize() {
-			return fmt.Errorf("zinf generate: shared buffer of %d bytes for %q (%d)", len(s.bytes), v.Name, v.Shape.ByteSize())
-		}
+		s = &slot{t: b.T, bytes: b.Bytes}
 		g.slots[v.rel] = s
 	} else if !s.t.Shape().Equal(v.Shape) {
 		return fmt.Errorf("zinf generate: %q has shape %s, %s of another layer", v.Name, v.Shape, s.t.Shape())
@@ -503,7 +493,7 @@ func (g *Generator) Close() error {
 		e.finalize()
 	}
 	for _, s := range g.slots {
-		_ = s.t.FinalizeAll()
+		layerexec.Finalize(s.t)
 	}
 	return errors.Join(g.closeNative(), g.src.close())
 }
@@ -1008,11 +998,9 @@ func call(e *model.Exec, args ...any) (out []*tensors.Tensor, err error) {
 	return out, err
 }
 
-func finalize(t *tensors.Tensor) {
-	if t != nil {
-		_ = t.FinalizeAll()
-	}
-}
+// finalize releases a tensor's memory now (nil is fine; see
+// layerexec.Finalize).
+func finalize(t *tensors.Tensor) { layerexec.Finalize(t) }
 
 // kvState is the batch's KV cache: per transformer layer a key and a
 // value tensor [batch, kv heads, cache length, head dim], of GoMLX's

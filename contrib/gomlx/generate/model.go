@@ -16,6 +16,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -49,13 +50,8 @@ func (v Var) Desc() tensor.Desc {
 
 // zdtype maps a GoMLX float dtype to zinf's.
 func zdtype(d dtypes.DType) (tensor.DType, error) {
-	switch d {
-	case dtypes.Float32:
-		return tensor.Float32, nil
-	case dtypes.BFloat16:
-		return tensor.BFloat16, nil
-	case dtypes.Float16:
-		return tensor.Float16, nil
+	if dt, ok := layerexec.DType(d); ok {
+		return dt, nil
 	}
 	return 0, fmt.Errorf("zinf generate: model dtype %s (allowed: float32, bfloat16, float16)", d)
 }
@@ -213,19 +209,8 @@ func discover(backend compute.Backend, store *model.Store, m *transformer.Model)
 }
 
 // catch runs fn, turning a panic (GoMLX reports graph-building errors so)
-// into an error.
-func catch(fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			if e, ok := r.(error); ok {
-				err = e
-			} else {
-				err = fmt.Errorf("%v", r)
-			}
-		}
-	}()
-	return fn()
-}
+// into an error (see layerexec.Catch).
+func catch(fn func() error) error { return layerexec.Catch(fn) }
 
 // toFloat32 widens a tensor's bytes of dtype d into dst.
 func toFloat32(d dtypes.DType, src []byte, dst []float32) error {
