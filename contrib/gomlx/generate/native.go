@@ -68,9 +68,12 @@ type native struct {
 	table, rowBuf []byte
 	freeTable     func() error
 	toks          [][]int32
-	lw            decoder.LayerWeights
-	mw            decoder.ModelWeights
-	logits        []float32
+	// kvc is the generation's KV cache when it is on NVMe (a layer's
+	// entry bound around the layer), nil when it is one buffer.
+	kvc    *zinf.KVCache
+	lw     decoder.LayerWeights
+	mw     decoder.ModelWeights
+	logits []float32
 }
 
 // pickDecoder decides, once the Generator is built, whether its
@@ -106,7 +109,7 @@ func (g *Generator) pickDecoder(o Options) error {
 	if kvh == 0 {
 		kvh = n.cfg.Heads
 	}
-	g.decoderLine = fmt.Sprintf("native (%d layers, %d heads, %d kv-heads; weights read where zinf swapped them in; KV cache in memory: one on nvme, and sampling under auto, run on GoMLX)", n.cfg.Layers, n.cfg.Heads, kvh)
+	g.decoderLine = fmt.Sprintf("native (%d layers, %d heads, %d kv-heads; weights read where zinf swapped them in; the KV cache in memory, pinned or on nvme; sampling under auto runs on GoMLX)", n.cfg.Layers, n.cfg.Heads, kvh)
 	log.Info("zinf generate: decoder native")
 	return nil
 }
@@ -202,9 +205,6 @@ func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCacheP
 	if err != nil {
 		return kv, "the KV cache: " + err.Error()
 	}
-	if p.Device == config.KVCacheNVMe {
-		return p, fmt.Sprintf("the KV cache (%s of float32 keys and values) is on nvme, which the native decoder's cache does not stream", config.Size(p.CacheBytes))
-	}
 	return p, ""
 }
 
@@ -226,23 +226,38 @@ func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sam
 		kvh = c.Heads
 	}
 	values := int64(c.Layers) * int64(B) * int64(total) * int64(kvh) * int64(c.HeadDim)
-	zc, err := g.rt.OpenKVCache(1, 2*4*values)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, zc.Close()) }()
-	buf, err := zc.Begin(ctx, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, zc.End(0, len(buf))) }()
-	if int64(len(buf)) < 2*4*values || uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%4 != 0 {
-		return nil, fmt.Errorf("zinf generate: the native KV cache's buffer has %d bytes, want %d aligned to 4", len(buf), 2*4*values)
-	}
-	f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), 2*values)
-	cache, err := decoder.NewKVCache(*c, B, total, f[:values:values], f[values:])
-	if err != nil {
-		return nil, fmt.Errorf("zinf generate: %w", err)
+	var cache *decoder.KVCache
+	if kvPlan.Device == config.KVCacheNVMe {
+		// One entry a layer (keys, then values), read back and written
+		// behind by zinf's KV cache around each layer.
+		if cache, err = decoder.NewLayerKVCache(*c, B, total); err != nil {
+			return nil, fmt.Errorf("zinf generate: %w", err)
+		}
+		zc, err := g.rt.OpenKVCache(c.Layers, 2*4*int64(cache.LayerValues()))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, zc.Close()) }()
+		n.kvc = zc
+		defer func() { n.kvc = nil }()
+	} else {
+		zc, err := g.rt.OpenKVCache(1, 2*4*values)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, zc.Close()) }()
+		buf, err := zc.Begin(ctx, 0)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, zc.End(0, len(buf))) }()
+		if int64(len(buf)) < 2*4*values || uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%4 != 0 {
+			return nil, fmt.Errorf("zinf generate: the native KV cache's buffer has %d bytes, want %d aligned to 4", len(buf), 2*4*values)
+		}
+		f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), 2*values)
+		if cache, err = decoder.NewKVCache(*c, B, total, f[:values:values], f[values:]); err != nil {
+			return nil, fmt.Errorf("zinf generate: %w", err)
+		}
 	}
 	res := &Result{Tokens: make([][]int32, B), KVCache: kvPlan, Decoder: DecoderNative}
 	done := make([]bool, B)
@@ -318,7 +333,7 @@ func (g *Generator) nativePass(ctx context.Context, cache *decoder.KVCache, toks
 			}
 		case l <= L:
 			if err = n.bind.Layer(l-1, view, &n.lw); err == nil {
-				err = n.dec.Layer(l-1, &n.lw)
+				err = n.layer(ctx, cache, l-1)
 			}
 		default:
 			if err = n.bind.Model(view, &n.mw); err == nil {
@@ -332,6 +347,37 @@ func (g *Generator) nativePass(ctx context.Context, cache *decoder.KVCache, toks
 		}
 	}
 	return nil
+}
+
+// layer runs decoder layer l on n.lw; with the KV cache on NVMe (n.kvc)
+// it binds the layer's entry, which zinf's KV cache reads back (ahead, as
+// the GoMLX path's), around the layer and hands it back to be written
+// behind.
+func (n *native) layer(ctx context.Context, cache *decoder.KVCache, l int) error {
+	if n.kvc == nil {
+		return n.dec.Layer(l, &n.lw)
+	}
+	per := cache.LayerValues()
+	buf, err := n.kvc.Begin(ctx, l)
+	if err != nil {
+		return err
+	}
+	if len(buf) < 2*4*per || uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%4 != 0 {
+		_ = n.kvc.End(l, 0)
+		return fmt.Errorf("the KV cache's entry of layer %d has %d bytes, want %d aligned to 4", l, len(buf), 2*4*per)
+	}
+	f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), 2*per)
+	if err := cache.BindLayer(l, f[:per:per], f[per:]); err != nil {
+		_ = n.kvc.End(l, 0)
+		return err
+	}
+	err = n.dec.Layer(l, &n.lw)
+	_ = cache.BindLayer(l, nil, nil)
+	if err != nil {
+		_ = n.kvc.End(l, 0)
+		return err
+	}
+	return n.kvc.End(l, 2*4*per)
 }
 
 // nativeView is the decoder's view of weight name in zinf layer l: the
