@@ -14,7 +14,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // sameModel fails the test unless the Trainer's variables, masters and
@@ -51,11 +50,11 @@ func sameModel(ctx context.Context, t *testing.T, what string, tr *zgomlx.Traine
 // hand-overs with compute and with Options.OneLayerResident.
 func TestFaultMidStep(t *testing.T) {
 	cases := []faultCase{
-		{name: "commit-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}, serial: true},
-		{name: "optimizer-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}},
-		{name: "gradient-ENOSPC", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Err: syscall.ENOSPC}},
-		{name: "gradient-ENOSPC-once", rule: faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-grad-"), Nth: 5, Err: syscall.ENOSPC}, transient: true},
-		{name: "param-read-EIO", rule: faults.Rule{Kind: faults.Reads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 9, Err: syscall.EIO}},
+		{name: "commit-ENOSPC", rule: faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}, serial: true},
+		{name: "optimizer-ENOSPC", rule: faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-optim-"), Nth: 3, Err: syscall.ENOSPC}},
+		{name: "gradient-ENOSPC", rule: faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-grad-"), Err: syscall.ENOSPC}},
+		{name: "gradient-ENOSPC-once", rule: faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-grad-"), Nth: 5, Err: syscall.ENOSPC}, transient: true},
+		{name: "param-read-EIO", rule: faultRule{Kind: faultReads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 9, Err: syscall.EIO}},
 	}
 	for _, c := range cases {
 		for _, one := range []bool{false, true} {
@@ -84,7 +83,7 @@ func stepWithMemory(ctx context.Context, t *testing.T, tc trainCase, tr *zgomlx.
 // faultCase is a fault TestFaultMidStep injects.
 type faultCase struct {
 	name      string
-	rule      faults.Rule
+	rule      faultRule
 	transient bool // zinf rewrites the failed write itself: the step succeeds
 	serial    bool // every update in the commit (zinf.Options.SerialStep): the commit fails
 }
@@ -99,7 +98,7 @@ func faultMidStep(t *testing.T, c faultCase, one bool) {
 		store := newStore(t, b, tc.net, tc.x, 5)
 		memStore := clone(t, store)
 		cfg := testConfig(t, 8<<20)
-		inj := faults.New(1)
+		inj := newInjector()
 		tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{OneLayerResident: one, Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
 		if err != nil {
 			t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/test/testenv"
 )
 
 // TestBlockedHead: the zoo transformer with its tied head computed in
@@ -126,7 +125,7 @@ func TestBlockedHeadUnderAuto(t *testing.T) {
 	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
 		t.Fatal(err)
 	}
-	var log testenv.SyncBuffer // the runtime's goroutines log too
+	var log syncBuffer // the runtime's goroutines log too
 	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
 	if err != nil {
 		t.Fatal(err)

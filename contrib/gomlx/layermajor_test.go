@@ -22,7 +22,6 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/plan"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -391,10 +390,10 @@ func TestLayerMajorActivationTiers(t *testing.T) {
 func TestLayerMajorFaultMidStep(t *testing.T) {
 	cases := []struct {
 		name string
-		rule faults.Rule
+		rule faultRule
 	}{
-		{"activations-ENOSPC", faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-act-"), Nth: 2, Err: syscall.ENOSPC}},
-		{"param-read-EIO", faults.Rule{Kind: faults.Reads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 5, Err: syscall.EIO}},
+		{"activations-ENOSPC", faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-act-"), Nth: 2, Err: syscall.ENOSPC}},
+		{"param-read-EIO", faultRule{Kind: faultReads, PathContains: filepath.Join("/", "zinf-param-"), Nth: 5, Err: syscall.EIO}},
 	}
 	b := backend(t)
 	c := tiedZooCase(t)
@@ -405,7 +404,7 @@ func TestLayerMajorFaultMidStep(t *testing.T) {
 			ctx := watchdog(t, 4*time.Minute)
 			cfg := c.config(t, k, config.ScheduleLayerMajor)
 			cfg.Zinf.Activations.Device = config.ActivationsNVMe
-			inj := faults.New(1)
+			inj := newInjector()
 			opts := c.opts
 			opts.Runtime.Faults = inj
 			tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, opts)

@@ -12,7 +12,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/internal/test/faults"
 )
 
 // TestOverlapUpdate trains a transformer with zinf.overlap_update, the
@@ -33,7 +32,7 @@ func TestOverlapUpdate(t *testing.T) {
 	cfg.GradientClipping = 1e9
 	cfg.Zinf.Speculate = config.SpeculateNever
 	cfg.Zinf.OverlapUpdate = true
-	inj := faults.New(1)
+	inj := newInjector()
 	tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{Runtime: zinf.Options{Faults: inj}})
 	if err != nil {
 		t.Fatal(err)
@@ -68,8 +67,8 @@ func TestOverlapUpdate(t *testing.T) {
 	}
 	// Step 3's update fails after Step returned: its optimizer writes are
 	// slow, so Step returns first, and a parameter write fails.
-	inj.Add(faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-optim-"), Delay: 20 * time.Millisecond})
-	inj.Add(faults.Rule{Kind: faults.Writes, PathContains: filepath.Join("/", "zinf-param-"), Nth: 4, Times: 1, Err: syscall.ENOSPC})
+	inj.Add(faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-optim-"), Delay: 20 * time.Millisecond})
+	inj.Add(faultRule{Kind: faultWrites, PathContains: filepath.Join("/", "zinf-param-"), Nth: 4, Times: 1, Err: syscall.ENOSPC})
 	x3, y3 := tc.batch(3)
 	if _, err := tr.Step(ctx, x3, y3); err != nil {
 		t.Fatalf("step 3 failed in Step (%d faults fired): the failure should come after it: %v", inj.Hits(), err)
