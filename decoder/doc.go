@@ -62,11 +62,13 @@
 // by name with a Binding (Binding.Layer with a function from a tensor
 // name to the view of its pinned buffer), handed to Layer, and Logits on
 // the head's views; the KV cache is a float32 buffer the generator allocates
-// (through the runtime's KV cache, in memory) once per generation. Under
-// Options.Decoder auto the generator picks the native decoder when the
-// model maps to a Config (for the zoo, contrib/gomlx/nativecheck.ZooConfig;
-// in-out or out-in weights), the KV cache in memory and greedy sampling,
-// and keeps the GoMLX path otherwise, saying why.
+// (through the runtime's KV cache, in memory or pinned) once per
+// generation, or, on NVMe, one entry a layer bound around the layer
+// (NewLayerKVCache, KVCache.BindLayer) as zinf's KV cache reads it back
+// and writes it behind. Under Options.Decoder auto the generator picks the
+// native decoder when the model maps to a Config (for the zoo,
+// contrib/gomlx/nativecheck.ZooConfig; in-out or out-in weights) and the
+// sampling is greedy, and keeps the GoMLX path otherwise, saying why.
 //
 // # Caveats
 //
