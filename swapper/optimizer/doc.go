@@ -205,7 +205,11 @@
 // given; ReadEncodedStates and LoadEncodedStates move them as stored
 // (codes and absmax), which resuming bit for bit needs: decoding and
 // encoding again changes a block whose largest magnitude is negative (the
-// signed map has +1 but not -1).
+// signed map has +1 but not -1). Options.StateFormatFor picks the format
+// per tensor (KeepFP32: fp32 under MinCompressedElems elements and for
+// names such as "*embed*"), since 8-bit moments train sparse-gradient
+// tables badly: an exp_avg_sq coded as zero beside a nonzero exp_avg moves
+// a weight by lr*m/eps.
 //
 // The two maps are bitsandbytes' dynamic maps (SignedDynamicMap for
 // exp_avg, UnsignedDynamicMap for exp_avg_sq), computed in float32 from
