@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -463,9 +464,16 @@ func bench(o options, w io.Writer) error {
 		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
 	ratio := func(f func(result) float64) (med, lo, hi float64) {
-		v := make([]float64, len(off))
+		// Rounds whose in-memory figure is 0 (no GC cycle) have no
+		// ratio; none at all prints NaN.
+		var v []float64
 		for i := range off {
-			v[i] = f(off[i]) / max(f(mem[i]), 1e-9)
+			if d := f(mem[i]); d > 0 {
+				v = append(v, f(off[i])/d)
+			}
+		}
+		if len(v) == 0 {
+			return math.NaN(), math.NaN(), math.NaN()
 		}
 		return stats.Median(v), slices.Min(v), slices.Max(v)
 	}
