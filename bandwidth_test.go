@@ -239,7 +239,7 @@ func TestPlanModelBandwidth(t *testing.T) {
 	zinf.ForgetBandwidths()
 	c, _ := bwConfig(t)
 	c.Zinf.Bandwidth.ReadBytesPerSec, c.Zinf.Bandwidth.WriteBytesPerSec = 2500e6, 1250e6
-	p, err := zinf.PlanModel(context.Background(), c, bwModel, zinf.PlanOptions{})
+	p, err := zinf.PlanModel(context.Background(), c, bwModel, zinf.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

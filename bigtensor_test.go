@@ -45,7 +45,7 @@ func TestBigEmbeddingTrainsInPieces(t *testing.T) {
 	cfg.GradientAccumulationSteps = 2
 	plan := func(m zinf.Model, pieceBytes int64) zinf.Reservations {
 		t.Helper()
-		p, err := zinf.PlanModel(context.Background(), cfg, m, zinf.PlanOptions{NoBandwidthProbe: true, PieceBytes: pieceBytes})
+		p, err := zinf.PlanModel(context.Background(), cfg, m, zinf.Options{NoBandwidthProbe: true, PieceBytes: pieceBytes})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestPieceBytesKey(t *testing.T) {
 	for _, o := range []struct {
 		opt, want int64
 	}{{0, 2 << 20}, {1 << 20, 1 << 20}, {-1, 0}} {
-		p, err := zinf.PlanModel(context.Background(), c, model, zinf.PlanOptions{NoBandwidthProbe: true, PieceBytes: o.opt})
+		p, err := zinf.PlanModel(context.Background(), c, model, zinf.Options{NoBandwidthProbe: true, PieceBytes: o.opt})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -87,7 +87,7 @@ func diskConfig(dir string) *config.Config {
 // backward), bit for bit as in memory, and the swap files stay within the
 // figure.
 func TestFreeSpaceCheckedAtOpen(t *testing.T) {
-	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestFreeSpaceInference(t *testing.T) {
 // TestFreeSpaceSharedFilesystem: two NVMe paths on one filesystem need
 // their sum there; the refusal names both.
 func TestFreeSpaceSharedFilesystem(t *testing.T) {
-	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestFreeSpaceSharedFilesystem(t *testing.T) {
 // pinned pool's reservations (what Open enforces), adding up to the pool,
 // not the policy's own parameter and optimizer buffer counts.
 func TestPlanTableShowsReservations(t *testing.T) {
-	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.PlanOptions{NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(context.Background(), diskConfig("/nonexistent/zinf-plan"), diskModel, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func (r *Runtime) endVisit(l int) {
 // micro-batch measured so far (Options.ComputePerLayer's unit): the time
 // between each BeginLayer and its EndLayer, less the runtime's waits
 // meanwhile, over the layer visits times their micro-batches. 0 before
-// the first visit ends. PlanModel with it (PlanOptions.ComputePerLayer)
+// the first visit ends. PlanModel with it (Options.ComputePerLayer)
 // predicts the step from the loop's own compute.
 func (r *Runtime) MeasuredComputePerLayer() time.Duration {
 	r.mu.Lock()

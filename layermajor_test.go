@@ -169,7 +169,7 @@ func TestMeasuredComputePerLayer(t *testing.T) {
 	if m := rt.Metrics(); m.ComputeUnits != int64(4*len(c.layers)) || m.Compute < time.Duration(len(c.layers))*visit {
 		t.Fatalf("metrics: %v over %d units", m.Compute, m.ComputeUnits)
 	}
-	p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: got, NoBandwidthProbe: true})
+	p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.Options{ComputePerLayer: got, NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestMeasuredCosts(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.PlanOptions{ComputePerLayer: time.Millisecond, NoBandwidthProbe: true})
+			p, err := zinf.PlanModel(ctx, c.cfg, c.model, zinf.Options{ComputePerLayer: time.Millisecond, NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -241,7 +241,7 @@ func TestLayerMajorOneMicroBatchHoldsNothing(t *testing.T) {
 		for _, layerMajor := range []bool{false, true} {
 			c := scheduleCase(t, "adam", k, layerMajor)
 			c.cfg.GradientClipping = 0 // scheduleCase sets it from its first step
-			plan, err := zinf.PlanModel(context.Background(), c.cfg, c.model, zinf.PlanOptions{WorldSize: c.world, NoBandwidthProbe: true})
+			plan, err := zinf.PlanModel(context.Background(), c.cfg, c.model, zinf.Options{WorldSize: c.world, NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -284,7 +284,7 @@ func TestLayerMajorGradientsInPieces(t *testing.T) {
 	}
 	for _, piece := range []int64{4 << 20, 1 << 20} {
 		t.Run(config.Size(piece).String(), func(t *testing.T) {
-			p, err := zinf.PlanModel(context.Background(), cfgFor(filepath.Join(t.TempDir(), "nvme"), piece), model, zinf.PlanOptions{NoBandwidthProbe: true})
+			p, err := zinf.PlanModel(context.Background(), cfgFor(filepath.Join(t.TempDir(), "nvme"), piece), model, zinf.Options{NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -339,7 +339,7 @@ func TestLayerMajorPiecedAtMinimumPool(t *testing.T) {
 	c.cfg.Zinf.PieceBytes = 64 << 10
 	probe := *c.cfg
 	probe.GradientClipping = 0 // run sets the threshold
-	p, err := zinf.PlanModel(context.Background(), &probe, c.model, zinf.PlanOptions{NoBandwidthProbe: true})
+	p, err := zinf.PlanModel(context.Background(), &probe, c.model, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestTrainAtPlannedMinimumPool(t *testing.T) {
 			if c.tweak != nil {
 				c.tweak(cfg)
 			}
-			plan, err := zinf.PlanModel(context.Background(), cfg, c.model, zinf.PlanOptions{WorldSize: c.world, NoBandwidthProbe: true})
+			plan, err := zinf.PlanModel(context.Background(), cfg, c.model, zinf.Options{WorldSize: c.world, NoBandwidthProbe: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,7 +116,7 @@ func TestLargestTensorEightSubGroupsRuntime(t *testing.T) {
 	cfg.Zinf.PipelineDepth = 0
 	cfg.Zinf.Checksums = false // checked reads widen a sub-group's gradient slice to whole 1 MiB stripes
 	cfg.ZeroOptimization.SubGroupSize = sg
-	plan, err := zinf.PlanModel(context.Background(), cfg, model, zinf.PlanOptions{NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(context.Background(), cfg, model, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package zinf
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
@@ -35,36 +33,15 @@ var ErrPoolTooSmall = plan.ErrPoolTooSmall
 // DefaultPieceBytes is Options.PieceBytes's default: 4 MiB.
 const DefaultPieceBytes = plan.DefaultPieceBytes
 
-// PlanOptions adjust PlanModel.
-type PlanOptions struct {
-	// Rank and WorldSize, when WorldSize > 0, override the config's.
-	Rank, WorldSize int
-	// ComputePerLayer is the loop's compute time per layer and pass (see
-	// Options.ComputePerLayer).
-	ComputePerLayer time.Duration
-	// Inference plans for forward passes only (see Options.Inference).
-	Inference bool
-	// GatherLayers plans the pinned memory of gathered layers (see
-	// Options.GatherLayers: ranks as processes).
-	GatherLayers bool
-	// Bandwidth, when set, is used as it is; otherwise PlanModel gets it
-	// from NVMeBandwidth.
-	Bandwidth *Bandwidth
-	// NoBandwidthProbe never probes a path (see BandwidthOptions.NoProbe).
-	NoBandwidthProbe bool
-	// Logger receives warnings. Default slog.Default().
-	Logger *slog.Logger
-	// PieceBytes is Options.PieceBytes: tensors larger move in pieces
-	// (0: zinf.piece_bytes, else DefaultPieceBytes; -1: whole).
-	PieceBytes int64
-}
-
-// PlanModel computes what Open would decide for model under cfg — the
-// placement and predicted step, the pinned reservations and minimum pool,
-// the NVMe bandwidth used, the free disk each NVMe path needs — without
-// opening a store, a pool or a device. The NVMe paths need not exist;
-// the bandwidth of a path that does may be probed (see NVMeBandwidth).
-func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts PlanOptions) (*ModelPlan, error) {
+// PlanModel computes what Open would decide for model under cfg with
+// opts — the placement and predicted step, the pinned reservations and
+// minimum pool, the NVMe bandwidth used, the free disk each NVMe path
+// needs — without opening a store, a pool or a device. The NVMe paths
+// need not exist; the bandwidth of a path that does may be probed (see
+// NVMeBandwidth). Of opts it reads what a plan depends on: Rank and
+// WorldSize, ComputePerLayer, Inference, GatherLayers (planned whether or
+// not Comm is set), Bandwidth, NoBandwidthProbe, Logger and PieceBytes.
+func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts Options) (*ModelPlan, error) {
 	in, err := plan.Check(cfg, m, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err

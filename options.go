@@ -11,7 +11,8 @@ import (
 	"github.com/zinfio/zinf/trace"
 )
 
-// Options adjust Open beyond the config.
+// Options adjust Open beyond the config; PlanModel reads the fields a
+// plan depends on.
 type Options struct {
 	// Logger receives warnings and progress. Default slog.Default().
 	Logger *slog.Logger

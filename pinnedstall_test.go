@@ -66,7 +66,7 @@ func TestBeginLayerStallNamesBegunLayers(t *testing.T) {
 		layers = append(layers, []tensor.Desc{{Name: fmt.Sprintf("l%d", l), Shape: []int{64 << 10}}})
 	}
 	m := zinf.LayeredModel(layers...)
-	plan, err := zinf.PlanModel(t.Context(), cfg, m, zinf.PlanOptions{NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(t.Context(), cfg, m, zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

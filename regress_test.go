@@ -91,7 +91,7 @@ func TestPrefetchOverrideAtMinimumPool(t *testing.T) {
 	)
 	cfg, _ := testConfig(t)
 	cfg.ZeroOptimization.SubGroupSize = 16384
-	plan, err := zinf.PlanModel(t.Context(), cfg, model, zinf.PlanOptions{WorldSize: 2, NoBandwidthProbe: true})
+	plan, err := zinf.PlanModel(t.Context(), cfg, model, zinf.Options{WorldSize: 2, NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

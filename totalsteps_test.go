@@ -23,7 +23,7 @@ func TestTotalStepsAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := oneTensor("w", 1000)
-	if _, err := zinf.PlanModel(context.Background(), c, m, zinf.PlanOptions{NoBandwidthProbe: true}); err != nil {
+	if _, err := zinf.PlanModel(context.Background(), c, m, zinf.Options{NoBandwidthProbe: true}); err != nil {
 		t.Fatalf("PlanModel: %v", err)
 	}
 	_, err := zinf.Open(c, m, zinf.Options{NoBandwidthProbe: true})

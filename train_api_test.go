@@ -442,7 +442,7 @@ func TestGradientWriteBehindsInFlight(t *testing.T) {
 	}
 	c, _ := testConfig(t)
 	c.Zinf.Tiers.CPUPinnedBytes = 64 << 20
-	probe, err := zinf.PlanModel(context.Background(), c, twoEqualLayers(), zinf.PlanOptions{NoBandwidthProbe: true})
+	probe, err := zinf.PlanModel(context.Background(), c, twoEqualLayers(), zinf.Options{NoBandwidthProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

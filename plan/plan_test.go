@@ -90,7 +90,7 @@ func TestMakeIsPureAndIsPlanModel(t *testing.T) {
 		t.Errorf("the pool's options %+v do not follow the reservations %+v", p1.Components.Pool, p1.Reservations)
 	}
 
-	zp, err := zinf.PlanModel(context.Background(), cfg, model, zinf.PlanOptions{Bandwidth: &bw, ComputePerLayer: 2 * time.Millisecond})
+	zp, err := zinf.PlanModel(context.Background(), cfg, model, zinf.Options{Bandwidth: &bw, ComputePerLayer: 2 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPlanSaysSubGroupCapped(t *testing.T) {
 		cfg.Zinf.Tiers.CPUPinnedBytes = 1 << 30
 		cfg.ZeroOptimization.SubGroupSize = sub
 		cfg.Zinf.PieceBytes = piece
-		p, err := zinf.PlanModel(context.Background(), cfg, big, zinf.PlanOptions{NoBandwidthProbe: true})
+		p, err := zinf.PlanModel(context.Background(), cfg, big, zinf.Options{NoBandwidthProbe: true})
 		if err != nil {
 			t.Fatal(err)
 		}

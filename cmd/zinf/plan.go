@@ -89,7 +89,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		rank = 0
 	}
 	p, err := zinf.PlanModel(ctx, cfg, zinf.Model{Tensors: m.Tensors(), Layers: m.Layers},
-		zinf.PlanOptions{Rank: rank, WorldSize: m.World, ComputePerLayer: compute, NoBandwidthProbe: noProbe, Logger: cliLogger(stderr)})
+		zinf.Options{Rank: rank, WorldSize: m.World, ComputePerLayer: compute, NoBandwidthProbe: noProbe, Logger: cliLogger(stderr)})
 	if err != nil {
 		return err
 	}

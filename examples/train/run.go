@@ -675,7 +675,7 @@ func (res *Result) replan(ctx context.Context, cfg *config.Config, spec Spec, rt
 		return nil
 	}
 	bw := rt.Bandwidth()
-	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{Rank: rt.Rank, WorldSize: rt.World, ComputePerLayer: c, Bandwidth: &bw, Logger: log})
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.Options{Rank: rt.Rank, WorldSize: rt.World, ComputePerLayer: c, Bandwidth: &bw, Logger: log})
 	if err != nil {
 		return fmt.Errorf("train: the prediction from the measured compute: %w", err)
 	}

@@ -303,7 +303,7 @@ func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
 // padded and striped as the stores do: what Open checks too), plus the
 // bandwidth probe's file.
 func diskNeed(ctx context.Context, spec train.Spec, cfg *config.Config, probe int64, log *slog.Logger) (int64, error) {
-	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.PlanOptions{NoBandwidthProbe: true, Logger: log})
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.Options{NoBandwidthProbe: true, Logger: log})
 	if err != nil {
 		return 0, err
 	}
