@@ -221,3 +221,33 @@ func carryRNG(src, dst *model.Store) error {
 	}
 	return dv.SetValue(c)
 }
+
+// spareRowTables makes the swap-in buffers of the tables net's layers
+// read by rows (Layer.Lookups of variables zinf streams) before Create
+// initializes the layers. A buffer made after the layers' initial values
+// have passed through the Go heap reuses their memory, which Go zeroes
+// page by page: the table's whole size would be resident for a moment
+// (bench-llm-big: 783 MiB on top of the rest, the peak of the run), where
+// only the batch's rows are resident afterwards (dropPages). Made first
+// and its pages dropped, it costs nothing resident until rows are read
+// into it.
+func (o *Offload) spareRowTables(backend compute.Backend, net Net) error {
+	p := &slotPool{backend: backend}
+	for _, l := range net.Layers {
+		for _, lk := range l.Lookups {
+			v := o.byName[lk.Var]
+			if v == nil || !o.rt.Streamed(v.Name) {
+				continue
+			}
+			s, err := p.newSlot(v.Shape)
+			if err != nil {
+				freeSlots(o.spare)
+				o.spare = nil
+				return fmt.Errorf("zgomlx: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
+			}
+			dropPages(s.bytes) // a buffer the backend reused may be resident
+			o.spare = append(o.spare, s)
+		}
+	}
+	return nil
+}

@@ -136,23 +136,6 @@ func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 	return t, nil
 }
 
-// checkTrainer refuses what a Trainer cannot run, before anything is
-// registered.
-func checkTrainer(backend compute.Backend, cfg *config.Config) error {
-	if backend == nil {
-		return errors.New("zgomlx: nil backend")
-	}
-	if !backend.HasSharedBuffers() {
-		return fmt.Errorf("zgomlx: backend %q has no shared buffers (use the pure-Go backend: compute.NewWithConfig(zgomlx.DefaultBackend))", backend.Name())
-	}
-	if cfg != nil && cfg.FP16 {
-		// fp16 training scales the loss (zinf.Runtime.LossScale) so its
-		// gradients do not underflow; this loop does not.
-		return errors.New("zgomlx: fp16.enabled true: the Trainer does not apply fp16 loss scaling (allowed: fp32 or bf16 params; an Offload of fp16 variables can still be registered and read)")
-	}
-	return nil
-}
-
 // Open registers store's variables with zinf (Register, one layer per
 // Net layer) and builds a Trainer for net; Close closes both. On error
 // the Store keeps its values.
