@@ -288,7 +288,8 @@ type Zinf struct {
 	// compressed formats are for Adam and AdamW only.
 	OptimizerStates OptimizerStates
 	// OptimizerStatesFP32 is "optimizer_states_fp32": tensor name
-	// patterns (path.Match globs, e.g. "*embed*") whose states stay fp32
+	// patterns ('*' any characters, '/' included; '?' one: e.g. "*embed*",
+	// optimizer.MatchName) whose states stay fp32
 	// when OptimizerStates is bf16 or 8bit, as bitsandbytes keeps
 	// embeddings in 32-bit states: a table whose rows get gradients now
 	// and then trains badly on 8-bit moments. Tensors of fewer than 4096

@@ -188,7 +188,7 @@
 //	zinf.optimizer_states        word      "fp32"            fp32 | bf16 | 8bit: how Adam's exp_avg and exp_avg_sq are
 //	                                                         stored on NVMe and in pinned memory (8bit: blockwise, an
 //	                                                         fp32 absmax per 256 elements); masters stay fp32
-//	zinf.optimizer_states_fp32   strings   []                tensor name patterns (path.Match, e.g. "*embed*") whose
+//	zinf.optimizer_states_fp32   strings   []                tensor name patterns ('*' any run, e.g. "*embed*") whose
 //	                                                         states stay fp32 under bf16 or 8bit, as do tensors
 //	                                                         under 4096 elements
 //	zinf.speculate               word      "auto"            auto | always | never: with gradient_clipping or fp16,

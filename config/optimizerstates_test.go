@@ -9,7 +9,7 @@ import (
 
 // TestOptimizerStatesKey: zinf.optimizer_states defaults to fp32, takes
 // bf16 and 8bit, round-trips through MarshalJSON (written only when not
-// fp32) with zinf.optimizer_states_fp32, and a bad word, a malformed
+// fp32) with zinf.optimizer_states_fp32, and a bad word, an empty
 // pattern or a rule without compressed states is refused with the key,
 // the value and what is allowed.
 func TestOptimizerStatesKey(t *testing.T) {
@@ -46,7 +46,7 @@ func TestOptimizerStatesKey(t *testing.T) {
 		{`{"zinf": {"optimizer_states": "int4"}}`, `fp32, bf16, 8bit`},
 		{`{"zinf": {"optimizer_states": 8}}`, `zinf.optimizer_states`},
 		{`{"zinf": {"optimizer_states": "8bit"}, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}`, `is for Adam and AdamW; optimizer.type is SGD`},
-		{`{"zinf": {"optimizer_states": "8bit", "optimizer_states_fp32": ["*embed*", "[a-"]}}`, `zinf.optimizer_states_fp32: "[a-" is not a pattern`},
+		{`{"zinf": {"optimizer_states": "8bit", "optimizer_states_fp32": ["*embed*", ""]}}`, `zinf.optimizer_states_fp32: "" is empty`},
 	} {
 		_, err := config.Parse([]byte(c.json))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -3,7 +3,6 @@ package optimizer
 import (
 	"context"
 	"fmt"
-	"path"
 
 	"github.com/zinfio/zinf/buffers"
 )
@@ -177,15 +176,15 @@ func (f StateFormat) normalized() StateFormat {
 
 // KeepFP32 returns a StateFormatFor rule: fp32 states for tensors of fewer
 // than minElems elements and for those whose name matches one of patterns
-// (path.Match globs, such as "*embed*"), f for the others. A malformed
-// pattern matches nothing (ValidatePatterns reports it).
+// (MatchName: "*embed*" matches "/token_embed/embeddings"), f for the
+// others.
 func KeepFP32(f StateFormat, minElems int, patterns []string) func(name string, elems int) StateFormat {
 	return func(name string, elems int) StateFormat {
 		if elems < minElems {
 			return FormatFP32
 		}
 		for _, p := range patterns {
-			if ok, _ := path.Match(p, name); ok {
+			if MatchName(p, name) {
 				return FormatFP32
 			}
 		}
@@ -193,14 +192,34 @@ func KeepFP32(f StateFormat, minElems int, patterns []string) func(name string, 
 	}
 }
 
-// ValidatePatterns reports the first malformed path.Match pattern.
-func ValidatePatterns(patterns []string) error {
-	for _, p := range patterns {
-		if _, err := path.Match(p, ""); err != nil {
-			return fmt.Errorf("pattern %q: %w", p, err)
+// MatchName reports whether name matches pattern, in which '*' stands for
+// any run of characters, '/' included (tensor names are paths: GoMLX's
+// "/token_embed/embeddings"), '?' for any one character, and every other
+// character for itself.
+func MatchName(pattern, name string) bool {
+	// Iterative wildcard matching with one backtrack point: the last '*'.
+	p, n := 0, 0
+	star, mark := -1, 0
+	for n < len(name) {
+		switch {
+		case p < len(pattern) && (pattern[p] == '?' || pattern[p] == name[n]) && pattern[p] != '*':
+			p++
+			n++
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, n
+			p++
+		case star >= 0:
+			p = star + 1
+			mark++
+			n = mark
+		default:
+			return false
 		}
 	}
-	return nil
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
 }
 
 // MinCompressedElems is the fewest elements a tensor needs for compressed

@@ -329,7 +329,16 @@ func TestStateFormatFor(t *testing.T) {
 			t.Errorf("%s (%v): master differs at %d", s.name, want[s.name], i)
 		}
 	}
-	if err := optimizer.ValidatePatterns([]string{"[a-"}); err == nil {
-		t.Error("ValidatePatterns accepts a malformed pattern")
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"*embed*", "/token_embed/embeddings", true}, {"*embed*", "tok_embed.weight", true}, {"*embed*", "layer.w", false},
+		{"/layer_?/*", "/layer_3/w", true}, {"/layer_?/*", "/layer_12/w", false}, {"*", "", true}, {"", "a", false},
+		{"a*b*c", "axxbyyc", true}, {"a*b*c", "axxbyy", false}, {"*.bias", "l0.bias", true}, {"[a-", "[a-", true},
+	} {
+		if got := optimizer.MatchName(c.pattern, c.name); got != c.want {
+			t.Errorf("MatchName(%q, %q) = %v, want %v", c.pattern, c.name, got, c.want)
+		}
 	}
 }
