@@ -152,7 +152,8 @@ func paramBytesRead(tr *zgomlx.Trainer) int64 {
 // zinf's Adam applied to the whole-graph gradients of the three
 // micro-batches summed in order (every variable but the tied table, whose
 // two uses zinf sums one by one). The NVMe parameter bytes a layer-major step reads are flat
-// in k; a micro-batch-major step reads them once per micro-batch.
+// in k past one (k > 1 reads the last layer again for its backward, to hold its gradients); a
+// micro-batch-major step reads them once per micro-batch.
 func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 	for _, mk := range []func(*testing.T) schedCase{tiedZooCase, func(*testing.T) schedCase { return mlpChainCase() }} {
 		c := mk(t)
