@@ -89,7 +89,7 @@ func CreateN(ctx context.Context, backend compute.Backend, cfg *config.Config, s
 		}
 	}
 	o.applyHeapCredit(opts.HeapCredit)
-	t, err := NewTrainer(backend, o, net)
+	t, err := newTrainer(backend, o, net)
 	if err != nil {
 		// Give back what the Store had (the rest it never held).
 		for _, v := range had {

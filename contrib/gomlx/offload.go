@@ -99,7 +99,7 @@ type Offload struct {
 	// oneLayer is Options.OneLayerResident.
 	oneLayer bool
 	// spare are swap-in buffers Create made before initializing the
-	// layers (spareRowTables); NewTrainer gives them to its slot pool.
+	// layers (spareRowTables); newTrainer gives them to its slot pool.
 	spare []*slot
 }
 

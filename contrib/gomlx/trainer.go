@@ -100,11 +100,11 @@ func (t *Trainer) Timings() Timings {
 	return tm
 }
 
-// NewTrainer builds net's per-layer executors over off's variables on
+// newTrainer builds net's per-layer executors over off's variables on
 // backend, which must share its buffers with Go (the pure-Go backend).
 // off must have been registered with one layer per Net layer, in order
-// (Options.Layers = net.Scopes()).
-func NewTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error) {
+// (Options.Layers = net.Scopes(), as Open and Create register it).
+func newTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error) {
 	if off == nil {
 		return nil, errors.New("zgomlx: nil Offload")
 	}
@@ -152,7 +152,7 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, stor
 	if err != nil {
 		return nil, err
 	}
-	t, err := NewTrainer(backend, off, net)
+	t, err := newTrainer(backend, off, net)
 	if err != nil {
 		if !opts.KeepValues {
 			if rerr := off.Restore(ctx); rerr != nil {
