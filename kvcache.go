@@ -13,129 +13,6 @@ import (
 	"github.com/zinfio/zinf/swapper"
 )
 
-// KVCachePlan is where a generation's attention key/value cache lives and
-// what it takes there (zinf.kv_cache in the config; see PlanKVCache).
-type KVCachePlan struct {
-	// Device is the tier: memory, cpu (pinned) or nvme (auto resolved).
-	Device config.KVCacheDevice
-	// Layers and LayerBytes are the cache's shape: one entry of keys and
-	// values per attention layer, of at most LayerBytes.
-	Layers     int
-	LayerBytes int64
-	// CacheBytes is the whole cache: Layers x LayerBytes.
-	CacheBytes int64
-	// MemoryBytes is what it holds in ordinary memory (the memory tier).
-	MemoryBytes int64
-	// PinnedBytes is its pinned memory: the cache (cpu), or the layer
-	// buffers it stages through (nvme: in use, read ahead, written behind).
-	PinnedBytes int64
-	// DiskBytes is the swap file space it needs (nvme; copy-on-write:
-	// twice the cache).
-	DiskBytes int64
-	// BudgetBytes is zinf.kv_cache.bytes (0: none).
-	BudgetBytes int64
-}
-
-// String is the plan in one line, as zinf plan prints it.
-func (p KVCachePlan) String() string {
-	s := fmt.Sprintf("kv cache: %s, %d layers x %s = %s", p.Device, p.Layers, config.Size(p.LayerBytes), config.Size(p.CacheBytes))
-	switch p.Device {
-	case config.KVCacheMemory:
-		s += " in memory"
-	case config.KVCacheCPU:
-		s += fmt.Sprintf(", pinned %s", config.Size(p.PinnedBytes))
-	case config.KVCacheNVMe:
-		s += fmt.Sprintf(" in swap files (%s of disk, copy-on-write), pinned staging %s (%d layers: in use, read ahead, written behind)",
-			config.Size(p.DiskBytes), config.Size(p.PinnedBytes), kvSlots(p.Layers))
-	}
-	if p.BudgetBytes > 0 {
-		s += fmt.Sprintf("; zinf.kv_cache.bytes %s", config.Size(p.BudgetBytes))
-	}
-	return s
-}
-
-// KVCacheTooSmallError is a zinf.kv_cache.bytes below what the cache
-// needs on its tier.
-type KVCacheTooSmallError struct {
-	Plan KVCachePlan
-	Need int64
-}
-
-// ErrKVCacheTooSmall is wrapped by KVCacheTooSmallError.
-var ErrKVCacheTooSmall = errors.New("zinf: KV cache budget too small")
-
-func (e *KVCacheTooSmallError) Error() string {
-	p := e.Plan
-	what := "the cache"
-	switch p.Device {
-	case config.KVCacheCPU:
-		what = "the pinned cache"
-	case config.KVCacheNVMe:
-		what = fmt.Sprintf("the pinned staging of %d layers", kvSlots(p.Layers))
-	}
-	advice := "raise zinf.kv_cache.bytes, lower the batch or the sequence length, or set zinf.kv_cache.device to nvme"
-	if p.Device == config.KVCacheNVMe {
-		// Already there: nvme stages through a few layers, which only a
-		// larger budget or smaller layers fit.
-		advice = "raise zinf.kv_cache.bytes, or lower the batch or the sequence length"
-	}
-	return fmt.Sprintf("zinf: zinf.kv_cache.bytes = %s is too small for this KV cache on %s (%d layers x %s): %s needs %s (%d bytes); %s",
-		config.Size(p.BudgetBytes), p.Device, p.Layers, config.Size(p.LayerBytes), what, config.Size(e.Need), e.Need, advice)
-}
-
-func (e *KVCacheTooSmallError) Unwrap() error { return ErrKVCacheTooSmall }
-
-// kvSlots is the layer buffers the nvme tier stages through.
-func kvSlots(layers int) int { return min(3, layers+1) }
-
-// PlanKVCache plans a KV cache of layers entries of layerBytes each on the
-// tier cfg's zinf.kv_cache selects, refusing (a *KVCacheTooSmallError,
-// naming the bytes needed) a budget the cache does not fit.
-func PlanKVCache(cfg *config.Config, layers int, layerBytes int64) (KVCachePlan, error) {
-	if cfg == nil {
-		return KVCachePlan{}, errors.New("zinf: PlanKVCache: no config")
-	}
-	if layers <= 0 || layerBytes <= 0 || layerBytes > 1<<50 || int64(layers) > (1<<60)/layerBytes {
-		return KVCachePlan{}, fmt.Errorf("zinf: KV cache of %d layers x %d bytes (allowed: both > 0)", layers, layerBytes)
-	}
-	kc := cfg.Zinf.KVCache
-	p := KVCachePlan{Device: kc.Device, Layers: layers, LayerBytes: layerBytes, CacheBytes: int64(layers) * layerBytes, BudgetBytes: int64(kc.Bytes)}
-	if p.Device == "" || p.Device == config.KVCacheAuto {
-		p.Device = config.KVCacheMemory
-		if p.BudgetBytes > 0 && p.CacheBytes > p.BudgetBytes {
-			p.Device = config.KVCacheNVMe
-		}
-	}
-	granule := int(plan.GranuleBytes())
-	span := func(n int64) int64 { return buffers.SpanBytes(n, granule) }
-	padded := func(n int64) int64 {
-		a := int64(swapper.DefaultDiskAlignment)
-		return (n + a - 1) / a * a
-	}
-	var need int64
-	switch p.Device {
-	case config.KVCacheMemory:
-		p.MemoryBytes = p.CacheBytes
-		need = p.MemoryBytes
-	case config.KVCacheCPU:
-		p.PinnedBytes = int64(layers) * span(layerBytes)
-		need = p.PinnedBytes
-	case config.KVCacheNVMe:
-		p.PinnedBytes = int64(kvSlots(layers)) * span(padded(layerBytes))
-		p.DiskBytes = 2 * int64(layers) * padded(layerBytes)
-		need = p.PinnedBytes
-		if len(cfg.NVMePaths()) == 0 {
-			return p, errors.New(`zinf: zinf.kv_cache.device "nvme" needs an NVMe path (zinf.nvme_paths or an offload nvme_path)`)
-		}
-	default:
-		return p, fmt.Errorf("zinf: zinf.kv_cache.device %q (allowed: auto, memory, cpu, nvme)", kc.Device)
-	}
-	if p.BudgetBytes > 0 && need > p.BudgetBytes && kc.Device == p.Device { // auto past its budget stages through what nvme needs
-		return p, &KVCacheTooSmallError{Plan: p, Need: need}
-	}
-	return p, nil
-}
-
 // KVCache is a generation's attention key/value cache on the tier its
 // plan chose: one entry of at most LayerBytes per layer, which the loop
 // makes available with Begin (in the order of use: the nvme tier reads
@@ -143,7 +20,7 @@ func PlanKVCache(cfg *config.Config, layers int, layerBytes int64) (KVCachePlan,
 // with End (the nvme tier writes it behind). An entry never written reads
 // as zeros. For one loop goroutine.
 type KVCache struct {
-	plan  KVCachePlan
+	plan  plan.KVCache
 	rt    *Runtime
 	bufs  [][]byte          // memory and cpu: each layer's bytes
 	pool  *buffers.Pool     // cpu and nvme
@@ -174,13 +51,13 @@ type kvSlot struct {
 	used    bool
 }
 
-// OpenKVCache plans (PlanKVCache) and opens a KV cache of layers entries
+// OpenKVCache plans (plan.ForKVCache) and opens a KV cache of layers entries
 // of layerBytes each. Close it before the runtime.
 func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err error) {
 	if err := r.closedErr("open KV cache", nil); err != nil {
 		return nil, err
 	}
-	p, err := PlanKVCache(r.Config, layers, layerBytes)
+	p, err := plan.ForKVCache(r.Config, layers, layerBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +124,7 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 		}
 		granule := int(plan.GranuleBytes(c.store))
 		slot := buffers.SpanBytes(c.store.PaddedLen(layerBytes), granule)
-		n := kvSlots(layers)
+		n := plan.KVCacheSlots(layers)
 		if c.pool, err = buffers.NewPool(buffers.Options{CapacityBytes: int64(n) * slot, MinBufferBytes: granule, Logger: r.log}); err != nil {
 			return nil, fmt.Errorf("zinf: KV cache pinned staging (%s): %w", config.Size(int64(n)*slot), err)
 		}
@@ -265,7 +142,7 @@ func (r *Runtime) OpenKVCache(layers int, layerBytes int64) (c *KVCache, err err
 }
 
 // Plan is the cache's plan.
-func (c *KVCache) Plan() KVCachePlan { return c.plan }
+func (c *KVCache) Plan() plan.KVCache { return c.plan }
 
 // Stats are the cache's NVMe counters.
 func (c *KVCache) Stats() KVCacheStats {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -106,9 +107,9 @@ func TestKVCacheBudget(t *testing.T) {
 		{config.KVCacheNVMe, "the pinned staging of 3 layers needs 24KiB (24576 bytes)"},
 	} {
 		c.Zinf.KVCache = config.KVCache{Device: tc.dev, Bytes: 8192}
-		_, err := zinf.PlanKVCache(c, 4, 8000)
-		var e *zinf.KVCacheTooSmallError
-		if !errors.As(err, &e) || !errors.Is(err, zinf.ErrKVCacheTooSmall) || !strings.Contains(err.Error(), tc.need) || !strings.Contains(err.Error(), "zinf.kv_cache.bytes = 8KiB") {
+		_, err := plan.ForKVCache(c, 4, 8000)
+		var e *plan.KVCacheTooSmallError
+		if !errors.As(err, &e) || !errors.Is(err, plan.ErrKVCacheTooSmall) || !strings.Contains(err.Error(), tc.need) || !strings.Contains(err.Error(), "zinf.kv_cache.bytes = 8KiB") {
 			t.Fatalf("%s: %v, want a KVCacheTooSmallError saying %q", tc.dev, err, tc.need)
 		}
 		// The advice names only what would help: a cache already on nvme is
@@ -117,17 +118,17 @@ func TestKVCacheBudget(t *testing.T) {
 			t.Errorf("%s: the advice to move to nvme is %v: %v", tc.dev, advises, err)
 		}
 		c.Zinf.KVCache.Bytes = config.Size(e.Need)
-		if _, err := zinf.PlanKVCache(c, 4, 8000); err != nil {
+		if _, err := plan.ForKVCache(c, 4, 8000); err != nil {
 			t.Fatalf("%s with the budget the error named: %v", tc.dev, err)
 		}
 	}
 	c.Zinf.KVCache = config.KVCache{Device: config.KVCacheAuto, Bytes: 30000}
-	p, err := zinf.PlanKVCache(c, 4, 8000)
+	p, err := plan.ForKVCache(c, 4, 8000)
 	if err != nil || p.Device != config.KVCacheNVMe || p.DiskBytes != 2*4*8192 {
 		t.Fatalf("auto past its budget: %+v, %v; want nvme with 64KiB of disk", p, err)
 	}
 	c.Zinf.KVCache.Bytes = 32000
-	if p, err := zinf.PlanKVCache(c, 4, 8000); err != nil || p.Device != config.KVCacheMemory {
+	if p, err := plan.ForKVCache(c, 4, 8000); err != nil || p.Device != config.KVCacheMemory {
 		t.Fatalf("auto within its budget: %+v, %v; want memory", p, err)
 	}
 	if _, err := config.Parse([]byte(`{"zinf": {"kv_cache": {"device": "gpu"}}}`)); err == nil || !strings.Contains(err.Error(), `zinf.kv_cache.device: "gpu" is not allowed (allowed: auto, memory, cpu, nvme)`) {

@@ -16,10 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/base/memlimit"
 	"github.com/zinfio/zinf/internal/base/units"
+	"github.com/zinfio/zinf/plan"
 )
 
 // cliLogger is the one logger every subcommand hands to the packages it
@@ -203,7 +203,7 @@ func nextPow2(n int64) int64 {
 // checkKVMemory refuses a KV cache whose memory (the Go heap, or pinned
 // memory of its own) with the pinned pool is more than this process may
 // take, as rt.OpenKVCache does once the pool is mapped.
-func checkKVMemory(cfg *config.Config, kp zinf.KVCachePlan) error {
+func checkKVMemory(cfg *config.Config, kp plan.KVCache) error {
 	pool := int64(cfg.Zinf.Tiers.CPUPinnedBytes)
 	need := pool + kp.MemoryBytes + kp.PinnedBytes
 	lim, ok := memlimit.Available()

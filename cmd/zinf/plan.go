@@ -101,7 +101,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plan.WriteStepBytes(stdout, cfg, p.Placement)
 	if kvSeq > 0 {
 		layerBytes := 2 * int64(max(m.Batch, 1)) * int64(kvSeq) * int64(m.Width) * int64(m.DType.Size())
-		kp, err := zinf.PlanKVCache(cfg, m.Layers, layerBytes)
+		kp, err := plan.ForKVCache(cfg, m.Layers, layerBytes)
 		if err != nil {
 			fmt.Fprintf(stdout, "\nOpen refuses this KV cache: %v\n", err)
 		} else {

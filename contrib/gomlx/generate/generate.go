@@ -40,6 +40,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
@@ -519,7 +520,7 @@ type Result struct {
 	BytesRead int64
 	// KVCache is where the KV cache lived (zinf.kv_cache) and KVStats
 	// its traffic with NVMe.
-	KVCache zinf.KVCachePlan
+	KVCache plan.KVCache
 	KVStats zinf.KVCacheStats
 	// Decoder is the path the generation ran on: DecoderNative or
 	// DecoderGoMLX.

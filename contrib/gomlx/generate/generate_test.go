@@ -20,9 +20,9 @@ import (
 	"github.com/gomlx/gomlx/ml/zoo/transformer"
 	"github.com/gomlx/gomlx/ml/zoo/transformer/generate/sample"
 
-	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/generate"
+	"github.com/zinfio/zinf/plan"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -416,7 +416,7 @@ func TestKVCacheTiers(t *testing.T) {
 			need := int64(c.Zinf.KVCache.Bytes)
 			c.Zinf.KVCache.Bytes--
 			_, err = g.Generate(ctx, ps, s, nil)
-			var e *zinf.KVCacheTooSmallError
+			var e *plan.KVCacheTooSmallError
 			if !errors.As(err, &e) || e.Need != need || !strings.Contains(err.Error(), fmt.Sprintf("(%d bytes)", need)) {
 				t.Fatalf("budget %d below the need %d: %v", need-1, need, err)
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/zinfio/zinf/contrib/gomlx/nativecheck"
 	"github.com/zinfio/zinf/decoder"
 	"github.com/zinfio/zinf/decoder/kernels"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -189,7 +190,7 @@ func (g *Generator) Decoder() string {
 
 // nativeCovers says whether a generation of batch sequences reaching total
 // positions with sampling s runs on the native decoder, and why not.
-func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCachePlan, why string) {
+func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv plan.KVCache, why string) {
 	if s.Strategy != sample.StrategyGreedy && g.native.mode != DecoderNative {
 		// Auto keeps what the GoMLX path promises: a seed's draws equal
 		// GoMLX's in-memory generator's.
@@ -201,7 +202,7 @@ func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCacheP
 		kvh = c.Heads
 	}
 	per := int64(2) * int64(batch) * int64(total) * int64(kvh) * int64(c.HeadDim) * 4
-	p, err := zinf.PlanKVCache(g.rt.Config, c.Layers, per)
+	p, err := plan.ForKVCache(g.rt.Config, c.Layers, per)
 	if err != nil {
 		return kv, "the KV cache: " + err.Error()
 	}
@@ -217,7 +218,7 @@ func (g *Generator) nativeCovers(s Sampling, batch, total int) (kv zinf.KVCacheP
 // the tier zinf.kv_cache plans (memory, or pinned with cpu); the token
 // is drawn from the decoder's logits in Go by the strategy (greedy, or
 // nativeSampler's masks and draw).
-func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sampling, minLen, total int, kvPlan zinf.KVCachePlan, onStep func(StepInfo)) (_ *Result, err error) {
+func (g *Generator) generateNative(ctx context.Context, prompts [][]int32, s Sampling, minLen, total int, kvPlan plan.KVCache, onStep func(StepInfo)) (_ *Result, err error) {
 	n := g.native
 	c := &n.cfg
 	B := len(prompts)

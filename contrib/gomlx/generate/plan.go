@@ -8,7 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -70,7 +69,7 @@ func (g *Generator) KVBytesPerSequence(total int) int64 {
 }
 
 // PlanBatch picks the batch for sequences of promptLen + maxNew tokens
-// (at most maxBatch of them) with zinf.PlanGeneration: the largest the KV
+// (at most maxBatch of them) with plan.ForGeneration: the largest the KV
 // cache budget allows, its step and tokens per second predicted from the
 // runtime's NVMe bandwidth and compute measured here, on decoding steps
 // at the sequences' mean length (batch 1 and batch 4, or maxBatch if
@@ -80,15 +79,15 @@ func (g *Generator) KVBytesPerSequence(total int) int64 {
 // part. A prompt whose prefill needs more memory than
 // Options.PrefillBytes (PrefillBytes) is refused here, with the figures,
 // and the batch is no larger than the prefill's memory allows.
-func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch int) (zinf.GenerationPlan, error) {
+func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch int) (plan.Generation, error) {
 	if g.rt == nil {
-		return zinf.GenerationPlan{}, errors.New("zinf generate: plan: a mapped model (OpenMapped) has no zinf runtime to plan with")
+		return plan.Generation{}, errors.New("zinf generate: plan: a mapped model (OpenMapped) has no zinf runtime to plan with")
 	}
 	if promptLen <= 0 || maxNew <= 0 || maxBatch <= 0 {
-		return zinf.GenerationPlan{}, fmt.Errorf("zinf generate: plan: prompt length %d, new tokens %d, batch %d (allowed: > 0)", promptLen, maxNew, maxBatch)
+		return plan.Generation{}, fmt.Errorf("zinf generate: plan: prompt length %d, new tokens %d, batch %d (allowed: > 0)", promptLen, maxNew, maxBatch)
 	}
 	if need := g.PrefillBytes(1, promptLen); need > g.prefillBytes {
-		return zinf.GenerationPlan{}, g.prefillError(1, promptLen, need)
+		return plan.Generation{}, g.prefillError(1, promptLen, need)
 	}
 	// The largest batch whose prefill fits (PrefillBytes grows with it).
 	fit := sort.Search(maxBatch, func(b int) bool { return g.PrefillBytes(b+1, promptLen) > g.prefillBytes })
@@ -104,19 +103,19 @@ func (g *Generator) PlanBatch(ctx context.Context, promptLen, maxNew, maxBatch i
 	}
 	c1, err := measure(1)
 	if err != nil {
-		return zinf.GenerationPlan{}, err
+		return plan.Generation{}, err
 	}
 	k := min(4, fit)
 	per, fixed := time.Duration(0), c1
 	if k > 1 {
 		ck, err := measure(k)
 		if err != nil {
-			return zinf.GenerationPlan{}, err
+			return plan.Generation{}, err
 		}
 		per = max(0, (ck-c1)/time.Duration(k-1))
 		fixed = max(0, c1-per)
 	}
-	p, err := zinf.PlanGeneration(g.rt.Config, g.rt.Bandwidth(), zinf.GenerationInput{Layers: g.m.NumLayers, WeightBytes: g.WeightBytes(),
+	p, err := plan.ForGeneration(g.rt.Config, g.rt.Bandwidth(), plan.GenerationInput{Layers: g.m.NumLayers, WeightBytes: g.WeightBytes(),
 		KVBytesPerSequence: g.KVBytesPerSequence(promptLen + maxNew), ComputeFixed: fixed, ComputePerSequence: per, MaxBatch: fit})
 	if err == nil && fit < maxBatch && p.Batch == fit {
 		p.Limit = fmt.Sprintf("the prefill's memory: %s for %d prompts of %d tokens within Options.PrefillBytes %s", mib(g.PrefillBytes(fit, promptLen)), fit, promptLen, mib(g.prefillBytes))

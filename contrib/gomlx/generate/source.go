@@ -7,6 +7,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -40,7 +41,7 @@ type source interface {
 type kvCache interface {
 	Begin(ctx context.Context, l int) ([]byte, error)
 	End(l, used int) error
-	Plan() zinf.KVCachePlan
+	Plan() plan.KVCache
 	Stats() zinf.KVCacheStats
 	Close() error
 }
@@ -113,9 +114,9 @@ func (c *memKV) End(l, used int) error {
 	return nil
 }
 
-func (c *memKV) Plan() zinf.KVCachePlan {
+func (c *memKV) Plan() plan.KVCache {
 	n := int64(len(c.entries)) * c.layerBytes
-	return zinf.KVCachePlan{Device: config.KVCacheMemory, Layers: len(c.entries), LayerBytes: c.layerBytes, CacheBytes: n, MemoryBytes: n}
+	return plan.KVCache{Device: config.KVCacheMemory, Layers: len(c.entries), LayerBytes: c.layerBytes, CacheBytes: n, MemoryBytes: n}
 }
 
 func (c *memKV) Stats() zinf.KVCacheStats { return c.stats }
