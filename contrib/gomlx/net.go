@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
@@ -202,3 +203,77 @@ func (n Net) check() error {
 // worker pool for workers the others hold), which backward passes of
 // attention layers do; "ops_sequential" avoids that.
 const DefaultBackend = "go:ops_sequential"
+
+// BlockedHead is an output head computed in blocks of a table's rows
+// (Net.Head): logits = h · Tableᵀ, where h is the last layer's output
+// [..., d] and Table [vocab, d] a variable of an earlier layer (a tied
+// embedding table). The Trainer never holds the table whole in Go
+// memory: the forward pass reads it Rows rows at a time
+// (zinf.Runtime.ReadParamBlocks) and writes each block's logits into the
+// logits [..., vocab]; the loss (Net.Loss or TrainLoss of the logits)
+// and its gradient are computed over the whole logits; the backward pass
+// reads the blocks again, hands each block's table gradient to zinf as
+// it comes (AccumulateGradRange) and sums the blocks' gradients of h last
+// block first.
+//
+// Its reference is the head written blockwise in one graph (what
+// WholeGraph and WholeGraphGradients build for a Net with a Head): the
+// table cut into blocks of Rows rows, the last one padded with zero
+// rows, one matrix product per block, the logits concatenated and the
+// padding's columns dropped. Per-layer training equals it bit for bit;
+// it is not bit for bit one product over the whole table (the sum over
+// the vocabulary in h's gradient is added in another order), see
+// examples/headblocks. The logits [..., vocab] are whole: they are
+// activations, small for the few tokens of a step that streams its
+// weights.
+type BlockedHead struct {
+	// Table is the table's variable path ("/token_embed/embeddings"):
+	// a variable of an earlier layer that zinf holds, [vocab, d].
+	Table string
+	// Rows is the rows of a block (> 0). Training is bit for bit the
+	// reference of the same Rows; the Go memory the head needs is about
+	// Rows x d table values and their gradient.
+	Rows int
+}
+
+// headLogits is one block's logits: h [..., d] times e [rows, d]
+// transposed.
+func headLogits(h, e *graph.Node) *graph.Node {
+	lead := "ijklmnopq"[:h.Rank()-1]
+	return graph.Einsum(lead+"d,vd->"+lead+"v", h, e)
+}
+
+// graph is the reference: the head written blockwise in one graph.
+func (hd *BlockedHead) graph(store *model.Store, h *graph.Node) *graph.Node {
+	v := store.GetVariable(hd.Table)
+	if v == nil {
+		panic(fmt.Errorf("zgomlx: Net.Head.Table %q is not a variable of the Store (its layer creates it)", hd.Table))
+	}
+	table := v.NodeValue(h.Graph())
+	vocab, d := table.Shape().Dimensions[0], table.Shape().Dimensions[1]
+	var ls []*graph.Node
+	for v0 := 0; v0 < vocab; v0 += hd.Rows {
+		v1 := min(v0+hd.Rows, vocab)
+		e := graph.Slice(table, graph.AxisRange(v0, v1))
+		if n := v1 - v0; n < hd.Rows {
+			e = graph.Concatenate([]*graph.Node{e, graph.Zeros(h.Graph(), shapes.Make(table.DType(), hd.Rows-n, d))}, 0)
+		}
+		ls = append(ls, headLogits(h, e))
+	}
+	logits := ls[0]
+	if len(ls) > 1 {
+		logits = graph.Concatenate(ls, -1)
+	}
+	if logits.Shape().Dim(-1) != vocab {
+		logits = graph.Slice(logits, graph.AxisRange().Spacer(), graph.AxisRange(0, vocab))
+	}
+	return logits
+}
+
+// checkHead checks a Net's Head against its table's shape.
+func (hd *BlockedHead) check(shape shapes.Shape) error {
+	if shape.Rank() != 2 {
+		return fmt.Errorf("zgomlx: Net.Head.Table %q is %s (allowed: a matrix [vocab, d])", hd.Table, shape)
+	}
+	return nil
+}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -16,7 +15,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -337,10 +335,4 @@ func (o *Offload) Close() error {
 	o.releaseHeapCredit()
 	offloadedStores.CompareAndDelete(o.store, o)
 	return o.rt.Close()
-}
-
-// bufferOf returns a GoMLX tensor's backend buffer and its bytes, without
-// copying (see layerexec.Shared).
-func bufferOf(backend compute.Backend, t *tensors.Tensor) (compute.Buffer, []byte, error) {
-	return layerexec.Shared(backend, t)
 }

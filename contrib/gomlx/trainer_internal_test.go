@@ -28,7 +28,9 @@ func TestTrainerRefusesOffloadOfOtherLayers(t *testing.T) {
 	dense := func(scope *model.Scope, x *graph.Node) *graph.Node { return layers.Dense(scope, x, true, 8) }
 	net := Net{
 		Layers: []Layer{{Scope: "/dense_0", Fn: dense}, {Scope: "/dense_1", Fn: dense}},
-		Loss:   func(y, labels *graph.Node) *graph.Node { return graph.ReduceAllMean(graph.Square(graph.Sub(y, labels))) },
+		Loss: func(y, labels *graph.Node) *graph.Node {
+			return graph.ReduceAllMean(graph.Square(graph.Sub(y, labels)))
+		},
 	}
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, int64(1))
