@@ -15,6 +15,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/gccredit"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -42,7 +43,7 @@ type Options struct {
 	// on the heap (in-memory training) instead of 1.8-4x as often:
 	// while the Offload is open, GOGC is scaled so that the next cycle
 	// comes after the growth it would with HeapCredit more bytes live
-	// (see heapcredit.go; Trainer re-evaluates it at every commit, Close
+	// (see internal/gccredit; Trainer re-evaluates it at every commit, Close
 	// restores GOGC). Like a higher GOGC, it trades memory for cycles.
 	// 0 (default) or AutoHeapCredit: what in-memory training keeps live
 	// (InMemoryBytes), at most a quarter of the machine's memory; measured
@@ -335,4 +336,68 @@ func (o *Offload) Close() error {
 	o.releaseHeapCredit()
 	offloadedStores.CompareAndDelete(o.store, o)
 	return o.rt.Close()
+}
+
+// AutoHeapCredit, as Options.HeapCredit, sizes the heap credit from the
+// model: the bytes training in memory would keep live on the Go heap
+// (Offload.InMemoryBytes: the parameters, and the optimizer's fp32
+// master weights and states), at most a quarter of the machine's memory.
+//
+// It is the default: Options.HeapCredit 0 means AutoHeapCredit.
+const AutoHeapCredit int64 = -1
+
+// NoHeapCredit, as Options.HeapCredit, takes no credit: the collector
+// paces by the small live heap of offloaded training (more cycles, less
+// memory).
+const NoHeapCredit int64 = -2
+
+// checkHeapCredit says whether n is an Options.HeapCredit allowed.
+func checkHeapCredit(n int64) error {
+	if n < 0 && n != AutoHeapCredit && n != NoHeapCredit {
+		return fmt.Errorf("zgomlx: Options.HeapCredit %d: want 0 or AutoHeapCredit (%d: the default, what training in memory keeps live), NoHeapCredit (%d), or a number of bytes", n, AutoHeapCredit, NoHeapCredit)
+	}
+	return nil
+}
+
+// applyHeapCredit takes the credit Options.HeapCredit n asks for
+// (checked by checkHeapCredit; see internal/gccredit).
+func (o *Offload) applyHeapCredit(n int64) {
+	switch n {
+	case NoHeapCredit:
+		o.credit, o.creditStatus = 0, "none (Options.HeapCredit NoHeapCredit)"
+		return
+	case 0, AutoHeapCredit:
+		n = o.InMemoryBytes()
+		if mem := gccredit.PhysicalMemory(); mem > 0 && n > mem/4 {
+			n = mem / 4
+		}
+	}
+	o.credit, o.creditStatus = gccredit.Take(n)
+}
+
+// releaseHeapCredit gives the Offload's credit back; the last one
+// restores GOGC.
+func (o *Offload) releaseHeapCredit() {
+	gccredit.Release(o.credit)
+	o.credit = 0
+}
+
+// InMemoryBytes is what training the registered variables in memory
+// keeps live: the optimizer's fp32 master weights and rule states (Adam:
+// 12 bytes per element) and, unless the parameters are fp32 (then they
+// are the masters), the parameters in their dtype.
+func (o *Offload) InMemoryBytes() int64 {
+	n := o.rt.Optimizer.Stats().StateBytes
+	if ps := int64(o.rt.DType.Size()); ps != 4 {
+		for _, v := range o.vars {
+			n += int64(v.numel) * ps
+		}
+	}
+	return n
+}
+
+// HeapCredit returns the bytes of heap credit the Offload holds
+// (Options.HeapCredit) and a line saying what became of the request.
+func (o *Offload) HeapCredit() (int64, string) {
+	return o.credit, o.creditStatus
 }

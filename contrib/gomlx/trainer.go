@@ -13,6 +13,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/gccredit"
 )
 
 // ErrCommitPending is returned (wrapped in the step's error) when a
@@ -258,7 +259,7 @@ func (t *Trainer) Commit(ctx context.Context) error {
 	}
 	t.pending = false
 	t.off.version++
-	adjustHeapCredit()
+	gccredit.Adjust()
 	return nil
 }
 

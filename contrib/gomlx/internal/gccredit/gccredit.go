@@ -1,29 +1,8 @@
-package zgomlx
-
-import (
-	"bytes"
-	"fmt"
-	"math"
-	"os"
-	"runtime/debug"
-	"runtime/metrics"
-	"strconv"
-	"sync"
-)
-
-// AutoHeapCredit, as Options.HeapCredit, sizes the heap credit from the
-// model: the bytes training in memory would keep live on the Go heap
-// (Offload.InMemoryBytes: the parameters, and the optimizer's fp32
-// master weights and states), at most a quarter of the machine's memory.
+// Package gccredit paces the Go garbage collector as if a credit of
+// bytes were live on the heap: zgomlx's Offloads take one so that
+// training with its state in zinf collects about as often as training
+// with that state on the Go heap.
 //
-// It is the default: Options.HeapCredit 0 means AutoHeapCredit.
-const AutoHeapCredit int64 = -1
-
-// NoHeapCredit, as Options.HeapCredit, takes no credit: the collector
-// paces by the small live heap of offloaded training (more cycles, less
-// memory).
-const NoHeapCredit int64 = -2
-
 // The Go garbage collector starts a cycle when the heap has grown by
 // GOGC% of what was live after the last one (plus stacks and globals).
 // Training in memory keeps the model's parameters and optimizer states
@@ -46,9 +25,20 @@ const NoHeapCredit int64 = -2
 // Like GOGC itself, a credit trades memory for fewer cycles: between two
 // collections the heap may grow by about base% of (L + C), as it would
 // with the state on the heap.
+package gccredit
 
-// gcCredit is the process's credit: the sum over the Offloads holding
-// one.
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
+	"sync"
+)
+
+// gcCredit is the process's credit: the sum of the credits taken.
 var gcCredit struct {
 	sync.Mutex
 	total   int64            // bytes of credit held
@@ -57,32 +47,13 @@ var gcCredit struct {
 	samples []metrics.Sample // liveSamples, read at each adjustment
 }
 
-// checkHeapCredit says whether n is an Options.HeapCredit allowed.
-func checkHeapCredit(n int64) error {
-	if n < 0 && n != AutoHeapCredit && n != NoHeapCredit {
-		return fmt.Errorf("zgomlx: Options.HeapCredit %d: want 0 or AutoHeapCredit (%d: the default, what training in memory keeps live), NoHeapCredit (%d), or a number of bytes", n, AutoHeapCredit, NoHeapCredit)
-	}
-	return nil
-}
-
-// applyHeapCredit takes the credit Options.HeapCredit n asks for
-// (checked by checkHeapCredit).
-func (o *Offload) applyHeapCredit(n int64) {
-	switch n {
-	case NoHeapCredit:
-		o.credit, o.creditStatus = 0, "none (Options.HeapCredit NoHeapCredit)"
-		return
-	case 0, AutoHeapCredit:
-		n = o.InMemoryBytes()
-		if mem := physicalMemory(); mem > 0 && n > mem/4 {
-			n = mem / 4
-		}
-	}
+// Take takes n bytes of credit (n > 0) and returns the bytes taken and
+// a line saying what became of the request: none where a Go memory limit
+// is set (GOMEMLIMIT paces the collector by the process's memory
+// already) or the collector is off (GOGC=off).
+func Take(n int64) (taken int64, status string) {
 	if limit := debug.SetMemoryLimit(-1); limit != math.MaxInt64 {
-		// A memory limit (GOMEMLIMIT) paces the collector by the
-		// process's memory already.
-		o.creditStatus = fmt.Sprintf("none: a Go memory limit is set (%d bytes), which paces the collector", limit)
-		return
+		return 0, fmt.Sprintf("none: a Go memory limit is set (%d bytes), which paces the collector", limit)
 	}
 	gcCredit.Lock()
 	defer gcCredit.Unlock()
@@ -90,27 +61,24 @@ func (o *Offload) applyHeapCredit(n int64) {
 		base := debug.SetGCPercent(100)
 		debug.SetGCPercent(base)
 		if base < 0 {
-			o.creditStatus = "none: the collector is off (GOGC=off)"
-			return
+			return 0, "none: the collector is off (GOGC=off)"
 		}
 		gcCredit.base, gcCredit.set = base, base
 	}
 	gcCredit.total += n
-	o.credit = n
-	o.creditStatus = fmt.Sprintf("%d bytes (GOGC %d scaled by the live heap)", n, gcCredit.base)
 	adjustGCLocked()
+	return n, fmt.Sprintf("%d bytes (GOGC %d scaled by the live heap)", n, gcCredit.base)
 }
 
-// releaseHeapCredit gives the Offload's credit back; the last one
-// restores GOGC.
-func (o *Offload) releaseHeapCredit() {
-	if o.credit == 0 {
+// Release gives back n bytes that Take took; the last release restores
+// GOGC.
+func Release(n int64) {
+	if n == 0 {
 		return
 	}
 	gcCredit.Lock()
 	defer gcCredit.Unlock()
-	gcCredit.total -= o.credit
-	o.credit = 0
+	gcCredit.total -= n
 	if gcCredit.total == 0 {
 		debug.SetGCPercent(gcCredit.base)
 		return
@@ -118,8 +86,9 @@ func (o *Offload) releaseHeapCredit() {
 	adjustGCLocked()
 }
 
-// adjustHeapCredit sets GOGC for the live heap now, if a credit is held.
-func adjustHeapCredit() {
+// Adjust sets GOGC for the live heap now, if a credit is held (the live
+// heap moves as training runs).
+func Adjust() {
 	gcCredit.Lock()
 	defer gcCredit.Unlock()
 	if gcCredit.total > 0 {
@@ -157,28 +126,8 @@ func adjustGCLocked() {
 	}
 }
 
-// InMemoryBytes is what training the registered variables in memory
-// keeps live: the optimizer's fp32 master weights and rule states (Adam:
-// 12 bytes per element) and, unless the parameters are fp32 (then they
-// are the masters), the parameters in their dtype.
-func (o *Offload) InMemoryBytes() int64 {
-	n := o.rt.Optimizer.Stats().StateBytes
-	if ps := int64(o.rt.DType.Size()); ps != 4 {
-		for _, v := range o.vars {
-			n += int64(v.numel) * ps
-		}
-	}
-	return n
-}
-
-// HeapCredit returns the bytes of heap credit the Offload holds
-// (Options.HeapCredit) and a line saying what became of the request.
-func (o *Offload) HeapCredit() (int64, string) {
-	return o.credit, o.creditStatus
-}
-
-// physicalMemory is the machine's memory (MemTotal), or 0.
-func physicalMemory() int64 {
+// PhysicalMemory is the machine's memory (MemTotal), or 0.
+func PhysicalMemory() int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
