@@ -35,22 +35,6 @@ const actChunkBytes = 1 << 20
 // the Trainer loads them in.
 const actStride = 1 << 24
 
-// lmState is what a layer-major step tells the paramSource: the step's
-// micro-batches, whether a layer begun in bind stays begun (its
-// gradients summed in pinned memory until its visit ends), and the layer
-// begun and not ended.
-type lmState struct {
-	k    int
-	hold bool
-	open int // the layer begun and held, plus one (0: none)
-}
-
-// actMeta is how a layer's inputs of a micro-batch were saved: their
-// shapes, in order.
-type actMeta struct {
-	shapes []shapes.Shape
-}
-
 // StepMicroBatches runs one training step of len(mbs) micro-batches: the
 // gradients of every micro-batch are summed (in micro-batch order, as
 // Accumulate calls and a Step would) and the optimizer commits once. It

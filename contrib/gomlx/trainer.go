@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 
@@ -61,6 +62,22 @@ type Trainer struct {
 	acts      *zinf.Activations
 	actMeta   map[[2]int]actMeta
 	lmScratch []float32 // a kept gradient, widened or loaded
+}
+
+// lmState is what a layer-major step tells the paramSource: the step's
+// micro-batches, whether a layer begun in bind stays begun (its
+// gradients summed in pinned memory until its visit ends), and the layer
+// begun and not ended.
+type lmState struct {
+	k    int
+	hold bool
+	open int // the layer begun and held, plus one (0: none)
+}
+
+// actMeta is how a layer's inputs of a micro-batch were saved: their
+// shapes, in order.
+type actMeta struct {
+	shapes []shapes.Shape
 }
 
 // Timings are the time a Trainer's loop spent in zinf, summed over
