@@ -55,10 +55,33 @@ func TestBibleTrains(t *testing.T) {
 
 // TestBadFlags: each bad flag is named with its value.
 func TestBadFlags(t *testing.T) {
-	err := options{dim: 10, heads: 3, layers: 1, batch: 1, seq: 1, evalBatches: 1, lr: 0}.check()
-	for _, want := range []string{"--steps 0", "--dim 10, --heads 3", "--lr 0"} {
+	err := options{dim: 10, heads: 3, layers: 1, batch: 1, seq: 1, evalBatches: 1, lr: 0, compareStates: "4bit"}.check()
+	for _, want := range []string{"--steps 0", "--dim 10, --heads 3", "--lr 0", `--compare-states "4bit" (allowed: bf16, 8bit, or empty for none)`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check: %v, want %q", err, want)
 		}
 	}
 }
+
+// TestCompareStates runs the demo small with --compare-states 8bit: after
+// the fp32 run it trains again with 8-bit Adam moments (the token
+// embedding and small tensors in fp32) and prints both held-out losses
+// with the verdict against the 2% bar.
+func TestCompareStates(t *testing.T) {
+	if _, err := bibleVerses(); errors.Is(err, errNoBible) {
+		t.Skipf("skipped: %v", err)
+	}
+	o := options{steps: 5, dim: 64, layers: 1, heads: 2, batch: 2, seq: 8, verses: 400, heldOut: 40, evalBatches: 1, sample: 1,
+		lr: 0.01, seed: 3, dir: t.TempDir(), prompt: "In the beginning", compareStates: "8bit"}
+	var out bytes.Buffer
+	err := run(o, &out)
+	s := out.String()
+	if !strings.Contains(s, "held-out after 5 steps, Adam moments 8bit (") || !strings.Contains(s, "; fp32 states: ") {
+		t.Fatalf("no comparison line (%v):\n%s", err, s)
+	}
+	if err != nil && !strings.Contains(err.Error(), "with 8bit optimizer states") {
+		t.Fatalf("%v\n%s", err, s)
+	}
+	t.Logf("%s", s[strings.Index(s, "held-out after 5 steps"):])
+}
+
