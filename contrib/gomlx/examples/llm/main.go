@@ -649,4 +649,3 @@ func compareStates(ctx context.Context, backend compute.Backend, o options, c *c
 	}
 	return nil
 }
-

@@ -84,4 +84,3 @@ func TestCompareStates(t *testing.T) {
 	}
 	t.Logf("%s", s[strings.Index(s, "held-out after 5 steps"):])
 }
-
