@@ -82,27 +82,27 @@ func TestBandwidthFromConfig(t *testing.T) {
 	if p := one.Bandwidth().Paths[0]; p.ReadBps != 1e9 || p.WriteBps != 5e8 {
 		t.Fatalf("path figures %+v, want the config's 1e9 / 5e8", p)
 	}
-	tiers := one.Plan().Tiers
+	tiers := one.Placement().Tiers
 	if tiers.NVMeReadBps != 1e9 || tiers.NVMeWriteBps != 5e8 || tiers.NVMeBandwidthSource != "config" {
 		t.Fatalf("plan tiers %+v", tiers)
 	}
 	three := open(1e9, 5e8, 3)
-	if tt := three.Plan().Tiers; tt.NVMeReadBps != 3e9 || tt.NVMeWriteBps != 15e8 || tt.NVMePaths != 3 {
+	if tt := three.Placement().Tiers; tt.NVMeReadBps != 3e9 || tt.NVMeWriteBps != 15e8 || tt.NVMePaths != 3 {
 		t.Fatalf("three striped paths: tiers %+v, want 3x the per-path figures", tt)
 	}
 	// Figures given in Options are used as they are.
 	c, _ := bwConfig(t)
 	given := zinf.Bandwidth{Paths: []zinf.PathBandwidth{{Path: c.NVMePaths()[0], ReadBps: 4e9, WriteBps: 3e9, Source: zinf.BandwidthFromFile, Detail: "shared"}}}
 	shared := openBW(t, c, zinf.Options{Bandwidth: &given})
-	if got := shared.Bandwidth(); len(got.Paths) != 1 || got.Paths[0] != given.Paths[0] || shared.Plan().Tiers.NVMeReadBps != 4e9 {
+	if got := shared.Bandwidth(); len(got.Paths) != 1 || got.Paths[0] != given.Paths[0] || shared.Placement().Tiers.NVMeReadBps != 4e9 {
 		t.Fatalf("Options.Bandwidth %+v: runtime has %+v", given, got)
 	}
 	// A slower device: a longer predicted step, optimizer I/O the most.
 	slow := open(1e8, 5e7, 1)
-	if s, f := slow.Plan().Predicted, one.Plan().Predicted; !(s.OptimizerIO > f.OptimizerIO && s.Total > f.Total) {
+	if s, f := slow.Placement().Predicted, one.Placement().Predicted; !(s.OptimizerIO > f.OptimizerIO && s.Total > f.Total) {
 		t.Fatalf("at 1/10 the bandwidth the prediction did not grow: slow %+v, fast %+v", s, f)
 	}
-	if s, f := slow.Plan().Predicted.OptimizerIO, one.Plan().Predicted.OptimizerIO; s < 5*f {
+	if s, f := slow.Placement().Predicted.OptimizerIO, one.Placement().Predicted.OptimizerIO; s < 5*f {
 		t.Errorf("optimizer I/O at 1/10 the bandwidth: %v vs %v", s, f)
 	}
 }
@@ -141,7 +141,7 @@ func TestBandwidthPrecedence(t *testing.T) {
 	if p := rt.Bandwidth().Paths[0]; p.ReadBps != 7e9 || p.WriteBps != 6e9 || !strings.Contains(p.Detail, results) {
 		t.Fatalf("file figures %+v", p)
 	}
-	if tt := rt.Plan().Tiers; tt.NVMeReadBps != 7e9 || tt.NVMeBandwidthSource != "tune file" {
+	if tt := rt.Placement().Tiers; tt.NVMeReadBps != 7e9 || tt.NVMeBandwidthSource != "tune file" {
 		t.Fatalf("plan tiers %+v", tt)
 	}
 	rt.Close()
@@ -198,7 +198,7 @@ func TestBandwidthPrecedence(t *testing.T) {
 	c3, dir3 := bwConfig(t)
 	rt = openBW(t, c3, zinf.Options{NoBandwidthProbe: true})
 	onlySource(t, "no probe", rt.Bandwidth(), zinf.BandwidthDefault)
-	if tt := rt.Plan().Tiers; tt.NVMeReadBps != zinf.DefaultNVMeReadBps || tt.NVMeWriteBps != zinf.DefaultNVMeWriteBps {
+	if tt := rt.Placement().Tiers; tt.NVMeReadBps != zinf.DefaultNVMeReadBps || tt.NVMeWriteBps != zinf.DefaultNVMeWriteBps {
 		t.Fatalf("default tiers %+v", tt)
 	}
 	if _, err := os.Stat(filepath.Join(dir3, probe.CacheName)); !os.IsNotExist(err) {

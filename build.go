@@ -179,7 +179,7 @@ func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 		// the plan found room for both.
 		r.overlapUpdate = r.overlap && !opts.GatherLayers
 		if !r.overlapUpdate {
-			why := "the plan found no room in the pinned pool for the update's and the parameters' working sets together (Plan().OverlapStep is false)"
+			why := "the plan found no room in the pinned pool for the update's and the parameters' working sets together (Placement().OverlapStep is false)"
 			switch {
 			case opts.SerialStep:
 				why = "Options.SerialStep runs the whole update in Step"

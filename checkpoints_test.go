@@ -125,7 +125,7 @@ func openRanksOf(t *testing.T, params []ckptParam, world int, dt swapper.DType, 
 		}
 		t.Cleanup(func() { rt.Close() })
 		for _, p := range params {
-			if got := rt.Plan().Tier[p.name]; got != p.tier {
+			if got := rt.Placement().Tier[p.name]; got != p.tier {
 				t.Fatalf("test setup: rank %d of %d: the plan put %s on %s, want %s", r, world, p.name, got, p.tier)
 			}
 		}

@@ -44,16 +44,16 @@ func TestMicroBatchesToHideIORuntime(t *testing.T) {
 		return max(int(math.Ceil((c.IOPerStep-c.AfterBackward).Seconds()/perMicro-1e-6)), 1)
 	}
 	ctx, rt, m := openTwoLayers(t, autoConfig(t, `"auto"`), zinf.Options{ComputePerLayer: perPass})
-	p := rt.Plan().MicroBatchesToHideIO()
+	p := rt.Placement().MicroBatchesToHideIO()
 	if p.IOPerStep <= 0 {
 		rt.Close()
 		t.Fatalf("no NVMe I/O to hide: %+v", p)
 	}
-	if want := kOf(p); want < 2 || p.MicroBatches != want || rt.MicroBatches() != want || rt.Plan().MicroBatches != want {
-		t.Errorf("plan: %+v; runtime %d, plan %d micro-batches; want ceil(%v / %v) = %d (2 or more)", p, rt.MicroBatches(), rt.Plan().MicroBatches, p.IOPerStep-p.AfterBackward, perMicro, want)
+	if want := kOf(p); want < 2 || p.MicroBatches != want || rt.MicroBatches() != want || rt.Placement().MicroBatches != want {
+		t.Errorf("plan: %+v; runtime %d, plan %d micro-batches; want ceil(%v / %v) = %d (2 or more)", p, rt.MicroBatches(), rt.Placement().MicroBatches, p.IOPerStep-p.AfterBackward, perMicro, want)
 	}
-	if !strings.Contains(strings.Join(rt.Plan().Notes, "\n"), `gradient_accumulation_steps "auto": k = `) {
-		t.Errorf("notes %q", rt.Plan().Notes)
+	if !strings.Contains(strings.Join(rt.Placement().Notes, "\n"), `gradient_accumulation_steps "auto": k = `) {
+		t.Errorf("notes %q", rt.Placement().Notes)
 	}
 	// The runtime's figure adds the CPU costs it measured (the checksums
 	// of Init's writes): as much I/O or more, and k from it.
@@ -105,7 +105,7 @@ func TestMicroBatchesToHideIORuntime(t *testing.T) {
 	// A number is the user's.
 	_, rt, _ = openTwoLayers(t, autoConfig(t, "3"), zinf.Options{ComputePerLayer: perPass})
 	defer rt.Close()
-	if rt.MicroBatches() != 3 || rt.Plan().MicroBatches != 3 {
-		t.Errorf("gradient_accumulation_steps 3: runtime %d, plan %d", rt.MicroBatches(), rt.Plan().MicroBatches)
+	if rt.MicroBatches() != 3 || rt.Placement().MicroBatches != 3 {
+		t.Errorf("gradient_accumulation_steps 3: runtime %d, plan %d", rt.MicroBatches(), rt.Placement().MicroBatches)
 	}
 }

@@ -10,13 +10,13 @@ import (
 
 // Schedule returns the order the plan chose for a step's micro-batches:
 // LayerMajor or MicroBatchMajor (zinf.schedule, or the planner's pick
-// under "auto"; see Plan().Schedule). Both give the same results bit for
+// under "auto"; see Placement().Schedule). Both give the same results bit for
 // bit; a loop may run either whatever the plan says, and the plan's order
 // is the one its pinned memory and predicted step are sized for.
 func (r *Runtime) Schedule() Schedule { return Schedule(r.placement.Schedule) }
 
 // MicroBatches returns the micro-batches of a step:
-// gradient_accumulation_steps, or under "auto" the plan's (Plan().
+// gradient_accumulation_steps, or under "auto" the plan's (Placement().
 // MicroBatches: the k that hides the I/O at Options.ComputePerLayer, or
 // plan.AutoMicroBatchesUnmeasured when that is not given; a loop takes
 // MicroBatchesToHideIO once it has measured its compute).

@@ -174,7 +174,7 @@ func openOverlap(t *testing.T, steps int) (ctx context.Context, rt *zinf.Runtime
 	}
 	t.Cleanup(func() { rt.Close() })
 	watch(rt)
-	if !rt.Plan().OverlapStep || !rt.OverlapUpdate() {
+	if !rt.Placement().OverlapStep || !rt.OverlapUpdate() {
 		t.Fatalf("the plan has no room to overlap the update: %+v", rt.Reservations())
 	}
 	for _, n := range names {

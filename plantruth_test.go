@@ -10,7 +10,7 @@ import (
 	"github.com/zinfio/zinf/tensor"
 )
 
-// TestPlanTellsOverrides: rt.Plan() says what the runtime does, not what
+// TestPlanTellsOverrides: rt.Placement() says what the runtime does, not what
 // the planner would have done: Options.PrefetchDepth -1 turns prefetching
 // off, 2 and 3 set the depth (capped at the layers there are), a pool at
 // its minimum leaves no prefetch window, SerialStep stops the step
@@ -43,7 +43,7 @@ func TestPlanTellsOverrides(t *testing.T) {
 		return rt
 	}
 	base := open(t, 64<<20, zinf.Options{})
-	planned := base.Plan()
+	planned := base.Placement()
 	if planned.PrefetchDepth < 1 || !planned.OverlapStep {
 		t.Fatalf("the plain runtime's plan: prefetch %d, overlap %v (want prefetch >= 1, overlap: the test needs both to change them)", planned.PrefetchDepth, planned.OverlapStep)
 	}
@@ -73,9 +73,9 @@ func TestPlanTellsOverrides(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rt := open(t, c.pool, c.opts)
-			p := rt.Plan()
+			p := rt.Placement()
 			if p.PrefetchDepth != c.depth || p.OverlapStep != c.overlap {
-				t.Fatalf("Plan(): prefetch %d, overlap %v; want %d, %v (notes %q)", p.PrefetchDepth, p.OverlapStep, c.depth, c.overlap, p.Notes)
+				t.Fatalf("Placement(): prefetch %d, overlap %v; want %d, %v (notes %q)", p.PrefetchDepth, p.OverlapStep, c.depth, c.overlap, p.Notes)
 			}
 			if c.depthNote != "" && c.depth != planned.PrefetchDepth && !hasNote(p.Notes, c.depthNote) {
 				t.Errorf("no note naming %q: %q", c.depthNote, p.Notes)
@@ -90,7 +90,7 @@ func TestPlanTellsOverrides(t *testing.T) {
 			if c.depth > planned.PrefetchDepth && p.Predicted.ExposedParamIO > planned.Predicted.ExposedParamIO {
 				t.Errorf("prefetch %d predicts more exposed parameter I/O (%v) than the planned %d (%v)", c.depth, p.Predicted.ExposedParamIO, planned.PrefetchDepth, planned.Predicted.ExposedParamIO)
 			}
-			if base.Plan() != planned || planned.PrefetchDepth != base.Plan().PrefetchDepth {
+			if base.Placement() != planned || planned.PrefetchDepth != base.Placement().PrefetchDepth {
 				t.Fatal("the plain runtime's plan changed")
 			}
 		})

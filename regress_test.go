@@ -63,7 +63,7 @@ func TestIssueReproductionsNeverHang(t *testing.T) {
 			}
 			defer rt.Close()
 			watch(rt)
-			if !rt.Plan().OverlapStep {
+			if !rt.Placement().OverlapStep {
 				t.Logf("the plan does not overlap the step here")
 			}
 			tr := &trainRun{t: t, model: c.model, cfg: cfg, rts: []*zinf.Runtime{rt}, micro: 1, steps: 2}

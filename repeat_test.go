@@ -39,7 +39,7 @@ func TestForwardRepeatingPrefetchesNextPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	if d := rt.Plan().PrefetchDepth; d != 2 {
+	if d := rt.Placement().PrefetchDepth; d != 2 {
 		t.Fatalf("planned prefetch depth %d, want 2", d)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // the watchdog: a wait that hangs fails

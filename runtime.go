@@ -91,15 +91,16 @@ type Runtime struct {
 	counters
 }
 
-// Plan returns the placement Open chose: each tensor's tier, the prefetch
-// depth, the predicted step.
-func (r *Runtime) Plan() *policy.Placement { return r.placement }
+// Placement returns the placement Open chose: each tensor's tier, the
+// prefetch depth, the predicted step (the plan's Placement; see
+// PlanModel).
+func (r *Runtime) Placement() *policy.Placement { return r.placement }
 
 // Reservations returns how the pinned pool is split.
 func (r *Runtime) Reservations() Reservations { return r.res }
 
 // Bandwidth returns the NVMe bandwidth the plan used, per path with its
-// source (Plan().Tiers has the sums).
+// source (Placement().Tiers has the sums).
 func (r *Runtime) Bandwidth() Bandwidth {
 	return Bandwidth{Paths: append([]PathBandwidth(nil), r.bandwidth.Paths...)}
 }

@@ -201,7 +201,7 @@ func TestCloseRemovesScratchAndFreesPinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	watch(rt)
-	if got := rt.Plan().Tier["w"]; got != tensor.TierNVMe {
+	if got := rt.Placement().Tier["w"]; got != tensor.TierNVMe {
 		t.Fatalf("test setup: w planned on %s, want nvme", got)
 	}
 	if err := rt.Init(ctx, "w", make([]float32, 10000)); err != nil {
@@ -496,7 +496,7 @@ func TestReadmeLoopSmallPool(t *testing.T) {
 		granule = err.(*zinf.PoolTooSmallError).Res.GranuleBytes
 		t.Logf("4 MiB refused: the minimum is %d bytes", minPool)
 	} else {
-		if got := rt.Plan().Tier["layer0.w"]; got != tensor.TierNVMe {
+		if got := rt.Placement().Tier["layer0.w"]; got != tensor.TierNVMe {
 			t.Fatalf("test setup: layer0.w planned on %s, want nvme", got)
 		}
 		initAll(ctx, t, []*zinf.Runtime{rt}, init)
@@ -603,7 +603,7 @@ func TestMetricsDuringStep(t *testing.T) {
 			m := rt.Metrics()
 			maxSteps = max(maxSteps, m.Steps)
 			polls++
-			_ = rt.Plan()
+			_ = rt.Placement()
 			_ = rt.Reservations()
 		}
 	}()

@@ -482,7 +482,7 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 // StepTensor hands a parameter whose gradient is final (its last
 // micro-step's AccumulateGrad is done) to the optimizer now, so its update
 // runs in the background while the loop computes the rest of the backward
-// pass — when the plan found room for both working sets (Plan().OverlapStep);
+// pass — when the plan found room for both working sets (Placement().OverlapStep);
 // otherwise the update waits for Step. Results are identical to a plain
 // Step: Adam works per element, and nothing is visible before the commit.
 // An error here is also returned by Step, which discards the step.

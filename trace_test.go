@@ -299,7 +299,7 @@ func TestTraceRollback(t *testing.T) {
 	tw := trace.NewChromeWriter(&buf, trace.ChromeOptions{})
 	ctx, rt, m := openTwoLayers(t, c, zinf.Options{Trace: tw})
 	defer rt.Close()
-	if !rt.Plan().OverlapStep {
+	if !rt.Placement().OverlapStep {
 		t.Skip("the plan has no room to overlap the step here")
 	}
 	const steps = 3

@@ -145,7 +145,7 @@ func TestClippingNotTriggeringKeepsOverlapAndReads(t *testing.T) {
 		c.Zinf.Speculate = config.SpeculateAlways
 		ctx, rt, m := openTwoLayers(t, c, zinf.Options{})
 		defer rt.Close()
-		if !rt.Plan().OverlapStep {
+		if !rt.Placement().OverlapStep {
 			t.Skip("the plan has no room to overlap the step here")
 		}
 		for step := range 4 {
@@ -257,7 +257,7 @@ func TestSetLR(t *testing.T) {
 	}
 	refStep(2, 0.02, g)
 	in := rt.LastStep()
-	if in.LR != 0.02 || (rt.Plan().OverlapStep && !in.RolledBack) {
+	if in.LR != 0.02 || (rt.Placement().OverlapStep && !in.RolledBack) {
 		t.Fatalf("step 2: %+v", in)
 	}
 	for n, r := range ref {
@@ -332,7 +332,7 @@ func TestGradientServedWhileWriting(t *testing.T) {
 		inj := faults.New(1)
 		ctx, rt, m := openTwoLayers(t, c, zinf.Options{Faults: inj})
 		defer rt.Close()
-		if !rt.Plan().OverlapStep {
+		if !rt.Placement().OverlapStep {
 			t.Fatal("the plan does not overlap the step with 32 MiB pinned")
 		}
 		if rule != nil {

@@ -650,7 +650,7 @@ func (c *stepCase) rankLoop(ctx context.Context, rt *zinf.Runtime, inj *faults.I
 // against the reference.
 func (c *stepCase) rankStep(ctx context.Context, rt *zinf.Runtime, ref *stepRef, step int, retry func(string, func() error) error, retriesp *int) error {
 	cfg := c.cfg
-	overlap := rt.Plan().OverlapStep && !c.serial
+	overlap := rt.Placement().OverlapStep && !c.serial
 	checks := cfg.GradientClipping > 0 || cfg.FP16
 	{
 		want := ref.infos[step]

@@ -345,7 +345,7 @@
 // returns an error wrapping zinf.ErrUpdateFailed: call Step again (it
 // retries the failed step from the same gradients) and rerun the
 // micro-batches from the first layer. It takes effect where the plan has
-// room for the update and the parameters together (Plan().OverlapStep),
+// room for the update and the parameters together (Placement().OverlapStep),
 // and not with zinf.Options.GatherLayers (ranks as processes gather each
 // layer ahead of its use); otherwise Open logs why and Step waits for the
 // whole update.
@@ -385,7 +385,7 @@
 //  5. a conservative default (2 GB/s read, 1.5 GB/s write).
 //
 // `zinf plan` and `zinf train` print each figure with its source; the Go
-// API has them in Runtime.Bandwidth and Runtime.Plan().Tiers.
+// API has them in Runtime.Bandwidth and Runtime.Placement().Tiers.
 //
 // # Caveats
 //

@@ -132,7 +132,7 @@ func TestBlockedHeadUnderAuto(t *testing.T) {
 	}
 	defer tr.Close()
 	if s := tr.Offload().Runtime().Schedule(); s != zinf.LayerMajor {
-		t.Fatalf("the plan picked %s for 2 micro-batches on a 1 GiB/s disk: the case under test does not arise (%v)", s, tr.Offload().Runtime().Plan().Notes)
+		t.Fatalf("the plan picked %s for 2 micro-batches on a 1 GiB/s disk: the case under test does not arise (%v)", s, tr.Offload().Runtime().Placement().Notes)
 	}
 	const said = "runs micro-batch-major"
 	var losses []float32

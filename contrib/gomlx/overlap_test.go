@@ -40,7 +40,7 @@ func TestOverlapUpdate(t *testing.T) {
 	defer tr.Close()
 	rt := tr.Offload().Runtime()
 	if !rt.OverlapUpdate() {
-		t.Fatalf("zinf.overlap_update is set but the runtime does not overlap (plan: overlap step %v)", rt.Plan().OverlapStep)
+		t.Fatalf("zinf.overlap_update is set but the runtime does not overlap (plan: overlap step %v)", rt.Placement().OverlapStep)
 	}
 	// The in-memory reference does not clip; a threshold that never
 	// triggers leaves the gradients as they are (factor 1).

@@ -221,7 +221,7 @@ func runRank(ctx context.Context, o Options) (res *Result, err error) {
 	}
 	defer rt.Close()
 	res.Backend = rt.Engine.Name()
-	pl := rt.Plan()
+	pl := rt.Placement()
 	res.PrefetchDepth = pl.PrefetchDepth
 	if o.PrefetchDepth > 0 {
 		res.PrefetchDepth = o.PrefetchDepth

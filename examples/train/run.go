@@ -431,7 +431,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		o.Runtimes(rts)
 	}
 	res.Backend = rts[0].Engine.Name()
-	pl := rts[0].Plan()
+	pl := rts[0].Placement()
 	depth := pl.PrefetchDepth
 	if o.PrefetchDepth > 0 {
 		depth = o.PrefetchDepth

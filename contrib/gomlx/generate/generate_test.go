@@ -156,7 +156,7 @@ func TestGreedyEqualsInMemory(t *testing.T) {
 			}
 			g := openGenerator(ctx, t, be, nvmeConfig(t, 4<<20, dt == dtypes.BFloat16), fn, w, generate.Options{})
 			rt := g.Runtime()
-			if d := rt.Plan().PrefetchDepth; d < 1 {
+			if d := rt.Placement().PrefetchDepth; d < 1 {
 				t.Fatalf("prefetch depth %d: the test shows nothing of prefetching across passes", d)
 			}
 			var firstMisses int64 = -1

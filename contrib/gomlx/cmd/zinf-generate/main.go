@@ -548,7 +548,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fmt.Fprintf(stdout, "decoder: %s\n", g.Decoder())
 	nc, cb := g.CachedBytes()
 	fmt.Fprintf(stdout, "weights: %d tensors, %s on NVMe (%s), streamed layer by layer through a %s pinned pool (weights / pool = %.1fx), prefetch %d layers\n",
-		len(g.Vars())-nc, mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb+cb)/float64(pool), g.Runtime().Plan().PrefetchDepth)
+		len(g.Vars())-nc, mib(wb), strings.Join(cfg.NVMePaths(), ", "), config.Size(pool), float64(wb+cb)/float64(pool), g.Runtime().Placement().PrefetchDepth)
 	if want := cfg.ZeroOptimization.OffloadParam.MaxInCPU * int64(plan.ParamDType(cfg).Size()); nc > 0 || want > 0 {
 		fmt.Fprintf(stdout, "  %d tensors (%s) held in the pinned pool for good, spread over the layers: read once, by no decoding pass (max_in_cpu %s; the pool spares %s for it)\n",
 			nc, mib(cb), mib(want), mib(g.Runtime().Reservations().ParamCacheBytes))

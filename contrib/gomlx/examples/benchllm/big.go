@@ -175,7 +175,7 @@ func big(o options, w io.Writer) error {
 	} else {
 		fmt.Fprintf(w, "swap-ins: the next layer's while a layer computes, its gradients handed over during the next backward (two layers' of each in Go memory)\n")
 	}
-	pl := rt.Plan()
+	pl := rt.Placement()
 	pr := pl.Predicted
 	predBytes := pr.NVMeReadBytes + pr.NVMeWriteBytes
 	fmt.Fprintf(w, "plan (rt.Plan): schedule %s, %d micro-batches a step until the compute is measured; predicted step %.1f s (compute unknown: a disk-bound prediction); NVMe per step read %.2f GiB, written %.2f GiB (layer-major: the same for every k); prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",

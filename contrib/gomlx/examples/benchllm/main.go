@@ -280,7 +280,7 @@ func child(o options, w io.Writer) error {
 		res.StateBytes = tr.Offload().StateBytes()
 		rt := tr.Offload().Runtime()
 		if o.overlap && !rt.OverlapUpdate() {
-			return fmt.Errorf("-overlap-update: the runtime does not overlap the update (plan: overlap step %v)", rt.Plan().OverlapStep)
+			return fmt.Errorf("-overlap-update: the runtime does not overlap the update (plan: overlap step %v)", rt.Placement().OverlapStep)
 		}
 		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }

@@ -366,7 +366,7 @@ func train(o options, w io.Writer) error {
 		how = "the minimum for this model + a 2-layer prefetch window"
 	}
 	fmt.Fprintf(w, "      pinned pool %s (%s), state / pinned = %.1fx; prefetch %d layer(s) ahead, update overlapped with backward: %v\n",
-		mib(pinnedBytes), how, float64(state)/float64(pinnedBytes), rt.Plan().PrefetchDepth, rt.Plan().OverlapStep)
+		mib(pinnedBytes), how, float64(state)/float64(pinnedBytes), rt.Placement().PrefetchDepth, rt.Placement().OverlapStep)
 	fmt.Fprintf(w, "      swap files in %s\n", o.dir)
 	_, credit := off.HeapCredit()
 	fmt.Fprintf(w, "      Go heap credit (--heap-credit, so the GC paces as with the state on the heap): %s\n", credit)
@@ -628,7 +628,7 @@ func child(o options, w io.Writer) error {
 		defer tr.Close()
 		rt := tr.Offload().Runtime()
 		res.StateBytes = tr.Offload().StateBytes()
-		res.NVMeReadBps, res.NVMeWriteBps = rt.Plan().Tiers.NVMeReadBps, rt.Plan().Tiers.NVMeWriteBps
+		res.NVMeReadBps, res.NVMeWriteBps = rt.Placement().Tiers.NVMeReadBps, rt.Placement().Tiers.NVMeWriteBps
 		metrics = rt.Metrics
 		step = func(ctx context.Context, i int) (float32, error) { x, y := batch(o.s, i); return tr.Step(ctx, x, y) }
 	}
