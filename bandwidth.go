@@ -97,6 +97,7 @@ func storeProbes(pending []pendingProbe, log *slog.Logger) {
 // config is accepted, so that a refused config leaves nothing in the NVMe
 // path.
 func measureBandwidth(ctx context.Context, s plan.BandwidthSettings, engine aio.Engine, noProbe, deferCache bool, log *slog.Logger) (Bandwidth, []pendingProbe, error) {
+	s.Engine.Logger = log // a probe's engine logs where the caller does
 	bw := s.Config
 	var out Bandwidth
 	var pending []pendingProbe

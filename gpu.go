@@ -32,6 +32,7 @@ func (r *Runtime) openDeviceIO(s *plan.Settings) error {
 		return nil
 	}
 	opts := gds.SelectOptions{GDS: s.GDS, Bounce: s.Bounce, AIO: r.Engine, Pool: r.pool, Logger: log}
+	opts.GDS.Logger, opts.Bounce.Logger = log, log
 	selectMode := mode
 	if _, isCUDA := r.device.(*cuda.Device); !isCUDA {
 		// GPUDirect Storage moves data into GPU memory only. Say what this

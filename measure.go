@@ -70,7 +70,7 @@ func (r *Runtime) openStores(s *plan.Settings, engine aio.Engine, faults aio.Fau
 	r.trace.init(sink, r.Rank, len(r.model.Layers))
 	if r.Engine = engine; r.Engine == nil {
 		eo := s.Engine
-		eo.Faults = faults
+		eo.Faults, eo.Logger = faults, r.log
 		r.Engine, err = aio.New(eo)
 		if err != nil {
 			return fmt.Errorf("zinf: I/O engine: %w", err)

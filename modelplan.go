@@ -3,6 +3,7 @@ package zinf
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
@@ -42,15 +43,19 @@ const DefaultPieceBytes = plan.DefaultPieceBytes
 // WorldSize, ComputePerLayer, Inference, GatherLayers (planned whether or
 // not Comm is set), Bandwidth, NoBandwidthProbe, Logger and PieceBytes.
 func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts Options) (*ModelPlan, error) {
-	in, err := plan.Check(cfg, m, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
+	in, err := plan.Check(cfg, m, plan.Given{Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
 	}
 	var ms plan.Measured
 	var pending []pendingProbe
 	if opts.Bandwidth != nil {
 		ms.Bandwidth = *opts.Bandwidth
-	} else if ms.Bandwidth, pending, err = measureBandwidth(ctx, in.Settings.Bandwidth, nil, opts.NoBandwidthProbe, true, in.Log); err != nil {
+	} else if ms.Bandwidth, pending, err = measureBandwidth(ctx, in.Settings.Bandwidth, nil, opts.NoBandwidthProbe, true, log); err != nil {
 		return nil, err
 	}
 	// The stores' geometry, for a device of the default alignment.
@@ -74,6 +79,6 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts Options) (
 	}
 	// Planned: cache what the probe measured (a config refused above
 	// leaves nothing in the NVMe paths).
-	storeProbes(pending, in.Log)
+	storeProbes(pending, log)
 	return p, nil
 }

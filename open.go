@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
@@ -24,7 +25,7 @@ import (
 // of free space. Every tensor must then get its initial values with Init.
 // Nothing is left behind on failure: whatever was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
-	in, err := plan.Check(cfg, model, plan.Given{Logger: opts.Logger, Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
+	in, err := plan.Check(cfg, model, plan.Given{Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}
@@ -36,7 +37,11 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 			rt = nil
 		}
 	}()
-	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, in.Rank, in.World, in.Settings.DType, in.Log, in.Model, opts.Inference
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, in.Rank, in.World, in.Settings.DType, log, in.Model, opts.Inference
 	// Measure what the plan depends on (memory, the stores' geometry, the
 	// NVMe bandwidth), plan, and build from the plan.
 	m, pending, err := r.measure(&in.Settings, opts)
@@ -53,7 +58,7 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	}
 	// The run goes ahead: cache what the probe measured (not before, so
 	// that a refused config leaves nothing in the NVMe paths).
-	storeProbes(pending, in.Log)
+	storeProbes(pending, log)
 	return r, nil
 }
 

@@ -77,7 +77,7 @@ func TestStateFormatOfConfig(t *testing.T) {
 		t.Errorf("SubGroupSizeOf(100): %d, want 256", n)
 	}
 	c.Zinf.OptimizerStatesFP32 = []string{"*embed*"}
-	s := plan.SettingsOf(c, nil)
+	s := plan.SettingsOf(c)
 	if s.Optimizer.StateFormat != optimizer.FormatBlockwise8 || s.Optimizer.SubGroupSize != 256 || s.Optimizer.StateFormatFor == nil {
 		t.Fatalf("SettingsOf: optimizer format %v, sub-group %d", s.Optimizer.StateFormat, s.Optimizer.SubGroupSize)
 	}

@@ -172,17 +172,17 @@ type DeviceSettings struct {
 	SimBytes  int64 // the simulated device's capacity
 }
 
-// SettingsOf is cfg in each component's words, in one pass; log goes to
-// the engine and the device I/O. The config's own translations come
-// first, then what the other packages read of it (schedule, config, aio),
-// each once. What the caller gives beside the config (an engine's fault
+// SettingsOf is cfg in each component's words, in one pass. The config's
+// own translations come first, then what the other packages read of it
+// (schedule, config, aio), each once. What the caller gives beside the
+// config (the logger of the engine and the device I/O, an engine's fault
 // hook, the run's total steps for the learning-rate schedule) is the
 // builder's, not the settings'.
-func SettingsOf(cfg *config.Config, log *slog.Logger) Settings {
+func SettingsOf(cfg *config.Config) Settings {
 	zo := cfg.ZeroOptimization
-	s := Settings{Engine: engineOptions(cfg, log, nil), DType: ParamDType(cfg),
+	s := Settings{Engine: engineOptions(cfg, nil, nil), DType: ParamDType(cfg),
 		Device:  DeviceSettings{Kind: cfg.Zinf.Device, CUDABytes: int64(cfg.Zinf.Tiers.GPUBytes)},
-		GDSMode: GDSMode(cfg), GDS: gdsOptions(cfg, log), Bounce: BounceOptions(cfg, log),
+		GDSMode: GDSMode(cfg), GDS: gdsOptions(cfg, nil), Bounce: BounceOptions(cfg, nil),
 		Clip: cfg.GradientClipping, Speculate: cfg.Zinf.Speculate,
 		PinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, PinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
 		Optimizer: optimizer.Options{SubGroupSize: SubGroupSizeOf(cfg), PipelineDepth: cfg.Zinf.PipelineDepth,

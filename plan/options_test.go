@@ -1,7 +1,6 @@
 package plan
 
 import (
-	"log/slog"
 	"reflect"
 	"testing"
 
@@ -13,7 +12,6 @@ import (
 // tools use: the same engine, GPUDirect Storage, bounce and optimizer
 // options, dtype and mode, for configs that differ in each key they read.
 func TestSettingsMatchTranslators(t *testing.T) {
-	log := slog.Default()
 	configs := map[string]func(c *config.Config){
 		"default": func(*config.Config) {},
 		"direct off, gds auto, bf16": func(c *config.Config) {
@@ -35,14 +33,14 @@ func TestSettingsMatchTranslators(t *testing.T) {
 		c := config.Default()
 		c.SetScratchDir(t.TempDir())
 		edit(c)
-		s := SettingsOf(c, log)
-		if got, want := s.Engine, EngineOptions(c, log, nil); !reflect.DeepEqual(got, want) {
+		s := SettingsOf(c)
+		if got, want := s.Engine, EngineOptions(c, nil, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: engine %+v, EngineOptions %+v", name, got, want)
 		}
-		if got, want := s.GDS, GDSOptions(c, log); !reflect.DeepEqual(got, want) {
+		if got, want := s.GDS, GDSOptions(c, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: gds %+v, GDSOptions %+v", name, got, want)
 		}
-		if got, want := s.Bounce, BounceOptions(c, log); !reflect.DeepEqual(got, want) {
+		if got, want := s.Bounce, BounceOptions(c, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: bounce %+v, BounceOptions %+v", name, got, want)
 		}
 		if s.GDSMode != GDSMode(c) || s.DType != ParamDType(c) || s.Optimizer.Hyper != Hyper(c) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
@@ -92,16 +91,13 @@ type Inputs struct {
 	Config      *config.Config
 	Model       *Index
 	Rank, World int
-	Log         *slog.Logger
 	Settings    Settings
 }
 
 // Given is what zinf.Open and zinf.PlanModel are given beside the config
-// and the model that a plan depends on: the logger (default
-// slog.Default()), the rank and world size when WorldSize > 0 (else the
-// config's), and the piece size.
+// and the model that a plan depends on: the rank and world size when
+// WorldSize > 0 (else the config's), and the piece size.
 type Given struct {
-	Logger          *slog.Logger
 	Rank, WorldSize int
 	// PieceBytes is zinf.Options.PieceBytes (0: zinf.piece_bytes, else
 	// DefaultPieceBytes; -1: whole): it caps the optimizer's sub-group,
@@ -124,17 +120,13 @@ func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := g.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	if g.WorldSize > 0 {
 		r, world = g.Rank, g.WorldSize
 	}
 	if r < 0 || r >= world {
 		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
 	}
-	s := SettingsOf(cfg, log)
+	s := SettingsOf(cfg)
 	if s.OptimStore.Paths != nil {
 		pieceBytes := g.PieceBytes
 		if pieceBytes == 0 {
@@ -142,7 +134,7 @@ func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
 		}
 		s.OptimStore.ChecksumBytes = SubGroupChecksumBytes(cfg.ZeroOptimization.SubGroupSize, pieceBytes)
 	}
-	return &Inputs{Config: cfg, Model: mi, Rank: r, World: world, Log: log, Settings: s}, nil
+	return &Inputs{Config: cfg, Model: mi, Rank: r, World: world, Settings: s}, nil
 }
 
 // SubGroupChecksumBytes is the bytes one checksum covers in the gradient
