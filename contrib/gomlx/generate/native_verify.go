@@ -91,29 +91,8 @@ func CheckNativeLogits(ctx context.Context, backend compute.Backend, fn ModelFn,
 	if err != nil {
 		return nil, err
 	}
-	var buf []float32
-	for _, v := range vars {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		n := v.Numel()
-		if cap(buf) < n {
-			buf = make([]float32, n)
-		}
-		if err := w.Read(ctx, v, buf[:n]); err != nil {
-			return nil, fmt.Errorf("zinf generate: weights of %q: %w", v.Name, err)
-		}
-		t := tensors.FromShape(v.Shape)
-		var cerr error
-		if err := t.MutableBytes(func(b []byte) { cerr = fromFloat32(v.Shape.DType, buf[:n], b) }); err != nil {
-			return nil, err
-		}
-		if cerr != nil {
-			return nil, cerr
-		}
-		if err := store.GetVariable(v.Name).SetValue(t); err != nil {
-			return nil, err
-		}
+	if err := loadWeights(ctx, w, store, vars); err != nil {
+		return nil, err
 	}
 	cfg, err := nativecheck.ZooConfig(m)
 	if err != nil {

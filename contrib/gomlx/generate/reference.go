@@ -94,26 +94,8 @@ func InMemory(ctx context.Context, backend compute.Backend, fn ModelFn, w Weight
 		return nil, err
 	}
 	defer store.Finalize()
-	var buf []float32
-	for _, v := range vars {
-		n := v.Numel()
-		if cap(buf) < n {
-			buf = make([]float32, n)
-		}
-		if err := w.Read(ctx, v, buf[:n]); err != nil {
-			return nil, fmt.Errorf("zinf generate: weights of %q: %w", v.Name, err)
-		}
-		t := tensors.FromShape(v.Shape)
-		var cerr error
-		if err := t.MutableBytes(func(b []byte) { cerr = fromFloat32(v.Shape.DType, buf[:n], b) }); err != nil {
-			return nil, err
-		}
-		if cerr != nil {
-			return nil, cerr
-		}
-		if err := store.GetVariable(v.Name).SetValue(t); err != nil {
-			return nil, err
-		}
+	if err := loadWeights(ctx, w, store, vars); err != nil {
+		return nil, err
 	}
 	m.PopulateKVCacheConfigs()
 	kvHeads := m.NumKVHeads
@@ -183,6 +165,38 @@ func fromFloat32(d dtypes.DType, src []float32, dst []byte) error {
 		}
 	default:
 		return fmt.Errorf("dtype %s (allowed: float32, bfloat16)", d)
+	}
+	return nil
+}
+
+// loadWeights sets each of vars in store to its weights from w, read as
+// float32 and converted to the variable's dtype, one variable at a time
+// through one reused buffer (the in-memory references hold the whole
+// model; the buffer holds its largest tensor once).
+func loadWeights(ctx context.Context, w Weights, store *model.Store, vars []Var) error {
+	var buf []float32
+	for _, v := range vars {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := v.Numel()
+		if cap(buf) < n {
+			buf = make([]float32, n)
+		}
+		if err := w.Read(ctx, v, buf[:n]); err != nil {
+			return fmt.Errorf("zinf generate: weights of %q: %w", v.Name, err)
+		}
+		t := tensors.FromShape(v.Shape)
+		var cerr error
+		if err := t.MutableBytes(func(b []byte) { cerr = fromFloat32(v.Shape.DType, buf[:n], b) }); err != nil {
+			return err
+		}
+		if cerr != nil {
+			return cerr
+		}
+		if err := store.GetVariable(v.Name).SetValue(t); err != nil {
+			return err
+		}
 	}
 	return nil
 }
