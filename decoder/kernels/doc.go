@@ -93,8 +93,12 @@
 //
 // The scalar kernels (KernelScalar) are this definition written out in
 // Go, and the reference the tests hold every SIMD kernel to, bit for bit.
-// The kernels compute step 1; steps 2 and 3 are Go code every kernel
-// shares. The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
+// The kernels compute step 1; step 3 is Go code every kernel shares, and
+// step 2 is too except on amd64, where a generated kernel (reduceAVX2)
+// reduces a block's rows with the same additions in vector registers, so
+// that the sums the row kernels just stored as 32-byte vectors are read
+// back as such (the processor forwards those stores to loads of the same
+// width, not to reduce16's scalar loads). The error of a result is at most about (Cols/16 + 19) * 2^-24 times the
 // sum of |w*x| (a test checks the bound against float64).
 //
 // # Kernels

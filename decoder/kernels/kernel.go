@@ -7,6 +7,8 @@ package kernels
 type kernel struct {
 	name                string
 	f32, bf16, q8_0, q4 blockFunc
+	// reduce reduces a row block's partial sums (nil: reduceGo).
+	reduce reduceFunc
 	// ioF32 and ioBF16 are the in-out products' (MatMulInOut).
 	ioF32, ioBF16 ioFunc
 }
@@ -17,6 +19,25 @@ func (k *kernel) inOut(t DType) ioFunc {
 		return k.ioBF16
 	}
 	return k.ioF32
+}
+
+// reduceFunc sets y[r] for r < rows to the sum of the partial sums
+// acc[r][b] in the fixed tree of reduce16 (rows ≥ 1, len(y) ≥ rows).
+type reduceFunc func(acc *[rowBlock]accs, b, rows int, y []float32)
+
+// reduceGo is the reduceFunc written in Go, reduce16 a row.
+func reduceGo(acc *[rowBlock]accs, b, rows int, y []float32) {
+	for r := range rows {
+		y[r] = reduce16(&acc[r][b])
+	}
+}
+
+// reduceRows returns the kernel's reduction of a row block's sums.
+func (k *kernel) reduceRows() reduceFunc {
+	if k.reduce == nil {
+		return reduceGo
+	}
+	return k.reduce
 }
 
 // row returns the kernel's row function for t.

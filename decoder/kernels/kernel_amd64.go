@@ -33,6 +33,9 @@ func hasF16C() bool {
 
 var avx2Kernel = &kernel{
 	name: KernelAVX2,
+	reduce: func(acc *[rowBlock]accs, b, rows int, y []float32) {
+		reduceAVX2(&acc[0][b][0], int(unsafe.Sizeof(acc[0])), rows, &y[0])
+	},
 	f32: asmBlock(asmKernels{
 		{1: rowF32AVX2x1r1, 2: rowF32AVX2x1r2, 4: rowF32AVX2x1r4},
 		{1: rowF32AVX2x2r1, 2: rowF32AVX2x2r2}, {1: rowF32AVX2x3r1}, {1: rowF32AVX2x4r1}}),

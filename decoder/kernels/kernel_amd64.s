@@ -1938,6 +1938,31 @@ sumF32AVX2_store:
 	VZEROUPPER
 	RET
 
+// func reduceAVX2(acc *float32, stride int, rows int, y *float32)
+// Requires: AVX
+TEXT ·reduceAVX2(SB), NOSPLIT, $0-32
+	MOVQ acc+0(FP), AX
+	MOVQ stride+8(FP), CX
+	MOVQ rows+16(FP), DX
+	MOVQ y+24(FP), BX
+
+reduceAVX2_loop:
+	VMOVUPS      (AX), Y0
+	VADDPS       32(AX), Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+	VMOVSS       X0, (BX)
+	ADDQ         CX, AX
+	ADDQ         $0x04, BX
+	DECQ         DX
+	JG           reduceAVX2_loop
+	VZEROUPPER
+	RET
+
 // func inoutF32AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
 // Requires: AVX, FMA3
 TEXT ·inoutF32AVX2x1w64(SB), NOSPLIT, $0-64

@@ -149,6 +149,11 @@ func rowQ4_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *
 //go:noescape
 func sumF32AVX2(w *byte, n int) float32
 
+// reduceAVX2 sets y[r] for r < rows (rows ≥ 1) to the sum of the 16 partial sums at acc + r*stride bytes in the fixed tree of reduce16.
+//
+//go:noescape
+func reduceAVX2(acc *float32, stride int, rows int, y *float32)
+
 // inoutF32AVX2x1w64 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 64), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
 //
 //go:noescape

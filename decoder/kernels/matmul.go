@@ -58,6 +58,7 @@ type Pool struct {
 type job struct {
 	w      Matrix
 	row    blockFunc
+	reduce reduceFunc      // the row blocks' reduction of their partial sums
 	io     ioFunc          // an in-out product's kernel
 	inout  bool            // an in-out product (MatMulInOut): chunks of columns
 	fn     func(chunk int) // Parallel's function, or nil
@@ -170,7 +171,7 @@ func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
 	chunks := min(p.workers, (w.Rows+minRowsPerWorker-1)/minRowsPerWorker)
 	b32, _ := RowBytes(w.Type, BlockSize)
 	tile := max(BlockSize, tileBytes/4/batch/BlockSize*BlockSize)
-	p.job = job{w: w, row: p.k.row(w.Type), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1),
+	p.job = job{w: w, row: p.k.row(w.Type), reduce: p.k.reduceRows(), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1),
 		tile: tile, b32: b32, scratch: p.scratch}
 	for i := 1; i < p.job.chunks; i++ {
 		p.work <- i
@@ -225,27 +226,34 @@ func (j *job) run(i int) {
 	cols := j.w.Cols
 	for r0 := lo; r0 < hi; r0 += rowBlock {
 		r1 := min(hi, r0+rowBlock)
+		// Only the batch's vectors' sums: the kernels touch no others.
 		for r := r0; r < r1; r++ {
-			sc.acc[r-r0] = accs{}
+			clear(sc.acc[r-r0][:j.batch])
 		}
 		for c0 := 0; c0 < j.n; c0 += j.tile {
 			nc := min(j.tile, j.n-c0)
 			off := c0 / BlockSize * j.b32
 			j.row(j.w.Data[r0*j.rb+off:r1*j.rb], j.rb, r1-r0, nc, j.x[c0:], cols, j.batch, &sc.acc)
 		}
-		for r := r0; r < r1; r++ {
-			row := j.w.Data[r*j.rb : (r+1)*j.rb]
-			for b := range j.batch {
-				var s float32
-				if j.n > 0 {
-					s = reduce16(&sc.acc[r-r0][b])
-				}
-				// The tail of an F32 or BF16 row past the last whole
-				// group of Lanes columns, one column at a time.
+		for b := range j.batch {
+			ys := j.y[b*j.w.Rows+r0 : b*j.w.Rows+r1]
+			if j.n > 0 {
+				j.reduce(&sc.acc, b, r1-r0, ys)
+			} else {
+				clear(ys)
+			}
+			if j.n == cols {
+				continue
+			}
+			// The tail of an F32 or BF16 row past the last whole group
+			// of Lanes columns, one column at a time.
+			for r := r0; r < r1; r++ {
+				row := j.w.Data[r*j.rb : (r+1)*j.rb]
+				s := ys[r-r0]
 				for c := j.n; c < cols; c++ {
 					s = FMA32(weightAt(j.w.Type, row, c), j.x[b*cols+c], s)
 				}
-				j.y[b*j.w.Rows+r] = s
+				ys[r-r0] = s
 			}
 		}
 	}

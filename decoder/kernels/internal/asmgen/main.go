@@ -18,8 +18,9 @@
 // VCVTPH2PS: products that are exact in binary32). Two YMM registers hold
 // the 16 partial sums of a vector; they are loaded from and stored back to
 // memory, so that a row can be taken in column tiles, and the caller
-// reduces them in the fixed tree of reduce16. The memory-read kernel
-// (sumF32AVX2) reduces its own sums in that tree with shuffles.
+// reduces them in the fixed tree of reduce16, with reduceAVX2 here. The
+// memory-read kernel (sumF32AVX2) reduces its own sums in that tree with
+// shuffles.
 //
 // -mutate NAME builds one deliberate deviation into the kernels, for
 // mutants.sh to show that the differential tests catch it; -mutate list
@@ -68,6 +69,8 @@ var mutations = []string{
 	"drops-last-step",    // one loop iteration too few
 	"x-stride-ignored",   // every vector read at the first vector's address
 	"row-stride-ignored", // every row of a multi-row kernel read at the first row's address
+	"reduce-tree-halves", // the reduction's first step pairs p[j] with p[j+4], not p[j+8]
+	"reduce-row-stride",  // every row reduced from the first row's partial sums
 	// The in-out kernels' own (the row kernels are left as they are).
 	"io-unfused",          // VMULPS and VADDPS for VFMADD231PS
 	"io-acc-not-loaded",   // the outputs' sums restarted at zero in every row block
@@ -178,6 +181,7 @@ func main() {
 		}
 	}
 	gen(f32, 0, 1) // the memory-read kernel
+	genReduce()
 	for _, t := range []ioType{{"F32", 4}, {"BF16", 2}} {
 		for nb := 1; nb <= maxNB; nb++ {
 			for _, width := range ioWidths[nb] {
@@ -371,6 +375,56 @@ func gen(t dtype, nb, rows int) {
 	VMOVSHDUP(s4, t1)
 	VADDSS(t1, s4, s4) // s2[0] + s2[1]
 	Store(s4, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// genReduce emits reduceAVX2(acc *float32, stride, rows int, y *float32):
+// for rows rows (rows ≥ 1) of 16 partial sums (row r's at acc +
+// r*stride bytes), y[r] = the fixed tree of reduce16 over them. The
+// products reduce a block's rows here rather than in Go: the sums were
+// just stored by a row kernel as 32-byte vectors, which the CPU forwards
+// to 32-byte loads of the same addresses but not to the scalar loads of
+// reduce16, and the tree takes half a dozen vector instructions a row.
+func genReduce() {
+	name := "reduceAVX2"
+	TEXT(name, NOSPLIT, "func(acc *float32, stride, rows int, y *float32)")
+	Pragma("noescape")
+	Doc(name + " sets y[r] for r < rows (rows ≥ 1) to the sum of the 16 partial sums at acc + r*stride bytes in the fixed tree of reduce16.")
+	acc := Load(Param("acc"), GP64())
+	stride := Load(Param("stride"), GP64())
+	rows := Load(Param("rows"), GP64())
+	y := Load(Param("y"), GP64())
+	if mutation == "reduce-row-stride" {
+		XORQ(stride, stride)
+	}
+	Label(name + "_loop")
+	s := YMM()
+	VMOVUPS(Mem{Base: acc}, s)
+	if mutation == "reduce-tree-halves" {
+		// p[j] + p[j+4] within each half: a different tree.
+		t := YMM()
+		VPERMILPS(U8(0x4e), s, t)
+		VADDPS(t, s, s)
+		VADDPS(Mem{Base: acc, Disp: 32}, s, s)
+	} else {
+		VADDPS(Mem{Base: acc, Disp: 32}, s, s) // s8[j] = p[j] + p[j+8]
+	}
+	hi := XMM()
+	VEXTRACTF128(U8(1), s, hi)
+	s4 := XMM()
+	VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
+	t2 := XMM()
+	VMOVHLPS(s4, s4, t2)
+	VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+	t1 := XMM()
+	VMOVSHDUP(s4, t1)
+	VADDSS(t1, s4, s4) // s2[0] + s2[1]
+	VMOVSS(s4, Mem{Base: y})
+	ADDQ(stride, acc)
+	ADDQ(U8(4), y)
+	DECQ(rows)
+	JG(LabelRef(name + "_loop"))
 	VZEROUPPER()
 	RET()
 }
