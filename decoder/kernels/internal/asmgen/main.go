@@ -54,6 +54,8 @@ type dtype struct {
 	load func(w Register, consts []VecVirtual, h int, scale VecVirtual) (VecVirtual, VecVirtual)
 	// scale loads the block's scale (block formats), or returns nil.
 	scale func(w Register) VecVirtual
+	// prefetch has the kernels prefetch the next call's rows (see gen).
+	prefetch bool
 }
 
 // mutations are the deviations -mutate can build in, each one a mistake a
@@ -131,7 +133,7 @@ func main() {
 			VPSLLD(shift, b, b)
 			return a, b
 		}}
-	q8 := dtype{name: "Q8_0", cols: 32, wstep: 34, scale: halfScale,
+	q8 := dtype{name: "Q8_0", cols: 32, wstep: 34, scale: halfScale, prefetch: true,
 		load: func(w Register, _ []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			if mutation == "q8-zero-extend" {
@@ -146,7 +148,7 @@ func main() {
 			VMULPS(d, b, b)
 			return a, b
 		}}
-	q4 := dtype{name: "Q4_0", cols: 32, wstep: 18, scale: halfScale,
+	q4 := dtype{name: "Q4_0", cols: 32, wstep: 18, scale: halfScale, prefetch: true,
 		prepare: func() []VecVirtual {
 			// Byte constants: the nibble mask and the offset 8.
 			return []VecVirtual{byteConst(0x0f), byteConst(0x08)}
@@ -247,7 +249,8 @@ func gen(t dtype, nb, rows int) {
 	n := Load(Param("n"), GP64())
 	ws := make([]Register, rows)
 	ws[0] = Load(Param("w"), GP64())
-	if rows > 1 {
+	var pf Register // rows*wstride: the next call's rows, prefetched
+	if nb > 0 && (rows > 1 || t.prefetch) {
 		wstride := Load(Param("wstride"), GP64())
 		for r := 1; r < rows; r++ {
 			ws[r] = GP64()
@@ -256,6 +259,10 @@ func gen(t dtype, nb, rows int) {
 			} else {
 				LEAQ(Mem{Base: ws[r-1], Index: wstride, Scale: 1}, ws[r])
 			}
+		}
+		pf = wstride
+		if rows > 1 && t.prefetch {
+			SHLQ(U8(map[int]uint8{2: 1, 4: 2}[rows]), pf)
 		}
 	}
 	vecs := max(nb, 1)
@@ -310,6 +317,15 @@ func gen(t dtype, nb, rows int) {
 	JLE(LabelRef(name + "_store"))
 	Label(name + "_loop")
 	for r := range rows {
+		if nb > 0 && t.prefetch {
+			// The rows a product's next call takes lie rows*wstride
+			// bytes on. They are prefetched at the columns this one
+			// reads: a short row (a Q8_0 row of 1024 columns is 17
+			// cache lines) is too short a stream for the hardware's
+			// prefetchers, and the rows of a call are read side by
+			// side, so that none of them alone looks sequential.
+			PREFETCHT0(Mem{Base: ws[r], Index: pf, Scale: 1})
+		}
 		var d VecVirtual
 		if t.scale != nil {
 			d = t.scale(ws[r])
