@@ -87,13 +87,7 @@ func (p *Pool) MatMulInOut(y []float32, w Matrix, x []float32, batch int) error 
 	}
 	chunks := max(1, min(p.workers, w.Cols/minColsPerWorker))
 	p.job = job{w: w, io: p.k.inOut(w.Type), rb: rb, x: x, y: y, batch: batch, chunks: chunks, inout: true}
-	for i := 1; i < chunks; i++ {
-		p.work <- i
-	}
-	p.job.run(0)
-	for i := 1; i < chunks; i++ {
-		<-p.done
-	}
+	p.runJob()
 	p.job = job{} // drop the references to the caller's slices
 	return nil
 }
@@ -172,13 +166,7 @@ func (p *Pool) Parallel(chunks int, f func(chunk int)) error {
 		return ErrClosed
 	}
 	p.job = job{fn: f, chunks: chunks}
-	for i := 1; i < chunks; i++ {
-		p.work <- i
-	}
-	f(0)
-	for i := 1; i < chunks; i++ {
-		<-p.done
-	}
+	p.runJob()
 	p.job = job{}
 	return nil
 }

@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -235,5 +237,60 @@ func TestReduceMatchesReduce16(t *testing.T) {
 				t.Fatalf("%s: rows %d: wrote y[%d]", k.name, rows, rows)
 			}
 		}
+	}
+}
+
+// TestPoolSpinningWorkers runs products on pools whose workers poll for
+// chunks rather than block (their first 200 µs idle): with one processor
+// and four workers (the pollers must yield it to the others), with
+// products back to back and after the workers have gone back to
+// blocking, and closes them while they poll, under a watchdog. Every
+// result must be the scalar reference's, and a closed pool must refuse.
+func TestPoolSpinningWorkers(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(seedNow(), 9))
+		ref, _ := NewPool(Options{Workers: 1, Kernel: KernelScalar})
+		defer ref.Close()
+		for _, workers := range []int{2, 4} {
+			p, err := NewPool(Options{Workers: workers})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for k := range 6 {
+				w := randMatrix(rng, F32, 16*workers+3, 48)
+				x := randVec(rng, 2*48)
+				y, want := make([]float32, 2*w.Rows), make([]float32, 2*w.Rows)
+				if err := p.MatMul(y, w, x, 2); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := ref.MatMul(want, w, x, 2); err != nil {
+					t.Error(err)
+					return
+				}
+				for i := range y {
+					if math.Float32bits(y[i]) != math.Float32bits(want[i]) {
+						t.Errorf("workers %d, product %d: y[%d] = %v, want %v", workers, k, i, y[i], want[i])
+						return
+					}
+				}
+				if k == 3 {
+					time.Sleep(time.Millisecond) // past workerSpin: the workers block
+				}
+			}
+			p.Close()
+			if err := p.Parallel(1, func(int) {}); !errors.Is(err, ErrClosed) {
+				t.Errorf("workers %d: Parallel after Close: %v, want ErrClosed", workers, err)
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the products did not finish in a minute")
 	}
 }
