@@ -115,12 +115,13 @@
 // multiply-adds, and more rows give the CPU independent ones. The weights
 // are widened in registers: VPMOVZXWD and a shift for bf16, VPMOVSXBD (of
 // the bytes, or of the masked nibbles less 8) and VCVTDQ2PS times the
-// VCVTPH2PS-widened scale for the blocks. The block formats' kernels
-// prefetch the rows the next call takes (rows*wstride bytes on, at the
-// columns they read): their rows are short streams (a Q8_0 row of 1024
-// columns is 17 cache lines) read side by side, which the hardware's
-// prefetchers do not follow, and without it a Q8_0 product from memory
-// ran at half its rate from the cache. The tests compare every kernel
+// VCVTPH2PS-widened scale for the blocks. The bf16 and block formats'
+// kernels prefetch the rows the next call takes (rows*wstride bytes on,
+// at the columns they read): their rows are short streams (a Q8_0 row of
+// 1024 columns is 17 cache lines, a bf16 one 32) read side by side, which
+// the hardware's prefetchers do not follow, and without it a Q8_0
+// product from memory ran at half its rate from the cache. The f32
+// kernels gained nothing measurable from it and do without. The tests compare every kernel
 // with the scalar one on random shapes, bit for bit, and
 // internal/asmgen/mutants.sh builds deliberate mistakes into the assembly
 // and requires the tests to catch each (the row and the in-out kernels'

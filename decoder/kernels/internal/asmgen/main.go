@@ -120,7 +120,7 @@ func main() {
 			VMOVUPS(Mem{Base: w, Disp: 32}, b)
 			return a, b
 		}}
-	bf16 := dtype{name: "BF16", cols: 16, wstep: 32,
+	bf16 := dtype{name: "BF16", cols: 16, wstep: 32, prefetch: true,
 		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VPMOVZXWD(Mem{Base: w}, a)
