@@ -9,41 +9,6 @@ import (
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
 
-// StateFormatOf is the optimizer's state format zinf.optimizer_states
-// names (fp32 for an empty or unknown word, which Validate refuses).
-func StateFormatOf(cfg *config.Config) optimizer.StateFormat {
-	f, err := optimizer.ParseStateFormat(string(cfg.Zinf.OptimizerStates))
-	if err != nil {
-		return optimizer.FormatFP32
-	}
-	return f
-}
-
-// StateFormatForOf is the optimizer's per-tensor rule for cfg's
-// compressed states (nil for fp32): optimizer.KeepFP32 with
-// zinf.optimizer_states_fp32's patterns, tensors under
-// optimizer.MinCompressedElems elements in fp32 too.
-func StateFormatForOf(cfg *config.Config) func(name string, elems int) optimizer.StateFormat {
-	f := StateFormatOf(cfg)
-	if f == optimizer.FormatFP32 {
-		return nil
-	}
-	return optimizer.KeepFP32(f, optimizer.MinCompressedElems, cfg.Zinf.OptimizerStatesFP32)
-}
-
-// SubGroupSizeOf is the optimizer's sub-group size for cfg:
-// zero_optimization.sub_group_size capped at 2^30 elements and, with 8-bit
-// states, rounded down to a multiple of their block
-// (optimizer.Blockwise8BlockSize; at least one block), so that sub-groups
-// start blocks, as optimizer.Options.Validate requires.
-func SubGroupSizeOf(cfg *config.Config) int {
-	n := int(min(cfg.ZeroOptimization.SubGroupSize, 1<<30))
-	if StateFormatOf(cfg).Encoding == optimizer.EncodingBlockwise8 {
-		n = max(n/optimizer.Blockwise8BlockSize, 1) * optimizer.Blockwise8BlockSize
-	}
-	return n
-}
-
 // StepBytes are the NVMe bytes one training step moves per parameter
 // element, by kind: the parameters read for the forward and backward
 // passes and written back after the update, the gradients written behind

@@ -66,6 +66,58 @@ func Hyper(cfg *config.Config) optimizer.Hyper {
 	return h
 }
 
+// StateFormatOf is the optimizer's state format zinf.optimizer_states
+// names (fp32 for an empty or unknown word, which Validate refuses).
+func StateFormatOf(cfg *config.Config) optimizer.StateFormat {
+	f, err := optimizer.ParseStateFormat(string(cfg.Zinf.OptimizerStates))
+	if err != nil {
+		return optimizer.FormatFP32
+	}
+	return f
+}
+
+// StateFormatForOf is the optimizer's per-tensor rule for cfg's
+// compressed states (nil for fp32): optimizer.KeepFP32 with
+// zinf.optimizer_states_fp32's patterns, tensors under
+// optimizer.MinCompressedElems elements in fp32 too.
+func StateFormatForOf(cfg *config.Config) func(name string, elems int) optimizer.StateFormat {
+	f := StateFormatOf(cfg)
+	if f == optimizer.FormatFP32 {
+		return nil
+	}
+	return optimizer.KeepFP32(f, optimizer.MinCompressedElems, cfg.Zinf.OptimizerStatesFP32)
+}
+
+// SubGroupSizeOf is the optimizer's sub-group size for cfg:
+// zero_optimization.sub_group_size capped at 2^30 elements and, with 8-bit
+// states, rounded down to a multiple of their block
+// (optimizer.Blockwise8BlockSize; at least one block), so that sub-groups
+// start blocks, as optimizer.Options.Validate requires.
+func SubGroupSizeOf(cfg *config.Config) int {
+	return subGroupSize(cfg.ZeroOptimization.SubGroupSize, StateFormatOf(cfg))
+}
+
+func subGroupSize(elems int64, f optimizer.StateFormat) int {
+	n := int(min(elems, 1<<30))
+	if f.Encoding == optimizer.EncodingBlockwise8 {
+		n = max(n/optimizer.Blockwise8BlockSize, 1) * optimizer.Blockwise8BlockSize
+	}
+	return n
+}
+
+// optimizerOptions is the config's part of the optimizer's options, the
+// state format read once.
+func optimizerOptions(cfg *config.Config) optimizer.Options {
+	f := StateFormatOf(cfg)
+	o := optimizer.Options{SubGroupSize: subGroupSize(cfg.ZeroOptimization.SubGroupSize, f), PipelineDepth: cfg.Zinf.PipelineDepth,
+		BufferCount: cfg.ZeroOptimization.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg),
+		StateFormat: f}
+	if f != optimizer.FormatFP32 {
+		o.StateFormatFor = optimizer.KeepFP32(f, optimizer.MinCompressedElems, cfg.Zinf.OptimizerStatesFP32)
+	}
+	return o
+}
+
 func pathsFor(cfg *config.Config, fallback string) []string {
 	if len(cfg.Zinf.NVMePaths) > 0 {
 		return cfg.Zinf.NVMePaths
@@ -103,7 +155,7 @@ func GDSOptions(cfg *config.Config, log *slog.Logger) gds.Options {
 // (SettingsOf reads them once).
 func gdsOptions(cfg *config.Config, log *slog.Logger) gds.Options {
 	return gds.Options{BlockSizeBytes: roundUp4K(int64(cfg.AIO.BlockSize)), Parallelism: min(max(cfg.AIO.IntraOpParallelism, 1), gds.MaxParallelism),
-		Paths: cfg.NVMePaths(), Logger: log}
+		Logger: log}
 }
 
 // BounceOptions maps the config's aio section to the bounce path's
@@ -184,10 +236,7 @@ func SettingsOf(cfg *config.Config) Settings {
 		Device:  DeviceSettings{Kind: cfg.Zinf.Device, CUDABytes: int64(cfg.Zinf.Tiers.GPUBytes)},
 		GDSMode: GDSMode(cfg), GDS: gdsOptions(cfg, nil), Bounce: BounceOptions(cfg, nil),
 		Clip: cfg.GradientClipping, Speculate: cfg.Zinf.Speculate,
-		PinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, PinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout),
-		Optimizer: optimizer.Options{SubGroupSize: SubGroupSizeOf(cfg), PipelineDepth: cfg.Zinf.PipelineDepth,
-			BufferCount: zo.OffloadOptimizer.BufferCount, UpdateWorkers: cfg.Zinf.OptimizerWorkers, Hyper: Hyper(cfg),
-			StateFormat: StateFormatOf(cfg), StateFormatFor: StateFormatForOf(cfg)}}
+		PinnedBytes: cfg.Zinf.Tiers.CPUPinnedBytes, PinnedStall: time.Duration(cfg.Zinf.PinnedStallTimeout)}
 	if s.Speculate == "" {
 		s.Speculate = config.SpeculateAuto
 	}
@@ -198,11 +247,11 @@ func SettingsOf(cfg *config.Config) Settings {
 	if zo.OffloadOptimizer.Device == config.OffloadNVMe {
 		s.OptimStore = StoreOptions(cfg, pathsFor(cfg, zo.OffloadOptimizer.NVMePath))
 	}
+	s.Optimizer = optimizerOptions(cfg)
 	s.Scaler = schedule.LossScalerOptionsOf(cfg)
-	s.Bandwidth = BandwidthSettings{Config: cfg.Zinf.Bandwidth, File: cfg.BandwidthFile()}
 	s.NVMePaths = cfg.NVMePaths()
-	s.Bandwidth.Paths = s.NVMePaths
-	s.GDS.Paths = cfg.NVMePaths()
+	s.Bandwidth = BandwidthSettings{Config: cfg.Zinf.Bandwidth, File: cfg.BandwidthFile(), Paths: s.NVMePaths}
+	s.GDS.Paths = s.NVMePaths
 	s.Device.SimBytes = cfg.GPUBytes(0)
 	direct, _ := aio.ParseDirectPolicy(string(cfg.Zinf.Direct))
 	s.Engine.Direct, s.GDS.Direct = direct, direct
