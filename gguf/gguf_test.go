@@ -61,25 +61,7 @@ func hfModel(c decoder.Config, seed uint64) map[decoder.Role]map[int][]float32 {
 // encode stores v in type t.
 func encode(t *testing.T, typ kernels.DType, v []float32) []byte {
 	t.Helper()
-	rb, err := kernels.RowBytes(typ, len(v))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, rb)
-	switch typ {
-	case kernels.F32:
-		for i, f := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
-		}
-	case kernels.BF16:
-		for i, f := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], kernels.Float32ToBF16(f))
-		}
-	case kernels.Q8_0:
-		_, err = kernels.QuantizeQ8_0(b, v)
-	case kernels.Q4_0:
-		_, err = kernels.QuantizeQ4_0(b, v)
-	}
+	b, err := kernels.Encode(typ, v)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -284,6 +284,41 @@ func quantCheck(t DType, dst []byte, src []float32) (int, error) {
 	return n, nil
 }
 
+// Encode returns src stored in type t: little-endian binary32 for F32,
+// each value rounded to bfloat16 (Float32ToBF16) for BF16, QuantizeQ8_0's
+// and QuantizeQ4_0's blocks for the block formats (len(src) then a
+// multiple of BlockSize). Rows of a matrix are encoded by encoding its
+// values in row-major order, since a row of a block format holds whole
+// blocks. Dequantize reads the result back: exactly for F32, to the
+// rounded values for the others.
+func Encode(t DType, src []float32) ([]byte, error) {
+	n, err := RowBytes(t, len(src))
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, n)
+	switch t {
+	case F32:
+		for i, f := range src {
+			u := math.Float32bits(f)
+			b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		}
+	case BF16:
+		for i, f := range src {
+			h := Float32ToBF16(f)
+			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+		}
+	case Q8_0:
+		_, err = QuantizeQ8_0(b, src)
+	case Q4_0:
+		_, err = QuantizeQ4_0(b, src)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // Dequantize writes the len(dst) weights that src holds in type t (a
 // block format, or BF16 or F32) into dst as binary32 values: q*d for Q8_0,
 // (n-8)*d for Q4_0 (both products exact in binary32), the exact widening

@@ -214,3 +214,76 @@ func TestQuantizeErrors(t *testing.T) {
 		t.Error("Dequantize of an unknown dtype: no error")
 	}
 }
+
+// Encode and Dequantize round-trip: F32 exactly, BF16 to each value's
+// Float32ToBF16 rounding, the block formats to the quantizers' bytes
+// (Encode gives the same bytes as QuantizeQ8_0 and QuantizeQ4_0) and
+// within a block's quantization step; bad lengths and types are
+// errors naming them.
+func TestEncodeRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	src := make([]float32, 4*BlockSize)
+	for i := range src {
+		src[i] = float32(rng.NormFloat64()) * float32(math.Ldexp(1, rng.IntN(6)-3))
+	}
+	for _, ty := range allTypes {
+		b, err := Encode(ty, src)
+		if err != nil {
+			t.Fatalf("%v: %v", ty, err)
+		}
+		if rb, _ := RowBytes(ty, len(src)); len(b) != rb {
+			t.Fatalf("%v: %d bytes, want %d", ty, len(b), rb)
+		}
+		got := make([]float32, len(src))
+		if err := Dequantize(got, ty, b); err != nil {
+			t.Fatalf("%v: %v", ty, err)
+		}
+		switch ty {
+		case F32:
+			for i := range src {
+				if math.Float32bits(got[i]) != math.Float32bits(src[i]) {
+					t.Fatalf("f32 value %d: %v back as %v", i, src[i], got[i])
+				}
+			}
+		case BF16:
+			for i := range src {
+				if want := BF16ToFloat32(Float32ToBF16(src[i])); got[i] != want {
+					t.Fatalf("bf16 value %d: %v back as %v, want %v", i, src[i], got[i], want)
+				}
+			}
+		default:
+			want := make([]byte, len(b))
+			q := QuantizeQ8_0
+			// Half a step; Q4_0's values of the other sign than the
+			// largest clamp at 7 steps, up to a whole step off.
+			step := 1.0 / 127 / 2
+			if ty == Q4_0 {
+				q, step = QuantizeQ4_0, 1.0/8
+			}
+			if _, err := q(want, src); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, want) {
+				t.Fatalf("%v: Encode's bytes differ from the quantizer's", ty)
+			}
+			for blk := 0; blk < len(src)/BlockSize; blk++ {
+				var amax float64
+				for _, v := range src[blk*BlockSize : (blk+1)*BlockSize] {
+					amax = max(amax, math.Abs(float64(v)))
+				}
+				for i := blk * BlockSize; i < (blk+1)*BlockSize; i++ {
+					// Plus the binary16 scale's rounding.
+					if e := math.Abs(float64(got[i]) - float64(src[i])); e > amax*step+amax*2e-3 {
+						t.Fatalf("%v value %d: %v back as %v", ty, i, src[i], got[i])
+					}
+				}
+			}
+		}
+	}
+	if _, err := Encode(Q8_0, src[:33]); err == nil {
+		t.Error("Encode of 33 values as q8_0: no error")
+	}
+	if _, err := Encode(DType(99), src); err == nil {
+		t.Error("Encode as an unknown type: no error")
+	}
+}

@@ -14,7 +14,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -246,26 +245,7 @@ func writeModel(path string, c decoder.Config, shape gguf.ModelShape, t kernels.
 			for j := range v {
 				v[j] = float32(mean + sd*rng.NormFloat64())
 			}
-			rb, err := kernels.RowBytes(typ, size)
-			if err != nil {
-				return nil, err
-			}
-			b := make([]byte, rb)
-			switch typ {
-			case kernels.F32:
-				for j, f := range v {
-					binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(f))
-				}
-			case kernels.BF16:
-				for j, f := range v {
-					binary.LittleEndian.PutUint16(b[2*j:], kernels.Float32ToBF16(f))
-				}
-			case kernels.Q8_0:
-				_, err = kernels.QuantizeQ8_0(b, v)
-			case kernels.Q4_0:
-				_, err = kernels.QuantizeQ4_0(b, v)
-			}
-			return b, err
+			return kernels.Encode(typ, v)
 		}); err != nil {
 			return err
 		}
