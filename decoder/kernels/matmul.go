@@ -59,22 +59,40 @@ type Pool struct {
 
 // job is one product, split into chunks of rows.
 type job struct {
-	w      Matrix
-	row    blockFunc
+	w      Matrix          // an in-out product's matrix
 	reduce reduceFunc      // the row blocks' reduction of their partial sums
 	io     ioFunc          // an in-out product's kernel
 	inout  bool            // an in-out product (MatMulInOut): chunks of columns
 	fn     func(chunk int) // Parallel's function, or nil
-	rb     int             // bytes of a row
-	n      int             // columns the row function covers
-	x, y   []float32
+	rb     int             // bytes of a row of an in-out product
+	x, y   []float32       // y: an in-out product's
 	batch  int
 	chunks int
 	tile   int // columns a tile
-	b32    int // bytes of 32 columns
+	// parts are a row product's matrices (MatMul one, MatMuls up to
+	// MaxShared), their rows taken as one run of rows: chunks split
+	// the run.
+	parts  [MaxShared]part
+	nparts int
+	rows   int // the parts' rows together
 	// scratch is the pool's, one per chunk.
 	scratch []chunkScratch
 }
+
+// part is one matrix of a row product and its output.
+type part struct {
+	w   Matrix
+	row blockFunc
+	rb  int // bytes of a row
+	n   int // columns the row function covers
+	b32 int // bytes of 32 columns
+	y   []float32
+}
+
+// MaxShared is the most matrices one MatMuls call multiplies with the
+// same vectors: the queries, keys and values of an attention layer, or
+// an FFN's gate and up projections.
+const MaxShared = 4
 
 // rowBlock is the number of rows a chunk takes through the column tiles
 // together: each tile of the vectors is read from the first level cache
@@ -223,18 +241,74 @@ func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
 	if p.closed {
 		return ErrClosed
 	}
+	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch, scratch: p.scratch}
+	p.job.addPart(p.k, w, y, rb)
+	p.runRows()
+	return nil
+}
+
+// MatMuls computes ys[i] = ws[i] times the batch vectors x, as MatMul
+// does each (the same bits), for up to MaxShared matrices of the same
+// Cols in one split over the workers: their rows are taken as one run,
+// so that the products cost one hand-out to the workers and one wait
+// for them instead of one each. Bad shapes return an error and leave
+// every ys[i] untouched.
+func (p *Pool) MatMuls(ys [][]float32, ws []Matrix, x []float32, batch int) error {
+	if len(ws) < 1 || len(ws) > MaxShared || len(ys) != len(ws) {
+		return fmt.Errorf("kernels: MatMuls of %d matrices and %d outputs, want 1..%d of each, as many outputs as matrices", len(ws), len(ys), MaxShared)
+	}
+	var rbs [MaxShared]int
+	for i, w := range ws {
+		if w.Cols != ws[0].Cols {
+			return fmt.Errorf("kernels: MatMuls: matrix %d has %d columns, matrix 0 %d (want the same: they share the vectors)", i, w.Cols, ws[0].Cols)
+		}
+		rb, err := check(ys[i], w, x, batch)
+		if err != nil {
+			return fmt.Errorf("kernels: MatMuls: matrix %d: %w", i, err)
+		}
+		rbs[i] = rb
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch, scratch: p.scratch}
+	for i, w := range ws {
+		p.job.addPart(p.k, w, ys[i], rbs[i])
+	}
+	p.runRows()
+	return nil
+}
+
+// addPart adds the matrix w (rb bytes a row) and its output y to a row
+// product.
+func (j *job) addPart(k *kernel, w Matrix, y []float32, rb int) {
 	n := w.Cols &^ (Lanes - 1)
 	if w.Type.quantized() {
 		n = w.Cols
 	}
-	chunks := min(p.workers, (w.Rows+minRowsPerWorker-1)/minRowsPerWorker)
 	b32, _ := RowBytes(w.Type, BlockSize)
-	tile := max(BlockSize, tileBytes/4/batch/BlockSize*BlockSize)
-	p.job = job{w: w, row: p.k.row(w.Type), reduce: p.k.reduceRows(), rb: rb, n: n, x: x, y: y, batch: batch, chunks: max(chunks, 1),
-		tile: tile, b32: b32, scratch: p.scratch}
+	j.parts[j.nparts] = part{w: w, row: k.row(w.Type), rb: rb, n: n, b32: b32, y: y}
+	j.nparts++
+	j.rows += w.Rows
+}
+
+// runRows splits the row product p.job (its parts added, under p.mu)
+// into chunks and runs them.
+func (p *Pool) runRows() {
+	j := &p.job
+	chunks := min(p.workers, (j.rows+minRowsPerWorker-1)/minRowsPerWorker)
+	j.chunks = max(chunks, 1)
+	j.tile = max(BlockSize, tileBytes/4/j.batch/BlockSize*BlockSize)
 	p.runJob()
 	p.job = job{} // drop the references to the caller's slices
-	return nil
+}
+
+// MatMuls is Pool.MatMuls on the pool of GOMAXPROCS workers that MatMul
+// uses.
+func MatMuls(ys [][]float32, ws []Matrix, x []float32, batch int) error {
+	return defaultPool().MatMuls(ys, ws, x, batch)
 }
 
 // check validates a product's shapes and returns the bytes of a row.
@@ -273,38 +347,53 @@ func (j *job) run(i int) {
 		j.runInOut(i)
 		return
 	}
-	sc := &j.scratch[i]
-	lo := j.w.Rows * i / j.chunks
-	hi := j.w.Rows * (i + 1) / j.chunks
-	cols := j.w.Cols
+	// Chunk i's share of the parts' rows taken as one run.
+	lo, hi := j.rows*i/j.chunks, j.rows*(i+1)/j.chunks
+	start := 0
+	for k := range j.nparts {
+		pt := &j.parts[k]
+		plo, phi := max(lo, start)-start, min(hi, start+pt.w.Rows)-start
+		start += pt.w.Rows
+		if plo < phi {
+			j.runPart(pt, &j.scratch[i], plo, phi)
+		}
+	}
+}
+
+// runPart computes rows lo..hi-1 of the part pt with the scratch sc:
+// rowBlock rows at a time, each block through the columns in tiles (the
+// partial sums carried from tile to tile), then reduced, then the tail
+// columns.
+func (j *job) runPart(pt *part, sc *chunkScratch, lo, hi int) {
+	cols := pt.w.Cols
 	for r0 := lo; r0 < hi; r0 += rowBlock {
 		r1 := min(hi, r0+rowBlock)
 		// Only the batch's vectors' sums: the kernels touch no others.
 		for r := r0; r < r1; r++ {
 			clear(sc.acc[r-r0][:j.batch])
 		}
-		for c0 := 0; c0 < j.n; c0 += j.tile {
-			nc := min(j.tile, j.n-c0)
-			off := c0 / BlockSize * j.b32
-			j.row(j.w.Data[r0*j.rb+off:r1*j.rb], j.rb, r1-r0, nc, j.x[c0:], cols, j.batch, &sc.acc)
+		for c0 := 0; c0 < pt.n; c0 += j.tile {
+			nc := min(j.tile, pt.n-c0)
+			off := c0 / BlockSize * pt.b32
+			pt.row(pt.w.Data[r0*pt.rb+off:r1*pt.rb], pt.rb, r1-r0, nc, j.x[c0:], cols, j.batch, &sc.acc)
 		}
 		for b := range j.batch {
-			ys := j.y[b*j.w.Rows+r0 : b*j.w.Rows+r1]
-			if j.n > 0 {
+			ys := pt.y[b*pt.w.Rows+r0 : b*pt.w.Rows+r1]
+			if pt.n > 0 {
 				j.reduce(&sc.acc, b, r1-r0, ys)
 			} else {
 				clear(ys)
 			}
-			if j.n == cols {
+			if pt.n == cols {
 				continue
 			}
 			// The tail of an F32 or BF16 row past the last whole group
 			// of Lanes columns, one column at a time.
 			for r := r0; r < r1; r++ {
-				row := j.w.Data[r*j.rb : (r+1)*j.rb]
+				row := pt.w.Data[r*pt.rb : (r+1)*pt.rb]
 				s := ys[r-r0]
-				for c := j.n; c < cols; c++ {
-					s = FMA32(weightAt(j.w.Type, row, c), j.x[b*cols+c], s)
+				for c := pt.n; c < cols; c++ {
+					s = FMA32(weightAt(pt.w.Type, row, c), j.x[b*cols+c], s)
 				}
 				ys[r-r0] = s
 			}
