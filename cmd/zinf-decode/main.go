@@ -28,6 +28,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -84,6 +85,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	promptLen := fs.Int("prompt-len", 0, "a prompt of this many ids, different for each sequence (0: the BOS token, or -prompt-ids / -prompt-bytes)")
 	workers := fs.Int("threads", 0, "goroutines the products are split over (0: GOMAXPROCS)")
 	pin := fs.String("pin", "auto", "pin the weights' pool: auto, required or off")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed decoding steps to this file (created; an existing file is an error)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -229,6 +231,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	prefill := time.Since(t0)
 	steps := make([]float64, 0, *tokens)
+	if *cpuProfile != "" {
+		// O_EXCL: a profile never overwrites a file zinf did not create.
+		pf, err := os.OpenFile(*cpuProfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile %q: %w", *cpuProfile, err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("-cpuprofile %q: %w", *cpuProfile, err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	t0 = time.Now()
 	for range *tokens {
 		if err := ctx.Err(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -87,6 +88,12 @@ func TestDecode(t *testing.T) {
 	if diff.Prompt != 5 || len(diff.IDs) != 2 {
 		t.Fatalf("result %+v", diff)
 	}
+	// -cpuprofile writes a profile of the steps (a gzip stream).
+	prof := filepath.Join(t.TempDir(), "cpu.prof")
+	decode("-tokens", "3", "-cpuprofile", prof)
+	if b, err := os.ReadFile(prof); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("-cpuprofile %s: %d bytes, %v", prof, len(b), err)
+	}
 }
 
 // TestDecodeFlags: bad flags are refused naming the flag and what is
@@ -104,6 +111,8 @@ func TestDecodeFlags(t *testing.T) {
 		{[]string{"-model", path, "-prompt-ids", "1", "-prompt-len", "3"}, "exclude each other"},
 		{[]string{"-model", path, "-pin", "maybe"}, "allowed: auto, required, off"},
 		{[]string{"-model", filepath.Join(t.TempDir(), "none.gguf")}, "no such file"},
+		// A profile never overwrites a file (here the model itself).
+		{[]string{"-model", path, "-cpuprofile", path}, "-cpuprofile"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(context.Background(), tc.args, &out, &errb)
