@@ -100,19 +100,8 @@ func (r *Runtime) Pass(order []int) {
 // started during the previous layer, if any) and starts gathering the
 // next layer of the pass: a collective, called by every rank alike.
 func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
-	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
+	if err := r.checkBegin(l); err != nil {
 		return err
-	}
-	if l < 0 || l >= len(r.model.Layers) {
-		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.Layers)-1)
-	}
-	for _, n := range r.model.Layers[l] {
-		r.mu.Lock()
-		ok := r.inited[n]
-		r.mu.Unlock()
-		if !ok {
-			return fmt.Errorf("zinf: begin layer %d: tensor %q has no initial values (call Init)", l, n)
-		}
 	}
 	// With zinf.overlap_update the last step may still be updating: the
 	// layer's own parameters are what this waits for.
@@ -128,6 +117,34 @@ func (r *Runtime) BeginLayer(ctx context.Context, l int) error {
 		}
 		return err
 	}
+	return r.beginResident(ctx, l)
+}
+
+// checkBegin refuses to begin layer l on a closed runtime, outside the
+// model's layers, or before every tensor of the layer has its initial
+// values.
+func (r *Runtime) checkBegin(l int) error {
+	if err := r.closedErr("begin layer "+strconv.Itoa(l), param.ErrClosed); err != nil {
+		return err
+	}
+	if l < 0 || l >= len(r.model.Layers) {
+		return fmt.Errorf("zinf: begin layer %d: the model has layers 0..%d", l, len(r.model.Layers)-1)
+	}
+	for _, n := range r.model.Layers[l] {
+		r.mu.Lock()
+		ok := r.inited[n]
+		r.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("zinf: begin layer %d: tensor %q has no initial values (call Init)", l, n)
+		}
+	}
+	return nil
+}
+
+// beginResident begins layer l from this rank's own partitions (no
+// gather): the scheduler's barrier for their swap-in, which prefetches
+// the layers that follow in the pass.
+func (r *Runtime) beginResident(ctx context.Context, l int) error {
 	t0 := time.Now()
 	err := r.sched.Begin(ctx, l)
 	r.mu.Lock()

@@ -159,6 +159,7 @@ func (s *Sampling) ends(tok int32) bool {
 // one goroutine.
 type Generator struct {
 	rt      *zinf.Runtime // nil for a mapped model (OpenMapped)
+	rd      *zinf.Reader  // rt's read path, nil with rt
 	src     source        // where each layer's weights come from
 	backend compute.Backend
 	store   *model.Store
@@ -204,6 +205,9 @@ type sampleKey struct {
 type slot struct {
 	t     *tensors.Tensor
 	bytes []byte
+	// dtype is the slot's element type in zinf's words: what zinf's
+	// bytes are converted to as they land (the stored dtype may differ).
+	dtype tensor.DType
 }
 
 // Open builds the model with fn, registers its weights in a zinf runtime
@@ -237,8 +241,13 @@ func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, fn M
 	if err != nil {
 		return nil, err
 	}
-	g = newGenerator(rtSource{rt}, backend, store, m, vars)
-	g.rt = rt
+	rd, err := rt.Reader()
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	g = newGenerator(rtSource{rt, rd}, backend, store, m, vars)
+	g.rt, g.rd = rt, rd
 	if o.PrefillBytes > 0 {
 		g.prefillBytes = o.PrefillBytes
 	}
@@ -349,11 +358,15 @@ func ModelVars(backend compute.Backend, fn ModelFn) ([]Var, error) {
 func (g *Generator) bind(v Var) error {
 	s := g.slots[v.rel]
 	if s == nil {
+		zd, err := zdtype(v.Shape.DType)
+		if err != nil {
+			return err
+		}
 		b, err := layerexec.NewBuffer(g.backend, v.Shape)
 		if err != nil {
 			return fmt.Errorf("zinf generate: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
 		}
-		s = &slot{t: b.T, bytes: b.Bytes}
+		s = &slot{t: b.T, bytes: b.Bytes, dtype: zd}
 		g.slots[v.rel] = s
 	} else if !s.t.Shape().Equal(v.Shape) {
 		return fmt.Errorf("zinf generate: %q has shape %s, %s of another layer", v.Name, v.Shape, s.t.Shape())
@@ -980,8 +993,8 @@ func (g *Generator) beginLayer(ctx context.Context, l int) error {
 	}
 	for _, i := range g.byLayer[l] {
 		v := g.vars[i]
-		zd, _ := zdtype(v.Shape.DType)
-		if err := g.src.readParam(ctx, v, zd, g.slots[v.rel].bytes); err != nil {
+		s := g.slots[v.rel]
+		if err := g.src.readParam(ctx, v, s.dtype, s.bytes); err != nil {
 			g.src.endLayer(l)
 			return err
 		}

@@ -399,7 +399,7 @@ func (g *Generator) nativeView(ctx context.Context, l int, name string) (decoder
 	if g.rowsOf != nil && name == g.rowsOf.Name {
 		return g.nativeRows(ctx)
 	}
-	data, dt, rel, ok, err := g.rt.ViewParam(ctx, name)
+	data, dt, rel, ok, err := g.rd.View(ctx, name)
 	if err != nil {
 		return decoder.Tensor{}, err
 	}
@@ -410,13 +410,13 @@ func (g *Generator) nativeView(ctx context.Context, l int, name string) (decoder
 		}
 		rel()
 	}
-	zd, _ := zdtype(v.Shape.DType)
-	dst := g.slots[v.rel].bytes
-	if err := g.src.readParam(ctx, v, zd, dst); err != nil {
+	s := g.slots[v.rel]
+	dst := s.bytes
+	if err := g.src.readParam(ctx, v, s.dtype, dst); err != nil {
 		return decoder.Tensor{}, err
 	}
 	n.copied[name] = true
-	kt, _ := kernelType(zd)
+	kt, _ := kernelType(s.dtype)
 	return decoder.Tensor{Type: kt, Data: dst}, nil
 }
 

@@ -46,8 +46,13 @@ type kvCache interface {
 	Close() error
 }
 
-// rtSource is the zinf runtime: weights streamed through the pinned pool.
-type rtSource struct{ rt *zinf.Runtime }
+// rtSource is the zinf runtime: weights streamed through the pinned pool,
+// read through its serving read path (zinf.Reader), which knows nothing
+// of training steps.
+type rtSource struct {
+	rt *zinf.Runtime
+	rd *zinf.Reader
+}
 
 func (s rtSource) forward(repeat bool) {
 	if repeat {
@@ -57,13 +62,13 @@ func (s rtSource) forward(repeat bool) {
 	}
 }
 func (s rtSource) endPasses()                                  { s.rt.ReleasePrefetched() }
-func (s rtSource) beginLayer(ctx context.Context, l int) error { return s.rt.BeginLayer(ctx, l) }
-func (s rtSource) endLayer(l int)                              { s.rt.EndLayer(l) }
+func (s rtSource) beginLayer(ctx context.Context, l int) error { return s.rd.BeginLayer(ctx, l) }
+func (s rtSource) endLayer(l int)                              { s.rd.EndLayer(l) }
 func (s rtSource) readParam(ctx context.Context, v Var, dt tensor.DType, dst []byte) error {
-	return s.rt.ReadParamBytes(ctx, v.Name, dt, dst)
+	return s.rd.Copy(ctx, v.Name, dt, dst)
 }
 func (s rtSource) readRows(ctx context.Context, v Var, rows []int, dt tensor.DType, dst []byte) error {
-	return s.rt.ReadParamRows(ctx, v.Name, rows, dt, dst)
+	return s.rd.CopyRows(ctx, v.Name, rows, dt, dst)
 }
 func (s rtSource) ioWait() time.Duration { return s.rt.Metrics().IOWait }
 func (s rtSource) bytesRead() int64      { return s.rt.Metrics().BytesRead }
