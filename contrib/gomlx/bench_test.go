@@ -11,6 +11,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // BenchmarkStep times one training step of a small transformer offloaded
@@ -30,7 +31,7 @@ func BenchmarkStep(b *testing.B) {
 			var step func(i int) error
 			switch mode {
 			case "memory":
-				mt, err := zgomlx.NewMemoryTrainer(be, store, net, cfg, zgomlx.Options{})
+				mt, err := reference.NewMemoryTrainer(be, store, net, cfg, zgomlx.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -12,6 +12,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestStateFourTimesPinned trains a transformer whose training state
@@ -59,7 +60,7 @@ func TestStateFourTimesPinned(t *testing.T) {
 	if state < 4*pinned {
 		t.Fatalf("state %d bytes is less than 4x the pinned pool of %d", state, pinned)
 	}
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,8 +43,8 @@
 //	net, _ := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{})
 //	tr, _ := zgomlx.Create(ctx, backend, cfg, store, net, shapes.Make(dtypes.Int32, batch, seq), zgomlx.Options{})
 //
-// It trains bit for bit as m.Logits in one graph (NewWholeGraphModel)
-// with the same optimizer.
+// It trains bit for bit as m.Logits in one graph
+// (reference.NewWholeGraphModel) with the same optimizer.
 //
 // # How it works
 //
@@ -97,11 +97,12 @@
 // grows as far between them (14-23 MB more peak RSS there).
 // NoHeapCredit opts out.
 //
-// MemoryTrainer runs the same executors with everything in Go memory and
-// zinf's Adam: offloaded training equals it bit for bit. Adam is zinf's
-// Adam (torch.optim.Adam's formula) as a GoMLX optimizer, so a
-// whole-graph GoMLX training loop (WholeGraph) matches too; GoMLX's own
-// Adam rounds differently.
+// Package reference holds what offloaded training is checked against:
+// its MemoryTrainer runs the same executors with everything in Go memory
+// and zinf's Adam, and offloaded training equals it bit for bit;
+// reference.Adam is zinf's Adam (torch.optim.Adam's formula) as a GoMLX
+// optimizer, so a whole-graph GoMLX training loop (reference.WholeGraph)
+// matches too; GoMLX's own Adam rounds differently.
 //
 // # Caveats
 //

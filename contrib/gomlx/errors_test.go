@@ -14,6 +14,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestBadNetsAreRefused: a Net or a layer the per-layer executors cannot
@@ -82,7 +83,7 @@ func TestBadNetsAreRefused(t *testing.T) {
 	ref := testConfig(t, 8<<20)
 	ref.Optimizer.Type = config.OptimizerSGD
 	ref.GradientClipping = 1
-	if _, err := zgomlx.NewMemoryTrainer(b, newStore(t, b, good, xs, 1), good, ref, zgomlx.Options{}); err == nil ||
+	if _, err := reference.NewMemoryTrainer(b, newStore(t, b, good, xs, 1), good, ref, zgomlx.Options{}); err == nil ||
 		!strings.Contains(err.Error(), `optimizer.type "SGD"`) || !strings.Contains(err.Error(), "gradient_clipping 1") {
 		t.Fatalf("a config the reference cannot mirror: %v", err)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/gomlx/gomlx/ml/train"
 
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -382,10 +381,6 @@ func (le *layerExec) bind(g *graph.Graph, in []compute.Buffer) ([]binding, error
 	}
 	return bs, nil
 }
-
-// finalize releases a tensor's memory now (nil is fine; see
-// layerexec.Finalize).
-func finalize(t *tensors.Tensor) { layerexec.Finalize(t) }
 
 // close frees the compiled graphs.
 func (ex *executors) close() {

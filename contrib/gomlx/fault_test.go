@@ -14,11 +14,12 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // sameModel fails the test unless the Trainer's variables, masters and
 // Adam moments equal the MemoryTrainer's bit for bit.
-func sameModel(ctx context.Context, t *testing.T, what string, tr *zgomlx.Trainer, mt *zgomlx.MemoryTrainer, memStore *model.Store) {
+func sameModel(ctx context.Context, t *testing.T, what string, tr *zgomlx.Trainer, mt *reference.MemoryTrainer, memStore *model.Store) {
 	t.Helper()
 	off := tr.Offload()
 	for _, v := range off.Vars() {
@@ -68,7 +69,7 @@ func TestFaultMidStep(t *testing.T) {
 
 // stepWithMemory runs step i of tc on the Trainer and on the MemoryTrainer
 // and fails the test unless both succeed with the same loss.
-func stepWithMemory(ctx context.Context, t *testing.T, tc trainCase, tr *zgomlx.Trainer, mt *zgomlx.MemoryTrainer, i int) {
+func stepWithMemory(ctx context.Context, t *testing.T, tc trainCase, tr *zgomlx.Trainer, mt *reference.MemoryTrainer, i int) {
 	t.Helper()
 	x, y := tc.batch(i)
 	lo, err := tr.Step(ctx, x, y)
@@ -104,7 +105,7 @@ func faultMidStep(t *testing.T, c faultCase, one bool) {
 			t.Fatal(err)
 		}
 		defer tr.Close()
-		mt, err := zgomlx.NewMemoryTrainer(b, memStore, tc.net, cfg, zgomlx.Options{})
+		mt, err := reference.NewMemoryTrainer(b, memStore, tc.net, cfg, zgomlx.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

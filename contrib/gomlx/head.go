@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -106,9 +107,9 @@ func (lp *loop) headForward(ctx context.Context, h *tensors.Tensor) (*tensors.Te
 	if err != nil {
 		return nil, err
 	}
-	_, ob, err := bufferOf(lp.ex.backend, out)
+	_, ob, err := layerexec.Shared(lp.ex.backend, out)
 	if err != nil {
-		finalize(out)
+		layerexec.Finalize(out)
 		return nil, err
 	}
 	es := h.DType().Size()
@@ -118,8 +119,8 @@ func (lp *loop) headForward(ctx context.Context, h *tensors.Tensor) (*tensors.Te
 		if err != nil {
 			return fmt.Errorf("zgomlx: head block at row %d: %w", row, err)
 		}
-		defer finalize(l[0])
-		_, lb, err := bufferOf(lp.ex.backend, l[0])
+		defer layerexec.Finalize(l[0])
+		_, lb, err := layerexec.Shared(lp.ex.backend, l[0])
 		if err != nil {
 			return err
 		}
@@ -129,7 +130,7 @@ func (lp *loop) headForward(ctx context.Context, h *tensors.Tensor) (*tensors.Te
 		return nil
 	})
 	if err != nil {
-		finalize(out)
+		layerexec.Finalize(out)
 		return nil, err
 	}
 	return out, nil
@@ -152,7 +153,7 @@ func (lp *loop) headBackward(ctx context.Context, h, dlogits *tensors.Tensor) (*
 	if err != nil {
 		return nil, err
 	}
-	_, db, err := bufferOf(lp.ex.backend, dlogits)
+	_, db, err := layerexec.Shared(lp.ex.backend, dlogits)
 	if err != nil {
 		return nil, err
 	}
@@ -171,8 +172,8 @@ func (lp *loop) headBackward(ctx context.Context, h, dlogits *tensors.Tensor) (*
 			return fmt.Errorf("zgomlx: backward of the head block at row %d: %w", row, err)
 		}
 		he.parts = append(he.parts, outs[0])
-		defer finalize(outs[1])
-		_, gb, err := bufferOf(lp.ex.backend, outs[1])
+		defer layerexec.Finalize(outs[1])
+		_, gb, err := layerexec.Shared(lp.ex.backend, outs[1])
 		if err != nil {
 			return err
 		}
@@ -200,16 +201,16 @@ func (lp *loop) headBackward(ctx context.Context, h, dlogits *tensors.Tensor) (*
 	nb := len(he.parts)
 	dh := he.parts[nb-1]
 	he.parts = he.parts[:nb-1]
-	_, hb, err := bufferOf(lp.ex.backend, dh)
+	_, hb, err := layerexec.Shared(lp.ex.backend, dh)
 	if err != nil {
-		finalize(dh)
+		layerexec.Finalize(dh)
 		return nil, err
 	}
 	acc := buffers.Float32Bytes(hb)
 	for i := len(he.parts) - 1; i >= 0; i-- {
-		_, pb, err := bufferOf(lp.ex.backend, he.parts[i])
+		_, pb, err := layerexec.Shared(lp.ex.backend, he.parts[i])
 		if err != nil {
-			finalize(dh)
+			layerexec.Finalize(dh)
 			return nil, err
 		}
 		p := buffers.Float32Bytes(pb)[:len(acc)]

@@ -15,6 +15,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestBlockedHead: the zoo transformer with its tied head computed in
@@ -91,7 +92,7 @@ func TestBlockedHeadRefusals(t *testing.T) {
 	if _, err := zgomlx.Initialize(b, s, net, shapes.Make(dtypes.Int32, 1, 8)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := zgomlx.NewMemoryTrainer(b, s, net, testConfig(t, 8<<20), zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "Net.Head") {
+	if _, err := reference.NewMemoryTrainer(b, s, net, testConfig(t, 8<<20), zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "Net.Head") {
 		t.Fatalf("MemoryTrainer with a Net.Head: %v", err)
 	}
 	// A table that fits one piece is not streamed: blocks are refused.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -247,7 +248,7 @@ func TestMain(m *testing.M) {
 // (store moved to NVMe) and the whole-graph reference on a copy of the
 // initial values (returned), with the config's Adam. Both close when the
 // test ends.
-func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, store *model.Store, net zgomlx.Net, xs shapes.Shape) (*zgomlx.Trainer, *zgomlx.WholeGraph, *model.Store) {
+func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg *config.Config, store *model.Store, net zgomlx.Net, xs shapes.Shape) (*zgomlx.Trainer, *reference.WholeGraph, *model.Store) {
 	t.Helper()
 	if _, err := zgomlx.Initialize(b, store, net, xs); err != nil {
 		t.Fatal(err)
@@ -258,7 +259,7 @@ func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tr.Close() })
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
+	wg, err := reference.NewWholeGraph(b, whole, net, reference.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg
 // reference with the same batches (batch(step)) and fails the test at the
 // first step whose losses differ in any bit; what names the offloaded run
 // in the message. It returns the steps' losses.
-func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *zgomlx.WholeGraph, steps int, what string, batch func(step int) (x, y *tensors.Tensor)) []float32 {
+func stepBoth(ctx context.Context, t *testing.T, tr *zgomlx.Trainer, wg *reference.WholeGraph, steps int, what string, batch func(step int) (x, y *tensors.Tensor)) []float32 {
 	t.Helper()
 	losses := make([]float32, steps)
 	for step := range steps {

@@ -13,6 +13,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -165,7 +166,7 @@ func (t *Trainer) saveInputs(ctx context.Context, l, m int, in []*tensors.Tensor
 	c := 0
 	for i, x := range in {
 		meta.shapes[i] = x.Shape()
-		_, b, err := bufferOf(t.ex.backend, x)
+		_, b, err := layerexec.Shared(t.ex.backend, x)
 		if err != nil {
 			return fmt.Errorf("zgomlx: layer %q input %d: %w", t.off.scopes[l], i, err)
 		}
@@ -197,7 +198,7 @@ func (t *Trainer) loadInputs(ctx context.Context, l, m int) ([]*tensors.Tensor, 
 		x, err := tensors.FromShapeForBackend(t.ex.backend, 0, sh)
 		if err == nil {
 			var b []byte
-			if _, b, err = bufferOf(t.ex.backend, x); err == nil {
+			if _, b, err = layerexec.Shared(t.ex.backend, x); err == nil {
 				if int64(len(b)) != int64(sh.ByteSize()) {
 					err = fmt.Errorf("%d bytes for shape %s", len(b), sh)
 				}
@@ -213,7 +214,7 @@ func (t *Trainer) loadInputs(ctx context.Context, l, m int) ([]*tensors.Tensor, 
 				}
 			}
 			if err != nil {
-				finalize(x)
+				layerexec.Finalize(x)
 			}
 		}
 		if err != nil {
@@ -240,7 +241,7 @@ type defGrad struct {
 // saveGrad hands a borrower's gradient of v (micro-batch m) to the tier,
 // as fp32, under v's own layer; it returns where it went.
 func (t *Trainer) saveGrad(ctx context.Context, v *Var, m, first int, x *tensors.Tensor) (defGrad, error) {
-	_, b, err := bufferOf(t.ex.backend, x)
+	_, b, err := layerexec.Shared(t.ex.backend, x)
 	if err != nil {
 		return defGrad{}, fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
 	}
@@ -344,7 +345,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	ex.batches, ex.inputs = batches, mbs[0].Inputs
 	drop := func(p *lmPending) {
 		for i := p.k; i < len(p.outs); i++ {
-			finalize(p.outs[i])
+			layerexec.Finalize(p.outs[i])
 		}
 		*p = lmPending{}
 	}
@@ -458,7 +459,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			return nil, fmt.Errorf("zgomlx: loss (micro-batch %d): %w", m, err)
 		}
 		losses[m], err = lp.scalar(lo[0])
-		finalize(lo[0])
+		layerexec.Finalize(lo[0])
 		dys[m] = lo[1:]
 		if err != nil {
 			return nil, err

@@ -22,6 +22,7 @@ import (
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -109,7 +110,7 @@ func (c schedCase) config(t *testing.T, k int, sched config.ScheduleMode) *confi
 
 // stepMemory runs a step of micro-batches on the in-memory reference:
 // Accumulate, ..., Step.
-func stepMemory(ctx context.Context, t *testing.T, mt *zgomlx.MemoryTrainer, mbs []zgomlx.MicroBatch) []float32 {
+func stepMemory(ctx context.Context, t *testing.T, mt *reference.MemoryTrainer, mbs []zgomlx.MicroBatch) []float32 {
 	t.Helper()
 	out := make([]float32, len(mbs))
 	for m, mb := range mbs {
@@ -181,14 +182,14 @@ func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 				if c.rows != "" && !lm.Offload().Runtime().Streamed(c.rows) {
 					t.Fatalf("%s is not streamed: nothing is read by rows", c.rows)
 				}
-				mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfgLM, zgomlx.Options{})
+				mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfgLM, zgomlx.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer mt.Close()
-				var wg *zgomlx.WholeGraph
+				var wg *reference.WholeGraph
 				if k == 1 {
-					if wg, err = zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(plan.Hyper(cfgLM))); err != nil {
+					if wg, err = reference.NewWholeGraph(b, wholeStore, c.net, reference.Adam(plan.Hyper(cfgLM))); err != nil {
 						t.Fatal(err)
 					}
 					defer wg.Close()
@@ -267,7 +268,7 @@ func wholeGraphMicroSteps(ctx context.Context, t *testing.T, b compute.Backend, 
 	t.Helper()
 	sums := map[string][]float32{}
 	for _, mb := range mbs {
-		_, g, err := zgomlx.WholeGraphGradients(b, clone(t, store), c.net, nil, mb.Inputs[0], mb.Labels[0])
+		_, g, err := reference.WholeGraphGradients(b, clone(t, store), c.net, nil, mb.Inputs[0], mb.Labels[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +326,7 @@ func TestLayerMajorActivationTiers(t *testing.T) {
 	init := c.store(t, b)
 	const k, steps = 3, 2
 	memStore := clone(t, init)
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, c.config(t, k, config.ScheduleLayerMajor), zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, c.net, c.config(t, k, config.ScheduleLayerMajor), zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +415,7 @@ func TestLayerMajorFaultMidStep(t *testing.T) {
 			}
 			defer tr.Close()
 			memStore := clone(t, init)
-			mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+			mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -583,7 +584,7 @@ func TestLayerMajorActivationsSpill(t *testing.T) {
 	}
 	defer tr.Close()
 	memStore := clone(t, init)
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

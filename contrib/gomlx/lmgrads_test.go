@@ -6,6 +6,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestLayerMajorGradientsWrittenOnce: a layer-major step writes every
@@ -29,7 +30,7 @@ func TestLayerMajorGradientsWrittenOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tr.Close()
-		mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+		mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,8 @@ import (
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/tensors"
+
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 )
 
 // Row reads of a lookup (Layer.Lookups): a streamed embedding table is
@@ -112,7 +114,7 @@ func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
 // idsOf appends the row ids of t (Int32 or Int64, any shape), in its
 // element order, to ids.
 func idsOf(backend compute.Backend, t *tensors.Tensor, ids []int) ([]int, error) {
-	_, b, err := bufferOf(backend, t)
+	_, b, err := layerexec.Shared(backend, t)
 	if err != nil {
 		return ids, err
 	}

@@ -8,17 +8,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
 // paramSource is where a loop's registered variables come from and where
-// their gradients go: zinf (Trainer) or Go memory (MemoryTrainer). Both
+// their gradients go: zinf (Trainer) or Go memory (reference.MemoryTrainer). Both
 // run the same executors in the same order, so their steps differ only
 // in that.
 type paramSource interface {
@@ -284,7 +283,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		return 0, fmt.Errorf("zgomlx: loss: %w", err)
 	}
 	loss, err = lp.scalar(lo[0])
-	finalize(lo[0])
+	layerexec.Finalize(lo[0])
 	dy = lo[1:]
 	if err != nil || md == modeLoss {
 		return loss, err
@@ -415,7 +414,7 @@ func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 // loop's dy by then and freed with it).
 func (lp *loop) drop(p *pending) {
 	for i := p.k; i < len(p.outs); i++ {
-		finalize(p.outs[i])
+		layerexec.Finalize(p.outs[i])
 	}
 	*p = pending{}
 }
@@ -427,7 +426,7 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 	if rows && lp.ex.layers[v.Layer].gatheredRows(v) { // only rowGrad variables are gathered by rows
 		return lp.lookupGrad(ctx, v, t, last)
 	}
-	_, b, err := bufferOf(lp.ex.backend, t)
+	_, b, err := layerexec.Shared(lp.ex.backend, t)
 	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
 	}
@@ -461,7 +460,7 @@ func (lp *loop) lookupGrad(ctx context.Context, v *Var, t *tensors.Tensor, last 
 	if err != nil {
 		return fmt.Errorf("zgomlx: lookup %q: input %d: %w", v.Name, v.lookup, err)
 	}
-	_, b, err := bufferOf(lp.ex.backend, t)
+	_, b, err := layerexec.Shared(lp.ex.backend, t)
 	if err != nil {
 		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
 	}
@@ -510,36 +509,11 @@ func (lp *loop) lookupGrad(ctx context.Context, v *Var, t *tensors.Tensor, last 
 // finalizeAll frees tensors now (nil entries are fine).
 func finalizeAll(ts []*tensors.Tensor) {
 	for _, t := range ts {
-		finalize(t)
+		layerexec.Finalize(t)
 	}
 }
 
 // scalar reads a scalar float tensor without copying it to Go.
 func (lp *loop) scalar(t *tensors.Tensor) (float32, error) {
-	return scalarOf(lp.ex.backend, t)
-}
-
-func scalarOf(backend compute.Backend, t *tensors.Tensor) (float32, error) {
-	buf, err := t.Buffer(backend, 0)
-	if err != nil {
-		return 0, err
-	}
-	flat, err := buf.Data()
-	if err != nil {
-		return 0, err
-	}
-	switch f := flat.(type) {
-	case []float32:
-		return f[0], nil
-	case []float64:
-		return float32(f[0]), nil
-	}
-	b := dtypes.UnsafeByteSliceFromAny(flat)
-	dt, ok := zinfDType(t.DType())
-	if !ok || len(b) < dt.Size() {
-		return 0, fmt.Errorf("zgomlx: the loss is %s (a float scalar is needed)", t.Shape())
-	}
-	var one [1]float32
-	swapper.Decode(dt, one[:], b[:dt.Size()])
-	return one[0], nil
+	return layerexec.Scalar(lp.ex.backend, t)
 }

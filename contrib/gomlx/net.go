@@ -217,7 +217,7 @@ const DefaultBackend = "go:ops_sequential"
 // block first.
 //
 // Its reference is the head written blockwise in one graph (what
-// WholeGraph and WholeGraphGradients build for a Net with a Head): the
+// reference.WholeGraph and WholeGraphGradients build for a Net with a Head): the
 // table cut into blocks of Rows rows, the last one padded with zero
 // rows, one matrix product per block, the logits concatenated and the
 // padding's columns dropped. Per-layer training equals it bit for bit;

@@ -12,6 +12,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -50,7 +51,7 @@ func TestOneLayerResident(t *testing.T) {
 				}
 				defer overlap.Close()
 				memStore := clone(t, init)
-				mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+				mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -132,7 +133,7 @@ func TestOneLayerResidentBlockedHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	wg, err := zgomlx.NewWholeGraph(b, whole, net, zgomlx.Adam(plan.Hyper(cfg)))
+	wg, err := reference.NewWholeGraph(b, whole, net, reference.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestOverlapUpdate trains a transformer with zinf.overlap_update, the
@@ -46,7 +47,7 @@ func TestOverlapUpdate(t *testing.T) {
 	// triggers leaves the gradients as they are (factor 1).
 	memCfg := *cfg
 	memCfg.GradientClipping = 0
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, tc.net, &memCfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, tc.net, &memCfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,9 +161,3 @@ func freeSlots(ss []*slot) {
 		layerexec.Finalize(s.t)
 	}
 }
-
-// bufferOf returns a GoMLX tensor's backend buffer and its bytes, without
-// copying (see layerexec.Shared).
-func bufferOf(backend compute.Backend, t *tensors.Tensor) (compute.Buffer, []byte, error) {
-	return layerexec.Shared(backend, t)
-}

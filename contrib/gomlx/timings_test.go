@@ -9,6 +9,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // TestTimingsCompute: Timings().Compute is the executors' run time: zero
@@ -89,7 +90,7 @@ func TestMemoryTrainerTimings(t *testing.T) {
 	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Float32, 16, 32)); err != nil {
 		t.Fatal(err)
 	}
-	mt, err := zgomlx.NewMemoryTrainer(b, store, net, testConfig(t, 8<<20), zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, store, net, testConfig(t, 8<<20), zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

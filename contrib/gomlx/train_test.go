@@ -12,6 +12,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -39,11 +40,11 @@ func TestPerLayerGradientsEqualWholeGraph(t *testing.T) {
 			b := backend(t)
 			store := newStore(t, b, c.net, c.x, 3)
 			x, y := c.batch()
-			wantLoss, want, err := zgomlx.WholeGraphGradients(b, clone(t, store), c.net, nil, x, y)
+			wantLoss, want, err := reference.WholeGraphGradients(b, clone(t, store), c.net, nil, x, y)
 			if err != nil {
 				t.Fatal(err)
 			}
-			mt, err := zgomlx.NewMemoryTrainer(b, store, c.net, testConfig(t, 8<<20), zgomlx.Options{})
+			mt, err := reference.NewMemoryTrainer(b, store, c.net, testConfig(t, 8<<20), zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,12 +108,12 @@ func TestOffloadedEqualsInMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tr.Close()
-			mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+			mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer mt.Close()
-			wg, err := zgomlx.NewWholeGraph(b, wholeStore, c.net, zgomlx.Adam(plan.Hyper(cfg)))
+			wg, err := reference.NewWholeGraph(b, wholeStore, c.net, reference.Adam(plan.Hyper(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -180,7 +181,7 @@ func TestStorageDTypeAndMicroSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, c.net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +280,7 @@ func TestCreateLayerByLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	memStore := clone(t, off.Store())
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, c.net, testConfig(t, 8<<20), zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, c.net, testConfig(t, 8<<20), zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

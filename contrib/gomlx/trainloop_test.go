@@ -15,6 +15,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 // lmDataset is a GoMLX train.Dataset of n lmBatch batches from first.
@@ -147,7 +148,7 @@ func TestLoopMicroBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/ml/model"
 
@@ -49,12 +48,9 @@ func (v *Var) Bytes() int64 { return int64(v.Shape.ByteSize()) }
 // DefaultFilter selects what zinf holds when Options.Filter is nil: every
 // trainable variable whose dtype zinf stores (float32, bfloat16, float16).
 func DefaultFilter(v *model.Variable) bool {
-	_, ok := zinfDType(v.DType())
+	_, ok := layerexec.DType(v.DType())
 	return v.Trainable && ok
 }
-
-// zinfDType maps a GoMLX dtype to zinf's (see layerexec.DType).
-func zinfDType(d dtypes.DType) (tensor.DType, bool) { return layerexec.DType(d) }
 
 // cleanScope normalizes a scope path: a leading "/", no trailing one.
 func cleanScope(s string) string {
@@ -95,7 +91,7 @@ func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes [
 		if !v.IsValid() || !filter(v) {
 			continue
 		}
-		if _, ok := zinfDType(v.DType()); !ok {
+		if _, ok := layerexec.DType(v.DType()); !ok {
 			errs = append(errs, fmt.Errorf("zgomlx: variable %q: dtype %s (allowed: Float32, BFloat16, Float16; leave it out with Options.Filter)", v.Path(), v.DType()))
 			continue
 		}
@@ -138,7 +134,7 @@ func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes [
 			errs = append(errs, fmt.Errorf("zgomlx: variable %q is under none of the layer scopes %v (add its scope to Options.Layers or leave it out with Options.Filter)", v.Path(), scopes))
 			continue
 		}
-		dt, _ := zinfDType(v.DType())
+		dt, _ := layerexec.DType(v.DType())
 		key := v.Shape().String()
 		c, ok := classes[key]
 		if !ok {

@@ -20,13 +20,13 @@ type TransformerOptions struct {
 	// (logits = x · Eᵀ) instead of its own "output" weights: one zinf
 	// tensor used by the first and the last layer (Layer.Borrow). The
 	// zoo has no such option; the whole-graph reference of a tied model is
-	// the same Net in one graph (WholeGraph).
+	// the same Net in one graph (reference.WholeGraph).
 	TieEmbeddings bool
 	// HeadBlockRows, with TieEmbeddings, computes the tied head in blocks
 	// of that many rows of the table (Net.Head, BlockedHead): the Trainer
 	// never holds the vocab x d table whole in Go memory (the embedding
 	// reads its rows, the head its blocks). Its reference is the head
-	// written blockwise in one graph (WholeGraph of the Net), not the
+	// written blockwise in one graph (reference.WholeGraph of the Net), not the
 	// one product over the whole table. 0: one product (Layer.Borrow).
 	HeadBlockRows int
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -109,7 +110,7 @@ func TestZooTransformerEqualsWholeGraph(t *testing.T) {
 				t.Fatalf("only %d variables: %v", len(ours), ours)
 			}
 
-			wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
+			wg, err := reference.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, reference.Adam(plan.Hyper(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,11 +165,11 @@ func TestTiedEmbeddings(t *testing.T) {
 
 	// The tied table's gradient is both uses' sum, as in one graph.
 	x, y := lmBatch(0, zooBatch, zooSeq, zooVocab)
-	_, want, err := zgomlx.WholeGraphGradients(b, gradStore, net, nil, x, y)
+	_, want, err := reference.WholeGraphGradients(b, gradStore, net, nil, x, y)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gm, err := zgomlx.NewMemoryTrainer(b, clone(t, store), net, cfg, zgomlx.Options{})
+	gm, err := reference.NewMemoryTrainer(b, clone(t, store), net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,12 +195,12 @@ func TestTiedEmbeddings(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("zinf holds %d tensors %q, want one", n, table)
 	}
-	mt, err := zgomlx.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, memStore, net, cfg, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mt.Close()
-	wg, err := zgomlx.NewWholeGraph(b, wholeStore, net, zgomlx.Adam(plan.Hyper(cfg)))
+	wg, err := reference.NewWholeGraph(b, wholeStore, net, reference.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +379,7 @@ func TestEvalWithoutRestore(t *testing.T) {
 	}
 
 	// Training after evaluation is training from the same weights.
-	wg, err := zgomlx.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
+	wg, err := reference.NewWholeGraphModel(b, whole, zooLogits(m), zgomlx.TransformerLoss, reference.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/metrics/stats"
 )
@@ -407,7 +408,7 @@ func sliceArgs(o options, k int) []string {
 }
 
 // sliceChild trains o.layers blocks of the -big model (with its
-// embedding and head) in Go memory (zgomlx.MemoryTrainer: the same
+// embedding and head) in Go memory (reference.MemoryTrainer: the same
 // per-layer executors, zinf's Adam) at o.k micro-batches a step: o.warm
 // untimed steps, then one timed, printed as JSON. A tied model's head is
 // one product over the table (the blocked head, -head-rows, has no
@@ -435,7 +436,7 @@ func sliceChild(o options, w io.Writer) error {
 	}
 	cfg := config.Default()
 	cfg.Optimizer.LR = 0.005
-	mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,7 @@
 // Command benchllm compares offloaded and in-memory training of GoMLX's
 // zoo transformer with a cl100k-sized vocabulary (the model make demo-llm
 // trains) on the same per-layer executors: zgomlx.Trainer (every weight,
-// master and Adam state on NVMe) against zgomlx.MemoryTrainer (the same
+// master and Adam state on NVMe) against reference.MemoryTrainer (the same
 // executors, the state in Go memory). Each measurement is one process
 // (so peak RSS is its own); rounds alternate which mode runs first, and
 // the summary gives medians over rounds with min..max: CPU time per
@@ -40,6 +40,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/metrics/stats"
 )
@@ -299,7 +300,7 @@ func child(o options, w io.Writer) error {
 			res.LayerIOMs = append(res.LayerIOMs, float64(layerIO(n, rows, bw.ReadBps(), bw.WriteBps()))/1e6)
 		}
 	} else {
-		mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
+		mt, err := reference.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
 		if err != nil {
 			return err
 		}

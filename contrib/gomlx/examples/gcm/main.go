@@ -28,6 +28,7 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
 
 func main() {
@@ -111,7 +112,7 @@ func main() {
 		defer tr.Close()
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
 	} else {
-		mt, err := zgomlx.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
+		mt, err := reference.NewMemoryTrainer(b, store, net, cfg, zgomlx.Options{})
 		if err != nil {
 			panic(err)
 		}

@@ -57,6 +57,7 @@ import (
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	zref "github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -465,7 +466,7 @@ func greedy(ctx context.Context, tr *zgomlx.Trainer, c *corpus, o options) (stri
 // reference is the zoo's model trained in memory, whole, in one graph.
 type reference struct {
 	store   *model.Store
-	wg      *zgomlx.WholeGraph
+	wg      *zref.WholeGraph
 	created bool // its initial values equal zinf's, bit for bit
 }
 
@@ -500,7 +501,7 @@ func newReference(backend compute.Backend, o options, c *corpus, cfg *config.Con
 		}
 	}
 	r.created = diff == "" && n == len(off.Vars())
-	r.wg, err = zgomlx.NewWholeGraphModel(backend, store, logits, zgomlx.TransformerLoss, zgomlx.Adam(plan.Hyper(cfg)))
+	r.wg, err = zref.NewWholeGraphModel(backend, store, logits, zgomlx.TransformerLoss, zref.Adam(plan.Hyper(cfg)))
 	if err != nil {
 		return nil, err
 	}

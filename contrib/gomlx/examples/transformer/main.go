@@ -9,7 +9,7 @@
 //
 // --verify trains the same model (same seed, same batches) fully in
 // memory with the same per-layer executors and zinf's Adam, and as one
-// whole GoMLX graph with zgomlx.Adam: both must equal the offloaded run
+// whole GoMLX graph with reference.Adam: both must equal the offloaded run
 // bit for bit. It also reports how far GoMLX's own Adam lands.
 //
 // --bench runs rounds of separate processes, alternating offloaded and
@@ -50,6 +50,7 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/metrics/stats"
 	"github.com/zinfio/zinf/plan"
@@ -435,7 +436,7 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 	if err != nil {
 		return err
 	}
-	mt, err := zgomlx.NewMemoryTrainer(backend, store, n, cfg, zgomlx.Options{})
+	mt, err := reference.NewMemoryTrainer(backend, store, n, cfg, zgomlx.Options{})
 	if err != nil {
 		return err
 	}
@@ -461,8 +462,8 @@ func verify(ctx context.Context, o options, w io.Writer, backend compute.Backend
 	}
 	fmt.Fprintf(w, "  in memory, same per-layer executors, zinf's Adam:  losses %s, parameters %s, masters and Adam moments %s\n",
 		verdict(okLoss), verdict(okParams), verdict(okStates))
-	// 2. One whole GoMLX graph with zgomlx.Adam, then with GoMLX's Adam.
-	okWhole, err := wholeGraph(o, w, backend, n, cfg, snap, zgomlx.Adam(plan.Hyper(cfg)), "one GoMLX graph, zgomlx.Adam (zinf's Adam):   ")
+	// 2. One whole GoMLX graph with reference.Adam, then with GoMLX's Adam.
+	okWhole, err := wholeGraph(o, w, backend, n, cfg, snap, reference.Adam(plan.Hyper(cfg)), "one GoMLX graph, reference.Adam (zinf's Adam):")
 	if err != nil {
 		return err
 	}
@@ -490,7 +491,7 @@ func wholeGraph(o options, w io.Writer, backend compute.Backend, n zgomlx.Net, c
 	if err != nil {
 		return false, err
 	}
-	wg, err := zgomlx.NewWholeGraph(backend, store, n, opt)
+	wg, err := reference.NewWholeGraph(backend, store, n, opt)
 	if err != nil {
 		return false, err
 	}
@@ -614,7 +615,7 @@ func child(o options, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		mt, err := zgomlx.NewMemoryTrainer(backend, store, n, cfg, zgomlx.Options{})
+		mt, err := reference.NewMemoryTrainer(backend, store, n, cfg, zgomlx.Options{})
 		if err != nil {
 			return err
 		}

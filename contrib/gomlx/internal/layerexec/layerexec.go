@@ -6,7 +6,7 @@
 // GoMLX panic into an error.
 //
 // It knows neither the trainer nor the generator: both import it, and it
-// imports only GoMLX and zinf's tensor vocabulary.
+// imports only GoMLX and zinf's tensor vocabulary (and its codecs).
 package layerexec
 
 import (
@@ -17,6 +17,7 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/tensors"
 
+	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -106,4 +107,31 @@ func Catch(fn func() error) (err error) {
 		}
 	}()
 	return fn()
+}
+
+// Scalar reads a scalar float tensor (a loss) as a float32, without
+// copying it to Go.
+func Scalar(backend compute.Backend, t *tensors.Tensor) (float32, error) {
+	buf, err := t.Buffer(backend, 0)
+	if err != nil {
+		return 0, err
+	}
+	flat, err := buf.Data()
+	if err != nil {
+		return 0, err
+	}
+	switch f := flat.(type) {
+	case []float32:
+		return f[0], nil
+	case []float64:
+		return float32(f[0]), nil
+	}
+	b := dtypes.UnsafeByteSliceFromAny(flat)
+	dt, ok := DType(t.DType())
+	if !ok || len(b) < dt.Size() {
+		return 0, fmt.Errorf("zgomlx: the loss is %s (a float scalar is needed)", t.Shape())
+	}
+	var one [1]float32
+	swapper.Decode(dt, one[:], b[:dt.Size()])
+	return one[0], nil
 }

@@ -1,4 +1,4 @@
-package zgomlx
+package reference
 
 import (
 	"errors"
@@ -13,26 +13,11 @@ import (
 	gopt "github.com/gomlx/gomlx/ml/train/optimizer"
 
 	"github.com/zinfio/zinf/buffers"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/inmemory"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
-
-// chain builds the whole Net in one graph: each layer in its scope, then
-// the loss.
-func chain(store *model.Store, net Net, xs, labels []*graph.Node) *graph.Node {
-	g := xs[0].Graph()
-	store.SetTraining(g, true)
-	ys := xs
-	for _, l := range net.Layers {
-		ys = l.fn()(store.Scope(cleanScope(l.Scope)), ys)
-	}
-	if net.Head != nil {
-		if len(ys) != 1 {
-			panic(fmt.Errorf("zgomlx: Net.Head needs one output of the last layer, it has %d", len(ys)))
-		}
-		ys = []*graph.Node{net.Head.graph(store, ys[0])}
-	}
-	return net.loss(ys, labels)
-}
 
 // WholeGraph trains a Net the usual GoMLX way: the whole model and its
 // optimizer update in one graph, run by a model.Exec, every variable in
@@ -47,8 +32,8 @@ type WholeGraph struct {
 
 // NewWholeGraph builds the training step of net with opt over store
 // (whose variables need values, or initializers).
-func NewWholeGraph(backend compute.Backend, store *model.Store, net Net, opt gopt.Interface) (*WholeGraph, error) {
-	if err := net.check(); err != nil {
+func NewWholeGraph(backend compute.Backend, store *model.Store, net zgomlx.Net, opt gopt.Interface) (*WholeGraph, error) {
+	if err := inmemory.Check(net); err != nil {
 		return nil, err
 	}
 	if opt == nil {
@@ -56,7 +41,7 @@ func NewWholeGraph(backend compute.Backend, store *model.Store, net Net, opt gop
 	}
 	w := &WholeGraph{backend: backend}
 	e, err := model.NewExec(backend, store, func(scope *model.Scope, ins []*graph.Node) *graph.Node {
-		loss := chain(store, net, ins[:w.nIn], ins[w.nIn:])
+		loss := inmemory.Graph(store, net, ins[:w.nIn], ins[w.nIn:])
 		opt.UpdateGraph(scope, ins[0].Graph(), loss)
 		return loss
 	})
@@ -81,7 +66,7 @@ func NewWholeGraphModel(backend compute.Backend, store *model.Store, modelFn fun
 	e, err := model.NewExec(backend, store, func(scope *model.Scope, ins []*graph.Node) *graph.Node {
 		g := ins[0].Graph()
 		store.SetTraining(g, true)
-		loss := Net{TrainLoss: lossFn}.loss(modelFn(scope, ins[:w.nIn]), ins[w.nIn:])
+		loss := inmemory.Loss(lossFn, modelFn(scope, ins[:w.nIn]), ins[w.nIn:])
 		opt.UpdateGraph(scope, g, loss)
 		return loss
 	})
@@ -109,8 +94,8 @@ func (w *WholeGraph) StepN(xs, labels []*tensors.Tensor) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer finalize(out[0])
-	return scalarOf(w.backend, out[0])
+	defer layerexec.Finalize(out[0])
+	return layerexec.Scalar(w.backend, out[0])
 }
 
 // Close frees the compiled graphs.
@@ -120,17 +105,17 @@ func (w *WholeGraph) Close() { w.exec.Finalize() }
 // the variables filter selects (nil: DefaultFilter) with the whole Net in
 // one graph, as fp32 by variable path: what the per-layer executors'
 // gradients (MemoryTrainer.Gradients) must equal.
-func WholeGraphGradients(backend compute.Backend, store *model.Store, net Net, filter func(*model.Variable) bool, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
-	if err := net.check(); err != nil {
+func WholeGraphGradients(backend compute.Backend, store *model.Store, net zgomlx.Net, filter func(*model.Variable) bool, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
+	if err := inmemory.Check(net); err != nil {
 		return 0, nil, err
 	}
 	if filter == nil {
-		filter = DefaultFilter
+		filter = zgomlx.DefaultFilter
 	}
 	var names []string
 	var dims []shapes.Shape
 	e, err := model.NewExec(backend, store, func(_ *model.Scope, x, labels *graph.Node) []*graph.Node {
-		loss := chain(store, net, []*graph.Node{x}, []*graph.Node{labels})
+		loss := inmemory.Graph(store, net, []*graph.Node{x}, []*graph.Node{labels})
 		g := x.Graph()
 		var wrt []*graph.Node
 		names, dims = nil, nil
@@ -153,20 +138,20 @@ func WholeGraphGradients(backend compute.Backend, store *model.Store, net Net, f
 	}
 	defer func() {
 		for _, t := range out {
-			finalize(t)
+			layerexec.Finalize(t)
 		}
 	}()
-	loss, err := scalarOf(backend, out[0])
+	loss, err := layerexec.Scalar(backend, out[0])
 	if err != nil {
 		return 0, nil, err
 	}
 	grads := make(map[string][]float32, len(names))
 	for i, name := range names {
-		_, b, err := bufferOf(backend, out[1+i])
+		_, b, err := layerexec.Shared(backend, out[1+i])
 		if err != nil {
 			return 0, nil, err
 		}
-		dt, ok := zinfDType(dims[i].DType)
+		dt, ok := layerexec.DType(dims[i].DType)
 		if !ok {
 			return 0, nil, fmt.Errorf("zgomlx: gradient of %q is %s", name, dims[i].DType)
 		}

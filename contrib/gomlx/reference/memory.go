@@ -1,10 +1,9 @@
-package zgomlx
+package reference
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -12,26 +11,27 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
+	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/inmemory"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
 )
 
-// MemoryTrainer trains a Net the way Trainer does — the same per-layer
-// executors in the same order, zinf's Adam (optimizer.Adam) on fp32
-// master weights, parameters stored in the config's param dtype — with
-// every variable and state in Go memory. It is the reference offloaded
-// training is compared with (bit for bit) and timed against. Its
-// variables are the Store's own values, updated in place, so the Store is
-// current after every step. Its methods are for one goroutine; an error
-// in the middle of a step (a broken layer function) leaves it mid-step.
+// MemoryTrainer trains a Net the way zgomlx.Trainer does — the same
+// per-layer executors in the same order, zinf's Adam (optimizer.Adam) on
+// fp32 master weights, parameters stored in the config's param dtype —
+// with every variable and state in Go memory. It is the reference
+// offloaded training is compared with (bit for bit) and timed against.
+// Its variables are the Store's own values, updated in place, so the
+// Store is current after every step. Its methods are for one goroutine;
+// an error in the middle of a step (a broken layer function) leaves it
+// mid-step.
 type MemoryTrainer struct {
-	ex    *executors
-	lp    loop
-	store *model.Store
-	vars  []*Var
+	run   inmemory.Run
+	vars  []inmemory.Var
 	hyper zopt.Hyper
 	// storage is the dtype zinf would store parameters in; when a
 	// variable's dtype differs, its values are rounded through it.
@@ -43,9 +43,7 @@ type MemoryTrainer struct {
 }
 
 type memState struct {
-	buf     compute.Buffer
-	bytes   []byte    // the variable's value, in its dtype
-	master  []float32 // aliases bytes when the variable and its storage are fp32
+	master  []float32 // aliases the value's bytes when the variable and its storage are fp32
 	aliased bool
 	m, v    []float32
 	acc     []float32 // gradients of earlier micro-steps
@@ -57,60 +55,44 @@ type memState struct {
 // must have values; cfg gives the optimizer's hyperparameters
 // (plan.Hyper) and the param dtype (bf16.enabled / fp16.enabled), as
 // zinf.Open would take them. opts.Filter and opts.Layers select and group
-// the variables as for Register (Layers defaults to net.Scopes()).
-func NewMemoryTrainer(backend compute.Backend, store *model.Store, net Net, cfg *config.Config, opts Options) (*MemoryTrainer, error) {
+// the variables as for zgomlx.Register (Layers defaults to net.Scopes());
+// opts.Runtime.Logger is where a portable build of a SIMD-capable machine
+// is said. The rest of opts is the offloaded Trainer's.
+func NewMemoryTrainer(backend compute.Backend, store *model.Store, net zgomlx.Net, cfg *config.Config, opts zgomlx.Options) (*MemoryTrainer, error) {
 	if net.Head != nil {
 		return nil, fmt.Errorf("zgomlx: Net.Head (a head in blocks of %q): MemoryTrainer does not run it; its in-memory reference is WholeGraph", net.Head.Table)
 	}
-	if err := net.check(); err != nil {
+	if err := inmemory.Check(net); err != nil {
 		return nil, err
 	}
 	if err := mirrorable(cfg); err != nil {
 		return nil, err
 	}
 	backendinfo.WarnPortable(opts.Runtime.Logger, backend)
-	if len(opts.Layers) == 0 {
-		opts.Layers, opts.also = net.Scopes(), net.also()
-	}
-	vars, scopes, err := collectVars(store, opts.Filter, opts.Layers, opts.also)
-	if err != nil {
-		return nil, err
-	}
-	byName := map[string]*Var{}
-	for _, v := range vars {
-		byName[v.Name] = v
-	}
-	ex, err := newExecutors(backend, store, net, groupLayers(vars, len(scopes)), byName)
-	if err != nil {
-		return nil, err
-	}
-	mt := &MemoryTrainer{ex: ex, store: store, vars: vars, hyper: plan.Hyper(cfg), storage: plan.ParamDType(cfg), state: make([]memState, len(vars))}
+	mt := &MemoryTrainer{hyper: plan.Hyper(cfg), storage: plan.ParamDType(cfg)}
 	mt.hyper.EnsureDefaults()
+	run, vars, err := inmemory.Open(backend, store, net, opts.Filter, opts.Layers, mt.grad)
+	if err != nil {
+		return nil, err
+	}
+	mt.run, mt.vars, mt.state = run, vars, make([]memState, len(vars))
 	for i, v := range vars {
-		val, err := v.v.Value()
-		if err != nil {
-			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
-		}
 		st := &mt.state[i]
-		if st.buf, st.bytes, err = bufferOf(backend, val); err != nil {
-			return nil, fmt.Errorf("zgomlx: variable %q: %w", v.Name, err)
-		}
+		n := len(v.Bytes) / v.DType.Size()
 		// As zinf's Init: the master is the value in fp32, the parameter
 		// the master in the storage dtype.
-		if v.dtype == tensor.Float32 && mt.storage == tensor.Float32 {
-			st.master, st.aliased = buffers.Float32Bytes(st.bytes), true
+		if v.DType == tensor.Float32 && mt.storage == tensor.Float32 {
+			st.master, st.aliased = buffers.Float32Bytes(v.Bytes), true
 		} else {
-			st.master = make([]float32, v.numel)
-			swapper.Decode(v.dtype, st.master, st.bytes)
-			if v.dtype != mt.storage {
-				st.enc = make([]byte, v.numel*mt.storage.Size())
+			st.master = make([]float32, n)
+			swapper.Decode(v.DType, st.master, v.Bytes)
+			if v.DType != mt.storage {
+				st.enc = make([]byte, n*mt.storage.Size())
 			}
-			mt.writeParam(v, st)
+			mt.writeParam(i)
 		}
-		st.m, st.v = make([]float32, v.numel), make([]float32, v.numel)
-		v.cur = st.buf
+		st.m, st.v = make([]float32, n), make([]float32, n)
 	}
-	mt.lp = loop{ex: ex, src: (*memSource)(mt)}
 	return mt, nil
 }
 
@@ -137,24 +119,25 @@ func mirrorable(cfg *config.Config) error {
 	return errors.Join(errs...)
 }
 
-// writeParam stores the master into the variable's value, through the
+// writeParam stores variable i's master into its value, through the
 // storage dtype.
-func (mt *MemoryTrainer) writeParam(v *Var, st *memState) {
+func (mt *MemoryTrainer) writeParam(i int) {
+	v, st := mt.vars[i], &mt.state[i]
 	if st.aliased {
 		return
 	}
 	if st.enc == nil {
-		swapper.Encode(v.dtype, st.bytes, st.master)
+		swapper.Encode(v.DType, v.Bytes, st.master)
 		return
 	}
 	swapper.Encode(mt.storage, st.enc, st.master)
-	swapper.Transcode(mt.storage, st.enc, v.dtype, st.bytes)
+	swapper.Transcode(mt.storage, st.enc, v.DType, v.Bytes)
 }
 
 // Step is one training step on a batch (the last micro-step after
 // Accumulate calls); it returns the loss.
 func (mt *MemoryTrainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
-	loss, err := mt.lp.run(ctx, one(x), one(labels), true, modeTrain)
+	loss, err := mt.run.Step(ctx, one(x), one(labels), true)
 	if err != nil {
 		return loss, err
 	}
@@ -164,7 +147,7 @@ func (mt *MemoryTrainer) Step(ctx context.Context, x, labels *tensors.Tensor) (f
 
 // Accumulate is a micro-step that is not the step's last.
 func (mt *MemoryTrainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (float32, error) {
-	return mt.lp.run(ctx, one(x), one(labels), false, modeTrain)
+	return mt.run.Step(ctx, one(x), one(labels), false)
 }
 
 // Gradients runs forward and backward on a batch with the per-layer
@@ -173,7 +156,7 @@ func (mt *MemoryTrainer) Accumulate(ctx context.Context, x, labels *tensors.Tens
 func (mt *MemoryTrainer) Gradients(ctx context.Context, x, labels *tensors.Tensor) (float32, map[string][]float32, error) {
 	mt.collect = map[string][]float32{}
 	defer func() { mt.collect = nil }()
-	loss, err := mt.lp.run(ctx, one(x), one(labels), false, modeTrain)
+	loss, err := mt.run.Step(ctx, one(x), one(labels), false)
 	return loss, mt.collect, err
 }
 
@@ -193,42 +176,36 @@ func (mt *MemoryTrainer) State(name string) (master, expAvg, expAvgSq []float32,
 func (mt *MemoryTrainer) Steps() int { return mt.steps }
 
 // Timings returns the executors' compute so far (Compute and
-// LayerCompute, as Trainer.Timings counts them); the fields that time
-// zinf's calls are zero, as the MemoryTrainer makes none. With the wall
-// time of a step it says what the step spent besides compute (the
+// LayerCompute, as zgomlx.Trainer.Timings counts them); the fields that
+// time zinf's calls are zero, as the MemoryTrainer makes none. With the
+// wall time of a step it says what the step spent besides compute (the
 // optimizer's updates in Go memory).
-func (mt *MemoryTrainer) Timings() Timings {
-	tm := Timings{Compute: mt.lp.compute, LayerCompute: make([]time.Duration, len(mt.ex.layers))}
-	copy(tm.LayerCompute, mt.lp.layerCompute)
-	return tm
+func (mt *MemoryTrainer) Timings() zgomlx.Timings {
+	total, per := mt.run.Compute()
+	return zgomlx.Timings{Compute: total, LayerCompute: per}
 }
 
 // Close frees the executors (the Store keeps its values).
-func (mt *MemoryTrainer) Close() { mt.ex.close() }
+func (mt *MemoryTrainer) Close() { mt.run.Close() }
 
-// memSource is the MemoryTrainer as the loop's paramSource.
-type memSource MemoryTrainer
-
-func (s *memSource) startPass(bool) {}
-
-func (s *memSource) bind(context.Context, int) error { return nil }
-
-func (s *memSource) unbind(int) {}
-
-func (s *memSource) grad(_ context.Context, v *Var, g []float32, last, _ bool) error {
-	if s.collect != nil {
-		if acc, ok := s.collect[v.Name]; ok {
+// grad takes variable i's gradient of a micro-step: kept (Gradients),
+// summed into the step's, or, on the step's last micro-step, the Adam
+// update of the variable.
+func (mt *MemoryTrainer) grad(i int, g []float32, last bool) error {
+	v := mt.vars[i]
+	if mt.collect != nil {
+		if acc, ok := mt.collect[v.Name]; ok {
 			accumulate(acc, g) // a tied variable's other use
 		} else {
-			s.collect[v.Name] = append([]float32(nil), g...)
+			mt.collect[v.Name] = append([]float32(nil), g...)
 		}
 		return nil
 	}
-	st := &s.state[v.idx]
+	st := &mt.state[i]
 	if !last {
 		if !st.has {
 			if st.acc == nil {
-				st.acc = make([]float32, v.numel)
+				st.acc = make([]float32, len(st.m))
 			}
 			copy(st.acc, g)
 			st.has = true
@@ -242,8 +219,8 @@ func (s *memSource) grad(_ context.Context, v *Var, g []float32, last, _ bool) e
 		g = st.acc
 		st.has = false
 	}
-	zopt.Adam(st.master, g, st.m, st.v, s.steps+1, s.hyper)
-	(*MemoryTrainer)(s).writeParam(v, st)
+	zopt.Adam(st.master, g, st.m, st.v, mt.steps+1, mt.hyper)
+	mt.writeParam(i)
 	return nil
 }
 
@@ -255,21 +232,5 @@ func accumulate(acc, g []float32) {
 	}
 }
 
-func (s *memSource) layerDone(context.Context, int) error { return nil }
-
-func (s *memSource) fail(error) bool { return false }
-
-func (s *memSource) readBlocks(context.Context, *Var, []byte, func(int, int) error) error {
-	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
-}
-
-// wantsRows: the in-memory reference takes every gradient whole.
-func (s *memSource) wantsRows(*Var) bool { return false }
-
-func (s *memSource) gradRowSums(context.Context, *Var, []int, []float32) error {
-	return errors.New("zgomlx: MemoryTrainer takes lookups' gradients whole")
-}
-
-func (s *memSource) gradRange(context.Context, *Var, int, []float32) error {
-	return errors.New("zgomlx: MemoryTrainer does not run Net.Head (its reference is WholeGraph)")
-}
+// one is a tensor as a list.
+func one(t *tensors.Tensor) []*tensors.Tensor { return []*tensors.Tensor{t} }

@@ -1,4 +1,4 @@
-package zgomlx
+package reference
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	gopt "github.com/gomlx/gomlx/ml/train/optimizer"
 
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -121,7 +122,7 @@ func masterVariable(store *model.Store, path string, v *model.Variable) *model.V
 	if err != nil {
 		panic(err)
 	}
-	dt, ok := zinfDType(v.DType())
+	dt, ok := layerexec.DType(v.DType())
 	if !ok {
 		panic("zgomlx: Adam: variable " + v.Path() + " has dtype " + v.DType().String())
 	}
