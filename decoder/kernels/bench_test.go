@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -117,6 +118,75 @@ func BenchmarkMatMulInOut(b *testing.B) {
 						}
 					})
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkLayerProducts runs the seven products of a decoder layer of
+// the 400 M llama make bench-llamacpp measures (dim 1024, FFN 3072:
+// queries, keys, values and output 1024 x 1024, gate and up 3072 x 1024,
+// down 1024 x 3072) over 8 copies of the layer's weights (bf16: 200 MB,
+// past the last level cache), as the decoder issues them: "separate" is
+// one MatMul a product, "shared" one MatMuls for the queries, keys and
+// values and one for the gate and up. GB/s is the weights' bytes read a
+// second, to set beside BenchmarkMemoryRead's.
+func BenchmarkLayerProducts(b *testing.B) {
+	const dim, ffn, layers = 1024, 3072, 8
+	for _, t := range []DType{F32, BF16, Q8_0} {
+		rng := rand.New(rand.NewPCG(7, uint64(t)))
+		shapes := [7][2]int{{dim, dim}, {dim, dim}, {dim, dim}, {dim, dim}, {ffn, dim}, {ffn, dim}, {dim, ffn}}
+		var one [7]Matrix
+		for i, s := range shapes {
+			one[i] = randMatrix(rng, t, s[0], s[1])
+		}
+		ws := make([][7]Matrix, layers)
+		var bytes int64
+		for l := range ws {
+			for i, m := range one {
+				m.Data = append([]byte(nil), m.Data...)
+				ws[l][i] = m
+				bytes += int64(len(m.Data))
+			}
+		}
+		for _, batch := range []int{1, 4} {
+			x := randVec(rng, batch*ffn)
+			var ys [7][]float32
+			for i, s := range shapes {
+				ys[i] = make([]float32, batch*s[0])
+			}
+			for _, mode := range []string{"separate", "shared"} {
+				b.Run(fmt.Sprintf("%v/batch=%d/%s", t, batch, mode), func(b *testing.B) {
+					p, err := NewPool(Options{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer p.Close()
+					b.SetBytes(bytes)
+					xd, xf := x[:batch*dim], x[:batch*ffn]
+					for b.Loop() {
+						for l := range ws {
+							w := &ws[l]
+							var err error
+							if mode == "shared" {
+								err = errors.Join(p.MatMuls(ys[:3], w[:3], xd, batch), p.MatMul(ys[3], w[3], xd, batch),
+									p.MatMuls(ys[4:6], w[4:6], xd, batch), p.MatMul(ys[6], w[6], xf, batch))
+							} else {
+								for i := range w {
+									xi := xd
+									if i == 6 {
+										xi = xf
+									}
+									err = errors.Join(err, p.MatMul(ys[i], w[i], xi, batch))
+								}
+							}
+							if err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
 			}
 		}
 	}

@@ -109,23 +109,29 @@
 // On amd64 with AVX2, FMA and F16C the products run on kernels
 // generated as assembly by internal/asmgen (go generate; the .s and its
 // declarations are committed). Two YMM registers hold the 16 partial sums
-// of a row and vector, loaded and stored around a tile. A kernel takes up
-// to four rows at once (four rows of one vector, two of two, one of three
-// or four): a vector's partial sums are only two chains of dependent fused
-// multiply-adds, and more rows give the CPU independent ones. The weights
+// of a row and vector, loaded and stored around a tile. An f32 kernel
+// takes up to four rows at once (four rows of one vector, two of two, one
+// of three or four): a vector's partial sums are only two chains of
+// dependent fused multiply-adds, and more rows give the CPU independent
+// ones. The bf16 and block formats' kernels take one row: their short
+// rows read side by side are as many short streams from memory, and one
+// row at a time, one long stream, made a core read bf16 weights about a
+// quarter faster at one vector (BenchmarkLayerProducts' shapes). The weights
 // are widened in registers: VPMOVZXWD and a shift for bf16, VPMOVSXBD (of
 // the bytes, or of the masked nibbles less 8) and VCVTDQ2PS times the
 // VCVTPH2PS-widened scale for the blocks. The bf16 and block formats'
-// kernels prefetch the rows the next call takes (rows*wstride bytes on,
-// at the columns they read): their rows are short streams (a Q8_0 row of
-// 1024 columns is 17 cache lines, a bf16 one 32) read side by side, which
-// the hardware's prefetchers do not follow, and without it a Q8_0
+// kernels prefetch the row the next call takes (wstride bytes on, at
+// the columns they read): their rows are short streams (a Q8_0 row of
+// 1024 columns is 17 cache lines, a bf16 one 32), which the hardware's
+// prefetchers do not follow far enough, and without it a Q8_0
 // product from memory ran at half its rate from the cache. The f32
 // kernels gained nothing measurable from it and do without. The tests compare every kernel
 // with the scalar one on random shapes, bit for bit, and
 // internal/asmgen/mutants.sh builds deliberate mistakes into the assembly
 // and requires the tests to catch each (the row and the in-out kernels'
-// own mistakes). Kernels lists what the machine has; Options.Kernel
+// own mistakes). Pool.MatMuls takes several matrices that share the
+// vectors (a layer's queries, keys and values) as one run of rows, split
+// over the workers once. Kernels lists what the machine has; Options.Kernel
 // picks one (for tests and benchmarks: the bits do not
 // depend on it).
 //

@@ -44,25 +44,10 @@ func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *f
 //go:noescape
 func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowBF16AVX2x1r2 adds the products of n BF16 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowBF16AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowBF16AVX2x1r4 adds the products of n BF16 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowBF16AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
 // rowBF16AVX2x2r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowBF16AVX2x2r2 adds the products of n BF16 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowBF16AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
 // rowBF16AVX2x3r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
@@ -79,25 +64,10 @@ func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *
 //go:noescape
 func rowQ8_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ8_0AVX2x1r2 adds the products of n Q8_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ8_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowQ8_0AVX2x1r4 adds the products of n Q8_0 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ8_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
 // rowQ8_0AVX2x2r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func rowQ8_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowQ8_0AVX2x2r2 adds the products of n Q8_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ8_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
 // rowQ8_0AVX2x3r1 adds the products of n Q8_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
@@ -114,25 +84,10 @@ func rowQ8_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *
 //go:noescape
 func rowQ4_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowQ4_0AVX2x1r2 adds the products of n Q4_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ4_0AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowQ4_0AVX2x1r4 adds the products of n Q4_0 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ4_0AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
 // rowQ4_0AVX2x2r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func rowQ4_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowQ4_0AVX2x2r2 adds the products of n Q4_0 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowQ4_0AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
 // rowQ4_0AVX2x3r1 adds the products of n Q4_0 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //

@@ -177,7 +177,7 @@ func main() {
 		}}
 	for _, t := range []dtype{f32, bf16, q8, q4} {
 		for nb := 1; nb <= maxNB; nb++ {
-			for _, rows := range rowsFor[nb] {
+			for _, rows := range rowsOf(t, nb) {
 				gen(t, nb, rows)
 			}
 		}
@@ -219,12 +219,28 @@ func byteConst(v byte) VecVirtual {
 // MaxBatch vectors of 16 float32 (accs in ../../scalar.go).
 const accRowBytes = 8 * 64
 
-// rowsFor lists, per number of vectors, the numbers of rows a kernel takes
-// at once. A vector's 16 partial sums are only two chains of dependent
-// fused multiply-adds; more rows give the CPU more independent chains
-// while the accumulators (2 * rows * vectors) still fit the 16 registers
-// with the weights, the scale and the nibble constants.
+// rowsFor lists, per number of vectors, the numbers of rows an F32
+// kernel takes at once. A vector's 16 partial sums are only two chains of
+// dependent fused multiply-adds; more rows give the CPU more independent
+// chains while the accumulators (2 * rows * vectors) still fit the 16
+// registers with the weights, the scale and the nibble constants.
 var rowsFor = map[int][]int{1: {1, 2, 4}, 2: {1, 2}, 3: {1}, 4: {1}}
+
+// rowsOf returns the numbers of rows t's kernels for nb vectors take at
+// once: rowsFor's for F32, one row for the narrower formats. Their rows
+// are short streams (a BF16 row of 1024 columns is 2 KiB, a Q8_0 one
+// 1088 bytes) that a product reads from memory: rows read side by side
+// are as many short streams, one row at a time is one long stream
+// through the matrix, and at one vector (a decoding step) a core read
+// BF16 weights about a quarter faster so, Q8_0 ones about a twentieth
+// (decoder-shaped products from memory, CPU time per byte; F32 the same
+// either way).
+func rowsOf(t dtype, nb int) []int {
+	if t.name == "F32" {
+		return rowsFor[nb]
+	}
+	return []int{1}
+}
 
 // gen emits row<T>AVX2x<nb>r<R>(w *byte, wstride int, x *float32,
 // xstride, n int, acc *float32): for R rows of weights (row r at w +
