@@ -136,6 +136,12 @@ type Decoder struct {
 	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
 	scores                               [][]float32 // one per worker
 	workers                              int         // goroutines attention is split over
+	// shared holds the products of one linears call; sharedW and sharedY
+	// the matrices and outputs it hands kernels.Pool.MatMuls (kept, so
+	// that a step allocates nothing).
+	shared  [kernels.MaxShared]linPart
+	sharedW [kernels.MaxShared]kernels.Matrix
+	sharedY [kernels.MaxShared][]float32
 	// attention's split in progress, read by attnChunk (d.attnChunkOf,
 	// made once in New).
 	attnChunk                     func(int)
@@ -307,13 +313,10 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 	if c.QKVBias {
 		qb, kb, vb = &w[QueryBias], &w[KeyBias], &w[ValueBias]
 	}
-	if err := d.linear(d.q, "Query", w[Query], c.Layout, qDim, dim, d.h, n, qb); err != nil {
-		return err
-	}
-	if err := d.linear(d.k, "Key", w[Key], c.Layout, kvDim, dim, d.h, n, kb); err != nil {
-		return err
-	}
-	if err := d.linear(d.v, "Value", w[Value], c.Layout, kvDim, dim, d.h, n, vb); err != nil {
+	d.shared[0] = linPart{d.q, "Query", w[Query], qDim, qb}
+	d.shared[1] = linPart{d.k, "Key", w[Key], kvDim, kb}
+	d.shared[2] = linPart{d.v, "Value", w[Value], kvDim, vb}
+	if err := d.linears(d.shared[:3], c.Layout, dim, d.h, n); err != nil {
 		return err
 	}
 	// RoPE on the new queries and keys, then the keys and values into the
@@ -388,10 +391,9 @@ func (d *Decoder) layer(l int, w *LayerWeights) error {
 		}
 	case c.Gated:
 		d.g = grow(d.g, n*F)
-		if err := d.linear(d.g, "Gate", w[Gate], c.Layout, F, dim, d.h, n, bias(GateBias)); err != nil {
-			return err
-		}
-		if err := d.linear(d.f, "Up", w[Up], c.Layout, F, dim, d.h, n, bias(UpBias)); err != nil {
+		d.shared[0] = linPart{d.g, "Gate", w[Gate], F, bias(GateBias)}
+		d.shared[1] = linPart{d.f, "Up", w[Up], F, bias(UpBias)}
+		if err := d.linears(d.shared[:2], c.Layout, dim, d.h, n); err != nil {
 			return err
 		}
 		for i := range n * F {
@@ -666,6 +668,87 @@ func (d *Decoder) linear(y []float32, name string, w Tensor, layout Layout, rows
 		yr := y[r*rows:][:rows]
 		for i, b := range d.vec2 {
 			yr[i] += b
+		}
+	}
+	return nil
+}
+
+// linPart is one product of a linears call: y = W x (+ bias), W of rows
+// x the call's cols, named name.
+type linPart struct {
+	y    []float32
+	name string
+	w    Tensor
+	rows int
+	bias *Tensor
+}
+
+// linears computes the products ps, which share their input x (n rows of
+// cols values): for OutIn weights in one kernels.Pool.MatMuls call a
+// MaxBatch rows of x (one split over the workers for them all, the bits
+// of a product each), for InOut one linear each.
+func (d *Decoder) linears(ps []linPart, layout Layout, cols int, x []float32, n int) error {
+	if layout != OutIn || len(ps) == 1 {
+		for i := range ps {
+			p := &ps[i]
+			if err := d.linear(p.y, p.name, p.w, layout, p.rows, cols, x, n, p.bias); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// Drop the references to the weights and outputs at the end: a
+	// layer's weights are read during its call only.
+	defer clear(ps)
+	for i := range ps {
+		p := &ps[i]
+		if p.w.Data == nil && p.rows > 0 && cols > 0 {
+			return fmt.Errorf("weight %s is missing (want %d x %d values)", p.name, p.rows, cols)
+		}
+		if err := checkType(p.name, p.w.Type, layout); err != nil {
+			return err
+		}
+		d.sharedW[i] = kernels.Matrix{Type: p.w.Type, Rows: p.rows, Cols: cols, Data: p.w.Data}
+	}
+	ws, ys := d.sharedW[:len(ps)], d.sharedY[:len(ps)]
+	for r0 := 0; r0 < n; r0 += kernels.MaxBatch {
+		bn := min(kernels.MaxBatch, n-r0)
+		for i := range ps {
+			ys[i] = ps[i].y[r0*ps[i].rows : (r0+bn)*ps[i].rows]
+		}
+		xb := x[r0*cols : (r0+bn)*cols]
+		var err error
+		if d.pool != nil {
+			err = d.pool.MatMuls(ys, ws, xb, bn)
+		} else {
+			err = kernels.MatMuls(ys, ws, xb, bn)
+		}
+		if err != nil {
+			for i := range ps {
+				// Name the weight whose shape is wrong.
+				if rb, e := kernels.RowBytes(ws[i].Type, cols); e != nil || ws[i].Rows*rb != len(ws[i].Data) {
+					return fmt.Errorf("weight %s (%d x %d, out-in): %w", ps[i].name, ps[i].rows, cols, err)
+				}
+			}
+			return fmt.Errorf("weights %s..%s (out-in): %w", ps[0].name, ps[len(ps)-1].name, err)
+		}
+	}
+	clear(ys)
+	clear(ws)
+	var err error
+	for i := range ps {
+		p := &ps[i]
+		if p.bias == nil {
+			continue
+		}
+		if d.vec2, err = vector(d.vec2, p.name, "bias", *p.bias, p.rows); err != nil {
+			return err
+		}
+		for r := range n {
+			yr := p.y[r*p.rows:][:p.rows]
+			for i, b := range d.vec2 {
+				yr[i] += b
+			}
 		}
 	}
 	return nil
