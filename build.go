@@ -18,17 +18,22 @@ import (
 )
 
 // Open's build: each component from the plan alone, once, in dependency
-// order (the engine and the swap stores were opened by measure, because
-// the plan depends on their geometry).
+// order, the engine and the swap stores first (the plan sized them from
+// their geometry, a value: nothing was opened to plan).
 
-// build checks the plan against the pool and the disk, then builds the
-// pinned pool, the device and its I/O, the three swappers, the training
-// state and the prefetch scheduler from it, and joins the world of ranks.
+// build checks the plan against the pool, opens the engine and the swap
+// stores of the plan's geometry and checks the disk, reserves the stores'
+// space (zinf.preallocate), then builds the pinned pool, the device and
+// its I/O, the three swappers, the training state and the prefetch
+// scheduler from the plan, and joins the world of ranks.
 func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	log, p := r.log, &pl.Components
 	r.placement, r.res, r.bandwidth, r.disk, r.tiers, r.pieces = pl.Placement, pl.Reservations, pl.Bandwidth, pl.Disk, p.Tiers, p.Pieces
 	if r.res.PoolBytes < r.res.MinPoolBytes {
 		return &PoolTooSmallError{Have: r.res.PoolBytes, Need: r.res.MinPoolBytes, Res: r.res}
+	}
+	if err := r.openStores(p.Stores, &p.Settings, opts.Engine, opts.Faults, opts.Trace); err != nil {
+		return err
 	}
 	// Free space: every NVMe path must hold what the stores will write
 	// there, copy-on-write copies included, before anything is written.

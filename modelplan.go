@@ -2,12 +2,10 @@ package zinf
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
-	"github.com/zinfio/zinf/swapper"
 )
 
 // ModelPlan is what Open decides for a model under a config, for one
@@ -59,20 +57,7 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts Options) (
 		return nil, err
 	}
 	// The stores' geometry, for a device of the default alignment.
-	sizing := func(o swapper.StoreOptions) (*swapper.Store, error) {
-		return swapper.SizingStore(o, swapper.DefaultDiskAlignment)
-	}
-	if o := in.Settings.ParamStore; o.Paths != nil {
-		if ms.ParamStore, err = sizing(o); err != nil {
-			return nil, fmt.Errorf("zinf: param swap store: %w", err)
-		}
-	}
-	if o := in.Settings.OptimStore; o.Paths != nil {
-		if ms.OptimStore, err = sizing(o); err != nil {
-			return nil, fmt.Errorf("zinf: optim swap store: %w", err)
-		}
-		ms.GradStore = ms.OptimStore
-	}
+	ms.Stores = plan.GeometryOf(&in.Settings)
 	p, err := plan.Make(in, ms, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference, Gather: opts.GatherLayers, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err

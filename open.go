@@ -16,14 +16,17 @@ import (
 
 // Open builds a Runtime for model from cfg: it checks both (plan.Check:
 // every problem is reported), measures what the plan depends on (the
-// memory the pinned pool may take; the engine and swap stores, whose
-// geometry the plan sizes with; each NVMe path's bandwidth), plans
-// placement and prefetch, the pinned pool by reservation and the disk
-// (plan.Make), and builds the pool, device, swappers and scheduler from
-// the plan alone — refusing, with a *PoolTooSmallError naming the minimum
-// and the key to change, a pool that cannot work, and an NVMe path short
-// of free space. Every tensor must then get its initial values with Init.
-// Nothing is left behind on failure: whatever was built is closed again.
+// memory the pinned pool may take; each NVMe path's bandwidth) and
+// computes the swap stores' geometry from the config (plan.GeometryOf:
+// nothing is opened to plan), plans placement and prefetch, the pinned
+// pool by reservation and the disk (plan.Make), and builds from the plan
+// alone: the engine and swap stores, their space, the pool, device,
+// swappers and scheduler — refusing, with a *PoolTooSmallError naming the
+// minimum and the key to change, a pool that cannot work, an NVMe path
+// short of free space, and a swap store whose device needs transfers
+// aligned to more than the 4 KiB the plan sizes for. Every tensor must
+// then get its initial values with Init. Nothing is left behind on
+// failure: whatever was built is closed again.
 func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error) {
 	in, err := plan.Check(cfg, model, plan.Given{Rank: opts.Rank, WorldSize: opts.WorldSize, PieceBytes: opts.PieceBytes})
 	if err != nil {
@@ -42,8 +45,8 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 		log = slog.Default()
 	}
 	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, in.Rank, in.World, in.Settings.DType, log, in.Model, opts.Inference
-	// Measure what the plan depends on (memory, the stores' geometry, the
-	// NVMe bandwidth), plan, and build from the plan.
+	// Measure what the plan depends on (memory, the NVMe bandwidth; the
+	// stores' geometry is computed), plan, and build from the plan.
 	m, pending, err := r.measure(&in.Settings, opts)
 	if err != nil {
 		return nil, err

@@ -14,7 +14,6 @@ import (
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/policy"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -130,18 +129,7 @@ func goldenPlan(inputs string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ms := plan.Measured{Bandwidth: plan.StaticBandwidth(cfg)}
-	if o := in.Settings.ParamStore; o.Paths != nil {
-		if ms.ParamStore, err = swapper.SizingStore(o, swapper.DefaultDiskAlignment); err != nil {
-			return "", err
-		}
-	}
-	if o := in.Settings.OptimStore; o.Paths != nil {
-		if ms.OptimStore, err = swapper.SizingStore(o, swapper.DefaultDiskAlignment); err != nil {
-			return "", err
-		}
-		ms.GradStore = ms.OptimStore
-	}
+	ms := plan.Measured{Bandwidth: plan.StaticBandwidth(cfg), Stores: plan.GeometryOf(&in.Settings)}
 	p, err := plan.Make(in, ms, plan.Options{ComputePerLayer: compute})
 	if err != nil {
 		return "", err

@@ -27,9 +27,10 @@ import (
 // has the same figures (Plan, Reservations, Bandwidth, DiskNeeds).
 //
 // Sizes that depend on the device (padding, aligned reads) are counted for
-// an alignment of swapper.DefaultDiskAlignment (4 KiB) or the device's,
-// whichever is larger, so the minimum pool zinf.PlanModel reports is the one
-// zinf.Open enforces on any device of 4 KiB alignment or less.
+// the stores' geometry (Measured.Stores: GeometryOf, an alignment of
+// swapper.DefaultDiskAlignment, 4 KiB), so the minimum pool zinf.PlanModel
+// reports is the one zinf.Open enforces; Open refuses a device whose
+// alignment is larger.
 type Plan struct {
 	Rank, World  int
 	Placement    *policy.Placement
@@ -127,6 +128,9 @@ func Check(cfg *config.Config, m Model, g Given) (*Inputs, error) {
 		return nil, fmt.Errorf("zinf: rank %d is outside world size %d", r, world)
 	}
 	s := SettingsOf(cfg)
+	if s.ParamStore.Paths != nil {
+		s.ParamStore.ChecksumBytes = ParamChecksumBytes
+	}
 	if s.OptimStore.Paths != nil {
 		pieceBytes := g.PieceBytes
 		if pieceBytes == 0 {
@@ -164,13 +168,13 @@ func SubGroupChecksumBytes(subGroupElems, pieceBytes int64) int64 {
 	return b & -b
 }
 
-// Measured is what a plan takes from the machine: the NVMe bandwidth and
-// the swap stores' geometry (alignment, stripes, padding) — open stores
-// (zinf.Open) or sizing ones (zinf.PlanModel), nil where the config keeps
-// that state in memory. Of the stores Make reads only the geometry.
+// Measured is what a plan takes from the machine and the config beside
+// the checked Inputs: the NVMe bandwidth (measured, configured or
+// cached) and the swap stores' geometry (GeometryOf: a value computed
+// from the settings, with no store opened). Make reads nothing else.
 type Measured struct {
-	Bandwidth                         Bandwidth
-	ParamStore, GradStore, OptimStore *swapper.Store
+	Bandwidth Bandwidth
+	Stores    Geometry
 }
 
 // Options are the caller's choices that a plan depends on (zinf.Options).
@@ -190,6 +194,10 @@ type Components struct {
 	Optimizer optimizer.Options
 	Pieces    Pieces
 	Pool      buffers.Options // the pinned pool (Logger aside)
+	// Stores is the swap stores' geometry the plan sized with: zinf.Open
+	// opens them from its options and refuses a device whose alignment
+	// is larger.
+	Stores Geometry
 	// NVMeLayers are each layer's NVMe tensors, in the order of use: what
 	// the scheduler prefetches.
 	NVMeLayers [][]string
@@ -208,22 +216,19 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 	tiers := make(map[string]tensor.Tier, len(mi.Descs))
 	for _, d := range mi.Descs {
 		t, ok := placement.Tier[d.Name]
-		if !ok || (t == tensor.TierNVMe && m.ParamStore == nil) {
+		if !ok || (t == tensor.TierNVMe && m.Stores.Param == nil) {
 			t = tensor.TierCPU
 		}
 		tiers[d.Name] = t
 	}
 	optOpts := s.Optimizer
 	// Pinned memory and disk are sized for a device alignment of at least
-	// 4 KiB, so that a plan made before the stores exist (zinf.PlanModel) gives
-	// the figures zinf.Open enforces.
-	sizing := func(s *swapper.Store) *swapper.Store {
-		if s == nil {
-			return nil
-		}
-		return s.Sizing(swapper.DefaultDiskAlignment)
+	// 4 KiB (StoreGeometry.AlignmentBytes), so that a plan gives the figures
+	// zinf.Open enforces on any device up to it.
+	ps, gs, os, err := m.Stores.sizing()
+	if err != nil {
+		return nil, fmt.Errorf("zinf: swap store geometry: %w", err)
 	}
-	ps, gs, os := sizing(m.ParamStore), sizing(m.GradStore), sizing(m.OptimStore)
 	var bounce int64
 	if mode, _ := gds.ParseMode(s.GDSMode); mode != gds.ModeOff {
 		bo := s.Bounce
@@ -300,7 +305,7 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 			}
 		}
 	}
-	p.Components = Components{Settings: *s, Tiers: tiers, Optimizer: optOpts, Pieces: pcs, NVMeLayers: nvmeLayers,
+	p.Components = Components{Settings: *s, Tiers: tiers, Optimizer: optOpts, Pieces: pcs, NVMeLayers: nvmeLayers, Stores: m.Stores,
 		Pool: buffers.Options{CapacityBytes: res.PoolBytes, MinBufferBytes: int(res.GranuleBytes), Reservations: resv,
 			StallTimeout: s.PinnedStall}}
 	return p, nil

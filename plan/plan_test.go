@@ -12,7 +12,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/plan"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -32,24 +31,11 @@ func nvmeConfig(dir string) *config.Config {
 }
 
 // measured is what a plan takes from the machine, made without touching
-// it: the given bandwidth and the stores' geometry at the default
-// alignment (as zinf.PlanModel sizes them).
+// it: the given bandwidth and the stores' geometry from the settings (as
+// zinf.PlanModel and zinf.Open size them).
 func measured(t *testing.T, in *plan.Inputs, bw plan.Bandwidth) plan.Measured {
 	t.Helper()
-	m := plan.Measured{Bandwidth: bw}
-	var err error
-	if o := in.Settings.ParamStore; o.Paths != nil {
-		if m.ParamStore, err = swapper.SizingStore(o, swapper.DefaultDiskAlignment); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if o := in.Settings.OptimStore; o.Paths != nil {
-		if m.OptimStore, err = swapper.SizingStore(o, swapper.DefaultDiskAlignment); err != nil {
-			t.Fatal(err)
-		}
-		m.GradStore = m.OptimStore
-	}
-	return m
+	return plan.Measured{Bandwidth: bw, Stores: plan.GeometryOf(&in.Settings)}
 }
 
 // TestMakeIsPureAndIsPlanModel: plan.Make is a function of its inputs —
