@@ -79,11 +79,14 @@
 //     the same weights stored out-in give (the logits agree within float32
 //     rounding, not bit for bit). Hugging Face and GGUF weights are
 //     out-in.
-//   - Attention is scalar Go, split by (position, head) over the kernels
-//     pool's workers (Pool.Parallel) when there is enough of it; norms,
-//     RoPE and activations are scalar Go on one goroutine. At long
-//     contexts attention, not the weights, bounds a step. A decoding step
-//     allocates nothing once its scratch has grown.
+//   - Attention is split by (position, head) over the kernels pool's
+//     workers (Pool.Parallel) when there is enough of it; its scores and
+//     weighted sums of values run on the kernels' strided products
+//     (kernels.Dots, kernels.WeightedSum: MatMul's and MatMulInOut's
+//     bits), its softmax, and the norms, RoPE and activations, are
+//     scalar Go, the latter on one goroutine. A layer's queries, keys and
+//     values (and gate and up projections) are one kernels.Pool.MatMuls
+//     call. A decoding step allocates nothing once its scratch has grown.
 //   - A Decoder's results do not depend on the number of workers, nor on
 //     whether the prompt is fed as a prefill or a token at a time: the
 //     same bits (the tests check both).

@@ -134,8 +134,8 @@ type Decoder struct {
 
 	// Scratch, grown on demand and kept.
 	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
-	scores                               [][]float32 // one per worker
-	workers                              int         // goroutines attention is split over
+	attnWork                             []attnWork // one per worker
+	workers                              int        // goroutines attention is split over
 	// shared holds the products of one linears call; sharedW and sharedY
 	// the matrices and outputs it hands kernels.Pool.MatMuls (kept, so
 	// that a step allocates nothing).
@@ -467,18 +467,26 @@ func (d *Decoder) attention(l int) error {
 		work += d.steps * (d.pos[b] + d.steps) * c.Heads * c.HeadDim * 2
 	}
 	workers := min(d.workers, pairs, max(1, work/minAttnWork))
-	for len(d.scores) < workers {
-		d.scores = append(d.scores, nil)
+	for len(d.attnWork) < workers {
+		d.attnWork = append(d.attnWork, attnWork{})
 	}
 	if workers <= 1 {
-		d.scores[0] = d.attend(l, 0, pairs, d.scores[0])
-		return nil
+		return d.attend(l, 0, pairs, &d.attnWork[0])
 	}
 	d.attnL, d.attnPairs, d.attnWorkers = l, pairs, workers
+	var err error
 	if d.pool != nil {
-		return d.pool.Parallel(workers, d.attnChunk)
+		err = d.pool.Parallel(workers, d.attnChunk)
+	} else {
+		err = kernels.Parallel(workers, d.attnChunk)
 	}
-	return kernels.Parallel(workers, d.attnChunk)
+	for w := range workers {
+		if err == nil {
+			err = d.attnWork[w].err
+		}
+		d.attnWork[w].err = nil
+	}
+	return err
 }
 
 // attnChunkOf is chunk w of attention's pairs (d.attnL, d.attnPairs,
@@ -486,7 +494,7 @@ func (d *Decoder) attention(l int) error {
 // kernels' pool allocates nothing.
 func (d *Decoder) attnChunkOf(w int) {
 	lo, hi := d.attnPairs*w/d.attnWorkers, d.attnPairs*(w+1)/d.attnWorkers
-	d.scores[w] = d.attend(d.attnL, lo, hi, d.scores[w])
+	d.attnWork[w].err = d.attend(d.attnL, lo, hi, &d.attnWork[w])
 }
 
 // minAttnWork is the multiply-adds below which another goroutine costs
@@ -494,8 +502,11 @@ func (d *Decoder) attnChunkOf(w int) {
 const minAttnWork = 1 << 16
 
 // attend computes the (row, head) pairs lo..hi-1 of attention with the
-// scratch s, and returns the scratch.
-func (d *Decoder) attend(l, lo, hi int, s []float32) []float32 {
+// worker's scratch aw: the scores and the weighted sum of the values on
+// the kernels' strided products (kernels.Dots, kernels.WeightedSum: the
+// bits of MatMul and MatMulInOut, whatever the kernel), the softmax in
+// between in Go.
+func (d *Decoder) attend(l, lo, hi int, aw *attnWork) error {
 	c := &d.c
 	hd, heads, kvh := c.HeadDim, c.Heads, c.kvHeads()
 	group := heads / kvh
@@ -508,17 +519,18 @@ func (d *Decoder) attend(l, lo, hi int, s []float32) []float32 {
 		p := d.pos[b] + t
 		base := b * cache.stride
 		K, V := cache.lk[l][base:base+cache.stride], cache.lv[l][base:base+cache.stride]
-		s = grow(s, p+1)
+		aw.s = grow(aw.s, p+1)
+		s := aw.s
 		q := d.q[r*qDim+h*hd:][:hd]
 		ko := (h / group) * hd
+		// The scores: the query times each position's key of its kv
+		// head (a position's keys kvDim values apart), on the kernels.
+		if err := kernels.Dots(s, K[ko:], kvDim, p+1, hd, q, &aw.sc); err != nil {
+			return err
+		}
 		m := float32(math.Inf(-1))
 		for j := range s {
-			k := K[j*kvDim+ko:][:hd]
-			var dot float32
-			for i, qi := range q {
-				dot += qi * k[i]
-			}
-			s[j] = dot * scale
+			s[j] *= scale
 			m = max(m, s[j])
 		}
 		var sum float32
@@ -526,18 +538,23 @@ func (d *Decoder) attend(l, lo, hi int, s []float32) []float32 {
 			s[j] = float32(math.Exp(float64(s[j] - m)))
 			sum += s[j]
 		}
-		o := d.o[r*qDim+h*hd:][:hd]
-		clear(o)
 		inv := 1 / sum
 		for j := range s {
-			a := s[j] * inv
-			vj := V[j*kvDim+ko:][:hd]
-			for i := range o {
-				o[i] += a * vj[i]
-			}
+			s[j] *= inv
+		}
+		// The output: the values weighted by the probabilities.
+		if err := kernels.WeightedSum(d.o[r*qDim+h*hd:][:hd], V[ko:], kvDim, p+1, hd, s); err != nil {
+			return err
 		}
 	}
-	return s
+	return nil
+}
+
+// attnWork is one attention worker's scratch and error.
+type attnWork struct {
+	s   []float32 // the scores of one (row, head) pair
+	sc  kernels.Scratch
+	err error
 }
 
 // act applies the activation.
