@@ -300,6 +300,11 @@ type Zinf struct {
 	// (and is rolled back when the step turns out to need clipping or to
 	// overflow). Default auto.
 	Speculate SpeculateMode
+	// PinnedGrads is "pinned_grads": whether gradients the pinned pool
+	// has room for stay in pinned memory through the step, where the
+	// optimizer's update reads them, instead of being written to NVMe
+	// and read back. Default auto.
+	PinnedGrads PinnedGradsMode
 	// OverlapUpdate is "overlap_update": Step returns once the step is
 	// decided and its update goes on in the background, each layer's new
 	// parameters visible as soon as they are written, so the next step's
@@ -558,6 +563,7 @@ func defaults() *Config {
 			Device:          DeviceAuto,
 			WorldSize:       1,
 			Speculate:       SpeculateAuto,
+			PinnedGrads:     PinnedGradsAuto,
 			Schedule:        ScheduleAuto,
 			OptimizerStates: OptimizerStatesFP32,
 			Bandwidth:       Bandwidth{Probe: true, ProbeBytes: 16 * MiB},

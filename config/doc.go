@@ -199,6 +199,9 @@
 //	zinf.schedule                word      "auto"            auto | layer-major | micro-batch-major: the order of a
 //	                                                         step's micro-batches (gradient_accumulation_steps);
 //	                                                         auto = the planner predicts both and picks (see below)
+//	zinf.pinned_grads            word      "auto"            auto | off: keep the gradients the pinned pool has room
+//	                                                         for in pinned memory, where the update reads them: no
+//	                                                         NVMe write-behind nor read-back (see below)
 //	zinf.bandwidth.read_bytes_per_sec
 //	                             size      0                 each NVMe path's read bandwidth per second ("3GB"), 0..100GB;
 //	                                                         set with write_bytes_per_sec or not at all
@@ -363,6 +366,24 @@
 // same bits. "auto" has the planner predict both (NVMe bandwidth, compute
 // per layer, k, the pinned pool) and pick the faster; at k = 1 they are
 // the same order, and auto says micro-batch-major.
+//
+// zinf.pinned_grads: with the optimizer on NVMe, each gradient is written
+// behind to NVMe as the backward pass hands it over and read back by the
+// update: 8 bytes per parameter per step (per micro-batch,
+// micro-batch-major). Under "auto" the planner keeps in pinned memory, for
+// the whole run, the gradients the pool has room for beyond every minimum
+// and the planned prefetch window (taken in the model's order; with every
+// one kept, the write-behind's own minimum is freed for them): the sums
+// stay where the hand-offs add them, the update reads them there, and
+// they never touch NVMe, with any schedule and any number of
+// micro-batches. The results are the same bits as the round trip's (the
+// same float32 sums, read by the same update): a step that must be
+// redone — clipping or an fp16 overflow found after a speculative update,
+// a failed step retried — reads them again from pinned memory, since a
+// gradient is dropped only once its step is committed. Open logs how many
+// stay and, when some do not, the pool that would keep them all; `zinf
+// plan` shows them as "gradients: kept in pinned memory" and counts them
+// in its bytes per parameter. "off" sends every gradient through NVMe.
 //
 // # NVMe bandwidth
 //

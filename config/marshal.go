@@ -166,6 +166,8 @@ type wireZinf struct {
 	PieceBytes    Size          `json:"piece_bytes,omitempty"`
 	PrefetchDepth int           `json:"prefetch_depth"`
 	Speculate     SpeculateMode `json:"speculate"`
+	// PinnedGrads is written only when it is not auto, so files stay as they were.
+	PinnedGrads PinnedGradsMode `json:"pinned_grads,omitempty"`
 	// OverlapUpdate is written only when set, so files stay as they were.
 	OverlapUpdate bool `json:"overlap_update,omitempty"`
 	// Schedule is written only when it is not auto, so files stay as they were.
@@ -279,6 +281,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	}
 	w.Zinf.OptimizerStatesFP32 = zi.OptimizerStatesFP32
 	w.Zinf.Speculate = zi.Speculate
+	if zi.PinnedGrads != PinnedGradsAuto {
+		w.Zinf.PinnedGrads = zi.PinnedGrads
+	}
 	w.Zinf.OverlapUpdate = zi.OverlapUpdate
 	if zi.Schedule != ScheduleAuto {
 		w.Zinf.Schedule = zi.Schedule

@@ -612,6 +612,7 @@ func schema(c *Config) []spec {
 		leaf("optimizer_states", stringInto(&c.Zinf.OptimizerStates)),
 		leaf("optimizer_states_fp32", stringsInto(&c.Zinf.OptimizerStatesFP32)),
 		leaf("speculate", stringInto(&c.Zinf.Speculate)),
+		leaf("pinned_grads", stringInto(&c.Zinf.PinnedGrads)),
 		leaf("overlap_update", boolInto(&c.Zinf.OverlapUpdate)),
 		leaf("schedule", stringInto(&c.Zinf.Schedule)),
 		section("bandwidth",

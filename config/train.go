@@ -126,6 +126,23 @@ type Scheduler struct {
 	DecayMomRate float64
 }
 
+// PinnedGradsMode is the "zinf.pinned_grads" policy: whether gradients
+// stay in pinned memory through the step when the pool has room for them.
+type PinnedGradsMode string
+
+// The pinned-gradient policies.
+const (
+	// PinnedGradsAuto keeps in pinned memory, for the whole step, the
+	// gradients the pool has room for beyond every minimum and the planned
+	// prefetch window: the optimizer's update reads them there, and they are
+	// never written to NVMe nor read back. The others take the NVMe round
+	// trip; Open logs how many stay and what pool keeps them all.
+	PinnedGradsAuto PinnedGradsMode = "auto"
+	// PinnedGradsOff writes every gradient behind to NVMe and reads it back
+	// at the update (the layout before zinf.pinned_grads).
+	PinnedGradsOff PinnedGradsMode = "off"
+)
+
 // SpeculateMode is the "zinf.speculate" policy: whether, with
 // gradient_clipping or fp16 on, each layer's optimizer update still starts
 // during the backward pass before the global gradient norm and overflow
@@ -449,6 +466,7 @@ func (c *Config) validateTraining(k *checker) {
 		nonNeg(p+"decay_mom_rate", s.DecayMomRate)
 	}
 	k.enum("zinf.speculate", string(c.Zinf.Speculate))
+	k.enum("zinf.pinned_grads", string(c.Zinf.PinnedGrads))
 	k.enum("zinf.schedule", string(c.Zinf.Schedule))
 	k.enum("zinf.optimizer_states", string(c.Zinf.OptimizerStates))
 	for _, p := range c.Zinf.OptimizerStatesFP32 {

@@ -221,6 +221,7 @@ var enumValues = map[string][]string{
 	"zinf.gds":                     {string(GDSOff), string(GDSAuto), string(GDSRequired)},
 	"zinf.device":                  {string(DeviceAuto), string(DeviceSim), string(DeviceCUDA)},
 	"zinf.speculate":               {string(SpeculateAuto), string(SpeculateAlways), string(SpeculateNever)},
+	"zinf.pinned_grads":            {string(PinnedGradsAuto), string(PinnedGradsOff)},
 	"zinf.schedule":                {string(ScheduleAuto), string(ScheduleLayerMajor), string(ScheduleMicroBatchMajor)},
 	"zinf.optimizer_states":        {string(OptimizerStatesFP32), string(OptimizerStatesBF16), string(OptimizerStates8Bit)},
 	"zinf.kv_cache.device":         {string(KVCacheAuto), string(KVCacheMemory), string(KVCacheCPU), string(KVCacheNVMe)},
