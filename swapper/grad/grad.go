@@ -40,6 +40,13 @@ type Options struct {
 	// KeepInCPUBytes keeps gradients in pinned memory instead of NVMe
 	// while the budget allows, in registration order. Default 0.
 	KeepInCPUBytes int64
+	// Keep names gradients kept in pinned memory whatever KeepInCPUBytes
+	// says (the runtime's zinf.pinned_grads: the set the planner found room
+	// for, by name, so that the order of registration does not change
+	// it). A kept gradient holds its buffer from Register on, is never
+	// written to the store nor read back from it, and is not cut into
+	// pieces. Default nil: KeepInCPUBytes alone decides.
+	Keep func(name string) bool
 	// KeyPrefix prefixes a gradient's name to form its store key. Default
 	// DefaultKeyPrefix ("grad/").
 	KeyPrefix string
@@ -120,6 +127,10 @@ type Stats struct {
 	PinnedBytes int64 // pinned memory held now (kept gradients, copies awaiting their write)
 	KeptBytes   int64 // KeepInCPUBytes budget given to kept gradients
 	Pending     int   // write-behinds in flight
+	// KeptNamed and KeptNamedBytes count the gradients Options.Keep kept
+	// in pinned memory and their bytes (4 per element).
+	KeptNamed      int
+	KeptNamedBytes int64
 }
 
 // tensor is one gradient partition. Its mutable fields are guarded by
@@ -211,7 +222,8 @@ func (s *Swapper) Register(name string, numel int) error {
 	}
 	t := &tensor{name: name, key: s.opts.KeyPrefix + name, n: numel, bytes: 4 * numel, op: make(chan struct{}, 1)}
 	size := s.bufSize(t)
-	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems {
+	named := s.store != nil && numel > 0 && s.opts.Keep != nil && s.opts.Keep(name)
+	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems && !named {
 		size = min(size, int(s.store.PaddedLen(4*int64(s.opts.PieceElems))))
 	}
 	if maxBuf := s.pool.MaxBufferBytesFor(buffers.PurposeGradients); size > maxBuf {
@@ -225,7 +237,21 @@ func (s *Swapper) Register(name string, numel int) error {
 	if _, dup := s.tensors[name]; dup {
 		return fmt.Errorf("grad: register %q: already registered", name)
 	}
-	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems && int64(t.bytes)+s.kept > s.opts.KeepInCPUBytes {
+	var namedBuf *buffers.Buffer
+	if named {
+		// Kept by name: its buffer is taken now, like any kept gradient's.
+		// Without room (a pool smaller than the one the set was chosen
+		// for) it takes the store's round trip instead, and says so.
+		b, ok := s.pool.TryAcquire(s.bufSize(t), buffers.PurposeGradients)
+		if !ok {
+			s.opts.Logger.Warn("grad: no room in the pinned pool to keep this gradient in memory; it is written to the store and read back",
+				"tensor", name, "bytes", s.bufSize(t), "free", s.pool.Stats().FreeBytes)
+			named = false
+		} else {
+			namedBuf = b
+		}
+	}
+	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems && !named && int64(t.bytes)+s.kept > s.opts.KeepInCPUBytes {
 		for lo, k := 0, 0; lo < numel; lo, k = lo+s.opts.PieceElems, k+1 {
 			n := min(s.opts.PieceElems, numel-lo)
 			t.pieces = append(t.pieces, &tensor{name: name, key: fmt.Sprintf("%s#%d", t.key, k), n: n, bytes: 4 * n, lo: lo, op: make(chan struct{}, 1)})
@@ -235,12 +261,14 @@ func (s *Swapper) Register(name string, numel int) error {
 		return nil
 	}
 	keptBudget := false
-	if s.store == nil {
+	if s.store == nil || named {
 		t.keep = true
 	} else if t.bytes > 0 && s.kept+int64(t.bytes) <= s.opts.KeepInCPUBytes {
 		t.keep, keptBudget = true, true
 	}
-	if t.keep && t.n > 0 {
+	if named {
+		t.buf = namedBuf
+	} else if t.keep && t.n > 0 {
 		// A kept gradient's buffer is taken now, in registration order,
 		// before any write-behind buffer comes and goes: taken later, it
 		// could land in the middle of the free memory and split the block
@@ -255,6 +283,10 @@ func (s *Swapper) Register(name string, numel int) error {
 	}
 	if keptBudget {
 		s.kept += int64(t.bytes)
+	}
+	if named {
+		s.stats.KeptNamed++
+		s.stats.KeptNamedBytes += int64(t.bytes)
 	}
 	s.tensors[name] = t
 	return nil
