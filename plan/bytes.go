@@ -26,6 +26,26 @@ type StepBytes struct {
 	StateRead, StateWrite float64
 }
 
+// KeepGrads is b with a fraction kept (0 to 1) of the gradient elements
+// kept in pinned memory for the whole step (zinf.pinned_grads,
+// Reservations.GradKept): those are neither written to NVMe nor read
+// back, whatever the schedule.
+func (b StepBytes) KeepGrads(kept float64) StepBytes {
+	kept = min(max(kept, 0), 1)
+	b.GradWrite *= 1 - kept
+	b.GradRead *= 1 - kept
+	return b
+}
+
+// GradKeptFraction is the fraction of the gradient elements that r keeps
+// in pinned memory (StepBytes.KeepGrads); 0 when none go to a store.
+func (r Reservations) GradKeptFraction() float64 {
+	if r.GradElems == 0 {
+		return 0
+	}
+	return float64(r.GradKeptElems) / float64(r.GradElems)
+}
+
 // Total is the sum of every kind.
 func (b StepBytes) Total() float64 {
 	return b.ParamRead + b.ParamWrite + b.GradWrite + b.GradRead + b.StateRead + b.StateWrite
@@ -66,8 +86,26 @@ func StepBytesPerParam(cfg *config.Config, f optimizer.StateFormat, micro int, s
 
 // WriteStepBytes prints, as `zinf plan` does, the NVMe bytes per
 // parameter per step of cfg's configuration as pl places it, and of the
-// same configuration with fp32 optimizer states when cfg's are narrower.
+// same configuration with fp32 optimizer states when cfg's are narrower,
+// every gradient taking the NVMe round trip (WritePlanStepBytes counts
+// the gradients a plan keeps in pinned memory).
 func WriteStepBytes(w io.Writer, cfg *config.Config, pl *policy.Placement) {
+	writeStepBytes(w, cfg, pl, 0)
+}
+
+// WritePlanStepBytes is WriteStepBytes for p, whose reservations may keep
+// gradients in pinned memory (zinf.pinned_grads): its first line counts
+// them as kept; when some are, the last line is today's configuration
+// without them (fp32 states, every gradient to NVMe and back).
+func WritePlanStepBytes(w io.Writer, cfg *config.Config, p *Plan) {
+	if p == nil {
+		writeStepBytes(w, cfg, nil, 0)
+		return
+	}
+	writeStepBytes(w, cfg, p.Placement, p.Reservations.GradKeptFraction())
+}
+
+func writeStepBytes(w io.Writer, cfg *config.Config, pl *policy.Placement, kept float64) {
 	micro, schedule := 1, policy.ScheduleLayerMajor
 	if pl != nil {
 		micro, schedule = max(pl.MicroBatches, 1), pl.Schedule
@@ -78,8 +116,15 @@ func WriteStepBytes(w io.Writer, cfg *config.Config, pl *policy.Placement) {
 			label, b.Total(), b.ParamRead, b.ParamWrite, b.GradWrite, b.GradRead, b.StateRead, b.StateWrite)
 	}
 	fmt.Fprintf(w, "\nnvme bytes per parameter per step (%s, k=%d; padding and checksums aside):\n", schedule, micro)
-	line(fmt.Sprintf("optimizer states %s:", f), StepBytesPerParam(cfg, f, micro, schedule))
-	if f != optimizer.FormatFP32 {
+	label := fmt.Sprintf("optimizer states %s:", f)
+	if kept > 0 {
+		label = fmt.Sprintf("states %s, grads pinned:", f)
+		if kept < 1 {
+			label = fmt.Sprintf("states %s, %.0f%% grads pinned:", f, 100*kept)
+		}
+	}
+	line(label, StepBytesPerParam(cfg, f, micro, schedule).KeepGrads(kept))
+	if f != optimizer.FormatFP32 || kept > 0 {
 		line("optimizer states fp32:", StepBytesPerParam(cfg, optimizer.FormatFP32, micro, schedule))
 	}
 }

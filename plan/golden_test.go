@@ -139,7 +139,7 @@ func goldenPlan(inputs string) (string, error) {
 	if err := p.WriteText(&b); err != nil {
 		return "", err
 	}
-	plan.WriteStepBytes(&b, cfg, p.Placement)
+	plan.WritePlanStepBytes(&b, cfg, p)
 	return b.String(), nil
 }
 

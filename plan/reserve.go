@@ -48,6 +48,21 @@ type Reservations struct {
 	// It comes from what the pool has beyond every minimum and the planned
 	// prefetch window, at most half of that; 0 at the minimum pool.
 	GradExtraBytes int64
+	// GradKept names the gradients that stay in pinned memory for the
+	// whole run (zinf.pinned_grads auto), in the model's order: the
+	// optimizer's update reads them there, so they are never written to
+	// NVMe nor read back. They are those the pool has room for beyond
+	// every minimum and the planned prefetch window, taken in the
+	// model's order (a gradient too large for what is left is passed
+	// over); their buffers, GradKeptBytes, are part of GradBytes.
+	// GradKeptElems of GradElems gradient elements stay (GradElems counts
+	// every gradient that would otherwise go to NVMe); GradKeptNote says,
+	// when some do not, why and what pool keeps them all. Empty without
+	// a gradient store (gradients then never leave pinned memory anyway).
+	GradKept                 []string
+	GradKeptBytes            int64
+	GradKeptElems, GradElems int64
+	GradKeptNote             string
 	// GradInFlight is how many of the largest gradient's write-behinds the
 	// gradient reservation holds at once beyond the gradients it keeps (1
 	// at the minimum; 0 when every gradient stays in pinned memory).
@@ -110,11 +125,22 @@ func (r Reservations) rows() []policy.PinnedRow {
 	}
 	return []policy.PinnedRow{
 		{What: params, Bytes: r.ParamsBytes()},
-		{What: "gradients: write-behind", Bytes: r.GradBytes},
+		{What: gradRow(r), Bytes: r.GradBytes},
 		{What: "optimizer: step pipeline", Bytes: r.OptimizerBytes},
 		{What: "staging: device copies", Bytes: r.StagingBytes},
 		{What: "collectives: gathered layers", Bytes: r.GatherBytes},
 	}
+}
+
+// gradRow names the gradient reservation in the placement table.
+func gradRow(r Reservations) string {
+	switch {
+	case r.GradKeptBytes == 0:
+		return "gradients: write-behind"
+	case r.GradKeptElems == r.GradElems:
+		return "gradients: kept in pinned memory"
+	}
+	return "gradients: kept + write-behind"
 }
 
 // String lists the reservations, one per line.
@@ -127,10 +153,17 @@ func (r Reservations) String() string {
 	line("params: cpu tier (current + staged)", r.ParamResidentBytes)
 	line("params: staged updates to nvme", r.ParamStageBytes)
 	line("params: prefetch window (+ max_in_cpu)", r.PrefetchBytes)
-	if r.GradInFlight > 1 {
-		fmt.Fprintf(&sb, "  %-38s %s (%d in flight)\n", "gradients: write-behind", config.Size(r.GradBytes), r.GradInFlight)
-	} else {
-		line("gradients: write-behind", r.GradBytes)
+	if r.GradKeptBytes > 0 {
+		line("gradients: kept in pinned memory", r.GradKeptBytes)
+	}
+	switch wb := r.GradBytes - r.GradKeptBytes; {
+	case r.GradInFlight > 1:
+		fmt.Fprintf(&sb, "  %-38s %s (%d in flight)\n", "gradients: write-behind", config.Size(wb), r.GradInFlight)
+	case wb > 0 || r.GradKeptBytes == 0:
+		line("gradients: write-behind", wb)
+	}
+	if r.GradKeptNote != "" {
+		fmt.Fprintf(&sb, "  %-38s %s\n", "", r.GradKeptNote)
 	}
 	line("optimizer: step pipeline", r.OptimizerBytes)
 	line("staging: device copies, bounce path", r.StagingBytes)
@@ -400,9 +433,40 @@ func reserve(in reservationInput) Reservations {
 	if in.gather {
 		r.GatherBytes = GatherSlots * gatherLayerBytes(in.mi, elem, span)
 	}
+	if !in.inference && in.gradStore != nil {
+		for _, n := range parts {
+			r.GradElems += int64(n)
+		}
+		keepGrads(&r, in, parts, span, 0) // the note, while nothing is spare
+	}
 	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes + r.GatherBytes
 	if r.PoolBytes > r.MinPoolBytes {
 		left := r.PoolBytes - r.MinPoolBytes
+		if !in.inference && in.gradStore != nil {
+			// Gradients kept in pinned memory come first (each saves its
+			// write-behind and read-back, 8 bytes per element per step),
+			// from what is left beyond the planned prefetch window.
+			spare := left - int64(max(in.prefetch, 0))*r.ParamDemandBytes
+			keepGrads(&r, in, parts, span, spare)
+			if r.GradKeptElems < r.GradElems && r.GradElems > 0 {
+				// With every gradient kept, the write-behind's minimum
+				// (and a layer-major step's held sums) is not needed:
+				// its memory counts as spare for them.
+				keepGrads(&r, in, parts, span, spare+r.GradBytes)
+				if r.GradKeptElems < r.GradElems {
+					keepGrads(&r, in, parts, span, spare)
+				}
+			}
+			left -= r.GradKeptBytes
+			if r.GradElems > 0 && r.GradKeptElems == r.GradElems {
+				// Nothing is written behind: no write-behind buffer, none
+				// in flight.
+				left += r.GradBytes
+				r.GradBytes, r.GradInFlight, r.GradHeldLayer = 0, 0, -1
+				gradBuf = 0
+			}
+			r.GradBytes += r.GradKeptBytes
+		}
 		// Beyond the planned prefetch window, up to half of what is left
 		// lets more gradient write-behinds be in flight.
 		if spare := left - int64(max(in.prefetch, 0))*r.ParamDemandBytes; gradBuf > 0 && spare > 0 {
@@ -420,6 +484,38 @@ func reserve(in reservationInput) Reservations {
 		}
 	}
 	return r
+}
+
+// keepGrads chooses the gradients that stay in pinned memory
+// (Reservations.GradKept) from spare pool bytes: in the model's order,
+// each whose buffer (as the gradient swapper takes it: padded to the
+// store's alignment, counted in pool blocks) still fits. It sets
+// GradKeptNote when some gradients take the NVMe round trip.
+func keepGrads(r *Reservations, in reservationInput, parts []int, span func(int64) int64, spare int64) {
+	r.GradKept, r.GradKeptBytes, r.GradKeptElems, r.GradKeptNote = nil, 0, 0, ""
+	if in.cfg.Zinf.PinnedGrads == config.PinnedGradsOff {
+		if r.GradElems > 0 {
+			r.GradKeptNote = "zinf.pinned_grads \"off\": every gradient is written to NVMe and read back by the update"
+		}
+		return
+	}
+	var all int64
+	for i, n := range parts {
+		if n <= 0 {
+			continue
+		}
+		b := span(in.gradStore.PaddedLen(4 * int64(n)))
+		all += b
+		if b <= spare-r.GradKeptBytes {
+			r.GradKept = append(r.GradKept, in.mi.Descs[i].Name)
+			r.GradKeptBytes += b
+			r.GradKeptElems += int64(n)
+		}
+	}
+	if r.GradKeptElems < r.GradElems {
+		r.GradKeptNote = fmt.Sprintf("zinf.pinned_grads: %.0f%% of the gradients stay in pinned memory (%s of %s); the rest go to NVMe and back: a pool %s larger keeps them all",
+			100*float64(r.GradKeptElems)/float64(r.GradElems), config.Size(r.GradKeptBytes), config.Size(all), config.Size(max(all-max(spare, 0), 0)))
+	}
 }
 
 // GradExtraWriteBehinds is the most gradient write-behinds in flight that

@@ -98,7 +98,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	writeHideIO(stdout, p.Placement)
-	plan.WriteStepBytes(stdout, cfg, p.Placement)
+	plan.WritePlanStepBytes(stdout, cfg, p)
 	if kvSeq > 0 {
 		layerBytes := 2 * int64(max(m.Batch, 1)) * int64(kvSeq) * int64(m.Width) * int64(m.DType.Size())
 		kp, err := plan.ForKVCache(cfg, m.Layers, layerBytes)
