@@ -110,10 +110,11 @@ func (r *Runtime) build(pl *plan.Plan, opts Options) (err error) {
 	r.grads, err = grad.New(grad.Options{Store: r.GradStore, Pool: r.pool, Logger: log, SumSquares: r.train.checks, PieceElems: r.pieces.GradElems,
 		// Step flushes the gradients before it commits, so a write-behind
 		// failure that a served read could not report still aborts it.
-		ServeWhileWriting: true})
+		ServeWhileWriting: true, Keep: r.gradKeep()})
 	if err != nil {
 		return fmt.Errorf("zinf: gradient swapper: %w", err)
 	}
+	r.logPinnedGrads(log)
 	optOpts := p.Optimizer
 	optOpts.Logger = log
 	optOpts.Store, optOpts.Pool, optOpts.Grads = r.OptimStore, r.pool, r.grads

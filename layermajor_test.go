@@ -45,6 +45,7 @@ func scheduleCase(t *testing.T, rule string, k int, layerMajor bool) *stepCase {
 	cfg := config.Default()
 	cfg.SetScratchDir(t.TempDir())
 	cfg.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+	cfg.Zinf.PinnedGrads = config.PinnedGradsOff   // the gradients' NVMe round trip is what these tests count
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0 // every swap-in reads NVMe
 	cfg.ZeroOptimization.SubGroupSize = 1000
 	cfg.Optimizer.LR, cfg.Optimizer.WeightDecay = 0.01, 0.01

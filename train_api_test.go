@@ -329,6 +329,7 @@ func TestGradientServedWhileWriting(t *testing.T) {
 	run := func(rule *faults.Rule, failOnce bool) (zinf.Metrics, []float32) {
 		c, _ := testConfig(t)
 		c.Zinf.Tiers.CPUPinnedBytes = 32 << 20
+		c.Zinf.PinnedGrads = config.PinnedGradsOff // the write-behind is what is served
 		inj := faults.New(1)
 		ctx, rt, m := openTwoLayers(t, c, zinf.Options{Faults: inj})
 		defer rt.Close()
@@ -403,6 +404,7 @@ func TestGradientWriteBehindsInFlight(t *testing.T) {
 		t.Helper()
 		c, _ := testConfig(t)
 		c.Zinf.Tiers.CPUPinnedBytes = config.Size(pool)
+		c.Zinf.PinnedGrads = config.PinnedGradsOff // the write-behinds are what is measured
 		inj := faults.New(1)
 		m := twoEqualLayers()
 		rt, err := zinf.Open(c, m, zinf.Options{Faults: inj})

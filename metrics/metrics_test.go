@@ -25,6 +25,7 @@ func open(t *testing.T) (*zinf.Runtime, zinf.Model) {
 	cfg := config.Default()
 	cfg.SetScratchDir(t.TempDir())
 	cfg.Zinf.Tiers.CPUPinnedBytes = 16 << 20
+	cfg.Zinf.PinnedGrads = config.PinnedGradsOff // every store's series moves
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	model := zinf.LayeredModel(
 		[]tensor.Desc{{Name: "l0.w", Shape: []int{128, 64}}, {Name: "l0.b", Shape: []int{128}}},

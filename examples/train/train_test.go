@@ -285,6 +285,9 @@ func TestENOSPCDuringStep(t *testing.T) {
 				c.Zinf.WorldSize = 2
 				c.Zinf.PipelineDepth = 2
 				c.Zinf.OverlapUpdate = tc.update
+				if target == "/zinf-grad-" {
+					c.Zinf.PinnedGrads = config.PinnedGradsOff // a fault in the gradients' NVMe round trip
+				}
 				if tc.clip {
 					// Speculative steps during the fault, some rolled back.
 					c.GradientClipping = 0.02
@@ -448,6 +451,9 @@ func TestStepNumbersAgree(t *testing.T) {
 	for _, target := range []string{"/zinf-optim-", "/zinf-grad-", "/zinf-param-"} {
 		t.Run(strings.Trim(target, "/-"), func(t *testing.T) {
 			cfg := testConfig(t, nil)
+			if target == "/zinf-grad-" {
+				cfg.Zinf.PinnedGrads = config.PinnedGradsOff // a fault in the gradients' NVMe round trip
+			}
 			inj := faults.New(7)
 			_, be := setup(t, cfg, smallSpec, zinf.Options{Faults: inj})
 			const faultAt = 3 // counted from 1
