@@ -3,7 +3,9 @@ package zgomlx
 import (
 	"context"
 	"fmt"
+	"slices"
 
+	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
@@ -25,8 +27,11 @@ type headExec struct {
 	// gradient.
 	block, dl *slot
 	pool      *slotPool
-	parts     []*tensors.Tensor // the blocks' dh, summed last first
-	grad32    []float32
+	grad32    []float32 // a block's gradient widened to fp32
+	sum       []float32 // a block's gradient summed over micro-batches
+	// hold, during a layer-major step's backward pass, keeps the head's
+	// gradient of the rows the step's lookups name (headHold).
+	hold *headHold
 }
 
 func newHeadExec(ex *executors, hd *BlockedHead) (*headExec, error) {
@@ -97,128 +102,296 @@ func (he *headExec) blocks(ctx context.Context, src paramSource, fn func(row, ro
 	})
 }
 
-// forward computes the logits [..., vocab] of h block by block into a
-// new tensor (the caller's).
+// headForward computes the logits [..., vocab] of h block by block into
+// a new tensor (the caller's).
 func (lp *loop) headForward(ctx context.Context, h *tensors.Tensor) (*tensors.Tensor, error) {
+	outs, err := lp.headForwardAll(ctx, []*tensors.Tensor{h})
+	if err != nil {
+		return nil, err
+	}
+	return outs[0], nil
+}
+
+// headForwardAll computes the logits of every micro-batch's h (a
+// layer-major step's k) in one read of the table: each block, once in
+// its buffer, serves every h in turn. Each block's logits are the same
+// executor call on the same bytes as for one h alone, so the logits are
+// the same bits.
+func (lp *loop) headForwardAll(ctx context.Context, hs []*tensors.Tensor) ([]*tensors.Tensor, error) {
 	he := lp.ex.head
 	vocab := he.table.Shape.Dimensions[0]
-	dims := append(h.Shape().Dimensions[:h.Rank()-1:h.Rank()-1], vocab)
-	out, err := tensors.FromShapeForBackend(lp.ex.backend, 0, shapes.Make(h.DType(), dims...))
-	if err != nil {
-		return nil, err
-	}
-	_, ob, err := layerexec.Shared(lp.ex.backend, out)
-	if err != nil {
-		layerexec.Finalize(out)
-		return nil, err
-	}
-	es := h.DType().Size()
-	lead := h.Shape().Size() / h.Shape().Dim(-1)
-	err = he.blocks(ctx, lp.src, func(row, rows int) error {
-		l, err := lp.call1(he.fwd, h, he.block.t)
-		if err != nil {
-			return fmt.Errorf("zgomlx: head block at row %d: %w", row, err)
+	outs := make([]*tensors.Tensor, len(hs))
+	obs := make([][]byte, len(hs))
+	for m, h := range hs {
+		dims := append(h.Shape().Dimensions[:h.Rank()-1:h.Rank()-1], vocab)
+		out, err := tensors.FromShapeForBackend(lp.ex.backend, 0, shapes.Make(h.DType(), dims...))
+		if err == nil {
+			outs[m] = out
+			_, obs[m], err = layerexec.Shared(lp.ex.backend, out)
 		}
-		defer layerexec.Finalize(l[0])
-		_, lb, err := layerexec.Shared(lp.ex.backend, l[0])
 		if err != nil {
-			return err
+			finalizeAll(outs)
+			return nil, err
 		}
-		for t := range lead {
-			copy(ob[(t*vocab+row)*es:(t*vocab+row+rows)*es], lb[t*he.hd.Rows*es:(t*he.hd.Rows+rows)*es])
+	}
+	err := he.blocks(ctx, lp.src, func(row, rows int) error {
+		for m, h := range hs {
+			l, err := lp.call1(he.fwd, h, he.block.t)
+			if err != nil {
+				return fmt.Errorf("zgomlx: head block at row %d: %w", row, err)
+			}
+			_, lb, err := layerexec.Shared(lp.ex.backend, l[0])
+			if err != nil {
+				layerexec.Finalize(l[0])
+				return err
+			}
+			es := h.DType().Size()
+			lead := h.Shape().Size() / h.Shape().Dim(-1)
+			ob := obs[m]
+			for t := range lead {
+				copy(ob[(t*vocab+row)*es:(t*vocab+row+rows)*es], lb[t*he.hd.Rows*es:(t*he.hd.Rows+rows)*es])
+			}
+			layerexec.Finalize(l[0])
 		}
 		return nil
 	})
 	if err != nil {
-		layerexec.Finalize(out)
+		finalizeAll(outs)
 		return nil, err
 	}
-	return out, nil
+	return outs, nil
 }
 
 // headBackward hands over the table's gradient block by block and
 // returns h's gradient (the caller's), the blocks' parts added last
 // block first.
 func (lp *loop) headBackward(ctx context.Context, h, dlogits *tensors.Tensor) (*tensors.Tensor, error) {
+	dhs, err := lp.headBackwardAll(ctx, []*tensors.Tensor{h}, []*tensors.Tensor{dlogits})
+	if err != nil {
+		return nil, err
+	}
+	return dhs[0], nil
+}
+
+// headBackwardAll is the head's backward pass for every micro-batch (h
+// and its logits' gradient) in one read of the table; it returns each
+// h's gradient (the caller's). Per block, the micro-batches' table
+// gradients are added in micro-batch order (the first one copied) and
+// handed over once: zinf adds that sum to its +0 start, which gives the
+// bits of adding them one by one from +0, as the micro-batch-major order
+// does — for the rows no lookup of the step names. The rows a lookup
+// names (he.hold, a layer-major step) get other terms between the
+// micro-batches' (the lookup's gradient of each micro-batch), so their
+// head gradients are kept per micro-batch and handed over with the
+// lookup's, in that order (mergeLookup). Each micro-batch's dh sums its
+// blocks' parts last block first, as GoMLX's autodiff sums the
+// reference's.
+func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) ([]*tensors.Tensor, error) {
 	he := lp.ex.head
 	v := he.table
 	vocab, d := v.Shape.Dimensions[0], v.Shape.Dimensions[1]
 	B := he.hd.Rows
-	if h.DType() != dtypes.Float32 || dlogits.DType() != dtypes.Float32 {
-		return nil, fmt.Errorf("zgomlx: Net.Head: the last layer's output is %s, its gradient %s (allowed: Float32, whose blocks' gradients the head adds in Go as GoMLX does)", h.DType(), dlogits.DType())
+	for m, h := range hs {
+		if h.DType() != dtypes.Float32 || dls[m].DType() != dtypes.Float32 {
+			return nil, fmt.Errorf("zgomlx: Net.Head: the last layer's output is %s, its gradient %s (allowed: Float32, whose blocks' gradients the head adds in Go as GoMLX does)", h.DType(), dls[m].DType())
+		}
 	}
-	lead := h.Shape().Size() / h.Shape().Dim(-1)
-	dims := append(h.Shape().Dimensions[:h.Rank()-1:h.Rank()-1], B)
-	dlb, err := he.buffer(&he.dl, shapes.Make(dlogits.DType(), dims...))
-	if err != nil {
-		return nil, err
+	dbs := make([][]byte, len(hs))
+	for m, dl := range dls {
+		var err error
+		if _, dbs[m], err = layerexec.Shared(lp.ex.backend, dl); err != nil {
+			return nil, err
+		}
 	}
-	_, db, err := layerexec.Shared(lp.ex.backend, dlogits)
-	if err != nil {
-		return nil, err
-	}
-	es := dlogits.DType().Size()
+	parts := make([][]*tensors.Tensor, len(hs))
 	defer func() {
-		finalizeAll(he.parts)
-		he.parts = he.parts[:0]
+		for _, p := range parts {
+			finalizeAll(p)
+		}
 	}()
-	err = he.blocks(ctx, lp.src, func(row, rows int) error {
-		clear(dlb.bytes)
-		for t := range lead {
-			copy(dlb.bytes[t*B*es:(t*B+rows)*es], db[(t*vocab+row)*es:(t*vocab+row+rows)*es])
-		}
-		outs, err := lp.call1(he.bwd, h, he.block.t, dlb.t)
-		if err != nil {
-			return fmt.Errorf("zgomlx: backward of the head block at row %d: %w", row, err)
-		}
-		he.parts = append(he.parts, outs[0])
-		defer layerexec.Finalize(outs[1])
-		_, gb, err := layerexec.Shared(lp.ex.backend, outs[1])
-		if err != nil {
-			return err
-		}
+	if cap(he.sum) < B*d {
+		he.sum = make([]float32, B*d)
+	}
+	hold := he.hold
+	err := he.blocks(ctx, lp.src, func(row, rows int) error {
 		n := rows * d
-		var g []float32
-		if v.dtype == swapper.Float32 {
-			g = buffers.Float32Bytes(gb)[:n]
-		} else {
-			if cap(he.grad32) < n {
-				he.grad32 = make([]float32, n)
-			}
-			g = he.grad32[:n]
-			swapper.Decode(v.dtype, g, gb[:n*v.dtype.Size()])
+		sum := he.sum[:n]
+		// The rows of the hold in this block: hold.rows[h0:h1].
+		var h0, h1 int
+		if hold != nil {
+			h0, _ = slices.BinarySearch(hold.rows, row)
+			h1, _ = slices.BinarySearch(hold.rows, row+rows)
 		}
-		if err := lp.src.gradRange(ctx, v, row*d, g); err != nil {
-			return fmt.Errorf("zgomlx: gradient of %q rows [%d, %d): %w", v.Name, row, row+rows, err)
+		for m, h := range hs {
+			lead := h.Shape().Size() / h.Shape().Dim(-1)
+			dims := append(h.Shape().Dimensions[:h.Rank()-1:h.Rank()-1], B)
+			dlb, err := he.buffer(&he.dl, shapes.Make(dls[m].DType(), dims...))
+			if err != nil {
+				return err
+			}
+			es := dls[m].DType().Size()
+			db := dbs[m]
+			clear(dlb.bytes)
+			for t := range lead {
+				copy(dlb.bytes[t*B*es:(t*B+rows)*es], db[(t*vocab+row)*es:(t*vocab+row+rows)*es])
+			}
+			outs, err := lp.call1(he.bwd, h, he.block.t, dlb.t)
+			if err != nil {
+				return fmt.Errorf("zgomlx: backward of the head block at row %d: %w", row, err)
+			}
+			parts[m] = append(parts[m], outs[0])
+			_, gb, err := layerexec.Shared(lp.ex.backend, outs[1])
+			if err != nil {
+				layerexec.Finalize(outs[1])
+				return err
+			}
+			var g []float32
+			if v.dtype == swapper.Float32 {
+				g = buffers.Float32Bytes(gb)[:n]
+			} else {
+				if cap(he.grad32) < n {
+					he.grad32 = make([]float32, n)
+				}
+				g = he.grad32[:n]
+				swapper.Decode(v.dtype, g, gb[:n*v.dtype.Size()])
+			}
+			for i := h0; i < h1; i++ {
+				r := hold.rows[i] - row
+				copy(hold.parts[m][i*d:(i+1)*d], g[r*d:(r+1)*d])
+			}
+			if m == 0 {
+				copy(sum, g)
+			} else {
+				addInto32(sum, g)
+			}
+			layerexec.Finalize(outs[1])
+		}
+		// The block's sum, less the held rows.
+		lo := row
+		for i := h0; i <= h1; i++ {
+			hi := row + rows
+			if i < h1 {
+				hi = hold.rows[i]
+			}
+			if hi > lo {
+				if err := lp.src.gradRange(ctx, v, lo*d, sum[(lo-row)*d:(hi-row)*d]); err != nil {
+					return fmt.Errorf("zgomlx: gradient of %q rows [%d, %d): %w", v.Name, lo, hi, err)
+				}
+			}
+			lo = hi + 1
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	// h's gradient: the last block's part, then the others added in
+	// Each h's gradient: the last block's part, then the others added in
 	// reverse block order, as GoMLX's autodiff sums the reference's.
-	nb := len(he.parts)
-	dh := he.parts[nb-1]
-	he.parts = he.parts[:nb-1]
-	_, hb, err := layerexec.Shared(lp.ex.backend, dh)
-	if err != nil {
-		layerexec.Finalize(dh)
-		return nil, err
-	}
-	acc := buffers.Float32Bytes(hb)
-	for i := len(he.parts) - 1; i >= 0; i-- {
-		_, pb, err := layerexec.Shared(lp.ex.backend, he.parts[i])
+	dhs := make([]*tensors.Tensor, len(hs))
+	for m, ps := range parts {
+		nb := len(ps)
+		dh := ps[nb-1]
+		_, hb, err := layerexec.Shared(lp.ex.backend, dh)
 		if err != nil {
-			layerexec.Finalize(dh)
+			finalizeAll(dhs)
 			return nil, err
 		}
-		p := buffers.Float32Bytes(pb)[:len(acc)]
-		for j := range acc {
-			acc[j] = acc[j] + p[j]
+		parts[m] = ps[:nb-1]
+		dhs[m] = dh
+		acc := buffers.Float32Bytes(hb)
+		for i := nb - 2; i >= 0; i-- {
+			_, pb, err := layerexec.Shared(lp.ex.backend, ps[i])
+			if err != nil {
+				finalizeAll(dhs)
+				return nil, err
+			}
+			addInto32(acc, buffers.Float32Bytes(pb)[:len(acc)])
 		}
 	}
-	return dh, nil
+	return dhs, nil
+}
+
+// addInto32 adds g to acc element by element in float32.
+func addInto32(acc, g []float32) {
+	acc = acc[:len(g)]
+	for i, x := range g {
+		acc[i] = acc[i] + x
+	}
+}
+
+// headHold is a layer-major step's hold on the rows of the head's table
+// that the step's lookups name (the table is the first layer's lookup):
+// the head's gradient of those rows, per micro-batch, kept until the
+// table's own layer hands its lookup's gradients over, micro-batch by
+// micro-batch. There both are added in the micro-batch-major order
+// (head, lookup, next micro-batch's head, ...) into acc, which after the
+// last micro-batch goes to zinf at once: the bits of handing them over
+// one by one.
+type headHold struct {
+	rows  []int       // sorted, unique
+	parts [][]float32 // per micro-batch: the head's gradient of rows, row after row
+	acc   []float32
+	next  int // the next micro-batch to merge
+}
+
+// holdLookupRows starts a hold on the rows every micro-batch's ids
+// (input v.lookup of batches) name.
+func (he *headExec) holdLookupRows(backend compute.Backend, batches [][]*tensors.Tensor) error {
+	v := he.table
+	var ids []int
+	for _, in := range batches {
+		if v.lookup >= len(in) {
+			return fmt.Errorf("zgomlx: lookup %q reads its rows from input %d; the batch has %d inputs", v.Name, v.lookup, len(in))
+		}
+		var err error
+		if ids, err = idsOf(backend, in[v.lookup], ids); err != nil {
+			return fmt.Errorf("zgomlx: lookup %q: input %d: %w", v.Name, v.lookup, err)
+		}
+	}
+	vocab, d := v.Shape.Dimensions[0], v.Shape.Dimensions[1]
+	for _, r := range ids {
+		if r < 0 || r >= vocab {
+			return fmt.Errorf("zgomlx: lookup %q: id %d outside the table's %d rows", v.Name, r, vocab)
+		}
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	h := &headHold{rows: ids, parts: make([][]float32, len(batches)), acc: make([]float32, len(ids)*d)}
+	for m := range h.parts {
+		h.parts[m] = make([]float32, len(ids)*d)
+	}
+	he.hold = h
+	return nil
+}
+
+// holds reports whether v's lookup gradient goes to mergeLookup: a hold
+// on v's rows is on.
+func (he *headExec) holds(v *Var) bool { return he != nil && he.hold != nil && he.table == v }
+
+// mergeLookup adds the next micro-batch's head gradient of the held rows,
+// then its lookup's row sums (rows sorted and unique, a subset of the
+// held ones), into the hold's sum; after the last micro-batch it reports
+// done: the sum (hold.rows, hold.acc) is then the step's gradient of
+// those rows, to hand over once.
+func (he *headExec) mergeLookup(rows []int, sums []float32) (done bool, err error) {
+	h, v := he.hold, he.table
+	d := v.Shape.Dimensions[1]
+	if h.next >= len(h.parts) {
+		return false, fmt.Errorf("zgomlx: gradient of %q: %d lookup gradients in a step of %d micro-batches", v.Name, h.next+1, len(h.parts))
+	}
+	if h.next == 0 {
+		clear(h.acc) // the sum starts at +0, as zinf's does
+	}
+	addInto32(h.acc, h.parts[h.next])
+	for i, r := range rows {
+		j, ok := slices.BinarySearch(h.rows, r)
+		if !ok {
+			return false, fmt.Errorf("zgomlx: gradient of %q: row %d is not among the step's lookup rows", v.Name, r)
+		}
+		addInto32(h.acc[j*d:(j+1)*d], sums[i*d:(i+1)*d])
+	}
+	h.next++
+	return h.next == len(h.parts), nil
 }
 
 // call1 runs one executor call on the worker and waits for it.

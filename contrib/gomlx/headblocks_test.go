@@ -102,62 +102,70 @@ func TestBlockedHeadRefusals(t *testing.T) {
 	}
 }
 
-// TestBlockedHeadUnderAuto: with zinf.schedule "auto" picking layer-major
-// for 2 micro-batches, a Net.Head runs them micro-batch-major (its table's
-// gradient comes block by block) and says so once, at Info level, on the
-// runtime's logger; the steps train.
+// TestBlockedHeadUnderAuto: with zinf.schedule "auto" picking
+// layer-major for 2 micro-batches, a Net.Head whose table is the first
+// layer's lookup (TransformerNet's) runs them layer-major (the activation
+// tier used) and says nothing of the order; with the lookup taken away
+// (the table read whole by its layer) it runs them micro-batch-major and
+// says so once, at Info level, on the runtime's logger. Both train.
 func TestBlockedHeadUnderAuto(t *testing.T) {
 	ctx := watchdog(t, 6*time.Minute)
 	b := backend(t)
 	const vocab, rows = 20000, 4096
-	cfg := testConfig(t, 64<<20)
-	cfg.ZeroOptimization.SubGroupSize = 65_536
-	cfg.GradientAccumulationSteps = 2
-	cfg.Zinf.Schedule = config.ScheduleAuto
-	// A fixed disk (no probe) so the plan's pick does not move with the
-	// machine: two micro-batches read the weights once layer-major, twice
-	// the other way.
-	cfg.Zinf.Bandwidth.ReadBytesPerSec, cfg.Zinf.Bandwidth.WriteBytesPerSec = 1<<30, 1<<30
-	store := model.NewStore()
-	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
-		t.Fatal(err)
-	}
-	var log syncBuffer // the runtime's goroutines log too
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	if s := tr.Offload().Runtime().Schedule(); s != zinf.LayerMajor {
-		t.Fatalf("the plan picked %s for 2 micro-batches on a 1 GiB/s disk: the case under test does not arise (%v)", s, tr.Offload().Runtime().Placement().Notes)
-	}
 	const said = "runs micro-batch-major"
-	var losses []float32
-	for step := range 2 {
-		mbs := make([]zgomlx.MicroBatch, 2)
-		for m := range mbs {
-			x, y := repeatBatch(2*step+m, vocab)
-			mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
-		}
-		l, err := tr.StepMicroBatches(ctx, mbs)
+	for _, lookup := range []bool{true, false} {
+		cfg := testConfig(t, 64<<20)
+		cfg.ZeroOptimization.SubGroupSize = 65_536
+		cfg.GradientAccumulationSteps = 2
+		cfg.Zinf.Schedule = config.ScheduleAuto
+		// A fixed disk (no probe) so the plan's pick does not move with the
+		// machine: two micro-batches read the weights once layer-major, twice
+		// the other way.
+		cfg.Zinf.Bandwidth.ReadBytesPerSec, cfg.Zinf.Bandwidth.WriteBytesPerSec = 1<<30, 1<<30
+		store := model.NewStore()
+		net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
 		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
+			t.Fatal(err)
 		}
-		losses = append(losses, l...)
-	}
-	if n := strings.Count(log.String(), said); n != 1 {
-		t.Fatalf("the log says %q %d times in 2 steps (want once):\n%s", said, n, log.String())
-	}
-	if a := tr.ActivationStats(); a.Saved != 0 {
-		t.Fatalf("the activation tier saved %d entries: the steps ran layer-major", a.Saved)
-	}
-	for i, l := range losses {
-		if !(l > 0) || math.IsInf(float64(l), 0) {
-			t.Fatalf("micro-batch %d: loss %v", i, l)
+		if !lookup {
+			net.Layers[0].Lookups = nil
+		}
+		if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
+			t.Fatal(err)
+		}
+		var log syncBuffer // the runtime's goroutines log too
+		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		if s := tr.Offload().Runtime().Schedule(); s != zinf.LayerMajor {
+			t.Fatalf("the plan picked %s for 2 micro-batches on a 1 GiB/s disk: the case under test does not arise (%v)", s, tr.Offload().Runtime().Placement().Notes)
+		}
+		var losses []float32
+		for step := range 2 {
+			mbs := make([]zgomlx.MicroBatch, 2)
+			for m := range mbs {
+				x, y := repeatBatch(2*step+m, vocab)
+				mbs[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+			}
+			l, err := tr.StepMicroBatches(ctx, mbs)
+			if err != nil {
+				t.Fatalf("lookup %v step %d: %v", lookup, step, err)
+			}
+			losses = append(losses, l...)
+		}
+		n, saved := strings.Count(log.String(), said), tr.ActivationStats().Saved
+		switch {
+		case lookup && (n != 0 || saved == 0):
+			t.Fatalf("table a lookup: the log says %q %d times, %d activation entries saved (want layer-major: 0 times, some saved):\n%s", said, n, saved, log.String())
+		case !lookup && (n != 1 || saved != 0):
+			t.Fatalf("table read whole: the log says %q %d times, %d activation entries saved (want micro-batch-major: once, none saved):\n%s", said, n, saved, log.String())
+		}
+		for i, l := range losses {
+			if !(l > 0) || math.IsInf(float64(l), 0) {
+				t.Fatalf("lookup %v micro-batch %d: loss %v", lookup, i, l)
+			}
 		}
 	}
 }

@@ -71,9 +71,18 @@ const actStride = 1 << 24
 // ErrCommitPending (Commit retries it).
 //
 // A Net with a Head (a tied head computed in blocks of the table) runs
-// micro-batch-major: under zinf.schedule "auto" whatever the plan's pick
-// (said once at Info level on the runtime's logger when the plan picked
-// layer-major), and "layer-major" is refused.
+// layer-major too when its table is the first layer's lookup (as
+// TransformerNet's is): each pass reads the table once, block by block,
+// and every micro-batch's logits or gradients are computed from a block
+// while it is in its buffer; no buffer of the table's size is made. The
+// head's table gradient of the rows no lookup of the step names is summed
+// over the micro-batches block by block and handed over during the head's
+// backward; of the rows the lookups name (a few: the step's tokens) it is
+// kept and added to the lookup's at the first layer, in the
+// micro-batch-major order, so the bits are the same. Any other Head (its
+// table read otherwise by its own layer) runs micro-batch-major: under
+// zinf.schedule "auto" whatever the plan's pick (said once at Info level
+// on the runtime's logger), and "layer-major" is refused.
 func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]float32, error) {
 	if t.pending {
 		return nil, ErrCommitPending
@@ -87,17 +96,18 @@ func (t *Trainer) StepMicroBatches(ctx context.Context, mbs []MicroBatch) ([]flo
 		}
 	}
 	layerMajor := t.off.rt.Schedule() == zinf.LayerMajor
-	if layerMajor && t.ex.head != nil {
-		// A blocked head (Net.Head) hands its table's gradient block by
-		// block; the layer-major loop does not keep that order.
+	if layerMajor && t.ex.head != nil && !t.headLayerMajor() {
+		// A blocked head (Net.Head) whose table its own layer reads
+		// otherwise than by a lookup hands the table's gradient in an
+		// order the layer-major loop does not keep.
 		if t.off.rt.Config.Zinf.Schedule == config.ScheduleLayerMajor {
-			return nil, errors.New(`zgomlx: StepMicroBatches: zinf.schedule "layer-major" with a Net.Head (a head in blocks of the table) (allowed: "micro-batch-major" or "auto", which runs micro-batch-major for it)`)
+			return nil, fmt.Errorf(`zgomlx: StepMicroBatches: zinf.schedule "layer-major" with a Net.Head whose table %q is not a float32 lookup of the first layer (Layer.Lookups) that zinf streams, or is borrowed by a layer (allowed: "micro-batch-major" or "auto", which runs micro-batch-major for it; or such a table)`, t.ex.head.table.Name)
 		}
 		layerMajor = false
 		if !t.headOrderSaid {
 			t.headOrderSaid = true
-			t.off.log.Info("zgomlx: zinf.schedule \"auto\" picked layer-major, but a Net.Head (a head in blocks of the table) runs micro-batch-major: each micro-batch reads the parameters again",
-				"micro_batches", len(mbs))
+			t.off.log.Info("zgomlx: zinf.schedule \"auto\" picked layer-major, but this Net.Head (its table not a streamed float32 lookup of the first layer) runs micro-batch-major: each micro-batch reads the parameters again",
+				"micro_batches", len(mbs), "table", t.ex.head.table.Name)
 		}
 	}
 	if !layerMajor {
@@ -134,6 +144,15 @@ func checkBatch(xs, labels []*tensors.Tensor) error {
 		}
 	}
 	return nil
+}
+
+// headLayerMajor reports whether the Net.Head runs layer-major: its
+// table is a float32 lookup of its own layer that zinf streams (read and
+// differentiated by rows there, so the head's gradient of the other rows
+// is final after the head's backward) and no layer borrows it.
+func (t *Trainer) headLayerMajor() bool {
+	v := t.ex.head.table
+	return v.lookup >= 0 && t.ex.rowGrad(v) && (*zinfSource)(t).byRows(v) && !v.shared
 }
 
 // ActivationStats are the counters of the Trainer's activation tier (the
@@ -326,7 +345,11 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		defer close(done)
 		work(jobs, results)
 	}()
-	busy := false // a job is on the worker
+	// The head's passes (loop.call1) run their blocks on the same worker.
+	lp.jobs, lp.results = jobs, results
+	he := ex.head
+	var hs []*tensors.Tensor // the head's inputs: the last layer's outputs
+	busy := false            // a job is on the worker
 	cur := make([][]*tensors.Tensor, k)
 	owned := make([]bool, k) // cur[m] holds tensors of ours (not the caller's inputs)
 	dys := make([][]*tensors.Tensor, k)
@@ -356,7 +379,12 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 		close(jobs) // every job started was waited for
 		<-done
+		lp.jobs = nil
 		ex.batches, ex.inputs = nil, nil
+		finalizeAll(hs)
+		if he != nil {
+			he.hold = nil
+		}
 		for m, c := range cur {
 			if owned[m] {
 				finalizeAll(c)
@@ -447,6 +475,26 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 	}
 
+	// A Net.Head: every micro-batch's logits from one read of the table;
+	// the last layer's outputs are kept for the head's backward.
+	if he != nil {
+		hs = make([]*tensors.Tensor, k)
+		for m := range k {
+			if len(cur[m]) != 1 {
+				return nil, fmt.Errorf("zgomlx: Net.Head needs one output of the last layer %q, it has %d", layers[L-1].layer.Scope, len(cur[m]))
+			}
+			hs[m] = cur[m][0]
+			cur[m], owned[m] = nil, false
+		}
+		logits, err := lp.headForwardAll(ctx, hs)
+		if err != nil {
+			return nil, err
+		}
+		for m := range k {
+			cur[m], owned[m] = []*tensors.Tensor{logits[m]}, true
+		}
+	}
+
 	// The loss of every micro-batch, and its gradients.
 	losses = make([]float32, k)
 	ex.nOut = len(cur[0])
@@ -454,7 +502,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		call(ex.loss, cur[m], mbs[m].Labels)
 		lo, err := wait(-1)
 		finalizeAll(cur[m])
-		cur[m] = nil
+		cur[m], owned[m] = nil, false
 		if err != nil {
 			return nil, fmt.Errorf("zgomlx: loss (micro-batch %d): %w", m, err)
 		}
@@ -520,6 +568,28 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	// Backward: every micro-batch through layer l (its weights swapped in
 	// once, its gradients summed in pinned memory), then layer l-1.
 	src.startPass(false)
+	if he != nil {
+		// The head's backward: the table read once more in blocks, the
+		// gradient of the rows the lookups name held for the first layer
+		// (headHold), each micro-batch's dh its last layer's dy.
+		if err := he.holdLookupRows(ex.backend, batches); err != nil {
+			return nil, err
+		}
+		dls := make([]*tensors.Tensor, k)
+		for m := range k {
+			dls[m] = dys[m][0]
+		}
+		dhs, err := lp.headBackwardAll(ctx, hs, dls)
+		if err != nil {
+			return nil, err
+		}
+		finalizeAll(hs)
+		hs = nil
+		for m := range k {
+			finalizeAll(dys[m])
+			dys[m] = []*tensors.Tensor{dhs[m]}
+		}
+	}
 	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(inF[l]) }
 	t.lm.hold = true
 	for l := L - 1; l >= 0; l-- {

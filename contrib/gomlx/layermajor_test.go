@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -451,43 +456,222 @@ func TestLayerMajorFaultMidStep(t *testing.T) {
 	}
 }
 
-// TestLayerMajorBlockedHeadRefused: a Net whose tied head runs in blocks
-// of the table (Net.Head) hands the table's gradient block by block,
-// which the layer-major loop does not keep in order: StepMicroBatches
-// under zinf.schedule layer-major refuses it, naming the key and what is
-// allowed, before anything runs; micro-batch-major trains it.
-func TestLayerMajorBlockedHeadRefused(t *testing.T) {
-	ctx := watchdog(t, 3*time.Minute)
-	b := backend(t)
+// blockedHeadCase is the zoo transformer (vocabulary 20000, d=64, one
+// block) with its tied head in blocks of 4096 rows of the table (Net.Head;
+// the last block 3616 rows, padded), the table the first layer's lookup;
+// its micro-batches share some rows (5, 99, vocab-1, ...) and not others.
+func blockedHeadCase(t *testing.T) (zgomlx.Net, *model.Store, func(step, k int) []zgomlx.MicroBatch) {
+	t.Helper()
+	const vocab, rows = 20000, 4096
 	store := model.NewStore()
-	store.SetParam(model.ParamInitialSeed, int64(9))
-	m := transformer.New(store.RootScope()).WithVocabSize(lmVocab).WithEmbedDim(16).WithNumLayers(1).
-		WithNumHeads(2).WithHeadDim(8).WithFFNDim(24).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
-	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: 4096})
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, vocab), zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq)); err != nil {
+	if _, err := zgomlx.Initialize(backend(t), store, net, shapes.Make(dtypes.Int32, 2, 8)); err != nil {
 		t.Fatal(err)
 	}
-	c := tiedZooCase(t)
-	c.net = net
-	for _, sched := range []config.ScheduleMode{config.ScheduleLayerMajor, config.ScheduleMicroBatchMajor} {
-		tr, err := zgomlx.Open(ctx, b, c.config(t, 2, sched), clone(t, store), net, c.opts)
+	mbs := func(step, k int) []zgomlx.MicroBatch {
+		out := make([]zgomlx.MicroBatch, k)
+		for m := range out {
+			x, y := repeatBatch(step*k+m, vocab)
+			out[m] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+		}
+		return out
+	}
+	return net, store, mbs
+}
+
+// blockedHeadConfig is the config of the blocked-head schedule tests: k
+// micro-batches in the given order.
+func blockedHeadConfig(t *testing.T, k int, sched config.ScheduleMode) *config.Config {
+	cfg := testConfig(t, 64<<20)
+	cfg.ZeroOptimization.SubGroupSize = 65_536
+	cfg.GradientAccumulationSteps = k
+	cfg.Zinf.Schedule = sched
+	return cfg
+}
+
+// sameTrainers compares two Trainers' variables, masters and Adam moments
+// bit for bit.
+func sameTrainers(ctx context.Context, t *testing.T, what string, got, want *zgomlx.Trainer) {
+	t.Helper()
+	for _, v := range want.Offload().Vars() {
+		a, err := got.Offload().ReadVariable(ctx, v.Name)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		b, err := want.Offload().ReadVariable(ctx, v.Name)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		sameBytes(t, what+": "+v.Name, valueBytes(t, a), valueBytes(t, b))
+		gm, gmm, gsq, err := got.Offload().Runtime().ReadOptimizerState(ctx, v.Name)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		wm, wmm, wsq, err := want.Offload().Runtime().ReadOptimizerState(ctx, v.Name)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		sameBits(t, what+": "+v.Name+" master", gm, wm)
+		sameBits(t, what+": "+v.Name+" exp_avg", gmm, wmm)
+		sameBits(t, what+": "+v.Name+" exp_avg_sq", gsq, wsq)
+	}
+}
+
+// TestLayerMajorBlockedHead: the zoo transformer with its tied head in
+// blocks of the table (Net.Head) trains layer-major — steps of k = 1 and
+// 3 micro-batches, the activation tier used — with the losses, every
+// parameter, master and Adam moment bit for bit those of micro-batch-major
+// training (itself the head written blockwise in one graph's, see
+// TestBlockedHead): the table's gradient of the rows the lookups name is
+// added in the micro-batch-major order, the rest summed block by block.
+// A layer-major step reads the table's blocks once a pass whatever k; a
+// micro-batch-major step once a pass and micro-batch. A Net.Head whose
+// table is not the first layer's lookup is refused under "layer-major",
+// naming the key and the table.
+func TestLayerMajorBlockedHead(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	net, init, mbs := blockedHeadCase(t)
+	for _, k := range []int{1, 3} {
+		lm, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, k, config.ScheduleLayerMajor), clone(t, init), net, zgomlx.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tr.Close()
-		_, err = tr.StepMicroBatches(ctx, c.microBatches(0, 2))
-		switch {
-		case sched == config.ScheduleLayerMajor && (err == nil || !strings.Contains(err.Error(), `zinf.schedule "layer-major" with a Net.Head`)):
-			t.Fatalf("layer-major with a blocked head: %v", err)
-		case sched == config.ScheduleMicroBatchMajor && err != nil:
-			t.Fatalf("micro-batch-major with a blocked head: %v", err)
+		defer lm.Close()
+		mb, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, k, config.ScheduleMicroBatchMajor), clone(t, init), net, zgomlx.Options{})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if a := tr.ActivationStats(); a.Saved != 0 {
-			t.Fatalf("%s: %d activation entries saved", sched, a.Saved)
+		defer mb.Close()
+		var readLM, readMB int64
+		for step := range 2 {
+			r0, m0 := lm.ParamBytesRead(), mb.ParamBytesRead()
+			l1, err := lm.StepMicroBatches(ctx, mbs(step, k))
+			if err != nil {
+				t.Fatalf("k=%d step %d layer-major: %v", k, step, err)
+			}
+			l2, err := mb.StepMicroBatches(ctx, mbs(step, k))
+			if err != nil {
+				t.Fatalf("k=%d step %d micro-batch-major: %v", k, step, err)
+			}
+			sameLosses(t, fmt.Sprintf("k=%d step %d", k, step), l1, l2)
+			readLM, readMB = lm.ParamBytesRead()-r0, mb.ParamBytesRead()-m0
 		}
+		sameTrainers(ctx, t, fmt.Sprintf("k=%d layer-major against micro-batch-major", k), lm, mb)
+		if a := lm.ActivationStats(); k > 1 && a.Saved == 0 {
+			t.Fatalf("k=%d: no activation saved: the steps did not run layer-major", k)
+		}
+		t.Logf("k=%d: parameter bytes copied a step: layer-major %d, micro-batch-major %d", k, readLM, readMB)
+		if k == 3 && 2*readLM > readMB {
+			t.Fatalf("k=3: layer-major copied %d parameter bytes a step, micro-batch-major %d (want at most half: the table's blocks once a pass, not once a micro-batch)", readLM, readMB)
+		}
+	}
+
+	// The table read whole by its own layer (no Lookups): refused.
+	whole := net
+	whole.Layers = slices.Clone(net.Layers)
+	whole.Layers[0].Lookups = nil
+	tr, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, 2, config.ScheduleLayerMajor), clone(t, init), whole, zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	_, err = tr.StepMicroBatches(ctx, mbs(0, 2))
+	if err == nil || !strings.Contains(err.Error(), `zinf.schedule "layer-major" with a Net.Head`) || !strings.Contains(err.Error(), "/token_embed/embeddings") {
+		t.Fatalf("layer-major with a Net.Head whose table is no lookup: %v", err)
+	}
+	if a := tr.ActivationStats(); a.Saved != 0 {
+		t.Fatalf("the refused step saved %d activation entries", a.Saved)
+	}
+}
+
+// TestLayerMajorBlockedHeadMemory is the regression test of the Go memory
+// a layer-major step of a large vocabulary takes: the zoo transformer with
+// a 131072 x 128 fp32 table (64 MiB) and its tied head in blocks of 4096
+// rows (2 MiB), steps of 2 micro-batches layer-major. After a first step
+// (which makes the buffers a step reuses) the Go heap, sampled through two
+// more steps with the collector run often (GOGC 10), never holds a
+// quarter of the table more than before them: the head's blocks, each
+// micro-batch's logits and their gradient [2, 8, 131072] (1 MiB each), the
+// rows the lookups name; nothing of the table's size (its gradient, a
+// copy for the head) is made. The swap-in buffers are the lookup's one
+// table-shaped buffer (written and resident at the step's rows only) and
+// less than a quarter of the table more.
+func TestLayerMajorBlockedHeadMemory(t *testing.T) {
+	ctx := watchdog(t, 6*time.Minute)
+	b := backend(t)
+	const vocab, dim, rows, k = 32768, 512, 1024, 2
+	store := model.NewStore()
+	store.SetParam(model.ParamInitialSeed, int64(8))
+	m := transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(dim).WithNumLayers(1).
+		WithNumHeads(4).WithHeadDim(dim / 4).WithFFNDim(dim).WithRoPE(10000).WithFinalNormalization(layers.NormalizationRMSNorm)
+	net, err := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{TieEmbeddings: true, HeadBlockRows: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := blockedHeadConfig(t, k, config.ScheduleLayerMajor)
+	cfg.Zinf.Tiers.CPUPinnedBytes = 256 << 20
+	// Created straight into zinf: the Store never holds the table.
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, shapes.Make(dtypes.Int32, 2, 8), zgomlx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	const table = vocab * dim * 4
+	step := func(s int) {
+		t.Helper()
+		mbs := make([]zgomlx.MicroBatch, k)
+		for i := range mbs {
+			x, y := repeatBatch(s*k+i, vocab)
+			mbs[i] = zgomlx.MicroBatch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{y}}
+		}
+		if _, err := tr.StepMicroBatches(ctx, mbs); err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+	}
+	step(0)
+	defer debug.SetGCPercent(debug.SetGCPercent(10))
+	runtime.GC()
+	runtime.GC() // the pools' idle buffers (sync.Pool) dropped
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	heap := func() int64 {
+		metrics.Read(sample)
+		return int64(sample[0].Value.Uint64())
+	}
+	before := heap()
+	var peak atomic.Int64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if h := heap(); h > peak.Load() {
+				peak.Store(h)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	step(1)
+	step(2)
+	close(stop)
+	<-done
+	if a := tr.ActivationStats(); a.Saved == 0 {
+		t.Fatal("no activation saved: the steps did not run layer-major")
+	}
+	grow := peak.Load() - before
+	t.Logf("Go heap %d MiB before the steps, peak %d MiB (+%.1f MiB); the table %d MiB; swap-in buffers %d MiB",
+		before>>20, peak.Load()>>20, float64(grow)/(1<<20), table>>20, tr.SwapBufferBytes()>>20)
+	if grow >= table/2 {
+		t.Fatalf("the Go heap grew %.1f MiB in two layer-major steps: half the %d MiB table or more", float64(grow)/(1<<20), table>>20)
+	}
+	if sb := tr.SwapBufferBytes(); sb >= table+table/4 {
+		t.Fatalf("swap-in buffers %d MiB: the lookup's %d MiB and more than a quarter of it again", sb>>20, table>>20)
 	}
 }
 

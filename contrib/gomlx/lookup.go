@@ -108,6 +108,16 @@ func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
 	for i, r := range rows {
 		copy(out[i*rl:(i+1)*rl], g[r*rl:(r+1)*rl])
 	}
+	if he := s.ex.head; he.holds(v) {
+		// A layer-major step's head gradient of these rows waits here
+		// (headHold): the rest of g is zero, the graph's scatter-add of
+		// the ids' rows into a zero table.
+		done, err := he.mergeLookup(rows, out)
+		if err != nil || !done {
+			return err
+		}
+		rows, out = he.hold.rows, he.hold.acc
+	}
 	return s.off.rt.AccumulateGradRows(ctx, v.Name, rows, out)
 }
 
@@ -139,6 +149,16 @@ func (s *zinfSource) wantsRows(v *Var) bool { return s.byRows(v) }
 // gradRowSums hands over the sums of the rows the batch uses
 // (loop.lookupGrad).
 func (s *zinfSource) gradRowSums(ctx context.Context, v *Var, rows []int, sums []float32) error {
+	if he := s.ex.head; he.holds(v) {
+		// A layer-major step's head gradient of the lookup's rows is
+		// added in micro-batch order and handed over after the last
+		// micro-batch (headHold).
+		done, err := he.mergeLookup(rows, sums)
+		if err != nil || !done {
+			return err
+		}
+		rows, sums = he.hold.rows, he.hold.acc
+	}
 	t0 := time.Now()
 	err := s.off.rt.AccumulateGradRows(ctx, v.Name, rows, sums)
 	s.times.Grads += time.Since(t0)
