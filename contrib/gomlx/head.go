@@ -183,7 +183,8 @@ func (lp *loop) headBackward(ctx context.Context, h, dlogits *tensors.Tensor) (*
 // names (he.hold, a layer-major step) get other terms between the
 // micro-batches' (the lookup's gradient of each micro-batch), so their
 // head gradients are kept per micro-batch and handed over with the
-// lookup's, in that order (mergeLookup). Each micro-batch's dh sums its
+// lookup's, in that order (mergeLookup); the block's hand-over gives them
+// +0. Each micro-batch's dh sums its
 // blocks' parts last block first, as GoMLX's autodiff sums the
 // reference's.
 func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) ([]*tensors.Tensor, error) {
@@ -266,19 +267,17 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			}
 			layerexec.Finalize(outs[1])
 		}
-		// The block's sum, less the held rows.
-		lo := row
-		for i := h0; i <= h1; i++ {
-			hi := row + rows
-			if i < h1 {
-				hi = hold.rows[i]
-			}
-			if hi > lo {
-				if err := lp.src.gradRange(ctx, v, lo*d, sum[(lo-row)*d:(hi-row)*d]); err != nil {
-					return fmt.Errorf("zgomlx: gradient of %q rows [%d, %d): %w", v.Name, lo, hi, err)
-				}
-			}
-			lo = hi + 1
+		// The block's sum in one hand-over, the held rows' zeroed: they
+		// get +0 now (their sum so far in this step is +0 too, the
+		// head's being their first term), their terms later
+		// (mergeLookup). One hand-over writes each of the block's
+		// pieces of the gradient once.
+		for i := h0; i < h1; i++ {
+			r := hold.rows[i] - row
+			clear(sum[r*d : (r+1)*d])
+		}
+		if err := lp.src.gradRange(ctx, v, row*d, sum); err != nil {
+			return fmt.Errorf("zgomlx: gradient of %q rows [%d, %d): %w", v.Name, row, row+rows, err)
 		}
 		return nil
 	})

@@ -100,14 +100,12 @@ func big(o options, w io.Writer) error {
 	// The planner's k (gradient_accumulation_steps "auto", item 2 of the
 	// loop's design): AutoMeasureSteps steps at the plan's k, then the k
 	// whose compute covers the step's NVMe I/O. Layer-major: one read of
-	// the weights per pass serves every micro-batch. A Net.Head (-head-rows)
-	// runs micro-batch-major (StepMicroBatches says why), so it asks for
-	// auto and is reported as such.
+	// the weights per pass serves every micro-batch. A Net.Head (-tied
+	// -head-rows) runs layer-major too: one read of the table's blocks per
+	// pass serves every micro-batch, and no buffer of the table's size is
+	// filled in Go memory.
 	cfg.GradientAccumulationAuto = true
 	cfg.Zinf.Schedule = config.ScheduleLayerMajor
-	if o.headRows > 0 {
-		cfg.Zinf.Schedule = config.ScheduleAuto
-	}
 	// The simulated device's tier holds no tensor here (the executors run
 	// on the CPU, from the adapter's Go buffers); it only has to admit
 	// the planner's working set (two layers of parameters and one of
@@ -202,7 +200,7 @@ func big(o options, w io.Writer) error {
 	loop := zgomlx.NewLoop(tr)
 	next := 0
 	ds := bigDataset{o: o, next: &next}
-	lm := rt.Schedule() == zinf.LayerMajor && o.headRows == 0
+	lm := rt.Schedule() == zinf.LayerMajor
 
 	// measure runs one step of the loop and what it moved.
 	type stepStat struct {
@@ -255,7 +253,7 @@ func big(o options, w io.Writer) error {
 	k := loop.MicroBatchesPerStep()
 	cover := rt.MicroBatchesToHideIO(0)
 	fmt.Fprintf(w, "the timed steps run k=%d %s: the planner's k that zgomlx.Loop took under \"auto\" from the compute of the last warm-up step; at the compute of every step so far (%.0f ms per layer, pass and micro-batch) the planner says %s\n",
-		k, map[bool]string{true: "layer-major", false: "micro-batch-major (a Net.Head: -head-rows)"}[lm], float64(rt.MeasuredComputePerLayer())/1e6, cover)
+		k, map[bool]string{true: "layer-major", false: "micro-batch-major"}[lm], float64(rt.MeasuredComputePerLayer())/1e6, cover)
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -263,9 +261,10 @@ func big(o options, w io.Writer) error {
 	}
 	// Activations the loop keeps: every layer's input [batch, seq, d]
 	// (fp32) of every micro-batch until its backward (in memory: the
-	// activation tier's default), and the logits [batch, seq, vocab] of
-	// one micro-batch with their gradient.
-	acts := int64(k)*(int64(o.layers)+2)*tokens*int64(o.dim)*4 + 2*tokens*int64(o.vocab)*4
+	// activation tier's default), and the logits [batch, seq, vocab]: a
+	// layer-major step holds every micro-batch's until its loss, their
+	// gradients after it (k + 1 at most at once).
+	acts := int64(k)*(int64(o.layers)+2)*tokens*int64(o.dim)*4 + int64(k+1)*tokens*int64(o.vocab)*4
 	bound := o.pinned + acts + 512<<20
 
 	var steps []stepStat

@@ -92,7 +92,7 @@ func main() {
 	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
 	flag.IntVar(&o.ffn, "ffn", 0, "-big: FFN width (0: 4 x dim)")
 	flag.StringVar(&o.credit, "heap-credit", "auto", "-big: the Go heap credit, auto (zgomlx.AutoHeapCredit, the default: what in-memory training keeps live, at most a quarter of RAM) or none (NoHeapCredit: the collector paces by the live heap)")
-	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows; such a head runs micro-batch-major); 0: one product over the whole table")
+	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows; layer-major, the table read once a pass in blocks, none of its size in Go memory); 0: one product over the whole table")
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
