@@ -502,9 +502,9 @@ func (d *Decoder) attnChunkOf(w int) {
 	d.attnWork[w].err = d.attend(d.attnL, lo, hi, &d.attnWork[w])
 }
 
-// activate applies the activation to the first n values of d.f, times
-// them by d.f after the activation of d.g instead when gated, split over
-// the kernels pool's workers when there are enough values: the
+// activate sets d.f[i] to act(d.f[i]), or when gated to act(d.g[i]) *
+// d.f[i], for i < n, split over the kernels pool's workers when there
+// are enough values: the
 // activation (an exponential in float64 for SiLU) cost a layer of the
 // 400 M llama about as much as one of its smaller products. Each value
 // is computed the same way whatever the split.
