@@ -213,9 +213,11 @@ func New(opts Options) (*Swapper, error) {
 
 // Register declares a gradient partition of numel float32 elements (this
 // rank's partition length; 0 is legal and costs nothing). It is kept in
-// pinned memory when there is no store or while KeepInCPUBytes allows; a
-// kept gradient's buffer is taken from the pool here, and Register fails,
-// registering nothing, when the pool has no room for it.
+// pinned memory when there is no store, when Options.Keep names it, or
+// while KeepInCPUBytes allows; a kept gradient's buffer is taken from the
+// pool here, and Register fails, registering nothing, when the pool has no
+// room for it — except for one Options.Keep names, which then takes the
+// store's round trip (in pieces, with PieceElems), with a warning.
 func (s *Swapper) Register(name string, numel int) error {
 	if name == "" || numel < 0 {
 		return fmt.Errorf("grad: register %q: need a name and numel >= 0 (got %d)", name, numel)
@@ -223,10 +225,18 @@ func (s *Swapper) Register(name string, numel int) error {
 	t := &tensor{name: name, key: s.opts.KeyPrefix + name, n: numel, bytes: 4 * numel, op: make(chan struct{}, 1)}
 	size := s.bufSize(t)
 	named := s.store != nil && numel > 0 && s.opts.Keep != nil && s.opts.Keep(name)
+	maxBuf := s.pool.MaxBufferBytesFor(buffers.PurposeGradients)
+	if named && size > maxBuf {
+		// Whole, it would need a buffer the pool cannot give: it takes
+		// the store's round trip (in pieces, if it has them).
+		s.opts.Logger.Warn("grad: a gradient to keep in pinned memory is larger than the pool's largest buffer for gradients; it is written to the store and read back",
+			"tensor", name, "bytes", size, "largest", maxBuf)
+		named = false
+	}
 	if s.store != nil && s.opts.PieceElems > 0 && numel > s.opts.PieceElems && !named {
 		size = min(size, int(s.store.PaddedLen(4*int64(s.opts.PieceElems))))
 	}
-	if maxBuf := s.pool.MaxBufferBytesFor(buffers.PurposeGradients); size > maxBuf {
+	if size > maxBuf {
 		return fmt.Errorf("grad: register %q: a %d-byte gradient needs a buffer larger than the pool's largest for gradients (%d bytes)", name, size, maxBuf)
 	}
 	s.mu.Lock()

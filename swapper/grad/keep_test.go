@@ -100,3 +100,39 @@ func TestKeepByNameWithoutRoom(t *testing.T) {
 		t.Fatalf("read of the gradient not kept, nothing accumulated: %v, [0] = %v", err, got[0])
 	}
 }
+
+// TestKeepByNameTooLarge: a gradient named by Options.Keep larger than the
+// pool's largest buffer is kept in pieces on the store instead of failing
+// Register, and its sum is right.
+func TestKeepByNameTooLarge(t *testing.T) {
+	s, _, _ := holdEnvWith(t, 64<<10, grad.Options{PieceElems: 1024, Keep: func(string) bool { return true }})
+	const n = 32 << 10 // 128 KiB: larger than the 64 KiB pool
+	if err := s.Register("big", n); err != nil {
+		t.Fatalf("Register of a named gradient larger than the pool: %v", err)
+	}
+	if g := s.Stats(); g.KeptNamed != 0 {
+		t.Fatalf("kept by name: %+v", g)
+	}
+	ctx := context.Background()
+	g := make([]float32, n)
+	for i := range g {
+		g[i] = float32(i % 97)
+	}
+	for range 2 {
+		if err := s.Accumulate(ctx, "big", g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, n)
+	if err := s.Read(ctx, "big", got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range g {
+		if got[i] != 2*g[i] {
+			t.Fatalf("big[%d] = %v, want %v", i, got[i], 2*g[i])
+		}
+	}
+}
