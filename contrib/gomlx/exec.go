@@ -12,7 +12,6 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
-	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -71,7 +70,7 @@ type executors struct {
 }
 
 func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVars [][]*Var, byName map[string]*Var) (*executors, error) {
-	if err := checkTrainer(backend, nil); err != nil {
+	if err := checkBackend(backend); err != nil {
 		return nil, err
 	}
 	if err := net.check(); err != nil {
@@ -286,8 +285,8 @@ func (le *layerExec) lookupGather(g *graph.Graph, v *Var, xs []*graph.Node) *gra
 }
 
 // needsBackward reports whether the layer's backward pass has anything
-// to compute for inputs with floats float inputs.
-func (le *layerExec) needsBackward(floats int) bool { return floats > 0 || len(le.vars) > 0 }
+// to compute for inputs of which nf are float.
+func (le *layerExec) needsBackward(nf int) bool { return nf > 0 || len(le.vars) > 0 }
 
 // checkPure refuses a layer whose graph changes a variable: the backward
 // pass recomputes the layer, which must give the forward's values.
@@ -394,19 +393,14 @@ func (ex *executors) close() {
 	}
 }
 
-// checkTrainer refuses what a Trainer cannot run, before anything is
-// registered.
-func checkTrainer(backend compute.Backend, cfg *config.Config) error {
+// checkBackend refuses a backend the executors cannot feed: they read
+// and write its buffers in place, so it must share them with Go.
+func checkBackend(backend compute.Backend) error {
 	if backend == nil {
 		return errors.New("zgomlx: nil backend")
 	}
 	if !backend.HasSharedBuffers() {
 		return fmt.Errorf("zgomlx: backend %q has no shared buffers (use the pure-Go backend: compute.NewWithConfig(zgomlx.DefaultBackend))", backend.Name())
-	}
-	if cfg != nil && cfg.FP16 {
-		// fp16 training scales the loss (zinf.Runtime.LossScale) so its
-		// gradients do not underflow; this loop does not.
-		return errors.New("zgomlx: fp16.enabled true: the Trainer does not apply fp16 loss scaling (allowed: fp32 or bf16 params; an Offload of fp16 variables can still be registered and read)")
 	}
 	return nil
 }

@@ -16,6 +16,12 @@ import (
 	"github.com/zinfio/zinf/swapper"
 )
 
+// ErrStepAborted is returned (wrapped with the cause) when a micro-step
+// fails before its commit: the step is given up (with the gradients of
+// its earlier micro-steps) and the model is as the last commit left it;
+// run the step again from its first micro-step.
+var ErrStepAborted = errors.New("zgomlx: step given up; run it again from its first micro-step")
+
 // paramSource is where a loop's registered variables come from and where
 // their gradients go: zinf (Trainer) or Go memory (reference.MemoryTrainer). Both
 // run the same executors in the same order, so their steps differ only
@@ -140,8 +146,8 @@ type pending struct {
 	k     int // the first gradient in outs (after the dxs)
 }
 
-// one is a tensor as a list (nil as a list with nil, refused by run).
-func one(t *tensors.Tensor) []*tensors.Tensor { return []*tensors.Tensor{t} }
+// listOf is a tensor as a list (nil as a list with nil, refused by run).
+func listOf(t *tensors.Tensor) []*tensors.Tensor { return []*tensors.Tensor{t} }
 
 // floats counts the float tensors of ts.
 func floats(ts []*tensors.Tensor) int {

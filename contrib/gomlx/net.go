@@ -3,12 +3,18 @@ package zgomlx
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
+	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
+
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // LayerFn computes one layer from its input x. Its variables live under
@@ -83,6 +89,12 @@ func (l Layer) fn() LayerFnN {
 		}
 		return []*graph.Node{f(scope, xs[0])}
 	}
+}
+
+// cleanScope normalizes a scope path: a leading "/", no trailing one.
+func cleanScope(s string) string {
+	s = "/" + strings.Trim(s, "/")
+	return s
 }
 
 // Net is a model as a chain of layers and a loss: y = Layers[L-1](...
@@ -276,4 +288,300 @@ func (hd *BlockedHead) check(shape shapes.Shape) error {
 		return fmt.Errorf("zgomlx: Net.Head.Table %q is %s (allowed: a matrix [vocab, d])", hd.Table, shape)
 	}
 	return nil
+}
+
+// Var is one variable of a model.Store that zinf holds: its path (the
+// zinf tensor name), its shape and dtype as in the Store, and its layer.
+type Var struct {
+	// Name is the variable's absolute path in the Store ("/block_0/attn/...").
+	Name string
+	// Shape is the variable's shape, dtype included.
+	Shape shapes.Shape
+	// Layer is the index of the layer holding it, in forward order.
+	Layer int
+
+	v     *model.Variable
+	dtype tensor.DType // Shape.DType in zinf's vocabulary
+	numel int
+	class int // slot class: variables of one class share swap-in buffers
+	// shared: a later layer borrows it (Layer.Borrow); it has a slot class
+	// of its own, so its values stay in their buffer through a pass.
+	shared   bool
+	ownClass bool
+	idx      int // position in the trainer's variables
+	// lookup is the first layer's input whose ids are the rows the layer
+	// reads (Layer.Lookups), -1 when it reads the whole variable.
+	lookup int
+
+	// Per-loop state, owned by the one loop goroutine.
+	slot *slot   // the swap-in buffer holding (or last holding) its values
+	cur  compBuf // the buffer an executor feeds for it now
+}
+
+// Bytes is the variable's size in its dtype.
+// (From its Shape, so a Var that Offload.Vars returns has it too.)
+func (v *Var) Bytes() int64 { return int64(v.Shape.ByteSize()) }
+
+// DefaultFilter selects what zinf holds when Options.Filter is nil: every
+// trainable variable whose dtype zinf stores (float32, bfloat16, float16).
+func DefaultFilter(v *model.Variable) bool {
+	_, ok := layerexec.DType(v.DType())
+	return v.Trainable && ok
+}
+
+// inScope reports whether path lies under scope (or is scope).
+func inScope(path, scope string) bool {
+	if scope == "/" {
+		return true
+	}
+	return path == scope || strings.HasPrefix(path, scope+"/")
+}
+
+// firstScope is the first element of a variable path, as a scope.
+func firstScope(path string) string {
+	p := strings.TrimPrefix(path, "/")
+	if i := strings.IndexByte(p, '/'); i >= 0 {
+		return "/" + p[:i]
+	}
+	return "/" // a variable in the root scope
+}
+
+// collectVars selects the Store's variables, assigns each a layer (by the
+// given scopes, or by first-level scope in creation order) and a slot
+// class. Every problem is reported at once.
+func collectVars(store *model.Store, filter func(*model.Variable) bool, scopes []string, also [][]string) ([]*Var, []string, error) {
+	if store == nil {
+		return nil, nil, errors.New("zgomlx: nil model.Store")
+	}
+	if filter == nil {
+		filter = DefaultFilter
+	}
+	var errs []error
+	var picked []*model.Variable
+	for v := range store.IterVariables() {
+		if !v.IsValid() || !filter(v) {
+			continue
+		}
+		if _, ok := layerexec.DType(v.DType()); !ok {
+			errs = append(errs, fmt.Errorf("zgomlx: variable %q: dtype %s (allowed: Float32, BFloat16, Float16; leave it out with Options.Filter)", v.Path(), v.DType()))
+			continue
+		}
+		picked = append(picked, v)
+	}
+	if len(picked) == 0 && len(errs) == 0 {
+		return nil, nil, errors.New("zgomlx: the Store has no variable to offload (none passed Options.Filter; create the model's variables first, e.g. with zgomlx.Initialize)")
+	}
+	if len(scopes) == 0 {
+		for _, v := range picked {
+			if s := firstScope(v.Path()); !slices.Contains(scopes, s) {
+				scopes = append(scopes, s)
+			}
+		}
+	} else {
+		clean := make([]string, len(scopes))
+		for i, s := range scopes {
+			clean[i] = cleanScope(s)
+			if slices.Contains(clean[:i], clean[i]) {
+				errs = append(errs, fmt.Errorf("zgomlx: Options.Layers: scope %q is listed twice", clean[i]))
+			}
+		}
+		scopes = clean
+	}
+	var vars []*Var
+	classes := map[string]int{}
+	for _, v := range picked {
+		layer := -1
+		for l, s := range scopes {
+			if inScope(v.Path(), s) {
+				layer = l
+				break
+			}
+			if l < len(also) && slices.ContainsFunc(also[l], func(a string) bool { return inScope(v.Path(), cleanScope(a)) }) {
+				layer = l
+				break
+			}
+		}
+		if layer < 0 {
+			errs = append(errs, fmt.Errorf("zgomlx: variable %q is under none of the layer scopes %v (add its scope to Options.Layers or leave it out with Options.Filter)", v.Path(), scopes))
+			continue
+		}
+		dt, _ := layerexec.DType(v.DType())
+		key := v.Shape().String()
+		c, ok := classes[key]
+		if !ok {
+			c = len(classes)
+			classes[key] = c
+		}
+		vars = append(vars, &Var{Name: v.Path(), Shape: v.Shape(), Layer: layer, v: v, dtype: dt, numel: v.Shape().Size(), class: c, lookup: -1})
+	}
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	// Layers in forward order, each layer's variables in creation order.
+	slices.SortStableFunc(vars, func(a, b *Var) int { return a.Layer - b.Layer })
+	for i, v := range vars {
+		v.idx = i
+	}
+	return vars, scopes, nil
+}
+
+// groupLayers lists each layer's variables.
+func groupLayers(vars []*Var, layers int) [][]*Var {
+	out := make([][]*Var, layers)
+	for _, v := range vars {
+		out[v.Layer] = append(out[v.Layer], v)
+	}
+	return out
+}
+
+type compBuf = compute.Buffer
+
+// slot is a swap-in buffer: a GoMLX tensor over a backend shared buffer,
+// so bytes written into it are what an executor reads, with no copy and no
+// allocation. A slot is bound to one variable while its layer runs; between
+// layers it keeps the values it was given and the version they are of, so
+// a layer whose variables are all still there (the last layer of the
+// forward pass, first of the backward one) is not read again.
+type slot struct {
+	t       *tensors.Tensor
+	buf     compute.Buffer
+	bytes   []byte
+	owner   *Var   // whose values it holds, nil when none
+	version uint64 // the parameter version of those values
+	busy    bool   // bound for the layer running now
+	keep    bool   // its values are promised to a layer later in the pass
+}
+
+// slotPool hands out slots by class (shape and dtype). It grows only
+// while the largest layer of a class has not been seen, so a steady-state
+// swap-in allocates nothing. Only the loop goroutine uses it.
+type slotPool struct {
+	backend compute.Backend
+	classes [][]*slot
+	bytes   int64 // held by every slot, for metrics
+	// spare are buffers made ahead (Offload.spare) that newSlot hands out
+	// for their shape before it allocates.
+	spare []*slot
+}
+
+func newSlotPool(backend compute.Backend, classes int) *slotPool {
+	return &slotPool{backend: backend, classes: make([][]*slot, classes)}
+}
+
+// holds reports whether v's last slot still has v's values of version.
+func (v *Var) holds(version uint64) bool {
+	s := v.slot
+	return s != nil && s.owner == v && s.version == version
+}
+
+// acquire binds a slot to v and reports whether it already holds v's
+// values of version (nothing to read). A new owner's slot is chosen among
+// the free ones: holding nothing first, then stale values, then values
+// nobody was promised; only when none is free is a slot allocated.
+func (p *slotPool) acquire(v *Var, version uint64) (*slot, bool, error) {
+	if s := v.slot; s != nil && !s.busy && s.owner == v {
+		s.busy = true
+		return s, s.version == version, nil
+	}
+	var pick *slot
+	rank := 3
+	for _, s := range p.classes[v.class] {
+		if s.busy || s.keep {
+			continue
+		}
+		r := 2
+		switch {
+		case s.owner == nil:
+			r = 0
+		case s.version != version || s.owner.slot != s:
+			r = 1
+		}
+		if r < rank {
+			pick, rank = s, r
+			if r == 0 {
+				break
+			}
+		}
+	}
+	if pick == nil {
+		s, err := p.newSlot(v.Shape)
+		if err != nil {
+			return nil, false, fmt.Errorf("zgomlx: a swap-in buffer for %q (%s): %w", v.Name, v.Shape, err)
+		}
+		p.classes[v.class] = append(p.classes[v.class], s)
+		pick = s
+	}
+	if o := pick.owner; o != nil && o.slot == pick {
+		o.slot = nil
+	}
+	pick.owner, pick.version, pick.busy = v, 0, true
+	v.slot = pick
+	return pick, false, nil
+}
+
+// newSlot allocates a shared-buffer tensor of shape and keeps its buffer
+// and its bytes.
+func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
+	for i, s := range p.spare {
+		if s.t.Shape().Equal(shape) {
+			p.spare = append(p.spare[:i], p.spare[i+1:]...)
+			p.bytes += int64(len(s.bytes))
+			return s, nil
+		}
+	}
+	b, err := layerexec.NewBuffer(p.backend, shape)
+	if err != nil {
+		return nil, err
+	}
+	s := &slot{t: b.T, buf: b.Buf, bytes: b.Bytes}
+	p.bytes += int64(len(s.bytes))
+	return s, nil
+}
+
+// release ends the binding of vars' slots (they keep their values).
+func (p *slotPool) release(vars []*Var) {
+	for _, v := range vars {
+		if v.slot != nil {
+			v.slot.busy = false
+		}
+		v.cur = nil
+	}
+}
+
+// forget marks a slot's values as invalid (a read into it failed).
+func (s *slot) forget() {
+	s.owner = nil
+	s.version = 0
+}
+
+// unkeepAll clears every promise (a pass ended or was abandoned).
+func (p *slotPool) unkeepAll() {
+	for _, c := range p.classes {
+		for _, s := range c {
+			s.keep = false
+		}
+	}
+}
+
+// close frees every slot.
+func (p *slotPool) close() {
+	for _, c := range p.classes {
+		for _, s := range c {
+			if s.owner != nil && s.owner.slot == s {
+				s.owner.slot = nil
+			}
+			layerexec.Finalize(s.t)
+		}
+	}
+	p.classes = nil
+	p.bytes = 0
+	freeSlots(p.spare)
+	p.spare = nil
+}
+
+// freeSlots frees slots that belong to no pool class.
+func freeSlots(ss []*slot) {
+	for _, s := range ss {
+		layerexec.Finalize(s.t)
+	}
 }

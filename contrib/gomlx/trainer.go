@@ -23,12 +23,6 @@ import (
 // Abort drops the step).
 var ErrCommitPending = errors.New("zgomlx: the optimizer commit failed; call Commit again (or Abort)")
 
-// ErrStepAborted is returned (wrapped with the cause) when a micro-step
-// fails before its commit: the step is given up (with the gradients of
-// its earlier micro-steps) and the model is as the last commit left it;
-// run the step again from its first micro-step.
-var ErrStepAborted = errors.New("zgomlx: step given up; run it again from its first micro-step")
-
 // Trainer trains a Net whose variables zinf holds: each layer's
 // variables are swapped in straight into GoMLX tensors (reused buffers,
 // no Go heap allocation in steady state) just before its executor runs,
@@ -203,7 +197,7 @@ func (t *Trainer) Step(ctx context.Context, x, labels *tensors.Tensor) (float32,
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	loss, err := t.lp.run(ctx, one(x), one(labels), true, modeTrain)
+	loss, err := t.lp.run(ctx, listOf(x), listOf(labels), true, modeTrain)
 	if err != nil {
 		return loss, t.updateFailed(err)
 	}
@@ -250,7 +244,7 @@ func (t *Trainer) EvalLoss(ctx context.Context, x, labels *tensors.Tensor) (floa
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	loss, err := t.lp.run(ctx, one(x), one(labels), false, modeLoss)
+	loss, err := t.lp.run(ctx, listOf(x), listOf(labels), false, modeLoss)
 	return loss, t.updateFailed(err)
 }
 
@@ -260,7 +254,7 @@ func (t *Trainer) Accumulate(ctx context.Context, x, labels *tensors.Tensor) (fl
 	if t.pending {
 		return 0, ErrCommitPending
 	}
-	loss, err := t.lp.run(ctx, one(x), one(labels), false, modeTrain)
+	loss, err := t.lp.run(ctx, listOf(x), listOf(labels), false, modeTrain)
 	return loss, t.updateFailed(err)
 }
 
@@ -493,4 +487,18 @@ func (s *zinfSource) fail(err error) bool {
 	}
 	s.off.rt.AbortStep()
 	return true
+}
+
+// checkTrainer refuses what a Trainer cannot run, before anything is
+// registered.
+func checkTrainer(backend compute.Backend, cfg *config.Config) error {
+	if err := checkBackend(backend); err != nil {
+		return err
+	}
+	if cfg != nil && cfg.FP16 {
+		// fp16 training scales the loss (zinf.Runtime.LossScale) so its
+		// gradients do not underflow; this loop does not.
+		return errors.New("zgomlx: fp16.enabled true: the Trainer does not apply fp16 loss scaling (allowed: fp32 or bf16 params; an Offload of fp16 variables can still be registered and read)")
+	}
+	return nil
 }
