@@ -1,6 +1,7 @@
 package buffers
 
 import (
+	"math"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -35,10 +36,12 @@ func widenBF16(dst []float32, src []BFloat16) int {
 		widenBF16AVX2(&dst[0], &src[0], n)
 		return n
 	}
-	// Widen up to dst's first 32-byte boundary with the scalar loop (at
-	// most 7 values: dst is 4-byte aligned), then stream.
+	// Widen up to dst's first 32-byte boundary here (at most 7 values: dst
+	// is 4-byte aligned), then stream.
 	head := int((32 - uintptr(unsafe.Pointer(&dst[0]))%32) % 32 / 4)
-	bf16ToFloat32Scalar(dst[:head], src[:head])
+	for i, h := range src[:head] {
+		dst[i] = math.Float32frombits(uint32(h) << 16)
+	}
 	n := (len(src) - head) &^ 15
 	widenBF16AVX2NT(&dst[head], &src[head], n)
 	return head + n
