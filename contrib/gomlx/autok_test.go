@@ -53,7 +53,7 @@ func TestLoopAutoMicroBatches(t *testing.T) {
 	if _, err := zgomlx.Initialize(b, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq)); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

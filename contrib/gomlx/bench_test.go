@@ -38,7 +38,7 @@ func BenchmarkStep(b *testing.B) {
 				defer mt.Close()
 				step = func(i int) error { x, y := lmBatch(i, batch, seq, vocab); _, err := mt.Step(ctx, x, y); return err }
 			default:
-				tr, err := zgomlx.Open(ctx, be, cfg, store, net, zgomlx.Options{})
+				tr, err := zgomlx.Create(ctx, be, cfg, store, net, zgomlx.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -105,7 +105,7 @@ func BenchmarkStepMicroBatches(b *testing.B) {
 					cfg.GradientAccumulationSteps = k
 					cfg.Zinf.Schedule = sched
 					cfg.ZeroOptimization.SubGroupSize = 262_144 // the optimizer's pipeline in 1 MiB sub-groups
-					tr, err := zgomlx.Open(ctx, be, cfg, store, md.net, zgomlx.Options{})
+					tr, err := zgomlx.Create(ctx, be, cfg, store, md.net, zgomlx.Options{})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -53,7 +53,7 @@ func minimumPoolTied(ctx context.Context, t *testing.T, b compute.Backend, cfg *
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = zgomlx.Create(ctx, b, &c, store, net, shapes.Make(dtypes.Int32, 1, 8), zgomlx.Options{})
+	_, err = zgomlx.Create(ctx, b, &c, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, 1, 8))
 	var small *zinf.PoolTooSmallError
 	if !errors.As(err, &small) {
 		t.Fatalf("a 1-byte pool: %v", err)
@@ -193,7 +193,7 @@ func TestLookupRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.edit(&net)
-		tr, err := zgomlx.Open(ctx, b, testConfig(t, 32<<20), store, net, zgomlx.Options{})
+		tr, err := zgomlx.Create(ctx, b, testConfig(t, 32<<20), store, net, zgomlx.Options{})
 		if err == nil {
 			tr.Close()
 		}
@@ -216,7 +216,7 @@ func TestLookupRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	net.Layers[0].Lookups = []zgomlx.Lookup{{Var: table, Input: 1}}
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func TestStateFourTimesPinned(t *testing.T) {
 		t.Fatal("a refused Register released values")
 	}
 	cfg = small(testConfig(t, tooSmall.Need))
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestCheckpointResume(t *testing.T) {
 			b := backend(t)
 			cfg := testConfig(t, 8<<20)
 			cfg.BF16 = tc.bf16
-			tr, err := zgomlx.Open(ctx, b, cfg, newStore(t, b, tc.net, tc.x, 21), tc.net, zgomlx.Options{})
+			tr, err := zgomlx.Create(ctx, b, cfg, newStore(t, b, tc.net, tc.x, 21), tc.net, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,7 +85,7 @@ func TestCheckpointResume(t *testing.T) {
 			// Resume into a fresh model.
 			cfg2 := testConfig(t, 8<<20)
 			cfg2.BF16 = tc.bf16
-			tr2, err := zgomlx.Open(ctx, b, cfg2, newStore(t, b, tc.net, tc.x, 99), tc.net, zgomlx.Options{})
+			tr2, err := zgomlx.Create(ctx, b, cfg2, newStore(t, b, tc.net, tc.x, 99), tc.net, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -110,7 +110,7 @@ func TestCheckpointResume(t *testing.T) {
 			other := lmNet(29, 8, 24, 2, 2, dt)
 			cfg3 := testConfig(t, 8<<20)
 			cfg3.BF16 = tc.bf16
-			tr3, err := zgomlx.Open(ctx, b, cfg3, newStore(t, b, other, shapes.Make(dtypes.Int32, 4, 8), 1), other, zgomlx.Options{})
+			tr3, err := zgomlx.Create(ctx, b, cfg3, newStore(t, b, other, shapes.Make(dtypes.Int32, 4, 8), 1), other, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,33 +13,39 @@ import (
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 )
 
-// Create is Open for a model whose variables do not exist yet, or would
-// not fit in memory all at once. It builds each layer's graph for an
-// input of shape x (without running it) to create the variables in store
-// with their shapes only, registers them with zinf, then initializes one
-// layer at a time: in a scratch Store holding only that layer, with the
-// initializers the layer chose, each value goes to zinf and is dropped.
-// So at most one layer's values are ever in memory, and the Store keeps
-// the shapes (Offload.Restore gives it the values).
+// Create registers store's variables with zinf and builds a Trainer for
+// net; Close closes both. It is the one way to make a Trainer:
 //
-// The layers draw from the Store's random state in turn, each where the
-// one before left it (seeded by model.ParamInitialSeed when set), so the
-// values are the ones Initialize (store.InitializeVariables, one stream
-// in creation order) gives the model in memory; variables that already
-// have values keep them. Variables a layer uses that zinf does not hold
-// (Options.Filter) get their values in the Store.
+//   - With xs, the shapes of the first layer's inputs (one for a Layer.Fn,
+//     several for a Layer.FnN), it suits a model whose variables do not
+//     exist yet, or would not fit in memory all at once. It builds each
+//     layer's graph for those inputs (without running it) to create the
+//     variables in store with their shapes only, registers them with
+//     zinf, then initializes one layer at a time: in a scratch Store
+//     holding only that layer, with the initializers the layer chose,
+//     each value goes to zinf and is dropped. So at most one layer's
+//     values are ever in memory, and the Store keeps the shapes
+//     (Offload.Restore gives it the values). The layers draw from the
+//     Store's random state in turn, each where the one before left it
+//     (seeded by model.ParamInitialSeed when set), so the values are the
+//     ones Initialize (store.InitializeVariables, one stream in creation
+//     order) gives the model in memory; variables that already have
+//     values keep them. Variables a layer uses that zinf does not hold
+//     (Options.Filter) get their values in the Store. A layer that the
+//     per-layer executors cannot run as the whole graph would is refused
+//     here, naming it: one that updates a variable in its graph (dropout
+//     advancing the random state, batch statistics) or adds a
+//     regularization or other loss term.
+//   - Without xs, every variable selected must already have a value
+//     (Initialize, a GoMLX checkpoint): Create registers them as they are
+//     (Register, one layer per Net layer) and builds nothing to trace, so
+//     such a layer is found at the first Step instead (ErrNotPure).
 //
-// A layer that the per-layer executors cannot run as the whole graph
-// would is refused here, naming it: one that updates a variable in its
-// graph (dropout advancing the random state, batch statistics) or adds a
-// regularization or other loss term.
-func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, x shapes.Shape, opts Options) (*Trainer, error) {
-	return CreateN(ctx, backend, cfg, store, net, []shapes.Shape{x}, opts)
-}
-
-// CreateN is Create for a Net whose first layer takes several inputs, of
-// shapes xs.
-func CreateN(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, xs []shapes.Shape, opts Options) (*Trainer, error) {
+// On error the Store keeps its values.
+func Create(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, opts Options, xs ...shapes.Shape) (*Trainer, error) {
+	if len(xs) == 0 {
+		return open(ctx, backend, cfg, store, net, opts)
+	}
 	if err := net.check(); err != nil {
 		return nil, err
 	}

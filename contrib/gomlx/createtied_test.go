@@ -25,7 +25,7 @@ func TestCreateTiedEmbeddings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, xs, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, zgomlx.Options{}, xs)
 	if err != nil {
 		t.Fatal(err)
 	}

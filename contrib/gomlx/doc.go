@@ -11,16 +11,18 @@
 //	for i := range blocks {
 //		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", i), Fn: block})
 //	}
-//	tr, _ := zgomlx.Create(ctx, backend, cfg, model.NewStore(), net, xShape, zgomlx.Options{})
+//	tr, _ := zgomlx.Create(ctx, backend, cfg, model.NewStore(), net, zgomlx.Options{}, xShape)
 //	defer tr.Close()
 //	for step := range steps {
 //		loss, err := tr.Step(ctx, x, labels)
 //	}
 //
-// Create makes the variables and initializes them one layer at a time
-// straight into zinf, with the values GoMLX's Initialize would give them
-// in memory; Open registers a Store whose variables already have values
-// (Initialize, a GoMLX checkpoint).
+// Given the first layer's input shapes, Create makes the variables and
+// initializes them one layer at a time straight into zinf, with the
+// values GoMLX's Initialize would give them in memory; given none, it
+// registers a Store whose variables already have values (Initialize, a
+// GoMLX checkpoint). Register is the layer below: the variables in zinf
+// (an Offload: checkpoints, ReadVariable, Restore) without executors.
 //
 // A layer may take and return several tensors (Layer.FnN: float ones
 // get gradients, int ones such as token ids pass along), keep its
@@ -41,7 +43,7 @@
 //	store := model.NewStore()
 //	m := transformer.New(store.RootScope()).WithVocabSize(v).WithEmbedDim(d).WithNumLayers(n)...
 //	net, _ := zgomlx.TransformerNet(m, zgomlx.TransformerOptions{})
-//	tr, _ := zgomlx.Create(ctx, backend, cfg, store, net, shapes.Make(dtypes.Int32, batch, seq), zgomlx.Options{})
+//	tr, _ := zgomlx.Create(ctx, backend, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, batch, seq))
 //
 // It trains bit for bit as m.Logits in one graph
 // (reference.NewWholeGraphModel) with the same optimizer.
@@ -115,10 +117,11 @@
 // deadlock running several large matrix products at once on few cores.
 // Its fused dense op has no bf16/fp16 kernel, so half-precision models set
 // GOMLX_FUSION=false (graph.FusionEnv) to use the decomposed ops. Layers
-// must be pure functions of their inputs and variables: Create refuses,
-// naming it, a layer that updates a variable in its graph (dropout, batch
-// statistics) or adds a regularization loss (the per-layer backward would
-// drop it); Open finds it at the first Step, which fails with ErrNotPure
+// must be pure functions of their inputs and variables: Create with input
+// shapes refuses, naming it, a layer that updates a variable in its graph
+// (dropout, batch statistics) or adds a regularization loss (the per-layer
+// backward would drop it); without them the first Step finds it and fails
+// with ErrNotPure
 // (not the retryable ErrStepAborted). Every variable belongs to
 // one layer (later layers may borrow it), and the loss has no variables.
 // The layers' outputs are kept for the backward pass (activations are

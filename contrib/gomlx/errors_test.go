@@ -50,7 +50,7 @@ func TestBadNetsAreRefused(t *testing.T) {
 		}},
 	}, Loss: good.Loss}
 	store := newStore(t, b, counter, xs, 1)
-	tr, err := zgomlx.Open(ctx, b, testConfig(t, 8<<20), store, counter, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, counter, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,14 +59,14 @@ func TestBadNetsAreRefused(t *testing.T) {
 	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), `layer "/counting" updates variable "/counting/count"`) || errors.Is(err, zgomlx.ErrStepAborted) {
 		t.Fatalf("a layer updating a variable: %v (want it named, and not as a step to run again)", err)
 	}
-	if _, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), model.NewStore(), counter, xs, zgomlx.Options{}); !errors.Is(err, zgomlx.ErrNotPure) {
+	if _, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), model.NewStore(), counter, zgomlx.Options{}, xs); !errors.Is(err, zgomlx.ErrNotPure) {
 		t.Fatalf("Create of a layer updating a variable: %v, want ErrNotPure", err)
 	}
 
 	vector := good
 	vector.Loss = func(y, labels *Node) *Node { return Sub(y, labels) }
 	store = newStore(t, b, vector, xs, 1)
-	tr2, err := zgomlx.Open(ctx, b, testConfig(t, 8<<20), store, vector, zgomlx.Options{})
+	tr2, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, vector, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestBadNetsAreRefused(t *testing.T) {
 	fp16 := testConfig(t, 8<<20)
 	fp16.FP16 = true
 	kept := newStore(t, b, good, xs, 1)
-	if _, err := zgomlx.Open(ctx, b, fp16, kept, good, zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "fp16.enabled") {
+	if _, err := zgomlx.Create(ctx, b, fp16, kept, good, zgomlx.Options{}); err == nil || !strings.Contains(err.Error(), "fp16.enabled") {
 		t.Fatalf("fp16 without loss scaling: %v", err)
 	}
 	if !kept.GetVariable("/dense_0/dense/weights").HasValue() {

@@ -298,8 +298,9 @@ func (le *layerExec) checkPure(g *graph.Graph) {
 
 // ErrNotPure is wrapped by the error of a layer the per-layer executors
 // cannot run as the whole graph would: one that updates a variable in its
-// graph or adds a loss term. Create refuses such a layer; a Trainer from
-// Open finds it at its first Step, which then fails with it (not with
+// graph or adds a loss term. Create given input shapes refuses such a
+// layer; a Trainer created without them finds it at its first Step, which
+// then fails with it (not with
 // ErrStepAborted: running the step again cannot help).
 var ErrNotPure = errors.New("zgomlx: a layer the per-layer executors cannot recompute")
 

@@ -100,7 +100,7 @@ func faultMidStep(t *testing.T, c faultCase, one bool) {
 		memStore := clone(t, store)
 		cfg := testConfig(t, 8<<20)
 		inj := newInjector()
-		tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{OneLayerResident: one, Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
+		tr, err := zgomlx.Create(ctx, b, cfg, store, tc.net, zgomlx.Options{OneLayerResident: one, Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -96,7 +96,7 @@ func TestBlockedHeadRefusals(t *testing.T) {
 		t.Fatalf("MemoryTrainer with a Net.Head: %v", err)
 	}
 	// A table that fits one piece is not streamed: blocks are refused.
-	_, err = zgomlx.Open(t.Context(), b, testConfig(t, 8<<20), s, net, zgomlx.Options{KeepValues: true})
+	_, err = zgomlx.Create(t.Context(), b, testConfig(t, 8<<20), s, net, zgomlx.Options{KeepValues: true})
 	if err == nil || !strings.Contains(err.Error(), "not streamed") {
 		t.Fatalf("Open with a 1000-row table in blocks: %v", err)
 	}
@@ -134,7 +134,7 @@ func TestBlockedHeadUnderAuto(t *testing.T) {
 			t.Fatal(err)
 		}
 		var log syncBuffer // the runtime's goroutines log too
-		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+		tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{Runtime: zinf.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
 		if err != nil {
 			t.Fatal(err)
 		}

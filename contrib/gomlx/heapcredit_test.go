@@ -32,7 +32,7 @@ func TestHeapCredit(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(10))
 	open := func(credit int64) (*zgomlx.Trainer, error) {
 		store := newStore(t, b, net, x, 3)
-		return zgomlx.Open(ctx, b, testConfig(t, 8<<20), store, net, zgomlx.Options{HeapCredit: credit})
+		return zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, zgomlx.Options{HeapCredit: credit})
 	}
 	gcsOver := func(tr *zgomlx.Trainer, steps int) uint32 {
 		var m0, m1 runtime.MemStats

@@ -256,7 +256,7 @@ func offloadedAndWhole(ctx context.Context, t *testing.T, b compute.Backend, cfg
 		t.Fatal(err)
 	}
 	whole := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -171,12 +171,12 @@ func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 			for _, k := range []int{1, 3} {
 				lmStore, mbStore, memStore, wholeStore, gradStore := clone(t, init), clone(t, init), clone(t, init), clone(t, init), clone(t, init)
 				cfgLM := c.config(t, k, config.ScheduleLayerMajor)
-				lm, err := zgomlx.Open(ctx, b, cfgLM, lmStore, c.net, c.opts)
+				lm, err := zgomlx.Create(ctx, b, cfgLM, lmStore, c.net, c.opts)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer lm.Close()
-				mb, err := zgomlx.Open(ctx, b, c.config(t, k, config.ScheduleMicroBatchMajor), mbStore, c.net, c.opts)
+				mb, err := zgomlx.Create(ctx, b, c.config(t, k, config.ScheduleMicroBatchMajor), mbStore, c.net, c.opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -344,7 +344,7 @@ func TestLayerMajorActivationTiers(t *testing.T) {
 		t.Run(string(dev), func(t *testing.T) {
 			cfg := c.config(t, k, config.ScheduleLayerMajor)
 			cfg.Zinf.Activations.Device = dev
-			tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, c.opts)
+			tr, err := zgomlx.Create(ctx, b, cfg, clone(t, init), c.net, c.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -414,7 +414,7 @@ func TestLayerMajorFaultMidStep(t *testing.T) {
 			inj := newInjector()
 			opts := c.opts
 			opts.Runtime.Faults = inj
-			tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, opts)
+			tr, err := zgomlx.Create(ctx, b, cfg, clone(t, init), c.net, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -536,12 +536,12 @@ func TestLayerMajorBlockedHead(t *testing.T) {
 	b := backend(t)
 	net, init, mbs := blockedHeadCase(t)
 	for _, k := range []int{1, 3} {
-		lm, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, k, config.ScheduleLayerMajor), clone(t, init), net, zgomlx.Options{})
+		lm, err := zgomlx.Create(ctx, b, blockedHeadConfig(t, k, config.ScheduleLayerMajor), clone(t, init), net, zgomlx.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer lm.Close()
-		mb, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, k, config.ScheduleMicroBatchMajor), clone(t, init), net, zgomlx.Options{})
+		mb, err := zgomlx.Create(ctx, b, blockedHeadConfig(t, k, config.ScheduleMicroBatchMajor), clone(t, init), net, zgomlx.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -574,7 +574,7 @@ func TestLayerMajorBlockedHead(t *testing.T) {
 	whole := net
 	whole.Layers = slices.Clone(net.Layers)
 	whole.Layers[0].Lookups = nil
-	tr, err := zgomlx.Open(ctx, b, blockedHeadConfig(t, 2, config.ScheduleLayerMajor), clone(t, init), whole, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, blockedHeadConfig(t, 2, config.ScheduleLayerMajor), clone(t, init), whole, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,7 +615,7 @@ func TestLayerMajorBlockedHeadMemory(t *testing.T) {
 	cfg := blockedHeadConfig(t, k, config.ScheduleLayerMajor)
 	cfg.Zinf.Tiers.CPUPinnedBytes = 256 << 20
 	// Created straight into zinf: the Store never holds the table.
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, shapes.Make(dtypes.Int32, 2, 8), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, 2, 8))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -696,7 +696,7 @@ func TestLayerMajorOptimizers(t *testing.T) {
 				cfg.BF16 = true
 				cfg.Scheduler.Type = config.SchedulerWarmupLR
 				cfg.Scheduler.WarmupNumSteps = 3
-				tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, c.opts)
+				tr, err := zgomlx.Create(ctx, b, cfg, clone(t, init), c.net, c.opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -762,7 +762,7 @@ func TestLayerMajorActivationsSpill(t *testing.T) {
 	g := plan.GranuleBytes()
 	cfg.Zinf.Activations = config.Activations{Device: config.ActivationsAuto, MemoryBytes: config.Size(2 * entry),
 		CPUBytes: config.Size(4*(1<<20) + 2*g)} // 4 MiB: staging for entries of up to 1 MiB
-	tr, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, c.opts)
+	tr, err := zgomlx.Create(ctx, b, cfg, clone(t, init), c.net, c.opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestLayerMajorGradientsWrittenOnce(t *testing.T) {
 	for _, k := range []int{1, 3} {
 		lmStore, memStore := clone(t, init), clone(t, init)
 		cfg := c.config(t, k, config.ScheduleLayerMajor)
-		tr, err := zgomlx.Open(ctx, b, cfg, lmStore, c.net, c.opts)
+		tr, err := zgomlx.Create(ctx, b, cfg, lmStore, c.net, c.opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,12 +40,12 @@ func TestOneLayerResident(t *testing.T) {
 			}{{1, config.ScheduleMicroBatchMajor}, {3, config.ScheduleLayerMajor}, {3, config.ScheduleMicroBatchMajor}} {
 				what := fmt.Sprintf("k=%d %s", run.k, run.sched)
 				cfg := c.config(t, run.k, run.sched)
-				serial, err := zgomlx.Open(ctx, b, cfg, clone(t, init), c.net, one)
+				serial, err := zgomlx.Create(ctx, b, cfg, clone(t, init), c.net, one)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer serial.Close()
-				overlap, err := zgomlx.Open(ctx, b, c.config(t, run.k, run.sched), clone(t, init), c.net, c.opts)
+				overlap, err := zgomlx.Create(ctx, b, c.config(t, run.k, run.sched), clone(t, init), c.net, c.opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -128,7 +128,7 @@ func TestOneLayerResidentBlockedHead(t *testing.T) {
 	}
 	whole := clone(t, store)
 	overlapStore := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{OneLayerResident: true})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{OneLayerResident: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestOneLayerResidentBlockedHead(t *testing.T) {
 
 	cfg2 := testConfig(t, 64<<20)
 	cfg2.ZeroOptimization.SubGroupSize = 65_536
-	ov, err := zgomlx.Open(ctx, b, cfg2, overlapStore, net, zgomlx.Options{})
+	ov, err := zgomlx.Create(ctx, b, cfg2, overlapStore, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

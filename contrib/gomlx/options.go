@@ -8,7 +8,7 @@ import (
 	"github.com/zinfio/zinf"
 )
 
-// Options configure Register.
+// Options configure Create and Register.
 type Options struct {
 	// Filter selects the variables zinf holds and trains. Default
 	// (nil): DefaultFilter, every trainable variable of a float dtype

@@ -34,7 +34,7 @@ func TestOverlapUpdate(t *testing.T) {
 	cfg.Zinf.Speculate = config.SpeculateNever
 	cfg.Zinf.OverlapUpdate = true
 	inj := newInjector()
-	tr, err := zgomlx.Open(ctx, b, cfg, store, tc.net, zgomlx.Options{Runtime: zinf.Options{Faults: inj}})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, tc.net, zgomlx.Options{Runtime: zinf.Options{Faults: inj}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func trainZoo(ctx context.Context, backend compute.Backend, steps, batch, seq in
 	if err != nil {
 		return 0, 0, err
 	}
-	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, shapes.Make(dtypes.Int32, batch, seq), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, batch, seq))
 	if err != nil {
 		return 0, 0, err
 	}

@@ -44,7 +44,7 @@ func trainLM(ctx context.Context, configFile string, vocab int, batches iter.Seq
 	if err != nil {
 		return err
 	}
-	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, shapes.Make(dtypes.Int32, 2, 32), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, 2, 32))
 	if err != nil { // Create initializes the model layer by layer, straight into zinf
 		return err
 	}
@@ -68,7 +68,7 @@ func trainBlocks(ctx context.Context, cfg *config.Config, block zgomlx.LayerFn, 
 	for i := range 4 {            // one zinf layer per block
 		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/block_%d", i), Fn: block})
 	}
-	tr, err := zgomlx.Create(ctx, backend, cfg, model.NewStore(), net, x.Shape(), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, cfg, model.NewStore(), net, zgomlx.Options{}, x.Shape())
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func TestDocsSnippets(t *testing.T) {
 	cfg.Zinf.Schedule = config.ScheduleLayerMajor
 	b := backend(t)
 	defer b.Finalize()
-	tr, err := zgomlx.Create(ctx, b, cfg, model.NewStore(), mlpNet(8, 8), in.Shape(), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, model.NewStore(), mlpNet(8, 8), zgomlx.Options{}, in.Shape())
 	if err != nil {
 		t.Fatal(err)
 	}

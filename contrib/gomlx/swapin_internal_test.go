@@ -51,7 +51,7 @@ func TestSwapInReusesBuffers(t *testing.T) {
 	cfg.SetScratchDir(t.TempDir())
 	cfg.Zinf.Tiers.CPUPinnedBytes = 16 << 20
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
-	tr, err := Open(ctx, backend, cfg, store, net, Options{})
+	tr, err := Create(ctx, backend, cfg, store, net, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestCreateMakesRowTableBuffersFirst(t *testing.T) {
 	cfg.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	cfg.ZeroOptimization.SubGroupSize = 65_536
 	xs := shapes.Make(dtypes.Int32, 2, 8)
-	tr, err := Create(ctx, backend, cfg, store, net, xs, Options{Runtime: zinf.Options{PieceBytes: 1 << 20}})
+	tr, err := Create(ctx, backend, cfg, store, net, Options{Runtime: zinf.Options{PieceBytes: 1 << 20}}, xs)
 	if err != nil {
 		t.Fatal(err)
 	}

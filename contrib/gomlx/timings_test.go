@@ -21,7 +21,7 @@ func TestTimingsCompute(t *testing.T) {
 	net := mlpNet(64, 64, 8)
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, int64(3))
-	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, shapes.Make(dtypes.Float32, 16, 32), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, net, zgomlx.Options{}, shapes.Make(dtypes.Float32, 16, 32))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func TestOffloadedEqualsInMemory(t *testing.T) {
 			memStore, wholeStore := clone(t, store), clone(t, store)
 			cfg := testConfig(t, 8<<20)
 			cfg.BF16 = c.bf16
-			tr, err := zgomlx.Open(ctx, b, cfg, store, c.net, zgomlx.Options{})
+			tr, err := zgomlx.Create(ctx, b, cfg, store, c.net, zgomlx.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,7 +176,7 @@ func TestStorageDTypeAndMicroSteps(t *testing.T) {
 	memStore := clone(t, store)
 	cfg := testConfig(t, 8<<20)
 	cfg.BF16 = true // zinf's param dtype; the Store's variables stay float32
-	tr, err := zgomlx.Open(ctx, b, cfg, store, c.net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, c.net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestCreateLayerByLayer(t *testing.T) {
 	create := func() *zgomlx.Trainer {
 		store := model.NewStore()
 		store.SetParam(model.ParamInitialSeed, int64(12))
-		tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, c.net, c.x, zgomlx.Options{})
+		tr, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), store, c.net, zgomlx.Options{}, c.x)
 		if err != nil {
 			t.Fatal(err)
 		}

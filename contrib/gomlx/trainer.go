@@ -34,7 +34,7 @@ type Trainer struct {
 	ex    *executors
 	lp    loop
 	pool  *slotPool
-	owned bool // Close closes the Offload (Open made it)
+	owned bool // Close closes the Offload (Create made it)
 
 	order   []int // the layers a pass reads from zinf
 	pending bool  // a commit failed
@@ -115,7 +115,7 @@ func (t *Trainer) Timings() Timings {
 // newTrainer builds net's per-layer executors over off's variables on
 // backend, which must share its buffers with Go (the pure-Go backend).
 // off must have been registered with one layer per Net layer, in order
-// (Options.Layers = net.Scopes(), as Open and Create register it).
+// (Options.Layers = net.Scopes(), as Create registers it).
 func newTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error) {
 	if off == nil {
 		return nil, errors.New("zgomlx: nil Offload")
@@ -148,10 +148,10 @@ func newTrainer(backend compute.Backend, off *Offload, net Net) (*Trainer, error
 	return t, nil
 }
 
-// Open registers store's variables with zinf (Register, one layer per
-// Net layer) and builds a Trainer for net; Close closes both. On error
-// the Store keeps its values.
-func Open(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, opts Options) (*Trainer, error) {
+// open is Create for a Store whose variables have values: Register,
+// one layer per Net layer, and a Trainer for net; Close closes both. On
+// error the Store keeps its values.
+func open(ctx context.Context, backend compute.Backend, cfg *config.Config, store *model.Store, net Net, opts Options) (*Trainer, error) {
 	if err := net.check(); err != nil {
 		return nil, err
 	}
@@ -303,7 +303,7 @@ func (t *Trainer) ParamBytesRead() int64 { return t.bytesRead }
 // (a layer whose values are still in its buffers is not read).
 func (t *Trainer) ParamReads() int64 { return t.reads }
 
-// Close frees the executors and buffers, and the Offload when Open made
+// Close frees the executors and buffers, and the Offload when Create made
 // it.
 func (t *Trainer) Close() error {
 	if t.acts != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 // TestTrainerRefusesOffloadOfOtherLayers: an Offload registered with the
-// Net's layers in another order gets no Trainer (Open and Create register
+// Net's layers in another order gets no Trainer (Create registers
 // them in the Net's order; the check guards the executors' binding of
 // each layer's variables).
 func TestTrainerRefusesOffloadOfOtherLayers(t *testing.T) {

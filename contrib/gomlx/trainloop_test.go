@@ -103,7 +103,7 @@ func TestLoopDrivesTrainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr2, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), again, againNet, xs, zgomlx.Options{})
+	tr2, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), again, againNet, zgomlx.Options{}, xs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestLoopMicroBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	memStore := clone(t, store)
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

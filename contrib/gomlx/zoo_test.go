@@ -62,7 +62,7 @@ func TestZooTransformerEqualsWholeGraph(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr, err := zgomlx.Create(ctx, b, cfg, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq), zgomlx.Options{})
+			tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, zooBatch, zooSeq))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +181,7 @@ func TestTiedEmbeddings(t *testing.T) {
 	const table = "/token_embed/embeddings"
 	sameBits(t, table+" gradient", got[table], want[table])
 
-	tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestZooRefusals(t *testing.T) {
 		}, "regularization loss"},
 	} {
 		net := zgomlx.Net{Layers: []zgomlx.Layer{{Scope: "/a", Fn: c.fn}}, Loss: mlpNet(3).Loss}
-		_, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), model.NewStore(), net, xs, zgomlx.Options{})
+		_, err := zgomlx.Create(ctx, b, testConfig(t, 8<<20), model.NewStore(), net, zgomlx.Options{}, xs)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Create returned %v, want an error saying %q", c.name, err, c.want)
 		}
@@ -311,7 +311,7 @@ func TestEvalWithoutRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, shapes.Make(dtypes.Int32, zooBatch, zooSeq), zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, zooBatch, zooSeq))
 	if err != nil {
 		t.Fatal(err)
 	}

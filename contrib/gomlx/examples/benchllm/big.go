@@ -129,7 +129,7 @@ func big(o options, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		tr, err := zgomlx.Create(ctx, b, &c, tmp, nt, xs, zgomlx.Options{})
+		tr, err := zgomlx.Create(ctx, b, &c, tmp, nt, zgomlx.Options{}, xs)
 		var small *zinf.PoolTooSmallError
 		if err == nil {
 			tr.Close()
@@ -149,7 +149,7 @@ func big(o options, w io.Writer) error {
 	if o.credit == "none" {
 		credit = zgomlx.NoHeapCredit
 	}
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, xs, zgomlx.Options{HeapCredit: credit, OneLayerResident: o.oneLayer})
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{HeapCredit: credit, OneLayerResident: o.oneLayer}, xs)
 	if err != nil {
 		return err
 	}

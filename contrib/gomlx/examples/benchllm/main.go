@@ -273,7 +273,7 @@ func child(o options, w io.Writer) error {
 		if o.pipelineDepth >= 0 {
 			cfg.Zinf.PipelineDepth = o.pipelineDepth
 		}
-		tr, err := zgomlx.Open(ctx, b, cfg, store, net, zgomlx.Options{})
+		tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
 		if err != nil {
 			return err
 		}

@@ -105,7 +105,7 @@ func main() {
 		opts.HeapCredit = zgomlx.AutoHeapCredit
 	}
 	if *mode == "off" {
-		tr, err := zgomlx.Open(ctx, b, cfg, store, net, opts)
+		tr, err := zgomlx.Create(ctx, b, cfg, store, net, opts)
 		if err != nil {
 			panic(err)
 		}

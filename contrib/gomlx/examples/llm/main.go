@@ -226,7 +226,7 @@ func run(o options, w io.Writer) error {
 		return err
 	}
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(res.MinPoolBytes + 2*res.ParamDemandBytes)
-	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, xs, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, cfg, store, net, zgomlx.Options{}, xs)
 	if err != nil {
 		return err
 	}
@@ -390,7 +390,7 @@ func minimumPool(ctx context.Context, backend compute.Backend, cfg *config.Confi
 	c.Zinf.Tiers.CPUPinnedBytes = 1
 	store := model.NewStore()
 	zooModel(store, o, vocab)
-	tr, err := zgomlx.Create(ctx, backend, &c, store, net, xs, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, &c, store, net, zgomlx.Options{}, xs)
 	if err == nil {
 		tr.Close()
 		return zinf.Reservations{MinPoolBytes: 1}, nil
@@ -620,7 +620,7 @@ func compareStates(ctx context.Context, backend compute.Backend, o options, c *c
 	if err != nil {
 		return err
 	}
-	tr, err := zgomlx.Create(ctx, backend, &cfg, store, net, xs, zgomlx.Options{})
+	tr, err := zgomlx.Create(ctx, backend, &cfg, store, net, zgomlx.Options{}, xs)
 	if err != nil {
 		return err
 	}

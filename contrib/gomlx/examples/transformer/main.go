@@ -229,7 +229,7 @@ func setup(o options) (compute.Backend, zgomlx.Net, *config.Config, error) {
 func create(ctx context.Context, backend compute.Backend, n zgomlx.Net, cfg *config.Config, o options) (*zgomlx.Trainer, error) {
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, o.seed)
-	return zgomlx.Create(ctx, backend, cfg, store, n, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq), zgomlx.Options{HeapCredit: o.heapCredit})
+	return zgomlx.Create(ctx, backend, cfg, store, n, zgomlx.Options{HeapCredit: o.heapCredit}, shapes.Make(dtypes.Int32, o.s.batch, o.s.seq))
 }
 
 // referenceStore is a Store holding the same initial values as create's,
