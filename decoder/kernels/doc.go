@@ -131,7 +131,11 @@
 // and requires the tests to catch each (the row and the in-out kernels'
 // own mistakes). Pool.MatMuls takes several matrices that share the
 // vectors (a layer's queries, keys and values) as one run of rows, split
-// over the workers once. Kernels lists what the machine has; Options.Kernel
+// over the workers once. Dots and WeightedSum run the f32 row and in-out
+// kernels on the calling goroutine over float32 rows a stride apart (a
+// decoder's attention over its KV cache), with MatMul's and
+// MatMulInOut's bits. Encode stores float32 values in any of the
+// types, Dequantize reads them back. Kernels lists what the machine has; Options.Kernel
 // picks one (for tests and benchmarks: the bits do not
 // depend on it).
 //
