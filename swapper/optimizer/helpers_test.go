@@ -293,6 +293,9 @@ type rigConfig struct {
 	// publish gives the optimizer a RangeSink that is also a Publisher
 	// (pubSink).
 	publish bool
+	// reserve gives the optimizer a region of the pool of its own, of that
+	// many bytes (StepTxn.Prefetch reads ahead only there).
+	reserve int64
 }
 
 // rig is an optimizer with a real store and pool, fake params and grads,
@@ -313,6 +316,11 @@ type rig struct {
 	// txnOrder, when set, makes step a transaction (BeginStep, Tensor for
 	// each name it returns, in order, then Commit) instead of Step.
 	txnOrder func() []string
+	// prefetch names the tensors a transaction's records are read ahead
+	// for (StepTxn.Prefetch) as it opens; prefetched counts the
+	// sub-groups Prefetch started reading, over every step.
+	prefetch   []string
+	prefetched int
 }
 
 func newRig(t testing.TB, cfg rigConfig) *rig {
@@ -378,7 +386,11 @@ func newRig(t testing.TB, cfg rigConfig) *rig {
 		cfg.poolBytes = exactNeed(t, opts, cfg.specs)
 		r.cfg.poolBytes = cfg.poolBytes
 	}
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: cfg.poolBytes, Pin: buffers.PinOff})
+	popts := buffers.Options{CapacityBytes: cfg.poolBytes, Pin: buffers.PinOff}
+	if cfg.reserve > 0 {
+		popts.Reservations[buffers.PurposeOptimizer] = cfg.reserve
+	}
+	pool, err := buffers.NewPool(popts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,6 +454,13 @@ func (r *rig) txnStep(ctx context.Context, order []string) error {
 	txn, err := r.opt.BeginStep(ctx)
 	if err != nil {
 		return err
+	}
+	for _, name := range r.prefetch {
+		n, err := txn.Prefetch(name)
+		if err != nil {
+			r.t.Errorf("Prefetch(%s): %v", name, err)
+		}
+		r.prefetched += n
 	}
 	for _, name := range order {
 		if err := txn.Tensor(name); err != nil {

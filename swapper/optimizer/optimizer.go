@@ -318,6 +318,10 @@ type StepStats struct {
 	// HandedOver counts the tensors handed over with StepTxn.Tensor
 	// before Commit (0 for Step).
 	HandedOver int
+	// Prefetched counts the sub-groups whose record StepTxn.Prefetch
+	// started reading before their tensor was handed over and whose update
+	// used it.
+	Prefetched int
 	// Elapsed is the wall time of Step, or of a transaction from BeginStep
 	// to the end of Commit or Abort. Compute is the time spent in Adam and
 	// copies on the update goroutine; ReadWait the time it waited for
@@ -364,6 +368,7 @@ func (s *StepStats) add(o StepStats) {
 	s.Commit += o.Commit
 	s.Drain += o.Drain
 	s.HandedOver += o.HandedOver
+	s.Prefetched += o.Prefetched
 }
 
 // New returns an Optimizer with no tensors. opts is copied, defaulted

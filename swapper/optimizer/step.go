@@ -100,6 +100,8 @@ type stepRun struct {
 	timeline []SubGroupTiming
 
 	pub pubState // CommitAsync's publishing (publish.go)
+	// pre holds the records StepTxn.Prefetch read ahead (prefetch.go).
+	pre prefetchState
 	// undoing is set before a failed step's staged and published updates
 	// are discarded (abort), so that a reader can tell (StepTxn.Failing).
 	undoing atomic.Bool
@@ -110,6 +112,7 @@ type stepRun struct {
 type item struct {
 	sg           *subGroup
 	failed       bool // read-ahead did not complete: no update
+	prefetched   bool // its record read was started by StepTxn.Prefetch
 	token, wslot bool
 	// buf is the sub-group's pinned buffer: its record (with a store),
 	// then the gradient slice.
@@ -177,7 +180,7 @@ func (r *stepRun) stepStats(committed bool) StepStats {
 	return StepStats{Step: r.step, Committed: committed, SubGroups: int(r.subGroups.Load()),
 		BytesRead: r.bytesRead.Load(), BytesWritten: r.bytesWritten.Load(), GradBytes: r.gradBytes.Load(),
 		Compute: r.compute, ReadWait: r.readWait, WriteWait: r.writeWait, Idle: r.idle,
-		IOGaps: gaps, Timeline: tl, Start: r.start}
+		IOGaps: gaps, Timeline: tl, Start: r.start, Prefetched: int(r.pre.used.Load())}
 }
 
 func last(sg *subGroup) bool { return sg.j == len(sg.t.sgs)-1 }
@@ -229,6 +232,7 @@ func waited(start time.Time, it *item) (read, idle time.Duration) {
 // buffer is back.
 func (r *stepRun) run() {
 	defer close(r.done)
+	defer r.dropPrefetched() // before done: every buffer is back by then
 	if r.depth == 0 {
 		var tb tensorBufs
 		defer tb.release()
@@ -335,12 +339,17 @@ func (r *stepRun) run() {
 // item holding whatever it acquired, for retire to give back.
 func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	o := r.o
-	it := &item{sg: sg}
-	it.tm.Ahead = r.since()
-	if err := r.tokens.acquire(r.ctx, r.weight(sg)); err != nil {
-		return it, r.wrap("read-ahead", sg, false, r.cause())
+	// A record StepTxn.Prefetch started reading comes with its token,
+	// its buffer and its read.
+	it := r.takePrefetched(sg)
+	if it == nil {
+		it = &item{sg: sg}
+		it.tm.Ahead = r.since()
+		if err := r.tokens.acquire(r.ctx, r.weight(sg)); err != nil {
+			return it, r.wrap("read-ahead", sg, false, r.cause())
+		}
+		it.token = true
 	}
-	it.token = true
 	t := sg.t
 	if sg.j == 0 {
 		tb.release()
@@ -351,13 +360,16 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 	it.master = tb.master
 	z := o.sz
 	lo, hi := sg.off, sg.off+sg.n
+	gradAt := z.recRegion(sg.n)
+	if it.prefetched {
+		return it, r.readGrad(it, gradAt)
+	}
 	b, err := o.opts.Pool.Acquire(r.ctx, int(z.slot(lo, hi)), buffers.PurposeOptimizer)
 	if err != nil {
 		return it, r.wrap("read-ahead", sg, false, err)
 	}
 	it.buf = b
 	it.tm.Buffered = r.since()
-	gradAt := z.recRegion(sg.n)
 	if st := o.opts.Store; st != nil {
 		rb := sg.recordBytes()
 		it.state = buffers.Float32Bytes(b.Bytes()[:rb])
@@ -378,27 +390,36 @@ func (r *stepRun) prefetch(sg *subGroup, tb *tensorBufs) (*item, error) {
 		copy(next.Float32(), sg.mem[sg.cur].Float32())
 		it.state = next.Float32()
 	}
+	return it, r.readGrad(it, gradAt)
+}
+
+// readGrad reads it's gradient slice into its buffer at gradAt, or starts
+// reading it (an AsyncGradSource).
+func (r *stepRun) readGrad(it *item, gradAt int64) error {
+	o, sg := r.o, it.sg
+	t, b := sg.t, it.buf
+	lo, hi := sg.off, sg.off+sg.n
 	it.tm.GradBytes = 4 * int64(sg.n)
 	if ag, ok := o.opts.Grads.(AsyncGradSource); ok {
 		// Started, not waited for: update waits (see gradWait).
 		rr, err := ag.ReadRangeAsync(r.ctx, t.name, lo, hi, b.Bytes()[gradAt:])
 		if err != nil {
-			return it, r.wrap("grad", sg, false, err)
+			return r.wrap("grad", sg, false, err)
 		}
 		it.gradRead = rr
-		return it, nil
+		return nil
 	}
 	g, err := o.opts.Grads.ReadRange(r.ctx, t.name, lo, hi, b.Bytes()[gradAt:])
 	if err == nil && len(g) != sg.n {
 		err = fmt.Errorf("the gradient source returned %d values for elements [%d, %d)", len(g), lo, hi)
 	}
 	if err != nil {
-		return it, r.wrap("grad", sg, false, err)
+		return r.wrap("grad", sg, false, err)
 	}
 	it.grad = g
 	it.tm.GradRead = r.since()
 	r.gradBytes.Add(4 * int64(sg.n))
-	return it, nil
+	return nil
 }
 
 // gradWait waits for it's asynchronous gradient read (see
@@ -442,6 +463,9 @@ func (r *stepRun) update(it *item) {
 			return
 		}
 		r.bytesRead.Add(int64(sg.recordBytes()))
+		if it.prefetched {
+			r.pre.used.Add(1)
+		}
 	}
 	if it.gradRead != nil {
 		start := time.Now()
