@@ -1,6 +1,7 @@
 package zinf
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 
@@ -12,10 +13,10 @@ import (
 // while the backward pass is still computing its gradient, so that once
 // StepTensor hands the tensor over only the arithmetic that needs the
 // gradient and the write-back remain. It suits a tensor whose gradient is
-// final last, such as the first layer's embedding table: call it when the
-// backward pass of the last micro-step reaches the last few layers, and
-// again at each layer after (a call reads ahead only what an earlier one
-// could not). It returns how many of the tensor's sub-groups it started
+// final last, such as the first layer's embedding table: call it as the
+// backward pass of the last micro-step begins, and again at each layer
+// after (a call reads ahead only what an earlier one could not). It
+// returns how many of the tensor's sub-groups it started
 // reading and never waits: it takes only the optimizer's pinned buffers
 // that the step's pipeline can spare (keeping one set free for the tensors
 // handed over already, whose updates may still be running) and leaves the
@@ -26,15 +27,17 @@ import (
 // step that is rolled back, aborted or fails gives the buffers back. The
 // results are bit for bit those without PrefetchTensor.
 //
-// It does nothing and returns 0 when no update of the step has been
-// started yet (call it after the step's first StepTensor or StepLayer),
+// Like StepTensor, it opens the step's update if none is open yet (ctx
+// then governs it as StepTensor's does). It does nothing and returns 0
 // when updates wait for Step (the plan has no room to overlap them, or
-// zinf.speculate holds them back), when the tensor was handed over
-// already, or when the optimizer states live in pinned memory. It fails
+// zinf.speculate holds them back), while the last step's update still
+// runs under zinf.overlap_update (it never waits for it) or has failed,
+// when the tensor was handed over already, and when the optimizer states
+// live in pinned memory. It fails
 // for a name that is not a tensor of the model and on a runtime opened
 // for inference or closed; once the step has failed in the background it
 // returns that failure, which Step returns too.
-func (r *Runtime) PrefetchTensor(name string) (int, error) {
+func (r *Runtime) PrefetchTensor(ctx context.Context, name string) (int, error) {
 	if err := r.closedErr("prefetch tensor "+strconv.Quote(name), optimizer.ErrClosed); err != nil {
 		return 0, err
 	}
@@ -44,8 +47,23 @@ func (r *Runtime) PrefetchTensor(name string) (int, error) {
 	if _, ok := r.model.Numel[name]; !ok {
 		return 0, fmt.Errorf("zinf: prefetch tensor %q: not a tensor of the model", name)
 	}
-	if !r.overlap || r.txn == nil {
+	if !r.overlap {
 		return 0, nil
+	}
+	if r.txn == nil {
+		// Open the step's transaction as its first StepTensor would, so
+		// that the reads can start before any gradient is final; not
+		// while the last step's update still runs (zinf.overlap_update:
+		// that would wait) or failed (StepTensor reports it), nor when
+		// updates wait for the norm (zinf.speculate).
+		if r.poll() != nil || r.bg != nil || !r.speculate() {
+			return 0, nil
+		}
+		txn, err := r.beginStep(ctx)
+		if err != nil {
+			return 0, err
+		}
+		r.txn = txn
 	}
 	return r.txn.Prefetch(name)
 }
