@@ -568,6 +568,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	// Backward: every micro-batch through layer l (its weights swapped in
 	// once, its gradients summed in pinned memory), then layer l-1.
 	src.startPass(false)
+	readAheadTables(ctx, src, true)
 	if he != nil {
 		// The head's backward: the table read once more in blocks, the
 		// gradient of the rows the lookups name held for the first layer
@@ -631,6 +632,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			}
 			le.nIn = len(in)
 			call(le.bwd, in, dys[m])
+			readAheadTables(ctx, src, true) // while it computes
 			// While it computes: the previous micro-batch's gradients
 			// handed over, the next one's inputs loaded.
 			if !lp.serial {

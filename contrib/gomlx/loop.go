@@ -309,6 +309,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 	}
 
 	lp.src.startPass(false)
+	readAheadTables(ctx, lp.src, last)
 	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(floats(acts[l])) }
 	if needs(L - 1) {
 		if err := lp.src.bind(ctx, L-1); err != nil {
@@ -352,6 +353,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		}
 		le.nIn = len(in)
 		call(le.bwd, in, dy)
+		readAheadTables(ctx, lp.src, last) // while it computes
 		// While it computes: the next layer's swap-in, and the previous
 		// layer's gradients handed over (its update started).
 		next := l - 1

@@ -44,6 +44,8 @@ type Offload struct {
 	creditStatus string
 	// oneLayer is Options.OneLayerResident.
 	oneLayer bool
+	// readAhead: Trainer.SetReadAheadTables.
+	readAhead bool
 	// spare are swap-in buffers Create made before initializing the
 	// layers (spareRowTables); newTrainer gives them to its slot pool.
 	spare []*slot

@@ -62,6 +62,9 @@ type options struct {
 	trainLimit string
 	// overlap: the offloaded process sets zinf.overlap_update.
 	overlap bool
+	// readAhead: the offloaded process reads the embedding table's
+	// optimizer states ahead of its gradient (Trainer.SetReadAheadTables).
+	readAhead bool
 	// sliceBlocks: -big's in-memory slice; k: a slice child's
 	// micro-batches a step.
 	sliceBlocks, k int
@@ -97,6 +100,7 @@ func main() {
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
+	flag.BoolVar(&o.readAhead, "read-ahead", false, "the offloaded process reads the embedding table's optimizer states from NVMe during the backward pass of the last layers, ahead of its gradient (Trainer.SetReadAheadTables); combines with -overlap-update")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var errs []string
@@ -192,6 +196,9 @@ type result struct {
 	// the commit (the updates the backward did not cover).
 	SwapInMs float64 `json:"swap_in_ms,omitempty"`
 	CommitMs float64 `json:"commit_ms,omitempty"`
+	// ReadAheadPerStep: offloaded, the optimizer sub-groups updated from
+	// records read ahead of their tensor's hand-over, a timed step.
+	ReadAheadPerStep float64 `json:"read_ahead_per_step,omitempty"`
 }
 
 // layerIO is the time a layer's NVMe traffic of a step takes at read and
@@ -266,6 +273,7 @@ func child(o options, w io.Writer) error {
 	}
 	var step func(x, y *tensors.Tensor) (float32, error)
 	io := func() (int64, int64) { return 0, 0 }
+	readAhead := func() int { return 0 }
 	var layerCompute func() []time.Duration
 	var timings func() zgomlx.Timings
 	if o.child == "offloaded" {
@@ -278,12 +286,14 @@ func child(o options, w io.Writer) error {
 			return err
 		}
 		defer tr.Close()
+		tr.SetReadAheadTables(o.readAhead)
 		res.StateBytes = tr.Offload().StateBytes()
 		rt := tr.Offload().Runtime()
 		if o.overlap && !rt.OverlapUpdate() {
 			return fmt.Errorf("-overlap-update: the runtime does not overlap the update (plan: overlap step %v)", rt.Placement().OverlapStep)
 		}
 		io = func() (int64, int64) { m := rt.Metrics(); return m.BytesRead, m.BytesWritten }
+		readAhead = func() int { return rt.Metrics().Optimizer.Total.Prefetched }
 		step = func(x, y *tensors.Tensor) (float32, error) { return tr.Step(ctx, x, y) }
 		layerCompute = func() []time.Duration { return tr.Timings().LayerCompute }
 		timings = tr.Timings
@@ -316,6 +326,7 @@ func child(o options, w io.Writer) error {
 		}
 	}
 	r0, w0 := io()
+	ra0 := readAhead()
 	var lc0 []time.Duration
 	if layerCompute != nil {
 		lc0 = layerCompute()
@@ -349,6 +360,7 @@ func child(o options, w io.Writer) error {
 		}
 	}
 	res.ReadPerStep, res.WrittenPerStep = float64(r1-r0)/float64(o.steps), float64(w1-w0)/float64(o.steps)
+	res.ReadAheadPerStep = float64(readAhead()-ra0) / float64(o.steps)
 	if timings != nil {
 		tm := timings()
 		res.SwapInMs, res.CommitMs = float64(tm.SwapIn-tm0.SwapIn)/1e6/float64(o.steps), float64(tm.Commit-tm0.Commit)/1e6/float64(o.steps)
@@ -428,6 +440,9 @@ func bench(o options, w io.Writer) error {
 	if o.pipelineDepth >= 0 {
 		fmt.Fprintf(w, "offloaded with zinf.pipeline_depth %d\n", o.pipelineDepth)
 	}
+	if o.readAhead {
+		fmt.Fprintf(w, "offloaded with the embedding table's optimizer states read ahead of its gradient (Trainer.SetReadAheadTables)\n")
+	}
 	var off, mem []result
 	for round := range o.rounds {
 		order := []string{"offloaded", "memory"}
@@ -438,7 +453,8 @@ func bench(o options, w io.Writer) error {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
 				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows),
-				"-overlap-update=" + strconv.FormatBool(o.overlap), "-pipeline-depth", strconv.Itoa(o.pipelineDepth)}
+				"-overlap-update=" + strconv.FormatBool(o.overlap), "-pipeline-depth", strconv.Itoa(o.pipelineDepth),
+				"-read-ahead=" + strconv.FormatBool(o.readAhead)}
 			var r result
 			if err := procstat.RunChild(exe, args, &r); err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, mode, err)
@@ -451,6 +467,9 @@ func bench(o options, w io.Writer) error {
 			zw := ""
 			if mode == "offloaded" {
 				zw = fmt.Sprintf("  swap-in %.1f ms  commit %.1f ms", r.SwapInMs, r.CommitMs)
+				if o.readAhead {
+					zw += fmt.Sprintf("  read ahead %.1f sub-groups", r.ReadAheadPerStep)
+				}
 			}
 			fmt.Fprintf(w, "round %d %-9s  wall/step %7.1f ms  CPU/step %7.1f ms  GC/step %.2f  mallocs/step %6.0f  peak RSS %6.1f MiB%s  (load %s)\n",
 				round+1, mode, stats.Median(r.WallMs), stats.Median(r.CPUMs), mean(r.GCs), stats.Median(r.Mallocs), float64(r.PeakRSS)/(1<<20), zw, loadavg())
