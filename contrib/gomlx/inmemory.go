@@ -124,6 +124,8 @@ func (s *memSource) grad(_ context.Context, v *Var, g []float32, last, _ bool) e
 
 func (s *memSource) layerDone(context.Context, int) error { return nil }
 
+func (s *memSource) readAhead(context.Context, bool) {}
+
 func (s *memSource) fail(error) bool { return false }
 
 func (s *memSource) readBlocks(context.Context, *Var, []byte, func(int, int) error) error {

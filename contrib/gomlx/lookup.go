@@ -2,16 +2,11 @@ package zgomlx
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/tensors"
-
-	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 )
 
 // Row reads of a lookup (Layer.Lookups): a streamed embedding table is
@@ -119,28 +114,6 @@ func (s *zinfSource) gradRows(ctx context.Context, v *Var, g []float32) error {
 		rows, out = he.hold.rows, he.hold.acc
 	}
 	return s.off.rt.AccumulateGradRows(ctx, v.Name, rows, out)
-}
-
-// idsOf appends the row ids of t (Int32 or Int64, any shape), in its
-// element order, to ids.
-func idsOf(backend compute.Backend, t *tensors.Tensor, ids []int) ([]int, error) {
-	_, b, err := layerexec.Shared(backend, t)
-	if err != nil {
-		return ids, err
-	}
-	switch t.DType() {
-	case dtypes.Int32:
-		for i := 0; i+4 <= len(b); i += 4 {
-			ids = append(ids, int(int32(binary.LittleEndian.Uint32(b[i:]))))
-		}
-	case dtypes.Int64:
-		for i := 0; i+8 <= len(b); i += 8 {
-			ids = append(ids, int(int64(binary.LittleEndian.Uint64(b[i:]))))
-		}
-	default:
-		return ids, fmt.Errorf("the ids are %s (allowed: Int32, Int64)", t.DType())
-	}
-	return ids, nil
 }
 
 // wantsRows: a streamed lookup's gradient is handed over by rows.

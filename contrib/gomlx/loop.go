@@ -2,12 +2,15 @@ package zgomlx
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 
@@ -54,6 +57,11 @@ type paramSource interface {
 	// gradRange hands over v's gradient for elements [lo, lo+len(g))
 	// of this micro-step (zero elsewhere), as grad with last false.
 	gradRange(ctx context.Context, v *Var, lo int, g []float32) error
+	// readAhead is called as a backward pass starts and as each layer's
+	// backward computes; last says it is the step's last micro-step. A
+	// source may start reads the step's updates will need
+	// (Trainer.SetReadAheadTables).
+	readAhead(ctx context.Context, last bool)
 	// fail is called when a micro-step fails before its commit, with the
 	// error; it reports whether the step was given up (the model is as
 	// before). An error saying the last step's update failed after its
@@ -309,7 +317,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 	}
 
 	lp.src.startPass(false)
-	readAheadTables(ctx, lp.src, last)
+	lp.src.readAhead(ctx, last)
 	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(floats(acts[l])) }
 	if needs(L - 1) {
 		if err := lp.src.bind(ctx, L-1); err != nil {
@@ -353,7 +361,7 @@ func (lp *loop) run(ctx context.Context, xs, labels []*tensors.Tensor, last bool
 		}
 		le.nIn = len(in)
 		call(le.bwd, in, dy)
-		readAheadTables(ctx, lp.src, last) // while it computes
+		lp.src.readAhead(ctx, last) // while it computes
 		// While it computes: the next layer's swap-in, and the previous
 		// layer's gradients handed over (its update started).
 		next := l - 1
@@ -512,6 +520,28 @@ func (lp *loop) lookupGrad(ctx context.Context, v *Var, t *tensors.Tensor, last 
 		copy(dense[r*width:(r+1)*width], sums[i*width:(i+1)*width])
 	}
 	return lp.src.grad(ctx, v, dense, last, false)
+}
+
+// idsOf appends the row ids of t (Int32 or Int64, any shape), in its
+// element order, to ids.
+func idsOf(backend compute.Backend, t *tensors.Tensor, ids []int) ([]int, error) {
+	_, b, err := layerexec.Shared(backend, t)
+	if err != nil {
+		return ids, err
+	}
+	switch t.DType() {
+	case dtypes.Int32:
+		for i := 0; i+4 <= len(b); i += 4 {
+			ids = append(ids, int(int32(binary.LittleEndian.Uint32(b[i:]))))
+		}
+	case dtypes.Int64:
+		for i := 0; i+8 <= len(b); i += 8 {
+			ids = append(ids, int(int64(binary.LittleEndian.Uint64(b[i:]))))
+		}
+	default:
+		return ids, fmt.Errorf("the ids are %s (allowed: Int32, Int64)", t.DType())
+	}
+	return ids, nil
 }
 
 // finalizeAll frees tensors now (nil entries are fine).

@@ -480,6 +480,8 @@ func (s *zinfSource) gradRange(ctx context.Context, v *Var, lo int, g []float32)
 	return err
 }
 
+func (s *zinfSource) readAhead(ctx context.Context, last bool) { readAheadTables(ctx, s, last) }
+
 func (s *zinfSource) fail(err error) bool {
 	s.pool.unkeepAll()
 	if errors.Is(err, zinf.ErrUpdateFailed) {
