@@ -13,6 +13,7 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
 )
@@ -99,6 +100,9 @@ func faultMidStep(t *testing.T, c faultCase, one bool) {
 		store := newStore(t, b, tc.net, tc.x, 5)
 		memStore := clone(t, store)
 		cfg := testConfig(t, 8<<20)
+		// The faults hit the gradient store and the optimizer's records
+		// during the backward: the gradients take their NVMe round trip.
+		cfg.Zinf.PinnedGrads = config.PinnedGradsOff
 		inj := newInjector()
 		tr, err := zgomlx.Create(ctx, b, cfg, store, tc.net, zgomlx.Options{OneLayerResident: one, Runtime: zinf.Options{Faults: inj, SerialStep: c.serial}})
 		if err != nil {

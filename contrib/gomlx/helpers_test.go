@@ -49,8 +49,6 @@ func testConfig(t testing.TB, pinned int64) *config.Config {
 	c := config.Default()
 	c.SetScratchDir(t.TempDir())
 	c.Zinf.Tiers.CPUPinnedBytes = config.Size(pinned)
-	// The tests count and fault the gradients' NVMe round trip.
-	c.Zinf.PinnedGrads = config.PinnedGradsOff
 	c.ZeroOptimization.OffloadParam.MaxInCPU = 0
 	c.Optimizer.LR = 0.01
 	return c

@@ -25,6 +25,8 @@ func TestLayerMajorGradientsWrittenOnce(t *testing.T) {
 	for _, k := range []int{1, 3} {
 		lmStore, memStore := clone(t, init), clone(t, init)
 		cfg := c.config(t, k, config.ScheduleLayerMajor)
+		// This test counts the gradients' NVMe round trip: keep none pinned.
+		cfg.Zinf.PinnedGrads = config.PinnedGradsOff
 		tr, err := zgomlx.Create(ctx, b, cfg, lmStore, c.net, c.opts)
 		if err != nil {
 			t.Fatal(err)
