@@ -446,10 +446,11 @@ type slot struct {
 	t       *tensors.Tensor
 	buf     compute.Buffer
 	bytes   []byte
-	owner   *Var   // whose values it holds, nil when none
-	version uint64 // the parameter version of those values
-	busy    bool   // bound for the layer running now
-	keep    bool   // its values are promised to a layer later in the pass
+	mem     *layerexec.Buffer // what free gives back
+	owner   *Var              // whose values it holds, nil when none
+	version uint64            // the parameter version of those values
+	busy    bool              // bound for the layer running now
+	keep    bool              // its values are promised to a layer later in the pass
 }
 
 // slotPool hands out slots by class (shape and dtype). It grows only
@@ -533,9 +534,31 @@ func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &slot{t: b.T, buf: b.Buf, bytes: b.Bytes}
+	s := &slot{t: b.T, buf: b.Buf, bytes: b.Bytes, mem: b}
 	p.bytes += int64(len(s.bytes))
 	return s, nil
+}
+
+// newMappedSlot is newSlot with the buffer's bytes outside the Go heap
+// (layerexec.NewMappedBuffer), for a table read by rows. It does not look
+// among the spare slots.
+func (p *slotPool) newMappedSlot(shape shapes.Shape) (*slot, error) {
+	b, err := layerexec.NewMappedBuffer(p.backend, shape)
+	if err != nil {
+		return nil, err
+	}
+	s := &slot{t: b.T, buf: b.Buf, bytes: b.Bytes, mem: b}
+	p.bytes += int64(len(s.bytes))
+	return s, nil
+}
+
+// free releases the slot's memory now (an unmapped buffer's included).
+func (s *slot) free() {
+	if s.mem != nil {
+		s.mem.Free()
+		return
+	}
+	layerexec.Finalize(s.t)
 }
 
 // release ends the binding of vars' slots (they keep their values).
@@ -570,7 +593,7 @@ func (p *slotPool) close() {
 			if s.owner != nil && s.owner.slot == s {
 				s.owner.slot = nil
 			}
-			layerexec.Finalize(s.t)
+			s.free()
 		}
 	}
 	p.classes = nil
@@ -582,6 +605,6 @@ func (p *slotPool) close() {
 // freeSlots frees slots that belong to no pool class.
 func freeSlots(ss []*slot) {
 	for _, s := range ss {
-		layerexec.Finalize(s.t)
+		s.free()
 	}
 }

@@ -144,6 +144,9 @@ func TestCreateMakesRowTableBuffersFirst(t *testing.T) {
 		t.Fatalf("spare buffers after Create: %d, want the table's", len(tr.pool.spare))
 	}
 	spare := tr.pool.spare[0]
+	if runtime.GOOS == "linux" && !spare.mem.Mapped() {
+		t.Fatal("the table's swap-in buffer is in the Go heap, not mapped outside it")
+	}
 	ids := make([]int32, 16)
 	for i := range ids {
 		ids[i] = int32(i * 997 % vocab)

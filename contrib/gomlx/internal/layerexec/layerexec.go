@@ -28,6 +28,9 @@ type Buffer struct {
 	T     *tensors.Tensor
 	Buf   compute.Buffer
 	Bytes []byte
+	// mapped is the mapping Bytes lies in (NewMappedBuffer), which Free
+	// gives back; nil for a buffer in the Go heap.
+	mapped []byte
 }
 
 // NewBuffer allocates a shared-buffer tensor of shape on backend's device
@@ -64,12 +67,23 @@ func Shared(backend compute.Backend, t *tensors.Tensor) (compute.Buffer, []byte,
 	return buf, dtypes.UnsafeByteSliceFromAny(flat), nil
 }
 
-// Free releases the buffer's memory now (nil is fine).
+// Free releases the buffer's memory now (nil is fine). A mapped buffer's
+// memory is unmapped after its tensor is finalized: nothing may use T,
+// Buf or Bytes afterwards. Free twice is fine.
 func (b *Buffer) Free() {
-	if b != nil {
-		Finalize(b.T)
+	if b == nil {
+		return
+	}
+	Finalize(b.T)
+	if b.mapped != nil {
+		_ = unmapAnon(b.mapped) // only fails for a range that is not a mapping
+		b.T, b.Buf, b.Bytes, b.mapped = nil, nil, nil, nil
 	}
 }
+
+// Mapped reports whether the buffer's bytes lie outside the Go heap
+// (NewMappedBuffer made it so).
+func (b *Buffer) Mapped() bool { return b != nil && b.mapped != nil }
 
 // DType maps a GoMLX dtype to zinf's: the float dtypes zinf stores
 // (float32, bfloat16, float16); ok is false for any other.
