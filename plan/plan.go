@@ -282,8 +282,9 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		res.LayerMajorPoolBytes = lmPool
 	}
 	// The prediction counts the write-behinds the gradient reservation
-	// holds (more than one when the pool has room).
-	placement = placement.WithGradWriteBehinds(res.GradInFlight)
+	// holds (more than one when the pool has room), and no NVMe round
+	// trip for the gradients it keeps in pinned memory (zinf.pinned_grads).
+	placement = placement.WithGradWriteBehinds(res.GradInFlight).WithKeptGrads(res.GradKept)
 	p := &Plan{Rank: in.Rank, World: in.World, Placement: placement, Reservations: res, Bandwidth: m.Bandwidth}
 	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, ps, gs, os)
 	p.Preallocate = cfg.Zinf.Preallocate && !o.Inference
@@ -374,6 +375,13 @@ func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[strin
 		if inference {
 			continue
 		}
+		// Gradients the reservations keep in pinned memory
+		// (Reservations.GradKept, zinf.pinned_grads) are counted too:
+		// the gradient swapper takes a kept gradient's buffer only when
+		// the tensor is registered (Runtime.Init, after Open), and
+		// without room for it then (grad.Swapper.Register's fallback)
+		// that gradient takes the store's round trip after all, in
+		// pieces like any other; its disk must already be there.
 		if gradPiece > 0 && n > int64(gradPiece) {
 			for off := int64(0); off < n; off += int64(gradPiece) {
 				gradSizes = append(gradSizes, 4*min(int64(gradPiece), n-off))

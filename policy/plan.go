@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/zinfio/zinf/buffers"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -789,6 +790,10 @@ func (pl *planner) model() *stepModel {
 	nvmeGrad := make([]int64, pl.L)
 	hostGrad := make([]int64, pl.L)
 	ownerTier := map[string]tensor.Tier{}
+	kept := make(map[string]bool, len(pl.h.KeptGrads))
+	for _, n := range pl.h.KeptGrads {
+		kept[n] = true
+	}
 	var optRead, optWrite, crossing, stateBytes int64
 	// Per layer: the optimizer's NVMe reads and writes, parameters
 	// crossing PCIe, optimizer state bytes (its arithmetic's share).
@@ -809,7 +814,10 @@ func (pl *planner) model() *stepModel {
 			if tier != tensor.TierGPU {
 				hostGrad[x.Layer] += x.Bytes
 			}
-			if tier == tensor.TierNVMe {
+			// A gradient kept in pinned memory (Hints.KeptGrads) is
+			// neither written behind nor read back: only its hand-off
+			// and PCIe crossing remain.
+			if tier == tensor.TierNVMe && !kept[owner(x)] {
 				nvmeGrad[x.Layer] += x.Bytes
 				optRead += x.Bytes
 				lRead[x.Layer] += x.Bytes
@@ -946,6 +954,22 @@ func (p *Placement) WithGradWriteBehinds(n int) *Placement {
 	}
 	q := *p
 	q.Hints.GradWriteBehinds = n
+	q.repredict()
+	return &q
+}
+
+// WithKeptGrads returns a copy of p whose predictions count the
+// gradients of the parameters named in keep as kept in pinned memory
+// (Hints.KeptGrads: the runtime's reservations, plan.Reservations.GradKept):
+// no NVMe write-behind, no read-back by a later micro-batch nor by the
+// update. p itself when it already counts exactly those. Nothing else
+// changes: homes, depth and the bytes per tier stay as planned.
+func (p *Placement) WithKeptGrads(keep []string) *Placement {
+	if slices.Equal(keep, p.Hints.KeptGrads) || (len(keep) == 0 && len(p.Hints.KeptGrads) == 0) {
+		return p
+	}
+	q := *p
+	q.Hints.KeptGrads = append([]string(nil), keep...)
 	q.repredict()
 	return &q
 }

@@ -148,6 +148,14 @@ type Hints struct {
 	// gives back. The runtime's reservations set it (see
 	// Placement.WithGradWriteBehinds). 0 = 1.
 	GradWriteBehinds int
+	// KeptGrads names the parameters whose gradients stay in pinned
+	// memory for the whole step although the gradients' home is NVMe
+	// (zinf.pinned_grads; plan.Reservations.GradKept): the update reads
+	// them there, so the prediction counts for them neither a
+	// write-behind nor a read-back (see Placement.WithKeptGrads). They
+	// still cross PCIe and are handed off as any host gradient. nil:
+	// every NVMe gradient takes the round trip.
+	KeptGrads []string
 	// Schedule is the order of a step's micro-batches: ScheduleLayerMajor,
 	// ScheduleMicroBatchMajor, or "" / ScheduleAuto for the one predicted
 	// faster (micro-batch-major at one micro-batch, where they are the

@@ -74,9 +74,11 @@ func TestPlanSchedules(t *testing.T) {
 }
 
 // TestPlanEndurance: with everything on NVMe, a step writes each
-// parameter's gradient (4 bytes), optimizer states (12) and updated value
-// (4): plan says so, sets it per day against zinf.nvme_tbw, or --tbw
-// when given, and names the path the bytes go to.
+// parameter's optimizer states (12 bytes) and updated value (4), and its
+// gradient (4) only when it does not stay in pinned memory: the 64 MiB
+// pool keeps every gradient (zinf.pinned_grads auto), so 16; plan says
+// so, sets it per day against zinf.nvme_tbw, or --tbw when given, and
+// names the path the bytes go to.
 func TestPlanEndurance(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "ds.json")
@@ -86,7 +88,7 @@ func TestPlanEndurance(t *testing.T) {
 		t.Fatal(err)
 	}
 	params := 4 * (256*256 + 256)
-	written := fmt.Sprintf("(%d bytes) written per step", params*20)
+	written := fmt.Sprintf("(%d bytes) written per step", params*16)
 	code, out, errs := runCLI(t, "plan", "--config", cfg, "--model", "layers=4,width=256", "--compute-ms-per-layer", "2")
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, errs)
@@ -96,7 +98,19 @@ func TestPlanEndurance(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, errs)
 	}
-	wantAll(t, "plan --tbw", out, "an upper bound", fmt.Sprintf("(%d bytes) written per step", params*10), "of a 1.5 PB endurance rating", "the 2 ranks write 2 times this")
+	wantAll(t, "plan --tbw", out, "an upper bound", fmt.Sprintf("(%d bytes) written per step", params*8), "of a 1.5 PB endurance rating", "the 2 ranks write 2 times this")
+	// zinf.pinned_grads off: every gradient is written behind again.
+	off := filepath.Join(dir, "off.json")
+	if err := os.WriteFile(off, []byte(`{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "`+dir+`", "max_in_cpu": 0, "buffer_size": 1},
+		"offload_optimizer": {"device": "nvme", "nvme_path": "`+dir+`"}},
+		"zinf": {"tiers": {"gpu_bytes": "2MiB", "cpu_pinned_bytes": "64MiB"}, "nvme_tbw": "300TB", "pinned_grads": "off"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runCLI(t, "plan", "--config", off, "--model", "layers=4,width=256", "--compute-ms-per-layer", "2")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errs)
+	}
+	wantAll(t, "plan, pinned_grads off", out, fmt.Sprintf("(%d bytes) written per step", params*20))
 	if code, _, errs := runCLI(t, "plan", "--tbw", "-1TB"); code == 0 || !strings.Contains(errs, "-tbw") {
 		t.Fatalf("--tbw -1TB: exit %d %s", code, errs)
 	}
