@@ -685,7 +685,7 @@ func LoadCheckpoint(ctx context.Context, dir string, rts []*Runtime) (Checkpoint
 			if err := s.r.ReadTensor(ctx, n, scratch[:need]); err != nil {
 				return CheckpointMeta{}, err
 			}
-			swapper.Decode(dt, full[p[0]:p[1]], scratch[:need])
+			buffers.Decode(dt, full[p[0]:p[1]], scratch[:need])
 		}
 		for _, rt := range rts {
 			lo, hi := rt.Partition(n)

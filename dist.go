@@ -11,7 +11,6 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/plan"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -295,13 +294,13 @@ func (r *Runtime) readGathered(name string, dtype tensor.DType, dst []byte, dst3
 	}
 	switch {
 	case dst32 != nil:
-		swapper.Decode(r.DType, dst32, full)
+		buffers.Decode(r.DType, dst32, full)
 	case dtype == r.DType:
 		copy(dst, full)
 	default:
 		tmp := make([]float32, r.model.Numel[name])
-		swapper.Decode(r.DType, tmp, full)
-		swapper.Encode(dtype, dst, tmp)
+		buffers.Decode(r.DType, tmp, full)
+		buffers.Encode(dtype, dst, tmp)
 	}
 	return nil
 }
@@ -452,8 +451,8 @@ func (r *Runtime) ReduceGrads(ctx context.Context, name string, local [][]float3
 		}
 		if how.Round != tensor.Float32 {
 			buf := make([]byte, len(part)*how.Round.Size())
-			swapper.Encode(how.Round, buf, part)
-			swapper.Decode(how.Round, part, buf)
+			buffers.Encode(how.Round, buf, part)
+			buffers.Decode(how.Round, part, buf)
 		}
 		others := 0
 		for q, p := range per {

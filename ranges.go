@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper/grad"
 	"github.com/zinfio/zinf/swapper/param"
 	"github.com/zinfio/zinf/tensor"
@@ -133,7 +133,7 @@ func (r *Runtime) readSpans(ctx context.Context, op, name string, spans []param.
 		es, at := r.DType.Size(), 0
 		for _, sp := range spans {
 			n := sp.Hi - sp.Lo
-			swapper.Transcode(r.DType, full[sp.Lo*es:sp.Hi*es], dtype, dst[at:at+n*sz])
+			buffers.Transcode(r.DType, full[sp.Lo*es:sp.Hi*es], dtype, dst[at:at+n*sz])
 			at += n * sz
 		}
 		return nil
@@ -328,7 +328,7 @@ func (r *Runtime) ReadParamBlocks(ctx context.Context, name string, dtype tensor
 		es := r.DType.Size()
 		for lo := 0; lo < int(numel); lo += rows * rl {
 			n := min(rows*rl, int(numel)-lo)
-			swapper.Transcode(r.DType, full[lo*es:(lo+n)*es], dtype, dst[:n*sz])
+			buffers.Transcode(r.DType, full[lo*es:(lo+n)*es], dtype, dst[:n*sz])
 			if err := block(lo, n); err != nil {
 				return err
 			}

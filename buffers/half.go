@@ -1,6 +1,11 @@
 package buffers
 
-import "math"
+import (
+	"math"
+	"unsafe"
+
+	"github.com/zinfio/zinf/tensor"
+)
 
 // BFloat16 is a brain float: the top 16 bits of an IEEE float32 (1 sign,
 // 8 exponent, 7 mantissa bits). Same range as float32, less precision.
@@ -134,4 +139,83 @@ func Float16ToFloat32(dst []float32, src []Float16) {
 	for i, h := range src {
 		dst[i] = h.Float32()
 	}
+}
+
+// Encode converts src (fp32) into dst as len(src) little-endian elements of
+// d; dst must hold len(src)*d.Size() bytes and start on a multiple of
+// d.Size() (Transcode takes any alignment).
+func Encode(d tensor.DType, dst []byte, src []float32) {
+	switch d {
+	case tensor.BFloat16:
+		Float32ToBFloat16(BFloat16Bytes(dst), src)
+	case tensor.Float16:
+		Float32ToFloat16(Float16Bytes(dst), src)
+	default:
+		copy(Float32Bytes(dst), src)
+	}
+}
+
+// Decode converts len(dst) little-endian elements of d in src to fp32;
+// src must start on a multiple of d.Size() (Transcode takes any
+// alignment).
+func Decode(d tensor.DType, dst []float32, src []byte) {
+	switch d {
+	case tensor.BFloat16:
+		BFloat16ToFloat32(dst, BFloat16Bytes(src))
+	case tensor.Float16:
+		Float16ToFloat32(dst, Float16Bytes(src))
+	default:
+		copy(dst, Float32Bytes(src))
+	}
+}
+
+// transcodeChunk is how many elements Transcode converts at a time through
+// a float32 array on the stack: big enough to amortize the calls, small
+// enough for any goroutine stack.
+const transcodeChunk = 512
+
+// Transcode converts the little-endian elements of from in src into dst
+// as elements of to: len(src)/from.Size() elements, and dst must hold as
+// many of to. Conversions go through float32 (exact for bf16 and fp16),
+// rounding to nearest even where to is narrower, as Encode does; nothing
+// is allocated, so a swap-in into a caller's buffer of another dtype costs
+// no Go heap. src and dst need no alignment.
+func Transcode(from tensor.DType, src []byte, to tensor.DType, dst []byte) {
+	if from == to {
+		copy(dst, src)
+		return
+	}
+	fs, ts := from.Size(), to.Size()
+	n := len(src) / fs
+	if to == tensor.Float32 && aligned(src, fs) && aligned(dst, ts) {
+		// Widening to float32 (a narrower model computed in fp32): decode
+		// straight into dst, no stack round trip.
+		Decode(from, Float32Bytes(dst[:n*ts]), src[:n*fs])
+		return
+	}
+	var tmp [transcodeChunk]float32
+	var raw [transcodeChunk]float32 // aligned bytes for a misaligned src or dst chunk
+	for n > 0 {
+		c := min(transcodeChunk, n)
+		s, d := src[:c*fs], dst[:c*ts]
+		if !aligned(s, fs) {
+			s = AsBytes(raw[:])[:c*fs]
+			copy(s, src)
+		}
+		Decode(from, tmp[:c], s)
+		if aligned(d, ts) {
+			Encode(to, d, tmp[:c])
+		} else {
+			r := AsBytes(raw[:])[:c*ts]
+			Encode(to, r, tmp[:c])
+			copy(d, r)
+		}
+		src, dst, n = src[c*fs:], dst[c*ts:], n-c
+	}
+}
+
+// aligned says b starts on a multiple of size bytes (Decode and Encode
+// view the bytes as elements, and a misaligned view is refused).
+func aligned(b []byte, size int) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(size) == 0
 }

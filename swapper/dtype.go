@@ -2,7 +2,6 @@ package swapper
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/tensor"
@@ -37,78 +36,14 @@ const (
 	TierGPU  = tensor.TierGPU
 )
 
-// Encode converts src (fp32) into dst as len(src) little-endian elements of
-// d; dst must hold len(src)*d.Size() bytes.
-func Encode(d DType, dst []byte, src []float32) {
-	switch d {
-	case BFloat16:
-		buffers.Float32ToBFloat16(buffers.BFloat16Bytes(dst), src)
-	case Float16:
-		buffers.Float32ToFloat16(buffers.Float16Bytes(dst), src)
-	default:
-		copy(buffers.Float32Bytes(dst), src)
-	}
-}
+// Encode is buffers.Encode: src (fp32) into dst as elements of d.
+func Encode(d DType, dst []byte, src []float32) { buffers.Encode(d, dst, src) }
 
-// Decode converts len(dst) little-endian elements of d in src to fp32.
-func Decode(d DType, dst []float32, src []byte) {
-	switch d {
-	case BFloat16:
-		buffers.BFloat16ToFloat32(dst, buffers.BFloat16Bytes(src))
-	case Float16:
-		buffers.Float16ToFloat32(dst, buffers.Float16Bytes(src))
-	default:
-		copy(dst, buffers.Float32Bytes(src))
-	}
-}
+// Decode is buffers.Decode: len(dst) elements of d in src to fp32.
+func Decode(d DType, dst []float32, src []byte) { buffers.Decode(d, dst, src) }
 
-// transcodeChunk is how many elements Transcode converts at a time through
-// a float32 array on the stack: big enough to amortize the calls, small
-// enough for any goroutine stack.
-const transcodeChunk = 512
-
-// Transcode converts the little-endian elements of from in src into dst
-// as elements of to: len(src)/from.Size() elements, and dst must hold as
-// many of to. Conversions go through float32 (exact for bf16 and fp16),
-// rounding to nearest even where to is narrower, as Encode does; nothing
-// is allocated, so a swap-in into a caller's buffer of another dtype costs
-// no Go heap. src and dst need no alignment.
+// Transcode is buffers.Transcode: the elements of from in src into dst as
+// elements of to, any alignment, nothing allocated.
 func Transcode(from DType, src []byte, to DType, dst []byte) {
-	if from == to {
-		copy(dst, src)
-		return
-	}
-	fs, ts := from.Size(), to.Size()
-	n := len(src) / fs
-	if to == Float32 && aligned(src, fs) && aligned(dst, ts) {
-		// Widening to float32 (a narrower model computed in fp32): decode
-		// straight into dst, no stack round trip.
-		Decode(from, buffers.Float32Bytes(dst[:n*ts]), src[:n*fs])
-		return
-	}
-	var tmp [transcodeChunk]float32
-	var raw [transcodeChunk]float32 // aligned bytes for a misaligned src or dst chunk
-	for n > 0 {
-		c := min(transcodeChunk, n)
-		s, d := src[:c*fs], dst[:c*ts]
-		if !aligned(s, fs) {
-			s = buffers.AsBytes(raw[:])[:c*fs]
-			copy(s, src)
-		}
-		Decode(from, tmp[:c], s)
-		if aligned(d, ts) {
-			Encode(to, d, tmp[:c])
-		} else {
-			r := buffers.AsBytes(raw[:])[:c*ts]
-			Encode(to, r, tmp[:c])
-			copy(d, r)
-		}
-		src, dst, n = src[c*fs:], dst[c*ts:], n-c
-	}
-}
-
-// aligned says b starts on a multiple of size bytes (Decode and Encode
-// view the bytes as elements, and a misaligned view is refused).
-func aligned(b []byte, size int) bool {
-	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(size) == 0
+	buffers.Transcode(from, src, to, dst)
 }

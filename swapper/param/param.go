@@ -421,7 +421,7 @@ func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error 
 
 // ReadAs copies name's partition into dst encoded in dtype (little-endian,
 // PartitionLen x dtype's size bytes), converting from the parameter dtype
-// element by element (swapper.Transcode) when they differ: no buffer of
+// element by element (buffers.Transcode) when they differ: no buffer of
 // the partition's size is allocated on the Go heap, so a swap-in straight
 // into a framework's tensor of another dtype costs none. Residency rules
 // are ReadFloat32's; a GPU-tier partition is staged through pinned memory.
@@ -447,7 +447,7 @@ func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, 
 	if t.streamed {
 		es, ds := s.elem, dtype.Size()
 		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
-			swapper.Transcode(s.opts.DType, src, dtype, dst[out*ds:out*ds+len(src)/es*ds])
+			buffers.Transcode(s.opts.DType, src, dtype, dst[out*ds:out*ds+len(src)/es*ds])
 			return nil
 		})
 	}
@@ -457,7 +457,7 @@ func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, 
 	}
 	defer blk.release()
 	if blk.buf != nil {
-		swapper.Transcode(s.opts.DType, blk.buf.Bytes()[:t.bytes], dtype, dst)
+		buffers.Transcode(s.opts.DType, blk.buf.Bytes()[:t.bytes], dtype, dst)
 		return nil
 	}
 	stage, err := s.pool.Acquire(ctx, t.bytes, buffers.PurposeStaging)
@@ -470,7 +470,7 @@ func (s *Swapper) ReadAs(ctx context.Context, name string, dtype swapper.DType, 
 	}); err != nil {
 		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
 	}
-	swapper.Transcode(s.opts.DType, stage.Bytes()[:t.bytes], dtype, dst)
+	buffers.Transcode(s.opts.DType, stage.Bytes()[:t.bytes], dtype, dst)
 	return nil
 }
 
@@ -682,7 +682,7 @@ func (s *Swapper) ReadFloat32(ctx context.Context, name string, dst []float32) e
 	if t.streamed {
 		es := s.elem
 		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
-			decode(s.opts.DType, dst[out:out+len(src)/es], src)
+			buffers.Decode(s.opts.DType, dst[out:out+len(src)/es], src)
 			return nil
 		})
 	}
@@ -692,7 +692,7 @@ func (s *Swapper) ReadFloat32(ctx context.Context, name string, dst []float32) e
 	}
 	defer blk.release()
 	if blk.buf != nil {
-		decode(s.opts.DType, dst, blk.buf.Bytes()[:t.bytes])
+		buffers.Decode(s.opts.DType, dst, blk.buf.Bytes()[:t.bytes])
 		return nil
 	}
 	return s.readDevice(ctx, t, blk, dst)
@@ -758,7 +758,7 @@ func (s *Swapper) readDevice(ctx context.Context, t *tensor, blk *block, dst []f
 	}); err != nil {
 		return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
 	}
-	decode(s.opts.DType, dst, stage.Bytes())
+	buffers.Decode(s.opts.DType, dst, stage.Bytes())
 	return nil
 }
 

@@ -524,7 +524,7 @@ func TestCacheEvictionKeepsReaders(t *testing.T) {
 		t.Fatal("evicted buffer freed under its reader")
 	}
 	got := make([]float32, 2000)
-	decode(swapper.Float32, got, blk.buf.Bytes()[:8000])
+	buffers.Decode(swapper.Float32, got, blk.buf.Bytes()[:8000])
 	sameBits(t, "reader's copy", got, values(0, 2000))
 	buf := blk.buf
 	blk.release()

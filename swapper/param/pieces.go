@@ -263,7 +263,7 @@ func (b *builder) add(ctx context.Context, values []float32) error {
 		}
 		k := min(len(values), end-b.pos)
 		at := (b.pos - b.bufLo) * es
-		encode(s.opts.DType, b.buf.Bytes()[at:at+k*es], values[:k])
+		buffers.Encode(s.opts.DType, b.buf.Bytes()[at:at+k*es], values[:k])
 		values = values[k:]
 		b.pos += k
 		if t.streamed && b.pos == end {

@@ -16,7 +16,7 @@ type Span struct{ Lo, Hi int }
 // (partition-relative, each within [0, PartitionLen); in any order, and
 // overlapping spans are allowed) into dst, back to back, encoded in dtype
 // (little-endian): dst holds sum(Hi-Lo) elements of dtype. It converts
-// from the parameter dtype element by element (swapper.Transcode) with no
+// from the parameter dtype element by element (buffers.Transcode) with no
 // buffer of the partition's size on the Go heap. Residency rules are
 // ReadFloat32's; a GPU-tier partition's spans are staged through pinned
 // memory one at a time.
@@ -51,7 +51,7 @@ func (s *Swapper) readSpansInto(ctx context.Context, t *tensor, spans []Span, dt
 	if t.streamed {
 		es, ds := s.elem, dtype.Size()
 		return s.readStreamed(ctx, t, spans, func(at int, src []byte) error {
-			swapper.Transcode(s.opts.DType, src, dtype, dst[at*ds:at*ds+len(src)/es*ds])
+			buffers.Transcode(s.opts.DType, src, dtype, dst[at*ds:at*ds+len(src)/es*ds])
 			return nil
 		})
 	}
@@ -66,7 +66,7 @@ func (s *Swapper) readSpansInto(ctx context.Context, t *tensor, spans []Span, dt
 		at := 0
 		for _, sp := range spans {
 			n := sp.Hi - sp.Lo
-			swapper.Transcode(s.opts.DType, src[sp.Lo*es:sp.Hi*es], dtype, dst[at:at+n*ds])
+			buffers.Transcode(s.opts.DType, src[sp.Lo*es:sp.Hi*es], dtype, dst[at:at+n*ds])
 			at += n * ds
 		}
 		return nil
@@ -92,7 +92,7 @@ func (s *Swapper) readSpansInto(ctx context.Context, t *tensor, spans []Span, dt
 		}); err != nil {
 			return &swapper.TensorError{Op: "read", Tensor: t.name, Err: err}
 		}
-		swapper.Transcode(s.opts.DType, b, dtype, dst[at:at+n*ds])
+		buffers.Transcode(s.opts.DType, b, dtype, dst[at:at+n*ds])
 		at += n * ds
 	}
 	return nil
@@ -128,7 +128,7 @@ func (s *Swapper) ReadBlocks(ctx context.Context, name string, block int, dtype 
 		return s.readStreamed(ctx, t, []Span{{0, t.n}}, func(out int, src []byte) error {
 			for len(src) > 0 {
 				k := min(len(src)/es, block-fill)
-				swapper.Transcode(s.opts.DType, src[:k*es], dtype, dst[fill*ds:(fill+k)*ds])
+				buffers.Transcode(s.opts.DType, src[:k*es], dtype, dst[fill*ds:(fill+k)*ds])
 				fill += k
 				src = src[k*es:]
 				if fill == block || lo+fill == t.n {

@@ -164,7 +164,7 @@ func (ps *ParamSnapshot) ReadFloat32(name string, dst []float32) error {
 	if len(dst)*ps.dtype.Size() != len(b) {
 		return &swapper.TensorError{Op: "snapshot-read", Tensor: name, Err: fmt.Errorf("destination has %d elements, the partition %d", len(dst), len(b)/ps.dtype.Size())}
 	}
-	decode(ps.dtype, dst, b)
+	buffers.Decode(ps.dtype, dst, b)
 	return nil
 }
 

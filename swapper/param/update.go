@@ -55,7 +55,7 @@ func (s *Swapper) prepare(ctx context.Context, t *tensor, values []float32, key 
 			return nil, &swapper.TensorError{Op: "swap-out", Tensor: t.name, Err: err}
 		}
 		b := buf.Bytes()[:t.bytes]
-		encode(s.opts.DType, b, values)
+		buffers.Encode(s.opts.DType, b, values)
 		p, err := s.store.WriteAsync(key, b)
 		if err != nil {
 			buf.Release()
@@ -81,7 +81,7 @@ func (s *Swapper) prepare(ctx context.Context, t *tensor, values []float32, key 
 		if err != nil {
 			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
 		}
-		encode(s.opts.DType, buf.Bytes(), values)
+		buffers.Encode(s.opts.DType, buf.Bytes(), values)
 		st.blk = hostBlock(buf)
 	default: // TierGPU
 		mem, err := s.dev.Alloc(int64(t.bytes))
@@ -94,7 +94,7 @@ func (s *Swapper) prepare(ctx context.Context, t *tensor, values []float32, key 
 			blk.release()
 			return nil, &swapper.TensorError{Op: "stage", Tensor: t.name, Err: err}
 		}
-		encode(s.opts.DType, stage.Bytes(), values)
+		buffers.Encode(s.opts.DType, stage.Bytes(), values)
 		err = s.deviceCopy(func(str accel.Stream) error {
 			return s.dev.CopyToDevice(str, mem, 0, stage.Bytes())
 		})

@@ -1,4 +1,4 @@
-package swapper_test
+package buffers_test
 
 import (
 	"bytes"
@@ -7,14 +7,14 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/tensor"
 )
 
 // TestTranscode checks every dtype pair against the two-step reference
 // (Decode to fp32, Encode to the target) over lengths around the internal
 // chunk, values that round both ways, subnormals, infinities and NaN.
 func TestTranscode(t *testing.T) {
-	dts := []swapper.DType{swapper.Float32, swapper.BFloat16, swapper.Float16}
+	dts := []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Float16}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range []int{0, 1, 3, 511, 512, 513, 1500} {
 		vals := make([]float32, n)
@@ -38,15 +38,15 @@ func TestTranscode(t *testing.T) {
 		}
 		for _, from := range dts {
 			src := make([]byte, n*from.Size())
-			swapper.Encode(from, src, vals)
+			buffers.Encode(from, src, vals)
 			for _, to := range dts {
 				want := make([]float32, n)
-				swapper.Decode(from, want, src)
+				buffers.Decode(from, want, src)
 				wantBytes := make([]byte, n*to.Size())
-				swapper.Encode(to, wantBytes, want)
+				buffers.Encode(to, wantBytes, want)
 				got := make([]byte, n*to.Size()+3) // guard bytes must stay untouched
 				got[len(got)-1], got[len(got)-2], got[len(got)-3] = 0xAA, 0xBB, 0xCC
-				swapper.Transcode(from, src, to, got[:n*to.Size()])
+				buffers.Transcode(from, src, to, got[:n*to.Size()])
 				for i := range wantBytes {
 					if got[i] != wantBytes[i] {
 						t.Fatalf("n=%d %s->%s: byte %d is %#x, want %#x", n, from, to, i, got[i], wantBytes[i])
@@ -59,7 +59,7 @@ func TestTranscode(t *testing.T) {
 				// fp32 decodes straight into an aligned one) gives the same
 				// bytes.
 				odd := make([]byte, n*to.Size()+1)
-				swapper.Transcode(from, src, to, odd[1:])
+				buffers.Transcode(from, src, to, odd[1:])
 				if !bytes.Equal(odd[1:], wantBytes) {
 					t.Fatalf("n=%d %s->%s: into a misaligned destination, the bytes differ", n, from, to)
 				}
@@ -77,7 +77,7 @@ func TestTranscodeAllocatesNothing(t *testing.T) {
 		vals[i] = float32(i) / 3
 	}
 	copy(buffers.Float32Bytes(src), vals)
-	if a := testing.AllocsPerRun(20, func() { swapper.Transcode(swapper.Float32, src, swapper.BFloat16, dst) }); a != 0 {
+	if a := testing.AllocsPerRun(20, func() { buffers.Transcode(tensor.Float32, src, tensor.BFloat16, dst) }); a != 0 {
 		t.Fatalf("Transcode allocated %.1f times per call, want 0", a)
 	}
 }
