@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
@@ -421,7 +422,7 @@ func storeKeysOf(mi *Index, rank, world int, dtype tensor.DType, tiers map[strin
 // bandwidth bw.
 func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer time.Duration, bw Bandwidth) (*policy.Placement, error) {
 	dtype := ParamDType(cfg)
-	inv := policy.InventoryOf(mi.Descs, mi.Numel, dtype, world)
+	inv := SizeStates(cfg, policy.InventoryOf(mi.Descs, mi.Numel, dtype, world))
 	h := HintsFor(cfg, len(mi.Layers), computePerLayer)
 	// Pinned memory is the reservations' to judge (zinf.Open refuses a pool
 	// below their minimum, naming it); the policy places tensors and sizes
@@ -454,6 +455,41 @@ func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer time.
 	}
 	p.Notes = append(p.Notes, fmt.Sprintf("gradient_accumulation_steps \"auto\": k = %d; %s", k, why))
 	return p, nil
+}
+
+// SizeStates gives the optimizer states of inv (policy.InventoryOf lists
+// them in fp32) the size they take in cfg's zinf.optimizer_states, tensor
+// by tensor as the optimizer picks it (StateFormatForOf: fp32 for those
+// zinf.optimizer_states_fp32 names and those under
+// optimizer.MinCompressedElems elements): the fp32 master stays 4 bytes an
+// element, a bf16 moment takes 2, an 8-bit one 1 plus 4 bytes of absmax a
+// block. Without it the planner would predict a step with compressed
+// states as moving fp32 ones (3.5x the bytes of 8-bit moments). inv is
+// changed in place and returned.
+func SizeStates(cfg *config.Config, inv []policy.Tensor) []policy.Tensor {
+	formatFor := StateFormatForOf(cfg)
+	if formatFor == nil {
+		return inv
+	}
+	for i := range inv {
+		x := &inv[i]
+		if x.Kind != policy.OptimState {
+			continue
+		}
+		var owner string
+		for _, s := range []string{".exp_avg_sq", ".exp_avg"} {
+			if o, ok := strings.CutSuffix(x.Name, s); ok {
+				owner = o
+				break
+			}
+		}
+		if owner == "" {
+			continue // the master: fp32 in every format
+		}
+		n := x.Bytes / 4
+		x.Bytes = formatFor(owner, int(n)).StateBytes(n)
+	}
+	return inv
 }
 
 // AutoMicroBatchesUnmeasured is the micro-batches a plan under
