@@ -2,7 +2,6 @@ package zinf_test
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/checkpoint"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -28,50 +26,43 @@ import (
 // and in the final masters and states, so each other's. With "auto" the
 // gradient store moves nothing; with "off" it moves every gradient.
 func TestPinnedGradsDifferential(t *testing.T) {
-	seeds := 6
-	if testing.Short() {
-		seeds = 3
-	}
 	paramDevices := []config.OffloadDevice{config.OffloadNVMe, config.OffloadCPU, config.OffloadNone}
-	for i, seed := range testenv.Seeds(t, seeds, 40) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (reproduce with ZINF_TEST_SEED=%d)", seed, seed)
-			var written [2]int64
-			for j, mode := range []config.PinnedGradsMode{config.PinnedGradsOff, config.PinnedGradsAuto} {
-				rng := rand.New(rand.NewPCG(seed, 0x9121))
-				c := randomStepCase(t, rng)
-				c.cfg.ZeroOptimization.OffloadOptimizer.Device = config.OffloadNVMe
-				c.cfg.ZeroOptimization.OffloadParam.Device = paramDevices[i%len(paramDevices)]
-				c.cfg.Zinf.PinnedGrads = mode
-				t.Logf("zinf.pinned_grads %s, params on %s", mode, c.cfg.ZeroOptimization.OffloadParam.Device)
-				rts := c.run(t, seed, rng)
-				if t.Failed() {
-					return
-				}
-				for r, rt := range rts {
-					g := rt.Metrics().Grads
-					st := rt.GradStore.Stats()
-					res := rt.Reservations()
-					written[j] += st.BytesWritten
-					if mode == config.PinnedGradsAuto {
-						if res.GradKeptElems != res.GradElems || g.KeptNamedBytes != 4*res.GradElems {
-							t.Fatalf("rank %d: %d of %d gradient elements planned pinned, %d bytes kept by the swapper; the 32 MiB pool holds them all",
-								r, res.GradKeptElems, res.GradElems, g.KeptNamedBytes)
-						}
-						if st.BytesWritten != 0 || st.BytesRead != 0 || g.Writes != 0 || g.Reads != 0 {
-							t.Errorf("rank %d: pinned gradients moved %d bytes to and %d from the gradient store (%d writes, %d reads)",
-								r, st.BytesWritten, st.BytesRead, g.Writes, g.Reads)
-						}
-					} else if res.GradKeptElems != 0 || g.KeptNamed != 0 {
-						t.Errorf("rank %d: zinf.pinned_grads off kept %d elements (%d tensors)", r, res.GradKeptElems, g.KeptNamed)
+	forSeeds(t, 6, 3, 40, func(t *testing.T, i int, seed uint64) {
+		var written [2]int64
+		for j, mode := range []config.PinnedGradsMode{config.PinnedGradsOff, config.PinnedGradsAuto} {
+			rng := rand.New(rand.NewPCG(seed, 0x9121))
+			c := randomStepCase(t, rng)
+			c.cfg.ZeroOptimization.OffloadOptimizer.Device = config.OffloadNVMe
+			c.cfg.ZeroOptimization.OffloadParam.Device = paramDevices[i%len(paramDevices)]
+			c.cfg.Zinf.PinnedGrads = mode
+			t.Logf("zinf.pinned_grads %s, params on %s", mode, c.cfg.ZeroOptimization.OffloadParam.Device)
+			rts := c.run(t, seed, rng)
+			if t.Failed() {
+				return
+			}
+			for r, rt := range rts {
+				g := rt.Metrics().Grads
+				st := rt.GradStore.Stats()
+				res := rt.Reservations()
+				written[j] += st.BytesWritten
+				if mode == config.PinnedGradsAuto {
+					if res.GradKeptElems != res.GradElems || g.KeptNamedBytes != 4*res.GradElems {
+						t.Fatalf("rank %d: %d of %d gradient elements planned pinned, %d bytes kept by the swapper; the 32 MiB pool holds them all",
+							r, res.GradKeptElems, res.GradElems, g.KeptNamedBytes)
 					}
+					if st.BytesWritten != 0 || st.BytesRead != 0 || g.Writes != 0 || g.Reads != 0 {
+						t.Errorf("rank %d: pinned gradients moved %d bytes to and %d from the gradient store (%d writes, %d reads)",
+							r, st.BytesWritten, st.BytesRead, g.Writes, g.Reads)
+					}
+				} else if res.GradKeptElems != 0 || g.KeptNamed != 0 {
+					t.Errorf("rank %d: zinf.pinned_grads off kept %d elements (%d tensors)", r, res.GradKeptElems, g.KeptNamed)
 				}
 			}
-			if written[0] == 0 {
-				t.Errorf("zinf.pinned_grads off wrote no gradient to the store")
-			}
-		})
-	}
+		}
+		if written[0] == 0 {
+			t.Errorf("zinf.pinned_grads off wrote no gradient to the store")
+		}
+	})
 }
 
 // pinnedModel is two layers of 4096 elements each.

@@ -19,7 +19,6 @@ import (
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
-	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/plan"
 	"github.com/zinfio/zinf/schedule"
 	"github.com/zinfio/zinf/swapper/optimizer"
@@ -46,16 +45,7 @@ import (
 // per rank, its partition of each tensor in model order, then the ranks in
 // order. ZINF_TEST_SEED reproduces one seed; ZINF_STRESS=1 runs many more.
 func TestTrainStepDifferential(t *testing.T) {
-	seeds := 8
-	if testing.Short() {
-		seeds = 3
-	}
-	for _, seed := range testenv.Seeds(t, seeds, 80) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (reproduce with ZINF_TEST_SEED=%d)", seed, seed)
-			trainStepRun(t, seed)
-		})
-	}
+	forSeeds(t, 8, 3, 80, func(t *testing.T, _ int, seed uint64) { trainStepRun(t, seed) })
 }
 
 // stepCase is one random configuration of TestTrainStepDifferential.
