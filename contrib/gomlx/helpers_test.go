@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -26,20 +25,22 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/testmodels"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
 	"github.com/zinfio/zinf/plan"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func backend(t testing.TB) compute.Backend {
-	t.Helper()
-	b, err := compute.NewWithConfig(zgomlx.DefaultBackend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
+// The backend, the MLP, its batches, the seeded Store and the bitwise
+// comparison are the reference package's tests' too (internal/testmodels).
+var (
+	backend  = testmodels.Backend
+	mlpNet   = testmodels.MLP
+	mlpBatch = testmodels.MLPBatch
+	newStore = testmodels.NewStore
+	sameBits = testmodels.SameBits
+)
 
 // testConfig is zinf's default config with swap files in a temp dir,
 // every parameter on NVMe (no max_in_cpu cache), a small pinned pool and
@@ -80,27 +81,6 @@ func watchdog(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// mlpNet is a deep MLP: dense+tanh layers of odd widths, then a linear
-// head in the last layer; the loss is the mean squared error.
-func mlpNet(widths ...int) zgomlx.Net {
-	var net zgomlx.Net
-	for i, w := range widths {
-		last := i == len(widths)-1
-		net.Layers = append(net.Layers, zgomlx.Layer{Scope: fmt.Sprintf("/dense_%d", i), Fn: func(scope *model.Scope, x *Node) *Node {
-			y := layers.Dense(scope, x, true, w)
-			if last {
-				return y
-			}
-			return Tanh(y)
-		}})
-	}
-	net.Loss = func(y, labels *Node) *Node {
-		d := Sub(y, labels)
-		return ReduceAllMean(Mul(d, d))
-	}
-	return net
-}
-
 // lmNet is a small causal transformer language model: a token and
 // position embedding, blocks of pre-norm attention and an MLP with
 // residuals, a final layer norm and the unembedding; the loss is the mean
@@ -133,17 +113,6 @@ func lmNet(vocab, seq, dim, heads, blocks int, dtype dtypes.DType) zgomlx.Net {
 	return net
 }
 
-// newStore initializes net's variables for input shape x with a seed.
-func newStore(t testing.TB, b compute.Backend, net zgomlx.Net, x shapes.Shape, seed int64) *model.Store {
-	t.Helper()
-	store := model.NewStore()
-	store.SetParam(model.ParamInitialSeed, seed)
-	if _, err := zgomlx.Initialize(b, store, net, x); err != nil {
-		t.Fatal(err)
-	}
-	return store
-}
-
 // clone copies a Store (values included).
 func clone(t testing.TB, s *model.Store) *model.Store {
 	t.Helper()
@@ -152,20 +121,6 @@ func clone(t testing.TB, s *model.Store) *model.Store {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// mlpBatch is a deterministic regression batch: inputs in [-1, 1) and
-// targets a smooth function of them.
-func mlpBatch(step, batch, in, out int) (x, y *tensors.Tensor) {
-	xs := make([]float32, batch*in)
-	for i := range xs {
-		xs[i] = float32((i*37+step*11)%101)/50.5 - 1
-	}
-	ys := make([]float32, batch*out)
-	for i := range ys {
-		ys[i] = float32(math.Sin(float64(xs[(i*7)%len(xs)]) * 2))
-	}
-	return tensors.FromFlatDataAndDimensions(xs, batch, in), tensors.FromFlatDataAndDimensions(ys, batch, out)
 }
 
 // lmBatch is a synthetic next-token task: each sequence counts up from a
@@ -181,19 +136,6 @@ func lmBatch(step, batch, seq, vocab int) (x, y *tensors.Tensor) {
 		}
 	}
 	return tensors.FromFlatDataAndDimensions(xs, batch, seq), tensors.FromFlatDataAndDimensions(ys, batch, seq)
-}
-
-// sameBits fails the test at the first element whose bits differ.
-func sameBits(t testing.TB, what string, got, want []float32) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d elements, want %d", what, len(got), len(want))
-	}
-	for i := range got {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("%s[%d] = %v (%#08x), want %v (%#08x)", what, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
-		}
-	}
 }
 
 // sameBytes fails the test at the first byte that differs.
