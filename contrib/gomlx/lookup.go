@@ -141,23 +141,7 @@ func (s *zinfSource) gradRowSums(ctx context.Context, v *Var, rows []int, sums [
 	return nil
 }
 
-// SetReadAheadTables says whether the optimizer states (fp32 master and
-// Adam's moments) of the first layer's lookup tables (Layer.Lookups, the
-// embedding) are read from NVMe ahead of their gradient: from the start
-// of a step's last backward pass, zinf.Runtime.PrefetchTensor starts those
-// reads, so that once the table's gradient is final (it is last) only the
-// update's arithmetic and its write-back remain. The reads go into the
-// optimizer's pinned buffers that its pipeline can spare (it keeps one set
-// for the updates of the layers handed over) and never wait, so how much
-// is read ahead is bounded by the pool's optimizer share, not by the
-// table; results are bit for bit the same either way. It acts when the
-// runtime starts updates during the backward pass (the plan's
-// OverlapStep) and the states are on NVMe; it may be combined with
-// zinf.overlap_update, which lets the table's update run on under the
-// next forward pass instead. Off by default; call it between steps.
-func (t *Trainer) SetReadAheadTables(on bool) { t.off.readAhead = on }
-
-// readAheadTables starts or extends the read-ahead of SetReadAheadTables
+// readAheadTables starts or extends the read-ahead of Options.ReadAheadTables
 // during the backward pass of a step's last micro-step (last): at its
 // start and at each layer, each call reading ahead what the optimizer's
 // pipeline has room for since the one before.

@@ -60,7 +60,7 @@ type paramSource interface {
 	// readAhead is called as a backward pass starts and as each layer's
 	// backward computes; last says it is the step's last micro-step. A
 	// source may start reads the step's updates will need
-	// (Trainer.SetReadAheadTables).
+	// (Options.ReadAheadTables).
 	readAhead(ctx context.Context, last bool)
 	// fail is called when a micro-step fails before its commit, with the
 	// error; it reports whether the step was given up (the model is as

@@ -44,7 +44,7 @@ type Offload struct {
 	creditStatus string
 	// oneLayer is Options.OneLayerResident.
 	oneLayer bool
-	// readAhead: Trainer.SetReadAheadTables.
+	// readAhead is Options.ReadAheadTables.
 	readAhead bool
 	// spare are swap-in buffers Create made before initializing the
 	// layers (spareRowTables); newTrainer gives them to its slot pool.
@@ -97,7 +97,7 @@ func openOffload(cfg *config.Config, store *model.Store, vars []*Var, scopes []s
 		return nil, err
 	}
 	o := &Offload{store: store, vars: vars, byName: map[string]*Var{}, scopes: scopes, version: 1, log: opts.Runtime.Logger,
-		oneLayer: opts.OneLayerResident}
+		oneLayer: opts.OneLayerResident, readAhead: opts.ReadAheadTables}
 	if o.log == nil {
 		o.log = slog.Default()
 	}

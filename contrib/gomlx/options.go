@@ -54,6 +54,22 @@ type Options struct {
 	// behind compute (the Timings' SwapIn and Grads). Results are the same
 	// bits either way. Default false: overlap.
 	OneLayerResident bool
+	// ReadAheadTables makes a Trainer read the optimizer states (fp32
+	// master and Adam's moments) of the first layer's lookup tables
+	// (Layer.Lookups, the embedding) from NVMe ahead of their gradient:
+	// from the start of a step's last backward pass,
+	// zinf.Runtime.PrefetchTensor starts those reads, so that once the
+	// table's gradient is final (it is last) only the update's arithmetic
+	// and its write-back remain. The reads go into the optimizer's pinned
+	// buffers that its pipeline can spare (it keeps one set for the
+	// updates of the layers handed over) and never wait, so how much is
+	// read ahead is bounded by the pool's optimizer share, not by the
+	// table; results are bit for bit the same either way. It acts when
+	// the runtime starts updates during the backward pass (the plan's
+	// OverlapStep) and the states are on NVMe; it may be combined with
+	// zinf.overlap_update, which lets the table's update run on under the
+	// next forward pass instead. Default false.
+	ReadAheadTables bool
 	// Runtime is passed to zinf.Open.
 	Runtime zinf.Options
 

@@ -12,7 +12,7 @@ import (
 
 // TestReadAheadTables trains the tied zoo transformer with its embedding
 // table's optimizer states read ahead of its gradient
-// (Trainer.SetReadAheadTables), micro-batch-major and layer-major:
+// (Options.ReadAheadTables), micro-batch-major and layer-major:
 // every loss, variable, master and moment equals in-memory training bit
 // for bit, and the steps updated the table from records read before its
 // hand-over (the optimizer's Prefetched count).
@@ -30,12 +30,13 @@ func TestReadAheadTables(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer mt.Close()
-			tr, err := zgomlx.Create(ctx, b, c.config(t, k, sched), clone(t, init), c.net, c.opts)
+			opts := c.opts
+			opts.ReadAheadTables = true
+			tr, err := zgomlx.Create(ctx, b, c.config(t, k, sched), clone(t, init), c.net, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tr.Close()
-			tr.SetReadAheadTables(true)
 			rt := tr.Offload().Runtime()
 			if !rt.Placement().OverlapStep {
 				t.Fatal("the plan does not start updates during the backward pass")
@@ -56,5 +57,30 @@ func TestReadAheadTables(t *testing.T) {
 				t.Logf("%d sub-groups read ahead in %d steps", n, steps)
 			}
 		})
+	}
+}
+
+// TestReadAheadTablesOffByDefault trains the same model layer-major
+// without Options.ReadAheadTables: nothing of the table is read ahead of
+// its gradient (the option, not the schedule, turns it on).
+func TestReadAheadTablesOffByDefault(t *testing.T) {
+	ctx := watchdog(t, 3*time.Minute)
+	b := backend(t)
+	c := tiedZooCase(t)
+	const k = 2
+	tr, err := zgomlx.Create(ctx, b, c.config(t, k, config.ScheduleLayerMajor), c.store(t, b), c.net, c.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	rt := tr.Offload().Runtime()
+	if !rt.Placement().OverlapStep {
+		t.Fatal("the plan does not start updates during the backward pass")
+	}
+	if _, err := tr.StepMicroBatches(ctx, c.microBatches(0, k)); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.Metrics().Optimizer.Total.Prefetched; n != 0 {
+		t.Fatalf("%d sub-groups read ahead without Options.ReadAheadTables", n)
 	}
 }

@@ -63,7 +63,7 @@ type options struct {
 	// overlap: the offloaded process sets zinf.overlap_update.
 	overlap bool
 	// readAhead: the offloaded process reads the embedding table's
-	// optimizer states ahead of its gradient (Trainer.SetReadAheadTables).
+	// optimizer states ahead of its gradient (zgomlx.Options.ReadAheadTables).
 	readAhead bool
 	// sliceBlocks: -big's in-memory slice; k: a slice child's
 	// micro-batches a step.
@@ -100,7 +100,7 @@ func main() {
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
-	flag.BoolVar(&o.readAhead, "read-ahead", false, "the offloaded process reads the embedding table's optimizer states from NVMe during the backward pass of the last layers, ahead of its gradient (Trainer.SetReadAheadTables); combines with -overlap-update")
+	flag.BoolVar(&o.readAhead, "read-ahead", false, "the offloaded process reads the embedding table's optimizer states from NVMe during the backward pass of the last layers, ahead of its gradient (zgomlx.Options.ReadAheadTables); combines with -overlap-update")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var errs []string
@@ -281,12 +281,11 @@ func child(o options, w io.Writer) error {
 		if o.pipelineDepth >= 0 {
 			cfg.Zinf.PipelineDepth = o.pipelineDepth
 		}
-		tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{})
+		tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{ReadAheadTables: o.readAhead})
 		if err != nil {
 			return err
 		}
 		defer tr.Close()
-		tr.SetReadAheadTables(o.readAhead)
 		res.StateBytes = tr.Offload().StateBytes()
 		rt := tr.Offload().Runtime()
 		if o.overlap && !rt.OverlapUpdate() {
@@ -441,7 +440,7 @@ func bench(o options, w io.Writer) error {
 		fmt.Fprintf(w, "offloaded with zinf.pipeline_depth %d\n", o.pipelineDepth)
 	}
 	if o.readAhead {
-		fmt.Fprintf(w, "offloaded with the embedding table's optimizer states read ahead of its gradient (Trainer.SetReadAheadTables)\n")
+		fmt.Fprintf(w, "offloaded with the embedding table's optimizer states read ahead of its gradient (zgomlx.Options.ReadAheadTables)\n")
 	}
 	var off, mem []result
 	for round := range o.rounds {
