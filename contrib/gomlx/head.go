@@ -28,7 +28,11 @@ type headExec struct {
 	block, dl *slot
 	pool      *slotPool
 	grad32    []float32 // a block's gradient widened to fp32
-	sum       []float32 // a block's gradient summed over micro-batches
+	// sum is a block's gradient summed over micro-batches, in sumMem:
+	// mapped outside the Go heap where the backend allows it, for the
+	// reason swap-in buffers are (mappedSlotBytes).
+	sum    []float32
+	sumMem *layerexec.Buffer
 	// hold, during a layer-major step's backward pass, keeps the head's
 	// gradient of the rows the step's lookups name (headHold).
 	hold *headHold
@@ -65,6 +69,24 @@ func (he *headExec) close() {
 	he.bwd.Finalize()
 	he.pool.close()
 	he.block, he.dl = nil, nil
+	he.sumMem.Free()
+	he.sum, he.sumMem = nil, nil
+}
+
+// sumBuffer returns he.sum with room for n float32s, made (again) when it
+// has less.
+func (he *headExec) sumBuffer(backend compute.Backend, n int) ([]float32, error) {
+	if len(he.sum) >= n {
+		return he.sum[:n], nil
+	}
+	he.sumMem.Free()
+	he.sum, he.sumMem = nil, nil
+	b, err := layerexec.NewMappedBuffer(backend, shapes.Make(dtypes.Float32, n))
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: head gradient buffer of %d floats: %w", n, err)
+	}
+	he.sumMem, he.sum = b, buffers.Float32Bytes(b.Bytes)
+	return he.sum[:n], nil
 }
 
 // buffer returns *s, (re)allocated for shape.
@@ -210,13 +232,14 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			finalizeAll(p)
 		}
 	}()
-	if cap(he.sum) < B*d {
-		he.sum = make([]float32, B*d)
+	sumB, err := he.sumBuffer(lp.ex.backend, B*d)
+	if err != nil {
+		return nil, err
 	}
 	hold := he.hold
-	err := he.blocks(ctx, lp.src, func(row, rows int) error {
+	err = he.blocks(ctx, lp.src, func(row, rows int) error {
 		n := rows * d
-		sum := he.sum[:n]
+		sum := sumB[:n]
 		// The rows of the hold in this block: hold.rows[h0:h1].
 		var h0, h1 int
 		if hold != nil {

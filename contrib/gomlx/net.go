@@ -520,8 +520,19 @@ func (p *slotPool) acquire(v *Var, version uint64) (*slot, bool, error) {
 	return pick, false, nil
 }
 
+// mappedSlotBytes is the size from which a swap-in buffer is mapped
+// outside the Go heap (layerexec.NewMappedBuffer) rather than allocated in
+// it. The buffers live as long as the Trainer and hold a layer's weights
+// or a head's block (bench-llm-big at d=1024: 48 MiB of a block's
+// weights, 32 MiB of a head block): in the Go heap they count as live
+// heap, and the collector lets as much garbage again build up before it
+// runs (GOGC), resident memory on top of the buffers themselves. Smaller
+// buffers (norms, biases) stay in the heap: a mapping each would cost more
+// than it saves.
+const mappedSlotBytes = 1 << 20
+
 // newSlot allocates a shared-buffer tensor of shape and keeps its buffer
-// and its bytes.
+// and its bytes: mapped outside the Go heap from mappedSlotBytes on.
 func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
 	for i, s := range p.spare {
 		if s.t.Shape().Equal(shape) {
@@ -529,6 +540,9 @@ func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
 			p.bytes += int64(len(s.bytes))
 			return s, nil
 		}
+	}
+	if shape.ByteSize() >= mappedSlotBytes {
+		return p.newMappedSlot(shape)
 	}
 	b, err := layerexec.NewBuffer(p.backend, shape)
 	if err != nil {
@@ -540,8 +554,8 @@ func (p *slotPool) newSlot(shape shapes.Shape) (*slot, error) {
 }
 
 // newMappedSlot is newSlot with the buffer's bytes outside the Go heap
-// (layerexec.NewMappedBuffer), for a table read by rows. It does not look
-// among the spare slots.
+// (layerexec.NewMappedBuffer), whatever its size. It does not look among
+// the spare slots.
 func (p *slotPool) newMappedSlot(shape shapes.Shape) (*slot, error) {
 	b, err := layerexec.NewMappedBuffer(p.backend, shape)
 	if err != nil {
