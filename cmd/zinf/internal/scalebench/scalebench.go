@@ -27,6 +27,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -74,12 +76,32 @@ type Options struct {
 	// how much of it a load spans (a host caching part of a virtual disk)
 	// is measured as a large step finds it only over files as large.
 	MixedBytes int64
+	// Variant is the configuration trained: VariantFP32 (default: fp32
+	// parameters and states, every gradient through NVMe and back) or
+	// VariantCompact (bf16 parameters with fp32 masters, 8-bit moments,
+	// gradients kept in pinned memory where the pool has room).
+	Variant string
 	// Progress receives the plan, a line per phase and per step (nil:
 	// silent).
 	Progress io.Writer
 	// Logger receives the runtime's warnings.
 	Logger *slog.Logger
 }
+
+// The configurations the bench trains (Options.Variant).
+const (
+	// VariantFP32 is today's configuration: fp32 parameters, fp32 master
+	// and moments, zinf.pinned_grads off (every gradient written behind
+	// and read back): 44 bytes per parameter per step.
+	VariantFP32 = "fp32"
+	// VariantCompact is the issue's compact one: bf16.enabled (bf16
+	// parameters read for compute, fp32 masters), zinf.optimizer_states
+	// 8bit and zinf.pinned_grads auto.
+	VariantCompact = "compact"
+)
+
+// Variants lists the configurations Options.Variant names.
+var Variants = []string{VariantFP32, VariantCompact}
 
 // DefaultMixedSeconds is Options.MixedSeconds's default.
 const DefaultMixedSeconds = 10
@@ -197,6 +219,48 @@ type Result struct {
 	ProcWrittenBytes int64  `json:"process_written_bytes"`
 	ProcCounted      bool   `json:"process_counted"`
 	Backend          string `json:"backend"`
+	// Variant is the configuration trained (Options.Variant).
+	Variant string `json:"variant"`
+	// DiskStepBytes are the bytes the disk under the path (Disk) read and
+	// wrote in each step's window (from the end of the step before: 0 for
+	// the first step, whose start is not marked, and where the disk has no
+	// counters), every process's I/O: the step's bytes measured at the
+	// disk.
+	DiskStepBytes []int64 `json:"disk_step_bytes"`
+	// PlanReadBytes and PlanWrittenBytes are the NVMe bytes a step moves as
+	// the plan predicts them (zinf.PlanModel's placement: parameters in
+	// their dtype, optimizer states at their format's size, no round trip
+	// for the gradients the reservations keep pinned); PlanStepMs the
+	// plan's predicted step at the bandwidth measured before training,
+	// the simulated compute not counted.
+	PlanReadBytes    int64   `json:"plan_read_bytes"`
+	PlanWrittenBytes int64   `json:"plan_written_bytes"`
+	PlanStepMs       float64 `json:"plan_step_ms"`
+	// GradKeptElems of GradElems are the gradient elements the plan keeps
+	// in pinned memory for the whole step.
+	GradKeptElems int64 `json:"grad_kept_elems"`
+	GradElems     int64 `json:"grad_elems"`
+}
+
+// PlanBytesPerParam is the plan's bytes per parameter per step.
+func (r *Result) PlanBytesPerParam() float64 {
+	return float64(r.PlanReadBytes+r.PlanWrittenBytes) / float64(max(r.Params, 1))
+}
+
+// DiskBytesPerParam is the median of the steps' bytes per parameter
+// measured at the disk (DiskStepBytes, the steps after the first), 0
+// where none was measured.
+func (r *Result) DiskBytesPerParam() float64 {
+	var per []float64
+	for i, b := range r.DiskStepBytes {
+		if i > 0 && b > 0 {
+			per = append(per, float64(b)/float64(max(r.Params, 1)))
+		}
+	}
+	if len(per) == 0 {
+		return 0
+	}
+	return stats.Median(per)
 }
 
 func (o *Options) defaults() {
@@ -223,6 +287,9 @@ func (o *Options) defaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Variant == "" {
+		o.Variant = VariantFP32
 	}
 }
 
@@ -257,6 +324,9 @@ func (o *Options) check() error {
 	if o.MixedSeconds > 600 {
 		errs = append(errs, fmt.Errorf("--mixed-seconds %g is invalid (allowed: up to 600 seconds; 0: 10; negative: no mixed probe)", o.MixedSeconds))
 	}
+	if !slices.Contains(Variants, o.Variant) {
+		errs = append(errs, fmt.Errorf("--configs %q is invalid (allowed: %s)", o.Variant, strings.Join(Variants, ", ")))
+	}
 	return errors.Join(errs...)
 }
 
@@ -274,6 +344,13 @@ func (o *Options) spec() train.Spec {
 // (and pieces of a weight, so that the sub-group is not capped), O_DIRECT
 // required, checksums on.
 func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
+	return VariantConfig(dir, poolBytes, width, VariantFP32)
+}
+
+// VariantConfig is Config for the configuration variant names
+// (VariantFP32: Config's; VariantCompact: the same with bf16.enabled,
+// zinf.optimizer_states 8bit and zinf.pinned_grads auto).
+func VariantConfig(dir string, poolBytes int64, width int, variant string) (*config.Config, error) {
 	c := config.Default()
 	c.SetScratchDir(dir)
 	c.Zinf.Device = config.DeviceSim
@@ -294,6 +371,15 @@ func Config(dir string, poolBytes int64, width int) (*config.Config, error) {
 	// Today's fp32 configuration: every gradient through NVMe and back
 	// (the 24 and 20 bytes per parameter the bench reports against).
 	c.Zinf.PinnedGrads = config.PinnedGradsOff
+	switch variant {
+	case VariantFP32:
+	case VariantCompact:
+		c.BF16 = true
+		c.Zinf.OptimizerStates = config.OptimizerStates8Bit
+		c.Zinf.PinnedGrads = config.PinnedGradsAuto
+	default:
+		return nil, fmt.Errorf("--configs %q is invalid (allowed: %s)", variant, strings.Join(Variants, ", "))
+	}
 	c.AIO.QueueDepth = 32
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -313,6 +399,36 @@ func diskNeed(ctx context.Context, spec train.Spec, cfg *config.Config, probe in
 	return p.DiskBytes() + probe, nil
 }
 
+// planned fills r's plan figures: what zinf.PlanModel predicts a step of
+// cfg moves and takes at the bandwidth cfg gives.
+func planned(ctx context.Context, r *Result, spec train.Spec, cfg *config.Config, log *slog.Logger) error {
+	p, err := zinf.PlanModel(ctx, cfg, spec.Model(), zinf.Options{NoBandwidthProbe: true, Logger: log})
+	if err != nil {
+		return err
+	}
+	pr := p.Placement.Predicted
+	r.PlanReadBytes, r.PlanWrittenBytes, r.PlanStepMs = pr.NVMeReadBytes, pr.NVMeWriteBytes, float64(pr.Total)/1e6
+	r.GradKeptElems, r.GradElems = p.Reservations.GradKeptElems, p.Reservations.GradElems
+	return nil
+}
+
+// stateBytes is the model state of params parameters in cfg's
+// configuration: parameters in their dtype, fp32 gradients, and the
+// optimizer's records (fp32 master and the moments in their format).
+func stateBytes(cfg *config.Config, spec train.Spec) int64 {
+	var n int64
+	h := plan.Hyper(cfg)
+	for _, d := range spec.Model().Tensors {
+		e, _ := d.Numel()
+		f := plan.StateFormatOf(cfg)
+		if ff := plan.StateFormatForOf(cfg); ff != nil {
+			f = ff(d.Name, int(e))
+		}
+		n += e*int64(plan.ParamDType(cfg).Size()) + 4*e + f.RecordBytes(h, e)
+	}
+	return n
+}
+
 // ErrNoSpace is matched by the refusal of a run the disk cannot hold.
 var ErrNoSpace = errors.New("not enough free disk space")
 
@@ -324,12 +440,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	start := time.Now()
 	spec := o.spec()
-	cfg, err := Config(o.Dir, o.PoolBytes, o.Width)
+	cfg, err := VariantConfig(o.Dir, o.PoolBytes, o.Width, o.Variant)
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Dir: o.Dir, Layers: spec.Layers, Width: spec.Width, Params: spec.ParamCount(), StateBytes: spec.ParamCount() * 20,
-		PoolBytes: o.PoolBytes, RSSBudgetBytes: o.PoolBytes + RSSHeadroomBytes, MemTotalBytes: memTotal()}
+	res := &Result{Dir: o.Dir, Layers: spec.Layers, Width: spec.Width, Params: spec.ParamCount(), StateBytes: stateBytes(cfg, spec),
+		PoolBytes: o.PoolBytes, RSSBudgetBytes: o.PoolBytes + RSSHeadroomBytes, MemTotalBytes: memTotal(), Variant: o.Variant}
 	probeFiles := o.ProbeBytes
 	if o.mixed() {
 		// The mixed probe's two files, after the separate probes' one is
@@ -354,8 +470,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			fmt.Fprintf(o.Progress, format+"\n", a...)
 		}
 	}
-	say("bench-scale: %d layers x width %d: %d params, %s of model state (%.1fx this machine's %s of memory) through a %s pinned pool; disk: %s needed, %s free on %s",
-		spec.Layers, spec.Width, res.Params, policy.FormatBytes(res.StateBytes), float64(res.StateBytes)/float64(max(res.MemTotalBytes, 1)),
+	say("bench-scale: %s configuration, %d layers x width %d: %d params, %s of model state (%.1fx this machine's %s of memory) through a %s pinned pool; disk: %s needed, %s free on %s",
+		o.Variant, spec.Layers, spec.Width, res.Params, policy.FormatBytes(res.StateBytes), float64(res.StateBytes)/float64(max(res.MemTotalBytes, 1)),
 		policy.FormatBytes(res.MemTotalBytes), policy.FormatBytes(o.PoolBytes), policy.FormatBytes(res.DiskNeedBytes), policy.FormatBytes(res.DiskFreeBytes), o.Dir)
 
 	// The swap stores make their own run directories in the path and
@@ -412,9 +528,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	cfg.Zinf.Bandwidth.ReadBytesPerSec = config.Size(res.Before.ReadGBps * 1e9)
 	cfg.Zinf.Bandwidth.WriteBytesPerSec = config.Size(res.Before.WriteGBps * 1e9)
 	cfg.Zinf.Bandwidth.Probe = false
+	if err := planned(ctx, res, spec, cfg, o.Logger); err != nil {
+		return res, err
+	}
 
 	last := spec.Layers - 1
 	res.Sampled = []string{train.WeightName(0), train.WeightName(last), train.BiasName(last), train.BiasName(last / 2)}
+	if o.Variant == VariantCompact {
+		// The sampled check applies the fp32 rule in memory: the weights'
+		// 8-bit moments are checked bit for bit by the optimizer's own
+		// tests, the biases (under optimizer.MinCompressedElems elements)
+		// keep fp32 states and are checked here, their reads against
+		// their masters in bf16.
+		res.Sampled = []string{train.BiasName(last), train.BiasName(last / 2), train.BiasName(0)}
+	}
 	say("opening the runtime and writing the initial state (%s to NVMe)...", policy.FormatBytes(res.StateBytes))
 	disk, diskErr := blockdev.Of(o.Dir)
 	var disk0 blockdev.Stat
@@ -471,8 +598,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.DiskBusy = make([]float64, len(res.StepMs))
 	res.DiskBusyGBps = make([]float64, len(res.StepMs))
 	res.DiskInFlight = make([]float64, len(res.StepMs))
+	res.DiskStepBytes = make([]int64, len(res.StepMs))
 	for i := 1; i < len(marks) && i < len(res.StepMs); i++ {
 		res.DiskBusy[i], res.DiskBusyGBps[i], res.DiskInFlight[i] = diskWindow(marks[i-1], marks[i])
+		if a, b := marks[i-1], marks[i]; a.ok && b.ok {
+			res.DiskStepBytes[i] = b.st.BytesRead - a.st.BytesRead + b.st.BytesWritten - a.st.BytesWritten
+		}
 	}
 	res.StepMsMedian = stats.Median(res.StepMs)
 	res.PredictedMsMedian = stats.Median(res.PredictedMs)
@@ -548,6 +679,8 @@ func (r *Result) Write(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "  median step %.0f ms, disk-bound prediction %.0f ms: predicted/achieved %.2f\n", r.StepMsMedian, r.PredictedMsMedian, r.Ratio)
+	fmt.Fprintf(w, "  bytes per parameter per step (%s): at the disk %s, zinf's stores %.2f, the plan %.2f (%d of %d gradient elements kept pinned); the plan's step %.0f ms\n",
+		r.Variant, perParam(r.DiskBytesPerParam(), r.PlanBytesPerParam()), r.StoreBytesPerParam(), r.PlanBytesPerParam(), r.GradKeptElems, r.GradElems, r.PlanStepMs)
 	if r.MixedRatio > 0 {
 		fmt.Fprintf(w, "  at the mixed probes' rate (%.3f GB/s before, %.3f after, reads and writes at once) the steps' bytes take %.0f ms: predicted/achieved %.2f\n",
 			r.Before.Mixed.GBps, r.After.Mixed.GBps, r.MixedPredictedMsMedian, r.MixedRatio)
@@ -587,4 +720,29 @@ func (r *Result) Write(w io.Writer) error {
 	_, err := fmt.Fprintf(w, "  sampled check: %d element updates and reads of %v equal the update rule in memory bit for bit (CRC-32C verified on every swap-in)\n",
 		r.SampleChecked, r.Sampled)
 	return err
+}
+
+// StoreBytesPerParam is the median of the steps' bytes per parameter as
+// zinf's stores count them (ReadBytes + WriteBytes: device bytes).
+func (r *Result) StoreBytesPerParam() float64 {
+	per := make([]float64, len(r.ReadBytes))
+	for i := range r.ReadBytes {
+		per[i] = float64(r.ReadBytes[i]+r.WriteBytes[i]) / float64(max(r.Params, 1))
+	}
+	if len(per) == 0 {
+		return 0
+	}
+	return stats.Median(per)
+}
+
+// perParam says a measured figure against the plan's: "18.12 (+0.4% of
+// the plan)", or "not measured".
+func perParam(measured, plan float64) string {
+	if measured <= 0 {
+		return "not measured"
+	}
+	if plan <= 0 {
+		return fmt.Sprintf("%.2f", measured)
+	}
+	return fmt.Sprintf("%.2f (%+.1f%% of the plan)", measured, (measured-plan)/plan*100)
 }
