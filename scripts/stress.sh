@@ -10,7 +10,9 @@
 #   iterations, and under mpirun (when Open MPI is installed) comm's
 #   TestStressMPI runs bigger random collectives at 2 to 6 ranks and zinf
 #   train's TestStressMPIKills kills random ranks at random points and
-#   resumes at random world sizes.
+#   resumes at random world sizes. With PKGS left at ./..., the GoMLX
+#   adapter's module (contrib/gomlx) runs too, its large embedding tables
+#   at 100000 rows instead of 20000.
 #   Then each fuzz target (every func Fuzz* in a _test.go file) runs for
 #   FUZZTIME: `go test -fuzz` takes one target per invocation, so they run
 #   one after another. New failing inputs land in the package's
@@ -35,6 +37,13 @@ if [ "${STRESS_TESTS:-1}" != 0 ]; then
 	echo "== stress: go test -race at stress scale ($ZINF_STRESS_SEEDS metamorphic seeds) on $PKGS"
 	# shellcheck disable=SC2086
 	$GO test -race -count=1 -timeout 120m $PKGS || failed="$failed tests"
+	# The GoMLX adapter is its own module: its scale-sized cases (tables
+	# of a real vocabulary's rows) run only here, with make test-contrib's
+	# flags.
+	if [ "$PKGS" = ./... ]; then
+		echo "== stress: go test -race at stress scale on contrib/gomlx"
+		(cd contrib/gomlx && $GO test -race -gcflags=all=-d=checkptr=0 -count=1 -timeout 120m ./...) || failed="$failed contrib-tests"
+	fi
 fi
 
 if [ "${STRESS_FUZZ:-1}" != 0 ]; then

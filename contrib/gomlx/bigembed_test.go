@@ -72,6 +72,8 @@ func TestBigEmbeddingPool(t *testing.T) {
 	b := backend(t)
 	cfg := testConfig(t, 0)
 	cfg.ZeroOptimization.SubGroupSize = 65_536 // the optimizer's pipeline in small sub-groups
+	// 100000 rows whatever the scale: the bound is about a table many
+	// 4 MiB pieces long (bigRows' default is barely more than one).
 	const vocab = 100000
 	embed := int64(vocab * 64 * 4)
 	rest := minimumPool(ctx, t, b, cfg, 1000)
@@ -106,7 +108,7 @@ func repeatBatch(step, vocab int) (x, y *tensors.Tensor) {
 	return tensors.FromFlatDataAndDimensions(xs, 2, 8), tensors.FromFlatDataAndDimensions(ys, 2, 8)
 }
 
-// TestEmbeddingRows: a 100000-row embedding table that zinf streams is
+// TestEmbeddingRows: a bigRows-row embedding table that zinf streams is
 // read at the rows a batch uses only (Layer.Lookups, which
 // TransformerNet sets) and its gradient handed over for those rows (a
 // row used several times summed by the graph), with the tied head
@@ -116,7 +118,7 @@ func repeatBatch(step, vocab int) (x, y *tensors.Tensor) {
 func TestEmbeddingRows(t *testing.T) {
 	ctx := watchdog(t, 8*time.Minute)
 	b := backend(t)
-	const vocab = 100000
+	vocab := bigRows()
 	for _, tied := range []bool{false, true} {
 		t.Run(map[bool]string{false: "untied", true: "tied"}[tied], func(t *testing.T) {
 			cfg := testConfig(t, 0)
@@ -203,12 +205,12 @@ func TestLookupRefusals(t *testing.T) {
 	}
 
 	// An input the batch lacks: the table must be streamed for its rows
-	// to be read, so this one has 100000 rows.
+	// to be read, so this one has bigRows rows.
 	cfg := testConfig(t, 0)
 	cfg.ZeroOptimization.SubGroupSize = 65_536
 	cfg.Zinf.Tiers.CPUPinnedBytes = 64 << 20
 	store := model.NewStore()
-	net, err := zgomlx.TransformerNet(bigVocabModel(store, 100000), zgomlx.TransformerOptions{})
+	net, err := zgomlx.TransformerNet(bigVocabModel(store, bigRows()), zgomlx.TransformerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +223,7 @@ func TestLookupRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	x, y := repeatBatch(0, 100000)
+	x, y := repeatBatch(0, bigRows())
 	if _, err := tr.Step(ctx, x, y); err == nil || !strings.Contains(err.Error(), "reads its rows from input 1; the batch has 1 inputs") {
 		t.Fatalf("a Lookup of an input the batch lacks: Step returned %v", err)
 	}

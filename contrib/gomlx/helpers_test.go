@@ -27,6 +27,7 @@ import (
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/testmodels"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/plan"
 )
 
@@ -41,6 +42,13 @@ var (
 	newStore = testmodels.NewStore
 	sameBits = testmodels.SameBits
 )
+
+// bigRows is the row count of the tests' large embedding tables (rows of
+// 64 fp32): 20000 (5 MiB, past the 4 MiB piece, so zinf streams the table
+// in pieces and reads it by rows), or 100000, a real vocabulary's size,
+// under make stress (ZINF_STRESS=1). The smaller default keeps the
+// package's -race run well inside its timeout.
+func bigRows() int { return testenv.Scale(20000, 100000) }
 
 // testConfig is zinf's default config with swap files in a temp dir,
 // every parameter on NVMe (no max_in_cpu cache), a small pinned pool and
