@@ -85,7 +85,10 @@ func (p *Pool) MatMulInOut(y []float32, w Matrix, x []float32, batch int) error 
 	if p.closed {
 		return ErrClosed
 	}
-	chunks := max(1, min(p.workers, w.Cols/minColsPerWorker))
+	chunks := max(1, min(chunksPerWorker*p.workers, w.Cols/minColsPerWorker))
+	if p.workers == 1 {
+		chunks = 1
+	}
 	p.job = job{w: w, io: p.k.inOut(w.Type), rb: rb, x: x, y: y, batch: batch, chunks: chunks, inout: true}
 	p.runJob()
 	p.job = job{} // drop the references to the caller's slices

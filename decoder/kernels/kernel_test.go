@@ -2,9 +2,12 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -292,5 +295,92 @@ func TestPoolSpinningWorkers(t *testing.T) {
 	case <-done:
 	case <-time.After(time.Minute):
 		t.Fatal("the products did not finish in a minute")
+	}
+}
+
+// TestPoolCallerTakesEveryChunk runs row and in-out products and a
+// Parallel on a pool whose workers never come (none started): the
+// calling goroutine must take every chunk of the hand-out itself and
+// give the scalar reference's bits, so that a worker held up elsewhere
+// (a busy core) delays nobody. Before chunks were taken from a shared
+// counter each was handed to a worker by a channel and the caller waited
+// for it: this pool never finished a product. Runs under a watchdog.
+func TestPoolCallerTakesEveryChunk(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(seedNow(), 10))
+		ref, _ := NewPool(Options{Workers: 1, Kernel: KernelScalar})
+		defer ref.Close()
+		const workers = 4
+		p := &Pool{k: findKernel(""), workers: workers, scratch: make([]chunkScratch, workers)}
+		p.park, p.done = sync.NewCond(&p.parkMu), sync.NewCond(&p.doneMu)
+		for _, typ := range []DType{F32, BF16, Q8_0} {
+			w := randMatrix(rng, typ, 16*chunksPerWorker*workers+5, 64)
+			x := randVec(rng, 3*64)
+			y, want := make([]float32, 3*w.Rows), make([]float32, 3*w.Rows)
+			if err := p.MatMul(y, w, x, 3); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := ref.MatMul(want, w, x, 3); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := sameBits(y, want); err != nil {
+				t.Errorf("%v row product: %v", typ, err)
+			}
+		}
+		w := randMatrix(rng, F32, 40, minColsPerWorker*chunksPerWorker*workers+3)
+		x := randVec(rng, 2*40)
+		y, want := make([]float32, 2*w.Cols), make([]float32, 2*w.Cols)
+		if err := p.MatMulInOut(y, w, x, 2); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := ref.MatMulInOut(want, w, x, 2); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := sameBits(y, want); err != nil {
+			t.Errorf("in-out product: %v", err)
+		}
+		var ran [workers]int
+		if err := p.Parallel(workers, func(c int) { ran[c]++ }); err != nil {
+			t.Error(err)
+		}
+		if ran != [workers]int{1, 1, 1, 1} {
+			t.Errorf("Parallel(%d) ran the chunks %v times, want once each", workers, ran)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the products did not finish in a minute")
+	}
+}
+
+// sameBits says where y and want differ first, bit for bit.
+func sameBits(y, want []float32) error {
+	for i := range y {
+		if math.Float32bits(y[i]) != math.Float32bits(want[i]) {
+			return fmt.Errorf("y[%d] = %v, want %v", i, y[i], want[i])
+		}
+	}
+	return nil
+}
+
+// TestNewPoolWorkersBound: more workers than MaxWorkers is an error that
+// names the option, the value and the bound.
+func TestNewPoolWorkersBound(t *testing.T) {
+	p, err := NewPool(Options{Workers: MaxWorkers + 1})
+	if err == nil {
+		p.Close()
+		t.Fatalf("NewPool(Workers: %d) succeeded, want an error", MaxWorkers+1)
+	}
+	for _, want := range []string{"Options.Workers", fmt.Sprint(MaxWorkers + 1), fmt.Sprint(MaxWorkers)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("NewPool(Workers: %d): %q does not name %q", MaxWorkers+1, err, want)
+		}
 	}
 }

@@ -39,6 +39,15 @@ type Options struct {
 // worker less than this costs more than it saves.
 const minRowsPerWorker = 16
 
+// chunksPerWorker is how many chunks a row or in-out product is cut into
+// per worker (at most): the chunks are taken from a shared counter, so a
+// worker that a busy core slows takes fewer of them.
+const chunksPerWorker = 4
+
+// MaxWorkers bounds Options.Workers (a product's chunks are counted in 16
+// bits).
+const MaxWorkers = 1024
+
 // Pool splits products over a bounded set of worker goroutines by ranges
 // of rows. A product allocates nothing in the steady state. Products on
 // one Pool run one at a time (each uses every worker); a Pool is safe for
@@ -47,13 +56,31 @@ type Pool struct {
 	mu      sync.Mutex
 	k       *kernel
 	workers int
-	closed  bool
-	work    chan int
-	done    chan struct{}
+	closed  bool   // under mu
+	gen     uint32 // the generation of the last product handed out, under mu
+	job     job    // the product in progress, under mu
+	// state is the hand-out of the product in progress: its generation
+	// (bits 32-63), its chunks (16-31) and the next chunk not yet taken
+	// (0-15). Every goroutine of the pool takes chunks from it (a compare
+	// and swap each) until none are left, so that a worker slowed by
+	// something else on its core leaves its share to the others instead
+	// of making them wait; the caller writes job before it stores a new
+	// generation, and changes job only once pending is zero.
+	state   atomic.Uint64
 	pending atomic.Int32 // chunks of the product in progress not finished
-	job     job          // the product in progress, under mu
-	// scratch holds each chunk's partial sums: on the heap once, since a
-	// frame's would escape through the kernel's function value.
+	// A worker that polled workerSpin for a product in vain sleeps on
+	// park (sleepers counts them); a caller that polled waitSpin for its
+	// chunks sleeps on done (waiting says so). Each side stores its own
+	// flag before it reads the other's, so that one of them always sees
+	// the other and nobody sleeps through a wake-up.
+	parkMu, doneMu sync.Mutex
+	park, done     *sync.Cond
+	sleepers       atomic.Int32
+	waiting        atomic.Bool
+	stop           atomic.Bool // Close was called
+	// scratch holds each goroutine's partial sums (the caller's first):
+	// on the heap once, since a frame's would escape through the
+	// kernel's function value.
 	scratch []chunkScratch
 }
 
@@ -75,8 +102,6 @@ type job struct {
 	parts  [MaxShared]part
 	nparts int
 	rows   int // the parts' rows together
-	// scratch is the pool's, one per chunk.
-	scratch []chunkScratch
 }
 
 // part is one matrix of a row product and its output.
@@ -125,13 +150,17 @@ func NewPool(o Options) (*Pool, error) {
 	if k == nil {
 		return nil, fmt.Errorf("kernels: Options.Kernel %q is not one of this machine's kernels %q", o.Kernel, Kernels())
 	}
+	if o.Workers > MaxWorkers {
+		return nil, fmt.Errorf("kernels: Options.Workers %d is above %d", o.Workers, MaxWorkers)
+	}
 	workers := o.Workers
 	if workers == 0 {
-		workers = runtime.GOMAXPROCS(0)
+		workers = min(runtime.GOMAXPROCS(0), MaxWorkers)
 	}
-	p := &Pool{k: k, workers: workers, work: make(chan int, workers), done: make(chan struct{}, workers), scratch: make([]chunkScratch, workers)}
-	for range workers - 1 {
-		go p.worker()
+	p := &Pool{k: k, workers: workers, scratch: make([]chunkScratch, workers)}
+	p.park, p.done = sync.NewCond(&p.parkMu), sync.NewCond(&p.doneMu)
+	for w := 1; w < workers; w++ {
+		go p.worker(w)
 	}
 	return p, nil
 }
@@ -148,70 +177,124 @@ func (p *Pool) Close() {
 	defer p.mu.Unlock()
 	if !p.closed {
 		p.closed = true
-		close(p.work)
+		p.stop.Store(true)
+		p.parkMu.Lock()
+		p.park.Broadcast()
+		p.parkMu.Unlock()
 	}
 }
 
 // workerSpin is how long a worker that finished a chunk polls for the
-// next before it blocks on the channel, and waitSpin how long a product's
-// caller polls for its workers' chunks before it blocks. A decoder's
-// products follow one another within microseconds, while waking a parked
+// next product before it sleeps, and waitSpin how long a product's caller
+// polls for its workers' chunks before it sleeps. A decoder's products
+// follow one another within microseconds, while waking a sleeping
 // goroutine on an idle processor (a futex, on a virtual machine an
 // interrupt to a halted CPU) took about as long as a whole 1024 x 1024
-// product's chunk: with parked workers two workers ran such a product no
-// faster than one.
+// product's chunk: with sleeping workers two workers ran such a product
+// no faster than one.
 const (
 	workerSpin = 200 * time.Microsecond
 	waitSpin   = 2 * time.Millisecond
 )
 
-// spin polls cond, yielding the processor between polls (so that a pool
-// of more workers than GOMAXPROCS, or other goroutines, still run), until
-// it holds or d has passed; it reports whether cond held.
+// spinPolls is how many times spin polls between two yields of the
+// processor: a yield takes the scheduler's locks (a microsecond or so),
+// while a poll is a load from a cache line that stays in the core's cache
+// until it changes. Yielding every poll spent a fifth of a decoding
+// step's CPU time in the scheduler.
+const spinPolls = 64
+
+// spin polls cond, yielding the processor every spinPolls polls (so that
+// a pool of more workers than GOMAXPROCS, or other goroutines, still
+// run), until it holds or d has passed; it reports whether cond held.
 func spin(cond func() bool, d time.Duration) bool {
 	start := time.Now()
-	for k := 0; ; k++ {
+	for k := 1; ; k++ {
 		if cond() {
 			return true
 		}
-		if k&31 == 31 && time.Since(start) > d {
-			return false
+		if k%spinPolls == 0 {
+			if time.Since(start) > d {
+				return false
+			}
+			runtime.Gosched()
 		}
-		runtime.Gosched()
 	}
 }
 
-func (p *Pool) worker() {
+// genOf returns the generation of a hand-out state.
+func genOf(v uint64) uint32 { return uint32(v >> 32) }
+
+func (p *Pool) worker(w int) {
+	sc := &p.scratch[w]
+	var seen uint32 // the last generation this worker took part in
 	for {
-		// Poll the buffered channel first: a send to it while nobody
-		// waits in a receive wakes nobody, and the chunk starts at once.
-		spin(func() bool { return len(p.work) > 0 }, workerSpin)
-		i, ok := <-p.work
-		if !ok {
+		fresh := func() bool { return genOf(p.state.Load()) != seen || p.stop.Load() }
+		if !spin(fresh, workerSpin) {
+			p.parkMu.Lock()
+			p.sleepers.Add(1)
+			for !fresh() {
+				p.park.Wait()
+			}
+			p.sleepers.Add(-1)
+			p.parkMu.Unlock()
+		}
+		if p.stop.Load() {
 			return
 		}
-		p.job.run(i)
-		// done before pending, so that a caller that saw pending reach
-		// zero receives every done without blocking.
-		p.done <- struct{}{}
-		p.pending.Add(-1)
+		seen = genOf(p.state.Load())
+		p.take(seen, sc)
 	}
 }
 
-// runJob runs p.job (under p.mu): chunks 1 and on on the workers, chunk
-// 0 on the calling goroutine, and returns when all have finished.
+// take runs chunks of the product of generation gen with the scratch sc
+// until none is left to take.
+func (p *Pool) take(gen uint32, sc *chunkScratch) {
+	for {
+		v := p.state.Load()
+		next, chunks := int(v&0xffff), int(v>>16&0xffff)
+		if genOf(v) != gen || next >= chunks {
+			return
+		}
+		if !p.state.CompareAndSwap(v, v+1) {
+			continue
+		}
+		p.job.run(next, sc)
+		if p.pending.Add(-1) == 0 && p.waiting.Load() {
+			p.doneMu.Lock()
+			p.done.Broadcast()
+			p.doneMu.Unlock()
+		}
+	}
+}
+
+// runJob runs p.job (under p.mu) on the workers and the calling
+// goroutine, which take its chunks from p.state, and returns when all
+// have finished.
 func (p *Pool) runJob() {
 	n := p.job.chunks
-	p.pending.Store(int32(n - 1))
-	for i := 1; i < n; i++ {
-		p.work <- i
+	if n == 1 {
+		p.job.run(0, &p.scratch[0])
+		return
 	}
-	p.job.run(0)
-	if n > 1 {
-		spin(func() bool { return p.pending.Load() == 0 }, waitSpin)
+	p.gen++
+	p.pending.Store(int32(n))
+	p.state.Store(uint64(p.gen)<<32 | uint64(n)<<16)
+	if p.sleepers.Load() > 0 {
+		p.parkMu.Lock()
+		p.park.Broadcast()
+		p.parkMu.Unlock()
 	}
-	for i := 1; i < n; i++ {
-		<-p.done
+	p.take(p.gen, &p.scratch[0])
+	finished := func() bool { return p.pending.Load() == 0 }
+	if !spin(finished, waitSpin) {
+		p.doneMu.Lock()
+		p.waiting.Store(true)
+		for !finished() {
+			p.done.Wait()
+		}
+		p.waiting.Store(false)
+		p.doneMu.Unlock()
 	}
 }
 
@@ -246,7 +329,7 @@ func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
 	if p.closed {
 		return ErrClosed
 	}
-	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch, scratch: p.scratch}
+	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch}
 	p.job.addPart(p.k, w, y, rb)
 	p.runRows()
 	return nil
@@ -278,7 +361,7 @@ func (p *Pool) MatMuls(ys [][]float32, ws []Matrix, x []float32, batch int) erro
 	if p.closed {
 		return ErrClosed
 	}
-	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch, scratch: p.scratch}
+	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch}
 	for i, w := range ws {
 		p.job.addPart(p.k, w, ys[i], rbs[i])
 	}
@@ -303,7 +386,10 @@ func (j *job) addPart(k *kernel, w Matrix, y []float32, rb int) {
 // into chunks and runs them.
 func (p *Pool) runRows() {
 	j := &p.job
-	chunks := min(p.workers, (j.rows+minRowsPerWorker-1)/minRowsPerWorker)
+	chunks := min(chunksPerWorker*p.workers, (j.rows+minRowsPerWorker-1)/minRowsPerWorker)
+	if p.workers == 1 {
+		chunks = 1
+	}
 	j.chunks = max(chunks, 1)
 	j.tile = max(BlockSize, tileBytes/4/j.batch/BlockSize*BlockSize)
 	p.runJob()
@@ -340,10 +426,11 @@ func check(y []float32, w Matrix, x []float32, batch int) (int, error) {
 	return rb, nil
 }
 
-// run computes chunk i of the job's rows: rowBlock rows at a time, each
+// run computes chunk i of the job with the scratch sc (of the goroutine
+// running it): of a row product's rows, rowBlock rows at a time, each
 // block through the columns in tiles (the partial sums carried from tile
 // to tile), then reduced, then the tail columns.
-func (j *job) run(i int) {
+func (j *job) run(i int, sc *chunkScratch) {
 	if j.fn != nil {
 		j.fn(i)
 		return
@@ -360,7 +447,7 @@ func (j *job) run(i int) {
 		plo, phi := max(lo, start)-start, min(hi, start+pt.w.Rows)-start
 		start += pt.w.Rows
 		if plo < phi {
-			j.runPart(pt, &j.scratch[i], plo, phi)
+			j.runPart(pt, sc, plo, phi)
 		}
 	}
 }
