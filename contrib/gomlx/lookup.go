@@ -48,11 +48,20 @@ func (s *zinfSource) lookupRows(v *Var, all bool) ([]int, error) {
 }
 
 // readRows reads the rows of v the batch uses into its slot, which then
-// holds no whole version (slot.version 0).
-func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
+// holds no whole version (slot.version 0) but those rows of the current
+// one (slot.rows, slot.rowsVersion). When the slot already holds them (a
+// layer-major step's backward pass binds the lookup's layer again, for
+// the rows its forward pass read) nothing is read: the lookup's backward
+// gets the same bytes, and the table's pieces that hold those rows (read
+// whole, PieceBytes each) are not read a second time a step. It reports
+// whether it read.
+func (s *zinfSource) readRows(ctx context.Context, v *Var) (bool, error) {
 	rows, err := s.lookupRows(v, true)
 	if err != nil {
-		return err
+		return false, err
+	}
+	if sl := v.slot; sl.owner == v && sl.rowsVersion == s.off.version && slices.Equal(sl.rows, rows) {
+		return false, nil
 	}
 	rl := s.off.rt.RowLen(v.Name)
 	rb := rl * v.dtype.Size()
@@ -62,7 +71,7 @@ func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
 	}
 	buf := s.rowBytes[:need]
 	if err := s.off.rt.ReadParamRows(ctx, v.Name, rows, v.dtype, buf); err != nil {
-		return err
+		return false, err
 	}
 	// The graph reads only these rows: the rows earlier passes wrote need
 	// not stay in RAM (a table's buffer would otherwise fill up with the
@@ -72,8 +81,10 @@ func (s *zinfSource) readRows(ctx context.Context, v *Var) error {
 		copy(v.slot.bytes[r*rb:(r+1)*rb], buf[i*rb:(i+1)*rb])
 	}
 	v.slot.version = 0
+	v.slot.rows = append(v.slot.rows[:0], rows...)
+	v.slot.rowsVersion = s.off.version
 	s.bytesRead += int64(need)
-	return nil
+	return true, nil
 }
 
 // readWhole reads all of v into its slot (a borrowed lookup, whose own

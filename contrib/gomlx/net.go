@@ -451,6 +451,10 @@ type slot struct {
 	version uint64            // the parameter version of those values
 	busy    bool              // bound for the layer running now
 	keep    bool              // its values are promised to a layer later in the pass
+	// rows are the rows of owner a row read (readRows) put in it, of
+	// parameter version rowsVersion (0: none), sorted and unique.
+	rows        []int
+	rowsVersion uint64
 }
 
 // slotPool hands out slots by class (shape and dtype). It grows only
@@ -515,7 +519,7 @@ func (p *slotPool) acquire(v *Var, version uint64) (*slot, bool, error) {
 	if o := pick.owner; o != nil && o.slot == pick {
 		o.slot = nil
 	}
-	pick.owner, pick.version, pick.busy = v, 0, true
+	pick.owner, pick.version, pick.busy, pick.rowsVersion = v, 0, true, 0
 	v.slot = pick
 	return pick, false, nil
 }
@@ -589,6 +593,7 @@ func (p *slotPool) release(vars []*Var) {
 func (s *slot) forget() {
 	s.owner = nil
 	s.version = 0
+	s.rowsVersion = 0
 }
 
 // unkeepAll clears every promise (a pass ended or was abandoned).

@@ -416,12 +416,15 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 			continue
 		}
 		if s.byRows(v) {
-			if err := s.readRows(ctx, v); err != nil {
+			read, err := s.readRows(ctx, v)
+			if err != nil {
 				v.slot.forget()
 				s.pool.release(all)
 				return fmt.Errorf("zgomlx: swap-in of the rows of %q: %w", v.Name, err)
 			}
-			s.reads++
+			if read {
+				s.reads++
+			}
 			continue
 		}
 		if err := o.rt.ReadParamBytes(ctx, v.Name, v.dtype, v.slot.bytes); err != nil {
