@@ -3,6 +3,7 @@ package decoder_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -188,6 +189,84 @@ func prompts(batch, n, vocab int) [][]int32 {
 	return p
 }
 
+// inOutModel returns m's weights with every matrix but the embedding
+// stored in features by out features (the zoo's layout: Layout and
+// HeadLayout InOut), as typ.
+func inOutModel(t testing.TB, m *model, typ kernels.DType) *model {
+	t.Helper()
+	c := m.c
+	ci := c
+	ci.Layout, ci.HeadLayout = decoder.InOut, decoder.InOut
+	tr := &model{c: ci, vals: map[decoder.Name][]float32{}}
+	for n, v := range m.vals {
+		shape := c.Shape(n.Role)
+		if len(shape) == 2 && n.Role != decoder.Embedding {
+			rows, cols := shape[0], shape[1]
+			w := make([]float32, len(v))
+			for r := range rows {
+				for k := range cols {
+					w[k*rows+r] = v[r*cols+k]
+				}
+			}
+			v = w
+		}
+		tr.vals[n] = v
+	}
+	return tr.as(t, typ)
+}
+
+// runOnPools runs m (run: prompts, then steps) on a new pool of each
+// kernel named (nil: the machine's fastest only) and of each worker
+// count, and requires the same logits' bits from all: what the first
+// gave. label starts a failure's message.
+func runOnPools(t testing.TB, label string, m *model, prompts [][]int32, steps int, kernelNames []string, workers ...int) [][]float32 {
+	t.Helper()
+	if kernelNames == nil {
+		kernelNames = []string{""}
+	}
+	var first [][]float32
+	var firstRun string
+	for _, kn := range kernelNames {
+		for _, w := range workers {
+			pool, err := kernels.NewPool(kernels.Options{Workers: w, Kernel: kn})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ := run(t, m, prompts, steps, false, pool)
+			pool.Close()
+			name := fmt.Sprintf("kernel %s, %d workers", pool.Kernel(), w)
+			if first == nil {
+				first, firstRun = out, name
+				continue
+			}
+			for s := range first {
+				if !slices.Equal(first[s], out[s]) {
+					t.Fatalf("%sstep %d: %s %v, %s %v", label, s, firstRun, first[s][:4], name, out[s][:4])
+				}
+			}
+		}
+	}
+	return first
+}
+
+// requireClose requires each step's logits got within tol of want,
+// relative to the step's largest |want| (at least 1). label starts a
+// failure's message; what names got and want in it.
+func requireClose(t testing.TB, label string, got, want [][]float32, tol float64, what [2]string) {
+	t.Helper()
+	for s := range want {
+		scale := 1.0
+		for _, v := range want[s] {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+		for i := range want[s] {
+			if e := math.Abs(float64(got[s][i]-want[s][i])) / scale; e > tol {
+				t.Fatalf("%sstep %d logit %d: %s %v, %s %v (relative error %.3g)", label, s, i, what[0], got[s][i], what[1], want[s][i], e)
+			}
+		}
+	}
+}
+
 // TestPrefillEqualsSteps: a prefill (matrix products over the prompt's
 // positions, causal attention among them) gives the logits and KV cache of
 // feeding the prompt one token at a time, bit for bit: the kernels' sums
@@ -237,22 +316,7 @@ func TestBatchEqualsSingle(t *testing.T) {
 func TestWorkersSameBits(t *testing.T) {
 	c := llama()
 	m := randomModel(t, c, 17).as(t, kernels.F32)
-	ps := prompts(2, 48, c.Vocab)
-	var got [][][]float32
-	for _, w := range []int{1, 3} {
-		pool, err := kernels.NewPool(kernels.Options{Workers: w})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _ := run(t, m, ps, 2, false, pool)
-		pool.Close()
-		got = append(got, out)
-	}
-	for s := range got[0] {
-		if !slices.Equal(got[0][s], got[1][s]) {
-			t.Fatalf("step %d: one worker %v, three %v", s, got[0][s][:4], got[1][s][:4])
-		}
-	}
+	runOnPools(t, "", m, prompts(2, 48, c.Vocab), 2, nil, 1, 3)
 }
 
 // TestStoredTypesMatchTheirValues: a model with bf16, Q8_0 or Q4_0
@@ -576,50 +640,11 @@ func TestInOutLayout(t *testing.T) {
 	c := llama()
 	c.Vocab, c.Dim, c.FFNDim, c.HeadDim = 600, 128, 512, 32
 	m := randomModel(t, c, 19).as(t, kernels.F32)
-	ci := c
-	ci.Layout, ci.HeadLayout = decoder.InOut, decoder.InOut
-	tr := &model{c: ci, vals: map[decoder.Name][]float32{}}
-	for n, v := range m.vals {
-		shape := c.Shape(n.Role)
-		if len(shape) == 2 && n.Role != decoder.Embedding {
-			rows, cols := shape[0], shape[1]
-			w := make([]float32, len(v))
-			for r := range rows {
-				for k := range cols {
-					w[k*rows+r] = v[r*cols+k]
-				}
-			}
-			v = w
-		}
-		tr.vals[n] = v
-	}
-	tr = tr.as(t, kernels.F32)
+	tr := inOutModel(t, m, kernels.F32)
 	ps := prompts(2, 5, c.Vocab)
 	want, _ := run(t, m, ps, 3, false)
-	var got [][][]float32
-	for _, w := range []int{1, 3} {
-		pool, err := kernels.NewPool(kernels.Options{Workers: w})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _ := run(t, tr, ps, 3, false, pool)
-		pool.Close()
-		got = append(got, out)
-	}
-	for s := range want {
-		if !slices.Equal(got[0][s], got[1][s]) {
-			t.Fatalf("step %d: one worker %v, three %v", s, got[0][s][:4], got[1][s][:4])
-		}
-		scale := 1.0
-		for _, v := range want[s] {
-			scale = max(scale, math.Abs(float64(v)))
-		}
-		for i := range want[s] {
-			if e := math.Abs(float64(got[0][s][i]-want[s][i])) / scale; e > 1e-5 {
-				t.Fatalf("step %d logit %d: in-out %v, out-in %v (relative error %.3g)", s, i, got[0][s][i], want[s][i], e)
-			}
-		}
-	}
+	got := runOnPools(t, "", tr, ps, 3, nil, 1, 3)
+	requireClose(t, "", got, want, 1e-5, [2]string{"in-out", "out-in"})
 }
 
 // TestEveryWeightChecked: a weight one byte short, or of a type its place
