@@ -28,6 +28,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
+	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/plan"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 )
@@ -589,21 +590,48 @@ func TestLayerMajorBlockedHead(t *testing.T) {
 }
 
 // TestLayerMajorBlockedHeadMemory is the regression test of the Go memory
-// a layer-major step of a large vocabulary takes: the zoo transformer with
-// a 131072 x 128 fp32 table (64 MiB) and its tied head in blocks of 4096
-// rows (2 MiB), steps of 2 micro-batches layer-major. After a first step
-// (which makes the buffers a step reuses) the Go heap, sampled through two
-// more steps with the collector run often (GOGC 10), never holds a
-// quarter of the table more than before them: the head's blocks, each
-// micro-batch's logits and their gradient [2, 8, 131072] (1 MiB each), the
-// rows the lookups name; nothing of the table's size (its gradient, a
-// copy for the head) is made. The swap-in buffers are the lookup's one
-// table-shaped buffer (written and resident at the step's rows only) and
-// less than a quarter of the table more.
+// a large vocabulary takes: the zoo transformer with a 32768 x 512 fp32
+// table (64 MiB) streamed by zinf and read by rows, its tied head in
+// blocks of 1024 rows (2 MiB), created and stepped layer-major in steps
+// of 2 micro-batches. One Trainer serves both checks below: each needs
+// the table's full size, and Create and a step of it are the slowest
+// part of the package's tests: it runs under make stress (ZINF_STRESS=1)
+// only. Every run checks the lookup's buffer is mapped outside the Go heap
+// (TestCreateMakesRowTableBuffersFirst); this one checks what that buys.
+//
+// The lookup's swap-in buffer has the whole table's shape and lies
+// outside the Go heap, so the live Go heap after Create and two steps
+// holds less than half the table more than before Create. Made in the
+// Go heap (as it was), the buffer alone was the table's size of live
+// heap, and the collector let as much garbage again build up before it
+// ran.
+//
+// After those steps (which make the buffers a step reuses) the Go heap,
+// sampled through two more steps with the collector run often (GOGC 10),
+// never holds half the table more than before them: the head's blocks,
+// each micro-batch's logits and their gradient [2, 8, 32768] (1 MiB
+// each), the rows the lookups name; nothing of the table's size (its
+// gradient, a copy for the head) is made. The swap-in buffers are the
+// lookup's one table-shaped buffer (written and resident at the step's
+// rows only) and less than a quarter of the table more.
 func TestLayerMajorBlockedHeadMemory(t *testing.T) {
-	ctx := watchdog(t, 6*time.Minute)
+	if !testenv.Stress() {
+		t.Skipf("a 64 MiB table: scale-sized, runs under make stress (%s=1)", testenv.StressEnv)
+	}
+	ctx := watchdog(t, 8*time.Minute)
 	b := backend(t)
 	const vocab, dim, rows, k = 32768, 512, 1024, 2
+	const table = vocab * dim * 4
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	heap := func() int64 {
+		metrics.Read(sample)
+		return int64(sample[0].Value.Uint64())
+	}
+	live := func() int64 {
+		runtime.GC()
+		runtime.GC() // the pools' idle buffers (sync.Pool) dropped
+		return heap()
+	}
 	store := model.NewStore()
 	store.SetParam(model.ParamInitialSeed, int64(8))
 	m := transformer.New(store.RootScope()).WithVocabSize(vocab).WithEmbedDim(dim).WithNumLayers(1).
@@ -614,13 +642,13 @@ func TestLayerMajorBlockedHeadMemory(t *testing.T) {
 	}
 	cfg := blockedHeadConfig(t, k, config.ScheduleLayerMajor)
 	cfg.Zinf.Tiers.CPUPinnedBytes = 256 << 20
+	created := live()
 	// Created straight into zinf: the Store never holds the table.
 	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{}, shapes.Make(dtypes.Int32, 2, 8))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	const table = vocab * dim * 4
 	step := func(s int) {
 		t.Helper()
 		mbs := make([]zgomlx.MicroBatch, k)
@@ -632,16 +660,25 @@ func TestLayerMajorBlockedHeadMemory(t *testing.T) {
 			t.Fatalf("step %d: %v", s, err)
 		}
 	}
+
+	// The lookup's table-shaped buffer, outside the Go heap.
 	step(0)
-	defer debug.SetGCPercent(debug.SetGCPercent(10))
-	runtime.GC()
-	runtime.GC() // the pools' idle buffers (sync.Pool) dropped
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	heap := func() int64 {
-		metrics.Read(sample)
-		return int64(sample[0].Value.Uint64())
+	step(1)
+	stepped := live()
+	grow := stepped - created
+	t.Logf("live Go heap %d MiB before Create, %d MiB after two steps (%+.1f MiB); the table %d MiB; swap-in buffers %d MiB",
+		created>>20, stepped>>20, float64(grow)/(1<<20), table>>20, tr.SwapBufferBytes()>>20)
+	if tr.SwapBufferBytes() < table {
+		t.Fatalf("swap-in buffers %d MiB: the lookup's table-shaped one (%d MiB) is missing", tr.SwapBufferBytes()>>20, table>>20)
 	}
-	before := heap()
+	if grow >= table/2 {
+		t.Fatalf("the live Go heap grew %.1f MiB over Create and two steps: half the %d MiB table or more (the lookup's buffer is in the Go heap)",
+			float64(grow)/(1<<20), table>>20)
+	}
+
+	// Two more steps: nothing of the table's size made in the Go heap.
+	defer debug.SetGCPercent(debug.SetGCPercent(10))
+	before := live()
 	var peak atomic.Int64
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -657,14 +694,14 @@ func TestLayerMajorBlockedHeadMemory(t *testing.T) {
 			}
 		}
 	}()
-	step(1)
 	step(2)
+	step(3)
 	close(stop)
 	<-done
 	if a := tr.ActivationStats(); a.Saved == 0 {
 		t.Fatal("no activation saved: the steps did not run layer-major")
 	}
-	grow := peak.Load() - before
+	grow = peak.Load() - before
 	t.Logf("Go heap %d MiB before the steps, peak %d MiB (+%.1f MiB); the table %d MiB; swap-in buffers %d MiB",
 		before>>20, peak.Load()>>20, float64(grow)/(1<<20), table>>20, tr.SwapBufferBytes()>>20)
 	if grow >= table/2 {
