@@ -36,7 +36,7 @@ test: lint
 # caught by those tests.
 test-arm64:
 	./scripts/test-arm64.sh
-	./decoder/kernels/internal/asmgen/neon-mutants.sh
+	./decoder/kernels/internal/asmgen/mutants.sh arm64
 
 # The decoder's amd64 kernels: the generated assembly is what the generator
 # writes, and every mutant the generator can build into it fails the
@@ -44,7 +44,7 @@ test-arm64:
 # AVX2, FMA and F16C; on a CPU without them it says so and runs nothing.
 test-kernel-mutants:
 	@if [ "$$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then \
-	  ./decoder/kernels/internal/asmgen/mutants.sh; \
+	  ./decoder/kernels/internal/asmgen/mutants.sh amd64; \
 	else echo "test-kernel-mutants: this CPU lacks AVX2, FMA or F16C: the decoder's amd64 kernels cannot run here (NOT tested)"; fi
 
 test-short: lint

@@ -1,35 +1,87 @@
 #!/usr/bin/env bash
-# The amd64 kernels' mutation test: the generated files must be what the
-# generator writes today, and every deviation the generator can build
-# into the assembly (asmgen -mutate) must make the differential tests of
-# decoder/kernels fail, so that a pass means they can tell a wrong kernel
-# apart. Needs an amd64 machine with AVX2, FMA and F16C. The tree is never
-# modified: a mutant reaches the build through go's -overlay.
+# The decoder kernels' mutation test, for one architecture:
 #
-#	decoder/kernels/internal/asmgen/mutants.sh
+#	decoder/kernels/internal/asmgen/mutants.sh [amd64|arm64]
+#
+# amd64 (the default): the AVX2 kernels, run natively; needs an amd64
+# machine with AVX2, FMA and F16C. arm64: the NEON kernels, run under
+# qemu-aarch64 (QEMU_AARCH64 names the emulator; Debian's package:
+# qemu-user), after the whole package's tests pass there.
+#
+# Either way the generated files must be what the generator writes today,
+# and every deviation the generator can build into the assembly (asmgen
+# -mutate, -neon-mutate) must make the differential tests of
+# decoder/kernels fail, so that a pass means they can tell a wrong kernel
+# apart. The tree is never modified: a mutant reaches the build through
+# go's -overlay.
 set -euo pipefail
+arch=${1:-amd64}
 cd "$(dirname "$0")"
-out=$(mktemp -d "${TMPDIR:-/tmp}/zinf-kernels-mutants.XXXXXX")
-trap 'rm -rf "$out"' EXIT
 pkg=$(cd ../.. && pwd)
-
-go run . -out "$out/gen.s" -stubs "$out/gen.go" -pkg kernels
-# The first line names the command's output paths.
-cmp -s <(tail -n +2 "$out/gen.s") <(tail -n +2 "$pkg/kernel_amd64.s") || { echo "mutants: kernel_amd64.s differs from what asmgen writes: run go generate in decoder/kernels" >&2; exit 1; }
-cmp -s <(tail -n +2 "$out/gen.go") <(tail -n +2 "$pkg/kernel_amd64_stubs.go") || { echo "mutants: kernel_amd64_stubs.go differs from what asmgen writes: run go generate in decoder/kernels" >&2; exit 1; }
-
 diffs='^(TestKernelsMatchScalar|TestKernelsLongRows|TestInOutKernelsMatchScalar|TestInOutKernelsLongRows)$'
+
+# Per architecture: name (what messages start with), from (the generated
+# files' first line compared: amd64's first line names the command's
+# output paths), found (what a differential failure's message starts
+# with), and the functions generate OUT.s OUT.go (the kernels), mutants
+# (the list), mutant NAME (writes $out/mutant.s; arm64 also builds the
+# test binary, and a failed build stops the script) and run_diffs LOG (the
+# differential tests with the mutant in the build; fails when they do).
+case $arch in
+amd64)
+  name=mutants from=2 found='avx2, .*'
+  generate() { go run . -out "$1" -stubs "$2" -pkg kernels; }
+  mutants() { go run . -mutate list; }
+  mutant() { go run . -mutate "$1" -out "$out/mutant.s" -stubs "$out/mutant.go" -pkg kernels; }
+  run_diffs() { (cd "$pkg" && go test -overlay "$out/overlay.json" -count=1 -run "$diffs" . >"$1" 2>&1); }
+  ;;
+arm64)
+  name=neon-mutants from=1 found='neon, .*'
+  emu=${QEMU_AARCH64:-qemu-aarch64}
+  if ! command -v "$emu" >/dev/null 2>&1; then
+    echo "$name: $emu not found (QEMU_AARCH64 names the emulator; Debian's package: qemu-user)" >&2
+    exit 1
+  fi
+  generate() { go run . -neon "$1" -neonstubs "$2"; }
+  mutants() { go run . -neon-mutate list; }
+  mutant() {
+    go run . -neon "$out/mutant.s" -neon-mutate "$1"
+    (cd "$pkg" && GOARCH=arm64 CGO_ENABLED=0 go test -overlay "$out/overlay.json" -c -o "$out/mutant.test" .)
+  }
+  run_diffs() { (cd "$pkg" && "$emu" "$out/mutant.test" -test.count=1 -test.run "$diffs" >"$1" 2>&1); }
+  ;;
+*)
+  echo "mutants: architecture $arch: allowed are amd64 and arm64" >&2
+  exit 2
+  ;;
+esac
+
+out=$(mktemp -d "${TMPDIR:-/tmp}/zinf-kernels-$name.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+
+generate "$out/gen.s" "$out/gen.go"
+for f in "kernel_$arch.s:gen.s" "kernel_${arch}_stubs.go:gen.go"; do
+  cmp -s <(tail -n "+$from" "$out/${f#*:}") <(tail -n "+$from" "$pkg/${f%%:*}") ||
+    { echo "$name: ${f%%:*} differs from what asmgen writes: run go generate in decoder/kernels" >&2; exit 1; }
+done
+
+if [ "$arch" = arm64 ]; then
+  echo "== decoder/kernels on arm64 (under $emu)"
+  (cd "$pkg" && GOARCH=arm64 go vet . && GOARCH=arm64 CGO_ENABLED=0 go test -c -o "$out/kernels.test" .)
+  (cd "$pkg" && "$emu" "$out/kernels.test" -test.count=1 -test.timeout=10m)
+fi
+
+printf '{"Replace":{"%s":"%s"}}' "$pkg/kernel_$arch.s" "$out/mutant.s" >"$out/overlay.json"
 survivors=()
 n=0
-for m in $(go run . -mutate list); do
+for m in $(mutants); do
   n=$((n + 1))
-  go run . -mutate "$m" -out "$out/mutant.s" -stubs "$out/mutant.go" -pkg kernels
-  printf '{"Replace":{"%s":"%s"}}' "$pkg/kernel_amd64.s" "$out/mutant.s" >"$out/overlay.json"
-  if (cd "$pkg" && go test -overlay "$out/overlay.json" -count=1 -run "$diffs" . >"$out/mutant.log" 2>&1); then
+  mutant "$m"
+  if run_diffs "$out/mutant.log"; then
     echo "mutant $m: SURVIVED (the differential tests passed)"
     survivors+=("$m")
   elif grep -q 'scalar' "$out/mutant.log"; then
-    echo "mutant $m: caught: $(grep -m1 -o 'avx2, .*' "$out/mutant.log" | cut -c1-150)"
+    echo "mutant $m: caught: $(grep -m1 -o "$found" "$out/mutant.log" | cut -c1-150)"
   else
     echo "mutant $m: the tests failed without a differential finding:" >&2
     tail -20 "$out/mutant.log" >&2
@@ -37,7 +89,7 @@ for m in $(go run . -mutate list); do
   fi
 done
 if ((${#survivors[@]})); then
-  echo "mutants: ${#survivors[@]} of $n not caught: ${survivors[*]}" >&2
+  echo "$name: ${#survivors[@]} of $n not caught: ${survivors[*]}" >&2
   exit 1
 fi
-echo "mutants: all $n caught"
+echo "$name: all $n caught"
