@@ -20,13 +20,16 @@
 // time, each tile sized so that the batch's part of the vectors (8 KiB at
 // most) stays in the first level cache while the rows' weights stream
 // past it; the partial sums carry over from tile to tile, so the tiles
-// leave the order below unchanged. The rows are split into contiguous
-// ranges over a bounded set of goroutines (GOMAXPROCS by default,
-// Options.Workers otherwise); a product allocates nothing once its pool
-// runs. Idle workers poll for the next product for 200 µs, yielding the
-// processor between polls, before they block, and a product's caller
-// polls for its workers' chunks: waking a blocked goroutine cost as much
-// as a decoder's 1024 x 1024 product. Shapes are checked before anything is computed: a wrong length, a
+// leave the order below unchanged. The rows are cut into contiguous
+// ranges (up to four a worker) that a bounded set of goroutines
+// (GOMAXPROCS by default, Options.Workers otherwise, the caller's among
+// them) take from a shared counter, so that a goroutine slowed by other
+// work on its core takes fewer; a product allocates nothing once its
+// pool runs. Idle workers poll for the next product for 200 µs, yielding
+// the processor every 64 polls, before they sleep, and a product's
+// caller polls for its workers' chunks: waking a sleeping goroutine cost
+// as much as a decoder's 1024 x 1024 product. Shapes are checked before
+// anything is computed: a wrong length, a
 // dimension outside 0..MaxDim, a block format's column count that is not
 // a multiple of 32, or an unknown type returns an error and leaves y
 // untouched.
