@@ -3,7 +3,10 @@
 // pool, and reports what it took: peak resident memory against the pool,
 // step time against the disk-bound prediction from bandwidth measured on
 // the same path in the same run, and the bytes moved. It backs `zinf
-// bench-scale` and `make bench-scale`.
+// bench-scale` and `make bench-scale`. Compare trains the same model in
+// today's fp32 configuration and in the compact one (bf16 parameters,
+// 8-bit moments, gradients kept pinned) in alternating blocks, and sets
+// each one's bytes per parameter per step at the disk against the plan's.
 //
 // The run checks free disk space before it writes anything and refuses,
 // naming what it needs and what is free. It leaves nothing in the path:
