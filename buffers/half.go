@@ -84,12 +84,15 @@ func (h Float16) Float32() float32 {
 }
 
 // Float32ToBFloat16 converts min(len(dst), len(src)) values; it never panics
-// on mismatched lengths.
+// on mismatched lengths. On amd64 with AVX2 it rounds 16 values a loop
+// (the bf16 parameters written back after every update), bit for bit as
+// BFloat16FromFloat32.
 func Float32ToBFloat16(dst []BFloat16, src []float32) {
 	n := min(len(dst), len(src))
 	dst, src = dst[:n], src[:n]
-	for i, f := range src {
-		dst[i] = BFloat16FromFloat32(f)
+	done := narrowBF16(dst, src)
+	for i, f := range src[done:] {
+		dst[done+i] = BFloat16FromFloat32(f)
 	}
 }
 

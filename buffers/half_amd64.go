@@ -46,3 +46,23 @@ func widenBF16(dst []float32, src []BFloat16) int {
 	widenBF16AVX2NT(&dst[head], &src[head], n)
 	return head + n
 }
+
+// narrowBF16AVX2 rounds n float32s at src to bfloat16s at dst, as
+// BFloat16FromFloat32 does; n is a multiple of 16. Written in
+// half_amd64.s.
+//
+//go:noescape
+func narrowBF16AVX2(dst *BFloat16, src *float32, n int)
+
+// narrowBF16 rounds a prefix of src (len(dst) >= len(src)) with the AVX2
+// kernel and returns how many values it did: 0 without AVX2, and the
+// caller does the rest.
+func narrowBF16(dst []BFloat16, src []float32) int {
+	if !haveAVX2 || len(src) < 16 {
+		return 0
+	}
+	_ = dst[len(src)-1]
+	n := len(src) &^ 15
+	narrowBF16AVX2(&dst[0], &src[0], n)
+	return n
+}

@@ -57,3 +57,65 @@ ntloop:
 
 ntdone:
 	RET
+
+// func narrowBF16AVX2(dst *BFloat16, src *float32, n int)
+// Requires: AVX2. n is a multiple of 16. Each float32 u rounds to the
+// nearest bfloat16, ties to even, as BFloat16FromFloat32 does:
+// (u + 0x7fff + (u>>16 & 1)) >> 16, and a NaN (|u| > 0x7f800000) becomes
+// u>>16 | 0x0040 (VPBLENDVB picks it where VPCMPGTD found one). VPACKUSDW
+// packs two vectors of 8 results (each <= 0xffff, so no saturation) per
+// 128-bit lane; VPERMQ $0xd8 puts the lanes back in order.
+TEXT ·narrowBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ   ndone
+	MOVL         $1, AX
+	VMOVD        AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL         $0x7fff, AX
+	VMOVD        AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL         $0x7fffffff, AX
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL         $0x7f800000, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL         $0x40, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+
+nloop:
+	VMOVDQU   (SI), Y0
+	VMOVDQU   32(SI), Y1
+	VPSRLD    $16, Y0, Y2
+	VPAND     Y10, Y2, Y3
+	VPADDD    Y11, Y3, Y3
+	VPADDD    Y3, Y0, Y3
+	VPSRLD    $16, Y3, Y3
+	VPOR      Y14, Y2, Y2
+	VPAND     Y12, Y0, Y4
+	VPCMPGTD  Y13, Y4, Y4
+	VPBLENDVB Y4, Y2, Y3, Y5
+	VPSRLD    $16, Y1, Y2
+	VPAND     Y10, Y2, Y3
+	VPADDD    Y11, Y3, Y3
+	VPADDD    Y3, Y1, Y3
+	VPSRLD    $16, Y3, Y3
+	VPOR      Y14, Y2, Y2
+	VPAND     Y12, Y1, Y4
+	VPCMPGTD  Y13, Y4, Y4
+	VPBLENDVB Y4, Y2, Y3, Y6
+	VPACKUSDW Y6, Y5, Y7
+	VPERMQ    $0xd8, Y7, Y7
+	VMOVDQU   Y7, (DI)
+	ADDQ      $64, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       nloop
+	VZEROUPPER
+
+ndone:
+	RET

@@ -356,3 +356,48 @@ func TestBFloat16WideningLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestBFloat16NarrowingEveryPattern rounds float32s with every upper half
+// (NaNs of both signs, infinities, subnormals, both zeros) and lower halves
+// on each side of the rounding boundary (0, just below, at and above half
+// an ulp, all ones, random) through Float32ToBFloat16, whose vector kernel
+// must equal BFloat16FromFloat32 bit for bit; then every start offset and
+// length around the kernel's 16-value step, with the values past the
+// length untouched.
+func TestBFloat16NarrowingEveryPattern(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	lows := []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff}
+	src := make([]float32, 0, (1<<16)*(len(lows)+1))
+	for hi := uint32(0); hi < 1<<16; hi++ {
+		for _, lo := range lows {
+			src = append(src, math.Float32frombits(hi<<16|lo))
+		}
+		src = append(src, math.Float32frombits(hi<<16|r.Uint32()&0xffff))
+	}
+	got := make([]BFloat16, len(src))
+	Float32ToBFloat16(got, src)
+	for i, f := range src {
+		if want := BFloat16FromFloat32(f); got[i] != want {
+			t.Fatalf("%#08x rounded to %#04x, BFloat16FromFloat32 %#04x", math.Float32bits(f), got[i], want)
+		}
+	}
+	for off := 0; off < 17; off++ {
+		for n := 0; n < 70; n++ {
+			in := src[r.IntN(len(src)-100)+off:][:n]
+			dst := make([]BFloat16, n+3)
+			for i := range dst {
+				dst[i] = 0xdead
+			}
+			Float32ToBFloat16(dst[off%3:], in)
+			for i := range dst {
+				want := BFloat16(0xdead)
+				if j := i - off%3; j >= 0 && j < n {
+					want = BFloat16FromFloat32(in[j])
+				}
+				if dst[i] != want {
+					t.Fatalf("offset %d length %d: element %d is %#04x, want %#04x", off, n, i, dst[i], want)
+				}
+			}
+		}
+	}
+}
