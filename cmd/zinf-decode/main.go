@@ -96,8 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-batch %d is outside 1..64", *batch)
 	case *tokens < 1 || *tokens > 1<<16:
 		return fmt.Errorf("-tokens %d is outside 1..65536", *tokens)
-	case *workers < 0:
-		return fmt.Errorf("-threads %d is negative (0 means GOMAXPROCS)", *workers)
+	case *workers < 0 || *workers > kernels.MaxWorkers:
+		return fmt.Errorf("-threads %d is outside 0..%d (0 means GOMAXPROCS)", *workers, kernels.MaxWorkers)
 	case *promptLen < 0 || *promptLen > 1<<16:
 		return fmt.Errorf("-prompt-len %d is outside 0..65536", *promptLen)
 	case btoi(*promptIDs != "")+btoi(*promptBytes != "")+btoi(*promptLen > 0) > 1:

@@ -110,6 +110,8 @@ func TestDecodeFlags(t *testing.T) {
 		{[]string{"-model", path, "-prompt-ids", "1,999"}, `-prompt-ids: "999" is not a token id 0..319`},
 		{[]string{"-model", path, "-prompt-ids", "1", "-prompt-len", "3"}, "exclude each other"},
 		{[]string{"-model", path, "-pin", "maybe"}, "allowed: auto, required, off"},
+		{[]string{"-model", path, "-threads", "-1"}, "-threads -1 is outside 0..1024"},
+		{[]string{"-model", path, "-threads", "1025"}, "-threads 1025 is outside 0..1024"},
 		{[]string{"-model", filepath.Join(t.TempDir(), "none.gguf")}, "no such file"},
 		// A profile never overwrites a file (here the model itself).
 		{[]string{"-model", path, "-cpuprofile", path}, "-cpuprofile"},
