@@ -85,10 +85,11 @@ func (p *Pool) MatMulInOut(y []float32, w Matrix, x []float32, batch int) error 
 	if p.closed {
 		return ErrClosed
 	}
-	chunks := max(1, min(chunksPerWorker*p.workers, w.Cols/minColsPerWorker))
-	if p.workers == 1 {
-		chunks = 1
-	}
+	// One chunk a worker, not chunksPerWorker: a chunk reads its columns'
+	// part of every row, and narrower parts (128 columns of f32 for the
+	// decoder's 1024) made the step of in-out f32 weights slower, not
+	// faster.
+	chunks := max(1, min(p.workers, w.Cols/minColsPerWorker))
 	p.job = job{w: w, io: p.k.inOut(w.Type), rb: rb, x: x, y: y, batch: batch, chunks: chunks, inout: true}
 	p.runJob()
 	p.job = job{} // drop the references to the caller's slices

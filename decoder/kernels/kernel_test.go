@@ -331,7 +331,7 @@ func TestPoolCallerTakesEveryChunk(t *testing.T) {
 				t.Errorf("%v row product: %v", typ, err)
 			}
 		}
-		w := randMatrix(rng, F32, 40, minColsPerWorker*chunksPerWorker*workers+3)
+		w := randMatrix(rng, F32, 40, minColsPerWorker*workers+3)
 		x := randVec(rng, 2*40)
 		y, want := make([]float32, 2*w.Cols), make([]float32, 2*w.Cols)
 		if err := p.MatMulInOut(y, w, x, 2); err != nil {
