@@ -19,12 +19,12 @@ import (
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/internal/test/faults"
 	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/plan"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -534,7 +534,7 @@ func (tr *trainRun) run(ctx context.Context) {
 					}
 				}
 				exp := make([]byte, len(got))
-				swapper.Encode(as, exp, want)
+				buffers.Encode(as, exp, want)
 				if i := firstDiff(got, exp); i >= 0 {
 					t.Fatalf("step %d: %s read as %s differs at byte %d of %d", step, name, as, i, len(got))
 				}
@@ -727,8 +727,8 @@ func firstDiff(a, b []byte) int {
 // them.
 func quantize(d tensor.DType, v []float32) []float32 {
 	b := make([]byte, len(v)*d.Size())
-	swapper.Encode(d, b, v)
+	buffers.Encode(d, b, v)
 	out := make([]float32, len(v))
-	swapper.Decode(d, out, b)
+	buffers.Decode(d, out, b)
 	return out
 }

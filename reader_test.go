@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -179,7 +179,7 @@ func TestReaderOnTrainingRuntime(t *testing.T) {
 			t.Fatalf("%q: the Reader's copy differs from ReadParamBytes after a step", n)
 		}
 		init := make([]byte, 4*numel[n])
-		swapper.Encode(tensor.Float32, init, overlapInit(n, numel[n]))
+		buffers.Encode(tensor.Float32, init, overlapInit(n, numel[n]))
 		if bytes.Equal(got, init) {
 			t.Fatalf("%q: the Reader read the values before the step", n)
 		}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/comm"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -62,7 +62,7 @@ func TestReadParamBytesEveryDType(t *testing.T) {
 			}
 			for _, to := range dts {
 				want := make([]byte, n*to.Size())
-				swapper.Encode(to, want, asStored)
+				buffers.Encode(to, want, asStored)
 				got := bytes.Repeat([]byte{0xA5}, n*to.Size())
 				for _, rt := range rts {
 					if err := rt.ReadParamBytes(ctx, "w", to, got); err != nil {

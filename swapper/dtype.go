@@ -3,7 +3,6 @@ package swapper
 import (
 	"fmt"
 
-	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -35,15 +34,3 @@ const (
 	TierCPU  = tensor.TierCPU
 	TierGPU  = tensor.TierGPU
 )
-
-// Encode is buffers.Encode: src (fp32) into dst as elements of d.
-func Encode(d DType, dst []byte, src []float32) { buffers.Encode(d, dst, src) }
-
-// Decode is buffers.Decode: len(dst) elements of d in src to fp32.
-func Decode(d DType, dst []float32, src []byte) { buffers.Decode(d, dst, src) }
-
-// Transcode is buffers.Transcode: the elements of from in src into dst as
-// elements of to, any alignment, nothing allocated.
-func Transcode(from DType, src []byte, to DType, dst []byte) {
-	buffers.Transcode(from, src, to, dst)
-}

@@ -277,7 +277,7 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 					he.grad32 = make([]float32, n)
 				}
 				g = he.grad32[:n]
-				swapper.Decode(v.dtype, g, gb[:n*v.dtype.Size()])
+				buffers.Decode(v.dtype, g, gb[:n*v.dtype.Size()])
 			}
 			for i := h0; i < h1; i++ {
 				r := hold.rows[i] - row

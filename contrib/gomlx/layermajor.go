@@ -269,7 +269,7 @@ func (t *Trainer) saveGrad(ctx context.Context, v *Var, m, first int, x *tensors
 	}
 	if v.dtype != swapper.Float32 {
 		g := t.gradScratch(v.numel)
-		swapper.Decode(v.dtype, g, b)
+		buffers.Decode(v.dtype, g, b)
 		b = buffers.AsBytes(g)
 	}
 	d := defGrad{v: v, first: first}

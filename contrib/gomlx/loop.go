@@ -456,7 +456,7 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 		lp.scratch = make([]float32, v.numel)
 	}
 	g := lp.scratch[:v.numel]
-	swapper.Decode(v.dtype, g, b)
+	buffers.Decode(v.dtype, g, b)
 	return lp.src.grad(ctx, v, g, last, rows)
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/gccredit"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -132,7 +131,7 @@ func (o *Offload) initFrom(ctx context.Context, v *Var, src *model.Variable) err
 			return
 		}
 		wide := make([]float32, v.numel)
-		swapper.Decode(v.dtype, wide, b)
+		buffers.Decode(v.dtype, wide, b)
 		err = o.rt.Init(ctx, v.Name, wide)
 	})
 	if err != nil {

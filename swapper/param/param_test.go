@@ -185,7 +185,7 @@ func readAsMatches(t *testing.T, s *Swapper, name string, part []float32) {
 	ctx := context.Background()
 	for _, to := range []swapper.DType{swapper.Float32, swapper.BFloat16, swapper.Float16} {
 		want := make([]byte, len(part)*to.Size())
-		swapper.Encode(to, want, part)
+		buffers.Encode(to, want, part)
 		got := make([]byte, len(want))
 		if err := s.ReadAs(ctx, name, to, got); err != nil {
 			t.Fatalf("%s: ReadAs %s: %v", name, to, err)

@@ -3,6 +3,7 @@ package param
 import (
 	"testing"
 
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -55,7 +56,7 @@ func TestStreamedPieces(t *testing.T) {
 			at := 0
 			for _, sp := range spans {
 				want := make([]byte, (sp.Hi-sp.Lo)*4)
-				swapper.Encode(swapper.Float32, want, all[sp.Lo:sp.Hi])
+				buffers.Encode(swapper.Float32, want, all[sp.Lo:sp.Hi])
 				if string(got[at:at+len(want)]) != string(want) {
 					t.Fatalf("span %v differs", sp)
 				}

@@ -10,8 +10,8 @@ import (
 	"github.com/gomlx/compute"
 	"golang.org/x/sys/unix"
 
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/regfile"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -236,7 +236,7 @@ func (s *mappedSource) readParam(_ context.Context, v Var, dt tensor.DType, dst 
 		return fmt.Errorf("zinf generate: %q has %d bytes as %s, the buffer %d", v.Name, want, dt, len(dst))
 	}
 	t0 := time.Now()
-	swapper.Transcode(e.dtype, m[e.begin:e.end], dt, dst) // a copy when the dtypes agree
+	buffers.Transcode(e.dtype, m[e.begin:e.end], dt, dst) // a copy when the dtypes agree
 	s.wait += time.Since(t0)
 	s.read += e.end - e.begin // the bytes taken from the mapping (before any widening)
 	return nil
@@ -261,7 +261,7 @@ func (s *mappedSource) readRows(_ context.Context, v Var, rows []int, dt tensor.
 			return fmt.Errorf("zinf generate: row %d of %q (allowed: 0..%d)", r, v.Name, e.shape[0]-1)
 		}
 		at := e.begin + int64(r)*rowBytes
-		swapper.Transcode(e.dtype, m[at:at+rowBytes], dt, dst[int64(i)*outBytes:(int64(i)+1)*outBytes])
+		buffers.Transcode(e.dtype, m[at:at+rowBytes], dt, dst[int64(i)*outBytes:(int64(i)+1)*outBytes])
 		s.read += rowBytes
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	gopt "github.com/gomlx/gomlx/ml/train/optimizer"
 
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
@@ -129,7 +130,7 @@ func masterVariable(store *model.Store, path string, v *model.Variable) *model.V
 	t := tensors.FromShape(shapes.Make(dtypes.Float32, v.Shape().Dimensions...))
 	err = val.ConstBytes(func(src []byte) {
 		err = t.MutableBytes(func(dst []byte) {
-			swapper.Transcode(dt, src, swapper.Float32, dst)
+			buffers.Transcode(dt, src, swapper.Float32, dst)
 		})
 	})
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/zinfio/zinf/contrib/gomlx/internal/backendinfo"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/inmemory"
 	"github.com/zinfio/zinf/plan"
-	"github.com/zinfio/zinf/swapper"
 	zopt "github.com/zinfio/zinf/swapper/optimizer"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -85,7 +84,7 @@ func NewMemoryTrainer(backend compute.Backend, store *model.Store, net zgomlx.Ne
 			st.master, st.aliased = buffers.Float32Bytes(v.Bytes), true
 		} else {
 			st.master = make([]float32, n)
-			swapper.Decode(v.DType, st.master, v.Bytes)
+			buffers.Decode(v.DType, st.master, v.Bytes)
 			if v.DType != mt.storage {
 				st.enc = make([]byte, n*mt.storage.Size())
 			}
@@ -127,11 +126,11 @@ func (mt *MemoryTrainer) writeParam(i int) {
 		return
 	}
 	if st.enc == nil {
-		swapper.Encode(v.DType, v.Bytes, st.master)
+		buffers.Encode(v.DType, v.Bytes, st.master)
 		return
 	}
-	swapper.Encode(mt.storage, st.enc, st.master)
-	swapper.Transcode(mt.storage, st.enc, v.DType, v.Bytes)
+	buffers.Encode(mt.storage, st.enc, st.master)
+	buffers.Transcode(mt.storage, st.enc, v.DType, v.Bytes)
 }
 
 // Step is one training step on a batch (the last micro-step after

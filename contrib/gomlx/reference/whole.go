@@ -159,7 +159,7 @@ func WholeGraphGradients(backend compute.Backend, store *model.Store, net zgomlx
 		if dt == swapper.Float32 {
 			copy(g, buffers.Float32Bytes(b))
 		} else {
-			swapper.Decode(dt, g, b)
+			buffers.Decode(dt, g, b)
 		}
 		grads[name] = g
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/tensors"
 
-	"github.com/zinfio/zinf/swapper"
+	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/tensor"
 )
 
@@ -146,6 +146,6 @@ func Scalar(backend compute.Backend, t *tensors.Tensor) (float32, error) {
 		return 0, fmt.Errorf("zgomlx: the loss is %s (a float scalar is needed)", t.Shape())
 	}
 	var one [1]float32
-	swapper.Decode(dt, one[:], b[:dt.Size()])
+	buffers.Decode(dt, one[:], b[:dt.Size()])
 	return one[0], nil
 }
