@@ -25,8 +25,8 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/contrib/gomlx/internal/testmodels"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
+	"github.com/zinfio/zinf/contrib/gomlx/zgomlxtest"
 	"github.com/zinfio/zinf/internal/test/testenv"
 	"github.com/zinfio/zinf/plan"
 )
@@ -34,13 +34,13 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // The backend, the MLP, its batches, the seeded Store and the bitwise
-// comparison are the reference package's tests' too (internal/testmodels).
+// comparison are the reference package's tests' too (zgomlxtest).
 var (
-	backend  = testmodels.Backend
-	mlpNet   = testmodels.MLP
-	mlpBatch = testmodels.MLPBatch
-	newStore = testmodels.NewStore
-	sameBits = testmodels.SameBits
+	backend  = zgomlxtest.Backend
+	mlpNet   = zgomlxtest.MLP
+	mlpBatch = zgomlxtest.MLPBatch
+	newStore = zgomlxtest.NewStore
+	sameBits = zgomlxtest.SameBits
 )
 
 // bigRows is the row count of the tests' large embedding tables (rows of

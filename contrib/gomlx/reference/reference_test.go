@@ -13,16 +13,16 @@ import (
 
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
-	"github.com/zinfio/zinf/contrib/gomlx/internal/testmodels"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
+	"github.com/zinfio/zinf/contrib/gomlx/zgomlxtest"
 	"github.com/zinfio/zinf/plan"
 )
 
 // mlp is a three-layer MLP with a mean squared error loss, for batches
 // of 4 x 5 inputs and 4 x 3 targets.
-func mlp() zgomlx.Net { return testmodels.MLP(16, 12, 3) }
+func mlp() zgomlx.Net { return zgomlxtest.MLP(16, 12, 3) }
 
-func batch(step int) (x, y *tensors.Tensor) { return testmodels.MLPBatch(step, 4, 5, 3) }
+func batch(step int) (x, y *tensors.Tensor) { return zgomlxtest.MLPBatch(step, 4, 5, 3) }
 
 // TestMemoryTrainerEqualsWholeGraph: the in-memory per-layer reference
 // and GoMLX's usual whole-graph training with zinf's Adam give the same
@@ -31,9 +31,9 @@ func batch(step int) (x, y *tensors.Tensor) { return testmodels.MLPBatch(step, 4
 func TestMemoryTrainerEqualsWholeGraph(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	b := testmodels.Backend(t)
+	b := zgomlxtest.Backend(t)
 	net := mlp()
-	store := testmodels.NewStore(t, b, net, shapes.Make(dtypes.Float32, 4, 5), 7)
+	store := zgomlxtest.NewStore(t, b, net, shapes.Make(dtypes.Float32, 4, 5), 7)
 	whole, err := store.Clone()
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestMemoryTrainerEqualsWholeGraph(t *testing.T) {
 		t.Fatalf("loss %v and %d gradients per layer, %v and %d whole", loss, len(got), wantLoss, len(want))
 	}
 	for name, w := range want {
-		testmodels.SameBits(t, "gradient of "+name+" (per layer against whole)", got[name], w)
+		zgomlxtest.SameBits(t, "gradient of "+name+" (per layer against whole)", got[name], w)
 	}
 
 	wg, err := reference.NewWholeGraph(b, whole, net, reference.Adam(plan.Hyper(cfg)))
@@ -106,7 +106,7 @@ func TestMemoryTrainerEqualsWholeGraph(t *testing.T) {
 // TestMemoryTrainerRefusals: a config whose step the reference does not
 // reproduce is refused, naming the key and what is allowed.
 func TestMemoryTrainerRefusals(t *testing.T) {
-	b := testmodels.Backend(t)
+	b := zgomlxtest.Backend(t)
 	cfg := config.Default()
 	cfg.GradientClipping = 1
 	_, err := reference.NewMemoryTrainer(b, model.NewStore(), mlp(), cfg, zgomlx.Options{})

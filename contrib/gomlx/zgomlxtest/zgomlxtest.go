@@ -1,9 +1,10 @@
-// Package testmodels holds what the tests of contrib/gomlx and of its
-// reference package both train and compare: the backend, a small MLP, its
-// batches, a seeded Store and a bit-for-bit comparison. One definition
-// serves both packages' tests (they are different packages, so a _test.go
-// file cannot), and they keep training the same model.
-package testmodels
+// Package zgomlxtest holds what tests of code that trains through
+// contrib/gomlx need again and again, as net/http/httptest does for
+// servers: the backend, a small MLP and its batches, a seeded Store and a
+// bit-for-bit comparison of tensors. The tests of contrib/gomlx and of its
+// reference package train and compare with it, so they keep training the
+// same model.
+package zgomlxtest
 
 import (
 	"fmt"
