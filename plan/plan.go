@@ -458,38 +458,42 @@ func placementOf(cfg *config.Config, mi *Index, world int, computePerLayer time.
 }
 
 // SizeStates gives the optimizer states of inv (policy.InventoryOf lists
-// them in fp32) the size they take in cfg's zinf.optimizer_states, tensor
-// by tensor as the optimizer picks it (StateFormatForOf: fp32 for those
-// zinf.optimizer_states_fp32 names and those under
+// Adam's three, in fp32) the states cfg's rule keeps and the size they
+// take in cfg's zinf.optimizer_states. States the rule does not keep
+// leave the inventory: SGD without momentum keeps only the master, SGD
+// with momentum, Adagrad and Lion one state beside it (in the listing
+// under ".exp_avg"), Adam and AdamW two. The rest are sized tensor by
+// tensor as the optimizer picks their format (StateFormatForOf: fp32 for
+// those zinf.optimizer_states_fp32 names and those under
 // optimizer.MinCompressedElems elements): the fp32 master stays 4 bytes an
 // element, a bf16 moment takes 2, an 8-bit one 1 plus 4 bytes of absmax a
 // block. Without it the planner would predict a step with compressed
-// states as moving fp32 ones (3.5x the bytes of 8-bit moments). inv is
-// changed in place and returned.
+// states as moving fp32 ones (3.5x the bytes of 8-bit moments), and an SGD
+// step as moving Adam's. inv's backing array is reused; the result is
+// returned.
 func SizeStates(cfg *config.Config, inv []policy.Tensor) []policy.Tensor {
+	keep := Hyper(cfg).StateCount()
 	formatFor := StateFormatForOf(cfg)
-	if formatFor == nil {
-		return inv
-	}
-	for i := range inv {
-		x := &inv[i]
-		if x.Kind != policy.OptimState {
-			continue
-		}
-		var owner string
-		for _, s := range []string{".exp_avg_sq", ".exp_avg"} {
-			if o, ok := strings.CutSuffix(x.Name, s); ok {
-				owner = o
-				break
+	out := inv[:0]
+	for _, x := range inv {
+		if x.Kind == policy.OptimState {
+			owner, k := "", -1 // k: the state's index beside the master (-1: the master)
+			for i, s := range []string{".exp_avg", ".exp_avg_sq"} {
+				if o, ok := strings.CutSuffix(x.Name, s); ok {
+					owner, k = o, i
+				}
+			}
+			if k >= keep {
+				continue // the rule keeps no such state
+			}
+			if k >= 0 && formatFor != nil {
+				n := x.Bytes / 4
+				x.Bytes = formatFor(owner, int(n)).StateBytes(n)
 			}
 		}
-		if owner == "" {
-			continue // the master: fp32 in every format
-		}
-		n := x.Bytes / 4
-		x.Bytes = formatFor(owner, int(n)).StateBytes(n)
+		out = append(out, x)
 	}
-	return inv
+	return out
 }
 
 // AutoMicroBatchesUnmeasured is the micro-batches a plan under

@@ -113,3 +113,37 @@ func TestSizeStates(t *testing.T) {
 		}
 	}
 }
+
+// TestSizeStatesByRule: the inventory keeps the states the configured
+// rule keeps beside its fp32 master (SGD none, or one with momentum;
+// Adagrad and Lion one; Adam two), so a plan's optimizer bytes are
+// 4 x (1 + states) an element, as the optimizer's records hold them.
+func TestSizeStatesByRule(t *testing.T) {
+	descs := []tensor.Desc{{Name: "w", Shape: []int{1000, 10}}}
+	numel := map[string]int64{"w": 10000}
+	for _, c := range []struct {
+		name   string
+		set    func(*config.Config)
+		states int
+	}{
+		{"adam", func(*config.Config) {}, 2},
+		{"sgd", func(c *config.Config) { c.Optimizer.Type = config.OptimizerSGD; c.Optimizer.Momentum = 0 }, 0},
+		{"sgd momentum", func(c *config.Config) { c.Optimizer.Type = config.OptimizerSGD; c.Optimizer.Momentum = 0.9 }, 1},
+		{"adagrad", func(c *config.Config) { c.Optimizer.Type = config.OptimizerAdagrad }, 1},
+		{"lion", func(c *config.Config) { c.Optimizer.Type = config.OptimizerLion }, 1},
+	} {
+		cfg := config.Default()
+		c.set(cfg)
+		var optim int64
+		var names []string
+		for _, x := range plan.SizeStates(cfg, policy.InventoryOf(descs, numel, tensor.Float32, 1)) {
+			if x.Kind == policy.OptimState {
+				optim += x.Bytes
+				names = append(names, x.Name)
+			}
+		}
+		if want := int64(4 * (1 + c.states) * 10000); optim != want {
+			t.Errorf("%s: optimizer states of %d bytes (%v); want %d (the master and %d states)", c.name, optim, names, want, c.states)
+		}
+	}
+}
