@@ -199,3 +199,22 @@ func (p *Pool) describeStuckLocked(stuck []*holdState) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+type queuedKey struct{}
+
+// WithQueued returns a copy of ctx that makes Acquire call fn once the
+// request holds its place among the purpose's waiters: when the memory is
+// granted without waiting, or once the request is queued, before Acquire
+// blocks (not when it fails at once). A caller that must let one request
+// ask the pool before another (the second is served after the first, first
+// come, first served) lets the second go from fn; letting it go before the
+// first has called Acquire could let the second take the memory first.
+func WithQueued(ctx context.Context, fn func()) context.Context {
+	return context.WithValue(ctx, queuedKey{}, fn)
+}
+
+// queuedFrom returns the fn WithQueued put in ctx, or nil.
+func queuedFrom(ctx context.Context) func() {
+	fn, _ := ctx.Value(queuedKey{}).(func())
+	return fn
+}

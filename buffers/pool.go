@@ -342,8 +342,12 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 	if h != nil {
 		b.hold = p.holdLocked(h)
 	}
+	queued := queuedFrom(ctx)
 	if r.waitHead == nil && p.allocLocked(r, b, units, size, purpose) {
 		p.mu.Unlock()
+		if queued != nil {
+			queued()
+		}
 		return b, nil
 	}
 	w := p.newWaiterLocked()
@@ -360,6 +364,9 @@ func (p *Pool) Acquire(ctx context.Context, size int, purpose Purpose) (*Buffer,
 		p.checkDeadlockLocked()
 	}
 	p.mu.Unlock()
+	if queued != nil {
+		queued()
+	}
 
 	select {
 	case <-w.ready:

@@ -282,8 +282,9 @@ func (s *Swapper) fly(t *tensor, f *flight) {
 var beforeTurn func(name string)
 
 // awaitTurn holds flight f back until the swap-in requested before it
-// has asked the pool for its buffer (or landed), and with it, transitively,
-// every earlier one; then f asks (stage awaitingBuffer). The pool serves
+// holds its place at the pool (its buffer, or its place among the waiters;
+// swapInBuffer) or has landed, and with it, transitively, every earlier
+// one; then f asks (stage awaitingBuffer). The pool serves
 // its waiters first come, first served; without this, a flight whose
 // goroutine ran early took memory ahead of one requested before it that
 // had not run yet (a loaded CPU), and gave it back, read for nothing, when
@@ -306,7 +307,6 @@ func (s *Swapper) awaitTurn(f *flight, size int) error {
 	}
 	s.mu.Lock()
 	f.stage = awaitingBuffer
-	s.passLocked(f)
 	s.mu.Unlock()
 	return nil
 }
@@ -333,11 +333,22 @@ func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
 	if err := s.awaitTurn(f, size); err != nil {
 		return nil, err
 	}
+	// The flight after f may ask the pool once f holds its place there: its
+	// buffer, or its place among the waiters (buffers.WithQueued). Letting
+	// it go any earlier, between f's turn and f's call to the pool, let it
+	// take the memory first (and be preempted for f once f was waited for).
+	pass := func() {
+		s.mu.Lock()
+		s.passLocked(f)
+		s.mu.Unlock()
+	}
 	if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
+		pass()
 		return b, nil
 	}
 	for s.cachedBytes.Load() > 0 && s.shrinkCache(int64(size)) {
 		if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
+			pass()
 			return b, nil
 		}
 	}
@@ -345,12 +356,13 @@ func (s *Swapper) swapInBuffer(f *flight, size int) (*buffers.Buffer, error) {
 	for f.demand && s.preemptForLocked(size) {
 		s.mu.Unlock()
 		if b, ok := s.pool.TryAcquire(size, buffers.PurposeParams); ok {
+			pass()
 			return b, nil
 		}
 		s.mu.Lock()
 	}
 	s.mu.Unlock()
-	return s.pool.Acquire(f.ctx, size, buffers.PurposeParams)
+	return s.pool.Acquire(buffers.WithQueued(f.ctx, pass), size, buffers.PurposeParams)
 }
 
 // land finishes a flight: blk (one reference, generation gen) becomes t's
