@@ -87,6 +87,12 @@
 //     scalar Go, the latter on one goroutine. A layer's queries, keys and
 //     values (and gate and up projections) are one kernels.Pool.MatMuls
 //     call. A decoding step allocates nothing once its scratch has grown.
+//   - Q8_0 and Q4_0 matrices multiply the activations quantized to
+//     blocks of 32 8-bit integers, with integer dot products, as
+//     llama.cpp computes them (decoder/kernels' documentation defines the
+//     bits): the logits are not those of the same weights widened to f32
+//     but within a tolerance of them (5% of the largest logit in the
+//     tests, 2.5% seen), and greedy tokens may part at a near tie.
 //   - A Decoder's results do not depend on the number of workers, nor on
 //     whether the prompt is fed as a prefill or a token at a time: the
 //     same bits (the tests check both).

@@ -83,3 +83,23 @@ func asmBlock(k asmKernels) blockFunc {
 		}
 	}
 }
+
+// qasmFunc is the signature of the generated block-format kernels.
+type qasmFunc func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32)
+
+// asmQBlock makes a qblockFunc of one block format's kernels (by[nb-1]
+// serves nb vectors): the vectors in groups of up to four, a row at a
+// time.
+func asmQBlock(by [4]qasmFunc) qblockFunc {
+	return func(w []byte, wstride, nrows, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *[rowBlock]accs) {
+		if n == 0 {
+			return
+		}
+		for b0 := 0; b0 < nb; b0 += 4 {
+			f := by[min(4, nb-b0)-1]
+			for r := range nrows {
+				f(&w[r*wstride], wstride, &qx[b0*xstride], &xd[b0*dstride], xstride, 4*dstride, n, &acc[r][b0][0])
+			}
+		}
+	}
+}

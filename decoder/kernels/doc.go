@@ -71,9 +71,10 @@
 //     scale d, then 16 bytes; weight i < 16 is the low nibble n of byte i,
 //     weight i+16 the high nibble of byte i, each standing for (n-8)*d.
 //
-// The products of a block format's quant and its widened scale are exact
-// in binary32, so a dequantized weight has one value whichever kernel
-// computes it; Dequantize writes the same values out. QuantizeQ8_0 and
+// Dequantize writes a block format's weights out as binary32 values
+// (q*d, exact). The products do not widen them: like llama.cpp, they
+// multiply a block format's weights with the vectors quantized to 8-bit
+// blocks, in integers (see The accumulation order). QuantizeQ8_0 and
 // QuantizeQ4_0 follow llama.cpp's reference quantizers (their doc
 // comments give the rounding), so a block they write is the block
 // llama.cpp writes for the same numbers, up to the scale's conversion to
@@ -97,7 +98,33 @@
 //  3. The last Cols mod 16 columns (F32 and BF16 only; the block formats
 //     have none) follow one at a time: s = fma(w[c], x[c], s).
 //
-// The scalar kernels (KernelScalar) are this definition written out in
+// The block formats (Q8_0 and Q4_0) follow another definition, as
+// llama.cpp computes them: each vector is first quantized to blocks of
+// 32 8-bit integers, once per product (on the caller's goroutine, in
+// code every kernel shares, so that all see the same bytes): amax = max
+// |x| of the block, its scale dx = amax/127 rounded to binary16, each
+// quant x*(127/amax) (binary32) rounded to the nearest integer, ties to
+// even, within ±127 (all zero when amax is 0). Then:
+//
+//  1. Eight partial sums p[0..7] start at +0 (p[8..15] stay +0). For
+//     each block of the row, in increasing order, p[j] = fma(float32(s),
+//     dw*dx, p[j]), where s is the integer dot product of the block's
+//     columns 4j..4j+3 (the weights' quants times the vector's, exact),
+//     dw the weights' scale, and dw*dx exact (two binary16
+//     significands).
+//  2. The tree of step 2 above over the 16 partial sums.
+//
+// Its result differs from the product of the dequantized weights with x
+// by the vector's quantization: per block at most about (0.5/127 +
+// 2^-11) * max |x| * sum |w| (half a step, and the scale's binary16
+// rounding), plus a rounding bound like the one below; the tests check
+// it against float64. A vector's quantization depends on that vector
+// only, so batches, prefills and splits over workers still give the same
+// bits. A block whose amax/127 is past binary16's range (65504) gives an
+// infinity, and one whose amax is below about 2^-25*127 a scale of zero,
+// as in llama.cpp.
+//
+// The scalar kernels (KernelScalar) are these definitions written out in
 // Go, and the reference the tests hold every SIMD kernel to, bit for bit.
 // The kernels compute step 1; step 3 is Go code every kernel shares, and
 // step 2 is too except on amd64, where a generated kernel (reduceAVX2)
@@ -119,10 +146,18 @@
 // ones. The bf16 and block formats' kernels take one row: their short
 // rows read side by side are as many short streams from memory, and one
 // row at a time, one long stream, made a core read bf16 weights about a
-// quarter faster at one vector (BenchmarkLayerProducts' shapes). The weights
-// are widened in registers: VPMOVZXWD and a shift for bf16, VPMOVSXBD (of
-// the bytes, or of the masked nibbles less 8) and VCVTDQ2PS times the
-// VCVTPH2PS-widened scale for the blocks. The bf16 and block formats'
+// quarter faster at one vector (BenchmarkLayerProducts' shapes). The bf16
+// weights are widened in registers by VPMOVZXWD and a shift. The block
+// formats' kernels (one row, up to four vectors) take a block of 32
+// weights as 32 signed bytes (Q4_0's masked nibbles less 8, the low
+// nibbles, then the high ones), move the weights' signs onto the
+// vector's quants (VPSIGNB), multiply those with |w| and add adjacent
+// pairs (VPMADDUBSW, exact: |w| ≤ 128 and |x| ≤ 127), add pairs of those
+// (VPMADDWD), convert the eight sums (VCVTDQ2PS) and add them times the
+// two scales' product into one register of 8 partial sums a vector
+// (VFMADD231PS): about a dozen instructions a block, where widening each
+// weight to binary32 first took about three times as many and made Q8_0
+// products compute-bound. The bf16 and block formats'
 // kernels prefetch the row the next call takes (wstride bytes on, at
 // the columns they read): their rows are short streams (a Q8_0 row of
 // 1024 columns is 17 cache lines, a bf16 one 32), which the hardware's
@@ -147,7 +182,8 @@
 // lanes, one rounding as FMA32; bf16 widened by interleaving zeros below
 // it), tested under qemu-aarch64 against the scalar kernels with their
 // own mutants (internal/asmgen/neon-mutants.sh, make test-arm64); Q8_0
-// and Q4_0 stay on the scalar kernels there.
+// and Q4_0 stay on the scalar kernels there (the same bits, far slower:
+// NEON's SDOT would serve the integer dot products, not written yet).
 //
 // Other architectures, and amd64 without those features, use the scalar
 // kernels. They are correct but far slower (two orders of magnitude on
@@ -166,8 +202,10 @@
 //     differ between kernels.
 //   - A batch of more than four vectors passes over each tile of a row
 //     twice, the second time from the cache.
-//   - The block formats cost arithmetic: widening a Q4_0 block takes
-//     about two dozen instructions for 18 bytes, so on a machine with few
-//     cores Q4_0 products run below the memory's bandwidth (see the
-//     benchmarks, BenchmarkMatMul against BenchmarkMemoryRead).
+//   - The block formats' products are not those of the dequantized
+//     weights with x: they take x quantized to 8-bit blocks, as
+//     llama.cpp does (the bound is above). A decoder's logits on Q8_0 or
+//     Q4_0 weights thus differ from those of the same weights widened to
+//     f32 (by up to 2.5% of the largest logit in the decoder's tests),
+//     and greedy tokens may part where two logits nearly tie.
 package kernels

@@ -5,8 +5,10 @@ package kernels
 
 // kernel is one implementation of the row products, per dtype.
 type kernel struct {
-	name                string
-	f32, bf16, q8_0, q4 blockFunc
+	name      string
+	f32, bf16 blockFunc
+	// q8_0 and q4 multiply the block formats with quantized vectors.
+	q8_0, q4 qblockFunc
 	// reduce reduces a row block's partial sums (nil: reduceGo).
 	reduce reduceFunc
 	// ioF32 and ioBF16 are the in-out products' (MatMulInOut).
@@ -40,13 +42,20 @@ func (k *kernel) reduceRows() reduceFunc {
 	return k.reduce
 }
 
-// row returns the kernel's row function for t.
+// row returns the kernel's row function for t (F32 or BF16).
 func (k *kernel) row(t DType) blockFunc {
 	switch t {
 	case F32:
 		return k.f32
 	case BF16:
 		return k.bf16
+	}
+	return nil
+}
+
+// qrow returns the kernel's row function for the block format t.
+func (k *kernel) qrow(t DType) qblockFunc {
+	switch t {
 	case Q8_0:
 		return k.q8_0
 	case Q4_0:
@@ -63,7 +72,7 @@ const KernelScalar = "scalar"
 // F16C).
 const KernelAVX2 = "avx2"
 
-var scalarKernel = &kernel{name: KernelScalar, f32: perRow(rowF32Scalar), bf16: perRow(rowBF16Scalar), q8_0: perRow(rowQ8Scalar), q4: perRow(rowQ4Scalar),
+var scalarKernel = &kernel{name: KernelScalar, f32: perRow(rowF32Scalar), bf16: perRow(rowBF16Scalar), q8_0: perQRow(rowQ8Scalar), q4: perQRow(rowQ4Scalar),
 	ioF32: inOutScalar(F32), ioBF16: inOutScalar(BF16)}
 
 // simdKernels lists the SIMD kernels this machine can run, the preferred

@@ -41,10 +41,8 @@ var avx2Kernel = &kernel{
 		{1: rowF32AVX2x2r1, 2: rowF32AVX2x2r2}, {1: rowF32AVX2x3r1}, {1: rowF32AVX2x4r1}}),
 	bf16: asmBlock(asmKernels{
 		{1: rowBF16AVX2x1r1}, {1: rowBF16AVX2x2r1}, {1: rowBF16AVX2x3r1}, {1: rowBF16AVX2x4r1}}),
-	q8_0: asmBlock(asmKernels{
-		{1: rowQ8_0AVX2x1r1}, {1: rowQ8_0AVX2x2r1}, {1: rowQ8_0AVX2x3r1}, {1: rowQ8_0AVX2x4r1}}),
-	q4: asmBlock(asmKernels{
-		{1: rowQ4_0AVX2x1r1}, {1: rowQ4_0AVX2x2r1}, {1: rowQ4_0AVX2x3r1}, {1: rowQ4_0AVX2x4r1}}),
+	q8_0: asmQBlock([4]qasmFunc{dotQ8_0AVX2x1, dotQ8_0AVX2x2, dotQ8_0AVX2x3, dotQ8_0AVX2x4}),
+	q4:   asmQBlock([4]qasmFunc{dotQ4_0AVX2x1, dotQ4_0AVX2x2, dotQ4_0AVX2x3, dotQ4_0AVX2x4}),
 	ioF32: asmInOut(4, ioKernels{
 		{{64, inoutF32AVX2x1w64}, {8, inoutF32AVX2x1w8}}, {{32, inoutF32AVX2x2w32}, {8, inoutF32AVX2x2w8}},
 		{{16, inoutF32AVX2x3w16}, {8, inoutF32AVX2x3w8}}, {{16, inoutF32AVX2x4w16}, {8, inoutF32AVX2x4w8}}}),

@@ -533,563 +533,571 @@ rowBF16AVX2x4r1_store:
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ8_0AVX2x1r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
+TEXT ·dotQ8_0AVX2x1(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), DI
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
 
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), SI
-	VMOVUPS (SI), Y0
-	VMOVUPS 32(SI), Y1
-	XORQ    DI, DI
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), DI
+	VMOVUPS (DI), Y1
+	XORQ    R8, R8
+	XORQ    R9, R9
 	CMPQ    AX, $0x00
-	JLE     rowQ8_0AVX2x1r1_store
+	JLE     dotQ8_0AVX2x1_store
 
-rowQ8_0AVX2x1r1_loop:
+dotQ8_0AVX2x1_loop:
 	PREFETCHT0   (CX)(DX*1)
 	VPBROADCASTW (CX), X2
 	VCVTPH2PS    X2, Y2
-	VPMOVSXBD    2(CX), Y3
-	VPMOVSXBD    10(CX), Y4
+	VMOVDQU      2(CX), Y3
+	VPSIGNB      Y3, Y3, Y4
+	VMOVDQU      (BX)(R8*1), Y5
+	VPSIGNB      Y3, Y5, Y5
+	VPMADDUBSW   Y5, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VCVTDQ2PS    Y4, Y4
-	VMULPS       Y2, Y3, Y3
+	VBROADCASTSS (SI)(R9*1), Y4
 	VMULPS       Y2, Y4, Y4
-	VFMADD231PS  (BX)(DI*1), Y3, Y0
-	VFMADD231PS  32(BX)(DI*1), Y4, Y1
-	VPMOVSXBD    18(CX), Y3
-	VPMOVSXBD    26(CX), Y4
-	VCVTDQ2PS    Y3, Y3
-	VCVTDQ2PS    Y4, Y4
-	VMULPS       Y2, Y3, Y3
-	VMULPS       Y2, Y4, Y4
-	VFMADD231PS  64(BX)(DI*1), Y3, Y0
-	VFMADD231PS  96(BX)(DI*1), Y4, Y1
+	VFMADD231PS  Y4, Y3, Y1
 	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000080, DI
+	ADDQ         $0x00000020, R8
+	ADDQ         $0x00000004, R9
 	SUBQ         $0x00000020, AX
-	JG           rowQ8_0AVX2x1r1_loop
+	JG           dotQ8_0AVX2x1_loop
 
-rowQ8_0AVX2x1r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (SI)
-	VMOVUPS Y1, 32(SI)
+dotQ8_0AVX2x1_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y1, (DI)
 	VZEROUPPER
 	RET
 
-// func rowQ8_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ8_0AVX2x2r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), SI
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), DI
-	VMOVUPS (DI), Y0
-	VMOVUPS 32(DI), Y1
-	VMOVUPS 64(DI), Y2
-	VMOVUPS 96(DI), Y3
-	XORQ    R8, R8
-	CMPQ    AX, $0x00
-	JLE     rowQ8_0AVX2x2r1_store
-
-rowQ8_0AVX2x2r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X4
-	VCVTPH2PS    X4, Y4
-	VPMOVSXBD    2(CX), Y5
-	VPMOVSXBD    10(CX), Y6
-	VCVTDQ2PS    Y5, Y5
-	VCVTDQ2PS    Y6, Y6
-	VMULPS       Y4, Y5, Y5
-	VMULPS       Y4, Y6, Y6
-	VFMADD231PS  (BX)(R8*1), Y5, Y0
-	VFMADD231PS  32(BX)(R8*1), Y6, Y1
-	VFMADD231PS  (SI)(R8*1), Y5, Y2
-	VFMADD231PS  32(SI)(R8*1), Y6, Y3
-	VPMOVSXBD    18(CX), Y5
-	VPMOVSXBD    26(CX), Y6
-	VCVTDQ2PS    Y5, Y5
-	VCVTDQ2PS    Y6, Y6
-	VMULPS       Y4, Y5, Y5
-	VMULPS       Y4, Y6, Y6
-	VFMADD231PS  64(BX)(R8*1), Y5, Y0
-	VFMADD231PS  96(BX)(R8*1), Y6, Y1
-	VFMADD231PS  64(SI)(R8*1), Y5, Y2
-	VFMADD231PS  96(SI)(R8*1), Y6, Y3
-	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000080, R8
-	SUBQ         $0x00000020, AX
-	JG           rowQ8_0AVX2x2r1_loop
-
-rowQ8_0AVX2x2r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VZEROUPPER
-	RET
-
-// func rowQ8_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ8_0AVX2x3r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), DI
-	LEAQ (DI)(SI*1), SI
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R8
-	VMOVUPS (R8), Y0
-	VMOVUPS 32(R8), Y1
-	VMOVUPS 64(R8), Y2
-	VMOVUPS 96(R8), Y3
-	VMOVUPS 128(R8), Y4
-	VMOVUPS 160(R8), Y5
-	XORQ    R9, R9
-	CMPQ    AX, $0x00
-	JLE     rowQ8_0AVX2x3r1_store
-
-rowQ8_0AVX2x3r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X6
-	VCVTPH2PS    X6, Y6
-	VPMOVSXBD    2(CX), Y7
-	VPMOVSXBD    10(CX), Y8
-	VCVTDQ2PS    Y7, Y7
-	VCVTDQ2PS    Y8, Y8
-	VMULPS       Y6, Y7, Y7
-	VMULPS       Y6, Y8, Y8
-	VFMADD231PS  (BX)(R9*1), Y7, Y0
-	VFMADD231PS  32(BX)(R9*1), Y8, Y1
-	VFMADD231PS  (DI)(R9*1), Y7, Y2
-	VFMADD231PS  32(DI)(R9*1), Y8, Y3
-	VFMADD231PS  (SI)(R9*1), Y7, Y4
-	VFMADD231PS  32(SI)(R9*1), Y8, Y5
-	VPMOVSXBD    18(CX), Y7
-	VPMOVSXBD    26(CX), Y8
-	VCVTDQ2PS    Y7, Y7
-	VCVTDQ2PS    Y8, Y8
-	VMULPS       Y6, Y7, Y7
-	VMULPS       Y6, Y8, Y8
-	VFMADD231PS  64(BX)(R9*1), Y7, Y0
-	VFMADD231PS  96(BX)(R9*1), Y8, Y1
-	VFMADD231PS  64(DI)(R9*1), Y7, Y2
-	VFMADD231PS  96(DI)(R9*1), Y8, Y3
-	VFMADD231PS  64(SI)(R9*1), Y7, Y4
-	VFMADD231PS  96(SI)(R9*1), Y8, Y5
-	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000080, R9
-	SUBQ         $0x00000020, AX
-	JG           rowQ8_0AVX2x3r1_loop
-
-rowQ8_0AVX2x3r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (R8)
-	VMOVUPS Y1, 32(R8)
-	VMOVUPS Y2, 64(R8)
-	VMOVUPS Y3, 96(R8)
-	VMOVUPS Y4, 128(R8)
-	VMOVUPS Y5, 160(R8)
-	VZEROUPPER
-	RET
-
-// func rowQ8_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ8_0AVX2x4r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), DI
-	LEAQ (DI)(SI*1), R8
-	LEAQ (R8)(SI*1), SI
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R9
-	VMOVUPS (R9), Y0
-	VMOVUPS 32(R9), Y1
-	VMOVUPS 64(R9), Y2
-	VMOVUPS 96(R9), Y3
-	VMOVUPS 128(R9), Y4
-	VMOVUPS 160(R9), Y5
-	VMOVUPS 192(R9), Y6
-	VMOVUPS 224(R9), Y7
-	XORQ    R10, R10
-	CMPQ    AX, $0x00
-	JLE     rowQ8_0AVX2x4r1_store
-
-rowQ8_0AVX2x4r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X8
-	VCVTPH2PS    X8, Y8
-	VPMOVSXBD    2(CX), Y9
-	VPMOVSXBD    10(CX), Y10
-	VCVTDQ2PS    Y9, Y9
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y9, Y9
-	VMULPS       Y8, Y10, Y10
-	VFMADD231PS  (BX)(R10*1), Y9, Y0
-	VFMADD231PS  32(BX)(R10*1), Y10, Y1
-	VFMADD231PS  (DI)(R10*1), Y9, Y2
-	VFMADD231PS  32(DI)(R10*1), Y10, Y3
-	VFMADD231PS  (R8)(R10*1), Y9, Y4
-	VFMADD231PS  32(R8)(R10*1), Y10, Y5
-	VFMADD231PS  (SI)(R10*1), Y9, Y6
-	VFMADD231PS  32(SI)(R10*1), Y10, Y7
-	VPMOVSXBD    18(CX), Y9
-	VPMOVSXBD    26(CX), Y10
-	VCVTDQ2PS    Y9, Y9
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y9, Y9
-	VMULPS       Y8, Y10, Y10
-	VFMADD231PS  64(BX)(R10*1), Y9, Y0
-	VFMADD231PS  96(BX)(R10*1), Y10, Y1
-	VFMADD231PS  64(DI)(R10*1), Y9, Y2
-	VFMADD231PS  96(DI)(R10*1), Y10, Y3
-	VFMADD231PS  64(R8)(R10*1), Y9, Y4
-	VFMADD231PS  96(R8)(R10*1), Y10, Y5
-	VFMADD231PS  64(SI)(R10*1), Y9, Y6
-	VFMADD231PS  96(SI)(R10*1), Y10, Y7
-	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000080, R10
-	SUBQ         $0x00000020, AX
-	JG           rowQ8_0AVX2x4r1_loop
-
-rowQ8_0AVX2x4r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (R9)
-	VMOVUPS Y1, 32(R9)
-	VMOVUPS Y2, 64(R9)
-	VMOVUPS Y3, 96(R9)
-	VMOVUPS Y4, 128(R9)
-	VMOVUPS Y5, 160(R9)
-	VMOVUPS Y6, 192(R9)
-	VMOVUPS Y7, 224(R9)
-	VZEROUPPER
-	RET
-
-// func rowQ4_0AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ4_0AVX2x1r1(SB), NOSPLIT, $0-48
-	MOVQ         n+32(FP), AX
+TEXT ·dotQ8_0AVX2x2(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
 	MOVQ         w+0(FP), CX
 	MOVQ         wstride+8(FP), DX
-	MOVQ         x+16(FP), BX
-	MOVQ         xstride+24(FP), SI
-	MOVL         $0x0f0f0f0f, SI
-	VMOVD        SI, X0
-	VPBROADCASTD X0, Y0
-	MOVL         $0x08080808, SI
-	VMOVD        SI, X1
-	VPBROADCASTD X1, Y1
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), SI
-	VMOVUPS (SI), Y2
-	VMOVUPS 32(SI), Y3
-	XORQ    DI, DI
-	CMPQ    AX, $0x00
-	JLE     rowQ4_0AVX2x1r1_store
-
-rowQ4_0AVX2x1r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X4
-	VCVTPH2PS    X4, Y4
-	VMOVDQU      2(CX), X5
-	VPAND        X0, X5, X5
-	VPSUBB       X1, X5, X5
-	VPMOVSXBD    X5, Y6
-	VPSRLDQ      $0x08, X5, X5
-	VPMOVSXBD    X5, Y5
-	VCVTDQ2PS    Y6, Y6
-	VCVTDQ2PS    Y5, Y5
-	VMULPS       Y4, Y6, Y6
-	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  (BX)(DI*1), Y6, Y2
-	VFMADD231PS  32(BX)(DI*1), Y5, Y3
-	VMOVDQU      2(CX), X5
-	VPSRLW       $0x04, X5, X5
-	VPAND        X0, X5, X5
-	VPSUBB       X1, X5, X5
-	VPMOVSXBD    X5, Y6
-	VPSRLDQ      $0x08, X5, X5
-	VPMOVSXBD    X5, Y5
-	VCVTDQ2PS    Y6, Y6
-	VCVTDQ2PS    Y5, Y5
-	VMULPS       Y4, Y6, Y6
-	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  64(BX)(DI*1), Y6, Y2
-	VFMADD231PS  96(BX)(DI*1), Y5, Y3
-	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000080, DI
-	SUBQ         $0x00000020, AX
-	JG           rowQ4_0AVX2x1r1_loop
-
-rowQ4_0AVX2x1r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y2, (SI)
-	VMOVUPS Y3, 32(SI)
-	VZEROUPPER
-	RET
-
-// func rowQ4_0AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ4_0AVX2x2r1(SB), NOSPLIT, $0-48
-	MOVQ         n+32(FP), AX
-	MOVQ         w+0(FP), CX
-	MOVQ         wstride+8(FP), DX
-	MOVQ         x+16(FP), BX
-	MOVQ         xstride+24(FP), SI
-	LEAQ         (BX)(SI*1), SI
-	MOVL         $0x0f0f0f0f, DI
-	VMOVD        DI, X0
-	VPBROADCASTD X0, Y0
-	MOVL         $0x08080808, DI
-	VMOVD        DI, X1
-	VPBROADCASTD X1, Y1
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), DI
-	VMOVUPS (DI), Y2
-	VMOVUPS 32(DI), Y3
-	VMOVUPS 64(DI), Y4
-	VMOVUPS 96(DI), Y5
-	XORQ    R8, R8
-	CMPQ    AX, $0x00
-	JLE     rowQ4_0AVX2x2r1_store
-
-rowQ4_0AVX2x2r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X6
-	VCVTPH2PS    X6, Y6
-	VMOVDQU      2(CX), X7
-	VPAND        X0, X7, X7
-	VPSUBB       X1, X7, X7
-	VPMOVSXBD    X7, Y8
-	VPSRLDQ      $0x08, X7, X7
-	VPMOVSXBD    X7, Y7
-	VCVTDQ2PS    Y8, Y8
-	VCVTDQ2PS    Y7, Y7
-	VMULPS       Y6, Y8, Y8
-	VMULPS       Y6, Y7, Y7
-	VFMADD231PS  (BX)(R8*1), Y8, Y2
-	VFMADD231PS  32(BX)(R8*1), Y7, Y3
-	VFMADD231PS  (SI)(R8*1), Y8, Y4
-	VFMADD231PS  32(SI)(R8*1), Y7, Y5
-	VMOVDQU      2(CX), X7
-	VPSRLW       $0x04, X7, X7
-	VPAND        X0, X7, X7
-	VPSUBB       X1, X7, X7
-	VPMOVSXBD    X7, Y8
-	VPSRLDQ      $0x08, X7, X7
-	VPMOVSXBD    X7, Y7
-	VCVTDQ2PS    Y8, Y8
-	VCVTDQ2PS    Y7, Y7
-	VMULPS       Y6, Y8, Y8
-	VMULPS       Y6, Y7, Y7
-	VFMADD231PS  64(BX)(R8*1), Y8, Y2
-	VFMADD231PS  96(BX)(R8*1), Y7, Y3
-	VFMADD231PS  64(SI)(R8*1), Y8, Y4
-	VFMADD231PS  96(SI)(R8*1), Y7, Y5
-	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000080, R8
-	SUBQ         $0x00000020, AX
-	JG           rowQ4_0AVX2x2r1_loop
-
-rowQ4_0AVX2x2r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y2, (DI)
-	VMOVUPS Y3, 32(DI)
-	VMOVUPS Y4, 64(DI)
-	VMOVUPS Y5, 96(DI)
-	VZEROUPPER
-	RET
-
-// func rowQ4_0AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ4_0AVX2x3r1(SB), NOSPLIT, $0-48
-	MOVQ         n+32(FP), AX
-	MOVQ         w+0(FP), CX
-	MOVQ         wstride+8(FP), DX
-	MOVQ         x+16(FP), BX
-	MOVQ         xstride+24(FP), SI
-	LEAQ         (BX)(SI*1), DI
-	LEAQ         (DI)(SI*1), SI
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X0
-	VPBROADCASTD X0, Y0
-	MOVL         $0x08080808, R8
-	VMOVD        R8, X1
-	VPBROADCASTD X1, Y1
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R8
-	VMOVUPS (R8), Y2
-	VMOVUPS 32(R8), Y3
-	VMOVUPS 64(R8), Y4
-	VMOVUPS 96(R8), Y5
-	VMOVUPS 128(R8), Y6
-	VMOVUPS 160(R8), Y7
-	XORQ    R9, R9
-	CMPQ    AX, $0x00
-	JLE     rowQ4_0AVX2x3r1_store
-
-rowQ4_0AVX2x3r1_loop:
-	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X8
-	VCVTPH2PS    X8, Y8
-	VMOVDQU      2(CX), X9
-	VPAND        X0, X9, X9
-	VPSUBB       X1, X9, X9
-	VPMOVSXBD    X9, Y10
-	VPSRLDQ      $0x08, X9, X9
-	VPMOVSXBD    X9, Y9
-	VCVTDQ2PS    Y10, Y10
-	VCVTDQ2PS    Y9, Y9
-	VMULPS       Y8, Y10, Y10
-	VMULPS       Y8, Y9, Y9
-	VFMADD231PS  (BX)(R9*1), Y10, Y2
-	VFMADD231PS  32(BX)(R9*1), Y9, Y3
-	VFMADD231PS  (DI)(R9*1), Y10, Y4
-	VFMADD231PS  32(DI)(R9*1), Y9, Y5
-	VFMADD231PS  (SI)(R9*1), Y10, Y6
-	VFMADD231PS  32(SI)(R9*1), Y9, Y7
-	VMOVDQU      2(CX), X9
-	VPSRLW       $0x04, X9, X9
-	VPAND        X0, X9, X9
-	VPSUBB       X1, X9, X9
-	VPMOVSXBD    X9, Y10
-	VPSRLDQ      $0x08, X9, X9
-	VPMOVSXBD    X9, Y9
-	VCVTDQ2PS    Y10, Y10
-	VCVTDQ2PS    Y9, Y9
-	VMULPS       Y8, Y10, Y10
-	VMULPS       Y8, Y9, Y9
-	VFMADD231PS  64(BX)(R9*1), Y10, Y2
-	VFMADD231PS  96(BX)(R9*1), Y9, Y3
-	VFMADD231PS  64(DI)(R9*1), Y10, Y4
-	VFMADD231PS  96(DI)(R9*1), Y9, Y5
-	VFMADD231PS  64(SI)(R9*1), Y10, Y6
-	VFMADD231PS  96(SI)(R9*1), Y9, Y7
-	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000080, R9
-	SUBQ         $0x00000020, AX
-	JG           rowQ4_0AVX2x3r1_loop
-
-rowQ4_0AVX2x3r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y2, (R8)
-	VMOVUPS Y3, 32(R8)
-	VMOVUPS Y4, 64(R8)
-	VMOVUPS Y5, 96(R8)
-	VMOVUPS Y6, 128(R8)
-	VMOVUPS Y7, 160(R8)
-	VZEROUPPER
-	RET
-
-// func rowQ4_0AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·rowQ4_0AVX2x4r1(SB), NOSPLIT, $0-48
-	MOVQ         n+32(FP), AX
-	MOVQ         w+0(FP), CX
-	MOVQ         wstride+8(FP), DX
-	MOVQ         x+16(FP), BX
-	MOVQ         xstride+24(FP), SI
-	LEAQ         (BX)(SI*1), DI
-	LEAQ         (DI)(SI*1), R8
-	LEAQ         (R8)(SI*1), SI
-	MOVL         $0x0f0f0f0f, R9
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), DI
+	LEAQ         (SI)(R8*1), R8
+	MOVL         $0x00010001, R9
 	VMOVD        R9, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x08080808, R9
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R9
+	VMOVUPS (R9), Y1
+	VMOVUPS 64(R9), Y2
+	XORQ    R10, R10
+	XORQ    R11, R11
+	CMPQ    AX, $0x00
+	JLE     dotQ8_0AVX2x2_store
+
+dotQ8_0AVX2x2_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X3
+	VCVTPH2PS    X3, Y3
+	VMOVDQU      2(CX), Y4
+	VPSIGNB      Y4, Y4, Y5
+	VMOVDQU      (BX)(R10*1), Y6
+	VPSIGNB      Y4, Y6, Y6
+	VPMADDUBSW   Y6, Y5, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (SI)(R11*1), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y6, Y1
+	VMOVDQU      (DI)(R10*1), Y6
+	VPSIGNB      Y4, Y6, Y6
+	VPMADDUBSW   Y6, Y5, Y4
+	VPMADDWD     Y0, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS (R8)(R11*1), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y4, Y2
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000020, R10
+	ADDQ         $0x00000004, R11
+	SUBQ         $0x00000020, AX
+	JG           dotQ8_0AVX2x2_loop
+
+dotQ8_0AVX2x2_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y1, (R9)
+	VMOVUPS Y2, 64(R9)
+	VZEROUPPER
+	RET
+
+// func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ8_0AVX2x3(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), R9
+	LEAQ         (SI)(R8*1), R10
+	LEAQ         (R9)(DI*1), DI
+	LEAQ         (R10)(R8*1), R8
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X0
+	VPBROADCASTD X0, Y0
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R11
+	VMOVUPS (R11), Y1
+	VMOVUPS 64(R11), Y2
+	VMOVUPS 128(R11), Y3
+	XORQ    R12, R12
+	XORQ    R13, R13
+	CMPQ    AX, $0x00
+	JLE     dotQ8_0AVX2x3_store
+
+dotQ8_0AVX2x3_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X4
+	VCVTPH2PS    X4, Y4
+	VMOVDQU      2(CX), Y5
+	VPSIGNB      Y5, Y5, Y6
+	VMOVDQU      (BX)(R12*1), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y0, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (SI)(R13*1), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y8, Y7, Y1
+	VMOVDQU      (R9)(R12*1), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y0, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (R10)(R13*1), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y8, Y7, Y2
+	VMOVDQU      (DI)(R12*1), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (R8)(R13*1), Y6
+	VMULPS       Y4, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y3
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000020, R12
+	ADDQ         $0x00000004, R13
+	SUBQ         $0x00000020, AX
+	JG           dotQ8_0AVX2x3_loop
+
+dotQ8_0AVX2x3_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y1, (R11)
+	VMOVUPS Y2, 64(R11)
+	VMOVUPS Y3, 128(R11)
+	VZEROUPPER
+	RET
+
+// func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ8_0AVX2x4(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), R9
+	LEAQ         (SI)(R8*1), R10
+	LEAQ         (R9)(DI*1), R11
+	LEAQ         (R10)(R8*1), R12
+	LEAQ         (R11)(DI*1), DI
+	LEAQ         (R12)(R8*1), R8
+	MOVL         $0x00010001, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R13
+	VMOVUPS (R13), Y1
+	VMOVUPS 64(R13), Y2
+	VMOVUPS 128(R13), Y3
+	VMOVUPS 192(R13), Y4
+	XORQ    R14, R14
+	XORQ    R15, R15
+	CMPQ    AX, $0x00
+	JLE     dotQ8_0AVX2x4_store
+
+dotQ8_0AVX2x4_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X5
+	VCVTPH2PS    X5, Y5
+	VMOVDQU      2(CX), Y6
+	VPSIGNB      Y6, Y6, Y7
+	VMOVDQU      (BX)(R14*1), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (SI)(R15*1), Y9
+	VMULPS       Y5, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VMOVDQU      (R9)(R14*1), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (R10)(R15*1), Y9
+	VMULPS       Y5, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VMOVDQU      (R11)(R14*1), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (R12)(R15*1), Y9
+	VMULPS       Y5, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VMOVDQU      (DI)(R14*1), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (R8)(R15*1), Y7
+	VMULPS       Y5, Y7, Y7
+	VFMADD231PS  Y7, Y6, Y4
+	ADDQ         $0x00000022, CX
+	ADDQ         $0x00000020, R14
+	ADDQ         $0x00000004, R15
+	SUBQ         $0x00000020, AX
+	JG           dotQ8_0AVX2x4_loop
+
+dotQ8_0AVX2x4_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y1, (R13)
+	VMOVUPS Y2, 64(R13)
+	VMOVUPS Y3, 128(R13)
+	VMOVUPS Y4, 192(R13)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ4_0AVX2x1(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), DI
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x08080808, DI
+	VMOVD        DI, X2
+	VPBROADCASTD X2, Y2
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), DI
+	VMOVUPS (DI), Y3
+	XORQ    R8, R8
+	XORQ    R9, R9
+	CMPQ    AX, $0x00
+	JLE     dotQ4_0AVX2x1_store
+
+dotQ4_0AVX2x1_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X4
+	VCVTPH2PS    X4, Y4
+	VMOVDQU      2(CX), X6
+	VPSRLW       $0x04, X6, X5
+	VINSERTI128  $0x01, X5, Y6, Y5
+	VPAND        Y1, Y5, Y5
+	VPSUBB       Y2, Y5, Y5
+	VPSIGNB      Y5, Y5, Y7
+	VMOVDQU      (BX)(R8*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SI)(R9*1), Y7
+	VMULPS       Y4, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y3
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000020, R8
+	ADDQ         $0x00000004, R9
+	SUBQ         $0x00000020, AX
+	JG           dotQ4_0AVX2x1_loop
+
+dotQ4_0AVX2x1_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y3, (DI)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ4_0AVX2x2(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), DI
+	LEAQ         (SI)(R8*1), R8
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, R9
 	VMOVD        R9, X1
 	VPBROADCASTD X1, Y1
+	MOVL         $0x08080808, R9
+	VMOVD        R9, X2
+	VPBROADCASTD X2, Y2
 
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R9
-	VMOVUPS (R9), Y2
-	VMOVUPS 32(R9), Y3
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R9
+	VMOVUPS (R9), Y3
 	VMOVUPS 64(R9), Y4
-	VMOVUPS 96(R9), Y5
-	VMOVUPS 128(R9), Y6
-	VMOVUPS 160(R9), Y7
-	VMOVUPS 192(R9), Y8
-	VMOVUPS 224(R9), Y9
 	XORQ    R10, R10
+	XORQ    R11, R11
 	CMPQ    AX, $0x00
-	JLE     rowQ4_0AVX2x4r1_store
+	JLE     dotQ4_0AVX2x2_store
 
-rowQ4_0AVX2x4r1_loop:
+dotQ4_0AVX2x2_loop:
 	PREFETCHT0   (CX)(DX*1)
-	VPBROADCASTW (CX), X10
-	VCVTPH2PS    X10, Y10
-	VMOVDQU      2(CX), X11
-	VPAND        X0, X11, X11
-	VPSUBB       X1, X11, X11
-	VPMOVSXBD    X11, Y12
-	VPSRLDQ      $0x08, X11, X11
-	VPMOVSXBD    X11, Y11
-	VCVTDQ2PS    Y12, Y12
-	VCVTDQ2PS    Y11, Y11
-	VMULPS       Y10, Y12, Y12
-	VMULPS       Y10, Y11, Y11
-	VFMADD231PS  (BX)(R10*1), Y12, Y2
-	VFMADD231PS  32(BX)(R10*1), Y11, Y3
-	VFMADD231PS  (DI)(R10*1), Y12, Y4
-	VFMADD231PS  32(DI)(R10*1), Y11, Y5
-	VFMADD231PS  (R8)(R10*1), Y12, Y6
-	VFMADD231PS  32(R8)(R10*1), Y11, Y7
-	VFMADD231PS  (SI)(R10*1), Y12, Y8
-	VFMADD231PS  32(SI)(R10*1), Y11, Y9
-	VMOVDQU      2(CX), X11
-	VPSRLW       $0x04, X11, X11
-	VPAND        X0, X11, X11
-	VPSUBB       X1, X11, X11
-	VPMOVSXBD    X11, Y12
-	VPSRLDQ      $0x08, X11, X11
-	VPMOVSXBD    X11, Y11
-	VCVTDQ2PS    Y12, Y12
-	VCVTDQ2PS    Y11, Y11
-	VMULPS       Y10, Y12, Y12
-	VMULPS       Y10, Y11, Y11
-	VFMADD231PS  64(BX)(R10*1), Y12, Y2
-	VFMADD231PS  96(BX)(R10*1), Y11, Y3
-	VFMADD231PS  64(DI)(R10*1), Y12, Y4
-	VFMADD231PS  96(DI)(R10*1), Y11, Y5
-	VFMADD231PS  64(R8)(R10*1), Y12, Y6
-	VFMADD231PS  96(R8)(R10*1), Y11, Y7
-	VFMADD231PS  64(SI)(R10*1), Y12, Y8
-	VFMADD231PS  96(SI)(R10*1), Y11, Y9
+	VPBROADCASTW (CX), X5
+	VCVTPH2PS    X5, Y5
+	VMOVDQU      2(CX), X7
+	VPSRLW       $0x04, X7, X6
+	VINSERTI128  $0x01, X6, Y7, Y6
+	VPAND        Y1, Y6, Y6
+	VPSUBB       Y2, Y6, Y6
+	VPSIGNB      Y6, Y6, Y8
+	VMOVDQU      (BX)(R10*1), Y9
+	VPSIGNB      Y6, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y9
+	VPMADDWD     Y0, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (SI)(R11*1), Y10
+	VMULPS       Y5, Y10, Y10
+	VFMADD231PS  Y10, Y9, Y3
+	VMOVDQU      (DI)(R10*1), Y9
+	VPSIGNB      Y6, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (R8)(R11*1), Y8
+	VMULPS       Y5, Y8, Y8
+	VFMADD231PS  Y8, Y6, Y4
 	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000080, R10
+	ADDQ         $0x00000020, R10
+	ADDQ         $0x00000004, R11
 	SUBQ         $0x00000020, AX
-	JG           rowQ4_0AVX2x4r1_loop
+	JG           dotQ4_0AVX2x2_loop
 
-rowQ4_0AVX2x4r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y2, (R9)
-	VMOVUPS Y3, 32(R9)
+dotQ4_0AVX2x2_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y3, (R9)
 	VMOVUPS Y4, 64(R9)
-	VMOVUPS Y5, 96(R9)
-	VMOVUPS Y6, 128(R9)
-	VMOVUPS Y7, 160(R9)
-	VMOVUPS Y8, 192(R9)
-	VMOVUPS Y9, 224(R9)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ4_0AVX2x3(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), R9
+	LEAQ         (SI)(R8*1), R10
+	LEAQ         (R9)(DI*1), DI
+	LEAQ         (R10)(R8*1), R8
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, R11
+	VMOVD        R11, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x08080808, R11
+	VMOVD        R11, X2
+	VPBROADCASTD X2, Y2
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R11
+	VMOVUPS (R11), Y3
+	VMOVUPS 64(R11), Y4
+	VMOVUPS 128(R11), Y5
+	XORQ    R12, R12
+	XORQ    R13, R13
+	CMPQ    AX, $0x00
+	JLE     dotQ4_0AVX2x3_store
+
+dotQ4_0AVX2x3_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X6
+	VCVTPH2PS    X6, Y6
+	VMOVDQU      2(CX), X8
+	VPSRLW       $0x04, X8, X7
+	VINSERTI128  $0x01, X7, Y8, Y7
+	VPAND        Y1, Y7, Y7
+	VPSUBB       Y2, Y7, Y7
+	VPSIGNB      Y7, Y7, Y9
+	VMOVDQU      (BX)(R12*1), Y10
+	VPSIGNB      Y7, Y10, Y10
+	VPMADDUBSW   Y10, Y9, Y10
+	VPMADDWD     Y0, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS (SI)(R13*1), Y11
+	VMULPS       Y6, Y11, Y11
+	VFMADD231PS  Y11, Y10, Y3
+	VMOVDQU      (R9)(R12*1), Y10
+	VPSIGNB      Y7, Y10, Y10
+	VPMADDUBSW   Y10, Y9, Y10
+	VPMADDWD     Y0, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS (R10)(R13*1), Y11
+	VMULPS       Y6, Y11, Y11
+	VFMADD231PS  Y11, Y10, Y4
+	VMOVDQU      (DI)(R12*1), Y10
+	VPSIGNB      Y7, Y10, Y10
+	VPMADDUBSW   Y10, Y9, Y7
+	VPMADDWD     Y0, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (R8)(R13*1), Y9
+	VMULPS       Y6, Y9, Y9
+	VFMADD231PS  Y9, Y7, Y5
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000020, R12
+	ADDQ         $0x00000004, R13
+	SUBQ         $0x00000020, AX
+	JG           dotQ4_0AVX2x3_loop
+
+dotQ4_0AVX2x3_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y3, (R11)
+	VMOVUPS Y4, 64(R11)
+	VMOVUPS Y5, 128(R11)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dotQ4_0AVX2x4(SB), NOSPLIT, $0-64
+	MOVQ         n+48(FP), AX
+	MOVQ         w+0(FP), CX
+	MOVQ         wstride+8(FP), DX
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), DI
+	MOVQ         dstride+40(FP), R8
+	LEAQ         (BX)(DI*1), R9
+	LEAQ         (SI)(R8*1), R10
+	LEAQ         (R9)(DI*1), R11
+	LEAQ         (R10)(R8*1), R12
+	LEAQ         (R11)(DI*1), DI
+	LEAQ         (R12)(R8*1), R8
+	MOVL         $0x00010001, R13
+	VMOVD        R13, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, R13
+	VMOVD        R13, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x08080808, R13
+	VMOVD        R13, X2
+	VPBROADCASTD X2, Y2
+
+	// One accumulator a vector: partial sums 0-7.
+	MOVQ    acc+56(FP), R13
+	VMOVUPS (R13), Y3
+	VMOVUPS 64(R13), Y4
+	VMOVUPS 128(R13), Y5
+	VMOVUPS 192(R13), Y6
+	XORQ    R14, R14
+	XORQ    R15, R15
+	CMPQ    AX, $0x00
+	JLE     dotQ4_0AVX2x4_store
+
+dotQ4_0AVX2x4_loop:
+	PREFETCHT0   (CX)(DX*1)
+	VPBROADCASTW (CX), X7
+	VCVTPH2PS    X7, Y7
+	VMOVDQU      2(CX), X9
+	VPSRLW       $0x04, X9, X8
+	VINSERTI128  $0x01, X8, Y9, Y8
+	VPAND        Y1, Y8, Y8
+	VPSUBB       Y2, Y8, Y8
+	VPSIGNB      Y8, Y8, Y10
+	VMOVDQU      (BX)(R14*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y0, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS (SI)(R15*1), Y12
+	VMULPS       Y7, Y12, Y12
+	VFMADD231PS  Y12, Y11, Y3
+	VMOVDQU      (R9)(R14*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y0, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS (R10)(R15*1), Y12
+	VMULPS       Y7, Y12, Y12
+	VFMADD231PS  Y12, Y11, Y4
+	VMOVDQU      (R11)(R14*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y0, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS (R12)(R15*1), Y12
+	VMULPS       Y7, Y12, Y12
+	VFMADD231PS  Y12, Y11, Y5
+	VMOVDQU      (DI)(R14*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (R8)(R15*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y6
+	ADDQ         $0x00000012, CX
+	ADDQ         $0x00000020, R14
+	ADDQ         $0x00000004, R15
+	SUBQ         $0x00000020, AX
+	JG           dotQ4_0AVX2x4_loop
+
+dotQ4_0AVX2x4_store:
+	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
+	VMOVUPS Y3, (R13)
+	VMOVUPS Y4, 64(R13)
+	VMOVUPS Y5, 128(R13)
+	VMOVUPS Y6, 192(R13)
 	VZEROUPPER
 	RET
 

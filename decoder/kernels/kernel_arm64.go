@@ -15,8 +15,8 @@ var neonKernel = &kernel{
 	name: KernelNEON,
 	f32:  asmBlock(asmKernels{{1: rowF32NEONx1r1}, {1: rowF32NEONx2r1}, {1: rowF32NEONx3r1}, {1: rowF32NEONx4r1}}),
 	bf16: asmBlock(asmKernels{{1: rowBF16NEONx1r1}, {1: rowBF16NEONx2r1}, {1: rowBF16NEONx3r1}, {1: rowBF16NEONx4r1}}),
-	q8_0: perRow(rowQ8Scalar),
-	q4:   perRow(rowQ4Scalar),
+	q8_0: perQRow(rowQ8Scalar),
+	q4:   perQRow(rowQ4Scalar),
 	ioF32: asmInOut(4, ioKernels{
 		{{64, inoutF32NEONx1w64}, {8, inoutF32NEONx1w8}}, {{32, inoutF32NEONx2w32}, {8, inoutF32NEONx2w8}},
 		{{16, inoutF32NEONx3w16}, {8, inoutF32NEONx3w8}}, {{16, inoutF32NEONx4w16}, {8, inoutF32NEONx4w8}}}),

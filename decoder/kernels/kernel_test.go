@@ -90,7 +90,105 @@ var mutations = []string{
 
 // modelKernel returns Go models of the AVX2 kernels, with mutation m.
 func modelKernel(m string) *kernel {
-	return &kernel{name: "model-" + m, f32: perRow(modelRow(F32, m)), bf16: perRow(modelRow(BF16, m)), q8_0: perRow(modelRow(Q8_0, m)), q4: perRow(modelRow(Q4_0, m))}
+	return &kernel{name: "model-" + m, f32: perRow(modelRow(F32, m)), bf16: perRow(modelRow(BF16, m)), q8_0: perQRow(modelQRow(Q8_0, m)), q4: perQRow(modelQRow(Q4_0, m))}
+}
+
+// modelQRow models the AVX2 block-format kernels: one 8-lane accumulator
+// a vector, loaded and stored around a run of columns, groups of four
+// vectors, each block's weights unpacked into 32 signed bytes, 16-bit
+// sums of adjacent pairs, 32-bit sums of adjacent pairs of those.
+func modelQRow(t DType, m string) qrowFunc {
+	return func(w []byte, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *accs) {
+		for b0 := 0; b0 < nb; b0 += 4 {
+			k := min(4, nb-b0)
+			xo, do := b0*xstride, b0*dstride
+			if m == "second-group-same-x" {
+				xo, do = 0, 0
+			}
+			var y [4][QLanes]float32
+			var y64 [4][QLanes]float64
+			for b := range k {
+				if m != "acc-not-loaded" {
+					copy(y[b][:], acc[b0+b][:QLanes])
+				}
+				for j := range QLanes {
+					y64[b][j] = float64(y[b][j])
+				}
+			}
+			for c := 0; c < n; c += BlockSize {
+				if m == "skips-last-16-columns" && c+BlockSize == n && n > BlockSize {
+					break
+				}
+				q, dw := modelQLoad(t, w, c, m)
+				for b := range k {
+					xb := qx[xo+b*xstride+c:]
+					s := dw * xd[do+b*dstride+c/BlockSize]
+					for j := range QLanes {
+						l := j
+						if m == "lanes-0-1-swapped" && j < 2 {
+							l = 1 - j
+						}
+						var dot int32
+						for i := 4 * j; i < 4*j+4; i++ {
+							dot += q[i] * int32(int8(xb[i]))
+						}
+						switch m {
+						case "unfused-multiply-add":
+							y[b][l] = y[b][l] + float32(float32(dot)*s)
+						case "float64-accumulator":
+							y64[b][l] += float64(dot) * float64(s)
+						default:
+							y[b][l] = FMA32(float32(dot), s, y[b][l])
+						}
+					}
+				}
+			}
+			for b := range k {
+				if m == "float64-accumulator" {
+					for j := range QLanes {
+						y[b][j] = float32(y64[b][j])
+					}
+				}
+				copy(acc[b0+b][:QLanes], y[b][:])
+			}
+		}
+	}
+}
+
+// modelQLoad returns the quants and the scale of the block at column c.
+func modelQLoad(t DType, w []byte, c int, m string) ([BlockSize]int32, float32) {
+	var q [BlockSize]int32
+	bb := q8BlockBytes
+	if t == Q4_0 {
+		bb = q4BlockBytes
+	}
+	blk := w[c/BlockSize*bb:]
+	d := HalfToFloat32(le16(blk))
+	if m == "scale-as-bf16" {
+		d = BF16ToFloat32(le16(blk))
+	}
+	switch t {
+	case Q8_0:
+		for i := range BlockSize {
+			q[i] = int32(int8(blk[2+i]))
+			if m == "q8-unsigned-bytes" {
+				q[i] = int32(blk[2+i])
+			}
+		}
+	case Q4_0:
+		off := int32(8)
+		if m == "q4-unsigned-nibbles" {
+			off = 0
+		}
+		for j := range BlockSize / 2 {
+			lo, hi := int32(blk[2+j]&0xf)-off, int32(blk[2+j]>>4)-off
+			if m == "q4-nibbles-swapped" {
+				lo, hi = hi, lo
+			}
+			q[j], q[j+BlockSize/2] = lo, hi
+		}
+	}
+	return q, d
 }
 
 func modelRow(t DType, m string) rowFunc {

@@ -82,6 +82,10 @@ type Pool struct {
 	// on the heap once, since a frame's would escape through the
 	// kernel's function value.
 	scratch []chunkScratch
+	// qx and xd hold the vectors of a block format's product quantized
+	// (quantizeActs), under mu: grown, never shrunk.
+	qx []byte
+	xd []float32
 }
 
 // job is one product, split into chunks of rows.
@@ -93,6 +97,8 @@ type job struct {
 	fn     func(chunk int) // Parallel's function, or nil
 	rb     int             // bytes of a row of an in-out product
 	x, y   []float32       // y: an in-out product's
+	qx     []byte          // x quantized, for the block formats' parts
+	xd     []float32       // the scales of qx's blocks
 	batch  int
 	chunks int
 	tile   int // columns a tile
@@ -106,12 +112,13 @@ type job struct {
 
 // part is one matrix of a row product and its output.
 type part struct {
-	w   Matrix
-	row blockFunc
-	rb  int // bytes of a row
-	n   int // columns the row function covers
-	b32 int // bytes of 32 columns
-	y   []float32
+	w    Matrix
+	row  blockFunc  // F32 and BF16
+	qrow qblockFunc // the block formats
+	rb   int        // bytes of a row
+	n    int        // columns the row function covers
+	b32  int        // bytes of 32 columns
+	y    []float32
 }
 
 // MaxShared is the most matrices one MatMuls call multiplies with the
@@ -315,8 +322,9 @@ func MatMul(y []float32, w Matrix, x []float32, batch int) error {
 
 // MatMul computes y[b*Rows+r] = sum over c of W[r][c] * x[b*Cols+c] for
 // the batch vectors b (1 to MaxBatch), reading each weight from memory
-// once for all of them and dequantizing it in registers. x holds
-// batch*Cols values, y batch*Rows; the sums follow the accumulation order
+// once for all of them and widening it in registers (a block format's
+// weights multiply the vectors quantized to 8-bit blocks, as the package
+// documentation says). x holds batch*Cols values, y batch*Rows; the sums follow the accumulation order
 // of the package documentation, so every kernel and every split gives the
 // same bits. Bad shapes return an error and leave y untouched.
 func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
@@ -331,6 +339,7 @@ func (p *Pool) MatMul(y []float32, w Matrix, x []float32, batch int) error {
 	}
 	p.job = job{reduce: p.k.reduceRows(), x: x, batch: batch}
 	p.job.addPart(p.k, w, y, rb)
+	p.quantizeX(w.Cols)
 	p.runRows()
 	return nil
 }
@@ -365,6 +374,7 @@ func (p *Pool) MatMuls(ys [][]float32, ws []Matrix, x []float32, batch int) erro
 	for i, w := range ws {
 		p.job.addPart(p.k, w, ys[i], rbs[i])
 	}
+	p.quantizeX(ws[0].Cols)
 	p.runRows()
 	return nil
 }
@@ -377,9 +387,30 @@ func (j *job) addPart(k *kernel, w Matrix, y []float32, rb int) {
 		n = w.Cols
 	}
 	b32, _ := RowBytes(w.Type, BlockSize)
-	j.parts[j.nparts] = part{w: w, row: k.row(w.Type), rb: rb, n: n, b32: b32, y: y}
+	j.parts[j.nparts] = part{w: w, row: k.row(w.Type), qrow: k.qrow(w.Type), rb: rb, n: n, b32: b32, y: y}
 	j.nparts++
 	j.rows += w.Rows
+}
+
+// quantizeX quantizes the vectors of the row product p.job (its parts
+// added, under p.mu; cols columns) for its block formats' parts, once
+// for all of them, into the pool's buffers.
+func (p *Pool) quantizeX(cols int) {
+	j := &p.job
+	quant := false
+	for k := range j.nparts {
+		quant = quant || j.parts[k].w.Type.quantized()
+	}
+	if !quant || cols == 0 {
+		return
+	}
+	n := j.batch * cols
+	if len(p.qx) < n {
+		p.qx = make([]byte, n)
+		p.xd = make([]float32, n/BlockSize)
+	}
+	j.qx, j.xd = p.qx[:n], p.xd[:n/BlockSize]
+	quantizeActs(j.qx, j.xd, j.x)
 }
 
 // runRows splits the row product p.job (its parts added, under p.mu)
@@ -467,6 +498,10 @@ func (j *job) runPart(pt *part, sc *chunkScratch, lo, hi int) {
 		for c0 := 0; c0 < pt.n; c0 += j.tile {
 			nc := min(j.tile, pt.n-c0)
 			off := c0 / BlockSize * pt.b32
+			if pt.qrow != nil {
+				pt.qrow(pt.w.Data[r0*pt.rb+off:r1*pt.rb], pt.rb, r1-r0, nc, j.qx[c0:], j.xd[c0/BlockSize:], cols, cols/BlockSize, j.batch, &sc.acc)
+				continue
+			}
 			pt.row(pt.w.Data[r0*pt.rb+off:r1*pt.rb], pt.rb, r1-r0, nc, j.x[c0:], cols, j.batch, &sc.acc)
 		}
 		for b := range j.batch {

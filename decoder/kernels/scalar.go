@@ -121,33 +121,113 @@ func rowBF16Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
 	}
 }
 
-func rowQ8Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
-	var wv [Lanes]float32
-	for c := 0; c < n; c += BlockSize {
-		blk := w[c/BlockSize*q8BlockBytes:]
-		d := HalfToFloat32(le16(blk))
-		for h := 0; h < BlockSize; h += Lanes {
-			for j := range Lanes {
-				wv[j] = float32(int8(blk[2+h+j])) * d
-			}
-			lanesFMA(&wv, c+h, x, xstride, nb, acc)
+// qrowFunc is a rowFunc of the block formats, which multiply their
+// weights with the vectors quantized to blocks of 8-bit integers
+// (quantizeActs): qx holds vector b's quants for the run's columns from
+// qx[b*xstride] on, xd its blocks' scales from xd[b*dstride] on. It adds
+// into partial sums 0-7 only: partial sum j takes, block after block, the
+// integer dot product of the block's columns 4j..4j+3, times the product
+// of the two blocks' scales, one FMA32 each (see the package
+// documentation); partial sums 8-15 stay as they are.
+type qrowFunc func(w []byte, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *accs)
+
+// qblockFunc is a qrowFunc over nrows ≤ rowBlock rows, row r's weights
+// from w[r*wstride] on, its partial sums acc[r].
+type qblockFunc func(w []byte, wstride, nrows, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *[rowBlock]accs)
+
+// perQRow makes a qblockFunc of a qrowFunc, one row after the other.
+func perQRow(f qrowFunc) qblockFunc {
+	return func(w []byte, wstride, nrows, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *[rowBlock]accs) {
+		for r := range nrows {
+			f(w[r*wstride:], n, qx, xd, xstride, dstride, nb, &acc[r])
 		}
 	}
 }
 
-func rowQ4Scalar(w []byte, n int, x []float32, xstride, nb int, acc *accs) {
-	var wv [Lanes]float32
+// QLanes is the number of partial sums of a block format's products: a
+// block of BlockSize columns feeds each of them the integer dot product
+// of 4 consecutive columns.
+const QLanes = 8
+
+func rowQ8Scalar(w []byte, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *accs) {
+	var q [BlockSize]int32
+	for c := 0; c < n; c += BlockSize {
+		blk := w[c/BlockSize*q8BlockBytes:]
+		for i := range BlockSize {
+			q[i] = int32(int8(blk[2+i]))
+		}
+		blockDot(&q, HalfToFloat32(le16(blk)), c, qx, xd, xstride, dstride, nb, acc)
+	}
+}
+
+func rowQ4Scalar(w []byte, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *accs) {
+	var q [BlockSize]int32
 	for c := 0; c < n; c += BlockSize {
 		blk := w[c/BlockSize*q4BlockBytes:]
-		d := HalfToFloat32(le16(blk))
-		for j := range Lanes {
-			wv[j] = float32(int32(blk[2+j]&0xf)-8) * d
+		for j := range BlockSize / 2 {
+			q[j] = int32(blk[2+j]&0xf) - 8
+			q[j+BlockSize/2] = int32(blk[2+j]>>4) - 8
 		}
-		lanesFMA(&wv, c, x, xstride, nb, acc)
-		for j := range Lanes {
-			wv[j] = float32(int32(blk[2+j]>>4)-8) * d
+		blockDot(&q, HalfToFloat32(le16(blk)), c, qx, xd, xstride, dstride, nb, acc)
+	}
+}
+
+// blockDot adds one block of weights (quants q, scale dw; the block's
+// first column c) times every vector's quantized block into partial sums
+// 0-7: partial sum j takes float32(sum of q[4j+i]*qx[4j+i], i < 4), an
+// exact integer, times dw*dx (exact: two binary16 significands), one
+// FMA32.
+func blockDot(q *[BlockSize]int32, dw float32, c int, qx []byte, xd []float32, xstride, dstride, nb int, acc *accs) {
+	for b := range nb {
+		xb := qx[b*xstride+c : b*xstride+c+BlockSize]
+		s := dw * xd[b*dstride+c/BlockSize]
+		a := &acc[b]
+		for j := range QLanes {
+			var dot int32
+			for i := 4 * j; i < 4*j+4; i++ {
+				dot += q[i] * int32(int8(xb[i]))
+			}
+			a[j] = FMA32(float32(dot), s, a[j])
 		}
-		lanesFMA(&wv, c+Lanes, x, xstride, nb, acc)
+	}
+}
+
+// quantizeActs quantizes the values of x (a multiple of BlockSize of
+// them) to blocks of 8-bit integers, as the block formats' products
+// multiply them: for each block, amax = max |x|, the scale
+// d = amax/127 rounded to binary16 (widened back into xd), id = 127/amax
+// (0 when amax is 0), and quant i = x[i]*id (binary32) rounded to the
+// nearest integer, ties to even, clamped to ±127 (a NaN gives 0). The
+// rounding is VCVTPS2DQ's under the default rounding mode, so that the
+// SIMD quantizers write the same bytes.
+func quantizeActs(qx []byte, xd []float32, x []float32) {
+	for b := 0; b < len(x)/BlockSize; b++ {
+		v := x[b*BlockSize : (b+1)*BlockSize]
+		var amax float32
+		for _, f := range v {
+			if a := abs32(f); a > amax || a != a {
+				amax = a
+			}
+		}
+		xd[b] = HalfToFloat32(Float32ToHalf(amax / 127))
+		var id float32
+		if amax != 0 {
+			id = 127 / amax
+		}
+		q := qx[b*BlockSize : (b+1)*BlockSize]
+		for i, f := range v {
+			p := float32(f * id)
+			switch {
+			case p != p:
+				q[i] = 0
+			case p >= 127:
+				q[i] = 127
+			case p <= -127:
+				q[i] = byte(0x81) // -127
+			default:
+				q[i] = byte(int8(math.RoundToEven(float64(p))))
+			}
+		}
 	}
 }
 

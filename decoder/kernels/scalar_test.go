@@ -77,7 +77,8 @@ func TestFMA32(t *testing.T) {
 }
 
 // TestScalarAgainstFloat64 bounds the scalar reference's error against
-// the float64 dot product of the same (dequantized) weights: |ref - exact|
+// the float64 dot product of the same (dequantized) weights and, for the
+// block formats, the vectors as quantizeActs quantizes them: |ref - exact|
 // ≤ k * 2^-24 * sum |w*x| with k = ceil(cols/16) + 4 + 15, the roundings
 // on the longest path of the contract (a lane's fused multiply-adds, the
 // four additions of the tree, the tail's fused multiply-adds), times 1.01
@@ -101,6 +102,11 @@ func TestScalarAgainstFloat64(t *testing.T) {
 		wf := make([]float32, rows*cols)
 		if err := Dequantize(wf, ty, w.Data); err != nil {
 			t.Fatal(err)
+		}
+		if ty.quantized() {
+			// The block formats multiply the vectors quantized: the
+			// bound holds against the quantized values.
+			x = quantizedValues(x)
 		}
 		k := float64((cols+15)/16 + 4 + 15)
 		for b := range batch {
@@ -132,5 +138,58 @@ func TestReduceTree(t *testing.T) {
 	// s2 = {2^24+2, -2^24}; sum 2.
 	if got := reduce16(&acc); got != 2 {
 		t.Fatalf("reduce16 = %v, want 2", got)
+	}
+}
+
+// quantizedValues returns the values quantizeActs gives x (a multiple of
+// BlockSize long): each quant times its block's scale.
+func quantizedValues(x []float32) []float32 {
+	qx, xd := make([]byte, len(x)), make([]float32, len(x)/BlockSize)
+	quantizeActs(qx, xd, x)
+	out := make([]float32, len(x))
+	for i := range out {
+		out[i] = float32(int8(qx[i])) * xd[i/BlockSize]
+	}
+	return out
+}
+
+// TestQuantizeActsGolden quantizes hand-computed blocks: the scale is
+// amax/127 rounded to binary16, the quants x*127/amax rounded to the
+// nearest integer with ties to even, and a block of zeros is all zeros.
+func TestQuantizeActsGolden(t *testing.T) {
+	x := make([]float32, 3*BlockSize)
+	// Block 0: amax 127, so id = 1 and the quants are x rounded, ties to even.
+	copy(x, []float32{127, 2.5, 3.5, -2.5, -3.5, 0.5, -0.5, 1.49, -126.6, 100.5})
+	// Block 1: amax 1 (id 127, d = 1/127 rounded to binary16).
+	copy(x[BlockSize:], []float32{1, -1, 0.5, -0.25, 1.0 / 254})
+	// Block 2: zeros.
+	qx, xd := make([]byte, len(x)), make([]float32, len(x)/BlockSize)
+	quantizeActs(qx, xd, x)
+	want0 := []int8{127, 2, 4, -2, -4, 0, 0, 1, -127, 100}
+	for i, w := range want0 {
+		if int8(qx[i]) != w {
+			t.Errorf("block 0 quant %d of %v: %d, want %d", i, x[i], int8(qx[i]), w)
+		}
+	}
+	if xd[0] != 1 {
+		t.Errorf("block 0 scale %v, want 1", xd[0])
+	}
+	// 127*0.5 = 63.5 rounds to 64; 127*-0.25 = -31.75 to -32; 127/254 = 0.5 to 0.
+	want1 := []int8{127, -127, 64, -32, 0}
+	for i, w := range want1 {
+		if int8(qx[BlockSize+i]) != w {
+			t.Errorf("block 1 quant %d of %v: %d, want %d", i, x[BlockSize+i], int8(qx[BlockSize+i]), w)
+		}
+	}
+	if want := HalfToFloat32(Float32ToHalf(float32(1) / 127)); xd[1] != want || xd[1] == float32(1)/127 {
+		t.Errorf("block 1 scale %v, want %v (1/127 rounded to binary16)", xd[1], want)
+	}
+	for i := 2 * BlockSize; i < len(x); i++ {
+		if qx[i] != 0 {
+			t.Fatalf("quant %d of a block of zeros: %d", i, int8(qx[i]))
+		}
+	}
+	if xd[2] != 0 {
+		t.Errorf("scale of a block of zeros %v", xd[2])
 	}
 }

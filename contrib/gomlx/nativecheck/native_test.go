@@ -30,6 +30,16 @@ import (
 // exp, erf and cos implementations; the measured worst case is printed.
 const tolerance = 2e-5
 
+// quantTolerance is the same bound for a model whose matrices are Q8_0
+// or Q4_0 blocks, against GoMLX on the dequantized weights: the native
+// decoder multiplies them with the activations quantized to 8-bit blocks
+// (as llama.cpp does; decoder/kernels' documentation), which moves a
+// product by up to about 0.4% of its block's largest input times its
+// weights. The greedy tokens may then part at a near tie: the first
+// position where they do must be one where GoMLX's logits of the two
+// tokens lie within quantTolerance of each other.
+const quantTolerance = 0.05
+
 func backend(t testing.TB) compute.Backend {
 	t.Helper()
 	b, err := compute.NewWithConfig("go:ops_sequential")
@@ -218,7 +228,7 @@ func TestNativeDecoderMatchesGoMLX(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			compareWithGoMLX(ctx, t, be, pool, store, tc.fn, c, &mw, lw, i)
+			compareWithGoMLX(ctx, t, be, pool, store, tc.fn, c, &mw, lw, i, tolerance)
 		})
 	}
 }
@@ -244,7 +254,7 @@ func TestNativeZooConfigRefuses(t *testing.T) {
 // 5-token prompt, then greedy steps, 2 sequences) and holds every step's
 // logits to GoMLX's forward pass of the model in store on the same tokens,
 // and the greedy tokens to GoMLX's generator.
-func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, pool *kernels.Pool, store *model.Store, fn generate.ModelFn, c decoder.Config, mw *decoder.ModelWeights, lw []decoder.LayerWeights, i int) {
+func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, pool *kernels.Pool, store *model.Store, fn generate.ModelFn, c decoder.Config, mw *decoder.ModelWeights, lw []decoder.LayerWeights, i int, tol float64) {
 	t.Helper()
 	const P, S = 5, 6
 	prompts := testPrompts(2, P, c.Vocab, i)
@@ -268,8 +278,8 @@ func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, poo
 			for k := range w {
 				e := math.Abs(float64(g[k])-float64(w[k])) / scale
 				worst = max(worst, e)
-				if e > tolerance {
-					t.Fatalf("step %d sequence %d logit %d: native %v, GoMLX %v (relative error %.3g > %g)", s, b, k, g[k], w[k], e, tolerance)
+				if e > tol {
+					t.Fatalf("step %d sequence %d logit %d: native %v, GoMLX %v (relative error %.3g > %g)", s, b, k, g[k], w[k], e, tol)
 				}
 			}
 		}
@@ -281,7 +291,30 @@ func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, poo
 		t.Fatal(err)
 	}
 	if fmt.Sprint(ref) != fmt.Sprint(gen) {
-		t.Fatalf("greedy tokens: native %v, GoMLX's generator %v", gen, ref)
+		if tol == tolerance {
+			t.Fatalf("greedy tokens: native %v, GoMLX's generator %v", gen, ref)
+		}
+		// Quantized activations: the sequences may part where GoMLX's
+		// logits of the two tokens nearly tie (same prefix until then,
+		// so want holds GoMLX's logits of that position).
+		for b := range gen {
+			for s := range gen[b] {
+				if gen[b][s] == ref[b][s] {
+					continue
+				}
+				w := want[b][P-1+s]
+				scale := 1.0
+				for _, v := range w {
+					scale = max(scale, math.Abs(float64(v)))
+				}
+				gap := math.Abs(float64(w[gen[b][s]]-w[ref[b][s]])) / scale
+				if gap > tol {
+					t.Fatalf("greedy tokens: native %v, GoMLX's generator %v: sequence %d parts at step %d, GoMLX's logits %v (token %d) and %v (token %d) %.3g apart, not a near tie", gen, ref, b, s, w[gen[b][s]], gen[b][s], w[ref[b][s]], ref[b][s], gap)
+				}
+				t.Logf("sequence %d parts at step %d at a near tie: GoMLX's logits %v (native's token %d), %v (its token %d)", b, s, w[gen[b][s]], gen[b][s], w[ref[b][s]], ref[b][s])
+				break
+			}
+		}
 	}
 	distinct := map[int32]bool{}
 	for _, g := range gen {
@@ -296,8 +329,9 @@ func compareWithGoMLX(ctx context.Context, t *testing.T, be compute.Backend, poo
 
 // TestNativeQuantizedMatchesGoMLX: a model whose matrices and embedding
 // the native decoder reads as Q8_0 or Q4_0 blocks gives GoMLX's logits
-// (within the tolerance) and greedy tokens on the same model with those
-// weights dequantized (the zoo's output head, stored in-out, stays f32).
+// (within quantTolerance) and greedy tokens (or ones that part at a near
+// tie) on the same model with those weights dequantized (the zoo's output
+// head, stored in-out, stays f32).
 func TestNativeQuantizedMatchesGoMLX(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
@@ -365,7 +399,7 @@ func TestNativeQuantizedMatchesGoMLX(t *testing.T) {
 			if want := 1 + c.Layers*6; quantized != want {
 				t.Fatalf("%d matrices quantized, want %d", quantized, want)
 			}
-			compareWithGoMLX(ctx, t, be, pool, store, fn, c, &mw, lw, i)
+			compareWithGoMLX(ctx, t, be, pool, store, fn, c, &mw, lw, i, quantTolerance)
 		})
 	}
 }

@@ -9,13 +9,14 @@
 // never of zinf: the generated files are committed and build with nothing
 // but the Go toolchain.
 //
-// Every kernel computes, for a run of columns of one row of weights and
-// one to four vectors, exactly what the scalar reference (rowF32Scalar ...
-// rowQ4Scalar in ../../scalar.go) computes: partial sum j (of 16) takes
-// columns c ≡ j mod 16, each step a fused multiply-add rounded once
-// (VFMADD231PS, as FMA32), the weights widened exactly (bf16 by a shift,
-// int8 and nibbles through VCVTDQ2PS, times the binary16 scale widened by
-// VCVTPH2PS: products that are exact in binary32). Two YMM registers hold
+// Every f32 and bf16 kernel computes, for a run of columns of one row of
+// weights and one to four vectors, exactly what the scalar reference
+// (rowF32Scalar, rowBF16Scalar in ../../scalar.go) computes: partial sum
+// j (of 16) takes columns c ≡ j mod 16, each step a fused multiply-add
+// rounded once (VFMADD231PS, as FMA32), the weights widened exactly (bf16
+// by a shift). The block formats' kernels (genQ) multiply with vectors
+// quantized to 8-bit blocks in integers, into 8 partial sums, as
+// rowQ8Scalar and rowQ4Scalar do. Two YMM registers hold
 // the 16 partial sums of a vector; they are loaded from and stored back to
 // memory, so that a row can be taken in column tiles, and the caller
 // reduces them in the fixed tree of reduce16, with reduceAVX2 here. The
@@ -66,7 +67,9 @@ var mutations = []string{
 	"acc-stride-32",      // vector b's partial sums stored at the wrong place
 	"q4-nibbles-swapped", // high nibbles for columns 0-15
 	"q4-no-offset",       // nibbles without the offset 8
-	"q8-zero-extend",     // quants widened as unsigned bytes
+	"q-sign-dropped",     // the vector's quants multiplied with |w|, not w
+	"q-x-scale-ignored",  // the weights' scale alone, not times the vector's
+	"q-lanes-pairs",      // partial sums of 2 columns (VPMADDUBSW's pairs) summed in another grouping
 	"bf16-shift-15",      // bf16 widened by a 15-bit shift
 	"drops-last-step",    // one loop iteration too few
 	"x-stride-ignored",   // every vector read at the first vector's address
@@ -133,53 +136,16 @@ func main() {
 			VPSLLD(shift, b, b)
 			return a, b
 		}}
-	q8 := dtype{name: "Q8_0", cols: 32, wstep: 34, scale: halfScale, prefetch: true,
-		load: func(w Register, _ []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
-			a, b := YMM(), YMM()
-			if mutation == "q8-zero-extend" {
-				VPMOVZXBD(Mem{Base: w, Disp: 2 + h}, a)
-			} else {
-				VPMOVSXBD(Mem{Base: w, Disp: 2 + h}, a)
-			}
-			VPMOVSXBD(Mem{Base: w, Disp: 2 + h + 8}, b)
-			VCVTDQ2PS(a, a)
-			VCVTDQ2PS(b, b)
-			VMULPS(d, a, a)
-			VMULPS(d, b, b)
-			return a, b
-		}}
-	q4 := dtype{name: "Q4_0", cols: 32, wstep: 18, scale: halfScale, prefetch: true,
-		prepare: func() []VecVirtual {
-			// Byte constants: the nibble mask and the offset 8.
-			return []VecVirtual{byteConst(0x0f), byteConst(0x08)}
-		},
-		load: func(w Register, k []VecVirtual, h int, d VecVirtual) (VecVirtual, VecVirtual) {
-			// Columns [0,16) are the low nibbles of the 16 bytes,
-			// [16,32) the high ones.
-			q := XMM()
-			VMOVDQU(Mem{Base: w, Disp: 2}, q)
-			if (h != 0) != (mutation == "q4-nibbles-swapped") {
-				VPSRLW(U8(4), q, q)
-			}
-			VPAND(k[0].AsX(), q, q)
-			if mutation != "q4-no-offset" {
-				VPSUBB(k[1].AsX(), q, q) // nibble - 8, a signed byte
-			}
-			a, b := YMM(), YMM()
-			VPMOVSXBD(q, a)
-			VPSRLDQ(U8(8), q, q)
-			VPMOVSXBD(q, b)
-			VCVTDQ2PS(a, a)
-			VCVTDQ2PS(b, b)
-			VMULPS(d, a, a)
-			VMULPS(d, b, b)
-			return a, b
-		}}
-	for _, t := range []dtype{f32, bf16, q8, q4} {
+	for _, t := range []dtype{f32, bf16} {
 		for nb := 1; nb <= maxNB; nb++ {
 			for _, rows := range rowsOf(t, nb) {
 				gen(t, nb, rows)
 			}
+		}
+	}
+	for _, t := range []string{"Q8_0", "Q4_0"} {
+		for nb := 1; nb <= maxNB; nb++ {
+			genQ(t, nb)
 		}
 	}
 	gen(f32, 0, 1) // the memory-read kernel
@@ -603,6 +569,153 @@ func genInOut(t ioType, nb, width int) {
 	ADDQ(U32(t.bytes*width), wt)
 	SUBQ(U32(width), n)
 	JG(LabelRef(name + "_tile"))
+	VZEROUPPER()
+	RET()
+}
+
+// genQ emits dot<T>AVX2x<nb>(w *byte, wstride int, qx *byte, xd
+// *float32, xstride, dstride, n int, acc *float32): for one row of n
+// weights of the block format t (Q8_0 or Q4_0; n a positive multiple of
+// 32) and nb vectors quantized to blocks of 8-bit integers (vector b's
+// quants at qx + b*xstride bytes, its blocks' binary32 scales at xd +
+// b*dstride bytes), it adds into partial sums 0-7 of vector b at acc +
+// 64*b bytes, block after block, the integer dot products of columns
+// 4j..4j+3 (VPSIGNB moves the weights' signs onto the vector's quants,
+// VPMADDUBSW multiplies those with |w| and adds pairs, exactly: |w| ≤
+// 128 and |x| ≤ 127, VPMADDWD adds the pairs' pairs) converted to
+// binary32 (exact) times the product of the two scales (exact), one fused
+// multiply-add each: the order of the scalar reference (rowQ8Scalar,
+// rowQ4Scalar). It prefetches the next row (wstride bytes on) at the
+// columns it reads, as the other narrow formats do.
+func genQ(t string, nb int) {
+	name := fmt.Sprintf("dot%sAVX2x%d", t, nb)
+	TEXT(name, NOSPLIT, "func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s adds the products of n %s weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.", name, t, nb))
+	n := Load(Param("n"), GP64())
+	w := Load(Param("w"), GP64())
+	pf := Load(Param("wstride"), GP64())
+	xs, ds := make([]Register, nb), make([]Register, nb)
+	{
+		x := Load(Param("qx"), GP64())
+		d := Load(Param("xd"), GP64())
+		xstride := Load(Param("xstride"), GP64())
+		dstride := Load(Param("dstride"), GP64())
+		if mutation == "x-stride-ignored" {
+			XORQ(xstride, xstride)
+			XORQ(dstride, dstride)
+		}
+		xs[0], ds[0] = x, d
+		for b := 1; b < nb; b++ {
+			xs[b], ds[b] = GP64(), GP64()
+			LEAQ(Mem{Base: xs[b-1], Index: xstride, Scale: 1}, xs[b])
+			LEAQ(Mem{Base: ds[b-1], Index: dstride, Scale: 1}, ds[b])
+		}
+	}
+	ones := YMM() // sixteen int16 ones, for VPMADDWD
+	{
+		r := GP32()
+		MOVL(U32(0x00010001), r)
+		x := XMM()
+		VMOVD(r, x)
+		VPBROADCASTD(x, ones)
+	}
+	var mask, eight VecVirtual
+	if t == "Q4_0" {
+		mask, eight = byteConst(0x0f), byteConst(0x08)
+	}
+	Comment("One accumulator a vector: partial sums 0-7.")
+	accp := Load(Param("acc"), GP64())
+	acc := make([]VecVirtual, nb)
+	for b := range nb {
+		acc[b] = YMM()
+		if mutation == "acc-not-loaded" {
+			VXORPS(acc[b], acc[b], acc[b])
+		} else {
+			VMOVUPS(Mem{Base: accp, Disp: 64 * b}, acc[b])
+		}
+	}
+	i, k := GP64(), GP64() // byte offsets into the quants and the scales
+	XORQ(i, i)
+	XORQ(k, k)
+	if mutation == "drops-last-step" {
+		SUBQ(U32(32), n)
+	}
+	CMPQ(n, U8(0))
+	JLE(LabelRef(name + "_store"))
+	Label(name + "_loop")
+	PREFETCHT0(Mem{Base: w, Index: pf, Scale: 1})
+	dw := halfScale(w)
+	q := YMM()
+	if t == "Q8_0" {
+		VMOVDQU(Mem{Base: w, Disp: 2}, q)
+	} else {
+		// Columns [0,16) are the low nibbles of the 16 bytes, [16,32)
+		// the high ones: one register of 32 bytes, nibble - 8 each.
+		lo, hi := XMM(), XMM()
+		VMOVDQU(Mem{Base: w, Disp: 2}, lo)
+		VPSRLW(U8(4), lo, hi)
+		if mutation == "q4-nibbles-swapped" {
+			lo, hi = hi, lo
+		}
+		VINSERTI128(U8(1), hi, lo.AsY(), q)
+		VPAND(mask, q, q)
+		if mutation != "q4-no-offset" {
+			VPSUBB(eight, q, q)
+		}
+	}
+	abs := YMM()
+	VPSIGNB(q, q, abs) // |w|, as unsigned bytes (-128 is 128)
+	for b := range nb {
+		sx := YMM()
+		if mutation == "q-sign-dropped" {
+			VMOVDQU(Mem{Base: xs[b], Index: i, Scale: 1}, sx)
+		} else {
+			VMOVDQU(Mem{Base: xs[b], Index: i, Scale: 1}, sx)
+			VPSIGNB(q, sx, sx) // x * sign(w)
+		}
+		pairs := YMM()
+		VPMADDUBSW(sx, abs, pairs)
+		dots := YMM()
+		if mutation == "q-lanes-pairs" {
+			// Pairs of pairs two apart: another grouping of the columns.
+			sh := YMM()
+			VPSHUFD(U8(0xd8), pairs, sh)
+			VPMADDWD(ones, sh, dots)
+		} else {
+			VPMADDWD(ones, pairs, dots)
+		}
+		VCVTDQ2PS(dots, dots)
+		s := YMM()
+		if mutation == "q-x-scale-ignored" {
+			VMOVAPS(dw, s)
+		} else {
+			VBROADCASTSS(Mem{Base: ds[b], Index: k, Scale: 1}, s)
+			VMULPS(dw, s, s)
+		}
+		if mutation == "unfused" {
+			VMULPS(s, dots, dots)
+			VADDPS(dots, acc[b], acc[b])
+		} else {
+			VFMADD231PS(s, dots, acc[b])
+		}
+	}
+	blockBytes := map[string]int{"Q8_0": 34, "Q4_0": 18}[t]
+	ADDQ(U32(blockBytes), w)
+	ADDQ(U32(32), i)
+	ADDQ(U32(4), k)
+	SUBQ(U32(32), n)
+	JG(LabelRef(name + "_loop"))
+
+	Label(name + "_store")
+	Comment("Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).")
+	for b := range nb {
+		disp := 64 * b
+		if mutation == "acc-stride-32" {
+			disp = 32 * b
+		}
+		VMOVUPS(acc[b], Mem{Base: accp, Disp: disp})
+	}
 	VZEROUPPER()
 	RET()
 }
