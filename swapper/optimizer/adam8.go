@@ -140,10 +140,11 @@ func (k *kernel) adamRecordSplit(l RecordLayout, rec, g []float32, a *adamArgs, 
 }
 
 // adam8ScratchLen is the float32s of the scratch the 8-bit kernels get:
-// a block's new exp_avg and exp_avg_sq, then room for 16 constants
-// broadcast to 16 lanes (which the AVX2 kernel reads from memory to keep
-// its registers for the update).
-const adam8ScratchLen = 2*Blockwise8BlockSize + 16*16
+// a block's new exp_avg and exp_avg_sq; the next block's map entries of
+// both (AVX2); then room for 16 constants broadcast to 16 lanes, or 32
+// broadcast to 8 (which the AVX2 kernel reads from memory to keep its
+// registers for the update).
+const adam8ScratchLen = 4*Blockwise8BlockSize + 16*16
 
 // runAdam8 runs Adam8 on equal-length operands (absmax: one per block):
 // the whole blocks on the SIMD body, the last partial block (or all, on

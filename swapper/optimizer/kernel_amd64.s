@@ -2147,563 +2147,878 @@ lionAVX512_mode1_done:
 // func adam8AVX2(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)
 // Requires: AVX, AVX2, CMOV
 TEXT ·adam8AVX2(SB), NOSPLIT, $0-128
-	MOVQ p+0(FP), AX
-	MOVQ grad+8(FP), CX
-	MOVQ qm+16(FP), DX
-	MOVQ qv+24(FP), BX
-	MOVQ am+32(FP), SI
-	MOVQ av+40(FP), DI
-	MOVQ blocks+48(FP), R8
-	MOVQ mode+96(FP), R9
-	MOVQ tm+104(FP), R10
-	MOVQ tv+112(FP), R11
-	MOVQ scratch+120(FP), R12
+	MOVQ blocks+48(FP), AX
+	MOVQ mode+96(FP), CX
+	MOVQ tm+104(FP), DX
+	MOVQ tv+112(FP), BX
+	MOVQ scratch+120(FP), SI
 
 	// The constants: broadcast, into registers (AVX-512) or the scratch (AVX2).
 	VBROADCASTSS args_0+56(FP), Y0
-	VMOVUPS      Y0, 2048(R12)
+	VMOVUPS      Y0, 4096(SI)
 	VBROADCASTSS args_1+60(FP), Y0
-	VMOVUPS      Y0, 2080(R12)
+	VMOVUPS      Y0, 4128(SI)
 	VBROADCASTSS args_2+64(FP), Y0
-	VMOVUPS      Y0, 2112(R12)
+	VMOVUPS      Y0, 4160(SI)
 	VBROADCASTSS args_3+68(FP), Y0
-	VMOVUPS      Y0, 2144(R12)
+	VMOVUPS      Y0, 4192(SI)
 	VBROADCASTSS args_4+72(FP), Y0
-	VMOVUPS      Y0, 2176(R12)
+	VMOVUPS      Y0, 4224(SI)
 	VBROADCASTSS args_5+76(FP), Y0
-	VMOVUPS      Y0, 2208(R12)
+	VMOVUPS      Y0, 4256(SI)
 	VBROADCASTSS args_6+80(FP), Y0
-	VMOVUPS      Y0, 2240(R12)
+	VMOVUPS      Y0, 4288(SI)
 	VBROADCASTSS args_7+84(FP), Y0
-	VMOVUPS      Y0, 2272(R12)
+	VMOVUPS      Y0, 4320(SI)
 	VBROADCASTSS args_8+88(FP), Y0
-	VMOVUPS      Y0, 2304(R12)
-	MOVL         $0x7fffffff, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4352(SI)
+	MOVL         $0x7fffffff, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2336(R12)
-	MOVL         $0x00003400, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4384(SI)
+	MOVL         $0x00003400, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2368(R12)
-	MOVL         $0x00000b80, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4416(SI)
+	MOVL         $0x00000b80, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2400(R12)
-	MOVL         $0x00000b81, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4448(SI)
+	MOVL         $0x00000b81, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2432(R12)
-	MOVL         $0x0000ffff, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4480(SI)
+	MOVL         $0x0000ffff, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2464(R12)
-	MOVL         $0x0001ffff, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4512(SI)
+	MOVL         $0x0001ffff, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2496(R12)
-	MOVL         $0x00000000, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4544(SI)
+	MOVL         $0x00000000, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2528(R12)
-	MOVL         $0x00000001, R13
-	VMOVD        R13, X0
+	VMOVUPS      Y0, 4576(SI)
+	MOVL         $0x00000001, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VMOVUPS      Y0, 2560(R12)
-	MOVL         $0x0c080400, R13
-	MOVL         R13, 2592(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2596(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2600(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2604(R12)
-	MOVL         $0x0c080400, R13
-	MOVL         R13, 2608(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2612(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2616(R12)
-	MOVL         $0x80808080, R13
-	MOVL         R13, 2620(R12)
-	MOVL         $0x00000000, R13
-	MOVL         R13, 2624(R12)
-	MOVL         $0x00000004, R13
-	MOVL         R13, 2628(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2632(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2636(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2640(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2644(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2648(R12)
-	MOVL         $0x00000001, R13
-	MOVL         R13, 2652(R12)
-	CMPQ         R9, $0x01
-	JEQ          adam8AVX2_l2
-	CMPQ         R9, $0x02
-	JEQ          adam8AVX2_adamw
+	VMOVUPS      Y0, 4608(SI)
+	MOVL         $0x00ffff00, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 4768(SI)
+	MOVL         $0x0c080400, DI
+	MOVL         DI, 4640(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4644(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4648(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4652(SI)
+	MOVL         $0x0c080400, DI
+	MOVL         DI, 4656(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4660(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4664(SI)
+	MOVL         $0x80808080, DI
+	MOVL         DI, 4668(SI)
+	MOVL         $0x00000000, DI
+	MOVL         DI, 4672(SI)
+	MOVL         $0x00000004, DI
+	MOVL         DI, 4676(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4680(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4684(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4688(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4692(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4696(SI)
+	MOVL         $0x00000001, DI
+	MOVL         DI, 4700(SI)
+	TESTQ        AX, AX
+	JEQ          adam8AVX2_return
+
+	// The map entries of block 0's codes into the scratch.
+	MOVQ qm+16(FP), AX
+	MOVQ qv+24(FP), DI
+	XORQ R8, R8
+
+adam8AVX2_first:
+	MOVQ    (AX)(R8*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2048(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2056(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2064(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 2072(SI)(R8*4)
+	MOVQ    (DI)(R8*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3072(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3080(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3088(SI)(R8*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 3096(SI)(R8*4)
+	ADDQ    $0x08, R8
+	CMPQ    R8, $0x00000100
+	JL      adam8AVX2_first
+	CMPQ    CX, $0x01
+	JEQ     adam8AVX2_l2
+	CMPQ    CX, $0x02
+	JEQ     adam8AVX2_adamw
+	XORQ    AX, AX
 
 adam8AVX2_plain_block:
-	CMPQ R8, $0x00
+	MOVQ blocks+48(FP), CX
+	CMPQ AX, CX
 	JEQ  adam8AVX2_plain_done
 
-	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Y0
-	VBROADCASTSS (DI), Y1
+	// Phase 1: update from the scratch's map entries, keep the new moments and their absmax.
+	MOVQ         AX, CX
+	SHLQ         $0x0a, CX
+	MOVQ         p+0(FP), DI
+	ADDQ         CX, DI
+	MOVQ         grad+8(FP), R8
+	ADDQ         CX, R8
+	MOVQ         am+32(FP), CX
+	MOVQ         av+40(FP), R9
+	VBROADCASTSS (CX)(AX*4), Y0
+	VBROADCASTSS (R9)(AX*4), Y1
 	VPXOR        Y2, Y2, Y2
 	VPXOR        Y3, Y3, Y3
-	XORQ         R9, R9
+	XORQ         R10, R10
 
 adam8AVX2_plain_update:
-	VPMOVZXBD  (DX)(R9*1), Y4
-	VPXOR      Y5, Y5, Y5
-	VPCMPEQD   Y6, Y6, Y6
-	VGATHERDPS Y6, (R10)(Y4*4), Y5
-	VMULPS     Y0, Y5, Y4
-	VPMOVZXBD  (BX)(R9*1), Y5
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y7, Y7, Y7
-	VGATHERDPS Y7, (R11)(Y5*4), Y6
-	VMULPS     Y1, Y6, Y5
-	VMOVUPS    (AX)(R9*4), Y6
-	VMOVUPS    (CX)(R9*4), Y7
-	VMULPS     2048(R12), Y4, Y4
-	VMULPS     2080(R12), Y7, Y8
-	VADDPS     Y4, Y8, Y4
-	VMULPS     2112(R12), Y5, Y5
-	VMULPS     2144(R12), Y7, Y8
-	VMULPS     Y8, Y7, Y8
-	VADDPS     Y5, Y8, Y5
-	VSQRTPS    Y5, Y8
-	VDIVPS     2176(R12), Y8, Y8
-	VADDPS     2208(R12), Y8, Y8
-	VDIVPS     Y8, Y4, Y7
-	VMULPS     2240(R12), Y7, Y7
-	VSUBPS     Y7, Y6, Y6
-	VMOVUPS    Y6, (AX)(R9*4)
-	VMOVUPS    Y4, (R12)(R9*4)
-	VMOVUPS    Y5, 1024(R12)(R9*4)
-	VPAND      2336(R12), Y4, Y4
-	VPMAXUD    Y4, Y2, Y2
-	VPAND      2336(R12), Y5, Y5
-	VPMAXUD    Y5, Y3, Y3
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
-	JL         adam8AVX2_plain_update
+	VMULPS  2048(SI)(R10*4), Y0, Y4
+	VMULPS  3072(SI)(R10*4), Y1, Y5
+	VMOVUPS (DI)(R10*4), Y6
+	VMOVUPS (R8)(R10*4), Y7
+	VMULPS  4096(SI), Y4, Y4
+	VMULPS  4128(SI), Y7, Y8
+	VADDPS  Y4, Y8, Y4
+	VMULPS  4160(SI), Y5, Y5
+	VMULPS  4192(SI), Y7, Y8
+	VMULPS  Y8, Y7, Y8
+	VADDPS  Y5, Y8, Y5
+	VSQRTPS Y5, Y8
+	VDIVPS  4224(SI), Y8, Y8
+	VADDPS  4256(SI), Y8, Y8
+	VDIVPS  Y8, Y4, Y7
+	VMULPS  4288(SI), Y7, Y7
+	VSUBPS  Y7, Y6, Y6
+	VMOVUPS Y6, (DI)(R10*4)
+	VMOVUPS Y4, (SI)(R10*4)
+	VMOVUPS Y5, 1024(SI)(R10*4)
+	VPAND   4384(SI), Y4, Y4
+	VPMAXUD Y4, Y2, Y2
+	VPAND   4384(SI), Y5, Y5
+	VPMAXUD Y5, Y3, Y3
+	ADDQ    $0x08, R10
+	CMPQ    R10, $0x00000100
+	JL      adam8AVX2_plain_update
 
-	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0), kept in the scratch.
 	VEXTRACTI128 $0x01, Y2, X0
 	VPMAXUD      X0, X2, X0
 	VPSHUFD      $0x4e, X0, X1
 	VPMAXUD      X1, X0, X0
 	VPSHUFD      $0xb1, X0, X1
 	VPMAXUD      X1, X0, X0
-	VMOVD        X0, R9
-	MOVL         R9, (SI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X0
+	VMOVD        X0, DI
+	MOVL         DI, (CX)(AX*4)
+	MOVL         $0x3f800000, CX
+	TESTL        DI, DI
+	CMOVLEQ      CX, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VEXTRACTI128 $0x01, Y3, X1
-	VPMAXUD      X1, X3, X1
-	VPSHUFD      $0x4e, X1, X2
-	VPMAXUD      X2, X1, X1
-	VPSHUFD      $0xb1, X1, X2
-	VPMAXUD      X2, X1, X1
-	VMOVD        X1, R9
-	MOVL         R9, (DI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X1
-	VPBROADCASTD X1, Y1
+	VMOVUPS      Y0, 4704(SI)
+	VEXTRACTI128 $0x01, Y3, X0
+	VPMAXUD      X0, X3, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, CX
+	MOVL         CX, (R9)(AX*4)
+	MOVL         $0x3f800000, DI
+	TESTL        CX, CX
+	CMOVLEQ      DI, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 4736(SI)
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	MOVQ    qm+16(FP), CX
+	MOVQ    qv+24(FP), DI
+	MOVQ    AX, R8
+	SHLQ    $0x08, R8
+	ADDQ    R8, CX
+	ADDQ    R8, DI
+	VMOVDQU 4768(SI), Y0
+	VMOVDQU 4640(SI), Y1
+	VMOVDQU 4672(SI), Y2
+	VMOVUPS 4704(SI), Y3
+	VMOVUPS 4736(SI), Y4
+	XORQ    R8, R8
 
 adam8AVX2_plain_quant:
-	VMOVUPS    (R12)(R9*4), Y2
-	VDIVPS     Y0, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R10)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Y2
-	VDIVPS     Y1, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R11)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (BX)(R9*1)
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
+	VMOVUPS    (SI)(R8*4), Y5
+	VDIVPS     Y3, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(DX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (CX)(R8*1)
+	VMOVUPS    1024(SI)(R8*4), Y5
+	VDIVPS     Y4, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(BX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (DI)(R8*1)
+	ADDQ       $0x08, R8
+	CMPQ       R8, $0x00000100
 	JL         adam8AVX2_plain_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
-	JMP        adam8AVX2_plain_block
+
+	// Phase 4: the next block's map entries into the scratch (none after the last block).
+	MOVQ blocks+48(FP), CX
+	INCQ AX
+	CMPQ AX, CX
+	JEQ  adam8AVX2_plain_done
+	MOVQ AX, CX
+	SHLQ $0x08, CX
+	MOVQ qm+16(FP), DI
+	ADDQ CX, DI
+	MOVQ qv+24(FP), R8
+	ADDQ CX, R8
+	XORQ CX, CX
+
+adam8AVX2_plain_entries:
+	MOVQ    (DI)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2048(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2056(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2064(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 2072(SI)(CX*4)
+	MOVQ    (R8)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3072(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3080(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3088(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 3096(SI)(CX*4)
+	ADDQ    $0x08, CX
+	CMPQ    CX, $0x00000100
+	JL      adam8AVX2_plain_entries
+	JMP     adam8AVX2_plain_block
 
 adam8AVX2_plain_done:
 	VZEROUPPER
 	RET
 
 adam8AVX2_l2:
+	XORQ AX, AX
+
 adam8AVX2_l2_block:
-	CMPQ R8, $0x00
+	MOVQ blocks+48(FP), CX
+	CMPQ AX, CX
 	JEQ  adam8AVX2_l2_done
 
-	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Y0
-	VBROADCASTSS (DI), Y1
+	// Phase 1: update from the scratch's map entries, keep the new moments and their absmax.
+	MOVQ         AX, CX
+	SHLQ         $0x0a, CX
+	MOVQ         p+0(FP), DI
+	ADDQ         CX, DI
+	MOVQ         grad+8(FP), R8
+	ADDQ         CX, R8
+	MOVQ         am+32(FP), CX
+	MOVQ         av+40(FP), R9
+	VBROADCASTSS (CX)(AX*4), Y0
+	VBROADCASTSS (R9)(AX*4), Y1
 	VPXOR        Y2, Y2, Y2
 	VPXOR        Y3, Y3, Y3
-	XORQ         R9, R9
+	XORQ         R10, R10
 
 adam8AVX2_l2_update:
-	VPMOVZXBD  (DX)(R9*1), Y4
-	VPXOR      Y5, Y5, Y5
-	VPCMPEQD   Y6, Y6, Y6
-	VGATHERDPS Y6, (R10)(Y4*4), Y5
-	VMULPS     Y0, Y5, Y4
-	VPMOVZXBD  (BX)(R9*1), Y5
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y7, Y7, Y7
-	VGATHERDPS Y7, (R11)(Y5*4), Y6
-	VMULPS     Y1, Y6, Y5
-	VMOVUPS    (AX)(R9*4), Y6
-	VMOVUPS    (CX)(R9*4), Y7
-	VMULPS     2272(R12), Y6, Y8
-	VADDPS     Y8, Y7, Y7
-	VMULPS     2048(R12), Y4, Y4
-	VMULPS     2080(R12), Y7, Y8
-	VADDPS     Y4, Y8, Y4
-	VMULPS     2112(R12), Y5, Y5
-	VMULPS     2144(R12), Y7, Y8
-	VMULPS     Y8, Y7, Y8
-	VADDPS     Y5, Y8, Y5
-	VSQRTPS    Y5, Y8
-	VDIVPS     2176(R12), Y8, Y8
-	VADDPS     2208(R12), Y8, Y8
-	VDIVPS     Y8, Y4, Y7
-	VMULPS     2240(R12), Y7, Y7
-	VSUBPS     Y7, Y6, Y6
-	VMOVUPS    Y6, (AX)(R9*4)
-	VMOVUPS    Y4, (R12)(R9*4)
-	VMOVUPS    Y5, 1024(R12)(R9*4)
-	VPAND      2336(R12), Y4, Y4
-	VPMAXUD    Y4, Y2, Y2
-	VPAND      2336(R12), Y5, Y5
-	VPMAXUD    Y5, Y3, Y3
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
-	JL         adam8AVX2_l2_update
+	VMULPS  2048(SI)(R10*4), Y0, Y4
+	VMULPS  3072(SI)(R10*4), Y1, Y5
+	VMOVUPS (DI)(R10*4), Y6
+	VMOVUPS (R8)(R10*4), Y7
+	VMULPS  4320(SI), Y6, Y8
+	VADDPS  Y8, Y7, Y7
+	VMULPS  4096(SI), Y4, Y4
+	VMULPS  4128(SI), Y7, Y8
+	VADDPS  Y4, Y8, Y4
+	VMULPS  4160(SI), Y5, Y5
+	VMULPS  4192(SI), Y7, Y8
+	VMULPS  Y8, Y7, Y8
+	VADDPS  Y5, Y8, Y5
+	VSQRTPS Y5, Y8
+	VDIVPS  4224(SI), Y8, Y8
+	VADDPS  4256(SI), Y8, Y8
+	VDIVPS  Y8, Y4, Y7
+	VMULPS  4288(SI), Y7, Y7
+	VSUBPS  Y7, Y6, Y6
+	VMOVUPS Y6, (DI)(R10*4)
+	VMOVUPS Y4, (SI)(R10*4)
+	VMOVUPS Y5, 1024(SI)(R10*4)
+	VPAND   4384(SI), Y4, Y4
+	VPMAXUD Y4, Y2, Y2
+	VPAND   4384(SI), Y5, Y5
+	VPMAXUD Y5, Y3, Y3
+	ADDQ    $0x08, R10
+	CMPQ    R10, $0x00000100
+	JL      adam8AVX2_l2_update
 
-	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0), kept in the scratch.
 	VEXTRACTI128 $0x01, Y2, X0
 	VPMAXUD      X0, X2, X0
 	VPSHUFD      $0x4e, X0, X1
 	VPMAXUD      X1, X0, X0
 	VPSHUFD      $0xb1, X0, X1
 	VPMAXUD      X1, X0, X0
-	VMOVD        X0, R9
-	MOVL         R9, (SI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X0
+	VMOVD        X0, DI
+	MOVL         DI, (CX)(AX*4)
+	MOVL         $0x3f800000, CX
+	TESTL        DI, DI
+	CMOVLEQ      CX, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VEXTRACTI128 $0x01, Y3, X1
-	VPMAXUD      X1, X3, X1
-	VPSHUFD      $0x4e, X1, X2
-	VPMAXUD      X2, X1, X1
-	VPSHUFD      $0xb1, X1, X2
-	VPMAXUD      X2, X1, X1
-	VMOVD        X1, R9
-	MOVL         R9, (DI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X1
-	VPBROADCASTD X1, Y1
+	VMOVUPS      Y0, 4704(SI)
+	VEXTRACTI128 $0x01, Y3, X0
+	VPMAXUD      X0, X3, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, CX
+	MOVL         CX, (R9)(AX*4)
+	MOVL         $0x3f800000, DI
+	TESTL        CX, CX
+	CMOVLEQ      DI, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 4736(SI)
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	MOVQ    qm+16(FP), CX
+	MOVQ    qv+24(FP), DI
+	MOVQ    AX, R8
+	SHLQ    $0x08, R8
+	ADDQ    R8, CX
+	ADDQ    R8, DI
+	VMOVDQU 4768(SI), Y0
+	VMOVDQU 4640(SI), Y1
+	VMOVDQU 4672(SI), Y2
+	VMOVUPS 4704(SI), Y3
+	VMOVUPS 4736(SI), Y4
+	XORQ    R8, R8
 
 adam8AVX2_l2_quant:
-	VMOVUPS    (R12)(R9*4), Y2
-	VDIVPS     Y0, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R10)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Y2
-	VDIVPS     Y1, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R11)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (BX)(R9*1)
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
+	VMOVUPS    (SI)(R8*4), Y5
+	VDIVPS     Y3, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(DX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (CX)(R8*1)
+	VMOVUPS    1024(SI)(R8*4), Y5
+	VDIVPS     Y4, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(BX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (DI)(R8*1)
+	ADDQ       $0x08, R8
+	CMPQ       R8, $0x00000100
 	JL         adam8AVX2_l2_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
-	JMP        adam8AVX2_l2_block
+
+	// Phase 4: the next block's map entries into the scratch (none after the last block).
+	MOVQ blocks+48(FP), CX
+	INCQ AX
+	CMPQ AX, CX
+	JEQ  adam8AVX2_l2_done
+	MOVQ AX, CX
+	SHLQ $0x08, CX
+	MOVQ qm+16(FP), DI
+	ADDQ CX, DI
+	MOVQ qv+24(FP), R8
+	ADDQ CX, R8
+	XORQ CX, CX
+
+adam8AVX2_l2_entries:
+	MOVQ    (DI)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2048(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2056(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2064(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 2072(SI)(CX*4)
+	MOVQ    (R8)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3072(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3080(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3088(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 3096(SI)(CX*4)
+	ADDQ    $0x08, CX
+	CMPQ    CX, $0x00000100
+	JL      adam8AVX2_l2_entries
+	JMP     adam8AVX2_l2_block
 
 adam8AVX2_l2_done:
 	VZEROUPPER
 	RET
 
 adam8AVX2_adamw:
+	XORQ AX, AX
+
 adam8AVX2_adamw_block:
-	CMPQ R8, $0x00
+	MOVQ blocks+48(FP), CX
+	CMPQ AX, CX
 	JEQ  adam8AVX2_adamw_done
 
-	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Y0
-	VBROADCASTSS (DI), Y1
+	// Phase 1: update from the scratch's map entries, keep the new moments and their absmax.
+	MOVQ         AX, CX
+	SHLQ         $0x0a, CX
+	MOVQ         p+0(FP), DI
+	ADDQ         CX, DI
+	MOVQ         grad+8(FP), R8
+	ADDQ         CX, R8
+	MOVQ         am+32(FP), CX
+	MOVQ         av+40(FP), R9
+	VBROADCASTSS (CX)(AX*4), Y0
+	VBROADCASTSS (R9)(AX*4), Y1
 	VPXOR        Y2, Y2, Y2
 	VPXOR        Y3, Y3, Y3
-	XORQ         R9, R9
+	XORQ         R10, R10
 
 adam8AVX2_adamw_update:
-	VPMOVZXBD  (DX)(R9*1), Y4
-	VPXOR      Y5, Y5, Y5
-	VPCMPEQD   Y6, Y6, Y6
-	VGATHERDPS Y6, (R10)(Y4*4), Y5
-	VMULPS     Y0, Y5, Y4
-	VPMOVZXBD  (BX)(R9*1), Y5
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y7, Y7, Y7
-	VGATHERDPS Y7, (R11)(Y5*4), Y6
-	VMULPS     Y1, Y6, Y5
-	VMOVUPS    (AX)(R9*4), Y6
-	VMOVUPS    (CX)(R9*4), Y7
-	VMULPS     2304(R12), Y6, Y6
-	VMULPS     2048(R12), Y4, Y4
-	VMULPS     2080(R12), Y7, Y8
-	VADDPS     Y4, Y8, Y4
-	VMULPS     2112(R12), Y5, Y5
-	VMULPS     2144(R12), Y7, Y8
-	VMULPS     Y8, Y7, Y8
-	VADDPS     Y5, Y8, Y5
-	VSQRTPS    Y5, Y8
-	VDIVPS     2176(R12), Y8, Y8
-	VADDPS     2208(R12), Y8, Y8
-	VDIVPS     Y8, Y4, Y7
-	VMULPS     2240(R12), Y7, Y7
-	VSUBPS     Y7, Y6, Y6
-	VMOVUPS    Y6, (AX)(R9*4)
-	VMOVUPS    Y4, (R12)(R9*4)
-	VMOVUPS    Y5, 1024(R12)(R9*4)
-	VPAND      2336(R12), Y4, Y4
-	VPMAXUD    Y4, Y2, Y2
-	VPAND      2336(R12), Y5, Y5
-	VPMAXUD    Y5, Y3, Y3
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
-	JL         adam8AVX2_adamw_update
+	VMULPS  2048(SI)(R10*4), Y0, Y4
+	VMULPS  3072(SI)(R10*4), Y1, Y5
+	VMOVUPS (DI)(R10*4), Y6
+	VMOVUPS (R8)(R10*4), Y7
+	VMULPS  4352(SI), Y6, Y6
+	VMULPS  4096(SI), Y4, Y4
+	VMULPS  4128(SI), Y7, Y8
+	VADDPS  Y4, Y8, Y4
+	VMULPS  4160(SI), Y5, Y5
+	VMULPS  4192(SI), Y7, Y8
+	VMULPS  Y8, Y7, Y8
+	VADDPS  Y5, Y8, Y5
+	VSQRTPS Y5, Y8
+	VDIVPS  4224(SI), Y8, Y8
+	VADDPS  4256(SI), Y8, Y8
+	VDIVPS  Y8, Y4, Y7
+	VMULPS  4288(SI), Y7, Y7
+	VSUBPS  Y7, Y6, Y6
+	VMOVUPS Y6, (DI)(R10*4)
+	VMOVUPS Y4, (SI)(R10*4)
+	VMOVUPS Y5, 1024(SI)(R10*4)
+	VPAND   4384(SI), Y4, Y4
+	VPMAXUD Y4, Y2, Y2
+	VPAND   4384(SI), Y5, Y5
+	VPMAXUD Y5, Y3, Y3
+	ADDQ    $0x08, R10
+	CMPQ    R10, $0x00000100
+	JL      adam8AVX2_adamw_update
 
-	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
+	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0), kept in the scratch.
 	VEXTRACTI128 $0x01, Y2, X0
 	VPMAXUD      X0, X2, X0
 	VPSHUFD      $0x4e, X0, X1
 	VPMAXUD      X1, X0, X0
 	VPSHUFD      $0xb1, X0, X1
 	VPMAXUD      X1, X0, X0
-	VMOVD        X0, R9
-	MOVL         R9, (SI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X0
+	VMOVD        X0, DI
+	MOVL         DI, (CX)(AX*4)
+	MOVL         $0x3f800000, CX
+	TESTL        DI, DI
+	CMOVLEQ      CX, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
-	VEXTRACTI128 $0x01, Y3, X1
-	VPMAXUD      X1, X3, X1
-	VPSHUFD      $0x4e, X1, X2
-	VPMAXUD      X2, X1, X1
-	VPSHUFD      $0xb1, X1, X2
-	VPMAXUD      X2, X1, X1
-	VMOVD        X1, R9
-	MOVL         R9, (DI)
-	MOVL         $0x3f800000, R13
-	TESTL        R9, R9
-	CMOVLEQ      R13, R9
-	VMOVD        R9, X1
-	VPBROADCASTD X1, Y1
+	VMOVUPS      Y0, 4704(SI)
+	VEXTRACTI128 $0x01, Y3, X0
+	VPMAXUD      X0, X3, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, CX
+	MOVL         CX, (R9)(AX*4)
+	MOVL         $0x3f800000, DI
+	TESTL        CX, CX
+	CMOVLEQ      DI, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	VMOVUPS      Y0, 4736(SI)
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	MOVQ    qm+16(FP), CX
+	MOVQ    qv+24(FP), DI
+	MOVQ    AX, R8
+	SHLQ    $0x08, R8
+	ADDQ    R8, CX
+	ADDQ    R8, DI
+	VMOVDQU 4768(SI), Y0
+	VMOVDQU 4640(SI), Y1
+	VMOVDQU 4672(SI), Y2
+	VMOVUPS 4704(SI), Y3
+	VMOVUPS 4736(SI), Y4
+	XORQ    R8, R8
 
 adam8AVX2_adamw_quant:
-	VMOVUPS    (R12)(R9*4), Y2
-	VDIVPS     Y0, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R10)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Y2
-	VDIVPS     Y1, Y2, Y2
-	VPAND      2336(R12), Y2, Y3
-	VPSRLD     $0x10, Y3, Y4
-	VPSUBD     2368(R12), Y4, Y4
-	VPMAXSD    2528(R12), Y4, Y4
-	VPMINSD    2400(R12), Y4, Y4
-	VPSRAD     $0x1f, Y2, Y2
-	VPAND      2432(R12), Y2, Y5
-	VPADDD     Y5, Y4, Y4
-	VPXOR      Y6, Y6, Y6
-	VPCMPEQD   Y5, Y5, Y5
-	VPGATHERDD Y5, 7944(R11)(Y4*4), Y6
-	VPAND      2464(R12), Y3, Y3
-	VPAND      2464(R12), Y2, Y2
-	VPXOR      Y2, Y3, Y3
-	VPAND      2496(R12), Y6, Y5
-	VPSRLD     $0x18, Y6, Y6
-	VPADDD     2560(R12), Y3, Y3
-	VPCMPGTD   Y5, Y3, Y3
-	VPSUBD     Y3, Y6, Y6
-	VPSHUFB    2592(R12), Y6, Y6
-	VMOVDQU    2624(R12), Y2
-	VPERMD     Y6, Y2, Y6
-	VMOVQ      X6, (BX)(R9*1)
-	ADDQ       $0x08, R9
-	CMPQ       R9, $0x00000100
+	VMOVUPS    (SI)(R8*4), Y5
+	VDIVPS     Y3, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(DX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (CX)(R8*1)
+	VMOVUPS    1024(SI)(R8*4), Y5
+	VDIVPS     Y4, Y5, Y5
+	VPSRLD     $0x10, Y5, Y6
+	VPXOR      Y7, Y7, Y7
+	VPCMPEQD   Y8, Y8, Y8
+	VPGATHERDD Y8, 31504(BX)(Y6*4), Y7
+	VPSRAD     $0x1f, Y5, Y6
+	VPXOR      Y6, Y5, Y5
+	VPSLLD     $0x08, Y5, Y5
+	VPAND      Y0, Y5, Y5
+	VPCMPGTD   Y7, Y5, Y5
+	VPSUBD     Y5, Y7, Y7
+	VPSHUFB    Y1, Y7, Y7
+	VPERMD     Y7, Y2, Y7
+	VMOVQ      X7, (DI)(R8*1)
+	ADDQ       $0x08, R8
+	CMPQ       R8, $0x00000100
 	JL         adam8AVX2_adamw_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
-	JMP        adam8AVX2_adamw_block
+
+	// Phase 4: the next block's map entries into the scratch (none after the last block).
+	MOVQ blocks+48(FP), CX
+	INCQ AX
+	CMPQ AX, CX
+	JEQ  adam8AVX2_adamw_done
+	MOVQ AX, CX
+	SHLQ $0x08, CX
+	MOVQ qm+16(FP), DI
+	ADDQ CX, DI
+	MOVQ qv+24(FP), R8
+	ADDQ CX, R8
+	XORQ CX, CX
+
+adam8AVX2_adamw_entries:
+	MOVQ    (DI)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2048(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2056(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 2064(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (DX)(R10*4), R10
+	MOVL    (DX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 2072(SI)(CX*4)
+	MOVQ    (R8)(CX*1), R9
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3072(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3080(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R11
+	SHRQ    $0x08, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R11*4), R11
+	SHLQ    $0x20, R11
+	ORQ     R10, R11
+	MOVQ    R11, 3088(SI)(CX*4)
+	MOVBQZX R9, R10
+	SHRQ    $0x08, R9
+	MOVBQZX R9, R9
+	MOVL    (BX)(R10*4), R10
+	MOVL    (BX)(R9*4), R9
+	SHLQ    $0x20, R9
+	ORQ     R10, R9
+	MOVQ    R9, 3096(SI)(CX*4)
+	ADDQ    $0x08, CX
+	CMPQ    CX, $0x00000100
+	JL      adam8AVX2_adamw_entries
+	JMP     adam8AVX2_adamw_block
 
 adam8AVX2_adamw_done:
 	VZEROUPPER
 	RET
 
+adam8AVX2_return:
+	RET
+
 // func adam8AVX512(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)
 // Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV
 TEXT ·adam8AVX512(SB), NOSPLIT, $0-128
-	MOVQ p+0(FP), AX
-	MOVQ grad+8(FP), CX
-	MOVQ qm+16(FP), DX
-	MOVQ qv+24(FP), BX
-	MOVQ am+32(FP), SI
-	MOVQ av+40(FP), DI
-	MOVQ blocks+48(FP), R8
-	MOVQ mode+96(FP), R9
-	MOVQ tm+104(FP), R10
-	MOVQ tv+112(FP), R11
-	MOVQ scratch+120(FP), R12
+	MOVQ blocks+48(FP), AX
+	MOVQ mode+96(FP), CX
+	MOVQ tm+104(FP), DX
+	MOVQ tv+112(FP), BX
+	MOVQ scratch+120(FP), SI
 
 	// The constants: broadcast, into registers (AVX-512) or the scratch (AVX2).
 	VBROADCASTSS args_0+56(FP), Z0
@@ -2715,61 +3030,67 @@ TEXT ·adam8AVX512(SB), NOSPLIT, $0-128
 	VBROADCASTSS args_6+80(FP), Z6
 	VBROADCASTSS args_7+84(FP), Z7
 	VBROADCASTSS args_8+88(FP), Z8
-	MOVL         $0x7fffffff, R13
-	VMOVD        R13, X9
+	MOVL         $0x7fffffff, DI
+	VMOVD        DI, X9
 	VPBROADCASTD X9, Z9
-	MOVL         $0x00003400, R13
-	VMOVD        R13, X10
+	MOVL         $0x00003400, DI
+	VMOVD        DI, X10
 	VPBROADCASTD X10, Z10
-	MOVL         $0x00000b80, R13
-	VMOVD        R13, X11
+	MOVL         $0x00000b80, DI
+	VMOVD        DI, X11
 	VPBROADCASTD X11, Z11
-	MOVL         $0x00000b81, R13
-	VMOVD        R13, X12
+	MOVL         $0x00000b81, DI
+	VMOVD        DI, X12
 	VPBROADCASTD X12, Z12
-	MOVL         $0x0000ffff, R13
-	VMOVD        R13, X13
+	MOVL         $0x0000ffff, DI
+	VMOVD        DI, X13
 	VPBROADCASTD X13, Z13
-	MOVL         $0x0001ffff, R13
-	VMOVD        R13, X14
+	MOVL         $0x0001ffff, DI
+	VMOVD        DI, X14
 	VPBROADCASTD X14, Z14
-	MOVL         $0x00000000, R13
-	VMOVD        R13, X15
+	MOVL         $0x00000000, DI
+	VMOVD        DI, X15
 	VPBROADCASTD X15, Z15
-	MOVL         $0x00000001, R13
-	VMOVD        R13, X16
+	MOVL         $0x00000001, DI
+	VMOVD        DI, X16
 	VPBROADCASTD X16, Z16
-	CMPQ         R9, $0x01
+	MOVQ         p+0(FP), DI
+	MOVQ         grad+8(FP), R8
+	MOVQ         qm+16(FP), R9
+	MOVQ         qv+24(FP), R10
+	MOVQ         am+32(FP), R11
+	MOVQ         av+40(FP), R12
+	CMPQ         CX, $0x01
 	JEQ          adam8AVX512_l2
-	CMPQ         R9, $0x02
+	CMPQ         CX, $0x02
 	JEQ          adam8AVX512_adamw
 
 adam8AVX512_plain_block:
-	CMPQ R8, $0x00
+	CMPQ AX, $0x00
 	JEQ  adam8AVX512_plain_done
 
 	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Z7
-	VBROADCASTSS (DI), Z8
+	VBROADCASTSS (R11), Z7
+	VBROADCASTSS (R12), Z8
 	VPXORD       Z17, Z17, Z17
 	VPXORD       Z18, Z18, Z18
-	XORQ         R9, R9
+	XORQ         CX, CX
 
 adam8AVX512_plain_update:
-	VPMOVZXBD  (DX)(R9*1), Z23
+	VPMOVZXBD  (R9)(CX*1), Z23
 	VPXORD     Z19, Z19, Z19
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R10)(Z23*4), K1, Z19
+	VGATHERDPS (DX)(Z23*4), K1, Z19
 	VMULPS     Z7, Z19, Z23
-	VPMOVZXBD  (BX)(R9*1), Z24
+	VPMOVZXBD  (R10)(CX*1), Z24
 	VPXORD     Z20, Z20, Z20
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R11)(Z24*4), K1, Z20
+	VGATHERDPS (BX)(Z24*4), K1, Z20
 	VMULPS     Z8, Z20, Z24
-	VMOVUPS    (AX)(R9*4), Z25
-	VMOVUPS    (CX)(R9*4), Z26
+	VMOVUPS    (DI)(CX*4), Z25
+	VMOVUPS    (R8)(CX*4), Z26
 	VMULPS     Z0, Z23, Z23
 	VMULPS     Z1, Z26, Z27
 	VADDPS     Z23, Z27, Z23
@@ -2783,15 +3104,15 @@ adam8AVX512_plain_update:
 	VDIVPS     Z27, Z23, Z26
 	VMULPS     Z6, Z26, Z26
 	VSUBPS     Z26, Z25, Z25
-	VMOVUPS    Z25, (AX)(R9*4)
-	VMOVUPS    Z23, (R12)(R9*4)
-	VMOVUPS    Z24, 1024(R12)(R9*4)
+	VMOVUPS    Z25, (DI)(CX*4)
+	VMOVUPS    Z23, (SI)(CX*4)
+	VMOVUPS    Z24, 1024(SI)(CX*4)
 	VPANDD     Z9, Z23, Z23
 	VPMAXUD    Z23, Z17, Z17
 	VPANDD     Z9, Z24, Z24
 	VPMAXUD    Z24, Z18, Z18
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_plain_update
 
 	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
@@ -2803,12 +3124,12 @@ adam8AVX512_plain_update:
 	VPMAXUD       X7, X8, X8
 	VPSHUFD       $0xb1, X8, X7
 	VPMAXUD       X7, X8, X8
-	VMOVD         X8, R9
-	MOVL          R9, (SI)
+	VMOVD         X8, CX
+	MOVL          CX, (R11)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X7
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X7
 	VPBROADCASTD  X7, Z7
 	VEXTRACTI64X4 $0x01, Z18, Y8
 	VPMAXUD       Y8, Y18, Y8
@@ -2818,19 +3139,19 @@ adam8AVX512_plain_update:
 	VPMAXUD       X8, X23, X23
 	VPSHUFD       $0xb1, X23, X8
 	VPMAXUD       X8, X23, X23
-	VMOVD         X23, R9
-	MOVL          R9, (DI)
+	VMOVD         X23, CX
+	MOVL          CX, (R12)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X8
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X8
 	VPBROADCASTD  X8, Z8
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	XORQ CX, CX
 
 adam8AVX512_plain_quant:
-	VMOVUPS    (R12)(R9*4), Z23
+	VMOVUPS    (SI)(CX*4), Z23
 	VDIVPS     Z7, Z23, Z23
 	VPANDD     Z9, Z23, Z24
 	VPSRLD     $0x10, Z24, Z25
@@ -2843,7 +3164,7 @@ adam8AVX512_plain_quant:
 	VPXORD     Z21, Z21, Z21
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R10)(Z25*4), K1, Z21
+	VPGATHERDD 7944(DX)(Z25*4), K1, Z21
 	VPANDD     Z13, Z24, Z24
 	VPANDD     Z13, Z23, Z23
 	VPXORD     Z23, Z24, Z24
@@ -2851,8 +3172,8 @@ adam8AVX512_plain_quant:
 	VPSRLD     $0x18, Z21, Z21
 	VPCMPUD    $0x05, Z26, Z24, K1
 	VPADDD     Z16, Z21, K1, Z21
-	VPMOVDB    Z21, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Z23
+	VPMOVDB    Z21, (R9)(CX*1)
+	VMOVUPS    1024(SI)(CX*4), Z23
 	VDIVPS     Z8, Z23, Z23
 	VPANDD     Z9, Z23, Z24
 	VPSRLD     $0x10, Z24, Z25
@@ -2865,7 +3186,7 @@ adam8AVX512_plain_quant:
 	VPXORD     Z22, Z22, Z22
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R11)(Z25*4), K1, Z22
+	VPGATHERDD 7944(BX)(Z25*4), K1, Z22
 	VPANDD     Z13, Z24, Z24
 	VPANDD     Z13, Z23, Z23
 	VPXORD     Z23, Z24, Z24
@@ -2873,17 +3194,17 @@ adam8AVX512_plain_quant:
 	VPSRLD     $0x18, Z22, Z22
 	VPCMPUD    $0x05, Z26, Z24, K1
 	VPADDD     Z16, Z22, K1, Z22
-	VPMOVDB    Z22, (BX)(R9*1)
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	VPMOVDB    Z22, (R10)(CX*1)
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_plain_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
+	ADDQ       $0x00000400, DI
+	ADDQ       $0x00000400, R8
+	ADDQ       $0x00000100, R9
+	ADDQ       $0x00000100, R10
+	ADDQ       $0x04, R11
+	ADDQ       $0x04, R12
+	DECQ       AX
 	JMP        adam8AVX512_plain_block
 
 adam8AVX512_plain_done:
@@ -2892,31 +3213,31 @@ adam8AVX512_plain_done:
 
 adam8AVX512_l2:
 adam8AVX512_l2_block:
-	CMPQ R8, $0x00
+	CMPQ AX, $0x00
 	JEQ  adam8AVX512_l2_done
 
 	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Z8
-	VBROADCASTSS (DI), Z23
+	VBROADCASTSS (R11), Z8
+	VBROADCASTSS (R12), Z23
 	VPXORD       Z17, Z17, Z17
 	VPXORD       Z18, Z18, Z18
-	XORQ         R9, R9
+	XORQ         CX, CX
 
 adam8AVX512_l2_update:
-	VPMOVZXBD  (DX)(R9*1), Z24
+	VPMOVZXBD  (R9)(CX*1), Z24
 	VPXORD     Z19, Z19, Z19
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R10)(Z24*4), K1, Z19
+	VGATHERDPS (DX)(Z24*4), K1, Z19
 	VMULPS     Z8, Z19, Z24
-	VPMOVZXBD  (BX)(R9*1), Z25
+	VPMOVZXBD  (R10)(CX*1), Z25
 	VPXORD     Z20, Z20, Z20
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R11)(Z25*4), K1, Z20
+	VGATHERDPS (BX)(Z25*4), K1, Z20
 	VMULPS     Z23, Z20, Z25
-	VMOVUPS    (AX)(R9*4), Z26
-	VMOVUPS    (CX)(R9*4), Z27
+	VMOVUPS    (DI)(CX*4), Z26
+	VMOVUPS    (R8)(CX*4), Z27
 	VMULPS     Z7, Z26, Z28
 	VADDPS     Z28, Z27, Z27
 	VMULPS     Z0, Z24, Z24
@@ -2932,15 +3253,15 @@ adam8AVX512_l2_update:
 	VDIVPS     Z28, Z24, Z27
 	VMULPS     Z6, Z27, Z27
 	VSUBPS     Z27, Z26, Z26
-	VMOVUPS    Z26, (AX)(R9*4)
-	VMOVUPS    Z24, (R12)(R9*4)
-	VMOVUPS    Z25, 1024(R12)(R9*4)
+	VMOVUPS    Z26, (DI)(CX*4)
+	VMOVUPS    Z24, (SI)(CX*4)
+	VMOVUPS    Z25, 1024(SI)(CX*4)
 	VPANDD     Z9, Z24, Z24
 	VPMAXUD    Z24, Z17, Z17
 	VPANDD     Z9, Z25, Z25
 	VPMAXUD    Z25, Z18, Z18
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_l2_update
 
 	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
@@ -2952,12 +3273,12 @@ adam8AVX512_l2_update:
 	VPMAXUD       X8, X23, X23
 	VPSHUFD       $0xb1, X23, X8
 	VPMAXUD       X8, X23, X23
-	VMOVD         X23, R9
-	MOVL          R9, (SI)
+	VMOVD         X23, CX
+	MOVL          CX, (R11)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X8
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X8
 	VPBROADCASTD  X8, Z8
 	VEXTRACTI64X4 $0x01, Z18, Y23
 	VPMAXUD       Y23, Y18, Y23
@@ -2967,19 +3288,19 @@ adam8AVX512_l2_update:
 	VPMAXUD       X23, X24, X24
 	VPSHUFD       $0xb1, X24, X23
 	VPMAXUD       X23, X24, X24
-	VMOVD         X24, R9
-	MOVL          R9, (DI)
+	VMOVD         X24, CX
+	MOVL          CX, (R12)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X23
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X23
 	VPBROADCASTD  X23, Z23
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	XORQ CX, CX
 
 adam8AVX512_l2_quant:
-	VMOVUPS    (R12)(R9*4), Z24
+	VMOVUPS    (SI)(CX*4), Z24
 	VDIVPS     Z8, Z24, Z24
 	VPANDD     Z9, Z24, Z25
 	VPSRLD     $0x10, Z25, Z26
@@ -2992,7 +3313,7 @@ adam8AVX512_l2_quant:
 	VPXORD     Z21, Z21, Z21
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R10)(Z26*4), K1, Z21
+	VPGATHERDD 7944(DX)(Z26*4), K1, Z21
 	VPANDD     Z13, Z25, Z25
 	VPANDD     Z13, Z24, Z24
 	VPXORD     Z24, Z25, Z25
@@ -3000,8 +3321,8 @@ adam8AVX512_l2_quant:
 	VPSRLD     $0x18, Z21, Z21
 	VPCMPUD    $0x05, Z27, Z25, K1
 	VPADDD     Z16, Z21, K1, Z21
-	VPMOVDB    Z21, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Z24
+	VPMOVDB    Z21, (R9)(CX*1)
+	VMOVUPS    1024(SI)(CX*4), Z24
 	VDIVPS     Z23, Z24, Z24
 	VPANDD     Z9, Z24, Z25
 	VPSRLD     $0x10, Z25, Z26
@@ -3014,7 +3335,7 @@ adam8AVX512_l2_quant:
 	VPXORD     Z22, Z22, Z22
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R11)(Z26*4), K1, Z22
+	VPGATHERDD 7944(BX)(Z26*4), K1, Z22
 	VPANDD     Z13, Z25, Z25
 	VPANDD     Z13, Z24, Z24
 	VPXORD     Z24, Z25, Z25
@@ -3022,17 +3343,17 @@ adam8AVX512_l2_quant:
 	VPSRLD     $0x18, Z22, Z22
 	VPCMPUD    $0x05, Z27, Z25, K1
 	VPADDD     Z16, Z22, K1, Z22
-	VPMOVDB    Z22, (BX)(R9*1)
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	VPMOVDB    Z22, (R10)(CX*1)
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_l2_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
+	ADDQ       $0x00000400, DI
+	ADDQ       $0x00000400, R8
+	ADDQ       $0x00000100, R9
+	ADDQ       $0x00000100, R10
+	ADDQ       $0x04, R11
+	ADDQ       $0x04, R12
+	DECQ       AX
 	JMP        adam8AVX512_l2_block
 
 adam8AVX512_l2_done:
@@ -3041,31 +3362,31 @@ adam8AVX512_l2_done:
 
 adam8AVX512_adamw:
 adam8AVX512_adamw_block:
-	CMPQ R8, $0x00
+	CMPQ AX, $0x00
 	JEQ  adam8AVX512_adamw_done
 
 	// Phase 1: dequantize, update, keep the new moments and their absmax.
-	VBROADCASTSS (SI), Z7
-	VBROADCASTSS (DI), Z23
+	VBROADCASTSS (R11), Z7
+	VBROADCASTSS (R12), Z23
 	VPXORD       Z17, Z17, Z17
 	VPXORD       Z18, Z18, Z18
-	XORQ         R9, R9
+	XORQ         CX, CX
 
 adam8AVX512_adamw_update:
-	VPMOVZXBD  (DX)(R9*1), Z24
+	VPMOVZXBD  (R9)(CX*1), Z24
 	VPXORD     Z19, Z19, Z19
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R10)(Z24*4), K1, Z19
+	VGATHERDPS (DX)(Z24*4), K1, Z19
 	VMULPS     Z7, Z19, Z24
-	VPMOVZXBD  (BX)(R9*1), Z25
+	VPMOVZXBD  (R10)(CX*1), Z25
 	VPXORD     Z20, Z20, Z20
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VGATHERDPS (R11)(Z25*4), K1, Z20
+	VGATHERDPS (BX)(Z25*4), K1, Z20
 	VMULPS     Z23, Z20, Z25
-	VMOVUPS    (AX)(R9*4), Z26
-	VMOVUPS    (CX)(R9*4), Z27
+	VMOVUPS    (DI)(CX*4), Z26
+	VMOVUPS    (R8)(CX*4), Z27
 	VMULPS     Z8, Z26, Z26
 	VMULPS     Z0, Z24, Z24
 	VMULPS     Z1, Z27, Z28
@@ -3080,15 +3401,15 @@ adam8AVX512_adamw_update:
 	VDIVPS     Z28, Z24, Z27
 	VMULPS     Z6, Z27, Z27
 	VSUBPS     Z27, Z26, Z26
-	VMOVUPS    Z26, (AX)(R9*4)
-	VMOVUPS    Z24, (R12)(R9*4)
-	VMOVUPS    Z25, 1024(R12)(R9*4)
+	VMOVUPS    Z26, (DI)(CX*4)
+	VMOVUPS    Z24, (SI)(CX*4)
+	VMOVUPS    Z25, 1024(SI)(CX*4)
 	VPANDD     Z9, Z24, Z24
 	VPMAXUD    Z24, Z17, Z17
 	VPANDD     Z9, Z25, Z25
 	VPMAXUD    Z25, Z18, Z18
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_adamw_update
 
 	// Phase 2: the new absmax, stored; the divisors (1.0 for an absmax of 0).
@@ -3100,12 +3421,12 @@ adam8AVX512_adamw_update:
 	VPMAXUD       X7, X23, X23
 	VPSHUFD       $0xb1, X23, X7
 	VPMAXUD       X7, X23, X23
-	VMOVD         X23, R9
-	MOVL          R9, (SI)
+	VMOVD         X23, CX
+	MOVL          CX, (R11)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X7
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X7
 	VPBROADCASTD  X7, Z7
 	VEXTRACTI64X4 $0x01, Z18, Y23
 	VPMAXUD       Y23, Y18, Y23
@@ -3115,19 +3436,19 @@ adam8AVX512_adamw_update:
 	VPMAXUD       X23, X24, X24
 	VPSHUFD       $0xb1, X24, X23
 	VPMAXUD       X23, X24, X24
-	VMOVD         X24, R9
-	MOVL          R9, (DI)
+	VMOVD         X24, CX
+	MOVL          CX, (R12)
 	MOVL          $0x3f800000, R13
-	TESTL         R9, R9
-	CMOVLEQ       R13, R9
-	VMOVD         R9, X23
+	TESTL         CX, CX
+	CMOVLEQ       R13, CX
+	VMOVD         CX, X23
 	VPBROADCASTD  X23, Z23
 
 	// Phase 3: requantize the block from the scratch.
-	XORQ R9, R9
+	XORQ CX, CX
 
 adam8AVX512_adamw_quant:
-	VMOVUPS    (R12)(R9*4), Z24
+	VMOVUPS    (SI)(CX*4), Z24
 	VDIVPS     Z7, Z24, Z24
 	VPANDD     Z9, Z24, Z25
 	VPSRLD     $0x10, Z25, Z26
@@ -3140,7 +3461,7 @@ adam8AVX512_adamw_quant:
 	VPXORD     Z21, Z21, Z21
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R10)(Z26*4), K1, Z21
+	VPGATHERDD 7944(DX)(Z26*4), K1, Z21
 	VPANDD     Z13, Z25, Z25
 	VPANDD     Z13, Z24, Z24
 	VPXORD     Z24, Z25, Z25
@@ -3148,8 +3469,8 @@ adam8AVX512_adamw_quant:
 	VPSRLD     $0x18, Z21, Z21
 	VPCMPUD    $0x05, Z27, Z25, K1
 	VPADDD     Z16, Z21, K1, Z21
-	VPMOVDB    Z21, (DX)(R9*1)
-	VMOVUPS    1024(R12)(R9*4), Z24
+	VPMOVDB    Z21, (R9)(CX*1)
+	VMOVUPS    1024(SI)(CX*4), Z24
 	VDIVPS     Z23, Z24, Z24
 	VPANDD     Z9, Z24, Z25
 	VPSRLD     $0x10, Z25, Z26
@@ -3162,7 +3483,7 @@ adam8AVX512_adamw_quant:
 	VPXORD     Z22, Z22, Z22
 	MOVL       $0x0000ffff, R13
 	KMOVW      R13, K1
-	VPGATHERDD 7944(R11)(Z26*4), K1, Z22
+	VPGATHERDD 7944(BX)(Z26*4), K1, Z22
 	VPANDD     Z13, Z25, Z25
 	VPANDD     Z13, Z24, Z24
 	VPXORD     Z24, Z25, Z25
@@ -3170,17 +3491,17 @@ adam8AVX512_adamw_quant:
 	VPSRLD     $0x18, Z22, Z22
 	VPCMPUD    $0x05, Z27, Z25, K1
 	VPADDD     Z16, Z22, K1, Z22
-	VPMOVDB    Z22, (BX)(R9*1)
-	ADDQ       $0x10, R9
-	CMPQ       R9, $0x00000100
+	VPMOVDB    Z22, (R10)(CX*1)
+	ADDQ       $0x10, CX
+	CMPQ       CX, $0x00000100
 	JL         adam8AVX512_adamw_quant
-	ADDQ       $0x00000400, AX
-	ADDQ       $0x00000400, CX
-	ADDQ       $0x00000100, DX
-	ADDQ       $0x00000100, BX
-	ADDQ       $0x04, SI
-	ADDQ       $0x04, DI
-	DECQ       R8
+	ADDQ       $0x00000400, DI
+	ADDQ       $0x00000400, R8
+	ADDQ       $0x00000100, R9
+	ADDQ       $0x00000100, R10
+	ADDQ       $0x04, R11
+	ADDQ       $0x04, R12
+	DECQ       AX
 	JMP        adam8AVX512_adamw_block
 
 adam8AVX512_adamw_done:

@@ -122,6 +122,15 @@ type quantTable struct {
 	// key(t)), or 0x10000 (above every key) for a bucket without a
 	// threshold. packedCode is the lookup; the tests compare it with code.
 	packed [2 * bucketCount]uint32
+	// wide[u] is the entry of the values whose top 16 bits are u (every
+	// bucket unclamped, sign included), for the AVX2 kernel, which then
+	// finds it from y's bits by one shift: the code in bits 0-7, and
+	// (key-1)<<8 in the rest as an int32, where key is the threshold's key
+	// of packed (0x10000 for a bucket without one). wideCode is the
+	// lookup; the tests compare it with code. 256 KiB, of which a step
+	// touches the entries of the magnitudes it meets: the buckets of
+	// packed, as the clamped lookup reads them.
+	wide [1 << 16]uint32
 }
 
 const (
@@ -129,7 +138,23 @@ const (
 	quantTableThr    = 1024
 	quantTableBucket = 2048
 	quantTablePacked = quantTableBucket + bucketBytes
+	quantTableWide   = quantTablePacked + 4*2*bucketCount
 )
+
+// wideCode is code by the wide table, as the AVX2 kernel computes it: the
+// entry e of y's top 16 bits; K, the low 16 bits of y, complemented for a
+// negative y (key(y) of packed), times 256; one more than e's code when K
+// > e as int32s (exactly when key(y) >= the threshold's key).
+func (t *quantTable) wideCode(y float32) uint8 {
+	u := math.Float32bits(y)
+	e := int32(t.wide[u>>16])
+	sg := uint32(int32(u) >> 31)
+	k := int32((u ^ sg) << 8 & 0xff_ff00)
+	if k > e {
+		e++
+	}
+	return uint8(e)
+}
 
 // packedKey is key(y) of quantTable.packed.
 func packedKey(y float32) uint32 {
@@ -195,7 +220,14 @@ func (t *quantTable) quantizeBlock(codes []uint8, x []float32) float32 {
 	a := math.Float32frombits(absmaxBits(x))
 	d := a
 	if d == 0 {
-		d = 1
+		// Every x is ±0 and codes as the zero entry: filled without the
+		// divisions (an optimizer's initial moments are such blocks).
+		codes = codes[:len(x)]
+		z := t.code(0)
+		for i := range codes {
+			codes[i] = z
+		}
+		return a
 	}
 	codes = codes[:len(x)]
 	for i, v := range x {
@@ -308,6 +340,11 @@ func newQuantTable(values [256]float32) quantTable {
 			}
 			t.packed[half*bucketCount+k] = uint32(c)<<24 | key
 		}
+	}
+	for u := range uint32(1 << 16) {
+		e := t.packed[bucketOf(math.Float32frombits(u<<16))]
+		key := int32(e & 0x1_ffff)
+		t.wide[u] = uint32((key-1)<<8 | int32(e>>24))
 	}
 	return t
 }

@@ -27,6 +27,9 @@ func TestQuantCodeMatchesCount(t *testing.T) {
 			if got, want := tab.packedCode(y), tab.code(y); got != want {
 				t.Fatalf("%s: packedCode(%g [%#08x]) = %d, code gives %d", name, y, math.Float32bits(y), got, want)
 			}
+			if got, want := tab.wideCode(y), tab.code(y); got != want {
+				t.Fatalf("%s: wideCode(%g [%#08x]) = %d, code gives %d", name, y, math.Float32bits(y), got, want)
+			}
 		}
 		for _, x := range tab.thr[:255] {
 			for _, y := range []float32{x, math.Nextafter32(x, -2), math.Nextafter32(x, 2)} {
@@ -44,6 +47,19 @@ func TestQuantCodeMatchesCount(t *testing.T) {
 		for _, y := range []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), math.SmallestNonzeroFloat32} {
 			check(y)
 		}
+		// A NaN y codes as 255 with its sign bit clear, 0 with it set
+		// (QuantMap), by every lookup; every top 16 bits of a NaN, with
+		// the low bits at both ends.
+		for top := uint32(0x7f81); top <= 0x7fff; top++ {
+			for _, u := range []uint32{top << 16, top<<16 | 0xffff, 0x7f80_0001} {
+				for sign, want := range []uint8{255, 0} {
+					y := math.Float32frombits(u | uint32(sign)<<31)
+					if a, b, c := tab.code(y), tab.packedCode(y), tab.wideCode(y); a != want || b != want || c != want {
+						t.Fatalf("%s: NaN %#08x codes as %d (code), %d (packedCode), %d (wideCode), want %d", name, math.Float32bits(y), a, b, c, want)
+					}
+				}
+			}
+		}
 	}
 }
 
@@ -56,6 +72,9 @@ func TestQuantTableLayout(t *testing.T) {
 	}
 	if quantTablePacked != 7944 {
 		t.Fatalf("quantTablePacked = %d; internal/asmgen reads the packed table at 7944", quantTablePacked)
+	}
+	if unsafe.Offsetof(q.wide) != quantTableWide || quantTableWide != 31504 {
+		t.Fatalf("wide table at %d (quantTableWide %d); internal/asmgen reads it at 31504", unsafe.Offsetof(q.wide), quantTableWide)
 	}
 	if len(q.bucket) < 2*bucketCount+3 {
 		t.Fatalf("bucket table %d bytes: the kernels read 4 bytes at offsets up to %d", len(q.bucket), 2*bucketCount-1)

@@ -168,6 +168,33 @@ func TestQuantizeBlocks(t *testing.T) {
 		t.Errorf("read back %v ... %v", back[:5], back[256:])
 	}
 
+	// A whole block of ±0 (an optimizer's initial moments) over stale
+	// codes: absmax +0, every code the zero entry, in both maps.
+	zeros := make([]float32, 2*256)
+	for i := range zeros {
+		if i%3 == 1 {
+			zeros[i] = negZero
+		}
+	}
+	for _, c := range []struct {
+		m    optimizer.QuantMap
+		zero uint8
+	}{{sm, 127}, {um, 0}} {
+		zc, za := make([]uint8, len(zeros)), []float32{7, 7}
+		for i := range zc {
+			zc[i] = 0xaa
+		}
+		c.m.Quantize(zc, za, zeros)
+		if math.Float32bits(za[0]) != 0 || math.Float32bits(za[1]) != 0 {
+			t.Errorf("zero blocks: absmax %v, want +0", za)
+		}
+		for i, code := range zc {
+			if code != c.zero {
+				t.Fatalf("zero blocks: code[%d] = %d, want %d", i, code, c.zero)
+			}
+		}
+	}
+
 	// Unsigned: a subnormal block and a huge one.
 	sub := []float32{math.SmallestNonzeroFloat32 * 4, math.SmallestNonzeroFloat32, 0}
 	uc := make([]uint8, 3)
