@@ -139,14 +139,13 @@
 // On amd64 with AVX2, FMA and F16C the products run on kernels
 // generated as assembly by internal/asmgen (go generate; the .s and its
 // declarations are committed). Two YMM registers hold the 16 partial sums
-// of a row and vector, loaded and stored around a tile. An f32 kernel
-// takes up to four rows at once (four rows of one vector, two of two, one
-// of three or four): a vector's partial sums are only two chains of
-// dependent fused multiply-adds, and more rows give the CPU independent
-// ones. The bf16 and block formats' kernels take one row: their short
-// rows read side by side are as many short streams from memory, and one
-// row at a time, one long stream, made a core read bf16 weights about a
-// quarter faster at one vector (BenchmarkLayerProducts' shapes). The bf16
+// of a row and vector, loaded and stored around a tile. Kernels take one
+// row at a time (the f32 kernel of two vectors two): rows read side by
+// side are as many short streams from memory, and one row at a time,
+// one long stream, made a core read bf16 weights about a quarter faster
+// at one vector, f32 ones 10-30% faster than four rows at once
+// (BenchmarkLayerProducts' shapes), although a vector's partial sums are
+// then only two chains of dependent fused multiply-adds. The bf16
 // weights are widened in registers by VPMOVZXWD and a shift. The block
 // formats' kernels (one row, up to four vectors) take a block of 32
 // weights as 32 signed bytes (Q4_0's masked nibbles less 8, the low

@@ -9,16 +9,6 @@ package kernels
 //go:noescape
 func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// rowF32AVX2x1r2 adds the products of n F32 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowF32AVX2x1r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
-// rowF32AVX2x1r4 adds the products of n F32 weights of 4 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
-//
-//go:noescape
-func rowF32AVX2x1r4(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-
 // rowF32AVX2x2r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
