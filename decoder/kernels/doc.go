@@ -156,13 +156,14 @@
 // two scales' product into one register of 8 partial sums a vector
 // (VFMADD231PS): about a dozen instructions a block, where widening each
 // weight to binary32 first took about three times as many and made Q8_0
-// products compute-bound. The bf16 and block formats'
+// products compute-bound. The block formats'
 // kernels prefetch the row the next call takes (wstride bytes on, at
 // the columns they read): their rows are short streams (a Q8_0 row of
-// 1024 columns is 17 cache lines, a bf16 one 32), which the hardware's
-// prefetchers do not follow far enough, and without it a Q8_0
-// product from memory ran at half its rate from the cache. The f32
-// kernels gained nothing measurable from it and do without. The tests compare every kernel
+// 1024 columns is 17 cache lines), and without it a Q8_0 product from
+// memory once ran at half its rate from the cache. The f32 and bf16
+// kernels do without: prefetching the next row made both slower
+// (BenchmarkDecodeStep at one vector), their rows read one after the
+// other being one stream the hardware follows. The tests compare every kernel
 // with the scalar one on random shapes, bit for bit, and
 // internal/asmgen/mutants.sh builds deliberate mistakes into the assembly
 // and requires the tests to catch each (the row and the in-out kernels'

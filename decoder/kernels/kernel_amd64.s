@@ -236,51 +236,91 @@ rowF32AVX2x4r1_store:
 	RET
 
 // func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
+// Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x1r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), SI
-	VMOVUPS (SI), Y0
-	VMOVUPS 32(SI), Y1
-	XORQ    DI, DI
+	MOVQ    acc+40(FP), BX
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	XORQ    SI, SI
 	CMPQ    AX, $0x00
 	JLE     rowBF16AVX2x1r1_store
 
 rowBF16AVX2x1r1_loop:
-	PREFETCHT0  (CX)(DX*1)
 	VPMOVZXWD   (CX), Y2
 	VPMOVZXWD   16(CX), Y3
 	VPSLLD      $0x10, Y2, Y2
 	VPSLLD      $0x10, Y3, Y3
-	VFMADD231PS (BX)(DI*1), Y2, Y0
-	VFMADD231PS 32(BX)(DI*1), Y3, Y1
+	VFMADD231PS (DX)(SI*1), Y2, Y0
+	VFMADD231PS 32(DX)(SI*1), Y3, Y1
 	ADDQ        $0x00000020, CX
-	ADDQ        $0x00000040, DI
+	ADDQ        $0x00000040, SI
 	SUBQ        $0x00000010, AX
 	JG          rowBF16AVX2x1r1_loop
 
 rowBF16AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (SI)
-	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
 	VZEROUPPER
 	RET
 
 // func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
+// Requires: AVX, AVX2, FMA3
 TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), SI
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ    acc+40(FP), SI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	XORQ    DI, DI
+	CMPQ    AX, $0x00
+	JLE     rowBF16AVX2x2r1_store
+
+rowBF16AVX2x2r1_loop:
+	VPMOVZXWD   (CX), Y4
+	VPMOVZXWD   16(CX), Y5
+	VPSLLD      $0x10, Y4, Y4
+	VPSLLD      $0x10, Y5, Y5
+	VFMADD231PS (DX)(DI*1), Y4, Y0
+	VFMADD231PS 32(DX)(DI*1), Y5, Y1
+	VFMADD231PS (BX)(DI*1), Y4, Y2
+	VFMADD231PS 32(BX)(DI*1), Y5, Y3
+	ADDQ        $0x00000020, CX
+	ADDQ        $0x00000040, DI
+	SUBQ        $0x00000010, AX
+	JG          rowBF16AVX2x2r1_loop
+
+rowBF16AVX2x2r1_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
+	MOVQ n+32(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
 	MOVQ    acc+40(FP), DI
@@ -288,44 +328,49 @@ TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
 	VMOVUPS 32(DI), Y1
 	VMOVUPS 64(DI), Y2
 	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
 	XORQ    R8, R8
 	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x2r1_store
+	JLE     rowBF16AVX2x3r1_store
 
-rowBF16AVX2x2r1_loop:
-	PREFETCHT0  (CX)(DX*1)
-	VPMOVZXWD   (CX), Y4
-	VPMOVZXWD   16(CX), Y5
-	VPSLLD      $0x10, Y4, Y4
-	VPSLLD      $0x10, Y5, Y5
-	VFMADD231PS (BX)(R8*1), Y4, Y0
-	VFMADD231PS 32(BX)(R8*1), Y5, Y1
-	VFMADD231PS (SI)(R8*1), Y4, Y2
-	VFMADD231PS 32(SI)(R8*1), Y5, Y3
+rowBF16AVX2x3r1_loop:
+	VPMOVZXWD   (CX), Y6
+	VPMOVZXWD   16(CX), Y7
+	VPSLLD      $0x10, Y6, Y6
+	VPSLLD      $0x10, Y7, Y7
+	VFMADD231PS (DX)(R8*1), Y6, Y0
+	VFMADD231PS 32(DX)(R8*1), Y7, Y1
+	VFMADD231PS (SI)(R8*1), Y6, Y2
+	VFMADD231PS 32(SI)(R8*1), Y7, Y3
+	VFMADD231PS (BX)(R8*1), Y6, Y4
+	VFMADD231PS 32(BX)(R8*1), Y7, Y5
 	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, R8
 	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x2r1_loop
+	JG          rowBF16AVX2x3r1_loop
 
-rowBF16AVX2x2r1_store:
+rowBF16AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
 	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
+// func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), DI
-	LEAQ (DI)(SI*1), SI
+	MOVQ x+16(FP), DX
+	MOVQ xstride+24(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
 	MOVQ    acc+40(FP), R8
@@ -335,28 +380,31 @@ TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
 	VMOVUPS 96(R8), Y3
 	VMOVUPS 128(R8), Y4
 	VMOVUPS 160(R8), Y5
+	VMOVUPS 192(R8), Y6
+	VMOVUPS 224(R8), Y7
 	XORQ    R9, R9
 	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x3r1_store
+	JLE     rowBF16AVX2x4r1_store
 
-rowBF16AVX2x3r1_loop:
-	PREFETCHT0  (CX)(DX*1)
-	VPMOVZXWD   (CX), Y6
-	VPMOVZXWD   16(CX), Y7
-	VPSLLD      $0x10, Y6, Y6
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS (BX)(R9*1), Y6, Y0
-	VFMADD231PS 32(BX)(R9*1), Y7, Y1
-	VFMADD231PS (DI)(R9*1), Y6, Y2
-	VFMADD231PS 32(DI)(R9*1), Y7, Y3
-	VFMADD231PS (SI)(R9*1), Y6, Y4
-	VFMADD231PS 32(SI)(R9*1), Y7, Y5
+rowBF16AVX2x4r1_loop:
+	VPMOVZXWD   (CX), Y8
+	VPMOVZXWD   16(CX), Y9
+	VPSLLD      $0x10, Y8, Y8
+	VPSLLD      $0x10, Y9, Y9
+	VFMADD231PS (DX)(R9*1), Y8, Y0
+	VFMADD231PS 32(DX)(R9*1), Y9, Y1
+	VFMADD231PS (SI)(R9*1), Y8, Y2
+	VFMADD231PS 32(SI)(R9*1), Y9, Y3
+	VFMADD231PS (DI)(R9*1), Y8, Y4
+	VFMADD231PS 32(DI)(R9*1), Y9, Y5
+	VFMADD231PS (BX)(R9*1), Y8, Y6
+	VFMADD231PS 32(BX)(R9*1), Y9, Y7
 	ADDQ        $0x00000020, CX
 	ADDQ        $0x00000040, R9
 	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x3r1_loop
+	JG          rowBF16AVX2x4r1_loop
 
-rowBF16AVX2x3r1_store:
+rowBF16AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (R8)
 	VMOVUPS Y1, 32(R8)
@@ -364,64 +412,8 @@ rowBF16AVX2x3r1_store:
 	VMOVUPS Y3, 96(R8)
 	VMOVUPS Y4, 128(R8)
 	VMOVUPS Y5, 160(R8)
-	VZEROUPPER
-	RET
-
-// func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), DI
-	LEAQ (DI)(SI*1), R8
-	LEAQ (R8)(SI*1), SI
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R9
-	VMOVUPS (R9), Y0
-	VMOVUPS 32(R9), Y1
-	VMOVUPS 64(R9), Y2
-	VMOVUPS 96(R9), Y3
-	VMOVUPS 128(R9), Y4
-	VMOVUPS 160(R9), Y5
-	VMOVUPS 192(R9), Y6
-	VMOVUPS 224(R9), Y7
-	XORQ    R10, R10
-	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x4r1_store
-
-rowBF16AVX2x4r1_loop:
-	PREFETCHT0  (CX)(DX*1)
-	VPMOVZXWD   (CX), Y8
-	VPMOVZXWD   16(CX), Y9
-	VPSLLD      $0x10, Y8, Y8
-	VPSLLD      $0x10, Y9, Y9
-	VFMADD231PS (BX)(R10*1), Y8, Y0
-	VFMADD231PS 32(BX)(R10*1), Y9, Y1
-	VFMADD231PS (DI)(R10*1), Y8, Y2
-	VFMADD231PS 32(DI)(R10*1), Y9, Y3
-	VFMADD231PS (R8)(R10*1), Y8, Y4
-	VFMADD231PS 32(R8)(R10*1), Y9, Y5
-	VFMADD231PS (SI)(R10*1), Y8, Y6
-	VFMADD231PS 32(SI)(R10*1), Y9, Y7
-	ADDQ        $0x00000020, CX
-	ADDQ        $0x00000040, R10
-	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x4r1_loop
-
-rowBF16AVX2x4r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (R9)
-	VMOVUPS Y1, 32(R9)
-	VMOVUPS Y2, 64(R9)
-	VMOVUPS Y3, 96(R9)
-	VMOVUPS Y4, 128(R9)
-	VMOVUPS Y5, 160(R9)
-	VMOVUPS Y6, 192(R9)
-	VMOVUPS Y7, 224(R9)
+	VMOVUPS Y6, 192(R8)
+	VMOVUPS Y7, 224(R8)
 	VZEROUPPER
 	RET
 
