@@ -180,34 +180,36 @@ bench-llm:
 	ulimit -v 16000000; $(abspath $(BIN))/zinf-benchllm -rounds $(ROUNDS) -steps $(STEPS) $(LLM_FLAGS)
 
 # One run whose training state exceeds this machine's RAM (not in make
-# test; about 33 GiB written to TMPDIR, default /var/tmp, which needs twice
+# test; about 31 GiB written to TMPDIR, default /var/tmp, which needs twice
 # the state free for zinf's copy-on-write swap files, and deleted after):
 # the zoo transformer (124 blocks, d=1024, 8 heads x 128, FFN 4096, vocab
-# 100277, untied head: 1.77 B parameters, 32.9 GiB of state, 1.40x a
-# 23.5 GiB machine's RAM) created layer by layer straight into zinf and
-# trained by zgomlx.Loop under gradient_accumulation_steps "auto",
-# layer-major: 2 warm-up steps at the plan's k, then 3 steps (-steps) at the
-# planner's k (the micro-batches whose compute covers the step's NVMe
-# I/O). After each step a child process trains 2 of the same blocks with
-# the embedding and the head in memory at the same micro-batch shape and
-# k; their executors' compute, scaled to 124 blocks, is the in-memory
+# 100277, tied head computed in blocks of 8192 table rows: 1.66 B
+# parameters, 31.0 GiB of state, 1.32x a 23.5 GiB machine's RAM) created
+# layer by layer straight into zinf and trained by zgomlx.Loop under
+# gradient_accumulation_steps "auto", layer-major, with
+# zinf.overlap_update (the table's update runs under the next forward):
+# 2 warm-up steps at the plan's k, then 3 steps (-steps) at the planner's
+# k (the micro-batches whose compute covers the step's NVMe I/O). After
+# each step a child process trains 2 of the same blocks with the
+# embedding and the head in memory at the same micro-batch shape and k;
+# their executors' compute, scaled to 124 blocks, is the in-memory
 # compute-bound rate. Each step prints tokens/s offloaded and in memory
 # and their ratio, peak RSS against pinned pool + activations + 512 MiB,
 # NVMe bytes against the plan's, and the busy share of the disk holding
 # TMPDIR (/proc/diskstats); a summary table of medians (min..max) ends it
-# (BENCHMARKS.md). The head is untied because layer-major steps do not
-# run a head computed in blocks of the table (-tied -head-rows 8192, the
-# earlier default, runs micro-batch-major: each micro-batch reads the
-# weights again). One layer's weights and gradients in Go memory at a
-# time (-one-layer) and a Go memory limit of 2400 MiB while training
-# (-train-memlimit; the head's and the table's 392 MiB swap-in buffers
-# are live throughout); BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT)
-# while creating. BIG_FLAGS to change the model; a short check of the
-# program: BIG_FLAGS='-layers 4 -dim 1024 -heads 8 -ffn 4096 -vocab
-# 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none
-# -one-layer -train-memlimit 1600MiB' (4.8 GiB of state, 3 minutes).
+# (BENCHMARKS.md). The head is computed in blocks of the table
+# (-tied -head-rows 8192): an untied head's 392 MiB weights and gradient
+# are whole GoMLX tensors, which put peak RSS 2 GiB over the bound. One
+# layer's weights and gradients in Go memory at a time (-one-layer) and
+# a Go memory limit of 2400 MiB while training (-train-memlimit);
+# BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while creating.
+# BIG_FLAGS to change the model; a short check of the program (2.9 GiB of
+# state, 3 minutes): BIG_FLAGS='-layers 4 -dim 1024 -heads 8 -ffn 4096
+# -vocab 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none
+# -one-layer -train-memlimit 1600MiB -tied -head-rows 8192
+# -overlap-update'.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 2400MiB
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 2400MiB -tied -head-rows 8192 -overlap-update
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
