@@ -38,7 +38,7 @@ rowF32AVX2x1r1_store:
 	RET
 
 // func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·rowF32AVX2x2r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -57,6 +57,7 @@ TEXT ·rowF32AVX2x2r1(SB), NOSPLIT, $0-48
 	JLE     rowF32AVX2x2r1_store
 
 rowF32AVX2x2r1_loop:
+	PREFETCHT0  1024(CX)
 	VMOVUPS     (CX), Y4
 	VMOVUPS     32(CX), Y5
 	VFMADD231PS (DX)(DI*1), Y4, Y0
@@ -78,7 +79,7 @@ rowF32AVX2x2r1_store:
 	RET
 
 // func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·rowF32AVX2x2r2(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -103,12 +104,14 @@ TEXT ·rowF32AVX2x2r2(SB), NOSPLIT, $0-48
 	JLE     rowF32AVX2x2r2_store
 
 rowF32AVX2x2r2_loop:
+	PREFETCHT0  1024(CX)
 	VMOVUPS     (CX), Y8
 	VMOVUPS     32(CX), Y9
 	VFMADD231PS (BX)(R8*1), Y8, Y0
 	VFMADD231PS 32(BX)(R8*1), Y9, Y1
 	VFMADD231PS (SI)(R8*1), Y8, Y2
 	VFMADD231PS 32(SI)(R8*1), Y9, Y3
+	PREFETCHT0  1024(DX)
 	VMOVUPS     (DX), Y8
 	VMOVUPS     32(DX), Y9
 	VFMADD231PS (BX)(R8*1), Y8, Y4
@@ -135,7 +138,7 @@ rowF32AVX2x2r2_store:
 	RET
 
 // func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·rowF32AVX2x3r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -157,6 +160,7 @@ TEXT ·rowF32AVX2x3r1(SB), NOSPLIT, $0-48
 	JLE     rowF32AVX2x3r1_store
 
 rowF32AVX2x3r1_loop:
+	PREFETCHT0  1024(CX)
 	VMOVUPS     (CX), Y6
 	VMOVUPS     32(CX), Y7
 	VFMADD231PS (DX)(R8*1), Y6, Y0
@@ -182,7 +186,7 @@ rowF32AVX2x3r1_store:
 	RET
 
 // func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·rowF32AVX2x4r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -207,6 +211,7 @@ TEXT ·rowF32AVX2x4r1(SB), NOSPLIT, $0-48
 	JLE     rowF32AVX2x4r1_store
 
 rowF32AVX2x4r1_loop:
+	PREFETCHT0  1024(CX)
 	VMOVUPS     (CX), Y8
 	VMOVUPS     32(CX), Y9
 	VFMADD231PS (DX)(R9*1), Y8, Y0
