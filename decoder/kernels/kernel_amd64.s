@@ -276,7 +276,7 @@ rowBF16AVX2x1r1_store:
 	RET
 
 // func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -295,6 +295,7 @@ TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
 	JLE     rowBF16AVX2x2r1_store
 
 rowBF16AVX2x2r1_loop:
+	PREFETCHT0  1024(CX)
 	VPMOVZXWD   (CX), Y4
 	VPMOVZXWD   16(CX), Y5
 	VPSLLD      $0x10, Y4, Y4
@@ -318,7 +319,7 @@ rowBF16AVX2x2r1_store:
 	RET
 
 // func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -340,6 +341,7 @@ TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
 	JLE     rowBF16AVX2x3r1_store
 
 rowBF16AVX2x3r1_loop:
+	PREFETCHT0  1024(CX)
 	VPMOVZXWD   (CX), Y6
 	VPMOVZXWD   16(CX), Y7
 	VPSLLD      $0x10, Y6, Y6
@@ -367,7 +369,7 @@ rowBF16AVX2x3r1_store:
 	RET
 
 // func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), AX
 	MOVQ w+0(FP), CX
@@ -392,6 +394,7 @@ TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
 	JLE     rowBF16AVX2x4r1_store
 
 rowBF16AVX2x4r1_loop:
+	PREFETCHT0  1024(CX)
 	VPMOVZXWD   (CX), Y8
 	VPMOVZXWD   16(CX), Y9
 	VPSLLD      $0x10, Y8, Y8

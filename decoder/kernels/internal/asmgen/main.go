@@ -138,7 +138,11 @@ func main() {
 	// sequential stream the hardware follows, and prefetching the next
 	// row made BenchmarkDecodeStep/outin/bf16/batch1 slower in 4 pairs
 	// of 4 (6.1, 5.0, 7.9, 5.4 ms with it, 4.8, 4.4, 5.0, 5.2 without).
-	bf16 := dtype{name: "BF16", cols: 16, wstep: 32,
+	// Its kernels of two to four vectors prefetch 1 KiB ahead, as f32's:
+	// BenchmarkLayerProducts/bf16/batch=4/shared on one core 56.1, 35.8,
+	// 36.5, 33.4 -> 35.0, 24.7, 25.7, 25.0 ms (4 pairs; at one vector the
+	// same prefetch was slower in 3 of 4).
+	bf16 := dtype{name: "BF16", cols: 16, wstep: 32, ahead: 1024,
 		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VPMOVZXWD(Mem{Base: w}, a)
