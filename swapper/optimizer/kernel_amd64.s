@@ -3009,6 +3009,7 @@ adam8AVX2_adamw_done:
 	RET
 
 adam8AVX2_return:
+	VZEROUPPER
 	RET
 
 // func adam8AVX512(p *float32, grad *float32, qm *uint8, qv *uint8, am *float32, av *float32, blocks int, args [9]float32, mode int, tm *byte, tv *byte, scratch *float32)

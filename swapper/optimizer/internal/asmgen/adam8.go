@@ -471,6 +471,7 @@ func (q *q8) avx2Blocks(name string, mode, blocks, tm, tv Register, scr Register
 	Label(name + "_adamw")
 	q.avx2Loop(name+"_adamw", decayAdamW, tm, tv, scr)
 	Label(name + "_return")
+	VZEROUPPER()
 	RET()
 }
 
