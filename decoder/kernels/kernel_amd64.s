@@ -426,50 +426,49 @@ rowBF16AVX2x4r1_store:
 	RET
 
 // func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
+// Requires: AVX, AVX2, F16C, FMA3
 TEXT ·dotQ8_0AVX2x1(SB), NOSPLIT, $0-64
 	MOVQ         n+48(FP), AX
 	MOVQ         w+0(FP), CX
 	MOVQ         wstride+8(FP), DX
-	MOVQ         qx+16(FP), BX
-	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), DI
-	MOVL         $0x00010001, DI
-	VMOVD        DI, X0
+	MOVQ         qx+16(FP), DX
+	MOVQ         xd+24(FP), BX
+	MOVQ         xstride+32(FP), SI
+	MOVQ         dstride+40(FP), SI
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X0
 	VPBROADCASTD X0, Y0
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), DI
-	VMOVUPS (DI), Y1
+	MOVQ    acc+56(FP), SI
+	VMOVUPS (SI), Y1
+	XORQ    DI, DI
 	XORQ    R8, R8
-	XORQ    R9, R9
 	CMPQ    AX, $0x00
 	JLE     dotQ8_0AVX2x1_store
 
 dotQ8_0AVX2x1_loop:
-	PREFETCHT0   (CX)(DX*1)
 	VPBROADCASTW (CX), X2
 	VCVTPH2PS    X2, Y2
 	VMOVDQU      2(CX), Y3
 	VPSIGNB      Y3, Y3, Y4
-	VMOVDQU      (BX)(R8*1), Y5
+	VMOVDQU      (DX)(DI*1), Y5
 	VPSIGNB      Y3, Y5, Y5
 	VPMADDUBSW   Y5, Y4, Y3
 	VPMADDWD     Y0, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VBROADCASTSS (SI)(R9*1), Y4
+	VBROADCASTSS (BX)(R8*1), Y4
 	VMULPS       Y2, Y4, Y4
 	VFMADD231PS  Y4, Y3, Y1
 	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000020, R8
-	ADDQ         $0x00000004, R9
+	ADDQ         $0x00000020, DI
+	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000020, AX
 	JG           dotQ8_0AVX2x1_loop
 
 dotQ8_0AVX2x1_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
-	VMOVUPS Y1, (DI)
+	VMOVUPS Y1, (SI)
 	VZEROUPPER
 	RET
 
@@ -690,35 +689,34 @@ dotQ8_0AVX2x4_store:
 	RET
 
 // func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
-// Requires: AVX, AVX2, F16C, FMA3, MMX+
+// Requires: AVX, AVX2, F16C, FMA3
 TEXT ·dotQ4_0AVX2x1(SB), NOSPLIT, $0-64
 	MOVQ         n+48(FP), AX
 	MOVQ         w+0(FP), CX
 	MOVQ         wstride+8(FP), DX
-	MOVQ         qx+16(FP), BX
-	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), DI
-	MOVL         $0x00010001, DI
-	VMOVD        DI, X0
+	MOVQ         qx+16(FP), DX
+	MOVQ         xd+24(FP), BX
+	MOVQ         xstride+32(FP), SI
+	MOVQ         dstride+40(FP), SI
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x0f0f0f0f, DI
-	VMOVD        DI, X1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x08080808, DI
-	VMOVD        DI, X2
+	MOVL         $0x08080808, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), DI
-	VMOVUPS (DI), Y3
+	MOVQ    acc+56(FP), SI
+	VMOVUPS (SI), Y3
+	XORQ    DI, DI
 	XORQ    R8, R8
-	XORQ    R9, R9
 	CMPQ    AX, $0x00
 	JLE     dotQ4_0AVX2x1_store
 
 dotQ4_0AVX2x1_loop:
-	PREFETCHT0   (CX)(DX*1)
 	VPBROADCASTW (CX), X4
 	VCVTPH2PS    X4, Y4
 	VMOVDQU      2(CX), X6
@@ -727,23 +725,23 @@ dotQ4_0AVX2x1_loop:
 	VPAND        Y1, Y5, Y5
 	VPSUBB       Y2, Y5, Y5
 	VPSIGNB      Y5, Y5, Y7
-	VMOVDQU      (BX)(R8*1), Y8
+	VMOVDQU      (DX)(DI*1), Y8
 	VPSIGNB      Y5, Y8, Y8
 	VPMADDUBSW   Y8, Y7, Y5
 	VPMADDWD     Y0, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS (SI)(R9*1), Y7
+	VBROADCASTSS (BX)(R8*1), Y7
 	VMULPS       Y4, Y7, Y7
 	VFMADD231PS  Y7, Y5, Y3
 	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000020, R8
-	ADDQ         $0x00000004, R9
+	ADDQ         $0x00000020, DI
+	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000020, AX
 	JG           dotQ4_0AVX2x1_loop
 
 dotQ4_0AVX2x1_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
-	VMOVUPS Y3, (DI)
+	VMOVUPS Y3, (SI)
 	VZEROUPPER
 	RET
 

@@ -49,42 +49,42 @@ func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *
 //go:noescape
 func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
 
-// dotQ8_0AVX2x1 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x1 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ8_0AVX2x2 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x2 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ8_0AVX2x3 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x3 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ8_0AVX2x4 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x4 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ4_0AVX2x1 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x1 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ4_0AVX2x2 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x2 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ4_0AVX2x3 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x3 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
 
-// dotQ4_0AVX2x4 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x4 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
 func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)

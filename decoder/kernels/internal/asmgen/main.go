@@ -614,12 +614,12 @@ func genInOut(t ioType, nb, width int) {
 // binary32 (exact) times the product of the two scales (exact), one fused
 // multiply-add each: the order of the scalar reference (rowQ8Scalar,
 // rowQ4Scalar). It prefetches the next row (wstride bytes on) at the
-// columns it reads, as the other narrow formats do.
+// columns it reads when it serves more than one vector.
 func genQ(t string, nb int) {
 	name := fmt.Sprintf("dot%sAVX2x%d", t, nb)
 	TEXT(name, NOSPLIT, "func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32)")
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s adds the products of n %s weights of one row (n a positive multiple of 32; the next row, prefetched, at w + wstride bytes) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.", name, t, nb))
+	Doc(fmt.Sprintf("%s adds the products of n %s weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.", name, t, nb))
 	n := Load(Param("n"), GP64())
 	w := Load(Param("w"), GP64())
 	pf := Load(Param("wstride"), GP64())
@@ -672,7 +672,14 @@ func genQ(t string, nb int) {
 	CMPQ(n, U8(0))
 	JLE(LabelRef(name + "_store"))
 	Label(name + "_loop")
-	PREFETCHT0(Mem{Base: w, Index: pf, Scale: 1})
+	if nb > 1 {
+		// One vector reads a row after the other, one stream: the
+		// prefetch made it slower (BenchmarkLayerProducts/q8_0/batch=1/
+		// shared on one core: 6.50, 6.75, 6.75, 6.55 ms with it, 6.46,
+		// 6.28, 6.44, 6.57 without); four vectors were faster with it
+		// (16.4, 16.0, 16.1, 16.3 against 18.4, 18.2, 18.4, 18.7 ms).
+		PREFETCHT0(Mem{Base: w, Index: pf, Scale: 1})
+	}
 	dw := halfScale(w)
 	q := YMM()
 	if t == "Q8_0" {
