@@ -58,7 +58,8 @@ type dtype struct {
 	// prefetch has the kernels prefetch the next call's rows (see gen).
 	prefetch bool
 	// ahead, if positive, has the kernels of several vectors prefetch
-	// each row's weights that many bytes on (see gen).
+	// each row's weights that many bytes on into the second level cache
+	// (see gen).
 	ahead int
 }
 
@@ -119,15 +120,17 @@ func main() {
 		os.Exit(2)
 	}
 	ConstraintExpr("amd64")
-	// The f32 kernels of two to four vectors prefetch 1 KiB ahead: their
-	// fused multiply-adds (8 a cache line at four vectors) wait for the
-	// weights in the scheduler, which then holds few enough cache lines
-	// that the reads from memory no longer overlap as at one vector. On
-	// the 400 M llama's shapes (BenchmarkLayerProducts/f32/batch=4/shared,
-	// one core, 4 pairs) 53.8, 48.2, 49.0, 50.9 ms against 61.7, 64.1,
-	// 54.0, 56.4 without; prefetching the next row (2-4 KiB on) gained
-	// nothing, and at one vector any prefetch made it slower.
-	f32 := dtype{name: "F32", cols: 16, wstep: 64, ahead: 1024,
+	// The f32 kernels of two to four vectors prefetch 8 KiB ahead (into
+	// the second level cache, PREFETCHT1): their fused multiply-adds (8 a
+	// cache line at four vectors) wait for the weights in the scheduler,
+	// which then holds few enough cache lines that the reads from memory
+	// no longer overlap as at one vector. On the 400 M llama's shapes
+	// (BenchmarkLayerProducts/f32/batch=4/shared, one core) 61.7, 64.1,
+	// 54.0, 56.4 ms without, 53.8, 48.2, 49.0, 50.9 with PREFETCHT0 1 KiB
+	// ahead (2 and 4 KiB the same), and then 47.4, 45.7, 45.7 against
+	// 29.9, 36.5, 32.0 with PREFETCHT1 4 KiB ahead, 30.8, 29.5, 25.8 8 KiB
+	// ahead. At one vector any prefetch made it slower.
+	f32 := dtype{name: "F32", cols: 16, wstep: 64, ahead: 8192,
 		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VMOVUPS(Mem{Base: w}, a)
@@ -138,11 +141,13 @@ func main() {
 	// sequential stream the hardware follows, and prefetching the next
 	// row made BenchmarkDecodeStep/outin/bf16/batch1 slower in 4 pairs
 	// of 4 (6.1, 5.0, 7.9, 5.4 ms with it, 4.8, 4.4, 5.0, 5.2 without).
-	// Its kernels of two to four vectors prefetch 1 KiB ahead, as f32's:
+	// Its kernels of two to four vectors prefetch ahead as f32's:
 	// BenchmarkLayerProducts/bf16/batch=4/shared on one core 56.1, 35.8,
-	// 36.5, 33.4 -> 35.0, 24.7, 25.7, 25.0 ms (4 pairs; at one vector the
-	// same prefetch was slower in 3 of 4).
-	bf16 := dtype{name: "BF16", cols: 16, wstep: 32, ahead: 1024,
+	// 36.5, 33.4 ms without, 35.0, 24.7, 25.7, 25.0 with PREFETCHT0 1 KiB
+	// ahead (at one vector slower in 3 pairs of 4), then 26.6, 25.1, 25.0
+	// against 19.9, 20.0, 19.9 with PREFETCHT1 8 KiB ahead (at one vector
+	// slower in 3 of 3).
+	bf16 := dtype{name: "BF16", cols: 16, wstep: 32, ahead: 8192,
 		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VPMOVZXWD(Mem{Base: w}, a)
@@ -334,7 +339,7 @@ func gen(t dtype, nb, rows int) {
 			PREFETCHT0(Mem{Base: ws[r], Index: pf, Scale: 1})
 		}
 		if nb > 1 && t.ahead > 0 {
-			PREFETCHT0(Mem{Base: ws[r], Disp: t.ahead})
+			PREFETCHT1(Mem{Base: ws[r], Disp: t.ahead})
 		}
 		var d VecVirtual
 		if t.scale != nil {
