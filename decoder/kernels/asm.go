@@ -84,21 +84,56 @@ func asmBlock(k asmKernels) blockFunc {
 	}
 }
 
-// qasmFunc is the signature of the generated block-format kernels.
-type qasmFunc func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32)
+// qasmFunc is the signature of the generated block-format kernels (amd64):
+// rows rows, one after the other, in one call.
+type qasmFunc func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32, rows int)
 
 // asmQBlock makes a qblockFunc of one block format's kernels (by[nb-1]
-// serves nb vectors): the vectors in groups of up to four, a row at a
-// time.
+// serves nb vectors): the vectors in groups of up to four, each group's
+// rows in one call.
 func asmQBlock(by [4]qasmFunc) qblockFunc {
 	return func(w []byte, wstride, nrows, n int, qx []byte, xd []float32, xstride, dstride, nb int, acc *[rowBlock]accs) {
-		if n == 0 {
+		if n == 0 || nrows == 0 {
+			return
+		}
+		_ = w[(nrows-1)*wstride] // the last row starts within w
+		_ = acc[nrows-1]
+		for b0 := 0; b0 < nb; b0 += 4 {
+			by[min(4, nb-b0)-1](&w[0], wstride, &qx[b0*xstride], &xd[b0*dstride], xstride, 4*dstride, n, &acc[0][b0][0], nrows)
+		}
+	}
+}
+
+// asmRowsFunc is the signature of the generated f32 and bf16 row kernels
+// on amd64: groups groups of rows, one after the other, in one call.
+type asmRowsFunc func(w *byte, wstride int, x *float32, xstride, n int, acc *float32, groups int)
+
+// asmRowsKernels are one dtype's amd64 kernels: by[nb-1][rows] serves nb
+// vectors and rows rows at once (nil where none was generated; rows 1
+// always is).
+type asmRowsKernels [4][5]asmRowsFunc
+
+// asmRowsBlock is asmBlock for kernels that loop over the rows
+// themselves: a call a row cost a tenth of a decoding step's products.
+func asmRowsBlock(k asmRowsKernels) blockFunc {
+	return func(w []byte, wstride, nrows, n int, x []float32, xstride, nb int, acc *[rowBlock]accs) {
+		if n == 0 || nrows == 0 {
 			return
 		}
 		for b0 := 0; b0 < nb; b0 += 4 {
-			f := by[min(4, nb-b0)-1]
-			for r := range nrows {
-				f(&w[r*wstride], wstride, &qx[b0*xstride], &xd[b0*dstride], xstride, 4*dstride, n, &acc[r][b0][0])
+			g := min(4, nb-b0)
+			byRows := &k[g-1]
+			r := 0
+			for _, step := range [...]int{4, 2} {
+				if f := byRows[step]; f != nil {
+					if groups := (nrows - r) / step; groups > 0 {
+						f(&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0], groups)
+						r += groups * step
+					}
+				}
+			}
+			if r < nrows {
+				byRows[1](&w[r*wstride], wstride, &x[b0*xstride], 4*xstride, n, &acc[r][b0][0], nrows-r)
 			}
 		}
 	}

@@ -145,7 +145,10 @@
 // one long stream, made a core read bf16 weights about a quarter faster
 // at one vector, f32 ones 10-30% faster than four rows at once
 // (BenchmarkLayerProducts' shapes), although a vector's partial sums are
-// then only two chains of dependent fused multiply-adds. The bf16
+// then only two chains of dependent fused multiply-adds. A call takes a
+// row block's rows one after the other (the loop over them in the
+// assembly: a Go call a row cost about a tenth of the kernels' time at
+// one vector). The bf16
 // weights are widened in registers by VPMOVZXWD and a shift. The block
 // formats' kernels (one row, up to four vectors) take a block of 32
 // weights as 32 signed bytes (Q4_0's masked nibbles less 8, the low

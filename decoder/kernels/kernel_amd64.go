@@ -36,9 +36,9 @@ var avx2Kernel = &kernel{
 	reduce: func(acc *[rowBlock]accs, b, rows int, y []float32) {
 		reduceAVX2(&acc[0][b][0], int(unsafe.Sizeof(acc[0])), rows, &y[0])
 	},
-	f32: asmBlock(asmKernels{
+	f32: asmRowsBlock(asmRowsKernels{
 		{1: rowF32AVX2x1r1}, {1: rowF32AVX2x2r1, 2: rowF32AVX2x2r2}, {1: rowF32AVX2x3r1}, {1: rowF32AVX2x4r1}}),
-	bf16: asmBlock(asmKernels{
+	bf16: asmRowsBlock(asmRowsKernels{
 		{1: rowBF16AVX2x1r1}, {1: rowBF16AVX2x2r1}, {1: rowBF16AVX2x3r1}, {1: rowBF16AVX2x4r1}}),
 	q8_0: asmQBlock([4]qasmFunc{dotQ8_0AVX2x1, dotQ8_0AVX2x2, dotQ8_0AVX2x3, dotQ8_0AVX2x4}),
 	q4:   asmQBlock([4]qasmFunc{dotQ4_0AVX2x1, dotQ4_0AVX2x2, dotQ4_0AVX2x3, dotQ4_0AVX2x4}),

@@ -4,360 +4,296 @@
 
 #include "textflag.h"
 
-// func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 // Requires: AVX, FMA3
-TEXT ·rowF32AVX2x1r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+TEXT ·rowF32AVX2x1r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	MOVQ acc+40(FP), DX
+
+rowF32AVX2x1r1_group:
+	MOVQ (SP), DI
+	MOVQ n+32(FP), BX
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), BX
-	VMOVUPS (BX), Y0
-	VMOVUPS 32(BX), Y1
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
 	XORQ    SI, SI
-	CMPQ    AX, $0x00
+	CMPQ    BX, $0x00
 	JLE     rowF32AVX2x1r1_store
 
 rowF32AVX2x1r1_loop:
-	VMOVUPS     (CX), Y2
-	VMOVUPS     32(CX), Y3
-	VFMADD231PS (DX)(SI*1), Y2, Y0
-	VFMADD231PS 32(DX)(SI*1), Y3, Y1
-	ADDQ        $0x00000040, CX
+	VMOVUPS     (DI), Y2
+	VMOVUPS     32(DI), Y3
+	VFMADD231PS (CX)(SI*1), Y2, Y0
+	VFMADD231PS 32(CX)(SI*1), Y3, Y1
+	ADDQ        $0x00000040, DI
 	ADDQ        $0x00000040, SI
-	SUBQ        $0x00000010, AX
+	SUBQ        $0x00000010, BX
 	JG          rowF32AVX2x1r1_loop
 
 rowF32AVX2x1r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (BX)
-	VMOVUPS Y1, 32(BX)
+	VMOVUPS Y0, (DX)
+	VMOVUPS Y1, 32(DX)
+
+	// The next group of rows.
+	MOVQ (SP), DI
+	LEAQ (DI)(AX*1), DI
+	MOVQ DI, (SP)
+	ADDQ $0x00000200, DX
+	DECQ 8(SP)
+	JG   rowF32AVX2x1r1_group
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 // Requires: AVX, FMA3, MMX+
-TEXT ·rowF32AVX2x2r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+TEXT ·rowF32AVX2x2r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), BX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ acc+40(FP), BX
+
+rowF32AVX2x2r1_group:
+	MOVQ (SP), R8
+	MOVQ n+32(FP), SI
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), SI
-	VMOVUPS (SI), Y0
-	VMOVUPS 32(SI), Y1
-	VMOVUPS 64(SI), Y2
-	VMOVUPS 96(SI), Y3
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
 	XORQ    DI, DI
-	CMPQ    AX, $0x00
+	CMPQ    SI, $0x00
 	JLE     rowF32AVX2x2r1_store
 
 rowF32AVX2x2r1_loop:
-	PREFETCHT1  8192(CX)
-	VMOVUPS     (CX), Y4
-	VMOVUPS     32(CX), Y5
-	VFMADD231PS (DX)(DI*1), Y4, Y0
-	VFMADD231PS 32(DX)(DI*1), Y5, Y1
-	VFMADD231PS (BX)(DI*1), Y4, Y2
-	VFMADD231PS 32(BX)(DI*1), Y5, Y3
-	ADDQ        $0x00000040, CX
+	PREFETCHT1  8192(R8)
+	VMOVUPS     (R8), Y4
+	VMOVUPS     32(R8), Y5
+	VFMADD231PS (CX)(DI*1), Y4, Y0
+	VFMADD231PS 32(CX)(DI*1), Y5, Y1
+	VFMADD231PS (DX)(DI*1), Y4, Y2
+	VFMADD231PS 32(DX)(DI*1), Y5, Y3
+	ADDQ        $0x00000040, R8
 	ADDQ        $0x00000040, DI
-	SUBQ        $0x00000010, AX
+	SUBQ        $0x00000010, SI
 	JG          rowF32AVX2x2r1_loop
 
 rowF32AVX2x2r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (SI)
-	VMOVUPS Y1, 32(SI)
-	VMOVUPS Y2, 64(SI)
-	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
+	VMOVUPS Y2, 64(BX)
+	VMOVUPS Y3, 96(BX)
+
+	// The next group of rows.
+	MOVQ (SP), R8
+	LEAQ (R8)(AX*1), R8
+	MOVQ R8, (SP)
+	ADDQ $0x00000200, BX
+	DECQ 8(SP)
+	JG   rowF32AVX2x2r1_group
 	VZEROUPPER
 	RET
 
-// func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+// func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 // Requires: AVX, FMA3, MMX+
-TEXT ·rowF32AVX2x2r2(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+TEXT ·rowF32AVX2x2r2(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ wstride+8(FP), DX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
 	LEAQ (CX)(DX*1), DX
-	MOVQ x+16(FP), BX
-	MOVQ xstride+24(FP), SI
-	LEAQ (BX)(SI*1), SI
+	MOVQ acc+40(FP), BX
+
+rowF32AVX2x2r2_group:
+	MOVQ (SP), R8
+	LEAQ (R8)(AX*1), R9
+	MOVQ n+32(FP), SI
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), DI
-	VMOVUPS (DI), Y0
-	VMOVUPS 32(DI), Y1
-	VMOVUPS 64(DI), Y2
-	VMOVUPS 96(DI), Y3
-	VMOVUPS 512(DI), Y4
-	VMOVUPS 544(DI), Y5
-	VMOVUPS 576(DI), Y6
-	VMOVUPS 608(DI), Y7
-	XORQ    R8, R8
-	CMPQ    AX, $0x00
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
+	VMOVUPS 512(BX), Y4
+	VMOVUPS 544(BX), Y5
+	VMOVUPS 576(BX), Y6
+	VMOVUPS 608(BX), Y7
+	XORQ    DI, DI
+	CMPQ    SI, $0x00
 	JLE     rowF32AVX2x2r2_store
 
 rowF32AVX2x2r2_loop:
-	PREFETCHT1  8192(CX)
-	VMOVUPS     (CX), Y8
-	VMOVUPS     32(CX), Y9
-	VFMADD231PS (BX)(R8*1), Y8, Y0
-	VFMADD231PS 32(BX)(R8*1), Y9, Y1
-	VFMADD231PS (SI)(R8*1), Y8, Y2
-	VFMADD231PS 32(SI)(R8*1), Y9, Y3
-	PREFETCHT1  8192(DX)
-	VMOVUPS     (DX), Y8
-	VMOVUPS     32(DX), Y9
-	VFMADD231PS (BX)(R8*1), Y8, Y4
-	VFMADD231PS 32(BX)(R8*1), Y9, Y5
-	VFMADD231PS (SI)(R8*1), Y8, Y6
-	VFMADD231PS 32(SI)(R8*1), Y9, Y7
-	ADDQ        $0x00000040, CX
-	ADDQ        $0x00000040, DX
+	PREFETCHT1  8192(R8)
+	VMOVUPS     (R8), Y8
+	VMOVUPS     32(R8), Y9
+	VFMADD231PS (CX)(DI*1), Y8, Y0
+	VFMADD231PS 32(CX)(DI*1), Y9, Y1
+	VFMADD231PS (DX)(DI*1), Y8, Y2
+	VFMADD231PS 32(DX)(DI*1), Y9, Y3
+	PREFETCHT1  8192(R9)
+	VMOVUPS     (R9), Y8
+	VMOVUPS     32(R9), Y9
+	VFMADD231PS (CX)(DI*1), Y8, Y4
+	VFMADD231PS 32(CX)(DI*1), Y9, Y5
+	VFMADD231PS (DX)(DI*1), Y8, Y6
+	VFMADD231PS 32(DX)(DI*1), Y9, Y7
 	ADDQ        $0x00000040, R8
-	SUBQ        $0x00000010, AX
+	ADDQ        $0x00000040, R9
+	ADDQ        $0x00000040, DI
+	SUBQ        $0x00000010, SI
 	JG          rowF32AVX2x2r2_loop
 
 rowF32AVX2x2r2_store:
 	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 512(DI)
-	VMOVUPS Y5, 544(DI)
-	VMOVUPS Y6, 576(DI)
-	VMOVUPS Y7, 608(DI)
-	VZEROUPPER
-	RET
-
-// func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3, MMX+
-TEXT ·rowF32AVX2x3r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), SI
-	LEAQ (SI)(BX*1), BX
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), DI
-	VMOVUPS (DI), Y0
-	VMOVUPS 32(DI), Y1
-	VMOVUPS 64(DI), Y2
-	VMOVUPS 96(DI), Y3
-	VMOVUPS 128(DI), Y4
-	VMOVUPS 160(DI), Y5
-	XORQ    R8, R8
-	CMPQ    AX, $0x00
-	JLE     rowF32AVX2x3r1_store
-
-rowF32AVX2x3r1_loop:
-	PREFETCHT1  8192(CX)
-	VMOVUPS     (CX), Y6
-	VMOVUPS     32(CX), Y7
-	VFMADD231PS (DX)(R8*1), Y6, Y0
-	VFMADD231PS 32(DX)(R8*1), Y7, Y1
-	VFMADD231PS (SI)(R8*1), Y6, Y2
-	VFMADD231PS 32(SI)(R8*1), Y7, Y3
-	VFMADD231PS (BX)(R8*1), Y6, Y4
-	VFMADD231PS 32(BX)(R8*1), Y7, Y5
-	ADDQ        $0x00000040, CX
-	ADDQ        $0x00000040, R8
-	SUBQ        $0x00000010, AX
-	JG          rowF32AVX2x3r1_loop
-
-rowF32AVX2x3r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VZEROUPPER
-	RET
-
-// func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, FMA3, MMX+
-TEXT ·rowF32AVX2x4r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), SI
-	LEAQ (SI)(BX*1), DI
-	LEAQ (DI)(BX*1), BX
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R8
-	VMOVUPS (R8), Y0
-	VMOVUPS 32(R8), Y1
-	VMOVUPS 64(R8), Y2
-	VMOVUPS 96(R8), Y3
-	VMOVUPS 128(R8), Y4
-	VMOVUPS 160(R8), Y5
-	VMOVUPS 192(R8), Y6
-	VMOVUPS 224(R8), Y7
-	XORQ    R9, R9
-	CMPQ    AX, $0x00
-	JLE     rowF32AVX2x4r1_store
-
-rowF32AVX2x4r1_loop:
-	PREFETCHT1  8192(CX)
-	VMOVUPS     (CX), Y8
-	VMOVUPS     32(CX), Y9
-	VFMADD231PS (DX)(R9*1), Y8, Y0
-	VFMADD231PS 32(DX)(R9*1), Y9, Y1
-	VFMADD231PS (SI)(R9*1), Y8, Y2
-	VFMADD231PS 32(SI)(R9*1), Y9, Y3
-	VFMADD231PS (DI)(R9*1), Y8, Y4
-	VFMADD231PS 32(DI)(R9*1), Y9, Y5
-	VFMADD231PS (BX)(R9*1), Y8, Y6
-	VFMADD231PS 32(BX)(R9*1), Y9, Y7
-	ADDQ        $0x00000040, CX
-	ADDQ        $0x00000040, R9
-	SUBQ        $0x00000010, AX
-	JG          rowF32AVX2x4r1_loop
-
-rowF32AVX2x4r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (R8)
-	VMOVUPS Y1, 32(R8)
-	VMOVUPS Y2, 64(R8)
-	VMOVUPS Y3, 96(R8)
-	VMOVUPS Y4, 128(R8)
-	VMOVUPS Y5, 160(R8)
-	VMOVUPS Y6, 192(R8)
-	VMOVUPS Y7, 224(R8)
-	VZEROUPPER
-	RET
-
-// func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·rowBF16AVX2x1r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
-	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), BX
-	VMOVUPS (BX), Y0
-	VMOVUPS 32(BX), Y1
-	XORQ    SI, SI
-	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x1r1_store
-
-rowBF16AVX2x1r1_loop:
-	VPMOVZXWD   (CX), Y2
-	VPMOVZXWD   16(CX), Y3
-	VPSLLD      $0x10, Y2, Y2
-	VPSLLD      $0x10, Y3, Y3
-	VFMADD231PS (DX)(SI*1), Y2, Y0
-	VFMADD231PS 32(DX)(SI*1), Y3, Y1
-	ADDQ        $0x00000020, CX
-	ADDQ        $0x00000040, SI
-	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x1r1_loop
-
-rowBF16AVX2x1r1_store:
-	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (BX)
 	VMOVUPS Y1, 32(BX)
+	VMOVUPS Y2, 64(BX)
+	VMOVUPS Y3, 96(BX)
+	VMOVUPS Y4, 512(BX)
+	VMOVUPS Y5, 544(BX)
+	VMOVUPS Y6, 576(BX)
+	VMOVUPS Y7, 608(BX)
+
+	// The next group of rows.
+	MOVQ (SP), R8
+	LEAQ (R8)(AX*2), R8
+	MOVQ R8, (SP)
+	ADDQ $0x00000400, BX
+	DECQ 8(SP)
+	JG   rowF32AVX2x2r2_group
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+// func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, FMA3, MMX+
+TEXT ·rowF32AVX2x3r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), BX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+	MOVQ acc+40(FP), SI
+
+rowF32AVX2x3r1_group:
+	MOVQ (SP), R9
+	MOVQ n+32(FP), DI
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), SI
 	VMOVUPS (SI), Y0
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
-	XORQ    DI, DI
-	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x2r1_store
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	XORQ    R8, R8
+	CMPQ    DI, $0x00
+	JLE     rowF32AVX2x3r1_store
 
-rowBF16AVX2x2r1_loop:
-	PREFETCHT1  8192(CX)
-	VPMOVZXWD   (CX), Y4
-	VPMOVZXWD   16(CX), Y5
-	VPSLLD      $0x10, Y4, Y4
-	VPSLLD      $0x10, Y5, Y5
-	VFMADD231PS (DX)(DI*1), Y4, Y0
-	VFMADD231PS 32(DX)(DI*1), Y5, Y1
-	VFMADD231PS (BX)(DI*1), Y4, Y2
-	VFMADD231PS 32(BX)(DI*1), Y5, Y3
-	ADDQ        $0x00000020, CX
-	ADDQ        $0x00000040, DI
-	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x2r1_loop
+rowF32AVX2x3r1_loop:
+	PREFETCHT1  8192(R9)
+	VMOVUPS     (R9), Y6
+	VMOVUPS     32(R9), Y7
+	VFMADD231PS (CX)(R8*1), Y6, Y0
+	VFMADD231PS 32(CX)(R8*1), Y7, Y1
+	VFMADD231PS (BX)(R8*1), Y6, Y2
+	VFMADD231PS 32(BX)(R8*1), Y7, Y3
+	VFMADD231PS (DX)(R8*1), Y6, Y4
+	VFMADD231PS 32(DX)(R8*1), Y7, Y5
+	ADDQ        $0x00000040, R9
+	ADDQ        $0x00000040, R8
+	SUBQ        $0x00000010, DI
+	JG          rowF32AVX2x3r1_loop
 
-rowBF16AVX2x2r1_store:
+rowF32AVX2x3r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (SI)
 	VMOVUPS Y1, 32(SI)
 	VMOVUPS Y2, 64(SI)
 	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y4, 128(SI)
+	VMOVUPS Y5, 160(SI)
+
+	// The next group of rows.
+	MOVQ (SP), R9
+	LEAQ (R9)(AX*1), R9
+	MOVQ R9, (SP)
+	ADDQ $0x00000200, SI
+	DECQ 8(SP)
+	JG   rowF32AVX2x3r1_group
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+// func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, FMA3, MMX+
+TEXT ·rowF32AVX2x4r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), SI
-	LEAQ (SI)(BX*1), BX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ acc+40(FP), DI
+
+rowF32AVX2x4r1_group:
+	MOVQ (SP), R10
+	MOVQ n+32(FP), R8
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), DI
 	VMOVUPS (DI), Y0
 	VMOVUPS 32(DI), Y1
 	VMOVUPS 64(DI), Y2
 	VMOVUPS 96(DI), Y3
 	VMOVUPS 128(DI), Y4
 	VMOVUPS 160(DI), Y5
-	XORQ    R8, R8
-	CMPQ    AX, $0x00
-	JLE     rowBF16AVX2x3r1_store
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	XORQ    R9, R9
+	CMPQ    R8, $0x00
+	JLE     rowF32AVX2x4r1_store
 
-rowBF16AVX2x3r1_loop:
-	PREFETCHT1  8192(CX)
-	VPMOVZXWD   (CX), Y6
-	VPMOVZXWD   16(CX), Y7
-	VPSLLD      $0x10, Y6, Y6
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS (DX)(R8*1), Y6, Y0
-	VFMADD231PS 32(DX)(R8*1), Y7, Y1
-	VFMADD231PS (SI)(R8*1), Y6, Y2
-	VFMADD231PS 32(SI)(R8*1), Y7, Y3
-	VFMADD231PS (BX)(R8*1), Y6, Y4
-	VFMADD231PS 32(BX)(R8*1), Y7, Y5
-	ADDQ        $0x00000020, CX
-	ADDQ        $0x00000040, R8
-	SUBQ        $0x00000010, AX
-	JG          rowBF16AVX2x3r1_loop
+rowF32AVX2x4r1_loop:
+	PREFETCHT1  8192(R10)
+	VMOVUPS     (R10), Y8
+	VMOVUPS     32(R10), Y9
+	VFMADD231PS (CX)(R9*1), Y8, Y0
+	VFMADD231PS 32(CX)(R9*1), Y9, Y1
+	VFMADD231PS (BX)(R9*1), Y8, Y2
+	VFMADD231PS 32(BX)(R9*1), Y9, Y3
+	VFMADD231PS (SI)(R9*1), Y8, Y4
+	VFMADD231PS 32(SI)(R9*1), Y9, Y5
+	VFMADD231PS (DX)(R9*1), Y8, Y6
+	VFMADD231PS 32(DX)(R9*1), Y9, Y7
+	ADDQ        $0x00000040, R10
+	ADDQ        $0x00000040, R9
+	SUBQ        $0x00000010, R8
+	JG          rowF32AVX2x4r1_loop
 
-rowBF16AVX2x3r1_store:
+rowF32AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
@@ -365,85 +301,289 @@ rowBF16AVX2x3r1_store:
 	VMOVUPS Y3, 96(DI)
 	VMOVUPS Y4, 128(DI)
 	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+
+	// The next group of rows.
+	MOVQ (SP), R10
+	LEAQ (R10)(AX*1), R10
+	MOVQ R10, (SP)
+	ADDQ $0x00000200, DI
+	DECQ 8(SP)
+	JG   rowF32AVX2x4r1_group
 	VZEROUPPER
 	RET
 
-// func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
-// Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $0-48
-	MOVQ n+32(FP), AX
+// func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·rowBF16AVX2x1r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
 	MOVQ w+0(FP), CX
-	MOVQ x+16(FP), DX
-	MOVQ xstride+24(FP), BX
-	LEAQ (DX)(BX*1), SI
-	LEAQ (SI)(BX*1), DI
-	LEAQ (DI)(BX*1), BX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	MOVQ acc+40(FP), DX
+
+rowBF16AVX2x1r1_group:
+	MOVQ (SP), DI
+	MOVQ n+32(FP), BX
 
 	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
-	MOVQ    acc+40(FP), R8
-	VMOVUPS (R8), Y0
-	VMOVUPS 32(R8), Y1
-	VMOVUPS 64(R8), Y2
-	VMOVUPS 96(R8), Y3
-	VMOVUPS 128(R8), Y4
-	VMOVUPS 160(R8), Y5
-	VMOVUPS 192(R8), Y6
-	VMOVUPS 224(R8), Y7
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
+	XORQ    SI, SI
+	CMPQ    BX, $0x00
+	JLE     rowBF16AVX2x1r1_store
+
+rowBF16AVX2x1r1_loop:
+	VPMOVZXWD   (DI), Y2
+	VPMOVZXWD   16(DI), Y3
+	VPSLLD      $0x10, Y2, Y2
+	VPSLLD      $0x10, Y3, Y3
+	VFMADD231PS (CX)(SI*1), Y2, Y0
+	VFMADD231PS 32(CX)(SI*1), Y3, Y1
+	ADDQ        $0x00000020, DI
+	ADDQ        $0x00000040, SI
+	SUBQ        $0x00000010, BX
+	JG          rowBF16AVX2x1r1_loop
+
+rowBF16AVX2x1r1_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (DX)
+	VMOVUPS Y1, 32(DX)
+
+	// The next group of rows.
+	MOVQ (SP), DI
+	LEAQ (DI)(AX*1), DI
+	MOVQ DI, (SP)
+	ADDQ $0x00000200, DX
+	DECQ 8(SP)
+	JG   rowBF16AVX2x1r1_group
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·rowBF16AVX2x2r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ acc+40(FP), BX
+
+rowBF16AVX2x2r1_group:
+	MOVQ (SP), R8
+	MOVQ n+32(FP), SI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
+	XORQ    DI, DI
+	CMPQ    SI, $0x00
+	JLE     rowBF16AVX2x2r1_store
+
+rowBF16AVX2x2r1_loop:
+	PREFETCHT1  8192(R8)
+	VPMOVZXWD   (R8), Y4
+	VPMOVZXWD   16(R8), Y5
+	VPSLLD      $0x10, Y4, Y4
+	VPSLLD      $0x10, Y5, Y5
+	VFMADD231PS (CX)(DI*1), Y4, Y0
+	VFMADD231PS 32(CX)(DI*1), Y5, Y1
+	VFMADD231PS (DX)(DI*1), Y4, Y2
+	VFMADD231PS 32(DX)(DI*1), Y5, Y3
+	ADDQ        $0x00000020, R8
+	ADDQ        $0x00000040, DI
+	SUBQ        $0x00000010, SI
+	JG          rowBF16AVX2x2r1_loop
+
+rowBF16AVX2x2r1_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
+	VMOVUPS Y2, 64(BX)
+	VMOVUPS Y3, 96(BX)
+
+	// The next group of rows.
+	MOVQ (SP), R8
+	LEAQ (R8)(AX*1), R8
+	MOVQ R8, (SP)
+	ADDQ $0x00000200, BX
+	DECQ 8(SP)
+	JG   rowBF16AVX2x2r1_group
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·rowBF16AVX2x3r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+	MOVQ acc+40(FP), SI
+
+rowBF16AVX2x3r1_group:
+	MOVQ (SP), R9
+	MOVQ n+32(FP), DI
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	XORQ    R8, R8
+	CMPQ    DI, $0x00
+	JLE     rowBF16AVX2x3r1_store
+
+rowBF16AVX2x3r1_loop:
+	PREFETCHT1  8192(R9)
+	VPMOVZXWD   (R9), Y6
+	VPMOVZXWD   16(R9), Y7
+	VPSLLD      $0x10, Y6, Y6
+	VPSLLD      $0x10, Y7, Y7
+	VFMADD231PS (CX)(R8*1), Y6, Y0
+	VFMADD231PS 32(CX)(R8*1), Y7, Y1
+	VFMADD231PS (BX)(R8*1), Y6, Y2
+	VFMADD231PS 32(BX)(R8*1), Y7, Y3
+	VFMADD231PS (DX)(R8*1), Y6, Y4
+	VFMADD231PS 32(DX)(R8*1), Y7, Y5
+	ADDQ        $0x00000020, R9
+	ADDQ        $0x00000040, R8
+	SUBQ        $0x00000010, DI
+	JG          rowBF16AVX2x3r1_loop
+
+rowBF16AVX2x3r1_store:
+	// Store the partial sums; the caller reduces them (reduce16).
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y4, 128(SI)
+	VMOVUPS Y5, 160(SI)
+
+	// The next group of rows.
+	MOVQ (SP), R9
+	LEAQ (R9)(AX*1), R9
+	MOVQ R9, (SP)
+	ADDQ $0x00000200, SI
+	DECQ 8(SP)
+	JG   rowBF16AVX2x3r1_group
+	VZEROUPPER
+	RET
+
+// func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·rowBF16AVX2x4r1(SB), NOSPLIT, $16-56
+	MOVQ wstride+8(FP), AX
+	MOVQ w+0(FP), CX
+	MOVQ CX, (SP)
+	MOVQ groups+48(FP), CX
+	MOVQ CX, 8(SP)
+	MOVQ x+16(FP), CX
+	MOVQ xstride+24(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ acc+40(FP), DI
+
+rowBF16AVX2x4r1_group:
+	MOVQ (SP), R10
+	MOVQ n+32(FP), R8
+
+	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
 	XORQ    R9, R9
-	CMPQ    AX, $0x00
+	CMPQ    R8, $0x00
 	JLE     rowBF16AVX2x4r1_store
 
 rowBF16AVX2x4r1_loop:
-	PREFETCHT1  8192(CX)
-	VPMOVZXWD   (CX), Y8
-	VPMOVZXWD   16(CX), Y9
+	PREFETCHT1  8192(R10)
+	VPMOVZXWD   (R10), Y8
+	VPMOVZXWD   16(R10), Y9
 	VPSLLD      $0x10, Y8, Y8
 	VPSLLD      $0x10, Y9, Y9
-	VFMADD231PS (DX)(R9*1), Y8, Y0
-	VFMADD231PS 32(DX)(R9*1), Y9, Y1
-	VFMADD231PS (SI)(R9*1), Y8, Y2
-	VFMADD231PS 32(SI)(R9*1), Y9, Y3
-	VFMADD231PS (DI)(R9*1), Y8, Y4
-	VFMADD231PS 32(DI)(R9*1), Y9, Y5
-	VFMADD231PS (BX)(R9*1), Y8, Y6
-	VFMADD231PS 32(BX)(R9*1), Y9, Y7
-	ADDQ        $0x00000020, CX
+	VFMADD231PS (CX)(R9*1), Y8, Y0
+	VFMADD231PS 32(CX)(R9*1), Y9, Y1
+	VFMADD231PS (BX)(R9*1), Y8, Y2
+	VFMADD231PS 32(BX)(R9*1), Y9, Y3
+	VFMADD231PS (SI)(R9*1), Y8, Y4
+	VFMADD231PS 32(SI)(R9*1), Y9, Y5
+	VFMADD231PS (DX)(R9*1), Y8, Y6
+	VFMADD231PS 32(DX)(R9*1), Y9, Y7
+	ADDQ        $0x00000020, R10
 	ADDQ        $0x00000040, R9
-	SUBQ        $0x00000010, AX
+	SUBQ        $0x00000010, R8
 	JG          rowBF16AVX2x4r1_loop
 
 rowBF16AVX2x4r1_store:
 	// Store the partial sums; the caller reduces them (reduce16).
-	VMOVUPS Y0, (R8)
-	VMOVUPS Y1, 32(R8)
-	VMOVUPS Y2, 64(R8)
-	VMOVUPS Y3, 96(R8)
-	VMOVUPS Y4, 128(R8)
-	VMOVUPS Y5, 160(R8)
-	VMOVUPS Y6, 192(R8)
-	VMOVUPS Y7, 224(R8)
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+
+	// The next group of rows.
+	MOVQ (SP), R10
+	LEAQ (R10)(AX*1), R10
+	MOVQ R10, (SP)
+	ADDQ $0x00000200, DI
+	DECQ 8(SP)
+	JG   rowBF16AVX2x4r1_group
 	VZEROUPPER
 	RET
 
-// func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·dotQ8_0AVX2x1(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ8_0AVX2x1(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
-	MOVQ         qx+16(FP), DX
-	MOVQ         xd+24(FP), BX
-	MOVQ         xstride+32(FP), SI
-	MOVQ         dstride+40(FP), SI
-	MOVL         $0x00010001, SI
-	VMOVD        SI, X0
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), AX
+	MOVQ         dstride+40(FP), AX
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
+	MOVQ         acc+56(FP), DI
+
+dotQ8_0AVX2x1_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), SI
-	VMOVUPS (SI), Y1
-	XORQ    DI, DI
+	VMOVUPS (DI), Y1
 	XORQ    R8, R8
+	XORQ    R9, R9
 	CMPQ    AX, $0x00
 	JLE     dotQ8_0AVX2x1_store
 
@@ -452,44 +592,58 @@ dotQ8_0AVX2x1_loop:
 	VCVTPH2PS    X2, Y2
 	VMOVDQU      2(CX), Y3
 	VPSIGNB      Y3, Y3, Y4
-	VMOVDQU      (DX)(DI*1), Y5
+	VMOVDQU      (BX)(R8*1), Y5
 	VPSIGNB      Y3, Y5, Y5
 	VPMADDUBSW   Y5, Y4, Y3
 	VPMADDWD     Y0, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VBROADCASTSS (BX)(R8*1), Y4
+	VBROADCASTSS (SI)(R9*1), Y4
 	VMULPS       Y2, Y4, Y4
 	VFMADD231PS  Y4, Y3, Y1
 	ADDQ         $0x00000022, CX
-	ADDQ         $0x00000020, DI
-	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000020, R8
+	ADDQ         $0x00000004, R9
 	SUBQ         $0x00000020, AX
 	JG           dotQ8_0AVX2x1_loop
 
 dotQ8_0AVX2x1_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
-	VMOVUPS Y1, (SI)
+	VMOVUPS Y1, (DI)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, DI
+	DECQ 8(SP)
+	JG   dotQ8_0AVX2x1_row
 	VZEROUPPER
 	RET
 
-// func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ8_0AVX2x2(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ8_0AVX2x2(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), DI
-	LEAQ         (SI)(R8*1), R8
-	MOVL         $0x00010001, R9
-	VMOVD        R9, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
+	MOVQ         acc+56(FP), R9
+
+dotQ8_0AVX2x2_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R9
 	VMOVUPS (R9), Y1
 	VMOVUPS 64(R9), Y2
 	XORQ    R10, R10
@@ -529,29 +683,43 @@ dotQ8_0AVX2x2_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
 	VMOVUPS Y1, (R9)
 	VMOVUPS Y2, 64(R9)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R9
+	DECQ 8(SP)
+	JG   dotQ8_0AVX2x2_row
 	VZEROUPPER
 	RET
 
-// func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ8_0AVX2x3(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ8_0AVX2x3(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), R9
-	LEAQ         (SI)(R8*1), R10
-	LEAQ         (R9)(DI*1), DI
-	LEAQ         (R10)(R8*1), R8
-	MOVL         $0x00010001, R11
-	VMOVD        R11, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	LEAQ         (DI)(CX*1), R9
+	LEAQ         (R8)(AX*1), R10
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
+	MOVQ         acc+56(FP), R11
+
+dotQ8_0AVX2x3_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R11
 	VMOVUPS (R11), Y1
 	VMOVUPS 64(R11), Y2
 	VMOVUPS 128(R11), Y3
@@ -574,20 +742,20 @@ dotQ8_0AVX2x3_loop:
 	VBROADCASTSS (SI)(R13*1), Y8
 	VMULPS       Y4, Y8, Y8
 	VFMADD231PS  Y8, Y7, Y1
-	VMOVDQU      (R9)(R12*1), Y7
+	VMOVDQU      (DI)(R12*1), Y7
 	VPSIGNB      Y5, Y7, Y7
 	VPMADDUBSW   Y7, Y6, Y7
 	VPMADDWD     Y0, Y7, Y7
 	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS (R10)(R13*1), Y8
+	VBROADCASTSS (R8)(R13*1), Y8
 	VMULPS       Y4, Y8, Y8
 	VFMADD231PS  Y8, Y7, Y2
-	VMOVDQU      (DI)(R12*1), Y7
+	VMOVDQU      (R9)(R12*1), Y7
 	VPSIGNB      Y5, Y7, Y7
 	VPMADDUBSW   Y7, Y6, Y5
 	VPMADDWD     Y0, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS (R8)(R13*1), Y6
+	VBROADCASTSS (R10)(R13*1), Y6
 	VMULPS       Y4, Y6, Y6
 	VFMADD231PS  Y6, Y5, Y3
 	ADDQ         $0x00000022, CX
@@ -601,31 +769,45 @@ dotQ8_0AVX2x3_store:
 	VMOVUPS Y1, (R11)
 	VMOVUPS Y2, 64(R11)
 	VMOVUPS Y3, 128(R11)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R11
+	DECQ 8(SP)
+	JG   dotQ8_0AVX2x3_row
 	VZEROUPPER
 	RET
 
-// func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ8_0AVX2x4(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ8_0AVX2x4(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), R9
-	LEAQ         (SI)(R8*1), R10
-	LEAQ         (R9)(DI*1), R11
-	LEAQ         (R10)(R8*1), R12
-	LEAQ         (R11)(DI*1), DI
-	LEAQ         (R12)(R8*1), R8
-	MOVL         $0x00010001, R13
-	VMOVD        R13, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	LEAQ         (DI)(CX*1), R9
+	LEAQ         (R8)(AX*1), R10
+	LEAQ         (R9)(CX*1), R11
+	LEAQ         (R10)(AX*1), R12
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
+	MOVQ         acc+56(FP), R13
+
+dotQ8_0AVX2x4_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R13
 	VMOVUPS (R13), Y1
 	VMOVUPS 64(R13), Y2
 	VMOVUPS 128(R13), Y3
@@ -649,6 +831,14 @@ dotQ8_0AVX2x4_loop:
 	VBROADCASTSS (SI)(R15*1), Y9
 	VMULPS       Y5, Y9, Y9
 	VFMADD231PS  Y9, Y8, Y1
+	VMOVDQU      (DI)(R14*1), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (R8)(R15*1), Y9
+	VMULPS       Y5, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
 	VMOVDQU      (R9)(R14*1), Y8
 	VPSIGNB      Y6, Y8, Y8
 	VPMADDUBSW   Y8, Y7, Y8
@@ -656,21 +846,13 @@ dotQ8_0AVX2x4_loop:
 	VCVTDQ2PS    Y8, Y8
 	VBROADCASTSS (R10)(R15*1), Y9
 	VMULPS       Y5, Y9, Y9
-	VFMADD231PS  Y9, Y8, Y2
-	VMOVDQU      (R11)(R14*1), Y8
-	VPSIGNB      Y6, Y8, Y8
-	VPMADDUBSW   Y8, Y7, Y8
-	VPMADDWD     Y0, Y8, Y8
-	VCVTDQ2PS    Y8, Y8
-	VBROADCASTSS (R12)(R15*1), Y9
-	VMULPS       Y5, Y9, Y9
 	VFMADD231PS  Y9, Y8, Y3
-	VMOVDQU      (DI)(R14*1), Y8
+	VMOVDQU      (R11)(R14*1), Y8
 	VPSIGNB      Y6, Y8, Y8
 	VPMADDUBSW   Y8, Y7, Y6
 	VPMADDWD     Y0, Y6, Y6
 	VCVTDQ2PS    Y6, Y6
-	VBROADCASTSS (R8)(R15*1), Y7
+	VBROADCASTSS (R12)(R15*1), Y7
 	VMULPS       Y5, Y7, Y7
 	VFMADD231PS  Y7, Y6, Y4
 	ADDQ         $0x00000022, CX
@@ -685,34 +867,48 @@ dotQ8_0AVX2x4_store:
 	VMOVUPS Y2, 64(R13)
 	VMOVUPS Y3, 128(R13)
 	VMOVUPS Y4, 192(R13)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R13
+	DECQ 8(SP)
+	JG   dotQ8_0AVX2x4_row
 	VZEROUPPER
 	RET
 
-// func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·dotQ4_0AVX2x1(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ4_0AVX2x1(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
-	MOVQ         qx+16(FP), DX
-	MOVQ         xd+24(FP), BX
-	MOVQ         xstride+32(FP), SI
-	MOVQ         dstride+40(FP), SI
-	MOVL         $0x00010001, SI
-	VMOVD        SI, X0
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
+	MOVQ         qx+16(FP), BX
+	MOVQ         xd+24(FP), SI
+	MOVQ         xstride+32(FP), AX
+	MOVQ         dstride+40(FP), AX
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x0f0f0f0f, SI
-	VMOVD        SI, X1
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x08080808, SI
-	VMOVD        SI, X2
+	MOVL         $0x08080808, AX
+	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
+	MOVQ         acc+56(FP), DI
+
+dotQ4_0AVX2x1_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), SI
-	VMOVUPS (SI), Y3
-	XORQ    DI, DI
+	VMOVUPS (DI), Y3
 	XORQ    R8, R8
+	XORQ    R9, R9
 	CMPQ    AX, $0x00
 	JLE     dotQ4_0AVX2x1_store
 
@@ -725,50 +921,64 @@ dotQ4_0AVX2x1_loop:
 	VPAND        Y1, Y5, Y5
 	VPSUBB       Y2, Y5, Y5
 	VPSIGNB      Y5, Y5, Y7
-	VMOVDQU      (DX)(DI*1), Y8
+	VMOVDQU      (BX)(R8*1), Y8
 	VPSIGNB      Y5, Y8, Y8
 	VPMADDUBSW   Y8, Y7, Y5
 	VPMADDWD     Y0, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS (BX)(R8*1), Y7
+	VBROADCASTSS (SI)(R9*1), Y7
 	VMULPS       Y4, Y7, Y7
 	VFMADD231PS  Y7, Y5, Y3
 	ADDQ         $0x00000012, CX
-	ADDQ         $0x00000020, DI
-	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000020, R8
+	ADDQ         $0x00000004, R9
 	SUBQ         $0x00000020, AX
 	JG           dotQ4_0AVX2x1_loop
 
 dotQ4_0AVX2x1_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
-	VMOVUPS Y3, (SI)
+	VMOVUPS Y3, (DI)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, DI
+	DECQ 8(SP)
+	JG   dotQ4_0AVX2x1_row
 	VZEROUPPER
 	RET
 
-// func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ4_0AVX2x2(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ4_0AVX2x2(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), DI
-	LEAQ         (SI)(R8*1), R8
-	MOVL         $0x00010001, R9
-	VMOVD        R9, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x0f0f0f0f, R9
-	VMOVD        R9, X1
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x08080808, R9
-	VMOVD        R9, X2
+	MOVL         $0x08080808, AX
+	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
+	MOVQ         acc+56(FP), R9
+
+dotQ4_0AVX2x2_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R9
 	VMOVUPS (R9), Y3
 	VMOVUPS 64(R9), Y4
 	XORQ    R10, R10
@@ -812,35 +1022,49 @@ dotQ4_0AVX2x2_store:
 	// Store the partial sums; the caller reduces them (reduce16, partial sums 8-15 zero).
 	VMOVUPS Y3, (R9)
 	VMOVUPS Y4, 64(R9)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R9
+	DECQ 8(SP)
+	JG   dotQ4_0AVX2x2_row
 	VZEROUPPER
 	RET
 
-// func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ4_0AVX2x3(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ4_0AVX2x3(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), R9
-	LEAQ         (SI)(R8*1), R10
-	LEAQ         (R9)(DI*1), DI
-	LEAQ         (R10)(R8*1), R8
-	MOVL         $0x00010001, R11
-	VMOVD        R11, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	LEAQ         (DI)(CX*1), R9
+	LEAQ         (R8)(AX*1), R10
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x0f0f0f0f, R11
-	VMOVD        R11, X1
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x08080808, R11
-	VMOVD        R11, X2
+	MOVL         $0x08080808, AX
+	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
+	MOVQ         acc+56(FP), R11
+
+dotQ4_0AVX2x3_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R11
 	VMOVUPS (R11), Y3
 	VMOVUPS 64(R11), Y4
 	VMOVUPS 128(R11), Y5
@@ -867,20 +1091,20 @@ dotQ4_0AVX2x3_loop:
 	VBROADCASTSS (SI)(R13*1), Y11
 	VMULPS       Y6, Y11, Y11
 	VFMADD231PS  Y11, Y10, Y3
-	VMOVDQU      (R9)(R12*1), Y10
+	VMOVDQU      (DI)(R12*1), Y10
 	VPSIGNB      Y7, Y10, Y10
 	VPMADDUBSW   Y10, Y9, Y10
 	VPMADDWD     Y0, Y10, Y10
 	VCVTDQ2PS    Y10, Y10
-	VBROADCASTSS (R10)(R13*1), Y11
+	VBROADCASTSS (R8)(R13*1), Y11
 	VMULPS       Y6, Y11, Y11
 	VFMADD231PS  Y11, Y10, Y4
-	VMOVDQU      (DI)(R12*1), Y10
+	VMOVDQU      (R9)(R12*1), Y10
 	VPSIGNB      Y7, Y10, Y10
 	VPMADDUBSW   Y10, Y9, Y7
 	VPMADDWD     Y0, Y7, Y7
 	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS (R8)(R13*1), Y9
+	VBROADCASTSS (R10)(R13*1), Y9
 	VMULPS       Y6, Y9, Y9
 	VFMADD231PS  Y9, Y7, Y5
 	ADDQ         $0x00000012, CX
@@ -894,37 +1118,51 @@ dotQ4_0AVX2x3_store:
 	VMOVUPS Y3, (R11)
 	VMOVUPS Y4, 64(R11)
 	VMOVUPS Y5, 128(R11)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R11
+	DECQ 8(SP)
+	JG   dotQ4_0AVX2x3_row
 	VZEROUPPER
 	RET
 
-// func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+// func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
-TEXT ·dotQ4_0AVX2x4(SB), NOSPLIT, $0-64
-	MOVQ         n+48(FP), AX
-	MOVQ         w+0(FP), CX
+TEXT ·dotQ4_0AVX2x4(SB), NOSPLIT, $16-72
 	MOVQ         wstride+8(FP), DX
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, (SP)
+	MOVQ         rows+64(FP), AX
+	MOVQ         AX, 8(SP)
 	MOVQ         qx+16(FP), BX
 	MOVQ         xd+24(FP), SI
-	MOVQ         xstride+32(FP), DI
-	MOVQ         dstride+40(FP), R8
-	LEAQ         (BX)(DI*1), R9
-	LEAQ         (SI)(R8*1), R10
-	LEAQ         (R9)(DI*1), R11
-	LEAQ         (R10)(R8*1), R12
-	LEAQ         (R11)(DI*1), DI
-	LEAQ         (R12)(R8*1), R8
-	MOVL         $0x00010001, R13
-	VMOVD        R13, X0
+	MOVQ         xstride+32(FP), CX
+	MOVQ         dstride+40(FP), AX
+	LEAQ         (BX)(CX*1), DI
+	LEAQ         (SI)(AX*1), R8
+	LEAQ         (DI)(CX*1), R9
+	LEAQ         (R8)(AX*1), R10
+	LEAQ         (R9)(CX*1), R11
+	LEAQ         (R10)(AX*1), R12
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x0f0f0f0f, R13
-	VMOVD        R13, X1
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x08080808, R13
-	VMOVD        R13, X2
+	MOVL         $0x08080808, AX
+	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
+	MOVQ         acc+56(FP), R13
+
+dotQ4_0AVX2x4_row:
+	MOVQ (SP), CX
+	MOVQ n+48(FP), AX
 
 	// One accumulator a vector: partial sums 0-7.
-	MOVQ    acc+56(FP), R13
 	VMOVUPS (R13), Y3
 	VMOVUPS 64(R13), Y4
 	VMOVUPS 128(R13), Y5
@@ -952,6 +1190,14 @@ dotQ4_0AVX2x4_loop:
 	VBROADCASTSS (SI)(R15*1), Y12
 	VMULPS       Y7, Y12, Y12
 	VFMADD231PS  Y12, Y11, Y3
+	VMOVDQU      (DI)(R14*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y0, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS (R8)(R15*1), Y12
+	VMULPS       Y7, Y12, Y12
+	VFMADD231PS  Y12, Y11, Y4
 	VMOVDQU      (R9)(R14*1), Y11
 	VPSIGNB      Y8, Y11, Y11
 	VPMADDUBSW   Y11, Y10, Y11
@@ -959,21 +1205,13 @@ dotQ4_0AVX2x4_loop:
 	VCVTDQ2PS    Y11, Y11
 	VBROADCASTSS (R10)(R15*1), Y12
 	VMULPS       Y7, Y12, Y12
-	VFMADD231PS  Y12, Y11, Y4
-	VMOVDQU      (R11)(R14*1), Y11
-	VPSIGNB      Y8, Y11, Y11
-	VPMADDUBSW   Y11, Y10, Y11
-	VPMADDWD     Y0, Y11, Y11
-	VCVTDQ2PS    Y11, Y11
-	VBROADCASTSS (R12)(R15*1), Y12
-	VMULPS       Y7, Y12, Y12
 	VFMADD231PS  Y12, Y11, Y5
-	VMOVDQU      (DI)(R14*1), Y11
+	VMOVDQU      (R11)(R14*1), Y11
 	VPSIGNB      Y8, Y11, Y11
 	VPMADDUBSW   Y11, Y10, Y8
 	VPMADDWD     Y0, Y8, Y8
 	VCVTDQ2PS    Y8, Y8
-	VBROADCASTSS (R8)(R15*1), Y10
+	VBROADCASTSS (R12)(R15*1), Y10
 	VMULPS       Y7, Y10, Y10
 	VFMADD231PS  Y10, Y8, Y6
 	ADDQ         $0x00000012, CX
@@ -988,31 +1226,33 @@ dotQ4_0AVX2x4_store:
 	VMOVUPS Y4, 64(R13)
 	VMOVUPS Y5, 128(R13)
 	VMOVUPS Y6, 192(R13)
+
+	// The next row.
+	MOVQ (SP), CX
+	ADDQ DX, CX
+	MOVQ CX, (SP)
+	ADDQ $0x00000200, R13
+	DECQ 8(SP)
+	JG   dotQ4_0AVX2x4_row
 	VZEROUPPER
 	RET
 
 // func sumF32AVX2(w *byte, n int) float32
 // Requires: AVX, SSE
 TEXT ·sumF32AVX2(SB), NOSPLIT, $0-20
-	MOVQ n+8(FP), AX
-	MOVQ w+0(FP), CX
-
-	// Two accumulators a row and vector: partial sums 0-7 and 8-15.
+	MOVQ   n+8(FP), AX
+	MOVQ   w+0(FP), CX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
-	XORQ   DX, DX
 	CMPQ   AX, $0x00
 	JLE    sumF32AVX2_store
 
 sumF32AVX2_loop:
-	VMOVUPS (CX), Y2
-	VMOVUPS 32(CX), Y3
-	VADDPS  Y2, Y0, Y0
-	VADDPS  Y3, Y1, Y1
-	ADDQ    $0x00000040, CX
-	ADDQ    $0x00000040, DX
-	SUBQ    $0x00000010, AX
-	JG      sumF32AVX2_loop
+	VADDPS (CX), Y0, Y0
+	VADDPS 32(CX), Y1, Y1
+	ADDQ   $0x00000040, CX
+	SUBQ   $0x00000010, AX
+	JG     sumF32AVX2_loop
 
 sumF32AVX2_store:
 	// The reduction tree of reduce16.

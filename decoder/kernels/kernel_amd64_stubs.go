@@ -4,90 +4,90 @@
 
 package kernels
 
-// rowF32AVX2x1r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x1r1 adds the products of n F32 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowF32AVX2x2r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x2r1 adds the products of n F32 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowF32AVX2x2r2 adds the products of n F32 weights of 2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x2r2 adds the products of n F32 weights of groups*2 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x2r2(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowF32AVX2x3r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x3r1 adds the products of n F32 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowF32AVX2x4r1 adds the products of n F32 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowF32AVX2x4r1 adds the products of n F32 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowF32AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowBF16AVX2x1r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x1r1 adds the products of n BF16 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 1 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x1r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowBF16AVX2x2r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x2r1 adds the products of n BF16 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 2 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x2r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowBF16AVX2x3r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x3r1 adds the products of n BF16 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 3 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x3r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// rowBF16AVX2x4r1 adds the products of n BF16 weights of 1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+// rowBF16AVX2x4r1 adds the products of n BF16 weights of groups*1 rows (row r at w + r*wstride bytes; n a positive multiple of 16) with 4 vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32)
+func rowBF16AVX2x4r1(w *byte, wstride int, x *float32, xstride int, n int, acc *float32, groups int)
 
-// dotQ8_0AVX2x1 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x1 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ8_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ8_0AVX2x2 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x2 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ8_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ8_0AVX2x3 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x3 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ8_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ8_0AVX2x4 adds the products of n Q8_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ8_0AVX2x4 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ8_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ4_0AVX2x1 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x1 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ4_0AVX2x1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ4_0AVX2x2 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x2 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ4_0AVX2x2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ4_0AVX2x3 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x3 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ4_0AVX2x3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
-// dotQ4_0AVX2x4 adds the products of n Q4_0 weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.
+// dotQ4_0AVX2x4 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
 //
 //go:noescape
-func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32)
+func dotQ4_0AVX2x4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
 
 // sumF32AVX2 returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.
 //

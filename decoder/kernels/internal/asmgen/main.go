@@ -55,8 +55,6 @@ type dtype struct {
 	load func(w Register, consts []VecVirtual, h int, scale VecVirtual) (VecVirtual, VecVirtual)
 	// scale loads the block's scale (block formats), or returns nil.
 	scale func(w Register) VecVirtual
-	// prefetch has the kernels prefetch the next call's rows (see gen).
-	prefetch bool
 	// ahead, if positive, has the kernels of several vectors prefetch
 	// each row's weights that many bytes on into the second level cache
 	// (see gen).
@@ -66,20 +64,21 @@ type dtype struct {
 // mutations are the deviations -mutate can build in, each one a mistake a
 // hand-written kernel could make.
 var mutations = []string{
-	"unfused",            // VMULPS and VADDPS for VFMADD231PS: two roundings
-	"acc-not-loaded",     // partial sums restarted at zero: the column tiles lost
-	"acc-stride-32",      // vector b's partial sums stored at the wrong place
-	"q4-nibbles-swapped", // high nibbles for columns 0-15
-	"q4-no-offset",       // nibbles without the offset 8
-	"q-sign-dropped",     // the vector's quants multiplied with |w|, not w
-	"q-x-scale-ignored",  // the weights' scale alone, not times the vector's
-	"q-lanes-pairs",      // partial sums of 2 columns (VPMADDUBSW's pairs) summed in another grouping
-	"bf16-shift-15",      // bf16 widened by a 15-bit shift
-	"drops-last-step",    // one loop iteration too few
-	"x-stride-ignored",   // every vector read at the first vector's address
-	"row-stride-ignored", // every row of a multi-row kernel read at the first row's address
-	"reduce-tree-halves", // the reduction's first step pairs p[j] with p[j+4], not p[j+8]
-	"reduce-row-stride",  // every row reduced from the first row's partial sums
+	"unfused",                // VMULPS and VADDPS for VFMADD231PS: two roundings
+	"acc-not-loaded",         // partial sums restarted at zero: the column tiles lost
+	"acc-stride-32",          // vector b's partial sums stored at the wrong place
+	"q4-nibbles-swapped",     // high nibbles for columns 0-15
+	"q4-no-offset",           // nibbles without the offset 8
+	"q-sign-dropped",         // the vector's quants multiplied with |w|, not w
+	"q-x-scale-ignored",      // the weights' scale alone, not times the vector's
+	"q-lanes-pairs",          // partial sums of 2 columns (VPMADDUBSW's pairs) summed in another grouping
+	"bf16-shift-15",          // bf16 widened by a 15-bit shift
+	"drops-last-step",        // one loop iteration too few
+	"x-stride-ignored",       // every vector read at the first vector's address
+	"row-stride-ignored",     // every row of a multi-row kernel read at the first row's address
+	"group-acc-not-advanced", // every group of rows summed into the first group's partial sums
+	"reduce-tree-halves",     // the reduction's first step pairs p[j] with p[j+4], not p[j+8]
+	"reduce-row-stride",      // every row reduced from the first row's partial sums
 	// The in-out kernels' own (the row kernels are left as they are).
 	"io-unfused",          // VMULPS and VADDPS for VFMADD231PS
 	"io-acc-not-loaded",   // the outputs' sums restarted at zero in every row block
@@ -163,7 +162,7 @@ func main() {
 	for _, t := range []dtype{f32, bf16} {
 		for nb := 1; nb <= maxNB; nb++ {
 			for _, rows := range rowsOf(t, nb) {
-				gen(t, nb, rows)
+				genRow(t, nb, rows)
 			}
 		}
 	}
@@ -172,7 +171,7 @@ func main() {
 			genQ(t, nb)
 		}
 	}
-	gen(f32, 0, 1) // the memory-read kernel
+	gen() // the memory-read kernel
 	genReduce()
 	for _, t := range []ioType{{"F32", 4}, {"BF16", 2}} {
 		for nb := 1; nb <= maxNB; nb++ {
@@ -238,60 +237,82 @@ func rowsOf(t dtype, nb int) []int {
 	return []int{1}
 }
 
-// gen emits row<T>AVX2x<nb>r<R>(w *byte, wstride int, x *float32,
-// xstride, n int, acc *float32): for R rows of weights (row r at w +
-// r*wstride bytes, n weights each from there, n a positive multiple of
-// the type's columns per iteration) and nb vectors (vector b at x +
-// b*xstride bytes), it adds the products into the 16 partial sums of row
-// r and vector b at acc + r*accRowBytes + 64*b bytes. nb == 0 emits
-// sumF32AVX2 instead, the memory-read kernel: the 16-lane sum of n
-// float32 values.
-func gen(t dtype, nb, rows int) {
-	name := fmt.Sprintf("row%sAVX2x%dr%d", t.name, nb, rows)
-	if nb == 0 {
-		name = "sumF32AVX2"
-		TEXT(name, NOSPLIT, "func(w *byte, n int) float32")
-		Pragma("noescape")
-		Doc(name + " returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.")
-	} else {
-		TEXT(name, NOSPLIT, "func(w *byte, wstride int, x *float32, xstride, n int, acc *float32)")
-		Pragma("noescape")
-		Doc(fmt.Sprintf("%s adds the products of n %s weights of %d rows (row r at w + r*wstride bytes; n a positive multiple of %d) with %d vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + %d*r + 64*b bytes, in the scalar reference's order.", name, t.name, rows, t.cols, nb, accRowBytes))
-	}
+// gen emits sumF32AVX2(w *byte, n int) float32, the memory-read
+// kernel: the 16-lane sum of n float32 values (n a positive multiple of
+// 16), reduced in the tree of reduce16.
+func gen() {
+	name := "sumF32AVX2"
+	TEXT(name, NOSPLIT, "func(w *byte, n int) float32")
+	Pragma("noescape")
+	Doc(name + " returns the sum of the n float32 values at w (n a positive multiple of 16) in the 16-lane order of the row kernels: the memory-read kernel the benchmarks measure the machine's bandwidth with.")
 	n := Load(Param("n"), GP64())
-	ws := make([]Register, rows)
-	ws[0] = Load(Param("w"), GP64())
-	var pf Register // rows*wstride: the next call's rows, prefetched
-	if nb > 0 && (rows > 1 || t.prefetch) {
-		wstride := Load(Param("wstride"), GP64())
-		for r := 1; r < rows; r++ {
-			ws[r] = GP64()
-			if mutation == "row-stride-ignored" {
-				MOVQ(ws[r-1], ws[r])
-			} else {
-				LEAQ(Mem{Base: ws[r-1], Index: wstride, Scale: 1}, ws[r])
-			}
-		}
-		pf = wstride
-		if rows > 1 && t.prefetch {
-			SHLQ(U8(map[int]uint8{2: 1, 4: 2}[rows]), pf)
-		}
+	w := Load(Param("w"), GP64())
+	a, c := YMM(), YMM()
+	VXORPS(a, a, a)
+	VXORPS(c, c, c)
+	CMPQ(n, U8(0))
+	JLE(LabelRef(name + "_store"))
+	Label(name + "_loop")
+	VADDPS(Mem{Base: w}, a, a)
+	VADDPS(Mem{Base: w, Disp: 32}, c, c)
+	ADDQ(U32(64), w)
+	SUBQ(U32(16), n)
+	JG(LabelRef(name + "_loop"))
+
+	Label(name + "_store")
+	Comment("The reduction tree of reduce16.")
+	s := a
+	VADDPS(c, s, s) // s8[j] = acc[j] + acc[j+8]
+	hi := XMM()
+	VEXTRACTF128(U8(1), s, hi)
+	s4 := XMM()
+	VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
+	t2 := XMM()
+	VMOVHLPS(s4, s4, t2)
+	VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
+	t1 := XMM()
+	VMOVSHDUP(s4, t1)
+	VADDSS(t1, s4, s4) // s2[0] + s2[1]
+	Store(s4, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// genRow emits row<T>AVX2x<nb>r<R>(w *byte, wstride int, x *float32,
+// xstride, n int, acc *float32, groups int): for groups groups of R rows
+// of weights, one after the other (row r at w + r*wstride bytes, n
+// weights each from there, n a positive multiple of the type's columns
+// per iteration) and nb vectors (vector b at x + b*xstride bytes), it
+// adds the products into the 16 partial sums of row r and vector b at
+// acc + r*accRowBytes + 64*b bytes. The loop over the rows is here
+// rather than in Go: a call a row cost a tenth of a decoding step's
+// products at one vector.
+func genRow(t dtype, nb, rows int) {
+	name := fmt.Sprintf("row%sAVX2x%dr%d", t.name, nb, rows)
+	TEXT(name, NOSPLIT, "func(w *byte, wstride int, x *float32, xstride, n int, acc *float32, groups int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s adds the products of n %s weights of groups*%d rows (row r at w + r*wstride bytes; n a positive multiple of %d) with %d vectors (vector b at x + b*xstride bytes) into the 16 partial sums of row r and vector b at acc + %d*r + 64*b bytes, in the scalar reference's order.", name, t.name, rows, t.cols, nb, accRowBytes))
+	wstride := Load(Param("wstride"), GP64())
+	base, left := AllocLocal(8), AllocLocal(8) // the group's first row, the groups left
+	{
+		w := Load(Param("w"), GP64())
+		MOVQ(w, base)
+		g := Load(Param("groups"), GP64())
+		MOVQ(g, left)
 	}
-	vecs := max(nb, 1)
 	xs := make([]Register, nb)
-	if nb > 0 {
+	{
 		x := Load(Param("x"), GP64())
 		stride := Load(Param("xstride"), GP64())
 		for b := range nb {
 			xs[b] = GP64()
-			if b == 0 {
+			switch {
+			case b == 0:
 				MOVQ(x, xs[b])
-			} else {
-				if mutation == "x-stride-ignored" {
-					MOVQ(xs[b-1], xs[b])
-				} else {
-					LEAQ(Mem{Base: xs[b-1], Index: stride, Scale: 1}, xs[b])
-				}
+			case mutation == "x-stride-ignored":
+				MOVQ(xs[b-1], xs[b])
+			default:
+				LEAQ(Mem{Base: xs[b-1], Index: stride, Scale: 1}, xs[b])
 			}
 		}
 	}
@@ -299,19 +320,36 @@ func gen(t dtype, nb, rows int) {
 	if t.prepare != nil {
 		consts = t.prepare()
 	}
-	Comment("Two accumulators a row and vector: partial sums 0-7 and 8-15.")
+	accp := Load(Param("acc"), GP64())
+	n, i := GP64(), GP64() // columns left, byte offset into the vectors
+	ws := make([]Register, rows)
+	for r := range rows {
+		ws[r] = GP64()
+	}
 	accA, accB := make([][]VecVirtual, rows), make([][]VecVirtual, rows)
-	var accp Register
-	if nb > 0 {
-		accp = Load(Param("acc"), GP64())
+	for r := range rows {
+		accA[r], accB[r] = make([]VecVirtual, nb), make([]VecVirtual, nb)
+		for b := range nb {
+			accA[r][b], accB[r][b] = YMM(), YMM()
+		}
 	}
 	at := func(r, b int) int { return accRowBytes*r + 64*b }
+
+	Label(name + "_group")
+	MOVQ(base, ws[0])
+	for r := 1; r < rows; r++ {
+		if mutation == "row-stride-ignored" {
+			MOVQ(ws[r-1], ws[r])
+		} else {
+			LEAQ(Mem{Base: ws[r-1], Index: wstride, Scale: 1}, ws[r])
+		}
+	}
+	Load(Param("n"), n)
+	Comment("Two accumulators a row and vector: partial sums 0-7 and 8-15.")
 	for r := range rows {
-		accA[r], accB[r] = make([]VecVirtual, vecs), make([]VecVirtual, vecs)
-		for b := range vecs {
-			a, c := YMM(), YMM()
-			accA[r][b], accB[r][b] = a, c
-			if nb == 0 || mutation == "acc-not-loaded" {
+		for b := range nb {
+			a, c := accA[r][b], accB[r][b]
+			if mutation == "acc-not-loaded" {
 				VXORPS(a, a, a)
 				VXORPS(c, c, c)
 			} else {
@@ -320,24 +358,14 @@ func gen(t dtype, nb, rows int) {
 			}
 		}
 	}
-	i := GP64() // byte offset into the vectors
 	XORQ(i, i)
-	if mutation == "drops-last-step" && nb > 0 {
+	if mutation == "drops-last-step" {
 		SUBQ(U32(t.cols), n)
 	}
 	CMPQ(n, U8(0))
 	JLE(LabelRef(name + "_store"))
 	Label(name + "_loop")
 	for r := range rows {
-		if nb > 0 && t.prefetch {
-			// The rows a product's next call takes lie rows*wstride
-			// bytes on. They are prefetched at the columns this one
-			// reads: a short row (a Q8_0 row of 1024 columns is 17
-			// cache lines) is too short a stream for the hardware's
-			// prefetchers, and the rows of a call are read side by
-			// side, so that none of them alone looks sequential.
-			PREFETCHT0(Mem{Base: ws[r], Index: pf, Scale: 1})
-		}
 		if nb > 1 && t.ahead > 0 {
 			PREFETCHT1(Mem{Base: ws[r], Disp: t.ahead})
 		}
@@ -347,11 +375,6 @@ func gen(t dtype, nb, rows int) {
 		}
 		for h := 0; h < t.cols; h += 16 {
 			wa, wb := t.load(ws[r], consts, h, d)
-			if nb == 0 {
-				VADDPS(wa, accA[0][0], accA[0][0])
-				VADDPS(wb, accB[0][0], accB[0][0])
-				continue
-			}
 			for b := range nb {
 				xa := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}
 				xb := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}
@@ -376,36 +399,26 @@ func gen(t dtype, nb, rows int) {
 	JG(LabelRef(name + "_loop"))
 
 	Label(name + "_store")
-	if nb > 0 {
-		Comment("Store the partial sums; the caller reduces them (reduce16).")
-		for r := range rows {
-			for b := range nb {
-				disp := at(r, b)
-				if mutation == "acc-stride-32" {
-					disp = accRowBytes*r + 32*b
-				}
-				VMOVUPS(accA[r][b], Mem{Base: accp, Disp: disp})
-				VMOVUPS(accB[r][b], Mem{Base: accp, Disp: disp + 32})
+	Comment("Store the partial sums; the caller reduces them (reduce16).")
+	for r := range rows {
+		for b := range nb {
+			disp := at(r, b)
+			if mutation == "acc-stride-32" {
+				disp = accRowBytes*r + 32*b
 			}
+			VMOVUPS(accA[r][b], Mem{Base: accp, Disp: disp})
+			VMOVUPS(accB[r][b], Mem{Base: accp, Disp: disp + 32})
 		}
-		VZEROUPPER()
-		RET()
-		return
 	}
-	Comment("The reduction tree of reduce16.")
-	s := accA[0][0]
-	VADDPS(accB[0][0], s, s) // s8[j] = acc[j] + acc[j+8]
-	hi := XMM()
-	VEXTRACTF128(U8(1), s, hi)
-	s4 := XMM()
-	VADDPS(hi, s.AsX(), s4) // s4[j] = s8[j] + s8[j+4]
-	t2 := XMM()
-	VMOVHLPS(s4, s4, t2)
-	VADDPS(t2, s4, s4) // s2[j] = s4[j] + s4[j+2]
-	t1 := XMM()
-	VMOVSHDUP(s4, t1)
-	VADDSS(t1, s4, s4) // s2[0] + s2[1]
-	Store(s4, ReturnIndex(0))
+	Comment("The next group of rows.")
+	MOVQ(base, ws[0])
+	LEAQ(Mem{Base: ws[0], Index: wstride, Scale: uint8(rows)}, ws[0])
+	MOVQ(ws[0], base)
+	if mutation != "group-acc-not-advanced" {
+		ADDQ(U32(rows*accRowBytes), accp)
+	}
+	DECQ(left)
+	JG(LabelRef(name + "_group"))
 	VZEROUPPER()
 	RET()
 }
@@ -622,12 +635,18 @@ func genInOut(t ioType, nb, width int) {
 // columns it reads when it serves more than one vector.
 func genQ(t string, nb int) {
 	name := fmt.Sprintf("dot%sAVX2x%d", t, nb)
-	TEXT(name, NOSPLIT, "func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32)")
+	TEXT(name, NOSPLIT, "func(w *byte, wstride int, qx *byte, xd *float32, xstride, dstride, n int, acc *float32, rows int)")
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s adds the products of n %s weights of one row (n a positive multiple of 32; the next row, prefetched for more than one vector, at w + wstride bytes) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of vector b at acc + 64*b bytes, in the scalar reference's order.", name, t, nb))
-	n := Load(Param("n"), GP64())
-	w := Load(Param("w"), GP64())
+	Doc(fmt.Sprintf("%s adds the products of n %s weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + %d*r + 64*b bytes, in the scalar reference's order.", name, t, nb, accRowBytes))
+	n, w := GP64(), GP64()
 	pf := Load(Param("wstride"), GP64())
+	base, left := AllocLocal(8), AllocLocal(8) // the row, the rows left
+	{
+		w0 := Load(Param("w"), GP64())
+		MOVQ(w0, base)
+		r := Load(Param("rows"), GP64())
+		MOVQ(r, left)
+	}
 	xs, ds := make([]Register, nb), make([]Register, nb)
 	{
 		x := Load(Param("qx"), GP64())
@@ -657,18 +676,24 @@ func genQ(t string, nb int) {
 	if t == "Q4_0" {
 		mask, eight = byteConst(0x0f), byteConst(0x08)
 	}
-	Comment("One accumulator a vector: partial sums 0-7.")
 	accp := Load(Param("acc"), GP64())
 	acc := make([]VecVirtual, nb)
 	for b := range nb {
 		acc[b] = YMM()
+	}
+	i, k := GP64(), GP64() // byte offsets into the quants and the scales
+
+	Label(name + "_row")
+	MOVQ(base, w)
+	Load(Param("n"), n)
+	Comment("One accumulator a vector: partial sums 0-7.")
+	for b := range nb {
 		if mutation == "acc-not-loaded" {
 			VXORPS(acc[b], acc[b], acc[b])
 		} else {
 			VMOVUPS(Mem{Base: accp, Disp: 64 * b}, acc[b])
 		}
 	}
-	i, k := GP64(), GP64() // byte offsets into the quants and the scales
 	XORQ(i, i)
 	XORQ(k, k)
 	if mutation == "drops-last-step" {
@@ -756,6 +781,15 @@ func genQ(t string, nb int) {
 		}
 		VMOVUPS(acc[b], Mem{Base: accp, Disp: disp})
 	}
+	Comment("The next row.")
+	MOVQ(base, w)
+	ADDQ(pf, w)
+	MOVQ(w, base)
+	if mutation != "group-acc-not-advanced" {
+		ADDQ(U32(accRowBytes), accp)
+	}
+	DECQ(left)
+	JG(LabelRef(name + "_row"))
 	VZEROUPPER()
 	RET()
 }
