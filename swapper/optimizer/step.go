@@ -130,6 +130,9 @@ type item struct {
 	gradRead     RangeRead
 	gradDone     bool
 	write, stage Waiter
+	// toStage is set once the update succeeded and its write-behind
+	// started: stage hands the new master to Params.
+	toStage bool
 	// idleFrom and idleTo bound the time the pipeline waited for this
 	// sub-group's tensor to be handed over (zero when it did not wait).
 	idleFrom, idleTo time.Time
@@ -311,6 +314,7 @@ func (r *stepRun) run() {
 	})
 	wg.Go(func() { // write-behind
 		for it := range done {
+			r.stage(it)
 			r.retire(it)
 		}
 	})
@@ -442,16 +446,15 @@ func (r *stepRun) gradWait(it *item) error {
 	return nil
 }
 
-// update waits for it's read, applies Adam, starts the write-behind and
-// stages the sub-group's new master (a RangeSink) or, after a tensor's
-// last sub-group, the tensor's. It runs on the update goroutine and does
-// nothing once the step has failed.
+// update waits for it's read, applies Adam and starts the write-behind;
+// the sub-group's new master is staged next (see stage). It runs on the
+// update goroutine and does nothing once the step has failed.
 func (r *stepRun) update(it *item) {
 	if it.failed || r.failed() {
 		return
 	}
 	o := r.o
-	sg, t, n := it.sg, it.sg.t, it.sg.n
+	sg, n := it.sg, it.sg.n
 	if it.read != nil {
 		start := time.Now()
 		err := it.read.Wait()
@@ -518,7 +521,29 @@ func (r *stepRun) update(it *item) {
 		}
 		it.write = w
 	}
-	params := o.opts.Params
+	it.toStage = true
+	if r.depth == 0 {
+		r.stage(it)
+	}
+}
+
+// stage hands it's new master to Params: its range (a RangeSink) or, after
+// a tensor's last sub-group, the tensor's. With a pipeline it runs on the
+// write-behind goroutine, in update order (so a RangeSink still gets a
+// tensor's ranges in ascending order), while the update goroutine goes
+// on with the next sub-group: staging converts the master to the
+// parameters' dtype (bf16: 16 MiB read, 8 MiB written for a 4 M-element
+// sub-group) and starts their write, a millisecond or two that would
+// otherwise keep the update's workers, and a core, idle between two
+// updates. The sub-group's buffer is held until retire, so p stays valid.
+func (r *stepRun) stage(it *item) {
+	if !it.toStage || r.failed() {
+		return
+	}
+	it.toStage = false
+	sg, t := it.sg, it.sg.t
+	p := sg.lay.array(it.state, 0)
+	params := r.o.opts.Params
 	if rs, ok := params.(RangeSink); ok {
 		w, err := rs.StageRange(r.ctx, t.name, sg.off, t.n, p)
 		if err != nil {
