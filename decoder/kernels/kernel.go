@@ -13,6 +13,19 @@ type kernel struct {
 	reduce reduceFunc
 	// ioF32 and ioBF16 are the in-out products' (MatMulInOut).
 	ioF32, ioBF16 ioFunc
+	// quant quantizes a block format's vectors as quantizeActs does,
+	// bit for bit (nil: quantizeActs).
+	quant func(qx []byte, xd []float32, x []float32)
+}
+
+// quantize quantizes x (a multiple of BlockSize values) for the block
+// formats' products with the kernel's quantizer.
+func (k *kernel) quantize(qx []byte, xd []float32, x []float32) {
+	if k.quant == nil || len(x) == 0 {
+		quantizeActs(qx, xd, x)
+		return
+	}
+	k.quant(qx, xd, x)
 }
 
 // inOut returns the kernel's in-out function for t (F32 or BF16).

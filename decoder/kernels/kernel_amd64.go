@@ -33,6 +33,10 @@ func hasF16C() bool {
 
 var avx2Kernel = &kernel{
 	name: KernelAVX2,
+	quant: func(qx []byte, xd []float32, x []float32) {
+		_, _ = qx[len(x)-1], xd[len(x)/BlockSize-1]
+		quantizeActsAVX2(&x[0], len(x), &qx[0], &xd[0])
+	},
 	reduce: func(acc *[rowBlock]accs, b, rows int, y []float32) {
 		reduceAVX2(&acc[0][b][0], int(unsafe.Sizeof(acc[0])), rows, &y[0])
 	},

@@ -1292,6 +1292,125 @@ reduceAVX2_loop:
 	VZEROUPPER
 	RET
 
+// func quantizeActsAVX2(x *float32, n int, qx *byte, xd *float32)
+// Requires: AVX, AVX2, F16C
+TEXT ·quantizeActsAVX2(SB), NOSPLIT, $0-32
+	MOVQ x+0(FP), AX
+	MOVQ n+8(FP), CX
+	MOVQ qx+16(FP), DX
+	MOVQ xd+24(FP), BX
+
+quantizeActsAVX2_block:
+	VMOVUPS      (AX), Y1
+	VANDPS       qabs<>+0(SB), Y1, Y0
+	VMOVAPS      Y0, Y0
+	VMOVUPS      32(AX), Y2
+	VANDPS       qabs<>+0(SB), Y2, Y3
+	VPMAXUD      Y3, Y0, Y0
+	VMOVUPS      64(AX), Y3
+	VANDPS       qabs<>+0(SB), Y3, Y4
+	VPMAXUD      Y4, Y0, Y0
+	VMOVUPS      96(AX), Y4
+	VANDPS       qabs<>+0(SB), Y4, Y5
+	VPMAXUD      Y5, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X5
+	VPMAXUD      X5, X0, X0
+	VPSHUFD      $0x4e, X0, X5
+	VPMAXUD      X5, X0, X0
+	VPSHUFD      $0xb1, X0, X5
+	VPMAXUD      X5, X0, X0
+
+	// The scale: amax/127 rounded to binary16, widened back.
+	VDIVSS    q127<>+0(SB), X0, X5
+	VCVTPS2PH $0x00, X5, X5
+	VCVTPH2PS X5, X5
+	VMOVSS    X5, (BX)
+
+	// id = 127/amax, 0 where amax is 0 (a NaN where it is a NaN).
+	VMOVSS       q127<>+0(SB), X5
+	VDIVSS       X0, X5, X5
+	VXORPS       X6, X6, X6
+	VCMPSS       $0x04, X6, X0, X0
+	VANDPS       X0, X5, X5
+	VBROADCASTSS X5, Y0
+	VMULPS       Y0, Y1, Y1
+	VCMPPS       $0x07, Y1, Y1, Y5
+	VANDPS       Y5, Y1, Y1
+	VMINPS       q127<>+0(SB), Y1, Y1
+	VMAXPS       qm127<>+0(SB), Y1, Y1
+	VCVTPS2DQ    Y1, Y1
+	VMULPS       Y0, Y2, Y2
+	VCMPPS       $0x07, Y2, Y2, Y5
+	VANDPS       Y5, Y2, Y2
+	VMINPS       q127<>+0(SB), Y2, Y2
+	VMAXPS       qm127<>+0(SB), Y2, Y2
+	VCVTPS2DQ    Y2, Y2
+	VMULPS       Y0, Y3, Y3
+	VCMPPS       $0x07, Y3, Y3, Y5
+	VANDPS       Y5, Y3, Y3
+	VMINPS       q127<>+0(SB), Y3, Y3
+	VMAXPS       qm127<>+0(SB), Y3, Y3
+	VCVTPS2DQ    Y3, Y3
+	VMULPS       Y0, Y4, Y4
+	VCMPPS       $0x07, Y4, Y4, Y0
+	VANDPS       Y0, Y4, Y4
+	VMINPS       q127<>+0(SB), Y4, Y4
+	VMAXPS       qm127<>+0(SB), Y4, Y4
+	VCVTPS2DQ    Y4, Y4
+	VPACKSSDW    Y2, Y1, Y0
+	VPACKSSDW    Y4, Y3, Y1
+	VPACKSSWB    Y1, Y0, Y0
+	VMOVDQU      qperm<>+0(SB), Y1
+	VPERMD       Y0, Y1, Y0
+	VMOVDQU      Y0, (DX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x00000020, DX
+	ADDQ         $0x00000004, BX
+	SUBQ         $0x00000020, CX
+	JG           quantizeActsAVX2_block
+	VZEROUPPER
+	RET
+
+DATA qabs<>+0(SB)/4, $0x7fffffff
+DATA qabs<>+4(SB)/4, $0x7fffffff
+DATA qabs<>+8(SB)/4, $0x7fffffff
+DATA qabs<>+12(SB)/4, $0x7fffffff
+DATA qabs<>+16(SB)/4, $0x7fffffff
+DATA qabs<>+20(SB)/4, $0x7fffffff
+DATA qabs<>+24(SB)/4, $0x7fffffff
+DATA qabs<>+28(SB)/4, $0x7fffffff
+GLOBL qabs<>(SB), RODATA|NOPTR, $32
+
+DATA q127<>+0(SB)/4, $0x42fe0000
+DATA q127<>+4(SB)/4, $0x42fe0000
+DATA q127<>+8(SB)/4, $0x42fe0000
+DATA q127<>+12(SB)/4, $0x42fe0000
+DATA q127<>+16(SB)/4, $0x42fe0000
+DATA q127<>+20(SB)/4, $0x42fe0000
+DATA q127<>+24(SB)/4, $0x42fe0000
+DATA q127<>+28(SB)/4, $0x42fe0000
+GLOBL q127<>(SB), RODATA|NOPTR, $32
+
+DATA qm127<>+0(SB)/4, $0xc2fe0000
+DATA qm127<>+4(SB)/4, $0xc2fe0000
+DATA qm127<>+8(SB)/4, $0xc2fe0000
+DATA qm127<>+12(SB)/4, $0xc2fe0000
+DATA qm127<>+16(SB)/4, $0xc2fe0000
+DATA qm127<>+20(SB)/4, $0xc2fe0000
+DATA qm127<>+24(SB)/4, $0xc2fe0000
+DATA qm127<>+28(SB)/4, $0xc2fe0000
+GLOBL qm127<>(SB), RODATA|NOPTR, $32
+
+DATA qperm<>+0(SB)/4, $0x00000000
+DATA qperm<>+4(SB)/4, $0x00000004
+DATA qperm<>+8(SB)/4, $0x00000001
+DATA qperm<>+12(SB)/4, $0x00000005
+DATA qperm<>+16(SB)/4, $0x00000002
+DATA qperm<>+20(SB)/4, $0x00000006
+DATA qperm<>+24(SB)/4, $0x00000003
+DATA qperm<>+28(SB)/4, $0x00000007
+GLOBL qperm<>(SB), RODATA|NOPTR, $32
+
 // func inoutF32AVX2x1w64(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
 // Requires: AVX, FMA3
 TEXT ·inoutF32AVX2x1w64(SB), NOSPLIT, $0-64

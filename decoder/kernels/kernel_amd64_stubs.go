@@ -99,6 +99,11 @@ func sumF32AVX2(w *byte, n int) float32
 //go:noescape
 func reduceAVX2(acc *float32, stride int, rows int, y *float32)
 
+// quantizeActsAVX2 quantizes the n float32 values at x (n a positive multiple of 32) to blocks of 32 signed bytes at qx and their scales at xd, as quantizeActs does.
+//
+//go:noescape
+func quantizeActsAVX2(x *float32, n int, qx *byte, xd *float32)
+
 // inoutF32AVX2x1w64 adds, for rows rows of an in-out F32 matrix (row i at w + i*wstride bytes) and 1 vectors (vector b's inputs at x + b*xstride bytes), x[b][i] * W[i][c] into the sums of the n outputs c of vector b at y + b*ystride bytes (n a positive multiple of 64), row after row, one fused multiply-add each: the order of the scalar reference inOutScalar.
 //
 //go:noescape

@@ -410,7 +410,7 @@ func (p *Pool) quantizeX(cols int) {
 		p.xd = make([]float32, n/BlockSize)
 	}
 	j.qx, j.xd = p.qx[:n], p.xd[:n/BlockSize]
-	quantizeActs(j.qx, j.xd, j.x)
+	p.k.quantize(j.qx, j.xd, j.x)
 }
 
 // runRows splits the row product p.job (its parts added, under p.mu)

@@ -201,32 +201,33 @@ func blockDot(q *[BlockSize]int32, dw float32, c int, qx []byte, xd []float32, x
 // rounding is VCVTPS2DQ's under the default rounding mode, so that the
 // SIMD quantizers write the same bytes.
 func quantizeActs(qx []byte, xd []float32, x []float32) {
-	for b := 0; b < len(x)/BlockSize; b++ {
-		v := x[b*BlockSize : (b+1)*BlockSize]
-		var amax float32
+	for c := 0; c+BlockSize <= len(x); c += BlockSize {
+		v := (*[BlockSize]float32)(x[c : c+BlockSize])
+		// The largest magnitude by its bits: for numbers their order is
+		// the bits' order, and a NaN's bits lie above every number's.
+		var bits uint32
 		for _, f := range v {
-			if a := abs32(f); a > amax || a != a {
-				amax = a
-			}
+			bits = max(bits, math.Float32bits(f)&^(1<<31))
 		}
-		xd[b] = HalfToFloat32(Float32ToHalf(amax / 127))
+		amax := math.Float32frombits(bits)
+		xd[c/BlockSize] = HalfToFloat32(Float32ToHalf(amax / 127))
 		var id float32
 		if amax != 0 {
 			id = 127 / amax
 		}
-		q := qx[b*BlockSize : (b+1)*BlockSize]
+		q := (*[BlockSize]byte)(qx[c : c+BlockSize])
 		for i, f := range v {
+			// |p| ≤ amax*id < 127.5, or p is a NaN (a NaN or an
+			// infinity in the block), or an infinity (a subnormal amax,
+			// whose 127/amax overflows). Adding 1.5*2^23 rounds p to an
+			// integer, ties to even, in the significand's low bits.
 			p := float32(f * id)
-			switch {
-			case p != p:
+			if p != p {
 				q[i] = 0
-			case p >= 127:
-				q[i] = 127
-			case p <= -127:
-				q[i] = byte(0x81) // -127
-			default:
-				q[i] = byte(int8(math.RoundToEven(float64(p))))
+				continue
 			}
+			r := float32(max(-127, min(127, p)) + 0x1.8p23)
+			q[i] = byte(int32(math.Float32bits(r)) - 0x4b40_0000)
 		}
 	}
 }

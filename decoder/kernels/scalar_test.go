@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -192,4 +193,122 @@ func TestQuantizeActsGolden(t *testing.T) {
 	if xd[2] != 0 {
 		t.Errorf("scale of a block of zeros %v", xd[2])
 	}
+}
+
+// quantizeActsRef is quantizeActs written plainly: the rounding by
+// math.RoundToEven, the clamps explicit.
+func quantizeActsRef(qx []byte, xd []float32, x []float32) {
+	for b := 0; b < len(x)/BlockSize; b++ {
+		v := x[b*BlockSize : (b+1)*BlockSize]
+		var amax float32
+		for _, f := range v {
+			if a := abs32(f); a > amax || a != a {
+				amax = a
+			}
+		}
+		xd[b] = HalfToFloat32(Float32ToHalf(amax / 127))
+		var id float32
+		if amax != 0 {
+			id = 127 / amax
+		}
+		for i, f := range v {
+			p := float32(f * id)
+			switch {
+			case p != p:
+				qx[b*BlockSize+i] = 0
+			case p >= 127:
+				qx[b*BlockSize+i] = 127
+			case p <= -127:
+				qx[b*BlockSize+i] = byte(0x81) // -127
+			default:
+				qx[b*BlockSize+i] = byte(int8(math.RoundToEven(float64(p))))
+			}
+		}
+	}
+}
+
+// TestQuantizeActsMatchesRef holds quantizeActs to quantizeActsRef on
+// quantTestData's blocks: the same quants, and the same scales (NaN for
+// NaN).
+func TestQuantizeActsMatchesRef(t *testing.T) {
+	x := quantTestData(4000)
+	q, d := make([]byte, len(x)), make([]float32, len(x)/BlockSize)
+	qr, dr := make([]byte, len(x)), make([]float32, len(x)/BlockSize)
+	quantizeActs(q, d, x)
+	quantizeActsRef(qr, dr, x)
+	if err := sameQuants(x, q, d, qr, dr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQuantizeKernelsMatch holds every SIMD kernel's quantizer of the
+// vectors to quantizeActs on TestQuantizeActsMatchesRef's blocks and on
+// random lengths.
+func TestQuantizeKernelsMatch(t *testing.T) {
+	x := quantTestData(4000)
+	for _, k := range simdKernels {
+		for _, n := range []int{len(x), BlockSize, 3 * BlockSize} {
+			x := x[len(x)-n:]
+			q, d := make([]byte, n), make([]float32, n/BlockSize)
+			qr, dr := make([]byte, n), make([]float32, n/BlockSize)
+			k.quantize(q, d, x)
+			quantizeActs(qr, dr, x)
+			if err := sameQuants(x, q, d, qr, dr); err != nil {
+				t.Fatalf("%s, %v", k.name, err)
+			}
+		}
+	}
+}
+
+// sameQuants compares two quantizations of x: the same quants, and the
+// same scales (NaN for NaN).
+func sameQuants(x []float32, q []byte, d []float32, qr []byte, dr []float32) error {
+	for i := range q {
+		if q[i] != qr[i] {
+			return fmt.Errorf("quant %d of %v (block %v): %d, reference %d", i, x[i], x[i/BlockSize*BlockSize:][:BlockSize], int8(q[i]), int8(qr[i]))
+		}
+	}
+	for b := range d {
+		if d[b] != dr[b] && !(d[b] != d[b] && dr[b] != dr[b]) {
+			return fmt.Errorf("scale of block %d: %v, reference %v", b, d[b], dr[b])
+		}
+	}
+	return nil
+}
+
+// quantTestData returns blocks blocks of values for the quantizers'
+// tests: random blocks of every scale, blocks of exact ties (halves at
+// amax 127), zeros, subnormals and non-finite values.
+func quantTestData(blocks int) []float32 {
+	rng := rand.New(rand.NewPCG(11, 12))
+	x := make([]float32, blocks*BlockSize)
+	for b := range blocks {
+		v := x[b*BlockSize : (b+1)*BlockSize]
+		switch b % 8 {
+		case 0: // halves: amax 127, so x*id is x
+			for i := range v {
+				v[i] = float32(rng.IntN(254)-127) + 0.5
+			}
+			v[rng.IntN(BlockSize)] = 127
+		case 1: // zeros and signed zeros
+			for i := range v {
+				v[i] = float32(math.Copysign(0, float64(rng.IntN(2)*2-1)))
+			}
+		case 2: // subnormals and tiny values
+			for i := range v {
+				v[i] = math.Float32frombits(uint32(rng.IntN(1<<23))) * float32(rng.IntN(3)-1)
+			}
+		case 3: // a non-finite value among numbers
+			for i := range v {
+				v[i] = randF32(rng)
+			}
+			v[rng.IntN(BlockSize)] = []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}[rng.IntN(3)]
+		default:
+			scale := math.Ldexp(1, rng.IntN(80)-40)
+			for i := range v {
+				v[i] = float32(rng.NormFloat64() * scale)
+			}
+		}
+	}
+	return x
 }

@@ -77,6 +77,9 @@ var mutations = []string{
 	"x-stride-ignored",       // every vector read at the first vector's address
 	"row-stride-ignored",     // every row of a multi-row kernel read at the first row's address
 	"group-acc-not-advanced", // every group of rows summed into the first group's partial sums
+	"quant-nan-kept",         // the activations' quantizer lets a NaN through to the rounding
+	"quant-truncates",        // the activations' quantizer truncates instead of rounding
+	"quant-scale-unrounded",  // the activations' scale stored without its binary16 rounding
 	"reduce-tree-halves",     // the reduction's first step pairs p[j] with p[j+4], not p[j+8]
 	"reduce-row-stride",      // every row reduced from the first row's partial sums
 	// The in-out kernels' own (the row kernels are left as they are).
@@ -173,6 +176,7 @@ func main() {
 	}
 	gen() // the memory-read kernel
 	genReduce()
+	genQuantize()
 	for _, t := range []ioType{{"F32", 4}, {"BF16", 2}} {
 		for nb := 1; nb <= maxNB; nb++ {
 			for _, width := range ioWidths[nb] {
@@ -790,6 +794,111 @@ func genQ(t string, nb int) {
 	}
 	DECQ(left)
 	JG(LabelRef(name + "_row"))
+	VZEROUPPER()
+	RET()
+}
+
+// genQuantize emits quantizeActsAVX2(x *float32, n int, qx *byte, xd
+// *float32): the n values at x (n a positive multiple of 32) quantized
+// to blocks of 32 8-bit integers as quantizeActs does (../../scalar.go),
+// bit for bit: amax by the integer maximum of the magnitudes' bits (a
+// NaN's lie above every number's, so a NaN makes amax a NaN as there),
+// the scale amax/127 rounded to binary16 and back (VCVTPS2PH,
+// VCVTPH2PS), id = 127/amax (0 when amax is 0), each x*id with NaNs
+// set to 0 and clamped to ±127, rounded to nearest even by VCVTPS2DQ
+// under the default rounding mode, packed to bytes and put back in order
+// (VPACKSSDW and VPACKSSWB work within 128-bit lanes).
+func genQuantize() {
+	name := "quantizeActsAVX2"
+	TEXT(name, NOSPLIT, "func(x *float32, n int, qx *byte, xd *float32)")
+	Pragma("noescape")
+	Doc(name + " quantizes the n float32 values at x (n a positive multiple of 32) to blocks of 32 signed bytes at qx and their scales at xd, as quantizeActs does.")
+	x := Load(Param("x"), GP64())
+	n := Load(Param("n"), GP64())
+	qx := Load(Param("qx"), GP64())
+	xd := Load(Param("xd"), GP64())
+	c := func(name string, v []uint32) Mem {
+		m := GLOBL(name, RODATA|NOPTR)
+		for i := range 8 {
+			DATA(4*i, U32(v[i%len(v)]))
+		}
+		return m
+	}
+	absMask := c("qabs", []uint32{0x7fffffff})
+	hi := c("q127", []uint32{0x42fe0000})  // 127.0
+	lo := c("qm127", []uint32{0xc2fe0000}) // -127.0
+	perm := c("qperm", []uint32{0, 4, 1, 5, 2, 6, 3, 7})
+	Label(name + "_block")
+	v := make([]VecVirtual, 4)
+	m := YMM()
+	for k := range 4 {
+		v[k] = YMM()
+		VMOVUPS(Mem{Base: x, Disp: 32 * k}, v[k])
+		a := YMM()
+		VANDPS(absMask, v[k], a)
+		if k == 0 {
+			VMOVAPS(a, m)
+		} else {
+			VPMAXUD(a, m, m)
+		}
+	}
+	hx := XMM()
+	VEXTRACTI128(U8(1), m, hx)
+	mx := XMM()
+	VPMAXUD(hx, m.AsX(), mx)
+	t := XMM()
+	VPSHUFD(U8(0x4e), mx, t)
+	VPMAXUD(t, mx, mx)
+	VPSHUFD(U8(0xb1), mx, t)
+	VPMAXUD(t, mx, mx) // amax in every lane
+	Comment("The scale: amax/127 rounded to binary16, widened back.")
+	d := XMM()
+	VDIVSS(hi, mx, d)
+	if mutation != "quant-scale-unrounded" {
+		h := XMM()
+		VCVTPS2PH(U8(0), d, h)
+		VCVTPH2PS(h, d)
+	}
+	VMOVSS(d, Mem{Base: xd})
+	Comment("id = 127/amax, 0 where amax is 0 (a NaN where it is a NaN).")
+	id := XMM()
+	VMOVSS(hi, id)
+	VDIVSS(mx, id, id)
+	z := XMM()
+	VXORPS(z, z, z)
+	nz := XMM()
+	VCMPSS(U8(4), z, mx, nz) // amax != 0, or unordered
+	VANDPS(nz, id, id)
+	idy := YMM()
+	VBROADCASTSS(id, idy)
+	for k := range 4 {
+		VMULPS(idy, v[k], v[k])
+		if mutation != "quant-nan-kept" {
+			ord := YMM()
+			VCMPPS(U8(7), v[k], v[k], ord) // not a NaN
+			VANDPS(ord, v[k], v[k])
+		}
+		VMINPS(hi, v[k], v[k])
+		VMAXPS(lo, v[k], v[k])
+		if mutation == "quant-truncates" {
+			VCVTTPS2DQ(v[k], v[k])
+		} else {
+			VCVTPS2DQ(v[k], v[k])
+		}
+	}
+	w0, w1 := YMM(), YMM()
+	VPACKSSDW(v[1], v[0], w0)
+	VPACKSSDW(v[3], v[2], w1)
+	VPACKSSWB(w1, w0, w0)
+	idx := YMM()
+	VMOVDQU(perm, idx)
+	VPERMD(w0, idx, w0)
+	VMOVDQU(w0, Mem{Base: qx})
+	ADDQ(U32(128), x)
+	ADDQ(U32(32), qx)
+	ADDQ(U32(4), xd)
+	SUBQ(U32(32), n)
+	JG(LabelRef(name + "_block"))
 	VZEROUPPER()
 	RET()
 }

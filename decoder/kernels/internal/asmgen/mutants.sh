@@ -18,7 +18,7 @@ set -euo pipefail
 arch=${1:-amd64}
 cd "$(dirname "$0")"
 pkg=$(cd ../.. && pwd)
-diffs='^(TestKernelsMatchScalar|TestKernelsLongRows|TestInOutKernelsMatchScalar|TestInOutKernelsLongRows)$'
+diffs='^(TestKernelsMatchScalar|TestKernelsLongRows|TestInOutKernelsMatchScalar|TestInOutKernelsLongRows|TestQuantizeKernelsMatch)$'
 
 # Per architecture: name (what messages start with), from (the generated
 # files' first line compared: amd64's first line names the command's
