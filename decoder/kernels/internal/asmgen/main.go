@@ -46,15 +46,12 @@ const maxNB = 4
 
 // dtype describes one weight format's inner loop.
 type dtype struct {
-	name    string
-	cols    int // columns per loop iteration
-	wstep   int // weight bytes per loop iteration
-	prepare func() []VecVirtual
-	// load widens the weights of the iteration's columns [h, h+16) into
-	// two vectors (lanes 0-7, 8-15).
-	load func(w Register, consts []VecVirtual, h int, scale VecVirtual) (VecVirtual, VecVirtual)
-	// scale loads the block's scale (block formats), or returns nil.
-	scale func(w Register) VecVirtual
+	name  string
+	cols  int // columns per loop iteration
+	wstep int // weight bytes per loop iteration
+	// load widens the weights of the iteration's 16 columns into two
+	// vectors (lanes 0-7, 8-15).
+	load func(w Register) (VecVirtual, VecVirtual)
 	// ahead, if positive, has the kernels of several vectors prefetch
 	// each row's weights that many bytes on into the second level cache
 	// (see gen).
@@ -133,7 +130,7 @@ func main() {
 	// 29.9, 36.5, 32.0 with PREFETCHT1 4 KiB ahead, 30.8, 29.5, 25.8 8 KiB
 	// ahead. At one vector any prefetch made it slower.
 	f32 := dtype{name: "F32", cols: 16, wstep: 64, ahead: 8192,
-		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
+		load: func(w Register) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VMOVUPS(Mem{Base: w}, a)
 			VMOVUPS(Mem{Base: w, Disp: 32}, b)
@@ -150,7 +147,7 @@ func main() {
 	// against 19.9, 20.0, 19.9 with PREFETCHT1 8 KiB ahead (at one vector
 	// slower in 3 of 3).
 	bf16 := dtype{name: "BF16", cols: 16, wstep: 32, ahead: 8192,
-		load: func(w Register, _ []VecVirtual, _ int, _ VecVirtual) (VecVirtual, VecVirtual) {
+		load: func(w Register) (VecVirtual, VecVirtual) {
 			a, b := YMM(), YMM()
 			VPMOVZXWD(Mem{Base: w}, a)
 			VPMOVZXWD(Mem{Base: w, Disp: 16}, b)
@@ -320,10 +317,6 @@ func genRow(t dtype, nb, rows int) {
 			}
 		}
 	}
-	var consts []VecVirtual
-	if t.prepare != nil {
-		consts = t.prepare()
-	}
 	accp := Load(Param("acc"), GP64())
 	n, i := GP64(), GP64() // columns left, byte offset into the vectors
 	ws := make([]Register, rows)
@@ -373,12 +366,8 @@ func genRow(t dtype, nb, rows int) {
 		if nb > 1 && t.ahead > 0 {
 			PREFETCHT1(Mem{Base: ws[r], Disp: t.ahead})
 		}
-		var d VecVirtual
-		if t.scale != nil {
-			d = t.scale(ws[r])
-		}
 		for h := 0; h < t.cols; h += 16 {
-			wa, wb := t.load(ws[r], consts, h, d)
+			wa, wb := t.load(ws[r])
 			for b := range nb {
 				xa := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4 * h}
 				xb := Mem{Base: xs[b], Index: i, Scale: 1, Disp: 4*h + 32}
