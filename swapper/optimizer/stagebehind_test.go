@@ -11,7 +11,7 @@ import (
 
 // TestStageBehindUpdate: with a pipeline, a sub-group's new master is
 // staged (RangeSink.StageRange, which converts it to the parameters'
-// dtype and starts their write) on the write-behind goroutine while the
+// dtype and starts their write) on a goroutine of its own while the
 // update goroutine goes on with the next sub-group, not between the two
 // updates: the first StageRange here returns only once the next
 // sub-group's update has waited for its gradient. Ranges still arrive in
