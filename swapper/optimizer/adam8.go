@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/zinfio/zinf/buffers"
 )
@@ -146,6 +147,12 @@ func (k *kernel) adamRecordSplit(l RecordLayout, rec, g []float32, a *adamArgs, 
 // registers for the update).
 const adam8ScratchLen = 4*Blockwise8BlockSize + 16*16
 
+// adam8Scratch recycles the kernels' scratch: a stack array passed
+// through the kernel's function value escapes (the compiler cannot see
+// that the assembly keeps no pointer), so each call allocated 5 KiB, tens
+// of thousands of times an optimizer step.
+var adam8Scratch = sync.Pool{New: func() any { return new([adam8ScratchLen]float32) }}
+
 // runAdam8 runs Adam8 on equal-length operands (absmax: one per block):
 // the whole blocks on the SIMD body, the last partial block (or all, on
 // the scalar kernel) on the reference loop.
@@ -154,9 +161,10 @@ func (k *kernel) runAdam8(p, g []float32, qm, qv []uint8, am, av []float32, a *a
 	full := n / Blockwise8BlockSize
 	done := 0
 	if k.adam8 != nil && full > 0 {
-		var scratch [adam8ScratchLen]float32
+		scratch := adam8Scratch.Get().(*[adam8ScratchLen]float32)
 		t := quantTables()
 		k.adam8(&p[0], &g[0], &qm[0], &qv[0], &am[0], &av[0], full, a.k, a.mode, t.signed.bytes(), t.unsigned.bytes(), &scratch[0])
+		adam8Scratch.Put(scratch)
 		done = full * Blockwise8BlockSize
 	}
 	if done < n {
