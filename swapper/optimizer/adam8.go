@@ -61,11 +61,14 @@ func (k Kernel) AdamBF16(p, g []float32, m, v []buffers.BFloat16, step int, h Hy
 	k.impl().runAdamBF16(p, g[:n], m[:n], v[:n], &a)
 }
 
-// runAdamBF16 runs AdamBF16 on equal-length operands, a stack block of
-// moments at a time.
+// runAdamBF16 runs AdamBF16 on equal-length operands, a block of
+// moments at a time widened into a scratch of the 8-bit kernels' pool
+// (adam8Scratch: an array on the stack escaped through runAdam's kernel).
 func (k *kernel) runAdamBF16(p, g []float32, m, v []buffers.BFloat16, a *adamArgs) {
 	n := len(p)
-	var mt, vt [Blockwise8BlockSize]float32
+	scratch := adam8Scratch.Get().(*[adam8ScratchLen]float32)
+	defer adam8Scratch.Put(scratch)
+	mt, vt := scratch[:Blockwise8BlockSize], scratch[Blockwise8BlockSize:2*Blockwise8BlockSize]
 	for lo := 0; lo < n; lo += Blockwise8BlockSize {
 		hi := min(lo+Blockwise8BlockSize, n)
 		mb, vb := mt[:hi-lo], vt[:hi-lo]

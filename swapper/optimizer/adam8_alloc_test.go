@@ -1,8 +1,12 @@
 package optimizer
 
-import "testing"
+import (
+	"testing"
 
-// TestAdam8AllocatesNothing: an 8-bit update on a SIMD kernel takes its
+	"github.com/zinfio/zinf/buffers"
+)
+
+// TestAdam8AllocatesNothing: an 8-bit (or bf16-moment) update takes its
 // scratch from a pool; a stack array handed to the kernel's function
 // value escaped, 5 KiB a call, tens of thousands of calls a step. (Under
 // the race detector a sync.Pool drops some of what it is given, so a
@@ -20,6 +24,13 @@ func TestAdam8AllocatesNothing(t *testing.T) {
 		k.Adam8(p, g, qm, qv, am, av, 1, h) // the pool's first scratch
 		if a := testing.AllocsPerRun(40, func() { k.Adam8(p, g, qm, qv, am, av, 1, h) }); a > 0.5 {
 			t.Errorf("kernel %s: %.2f allocations an update, want none", k, a)
+		}
+		bm, bv := make([]buffers.BFloat16, n), make([]buffers.BFloat16, n)
+		buffers.Float32ToBFloat16(bm, m)
+		buffers.Float32ToBFloat16(bv, v)
+		k.AdamBF16(p, g, bm, bv, 1, h)
+		if a := testing.AllocsPerRun(40, func() { k.AdamBF16(p, g, bm, bv, 1, h) }); a > 0.5 {
+			t.Errorf("kernel %s: %.2f allocations a bf16-moment update, want none", k, a)
 		}
 	}
 }
