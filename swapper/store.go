@@ -7,10 +7,8 @@ import (
 	"github.com/zinfio/zinf/tensor"
 	"hash/crc32"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -446,16 +444,9 @@ func (p *Pending) checksum() {
 		return
 	}
 	if p.op == "swap-out" {
-		units := s.unitCount(p.v)
-		p.v.sums = make([]uint32, units)
-		if s.sumWorkers(units) <= 1 {
-			s.sumUnits(p.v, func(i int, lo, hi int64) {
-				p.v.sums[i] = crc32.Checksum(p.buf[lo:hi], castagnoli)
-			})
-			return
-		}
-		s.sumUnitsSplit(p.v, 0, units, func(i int, lo, hi int64) {
-			p.v.sums[i] = crc32.Checksum(p.buf[lo:hi], castagnoli)
+		p.v.sums = make([]uint32, 0, (p.v.padded+s.unit-1)/s.unit)
+		s.sumUnits(p.v, func(_ int, lo, hi int64) {
+			p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[lo:hi], castagnoli))
 		})
 		return
 	}
@@ -745,56 +736,6 @@ func (s *Store) sumUnits(v *version, fn func(i int, lo, hi int64)) {
 	}
 }
 
-// unitCount is the number of checksum units of v (sumUnits calls fn that
-// many times).
-func (s *Store) unitCount(v *version) int {
-	n := min(v.padded, v.length)
-	return int((n + s.unit - 1) / s.unit)
-}
-
-// sumSplitBytes is the least a goroutine of sumUnitsSplit checksums: below
-// it a second goroutine costs more than it saves.
-const sumSplitBytes = 4 << 20
-
-// sumWorkers is how many goroutines sumUnitsSplit checksums units units
-// on.
-func (s *Store) sumWorkers(units int) int {
-	return min(runtime.GOMAXPROCS(0), units, int(int64(units)*s.unit/sumSplitBytes))
-}
-
-// sumUnitsSplit calls fn for units [first, end) of v (see sumUnits), in
-// contiguous runs on up to GOMAXPROCS goroutines, one per sumSplitBytes of
-// them, and returns when every call has. fn must be safe to call for
-// different units at once. A large read is verified, or a large write
-// checksummed, by every core instead of one: in an optimizer step the
-// update waits for its record's verification, and with the CRC-32C of a
-// 25 MiB record on one goroutine the update's workers would have nothing
-// to do meanwhile, their cores idle while the disk waits for the step.
-func (s *Store) sumUnitsSplit(v *version, first, end int, fn func(i int, lo, hi int64)) {
-	if end <= first {
-		return
-	}
-	run := func(a, b int) {
-		for i := a; i < b; i++ {
-			lo := int64(i) * s.unit
-			fn(i, lo, min(lo+s.unit, v.length))
-		}
-	}
-	units := end - first
-	w := s.sumWorkers(units)
-	if w <= 1 {
-		run(first, end)
-		return
-	}
-	per := (units + w - 1) / w
-	var wg sync.WaitGroup
-	for a := first + per; a < end; a += per {
-		wg.Go(func() { run(a, min(a+per, end)) })
-	}
-	run(first, min(first+per, end))
-	wg.Wait()
-}
-
 // fileAt is the file and offset of byte lo of v.
 func (s *Store) fileAt(v *version, lo int64) (string, int64) {
 	n := int64(len(s.files))
@@ -893,65 +834,20 @@ func (s *Store) ReadRangeAsync(name string, lo, hi int64, b []byte) (_ *Pending,
 }
 
 func (s *Store) verify(p *Pending) error {
+	var bad error
 	from, to := int64(0), p.v.padded
 	if p.ranged {
 		from, to = p.from, p.to // whole units only: see RangeLen
 	}
-	first, end := int(from/s.unit), min(s.unitCount(p.v), int((to+s.unit-1)/s.unit))
-	if s.sumWorkers(end-first) > 1 {
-		return s.verifySplit(p, from, to, first, end)
-	}
-	var bad error
 	s.sumUnits(p.v, func(i int, lo, hi int64) {
 		if bad != nil || lo < from || min(lo+s.unit, p.v.padded) > to {
 			return
 		}
 		got := crc32.Checksum(p.buf[lo-from:hi-from], castagnoli)
 		if got != p.v.sums[i] {
-			bad = s.checksumError(p, i, lo, hi, got)
-		}
-	})
-	if bad != nil {
-		s.mu.Lock()
-		s.stats.ChecksumFailures++
-		s.mu.Unlock()
-	}
-	return bad
-}
-
-// checksumError says that unit i of p's version, bytes [lo, hi), read
-// back with CRC-32C got instead of the one written.
-func (s *Store) checksumError(p *Pending, i int, lo, hi int64, got uint32) error {
-	path, off := s.fileAt(p.v, lo)
-	return &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",
-		ErrChecksum, lo, hi, path, off, got, p.v.sums[i])}
-}
-
-// verifySplit is verify for units [first, end) of p's version on several
-// goroutines (sumUnitsSplit).
-func (s *Store) verifySplit(p *Pending, from, to int64, first, end int) error {
-	// The first unit that differs is the one reported, whichever of the
-	// goroutines found one first: units after a differing one are not
-	// checked, those before it are.
-	var (
-		mu    sync.Mutex
-		bad   error
-		badAt atomic.Int64
-	)
-	badAt.Store(math.MaxInt64)
-	s.sumUnitsSplit(p.v, first, end, func(i int, lo, hi int64) {
-		if int64(i) > badAt.Load() || lo < from || min(lo+s.unit, p.v.padded) > to {
-			return
-		}
-		got := crc32.Checksum(p.buf[lo-from:hi-from], castagnoli)
-		if got != p.v.sums[i] {
-			err := s.checksumError(p, i, lo, hi, got)
-			mu.Lock()
-			if int64(i) < badAt.Load() {
-				bad = err
-				badAt.Store(int64(i))
-			}
-			mu.Unlock()
+			path, off := s.fileAt(p.v, lo)
+			bad = &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",
+				ErrChecksum, lo, hi, path, off, got, p.v.sums[i])}
 		}
 	})
 	if bad != nil {
