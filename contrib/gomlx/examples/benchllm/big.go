@@ -114,6 +114,11 @@ func big(o options, w io.Writer) error {
 	table := 4 * int64(o.vocab) * int64(o.dim)
 	cfg.Zinf.Tiers.GPUBytes = config.Size(4*estParams + 3*table + 1<<30)
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pinned)
+	cfg.Zinf.OverlapUpdate = o.overlap
+	cfg.Zinf.Checksums = o.checksums
+	if o.pipelineDepth >= 0 {
+		cfg.Zinf.PipelineDepth = o.pipelineDepth
+	}
 	xs := shapes.Make(dtypes.Int32, o.batch, o.seq)
 	if o.pinned == 0 {
 		// The least zinf plans for this model (its pool-too-small error
@@ -149,13 +154,17 @@ func big(o options, w io.Writer) error {
 	if o.credit == "none" {
 		credit = zgomlx.NoHeapCredit
 	}
-	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{HeapCredit: credit, OneLayerResident: o.oneLayer}, xs)
+	tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{HeapCredit: credit, OneLayerResident: o.oneLayer, ReadAheadTables: o.readAhead}, xs)
 	if err != nil {
 		return err
 	}
 	defer tr.Close()
 	off := tr.Offload()
 	rt := off.Runtime()
+	if o.overlap && !rt.OverlapUpdate() {
+		return fmt.Errorf("-overlap-update: the runtime does not overlap the update (plan: overlap step %v)", rt.Placement().OverlapStep)
+	}
+	fmt.Fprintf(w, "zinf.overlap_update %v (-overlap-update), read-ahead of the tables %v (-read-ahead), checksums %v (-checksums)\n", rt.OverlapUpdate(), o.readAhead, o.checksums)
 	var params int64
 	for _, v := range off.Vars() {
 		params += int64(v.Shape.Size())

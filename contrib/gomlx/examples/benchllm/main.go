@@ -62,6 +62,8 @@ type options struct {
 	trainLimit string
 	// overlap: the offloaded process sets zinf.overlap_update.
 	overlap bool
+	// checksums: the offloaded process's zinf.checksums.
+	checksums bool
 	// readAhead: the offloaded process reads the embedding table's
 	// optimizer states ahead of its gradient (zgomlx.Options.ReadAheadTables).
 	readAhead bool
@@ -99,6 +101,7 @@ func main() {
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
+	flag.BoolVar(&o.checksums, "checksums", true, "the offloaded process's zinf.checksums: CRC-32C of every swapped-out tensor, verified on every read (false: the same bytes moved without the CPU work)")
 	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
 	flag.BoolVar(&o.readAhead, "read-ahead", false, "the offloaded process reads the embedding table's optimizer states from NVMe during the backward pass of the last layers, ahead of its gradient (zgomlx.Options.ReadAheadTables); combines with -overlap-update")
 	flag.Parse()
@@ -278,6 +281,7 @@ func child(o options, w io.Writer) error {
 	var timings func() zgomlx.Timings
 	if o.child == "offloaded" {
 		cfg.Zinf.OverlapUpdate = o.overlap
+		cfg.Zinf.Checksums = o.checksums
 		if o.pipelineDepth >= 0 {
 			cfg.Zinf.PipelineDepth = o.pipelineDepth
 		}
@@ -452,7 +456,7 @@ func bench(o options, w io.Writer) error {
 			args := []string{"-child", mode, "-dir", o.dir, "-steps", strconv.Itoa(o.steps), "-warm", strconv.Itoa(o.warm),
 				"-layers", strconv.Itoa(o.layers), "-dim", strconv.Itoa(o.dim), "-vocab", strconv.Itoa(o.vocab),
 				"-batch", strconv.Itoa(o.batch), "-seq", strconv.Itoa(o.seq), "-pinned", strconv.FormatInt(o.pinned, 10), "-rows=" + strconv.FormatBool(o.rows),
-				"-overlap-update=" + strconv.FormatBool(o.overlap), "-pipeline-depth", strconv.Itoa(o.pipelineDepth),
+				"-overlap-update=" + strconv.FormatBool(o.overlap), "-checksums=" + strconv.FormatBool(o.checksums), "-pipeline-depth", strconv.Itoa(o.pipelineDepth),
 				"-read-ahead=" + strconv.FormatBool(o.readAhead)}
 			var r result
 			if err := procstat.RunChild(exe, args, &r); err != nil {
