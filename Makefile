@@ -186,8 +186,7 @@ bench-llm:
 # 100277, tied head computed in blocks of 8192 table rows: 1.66 B
 # parameters, 31.0 GiB of state, 1.32x a 23.5 GiB machine's RAM) created
 # layer by layer straight into zinf and trained by zgomlx.Loop under
-# gradient_accumulation_steps "auto", layer-major, with
-# zinf.overlap_update (the table's update runs under the next forward):
+# gradient_accumulation_steps "auto", layer-major:
 # 2 warm-up steps at the plan's k, then 3 steps (-steps) at the planner's
 # k (the micro-batches whose compute covers the step's NVMe I/O). After
 # each step a child process trains 2 of the same blocks with the
@@ -203,13 +202,15 @@ bench-llm:
 # layer's weights and gradients in Go memory at a time (-one-layer) and
 # a Go memory limit of 2400 MiB while training (-train-memlimit);
 # BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while creating.
-# BIG_FLAGS to change the model; a short check of the program (2.9 GiB of
-# state, 3 minutes): BIG_FLAGS='-layers 4 -dim 1024 -heads 8 -ffn 4096
-# -vocab 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none
-# -one-layer -train-memlimit 1600MiB -tied -head-rows 8192
-# -overlap-update'.
+# BIG_FLAGS to change the model (add -overlap-update for
+# zinf.overlap_update: the timed steps then run back to back and the
+# in-memory slices after them; -checksums=false for the same run without
+# the CRC-32C); a short check of the program (2.9 GiB of state, 3
+# minutes): BIG_FLAGS='-layers 4 -dim 1024 -heads 8 -ffn 4096 -vocab
+# 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none -one-layer
+# -train-memlimit 1600MiB -tied -head-rows 8192'.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 2400MiB -tied -head-rows 8192 -overlap-update
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 2400MiB -tied -head-rows 8192
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm

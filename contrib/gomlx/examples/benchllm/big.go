@@ -279,18 +279,13 @@ func big(o options, w io.Writer) error {
 	var steps []stepStat
 	var memTokS, ratios []float64
 	var tm0 = tr.Timings()
-	for s := range o.steps {
-		st, err := measure()
-		if err != nil {
-			return fmt.Errorf("step %d: %w", s+1, err)
-		}
-		steps = append(steps, st)
-		line(fmt.Sprintf("step %d/%d", s+1, o.steps), st)
-		// The in-memory slice, between two offloaded steps.
+	// slice runs the in-memory slice child at the timed steps' k and
+	// compares the offloaded step st with it.
+	slice := func(st stepStat) error {
 		var sr sliceResult
 		t0 := time.Now()
 		if err := procstat.RunChild(exe, sliceArgs(o, k), &sr); err != nil {
-			return fmt.Errorf("in-memory slice after step %d: %w", s+1, err)
+			return err
 		}
 		est := sr.estimate(o.layers)
 		tok := float64(int64(k)*tokens) / est.Seconds()
@@ -298,6 +293,37 @@ func big(o options, w io.Writer) error {
 		memTokS, ratios = append(memTokS, tok), append(ratios, offTok/tok)
 		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, %.1f s in all): step %.2f s, its executors' compute %.2f s (%.1f ms a block) -> %d blocks: compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
 			sr.Blocks, k, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, sr.blockMs(), o.layers, est.Seconds(), tok, offTok/tok, loadavg())
+		return nil
+	}
+	// The in-memory slices run between two offloaded steps, except with
+	// zinf.overlap_update: there a step's update goes on after the step
+	// returns, and a child run beside it would take its I/O out of every
+	// step's window (and its CPU work into the child's), so the timed steps
+	// run back to back, each window holding the update of the step before
+	// (a loop's steady state), and the slices after the last one's update.
+	for s := range o.steps {
+		st, err := measure()
+		if err != nil {
+			return fmt.Errorf("step %d: %w", s+1, err)
+		}
+		steps = append(steps, st)
+		line(fmt.Sprintf("step %d/%d", s+1, o.steps), st)
+		if o.overlap {
+			continue
+		}
+		if err := slice(st); err != nil {
+			return fmt.Errorf("in-memory slice after step %d: %w", s+1, err)
+		}
+	}
+	if o.overlap {
+		if err := rt.WaitStep(ctx); err != nil {
+			return fmt.Errorf("the last timed step's update: %w", err)
+		}
+		for s, st := range steps {
+			if err := slice(st); err != nil {
+				return fmt.Errorf("in-memory slice %d (after the timed steps, -overlap-update): %w", s+1, err)
+			}
+		}
 	}
 	tm := tr.Timings()
 	peak := procstat.PeakRSS()
