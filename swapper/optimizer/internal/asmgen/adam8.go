@@ -445,21 +445,13 @@ func (q *q8) xor(a, b, dst Op) {
 //  4. the map entries of the next block's codes into the scratch (block
 //     0's are read before the loop).
 func (q *q8) avx2Blocks(name string, mode, blocks, tm, tv Register, scr Register) {
-	s := q.s
 	TESTQ(blocks, blocks)
 	JEQ(LabelRef(name + "_return"))
 	Comment("The map entries of block 0's codes into the scratch.")
 	{
 		qm := Load(Param("qm"), GP64())
 		qv := Load(Param("qv"), GP64())
-		i := GP64()
-		XORQ(i, i)
-		Label(name + "_first")
-		q.entries(Mem{Base: qm, Index: i, Scale: 1}, tm, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextM})
-		q.entries(Mem{Base: qv, Index: i, Scale: 1}, tv, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextV})
-		ADDQ(U8(s.lanes), i)
-		CMPQ(i, U32(q8Block))
-		JL(LabelRef(name + "_first"))
+		q.entriesLoop(name+"_first", qm, qv, tm, tv, scr)
 	}
 	CMPQ(mode, U8(decayL2))
 	JEQ(LabelRef(name + "_l2"))
@@ -562,14 +554,7 @@ func (q *q8) avx2Loop(label string, mode int, tm, tv, scr Register) {
 		ADDQ(off, nm)
 		nv := Load(Param("qv"), GP64())
 		ADDQ(off, nv)
-		i := GP64()
-		XORQ(i, i)
-		Label(label + "_entries")
-		q.entries(Mem{Base: nm, Index: i, Scale: 1}, tm, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextM})
-		q.entries(Mem{Base: nv, Index: i, Scale: 1}, tv, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextV})
-		ADDQ(U8(s.lanes), i)
-		CMPQ(i, U32(q8Block))
-		JL(LabelRef(label + "_entries"))
+		q.entriesLoop(label+"_entries", nm, nv, tm, tv, scr)
 	}
 	JMP(LabelRef(label + "_block"))
 	Label(label + "_done")
@@ -626,4 +611,19 @@ func (q *q8) entries(codes Mem, table Register, dst Mem) {
 		d.Disp += 4 * k
 		MOVQ(e1, d)
 	}
+}
+
+// entriesLoop emits the loop that puts the map entries of a block's codes
+// (exp_avg's at qm, exp_avg_sq's at qv) into the scratch, where the next
+// update loop reads them: block 0's before the loop over blocks, each next
+// block's at the end of one.
+func (q *q8) entriesLoop(label string, qm, qv, tm, tv, scr Register) {
+	i := GP64()
+	XORQ(i, i)
+	Label(label)
+	q.entries(Mem{Base: qm, Index: i, Scale: 1}, tm, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextM})
+	q.entries(Mem{Base: qv, Index: i, Scale: 1}, tv, Mem{Base: scr, Index: i, Scale: 4, Disp: scrNextV})
+	ADDQ(U8(q.s.lanes), i)
+	CMPQ(i, U32(q8Block))
+	JL(LabelRef(label))
 }
