@@ -114,11 +114,7 @@ func big(o options, w io.Writer) error {
 	table := 4 * int64(o.vocab) * int64(o.dim)
 	cfg.Zinf.Tiers.GPUBytes = config.Size(4*estParams + 3*table + 1<<30)
 	cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pinned)
-	cfg.Zinf.OverlapUpdate = o.overlap
-	cfg.Zinf.Checksums = o.checksums
-	if o.pipelineDepth >= 0 {
-		cfg.Zinf.PipelineDepth = o.pipelineDepth
-	}
+	o.applyZinf(cfg)
 	xs := shapes.Make(dtypes.Int32, o.batch, o.seq)
 	if o.pinned == 0 {
 		// The least zinf plans for this model (its pool-too-small error

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zinfio/zinf/config"
 )
 
 // TestParseDiskstats: the device is found by major:minor and its
@@ -34,5 +36,21 @@ func TestSliceEstimate(t *testing.T) {
 	}
 	if got := medRange([]float64{3, 1, 2}, "%.1f"); got != "2.0 (1.0..3.0)" {
 		t.Fatalf("medRange = %q", got)
+	}
+}
+
+// TestApplyZinf: the offloaded run's flags reach the config (the -big run
+// once ignored -overlap-update and -pipeline-depth); -pipeline-depth -1
+// keeps the config's own.
+func TestApplyZinf(t *testing.T) {
+	cfg := config.Default()
+	def := cfg.Zinf.PipelineDepth
+	options{overlap: true, checksums: false, pipelineDepth: -1}.applyZinf(cfg)
+	if !cfg.Zinf.OverlapUpdate || cfg.Zinf.Checksums || cfg.Zinf.PipelineDepth != def {
+		t.Fatalf("overlap %v checksums %v depth %d, want true false %d", cfg.Zinf.OverlapUpdate, cfg.Zinf.Checksums, cfg.Zinf.PipelineDepth, def)
+	}
+	options{checksums: true, pipelineDepth: 3}.applyZinf(cfg)
+	if cfg.Zinf.OverlapUpdate || !cfg.Zinf.Checksums || cfg.Zinf.PipelineDepth != 3 {
+		t.Fatalf("overlap %v checksums %v depth %d, want false true 3", cfg.Zinf.OverlapUpdate, cfg.Zinf.Checksums, cfg.Zinf.PipelineDepth)
 	}
 }

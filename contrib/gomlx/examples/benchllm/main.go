@@ -280,11 +280,7 @@ func child(o options, w io.Writer) error {
 	var layerCompute func() []time.Duration
 	var timings func() zgomlx.Timings
 	if o.child == "offloaded" {
-		cfg.Zinf.OverlapUpdate = o.overlap
-		cfg.Zinf.Checksums = o.checksums
-		if o.pipelineDepth >= 0 {
-			cfg.Zinf.PipelineDepth = o.pipelineDepth
-		}
+		o.applyZinf(cfg)
 		tr, err := zgomlx.Create(ctx, b, cfg, store, net, zgomlx.Options{ReadAheadTables: o.readAhead})
 		if err != nil {
 			return err
@@ -523,4 +519,15 @@ func bench(o options, w io.Writer) error {
 		o0.Params, float64(o0.StateBytes)/(1<<20), float64(o.pinned)/(1<<20), float64(o0.PeakRSS)/float64(o0.StateBytes))
 	fmt.Fprintf(w, "  load average at the end %s; %s in all\n", loadavg(), time.Since(start).Round(time.Second))
 	return nil
+}
+
+// applyZinf sets the offloaded run's zinf keys its flags name
+// (-overlap-update, -checksums, -pipeline-depth), in the small bench's
+// offloaded child and in the -big run alike.
+func (o options) applyZinf(cfg *config.Config) {
+	cfg.Zinf.OverlapUpdate = o.overlap
+	cfg.Zinf.Checksums = o.checksums
+	if o.pipelineDepth >= 0 {
+		cfg.Zinf.PipelineDepth = o.pipelineDepth
+	}
 }
