@@ -134,6 +134,7 @@ type Decoder struct {
 
 	// Scratch, grown on demand and kept.
 	x, h, q, k, v, o, a, f, g, vec, vec2 []float32
+	row                                  []byte     // BeginRows' embedding row
 	attnWork                             []attnWork // one per worker
 	workers                              int        // goroutines attention is split over
 	// shared holds the products of one linears call; sharedW and sharedY
@@ -182,6 +183,13 @@ func New(c Config, pool *kernels.Pool) (*Decoder, error) {
 func (d *Decoder) Config() Config { return d.c }
 
 // grow returns s with length n, reusing its memory.
+func grow8(s []byte, n int) []byte {
+	if cap(s) < n {
+		return make([]byte, n)
+	}
+	return s[:n]
+}
+
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
 		return make([]float32, n)
@@ -199,6 +207,44 @@ func grow(s []float32, n int) []float32 {
 func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWeights) error {
 	c := &d.c
 	d.active = false
+	if err := checkType("Embedding", w.Embedding.Type, OutIn); err != nil {
+		return err
+	}
+	rb, err := kernels.RowBytes(w.Embedding.Type, c.Dim)
+	if err != nil {
+		return fmt.Errorf("decoder: weight Embedding: %w", err)
+	}
+	if rb == 0 || len(w.Embedding.Data)/rb < c.Vocab || len(w.Embedding.Data) != c.Vocab*rb {
+		return fmt.Errorf("decoder: weight Embedding: %d bytes, want vocab %d x %d bytes a row of %d %v values", len(w.Embedding.Data), c.Vocab, rb, c.Dim, w.Embedding.Type)
+	}
+	return d.begin(cache, tokens, pos, w.Embedding.Type, w.Embedding.Data, nil, w)
+}
+
+// EmbeddingRow returns the stored bytes of token tok's row of the token
+// embedding (RowBytes of the embedding's type and Dim of them): a view of
+// a table, or the row read into scratch (len(scratch) is the row's bytes)
+// from where the table lies, for a caller that does not hold the whole
+// table in memory (a streamed model reads only the rows of its tokens).
+type EmbeddingRow func(tok int32, scratch []byte) ([]byte, error)
+
+// BeginRows starts a pass as Begin does, with the token embeddings read
+// row by row through row (the embedding's rows stored in type typ) rather
+// than from w.Embedding, which may then be empty (w's embedding norm is
+// still read; Logits reads w.Embedding with TiedHead).
+func (d *Decoder) BeginRows(cache *KVCache, tokens [][]int32, pos []int, typ kernels.DType, row EmbeddingRow, w *ModelWeights) error {
+	d.active = false
+	if err := checkType("Embedding", typ, OutIn); err != nil {
+		return err
+	}
+	if row == nil {
+		return errors.New("decoder: BeginRows needs a row reader")
+	}
+	return d.begin(cache, tokens, pos, typ, nil, row, w)
+}
+
+// begin is Begin (the rows from table) and BeginRows (from rowOf).
+func (d *Decoder) begin(cache *KVCache, tokens [][]int32, pos []int, typ kernels.DType, table []byte, rowOf EmbeddingRow, w *ModelWeights) error {
+	c := &d.c
 	if cache == nil || cache.layers != c.Layers || cache.kvDim != c.kvHeads()*c.HeadDim {
 		return errors.New("decoder: Begin needs a KV cache made by NewKVCache for this configuration")
 	}
@@ -219,15 +265,12 @@ func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWei
 			}
 		}
 	}
-	if err := checkType("Embedding", w.Embedding.Type, OutIn); err != nil {
-		return err
-	}
-	rb, err := kernels.RowBytes(w.Embedding.Type, c.Dim)
+	rb, err := kernels.RowBytes(typ, c.Dim)
 	if err != nil {
 		return fmt.Errorf("decoder: weight Embedding: %w", err)
 	}
-	if rb == 0 || len(w.Embedding.Data)/rb < c.Vocab || len(w.Embedding.Data) != c.Vocab*rb {
-		return fmt.Errorf("decoder: weight Embedding: %d bytes, want vocab %d x %d bytes a row of %d %v values", len(w.Embedding.Data), c.Vocab, rb, c.Dim, w.Embedding.Type)
+	if rowOf != nil {
+		d.row = grow8(d.row, rb)
 	}
 	n := cache.batch * steps
 	d.x = grow(d.x, n*c.Dim)
@@ -238,7 +281,16 @@ func (d *Decoder) Begin(cache *KVCache, tokens [][]int32, pos []int, w *ModelWei
 	for b := range tokens {
 		for t, tok := range tokens[b] {
 			row := d.x[(b*steps+t)*c.Dim:][:c.Dim]
-			if err := kernels.Dequantize(row, w.Embedding.Type, w.Embedding.Data[int(tok)*rb:]); err != nil {
+			var src []byte
+			if rowOf == nil {
+				src = table[int(tok)*rb:][:rb]
+			} else if src, err = rowOf(tok, d.row); err != nil {
+				return fmt.Errorf("decoder: weight Embedding: token %d: %w", tok, err)
+			}
+			if len(src) < rb {
+				return fmt.Errorf("decoder: weight Embedding: token %d: a row of %d bytes, want %d", tok, len(src), rb)
+			}
+			if err := kernels.Dequantize(row, typ, src[:rb]); err != nil {
 				return fmt.Errorf("decoder: weight Embedding: %w", err)
 			}
 			if c.EmbedScale {
