@@ -38,6 +38,7 @@ import (
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/decoder"
 	"github.com/zinfio/zinf/decoder/kernels"
+	"github.com/zinfio/zinf/decoder/stream"
 	"github.com/zinfio/zinf/gguf"
 )
 
@@ -72,6 +73,8 @@ type Result struct {
 	// prefill's logits); Text their pieces (sequence 0).
 	IDs  [][]int32 `json:"ids"`
 	Text string    `json:"text"`
+	// Stream is what -stream did: absent without it.
+	Stream *StreamResult `json:"stream,omitempty"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -86,6 +89,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	workers := fs.Int("threads", 0, "goroutines the products are split over (0: GOMAXPROCS)")
 	pin := fs.String("pin", "auto", "pin the weights' pool: auto, required or off")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed decoding steps to this file (created; an existing file is an error)")
+	streamOn := fs.Bool("stream", false, "stream the weights from the file through a zinf pinned pool, layer by layer with prefetch, instead of reading them all into memory (a model larger than the RAM)")
+	cfgPath := fs.String("config", "", "with -stream: the config file of the tiers (default: the embedded one, its scratch in -dir)")
+	dir := fs.String("dir", "", "with -stream: the runtime's scratch directory, which must allow O_DIRECT (default: a run directory in $TMPDIR; nothing of the weights is written there)")
+	var poolBytes, keepBytes sizeFlag
+	keepBytes.n = -1
+	fs.Var(&poolBytes, "pool", "with -stream: the pinned pool, e.g. 16GiB (zinf.tiers.cpu_pinned_bytes; default: the config's)")
+	fs.Var(&keepBytes, "max-in-cpu", "with -stream: weight bytes the pool keeps for good, spread over the layers, e.g. 12GiB (offload_param.max_in_cpu, given here in bytes): read once, by no decoding step (default: the config's; the embedded one's is 0)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -106,6 +116,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pinPolicy, err := buffers.ParsePinPolicy(*pin)
 	if err != nil {
 		return fmt.Errorf("-pin %q: allowed: auto, required, off", *pin)
+	}
+	if !*streamOn {
+		switch {
+		case *cfgPath != "":
+			return errors.New("-config is for -stream (the tiers the weights stream through)")
+		case *dir != "":
+			return errors.New("-dir is for -stream")
+		case poolBytes.set || keepBytes.set:
+			return errors.New("-pool and -max-in-cpu are for -stream")
+		}
+	} else if *pin != "auto" {
+		return errors.New("-pin is for the weights read whole; with -stream the config's offload_param.pin_memory says")
 	}
 
 	start := time.Now()
@@ -129,63 +151,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("a prompt of %d and %d tokens need %d positions, above the model's context_length %d", len(prompts[0]), *tokens, maxLen, m.ContextLength)
 	}
 
-	// One pinned buffer holds every weight, each tensor at a 64-byte
-	// boundary (a cache line: the kernels' loads never straddle two
-	// tensors' lines).
-	names, err := c.Names(decoder.GGUFNames, "")
-	if err != nil {
-		return err
-	}
-	var total int64
-	types := map[string]bool{}
-	var params int64
-	for _, n := range names {
-		ti, _ := f.Tensor(n.Name)
-		b, err := f.DataBytes(ti)
-		if err != nil {
-			return err
-		}
-		total += (b + 63) &^ 63
-		params += ti.Elements()
-		if len(ti.Dims) == 2 {
-			types[ti.Type.String()] = true
-		}
-	}
-	capacity := int64(1 << 21)
-	for capacity < total {
-		capacity *= 2
-	}
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: capacity, MinBufferBytes: 1 << 21, Pin: pinPolicy})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	buf, err := pool.Acquire(ctx, int(total), buffers.PurposeParams)
-	if err != nil {
-		return err
-	}
-	defer buf.Release()
-	mem := buf.Bytes()
-	alloc := func(n int) ([]byte, error) {
-		s := mem[:n:n]
-		mem = mem[(n+63)&^63:]
-		return s, nil
-	}
-	mw, layers, err := f.Weights(c, alloc)
-	if err != nil {
-		return err
-	}
-	load := time.Since(start)
-
-	kp, err := kernels.NewPool(kernels.Options{Workers: *workers})
-	if err != nil {
-		return err
-	}
-	defer kp.Close()
-	d, err := decoder.New(c, kp)
-	if err != nil {
-		return err
-	}
 	kvh := c.KVHeads
 	if kvh == 0 {
 		kvh = c.Heads
@@ -195,18 +160,58 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	kp, err := kernels.NewPool(kernels.Options{Workers: *workers})
+	if err != nil {
+		return err
+	}
+	defer kp.Close()
+	d, err := decoder.New(c, kp)
+	if err != nil {
+		return err
+	}
 	logits := make([]float32, *batch*c.Vocab)
 	pos := make([]int, *batch)
-	pass := func(toks [][]int32) error {
-		if err := d.Begin(cache, toks, pos, &mw); err != nil {
+	var (
+		forward func(toks [][]int32) error
+		types   string
+		params  int64
+		pinned  bool
+		sm      *stream.Model
+	)
+	if *streamOn {
+		o := streamOptions{cfgPath: *cfgPath, dir: *dir, pool: poolBytes, keep: keepBytes}
+		var done func()
+		sm, done, err = openStream(ctx, *model, o, stderr)
+		if err != nil {
 			return err
 		}
-		for l := range c.Layers {
-			if err := d.Layer(l, &layers[l]); err != nil {
+		defer done()
+		types, params = typesOf(f, c)
+		pinned = sm.Runtime().Metrics().PinnedBytes > 0 && sm.Runtime().Config.ZeroOptimization.OffloadParam.PinMemory
+		forward = func(toks [][]int32) error { return sm.Pass(ctx, d, cache, toks, pos, logits) }
+	} else {
+		mw, layers, pin, done, err := loadWeights(ctx, f, c, pinPolicy)
+		if err != nil {
+			return err
+		}
+		defer done()
+		types, params = typesOf(f, c)
+		pinned = pin
+		forward = func(toks [][]int32) error {
+			if err := d.Begin(cache, toks, pos, &mw); err != nil {
 				return err
 			}
+			for l := range c.Layers {
+				if err := d.Layer(l, &layers[l]); err != nil {
+					return err
+				}
+			}
+			return d.Logits(&mw, logits)
 		}
-		if err := d.Logits(&mw, logits); err != nil {
+	}
+	load := time.Since(start)
+	pass := func(toks [][]int32) error {
+		if err := forward(toks); err != nil {
 			return err
 		}
 		for b := range pos {
@@ -243,18 +248,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var st0 stream.Stats
+	if sm != nil {
+		st0 = sm.Stats()
+	}
+	computes := make([]float64, 0, *tokens) // a step less its wait for weights (-stream)
 	t0 = time.Now()
 	for range *tokens {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		s := time.Now()
+		var w0 time.Duration
+		if sm != nil {
+			w0 = sm.Stats().IOWait
+		}
 		if err := pass(next()); err != nil {
 			return err
 		}
-		steps = append(steps, time.Since(s).Seconds()*1e3)
+		dt := time.Since(s)
+		steps = append(steps, dt.Seconds()*1e3)
+		if sm != nil {
+			computes = append(computes, (dt-(sm.Stats().IOWait-w0)).Seconds()*1e3)
+		}
 	}
 	decode := time.Since(t0)
+	if sm != nil {
+		sm.EndPasses()
+	}
 	next()
 	ids0 := ids[0][:*tokens] // the tokens fed or about to be; the last step's is not fed
 	var text strings.Builder
@@ -268,17 +289,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	sorted := slices.Clone(steps)
 	sort.Float64s(sorted)
-	tl := make([]string, 0, len(types))
-	for t := range types {
-		tl = append(tl, t)
-	}
-	sort.Strings(tl)
-	r := Result{Model: *model, Types: strings.Join(tl, ","), Params: params, Batch: *batch, Tokens: *tokens, Prompt: len(prompts[0]),
-		Workers: kp.Workers(), Kernel: kp.Kernel(), Pinned: pool.Pinned(), LoadS: load.Seconds(), PrefillS: prefill.Seconds(),
+	r := Result{Model: *model, Types: types, Params: params, Batch: *batch, Tokens: *tokens, Prompt: len(prompts[0]),
+		Workers: kp.Workers(), Kernel: kp.Kernel(), Pinned: pinned, LoadS: load.Seconds(), PrefillS: prefill.Seconds(),
 		DecodeS: decode.Seconds(), TokensPerS: float64(*batch**tokens) / decode.Seconds(),
 		StepMedMs: sorted[len(sorted)/2], StepMinMs: sorted[0], StepMaxMs: sorted[len(sorted)-1], IDs: ids, Text: text.String()}
 	if math.IsInf(r.TokensPerS, 0) {
 		r.TokensPerS = 0
+	}
+	if sm != nil {
+		sr, err := streamResult(sm, st0, *batch, maxLen, computes, decode, int64(2*n)*4)
+		if err != nil {
+			return err
+		}
+		r.Stream = sr
 	}
 	enc := json.NewEncoder(stdout)
 	return enc.Encode(r)

@@ -123,3 +123,63 @@ func TestDecodeFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeStream: with -stream the weights come through a zinf pinned
+// pool, and the generated tokens are those of the weights read whole; the
+// result says what was kept, streamed and read.
+func TestDecodeStream(t *testing.T) {
+	path := tinyModel(t)
+	decode := func(args ...string) Result {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), append([]string{"-model", path}, args...), &out, &errb); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, errb.String())
+		}
+		var r Result
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatalf("output %q: %v", out.String(), err)
+		}
+		return r
+	}
+	whole := decode("-pin", "off", "-prompt-len", "4", "-tokens", "5", "-batch", "2")
+	dir := t.TempDir()
+	for _, keep := range []string{"0", "64KiB"} {
+		s := decode("-stream", "-dir", dir, "-pool", "8MiB", "-max-in-cpu", keep, "-prompt-len", "4", "-tokens", "5", "-batch", "2")
+		for b := range whole.IDs {
+			if !slices.Equal(s.IDs[b], whole.IDs[b]) {
+				t.Fatalf("-max-in-cpu %s: sequence %d streamed %v, whole %v", keep, b, s.IDs[b], whole.IDs[b])
+			}
+		}
+		st := s.Stream
+		if st == nil || st.StreamedBytes <= 0 || st.PoolBytes != 8<<20 || st.StepReadBytes <= 0 || st.StepReadBytes > 2*st.StreamedBytes || st.FloorMs <= 0 || st.RSSBoundMiB <= 0 {
+			t.Fatalf("-max-in-cpu %s: stream result %+v", keep, st)
+		}
+		if (keep == "0") != (st.KeptBytes == 0) {
+			t.Errorf("-max-in-cpu %s: kept %d bytes", keep, st.KeptBytes)
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, e := range entries {
+			t.Logf("left in -dir: %s", e.Name())
+		}
+	}
+	var out, errb bytes.Buffer
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-model", path, "-pool", "8MiB"}, "-pool and -max-in-cpu are for -stream"},
+		{[]string{"-model", path, "-dir", dir}, "-dir is for -stream"},
+		{[]string{"-model", path, "-config", "x.json"}, "-config is for -stream"},
+		{[]string{"-model", path, "-stream", "-pin", "off"}, "-pin is for the weights read whole"},
+		{[]string{"-model", path, "-stream", "-max-in-cpu", "lots"}, `"lots" is not a size`},
+		{[]string{"-model", path, "-stream", "-config", filepath.Join(dir, "none.json")}, "-config"},
+	} {
+		err := run(context.Background(), tc.args, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error holding %q", tc.args, err, tc.want)
+		}
+	}
+}
