@@ -267,7 +267,13 @@ bench-generate-big:
 # same GGUF files (internal/cmd/bench-llamacpp): one llama model of random
 # weights written in f32, bf16 and q8_0, a greedy-continuation check, then
 # decoding tokens/s at batch 1 and 4 over interleaved rounds; medians,
-# min..max and zinf / llama.cpp. LLAMA_CPP is llama.cpp's directory
+# min..max and zinf / llama.cpp; then past RAM: one bf16 model of 1.12x
+# the machine's memory (about 28 GB here: skipped, saying so, without the
+# disk room), llama.cpp's mapped file against zinf-decode -stream (in
+# place through the pinned pool, as much kept as the memory allows),
+# seconds a token at batch 1, zinf's floor by its plan and its peak RSS
+# (BENCH_LLAMACPP_FLAGS='-parts ram' skips it; about 15 minutes more).
+# LLAMA_CPP is llama.cpp's directory
 # (build/bin: llama-bench, llama-batched-bench, llama-simple); without it
 # the bench says so and is skipped. Not part of make test.
 LLAMA_CPP ?= /var/tmp/llamacpp

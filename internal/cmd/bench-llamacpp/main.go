@@ -7,8 +7,18 @@
 // ones), measures decoding tokens/s at batch 1 (llama-bench -p 0 -n N) and
 // at batch 4 (llama-batched-bench -npp P -ntg N -npl 4; zinf-decode
 // -batch 4 -prompt-len P), and prints per case the medians with min..max
-// and the ratio zinf / llama.cpp. Without a llama.cpp build at -llama-cpp
-// it says so and exits 0.
+// and the ratio zinf / llama.cpp. Then, past RAM, it writes one model
+// whose weights are -past-ram-factor times the machine's memory (bf16 by
+// default; llama-13B's widths with as many layers as that takes; skipped,
+// saying so, where the disk lacks the room) and decodes it at batch 1 over
+// -past-ram-rounds alternating rounds with llama.cpp (the file mapped, as
+// llama.cpp maps it by default) and with zinf-decode -stream (the weights
+// read in place with O_DIRECT through zinf's pinned pool, as many kept
+// there for good as the memory allows), printing seconds a token, the
+// ratio, zinf's floor by its plan (the streamed bytes at the planned NVMe
+// bandwidth, or the step's compute) and its peak RSS against the pool, the
+// KV cache and 512 MiB. -parts picks either half. Without a llama.cpp
+// build at -llama-cpp it says so and exits 0.
 package main
 
 import (
@@ -28,6 +38,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zinfio/zinf/config"
 	"github.com/zinfio/zinf/decoder"
 	"github.com/zinfio/zinf/decoder/kernels"
 	"github.com/zinfio/zinf/gguf"
@@ -64,7 +75,25 @@ func run() error {
 	seed := flag.Uint64("seed", 1, "the weights' seed")
 	check := flag.Int("check", 8, "greedy tokens compared between the two systems (0: no check)")
 	keep := flag.Bool("keep", false, "keep the run's directory of model files (its path is printed)")
+	parts := flag.String("parts", "ram,past-ram", "what to run, comma-separated: ram (the models above in memory), past-ram (one model larger than the RAM)")
+	prType := flag.String("past-ram-type", "bf16", "past RAM: the matrices' stored type (bf16, q8_0, q4_0)")
+	prFactor := flag.Float64("past-ram-factor", 1.12, "past RAM: the model's bytes over the RAM (MemTotal), 1.0..4")
+	prTokens := flag.Int("past-ram-tokens", 4, "past RAM: decoding steps a measurement")
+	prRounds := flag.Int("past-ram-rounds", 3, "past RAM: interleaved rounds")
+	prModel := flag.String("past-ram-model", "", "past RAM: an existing GGUF file to use instead of writing one (neither written nor removed)")
+	prKeep := flag.String("past-ram-keep", "auto", "past RAM: weight bytes zinf keeps in its pinned pool, e.g. 16GiB (auto: the memory available less four layers and 3 GiB)")
 	flag.Parse()
+	runRAM, runPast := false, false
+	for _, s := range strings.Split(*parts, ",") {
+		switch strings.TrimSpace(s) {
+		case "ram":
+			runRAM = true
+		case "past-ram":
+			runPast = true
+		default:
+			return fmt.Errorf("-parts: %q (allowed: ram, past-ram)", s)
+		}
+	}
 
 	bin := filepath.Join(*llama, "build", "bin")
 	for _, b := range []string{"llama-bench", "llama-batched-bench", "llama-simple"} {
@@ -100,6 +129,30 @@ func run() error {
 	}
 	if *tokens < 1 || *rounds < 1 || *threads < 1 || *prompt < 1 {
 		return fmt.Errorf("-tokens %d, -rounds %d, -threads %d and -prompt %d must each be at least 1", *tokens, *rounds, *threads, *prompt)
+	}
+	var pr *pastRAM
+	if runPast {
+		pr = &pastRAM{bin: bin, zinf: *zinf, dir: *dir, factor: *prFactor, tokens: *prTokens, rounds: *prRounds, threads: *threads, seed: *seed, model: *prModel, keep: -1, keepFile: *keep}
+		t, ok := map[string]kernels.DType{"bf16": kernels.BF16, "q8_0": kernels.Q8_0, "q4_0": kernels.Q4_0}[*prType]
+		switch {
+		case !ok:
+			return fmt.Errorf("-past-ram-type: %q (allowed: bf16, q8_0, q4_0)", *prType)
+		case !(*prFactor >= 1 && *prFactor <= 4):
+			return fmt.Errorf("-past-ram-factor %v (allowed: 1.0..4)", *prFactor)
+		case *prTokens < 1 || *prRounds < 1:
+			return fmt.Errorf("-past-ram-tokens %d and -past-ram-rounds %d must each be at least 1", *prTokens, *prRounds)
+		}
+		pr.typ = t
+		if *prKeep != "auto" {
+			n, err := config.ParseSize(*prKeep)
+			if err != nil || n < 0 {
+				return fmt.Errorf("-past-ram-keep: %q (allowed: auto, or a size such as 16GiB)", *prKeep)
+			}
+			pr.keep = n
+		}
+	}
+	if !runRAM {
+		return pr.run()
 	}
 
 	work, err := os.MkdirTemp(*dir, "zinf-bench-llamacpp-")
@@ -198,6 +251,10 @@ func run() error {
 			fmt.Printf("| %v, batch %d | %.2f (%.2f..%.2f) | %.2f (%.2f..%.2f) | %.2f |\n", t, b,
 				lm, slicesMin(v[0]), slicesMax(v[0]), zm, slicesMin(v[1]), slicesMax(v[1]), zm/lm)
 		}
+	}
+	if pr != nil {
+		fmt.Println()
+		return pr.run()
 	}
 	return nil
 }
