@@ -1339,3 +1339,1275 @@ inoutBF16NEONx4w8_row:
 	SUBS $8, R13, R13
 	BGT inoutBF16NEONx4w8_tile
 	RET
+
+// func dotQ8_0NEONx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0NEONx1(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0NEONx1_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	CMP $0, R7
+	BLE dotQ8_0NEONx1_store
+dotQ8_0NEONx1_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0NEONx1_loop
+dotQ8_0NEONx1_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0NEONx1_row
+	RET
+
+// func dotQ8_0NEONx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0NEONx2(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0NEONx2_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	CMP $0, R7
+	BLE dotQ8_0NEONx2_store
+dotQ8_0NEONx2_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0NEONx2_loop
+dotQ8_0NEONx2_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0NEONx2_row
+	RET
+
+// func dotQ8_0NEONx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0NEONx3(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0NEONx3_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	CMP $0, R7
+	BLE dotQ8_0NEONx3_store
+dotQ8_0NEONx3_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0NEONx3_loop
+dotQ8_0NEONx3_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0NEONx3_row
+	RET
+
+// func dotQ8_0NEONx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0NEONx4(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0NEONx4_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	ADD R4, R13, R14
+	ADD R6, R17, R19
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	ADD $192, R8, R20
+	VLD1 (R20), [V22.S4, V23.S4]
+	CMP $0, R7
+	BLE dotQ8_0NEONx4_store
+dotQ8_0NEONx4_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R14), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R19), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1196 // fmla v22.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d7 // fmla v23.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0NEONx4_loop
+dotQ8_0NEONx4_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD $192, R8, R20
+	VST1 [V22.S4, V23.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0NEONx4_row
+	RET
+
+// func dotQ4_0NEONx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0NEONx1(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0NEONx1_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	CMP $0, R7
+	BLE dotQ4_0NEONx1_store
+dotQ4_0NEONx1_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0NEONx1_loop
+dotQ4_0NEONx1_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0NEONx1_row
+	RET
+
+// func dotQ4_0NEONx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0NEONx2(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0NEONx2_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	CMP $0, R7
+	BLE dotQ4_0NEONx2_store
+dotQ4_0NEONx2_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0NEONx2_loop
+dotQ4_0NEONx2_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0NEONx2_row
+	RET
+
+// func dotQ4_0NEONx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0NEONx3(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0NEONx3_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	CMP $0, R7
+	BLE dotQ4_0NEONx3_store
+dotQ4_0NEONx3_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0NEONx3_loop
+dotQ4_0NEONx3_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0NEONx3_row
+	RET
+
+// func dotQ4_0NEONx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0NEONx4(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0NEONx4_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	ADD R4, R13, R14
+	ADD R6, R17, R19
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	ADD $192, R8, R20
+	VLD1 (R20), [V22.S4, V23.S4]
+	CMP $0, R7
+	BLE dotQ4_0NEONx4_store
+dotQ4_0NEONx4_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	WORD $0x0e24c006 // smull v6.8h, v0.8b, v4.8b
+	WORD $0x4e24c007 // smull2 v7.8h, v0.16b, v4.16b
+	WORD $0x0e25c028 // smull v8.8h, v1.8b, v5.8b
+	WORD $0x4e25c029 // smull2 v9.8h, v1.16b, v5.16b
+	VADDP V7.H8, V6.H8, V6.H8
+	VADDP V9.H8, V8.H8, V8.H8
+	WORD $0x4e6028c6 // saddlp v6.4s, v6.8h
+	WORD $0x4e602908 // saddlp v8.4s, v8.8h
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R14), [V10.B16, V11.B16]
+	WORD $0x0e2ac00c // smull v12.8h, v0.8b, v10.8b
+	WORD $0x4e2ac00d // smull2 v13.8h, v0.16b, v10.16b
+	WORD $0x0e2bc02e // smull v14.8h, v1.8b, v11.8b
+	WORD $0x4e2bc02f // smull2 v15.8h, v1.16b, v11.16b
+	VADDP V13.H8, V12.H8, V12.H8
+	VADDP V15.H8, V14.H8, V14.H8
+	WORD $0x4e60298c // saddlp v12.4s, v12.8h
+	WORD $0x4e6029ce // saddlp v14.4s, v14.8h
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R19), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1196 // fmla v22.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d7 // fmla v23.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0NEONx4_loop
+dotQ4_0NEONx4_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD $192, R8, R20
+	VST1 [V22.S4, V23.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0NEONx4_row
+	RET
+
+// func dotQ8_0SDOTx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0SDOTx1(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0SDOTx1_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	CMP $0, R7
+	BLE dotQ8_0SDOTx1_store
+dotQ8_0SDOTx1_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0SDOTx1_loop
+dotQ8_0SDOTx1_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0SDOTx1_row
+	RET
+
+// func dotQ8_0SDOTx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0SDOTx2(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0SDOTx2_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	CMP $0, R7
+	BLE dotQ8_0SDOTx2_store
+dotQ8_0SDOTx2_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0SDOTx2_loop
+dotQ8_0SDOTx2_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0SDOTx2_row
+	RET
+
+// func dotQ8_0SDOTx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0SDOTx3(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0SDOTx3_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	CMP $0, R7
+	BLE dotQ8_0SDOTx3_store
+dotQ8_0SDOTx3_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0SDOTx3_loop
+dotQ8_0SDOTx3_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0SDOTx3_row
+	RET
+
+// func dotQ8_0SDOTx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ8_0SDOTx4(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+dotQ8_0SDOTx4_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	ADD R4, R13, R14
+	ADD R6, R17, R19
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	ADD $192, R8, R20
+	VLD1 (R20), [V22.S4, V23.S4]
+	CMP $0, R7
+	BLE dotQ8_0SDOTx4_store
+dotQ8_0SDOTx4_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R14), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R19), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1196 // fmla v22.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d7 // fmla v23.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ8_0SDOTx4_loop
+dotQ8_0SDOTx4_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD $192, R8, R20
+	VST1 [V22.S4, V23.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ8_0SDOTx4_row
+	RET
+
+// func dotQ4_0SDOTx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0SDOTx1(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0SDOTx1_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	CMP $0, R7
+	BLE dotQ4_0SDOTx1_store
+dotQ4_0SDOTx1_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0SDOTx1_loop
+dotQ4_0SDOTx1_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0SDOTx1_row
+	RET
+
+// func dotQ4_0SDOTx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0SDOTx2(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0SDOTx2_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	CMP $0, R7
+	BLE dotQ4_0SDOTx2_store
+dotQ4_0SDOTx2_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0SDOTx2_loop
+dotQ4_0SDOTx2_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0SDOTx2_row
+	RET
+
+// func dotQ4_0SDOTx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0SDOTx3(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0SDOTx3_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	CMP $0, R7
+	BLE dotQ4_0SDOTx3_store
+dotQ4_0SDOTx3_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0SDOTx3_loop
+dotQ4_0SDOTx3_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0SDOTx3_row
+	RET
+
+// func dotQ4_0SDOTx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+TEXT ·dotQ4_0SDOTx4(SB), NOSPLIT, $0-72
+	MOVD w+0(FP), R1
+	MOVD wstride+8(FP), R2
+	MOVD qx+16(FP), R3
+	MOVD xd+24(FP), R5
+	MOVD xstride+32(FP), R4
+	MOVD dstride+40(FP), R6
+	MOVD acc+56(FP), R8
+	MOVD rows+64(FP), R9
+	VMOVI $15, V3.B16
+	VMOVI $8, V26.B16
+dotQ4_0SDOTx4_row:
+	MOVD R1, R0
+	MOVD n+48(FP), R7
+	MOVD R3, R11
+	MOVD R5, R15
+	ADD R4, R11, R12
+	ADD R6, R15, R16
+	ADD R4, R12, R13
+	ADD R6, R16, R17
+	ADD R4, R13, R14
+	ADD R6, R17, R19
+	MOVD R8, R20
+	VLD1 (R20), [V16.S4, V17.S4]
+	ADD $64, R8, R20
+	VLD1 (R20), [V18.S4, V19.S4]
+	ADD $128, R8, R20
+	VLD1 (R20), [V20.S4, V21.S4]
+	ADD $192, R8, R20
+	VLD1 (R20), [V22.S4, V23.S4]
+	CMP $0, R7
+	BLE dotQ4_0SDOTx4_store
+dotQ4_0SDOTx4_loop:
+	MOVHU.P 2(R0), R10
+	FMOVS R10, F24
+	FCVTHS F24, F24
+	VLD1.P 16(R0), [V2.B16]
+	VAND V3.B16, V2.B16, V0.B16
+	VUSHR $4, V2.B16, V1.B16
+	VSUB V26.B16, V0.B16, V0.B16
+	VSUB V26.B16, V1.B16, V1.B16
+	VLD1.P 32(R11), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R15), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d0 // fmla v16.4s, v6.4s, v25.s[0]
+	WORD $0x4f991111 // fmla v17.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R12), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R16), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1192 // fmla v18.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d3 // fmla v19.4s, v14.4s, v27.s[0]
+	VLD1.P 32(R13), [V4.B16, V5.B16]
+	VEOR V6.B16, V6.B16, V6.B16
+	VEOR V8.B16, V8.B16, V8.B16
+	WORD $0x4e849406 // sdot v6.4s, v0.16b, v4.16b
+	WORD $0x4e859428 // sdot v8.4s, v1.16b, v5.16b
+	WORD $0x4e21d8c6 // scvtf v6.4s, v6.4s
+	WORD $0x4e21d908 // scvtf v8.4s, v8.4s
+	FMOVS.P 4(R17), F25
+	FMULS F24, F25, F25
+	WORD $0x4f9910d4 // fmla v20.4s, v6.4s, v25.s[0]
+	WORD $0x4f991115 // fmla v21.4s, v8.4s, v25.s[0]
+	VLD1.P 32(R14), [V10.B16, V11.B16]
+	VEOR V12.B16, V12.B16, V12.B16
+	VEOR V14.B16, V14.B16, V14.B16
+	WORD $0x4e8a940c // sdot v12.4s, v0.16b, v10.16b
+	WORD $0x4e8b942e // sdot v14.4s, v1.16b, v11.16b
+	WORD $0x4e21d98c // scvtf v12.4s, v12.4s
+	WORD $0x4e21d9ce // scvtf v14.4s, v14.4s
+	FMOVS.P 4(R19), F27
+	FMULS F24, F27, F27
+	WORD $0x4f9b1196 // fmla v22.4s, v12.4s, v27.s[0]
+	WORD $0x4f9b11d7 // fmla v23.4s, v14.4s, v27.s[0]
+	SUBS $32, R7, R7
+	BGT dotQ4_0SDOTx4_loop
+dotQ4_0SDOTx4_store:
+	MOVD R8, R20
+	VST1 [V16.S4, V17.S4], (R20)
+	ADD $64, R8, R20
+	VST1 [V18.S4, V19.S4], (R20)
+	ADD $128, R8, R20
+	VST1 [V20.S4, V21.S4], (R20)
+	ADD $192, R8, R20
+	VST1 [V22.S4, V23.S4], (R20)
+	ADD R2, R1, R1
+	ADD $512, R8, R8
+	SUBS $1, R9, R9
+	BGT dotQ4_0SDOTx4_row
+	RET

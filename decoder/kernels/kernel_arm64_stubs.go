@@ -123,3 +123,83 @@ func inoutBF16NEONx4w16(w *byte, wstride int, x *float32, xstride int, rows int,
 //
 //go:noescape
 func inoutBF16NEONx4w8(w *byte, wstride int, x *float32, xstride int, rows int, y *float32, ystride int, n int)
+
+// dotQ8_0NEONx1 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ8_0NEONx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0NEONx2 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ8_0NEONx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0NEONx3 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ8_0NEONx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0NEONx4 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ8_0NEONx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0NEONx1 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ4_0NEONx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0NEONx2 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ4_0NEONx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0NEONx3 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ4_0NEONx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0NEONx4 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order.
+//
+//go:noescape
+func dotQ4_0NEONx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0SDOTx1 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ8_0SDOTx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0SDOTx2 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ8_0SDOTx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0SDOTx3 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ8_0SDOTx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ8_0SDOTx4 adds the products of n Q8_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ8_0SDOTx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0SDOTx1 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 1 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ4_0SDOTx1(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0SDOTx2 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 2 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ4_0SDOTx2(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0SDOTx3 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 3 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ4_0SDOTx3(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)
+
+// dotQ4_0SDOTx4 adds the products of n Q4_0 weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with 4 vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + 512*r + 64*b bytes, in the scalar reference's order. It needs the dot product instructions (FEAT_DotProd).
+//
+//go:noescape
+func dotQ4_0SDOTx4(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)

@@ -6,7 +6,11 @@
 # amd64 (the default): the AVX2 kernels, run natively; needs an amd64
 # machine with AVX2, FMA and F16C. arm64: the NEON kernels, run under
 # qemu-aarch64 (QEMU_AARCH64 names the emulator; Debian's package:
-# qemu-user), after the whole package's tests pass there.
+# qemu-user), after the whole package's tests pass there on an emulated
+# CPU with the dot product instructions (-cpu max: both NEON kernels,
+# the SDOT one and the ARMv8.0 one, are tested) and the differential
+# tests on one without them (cortex-a53: the ARMv8.0 kernel alone, and
+# no SDOT may run).
 #
 # Either way the generated files must be what the generator writes today,
 # and every deviation the generator can build into the assembly (asmgen
@@ -18,7 +22,7 @@ set -euo pipefail
 arch=${1:-amd64}
 cd "$(dirname "$0")"
 pkg=$(cd ../.. && pwd)
-diffs='^(TestKernelsMatchScalar|TestKernelsLongRows|TestInOutKernelsMatchScalar|TestInOutKernelsLongRows|TestQuantizeKernelsMatch)$'
+diffs='^(TestKernelsMatchScalar|TestKernelsLongRows|TestQuantizedKernelsExtremes|TestInOutKernelsMatchScalar|TestInOutKernelsLongRows|TestQuantizeKernelsMatch)$'
 
 # Per architecture: name (what messages start with), from (the generated
 # files' first line compared: amd64's first line names the command's
@@ -36,7 +40,7 @@ amd64)
   run_diffs() { (cd "$pkg" && go test -overlay "$out/overlay.json" -count=1 -run "$diffs" . >"$1" 2>&1); }
   ;;
 arm64)
-  name=neon-mutants from=1 found='neon, .*'
+  name=neon-mutants from=1 found='neon[a-z-]*, .*'
   emu=${QEMU_AARCH64:-qemu-aarch64}
   if ! command -v "$emu" >/dev/null 2>&1; then
     echo "$name: $emu not found (QEMU_AARCH64 names the emulator; Debian's package: qemu-user)" >&2
@@ -48,7 +52,7 @@ arm64)
     go run . -neon "$out/mutant.s" -neon-mutate "$1"
     (cd "$pkg" && GOARCH=arm64 CGO_ENABLED=0 go test -overlay "$out/overlay.json" -c -o "$out/mutant.test" .)
   }
-  run_diffs() { (cd "$pkg" && "$emu" "$out/mutant.test" -test.count=1 -test.run "$diffs" >"$1" 2>&1); }
+  run_diffs() { (cd "$pkg" && QEMU_CPU=max "$emu" "$out/mutant.test" -test.count=1 -test.run "$diffs" >"$1" 2>&1); }
   ;;
 *)
   echo "mutants: architecture $arch: allowed are amd64 and arm64" >&2
@@ -68,7 +72,10 @@ done
 if [ "$arch" = arm64 ]; then
   echo "== decoder/kernels on arm64 (under $emu)"
   (cd "$pkg" && GOARCH=arm64 go vet . && GOARCH=arm64 CGO_ENABLED=0 go test -c -o "$out/kernels.test" .)
-  (cd "$pkg" && "$emu" "$out/kernels.test" -test.count=1 -test.timeout=10m)
+  (cd "$pkg" && QEMU_CPU=max ZINF_TEST_DOTPROD=1 "$emu" "$out/kernels.test" -test.count=1 -test.timeout=10m)
+  echo "== decoder/kernels' differential tests on a CPU without the dot product instructions (qemu-aarch64 -cpu cortex-a53)"
+  (cd "$pkg" && QEMU_CPU=cortex-a53 ZINF_TEST_DOTPROD=0 "$emu" "$out/kernels.test" -test.count=1 -test.timeout=10m \
+    -test.run "${diffs%)\$}|TestNEONKernelsFollowTheCPU)\$")
 fi
 
 printf '{"Replace":{"%s":"%s"}}' "$pkg/kernel_$arch.s" "$out/mutant.s" >"$out/overlay.json"

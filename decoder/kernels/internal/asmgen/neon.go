@@ -1,12 +1,15 @@
 package main
 
 // The arm64 kernels: NEON (Advanced SIMD) versions of the f32 and bf16
-// row kernels and in-out kernels, written as Go assembly text by this
-// small printer (avo writes amd64 only). They use only instructions Go's
-// arm64 assembler knows (VLD1, VLD1R, VST1, VFMLA, VZIP1, VZIP2, VEOR),
-// so no instruction is hand-encoded. FMLA on .4S lanes rounds once, as
-// FMA32: the same bits as the scalar reference. The block formats keep
-// the scalar kernels on arm64.
+// row kernels and in-out kernels, and of the block formats' integer
+// kernels, written as Go assembly text by this small printer (avo writes
+// amd64 only). The f32 and bf16 kernels use only instructions Go's arm64
+// assembler knows (VLD1, VLD1R, VST1, VFMLA, VZIP1, VZIP2, VEOR). The
+// block formats' kernels need a few it does not (SMULL, SADDLP, SCVTF,
+// FMLA by element, SDOT): those are printed as WORD directives from the
+// encoders in neonenc.go, each with the instruction in a comment. FMLA
+// on .4S lanes rounds once, as FMA32: the same bits as the scalar
+// reference.
 
 import (
 	"fmt"
@@ -29,6 +32,21 @@ var neonMutations = []string{
 	"io-y-stride-ignored", // every vector's sums stored at the first vector's place
 	"io-drops-last-row",   // one row too few
 	"io-lanes-swapped",    // two 4-column groups of a tile exchanged
+	// The block formats' kernels' own (both kinds: SMULL and SDOT).
+	"q-acc-not-loaded",       // the partial sums restarted at zero: the column tiles lost
+	"q-drops-last-block",     // one block of 32 columns too few
+	"q-x-stride-ignored",     // every vector's quants and scales read at the first vector's
+	"q-acc-stride-32",        // vector b's partial sums at acc + 32*b, not 64*b
+	"q-acc-row-not-advanced", // every row's sums into the first row's partial sums
+	"q-row-stride-ignored",   // every row's weights read from the first row
+	"q4-nibbles-swapped",     // high nibbles for columns 0-15
+	"q4-no-offset",           // nibbles without the offset 8
+	"q-unsigned",             // UMULL (UDOT) for SMULL (SDOT): the quants as unsigned bytes
+	"q-lanes-pairs",          // SMULL kernels: the products' pairs added across the two halves of the block
+	"q-sums-16bit",           // SMULL kernels: the sums of four products in 16 bits (they overflow)
+	"q-x-scale-ignored",      // the weights' scale alone, not times the vector's
+	"q-scale-as-bf16",        // the weights' binary16 scale read as a bfloat16
+	"q-unfused",              // FMUL and FADD for FMLA: two roundings
 }
 
 // neonGen collects the text of the kernels and of their declarations.
@@ -63,6 +81,13 @@ func writeNEONKernels(asmPath, stubsPath, mutation string) error {
 		for nb := 1; nb <= 4; nb++ {
 			for _, w := range neonIOWidths[nb] {
 				g.inOut(t, nb, w)
+			}
+		}
+	}
+	for _, sdot := range []bool{false, true} {
+		for _, t := range []string{"Q8_0", "Q4_0"} {
+			for nb := 1; nb <= 4; nb++ {
+				g.qdot(t, nb, sdot)
 			}
 		}
 	}
@@ -274,4 +299,204 @@ func (g *neonGen) inOut(t string, nb, width int) {
 	g.i("SUBS $%d, R13, R13", width)
 	g.i("BGT %s_tile", name)
 	g.i("RET")
+}
+
+// word prints an instruction Go's assembler does not know as its
+// encoding, the instruction in a comment.
+func (g *neonGen) word(enc uint32, text string) { g.i("WORD $0x%08x // %s", enc, text) }
+
+// qdot emits dot<T>NEONx<nb> (sdot false: ARMv8.0 NEON) or
+// dot<T>SDOTx<nb> (sdot true: the dot product instructions of ARMv8.2,
+// FEAT_DotProd), with the signature and the arithmetic of the amd64
+// kernel genQ describes: for each of rows rows (row r at w + r*wstride
+// bytes) n weights of the block format t (n a positive multiple of 32),
+// and nb vectors quantized to 8-bit blocks (vector b's quants at qx +
+// b*xstride bytes, its blocks' binary32 scales at xd + b*dstride bytes),
+// it adds into partial sums 0-7 of row r and vector b (at acc +
+// accRowBytes*r + 64*b bytes), block after block, the integer dot
+// product of columns 4j..4j+3 converted to binary32 (exact: at most
+// 4*128*127 in magnitude) times the product of the two scales (exact:
+// two binary16 significands), one FMLA each: the order of the scalar
+// reference (rowQ8Scalar, rowQ4Scalar). The integer dot products come
+// from SMULL and SMULL2 (16-bit products, exact), ADDP (sums of pairs:
+// at most 2*128*127, still within 16 bits) and SADDLP (sums of those
+// pairs, widened to 32 bits), or from one SDOT a 16 columns.
+//
+// Registers: R0 the weights' cursor, R1 the row, R2 wstride, R3 qx, R4
+// xstride, R5 xd, R6 dstride, R7 the columns left, R8 the row's partial
+// sums, R9 the rows left, R10 the weights' scale's bits, R11-R14 the
+// vectors' quants, R15-R17 and R19 their scales, R20 an address; V0 and
+// V1 a block's 32 weights as signed bytes, V2 a Q4_0 block's packed
+// nibbles, V3 the nibble mask, V26 the nibbles' offset 8, F24 the
+// weights' scale, V16-V23 the partial sums (two registers a vector), and
+// per vector V4-V9 or V10-V15 (even or odd vectors) with F25 or F27 the
+// products and scale.
+func (g *neonGen) qdot(t string, nb int, sdot bool) {
+	kind := "NEON"
+	if sdot {
+		kind = "SDOT"
+	}
+	name := fmt.Sprintf("dot%s%sx%d", t, kind, nb)
+	needs := ""
+	if sdot {
+		needs = " It needs the dot product instructions (FEAT_DotProd)."
+	}
+	g.text(name, "(w *byte, wstride int, qx *byte, xd *float32, xstride int, dstride int, n int, acc *float32, rows int)", 72,
+		fmt.Sprintf("%s adds the products of n %s weights of each of rows rows (row r at w + r*wstride bytes; n a positive multiple of 32) with %d vectors quantized to 8-bit blocks (vector b's quants at qx + b*xstride bytes, its blocks' scales at xd + b*dstride bytes) into partial sums 0-7 of row r and vector b at acc + %d*r + 64*b bytes, in the scalar reference's order.%s", name, t, nb, accRowBytes, needs))
+	m := g.mutation
+	g.i("MOVD w+0(FP), R1")
+	g.i("MOVD wstride+8(FP), R2")
+	g.i("MOVD qx+16(FP), R3")
+	g.i("MOVD xd+24(FP), R5")
+	g.i("MOVD xstride+32(FP), R4")
+	g.i("MOVD dstride+40(FP), R6")
+	if m == "q-x-stride-ignored" {
+		g.i("MOVD $0, R4")
+		g.i("MOVD $0, R6")
+	}
+	g.i("MOVD acc+56(FP), R8")
+	g.i("MOVD rows+64(FP), R9")
+	if t == "Q4_0" {
+		g.i("VMOVI $15, V3.B16")
+		g.i("VMOVI $8, V26.B16")
+	}
+	xr := []int{11, 12, 13, 14}
+	dr := []int{15, 16, 17, 19}
+	accOff := func(b int) int {
+		if m == "q-acc-stride-32" {
+			return 32 * b
+		}
+		return 64 * b
+	}
+	g.label(name + "_row")
+	g.i("MOVD R1, R0")
+	g.i("MOVD n+48(FP), R7")
+	if m == "q-drops-last-block" {
+		g.i("SUB $32, R7, R7")
+	}
+	g.i("MOVD R3, R%d", xr[0])
+	g.i("MOVD R5, R%d", dr[0])
+	for b := 1; b < nb; b++ {
+		g.i("ADD R4, R%d, R%d", xr[b-1], xr[b])
+		g.i("ADD R6, R%d, R%d", dr[b-1], dr[b])
+	}
+	for b := range nb {
+		if m == "q-acc-not-loaded" {
+			g.i("VEOR V%d.B16, V%d.B16, V%d.B16", 16+2*b, 16+2*b, 16+2*b)
+			g.i("VEOR V%d.B16, V%d.B16, V%d.B16", 17+2*b, 17+2*b, 17+2*b)
+			continue
+		}
+		g.accAddr(accOff(b))
+		g.i("VLD1 (R20), [V%d.S4, V%d.S4]", 16+2*b, 17+2*b)
+	}
+	g.i("CMP $0, R7")
+	g.i("BLE %s_store", name)
+	g.label(name + "_loop")
+	// The weights' scale, widened from binary16 (exact).
+	g.i("MOVHU.P 2(R0), R10")
+	if m == "q-scale-as-bf16" {
+		g.i("LSLW $16, R10, R10")
+		g.i("FMOVS R10, F24")
+	} else {
+		g.i("FMOVS R10, F24")
+		g.i("FCVTHS F24, F24")
+	}
+	// The weights as 32 signed bytes: V0 columns 0-15, V1 16-31.
+	if t == "Q8_0" {
+		g.i("VLD1.P 32(R0), [V0.B16, V1.B16]")
+	} else {
+		g.i("VLD1.P 16(R0), [V2.B16]")
+		lo, hi := 0, 1
+		if m == "q4-nibbles-swapped" {
+			lo, hi = 1, 0
+		}
+		g.i("VAND V3.B16, V2.B16, V%d.B16", lo)
+		g.i("VUSHR $4, V2.B16, V%d.B16", hi)
+		if m != "q4-no-offset" {
+			g.i("VSUB V26.B16, V0.B16, V0.B16")
+			g.i("VSUB V26.B16, V1.B16, V1.B16")
+		}
+	}
+	unsigned := m == "q-unsigned"
+	for b := range nb {
+		v := 4 + 6*(b%2) // V4-V9 or V10-V15
+		x0, x1, p0, p1, p2, p3 := v, v+1, v+2, v+3, v+4, v+5
+		f := 25 + 2*(b%2)
+		g.i("VLD1.P 32(R%d), [V%d.B16, V%d.B16]", xr[b], x0, x1)
+		if sdot {
+			// p0: partial sums 0-3 (columns 0-15), p2: 4-7.
+			g.i("VEOR V%d.B16, V%d.B16, V%d.B16", p0, p0, p0)
+			g.i("VEOR V%d.B16, V%d.B16, V%d.B16", p2, p2, p2)
+			g.word(encSDOT(p0, 0, x0, unsigned))
+			g.word(encSDOT(p2, 1, x1, unsigned))
+		} else {
+			g.word(encSMULL(p0, 0, x0, false, unsigned))
+			g.word(encSMULL(p1, 0, x0, true, unsigned))
+			g.word(encSMULL(p2, 1, x1, false, unsigned))
+			g.word(encSMULL(p3, 1, x1, true, unsigned))
+			// ADDP Vd = pairs of Vn, then pairs of Vm (Go: VADDP Vm, Vn,
+			// Vd): the sums of columns 2i, 2i+1 in order.
+			if m == "q-lanes-pairs" {
+				g.i("VADDP V%d.H8, V%d.H8, V%d.H8", p2, p0, p0)
+				g.i("VADDP V%d.H8, V%d.H8, V%d.H8", p3, p1, p2)
+			} else {
+				g.i("VADDP V%d.H8, V%d.H8, V%d.H8", p1, p0, p0)
+				g.i("VADDP V%d.H8, V%d.H8, V%d.H8", p3, p2, p2)
+			}
+			if m == "q-sums-16bit" {
+				// The pairs' pairs in 16 bits, then widened: wrong
+				// once |sum| passes 32767 (4*128*127 = 65024 can).
+				g.i("VADDP V%d.H8, V%d.H8, V%d.H8", p2, p0, p1)
+				g.word(encSXTL(p0, p1, false))
+				g.word(encSXTL(p2, p1, true))
+			} else {
+				g.word(encSADDLP(p0, p0))
+				g.word(encSADDLP(p2, p2))
+			}
+		}
+		g.word(encSCVTF(p0, p0))
+		g.word(encSCVTF(p2, p2))
+		// The scale dw*dx, exact.
+		g.i("FMOVS.P 4(R%d), F%d", dr[b], f)
+		if m == "q-x-scale-ignored" {
+			g.i("FMOVS F24, F%d", f)
+		} else {
+			g.i("FMULS F24, F%d, F%d", f, f)
+		}
+		for k, p := range []int{p0, p2} {
+			a := 16 + 2*b + k
+			if m == "q-unfused" {
+				g.word(encFMULElem(p, p, f))
+				g.word(encFADD(a, a, p))
+			} else {
+				g.word(encFMLAElem(a, p, f))
+			}
+		}
+	}
+	g.i("SUBS $32, R7, R7")
+	g.i("BGT %s_loop", name)
+	g.label(name + "_store")
+	for b := range nb {
+		g.accAddr(accOff(b))
+		g.i("VST1 [V%d.S4, V%d.S4], (R20)", 16+2*b, 17+2*b)
+	}
+	// The next row.
+	if m != "q-row-stride-ignored" {
+		g.i("ADD R2, R1, R1")
+	}
+	if m != "q-acc-row-not-advanced" {
+		g.i("ADD $%d, R8, R8", accRowBytes)
+	}
+	g.i("SUBS $1, R9, R9")
+	g.i("BGT %s_row", name)
+	g.i("RET")
+}
+
+// accAddr sets R20 to the partial sums off bytes past R8.
+func (g *neonGen) accAddr(off int) {
+	if off == 0 {
+		g.i("MOVD R8, R20")
+		return
+	}
+	g.i("ADD $%d, R8, R20", off)
 }
