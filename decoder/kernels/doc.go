@@ -185,13 +185,28 @@
 // picks one (for tests and benchmarks: the bits do not
 // depend on it).
 //
-// On arm64 the f32 and bf16 products (row and in-out) run on NEON
-// kernels that internal/asmgen -neon prints as Go assembly (FMLA on four
-// lanes, one rounding as FMA32; bf16 widened by interleaving zeros below
-// it), tested under qemu-aarch64 against the scalar kernels with their
-// own mutants (internal/asmgen/neon-mutants.sh, make test-arm64); Q8_0
-// and Q4_0 stay on the scalar kernels there (the same bits, far slower:
-// NEON's SDOT would serve the integer dot products, not written yet).
+// On arm64 the products run on NEON kernels that internal/asmgen -neon
+// prints as Go assembly: the f32 and bf16 ones (row and in-out) with
+// FMLA on four lanes, one rounding as FMA32, bf16 widened by
+// interleaving zeros below it; the block formats' with the integer dot
+// products of the amd64 kernels' scheme (one row after the other in the
+// assembly, up to four vectors a call, a block's 32 weights as signed
+// bytes, Q4_0's nibbles masked and shifted, less 8). The ARMv8.0 kernel
+// (KernelNEON) multiplies bytes into 16-bit products (SMULL, SMULL2),
+// adds adjacent pairs (ADDP, at most 2*128*127 in magnitude, within 16
+// bits) and pairs of those widened to 32 bits (SADDLP); on CPUs with the
+// dot product instructions (ARMv8.2's FEAT_DotProd, HWCAP asimddp) a
+// second kernel, KernelNEONDot, listed first, takes one SDOT for 16
+// columns' four sums of four instead. Both convert the sums (SCVTF) and
+// add them times the two scales' product (FMUL of the binary16 scale,
+// widened by FCVT, with the vector's) into two registers of partial
+// sums a vector, one FMLA each. The instructions Go's assembler does not
+// know are printed as their encodings (internal/asmgen/neonenc.go,
+// checked against an assembler's by its test). All of them are tested
+// under qemu-aarch64 against the scalar kernels, both kernels on an
+// emulated CPU with SDOT and the ARMv8.0 one also on one without it,
+// with their own mutants (internal/asmgen/mutants.sh arm64, make
+// test-arm64). The vectors' quantization runs in Go there.
 //
 // Other architectures, and amd64 without those features, use the scalar
 // kernels. They are correct but far slower (two orders of magnitude on
@@ -200,11 +215,14 @@
 //
 // # Caveats
 //
-//   - No AVX-512 or AVX512_BF16 kernels yet, and no NEON kernels of the
-//     block formats: AVX-512 machines run the AVX2 kernels (the same
-//     bits). An AVX512_BF16 kernel
+//   - No AVX-512 or AVX512_BF16 kernels yet: AVX-512 machines run the
+//     AVX2 kernels (the same bits). An AVX512_BF16 kernel
 //     (VDPBF16PS) would round differently from the exact widening and
 //     would need its own documented mode.
+//   - The arm64 kernels are tested under emulation only: their speed
+//     has not been measured on arm64 hardware, and the block formats'
+//     NEON kernels do not prefetch the next row as the amd64 ones of
+//     several vectors do.
 //   - NaN payloads are not part of the contract: weights or inputs that
 //     are NaN or infinite give a NaN or an infinity, but which NaN may
 //     differ between kernels.
