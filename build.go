@@ -208,8 +208,12 @@ func (r *Runtime) openScheduler(p *plan.Components, opts Options) {
 func (r *Runtime) checkDiskSpace(p *plan.Components) error {
 	// A KV cache opened later (OpenKVCache) checks its own swap files
 	// together with what these stores still need then.
+	params := r.ParamStore
+	if r.inPlace {
+		params = nil // Options.InPlace: read where the caller's file holds them
+	}
 	r.storeNeeds = func() []swapper.SpaceNeed {
-		return plan.DiskNeeds(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.inference, r.ParamStore, r.GradStore, r.OptimStore)
+		return plan.DiskNeeds(r.model, r.Rank, r.World, p.DType, p.Tiers, p.Optimizer, p.Pieces.GradElems, r.inference, params, r.GradStore, r.OptimStore)
 	}
 	if err := swapper.CheckSpace(r.storeNeeds()...); err != nil {
 		return fmt.Errorf("zinf: rank %d: not enough free disk for the swap files (copy-on-write keeps %d copies of each NVMe tensor during a step; `zinf plan` shows the need per path): %w",
@@ -244,7 +248,13 @@ func openDevice(d plan.DeviceSettings, log *slog.Logger) (accel.Device, error) {
 // (policy.SpreadCache) so that the reads left overlap the compute of every
 // layer. The set fits what the planned prefetch window leaves of the
 // cache's memory: the two share it, and a prefetch short of memory would
-// evict cached weights for the next pass to read again. Of the
+// evict cached weights for the next pass to read again. Each weight is
+// counted at the power-of-two span the pool must find for it
+// (buffers.SpanBytes), not its bytes: counted at their bytes, kept
+// weights of odd sizes (a 5120 x 13824 bf16 matrix takes 142 MB of a
+// 256 MiB span) left the free memory in pieces too small for the next
+// layer's buffers, and every pass evicted and read again about half the
+// kept set. Of the
 // partitions moved whole only: a streamed one (larger than a piece) never
 // enters the cache. nil when training (the cache keeps what the passes
 // released, and the backward pass reuses the forward's last layers) or
@@ -265,7 +275,7 @@ func (r *Runtime) cacheKeepSet(elem, depthOpt int) map[string]bool {
 				b = 0 // streamed
 			}
 			names = append(names, n)
-			sizes = append(sizes, r.pool.BlockBytes(b))
+			sizes = append(sizes, buffers.SpanBytes(b, r.pool.MinBufferBytes()))
 		}
 	}
 	keep := map[string]bool{}

@@ -170,6 +170,38 @@ func TestFreeSpaceInference(t *testing.T) {
 	}
 }
 
+// TestFreeSpaceInPlace: an inference runtime whose parameters are all read
+// where the caller's file holds them (Options.InPlace) counts no disk for
+// them: a model as large as the free space after its own file opens, and
+// Options.InPlace without Options.Inference is refused.
+func TestFreeSpaceInPlace(t *testing.T) {
+	var once int64 // the fp32 parameters, each stored once
+	for _, d := range diskModel.Tensors {
+		n, _ := d.Numel()
+		once += n * 4
+	}
+	needs := func(inPlace bool) int64 {
+		rt, err := zinf.Open(diskConfig(t.TempDir()), diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, Inference: true, InPlace: inPlace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		var need int64
+		for _, n := range rt.DiskNeeds() {
+			need += n.Bytes
+		}
+		return need
+	}
+	// The other stores' own files remain; the parameters' copy goes.
+	written, inPlace := needs(false), needs(true)
+	if written-inPlace < once {
+		t.Errorf("disk needed: %d bytes in place, %d written, for %d bytes of parameters (want at least their size less)", inPlace, written, once)
+	}
+	if _, err := zinf.Open(diskConfig(t.TempDir()), diskModel, zinf.Options{Logger: quietLog, NoBandwidthProbe: true, InPlace: true}); err == nil || !strings.Contains(err.Error(), "Options.Inference") {
+		t.Errorf("InPlace on a training runtime: %v, want a refusal naming Options.Inference", err)
+	}
+}
+
 // TestFreeSpaceSharedFilesystem: two NVMe paths on one filesystem need
 // their sum there; the refusal names both.
 func TestFreeSpaceSharedFilesystem(t *testing.T) {

@@ -58,7 +58,7 @@ func PlanModel(ctx context.Context, cfg *config.Config, m Model, opts Options) (
 	}
 	// The stores' geometry, for a device of the default alignment.
 	ms.Stores = plan.GeometryOf(&in.Settings)
-	p, err := plan.Make(in, ms, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference, Gather: opts.GatherLayers, PieceBytes: opts.PieceBytes})
+	p, err := plan.Make(in, ms, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference, InPlace: opts.InPlace, Gather: opts.GatherLayers, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err
 	}

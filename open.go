@@ -44,14 +44,18 @@ func Open(cfg *config.Config, model Model, opts Options) (rt *Runtime, err error
 	if log == nil {
 		log = slog.Default()
 	}
+	if opts.InPlace && !opts.Inference {
+		return nil, errors.New("zinf: Options.InPlace is for an inference runtime (Options.Inference): a training runtime writes its parameters")
+	}
 	r.Config, r.Rank, r.World, r.DType, r.log, r.model, r.inference = cfg, in.Rank, in.World, in.Settings.DType, log, in.Model, opts.Inference
+	r.inPlace = opts.InPlace
 	// Measure what the plan depends on (memory, the NVMe bandwidth; the
 	// stores' geometry is computed), plan, and build from the plan.
 	m, pending, err := r.measure(&in.Settings, opts)
 	if err != nil {
 		return nil, err
 	}
-	p, err := plan.Make(in, m, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference,
+	p, err := plan.Make(in, m, plan.Options{ComputePerLayer: opts.ComputePerLayer, Inference: opts.Inference, InPlace: opts.InPlace,
 		Gather: opts.GatherLayers && opts.Comm != nil, PieceBytes: opts.PieceBytes})
 	if err != nil {
 		return nil, err

@@ -57,6 +57,14 @@ type Options struct {
 	// slots, no pinned memory for them); AccumulateGrad, StepTensor and
 	// Step are refused.
 	Inference bool
+	// InPlace says that an inference runtime's parameters will all be
+	// given with InitInPlace (read where they lie in the caller's file):
+	// the parameter swap store then counts no disk for them, so Open's
+	// free-space check does not ask for a second copy of a model the disk
+	// already holds. A tensor given with Init instead is written to the
+	// swap files as usual, and a write that finds the disk full fails
+	// with the store's error. It needs Inference.
+	InPlace bool
 	// Comm is this rank's handle on the world of ranks (comm.NewMPI when
 	// the ranks are processes, comm.NewLocal when they are goroutines of
 	// one process); it must be rank Rank of a world of WorldSize. It

@@ -69,6 +69,7 @@ type Runtime struct {
 	tiers      map[string]tensor.Tier // each tensor's planned tier
 	pieces     plan.Pieces            // how big tensors move
 	inference  bool
+	inPlace    bool // Options.InPlace
 	trace      tracer
 	// bgCtx is the context of what runs on behind the loop (the gathers
 	// ahead, a step's update, a held gradient's write-behind); it ends at

@@ -182,6 +182,7 @@ type Measured struct {
 type Options struct {
 	ComputePerLayer time.Duration // per layer and pass
 	Inference       bool
+	InPlace         bool  // zinf.Options.InPlace: no disk for the parameters
 	Gather          bool  // GatherLayers with a Comm
 	PieceBytes      int64 // zinf.Options.PieceBytes as given
 }
@@ -287,7 +288,11 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 	// trip for the gradients it keeps in pinned memory (zinf.pinned_grads).
 	placement = placement.WithGradWriteBehinds(res.GradInFlight).WithKeptGrads(res.GradKept)
 	p := &Plan{Rank: in.Rank, World: in.World, Placement: placement, Reservations: res, Bandwidth: m.Bandwidth}
-	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, ps, gs, os)
+	dps := ps
+	if o.InPlace {
+		dps = nil // read where the caller's file holds them
+	}
+	p.Disk = DiskNeeds(mi, in.Rank, in.World, dtype, tiers, optOpts, pcs.GradElems, o.Inference, dps, gs, os)
 	p.Preallocate = cfg.Zinf.Preallocate && !o.Inference
 	placement.NVMeDiskBytes = p.DiskBytes()
 	// The policy placed tensors without a pinned budget (the reservations
