@@ -102,3 +102,55 @@ func TestCacheKeepsSpreadInInference(t *testing.T) {
 		t.Fatalf("the last pass read %d bytes, want the %d of the %d layers not kept (passes: %v)", last, streamed, layers-len(kept), reads)
 	}
 }
+
+// TestWarmCache: WarmCache reads the kept set once, before any pass, so
+// that the first pass already reads only the weights not kept; on a
+// training runtime it reads nothing.
+func TestWarmCache(t *testing.T) {
+	const layers, numel = 8, 64 << 10 // 256 KiB a layer
+	cfg := config.Default()
+	cfg.SetScratchDir(t.TempDir())
+	cfg.Zinf.Tiers.CPUPinnedBytes = 16 << 20
+	cfg.ZeroOptimization.OffloadParam.MaxInCPU = layers / 2 * numel
+	cfg.Zinf.Bandwidth.Probe = false
+	descs := make([][]tensor.Desc, layers)
+	for l := range descs {
+		descs[l] = []tensor.Desc{{Name: fmt.Sprintf("w%d", l), Shape: []int{numel}}}
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt, err := zinf.Open(cfg, zinf.LayeredModel(descs...), zinf.Options{Inference: true, NoBandwidthProbe: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	vals := make([]float32, numel)
+	kept := 0
+	for l := range layers {
+		if err := rt.Init(ctx, fmt.Sprintf("w%d", l), vals); err != nil {
+			t.Fatal(err)
+		}
+		if rt.CacheKeeps(fmt.Sprintf("w%d", l)) {
+			kept++
+		}
+	}
+	read, err := rt.WarmCache(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(kept) * numel * 4; kept == 0 || read != want {
+		t.Fatalf("WarmCache read %d bytes, want the %d kept layers' %d", read, kept, want)
+	}
+	before := rt.Metrics().BytesRead
+	rt.Forward()
+	for l := range layers {
+		if err := rt.BeginLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		rt.EndLayer(l)
+	}
+	if got, want := rt.Metrics().BytesRead-before, int64(layers-kept)*numel*4; got != want {
+		t.Fatalf("the first pass after WarmCache read %d bytes, want the %d of the layers not kept", got, want)
+	}
+}

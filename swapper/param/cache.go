@@ -177,3 +177,14 @@ func (s *Swapper) acquireBuffer(ctx context.Context, size int, purpose buffers.P
 	}
 	return s.pool.Acquire(ctx, size, purpose)
 }
+
+// SettleCache waits until the CPU cache has applied every put so far (the
+// cache takes them asynchronously): a lookup after it finds what was put.
+func (s *Swapper) SettleCache() {
+	s.mu.Lock()
+	c := s.cache
+	s.mu.Unlock()
+	if c != nil {
+		c.Wait()
+	}
+}

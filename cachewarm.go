@@ -1,0 +1,75 @@
+package zinf
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/zinfio/zinf/swapper/param"
+)
+
+// WarmCache reads, on an inference runtime, every NVMe parameter its CPU
+// cache keeps for good (CacheKeeps) into that cache now, one at a time,
+// the largest first, instead of letting the first pass fill it.
+//
+// Why: the pinned pool hands out power-of-two spans. A first pass that
+// reads a layer's kept and streamed weights together leaves the kept ones
+// scattered over the pool, between the holes its streamed ones leave,
+// and a later layer's large weight may then find no free span: the pass
+// waits on the pool, and a weight released while it waits is not cached
+// (it would take memory the wait needs), so it is read again by every
+// pass. Read alone and largest first, the kept weights pack at one end
+// and the passes' buffers find whole spans in the rest.
+//
+// It returns the bytes read. Call it after every kept parameter has its
+// values (Init or InitInPlace) and before the first pass; a training
+// runtime, or one without a kept set, reads nothing.
+func (r *Runtime) WarmCache(ctx context.Context) (int64, error) {
+	if err := r.closedErr("warm the cache", param.ErrClosed); err != nil {
+		return 0, err
+	}
+	type kept struct {
+		name  string
+		bytes int
+	}
+	var ks []kept
+	for name := range r.cacheSet {
+		n, err := r.Params.PartitionLen(name)
+		if err != nil {
+			return 0, fmt.Errorf("zinf: warm the cache: %w", err)
+		}
+		ks = append(ks, kept{name, n * r.DType.Size()})
+	}
+	sort.Slice(ks, func(i, j int) bool {
+		if ks[i].bytes != ks[j].bytes {
+			return ks[i].bytes > ks[j].bytes
+		}
+		return ks[i].name < ks[j].name
+	})
+	before := r.Params.Stats().BytesRead
+	// A few reads in flight keep the disk busy; they are asked for in the
+	// order they are placed.
+	const ahead = 4
+	for i, k := range ks {
+		if i == 0 {
+			for _, a := range ks[:min(ahead, len(ks))] {
+				if err := r.Params.Prefetch(a.name); err != nil {
+					return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", a.name, err)
+				}
+			}
+		} else if i+ahead-1 < len(ks) {
+			if err := r.Params.Prefetch(ks[i+ahead-1].name); err != nil {
+				return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", ks[i+ahead-1].name, err)
+			}
+		}
+		if err := r.Params.Wait(ctx, k.name); err != nil {
+			for _, a := range ks[i:min(i+ahead, len(ks))] {
+				r.Params.Release(a.name) // the reads still in flight are given up
+			}
+			return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", k.name, err)
+		}
+		r.Params.Release(k.name)
+	}
+	r.Params.SettleCache()
+	return r.Params.Stats().BytesRead - before, nil
+}
