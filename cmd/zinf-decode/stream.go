@@ -59,6 +59,13 @@ type StreamResult struct {
 	IOWaitMs      float64 `json:"io_wait_median_ms"`
 	ComputeMs     float64 `json:"compute_median_ms"`
 	ReadGBps      float64 `json:"read_gb_per_s"`
+	// PreemptedBytes are weights the timed steps read ahead and gave back
+	// unused (read again: the pool is tight for the prefetch window);
+	// DemandMisses the layers they found not prefetched; PrefetchDepth
+	// the layers read ahead.
+	PreemptedBytes int64 `json:"preempted_bytes"`
+	DemandMisses   int64 `json:"demand_misses"`
+	PrefetchDepth  int   `json:"prefetch_depth"`
 	// PlanReadGBps is the NVMe read bandwidth the plan used; FloorMs the
 	// plan's step (plan.ForGeneration: the longer of the streamed bytes at
 	// that bandwidth and the measured compute), FloorBound which one it is.
@@ -109,6 +116,12 @@ func openStream(ctx context.Context, path string, o streamOptions, stderr io.Wri
 	}
 	if o.pool.set {
 		cfg.Zinf.Tiers.CPUPinnedBytes = config.Size(o.pool.n)
+	}
+	if o.cfgPath == "" {
+		// The decoder computes on the host: the device tier the plan
+		// checks a layer's working set against is the pool itself (the
+		// embedded default's 256 MiB is a small GPU's share).
+		cfg.Zinf.Tiers.GPUBytes = max(cfg.Zinf.Tiers.GPUBytes, cfg.Zinf.Tiers.CPUPinnedBytes)
 	}
 	if o.keep.set {
 		cfg.ZeroOptimization.OffloadParam.MaxInCPU = o.keep.n / 2 // 2-byte words, as the runtime holds the file's bytes
@@ -206,6 +219,8 @@ func streamResult(m *stream.Model, st0 stream.Stats, batch, total int, computes 
 	if steps > 0 {
 		r.StepReadBytes = (s.BytesRead - st0.BytesRead) / int64(steps)
 		r.IOWaitMs = float64(s.IOWait-st0.IOWait) / float64(steps) / 1e6
+		r.PreemptedBytes, r.DemandMisses = s.PreemptedBytes-st0.PreemptedBytes, s.DemandMisses-st0.DemandMisses
+		r.PrefetchDepth = s.PrefetchDepth
 		c := slices.Clone(computes)
 		sort.Float64s(c)
 		r.ComputeMs = c[len(c)/2]

@@ -10,7 +10,8 @@
 //     layers too: every decoding pass is the same), and the decoder
 //     computes on each weight where it landed (zinf.Reader.View);
 //   - the weights the config's offload_param.max_in_cpu keeps stay in the
-//     pool for good, read once when the model opens and by no pass;
+//     pool for good, read once when the model opens (largest first, so that
+//     they pack: zinf.Runtime.WarmCache) and by no pass;
 //   - the token embedding's rows are read from the file as the pass needs
 //     them (decoder.Decoder.BeginRows), not the whole table.
 //
@@ -177,7 +178,7 @@ func Open(ctx context.Context, path string, cfg *config.Config, o Options) (m *M
 	rc := *cfg
 	rc.BF16 = true // the runtime's words; the types are the file's
 	m.cfg = &rc
-	rt, err := zinf.Open(m.cfg, zinf.Model{Tensors: descs, Layers: head + 1}, zinf.Options{Logger: o.Logger, Inference: true,
+	rt, err := zinf.Open(m.cfg, zinf.Model{Tensors: descs, Layers: head + 1}, zinf.Options{Logger: o.Logger, Inference: true, InPlace: true,
 		PrefetchDepth: o.PrefetchDepth, NoBandwidthProbe: o.NoBandwidthProbe, PieceBytes: -1})
 	if err != nil {
 		return nil, err
@@ -196,6 +197,11 @@ func Open(ctx context.Context, path string, cfg *config.Config, o Options) (m *M
 		if err := rt.InitInPlace(ctx, name, path, w.info.Offset, wordType); err != nil {
 			return nil, fmt.Errorf("stream: %s: tensor %s: %w", path, name, err)
 		}
+	}
+	// The kept weights are read now, packed in the pool (see
+	// zinf.Runtime.WarmCache), not by the first pass.
+	if _, err := rt.WarmCache(ctx); err != nil {
+		return nil, fmt.Errorf("stream: %s: %w", path, err)
 	}
 	return m, nil
 }
@@ -339,12 +345,21 @@ type Stats struct {
 	KeptTensors              int
 	KeptBytes, StreamedBytes int64
 	PinnedBytes              int64
+	// PreemptedBytes are weights read ahead and given back unused to make
+	// room for a layer a pass waited for (read again when wanted: a pool
+	// too tight for the prefetch window); DemandMisses the layers a pass
+	// found not prefetched.
+	PreemptedBytes int64
+	DemandMisses   int64
+	// PrefetchDepth is the layers the runtime reads ahead.
+	PrefetchDepth int
 }
 
 // Stats returns the model's streaming figures so far.
 func (m *Model) Stats() Stats {
 	mt := m.rt.Metrics()
-	s := Stats{Passes: m.passes, BytesRead: mt.BytesRead, IOWait: mt.IOWait, PinnedBytes: mt.PinnedBytes}
+	s := Stats{Passes: m.passes, BytesRead: mt.BytesRead, IOWait: mt.IOWait, PinnedBytes: mt.PinnedBytes,
+		PreemptedBytes: mt.Params.PreemptedBytes, DemandMisses: mt.Schedule.DemandMisses, PrefetchDepth: m.rt.Placement().PrefetchDepth}
 	for _, name := range m.order {
 		b := m.weights[name].info.Bytes
 		if m.rt.CacheKeeps(name) {

@@ -272,8 +272,10 @@ func TestNativeKeptSet(t *testing.T) {
 	plain, kept, ref := lastSteps(generate.DecoderNative, false), lastSteps(generate.DecoderNative, true), lastSteps(generate.DecoderGoMLX, true)
 	// Within a tenth of the GoMLX path's: each pass prefetches the next
 	// one's first layer, so a step's count is off by what two prefetches
-	// differ.
-	if math.Abs(float64(kept-ref)) > float64(ref)/10 || kept >= plain*3/4 {
+	// differ. The kept set is counted at the pool's power-of-two spans
+	// (zinf.Runtime.CacheKeeps), so half the weights' budget keeps less
+	// than half of these odd-sized ones: a tenth less read is the bar.
+	if math.Abs(float64(kept-ref)) > float64(ref)/10 || kept >= plain*9/10 {
 		t.Fatalf("decoding steps read %d bytes with weights kept (GoMLX path: %d), %d without", kept, ref, plain)
 	}
 }
