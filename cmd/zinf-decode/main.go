@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pin := fs.String("pin", "auto", "pin the weights' pool: auto, required or off")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed decoding steps to this file (created; an existing file is an error)")
 	streamOn := fs.Bool("stream", false, "stream the weights from the file through a zinf pinned pool, layer by layer with prefetch, instead of reading them all into memory (a model larger than the RAM)")
-	cfgPath := fs.String("config", "", "with -stream: the config file of the tiers (default: the embedded one, its scratch in -dir)")
+	cfgPath := fs.String("config", "", "with -stream: the config file of the tiers (default: the embedded one, its scratch in -dir, its bandwidth probe 256 MiB)")
 	dir := fs.String("dir", "", "with -stream: the runtime's scratch directory, which must allow O_DIRECT (default: a run directory in $TMPDIR; nothing of the weights is written there)")
 	var poolBytes, keepBytes sizeFlag
 	keepBytes.n = -1

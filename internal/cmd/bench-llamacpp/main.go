@@ -81,6 +81,7 @@ func run() error {
 	prTokens := flag.Int("past-ram-tokens", 4, "past RAM: decoding steps a measurement")
 	prRounds := flag.Int("past-ram-rounds", 3, "past RAM: interleaved rounds")
 	prModel := flag.String("past-ram-model", "", "past RAM: an existing GGUF file to use instead of writing one (neither written nor removed)")
+	prTimeout := flag.Duration("past-ram-timeout", 6*time.Minute, "past RAM: a llama.cpp run that takes longer is stopped and counted at its time so far (a bound below its seconds a token)")
 	prKeep := flag.String("past-ram-keep", "auto", "past RAM: weight bytes zinf keeps in its pinned pool, e.g. 16GiB (auto: the memory available less four layers and 3 GiB)")
 	flag.Parse()
 	runRAM, runPast := false, false
@@ -132,7 +133,7 @@ func run() error {
 	}
 	var pr *pastRAM
 	if runPast {
-		pr = &pastRAM{bin: bin, zinf: *zinf, dir: *dir, factor: *prFactor, tokens: *prTokens, rounds: *prRounds, threads: *threads, seed: *seed, model: *prModel, keep: -1, keepFile: *keep}
+		pr = &pastRAM{bin: bin, zinf: *zinf, dir: *dir, factor: *prFactor, tokens: *prTokens, rounds: *prRounds, threads: *threads, seed: *seed, model: *prModel, keep: -1, keepFile: *keep, timeout: *prTimeout}
 		t, ok := map[string]kernels.DType{"bf16": kernels.BF16, "q8_0": kernels.Q8_0, "q4_0": kernels.Q4_0}[*prType]
 		switch {
 		case !ok:
@@ -141,6 +142,8 @@ func run() error {
 			return fmt.Errorf("-past-ram-factor %v (allowed: 1.0..4)", *prFactor)
 		case *prTokens < 1 || *prRounds < 1:
 			return fmt.Errorf("-past-ram-tokens %d and -past-ram-rounds %d must each be at least 1", *prTokens, *prRounds)
+		case *prTimeout < time.Second:
+			return fmt.Errorf("-past-ram-timeout %v (allowed: 1s or more)", *prTimeout)
 		}
 		pr.typ = t
 		if *prKeep != "auto" {

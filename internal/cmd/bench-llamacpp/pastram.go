@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +39,10 @@ type pastRAM struct {
 	model          string // an existing file to use (not written, not removed)
 	keep           int64  // bytes zinf keeps in its pool; -1: from the memory available
 	keepFile       bool
+	// timeout ends a llama.cpp run that thrashes past it: its seconds a
+	// token are then counted as the run's time over its tokens (the
+	// warm-up's included), a bound below what it would have taken.
+	timeout time.Duration
 }
 
 // memInfo returns /proc/meminfo's field (kB) in bytes.
@@ -265,12 +270,16 @@ func (p *pastRAM) run() error {
 		for _, who := range order {
 			if who == 0 {
 				start := time.Now()
-				tps, err := llamaTokensPerS(p.bin, path, 1, p.tokens, 1, p.threads)
+				spt, done, err := p.llama(path)
 				if err != nil {
 					return fmt.Errorf("past RAM, round %d: %w", r, err)
 				}
-				llama = append(llama, 1/tps)
-				fmt.Printf("# past RAM round %d: llama.cpp %.2f s a token (run %.0f s)\n", r, 1/tps, time.Since(start).Seconds())
+				llama = append(llama, spt)
+				if !done {
+					fmt.Printf("# past RAM round %d: llama.cpp stopped at -past-ram-timeout %v: more than %.2f s a token (its %d tokens and the warm-up in %.0f s)\n", r, p.timeout, spt, p.tokens, time.Since(start).Seconds())
+					continue
+				}
+				fmt.Printf("# past RAM round %d: llama.cpp %.2f s a token (run %.0f s)\n", r, spt, time.Since(start).Seconds())
 				continue
 			}
 			res, err := p.zinfStream(path, pool, keep)
@@ -298,6 +307,29 @@ func (p *pastRAM) run() error {
 		p.typ, gib(total), float64(total)/float64(ram), lm, slicesMin(llama), slicesMax(llama), zm, slicesMin(zinf), slicesMax(zinf), zm/lm,
 		median(floors), slicesMin(floors), slicesMax(floors), median(ofFloor), slicesMin(ofFloor), slicesMax(ofFloor), slicesMax(rss), zr[0].Stream.RSSBoundMiB)
 	return nil
+}
+
+// llama runs llama-bench once at batch 1 and returns its seconds a token;
+// done is false where -past-ram-timeout ended it (see pastRAM.timeout).
+func (p *pastRAM) llama(path string) (secs float64, done bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, filepath.Join(p.bin, "llama-bench"), "-m", path, "-t", fmt.Sprint(p.threads), "-p", "0", "-n", fmt.Sprint(p.tokens), "-r", "1", "-o", "json").Output()
+	if ctx.Err() != nil {
+		return time.Since(start).Seconds() / float64(p.tokens+1), false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("llama-bench: %w", err)
+	}
+	var rs []struct {
+		NGen  int     `json:"n_gen"`
+		AvgTS float64 `json:"avg_ts"`
+	}
+	if err := json.Unmarshal(out, &rs); err != nil || len(rs) != 1 || rs[0].NGen != p.tokens || rs[0].AvgTS <= 0 {
+		return 0, false, fmt.Errorf("llama-bench's output %.200q: %v", out, err)
+	}
+	return 1 / rs[0].AvgTS, true, nil
 }
 
 // zinfStream runs zinf-decode -stream once.
