@@ -273,8 +273,20 @@ func envOr(k, def string) string {
 // drawn from its own stream (seed, tensor index), so every type stores
 // the same values, rounded; matrices N(0, 1/in), norm scales near 1.
 func writeModel(path string, c decoder.Config, shape gguf.ModelShape, t kernels.DType, seed uint64, ctx int) error {
+	return writeRandom(path, "zinf-bench", c, shape, t, seed, ctx, func(rng *rand.Rand, v []float32, mean, sd float64) {
+		for j := range v {
+			v[j] = float32(mean + sd*rng.NormFloat64())
+		}
+	})
+}
+
+// writeRandom writes a llama model named name whose matrices are stored
+// in t (the norms in f32), each tensor's values from fill with its own
+// stream (seed, tensor index), its mean and standard deviation: matrices
+// 0 and 1/sqrt(in), norm scales 1 and 0.1.
+func writeRandom(path, name string, c decoder.Config, shape gguf.ModelShape, t kernels.DType, seed uint64, ctx int, fill func(rng *rand.Rand, v []float32, mean, sd float64)) error {
 	w := gguf.NewWriter()
-	if err := errors.Join(w.SetLlama("zinf-bench", shape, ctx), w.SetByteVocab(c.Vocab)); err != nil {
+	if err := errors.Join(w.SetLlama(name, shape, ctx), w.SetByteVocab(c.Vocab)); err != nil {
 		return err
 	}
 	names, err := c.Names(decoder.GGUFNames, "")
@@ -292,7 +304,6 @@ func writeModel(path string, c decoder.Config, shape gguf.ModelShape, t kernels.
 			return err
 		}
 		if err := w.AddTensorFunc(n.Name, gt, s, func() ([]byte, error) {
-			rng := rand.New(rand.NewPCG(seed, uint64(i)))
 			size := 1
 			for _, d := range s {
 				size *= d
@@ -302,9 +313,7 @@ func writeModel(path string, c decoder.Config, shape gguf.ModelShape, t kernels.
 			if len(s) == 2 {
 				mean, sd = 0, 1/math.Sqrt(float64(s[1]))
 			}
-			for j := range v {
-				v[j] = float32(mean + sd*rng.NormFloat64())
-			}
+			fill(rand.New(rand.NewPCG(seed, uint64(i))), v, mean, sd)
 			return kernels.Encode(typ, v)
 		}); err != nil {
 			return err

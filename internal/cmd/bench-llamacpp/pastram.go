@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -119,51 +118,18 @@ func pastRAMConfig(typ kernels.DType, ram int64, factor float64) (decoder.Config
 // scales 1 +- 0.1), 8 from one 64-bit draw. The values only have to make
 // a model whose activations stay finite: the past-RAM bench times bytes.
 func writeFast(path string, c decoder.Config, shape gguf.ModelShape, t kernels.DType, seed uint64, ctx int) error {
-	w := gguf.NewWriter()
-	if err := errors.Join(w.SetLlama("zinf-bench-past-ram", shape, ctx), w.SetByteVocab(c.Vocab)); err != nil {
-		return err
-	}
-	names, err := c.Names(decoder.GGUFNames, "")
-	if err != nil {
-		return err
-	}
-	for i, n := range names {
-		s := c.Shape(n.Role)
-		typ := kernels.F32
-		if len(s) == 2 {
-			typ = t
-		}
-		gt, err := gguf.TypeOf(typ)
-		if err != nil {
-			return err
-		}
-		if err := w.AddTensorFunc(n.Name, gt, s, func() ([]byte, error) {
-			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			size := 1
-			for _, d := range s {
-				size *= d
+	return writeRandom(path, "zinf-bench-past-ram", c, shape, t, seed, ctx, func(rng *rand.Rand, v []float32, mean, sd float64) {
+		// A byte b is uniform on 0..255: (b - 127.5) / 73.9 has
+		// variance 1.
+		scale := float32(sd / 73.9)
+		for j := 0; j < len(v); j += 8 {
+			r := rng.Uint64()
+			for k := j; k < min(j+8, len(v)); k++ {
+				v[k] = float32(mean) + (float32(r&255)-127.5)*scale
+				r >>= 8
 			}
-			v := make([]float32, size)
-			mean, sd := 1.0, 0.1
-			if len(s) == 2 {
-				mean, sd = 0, 1/math.Sqrt(float64(s[1]))
-			}
-			// A byte b is uniform on 0..255: (b - 127.5) / 73.9 has
-			// variance 1.
-			scale := float32(sd / 73.9)
-			for j := 0; j < size; j += 8 {
-				r := rng.Uint64()
-				for k := j; k < min(j+8, size); k++ {
-					v[k] = float32(mean) + (float32(r&255)-127.5)*scale
-					r >>= 8
-				}
-			}
-			return kernels.Encode(typ, v)
-		}); err != nil {
-			return err
 		}
-	}
-	return w.WriteFile(path)
+	})
 }
 
 // zinfStreamResult is what the bench reads of zinf-decode -stream's JSON.
