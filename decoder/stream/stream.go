@@ -111,6 +111,9 @@ func Open(ctx context.Context, path string, cfg *config.Config, o Options) (m *M
 	if cfg.FP16 {
 		return nil, errors.New("stream: fp16.enabled: a GGUF file's weights keep their stored types (f32, bf16, q8_0, q4_0); remove fp16 from the config")
 	}
+	if d := cfg.ZeroOptimization.OffloadParam.Device; d != config.OffloadNVMe {
+		return nil, fmt.Errorf("stream: zero_optimization.offload_param.device %q: the weights are read in place from the file, which needs the nvme tier (allowed: nvme; max_in_cpu keeps part of them in memory)", d)
+	}
 	f, err := gguf.Open(path)
 	if err != nil {
 		return nil, err

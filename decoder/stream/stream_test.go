@@ -245,8 +245,8 @@ func TestStreamFloor(t *testing.T) {
 	}
 }
 
-// TestStreamRefuses checks Open's refusals: fp16.enabled, an f16 file, a
-// file that is no GGUF.
+// TestStreamRefuses checks Open's refusals: fp16.enabled, weights not on
+// the nvme tier, an absent file, no config.
 func TestStreamRefuses(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -257,6 +257,11 @@ func TestStreamRefuses(t *testing.T) {
 		t.Errorf("fp16.enabled: %v, want a refusal naming the key", err)
 	}
 	cfg.FP16 = false
+	cfg.ZeroOptimization.OffloadParam.Device = config.OffloadCPU
+	if _, err := stream.Open(ctx, path, cfg, stream.Options{NoBandwidthProbe: true}); err == nil || !strings.Contains(err.Error(), "offload_param.device") {
+		t.Errorf("offload_param.device cpu: %v, want a refusal naming the key", err)
+	}
+	cfg.ZeroOptimization.OffloadParam.Device = config.OffloadNVMe
 	if _, err := stream.Open(ctx, filepath.Join(dir, "absent.gguf"), cfg, stream.Options{NoBandwidthProbe: true}); err == nil {
 		t.Error("an absent file opened")
 	}
