@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/zinfio/zinf/decoder"
 	"github.com/zinfio/zinf/decoder/stream"
 	"github.com/zinfio/zinf/gguf"
+	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -237,26 +236,7 @@ func streamResult(m *stream.Model, st0 stream.Stats, batch, total int, computes 
 		return nil, err
 	}
 	r.PlanReadGBps, r.FloorMs, r.FloorBound = g.ReadBps/1e9, float64(g.Step)/1e6, g.Bound
-	r.PeakRSSMiB = float64(peakRSS()) / (1 << 20)
+	r.PeakRSSMiB = float64(procstat.PeakRSS()) / (1 << 20)
 	r.RSSBoundMiB = float64(s.PinnedBytes+kvBytes+512<<20) / (1 << 20)
 	return r, nil
-}
-
-// peakRSS is the process's VmHWM in bytes (0 where /proc has none).
-func peakRSS() int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err == nil {
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }

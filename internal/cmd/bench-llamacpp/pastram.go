@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +18,8 @@ import (
 	"github.com/zinfio/zinf/decoder"
 	"github.com/zinfio/zinf/decoder/kernels"
 	"github.com/zinfio/zinf/gguf"
+	"github.com/zinfio/zinf/internal/base/memlimit"
+	"github.com/zinfio/zinf/metrics/procstat"
 )
 
 // pastRAM is the past-RAM half of the bench: one model larger than the
@@ -42,26 +42,6 @@ type pastRAM struct {
 	// token are then counted as the run's time over its tokens (the
 	// warm-up's included), a bound below what it would have taken.
 	timeout time.Duration
-}
-
-// memInfo returns /proc/meminfo's field (kB) in bytes.
-func memInfo(field string) (int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/meminfo %s: %q", field, v)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("/proc/meminfo has no %s", field)
 }
 
 // pastRAMConfig is the model: llama-13B's widths (dim 5120, 40 heads of
@@ -154,9 +134,9 @@ type zinfStreamResult struct {
 }
 
 func (p *pastRAM) run() error {
-	ram, err := memInfo("MemTotal")
-	if err != nil {
-		return err
+	ram := procstat.MemTotal()
+	if ram <= 0 {
+		return errors.New("past RAM: the machine's memory (MemTotal) cannot be read")
 	}
 	c, shape, total, err := pastRAMConfig(p.typ, ram, p.factor)
 	if err != nil {
@@ -211,10 +191,11 @@ func (p *pastRAM) run() error {
 		// What the memory holds besides the pool's swap buffers (four of
 		// a layer's size), the KV cache and 3 GiB for the rest of the
 		// machine, in whole GiB.
-		avail, err := memInfo("MemAvailable")
-		if err != nil {
-			return err
+		lim, ok := memlimit.Available()
+		if !ok {
+			return errors.New("past RAM: -past-ram-keep auto: the memory available cannot be read (give a size)")
 		}
+		avail := lim.Bytes
 		layer := (total - 2*int64(c.Vocab)*int64(c.Dim)*2) / int64(c.Layers)
 		keep = (avail - 4*layer - 3<<30) >> 30 << 30
 		keep = max(keep, 0)
