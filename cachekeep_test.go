@@ -2,6 +2,7 @@ package zinf_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -152,5 +153,25 @@ func TestWarmCache(t *testing.T) {
 	}
 	if got, want := rt.Metrics().BytesRead-before, int64(layers-kept)*numel*4; got != want {
 		t.Fatalf("the first pass after WarmCache read %d bytes, want the %d of the layers not kept", got, want)
+	}
+
+	// A cancelled warm-up returns, says why, and the runtime closes.
+	cfg.SetScratchDir(t.TempDir())
+	rt2, err := zinf.Open(cfg, zinf.LayeredModel(descs...), zinf.Options{Inference: true, NoBandwidthProbe: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range layers {
+		if err := rt2.Init(ctx, fmt.Sprintf("w%d", l), vals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelled, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := rt2.WarmCache(cancelled); !errors.Is(err, context.Canceled) {
+		t.Errorf("WarmCache on a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := rt2.Close(); err != nil {
+		t.Errorf("Close after a cancelled warm-up: %v", err)
 	}
 }

@@ -28,17 +28,13 @@ func (r *Runtime) WarmCache(ctx context.Context) (int64, error) {
 	if err := r.closedErr("warm the cache", param.ErrClosed); err != nil {
 		return 0, err
 	}
-	type kept struct {
-		name  string
-		bytes int
-	}
-	var ks []kept
+	var ks []warmKept
 	for name := range r.cacheSet {
 		n, err := r.Params.PartitionLen(name)
 		if err != nil {
 			return 0, fmt.Errorf("zinf: warm the cache: %w", err)
 		}
-		ks = append(ks, kept{name, n * r.DType.Size()})
+		ks = append(ks, warmKept{name, n * r.DType.Size()})
 	}
 	sort.Slice(ks, func(i, j int) bool {
 		if ks[i].bytes != ks[j].bytes {
@@ -50,26 +46,33 @@ func (r *Runtime) WarmCache(ctx context.Context) (int64, error) {
 	// A few reads in flight keep the disk busy; they are asked for in the
 	// order they are placed.
 	const ahead = 4
+	next := 0 // the first not yet asked for
 	for i, k := range ks {
-		if i == 0 {
-			for _, a := range ks[:min(ahead, len(ks))] {
-				if err := r.Params.Prefetch(a.name); err != nil {
-					return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", a.name, err)
-				}
-			}
-		} else if i+ahead-1 < len(ks) {
-			if err := r.Params.Prefetch(ks[i+ahead-1].name); err != nil {
-				return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", ks[i+ahead-1].name, err)
+		for ; next < min(i+ahead, len(ks)); next++ {
+			if err := r.Params.Prefetch(ks[next].name); err != nil {
+				r.releaseWarm(ks[i:next])
+				return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", ks[next].name, err)
 			}
 		}
 		if err := r.Params.Wait(ctx, k.name); err != nil {
-			for _, a := range ks[i:min(i+ahead, len(ks))] {
-				r.Params.Release(a.name) // the reads still in flight are given up
-			}
+			r.releaseWarm(ks[i:next]) // the reads still in flight are given up
 			return r.Params.Stats().BytesRead - before, fmt.Errorf("zinf: warm the cache: %q: %w", k.name, err)
 		}
 		r.Params.Release(k.name)
 	}
 	r.Params.SettleCache()
 	return r.Params.Stats().BytesRead - before, nil
+}
+
+// warmKept is a kept parameter and its partition's bytes.
+type warmKept struct {
+	name  string
+	bytes int
+}
+
+// releaseWarm gives up the warm-up's reads of ks.
+func (r *Runtime) releaseWarm(ks []warmKept) {
+	for _, k := range ks {
+		r.Params.Release(k.name)
+	}
 }
