@@ -882,8 +882,10 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
 	case !has:
-		for i, g := range grad {
-			acc[i] = g + 0 // +0 + g: a -0 becomes +0, as adding to the zeroed sum would
+		// +0 + g: a -0 becomes +0, as adding to the zeroed sum would.
+		done := plusZeroVec(acc, grad)
+		for i, g := range grad[done:] {
+			acc[done+i] = g + 0
 		}
 		if s.opts.SumSquares {
 			sumSq = sumSquaresFrom(sumFrom, acc)
@@ -912,8 +914,9 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 // addInto adds g to acc element by element in float32.
 func addInto(acc, g []float32) {
 	acc = acc[:len(g)]
-	for i, x := range g {
-		acc[i] = acc[i] + x
+	done := addVec(acc, g)
+	for i, x := range g[done:] {
+		acc[done+i] = acc[done+i] + x
 	}
 }
 

@@ -1,0 +1,58 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// func addAVX2(acc, grad *float32, n int)
+// Requires: AVX2. n is a multiple of 16: each iteration adds two vectors
+// of 8 (VADDPS, rounded as the scalar ADDSS of the Go loop).
+TEXT ·addAVX2(SB), NOSPLIT, $0-24
+	MOVQ acc+0(FP), DI
+	MOVQ grad+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ   adone
+
+aloop:
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VADDPS  (SI), Y0, Y0
+	VADDPS  32(SI), Y1, Y1
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	DECQ    CX
+	JNZ     aloop
+	VZEROUPPER
+
+adone:
+	RET
+
+// func plusZeroNTAVX2(dst, src *float32, n int)
+// Requires: AVX2. n is a multiple of 16; dst is 32-byte aligned. dst[i] =
+// src[i] + (+0): a -0 becomes +0, as adding to a zeroed sum would; every
+// other value keeps its bits. Non-temporal stores (VMOVNTPS: no read for
+// ownership of the destination's lines); SFENCE orders them before the
+// return.
+TEXT ·plusZeroNTAVX2(SB), NOSPLIT, $0-24
+	MOVQ   dst+0(FP), DI
+	MOVQ   src+8(FP), SI
+	MOVQ   n+16(FP), CX
+	SHRQ   $4, CX
+	JZ     zdone
+	VXORPS Y2, Y2, Y2
+
+zloop:
+	VADDPS   (SI), Y2, Y0
+	VADDPS   32(SI), Y2, Y1
+	VMOVNTPS Y0, (DI)
+	VMOVNTPS Y1, 32(DI)
+	ADDQ     $64, SI
+	ADDQ     $64, DI
+	DECQ     CX
+	JNZ      zloop
+	SFENCE
+	VZEROUPPER
+
+zdone:
+	RET
