@@ -3,9 +3,9 @@ package checkpoint
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/crc32c"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -87,7 +87,7 @@ func (fl *filler) fill(ctx context.Context, dst []byte) error {
 			return &Error{Op: "save", Path: f.relPath, Tensor: t.Name, Err: fmt.Errorf("reading bytes %d..%d of the source: %w", off, off+n, err)}
 		}
 		if !fl.noCRC {
-			fl.crc = crc32.Update(fl.crc, castagnoli, part)
+			fl.crc = crc32c.Update(fl.crc, part)
 		}
 		fl.pos += n
 		dst = dst[n:]
@@ -214,7 +214,7 @@ func (c *crcTracker) feed(p []byte, pos int64) {
 			continue
 		}
 		n := min(int64(len(p)), end-pos)
-		c.crc = crc32.Update(c.crc, castagnoli, p[:n])
+		c.crc = crc32c.Update(c.crc, p[:n])
 		p, pos = p[n:], pos+n
 		if pos == end {
 			pt.crc = c.crc

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/zinfio/zinf/internal/base/crc32c"
 	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/tensor"
 )
@@ -39,8 +39,6 @@ const maxHeaderBytes = 100 << 20
 // the bound is what a reader may spend, not what a disk may hold: 64 MiB
 // is some 250,000 tensors per rank, and the writer refuses to write more.
 const maxManifestBytes = 64 << 20
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Manifest is a committed checkpoint's index, stored as checkpoint.json in
 // the checkpoint directory. It names the ranks; each rank's own manifest
@@ -459,9 +457,9 @@ func readRankManifest(idx *Manifest, r int) (*RankManifest, error) {
 		}
 		return nil, err
 	}
-	if int64(len(b)) != e.ManifestBytes || crc32.Checksum(b, castagnoli) != e.ManifestCRC32C {
+	if int64(len(b)) != e.ManifestBytes || crc32c.Checksum(b) != e.ManifestCRC32C {
 		return nil, corruptf("%s: %d bytes with crc32c %08x, but %s recorded %d bytes with crc32c %08x",
-			what, len(b), crc32.Checksum(b, castagnoli), indexFile, e.ManifestBytes, e.ManifestCRC32C)
+			what, len(b), crc32c.Checksum(b), indexFile, e.ManifestBytes, e.ManifestCRC32C)
 	}
 	var m RankManifest
 	if err := json.Unmarshal(b, &m); err != nil {

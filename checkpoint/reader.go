@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/crc32c"
 )
 
 // Reader reads one rank of a committed checkpoint. Open checks the
@@ -379,7 +379,7 @@ func (r *Reader) ReadTensor(ctx context.Context, name string, dst []byte) error 
 	pos := 0
 	err = r.stream(ctx, of, t.Offset, t.Offset+t.Bytes, func(p []byte) error {
 		copy(dst[pos:], p)
-		crc = crc32.Update(crc, castagnoli, p)
+		crc = crc32c.Update(crc, p)
 		pos += len(p)
 		return nil
 	})
@@ -468,7 +468,7 @@ func (r *Reader) checkHeader(ctx context.Context, of *openFile) (herr, err error
 	if err := r.stream(ctx, of, 0, of.entry.HeaderBytes, func(p []byte) error { hb = append(hb, p...); return nil }); err != nil {
 		return nil, err
 	}
-	if got := crc32.Checksum(hb, castagnoli); got != of.entry.HeaderCRC32C {
+	if got := crc32c.Checksum(hb); got != of.entry.HeaderCRC32C {
 		return corruptf("the safetensors header of %s is damaged: crc32c %08x, the manifest says %08x",
 			of.entry.Name, got, of.entry.HeaderCRC32C), nil
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/zinfio/zinf/internal/base/crc32c"
 	"github.com/zinfio/zinf/internal/base/units"
 )
 
@@ -238,7 +238,7 @@ func (r *Reader) verifyFile(ctx context.Context, fe *FileEntry) ([]TensorResult,
 		for len(p) > 0 && ti < len(tensors) {
 			t := tensors[ti]
 			n := min(int64(len(p)), t.Offset+t.Bytes-pos)
-			crc = crc32.Update(crc, castagnoli, p[:n])
+			crc = crc32c.Update(crc, p[:n])
 			p = p[n:]
 			pos += n
 			if pos == t.Offset+t.Bytes {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/zinfio/zinf/aio"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/crc32c"
 	"github.com/zinfio/zinf/internal/base/testhook"
 )
 
@@ -388,7 +388,7 @@ func writeRankManifests(tmp string, p *plan) ([]RankEntry, []*RankManifest, erro
 		for _, pf := range files {
 			rm.Files = append(rm.Files, FileEntry{
 				Name: pf.name, Bytes: pf.length, HeaderBytes: int64(len(pf.header)),
-				HeaderCRC32C: crc32.Checksum(pf.header, castagnoli),
+				HeaderCRC32C: crc32c.Checksum(pf.header),
 			})
 			for _, pt := range pf.tensors {
 				rm.Tensors = append(rm.Tensors, TensorEntry{
@@ -407,7 +407,7 @@ func writeRankManifests(tmp string, p *plan) ([]RankEntry, []*RankManifest, erro
 			return nil, nil, &Error{Op: "save", Path: rdir, Err: err}
 		}
 		entries = append(entries, RankEntry{
-			Rank: r, Dir: rankDirName(r), ManifestBytes: int64(len(b)), ManifestCRC32C: crc32.Checksum(b, castagnoli),
+			Rank: r, Dir: rankDirName(r), ManifestBytes: int64(len(b)), ManifestCRC32C: crc32c.Checksum(b),
 			Files: len(rm.Files), Tensors: len(rm.Tensors), TensorBytes: tensorBytes,
 		})
 		rms = append(rms, rm)

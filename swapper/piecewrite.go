@@ -3,11 +3,11 @@ package swapper
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/internal/base/crc32c"
 )
 
 // PieceWriter writes a new version of a tensor piece by piece, in order,
@@ -138,7 +138,7 @@ func (w *PieceWriter) finished(p *Pending, err error) {
 func (p *Pending) pieceChecksums() {
 	p.s.sumUnits(p.v, func(i int, lo, hi int64) {
 		if lo >= p.from && lo < p.to {
-			p.v.sums[i] = crc32.Checksum(p.buf[lo-p.from:hi-p.from], castagnoli)
+			p.v.sums[i] = crc32c.Checksum(p.buf[lo-p.from : hi-p.from])
 		}
 	})
 }

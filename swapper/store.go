@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/zinfio/zinf/tensor"
-	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +15,8 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/aio"
+	"github.com/zinfio/zinf/internal/base/crc32c"
+	"github.com/zinfio/zinf/tensor"
 	"github.com/zinfio/zinf/trace"
 )
 
@@ -446,7 +446,7 @@ func (p *Pending) checksum() {
 	if p.op == "swap-out" {
 		p.v.sums = make([]uint32, 0, (p.v.padded+s.unit-1)/s.unit)
 		s.sumUnits(p.v, func(_ int, lo, hi int64) {
-			p.v.sums = append(p.v.sums, crc32.Checksum(p.buf[lo:hi], castagnoli))
+			p.v.sums = append(p.v.sums, crc32c.Checksum(p.buf[lo:hi]))
 		})
 		return
 	}
@@ -605,8 +605,6 @@ func (s *Store) WriteAsync(name string, b []byte) (*Pending, error) {
 	p.started()
 	return p, nil
 }
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // submit issues one request per stripe chunk (merged when there is a
 // single path: one request, split by the engine into blocks).
@@ -843,7 +841,7 @@ func (s *Store) verify(p *Pending) error {
 		if bad != nil || lo < from || min(lo+s.unit, p.v.padded) > to {
 			return
 		}
-		got := crc32.Checksum(p.buf[lo-from:hi-from], castagnoli)
+		got := crc32c.Checksum(p.buf[lo-from : hi-from])
 		if got != p.v.sums[i] {
 			path, off := s.fileAt(p.v, lo)
 			bad = &TensorError{Op: "swap-in", Tensor: p.name, Err: fmt.Errorf("%w: bytes %d..%d (file %s offset %d): crc32c %08x, written %08x",

@@ -1,0 +1,53 @@
+// Package crc32c is the CRC-32C (Castagnoli) of zinf's swap stores and
+// checkpoints, with the bits of hash/crc32's Castagnoli table: the same
+// function, faster on buffers far larger than the caches.
+//
+// A swap store checksums what the disk just wrote into memory (a read) or
+// what the optimizer wrote long enough ago that the caches no longer hold
+// it (a write), so the CRC reads memory, not cache: hash/crc32 runs at
+// 13-17 GB/s on this project's test machine from the cache and 5-6 GB/s
+// from memory. Update walks a long buffer in chunks and asks for the
+// chunks ahead of the one it sums (PREFETCHT0 on amd64), which the
+// hardware's own prefetching does not fully do for the CRC instructions'
+// access pattern.
+package crc32c
+
+import "hash/crc32"
+
+// table is hash/crc32's Castagnoli table (its SSE4.2 code on amd64).
+var table = crc32.MakeTable(crc32.Castagnoli)
+
+const (
+	// chunk is what one hash/crc32 call sums.
+	chunk = 4 << 10
+	// ahead is how far past the chunk being summed the prefetches reach.
+	ahead = 16 << 10
+	// longBytes is the length from which Update prefetches: below it the
+	// buffer is as likely in the cache, and the calls would only add.
+	longBytes = 64 << 10
+)
+
+// Checksum returns the CRC-32C of b (crc32.Checksum(b,
+// crc32.MakeTable(crc32.Castagnoli))).
+func Checksum(b []byte) uint32 { return Update(0, b) }
+
+// Update returns crc updated with b (crc32.Update with the Castagnoli
+// table).
+func Update(crc uint32, b []byte) uint32 {
+	if len(b) < longBytes || !havePrefetch {
+		return crc32.Update(crc, table, b)
+	}
+	prefetch(b[:ahead])
+	for len(b) > chunk {
+		if len(b) > ahead+chunk {
+			prefetch(b[ahead : ahead+chunk])
+		}
+		crc = crc32.Update(crc, table, b[:chunk])
+		b = b[chunk:]
+	}
+	return crc32.Update(crc, table, b)
+}
+
+// Table returns the Castagnoli table Update uses, for code that also
+// needs hash/crc32's other functions (a hash.Hash32).
+func Table() *crc32.Table { return table }
