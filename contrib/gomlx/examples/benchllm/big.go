@@ -287,8 +287,8 @@ func big(o options, w io.Writer) error {
 		tok := float64(int64(k)*tokens) / est.Seconds()
 		offTok := float64(int64(k)*tokens) / st.wall.Seconds()
 		memTokS, ratios = append(memTokS, tok), append(ratios, offTok/tok)
-		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, %.1f s in all): step %.2f s, its executors' compute %.2f s (%.1f ms a block) -> %d blocks: compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
-			sr.Blocks, k, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, sr.blockMs(), o.layers, est.Seconds(), tok, offTok/tok, loadavg())
+		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, medians of %d steps, %.1f s in all): step %.2f s, its executors' compute %.2f s (%.1f ms a block) -> %d blocks: compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
+			sr.Blocks, k, sliceSteps, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, sr.blockMs(), o.layers, est.Seconds(), tok, offTok/tok, loadavg())
 		return nil
 	}
 	// The in-memory slices run between two offloaded steps, except with
@@ -405,7 +405,8 @@ func (d bigDataset) Iter() iter.Seq2[train.Batch, error] {
 }
 
 // sliceResult is what an in-memory slice child reports: its timed
-// step's wall and compute, each block's compute, in ms.
+// steps' median wall and compute, each block's compute in each step, in
+// ms.
 type sliceResult struct {
 	Blocks    int       `json:"blocks"`
 	WallMs    float64   `json:"wall_ms"`
@@ -429,18 +430,26 @@ func (r sliceResult) estimate(layers int) time.Duration {
 	return time.Duration(ms * 1e6)
 }
 
+// sliceSteps is the timed steps of an in-memory slice child. One was too
+// few: a block's compute in one step of a 2-block slice swung 452-707 ms
+// between three children of one run (the in-memory Adam of a layer runs
+// beside the next layer's compute, and a GC cycle lands where it lands),
+// which moved the in-memory estimate by half. The child reports the
+// medians over its steps.
+const sliceSteps = 3
+
 // sliceArgs are the arguments of the in-memory slice child after an
 // offloaded step of k micro-batches.
 func sliceArgs(o options, k int) []string {
 	return []string{"-child", "slice", "-layers", strconv.Itoa(o.sliceBlocks), "-dim", strconv.Itoa(o.dim), "-heads", strconv.Itoa(o.heads),
 		"-ffn", strconv.Itoa(o.ffn), "-vocab", strconv.Itoa(o.vocab), "-tied=" + strconv.FormatBool(o.tied), "-batch", strconv.Itoa(o.batch),
-		"-seq", strconv.Itoa(o.seq), "-k", strconv.Itoa(k), "-steps", "1", "-warm", "1"}
+		"-seq", strconv.Itoa(o.seq), "-k", strconv.Itoa(k), "-steps", strconv.Itoa(sliceSteps), "-warm", "1"}
 }
 
 // sliceChild trains o.layers blocks of the -big model (with its
 // embedding and head) in Go memory (reference.MemoryTrainer: the same
 // per-layer executors, zinf's Adam) at o.k micro-batches a step: o.warm
-// untimed steps, then one timed, printed as JSON. A tied model's head is
+// untimed steps, then o.steps timed, their medians printed as JSON. A tied model's head is
 // one product over the table (the blocked head, -head-rows, has no
 // in-memory trainer): the same arithmetic.
 func sliceChild(o options, w io.Writer) error {
@@ -493,18 +502,25 @@ func sliceChild(o options, w io.Writer) error {
 			return err
 		}
 	}
-	tm0 := mt.Timings()
-	t0 := time.Now()
-	if err := step(); err != nil {
-		return err
+	res := sliceResult{Blocks: o.layers}
+	var walls, computes []float64
+	for range o.steps {
+		tm0 := mt.Timings()
+		t0 := time.Now()
+		if err := step(); err != nil {
+			return err
+		}
+		walls = append(walls, float64(time.Since(t0))/1e6)
+		tm := mt.Timings()
+		computes = append(computes, float64(tm.Compute-tm0.Compute)/1e6)
+		// TransformerNet's layers: the embedding, the blocks, the head.
+		for l := 1; l <= o.layers && l < len(tm.LayerCompute); l++ {
+			res.BlockMs = append(res.BlockMs, float64(tm.LayerCompute[l]-tm0.LayerCompute[l])/1e6)
+		}
 	}
-	res := sliceResult{Blocks: o.layers, WallMs: float64(time.Since(t0)) / 1e6, PeakRSS: procstat.PeakRSS()}
-	tm := mt.Timings()
-	res.ComputeMs = float64(tm.Compute-tm0.Compute) / 1e6
-	// TransformerNet's layers: the embedding, the blocks, the head.
-	for l := 1; l <= o.layers && l < len(tm.LayerCompute); l++ {
-		res.BlockMs = append(res.BlockMs, float64(tm.LayerCompute[l]-tm0.LayerCompute[l])/1e6)
-	}
+	// The medians of the timed steps (a block's: over every block of
+	// every step).
+	res.WallMs, res.ComputeMs, res.PeakRSS = stats.Median(walls), stats.Median(computes), procstat.PeakRSS()
 	return jsonOut(w, res)
 }
 
