@@ -198,10 +198,17 @@ bench-llm:
 # TMPDIR (/proc/diskstats); a summary table of medians (min..max) ends it
 # (BENCHMARKS.md). The head is computed in blocks of the table
 # (-tied -head-rows 8192): an untied head's 392 MiB weights and gradient
-# are whole GoMLX tensors, which put peak RSS 2 GiB over the bound. One
-# layer's weights and gradients in Go memory at a time (-one-layer) and
-# a Go memory limit of 2400 MiB while training (-train-memlimit);
-# BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while creating.
+# are whole GoMLX tensors, which put peak RSS 2 GiB over the bound. The
+# swap-ins and gradient hand-overs overlap compute (two layers' of each
+# in buffers mapped outside the Go heap), and the Go memory limit while
+# training (-train-memlimit 330MiB) holds the heap to what the bound
+# leaves after the pool and those buffers: at 2000-2400 MiB the
+# collector let the heap's pages reach 490 MiB and the peak RSS 1098-1108
+# MiB (with -one-layer, 100 blocks), about 90 over; at 330 MiB the peak
+# was 976 MiB (bound 1012), with 690 collections in 5 steps where 420
+# MiB and -one-layer took 480 (-one-layer holds one layer's of each:
+# 48 MiB fewer buffers, and no overlap). BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while
+# creating.
 # BIG_FLAGS to change the model (add -overlap-update for
 # zinf.overlap_update: the timed steps then run back to back and the
 # in-memory slices after them; -checksums=false for the same run without
@@ -210,7 +217,7 @@ bench-llm:
 # 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none -one-layer
 # -train-memlimit 1600MiB -tied -head-rows 8192'.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -one-layer -train-memlimit 2400MiB -tied -head-rows 8192
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
