@@ -2,15 +2,10 @@ package grad_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"testing"
 
-	"github.com/zinfio/zinf/aio"
-	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/swapper"
 	"github.com/zinfio/zinf/swapper/grad"
 )
 
@@ -21,27 +16,7 @@ import (
 // +0, so -0 reads +0; then each next added in order), whatever path the
 // sums took (in the pinned buffer, or read back from NVMe and added).
 func TestAccumulateLargeGradientBits(t *testing.T) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	pool, err := buffers.NewPool(buffers.Options{CapacityBytes: 8 << 20, Pin: buffers.PinOff, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	store, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	g, err := grad.New(grad.Options{Store: store, Pool: pool, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g, _, _ := holdEnvWith(t, 8<<20, grad.Options{})
 
 	const n = 300_001
 	if err := g.Register("w", n); err != nil {

@@ -47,7 +47,3 @@ func Update(crc uint32, b []byte) uint32 {
 	}
 	return crc32.Update(crc, table, b)
 }
-
-// Table returns the Castagnoli table Update uses, for code that also
-// needs hash/crc32's other functions (a hash.Hash32).
-func Table() *crc32.Table { return table }
