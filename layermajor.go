@@ -49,8 +49,14 @@ func (r *Runtime) MicroBatchesToHideIO(computePerLayer time.Duration) policy.IOC
 	return p.MicroBatchesToHideIOAt(2 * computePerLayer.Seconds())
 }
 
-// beginVisit starts measuring layer l's visit.
+// beginVisit starts measuring layer l's visit, unless the visit of a
+// layer still begun is being measured (a backward pass that begins the
+// next layer while this one's last micro-batch computes): visits that
+// overlap are measured one at a time, so no compute counts twice.
 func (r *Runtime) beginVisit(l, k int) {
+	if v := r.visit; !v.start.IsZero() && v.layer != l && r.begun[v.layer] {
+		return
+	}
 	r.mu.Lock()
 	w := r.ioWaitNs
 	r.mu.Unlock()
@@ -128,8 +134,8 @@ func (r *Runtime) MeasuredCosts() policy.Costs {
 // not the last of a layer-major visit's k hand-offs of the tensor,
 // written behind otherwise.
 func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) error {
-	h := r.held
-	if h == nil || r.model.Layer[name] != h.layer {
+	h := r.held[r.model.Layer[name]]
+	if h == nil {
 		return r.grads.Accumulate(ctx, name, part)
 	}
 	var err error
@@ -148,11 +154,11 @@ func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) e
 // k times is written behind now (a failure of it is reported by Step's
 // flush, which writes it again).
 func (r *Runtime) endHeld(l int) {
-	h := r.held
-	if h == nil || h.layer != l {
+	h := r.held[l]
+	if h == nil {
 		return
 	}
-	r.held = nil
+	delete(r.held, l)
 	for name, c := range h.count {
 		if c < h.k {
 			_ = r.grads.WriteBehind(r.bgCtx, name)

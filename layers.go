@@ -179,6 +179,10 @@ func (r *Runtime) beginResident(ctx context.Context, l int) error {
 // once, after its k-th. EndLayer writes behind what fewer than k
 // hand-offs left in memory. k = 1 is BeginLayer.
 //
+// The next layer of a pass may be begun while this one is: a loop that
+// reads layer l-1's weights while the last micro-batch of layer l
+// computes holds both layers' sums, each until its own EndLayer.
+//
 // A layer-major step, with k := rt.MicroBatches():
 //
 //	rt.Forward()
@@ -209,9 +213,14 @@ func (r *Runtime) BeginLayerMicroBatches(ctx context.Context, l, k int) error {
 	if err := r.BeginLayer(ctx, l); err != nil {
 		return err
 	}
-	r.visit.k = k
+	if r.visit.layer == l {
+		r.visit.k = k
+	}
 	if k > 1 && !r.inference {
-		r.held = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.Layers[l]))}
+		if r.held == nil {
+			r.held = map[int]*heldLayer{}
+		}
+		r.held[l] = &heldLayer{layer: l, k: k, count: make(map[string]int, len(r.model.Layers[l]))}
 	}
 	return nil
 }

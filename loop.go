@@ -16,14 +16,14 @@ import (
 // it.
 type loop struct {
 	sched *policy.Scheduler
-	held  *heldLayer   // the layer-major visit holding gradients
-	begun map[int]bool // layers begun and not ended, without GatherLayers
-	visit layerVisit   // the layer begun, for the compute measurement
+	held  map[int]*heldLayer // the layer-major visits holding gradients, by layer (two at most: the loop may begin the next layer of a backward pass before it ends the one computing)
+	begun map[int]bool       // layers begun and not ended, without GatherLayers
+	visit layerVisit         // the layer begun, for the compute measurement
 }
 
-// heldLayer is the layer a layer-major visit holds gradients for: the
-// layer BeginLayerMicroBatches began for k > 1 micro-batches, and how
-// many of each tensor's gradients AccumulateGrad has added since.
+// heldLayer is a layer a layer-major visit holds gradients for: a layer
+// BeginLayerMicroBatches began for k > 1 micro-batches, and how many of
+// each tensor's gradients AccumulateGrad has added since.
 type heldLayer struct {
 	layer, k int
 	count    map[string]int

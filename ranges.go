@@ -230,7 +230,7 @@ func (r *Runtime) accumulateSpans(ctx context.Context, name string, spans []para
 	}
 	t0 := time.Now()
 	var err error
-	if h := r.held; h != nil && r.model.Layer[name] == h.layer {
+	if h := r.held[r.model.Layer[name]]; h != nil {
 		// A layer-major visit holds the layer's sums in pinned memory
 		// until it ends (EndLayer writes them behind).
 		err = r.grads.AccumulateSpansHold(ctx, name, local, vals)

@@ -63,6 +63,10 @@ type stepCase struct {
 	faultRank   int
 	faultTarget string
 	layerMajor  bool // the loop runs every micro-batch of a layer at once
+	// ahead: layer-major, the backward pass begins layer l-1 halfway
+	// through layer l's micro-batches (the GoMLX loop begins it under the
+	// last one's compute), so two layers hold gradient sums at once.
+	ahead bool
 	// overlapped counts the steps Step returned from with their update
 	// running on; recovered the ones whose update then failed and were
 	// retried (zinf.overlap_update).
@@ -173,6 +177,7 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 	// Step returns before the update commits, and the next forward reads
 	// each layer as soon as it is published.
 	cfg.Zinf.OverlapUpdate = rng.IntN(2) == 0
+	c.ahead = c.layerMajor && rng.IntN(2) == 0
 	return c
 }
 
@@ -413,7 +418,7 @@ func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtim
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
 	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, plan.Hyper(cfg))
-	t.Logf("overlap update %v", cfg.Zinf.OverlapUpdate)
+	t.Logf("overlap update %v, the next layer begun ahead %v", cfg.Zinf.OverlapUpdate, c.ahead)
 	t.Logf("layer-major %v, world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
 		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), plan.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
@@ -544,11 +549,21 @@ func (c *stepCase) layerMajorStep(ctx context.Context, rt *zinf.Runtime, ref *st
 		rt.EndLayer(l)
 	}
 	rt.Backward()
+	ahead := -1 // the layer begun before the last micro-batch of the one after it
 	for l := len(c.layers) - 1; l >= 0; l-- {
-		if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
-			return fmt.Errorf("step %d backward layer %d: %w", step, l, err)
+		if ahead != l {
+			if err := rt.BeginLayerMicroBatches(ctx, l, c.micro); err != nil {
+				return fmt.Errorf("step %d backward layer %d: %w", step, l, err)
+			}
 		}
+		ahead = -1
 		for m := range c.micro {
+			if c.ahead && m == c.micro/2 && l > 0 {
+				if err := rt.BeginLayerMicroBatches(ctx, l-1, c.micro); err != nil {
+					return fmt.Errorf("step %d backward layer %d (begun under layer %d): %w", step, l-1, l, err)
+				}
+				ahead = l - 1
+			}
 			for _, n := range c.layers[l] {
 				g := c.grad(n, step, m, S)
 				if err := retry("accumulate "+n, func() error { return rt.AccumulateGrad(ctx, n, g) }); err != nil {

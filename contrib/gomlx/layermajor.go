@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gomlx/compute/shapes"
@@ -593,6 +594,23 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	}
 	needs := func(l int) bool { return outF[l] > 0 && layers[l].needsBackward(inF[l]) }
 	t.lm.hold = true
+	// Unless one layer at a time is resident (lp.serial), the next layer
+	// of the pass is swapped in and begun while the last micro-batch of
+	// this one computes (bound), as the forward pass does; this layer's
+	// last gradients are then handed over, and the layer ended, while the
+	// next one's first micro-batch computes (prev). Both layers are begun
+	// meanwhile, each holding its own gradient sums.
+	bound, prev := -1, -1
+	// unbindAll releases the swap-in buffers of every layer still bound
+	// (on an error: the deferred cleanup ends the layers begun).
+	unbindAll := func(l int) {
+		for _, b := range []int{l, bound, prev} {
+			if b >= 0 {
+				src.unbind(b)
+			}
+		}
+		bound, prev = -1, -1
+	}
 	for l := L - 1; l >= 0; l-- {
 		le := layers[l]
 		if !needs(l) {
@@ -602,9 +620,13 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			}
 			continue
 		}
-		if err := src.bind(ctx, l); err != nil {
-			return nil, err
+		if bound != l {
+			if err := src.bind(ctx, l); err != nil {
+				unbindAll(-1)
+				return nil, err
+			}
 		}
+		bound = -1
 		input := func(m int) ([]*tensors.Tensor, error) {
 			if l == 0 {
 				return mbs[m].Inputs, nil
@@ -613,7 +635,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 		in, err := input(0)
 		if err != nil {
-			src.unbind(l)
+			unbindAll(l)
 			return nil, err
 		}
 		for m := range k {
@@ -626,7 +648,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 					if l > 0 {
 						finalizeAll(in)
 					}
-					src.unbind(l)
+					unbindAll(l)
 					return nil, gerr
 				}
 			}
@@ -634,12 +656,26 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			call(le.bwd, in, dys[m])
 			readAheadTables(ctx, src, true) // while it computes
 			// While it computes: the previous micro-batch's gradients
-			// handed over, the next one's inputs loaded.
+			// handed over (the previous layer's last, which ends it), the
+			// next layer swapped in at the last micro-batch, the next
+			// micro-batch's inputs loaded.
+			var berr, lerr error
 			if !lp.serial {
 				gerr = handOver(&pend)
+				if p := prev; p >= 0 && gerr == nil {
+					// (On an error it stays begun: the step is given
+					// up before it ends, its sums dropped.)
+					prev = -1
+					src.unbind(p)
+					t.endOpenLayer(p) // its held gradient sums are written behind
+				}
 			}
-			var lerr error
-			if m+1 < k && gerr == nil {
+			if !lp.serial && m == k-1 && l > 0 && needs(l-1) && gerr == nil {
+				if berr = src.bind(ctx, l-1); berr == nil {
+					bound = l - 1
+				}
+			}
+			if m+1 < k && gerr == nil && berr == nil {
 				next, lerr = input(m + 1)
 			}
 			outs, cerr := wait(l)
@@ -653,26 +689,32 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 				pend = lmPending{layer: l, micro: m, outs: outs, k: nf}
 				dys[m] = outs[:nf]
 			}
-			if cerr != nil || gerr != nil || lerr != nil {
+			if cerr != nil || gerr != nil || lerr != nil || berr != nil {
 				if l > 0 {
 					finalizeAll(in)
 				}
-				src.unbind(l)
+				unbindAll(l)
 				switch {
 				case cerr != nil:
 					return nil, fmt.Errorf("zgomlx: backward of layer %q (micro-batch %d): %w", le.layer.Scope, m, cerr)
 				case gerr != nil:
 					return nil, gerr
+				case berr != nil:
+					return nil, berr
 				}
 				return nil, lerr
 			}
+		}
+		if bound >= 0 {
+			prev = l // handed over and ended under the next layer's compute
+			continue
 		}
 		err = handOver(&pend)
 		src.unbind(l)
 		if err != nil {
 			return nil, err
 		}
-		t.endOpen() // the layer's held gradient sums are written behind
+		t.endOpenLayer(l) // the layer's held gradient sums are written behind
 	}
 	if err := acts.Flush(ctx); err != nil {
 		return nil, fmt.Errorf("zgomlx: activation tier: %w", err)
@@ -680,10 +722,19 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	return losses, nil
 }
 
-// endOpen ends the layer a layer-major backward pass began and holds.
+// endOpen ends every layer a layer-major backward pass began and holds.
 func (t *Trainer) endOpen() {
-	if t.lm.open > 0 {
-		t.off.rt.EndLayer(t.lm.open - 1)
-		t.lm.open = 0
+	for _, l := range t.lm.open {
+		t.off.rt.EndLayer(l)
+	}
+	t.lm.open = t.lm.open[:0]
+}
+
+// endOpenLayer ends layer l if the backward pass began and holds it: its
+// held gradient sums are written behind.
+func (t *Trainer) endOpenLayer(l int) {
+	if i := slices.Index(t.lm.open, l); i >= 0 {
+		t.off.rt.EndLayer(l)
+		t.lm.open = slices.Delete(t.lm.open, i, i+1)
 	}
 }

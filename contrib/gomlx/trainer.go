@@ -60,12 +60,13 @@ type Trainer struct {
 
 // lmState is what a layer-major step tells the paramSource: the step's
 // micro-batches, whether a layer begun in bind stays begun (its
-// gradients summed in pinned memory until its visit ends), and the layer
-// begun and not ended.
+// gradients summed in pinned memory until its visit ends), and the layers
+// begun and not ended (two at most: the backward pass begins the next
+// layer while the last micro-batch of one computes).
 type lmState struct {
 	k    int
 	hold bool
-	open int // the layer begun and held, plus one (0: none)
+	open []int // the layers begun and held
 }
 
 // actMeta is how a layer's inputs of a micro-batch were saved: their
@@ -395,7 +396,7 @@ func (s *zinfSource) bind(ctx context.Context, l int) error {
 			s.pool.release(all)
 			return fmt.Errorf("zgomlx: swap-in of layer %q: %w", o.scopes[l], err)
 		}
-		s.lm.open = l + 1
+		s.lm.open = append(s.lm.open, l)
 	} else {
 		if err := o.rt.BeginLayer(ctx, l); err != nil {
 			s.pool.release(all)
