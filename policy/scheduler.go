@@ -79,6 +79,12 @@ const (
 // Scheduler walks a pass's order of layers: Begin makes a layer's tensors
 // resident (a demand fetch if they were not prefetched) and prefetches the
 // next layers of the pass within a byte budget, End releases the layer.
+// A layer begun while another is still in use (a loop that begins the
+// next layer under the last compute of this one) prefetches what follows
+// it only when that other layer ends: the pool then holds two layers in
+// use and the window, never two in use, the window and the next layer
+// besides, which a pool sized for one layer in use sends back before use
+// (read twice).
 //
 // One training loop drives a Scheduler; its methods may be called from
 // several goroutines (Stats from a metrics loop, End from a release
@@ -97,7 +103,10 @@ type Scheduler struct {
 	pos    int   // next position of order Begin expects
 	repeat bool  // the pass after this one visits order again
 	unused int64 // bytes prefetched, not yet in use
-	stats  SchedStats
+	// deferred is the position of order whose window Begin left for
+	// the next End to prefetch (another layer was in use), or -1.
+	deferred int
+	stats    SchedStats
 }
 
 // NewScheduler returns a Scheduler over layers (for each layer, the names
@@ -105,7 +114,7 @@ type Scheduler struct {
 // defaults of opts and may be nil. The pass order is forward (0..L-1) until
 // StartPass says otherwise.
 func NewScheduler(p *Placement, layers [][]string, f Fetcher, opts SchedulerOptions) *Scheduler {
-	s := &Scheduler{f: f, depth: opts.Depth, budget: opts.BudgetBytes}
+	s := &Scheduler{f: f, depth: opts.Depth, budget: opts.BudgetBytes, deferred: -1}
 	if s.depth == 0 && p != nil {
 		s.depth = p.PrefetchDepth
 	}
@@ -176,6 +185,7 @@ func (s *Scheduler) startPass(order []int, repeat bool) {
 		}
 	}
 	s.pos = 0
+	s.deferred = -1
 	// The layers to keep are counted the way the window that prefetched
 	// them counted (small layers free after a repeating pass).
 	free := s.repeat || repeat
@@ -316,7 +326,11 @@ func (s *Scheduler) Begin(ctx context.Context, layer int) error {
 	}
 	s.state[layer] = inUse
 	if pos >= 0 {
-		s.prefetchAfter(pos)
+		if s.inUseExcept(layer) {
+			s.deferred = max(s.deferred, pos)
+		} else {
+			s.prefetchAfter(pos)
+		}
 	}
 	s.mu.Unlock()
 
@@ -374,6 +388,21 @@ func (s *Scheduler) End(layer int) {
 	if len(s.layers[layer]) > 0 && s.f != nil {
 		s.f.Release(s.layers[layer]...)
 	}
+	if p := s.deferred; p >= 0 {
+		s.deferred = -1
+		s.prefetchAfter(p)
+	}
+}
+
+// inUseExcept reports whether a layer other than l is in use (begun and
+// not ended). Called with s.mu held.
+func (s *Scheduler) inUseExcept(l int) bool {
+	for i, st := range s.state {
+		if st == inUse && i != l {
+			return true
+		}
+	}
+	return false
 }
 
 // Reset releases every layer prefetched or in use and rewinds the pass:
@@ -389,6 +418,7 @@ func (s *Scheduler) Reset() {
 	}
 	s.unused = 0
 	s.pos = 0
+	s.deferred = -1
 }
 
 // Stats returns what the scheduler did so far.

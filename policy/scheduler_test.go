@@ -423,3 +423,48 @@ func TestSchedulerSmallestFirst(t *testing.T) {
 		t.Errorf("the caller's layer list was reordered: %v", layers[0])
 	}
 }
+
+// TestSchedulerOverlappedBegins: a backward pass that begins the next
+// layer before it ends the one computing (the GoMLX loop's order) has the
+// window after the new layer prefetched only when the old one ends, so
+// the pool never holds two layers in use and the window besides; the
+// layers then come in as prefetch hits, none fetched twice.
+func TestSchedulerOverlappedBegins(t *testing.T) {
+	f := newFake()
+	s := NewScheduler(nil, testLayers(4), f, SchedulerOptions{Depth: 1, SizeOf: size})
+	ctx := context.Background()
+	s.StartPass(backward(4))
+	if err := s.Begin(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, f.take(), "prefetch b3,w3", "prefetch b2,w2", "wait b3,w3")
+	// Layer 2 begun while 3 is in use: no prefetch of layer 1 yet.
+	if err := s.Begin(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, f.take(), "wait b2,w2")
+	s.End(3)
+	wantCalls(t, f.take(), "release b3,w3", "prefetch b1,w1")
+	if err := s.Begin(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, f.take(), "wait b1,w1")
+	s.End(2)
+	wantCalls(t, f.take(), "release b2,w2", "prefetch b0,w0")
+	if err := s.Begin(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	s.End(1)
+	s.End(0)
+	wantCalls(t, f.take(), "wait b0,w0", "release b1,w1", "release b0,w0")
+	if st := s.Stats(); st.DemandMisses != 1 || st.Hits != 3 || st.Prefetches != 3 {
+		t.Errorf("stats %+v: want 1 demand miss (the first layer), 3 hits, 3 prefetches", st)
+	}
+	// A layer begun alone prefetches at once, as before.
+	s.StartPass(forward(4))
+	f.take()
+	if err := s.Begin(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, f.take(), "prefetch b0,w0", "prefetch b1,w1", "wait b0,w0")
+}

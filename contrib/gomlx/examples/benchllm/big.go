@@ -216,6 +216,10 @@ func big(o options, w io.Writer) error {
 		devRead, devWritten int64 // the stores' device requests
 		busy                float64
 		rssBefore, rssAfter int64
+		// The parameters' share of the reads: swap-ins, and the
+		// prefetched bytes the pool sent back before use (read again).
+		paramRead, preempted int64
+		demandMisses         int64
 	}
 	measure := func() (stepStat, error) {
 		st := stepStat{k: loop.MicroBatchesPerStep(), rssBefore: procstat.RSS()}
@@ -233,6 +237,8 @@ func big(o options, w io.Writer) error {
 		st.loss, st.compute = loss, tr.Timings().Compute-c0
 		st.read, st.written = m1.BytesRead-m0.BytesRead, m1.BytesWritten-m0.BytesWritten
 		st.devRead, st.devWritten = m1.DeviceBytesRead-m0.DeviceBytesRead, m1.DeviceBytesWritten-m0.DeviceBytesWritten
+		st.paramRead, st.preempted = m1.Params.BytesRead-m0.Params.BytesRead, m1.Params.PreemptedBytes-m0.Params.PreemptedBytes
+		st.demandMisses = m1.Schedule.DemandMisses - m0.Schedule.DemandMisses
 		st.busy = math.NaN()
 		if dok {
 			st.busy = float64(d1-d0) / float64(st.wall.Milliseconds())
@@ -242,11 +248,11 @@ func big(o options, w io.Writer) error {
 	}
 	line := func(what string, st stepStat) {
 		tok := float64(int64(st.k) * tokens)
-		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
+		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB; parameters read %.2f GiB (%.2f GiB of them prefetched and sent back before use, %d demand misses)  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
 			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), tok/st.wall.Seconds(),
 			float64(st.read)/(1<<30), 100*(float64(st.read)/float64(pr.NVMeReadBytes)-1), float64(st.written)/(1<<30), 100*(float64(st.written)/float64(pr.NVMeWriteBytes)-1),
 			100*(float64(st.read+st.written)/float64(predBytes)-1), float64(predBytes)/(1<<30), float64(st.devRead)/(1<<30), float64(st.devWritten)/(1<<30),
-			pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
+			float64(st.paramRead)/(1<<30), float64(st.preempted)/(1<<30), st.demandMisses, pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
 	}
 	for i := range zgomlx.AutoMeasureSteps {
 		st, err := measure()
