@@ -187,12 +187,14 @@ bench-llm:
 # parameters, 31.0 GiB of state, 1.32x a 23.5 GiB machine's RAM) created
 # layer by layer straight into zinf and trained by zgomlx.Loop under
 # gradient_accumulation_steps "auto", layer-major:
-# 2 warm-up steps at the plan's k, then 3 steps (-steps) at the planner's
+# 2 warm-up steps at the plan's k, then 5 steps (-steps) at the planner's
 # k (the micro-batches whose compute covers the step's NVMe I/O). After
-# each step a child process trains 2 of the same blocks with the
-# embedding and the head in memory at the same micro-batch shape and k;
-# their executors' compute, scaled to 124 blocks, is the in-memory
-# compute-bound rate. Each step prints tokens/s offloaded and in memory
+# each step a child process trains 4 of the same blocks with the
+# embedding and the head in memory at the same micro-batch shape and k
+# for 5 steps; their executors' compute, scaled to 124 blocks, is the
+# in-memory compute-bound rate (a block's compute swings 330-640 ms from
+# one to the next here, in memory and offloaded: fewer samples moved the
+# estimate by 15% from one child to the next). Each step prints tokens/s offloaded and in memory
 # and their ratio, peak RSS against pinned pool + activations + 512 MiB,
 # NVMe bytes against the plan's, and the busy share of the disk holding
 # TMPDIR (/proc/diskstats); a summary table of medians (min..max) ends it
@@ -217,7 +219,7 @@ bench-llm:
 # 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none -one-layer
 # -train-memlimit 1600MiB -tied -head-rows 8192'.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 3 -slice-blocks 2 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 5 -slice-blocks 4 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm

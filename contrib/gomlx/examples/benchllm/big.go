@@ -220,11 +220,17 @@ func big(o options, w io.Writer) error {
 		// prefetched bytes the pool sent back before use (read again).
 		paramRead, preempted int64
 		demandMisses         int64
+		// The executors' compute per block (the blocks' forward and
+		// backward calls over the step's k micro-batches), and the rest
+		// of the compute (the embedding, the head, the loss).
+		blockMs []float64
+		restMs  float64
 	}
 	measure := func() (stepStat, error) {
 		st := stepStat{k: loop.MicroBatchesPerStep(), rssBefore: procstat.RSS()}
 		m0 := rt.Metrics()
-		c0 := tr.Timings().Compute
+		tm0 := tr.Timings()
+		c0, lc0 := tm0.Compute, tm0.LayerCompute
 		d0, dok := disk.ioTicks()
 		t0 := time.Now()
 		loss, err := loop.RunSteps(ctx, ds, 1)
@@ -234,7 +240,14 @@ func big(o options, w io.Writer) error {
 		}
 		d1, _ := disk.ioTicks()
 		m1 := rt.Metrics()
-		st.loss, st.compute = loss, tr.Timings().Compute-c0
+		tm1 := tr.Timings()
+		st.loss, st.compute = loss, tm1.Compute-c0
+		st.restMs = float64(st.compute) / 1e6
+		for l := 1; l <= o.layers && l < len(tm1.LayerCompute); l++ {
+			d := float64(tm1.LayerCompute[l]-lc0[l]) / 1e6
+			st.blockMs = append(st.blockMs, d)
+			st.restMs -= d
+		}
 		st.read, st.written = m1.BytesRead-m0.BytesRead, m1.BytesWritten-m0.BytesWritten
 		st.devRead, st.devWritten = m1.DeviceBytesRead-m0.DeviceBytesRead, m1.DeviceBytesWritten-m0.DeviceBytesWritten
 		st.paramRead, st.preempted = m1.Params.BytesRead-m0.Params.BytesRead, m1.Params.PreemptedBytes-m0.Params.PreemptedBytes
@@ -248,8 +261,8 @@ func big(o options, w io.Writer) error {
 	}
 	line := func(what string, st stepStat) {
 		tok := float64(int64(st.k) * tokens)
-		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB; parameters read %.2f GiB (%.2f GiB of them prefetched and sent back before use, %d demand misses)  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
-			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), tok/st.wall.Seconds(),
+		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s: %s ms a block, the rest %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB; parameters read %.2f GiB (%.2f GiB of them prefetched and sent back before use, %d demand misses)  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
+			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), medRange(st.blockMs, "%.1f"), st.restMs/1e3, tok/st.wall.Seconds(),
 			float64(st.read)/(1<<30), 100*(float64(st.read)/float64(pr.NVMeReadBytes)-1), float64(st.written)/(1<<30), 100*(float64(st.written)/float64(pr.NVMeWriteBytes)-1),
 			100*(float64(st.read+st.written)/float64(predBytes)-1), float64(predBytes)/(1<<30), float64(st.devRead)/(1<<30), float64(st.devWritten)/(1<<30),
 			float64(st.paramRead)/(1<<30), float64(st.preempted)/(1<<30), st.demandMisses, pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
@@ -293,8 +306,8 @@ func big(o options, w io.Writer) error {
 		tok := float64(int64(k)*tokens) / est.Seconds()
 		offTok := float64(int64(k)*tokens) / st.wall.Seconds()
 		memTokS, ratios = append(memTokS, tok), append(ratios, offTok/tok)
-		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, medians of %d steps, %.1f s in all): step %.2f s, its executors' compute %.2f s (%.1f ms a block) -> %d blocks: compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
-			sr.Blocks, k, sliceSteps, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, sr.blockMs(), o.layers, est.Seconds(), tok, offTok/tok, loadavg())
+		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, medians of %d steps, %.1f s in all): step %.2f s, its executors' compute %.2f s (%s ms a block, the rest %.1f s) -> %d blocks (each step's blocks' mean for the blocks it lacks, the median over its steps): compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
+			sr.Blocks, k, sliceSteps, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, medRange(sr.BlockMs, "%.1f"), sr.restMs()/1e3, o.layers, est.Seconds(), tok, offTok/tok, loadavg())
 		return nil
 	}
 	// The in-memory slices run between two offloaded steps, except with
@@ -363,7 +376,7 @@ func big(o options, w io.Writer) error {
 	fmt.Fprintf(w, "| offloaded step | %s s |\n", medRange(col(func(st stepStat) float64 { return st.wall.Seconds() }), "%.1f"))
 	fmt.Fprintf(w, "| offloaded tokens/s | %s |\n", medRange(tokOff, "%.2f"))
 	fmt.Fprintf(w, "| in-memory compute-bound tokens/s (the executors' compute of %d blocks + embedding + head in memory, scaled to %d blocks) | %s |\n", o.sliceBlocks, o.layers, medRange(memTokS, "%.2f"))
-	fmt.Fprintf(w, "| offloaded / in memory | %s (bar >= 0.9: %s) |\n", medRange(ratios, "%.3f"), verdict(stats.Median(ratios) >= 0.9))
+	fmt.Fprintf(w, "| offloaded / in memory | %s (bar >= 0.9: %s); the ratio of the two medians %.3f |\n", medRange(ratios, "%.3f"), verdict(stats.Median(ratios) >= 0.9), stats.Median(tokOff)/stats.Median(memTokS))
 	swap := tr.SwapBufferBytes()
 	fmt.Fprintf(w, "| peak RSS (VmHWM, training) | %.0f MiB against pinned pool %.0f + activations %.1f + 512 = %.0f MiB (%s); the adapter's Go swap-in buffers (the largest layers' shapes) are %.0f MiB more |\n",
 		float64(peak)/(1<<20), float64(o.pinned)/(1<<20), float64(acts)/(1<<20), float64(bound)/(1<<20), verdict(peak <= bound), float64(swap)/(1<<20))
@@ -410,39 +423,69 @@ func (d bigDataset) Iter() iter.Seq2[train.Batch, error] {
 	}
 }
 
-// sliceResult is what an in-memory slice child reports: its timed
-// steps' median wall and compute, each block's compute in each step, in
-// ms.
+// sliceResult is what an in-memory slice child reports, in ms: its timed
+// steps' median wall and compute, each block's compute in each step, and
+// each step's compute and its blocks' part of it.
 type sliceResult struct {
 	Blocks    int       `json:"blocks"`
 	WallMs    float64   `json:"wall_ms"`
 	ComputeMs float64   `json:"compute_ms"`
 	BlockMs   []float64 `json:"block_ms"`
-	PeakRSS   int64     `json:"peak_rss"`
+	// StepMs is each timed step's compute, StepBlocksMs its blocks' sum.
+	StepMs       []float64 `json:"step_ms"`
+	StepBlocksMs []float64 `json:"step_blocks_ms"`
+	PeakRSS      int64     `json:"peak_rss"`
 }
 
 func (r sliceResult) blockMs() float64 { return stats.Median(r.BlockMs) }
 
+// restMs is the median over the steps of their compute besides the
+// blocks' (the embedding, the head, the loss).
+func (r sliceResult) restMs() float64 {
+	if len(r.StepMs) == 0 || len(r.StepMs) != len(r.StepBlocksMs) {
+		return r.ComputeMs - float64(r.Blocks)*r.blockMs()
+	}
+	rest := make([]float64, len(r.StepMs))
+	for i := range rest {
+		rest[i] = r.StepMs[i] - r.StepBlocksMs[i]
+	}
+	return stats.Median(rest)
+}
+
 // estimate is the in-memory compute-bound step of the whole model at the
-// slice's shape and k: the slice's executors' compute (every micro-batch's
-// forward, loss and backward of the embedding, its blocks and the head)
-// plus, for every block it lacks, a block's (the median of its blocks').
-// The in-memory optimizer's time (Adam in Go over every weight, which
-// MemoryTrainer runs while the next layer computes) is left out: the
-// rate is the arithmetic's, the fastest in-memory training could go, and
-// the ratio against it errs low.
+// slice's shape and k: for each timed step of the slice, its executors'
+// compute (every micro-batch's forward, loss and backward of the
+// embedding, its blocks and the head) plus, for every block it lacks,
+// the mean of its blocks' compute in that step; the median over its
+// steps. The mean, not the median of the blocks, because the offloaded
+// step it is compared with is the sum of its blocks' compute, slow ones
+// included; each step scaled on its own, because what slows a step (a
+// GC cycle, the machine) slows its blocks together. A block's compute
+// swings 330-640 ms from one to the next on this machine (in memory and
+// offloaded alike), so the median of a 2-block slice's six blocks moved
+// the estimate by 15% from one child to the next.
+//
+// The in-memory optimizer's time (Adam in Go over every weight) is left
+// out: the rate is the arithmetic's, the fastest in-memory training could
+// go, and the ratio against it errs low.
 func (r sliceResult) estimate(layers int) time.Duration {
-	ms := r.ComputeMs + float64(layers-r.Blocks)*r.blockMs()
-	return time.Duration(ms * 1e6)
+	if len(r.StepMs) == 0 || len(r.StepMs) != len(r.StepBlocksMs) || r.Blocks <= 0 {
+		return time.Duration((r.ComputeMs + float64(layers-r.Blocks)*r.blockMs()) * 1e6)
+	}
+	est := make([]float64, len(r.StepMs))
+	for i, c := range r.StepMs {
+		est[i] = c + float64(layers-r.Blocks)*r.StepBlocksMs[i]/float64(r.Blocks)
+	}
+	return time.Duration(stats.Median(est) * 1e6)
 }
 
 // sliceSteps is the timed steps of an in-memory slice child. One was too
 // few: a block's compute in one step of a 2-block slice swung 452-707 ms
 // between three children of one run (the in-memory Adam of a layer runs
 // beside the next layer's compute, and a GC cycle lands where it lands),
-// which moved the in-memory estimate by half. The child reports the
-// medians over its steps.
-const sliceSteps = 3
+// which moved the in-memory estimate by half; three moved it by 15%.
+// The child reports every step; the estimate is their median.
+const sliceSteps = 5
 
 // sliceArgs are the arguments of the in-memory slice child after an
 // offloaded step of k micro-batches.
@@ -520,9 +563,13 @@ func sliceChild(o options, w io.Writer) error {
 		tm := mt.Timings()
 		computes = append(computes, float64(tm.Compute-tm0.Compute)/1e6)
 		// TransformerNet's layers: the embedding, the blocks, the head.
+		var sum float64
 		for l := 1; l <= o.layers && l < len(tm.LayerCompute); l++ {
-			res.BlockMs = append(res.BlockMs, float64(tm.LayerCompute[l]-tm0.LayerCompute[l])/1e6)
+			d := float64(tm.LayerCompute[l]-tm0.LayerCompute[l]) / 1e6
+			res.BlockMs = append(res.BlockMs, d)
+			sum += d
 		}
+		res.StepMs, res.StepBlocksMs = append(res.StepMs, computes[len(computes)-1]), append(res.StepBlocksMs, sum)
 	}
 	// The medians of the timed steps (a block's: over every block of
 	// every step).

@@ -27,12 +27,25 @@ func TestParseDiskstats(t *testing.T) {
 	}
 }
 
-// TestSliceEstimate: the in-memory step of L blocks is the slice's
-// compute plus, per missing block, the median of its blocks' compute.
+// TestSliceEstimate: the in-memory step of L blocks is, for each of the
+// slice's steps, its compute plus its blocks' mean per missing block; the
+// median over the steps. A result without the steps (an older child)
+// falls back to the median block.
 func TestSliceEstimate(t *testing.T) {
 	r := sliceResult{Blocks: 2, WallMs: 900, ComputeMs: 800, BlockMs: []float64{100, 120}}
 	if got, want := r.estimate(10), time.Duration((800+8*110)*1e6); got != want {
+		t.Fatalf("estimate(10) without steps = %v, want %v", got, want)
+	}
+	// Three steps: 500 + 8 x 150 = 1700, 600 + 8 x 100 = 1400, 900 + 8 x
+	// 400 = 4100; the median 1700. The median block (150) would give
+	// 600 + 8 x 150 = 1800.
+	r = sliceResult{Blocks: 2, ComputeMs: 600, BlockMs: []float64{100, 200, 90, 110, 150, 650},
+		StepMs: []float64{500, 600, 900}, StepBlocksMs: []float64{300, 200, 800}}
+	if got, want := r.estimate(10), time.Duration(1700*1e6); got != want {
 		t.Fatalf("estimate(10) = %v, want %v", got, want)
+	}
+	if got, want := r.restMs(), 200.0; got != want {
+		t.Fatalf("restMs = %v, want %v", got, want)
 	}
 	if got := medRange([]float64{3, 1, 2}, "%.1f"); got != "2.0 (1.0..3.0)" {
 		t.Fatalf("medRange = %q", got)
