@@ -3,10 +3,14 @@ package zgomlx
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
@@ -46,6 +50,10 @@ type layerExec struct {
 	// gathered says which lookups' gradients the backward pass gives by
 	// rows (gatheredRows), as its graph was built.
 	gathered map[*Var]bool
+	// transposed holds the variables whose gradients the backward pass
+	// gives transposed (transposedGrad), as its graph was built: the
+	// rows and columns of the matrix it gives.
+	transposed map[*Var][2]int
 }
 
 // executors are a Net's per-layer executors plus the loss's, over one
@@ -82,7 +90,7 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 	ex := &executors{backend: backend, store: store, net: net, byName: byName}
 	var errs []error
 	for i, l := range net.Layers {
-		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}, gathered: map[*Var]bool{}}
+		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}, gathered: map[*Var]bool{}, transposed: map[*Var][2]int{}}
 		le.vars = append(le.vars, layerVars[i]...)
 		for _, v := range layerVars[i] {
 			v.lookup = -1
@@ -226,7 +234,103 @@ func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
 	if len(wrt) == 0 || objective == nil {
 		panic(fmt.Errorf("zgomlx: layer %q has no float input, registered variable or float output: nothing to differentiate", le.layer.Scope))
 	}
-	return graph.Gradient(objective, wrt...)
+	grads := graph.Gradient(objective, wrt...)
+	// A matrix used as a product's right-hand side (a dense layer's
+	// weights, x W) gets its gradient from GoMLX's autodiff as a product
+	// in the transposed layout, then a Transpose back to the matrix's:
+	// an element-by-element permutation on one goroutine that took a
+	// third of a small-batch training step's CPU. The graph gives the
+	// product's result instead, and the loop puts it in the matrix's
+	// layout while the next layer computes (transposeInto, blocked). Own
+	// variables only: a borrowed variable's gradient may be kept for its
+	// layer as it is.
+	base := len(wrt) - len(le.vars)
+	for i, v := range le.vars {
+		if i >= le.own {
+			break
+		}
+		pre, rows, cols := swappedMatrix(grads[base+i])
+		le.mu.Lock()
+		if pre != nil {
+			le.transposed[v] = [2]int{rows, cols}
+		} else {
+			delete(le.transposed, v)
+		}
+		le.mu.Unlock()
+		if pre != nil {
+			grads[base+i] = pre
+		}
+	}
+	return grads
+}
+
+// permutationRE finds a Transpose node's permutation in its description
+// (graph.Node has no accessor for it).
+var permutationRE = regexp.MustCompile(`Transpose\(x=\[#[0-9]+\], permutation=\[([0-9 ]*)\]\)`)
+
+// swappedMatrix returns the input of n when n is an fp32 Transpose that
+// moves the input's last axes, as a block, before its first ones
+// (permutation [a, ..., r-1, 0, ..., a-1]): seen as a rows x cols
+// matrix (rows the product of the first a axes, cols of the others), the
+// input is the transpose of n. Else it returns nil. The permutation is
+// read from the node's description and checked against the shapes; a
+// description it cannot read (a GoMLX that writes it otherwise) leaves
+// the graph as it is (TestTransposedWeightGradients says when that
+// happens).
+func swappedMatrix(n *graph.Node) (in *graph.Node, rows, cols int) {
+	if n == nil || n.Type() != graph.NodeTypeTranspose || len(n.Inputs()) != 1 {
+		return nil, 0, 0
+	}
+	in = n.Inputs()[0]
+	s, is := n.Shape(), in.Shape()
+	r := s.Rank()
+	if r < 2 || is.Rank() != r || s.DType != dtypes.Float32 || is.DType != dtypes.Float32 {
+		return nil, 0, 0
+	}
+	m := permutationRE.FindStringSubmatch(n.String())
+	if m == nil {
+		return nil, 0, 0
+	}
+	f := strings.Fields(m[1])
+	if len(f) != r {
+		return nil, 0, 0
+	}
+	perm := make([]int, r)
+	for i, x := range f {
+		p, err := strconv.Atoi(x)
+		if err != nil || p < 0 || p >= r || s.Dimensions[i] != is.Dimensions[p] {
+			return nil, 0, 0
+		}
+		perm[i] = p
+	}
+	a := perm[0]
+	if a == 0 {
+		return nil, 0, 0
+	}
+	for i := range r {
+		if perm[i] != (a+i)%r {
+			return nil, 0, 0
+		}
+	}
+	rows, cols = 1, 1
+	for i, d := range is.Dimensions {
+		if i < a {
+			rows *= d
+		} else {
+			cols *= d
+		}
+	}
+	return in, rows, cols
+}
+
+// transposedGrad reports whether the layer's backward pass gives own
+// variable v's gradient transposed (its graph was built so; see
+// swappedMatrix), and the rows and columns of the matrix it gives.
+func (le *layerExec) transposedGrad(v *Var) (rows, cols int, ok bool) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	rc, ok := le.transposed[v]
+	return rc[0], rc[1], ok
 }
 
 // rowGrad reports whether the backward pass may give v's gradient by rows
