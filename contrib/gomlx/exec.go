@@ -11,11 +11,14 @@ import (
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
+	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -66,7 +69,13 @@ type executors struct {
 	layers  []*layerExec
 	loss    *graph.Exec
 	head    *headExec // Net.Head's, or nil
-	byName  map[string]*Var
+	// tgrad is where the loop puts a transposed gradient back
+	// (transposeScratch), its memory mapped outside the Go heap (tmem)
+	// where the backend allows it: a 16 MiB buffer in the heap took that
+	// much of the headroom a tight memory limit leaves the collector.
+	tgrad  []float32
+	tmem   *layerexec.Buffer
+	byName map[string]*Var
 	// nOut is the number of the last layer's outputs in the loss call
 	// being built (the rest are labels).
 	nOut int
@@ -496,6 +505,24 @@ func (ex *executors) close() {
 	if ex.head != nil {
 		ex.head.close()
 	}
+	ex.tmem.Free()
+	ex.tgrad, ex.tmem = nil, nil
+}
+
+// transposeScratch returns ex.tgrad with room for n float32s, made
+// (again) when it has less. For the loop's goroutine only.
+func (ex *executors) transposeScratch(n int) ([]float32, error) {
+	if len(ex.tgrad) >= n {
+		return ex.tgrad[:n], nil
+	}
+	ex.tmem.Free()
+	ex.tgrad, ex.tmem = nil, nil
+	b, err := layerexec.NewMappedBuffer(ex.backend, shapes.Make(dtypes.Float32, n))
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: a buffer of %d floats for a transposed gradient: %w", n, err)
+	}
+	ex.tmem, ex.tgrad = b, buffers.Float32Bytes(b.Bytes)
+	return ex.tgrad[:n], nil
 }
 
 // checkBackend refuses a backend the executors cannot feed: they read

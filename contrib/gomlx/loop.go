@@ -85,7 +85,7 @@ type loop struct {
 	ex      *executors
 	src     paramSource
 	acts    [][]*tensors.Tensor
-	scratch []float32 // widens bf16/fp16 gradients, puts transposed ones back
+	scratch []float32 // widens bf16/fp16 gradients
 	// ids, rows, sums and dense are lookupGrad's: a lookup's ids, the
 	// rows they name, their gradients' sums, and the whole gradient for a
 	// source that takes it whole.
@@ -457,10 +457,10 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows,
 		if r*c != v.numel || v.dtype != swapper.Float32 {
 			return fmt.Errorf("zgomlx: gradient of %q: a transposed %d x %d fp32 matrix was built for %d elements of %s", v.Name, r, c, v.numel, v.dtype)
 		}
-		if cap(lp.scratch) < v.numel {
-			lp.scratch = make([]float32, v.numel)
+		g, err := lp.ex.transposeScratch(v.numel)
+		if err != nil {
+			return err
 		}
-		g := lp.scratch[:v.numel]
 		transposeInto(g, buffers.Float32Bytes(b), r, c)
 		return lp.src.grad(ctx, v, g, last, rows)
 	}
