@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -340,6 +341,12 @@ func big(o options, w io.Writer) error {
 			}
 		}
 	}
+	if o.memProfile != "" {
+		if err := writeHeapProfile(o.memProfile); err != nil {
+			return fmt.Errorf("-memprofile: %w", err)
+		}
+		fmt.Fprintf(w, "heap profile (-memprofile): %s\n", o.memProfile)
+	}
 	tm := tr.Timings()
 	peak := procstat.PeakRSS()
 	met := rt.Metrics()
@@ -400,6 +407,21 @@ func big(o options, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "| disk busy share (%s) | %s%% |\n", disk.name, medRange(busy, "%.0f"))
 	return nil
+}
+
+// writeHeapProfile writes the live heap's profile, after a collection,
+// to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // bigDataset is the -big run's train.Dataset: batch(o, i) for i = 0, 1,
