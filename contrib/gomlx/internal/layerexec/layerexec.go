@@ -101,11 +101,24 @@ func DType(d dtypes.DType) (dt tensor.DType, ok bool) {
 
 // Finalize releases a tensor's memory now, on every device, instead of at
 // the garbage collector's pace (nil is fine): a layer's outputs and
-// swap-in buffers are large and short-lived.
+// swap-in buffers are large and short-lived. An executor's output on
+// GoMLX's Go backend goes back to the backend's buffer pool, where the
+// next execution takes its outputs from (see recycle.go): nothing may
+// read t's bytes afterwards, not even through a view taken before.
 func Finalize(t *tensors.Tensor) {
-	if t != nil {
-		_ = t.FinalizeAll()
+	if t == nil || t.CheckValid() != nil {
+		return
 	}
+	if t.IsOnDevice(0) {
+		if be, err := t.Backend(); err == nil {
+			if buf, err := t.DonateBuffer(be, 0); err == nil {
+				_ = t.FinalizeAll() // a local copy, if any
+				recycle(be, buf)
+				return
+			}
+		}
+	}
+	_ = t.FinalizeAll()
 }
 
 // Catch runs fn and turns a panic into an error: GoMLX reports errors in
