@@ -270,6 +270,9 @@ func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
 			grads[base+i] = pre
 		}
 	}
+	for i, g := range grads {
+		grads[i] = skipIdentity(g)
+	}
 	return grads
 }
 
@@ -287,31 +290,12 @@ var permutationRE = regexp.MustCompile(`Transpose\(x=\[#[0-9]+\], permutation=\[
 // the graph as it is (TestTransposedWeightGradients says when that
 // happens).
 func swappedMatrix(n *graph.Node) (in *graph.Node, rows, cols int) {
-	if n == nil || n.Type() != graph.NodeTypeTranspose || len(n.Inputs()) != 1 {
+	perm := transposePerm(n)
+	if perm == nil || n.Shape().DType != dtypes.Float32 || n.Shape().Rank() < 2 {
 		return nil, 0, 0
 	}
 	in = n.Inputs()[0]
-	s, is := n.Shape(), in.Shape()
-	r := s.Rank()
-	if r < 2 || is.Rank() != r || s.DType != dtypes.Float32 || is.DType != dtypes.Float32 {
-		return nil, 0, 0
-	}
-	m := permutationRE.FindStringSubmatch(n.String())
-	if m == nil {
-		return nil, 0, 0
-	}
-	f := strings.Fields(m[1])
-	if len(f) != r {
-		return nil, 0, 0
-	}
-	perm := make([]int, r)
-	for i, x := range f {
-		p, err := strconv.Atoi(x)
-		if err != nil || p < 0 || p >= r || s.Dimensions[i] != is.Dimensions[p] {
-			return nil, 0, 0
-		}
-		perm[i] = p
-	}
+	is, r := in.Shape(), len(perm)
 	a := perm[0]
 	if a == 0 {
 		return nil, 0, 0
@@ -330,6 +314,57 @@ func swappedMatrix(n *graph.Node) (in *graph.Node, rows, cols int) {
 		}
 	}
 	return in, rows, cols
+}
+
+// transposePerm returns n's permutation when n is a Transpose whose
+// description it can read (permutationRE) and whose shapes agree with it;
+// else nil.
+func transposePerm(n *graph.Node) []int {
+	if n == nil || n.Type() != graph.NodeTypeTranspose || len(n.Inputs()) != 1 {
+		return nil
+	}
+	s, is := n.Shape(), n.Inputs()[0].Shape()
+	r := s.Rank()
+	if is.Rank() != r || s.DType != is.DType {
+		return nil
+	}
+	m := permutationRE.FindStringSubmatch(n.String())
+	if m == nil {
+		return nil
+	}
+	f := strings.Fields(m[1])
+	if len(f) != r {
+		return nil
+	}
+	perm := make([]int, r)
+	for i, x := range f {
+		p, err := strconv.Atoi(x)
+		if err != nil || p < 0 || p >= r || s.Dimensions[i] != is.Dimensions[p] {
+			return nil
+		}
+		perm[i] = p
+	}
+	return perm
+}
+
+// skipIdentity returns the input of n when n is a Transpose that leaves
+// every axis in place, else n. GoMLX's autodiff ends the gradient of a
+// product's operand with a Transpose to the operand's layout even when
+// the product already gives that layout: the backend then copies the
+// gradient element by element (a 32 MiB block of a tied head's table:
+// about half of the head's backward call). The copy's values are its
+// input's, so the input is the same gradient, bit for bit.
+func skipIdentity(n *graph.Node) *graph.Node {
+	perm := transposePerm(n)
+	if perm == nil {
+		return n
+	}
+	for i, p := range perm {
+		if p != i {
+			return n
+		}
+	}
+	return n.Inputs()[0]
 }
 
 // transposedGrad reports whether the layer's backward pass gives own

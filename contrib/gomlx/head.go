@@ -56,7 +56,11 @@ func newHeadExec(ex *executors, hd *BlockedHead) (*headExec, error) {
 	}
 	he.fwd.WithName("zgomlx.head_block")
 	if he.bwd, err = graph.NewExec(ex.backend, func(h, e, dl *graph.Node) []*graph.Node {
-		return graph.Gradient(graph.ReduceAllSum(graph.Mul(headLogits(h, e), dl)), h, e)
+		gs := graph.Gradient(graph.ReduceAllSum(graph.Mul(headLogits(h, e), dl)), h, e)
+		for i, g := range gs {
+			gs[i] = skipIdentity(g)
+		}
+		return gs
 	}); err != nil {
 		return nil, err
 	}

@@ -155,3 +155,65 @@ func BenchmarkGoMLXTranspose(b *testing.B) {
 		out[0].FinalizeAll()
 	}
 }
+
+// TestHeadGradientSkipsIdentityTranspose: GoMLX's autodiff gives a tied
+// head block's table gradient as a product already in the table's layout
+// followed by an identity Transpose (a 32 MiB copy at 8192 rows of
+// d=1024, element by element); skipIdentity takes the product instead,
+// and leaves any other permutation, which moves values, in place.
+func TestHeadGradientSkipsIdentityTranspose(t *testing.T) {
+	backend, err := compute.NewWithConfig(DefaultBackend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var identity, kept, other int
+	exec, err := graph.NewExec(backend, func(h, e, dl *graph.Node) []*graph.Node {
+		gs := graph.Gradient(graph.ReduceAllSum(graph.Mul(headLogits(h, e), dl)), h, e)
+		de := gs[1]
+		if p := transposePerm(de); p != nil && p[0] == 0 && p[1] == 1 {
+			identity++
+		}
+		if got := skipIdentity(de); got == de && identity > 0 {
+			kept++
+		} else if got != de && got != de.Inputs()[0] {
+			t.Errorf("skipIdentity gave %s, neither the node nor its input", got)
+		}
+		swapped := graph.Transpose(e, 0, 1)
+		if skipIdentity(swapped) != swapped {
+			other++
+		}
+		for i, g := range gs {
+			gs[i] = skipIdentity(g)
+		}
+		return gs
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exec.Finalize()
+	h := tensors.FromFlatDataAndDimensions([]float32{1, 2, 3, 4, 5, 6}, 1, 2, 3)
+	e := tensors.FromFlatDataAndDimensions([]float32{1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1}, 4, 3)
+	dl := tensors.FromFlatDataAndDimensions([]float32{1, 0, 0, 1, 0, 1, 0, 0}, 1, 2, 4)
+	outs, err := exec.Exec(h, e, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if identity != 1 {
+		t.Fatalf("the table's gradient is not an identity Transpose in this GoMLX (%d): the head's backward no longer needs skipIdentity, or writes its permutation otherwise", identity)
+	}
+	if kept != 0 {
+		t.Fatal("skipIdentity kept an identity Transpose")
+	}
+	if other != 0 {
+		t.Fatal("skipIdentity dropped a Transpose that moves values")
+	}
+	// de[v][d] = sum over tokens of dl[t][v] h[t][d]: row 0 is token 0's
+	// h, row 3 token 1's, rows 1 and 2 zero.
+	want := []float32{1, 2, 3, 0, 0, 0, 0, 0, 0, 4, 5, 6}
+	got := tensors.MustCopyFlatData[float32](outs[1])
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("the table's gradient is %v, want %v", got, want)
+		}
+	}
+}
