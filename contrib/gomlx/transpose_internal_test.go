@@ -207,9 +207,9 @@ func TestHeadGradientSkipsIdentityTranspose(t *testing.T) {
 	if other != 0 {
 		t.Fatal("skipIdentity dropped a Transpose that moves values")
 	}
-	// de[v][d] = sum over tokens of dl[t][v] h[t][d]: row 0 is token 0's
-	// h, row 3 token 1's, rows 1 and 2 zero.
-	want := []float32{1, 2, 3, 0, 0, 0, 0, 0, 0, 4, 5, 6}
+	// de[v][d] = sum over tokens of dl[t][v] h[t][d]: token 0's dl picks
+	// rows 0 and 3, token 1's row 1; row 2 is zero.
+	want := []float32{1, 2, 3, 4, 5, 6, 0, 0, 0, 1, 2, 3}
 	got := tensors.MustCopyFlatData[float32](outs[1])
 	for i := range want {
 		if got[i] != want[i] {
