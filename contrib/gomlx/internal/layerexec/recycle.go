@@ -46,31 +46,36 @@ func putterFor(backend compute.Backend, buf compute.Buffer) *putter {
 	if bt == nil {
 		return nil
 	}
-	if p, ok := putters.Load(bt); ok {
-		pp := p.(*putter)
-		if pp == nil || pp.buf != reflect.TypeOf(buf) {
-			return nil
-		}
-		return pp
+	p, ok := putters.Load(bt)
+	if !ok {
+		p, _ = putters.LoadOrStore(bt, lookupPutter(bt))
 	}
-	var pp *putter
-	if m, ok := bt.MethodByName("PutBuffer"); ok {
-		ft := m.Func.Type()
-		if ft.NumIn() == 2 && ft.NumOut() == 0 && ft.In(1).Kind() == reflect.Pointer &&
-			ft.In(1).Elem().Kind() == reflect.Struct && ft.In(1).Implements(reflect.TypeFor[compute.Buffer]()) {
-			st := ft.In(1).Elem()
-			inUse, ok1 := st.FieldByName("InUse")
-			raw, ok2 := st.FieldByName("RawBytes")
-			if ok1 && ok2 && inUse.Type.Kind() == reflect.Bool && raw.Type == reflect.TypeFor[[]byte]() {
-				pp = &putter{fn: m.Func, buf: ft.In(1)}
-			}
-		}
-	}
-	putters.Store(bt, pp)
+	pp := p.(*putter)
 	if pp == nil || pp.buf != reflect.TypeOf(buf) {
 		return nil
 	}
 	return pp
+}
+
+// lookupPutter finds backend type bt's PutBuffer(*Buffer), whose buffer
+// struct has the InUse and RawBytes fields recycle reads, or returns nil.
+func lookupPutter(bt reflect.Type) *putter {
+	m, ok := bt.MethodByName("PutBuffer")
+	if !ok {
+		return nil
+	}
+	ft := m.Func.Type()
+	if ft.NumIn() != 2 || ft.NumOut() != 0 || ft.In(1).Kind() != reflect.Pointer ||
+		ft.In(1).Elem().Kind() != reflect.Struct || !ft.In(1).Implements(reflect.TypeFor[compute.Buffer]()) {
+		return nil
+	}
+	st := ft.In(1).Elem()
+	inUse, ok1 := st.FieldByName("InUse")
+	raw, ok2 := st.FieldByName("RawBytes")
+	if !ok1 || !ok2 || inUse.Type.Kind() != reflect.Bool || raw.Type != reflect.TypeFor[[]byte]() {
+		return nil
+	}
+	return &putter{fn: m.Func, buf: ft.In(1)}
 }
 
 // Recycles reports whether Finalize hands backend's buffers back to its
@@ -114,8 +119,9 @@ func recycle(backend compute.Backend, buf compute.Buffer) {
 	}
 	defer func() {
 		if recover() != nil {
-			// PutBuffer refused it (a double free it detected): the
-			// buffer is the backend's problem no more than Finalize's.
+			// PutBuffer panicked (it does on a buffer it finds already
+			// in the pool): leave the buffer as Finalize would, which
+			// returns an error for such a buffer and changes nothing.
 			_ = buf.Finalize()
 		}
 	}()
