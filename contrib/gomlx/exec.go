@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
@@ -258,6 +259,15 @@ func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
 		if i >= le.own {
 			break
 		}
+		if s := swappedProduct(grads[base+i]); s != nil {
+			// The product with its operands swapped gives the matrix's
+			// layout: nothing to put back.
+			grads[base+i] = s
+			le.mu.Lock()
+			delete(le.transposed, v)
+			le.mu.Unlock()
+			continue
+		}
 		pre, rows, cols := swappedMatrix(grads[base+i])
 		le.mu.Lock()
 		if pre != nil {
@@ -314,6 +324,72 @@ func swappedMatrix(n *graph.Node) (in *graph.Node, rows, cols int) {
 		}
 	}
 	return in, rows, cols
+}
+
+// dotGeneralRE reads a DotGeneral node's operands and axes from its
+// description (graph.Node has no accessors for them).
+var dotGeneralRE = regexp.MustCompile(`DotGeneral\(lhs=\[#([0-9]+)\], lhsContractingAxes=\[([0-9 ]*)\], lhsBatchAxes=\[([0-9 ]*)\], rhs=\[#([0-9]+)\], rhsContractingAxes=\[([0-9 ]*)\], rhsBatchAxes=\[([0-9 ]*)\], config=(\{[^{}]*\})\)`)
+
+// defaultDotConfig is how a DotGeneral of the default configuration (no
+// accumulator or output dtype of its own) describes it.
+var defaultDotConfig = fmt.Sprintf("%+v", compute.DotGeneralConfig{})
+
+// swappedProduct returns, when n is a Transpose that swappedMatrix
+// recognizes and its input the product DotGeneral(a, ca, b, cb) (no batch
+// axes, the default configuration), the product DotGeneral(b, cb, a, ca):
+// the same sums with the operands swapped, whose result is n's layout
+// (the product gives a's free axes, then b's; the swapped one b's, then
+// a's, which is where n's permutation moves them). This is how GoMLX's
+// autodiff gives the gradient of a product's right-hand side (x W: W's
+// gradient as dy^T x, transposed back), and the backend's kernels sum
+// each element over the same contraction in the same order either way
+// round (TestSwappedProductKeepsBits, TestZooTransformerEqualsWholeGraph).
+// Else it returns nil: n is kept, or put back by swappedMatrix.
+func swappedProduct(n *graph.Node) *graph.Node {
+	pre, _, _ := swappedMatrix(n)
+	if pre == nil || pre.Type() != graph.NodeTypeDotGeneral || len(pre.Inputs()) != 2 {
+		return nil
+	}
+	m := dotGeneralRE.FindStringSubmatch(pre.String())
+	if m == nil || m[3] != "" || m[6] != "" || m[7] != defaultDotConfig {
+		return nil
+	}
+	lhs, rhs := pre.Inputs()[0], pre.Inputs()[1]
+	if strconv.Itoa(int(lhs.Id())) != m[1] || strconv.Itoa(int(rhs.Id())) != m[4] {
+		return nil
+	}
+	lc, ok1 := axesOf(m[2], lhs.Rank())
+	rc, ok2 := axesOf(m[5], rhs.Rank())
+	if !ok1 || !ok2 || len(lc) != len(rc) || lhs.DType() != dtypes.Float32 || rhs.DType() != dtypes.Float32 {
+		return nil
+	}
+	// n moves the product's first a axes (a's free ones) after the others.
+	if perm := transposePerm(n); perm == nil || perm[0] != lhs.Rank()-len(lc) {
+		return nil
+	}
+	s := graph.DotGeneral(rhs, rc, nil, lhs, lc, nil)
+	if !s.Shape().Equal(n.Shape()) {
+		return nil
+	}
+	swappedProducts.Add(1)
+	return s
+}
+
+// swappedProducts counts the products swappedProduct built (tests read
+// it: a GoMLX whose nodes it cannot read builds none).
+var swappedProducts atomic.Int64
+
+// axesOf reads a list of distinct axes below rank ("0 1").
+func axesOf(f string, rank int) ([]int, bool) {
+	var axes []int
+	for _, x := range strings.Fields(f) {
+		a, err := strconv.Atoi(x)
+		if err != nil || a < 0 || a >= rank || slices.Contains(axes, a) {
+			return nil, false
+		}
+		axes = append(axes, a)
+	}
+	return axes, len(axes) > 0
 }
 
 // transposePerm returns n's permutation when n is a Transpose whose

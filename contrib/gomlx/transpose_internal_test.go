@@ -2,6 +2,9 @@ package zgomlx
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -61,11 +64,14 @@ func BenchmarkTransposeInto(b *testing.B) {
 
 // TestTransposedWeightGradients: in GoMLX's zoo transformer, every fp32
 // matrix of a block (the attention's projections, the FFN's) gets its
-// gradient from the backward graph as the product's result, transposed
-// (swappedMatrix), which the loop puts back; vectors, the embedding
-// table (a lookup) and bf16 weights keep the graph's own. A GoMLX whose
-// Transpose nodes this package cannot read fails here, not silently
-// slower. That the gradients keep their bits is
+// gradient from the backward graph as GoMLX's product in the transposed
+// layout followed by a Transpose; the executors build the product with
+// its operands swapped instead (swappedProduct), which gives the
+// matrix's layout, so nothing is left for the loop to put back
+// (transposedGrad false). The test counts the swapped products in the
+// backward graphs; a GoMLX whose DotGeneral or Transpose nodes this
+// package cannot read fails here, not silently slower. That the
+// gradients keep their bits is TestSwappedProductKeepsBits's and
 // TestZooTransformerEqualsWholeGraph's (the whole graph's autodiff
 // against the per-layer executors).
 func TestTransposedWeightGradients(t *testing.T) {
@@ -104,31 +110,100 @@ func TestTransposedWeightGradients(t *testing.T) {
 			for i := range x {
 				x[i], y[i] = int32(i*7%50), int32((i*7+1)%50)
 			}
+			before := swappedProducts.Load()
 			if _, err := tr.Step(ctx, tensors.FromFlatDataAndDimensions(x, 2, 6), tensors.FromFlatDataAndDimensions(y, 2, 6)); err != nil {
 				t.Fatal(err)
 			}
+			swapped := swappedProducts.Load() - before
 			matrices := 0
 			for _, le := range tr.ex.layers {
 				for i, v := range le.vars {
-					r, c, ok := le.transposedGrad(v)
-					want := i < le.own && v.Shape.Rank() >= 2 && v.lookup < 0 && dt == dtypes.Float32
-					if ok != want {
-						t.Errorf("%s (%s, layer %d): transposed %v, want %v", v.Name, v.Shape, le.index, ok, want)
-						continue
+					if r, c, ok := le.transposedGrad(v); ok {
+						t.Errorf("%s (%s, layer %d): its gradient given as the %d x %d transpose, to be put back", v.Name, v.Shape, le.index, r, c)
 					}
-					if ok {
+					if i < le.own && v.Shape.Rank() >= 2 && v.lookup < 0 {
 						matrices++
-						if r*c != v.numel || r < 2 || c < 2 {
-							t.Errorf("%s (%s): given as %d x %d", v.Name, v.Shape, r, c)
-						}
-						t.Logf("%s %s: its gradient given as the %d x %d transpose", v.Name, v.Shape, r, c)
 					}
 				}
 			}
-			if want := map[bool]int{true: 2 * 6, false: 0}[dt == dtypes.Float32]; matrices < want {
-				t.Errorf("%d matrices with their gradients given transposed, want at least %d (two blocks, each q, k, v, o and the FFN's)", matrices, want)
+			want := map[bool]int64{true: 2*6 + 1, false: 0}[dt == dtypes.Float32]
+			t.Logf("%d matrices; %d gradients built as swapped products", matrices, swapped)
+			if swapped != want {
+				t.Errorf("%d gradients built as swapped products, want %d (two blocks, each q, k, v, o and the FFN's two, and the output's)", swapped, want)
 			}
 		})
+	}
+}
+
+// TestSwappedProductKeepsBits: the gradient of x W with respect to W, as
+// GoMLX's autodiff gives it (the product dy^T x, then a Transpose), and
+// as swappedProduct builds it (x^T dy), are the same bits, for products
+// the backend runs with its small and its large kernels, contractions
+// shorter than a SIMD register, longer than one panel of the large
+// kernel's, and inputs with two batch-like axes (x [B, S, in]).
+func TestSwappedProductKeepsBits(t *testing.T) {
+	backend, err := compute.NewWithConfig(DefaultBackend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 9))
+	for _, c := range []struct {
+		lead    []int
+		in, out int
+	}{
+		{[]int{5}, 3, 4}, {[]int{2, 6}, 16, 24}, {[]int{12}, 24, 16}, {[]int{1, 16}, 64, 256},
+		{[]int{16}, 1024, 512}, {[]int{300}, 96, 40}, {[]int{2, 130}, 48, 520}, {[]int{7}, 33, 17},
+	} {
+		xDims := append(slices.Clone(c.lead), c.in)
+		yDims := append(slices.Clone(c.lead), c.out)
+		var swapped *graph.Node
+		exec, err := graph.NewExec(backend, func(x, w, dy *graph.Node) []*graph.Node {
+			y := graph.DotGeneral(x, []int{x.Rank() - 1}, nil, w, []int{0}, nil)
+			g := graph.Gradient(graph.ReduceAllSum(graph.Mul(y, dy)), w)[0]
+			swapped = swappedProduct(g)
+			if swapped == nil {
+				return []*graph.Node{g, g}
+			}
+			return []*graph.Node{g, swapped}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill := func(dims []int) *tensors.Tensor {
+			n := 1
+			for _, d := range dims {
+				n *= d
+			}
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(rng.NormFloat64()) * float32(math.Exp2(float64(rng.IntN(9)-4)))
+			}
+			return tensors.FromFlatDataAndDimensions(v, dims...)
+		}
+		outs, err := exec.Exec(fill(xDims), fill([]int{c.in, c.out}), fill(yDims))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if swapped == nil {
+			t.Errorf("x %v, W [%d %d]: swappedProduct did not take the gradient's product", xDims, c.in, c.out)
+		} else {
+			want, got := outs[0].Value().([][]float32), outs[1].Value().([][]float32)
+			diff := 0
+			for i := range want {
+				for j := range want[i] {
+					if math.Float32bits(want[i][j]) != math.Float32bits(got[i][j]) {
+						diff++
+					}
+				}
+			}
+			if diff > 0 {
+				t.Errorf("x %v, W [%d %d]: %d of %d elements differ from the autodiff's", xDims, c.in, c.out, diff, c.in*c.out)
+			}
+		}
+		for _, o := range outs {
+			o.FinalizeAll()
+		}
+		exec.Finalize()
 	}
 }
 
