@@ -226,6 +226,8 @@ func big(o options, w io.Writer) error {
 		// of the compute (the embedding, the head, the loss).
 		blockMs []float64
 		restMs  float64
+		// cpu is the process's CPU time (user and system) over the step.
+		cpu time.Duration
 	}
 	measure := func() (stepStat, error) {
 		st := stepStat{k: loop.MicroBatchesPerStep(), rssBefore: procstat.RSS()}
@@ -233,9 +235,11 @@ func big(o options, w io.Writer) error {
 		tm0 := tr.Timings()
 		c0, lc0 := tm0.Compute, tm0.LayerCompute
 		d0, dok := disk.ioTicks()
+		cpu0 := cpuTime()
 		t0 := time.Now()
 		loss, err := loop.RunSteps(ctx, ds, 1)
 		st.wall = time.Since(t0)
+		st.cpu = cpuTime() - cpu0
 		if err != nil {
 			return st, err
 		}
@@ -262,8 +266,8 @@ func big(o options, w io.Writer) error {
 	}
 	line := func(what string, st stepStat) {
 		tok := float64(int64(st.k) * tokens)
-		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s: %s ms a block, the rest %.1f s)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB; parameters read %.2f GiB (%.2f GiB of them prefetched and sent back before use, %d demand misses)  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
-			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), medRange(st.blockMs, "%.1f"), st.restMs/1e3, tok/st.wall.Seconds(),
+		fmt.Fprintf(w, "%s  k=%d  loss %.4f  %.1f s (compute %.1f s: %s ms a block, the rest %.1f s; CPU %.1f s, %.2f cores)  %.2f tokens/s  NVMe read %.2f GiB (%+.1f%% of the plan's) written %.2f GiB (%+.1f%%), together %+.1f%% of the plan's %.2f GiB; device requests %.2f / %.2f GiB; parameters read %.2f GiB (%.2f GiB of them prefetched and sent back before use, %d demand misses)  disk busy %s  RSS %.0f MiB before, %.0f after  load %s\n",
+			what, st.k, st.loss, st.wall.Seconds(), st.compute.Seconds(), medRange(st.blockMs, "%.1f"), st.restMs/1e3, st.cpu.Seconds(), st.cpu.Seconds()/st.wall.Seconds(), tok/st.wall.Seconds(),
 			float64(st.read)/(1<<30), 100*(float64(st.read)/float64(pr.NVMeReadBytes)-1), float64(st.written)/(1<<30), 100*(float64(st.written)/float64(pr.NVMeWriteBytes)-1),
 			100*(float64(st.read+st.written)/float64(predBytes)-1), float64(predBytes)/(1<<30), float64(st.devRead)/(1<<30), float64(st.devWritten)/(1<<30),
 			float64(st.paramRead)/(1<<30), float64(st.preempted)/(1<<30), st.demandMisses, pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
@@ -307,8 +311,8 @@ func big(o options, w io.Writer) error {
 		tok := float64(int64(k)*tokens) / est.Seconds()
 		offTok := float64(int64(k)*tokens) / st.wall.Seconds()
 		memTokS, ratios = append(memTokS, tok), append(ratios, offTok/tok)
-		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, medians of %d steps, %.1f s in all): step %.2f s, its executors' compute %.2f s (%s ms a block, the rest %.1f s) -> %d blocks (each step's blocks' mean for the blocks it lacks, the median over its steps): compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
-			sr.Blocks, k, sliceSteps, time.Since(t0).Seconds(), sr.WallMs/1e3, sr.ComputeMs/1e3, medRange(sr.BlockMs, "%.1f"), sr.restMs()/1e3, o.layers, est.Seconds(), tok, offTok/tok, loadavg())
+		fmt.Fprintf(w, "  in memory (a child: %d blocks + embedding + head, k=%d, medians of %d steps, %.1f s in all): step %.2f s (CPU %.2f s, %.2f cores), its executors' compute %.2f s (%s ms a block, the rest %.1f s) -> %d blocks (each step's blocks' mean for the blocks it lacks, the median over its steps): compute %.1f s, %.2f tokens/s; offloaded / in memory %.3f  load %s\n",
+			sr.Blocks, k, sliceSteps, time.Since(t0).Seconds(), sr.WallMs/1e3, stats.Median(sr.StepCPUMs)/1e3, stats.Median(sr.StepCPUMs)/sr.WallMs, sr.ComputeMs/1e3, medRange(sr.BlockMs, "%.1f"), sr.restMs()/1e3, o.layers, est.Seconds(), tok, offTok/tok, loadavg())
 		return nil
 	}
 	// The in-memory slices run between two offloaded steps, except with
@@ -406,6 +410,9 @@ func big(o options, w io.Writer) error {
 			float64(3*table)/(1<<30), medRange(adj, "%+.1f"))
 	}
 	fmt.Fprintf(w, "| disk busy share (%s) | %s%% |\n", disk.name, medRange(busy, "%.0f"))
+	cpu := col(func(st stepStat) float64 { return st.cpu.Seconds() })
+	fmt.Fprintf(w, "| CPU per offloaded step (user + system) | %s s, %s of the machine's %d cores |\n",
+		medRange(cpu, "%.1f"), medRange(col(func(st stepStat) float64 { return st.cpu.Seconds() / st.wall.Seconds() }), "%.2f"), runtime.NumCPU())
 	return nil
 }
 
@@ -456,7 +463,9 @@ type sliceResult struct {
 	// StepMs is each timed step's compute, StepBlocksMs its blocks' sum.
 	StepMs       []float64 `json:"step_ms"`
 	StepBlocksMs []float64 `json:"step_blocks_ms"`
-	PeakRSS      int64     `json:"peak_rss"`
+	// StepCPUMs is each timed step's CPU time (user and system).
+	StepCPUMs []float64 `json:"step_cpu_ms"`
+	PeakRSS   int64     `json:"peak_rss"`
 }
 
 func (r sliceResult) blockMs() float64 { return stats.Median(r.BlockMs) }
@@ -577,11 +586,13 @@ func sliceChild(o options, w io.Writer) error {
 	var walls, computes []float64
 	for range o.steps {
 		tm0 := mt.Timings()
+		cpu0 := cpuTime()
 		t0 := time.Now()
 		if err := step(); err != nil {
 			return err
 		}
 		walls = append(walls, float64(time.Since(t0))/1e6)
+		res.StepCPUMs = append(res.StepCPUMs, float64(cpuTime()-cpu0)/1e6)
 		tm := mt.Timings()
 		computes = append(computes, float64(tm.Compute-tm0.Compute)/1e6)
 		// TransformerNet's layers: the embedding, the blocks, the head.
