@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -345,6 +346,11 @@ func big(o options, w io.Writer) error {
 			}
 		}
 	}
+	if o.contend != "" {
+		if err := contentionProbe(o, exe, k, w); err != nil {
+			return err
+		}
+	}
 	if o.memProfile != "" {
 		if err := writeHeapProfile(o.memProfile); err != nil {
 			return fmt.Errorf("-memprofile: %w", err)
@@ -577,6 +583,11 @@ func sliceChild(o options, w io.Writer) error {
 		}
 		return nil
 	}
+	if o.contendWith != "" {
+		// Beside the warm-up steps too: the load's start is not timed.
+		stop := contend(o.contendWith)
+		defer stop()
+	}
 	for range o.warm {
 		if err := step(); err != nil {
 			return err
@@ -608,6 +619,78 @@ func sliceChild(o options, w io.Writer) error {
 	// every step).
 	res.WallMs, res.ComputeMs, res.PeakRSS = stats.Median(walls), stats.Median(computes), procstat.PeakRSS()
 	return jsonOut(w, res)
+}
+
+// contend runs load (cpu or mem) on one goroutine until the function it
+// returns is called (which waits for it to stop).
+func contend(load string) (stop func()) {
+	var quit atomic.Bool
+	done := make(chan struct{})
+	var a, b []byte
+	if load == "mem" {
+		a, b = make([]byte, 256<<20), make([]byte, 256<<20)
+		for i := range a {
+			a[i] = byte(i)
+		}
+		copy(b, a) // the pages faulted in before the timed steps
+	}
+	go func() {
+		defer close(done)
+		switch load {
+		case "mem":
+			// In 1 MiB copies: a copy is not preempted, and a long one
+			// would hold its processor from the compute's goroutines.
+			for !quit.Load() {
+				for i := 0; i < len(a); i += 1 << 20 {
+					copy(a[i:i+1<<20], b[i:i+1<<20])
+					copy(b[i:i+1<<20], a[i:i+1<<20])
+				}
+			}
+		default:
+			x := 1.0
+			for !quit.Load() {
+				for range 1 << 16 {
+					x = x*1.0000001 + 1e-9
+				}
+			}
+			sink.Store(math.Float64bits(x))
+		}
+	}()
+	return func() {
+		quit.Store(true)
+		<-done
+	}
+}
+
+// sink keeps contend's loop from being optimized away.
+var sink atomic.Uint64
+
+// contentionProbe runs the in-memory slice child alone and beside each
+// load of o.contend, in that order, and prints each one's block compute
+// (median, min..max, over every block of its timed steps) against
+// alone's.
+func contentionProbe(o options, exe string, k int, w io.Writer) error {
+	loads := append([]string{""}, strings.Split(o.contend, ",")...)
+	var alone float64
+	for _, l := range loads {
+		args := sliceArgs(o, k)
+		if l != "" {
+			args = append(args, "-contend-with", l)
+		}
+		var sr sliceResult
+		if err := procstat.RunChild(exe, args, &sr); err != nil {
+			return fmt.Errorf("-contend %s: %w", l, err)
+		}
+		med := sr.blockMs()
+		what := map[string]string{"": "alone", "cpu": "beside a floating-point loop", "mem": "beside a memory copy"}[l]
+		if l == "" {
+			alone = med
+			fmt.Fprintf(w, "contention probe (-contend %s; the in-memory slice, k=%d): alone a block computes %s ms (CPU %.2f s a step, %.2f cores)\n", o.contend, k, medRange(sr.BlockMs, "%.1f"), stats.Median(sr.StepCPUMs)/1e3, stats.Median(sr.StepCPUMs)/sr.WallMs)
+			continue
+		}
+		fmt.Fprintf(w, "contention probe: %s (one goroutine) a block computes %s ms, %+.0f%% (CPU %.2f s a step, %.2f cores)  load %s\n", what, medRange(sr.BlockMs, "%.1f"), 100*(med/alone-1), stats.Median(sr.StepCPUMs)/1e3, stats.Median(sr.StepCPUMs)/sr.WallMs, loadavg())
+	}
+	return nil
 }
 
 // bigShape is the -big model's heads and FFN width (0: dim/8 and 4 x dim).

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/config"
+	"runtime"
 )
 
 // TestParseDiskstats: the device is found by major:minor and its
@@ -65,5 +66,35 @@ func TestApplyZinf(t *testing.T) {
 	options{checksums: true, pipelineDepth: 3}.applyZinf(cfg)
 	if cfg.Zinf.OverlapUpdate || !cfg.Zinf.Checksums || cfg.Zinf.PipelineDepth != 3 {
 		t.Fatalf("overlap %v checksums %v depth %d, want false true 3", cfg.Zinf.OverlapUpdate, cfg.Zinf.Checksums, cfg.Zinf.PipelineDepth)
+	}
+}
+
+// TestContendStops: each load of -contend runs until its stop function
+// is called, which returns once the load's goroutine has ended.
+func TestContendStops(t *testing.T) {
+	for _, load := range []string{"cpu", "mem"} {
+		n := runtime.NumGoroutine()
+		stop := contend(load)
+		time.Sleep(20 * time.Millisecond)
+		if got := runtime.NumGoroutine(); got != n+1 {
+			t.Errorf("%s: %d goroutines while the load runs, want %d", load, got, n+1)
+		}
+		done := make(chan struct{})
+		go func() {
+			stop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: stop did not return in 10 s", load)
+		}
+		// (The goroutine that called stop ends too, soon after.)
+		for end := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > n && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+		}
+		if got := runtime.NumGoroutine(); got != n {
+			t.Errorf("%s: %d goroutines after stop, want %d", load, got, n)
+		}
 	}
 }
