@@ -49,6 +49,19 @@ func (r *Runtime) MicroBatchesToHideIO(computePerLayer time.Duration) policy.IOC
 	return p.MicroBatchesToHideIOAt(2 * computePerLayer.Seconds())
 }
 
+// MicroBatchesToHideIOPasses is MicroBatchesToHideIO from each pass's
+// compute apart (one micro-batch's forward, and backward, compute of a
+// layer, such as a loop that times its own passes measured them), each
+// pass's compute made to cover its own I/O
+// (policy.Placement.MicroBatchesToHideIOPasses): the backward pass
+// carries the gradients' writes and the overlapped optimizer step, the
+// forward pass only the parameters' reads, so this k is at least the
+// one the two passes' sum gives. A pass's compute of 0 or less leaves k
+// unknown.
+func (r *Runtime) MicroBatchesToHideIOPasses(forward, backward time.Duration) policy.IOCover {
+	return r.placement.WithCosts(r.MeasuredCosts()).MicroBatchesToHideIOPasses(forward.Seconds(), backward.Seconds())
+}
+
 // beginVisit starts measuring layer l's visit, unless the visit of a
 // layer still begun is being measured (a backward pass that begins the
 // next layer while this one's last micro-batch computes): visits that

@@ -41,6 +41,18 @@ type IOCover struct {
 	// I/O under the passes, at least 1 (ceil of their ratio); 0 when the
 	// compute is not known.
 	MicroBatches int
+	// ByPass is set by MicroBatchesToHideIOPasses: each pass's compute
+	// covers its own I/O (the forward pass only reads parameters; the
+	// backward pass reads them again and carries the gradients' writes
+	// and, when it overlaps, the optimizer step's traffic), and
+	// MicroBatches is the larger of the two passes' k.
+	ByPass bool
+	// ForwardIO and BackwardIO are the two passes' shares of IOPerStep
+	// under ByPass (AfterBackward is neither's); ForwardCompute and
+	// BackwardCompute one micro-batch's compute of each pass over every
+	// layer.
+	ForwardIO, BackwardIO           time.Duration
+	ForwardCompute, BackwardCompute time.Duration
 }
 
 // Known says whether the compute is known, so that MicroBatches is set.
@@ -69,6 +81,19 @@ func (c IOCover) String() string {
 			what, FormatDuration(c.AfterBackward), io, c.MicroBatches, FormatDuration(c.ComputePerMicroBatch))
 	}
 	var s string
+	if c.ByPass {
+		if c.MicroBatches == 1 {
+			s = what + "already hidden at k=1"
+		} else {
+			s = fmt.Sprintf("%sk >= %d", what, c.MicroBatches)
+		}
+		s += fmt.Sprintf(" (each pass's compute covering its own I/O: forward %s per micro-batch against %s, backward %s against %s; I/O %s per step)",
+			FormatDuration(c.ForwardCompute), FormatDuration(c.ForwardIO), FormatDuration(c.BackwardCompute), FormatDuration(c.BackwardIO), io)
+		if c.AfterBackward > 0 {
+			s += fmt.Sprintf("; the optimizer step's %s after the backward pass stays exposed", FormatDuration(c.AfterBackward))
+		}
+		return s
+	}
 	if c.MicroBatches == 1 {
 		s = fmt.Sprintf("%salready hidden at k=1 (compute %s per micro-batch, I/O %s per step)", what, FormatDuration(c.ComputePerMicroBatch), io)
 	} else {
@@ -115,5 +140,50 @@ func (p *Placement) MicroBatchesToHideIOAt(computeSecondsPerLayer float64) IOCov
 	// per-layer times are sums of quotients.
 	k := math.Ceil((io-after)/perMicro - 1e-9)
 	c.MicroBatches = int(min(max(k, 1), math.MaxInt32))
+	return c
+}
+
+// MicroBatchesToHideIOPasses is MicroBatchesToHideIOAt with each pass's
+// compute given apart (one micro-batch's compute of a layer in the forward
+// and in the backward pass, seconds; such as a loop measured them), and
+// each pass's compute made to cover its own I/O: in layer-major order the
+// forward pass reads every offloaded parameter once and moves nothing
+// else, while the backward pass reads them again, writes the gradients
+// and, when the optimizer step overlaps it (OverlapStep), carries the
+// step's reads and writes of states, gradients and parameters. The disk's
+// idle time under a forward pass cannot take the backward's traffic
+// (its gradients do not exist yet), so k is the larger of the two passes'
+//
+//	k >= ceil(ForwardIO / ForwardCompute), k >= ceil(BackwardIO / BackwardCompute)
+//
+// which is at least MicroBatchesToHideIOAt's k at the same total compute.
+// A pass's compute of 0 or less (or not finite) leaves k unknown.
+func (p *Placement) MicroBatchesToHideIOPasses(forwardSecondsPerLayer, backwardSecondsPerLayer float64) IOCover {
+	m := p.stepModel()
+	var fwd, bwd float64
+	for l := 0; l < m.layers; l++ {
+		fwd += m.fetch[l]
+		bwd += m.fetch[l] + m.gradWrite[l]
+	}
+	c := IOCover{ByPass: true}
+	after := 0.0
+	if p.OverlapStep {
+		bwd += m.optimizerS
+	} else {
+		after = m.optimizerS
+		c.AfterBackward = seconds(after)
+	}
+	c.IOPerStep = seconds(fwd + bwd + after)
+	c.ForwardIO, c.BackwardIO = seconds(fwd), seconds(bwd)
+	f, b := forwardSecondsPerLayer*float64(m.layers), backwardSecondsPerLayer*float64(m.layers)
+	ok := func(x float64) bool { return x > 0 && !math.IsInf(x, 1) }
+	if !ok(f) || !ok(b) {
+		return c
+	}
+	c.ForwardCompute, c.BackwardCompute = seconds(f), seconds(b)
+	c.ComputePerMicroBatch = seconds(f + b)
+	kf := math.Ceil(fwd/f - 1e-9)
+	kb := math.Ceil(bwd/b - 1e-9)
+	c.MicroBatches = int(min(max(kf, kb, 1), math.MaxInt32))
 	return c
 }

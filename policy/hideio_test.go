@@ -141,3 +141,67 @@ func TestMicroBatchesToHideIONoNVMe(t *testing.T) {
 		t.Errorf("%+v %q", c, c)
 	}
 }
+
+// TestMicroBatchesToHideIOPasses: each pass's compute covers its own
+// I/O: the forward pass reads the NVMe parameters once; the backward pass
+// reads them again, writes the NVMe gradients and carries the overlapped
+// optimizer step. A backward pass twice the forward's compute needs a
+// larger k than the total compute against the total I/O says, and k is
+// the larger pass's; a serial optimizer step stays after the backward.
+func TestMicroBatchesToHideIOPasses(t *testing.T) {
+	const read, write = 2e9, 1e9
+	p, passes, opt := hideIOPlan(t, 0)
+	var params float64
+	for _, x := range func() []policy.Tensor {
+		spec, _ := policy.ParseModelSpec("layers=4,width=256,dtype=bf16")
+		return spec.Inventory(0, 1)
+	}() {
+		if x.Kind == policy.Param && p.Tier[x.Name] == tensor.TierNVMe {
+			params += float64(x.Bytes)
+		}
+	}
+	const layers = 4
+	fwdIO := params / read
+	bwdIO := passes - fwdIO + opt
+	for _, tc := range []struct {
+		name     string
+		fwd, bwd float64 // per layer and micro-batch, seconds
+		k        int
+	}{
+		{"the backward binds", fwdIO / 2 / layers, bwdIO / 5 / layers, 5},
+		{"just past the backward's boundary", fwdIO / 2 / layers, bwdIO / 5 / layers * (1 - 1e-6), 6},
+		{"the forward binds", fwdIO / 7 / layers, bwdIO / 3 / layers, 7},
+		{"hidden at k=1", fwdIO / layers, bwdIO / layers, 1},
+		{"forward unknown", 0, bwdIO / layers, 0},
+		{"backward unknown", fwdIO / layers, math.Inf(1), 0},
+	} {
+		c := p.MicroBatchesToHideIOPasses(tc.fwd, tc.bwd)
+		if c.MicroBatches != tc.k || !c.ByPass || c.AfterBackward != 0 {
+			t.Errorf("%s: %+v, want k %d", tc.name, c, tc.k)
+		}
+		if !closeTo(c.ForwardIO, fwdIO) || !closeTo(c.BackwardIO, bwdIO) || !closeTo(c.IOPerStep, passes+opt) {
+			t.Errorf("%s: I/O forward %v backward %v step %v, want %.9f, %.9f, %.9f s", tc.name, c.ForwardIO, c.BackwardIO, c.IOPerStep, fwdIO, bwdIO, passes+opt)
+		}
+		if tc.k > 0 {
+			at := p.MicroBatchesToHideIOAt(tc.fwd + tc.bwd)
+			if at.MicroBatches > c.MicroBatches {
+				t.Errorf("%s: k %d by pass below the total's %d", tc.name, c.MicroBatches, at.MicroBatches)
+			}
+			if s := c.String(); !strings.Contains(s, "each pass's compute covering its own I/O: forward "+policy.FormatDuration(c.ForwardCompute)) {
+				t.Errorf("%s: line %q", tc.name, s)
+			}
+		}
+	}
+	// Where the backward pass binds, the total compute against the total
+	// I/O asks fewer micro-batches: the forward's idle disk cannot take
+	// the backward's traffic.
+	if at, c := p.MicroBatchesToHideIOAt((3*fwdIO+bwdIO/5)/layers), p.MicroBatchesToHideIOPasses(3*fwdIO/layers, bwdIO/5/layers); at.MicroBatches >= c.MicroBatches || c.MicroBatches != 5 {
+		t.Errorf("total %d, by pass %d: want fewer by the total", at.MicroBatches, c.MicroBatches)
+	}
+	// A serial optimizer step runs after the backward pass, in no pass.
+	serial := p.Adjusted(p.PrefetchDepth, "", false, "a serial step in the test")
+	c := serial.MicroBatchesToHideIOPasses(fwdIO/2/layers, (bwdIO-opt)/5/layers)
+	if c.MicroBatches != 5 || !closeTo(c.AfterBackward, opt) || !closeTo(c.BackwardIO, bwdIO-opt) || !strings.Contains(c.String(), "after the backward pass") {
+		t.Errorf("serial: %+v %q", c, c)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 
 	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
@@ -164,6 +165,13 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func writeHideIO(w io.Writer, pl *policy.Placement) {
 	c := pl.MicroBatchesToHideIO()
 	fmt.Fprintf(w, "\n%s\n", c)
+	if c.Known() && c.IOPerStep > 0 {
+		// The same compute split as training's usual: the backward pass
+		// computes two products per weight, the forward one.
+		cp := pl.Hints.ComputeSecondsPerLayer
+		bp := pl.MicroBatchesToHideIOPasses(cp/3, 2*cp/3)
+		fmt.Fprintf(w, "  by pass, the backward's compute twice the forward's (a loop that times its passes, zgomlx.Loop, measures the split): %s\n", strings.TrimPrefix(bp.String(), "micro-batches to hide the I/O: "))
+	}
 	switch {
 	case c.IOPerStep <= 0:
 	case !c.Known():

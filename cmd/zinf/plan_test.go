@@ -5,6 +5,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -211,6 +213,18 @@ func TestPlanMicroBatchesToHideIO(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, errs)
 	}
 	wantAll(t, "plan", out, want+"\n", fmt.Sprintf(`gradient_accumulation_steps "auto": k = %d`, k), fmt.Sprintf("%d micro-batches per step", k))
+	// By pass: the backward pass (two thirds of the compute) carries
+	// the gradients' and the optimizer's I/O, so it asks more
+	// micro-batches than the total against the total.
+	m := regexp.MustCompile(`(?m)^micro-batches to hide the I/O: k >= ([0-9]+) \(compute .*\n  by pass, the backward's compute twice the forward's \(a loop that times its passes, zgomlx.Loop, measures the split\): k >= ([0-9]+) \(each pass's compute covering its own I/O: forward ` +
+		regexp.QuoteMeta(policy.FormatDuration(time.Duration(math.Round(perMicro/3*1e9)))) + ` per micro-batch against .*, backward ` +
+		regexp.QuoteMeta(policy.FormatDuration(time.Duration(math.Round(2*perMicro/3*1e9)))) + ` against `).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("plan has no by-pass line after the micro-batches line:\n%s", out)
+	}
+	if kt, _ := strconv.Atoi(m[1]); func() bool { kp, _ := strconv.Atoi(m[2]); return kp <= kt }() {
+		t.Errorf("by pass k %s, the total's %s: want more (the backward pass carries most of the I/O)", m[2], m[1])
+	}
 
 	// A compute of the I/O's size hides it at one micro-batch.
 	code, out, errs = runCLI(t, "plan", "--config", cfgPath, "--no-probe", "--model", "layers=4,width=256,dtype=fp32", "--compute-ms-per-layer", fmt.Sprint(io*1e3/(2*layers)*1.01))

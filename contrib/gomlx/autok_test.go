@@ -10,6 +10,7 @@ import (
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
+	"github.com/zinfio/zinf"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/plan"
 )
@@ -34,9 +35,10 @@ func (d countingDataset) Iter() iter.Seq2[train.Batch, error] {
 // TestLoopAutoMicroBatches: under gradient_accumulation_steps "auto"
 // zgomlx.Loop runs its first AutoMeasureSteps steps at the plan's k (two
 // while the compute is not known), then takes the planner's k at the
-// compute per layer the runtime measured over the last of them
-// (zinf.Runtime.MicroBatchesToHideIO); a Loop told its MicroBatches keeps
-// them.
+// compute its executors took in each pass of the last of them, per layer
+// and micro-batch (zinf.Runtime.MicroBatchesToHideIOPasses: layer-major,
+// each pass's compute covering its own I/O); a Loop told its
+// MicroBatches keeps them.
 func TestLoopAutoMicroBatches(t *testing.T) {
 	ctx := watchdog(t, 4*time.Minute)
 	b := backend(t)
@@ -65,13 +67,15 @@ func TestLoopAutoMicroBatches(t *testing.T) {
 	}
 	// The runtime's compute counters after each step, to find the compute
 	// of the last measured step as the loop does.
-	var computes []time.Duration
-	var units []int64
+	var fwds, bwds []time.Duration
 	loop.OnStep("counters", 10, func(*zgomlx.Loop, float32) error {
-		m := rt.Metrics()
-		computes, units = append(computes, m.Compute), append(units, m.ComputeUnits)
+		tm := tr.Timings()
+		fwds, bwds = append(fwds, tm.ForwardCompute), append(bwds, tm.BackwardCompute)
 		return nil
 	})
+	if rt.Schedule() != zinf.LayerMajor {
+		t.Fatalf("schedule %v, want layer-major (zinf.schedule auto with micro-batches)", rt.Schedule())
+	}
 	taken := 0
 	ds := countingDataset{lmDataset{name: "train", n: 4, vocab: zooVocab}, &taken}
 	if _, err := loop.RunSteps(ctx, ds, zgomlx.AutoMeasureSteps); err != nil {
@@ -80,14 +84,21 @@ func TestLoopAutoMicroBatches(t *testing.T) {
 	if want := zgomlx.AutoMeasureSteps * plan.AutoMicroBatchesUnmeasured; taken != want {
 		t.Fatalf("the first %d steps took %d batches, want %d", zgomlx.AutoMeasureSteps, taken, want)
 	}
-	n := len(units)
-	perLayer := (computes[n-1] - computes[n-2]) / time.Duration(units[n-1]-units[n-2])
-	want := rt.MicroBatchesToHideIO(perLayer)
+	n := len(fwds)
+	per := time.Duration(plan.AutoMicroBatchesUnmeasured * rt.Layers())
+	fwd, bwd := (fwds[n-1]-fwds[n-2])/per, (bwds[n-1]-bwds[n-2])/per
+	if fwd <= 0 || bwd <= 0 {
+		t.Fatalf("the last measured step's compute per layer and micro-batch: forward %v, backward %v", fwd, bwd)
+	}
+	want := rt.MicroBatchesToHideIOPasses(fwd, bwd)
 	k := loop.MicroBatchesPerStep()
 	if !want.Known() || k != want.MicroBatches {
-		t.Fatalf("after %d steps: %d micro-batches; want %+v at %v per layer", zgomlx.AutoMeasureSteps, k, want, perLayer)
+		t.Fatalf("after %d steps: %d micro-batches; want %+v at %v forward, %v backward per layer", zgomlx.AutoMeasureSteps, k, want, fwd, bwd)
 	}
-	t.Logf("measured %v per layer and pass: %s", perLayer, want)
+	if total := rt.MicroBatchesToHideIO(fwd + bwd); total.MicroBatches > k {
+		t.Errorf("k %d by pass below the %d of the passes' sum", k, total.MicroBatches)
+	}
+	t.Logf("measured %v forward, %v backward per layer and micro-batch: %s", fwd, bwd, want)
 	taken = 0
 	if _, err := loop.RunSteps(ctx, ds, 1); err != nil {
 		t.Fatal(err)

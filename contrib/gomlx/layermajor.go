@@ -348,6 +348,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	}()
 	// The head's passes (loop.call1) run their blocks on the same worker.
 	lp.jobs, lp.results = jobs, results
+	lp.layerMajor = true
 	he := ex.head
 	var hs []*tensors.Tensor // the head's inputs: the last layer's outputs
 	busy := false            // a job is on the worker
@@ -381,6 +382,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		close(jobs) // every job started was waited for
 		<-done
 		lp.jobs = nil
+		lp.layerMajor = false
 		ex.batches, ex.inputs = nil, nil
 		finalizeAll(hs)
 		if he != nil {
@@ -426,6 +428,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	}
 
 	// Forward: every micro-batch through layer l, then layer l+1.
+	lp.backward = false
 	inF, outF := make([]int, L), make([]int, L)
 	for m, mb := range mbs {
 		cur[m] = mb.Inputs
@@ -569,6 +572,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	// Backward: every micro-batch through layer l (its weights swapped in
 	// once, its gradients summed in pinned memory), then layer l-1.
 	src.startPass(false)
+	lp.backward = true
 	readAheadTables(ctx, src, true)
 	if he != nil {
 		// The head's backward: the table read once more in blocks, the

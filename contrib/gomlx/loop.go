@@ -103,6 +103,12 @@ type loop struct {
 	// in each layer's forward and backward calls (index: Net.Layers).
 	compute      time.Duration
 	layerCompute []time.Duration
+	// lmCompute is the part of compute in a layer-major step's forward
+	// pass (its loss included) and backward pass; layerMajor says that
+	// such a step runs, backward which pass (runLayerMajor sets both).
+	lmCompute  [2]time.Duration
+	layerMajor bool
+	backward   bool
 	// serial (Options.OneLayerResident): a layer is bound after the one
 	// before it computed, and a layer's gradients are handed over before
 	// the next backward runs, so one layer's weights and one layer's
@@ -114,6 +120,9 @@ type loop struct {
 // call (l >= 0; the loss and a blocked head pass -1), in the layer's.
 func (lp *loop) took(l int, d time.Duration) {
 	lp.compute += d
+	if lp.layerMajor {
+		lp.lmCompute[map[bool]int{false: 0, true: 1}[lp.backward]] += d
+	}
 	if l < 0 {
 		return
 	}

@@ -101,6 +101,12 @@ type Timings struct {
 	// BlockedHead are in Compute only): with the bytes a layer moves, it
 	// says whether a layer's compute can hide its I/O.
 	LayerCompute []time.Duration
+	// ForwardCompute and BackwardCompute are the parts of Compute in
+	// the layer-major steps' forward passes (their losses included) and
+	// backward passes, a blocked head's calls with their pass: what
+	// zgomlx.Loop under gradient_accumulation_steps "auto" takes k from
+	// (zinf.Runtime.MicroBatchesToHideIOPasses).
+	ForwardCompute, BackwardCompute time.Duration
 }
 
 // Timings returns the time spent in zinf so far, and the executors'
@@ -110,6 +116,7 @@ func (t *Trainer) Timings() Timings {
 	tm.Compute = t.lp.compute
 	tm.LayerCompute = make([]time.Duration, len(t.ex.layers)) // a layer not run yet: 0
 	copy(tm.LayerCompute, t.lp.layerCompute)
+	tm.ForwardCompute, tm.BackwardCompute = t.lp.lmCompute[0], t.lp.lmCompute[1]
 	return tm
 }
 

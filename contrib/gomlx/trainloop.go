@@ -63,6 +63,10 @@ type autoMicroBatches struct {
 	compute time.Duration
 	units   int64
 	k       int
+	// fwd and bwd are the Trainer's layer-major compute by pass
+	// (Timings.ForwardCompute, BackwardCompute) after the step before
+	// the last.
+	fwd, bwd time.Duration
 }
 
 // MicroBatchesPerStep is the micro-batches the next step of RunSteps
@@ -78,19 +82,38 @@ func (l *Loop) MicroBatchesPerStep() int {
 	return l.Trainer.off.rt.MicroBatches()
 }
 
-// measureAuto counts a step under gradient_accumulation_steps "auto" and,
-// once AutoMeasureSteps have run, takes the k that hides the I/O at the
-// compute per layer measured over the last one.
-func (l *Loop) measureAuto() {
+// measureAuto counts a step of k micro-batches under
+// gradient_accumulation_steps "auto" and, once AutoMeasureSteps have run,
+// takes the k that hides the I/O at the compute measured over the last
+// one. A layer-major step's compute is the Trainer's own executors',
+// timed by pass: each pass's compute per layer and micro-batch must
+// cover that pass's I/O (zinf.Runtime.MicroBatchesToHideIOPasses; the
+// backward pass carries the gradients and the optimizer step). Else it
+// is the runtime's measure of its layer visits
+// (zinf.Runtime.MicroBatchesToHideIO), which also counts the loop's work
+// while a layer is begun.
+func (l *Loop) measureAuto(k int) {
 	rt := l.Trainer.off.rt
 	if l.MicroBatches > 0 || l.auto.k > 0 || !rt.Config.GradientAccumulationAuto {
 		return
 	}
 	l.auto.steps++
 	m := rt.Metrics()
+	tm := l.Trainer.Timings()
 	if l.auto.steps < AutoMeasureSteps {
 		l.auto.compute, l.auto.units = m.Compute, m.ComputeUnits
+		l.auto.fwd, l.auto.bwd = tm.ForwardCompute, tm.BackwardCompute
 		return
+	}
+	if fwd, bwd, n := tm.ForwardCompute-l.auto.fwd, tm.BackwardCompute-l.auto.bwd, k*rt.Layers(); fwd > 0 && bwd > 0 && n > 0 {
+		fwd, bwd = fwd/time.Duration(n), bwd/time.Duration(n)
+		c := rt.MicroBatchesToHideIOPasses(fwd, bwd)
+		if c.Known() {
+			l.auto.k = c.MicroBatches
+			l.Trainer.off.log.Info("zgomlx: gradient_accumulation_steps \"auto\": "+c.String(),
+				"micro_batches", c.MicroBatches, "forward_per_layer", fwd, "backward_per_layer", bwd, "after_step", l.LoopStep)
+			return
+		}
 	}
 	units := m.ComputeUnits - l.auto.units
 	if units <= 0 {
@@ -181,13 +204,14 @@ func (l *Loop) RunSteps(ctx context.Context, ds train.Dataset, steps int) (float
 			for _, b := range held {
 				_ = b.Finalize()
 			}
+			k := len(held)
 			held = held[:0]
 			if err != nil {
 				return l.Loss, fmt.Errorf("zgomlx: step %d: %w", l.LoopStep+1, err)
 			}
 			l.times = append(l.times, time.Since(t0))
 			l.LoopStep++
-			l.measureAuto()
+			l.measureAuto(k)
 			done++
 			l.Loss = loss
 			if l.LoopStep == l.StartStep+1 && l.MovingAverageLoss == 0 {

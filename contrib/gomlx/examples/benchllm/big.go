@@ -281,9 +281,13 @@ func big(o options, w io.Writer) error {
 		line(fmt.Sprintf("warm-up %d/%d (the plan's k; compiles, measures the compute)", i+1, zgomlx.AutoMeasureSteps), st)
 	}
 	k := loop.MicroBatchesPerStep()
-	cover := rt.MicroBatchesToHideIO(0)
-	fmt.Fprintf(w, "the timed steps run k=%d %s: the planner's k that zgomlx.Loop took under \"auto\" from the compute of the last warm-up step; at the compute of every step so far (%.0f ms per layer, pass and micro-batch) the planner says %s\n",
-		k, map[bool]string{true: "layer-major", false: "micro-batch-major"}[lm], float64(rt.MeasuredComputePerLayer())/1e6, cover)
+	// The executors' compute of the warm-up steps by pass, per layer and
+	// micro-batch (both steps ran the plan's k).
+	wt := tr.Timings()
+	warmUnits := time.Duration(zgomlx.AutoMeasureSteps * rt.MicroBatches() * rt.Layers())
+	cover := rt.MicroBatchesToHideIOPasses(wt.ForwardCompute/warmUnits, wt.BackwardCompute/warmUnits)
+	fmt.Fprintf(w, "the timed steps run k=%d %s: the planner's k that zgomlx.Loop took under \"auto\" from its executors' compute by pass in the last warm-up step; at both warm-up steps' the planner says %s (the runtime's own measure of its layer visits, %.0f ms per layer, pass and micro-batch, which counts the loop's work while a layer is begun, says %s)\n",
+		k, map[bool]string{true: "layer-major", false: "micro-batch-major"}[lm], cover, float64(rt.MeasuredComputePerLayer())/1e6, rt.MicroBatchesToHideIO(0))
 
 	exe, err := os.Executable()
 	if err != nil {
