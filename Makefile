@@ -218,8 +218,12 @@ bench-llm:
 # minutes): BIG_FLAGS='-layers 4 -dim 1024 -heads 8 -ffn 4096 -vocab
 # 100277 -batch 1 -seq 16 -steps 1 -pinned 0 -heap-credit none -one-layer
 # -train-memlimit 1600MiB -tied -head-rows 8192'.
+# -contend cpu,mem ends the run with the in-memory slice alone and
+# beside one goroutine of other work (a floating-point loop; memory
+# copies): what a core's worth of the I/O path's work (checksums,
+# gradient sums, the optimizer, copies) costs this machine's compute.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 5 -slice-blocks 4 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 5 -slice-blocks 4 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192 -contend cpu,mem
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm
