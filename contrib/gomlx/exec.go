@@ -12,14 +12,11 @@ import (
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
-	"github.com/gomlx/compute/shapes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 	"github.com/gomlx/gomlx/ml/model"
 	"github.com/gomlx/gomlx/ml/train"
 
-	"github.com/zinfio/zinf/buffers"
-	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -54,10 +51,6 @@ type layerExec struct {
 	// gathered says which lookups' gradients the backward pass gives by
 	// rows (gatheredRows), as its graph was built.
 	gathered map[*Var]bool
-	// transposed holds the variables whose gradients the backward pass
-	// gives transposed (transposedGrad), as its graph was built: the
-	// rows and columns of the matrix it gives.
-	transposed map[*Var][2]int
 }
 
 // executors are a Net's per-layer executors plus the loss's, over one
@@ -70,13 +63,7 @@ type executors struct {
 	layers  []*layerExec
 	loss    *graph.Exec
 	head    *headExec // Net.Head's, or nil
-	// tgrad is where the loop puts a transposed gradient back
-	// (transposeScratch), its memory mapped outside the Go heap (tmem)
-	// where the backend allows it: a 16 MiB buffer in the heap took that
-	// much of the headroom a tight memory limit leaves the collector.
-	tgrad  []float32
-	tmem   *layerexec.Buffer
-	byName map[string]*Var
+	byName  map[string]*Var
 	// nOut is the number of the last layer's outputs in the loss call
 	// being built (the rest are labels).
 	nOut int
@@ -100,7 +87,7 @@ func newExecutors(backend compute.Backend, store *model.Store, net Net, layerVar
 	ex := &executors{backend: backend, store: store, net: net, byName: byName}
 	var errs []error
 	for i, l := range net.Layers {
-		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}, gathered: map[*Var]bool{}, transposed: map[*Var][2]int{}}
+		le := &layerExec{ex: ex, index: i, layer: Layer{Scope: cleanScope(l.Scope), Fn: l.Fn, FnN: l.FnN, Borrow: l.Borrow, Lookups: l.Lookups}, fn: l.fn(), binds: map[*graph.Graph][]binding{}, gathered: map[*Var]bool{}}
 		le.vars = append(le.vars, layerVars[i]...)
 		for _, v := range layerVars[i] {
 			v.lookup = -1
@@ -249,38 +236,18 @@ func (le *layerExec) backwardGraph(ins []*graph.Node) []*graph.Node {
 	// weights, x W) gets its gradient from GoMLX's autodiff as a product
 	// in the transposed layout, then a Transpose back to the matrix's:
 	// an element-by-element permutation on one goroutine that took a
-	// third of a small-batch training step's CPU. The graph gives the
-	// product's result instead, and the loop puts it in the matrix's
-	// layout while the next layer computes (transposeInto, blocked). Own
-	// variables only: a borrowed variable's gradient may be kept for its
-	// layer as it is.
+	// third of a small-batch training step's CPU. The graph computes the
+	// product with its operands swapped instead, already in the matrix's
+	// layout (swappedProduct): the variables' gradients, those the loop
+	// hands to zinf.
 	base := len(wrt) - len(le.vars)
-	for i, v := range le.vars {
-		if i >= le.own {
-			break
-		}
-		if s := swappedProduct(grads[base+i]); s != nil {
-			// The product with its operands swapped gives the matrix's
-			// layout: nothing to put back.
-			grads[base+i] = s
-			le.mu.Lock()
-			delete(le.transposed, v)
-			le.mu.Unlock()
-			continue
-		}
-		pre, rows, cols := swappedMatrix(grads[base+i])
-		le.mu.Lock()
-		if pre != nil {
-			le.transposed[v] = [2]int{rows, cols}
-		} else {
-			delete(le.transposed, v)
-		}
-		le.mu.Unlock()
-		if pre != nil {
-			grads[base+i] = pre
-		}
-	}
 	for i, g := range grads {
+		if i >= base {
+			if s := swappedProduct(g); s != nil {
+				grads[i] = s
+				continue
+			}
+		}
 		grads[i] = skipIdentity(g)
 	}
 	return grads
@@ -441,16 +408,6 @@ func skipIdentity(n *graph.Node) *graph.Node {
 		}
 	}
 	return n.Inputs()[0]
-}
-
-// transposedGrad reports whether the layer's backward pass gives own
-// variable v's gradient transposed (its graph was built so; see
-// swappedMatrix), and the rows and columns of the matrix it gives.
-func (le *layerExec) transposedGrad(v *Var) (rows, cols int, ok bool) {
-	le.mu.Lock()
-	defer le.mu.Unlock()
-	rc, ok := le.transposed[v]
-	return rc[0], rc[1], ok
 }
 
 // rowGrad reports whether the backward pass may give v's gradient by rows
@@ -616,24 +573,6 @@ func (ex *executors) close() {
 	if ex.head != nil {
 		ex.head.close()
 	}
-	ex.tmem.Free()
-	ex.tgrad, ex.tmem = nil, nil
-}
-
-// transposeScratch returns ex.tgrad with room for n float32s, made
-// (again) when it has less. For the loop's goroutine only.
-func (ex *executors) transposeScratch(n int) ([]float32, error) {
-	if len(ex.tgrad) >= n {
-		return ex.tgrad[:n], nil
-	}
-	ex.tmem.Free()
-	ex.tgrad, ex.tmem = nil, nil
-	b, err := layerexec.NewMappedBuffer(ex.backend, shapes.Make(dtypes.Float32, n))
-	if err != nil {
-		return nil, fmt.Errorf("zgomlx: a buffer of %d floats for a transposed gradient: %w", n, err)
-	}
-	ex.tmem, ex.tgrad = b, buffers.Float32Bytes(b.Bytes)
-	return ex.tgrad[:n], nil
 }
 
 // checkBackend refuses a backend the executors cannot feed: they read

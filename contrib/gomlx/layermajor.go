@@ -558,7 +558,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 					return err
 				}
 			}
-			if err := lp.grad(ctx, v, p.outs[p.k+i], last, v.lookup >= 0, true); err != nil {
+			if err := lp.grad(ctx, v, p.outs[p.k+i], last, v.lookup >= 0); err != nil {
 				return err
 			}
 		}

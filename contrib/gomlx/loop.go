@@ -120,8 +120,11 @@ type loop struct {
 // call (l >= 0; the loss and a blocked head pass -1), in the layer's.
 func (lp *loop) took(l int, d time.Duration) {
 	lp.compute += d
-	if lp.layerMajor {
-		lp.lmCompute[map[bool]int{false: 0, true: 1}[lp.backward]] += d
+	switch {
+	case lp.layerMajor && lp.backward:
+		lp.lmCompute[1] += d
+	case lp.layerMajor:
+		lp.lmCompute[0] += d
 	}
 	if l < 0 {
 		return
@@ -425,7 +428,7 @@ func (lp *loop) handOver(ctx context.Context, p *pending, last bool) error {
 	defer lp.drop(p)
 	le := lp.ex.layers[p.layer]
 	for i, v := range le.vars {
-		if err := lp.grad(ctx, v, p.outs[p.k+i], last && i < le.own, i < le.own && v.lookup >= 0, i < le.own); err != nil {
+		if err := lp.grad(ctx, v, p.outs[p.k+i], last && i < le.own, i < le.own && v.lookup >= 0); err != nil {
 			return err
 		}
 	}
@@ -447,9 +450,7 @@ func (lp *loop) drop(p *pending) {
 // grad hands a gradient tensor over as fp32: a view of its buffer when it
 // is fp32, widened into the loop's scratch otherwise; nothing is
 // allocated in steady state.
-// own says t is the gradient of a variable of the layer that computed it
-// (not a borrowed one's), which the layer's graph may give transposed.
-func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows, own bool) error {
+func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows bool) error {
 	if rows && lp.ex.layers[v.Layer].gatheredRows(v) { // only rowGrad variables are gathered by rows
 		return lp.lookupGrad(ctx, v, t, last)
 	}
@@ -459,19 +460,6 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows,
 	}
 	if len(b) != v.numel*v.dtype.Size() {
 		return fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
-	}
-	if r, c, ok := lp.ex.layers[v.Layer].transposedGrad(v); own && ok {
-		// The product's result, the variable's transpose as an r x c
-		// matrix: put back in its layout here (see swappedMatrix).
-		if r*c != v.numel || v.dtype != swapper.Float32 {
-			return fmt.Errorf("zgomlx: gradient of %q: a transposed %d x %d fp32 matrix was built for %d elements of %s", v.Name, r, c, v.numel, v.dtype)
-		}
-		g, err := lp.ex.transposeScratch(v.numel)
-		if err != nil {
-			return err
-		}
-		transposeInto(g, buffers.Float32Bytes(b), r, c)
-		return lp.src.grad(ctx, v, g, last, rows)
 	}
 	if v.dtype == swapper.Float32 {
 		return lp.src.grad(ctx, v, buffers.Float32Bytes(b), last, rows)

@@ -13,6 +13,7 @@ import (
 	"github.com/gomlx/gomlx/ml/train"
 
 	"github.com/zinfio/zinf/checkpoint"
+	"github.com/zinfio/zinf/policy"
 )
 
 // Loop drives a Trainer over a GoMLX train.Dataset as GoMLX's train.Loop
@@ -105,28 +106,18 @@ func (l *Loop) measureAuto(k int) {
 		l.auto.fwd, l.auto.bwd = tm.ForwardCompute, tm.BackwardCompute
 		return
 	}
+	var c policy.IOCover
 	if fwd, bwd, n := tm.ForwardCompute-l.auto.fwd, tm.BackwardCompute-l.auto.bwd, k*rt.Layers(); fwd > 0 && bwd > 0 && n > 0 {
-		fwd, bwd = fwd/time.Duration(n), bwd/time.Duration(n)
-		c := rt.MicroBatchesToHideIOPasses(fwd, bwd)
-		if c.Known() {
-			l.auto.k = c.MicroBatches
-			l.Trainer.off.log.Info("zgomlx: gradient_accumulation_steps \"auto\": "+c.String(),
-				"micro_batches", c.MicroBatches, "forward_per_layer", fwd, "backward_per_layer", bwd, "after_step", l.LoopStep)
-			return
-		}
+		c = rt.MicroBatchesToHideIOPasses(fwd/time.Duration(n), bwd/time.Duration(n))
+	} else if units := m.ComputeUnits - l.auto.units; units > 0 {
+		c = rt.MicroBatchesToHideIO((m.Compute - l.auto.compute) / time.Duration(units))
 	}
-	units := m.ComputeUnits - l.auto.units
-	if units <= 0 {
-		return // no layer visit measured: try again after the next step
-	}
-	perLayer := (m.Compute - l.auto.compute) / time.Duration(units)
-	c := rt.MicroBatchesToHideIO(perLayer)
 	if !c.Known() {
-		return
+		return // no compute measured: try again after the next step
 	}
 	l.auto.k = c.MicroBatches
 	l.Trainer.off.log.Info("zgomlx: gradient_accumulation_steps \"auto\": "+c.String(),
-		"micro_batches", c.MicroBatches, "compute_per_layer", perLayer, "after_step", l.LoopStep)
+		"micro_batches", c.MicroBatches, "after_step", l.LoopStep)
 }
 
 type loopHook[F any] struct {
