@@ -223,7 +223,7 @@ bench-llm:
 # copies): what a core's worth of the I/O path's work (checksums,
 # gradient sums, the optimizer, copies) costs this machine's compute.
 BIG_MEMLIMIT ?= 2GiB
-BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 5 -slice-blocks 4 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192 -contend cpu,mem
+BIG_FLAGS ?= -layers 124 -dim 1024 -heads 8 -ffn 4096 -vocab 100277 -batch 1 -seq 16 -steps 5 -slice-blocks 4 -pinned 0 -heap-credit none -train-memlimit 330MiB -tied -head-rows 8192 -contend mem,mem-paced
 bench-llm-big:
 	mkdir -p $(BIN)
 	cd $(GOMLX_DIR) && $(GOMLX_ENV) $(GO) build -o $(abspath $(BIN))/zinf-benchllm ./examples/benchllm

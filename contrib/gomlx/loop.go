@@ -14,6 +14,7 @@ import (
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
 	"github.com/zinfio/zinf/swapper"
@@ -152,7 +153,9 @@ func work(jobs <-chan job, results chan<- result) {
 	for j := range jobs {
 		var r result
 		t0 := time.Now()
+		end := zinf.BeginCompute() // zinf's background work gives way to the backend's workers
 		r.outs, r.err = j.exec.Call(j.args...)
+		end()
 		r.took = time.Since(t0)
 		results <- r
 	}

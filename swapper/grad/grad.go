@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/yield"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -883,20 +884,19 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 		}
 	case !has:
 		// +0 + g: a -0 becomes +0, as adding to the zeroed sum would.
-		done := plusZeroVec(acc, grad)
-		for i, g := range grad[done:] {
-			acc[done+i] = g + 0
-		}
+		inChunks(acc, grad, plusZero)
 		if s.opts.SumSquares {
 			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
 	case s.opts.SumSquares:
-		for i, g := range grad {
-			a := acc[i] + g
-			acc[i] = a
-			d := float64(a)
-			sumSq += float64(d * d)
-		}
+		inChunks(acc, grad, func(acc, grad []float32) {
+			for i, g := range grad {
+				a := acc[i] + g
+				acc[i] = a
+				d := float64(a)
+				sumSq += float64(d * d)
+			}
+		})
 	default:
 		addInto(acc, grad)
 	}
@@ -912,12 +912,40 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 }
 
 // addInto adds g to acc element by element in float32.
-func addInto(acc, g []float32) {
+func addInto(acc, g []float32) { inChunks(acc, g, add) }
+
+// add is addInto on one chunk.
+func add(acc, g []float32) {
 	acc = acc[:len(g)]
 	done := addVec(acc, g)
 	for i, x := range g[done:] {
 		acc[done+i] = acc[done+i] + x
 	}
+}
+
+// plusZero sets acc to +0 + g element by element (a -0 becomes +0).
+func plusZero(acc, g []float32) {
+	done := plusZeroVec(acc, g)
+	for i, x := range g[done:] {
+		acc[done+i] = x + 0
+	}
+}
+
+// chunkElems is the elements of each operand a sum handles between two
+// yield points.
+const chunkElems = yield.Chunk / 4
+
+// inChunks runs f on acc and g (len(acc) >= len(g)) whole, or, while
+// compute is marked (package yield), on consecutive chunks of
+// chunkElems in index order with a yield.Point between them: the same
+// operations in the same order.
+func inChunks(acc, g []float32, f func(acc, g []float32)) {
+	for len(g) > 2*chunkElems && yield.Active() {
+		f(acc[:chunkElems], g[:chunkElems])
+		acc, g = acc[chunkElems:], g[chunkElems:]
+		yield.Point()
+	}
+	f(acc, g)
 }
 
 // readStore reads t's stored sum into buf.
@@ -1372,10 +1400,12 @@ func sumSquares(v []float32) float64 { return sumSquaresFrom(0, v) }
 // sumSquaresFrom is sumSquares going on from s: the sum over pieces in
 // order is the sum over the whole, addition by addition.
 func sumSquaresFrom(s float64, v []float32) float64 {
-	for _, x := range v {
-		d := float64(x)
-		s += float64(d * d)
-	}
+	inChunks(v, v, func(v, _ []float32) {
+		for _, x := range v {
+			d := float64(x)
+			s += float64(d * d)
+		}
+	})
 	return s
 }
 

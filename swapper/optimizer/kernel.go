@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/zinfio/zinf/internal/base/yield"
 )
 
 // KernelEnv is the environment variable that picks the kernel of Adam, of
@@ -325,20 +327,36 @@ func split(n, workers int, f func(lo, hi int)) { splitAligned(n, workers, 16, f)
 // splitAligned is split with chunks of a multiple of align elements (a
 // power of two dividing minChunk), so that no chunk boundary falls inside
 // a block of align elements.
+//
+// While compute is marked (package yield), each goroutine calls
+// yield.Point before each chunk after its first, and one goroutine's
+// update goes in chunks of minChunk too.
 func splitAligned(n, workers, align int, f func(lo, hi int)) {
 	w := splitWorkers(n, workers)
 	if w <= 1 {
-		f(0, n)
+		if n <= 2*minChunk || !yield.Active() {
+			f(0, n)
+			return
+		}
+		for lo := 0; lo < n; lo += minChunk {
+			if lo > 0 {
+				yield.Point()
+			}
+			f(lo, min(lo+minChunk, n))
+		}
 		return
 	}
 	chunk := max(minChunk, (n/(w*chunksPerWorker)+align-1)&^(align-1))
 	chunks := (n + chunk - 1) / chunk
 	var next atomic.Int64
 	run := func() {
-		for {
+		for first := true; ; first = false {
 			c := int(next.Add(1) - 1)
 			if c >= chunks {
 				return
+			}
+			if !first {
+				yield.Point()
 			}
 			f(c*chunk, min((c+1)*chunk, n))
 		}
@@ -357,7 +375,7 @@ func splitAligned(n, workers, align int, f func(lo, hi int)) {
 func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
 	n := len(p)
 	g, m, v = g[:n], m[:n], v[:n]
-	if splitWorkers(n, workers) <= 1 {
+	if splitWorkers(n, workers) <= 1 && !yield.Active() {
 		k.runAdam(p, g, m, v, a)
 		return
 	}
@@ -372,7 +390,7 @@ func (k *kernel) adamSplit(p, g, m, v []float32, a *adamArgs, workers int) {
 func (k *kernel) updateSplit(w, g []float32, st [][]float32, step int, h Hyper, workers int) {
 	n := len(w)
 	g = g[:n]
-	if splitWorkers(n, workers) <= 1 {
+	if splitWorkers(n, workers) <= 1 && !yield.Active() {
 		a := newRuleArgs(step, h)
 		k.run(w, g, st, &a)
 		return

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/yield"
 )
 
 // TestAdamSplit: an update split over any number of workers, at lengths
@@ -41,18 +42,28 @@ func TestAdamSplit(t *testing.T) {
 		}
 		adamScalar(want[0], want[1], want[2], want[3], &a)
 		for _, k := range append([]*kernel{scalarKernel}, simdKernels...) {
-			for workers := 1; workers <= 5; workers++ {
-				var got [4][]float32
-				for j := range ops {
-					got[j] = slices.Clone(ops[j])
+			// With compute marked (package yield) the update goes in
+			// chunks with yield points between them, on one worker too.
+			for _, computing := range []bool{false, true} {
+				if computing {
+					yield.Begin()
 				}
-				k.adamSplit(got[0], got[1], got[2], got[3], &a, workers)
-				for j := range got {
-					for i := range got[j] {
-						if math.Float32bits(got[j][i]) != math.Float32bits(want[j][i]) {
-							t.Fatalf("%s, n=%d, %d workers: operand %d element %d is %v, want %v", k.name, n, workers, j, i, got[j][i], want[j][i])
+				for workers := 1; workers <= 5; workers++ {
+					var got [4][]float32
+					for j := range ops {
+						got[j] = slices.Clone(ops[j])
+					}
+					k.adamSplit(got[0], got[1], got[2], got[3], &a, workers)
+					for j := range got {
+						for i := range got[j] {
+							if math.Float32bits(got[j][i]) != math.Float32bits(want[j][i]) {
+								t.Fatalf("%s, n=%d, %d workers, computing %v: operand %d element %d is %v, want %v", k.name, n, workers, computing, j, i, got[j][i], want[j][i])
+							}
 						}
 					}
+				}
+				if computing {
+					yield.End()
 				}
 			}
 		}

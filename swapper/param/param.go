@@ -17,6 +17,7 @@ import (
 
 	"github.com/zinfio/zinf/accel"
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/yield"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -408,7 +409,7 @@ func (s *Swapper) ReadBytes(ctx context.Context, name string, dst []byte) error 
 	}
 	defer blk.release()
 	if blk.buf != nil {
-		copy(dst, blk.buf.Bytes()[:t.bytes])
+		yield.Copy(dst, blk.buf.Bytes()[:t.bytes])
 		return nil
 	}
 	if err := s.deviceCopy(func(st accel.Stream) error {

@@ -22,7 +22,11 @@
 // 7.4 GB/s from memory on the test machine.
 package crc32c
 
-import "hash/crc32"
+import (
+	"hash/crc32"
+
+	"github.com/zinfio/zinf/internal/base/yield"
+)
 
 // table is hash/crc32's Castagnoli table (its SSE4.2 code on amd64).
 var table = crc32.MakeTable(crc32.Castagnoli)
@@ -47,8 +51,21 @@ const (
 func Checksum(b []byte) uint32 { return Update(0, b) }
 
 // Update returns crc updated with b (crc32.Update with the Castagnoli
-// table).
+// table). While compute is marked (package yield), a long b is summed in
+// chunks of yield.Chunk with a yield.Point between them.
 func Update(crc uint32, b []byte) uint32 {
+	if len(b) > 2*yield.Chunk && yield.Active() {
+		for len(b) > yield.Chunk {
+			crc = update(crc, b[:yield.Chunk])
+			b = b[yield.Chunk:]
+			yield.Point()
+		}
+	}
+	return update(crc, b)
+}
+
+// update is Update without the yield points.
+func update(crc uint32, b []byte) uint32 {
 	if haveFold && len(b) >= foldMin {
 		// The kernel takes and returns the register crc32.Update keeps,
 		// which is crc inverted.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/zinfio/zinf/internal/base/crc32c"
+	"github.com/zinfio/zinf/internal/base/yield"
 )
 
 var tab = crc32.MakeTable(crc32.Castagnoli)
@@ -227,4 +228,28 @@ func BenchmarkChecksumSizes(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestWhileComputing: with compute marked (package yield) a long buffer is
+// summed in chunks with yield points between them: the same CRC.
+func TestWhileComputing(t *testing.T) {
+	yield.Begin()
+	defer yield.End()
+	r := rand.New(rand.NewPCG(7, 8))
+	b := make([]byte, 5*yield.Chunk+333)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	paths(t, func(t *testing.T) {
+		for _, n := range []int{2 * yield.Chunk, 2*yield.Chunk + 1, 3*yield.Chunk - 5, 5*yield.Chunk + 333} {
+			for _, off := range []int{0, 3} {
+				if n+off > len(b) {
+					continue
+				}
+				if got, want := crc32c.Checksum(b[off:off+n]), crc32.Checksum(b[off:off+n], tab); got != want {
+					t.Fatalf("%d bytes at offset %d while computing: %08x, hash/crc32 %08x", n, off, got, want)
+				}
+			}
+		}
+	})
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/zinfio/zinf/config"
 	zgomlx "github.com/zinfio/zinf/contrib/gomlx"
 	"github.com/zinfio/zinf/contrib/gomlx/reference"
+	"github.com/zinfio/zinf/internal/base/yield"
 	"github.com/zinfio/zinf/metrics/procstat"
 	"github.com/zinfio/zinf/metrics/stats"
 )
@@ -625,22 +626,31 @@ func sliceChild(o options, w io.Writer) error {
 	return jsonOut(w, res)
 }
 
-// contend runs load (cpu or mem) on one goroutine until the function it
-// returns is called (which waits for it to stop).
+// contend runs load on one goroutine until the function it returns is
+// called (which waits for it to stop): cpu, a floating-point loop; mem,
+// copies between two 256 MiB buffers; cpu-paced and mem-paced, the same
+// with a yield point between chunks of about 100 µs, as zinf's own
+// background work has (zinf.BeginCompute).
 func contend(load string) (stop func()) {
 	var quit atomic.Bool
 	done := make(chan struct{})
+	kind, paced := strings.CutSuffix(load, "-paced")
 	var a, b []byte
-	if load == "mem" {
+	if kind == "mem" {
 		a, b = make([]byte, 256<<20), make([]byte, 256<<20)
 		for i := range a {
 			a[i] = byte(i)
 		}
 		copy(b, a) // the pages faulted in before the timed steps
 	}
+	point := func() {
+		if paced {
+			yield.Point()
+		}
+	}
 	go func() {
 		defer close(done)
-		switch load {
+		switch kind {
 		case "mem":
 			// In 1 MiB copies: a copy is not preempted, and a long one
 			// would hold its processor from the compute's goroutines.
@@ -648,6 +658,7 @@ func contend(load string) (stop func()) {
 				for i := 0; i < len(a); i += 1 << 20 {
 					copy(a[i:i+1<<20], b[i:i+1<<20])
 					copy(b[i:i+1<<20], a[i:i+1<<20])
+					point()
 				}
 			}
 		default:
@@ -656,6 +667,7 @@ func contend(load string) (stop func()) {
 				for range 1 << 16 {
 					x = x*1.0000001 + 1e-9
 				}
+				point()
 			}
 			sink.Store(math.Float64bits(x))
 		}
@@ -686,7 +698,8 @@ func contentionProbe(o options, exe string, k int, w io.Writer) error {
 			return fmt.Errorf("-contend %s: %w", l, err)
 		}
 		med := sr.blockMs()
-		what := map[string]string{"": "alone", "cpu": "beside a floating-point loop", "mem": "beside a memory copy"}[l]
+		what := map[string]string{"": "alone", "cpu": "beside a floating-point loop", "mem": "beside a memory copy",
+			"cpu-paced": "beside a floating-point loop with yield points", "mem-paced": "beside a memory copy with yield points"}[l]
 		if l == "" {
 			alone = med
 			fmt.Fprintf(w, "contention probe (-contend %s; the in-memory slice, k=%d): alone a block computes %s ms (CPU %.2f s a step, %.2f cores)\n", o.contend, k, medRange(sr.BlockMs, "%.1f"), stats.Median(sr.StepCPUMs)/1e3, stats.Median(sr.StepCPUMs)/sr.WallMs)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zinfio/zinf"
 	"github.com/zinfio/zinf/config"
 	"runtime"
 )
@@ -70,9 +71,15 @@ func TestApplyZinf(t *testing.T) {
 }
 
 // TestContendStops: each load of -contend runs until its stop function
-// is called, which returns once the load's goroutine has ended.
+// is called, which returns once the load's goroutine has ended (the paced
+// ones with compute marked, so that their yield points pause).
 func TestContendStops(t *testing.T) {
-	for _, load := range []string{"cpu", "mem"} {
+	end := zinf.BeginCompute()
+	defer end()
+	for _, load := range []string{"cpu", "mem", "cpu-paced", "mem-paced"} {
+		if !contendLoad(load) {
+			t.Fatalf("contendLoad(%q) is false", load)
+		}
 		n := runtime.NumGoroutine()
 		stop := contend(load)
 		time.Sleep(20 * time.Millisecond)

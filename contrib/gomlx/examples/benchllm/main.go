@@ -110,8 +110,8 @@ func main() {
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.BoolVar(&o.checksums, "checksums", true, "the offloaded process's zinf.checksums: CRC-32C of every swapped-out tensor, verified on every read (false: the same bytes moved without the CPU work)")
 	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
-	flag.StringVar(&o.contend, "contend", "", "-big: after the timed steps, run the in-memory slice again alone and beside one goroutine of other work for each load listed (cpu: a floating-point loop; mem: copies between two 256 MiB buffers; e.g. cpu,mem), and print its block compute against alone: what a core's worth of other work (such as the I/O path's checksums, the gradient sums and the optimizer) costs this machine's compute")
-	flag.StringVar(&o.contendWith, "contend-with", "", "internal: a slice child's load beside its timed steps (cpu or mem)")
+	flag.StringVar(&o.contend, "contend", "", "-big: after the timed steps, run the in-memory slice again alone and beside one goroutine of other work for each load listed (cpu: a floating-point loop; mem: copies between two 256 MiB buffers; cpu-paced, mem-paced: the same with yield points, as zinf's own background work has; e.g. mem,mem-paced), and print its block compute against alone: what a core's worth of other work (such as the I/O path's checksums, the gradient sums and the optimizer) costs this machine's compute")
+	flag.StringVar(&o.contendWith, "contend-with", "", "internal: a slice child's load beside its timed steps (cpu, mem, cpu-paced or mem-paced)")
 	flag.BoolVar(&o.readAhead, "read-ahead", false, "the offloaded process reads the embedding table's optimizer states from NVMe during the backward pass of the last layers, ahead of its gradient (zgomlx.Options.ReadAheadTables); combines with -overlap-update")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -162,16 +162,16 @@ func main() {
 	}
 	if o.contend != "" {
 		for _, l := range strings.Split(o.contend, ",") {
-			if l != "cpu" && l != "mem" {
-				errs = append(errs, fmt.Sprintf("-contend %q: load %q (allowed: cpu, mem, or both as cpu,mem)", o.contend, l))
+			if !contendLoad(l) {
+				errs = append(errs, fmt.Sprintf("-contend %q: load %q (allowed: a list of cpu, mem, cpu-paced, mem-paced)", o.contend, l))
 			}
 		}
 		if !o.big {
 			errs = append(errs, fmt.Sprintf("-contend %q without -big (allowed: with -big)", o.contend))
 		}
 	}
-	if o.contendWith != "" && (o.child != "slice" || (o.contendWith != "cpu" && o.contendWith != "mem")) {
-		errs = append(errs, fmt.Sprintf("-contend-with %q (allowed: cpu or mem, with -child slice)", o.contendWith))
+	if o.contendWith != "" && (o.child != "slice" || !contendLoad(o.contendWith)) {
+		errs = append(errs, fmt.Sprintf("-contend-with %q (allowed: cpu, mem, cpu-paced or mem-paced, with -child slice)", o.contendWith))
 	}
 	if o.child != "" && o.child != "offloaded" && o.child != "memory" && o.child != "slice" {
 		errs = append(errs, fmt.Sprintf("-child %q (allowed: offloaded, memory, slice)", o.child))
@@ -552,4 +552,13 @@ func (o options) applyZinf(cfg *config.Config) {
 	if o.pipelineDepth >= 0 {
 		cfg.Zinf.PipelineDepth = o.pipelineDepth
 	}
+}
+
+// contendLoad says whether l is one of contend's loads.
+func contendLoad(l string) bool {
+	switch l {
+	case "cpu", "mem", "cpu-paced", "mem-paced":
+		return true
+	}
+	return false
 }
