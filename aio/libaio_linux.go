@@ -43,9 +43,13 @@ type libaioIocb struct {
 	nbytes    uint64 // aio_nbytes
 	offset    int64  // aio_offset
 	reserved2 uint64 // aio_reserved2: must be 0
-	flags     uint32 // aio_flags: IOCB_FLAG_* (none used)
-	resfd     uint32 // aio_resfd: eventfd for IOCB_FLAG_RESFD (unused)
+	flags     uint32 // aio_flags: IOCB_FLAG_* (IOCB_FLAG_RESFD with an eventfd)
+	resfd     uint32 // aio_resfd: the eventfd IOCB_FLAG_RESFD signals
 }
+
+// libaioFlagResfd is IOCB_FLAG_RESFD: the kernel signals aio_resfd when the
+// operation completes.
+const libaioFlagResfd = 1
 
 // libaioEvent is the kernel's struct io_event (32 bytes).
 type libaioEvent struct {
@@ -109,6 +113,12 @@ type libaioRing struct {
 	events []libaioEvent // io_getevents output
 	pollTS unix.Timespec // zero timeout: io_getevents returns at once
 
+	// evfd is the eventfd every operation signals on completion
+	// (IOCB_FLAG_RESFD): a wait for completions polls io_getevents and
+	// parks on it instead of blocking in io_getevents (parker). Where it
+	// could not be made, wait blocks in the kernel.
+	evfd parker
+
 	// deferred holds errors met where they cannot be returned (a failed
 	// poll inside submit, which must not report the batch it did hand to
 	// the kernel as refused; a stray event); the next wait returns them,
@@ -143,6 +153,7 @@ func newLibaioRing(entries int) (ring, error) {
 		ioSubmit:    ioSubmit,
 		ioGetevents: ioGetevents,
 	}
+	r.evfd = newParker(func(int) error { return nil })
 	return r, nil
 }
 
@@ -255,6 +266,9 @@ func (r *libaioRing) prep(op Op, t target, buf []byte, off int64, token uint32) 
 		buf:    uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
 		nbytes: uint64(len(buf)),
 		offset: off,
+	}
+	if r.evfd.ok() && r.evfd.fd >= 0 { // (tests set fd -1: operations that do not signal)
+		cb.flags, cb.resfd = libaioFlagResfd, uint32(r.evfd.fd)
 	}
 	r.bufs[token] = buf
 	r.busy[token] = true
@@ -425,6 +439,20 @@ func (r *libaioRing) reap(minNr, maxNr int) (int, error) {
 		return 0, nil
 	}
 	ts := &r.pollTS
+	if minNr > 0 && r.evfd.ok() {
+		// Poll, and park on the eventfd between polls (parker says why),
+		// then block in the kernel.
+		for range parkRounds {
+			n, err := r.reap(0, maxNr)
+			if n > 0 || err != nil {
+				return n, err
+			}
+			r.evfd.park()
+			if !r.evfd.ok() {
+				break // parking failed
+			}
+		}
+	}
 	if minNr > 0 {
 		ts = nil
 	}
@@ -496,6 +524,7 @@ func (r *libaioRing) close() error {
 	}
 	errno := ioDestroy(r.ctx)
 	r.ctx = 0
+	r.evfd.drop()
 	clear(r.bufs)
 	clear(r.queue)
 	if errno != 0 {

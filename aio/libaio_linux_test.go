@@ -687,3 +687,47 @@ func TestRetryEINTR(t *testing.T) {
 		t.Fatalf("EPERM: errno %v after %d calls", errno, calls)
 	}
 }
+
+// TestLibaioParksOnEventfd: a ring's operations signal its eventfd, and a
+// wait for a direct read or write of 1 MiB parks on it and is woken by that
+// signal (about one park each, not one per parkMax); without the flag on
+// the operations (an eventfd the kernel never signals) the waits still
+// complete, a parkMax at a time.
+func TestLibaioParksOnEventfd(t *testing.T) {
+	r := libaioTestRing(t, 4)
+	if !r.evfd.ok() {
+		t.Fatal("no eventfd: waits block in io_getevents, holding a Go processor")
+	}
+	fd, _ := libaioOpen(t, "park.bin", unix.O_RDWR|unix.O_DIRECT)
+	const ops, size = 16, 1 << 20
+	buf := libaioMmap(t, ops/2*size)
+	libaioPattern(buf, 4)
+	var list []libaioTestOp
+	for i := range ops {
+		op := OpWrite
+		if i%2 == 1 {
+			op = OpRead
+		}
+		list = append(list, libaioTestOp{op, fd, buf[i/2*size : (i/2+1)*size], int64(i / 2 * size)})
+	}
+	for _, unsignalled := range []bool{false, true} {
+		if unsignalled {
+			// Keep the parker, but the operations no longer name it.
+			r.evfd.fd = -1
+		}
+		before := r.evfd.parks
+		// One operation at a time, so that each wait parks.
+		for i := range list {
+			if res := libaioRun(t, r, list[i:i+1])[0]; res != size {
+				t.Fatalf("unsignalled %v, op %d: res %d", unsignalled, i, res)
+			}
+		}
+		parks := float64(r.evfd.parks-before) / ops
+		if !unsignalled && (parks < 0.5 || parks > 1.5) {
+			t.Errorf("%.2f parks an operation (want about 1: the kernel's signal, not the deadline, ends a park)", parks)
+		}
+		if unsignalled && parks < 1 {
+			t.Errorf("unsignalled eventfd: %.2f parks an operation, want at least 1", parks)
+		}
+	}
+}

@@ -46,7 +46,6 @@ const (
 	uringSetupCoopTaskrun  = 1 << 8  // no IPI to run completion work (5.19)
 	uringSetupTaskrunFlag  = 1 << 9  // flag IORING_SQ_TASKRUN when completion work waits (5.19)
 	uringSetupSingleIssuer = 1 << 12 // one task submits (6.0)
-	uringSetupDeferTaskrun = 1 << 13 // completion work runs only in GETEVENTS (6.1)
 
 	uringFeatSingleMmap = 1 << 0 // SQ and CQ rings share one mapping (5.4)
 
@@ -67,6 +66,7 @@ const (
 	uringRegisterFiles       = 2 // IORING_REGISTER_FILES (5.1; sparse tables of -1 since 5.5)
 	uringRegisterFilesUpdate = 6 // IORING_REGISTER_FILES_UPDATE (5.5)
 	uringRegisterProbe       = 8 // IORING_REGISTER_PROBE (5.6)
+	uringRegisterEventfd     = 4 // IORING_REGISTER_EVENTFD (5.2)
 	uringOpSupported         = 1 << 0
 
 	// uringMaxBufferLen is the kernel's limit on one registered buffer
@@ -96,8 +96,12 @@ var uringFileTableSize = 1024
 // flags it does not know with EINVAL, and the next tier is tried. The CQ is
 // left at the kernel's default of twice the SQ: since at most capacity()
 // (the SQ size) operations are ever in flight, the CQ cannot overflow.
+//
+// No tier defers completion work to io_uring_enter (DEFER_TASKRUN): wait
+// parks on an eventfd (parker), which the kernel did not signal for deferred
+// work here (6.18), so each wait of such a ring ran to park's deadline.
 var uringSetupTiers = []uint32{
-	uringSetupSubmitAll | uringSetupSingleIssuer | uringSetupDeferTaskrun | uringSetupTaskrunFlag,
+	uringSetupSubmitAll | uringSetupSingleIssuer | uringSetupCoopTaskrun | uringSetupTaskrunFlag,
 	uringSetupSubmitAll | uringSetupCoopTaskrun | uringSetupTaskrunFlag,
 	0,
 }
@@ -211,6 +215,12 @@ type uringRing struct {
 	toSubmit uint32 // prepped, not yet consumed by the kernel
 	inflight int    // consumed by the kernel, completion not yet reaped
 
+	// evfd is an eventfd registered with the ring, which the kernel
+	// signals when it posts a completion: wait parks on it instead of
+	// blocking in io_uring_enter (parker). Where it could not be set up
+	// wait blocks in the kernel.
+	evfd parker
+
 	// synth holds completions made here for operations that were prepped
 	// but withdrawn from the SQ after a fatal submit error partway through
 	// a batch; wait hands them out before the kernel's.
@@ -303,7 +313,19 @@ func openUring(entries int, tiers []uint32) (*uringRing, error) {
 		r.release()
 		return nil, err
 	}
+	r.evfd = uringEventfd(fd)
 	return r, nil
+}
+
+// uringEventfd registers a new eventfd with ring fd (parker).
+func uringEventfd(fd int) parker {
+	return newParker(func(efd int) error {
+		arg := int32(efd)
+		if _, errno := uringRegisterFn(fd, uringRegisterEventfd, unsafe.Pointer(&arg), 1); errno != 0 {
+			return errno
+		}
+		return nil
+	})
 }
 
 func uringSetup(entries uint32, p *uringParams) (int, unix.Errno) {
@@ -660,8 +682,9 @@ func (r *uringRing) abandonBatch(accepted bool, errno unix.Errno) error {
 	return r.enterError("submit", errno)
 }
 
-// wait reaps up to len(out) completions, blocking in io_uring_enter with
-// IORING_ENTER_GETEVENTS until at least minComplete have arrived. It never
+// wait reaps up to len(out) completions, waiting until at least
+// minComplete have arrived: parked on the ring's eventfd (parker), or, where
+// there is none, blocked in io_uring_enter with IORING_ENTER_GETEVENTS. It never
 // blocks for more completions than there are operations outstanding
 // (minComplete is clamped to that, and to len(out)). With minComplete == 0
 // (a poll) it enters the kernel only
@@ -689,10 +712,17 @@ func (r *uringRing) wait(minComplete int, out []completion) (int, error) {
 	if n == len(out) || (n >= need && atomic.LoadUint32(r.sqFlags)&(uringSQTaskrun|uringSQCQOverflow) == 0) {
 		return n, nil
 	}
-	for {
+	for parks := 0; ; {
 		want := uint32(0)
 		if n < need {
 			want = uint32(need - n)
+		}
+		// With an eventfd, enter only runs the completion work the kernel
+		// holds for this task without waiting, and the wait is a park on
+		// the eventfd (parker says why), up to parkRounds of them.
+		parking := want > 0 && r.evfd.ok() && parks < parkRounds
+		if parking {
+			want = 0
 		}
 		_, errno := r.enter(0, want, uringEnterGetEvents)
 		if errno != 0 && errno != unix.EINTR && errno != unix.EAGAIN {
@@ -702,6 +732,10 @@ func (r *uringRing) wait(minComplete int, out []completion) (int, error) {
 		n += got
 		if err != nil || n >= need {
 			return n, err
+		}
+		if parking {
+			r.evfd.park()
+			parks++
 		}
 	}
 }
@@ -798,6 +832,7 @@ func (r *uringRing) abandonBatchQuiet() {
 // release unmaps whatever was mapped and closes the fd.
 func (r *uringRing) release() error {
 	var errs []error
+	r.evfd.drop()
 	for _, m := range []*[]byte{&r.sqeMem, &r.cqMem, &r.sqMem} {
 		if *m != nil {
 			if err := unix.Munmap(*m); err != nil {

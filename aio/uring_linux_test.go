@@ -712,3 +712,76 @@ func BenchmarkUringRead4K(b *testing.B) {
 		}
 	}
 }
+
+// TestUringParksOnEventfd: on every setup tier this kernel accepts, a
+// ring has an eventfd, and a wait for a direct read or write of 1 MiB
+// parks on it and is woken by the kernel's signal (about one park each,
+// not one per parkMax); a ring whose eventfd the kernel never signals
+// still completes its waits, a parkMax at a time.
+func TestUringParksOnEventfd(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	skipWithoutUring(t)
+	path := filepath.Join(t.TempDir(), "park")
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Skipf("O_DIRECT: %v", err)
+	}
+	defer unix.Close(fd)
+	const ops, size = 16, 1 << 20
+	buf := alignedBuf(t, ops/2*size)
+	fillPattern(buf, 9)
+	if _, err := unix.Pwrite(fd, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	// drive runs reads and writes in turn, one at a time, and returns the
+	// parks per operation.
+	drive := func(t *testing.T, r *uringRing) float64 {
+		t.Helper()
+		comps := make([]completion, 1)
+		before := r.evfd.parks
+		for i := range ops {
+			op := OpRead
+			if i%2 == 1 {
+				op = OpWrite
+			}
+			b := buf[i/2*size : (i/2+1)*size]
+			r.prep(op, fdTarget(fd), b, int64(i/2*size), 0)
+			if err := r.submit(); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := r.wait(1, comps); err != nil || n != 1 || comps[0].res != size {
+				t.Fatalf("op %d: %d completions (%v), %v", i, n, comps[:n], err)
+			}
+		}
+		return float64(r.evfd.parks-before) / ops
+	}
+	for _, flags := range uringSetupTiers {
+		r, err := openUring(4, []uint32{flags})
+		if errors.Is(err, unix.EINVAL) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("flags %#x: %v", flags, err)
+		}
+		if !r.evfd.ok() {
+			t.Errorf("flags %#x: no eventfd: waits block in io_uring_enter, holding a Go processor", flags)
+		} else if parks := drive(t, r); parks < 0.5 || parks > 1.5 {
+			t.Errorf("flags %#x: %.2f parks an operation (want about 1: the kernel's signal, not the deadline, ends a park)", flags, parks)
+		}
+		if err := r.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An eventfd the kernel does not know: only the deadline ends a park.
+	r := newTestUring(t, 4)
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.evfd.drop()
+	r.evfd = parker{f: os.NewFile(uintptr(efd), "unregistered eventfd")}
+	if parks := drive(t, r); parks < 1 {
+		t.Errorf("unsignalled eventfd: %.2f parks an operation, want at least 1", parks)
+	}
+}
