@@ -22,22 +22,8 @@ import (
 // overflow on the second step, gradient clipping that triggers on some
 // steps, k micro-batches per step, one optimizer rule.
 func scheduleCase(t *testing.T, rule string, k int, layerMajor bool) *stepCase {
-	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1, micro: k, steps: 4, layerMajor: layerMajor, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
-	sizes := [][]int{{509, 61}, {1021, 7}}
-	var ls [][]tensor.Desc
-	for l, row := range sizes {
-		var ts []tensor.Desc
-		var names []string
-		for i, n := range row {
-			name := fmt.Sprintf("l%d.t%d", l, i)
-			ts = append(ts, tensor.Desc{Name: name, Shape: []int{n}})
-			names = append(names, name)
-			c.numel[name] = n
-		}
-		ls = append(ls, ts)
-		c.layers = append(c.layers, names)
-	}
-	c.model = zinf.LayeredModel(ls...)
+	c := &stepCase{overflowAt: map[[2]int]string{}, faultStep: -1, micro: k, steps: 4, layerMajor: layerMajor, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
+	c.setLayers([][]int{{509, 61}, {1021, 7}})
 	c.world = 1
 	if k == 3 {
 		c.world = 2 // partitions too

@@ -73,15 +73,16 @@ type stepCase struct {
 	overlapped, recovered *atomic.Int64
 }
 
-func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
-	c := &stepCase{numel: map[string]int{}, overflowAt: map[[2]int]string{}, faultStep: -1, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
+// setLayers gives c a layered model of 1-D tensors, layer l's tensor i
+// named "l<l>.t<i>" with sizes[l][i] elements.
+func (c *stepCase) setLayers(sizes [][]int) {
+	c.numel, c.layers = map[string]int{}, nil
 	var ls [][]tensor.Desc
-	for l := range 1 + rng.IntN(3) {
+	for l, row := range sizes {
 		var ts []tensor.Desc
 		var names []string
-		for k := range 1 + rng.IntN(3) {
-			n := []int{1, 3, 7, 61, 509, 1021, 2039}[rng.IntN(7)]
-			name := fmt.Sprintf("l%d.t%d", l, k)
+		for i, n := range row {
+			name := fmt.Sprintf("l%d.t%d", l, i)
 			ts = append(ts, tensor.Desc{Name: name, Shape: []int{n}})
 			names = append(names, name)
 			c.numel[name] = n
@@ -90,6 +91,19 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 		c.layers = append(c.layers, names)
 	}
 	c.model = zinf.LayeredModel(ls...)
+}
+
+func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
+	c := &stepCase{overflowAt: map[[2]int]string{}, faultStep: -1, overlapped: new(atomic.Int64), recovered: new(atomic.Int64)}
+	var sizes [][]int
+	for range 1 + rng.IntN(3) {
+		var row []int
+		for range 1 + rng.IntN(3) {
+			row = append(row, []int{1, 3, 7, 61, 509, 1021, 2039}[rng.IntN(7)])
+		}
+		sizes = append(sizes, row)
+	}
+	c.setLayers(sizes)
 	c.world = []int{1, 4, 1, 4, 2, 3}[rng.IntN(6)]
 	c.micro = 1 + rng.IntN(2)
 	c.steps = 4 + rng.IntN(3)
