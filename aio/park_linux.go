@@ -34,6 +34,7 @@ type parker struct {
 	f     *os.File // nil: none (the ring blocks in the kernel)
 	fd    int      // f's descriptor (File.Fd would make it blocking)
 	parks int      // park calls (tests)
+	buf   [8]byte  // the eventfd's counter, read here (a local escaped: an allocation per park)
 }
 
 // newParker makes a non-blocking eventfd, hands it to register (which
@@ -58,12 +59,11 @@ func (p *parker) ok() bool { return p.f != nil }
 // deadline drops the eventfd, so that the ring blocks in the kernel again.
 func (p *parker) park() {
 	p.parks++
-	var b [8]byte
 	if err := p.f.SetReadDeadline(time.Now().Add(parkMax)); err != nil {
 		p.drop()
 		return
 	}
-	if _, err := p.f.Read(b[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, err := p.f.Read(p.buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		p.drop()
 	}
 }
