@@ -267,7 +267,7 @@ func (r *libaioRing) prep(op Op, t target, buf []byte, off int64, token uint32) 
 		nbytes: uint64(len(buf)),
 		offset: off,
 	}
-	if r.evfd.ok() && r.evfd.fd >= 0 { // (tests set fd -1: operations that do not signal)
+	if r.evfd.ok() {
 		cb.flags, cb.resfd = libaioFlagResfd, uint32(r.evfd.fd)
 	}
 	r.bufs[token] = buf

@@ -712,8 +712,19 @@ func TestLibaioParksOnEventfd(t *testing.T) {
 	}
 	for _, unsignalled := range []bool{false, true} {
 		if unsignalled {
-			// Keep the parker, but the operations no longer name it.
-			r.evfd.fd = -1
+			// The wait parks on one eventfd, the operations name
+			// another: only the deadline ends a park.
+			r.evfd.drop()
+			parkOn, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			named, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(named) })
+			r.evfd = parker{f: os.NewFile(uintptr(parkOn), "unsignalled eventfd"), fd: named}
 		}
 		before := r.evfd.parks
 		// One operation at a time, so that each wait parks.

@@ -720,13 +720,18 @@ func (r *uringRing) wait(minComplete int, out []completion) (int, error) {
 		// With an eventfd, enter only runs the completion work the kernel
 		// holds for this task without waiting, and the wait is a park on
 		// the eventfd (parker says why), up to parkRounds of them.
+		// Before a park the kernel is entered only where it flags
+		// completion work or overflowed CQEs waiting, as the poll above
+		// does: otherwise the eventfd already says when there is more.
 		parking := want > 0 && r.evfd.ok() && parks < parkRounds
-		if parking {
-			want = 0
-		}
-		_, errno := r.enter(0, want, uringEnterGetEvents)
-		if errno != 0 && errno != unix.EINTR && errno != unix.EAGAIN {
-			return n, r.enterError("wait", errno)
+		if !parking || atomic.LoadUint32(r.sqFlags)&(uringSQTaskrun|uringSQCQOverflow) != 0 {
+			if parking {
+				want = 0
+			}
+			_, errno := r.enter(0, want, uringEnterGetEvents)
+			if errno != 0 && errno != unix.EINTR && errno != unix.EAGAIN {
+				return n, r.enterError("wait", errno)
+			}
 		}
 		got, err := r.reap(out[n:])
 		n += got
