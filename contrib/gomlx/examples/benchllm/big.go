@@ -327,6 +327,10 @@ func big(o options, w io.Writer) error {
 	// step's window (and its CPU work into the child's), so the timed steps
 	// run back to back, each window holding the update of the step before
 	// (a loop's steady state), and the slices after the last one's update.
+	stopProfile, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
+	}
 	for s := range o.steps {
 		st, err := measure()
 		if err != nil {
@@ -345,6 +349,11 @@ func big(o options, w io.Writer) error {
 		if err := rt.WaitStep(ctx); err != nil {
 			return fmt.Errorf("the last timed step's update: %w", err)
 		}
+	}
+	if err := stopProfile(); err != nil {
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if o.overlap {
 		for s, st := range steps {
 			if err := slice(st); err != nil {
 				return fmt.Errorf("in-memory slice %d (after the timed steps, -overlap-update): %w", s+1, err)
@@ -429,6 +438,26 @@ func big(o options, w io.Writer) error {
 
 // writeHeapProfile writes the live heap's profile, after a collection,
 // to path.
+// startCPUProfile starts the CPU profile to path ("": none) and returns
+// the function that ends it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
 func writeHeapProfile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -600,6 +629,10 @@ func sliceChild(o options, w io.Writer) error {
 	}
 	res := sliceResult{Blocks: o.layers}
 	var walls, computes []float64
+	stopProfile, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
+	}
 	for range o.steps {
 		tm0 := mt.Timings()
 		cpu0 := cpuTime()
@@ -619,6 +652,9 @@ func sliceChild(o options, w io.Writer) error {
 			sum += d
 		}
 		res.StepMs, res.StepBlocksMs = append(res.StepMs, computes[len(computes)-1]), append(res.StepBlocksMs, sum)
+	}
+	if err := stopProfile(); err != nil {
+		return err
 	}
 	// The medians of the timed steps (a block's: over every block of
 	// every step).

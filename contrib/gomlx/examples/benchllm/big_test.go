@@ -1,6 +1,11 @@
 package main
 
 import (
+	"compress/gzip"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -119,5 +124,44 @@ func TestContendStops(t *testing.T) {
 		if got := loads(); got != 0 {
 			t.Errorf("%s: %d load goroutines after stop, want 0", load, got)
 		}
+	}
+}
+
+// TestStartCPUProfile: -cpuprofile writes a profile (gzip-compressed,
+// not empty); "" profiles nothing; a path that cannot be created is an error
+// naming the flag.
+func TestStartCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	stop, err := startCPUProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 1.0
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+		x = x*1.0000001 + 1e-9
+	}
+	sink.Store(math.Float64bits(x))
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// A profile is a gzip-compressed protocol buffer.
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("the profile is not gzip: %v", err)
+	}
+	if b, err := io.ReadAll(zr); err != nil || len(b) == 0 {
+		t.Fatalf("the profile: %d bytes, %v", len(b), err)
+	}
+	stop, err = startCPUProfile("")
+	if err != nil || stop() != nil {
+		t.Fatalf("no profile: %v", err)
+	}
+	if _, err := startCPUProfile(filepath.Join(t.TempDir(), "missing", "cpu.pprof")); err == nil || !strings.Contains(err.Error(), "-cpuprofile") {
+		t.Fatalf("a path in a missing directory: %v, want an error naming -cpuprofile", err)
 	}
 }

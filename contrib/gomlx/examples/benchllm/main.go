@@ -62,6 +62,9 @@ type options struct {
 	trainLimit string
 	// memProfile: -big's heap profile after the timed steps.
 	memProfile string
+	// cpuProfile: the CPU profile of -big's timed steps (or a slice
+	// child's).
+	cpuProfile string
 	// overlap: the offloaded process sets zinf.overlap_update.
 	overlap bool
 	// checksums: the offloaded process's zinf.checksums.
@@ -106,6 +109,7 @@ func main() {
 	flag.IntVar(&o.headRows, "head-rows", 0, "-big, with -tied: compute the head in blocks of that many table rows (TransformerOptions.HeadBlockRows; layer-major, the table read once a pass in blocks, none of its size in Go memory); 0: one product over the whole table")
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.memProfile, "memprofile", "", "-big: write the Go heap's profile (runtime/pprof, after a collection) to this file when the timed steps end: what the live heap the collector scans at every cycle holds")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "-big: write the CPU profile (runtime/pprof) of the timed steps to this file (the in-memory slice children run in their own processes, outside it)")
 	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.BoolVar(&o.checksums, "checksums", true, "the offloaded process's zinf.checksums: CRC-32C of every swapped-out tensor, verified on every read (false: the same bytes moved without the CPU work)")
@@ -143,8 +147,8 @@ func main() {
 	if o.credit != "auto" && o.credit != "none" {
 		errs = append(errs, fmt.Sprintf("-heap-credit %q (allowed: auto, none)", o.credit))
 	}
-	if !o.big && (o.oneLayer || o.trainLimit != "" || o.memProfile != "") {
-		errs = append(errs, "-one-layer, -train-memlimit or -memprofile without -big (allowed: with -big)")
+	if !o.big && o.child != "slice" && (o.oneLayer || o.trainLimit != "" || o.memProfile != "" || o.cpuProfile != "") {
+		errs = append(errs, "-one-layer, -train-memlimit, -memprofile or -cpuprofile without -big (allowed: with -big)")
 	}
 	if o.trainLimit != "" {
 		if lim, err := config.ParseSize(o.trainLimit); err != nil || lim <= 0 {
