@@ -1,6 +1,7 @@
 package zgomlx
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -23,11 +24,13 @@ type headExec struct {
 	table *Var
 	fwd   *graph.Exec // (h, e) -> logits of the block
 	bwd   *graph.Exec // (h, e, dl) -> dh, de
-	// Reused buffers: one block of the table, one block of the logits'
-	// gradient.
-	block, dl *slot
-	pool      *slotPool
-	grad32    []float32 // a block's gradient widened to fp32
+	// Reused buffers: one block of the table, and two blocks of the
+	// logits' gradient (the next micro-batch's is gathered while the
+	// worker computes with the other).
+	block  *slot
+	dl     [2]*slot
+	pool   *slotPool
+	grad32 []float32 // a block's gradient widened to fp32
 	// sum is a block's gradient summed over micro-batches, in sumMem:
 	// mapped outside the Go heap where the backend allows it, for the
 	// reason swap-in buffers are (mappedSlotBytes).
@@ -72,7 +75,7 @@ func (he *headExec) close() {
 	he.fwd.Finalize()
 	he.bwd.Finalize()
 	he.pool.close()
-	he.block, he.dl = nil, nil
+	he.block, he.dl = nil, [2]*slot{}
 	he.sumMem.Free()
 	he.sum, he.sumMem = nil, nil
 }
@@ -161,25 +164,29 @@ func (lp *loop) headForwardAll(ctx context.Context, hs []*tensors.Tensor) ([]*te
 		}
 	}
 	err := he.blocks(ctx, lp.src, func(row, rows int) error {
-		for m, h := range hs {
-			l, err := lp.call1(he.fwd, h, he.block.t)
+		// Each micro-batch's logits are copied out while the worker
+		// computes the next one's.
+		return lp.pipeline(len(hs), func(m int) ([]any, error) {
+			return []any{hs[m], he.block.t}, nil
+		}, func(m int, l []*tensors.Tensor, err error) error {
 			if err != nil {
+				finalizeAll(l)
 				return fmt.Errorf("zgomlx: head block at row %d: %w", row, err)
 			}
+			defer finalizeAll(l)
 			_, lb, err := layerexec.Shared(lp.ex.backend, l[0])
 			if err != nil {
-				layerexec.Finalize(l[0])
 				return err
 			}
+			h := hs[m]
 			es := h.DType().Size()
 			lead := h.Shape().Size() / h.Shape().Dim(-1)
 			ob := obs[m]
 			for t := range lead {
 				copy(ob[(t*vocab+row)*es:(t*vocab+row+rows)*es], lb[t*he.hd.Rows*es:(t*he.hd.Rows+rows)*es])
 			}
-			layerexec.Finalize(l[0])
-		}
-		return nil
+			return nil
+		}, he.fwd)
 	})
 	if err != nil {
 		finalizeAll(outs)
@@ -250,12 +257,15 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			h0, _ = slices.BinarySearch(hold.rows, row)
 			h1, _ = slices.BinarySearch(hold.rows, row+rows)
 		}
-		for m, h := range hs {
+		// Each micro-batch's logits' gradient block is gathered, and the
+		// one before's outputs taken, while the worker computes.
+		err := lp.pipeline(len(hs), func(m int) ([]any, error) {
+			h := hs[m]
 			lead := h.Shape().Size() / h.Shape().Dim(-1)
 			dims := append(h.Shape().Dimensions[:h.Rank()-1:h.Rank()-1], B)
-			dlb, err := he.buffer(&he.dl, shapes.Make(dls[m].DType(), dims...))
+			dlb, err := he.buffer(&he.dl[m%2], shapes.Make(dls[m].DType(), dims...))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			es := dls[m].DType().Size()
 			db := dbs[m]
@@ -263,14 +273,16 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			for t := range lead {
 				copy(dlb.bytes[t*B*es:(t*B+rows)*es], db[(t*vocab+row)*es:(t*vocab+row+rows)*es])
 			}
-			outs, err := lp.call1(he.bwd, h, he.block.t, dlb.t)
+			return []any{h, he.block.t, dlb.t}, nil
+		}, func(m int, outs []*tensors.Tensor, err error) error {
 			if err != nil {
+				finalizeAll(outs)
 				return fmt.Errorf("zgomlx: backward of the head block at row %d: %w", row, err)
 			}
 			parts[m] = append(parts[m], outs[0])
+			defer layerexec.Finalize(outs[1])
 			_, gb, err := layerexec.Shared(lp.ex.backend, outs[1])
 			if err != nil {
-				layerexec.Finalize(outs[1])
 				return err
 			}
 			var g []float32
@@ -292,7 +304,10 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			} else {
 				addInto32(sum, g)
 			}
-			layerexec.Finalize(outs[1])
+			return nil
+		}, he.bwd)
+		if err != nil {
+			return err
 		}
 		// The block's sum in one hand-over, the held rows' zeroed: they
 		// get +0 now (their sum so far in this step is +0 too, the
@@ -418,6 +433,47 @@ func (he *headExec) mergeLookup(rows []int, sums []float32) (done bool, err erro
 	}
 	h.next++
 	return h.next == len(h.parts), nil
+}
+
+// pipeline runs k calls of e on the worker, the arguments of call m from
+// args(m), and hands each call's outputs (or its error) to done(m, ...)
+// in order. args(m+1) and done(m) run while call m+1 computes: the Go
+// work between two calls is off the worker's path. On an error it waits
+// for the call in flight, finalizes its outputs, and returns the first
+// error; done owns the outputs it is handed, error or not.
+func (lp *loop) pipeline(k int, args func(m int) ([]any, error), done func(m int, outs []*tensors.Tensor, err error) error, e *graph.Exec) error {
+	if k == 0 {
+		return nil
+	}
+	a, err := args(0)
+	if err != nil {
+		return err
+	}
+	lp.jobs <- job{exec: e, args: a}
+	for m := range k {
+		var next []any
+		var aerr error
+		if m+1 < k {
+			next, aerr = args(m + 1) // while call m computes
+		}
+		r := <-lp.results
+		lp.took(-1, r.took)
+		inFlight := false
+		if next != nil && aerr == nil && r.err == nil {
+			lp.jobs <- job{exec: e, args: next}
+			inFlight = true
+		}
+		derr := done(m, r.outs, r.err) // while call m+1 computes
+		if err := cmp.Or(aerr, derr); err != nil || r.err != nil {
+			if inFlight {
+				r := <-lp.results
+				lp.took(-1, r.took)
+				finalizeAll(r.outs)
+			}
+			return cmp.Or(derr, aerr, r.err)
+		}
+	}
+	return nil
 }
 
 // call1 runs one executor call on the worker and waits for it.
