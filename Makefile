@@ -209,7 +209,10 @@ bench-llm:
 # MiB (with -one-layer, 100 blocks), about 90 over; at 330 MiB the peak
 # was 976 MiB (bound 1012), with 690 collections in 5 steps where 420
 # MiB and -one-layer took 480 (-one-layer holds one layer's of each:
-# 48 MiB fewer buffers, and no overlap). BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while
+# 48 MiB fewer buffers, and no overlap). The timed steps run at 330 MiB
+# plus the activations the loop keeps at their k (the bound counts them
+# too): at a fixed 330 MiB the collector ran about 160 times a step at
+# k=11. BIG_MEMLIMIT is the Go memory limit (GOMEMLIMIT) while
 # creating.
 # BIG_FLAGS to change the model (add -overlap-update for
 # zinf.overlap_update: the timed steps then run back to back and the

@@ -191,11 +191,13 @@ func big(o options, w io.Writer) error {
 	disk := diskOf(o.dir)
 	fmt.Fprintf(w, "disk busy share from /proc/diskstats io_ticks of %s\n", disk)
 
+	var trainLim int64
 	if o.trainLimit != "" {
 		lim, err := config.ParseSize(o.trainLimit)
 		if err != nil || lim <= 0 {
 			return fmt.Errorf("-train-memlimit %q: want a size such as 1600MiB (%v)", o.trainLimit, err)
 		}
+		trainLim = lim
 		prev := debug.SetMemoryLimit(lim)
 		fmt.Fprintf(w, "Go memory limit while training (-train-memlimit): %.0f MiB (creating: %.0f MiB)\n", float64(lim)/(1<<20), float64(prev)/(1<<20))
 	}
@@ -301,6 +303,15 @@ func big(o options, w io.Writer) error {
 	// gradients after it (k + 1 at most at once).
 	acts := int64(k)*(int64(o.layers)+2)*tokens*int64(o.dim)*4 + int64(k+1)*tokens*int64(o.vocab)*4
 	bound := o.pinned + acts + 512<<20
+	if trainLim > 0 {
+		// The activations live in the Go heap, and the bound counts them:
+		// the timed steps' limit is -train-memlimit plus them. At a fixed
+		// limit the collector had the less room the larger the planner's
+		// k: about 41 cycles a step at k=8, about 160 at k=11 (124 blocks,
+		// 330 MiB), each one marking the live heap on the model's cores.
+		debug.SetMemoryLimit(trainLim + acts)
+		fmt.Fprintf(w, "Go memory limit for the timed steps: %.0f MiB (-train-memlimit) + %.1f MiB of activations at k=%d = %.0f MiB\n", float64(trainLim)/(1<<20), float64(acts)/(1<<20), k, float64(trainLim+acts)/(1<<20))
+	}
 
 	var steps []stepStat
 	var memTokS, ratios []float64

@@ -110,7 +110,7 @@ func main() {
 	flag.BoolVar(&o.oneLayer, "one-layer", false, "-big: one layer's weights and gradients in Go memory at a time (zgomlx.Options.OneLayerResident): swap-ins and gradient hand-overs no longer overlap compute")
 	flag.StringVar(&o.memProfile, "memprofile", "", "-big: write the Go heap's profile (runtime/pprof, after a collection) to this file when the timed steps end: what the live heap the collector scans at every cycle holds")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "-big: write the CPU profile (runtime/pprof) of the timed steps to this file (the in-memory slice children run in their own processes, outside it)")
-	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
+	flag.StringVar(&o.trainLimit, "train-memlimit", "", "-big: the Go memory limit (debug.SetMemoryLimit) from the first step on, e.g. 1600MiB, and for the timed steps that plus the activations the loop keeps at their k; creating keeps GOMEMLIMIT's (a limit below what creating needs makes the collector run without pause)")
 	flag.IntVar(&o.subgroup, "subgroup", 1<<16, "zero_optimization.sub_group_size (-big)")
 	flag.BoolVar(&o.checksums, "checksums", true, "the offloaded process's zinf.checksums: CRC-32C of every swapped-out tensor, verified on every read (false: the same bytes moved without the CPU work)")
 	flag.BoolVar(&o.overlap, "overlap-update", false, "the offloaded process sets zinf.overlap_update: each step's update runs on under the next step's forward")
