@@ -79,16 +79,13 @@ func TestUringSignalEndsPark(t *testing.T) {
 	skipWithoutUring(t)
 	fd, buf := directFile(t)
 	for _, flags := range uringSetupTiers {
-		parked, err := openUring(4, []uint32{flags})
-		if errors.Is(err, unix.EINVAL) {
+		parked, ok := openTier(t, flags)
+		if !ok {
 			continue
 		}
-		if err != nil {
-			t.Fatalf("flags %#x: %v", flags, err)
-		}
-		blocking, err := openUring(4, []uint32{flags})
-		if err != nil {
-			t.Fatalf("flags %#x: %v", flags, err)
+		blocking, ok := openTier(t, flags)
+		if !ok {
+			t.Fatalf("flags %#x: refused the second time", flags)
 		}
 		blocking.evfd.drop()
 		if !parked.evfd.ok() {
