@@ -163,6 +163,25 @@ func (r *Runtime) accumulate(ctx context.Context, name string, part []float32) e
 	return err
 }
 
+// accumulatePair is accumulate of a, then of b, in one pass
+// (grad.Swapper.AccumulatePair): held unless b is the layer's k-th.
+func (r *Runtime) accumulatePair(ctx context.Context, name string, a, b []float32) error {
+	h := r.held[r.model.Layer[name]]
+	if h == nil {
+		return r.grads.AccumulatePair(ctx, name, a, b)
+	}
+	var err error
+	if c := h.count[name]; c+2 < h.k {
+		err = r.grads.AccumulatePairHold(ctx, name, a, b)
+	} else {
+		err = r.grads.AccumulatePair(ctx, name, a, b)
+	}
+	if err == nil {
+		h.count[name] += 2
+	}
+	return err
+}
+
 // endHeld ends layer l's layer-major visit: a gradient handed fewer than
 // k times is written behind now (a failure of it is reported by Step's
 // flush, which writes it again).

@@ -83,11 +83,12 @@ func TestLayerMajorBitExact(t *testing.T) {
 		for _, k := range []int{1, 3, 8} {
 			t.Run(fmt.Sprintf("%s/k%d", rule, k), func(t *testing.T) {
 				type io struct{ gradWrites, paramReads int64 }
-				var got [3]io
+				var got [4]io
 				c0 := scheduleCase(t, rule, k, false)
-				for i, lm := range []bool{false, true, true} {
+				for i, lm := range []bool{false, true, true, true} {
 					c := scheduleCase(t, rule, k, lm)
 					c.ahead = i == 2 // two layers begun at once in the backward pass
+					c.pairs = i == 3 // micro-batches handed over two at a time
 					seed := uint64(k*100 + len(rule))
 					rts := c.run(t, seed, rand.New(rand.NewPCG(seed, 1)))
 					if t.Failed() {
@@ -105,6 +106,9 @@ func TestLayerMajorBitExact(t *testing.T) {
 				mb, lm := got[0], got[1]
 				if mb.gradWrites != int64(k)*lm.gradWrites || lm.gradWrites == 0 {
 					t.Errorf("gradient writes: micro-batch-major %d, layer-major %d; want a ratio of k = %d", mb.gradWrites, lm.gradWrites, k)
+				}
+				if got[3].gradWrites != lm.gradWrites {
+					t.Errorf("gradient writes: layer-major %d, in pairs %d (want the same)", lm.gradWrites, got[3].gradWrites)
 				}
 				if got[2].gradWrites != lm.gradWrites {
 					t.Errorf("gradient writes: layer-major %d, with the next layer begun ahead %d (want the same: each layer's sums held until its k-th)", lm.gradWrites, got[2].gradWrites)

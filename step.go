@@ -479,6 +479,40 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 	return err
 }
 
+// AccumulateGradPair is AccumulateGrad of a, then of b (two micro-steps'
+// gradients of one parameter, in that order), with the sum in pinned
+// memory read and written once instead of twice: the same bits. A
+// layer-major loop hands a layer's micro-batches over two at a time this
+// way. A failed call adds neither and may be retried, as AccumulateGrad.
+func (r *Runtime) AccumulateGradPair(ctx context.Context, name string, a, b []float32) error {
+	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
+		return err
+	}
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+	if r.inference {
+		return errInference
+	}
+	lo, hi, err := r.fullRange("accumulate", name, len(a))
+	if err != nil {
+		return err
+	}
+	if _, _, err := r.fullRange("accumulate", name, len(b)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err = r.accumulatePair(ctx, name, a[lo:hi], b[lo:hi])
+	if err == nil {
+		r.train.pending = nil
+	}
+	r.mu.Lock()
+	r.ioWaitNs += int64(time.Since(t0))
+	r.mu.Unlock()
+	r.trace.gradWait(name, t0, err)
+	return err
+}
+
 // StepTensor hands a parameter whose gradient is final (its last
 // micro-step's AccumulateGrad is done) to the optimizer now, so its update
 // runs in the background while the loop computes the rest of the backward

@@ -67,6 +67,9 @@ type stepCase struct {
 	// through layer l's micro-batches (the GoMLX loop begins it under the
 	// last one's compute), so two layers hold gradient sums at once.
 	ahead bool
+	// pairs: layer-major, the gradients go over two micro-batches at a
+	// time (AccumulateGradPair), the last alone when k is odd.
+	pairs bool
 	// overlapped counts the steps Step returned from with their update
 	// running on; recovered the ones whose update then failed and were
 	// retried (zinf.overlap_update).
@@ -192,6 +195,7 @@ func randomStepCase(t *testing.T, rng *rand.Rand) *stepCase {
 	// each layer as soon as it is published.
 	cfg.Zinf.OverlapUpdate = rng.IntN(2) == 0
 	c.ahead = c.layerMajor && rng.IntN(2) == 0
+	c.pairs = c.layerMajor && rng.IntN(2) == 0
 	return c
 }
 
@@ -432,7 +436,7 @@ func (c *stepCase) run(t *testing.T, seed uint64, rng *rand.Rand) []*zinf.Runtim
 	t.Logf("layers %v, sizes %v, optimizer offload %s, sub-group %d, pipeline %d", c.layers, c.numel, cfg.ZeroOptimization.OffloadOptimizer.Device,
 		cfg.ZeroOptimization.SubGroupSize, cfg.Zinf.PipelineDepth)
 	t.Logf("optimizer %s %+v", cfg.Optimizer.Type, plan.Hyper(cfg))
-	t.Logf("overlap update %v, the next layer begun ahead %v", cfg.Zinf.OverlapUpdate, c.ahead)
+	t.Logf("overlap update %v, the next layer begun ahead %v, gradients in pairs %v", cfg.Zinf.OverlapUpdate, c.ahead, c.pairs)
 	t.Logf("layer-major %v, world %d, micro %d, steps %d, tensors %d, dtype %s, clip %v, loss scale %+v, scheduler %s, speculate %s, serial %v, overflows %v, fault step %d rank %d %s",
 		c.layerMajor, c.world, c.micro, c.steps, len(c.model.Tensors), plan.ParamDType(cfg), cfg.GradientClipping, cfg.LossScaling, cfg.Scheduler.Type,
 		cfg.Zinf.Speculate, c.serial, c.overflowAt, c.faultStep, c.faultRank, c.faultTarget)
@@ -571,8 +575,12 @@ func (c *stepCase) layerMajorStep(ctx context.Context, rt *zinf.Runtime, ref *st
 			}
 		}
 		ahead = -1
-		for m := range c.micro {
-			if c.ahead && m == c.micro/2 && l > 0 {
+		step1 := 1
+		if c.pairs {
+			step1 = 2
+		}
+		for m := 0; m < c.micro; m += step1 {
+			if c.ahead && m <= c.micro/2 && c.micro/2 < m+step1 && l > 0 {
 				if err := rt.BeginLayerMicroBatches(ctx, l-1, c.micro); err != nil {
 					return fmt.Errorf("step %d backward layer %d (begun under layer %d): %w", step, l-1, l, err)
 				}
@@ -580,6 +588,13 @@ func (c *stepCase) layerMajorStep(ctx context.Context, rt *zinf.Runtime, ref *st
 			}
 			for _, n := range c.layers[l] {
 				g := c.grad(n, step, m, S)
+				if m+1 < c.micro && c.pairs {
+					g2 := c.grad(n, step, m+1, S)
+					if err := retry("accumulate a pair "+n, func() error { return rt.AccumulateGradPair(ctx, n, g, g2) }); err != nil {
+						return err
+					}
+					continue
+				}
 				if err := retry("accumulate "+n, func() error { return rt.AccumulateGrad(ctx, n, g) }); err != nil {
 					return err
 				}

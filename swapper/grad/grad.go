@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zinfio/zinf/buffers"
+	"github.com/zinfio/zinf/internal/base/vec"
 	"github.com/zinfio/zinf/internal/base/yield"
 	"github.com/zinfio/zinf/swapper"
 )
@@ -124,6 +125,9 @@ type Stats struct {
 	// not its I/O): the rate is policy.Costs.HandOffBytesPerSec.
 	HandOffTime  time.Duration
 	HandOffBytes int64
+	// PairedBytes is the part of HandOffBytes added two gradients at a
+	// time (AccumulatePair: one pass over the sum for both).
+	PairedBytes int64
 	// Gauges.
 	PinnedBytes int64 // pinned memory held now (kept gradients, copies awaiting their write)
 	KeptBytes   int64 // KeepInCPUBytes budget given to kept gradients
@@ -198,6 +202,9 @@ type Swapper struct {
 	writeWait atomic.Int64
 	// handOffNs and handOffBytes measure Accumulate's arithmetic (Stats).
 	handOffNs, handOffBytes atomic.Int64
+	// pairedBytes is the part of handOffBytes added two gradients at a
+	// time (AccumulatePair).
+	pairedBytes atomic.Int64
 }
 
 // New validates opts and returns a Swapper.
@@ -587,7 +594,7 @@ func (s *Swapper) named(op string, t *tensor, err error) error {
 // a call that fails part way has added the pieces before the failure,
 // and its retry (the same call) adds the rest; Zero forgets where it was.
 func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) error {
-	return s.accumulateNamed(ctx, name, grad, false)
+	return s.accumulateNamed(ctx, name, grad, nil, false)
 }
 
 // AccumulateHold is Accumulate without the write-behind: the sum stays in
@@ -600,7 +607,34 @@ func (s *Swapper) Accumulate(ctx context.Context, name string, grad []float32) e
 // gradient that needs its memory writes it behind (as Flush would), and
 // the next addition to it reads it back.
 func (s *Swapper) AccumulateHold(ctx context.Context, name string, grad []float32) error {
-	return s.accumulateNamed(ctx, name, grad, true)
+	return s.accumulateNamed(ctx, name, grad, nil, true)
+}
+
+// AccumulatePair is Accumulate of a, then of b, in one pass over the sum:
+// the same bits, addition by addition ((sum + a) + b element by element),
+// with the sum read and written once instead of twice. A layer-major step
+// hands two micro-batches' gradients of a layer over at once this way.
+// On an error nothing is added (a gradient kept in pieces: the pieces
+// before the failure have both added, and a retry of the same call adds
+// both to the rest).
+func (s *Swapper) AccumulatePair(ctx context.Context, name string, a, b []float32) error {
+	return s.accumulatePair(ctx, name, a, b, false)
+}
+
+// AccumulatePairHold is AccumulatePair without the write-behind, as
+// AccumulateHold is Accumulate's.
+func (s *Swapper) AccumulatePairHold(ctx context.Context, name string, a, b []float32) error {
+	return s.accumulatePair(ctx, name, a, b, true)
+}
+
+func (s *Swapper) accumulatePair(ctx context.Context, name string, a, b []float32, hold bool) error {
+	if len(a) != len(b) {
+		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("a pair of gradients of %d and %d values", len(a), len(b))}
+	}
+	if b == nil {
+		b = []float32{} // a pair, however short
+	}
+	return s.accumulateNamed(ctx, name, a, b, hold)
 }
 
 // WriteBehind starts writing name's sum held in pinned memory by
@@ -645,8 +679,9 @@ func (s *Swapper) writeBehind(ctx context.Context, t *tensor) error {
 	return nil
 }
 
-// accumulateNamed is Accumulate (hold false) and AccumulateHold.
-func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad []float32, hold bool) error {
+// accumulateNamed is Accumulate (hold false) and AccumulateHold; with
+// grad2 not nil, AccumulatePair and AccumulatePairHold.
+func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad, grad2 []float32, hold bool) error {
 	t, ctx, end, err := s.begin(ctx, "accumulate", name)
 	if err != nil {
 		return err
@@ -656,9 +691,9 @@ func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad []float
 		return &swapper.TensorError{Op: "accumulate", Tensor: name, Err: fmt.Errorf("%d values for a partition of %d elements", len(grad), t.n)}
 	}
 	if t.pieces != nil {
-		return s.accumulatePieces(ctx, t, nil, grad, hold)
+		return s.accumulatePieces(ctx, t, nil, grad, grad2, hold)
 	}
-	return s.accumulate(ctx, t, nil, grad, hold, 0)
+	return s.accumulate(ctx, t, nil, grad, grad2, hold, 0)
 }
 
 // accumulatePieces is accumulate for a gradient kept in pieces: each
@@ -666,16 +701,20 @@ func (s *Swapper) accumulateNamed(ctx context.Context, name string, grad []float
 // call that fails part way remembers the pieces it added, and its retry
 // (the same call: the contract of a failed Accumulate) skips them, so
 // that nothing is added twice; AbortStep's Zero forgets them.
-func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span, g []float32, hold bool) error {
+func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span, g, g2 []float32, hold bool) error {
 	type job struct {
-		p     *tensor
-		spans []Span
-		vals  []float32
+		p           *tensor
+		spans       []Span
+		vals, vals2 []float32
 	}
 	jobs := make([]job, 0, len(t.pieces))
 	if spans == nil {
 		for _, p := range t.pieces {
-			jobs = append(jobs, job{p, nil, g[p.lo : p.lo+p.n]})
+			j := job{p: p, vals: g[p.lo : p.lo+p.n]}
+			if g2 != nil {
+				j.vals2 = g2[p.lo : p.lo+p.n]
+			}
+			jobs = append(jobs, j)
 		}
 	} else {
 		// Spans are ascending and disjoint, their values back to back:
@@ -703,7 +742,7 @@ func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span,
 				at += sp.Hi - sp.Lo
 			}
 			if local != nil {
-				jobs = append(jobs, job{p, local, g[from:to]})
+				jobs = append(jobs, job{p: p, spans: local, vals: g[from:to]})
 			}
 		}
 	}
@@ -726,7 +765,7 @@ func (s *Swapper) accumulatePieces(ctx context.Context, t *tensor, spans []Span,
 		if full {
 			from = prefix
 		}
-		if err := s.accumulate(ctx, j.p, j.spans, j.vals, hold, from); err != nil {
+		if err := s.accumulate(ctx, j.p, j.spans, j.vals, j.vals2, hold, from); err != nil {
 			s.mu.Lock()
 			t.resume = i
 			s.mu.Unlock()
@@ -828,15 +867,15 @@ func (s *Swapper) accumulateSpans(ctx context.Context, name string, spans []Span
 		return nil
 	}
 	if t.pieces != nil {
-		return s.accumulatePieces(ctx, t, spans, g, hold)
+		return s.accumulatePieces(ctx, t, spans, g, nil, hold)
 	}
-	return s.accumulate(ctx, t, spans, g, hold, 0)
+	return s.accumulate(ctx, t, spans, g, nil, hold, 0)
 }
 
 // accumulate adds g to t's sum: the whole partition (spans nil), or the
 // spans with g back to back; hold keeps the sum in pinned memory
 // (AccumulateHold) instead of writing it behind.
-func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad []float32, hold bool, sumFrom float64) error {
+func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad, grad2 []float32, hold bool, sumFrom float64) error {
 	if t.n == 0 {
 		return nil
 	}
@@ -866,7 +905,10 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 	t0 := time.Now()
 	defer func() {
 		s.handOffNs.Add(int64(time.Since(t0)))
-		s.handOffBytes.Add(int64(4 * len(grad)))
+		s.handOffBytes.Add(int64(4 * (len(grad) + len(grad2))))
+		if grad2 != nil {
+			s.pairedBytes.Add(int64(4 * (len(grad) + len(grad2))))
+		}
 	}()
 	if !has && spans != nil {
 		clear(acc) // the sum starts at +0
@@ -882,9 +924,20 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 		if s.opts.SumSquares {
 			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
+	case grad2 != nil && !has:
+		// (+0 + a) + b: Accumulate of a, then of b.
+		inChunks3(acc, grad, grad2, vec.PlusZeroPair)
+		if s.opts.SumSquares {
+			sumSq = sumSquaresFrom(sumFrom, acc)
+		}
+	case grad2 != nil:
+		inChunks3(acc, grad, grad2, vec.AddPair)
+		if s.opts.SumSquares {
+			sumSq = sumSquaresFrom(sumFrom, acc)
+		}
 	case !has:
 		// +0 + g: a -0 becomes +0, as adding to the zeroed sum would.
-		inChunks(acc, grad, plusZero)
+		inChunks(acc, grad, vec.PlusZero)
 		if s.opts.SumSquares {
 			sumSq = sumSquaresFrom(sumFrom, acc)
 		}
@@ -912,24 +965,7 @@ func (s *Swapper) accumulate(ctx context.Context, t *tensor, spans []Span, grad 
 }
 
 // addInto adds g to acc element by element in float32.
-func addInto(acc, g []float32) { inChunks(acc, g, add) }
-
-// add is addInto on one chunk.
-func add(acc, g []float32) {
-	acc = acc[:len(g)]
-	done := addVec(acc, g)
-	for i, x := range g[done:] {
-		acc[done+i] = acc[done+i] + x
-	}
-}
-
-// plusZero sets acc to +0 + g element by element (a -0 becomes +0).
-func plusZero(acc, g []float32) {
-	done := plusZeroVec(acc, g)
-	for i, x := range g[done:] {
-		acc[done+i] = x + 0
-	}
-}
+func addInto(acc, g []float32) { inChunks(acc, g, vec.Add) }
 
 // chunkElems is the elements of each operand a sum handles between two
 // yield points.
@@ -946,6 +982,16 @@ func inChunks(acc, g []float32, f func(acc, g []float32)) {
 		yield.Point()
 	}
 	f(acc, g)
+}
+
+// inChunks3 is inChunks for f of a sum and two gradients.
+func inChunks3(acc, a, b []float32, f func(acc, a, b []float32)) {
+	for len(a) > 2*chunkElems && yield.Active() {
+		f(acc[:chunkElems], a[:chunkElems], b[:chunkElems])
+		acc, a, b = acc[chunkElems:], a[chunkElems:], b[chunkElems:]
+		yield.Point()
+	}
+	f(acc, a, b)
 }
 
 // readStore reads t's stored sum into buf.
@@ -1467,6 +1513,7 @@ func (s *Swapper) Stats() Stats {
 	st := s.stats
 	st.WriteWait = time.Duration(s.writeWait.Load())
 	st.HandOffTime, st.HandOffBytes = time.Duration(s.handOffNs.Load()), s.handOffBytes.Load()
+	st.PairedBytes = s.pairedBytes.Load()
 	st.KeptBytes = s.kept
 	for _, t := range s.leavesLocked() {
 		if t.buf != nil {

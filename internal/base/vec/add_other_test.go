@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package grad
+package vec
 
 // plusZeroNTBytes is the amd64 kernel's streaming size; the lengths of
 // TestAddKernelsMatchScalar go around it on every architecture.

@@ -1,4 +1,4 @@
-package grad
+package vec
 
 import (
 	"unsafe"
@@ -22,6 +22,19 @@ func addAVX2(acc, grad *float32, n int)
 //
 //go:noescape
 func plusZeroNTAVX2(dst, src *float32, n int)
+
+// addPairAVX2 sets acc[i] = (acc[i] + a[i]) + b[i] for n float32s, n a
+// multiple of 16. Written in add_amd64.s.
+//
+//go:noescape
+func addPairAVX2(acc, a, b *float32, n int)
+
+// plusZeroPairNTAVX2 sets dst[i] = (a[i] + 0) + b[i] for n float32s, n a
+// multiple of 16, with non-temporal stores; dst is 32-byte aligned.
+// Written in add_amd64.s.
+//
+//go:noescape
+func plusZeroPairNTAVX2(dst, a, b *float32, n int)
 
 // plusZeroNTBytes is the size from which plusZero streams its stores past
 // the caches: a gradient that large is not read again before its lines
@@ -57,5 +70,34 @@ func plusZeroVec(dst, src []float32) int {
 	}
 	n := (len(src) - head) &^ 15
 	plusZeroNTAVX2(&dst[head], &src[head], n)
+	return head + n
+}
+
+// addPairVec does a prefix of AddPair with the AVX2 kernel and returns
+// how many elements it did: 0 without AVX2.
+func addPairVec(acc, a, b []float32) int {
+	if !haveAVX2 || len(a) < 16 {
+		return 0
+	}
+	n := len(a) &^ 15
+	_, _ = acc[n-1], b[n-1]
+	addPairAVX2(&acc[0], &a[0], &b[0], n)
+	return n
+}
+
+// plusZeroPairVec does a prefix of PlusZeroPair with the AVX2 kernel and
+// returns how many elements it did: 0 without AVX2 or below
+// plusZeroNTBytes.
+func plusZeroPairVec(dst, a, b []float32) int {
+	if !haveAVX2 || 4*len(a) < plusZeroNTBytes {
+		return 0
+	}
+	_, _ = dst[len(a)-1], b[len(a)-1]
+	head := int((32 - uintptr(unsafe.Pointer(&dst[0]))%32) % 32 / 4)
+	for i := range head {
+		dst[i] = (a[i] + 0) + b[i]
+	}
+	n := (len(a) - head) &^ 15
+	plusZeroPairNTAVX2(&dst[head], &a[head], &b[head], n)
 	return head + n
 }

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package grad
+package vec
 
 // addVec has no vector kernel on this architecture: the caller's loop
 // adds every element.
@@ -9,3 +9,9 @@ func addVec([]float32, []float32) int { return 0 }
 // plusZeroVec has no vector kernel on this architecture: the caller's
 // loop copies every element.
 func plusZeroVec([]float32, []float32) int { return 0 }
+
+// addPairVec has no vector kernel on this architecture.
+func addPairVec([]float32, []float32, []float32) int { return 0 }
+
+// plusZeroPairVec has no vector kernel on this architecture.
+func plusZeroPairVec([]float32, []float32, []float32) int { return 0 }
