@@ -347,3 +347,81 @@ func TestLayerMajorPiecedAtMinimumPool(t *testing.T) {
 		t.Fatalf("schedule %s", rts[0].Schedule())
 	}
 }
+
+// TestAccumulateGradPairRefusesLengths: a pair whose second gradient is
+// not the tensor's length, or missing, or of an unknown tensor, is
+// refused with the tensor's name and adds neither: after the refused
+// pairs and one pair of every tensor, a step gives the bits of a
+// runtime handed the same gradients one by one.
+func TestAccumulateGradPairRefusesLengths(t *testing.T) {
+	var rts [2]*zinf.Runtime
+	var ctx context.Context
+	var names []string
+	for i := range rts {
+		c := scheduleCase(t, "adam", 2, false)
+		c.cfg.FP16, c.cfg.GradientClipping = false, 0
+		var watch func(...*zinf.Runtime)
+		ctx, watch = watchdog(t, time.Minute)
+		rt, err := zinf.Open(c.cfg, c.model, zinf.Options{Logger: quietLog, NoBandwidthProbe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		watch(rt)
+		for _, d := range c.model.Tensors {
+			if err := rt.Init(ctx, d.Name, make([]float32, c.numel[d.Name])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rts[i] = rt
+		names = names[:0]
+		for _, d := range c.model.Tensors {
+			names = append(names, d.Name)
+			n := c.numel[d.Name]
+			a, b := make([]float32, n), make([]float32, n)
+			for j := range a {
+				a[j], b[j] = float32(j)*0.25+0.1, float32(n-j)*0.5+0.3
+			}
+			if i == 0 {
+				for _, g := range [][]float32{a, b} {
+					if err := rt.AccumulateGrad(ctx, d.Name, g); err != nil {
+						t.Fatal(err)
+					}
+				}
+				continue
+			}
+			for _, bad := range [][]float32{nil, make([]float32, n-1), make([]float32, n+1)} {
+				err := rt.AccumulateGradPair(ctx, d.Name, a, bad)
+				if err == nil || !strings.Contains(err.Error(), d.Name) {
+					t.Fatalf("a pair with %d values for %d: %v (want an error naming %s)", len(bad), n, err, d.Name)
+				}
+			}
+			if err := rt.AccumulateGradPair(ctx, "no.such", a, b); err == nil || !strings.Contains(err.Error(), "no.such") {
+				t.Fatalf("an unknown tensor: %v", err)
+			}
+			if err := rt.AccumulateGradPair(ctx, d.Name, a, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, rt := range rts {
+		if err := rt.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names {
+		w0, m0, v0, err := rts[0].ReadOptimizerState(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w1, m1, v1, err := rts[1].ReadOptimizerState(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range w0 {
+			if math.Float32bits(w0[j]) != math.Float32bits(w1[j]) || math.Float32bits(m0[j]) != math.Float32bits(m1[j]) || math.Float32bits(v0[j]) != math.Float32bits(v1[j]) {
+				t.Fatalf("%s[%d]: in pairs %v %v %v, one by one %v %v %v", name, j, w1[j], m1[j], v1[j], w0[j], m0[j], v0[j])
+			}
+		}
+	}
+}

@@ -454,6 +454,24 @@ func (r *Runtime) noteRollback(info StepInfo) {
 // Retry the call, or give the step up with AbortStep, before handing the
 // tensor another gradient.)
 func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) error {
+	return r.handOver(ctx, name, g, nil)
+}
+
+// AccumulateGradPair is AccumulateGrad of a, then of b (two micro-steps'
+// gradients of one parameter, in that order), with the sum in pinned
+// memory read and written once instead of twice: the same bits. A
+// layer-major loop hands a layer's micro-batches over two at a time this
+// way. A failed call adds neither and may be retried, as AccumulateGrad.
+func (r *Runtime) AccumulateGradPair(ctx context.Context, name string, a, b []float32) error {
+	if b == nil {
+		b = []float32{} // a pair: its length is checked
+	}
+	return r.handOver(ctx, name, a, b)
+}
+
+// handOver is AccumulateGrad of g (b nil) and AccumulateGradPair of g
+// and b.
+func (r *Runtime) handOver(ctx context.Context, name string, g, b []float32) error {
 	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
 		return err
 	}
@@ -468,43 +486,13 @@ func (r *Runtime) AccumulateGrad(ctx context.Context, name string, g []float32) 
 		return err
 	}
 	t0 := time.Now()
-	err = r.accumulate(ctx, name, g[lo:hi])
+	if b == nil {
+		err = r.accumulate(ctx, name, g[lo:hi])
+	} else if _, _, err = r.fullRange("accumulate", name, len(b)); err == nil {
+		err = r.accumulatePair(ctx, name, g[lo:hi], b[lo:hi])
+	}
 	if err == nil {
 		r.train.pending = nil // the gradients changed: a step retried after this checks them again
-	}
-	r.mu.Lock()
-	r.ioWaitNs += int64(time.Since(t0))
-	r.mu.Unlock()
-	r.trace.gradWait(name, t0, err)
-	return err
-}
-
-// AccumulateGradPair is AccumulateGrad of a, then of b (two micro-steps'
-// gradients of one parameter, in that order), with the sum in pinned
-// memory read and written once instead of twice: the same bits. A
-// layer-major loop hands a layer's micro-batches over two at a time this
-// way. A failed call adds neither and may be retried, as AccumulateGrad.
-func (r *Runtime) AccumulateGradPair(ctx context.Context, name string, a, b []float32) error {
-	if err := r.closedErr("accumulate "+strconv.Quote(name), grad.ErrClosed); err != nil {
-		return err
-	}
-	if err := r.settle(ctx); err != nil {
-		return err
-	}
-	if r.inference {
-		return errInference
-	}
-	lo, hi, err := r.fullRange("accumulate", name, len(a))
-	if err != nil {
-		return err
-	}
-	if _, _, err := r.fullRange("accumulate", name, len(b)); err != nil {
-		return err
-	}
-	t0 := time.Now()
-	err = r.accumulatePair(ctx, name, a[lo:hi], b[lo:hi])
-	if err == nil {
-		r.train.pending = nil
 	}
 	r.mu.Lock()
 	r.ioWaitNs += int64(time.Since(t0))
