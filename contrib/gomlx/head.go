@@ -14,6 +14,7 @@ import (
 
 	"github.com/zinfio/zinf/buffers"
 	"github.com/zinfio/zinf/contrib/gomlx/internal/layerexec"
+	"github.com/zinfio/zinf/internal/base/vec"
 	"github.com/zinfio/zinf/swapper"
 )
 
@@ -302,7 +303,7 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 			if m == 0 {
 				copy(sum, g)
 			} else {
-				addInto32(sum, g)
+				vec.Add(sum, g)
 			}
 			return nil
 		}, he.bwd)
@@ -346,18 +347,10 @@ func (lp *loop) headBackwardAll(ctx context.Context, hs, dls []*tensors.Tensor) 
 				finalizeAll(dhs)
 				return nil, err
 			}
-			addInto32(acc, buffers.Float32Bytes(pb)[:len(acc)])
+			vec.Add(acc, buffers.Float32Bytes(pb)[:len(acc)])
 		}
 	}
 	return dhs, nil
-}
-
-// addInto32 adds g to acc element by element in float32.
-func addInto32(acc, g []float32) {
-	acc = acc[:len(g)]
-	for i, x := range g {
-		acc[i] = acc[i] + x
-	}
 }
 
 // headHold is a layer-major step's hold on the rows of the head's table
@@ -423,13 +416,13 @@ func (he *headExec) mergeLookup(rows []int, sums []float32) (done bool, err erro
 	if h.next == 0 {
 		clear(h.acc) // the sum starts at +0, as zinf's does
 	}
-	addInto32(h.acc, h.parts[h.next])
+	vec.Add(h.acc, h.parts[h.next])
 	for i, r := range rows {
 		j, ok := slices.BinarySearch(h.rows, r)
 		if !ok {
 			return false, fmt.Errorf("zgomlx: gradient of %q: row %d is not among the step's lookup rows", v.Name, r)
 		}
-		addInto32(h.acc[j*d:(j+1)*d], sums[i*d:(i+1)*d])
+		vec.Add(h.acc[j*d:(j+1)*d], sums[i*d:(i+1)*d])
 	}
 	h.next++
 	return h.next == len(h.parts), nil

@@ -355,7 +355,10 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 	cur := make([][]*tensors.Tensor, k)
 	owned := make([]bool, k) // cur[m] holds tensors of ours (not the caller's inputs)
 	dys := make([][]*tensors.Tensor, k)
-	var pend lmPending
+	// pend is a micro-batch's backward outputs whose gradients are not
+	// handed over yet; pend2 the next micro-batch's of the same layer,
+	// when the two go over as a pair (see pairs).
+	var pend, pend2 lmPending
 	var next []*tensors.Tensor // the next micro-batch's inputs, loaded ahead
 	// deferred are the gradients of borrowed variables the tier keeps
 	// until their own layer's backward pass, by (that layer, micro-batch),
@@ -398,6 +401,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 		finalizeAll(next)
 		drop(&pend)
+		drop(&pend2)
 		clear(t.actMeta)
 		acts.Reset()
 		if err != nil {
@@ -518,55 +522,103 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 		}
 	}
 
+	// handOverVar hands micro-batch p.micro's gradient of variable i of
+	// layer p.layer to zinf: a borrowed variable's is kept for its own
+	// layer; a variable of the layer gets the borrowers' of that
+	// micro-batch first, then its own (the micro-batch-major order).
+	handOverVar := func(p *lmPending, i int) error {
+		le := layers[p.layer]
+		v := le.vars[i]
+		ex.inputs = mbs[p.micro].Inputs // the rows of a lookup's gradient
+		if i >= le.own {
+			key := [2]int{v.Layer, p.micro}
+			first, ok := next0[key]
+			if !ok {
+				first = actGradBase
+			}
+			d, err := t.saveGrad(ctx, v, p.micro, first, p.outs[p.k+i])
+			if err != nil {
+				return err
+			}
+			deferred[key] = append(deferred[key], d)
+			next0[key] = first + d.chunks
+			return nil
+		}
+		for _, d := range deferred[[2]int{p.layer, p.micro}] {
+			if d.v != v {
+				continue
+			}
+			g, err := t.loadGrad(ctx, d, p.micro)
+			if err != nil {
+				return err
+			}
+			if err := src.grad(ctx, v, g, false, false); err != nil {
+				return err
+			}
+		}
+		return lp.grad(ctx, v, p.outs[p.k+i], p.micro == k-1, v.lookup >= 0)
+	}
 	// handOver hands micro-batch p.micro's gradients of layer p.layer to
-	// zinf: a borrowed variable's are kept for its own layer; a variable
-	// of the layer gets the borrowers' of that micro-batch first, then its
-	// own (the micro-batch-major order); after the last micro-batch the
-	// layer's update starts.
-	handOver := func(p *lmPending) error {
+	// zinf, and with q (the next micro-batch's of the same layer) q's: a
+	// variable whose two gradients need nothing else (its own, float32,
+	// not a lookup's, no borrowers' kept for it) gets both in one pass
+	// over its sum (zinf.Runtime.AccumulateGradPair), every other one p's
+	// then q's. After the layer's last micro-batch its update starts.
+	handOver := func(p, q *lmPending) error {
 		if p.outs == nil {
 			return nil
 		}
 		defer drop(p)
+		if q != nil && q.outs == nil {
+			q = nil
+		}
+		if q != nil {
+			defer drop(q)
+		}
 		le := layers[p.layer]
-		last := p.micro == k-1
-		ex.inputs = mbs[p.micro].Inputs // the rows of a lookup's gradient
 		for i, v := range le.vars {
-			if i >= le.own {
-				key := [2]int{v.Layer, p.micro}
-				first, ok := next0[key]
-				if !ok {
-					first = actGradBase
-				}
-				d, err := t.saveGrad(ctx, v, p.micro, first, p.outs[p.k+i])
-				if err != nil {
+			if q != nil && i < le.own && v.lookup < 0 && v.dtype == swapper.Float32 &&
+				!hasDeferred(deferred[[2]int{p.layer, p.micro}], v) && !hasDeferred(deferred[[2]int{q.layer, q.micro}], v) {
+				if err := lp.gradPair(ctx, src, v, p.outs[p.k+i], q.outs[q.k+i]); err != nil {
 					return err
 				}
-				deferred[key] = append(deferred[key], d)
-				next0[key] = first + d.chunks
 				continue
 			}
-			for _, d := range deferred[[2]int{p.layer, p.micro}] {
-				if d.v != v {
-					continue
-				}
-				g, err := t.loadGrad(ctx, d, p.micro)
-				if err != nil {
-					return err
-				}
-				if err := src.grad(ctx, v, g, false, false); err != nil {
-					return err
-				}
-			}
-			if err := lp.grad(ctx, v, p.outs[p.k+i], last, v.lookup >= 0); err != nil {
+			if err := handOverVar(p, i); err != nil {
 				return err
+			}
+			if q != nil {
+				if err := handOverVar(q, i); err != nil {
+					return err
+				}
 			}
 		}
 		delete(deferred, [2]int{p.layer, p.micro})
+		last := p.micro == k-1
+		if q != nil {
+			delete(deferred, [2]int{q.layer, q.micro})
+			last = q.micro == k-1
+		}
 		if last {
 			return src.layerDone(ctx, p.layer)
 		}
 		return nil
+	}
+	// pairs: a layer's micro-batches are handed over two at a time, each
+	// pair while the worker computes the micro-batch after it: every
+	// gradient sum is read and written once for two micro-batches instead
+	// of once for each (the sums are the adapter's largest memory traffic
+	// beside the backend's own), for one more micro-batch's gradients in
+	// memory at a time. Not with one layer resident (lp.serial).
+	pairs := !lp.serial
+	// flush hands over what is pending, a pair or one.
+	flush := func() error {
+		if pend.outs == nil {
+			return nil
+		}
+		err := handOver(&pend, &pend2)
+		pend, pend2 = lmPending{}, lmPending{}
+		return err
 	}
 
 	// Backward: every micro-batch through layer l (its weights swapped in
@@ -648,7 +700,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			if lp.serial {
 				// One layer's gradients at a time: the previous ones
 				// handed over (their buffers freed) before this backward.
-				if gerr = handOver(&pend); gerr != nil {
+				if gerr = flush(); gerr != nil {
 					if l > 0 {
 						finalizeAll(in)
 					}
@@ -664,8 +716,10 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			// next layer swapped in at the last micro-batch, the next
 			// micro-batch's inputs loaded.
 			var berr, lerr error
-			if !lp.serial {
-				gerr = handOver(&pend)
+			if !lp.serial && !(pairs && pend.outs != nil && pend2.outs == nil && pend.layer == l) {
+				// (A micro-batch of this layer alone waits for the next
+				// one: the two go over as a pair.)
+				gerr = flush()
 				if p := prev; p >= 0 && gerr == nil {
 					// (On an error it stays begun: the step is given
 					// up before it ends, its sums dropped.)
@@ -690,7 +744,11 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			}
 			in, next = next, nil
 			if cerr == nil {
-				pend = lmPending{layer: l, micro: m, outs: outs, k: nf}
+				if pend.outs == nil {
+					pend = lmPending{layer: l, micro: m, outs: outs, k: nf}
+				} else {
+					pend2 = lmPending{layer: l, micro: m, outs: outs, k: nf}
+				}
 				dys[m] = outs[:nf]
 			}
 			if cerr != nil || gerr != nil || lerr != nil || berr != nil {
@@ -713,7 +771,7 @@ func (t *Trainer) runLayerMajor(ctx context.Context, mbs []MicroBatch) (losses [
 			prev = l // handed over and ended under the next layer's compute
 			continue
 		}
-		err = handOver(&pend)
+		err = flush()
 		src.unbind(l)
 		if err != nil {
 			return nil, err
@@ -741,4 +799,14 @@ func (t *Trainer) endOpenLayer(l int) {
 		t.off.rt.EndLayer(l)
 		t.lm.open = slices.Delete(t.lm.open, i, i+1)
 	}
+}
+
+// hasDeferred reports whether ds holds a borrower's gradient of v.
+func hasDeferred(ds []defGrad, v *Var) bool {
+	for _, d := range ds {
+		if d.v == v {
+			return true
+		}
+	}
+	return false
 }

@@ -235,6 +235,14 @@ func TestLayerMajorEqualsMicroBatchMajor(t *testing.T) {
 				if wg != nil {
 					sameVars(ctx, t, lm.Offload(), wholeStore)
 				}
+				// Layer-major, a layer's micro-batches go over two at a
+				// time (zinf.Runtime.AccumulateGradPair) where k allows.
+				if pb := lm.Offload().Runtime().Metrics().Grads.PairedBytes; (k > 1) != (pb > 0) {
+					t.Errorf("k=%d: %d gradient bytes handed over in pairs layer-major", k, pb)
+				}
+				if pb := mb.Offload().Runtime().Metrics().Grads.PairedBytes; pb != 0 {
+					t.Errorf("k=%d: %d gradient bytes handed over in pairs micro-batch-major", k, pb)
+				}
 				if a := lm.ActivationStats(); a.Saved == 0 || a.Loaded != a.Saved {
 					t.Fatalf("k=%d: the activation tier saved %d entries and loaded %d", k, a.Saved, a.Loaded)
 				}

@@ -475,6 +475,24 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 	return lp.src.grad(ctx, v, g, last, rows)
 }
 
+// gradPair hands over a float32 variable's gradients of two consecutive
+// micro-batches of a layer-major step, a then b, in one pass over its sum
+// (zinfSource.gradPair).
+func (lp *loop) gradPair(ctx context.Context, src *zinfSource, v *Var, a, b *tensors.Tensor) error {
+	var gs [2][]float32
+	for i, t := range []*tensors.Tensor{a, b} {
+		_, buf, err := layerexec.Shared(lp.ex.backend, t)
+		if err != nil {
+			return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+		}
+		if v.dtype != swapper.Float32 || len(buf) != v.numel*4 {
+			return fmt.Errorf("zgomlx: gradient of %q has %d bytes, the float32 variable %d", v.Name, len(buf), v.numel*4)
+		}
+		gs[i] = buffers.Float32Bytes(buf)
+	}
+	return src.gradPair(ctx, v, gs[0], gs[1])
+}
+
 // lookupGrad hands over the gradient of lookup v from t, the gradient of
 // its Gather's output (executors.rowGrad, layerExec.gatheredRows): one row of the table's length
 // per id of the batch's input v.lookup, in the ids' order. Each row's sum

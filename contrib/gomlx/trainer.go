@@ -464,6 +464,18 @@ func (s *zinfSource) grad(ctx context.Context, v *Var, g []float32, _, rows bool
 	return nil
 }
 
+// gradPair is grad of a, then of b (two micro-batches of a layer-major
+// step), in one pass over the sum (zinf.Runtime.AccumulateGradPair).
+func (s *zinfSource) gradPair(ctx context.Context, v *Var, a, b []float32) error {
+	t0 := time.Now()
+	err := s.off.rt.AccumulateGradPair(ctx, v.Name, a, b)
+	s.times.Grads += time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("zgomlx: gradients of %q: %w", v.Name, err)
+	}
+	return nil
+}
+
 func (s *zinfSource) layerDone(ctx context.Context, l int) error {
 	t0 := time.Now()
 	err := s.off.rt.StepLayer(ctx, l)
