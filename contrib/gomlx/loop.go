@@ -457,12 +457,9 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 	if rows && lp.ex.layers[v.Layer].gatheredRows(v) { // only rowGrad variables are gathered by rows
 		return lp.lookupGrad(ctx, v, t, last)
 	}
-	_, b, err := layerexec.Shared(lp.ex.backend, t)
+	b, err := lp.gradBytes(v, t)
 	if err != nil {
-		return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
-	}
-	if len(b) != v.numel*v.dtype.Size() {
-		return fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
+		return err
 	}
 	if v.dtype == swapper.Float32 {
 		return lp.src.grad(ctx, v, buffers.Float32Bytes(b), last, rows)
@@ -475,22 +472,34 @@ func (lp *loop) grad(ctx context.Context, v *Var, t *tensors.Tensor, last, rows 
 	return lp.src.grad(ctx, v, g, last, rows)
 }
 
+// gradBytes is the bytes of v's gradient t, checked against v's size.
+func (lp *loop) gradBytes(v *Var, t *tensors.Tensor) ([]byte, error) {
+	_, b, err := layerexec.Shared(lp.ex.backend, t)
+	if err != nil {
+		return nil, fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
+	}
+	if len(b) != v.numel*v.dtype.Size() {
+		return nil, fmt.Errorf("zgomlx: gradient of %q has %d bytes, the variable %d", v.Name, len(b), v.numel*v.dtype.Size())
+	}
+	return b, nil
+}
+
 // gradPair hands over a float32 variable's gradients of two consecutive
 // micro-batches of a layer-major step, a then b, in one pass over its sum
 // (zinfSource.gradPair).
 func (lp *loop) gradPair(ctx context.Context, src *zinfSource, v *Var, a, b *tensors.Tensor) error {
-	var gs [2][]float32
-	for i, t := range []*tensors.Tensor{a, b} {
-		_, buf, err := layerexec.Shared(lp.ex.backend, t)
-		if err != nil {
-			return fmt.Errorf("zgomlx: gradient of %q: %w", v.Name, err)
-		}
-		if v.dtype != swapper.Float32 || len(buf) != v.numel*4 {
-			return fmt.Errorf("zgomlx: gradient of %q has %d bytes, the float32 variable %d", v.Name, len(buf), v.numel*4)
-		}
-		gs[i] = buffers.Float32Bytes(buf)
+	if v.dtype != swapper.Float32 {
+		return fmt.Errorf("zgomlx: gradients of %q handed over as a pair: %s, not float32", v.Name, v.dtype)
 	}
-	return src.gradPair(ctx, v, gs[0], gs[1])
+	ab, err := lp.gradBytes(v, a)
+	if err != nil {
+		return err
+	}
+	bb, err := lp.gradBytes(v, b)
+	if err != nil {
+		return err
+	}
+	return src.gradPair(ctx, v, buffers.Float32Bytes(ab), buffers.Float32Bytes(bb))
 }
 
 // lookupGrad hands over the gradient of lookup v from t, the gradient of
