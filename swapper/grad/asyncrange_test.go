@@ -1,6 +1,7 @@
 package grad_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"math"
@@ -143,5 +144,156 @@ func TestReadRangeAsync(t *testing.T) {
 	}
 	if _, err := g.ReadRangeAsync(ctx, "nope", 0, 1, b.Bytes()); !errors.Is(err, grad.ErrUnknown) {
 		t.Fatalf("an unknown gradient: %v", err)
+	}
+}
+
+// TestReadRangeAsyncSameGradient: ranges of one gradient on the store
+// are read side by side (an optimizer step's read-ahead of a tensor's
+// sub-groups): each ReadRangeAsync returns while the earlier ones are in
+// flight; an Accumulate or a Zero of the gradient waits until the last
+// of them is waited for; every range reads the sum. A read served from
+// pinned memory is over when ReadRangeAsync returns: nothing waits for
+// its Wait.
+func TestReadRangeAsyncSameGradient(t *testing.T) {
+	ctx := t.Context()
+	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	st, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Name: "same", Checksums: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pool := newPool(t, 8<<20)
+	g, err := grad.New(grad.Options{Store: st, Pool: pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const n = 40000
+	want := randGrad(rand.New(rand.NewPCG(5, 5)), n)
+	if err := g.Register("a", n); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Accumulate(ctx, "a", want); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// within runs f under a watchdog: a call that blocks fails the test.
+	within := func(what string, f func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s blocked for 10 s (pool %+v)", what, pool.Stats())
+		}
+	}
+	type inflight struct {
+		lo, hi int
+		r      grad.RangeRead
+	}
+	var reads []inflight
+	for i := range 4 {
+		lo, hi := i*10000+7*i, (i+1)*10000
+		b, err := pool.Acquire(ctx, g.RangeBufferBytes(lo, hi), buffers.PurposeOptimizer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Release()
+		// A read waiting for the others would fail at the deadline.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := g.ReadRangeAsync(wctx, "a", lo, hi, b.Bytes())
+		if err != nil {
+			for _, rd := range reads {
+				_, _ = rd.r.Wait() // so that Close does not wait for them
+			}
+			t.Fatalf("range read %d beside the gradient's %d other reads in flight: %v", i, len(reads), err)
+		}
+		reads = append(reads, inflight{lo, hi, r})
+	}
+	acc := make(chan error, 1)
+	go func() { acc <- g.Accumulate(ctx, "a", make([]float32, n)) }()
+	zero := make(chan struct{})
+	for i, rd := range reads {
+		select {
+		case err := <-acc:
+			t.Fatalf("an Accumulate returned with %d range reads of its gradient not waited for: %v", len(reads)-i, err)
+		case <-time.After(30 * time.Millisecond):
+		}
+		got, err := rd.r.Wait()
+		if err != nil {
+			t.Fatalf("range [%d, %d): %v", rd.lo, rd.hi, err)
+		}
+		for j, v := range got {
+			if math.Float32bits(v) != math.Float32bits(want[rd.lo+j]) {
+				t.Fatalf("range [%d, %d): element %d is %v, want %v", rd.lo, rd.hi, rd.lo+j, v, want[rd.lo+j])
+			}
+		}
+	}
+	select {
+	case err := <-acc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Accumulate did not finish after the reads' Waits")
+	}
+	if err := g.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Zero waits for a read in flight too.
+	b, err := pool.Acquire(ctx, g.RangeBufferBytes(0, 100), buffers.PurposeOptimizer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	r, err := g.ReadRangeAsync(ctx, "a", 0, 100, b.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { g.Zero(); close(zero) }()
+	select {
+	case <-zero:
+		t.Fatal("Zero returned with a range read of the gradient not waited for")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if got, err := r.Wait(); err != nil || math.Float32bits(got[3]) != math.Float32bits(want[3]) {
+		t.Fatalf("the read beside Zero: %v", err)
+	}
+	select {
+	case <-zero:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Zero did not finish after the read's Wait")
+	}
+
+	// In pinned memory (no store) a read is a copy, over at once.
+	mem, err := grad.New(grad.Options{Pool: pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	if err := mem.Register("m", 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.Accumulate(ctx, "m", want[:1000]); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := mem.ReadRangeAsync(ctx, "m", 10, 20, b.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	within("an Accumulate after a pinned read not waited for", func() error { return mem.Accumulate(ctx, "m", want[:1000]) })
+	if got, err := pending.Wait(); err != nil || math.Float32bits(got[0]) != math.Float32bits(want[10]) {
+		t.Fatalf("the pinned read: %v %v", got, err)
 	}
 }

@@ -165,19 +165,91 @@ type tensor struct {
 	// accumulation went through every piece in order, or SumSquares
 	// summed them since).
 	sumOK bool
+
+	// readers are the store reads ReadRangeAsync issued and their Wait
+	// has not ended yet: they read the store's copy without holding op,
+	// so that several ranges of one gradient can be in flight at once
+	// (an optimizer step reading sub-groups ahead). drained is closed
+	// when the last one ends. Guarded by rmu. lock waits for them: every
+	// operation that changes the gradient starts after the reads of it.
+	rmu     sync.Mutex
+	readers int
+	drained chan struct{}
 }
 
 // write is one write-behind; done is closed when it finished (its
 // failure, if any, is in tensor.unreported by then).
 type write struct{ done chan struct{} }
 
+// lock takes t's operation lock and waits for t's store reads in flight
+// (readers) to end: nothing changes the gradient under a read.
 func (t *tensor) lock(ctx context.Context) error {
+	if err := t.lockShared(ctx); err != nil {
+		return err
+	}
+	if err := t.waitReaders(ctx); err != nil {
+		t.unlock()
+		return err
+	}
+	return nil
+}
+
+// lockShared takes t's operation lock without waiting for its store
+// reads: for a read, which may go on beside them.
+func (t *tensor) lockShared(ctx context.Context) error {
 	select {
 	case t.op <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return &swapper.TensorError{Op: "gradient", Tensor: t.name, Err: ctx.Err()}
 	}
+}
+
+// waitReaders waits until no store read of t is in flight (op held, so
+// no new one starts); ctx ends the wait (nil: none).
+func (t *tensor) waitReaders(ctx context.Context) error {
+	t.rmu.Lock()
+	ch := t.drained
+	t.rmu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	if ctx == nil {
+		<-ch
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return &swapper.TensorError{Op: "gradient", Tensor: t.name, Err: fmt.Errorf("waiting for %d range reads of it to be waited for (RangeRead.Wait): %w", t.readerCount(), ctx.Err())}
+	}
+}
+
+func (t *tensor) readerCount() int {
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
+	return t.readers
+}
+
+// addReader counts a store read of t issued; doneReader its end.
+func (t *tensor) addReader() {
+	t.rmu.Lock()
+	if t.readers == 0 {
+		t.drained = make(chan struct{})
+	}
+	t.readers++
+	t.rmu.Unlock()
+}
+
+func (t *tensor) doneReader() {
+	t.rmu.Lock()
+	t.readers--
+	if t.readers == 0 {
+		close(t.drained)
+		t.drained = nil
+	}
+	t.rmu.Unlock()
 }
 
 func (t *tensor) unlock() { <-t.op }
@@ -1183,6 +1255,15 @@ type rangeRead struct {
 	done    bool
 }
 
+// copied ends the hold of a read served from memory (op held): its
+// values are in dst already, so the next operation need not wait for
+// its Wait.
+func (r *rangeRead) copied() *rangeRead {
+	r.release() // unlocks op and ends the operation
+	r.release = func() {}
+	return r
+}
+
 // Wait implements RangeRead; it may be called more than once.
 func (r *rangeRead) Wait() ([]float32, error) {
 	if r.done {
@@ -1218,9 +1299,10 @@ func (r *rangeRead) CompletedAt() time.Time {
 // several sub-groups' gradient reads in flight. Errors found before the
 // read (arguments, a write-behind failure not yet reported, ctx) are
 // returned at once; the read's by Wait. Until Wait returns, dst belongs to
-// the read and the gradient's operation lock is held (other operations on
-// the same gradient wait), so Wait must be called after a nil error, from
-// any goroutine.
+// the read, and a read from the store holds the gradient: other ranges of
+// it may be read meanwhile (their reads go on beside it), but operations
+// that change it (Accumulate, a write-behind, Zero) wait for the Wait. So
+// Wait must be called after a nil error, from any goroutine.
 func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, dst []byte) (RangeRead, error) {
 	t, ctx, end, err := s.begin(ctx, "read", name)
 	if err != nil {
@@ -1253,7 +1335,9 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 		r.out = []float32{}
 		return r, nil
 	}
-	if err := t.lock(ctx); err != nil {
+	// Other ranges' store reads may be in flight: this read goes on
+	// beside them. Everything up to issuing the read runs under op.
+	if err := t.lockShared(ctx); err != nil {
 		end()
 		return nil, err
 	}
@@ -1266,7 +1350,7 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
 		copy(r.out, buf.Float32()[lo:hi])
 		s.served(t, 4*(hi-lo))
-		return r, nil
+		return r.copied(), nil
 	}
 	s.mu.Lock()
 	buf, has := t.buf, t.has
@@ -1275,11 +1359,11 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 	case !has:
 		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
 		clear(r.out)
-		return r, nil
+		return r.copied(), nil
 	case buf != nil:
 		r.out = buffers.Float32Bytes(dst[:4*(hi-lo)])
 		copy(r.out, buf.Float32()[lo:hi])
-		return r, nil
+		return r.copied(), nil
 	}
 	if err := ctx.Err(); err != nil {
 		r.release()
@@ -1291,6 +1375,11 @@ func (s *Swapper) ReadRangeAsync(ctx context.Context, name string, lo, hi int, d
 		return nil, s.named("swap-in", t, err)
 	}
 	r.p, r.data = p, data
+	// The read holds no lock while in flight: the next range's read may
+	// be issued now. What changes the gradient waits for it (lock).
+	t.addReader()
+	t.unlock()
+	r.release = func() { t.doneReader(); end() }
 	return r, nil
 }
 
@@ -1418,6 +1507,7 @@ func (s *Swapper) Zero() {
 	defer s.wg.Done()
 	for _, t := range ts {
 		t.op <- struct{}{}
+		_ = t.waitReaders(nil) // the reads of the gradient being dropped end first
 		s.mu.Lock()
 		w := t.write
 		s.mu.Unlock()
