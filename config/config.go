@@ -236,11 +236,22 @@ type Zinf struct {
 	Backend Backend
 	// PipelineDepth is "pipeline_depth", 0..16: sub-groups the optimizer
 	// reads ahead of and writes behind the one it updates; 0 runs read,
-	// update and write in sequence. When absent it is 1, except 0 when
-	// offload_optimizer sets both pipeline_read and pipeline_write to false
-	// explicitly (DeepSpeed's unpipelined swapper). Pipelining never
-	// changes results, only overlap.
+	// update and write in sequence. When absent, or "auto", it is 1 with
+	// PipelineDepthAuto set, except 0 when offload_optimizer sets both
+	// pipeline_read and pipeline_write to false explicitly (DeepSpeed's
+	// unpipelined swapper). Pipelining never changes results, only
+	// overlap.
 	PipelineDepth int
+	// PipelineDepthAuto is "pipeline_depth" "auto", the default: the
+	// planner raises the depth from PipelineDepth to the one that keeps
+	// about aio.queue_depth x aio.block_size of sub-groups read ahead and
+	// as many written behind (plan.AutoPipelineBytes: depth 1 for
+	// sub-groups of that size and more, up to 16 for small ones), and
+	// offload_optimizer.buffer_count to the 2*depth+1 buffer sets that
+	// depth uses, as far as the pool has room beyond its minimum and the
+	// prefetch window (at most a sixteenth of it); the plan's notes say
+	// what it took. A number turns it off.
+	PipelineDepthAuto bool
 	// GDS is "gds": GPUDirect Storage policy. When absent it is auto if
 	// aio.use_gds is true, else off.
 	GDS GDSMode
@@ -553,22 +564,23 @@ func defaults() *Config {
 			OverlapEvents:      true,
 		},
 		Zinf: Zinf{
-			Tiers:           Tiers{CPUPinnedBytes: 256 * MiB},
-			Checksums:       true,
-			Preallocate:     true,
-			Direct:          DirectOptional,
-			Backend:         BackendAuto,
-			PipelineDepth:   1,
-			GDS:             GDSOff,
-			Device:          DeviceAuto,
-			WorldSize:       1,
-			Speculate:       SpeculateAuto,
-			PinnedGrads:     PinnedGradsAuto,
-			Schedule:        ScheduleAuto,
-			OptimizerStates: OptimizerStatesFP32,
-			Bandwidth:       Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
-			KVCache:         KVCache{Device: KVCacheAuto},
-			Activations:     Activations{Device: ActivationsAuto},
+			Tiers:             Tiers{CPUPinnedBytes: 256 * MiB},
+			Checksums:         true,
+			Preallocate:       true,
+			Direct:            DirectOptional,
+			Backend:           BackendAuto,
+			PipelineDepth:     1,
+			PipelineDepthAuto: true,
+			GDS:               GDSOff,
+			Device:            DeviceAuto,
+			WorldSize:         1,
+			Speculate:         SpeculateAuto,
+			PinnedGrads:       PinnedGradsAuto,
+			Schedule:          ScheduleAuto,
+			OptimizerStates:   OptimizerStatesFP32,
+			Bandwidth:         Bandwidth{Probe: true, ProbeBytes: 16 * MiB},
+			KVCache:           KVCache{Device: KVCacheAuto},
+			Activations:       Activations{Device: ActivationsAuto},
 
 			PinnedStallTimeout:   DefaultPinnedStallTimeout,
 			CommStallTimeout:     DefaultCommStallTimeout,

@@ -683,18 +683,20 @@ func TestDerivedDefaults(t *testing.T) {
 	for _, tc := range []struct {
 		flags, zinf string
 		want        int
+		auto        bool
 	}{
-		{"", "", 1},
-		{`, "pipeline_read": true`, "", 1},
-		{`, "pipeline_read": false`, "", 1},
-		{`, "pipeline_read": false, "pipeline_write": false`, "", 0},
-		{`, "pipeline_read": true, "pipeline_write": false`, "", 1},
-		{`, "pipeline_read": false, "pipeline_write": false`, `, "zinf": {"pipeline_depth": 3}`, 3},
-		{`, "pipeline_read": true, "pipeline_write": true`, `, "zinf": {"pipeline_depth": 0}`, 0},
+		{"", "", 1, true},
+		{`, "pipeline_read": true`, "", 1, true},
+		{`, "pipeline_read": false`, "", 1, true},
+		{`, "pipeline_read": false, "pipeline_write": false`, "", 0, false},
+		{`, "pipeline_read": true, "pipeline_write": false`, "", 1, true},
+		{`, "pipeline_read": false, "pipeline_write": false`, `, "zinf": {"pipeline_depth": 3}`, 3, false},
+		{`, "pipeline_read": true, "pipeline_write": true`, `, "zinf": {"pipeline_depth": 0}`, 0, false},
+		{`, "pipeline_read": false, "pipeline_write": false`, `, "zinf": {"pipeline_depth": "auto"}`, 1, true},
 	} {
 		c := mustParse(t, strings.Replace(strings.Replace(opt, "%s", tc.flags, 1), "%s", tc.zinf, 1))
-		if c.Zinf.PipelineDepth != tc.want {
-			t.Errorf("flags %q zinf %q: pipeline_depth %d, want %d", tc.flags, tc.zinf, c.Zinf.PipelineDepth, tc.want)
+		if c.Zinf.PipelineDepth != tc.want || c.Zinf.PipelineDepthAuto != tc.auto {
+			t.Errorf("flags %q zinf %q: pipeline_depth %d auto %v, want %d auto %v", tc.flags, tc.zinf, c.Zinf.PipelineDepth, c.Zinf.PipelineDepthAuto, tc.want, tc.auto)
 		}
 	}
 

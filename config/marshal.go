@@ -153,7 +153,7 @@ type wireZinf struct {
 	Checksums     bool       `json:"checksums"`
 	Direct        DirectMode `json:"direct"`
 	Backend       Backend    `json:"backend"`
-	PipelineDepth int        `json:"pipeline_depth"`
+	PipelineDepth any        `json:"pipeline_depth"` // a number or "auto"
 	GDS           GDSMode    `json:"gds"`
 	Device        Device     `json:"device"`
 	Rank          int        `json:"rank"`
@@ -265,6 +265,9 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	w.Zinf.Direct = zi.Direct
 	w.Zinf.Backend = zi.Backend
 	w.Zinf.PipelineDepth = zi.PipelineDepth
+	if zi.PipelineDepthAuto {
+		w.Zinf.PipelineDepth = "auto"
+	}
 	w.Zinf.GDS = zi.GDS
 	w.Zinf.Device = zi.Device
 	w.Zinf.Rank = zi.Rank

@@ -467,6 +467,24 @@ func accumulationSteps(c *Config) reader {
 	}
 }
 
+// pipelineDepth reads zinf.pipeline_depth: a number, the optimizer's
+// depth as given, or "auto" (Config's default), which lets the planner
+// raise it for small sub-groups (Zinf.PipelineDepthAuto).
+func pipelineDepth(c *Config) reader {
+	return func(d *decoder, n *node, key string) {
+		if n.kind == kString && n.str == "auto" {
+			c.Zinf.PipelineDepth, c.Zinf.PipelineDepthAuto = 1, true
+			return
+		}
+		if n.kind == kString {
+			d.typeProblem(n, key, `a number 0..16 or "auto"`)
+			return
+		}
+		c.Zinf.PipelineDepthAuto = false
+		intInto(&c.Zinf.PipelineDepth)(d, n, key)
+	}
+}
+
 // autoable wraps a reader so that it also accepts Hugging Face's "auto".
 func autoable(def string, read reader) reader {
 	return func(d *decoder, n *node, key string) {
@@ -599,7 +617,7 @@ func schema(c *Config) []spec {
 		leaf("checksums", boolInto(&c.Zinf.Checksums)),
 		leaf("direct", stringInto(&c.Zinf.Direct)),
 		leaf("backend", stringInto(&c.Zinf.Backend)),
-		leaf("pipeline_depth", intInto(&c.Zinf.PipelineDepth)),
+		leaf("pipeline_depth", pipelineDepth(c)),
 		leaf("gds", stringInto(&c.Zinf.GDS)),
 		leaf("device", stringInto(&c.Zinf.Device)),
 		leaf("rank", intInto(&c.Zinf.Rank)),
@@ -804,7 +822,7 @@ func (d *decoder) resolve() {
 		_, r := d.set["zero_optimization.offload_optimizer.pipeline_read"]
 		_, w := d.set["zero_optimization.offload_optimizer.pipeline_write"]
 		if r && w && !oo.PipelineRead && !oo.PipelineWrite {
-			c.Zinf.PipelineDepth = 0
+			c.Zinf.PipelineDepth, c.Zinf.PipelineDepthAuto = 0, false
 		}
 	}
 	if _, ok := d.set["zinf.gds"]; !ok {

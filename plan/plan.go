@@ -263,6 +263,7 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		// gradients.
 		rin.micro = max(rin.micro, AutoMicroBatchesUnmeasured)
 	}
+	rin.autoDepth = cfg.Zinf.PipelineDepthAuto && !o.Inference
 	res := reserve(rin)
 	if rin.layerMajor && (cfg.Zinf.Schedule == config.ScheduleAuto || cfg.Zinf.Schedule == "") {
 		// Auto works down to micro-batch-major's minimum, which needs
@@ -282,6 +283,13 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 			res.MinPoolBytes = min(res.MinPoolBytes, mb.MinPoolBytes)
 		}
 		res.LayerMajorPoolBytes = lmPool
+	}
+	if res.OptimizerDepth > 0 {
+		optOpts.PipelineDepth, optOpts.BufferCount = res.OptimizerDepth, res.OptimizerBufferCount
+		placement.Notes = append(placement.Notes, autoPipelineNote(res, rin.optOpts, AutoPipelineBytes(cfg)))
+	} else if res.OptimizerDepthWanted > optOpts.PipelineDepth {
+		placement.Notes = append(placement.Notes, fmt.Sprintf("zinf.pipeline_depth \"auto\": the optimizer's sub-groups are small (zero_optimization.sub_group_size %d) and depth %d would keep %s of them in flight, but the pool (zinf.tiers.cpu_pinned_bytes) has no room for more than depth %d beyond its minimum and the prefetch window",
+			rin.optOpts.SubGroupSize, res.OptimizerDepthWanted, config.Size(AutoPipelineBytes(cfg)), optOpts.PipelineDepth))
 	}
 	// The prediction counts the write-behinds the gradient reservation
 	// holds (more than one when the pool has room), and no NVMe round
@@ -551,4 +559,38 @@ func Tiers(cfg *config.Config, bw Bandwidth, gpuBytes, cpuBytes int64) policy.Ti
 	return policy.Tiers{GPUBytes: gpuBytes, CPUBytes: cpuBytes,
 		NVMeReadBps: bw.ReadBps(), NVMeWriteBps: bw.WriteBps(), NVMeBandwidthSource: bw.Source(), NVMePaths: len(bw.Paths),
 		PoolGranuleBytes: buffers.DefaultMinBufferBytes}
+}
+
+// AutoPipelineBytes is the bytes of sub-group buffers zinf.pipeline_depth
+// "auto" keeps read ahead, and as many written behind: the requests the
+// I/O engine keeps in flight, aio.queue_depth x aio.block_size (8 MiB by
+// default; a larger transfer is split into requests of block_size).
+// Sub-groups of that size or more keep depth 1; smaller ones go to the
+// disk several at a time. One small sub-group at a time left the disk
+// idle most of a step: at zero_optimization.sub_group_size 65536 (768 KiB
+// records) and depth 1 the write-behind waited 54-84 s of a 124-layer
+// step for one record's write at a time, the disk busy 40%
+// (bench-llm-big, 2026-12-08).
+func AutoPipelineBytes(cfg *config.Config) int64 {
+	if b := int64(cfg.AIO.QueueDepth) * int64(cfg.AIO.BlockSize); b > 0 {
+		return b
+	}
+	return 8 << 20
+}
+
+// autoPipelinePoolShare: zinf.pipeline_depth "auto" spends at most a
+// sixteenth of a pool of the config's size on the deeper pipeline, so
+// that the parameters' cache and prefetch window keep most of what the
+// pool has beyond the minimums.
+const autoPipelinePoolShare = 16
+
+// autoPipelineNote says what zinf.pipeline_depth "auto" took (res), from
+// the configured options oo.
+func autoPipelineNote(res Reservations, oo optimizer.Options, target int64) string {
+	room := ""
+	if res.OptimizerDepth < res.OptimizerDepthWanted {
+		room = fmt.Sprintf(" (%d would keep %s in flight; the pool, zinf.tiers.cpu_pinned_bytes, has room for %d beyond its minimum and the prefetch window)", res.OptimizerDepthWanted, config.Size(target), res.OptimizerDepth)
+	}
+	return fmt.Sprintf("zinf.pipeline_depth \"auto\": the optimizer reads up to %d sub-groups ahead and writes %d behind (depth %d rather than %d) with %d buffer sets (offload_optimizer.buffer_count raised to them)%s: its sub-groups are small (zero_optimization.sub_group_size %d); set pipeline_depth to a number to choose",
+		res.OptimizerDepth, res.OptimizerDepth, res.OptimizerDepth, oo.PipelineDepth, res.OptimizerBufferCount, room, oo.SubGroupSize)
 }

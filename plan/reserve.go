@@ -69,8 +69,18 @@ type Reservations struct {
 	GradInFlight int
 	// OptimizerBytes is the optimizer's step pipeline: sub-group buffers
 	// in flight, and the states themselves when they live in pinned memory
-	// (optimizer.PinnedNeedBytes).
+	// (optimizer.PinnedNeedBytes), with the deeper pipeline of
+	// zinf.pipeline_depth "auto" when it was given room.
 	OptimizerBytes int64
+	// OptimizerDepth and OptimizerBufferCount are, when zinf.pipeline_depth
+	// "auto" deepened the optimizer's pipeline, the depth and buffer sets
+	// it took (0: as configured). The deeper pipeline comes out of what
+	// the pool has beyond the minimums and the planned prefetch window,
+	// at most a sixteenth of the pool (autoPipelinePoolShare): the
+	// minimum is the configured depth's. OptimizerDepthWanted is the depth
+	// that keeps AutoPipelineBytes in flight, which a pool with less room
+	// cuts (halving it until it fits).
+	OptimizerDepth, OptimizerBufferCount, OptimizerDepthWanted int
 	// StagingBytes is shared staging: device copies and the bounce path of
 	// device I/O.
 	StagingBytes int64
@@ -291,6 +301,7 @@ type reservationInput struct {
 	optOpts     optimizer.Options
 	inference   bool
 	gather      bool // zinf.Options.GatherLayers
+	autoDepth   bool // zinf.pipeline_depth "auto": deepen the optimizer's pipeline with spare room
 	layerMajor  bool // the plan's schedule holds a layer's gradients in pinned memory
 	micro       int  // the plan's micro-batches per step (Placement.MicroBatches)
 	pieces      Pieces
@@ -375,7 +386,8 @@ func reserve(in reservationInput) Reservations {
 		}
 	}
 	var parts []int
-	var gradBuf int64 // the largest gradient write-behind's buffer
+	var gradBuf int64               // the largest gradient write-behind's buffer
+	var optSizing optimizer.Options // the optimizer's options as sized
 	for _, d := range in.mi.Descs {
 		parts = append(parts, int(part(d.Name)))
 	}
@@ -398,6 +410,12 @@ func reserve(in reservationInput) Reservations {
 		oo.Store = in.optimStore
 		oo.Grads = sizingGrads{in.gradStore, in.pieces.GradElems}
 		r.OptimizerBytes = optimizer.PinnedNeedBytes(oo, parts, span)
+		if in.autoDepth && oo.PipelineDepth > 0 && in.optimStore != nil {
+			// Records on NVMe: their reads and writes are what a deeper
+			// pipeline overlaps (in pinned memory a step moves none).
+			r.OptimizerDepthWanted = optimizer.AutoPipelineDepth(oo, parts, span, AutoPipelineBytes(in.cfg))
+		}
+		optSizing = oo
 		sgMax := oo.SubGroupSize
 		if sgMax <= 0 {
 			sgMax = optimizer.DefaultSubGroupSize
@@ -442,6 +460,21 @@ func reserve(in reservationInput) Reservations {
 	r.MinPoolBytes = r.ParamDemandBytes + r.ParamResidentBytes + r.ParamStageBytes + r.GradBytes + r.OptimizerBytes + r.StagingBytes + r.GatherBytes
 	if r.PoolBytes > r.MinPoolBytes {
 		left := r.PoolBytes - r.MinPoolBytes
+		if r.OptimizerDepthWanted > optSizing.PipelineDepth {
+			// zinf.pipeline_depth "auto": a deeper optimizer pipeline
+			// from what is left beyond the planned prefetch window.
+			spare := min(left-int64(max(in.prefetch, 0))*r.ParamDemandBytes, r.PoolBytes/autoPipelinePoolShare)
+			for d := r.OptimizerDepthWanted; d > optSizing.PipelineDepth; d = max(optSizing.PipelineDepth, d/2) {
+				deep := optSizing
+				deep.PipelineDepth, deep.BufferCount = d, max(optSizing.BufferCount, 2*d+1)
+				if extra := optimizer.PinnedNeedBytes(deep, parts, span) - r.OptimizerBytes; extra <= spare {
+					r.OptimizerBytes += extra
+					left -= extra
+					r.OptimizerDepth, r.OptimizerBufferCount = d, deep.BufferCount
+					break
+				}
+			}
+		}
 		if !in.inference && in.gradStore != nil {
 			// Gradients kept in pinned memory come first (each saves its
 			// write-behind and read-back, 8 bytes per element per step),

@@ -381,3 +381,56 @@ func TestRegisterAllOrNothing(t *testing.T) {
 		t.Fatalf("Register of the name with a size that fits: %v", err)
 	}
 }
+
+// TestAutoPipelineDepth: the depth that keeps a number of bytes of
+// sub-group buffers in flight each way is those bytes over the largest
+// sub-group's block, rounded up, between 1 and MaxPipelineDepth; tensors
+// larger than a sub-group count as one sub-group, and a step at that
+// depth and its buffer sets runs in a pool of exactly PinnedNeedBytes.
+func TestAutoPipelineDepth(t *testing.T) {
+	r := newRig(t, rigConfig{})
+	opts := optimizer.Options{Store: r.store, Pool: r.pool, Grads: r.grads, SubGroupSize: 1000}
+	parts := []int{1000, 3, 250_000, 0}
+	block := optimizer.PinnedNeedBytes(opts, parts, nil) // depth 0: one slot's block
+	if block <= 0 {
+		t.Fatalf("a slot's block is %d bytes", block)
+	}
+	for _, tc := range []struct {
+		bytes int64
+		want  int
+	}{
+		{0, 1}, {1, 1}, {block, 1}, {block + 1, 2}, {5 * block, 5}, {5*block + 1, 6},
+		{int64(optimizer.MaxPipelineDepth) * block, optimizer.MaxPipelineDepth}, {1000 * block, optimizer.MaxPipelineDepth},
+	} {
+		if d := optimizer.AutoPipelineDepth(opts, parts, nil, tc.bytes); d != tc.want {
+			t.Errorf("%d bytes in flight (block %d): depth %d, want %d", tc.bytes, block, d, tc.want)
+		}
+	}
+	if d := optimizer.AutoPipelineDepth(opts, []int{0, 0}, nil, 1<<30); d != 1 {
+		t.Errorf("empty partitions: depth %d, want 1", d)
+	}
+	// Larger sub-groups take a shallower pipeline for the same bytes.
+	big := opts
+	big.SubGroupSize = 100_000
+	if a, b := optimizer.AutoPipelineDepth(opts, parts, nil, 8*block), optimizer.AutoPipelineDepth(big, parts, nil, 8*block); b >= a || b != 1 {
+		t.Errorf("8 small blocks in flight: depth %d with sub-groups of 1000, %d with 100000 (want fewer, 1)", a, b)
+	}
+
+	// A step at the auto depth, with the buffer sets it wants, in a pool
+	// of exactly the need.
+	specs := []spec{{"a", 2500}, {"b", 1000}, {"c", 7}}
+	d := optimizer.AutoPipelineDepth(opts, []int{2500, 1000, 7}, nil, 3*block)
+	if d != 3 {
+		t.Fatalf("depth %d, want 3", d)
+	}
+	cfg := rigConfig{exactPool: true, specs: specs, opts: optimizer.Options{SubGroupSize: 1000, PipelineDepth: d, BufferCount: 2*d + 1}}
+	rr := newRig(t, cfg)
+	ctx := watchdog(t, rr.pool, 30*time.Second)
+	for s := 1; s <= 2; s++ {
+		if err := rr.step(ctx); err != nil {
+			t.Fatalf("step %d at depth %d in a pool of exactly its need: %v (pool %+v)", s, d, err, rr.pool.Stats())
+		}
+		rr.md.refStep()
+	}
+	rr.check("after 2 steps at the auto depth")
+}

@@ -588,6 +588,28 @@ func inFlight(opts Options) int {
 	return min(opts.BufferCount, 2*opts.PipelineDepth+1)
 }
 
+// MaxPipelineDepth is the deepest pipeline a step runs
+// (zinf.pipeline_depth's limit).
+const MaxPipelineDepth = 16
+
+// AutoPipelineDepth is the depth at which a step of an optimizer with
+// opts keeps about inFlightBytes of sub-group buffers read ahead, and as
+// many written behind, for partitions of the given lengths (this rank's):
+// inFlightBytes over the largest sub-group's block (blockBytes as for
+// PinnedNeedBytes), rounded up, at least 1 and at most MaxPipelineDepth.
+// Sub-groups of tens of MiB keep depth 1; records of a few hundred KiB
+// go to the disk a dozen or more at a time. The buffer sets that depth
+// wants are 2*depth+1 (see BufferCount); PinnedNeedBytes of opts with
+// that depth and BufferCount is the pinned memory it takes.
+func AutoPipelineDepth(opts Options, partitionElems []int, blockBytes func(int64) int64, inFlightBytes int64) int {
+	opts.EnsureDefaults()
+	nd := newSizer(opts, blockBytes).need(partitionElems)
+	if nd.slotBlock <= 0 || inFlightBytes <= 0 {
+		return 1
+	}
+	return int(max(1, min(MaxPipelineDepth, (inFlightBytes+nd.slotBlock-1)/nd.slotBlock)))
+}
+
 // PinnedNeedBytes is the most pinned memory an optimizer with opts holds
 // at once for partitions of the given lengths (this rank's, in any order),
 // counted in the blocks the pool reserves (blockBytes maps a request's
