@@ -188,6 +188,9 @@ func big(o options, w io.Writer) error {
 	fmt.Fprintf(w, "plan (rt.Plan): schedule %s, %d micro-batches a step until the compute is measured; predicted step %.1f s (compute unknown: a disk-bound prediction); NVMe per step read %.2f GiB, written %.2f GiB (layer-major: the same for every k); prefetch %d layers; pinned pool %.0f MiB; bandwidth %s\n",
 		rt.Schedule(), rt.MicroBatches(), pr.Total.Seconds(), float64(pr.NVMeReadBytes)/(1<<30), float64(pr.NVMeWriteBytes)/(1<<30), pl.PrefetchDepth, float64(o.pinned)/(1<<20),
 		bwLine(rt.Bandwidth().ReadBps(), rt.Bandwidth().WriteBps()))
+	optOpts := rt.Optimizer.Options()
+	fmt.Fprintf(w, "optimizer: sub-groups of %d elements, pipeline depth %d, %d buffer sets (zinf.pipeline_depth %s)\n",
+		optOpts.SubGroupSize, optOpts.PipelineDepth, optOpts.BufferCount, map[bool]string{true: "\"auto\"", false: "as set"}[rt.Config.Zinf.PipelineDepthAuto])
 	disk := diskOf(o.dir)
 	fmt.Fprintf(w, "disk busy share from /proc/diskstats io_ticks of %s\n", disk)
 
@@ -232,6 +235,8 @@ func big(o options, w io.Writer) error {
 		restMs  float64
 		// cpu is the process's CPU time (user and system) over the step.
 		cpu time.Duration
+		// tail is optimizerTail of the step's update.
+		tail string
 	}
 	measure := func() (stepStat, error) {
 		st := stepStat{k: loop.MicroBatchesPerStep(), rssBefore: procstat.RSS()}
@@ -266,6 +271,9 @@ func big(o options, w io.Writer) error {
 			st.busy = float64(d1-d0) / float64(st.wall.Milliseconds())
 		}
 		st.rssAfter = procstat.RSS()
+		if !o.overlap { // with zinf.overlap_update the last update is the step before's
+			st.tail = optimizerTail(m1.Optimizer.Last)
+		}
 		return st, nil
 	}
 	line := func(what string, st stepStat) {
@@ -275,6 +283,9 @@ func big(o options, w io.Writer) error {
 			float64(st.read)/(1<<30), 100*(float64(st.read)/float64(pr.NVMeReadBytes)-1), float64(st.written)/(1<<30), 100*(float64(st.written)/float64(pr.NVMeWriteBytes)-1),
 			100*(float64(st.read+st.written)/float64(predBytes)-1), float64(predBytes)/(1<<30), float64(st.devRead)/(1<<30), float64(st.devWritten)/(1<<30),
 			float64(st.paramRead)/(1<<30), float64(st.preempted)/(1<<30), st.demandMisses, pct(st.busy), float64(st.rssBefore)/(1<<20), float64(st.rssAfter)/(1<<20), loadavg())
+		if st.tail != "" {
+			fmt.Fprintf(w, "  %s\n", st.tail)
+		}
 	}
 	for i := range zgomlx.AutoMeasureSteps {
 		st, err := measure()

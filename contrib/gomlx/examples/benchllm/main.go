@@ -100,7 +100,7 @@ func main() {
 	flag.StringVar(&o.child, "child", "", "internal: run one process (offloaded, memory, or -big's in-memory slice) and print JSON")
 	flag.IntVar(&o.sliceBlocks, "slice-blocks", 2, "-big: blocks of the in-memory slice (with the embedding and the head) whose step, scaled to every block, is the in-memory compute rate the offloaded steps are compared with")
 	flag.IntVar(&o.k, "k", 1, "internal: a slice child's micro-batches a step")
-	flag.IntVar(&o.pipelineDepth, "pipeline-depth", -1, "the offloaded process's zinf.pipeline_depth, 0..16: sub-groups the optimizer reads ahead of and writes behind the one it updates (-1: the config's default, 1)")
+	flag.IntVar(&o.pipelineDepth, "pipeline-depth", -1, "the offloaded process's zinf.pipeline_depth, 0..16: sub-groups the optimizer reads ahead of and writes behind the one it updates (-1: the config's default, auto: deeper for small sub-groups, see optimizer.AutoPipelineDepth)")
 	flag.BoolVar(&o.big, "big", false, "train one offloaded model created layer by layer (zgomlx.Create), a model whose state may exceed RAM (make bench-llm-big), by zgomlx.Loop under gradient_accumulation_steps \"auto\" layer-major: warm-up steps at the plan's k, then -steps steps at the planner's k, each followed by an in-memory run of -slice-blocks of its blocks in a child process (the compute-bound rate it is compared with)")
 	flag.BoolVar(&o.tied, "tied", false, "-big: tie the output head to the embedding table (TransformerOptions.TieEmbeddings)")
 	flag.IntVar(&o.heads, "heads", 0, "-big: attention heads (0: dim/8, heads of 8)")
@@ -554,7 +554,7 @@ func (o options) applyZinf(cfg *config.Config) {
 	cfg.Zinf.OverlapUpdate = o.overlap
 	cfg.Zinf.Checksums = o.checksums
 	if o.pipelineDepth >= 0 {
-		cfg.Zinf.PipelineDepth = o.pipelineDepth
+		cfg.Zinf.PipelineDepth, cfg.Zinf.PipelineDepthAuto = o.pipelineDepth, false
 	}
 }
 
