@@ -284,12 +284,11 @@ func Make(in *Inputs, m Measured, o Options) (*Plan, error) {
 		}
 		res.LayerMajorPoolBytes = lmPool
 	}
+	if note := autoPipelineNote(res, optOpts, AutoPipelineBytes(cfg)); note != "" {
+		placement.Notes = append(placement.Notes, note)
+	}
 	if res.OptimizerDepth > 0 {
 		optOpts.PipelineDepth, optOpts.BufferCount = res.OptimizerDepth, res.OptimizerBufferCount
-		placement.Notes = append(placement.Notes, autoPipelineNote(res, rin.optOpts, AutoPipelineBytes(cfg)))
-	} else if res.OptimizerDepthWanted > optOpts.PipelineDepth {
-		placement.Notes = append(placement.Notes, fmt.Sprintf("zinf.pipeline_depth \"auto\": the optimizer's sub-groups are small (zero_optimization.sub_group_size %d) and depth %d would keep %s of them in flight, but the pool (zinf.tiers.cpu_pinned_bytes) has no room for more than depth %d beyond its minimum and the prefetch window",
-			rin.optOpts.SubGroupSize, res.OptimizerDepthWanted, config.Size(AutoPipelineBytes(cfg)), optOpts.PipelineDepth))
 	}
 	// The prediction counts the write-behinds the gradient reservation
 	// holds (more than one when the pool has room), and no NVMe round
@@ -585,8 +584,16 @@ func AutoPipelineBytes(cfg *config.Config) int64 {
 const autoPipelinePoolShare = 16
 
 // autoPipelineNote says what zinf.pipeline_depth "auto" took (res), from
-// the configured options oo.
+// the configured options oo, or that the pool had no room for it; "" when
+// it wanted nothing deeper.
 func autoPipelineNote(res Reservations, oo optimizer.Options, target int64) string {
+	if res.OptimizerDepth == 0 {
+		if res.OptimizerDepthWanted <= oo.PipelineDepth {
+			return ""
+		}
+		return fmt.Sprintf("zinf.pipeline_depth \"auto\": the optimizer's sub-groups are small (zero_optimization.sub_group_size %d) and depth %d would keep %s of them in flight, but the pool (zinf.tiers.cpu_pinned_bytes) has no room for more than depth %d beyond its minimum and the prefetch window",
+			oo.SubGroupSize, res.OptimizerDepthWanted, config.Size(target), oo.PipelineDepth)
+	}
 	room := ""
 	if res.OptimizerDepth < res.OptimizerDepthWanted {
 		room = fmt.Sprintf(" (%d would keep %s in flight; the pool, zinf.tiers.cpu_pinned_bytes, has room for %d beyond its minimum and the prefetch window)", res.OptimizerDepthWanted, config.Size(target), res.OptimizerDepth)

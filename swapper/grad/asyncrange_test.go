@@ -26,22 +26,7 @@ import (
 func TestReadRangeAsync(t *testing.T) {
 	ctx := t.Context()
 	inj := faults.New(3)
-	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Faults: inj, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	st, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Name: "async", Checksums: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	pool := newPool(t, 8<<20)
-	g, err := grad.New(grad.Options{Store: st, Pool: pool, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g, pool := storeSwapper(t, "async", inj)
 	rng := rand.New(rand.NewPCG(4, 4))
 	names := []string{"a", "b", "c"}
 	want := map[string][]float32{}
@@ -156,22 +141,7 @@ func TestReadRangeAsync(t *testing.T) {
 // its Wait.
 func TestReadRangeAsyncSameGradient(t *testing.T) {
 	ctx := t.Context()
-	eng, err := aio.New(aio.Options{Backend: aio.BackendPosix, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	st, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Name: "same", Checksums: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	pool := newPool(t, 8<<20)
-	g, err := grad.New(grad.Options{Store: st, Pool: pool, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g, pool := storeSwapper(t, "same", nil)
 	const n = 40000
 	want := randGrad(rand.New(rand.NewPCG(5, 5)), n)
 	if err := g.Register("a", n); err != nil {
@@ -296,4 +266,32 @@ func TestReadRangeAsyncSameGradient(t *testing.T) {
 	if got, err := pending.Wait(); err != nil || math.Float32bits(got[0]) != math.Float32bits(want[10]) {
 		t.Fatalf("the pinned read: %v %v", got, err)
 	}
+}
+
+// storeSwapper is a gradient swapper on a store of its own (posix engine,
+// checksums, the given fault injector or none) with an 8 MiB pool, all
+// closed at the test's end.
+func storeSwapper(t *testing.T, name string, inj *faults.Injector) (*grad.Swapper, *buffers.Pool) {
+	t.Helper()
+	opts := aio.Options{Backend: aio.BackendPosix, Logger: slog.New(slog.DiscardHandler)}
+	if inj != nil {
+		opts.Faults = inj
+	}
+	eng, err := aio.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	st, err := swapper.OpenStore(swapper.StoreOptions{Paths: []string{t.TempDir()}, Engine: eng, Name: name, Checksums: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	pool := newPool(t, 8<<20)
+	g, err := grad.New(grad.Options{Store: st, Pool: pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g, pool
 }

@@ -57,22 +57,9 @@ func optimizerTail(s optimizer.StepStats) string {
 		}
 		stages[i]++
 		stageBytes[i] += b
-		if t.Updated > 0 {
-			from := max(t.Picked, t.ReadDone, at)
-			if t.Updated > from {
-				upd += t.Updated - from
-			}
-		}
-		if t.ReadDone > 0 && t.ReadIssued > 0 {
-			if from := max(t.ReadIssued, at); t.ReadDone > from {
-				rd += t.ReadDone - from
-			}
-		}
-		if t.WriteDone > 0 && t.WriteIssued > 0 {
-			if from := max(t.WriteIssued, at); t.WriteDone > from {
-				wr += t.WriteDone - from
-			}
-		}
+		upd += after(at, max(t.Picked, t.ReadDone), t.Updated)
+		rd += after(at, t.ReadIssued, t.ReadDone)
+		wr += after(at, t.WriteIssued, t.WriteDone)
 	}
 	var parts []string
 	for i, n := range stages {
@@ -102,4 +89,13 @@ func optimizerTail(s optimizer.StepStats) string {
 	return fmt.Sprintf("optimizer tail: the commit waited %.2f s for %d of %d sub-groups (%.0f MiB of records and gradients): %s; tensors %s; after the commit began, their updates took %.2f s, record reads in flight %.2f s, writes %.2f s (summed over sub-groups); the step's update compute %.1f s, waits read %.1f / write %.1f / idle %.1f s, I/O gaps %.2f s",
 		s.Drain.Seconds(), left, len(s.Timeline), float64(leftBytes)/(1<<20), strings.Join(parts, ", "), strings.Join(top, ", "),
 		upd.Seconds(), rd.Seconds(), wr.Seconds(), s.Compute.Seconds(), s.ReadWait.Seconds(), s.WriteWait.Seconds(), s.Idle.Seconds(), s.IOGaps.Seconds())
+}
+
+// after is the part of a timeline span [from, to) past at; 0 for a span
+// whose stage was not reached (a zero offset).
+func after(at, from, to time.Duration) time.Duration {
+	if from <= 0 || to <= 0 {
+		return 0
+	}
+	return max(0, to-max(from, at))
 }
